@@ -1,0 +1,48 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Everything is installed into .venv by the repo's own files; nothing by hand.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch first and pinned: the CPU 2.13.0 wheel is on these machines' disk; a bare
+# `torch` requirement would otherwise pull a multi-GB CUDA build. GPU users: see README.
+TORCH_SPEC ?= torch==2.13.0
+DEMO_FLEET ?= seed000
+
+.PHONY: demo test lint typecheck unit notebooks bench clean-venv
+
+$(BIN)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
+	touch $@
+
+demo: $(BIN)/.installed
+	@echo "== nbgpu doctor on the simulated '$(DEMO_FLEET)' fleet (no GPU needed) =="
+	NBGPU_SIMULATE=$${NBGPU_SIMULATE:-$(DEMO_FLEET)} $(BIN)/nbgpu doctor || true
+	@echo
+	@echo "== quickstart notebook, executed headless in a real kernel =="
+	NBGPU_SIMULATE=$${NBGPU_SIMULATE:-$(DEMO_FLEET)} $(BIN)/python notebooks/run_headless.py notebooks/quickstart.ipynb
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check nbgpu tests bench notebooks/run_headless.py
+	$(BIN)/ruff format --check nbgpu tests bench notebooks/run_headless.py
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy
+
+unit: $(BIN)/.installed
+	$(BIN)/python -m pytest tests
+
+notebooks: $(BIN)/.installed
+	cd notebooks && ../$(BIN)/python -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=300 -o testpaths=. -o addopts= -W ignore::DeprecationWarning .
+
+test: lint typecheck unit notebooks
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/run_all.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,65 @@
+"""nbgpu: probe, plan, launch and debug multi-GPU training from a Jupyter notebook.
+
+    %load_ext nbgpu          # registers %gpu_status, %gpu_doctor, %gpu_clean
+    import nbgpu; nbgpu.status(); nbgpu.doctor()
+
+Importing this package is cheap: the API below is resolved lazily (PEP 562), so
+``%load_ext nbgpu`` imports none of torch, pynvml, pandas, matplotlib or ipywidgets.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "__version__",
+    "clean",
+    "doctor",
+    "errors",
+    "load_ipython_extension",
+    "status",
+    "unload_ipython_extension",
+]
+
+# name -> module that defines it; imported on first attribute access.
+_LAZY = {
+    "status": "nbgpu.api",
+    "doctor": "nbgpu.api",
+    "clean": "nbgpu.api",
+}
+
+if TYPE_CHECKING:
+    from nbgpu import errors
+    from nbgpu.api import clean, doctor, status
+else:
+    from nbgpu import errors  # light: the exception tree only
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbgpu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext nbgpu``: register the magics (imports IPython's magic machinery only)."""
+    from nbgpu.notebook.magics import register  # noqa: PLC0415
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext nbgpu``: remove exactly the magics that loading added."""
+    from nbgpu.notebook.magics import unregister  # noqa: PLC0415
+
+    unregister(ipython)

@@ -1,0 +1,138 @@
+"""Plain rendering helpers shared by every result object: tables and sizes.
+
+Results render themselves as text (terminals, nbval, 80 columns) and HTML (notebooks)
+through ``_repr_mimebundle_``; both come from the same :class:`Table`, so they never
+disagree. Pure standard library: no IPython, no pandas.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Result", "Table", "fmt_bytes", "fmt_opt", "shorten"]
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def fmt_bytes(value: int | None) -> str:
+    """1073741824 → '1.0 GiB'; None → '-'. Binary units, as nvidia-smi's MiB."""
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in _UNITS:
+        if abs(size) < 1024 or unit == _UNITS[-1]:
+            return f"{size:.0f} {unit}" if unit in ("B", "KiB") else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def fmt_opt(value: object, suffix: str = "") -> str:
+    return "-" if value is None else f"{value}{suffix}"
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(1, width - 1)] + "…"
+
+
+@dataclass
+class Table:
+    """Rows of cells rendered as aligned text or an HTML table."""
+
+    headers: Sequence[str]
+    rows: list[Sequence[str]] = field(default_factory=list)
+    title: str | None = None
+    # Per-row CSS class for HTML ("ok", "warn", "bad"); text shows no colour.
+    row_levels: list[str] = field(default_factory=list)
+
+    def add(self, *cells: object, level: str = "") -> None:
+        self.rows.append([str(c) for c in cells])
+        self.row_levels.append(level)
+
+    def text(self, max_width: int = 80) -> str:
+        widths = [len(h) for h in self.headers]
+        for row in self.rows:
+            for i, cell in enumerate(row):
+                widths[i] = max(widths[i], len(cell))
+        # Squeeze the widest column until the table fits the terminal.
+        total = sum(widths) + 2 * (len(widths) - 1)
+        while total > max_width and max(widths) > 8:
+            widest = widths.index(max(widths))
+            widths[widest] -= 1
+            total -= 1
+        lines = []
+        if self.title:
+            lines.append(self.title)
+        lines.append("  ".join(h.ljust(w) for h, w in zip(self.headers, widths, strict=True)).rstrip())
+        for row in self.rows:
+            cells = [shorten(c, w).ljust(w) for c, w in zip(row, widths, strict=True)]
+            lines.append("  ".join(cells).rstrip())
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.headers)
+        body = []
+        for row, level in zip(self.rows, self.row_levels, strict=True):
+            cls = f' class="nbgpu-{level}"' if level else ""
+            cells = "".join(f"<td>{html.escape(c)}</td>" for c in row)
+            body.append(f"<tr{cls}>{cells}</tr>")
+        caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
+        return (
+            f'<table class="nbgpu-table">{caption}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>"
+        )
+
+
+STYLE = (
+    "<style>.nbgpu{font-family:var(--jp-code-font-family,monospace);font-size:12px}"
+    ".nbgpu table{border-collapse:collapse;margin:4px 0}"
+    ".nbgpu th,.nbgpu td{padding:2px 8px;text-align:left;border-bottom:1px solid #ddd}"
+    ".nbgpu tr.nbgpu-bad td{background:rgba(220,50,47,.15)}"
+    ".nbgpu tr.nbgpu-warn td{background:rgba(181,137,0,.15)}"
+    ".nbgpu .nbgpu-sim{color:#6c71c4;font-weight:bold}"
+    ".nbgpu li.bad{color:#c0392b}.nbgpu li.warn{color:#9a7d0a}</style>"
+)
+
+
+class Result:
+    """Mixin for result objects: text, HTML, JSON and pandas from one definition.
+
+    Subclasses implement ``text()``, ``html_body()`` and ``to_dict()``; rows for
+    ``to_frame()`` come from ``records()``.
+    """
+
+    def text(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def html_body(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def records(self) -> list[dict[str, Any]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per record (pandas is imported only here)."""
+        import pandas as pd  # noqa: PLC0415  (heavy; only when asked for)
+
+        return pd.DataFrame.from_records(self.records())
+
+    def html(self) -> str:
+        return f'{STYLE}<div class="nbgpu">{self.html_body()}</div>'
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text(), "text/html": self.html()}
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text())
+
+    def __str__(self) -> str:
+        return self.text()

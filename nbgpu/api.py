@@ -1,0 +1,84 @@
+"""The Python API behind every face: ``nbgpu.status()``, ``nbgpu.doctor()``, ``nbgpu.clean()``.
+
+Magics (``notebook/``) and the CLI (``cli.py``) only parse arguments and call these.
+Each takes the environment as a mapping (default ``os.environ``) so tests and
+scripts never patch the process environment. Never imports IPython.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+from nbgpu.devices.clean import CleanPlan, CleanReport, execute_clean, plan_clean
+from nbgpu.devices.doctor import DoctorReport, run_doctor
+from nbgpu.devices.holders import HolderInfo
+from nbgpu.devices.inventory import Inventory, take_inventory
+from nbgpu.errors import UserInputError
+
+__all__ = ["clean", "doctor", "status"]
+
+
+def status(
+    *,
+    probe: bool = False,
+    visible_devices: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Inventory:
+    """Snapshot every GPU: health, memory, holders and the cuda:N → GPU mapping.
+
+    ``visible_devices`` shows the mapping for that ``CUDA_VISIBLE_DEVICES`` value
+    instead of this environment's. ``probe=True`` also creates a CUDA context on each
+    GPU in a short-lived subprocess (the only way to see "busy or unavailable").
+    """
+    return take_inventory(environ, visible_devices=visible_devices, probe=probe)
+
+
+def doctor(
+    *,
+    probe: bool = True,
+    nproc: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> DoctorReport:
+    """One report: a verdict per GPU, the launch environment checked, and fixes.
+
+    ``nproc`` checks a planned number of ranks per node against the visible GPUs
+    (``NPROC_PER_NODE`` from the environment is checked either way).
+    """
+    if nproc is not None and nproc < 1:
+        raise UserInputError(f"nproc={nproc}: expected a whole number >= 1")
+    return run_doctor(environ, probe=probe, nproc=nproc)
+
+
+def clean(
+    *,
+    yes: bool = False,
+    dry_run: bool = False,
+    grace_s: float = 3.0,
+    confirm: Callable[[CleanPlan], bool] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> CleanReport:
+    """List this user's stale GPU holders, then stop them by pid after confirmation.
+
+    Never another user's process, never a match by name. ``dry_run`` only lists.
+    Without ``yes`` the ``confirm`` callback is asked (the CLI and the magic ask on
+    the terminal / in the cell); with neither, nothing is signalled.
+    """
+    if grace_s < 0:
+        raise UserInputError(f"grace_s={grace_s}: expected seconds >= 0")
+    env = dict(os.environ) if environ is None else dict(environ)
+    inventory = take_inventory(env)
+    holders: dict[int, list[HolderInfo]] = {}
+    for gpu in inventory.gpus:
+        holders[gpu.nvml_index] = [p.holder for p in gpu.processes if p.holder is not None]
+    plan = plan_clean(holders, inventory.device_files)
+    if yes:
+        asker = None
+    elif confirm is not None:
+        asker = confirm
+    else:
+
+        def asker(_plan: CleanPlan) -> bool:
+            return False  # nobody to ask: list only
+
+    return execute_clean(plan, confirm=asker, dry_run=dry_run, grace_s=grace_s)

@@ -1,0 +1,402 @@
+"""The doctor: one report with a verdict per GPU and the fixes, replacing fix_gpu.sh.
+
+It reads an inventory (with the active probe unless told not to), then adds what
+no single GPU shows: NVML/driver failures, the distributed-launch environment
+(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NPROC_PER_NODE) checked
+against the visible GPUs, ``CUDA_VISIBLE_DEVICES`` mistakes, containers, and a
+recommendation for how many ranks on which GPUs. Pure logic over the inventory plus
+one socket bind to test MASTER_PORT; never imports IPython or torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+from nbgpu._render import Result, Table
+from nbgpu.devices.inventory import Inventory, take_inventory
+from nbgpu.devices.verdicts import SEVERITY_ORDER, Finding, short_verdict
+
+__all__ = ["DIST_VARS", "DoctorReport", "diagnose_environment", "run_doctor"]
+
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "NPROC_PER_NODE")
+
+_NVML_FIXES: Mapping[int, tuple[str, tuple[str, ...]]] = {
+    12: (
+        "No NVIDIA driver library (libnvidia-ml.so.1) on this machine: CUDA is not available.",
+        (
+            "on a GPU machine install the NVIDIA driver (e.g. `sudo apt install nvidia-driver-550`)",
+            "in Docker, start the container with the NVIDIA runtime: `docker run --gpus all ...`",
+            "no GPU here? try nbgpu on a simulated fleet: `NBGPU_SIMULATE=4xA40 nbgpu doctor`",
+        ),
+    ),
+    9: (
+        "The NVIDIA kernel driver is not loaded: CUDA is not available.",
+        (
+            "load it: `sudo modprobe nvidia` (check with `lsmod | grep nvidia`)",
+            "after a kernel update, rebuild the module: `sudo dkms autoinstall`, then reboot",
+            "make sure nouveau is blacklisted if it holds the card",
+        ),
+    ),
+    18: (
+        "Driver/library version mismatch: the NVIDIA userspace library was upgraded but the "
+        "running kernel module is older (nvidia-smi: 'Failed to initialize NVML: Driver/library "
+        "version mismatch').",
+        (
+            "reboot, or reload the module when no process uses the GPUs: "
+            "`sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`",
+        ),
+    ),
+    4: (
+        "NVML refused access (Insufficient Permissions).",
+        (
+            "check the permissions of /dev/nvidia* (`ls -l /dev/nvidia*`)",
+            "in a container or SLURM job, request the GPUs (--gpus all, --gres=gpu:N)",
+        ),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DoctorReport(Result):
+    """What ``nbgpu.doctor()`` returns."""
+
+    inventory: Inventory
+    findings: tuple[Finding, ...]  # machine-wide and per-GPU, worst first
+    environment: Mapping[str, str | None]
+    recommendation: str | None
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "bad" for f in self.findings)
+
+    @property
+    def worst(self) -> str:
+        return max((f.severity for f in self.findings), key=SEVERITY_ORDER.__getitem__, default="ok")
+
+    def _summary_lines(self) -> list[str]:
+        inv = self.inventory
+        if inv.nvml_error:
+            return ["CUDA available: no (NVML unusable)"]
+        probe = inv.probe
+        probe_text = ""
+        if probe is not None:
+            if probe.init_error:
+                probe_text = f"; probe: {probe.init_error}"
+            else:
+                good = sum(1 for r in probe.results if r.verdict == "ok")
+                probe_text = f"; probe: {good} of {len(probe.results)} contexts created"
+        visible = len(inv.visible.devices) if inv.visible is not None else len(inv.gpus)
+        healthy = len(inv.healthy_indices)
+        return [
+            f"CUDA available: {'yes' if healthy else 'no usable GPU'} "
+            f"({len(inv.gpus)} GPUs, {visible} visible, {healthy} healthy{probe_text})"
+        ]
+
+    def _verdict_table(self) -> Table:
+        table = Table(["GPU", "verdict", "probe", "processes", "memory used"])
+        inv = self.inventory
+        for gpu, findings in zip(inv.gpus, inv.findings, strict=True):
+            verdict, level = short_verdict(gpu, findings)
+            probe = inv.probe.for_nvml_index(gpu.nvml_index) if inv.probe else None
+            probe_text = "-" if probe is None else probe.verdict
+            if probe is not None and probe.verdict != "ok":
+                level = "bad"
+            from nbgpu._render import fmt_bytes  # noqa: PLC0415
+
+            table.add(
+                gpu.nvml_index, verdict, probe_text, len(gpu.processes),
+                fmt_bytes(gpu.memory_used_bytes), level=level,
+            )
+        return table
+
+    def _env_line(self) -> str:
+        return "Distributed environment: " + " ".join(
+            f"{k}={'unset' if v is None else v}" for k, v in self.environment.items()
+        )
+
+    def text(self) -> str:
+        inv = self.inventory
+        head = inv._header().replace("nbgpu status", "nbgpu doctor")
+        lines = [head, *self._summary_lines(), ""]
+        if inv.gpus:
+            lines.append(inv._gpu_table().text())
+            procs = inv._process_table()
+            if procs.rows:
+                lines.extend(["", procs.text()])
+            lines.append("")
+        lines.append(self._env_line())
+        vis = inv._visible_lines()
+        if vis:
+            lines.extend(vis)
+        lines.append("")
+        lines.append("Findings:")
+        for f in self.findings:
+            tag = {"bad": "[FIX]", "warn": "[WARN]", "info": "[info]", "ok": "[ok]"}[f.severity]
+            lines.append(f"{tag} {f.subject}: {f.message}")
+            lines.extend(f"      -> {fix}" for fix in f.fixes)
+        if self.recommendation:
+            lines.extend(["", f"Recommendation: {self.recommendation}"])
+        return "\n".join(lines)
+
+    def html_body(self) -> str:
+        inv = self.inventory
+        head = escape(inv._header().replace("nbgpu status", "nbgpu doctor"))
+        if inv.simulated:
+            head = head.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+        parts = [f"<b>{head}</b>", "<div>" + escape(" ".join(self._summary_lines())) + "</div>"]
+        if inv.gpus:
+            parts.append(self._verdict_table().html())
+            procs = inv._process_table()
+            if procs.rows:
+                parts.append(procs.html())
+        parts.append(f"<div><code>{escape(self._env_line())}</code></div>")
+        items = []
+        for f in self.findings:
+            fixes = "".join(f"<li>{escape(x)}</li>" for x in f.fixes)
+            sub = f"<ul>{fixes}</ul>" if fixes else ""
+            items.append(f'<li class="{f.severity}"><b>{escape(f.subject)}</b>: {escape(f.message)}{sub}</li>')
+        parts.append(f"<ul>{''.join(items)}</ul>")
+        if self.recommendation:
+            parts.append(f"<p><b>Recommendation:</b> {escape(self.recommendation)}</p>")
+        return "".join(parts)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [f.to_dict() for f in self.findings]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "worst": self.worst,
+            "findings": [f.to_dict() for f in self.findings],
+            "environment": dict(self.environment),
+            "recommendation": self.recommendation,
+            "inventory": self.inventory.to_dict(),
+        }
+
+
+def _int_env(environ: Mapping[str, str], key: str, out: list[Finding]) -> int | None:
+    raw = environ.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        out.append(
+            Finding("bad", "bad_env", "environment", f"{key}={raw!r} is not a whole number.",
+                    (f"`unset {key}` or set it to a number",))
+        )
+        return None
+    if value < 0:
+        out.append(Finding("bad", "bad_env", "environment", f"{key}={value} is negative."))
+        return None
+    return value
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    # Binding is the only reliable test: connect() says nothing about TIME_WAIT etc.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host if host not in ("localhost", "") else "127.0.0.1", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def diagnose_environment(
+    inventory: Inventory, environ: Mapping[str, str], *, nproc: int | None = None
+) -> list[Finding]:
+    """Findings about the launch environment against the visible, healthy GPUs."""
+    out: list[Finding] = []
+    if inventory.nvml_error:
+        return out
+    visible = inventory.visible.devices if inventory.visible is not None else ()
+    n_visible = len(visible)
+    healthy = set(inventory.healthy_indices)
+    healthy_visible = [d for d in visible if d.nvml_index in healthy]
+    if inventory.visible is not None:
+        for problem in inventory.visible.problems:
+            out.append(Finding("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", problem))
+    if inventory.gpus and n_visible == 0:
+        out.append(
+            Finding(
+                "bad", "nothing_visible", "CUDA_VISIBLE_DEVICES",
+                f"CUDA_VISIBLE_DEVICES={inventory.visible_value!r} hides every GPU: CUDA will "
+                "report no device.",
+                ("`unset CUDA_VISIBLE_DEVICES`, or list GPUs by index or UUID (e.g. 0,1)",),
+            )
+        )
+    wanted = nproc if nproc is not None else _int_env(environ, "NPROC_PER_NODE", out)
+    source = "nproc" if nproc is not None else "NPROC_PER_NODE"
+    if wanted is not None and wanted > n_visible:
+        out.append(
+            Finding(
+                "bad", "nproc_exceeds_gpus", "environment",
+                f"{source}={wanted} but {n_visible} GPUs are visible: ranks {n_visible}.."
+                f"{wanted - 1} would fail with 'CUDA error: invalid device ordinal'.",
+                (
+                    f"launch {len(healthy_visible) or n_visible} ranks (`%%torchrun` sizes nproc "
+                    "from the healthy GPUs when you give no number)",
+                    f"or `export NPROC_PER_NODE={len(healthy_visible) or n_visible}`",
+                ),
+            )
+        )
+    elif wanted is not None and wanted > len(healthy_visible):
+        out.append(
+            Finding(
+                "warn", "nproc_exceeds_healthy", "environment",
+                f"{source}={wanted} but only {len(healthy_visible)} of the {n_visible} visible GPUs "
+                "are healthy.",
+                ("fix the GPUs flagged above, or launch fewer ranks on the healthy ones",),
+            )
+        )
+    local_rank = _int_env(environ, "LOCAL_RANK", out)
+    if local_rank is not None and local_rank >= n_visible:
+        out.append(
+            Finding(
+                "bad", "local_rank_exceeds_gpus", "environment",
+                f"local_rank {local_rank} >= {n_visible} visible devices: "
+                f"torch.cuda.set_device({local_rank}) fails with 'invalid device ordinal'.",
+                ("launch at most one rank per visible GPU; check CUDA_VISIBLE_DEVICES per job",),
+            )
+        )
+    rank = _int_env(environ, "RANK", out)
+    world = _int_env(environ, "WORLD_SIZE", out)
+    if rank is not None and world is not None and rank >= world:
+        out.append(
+            Finding("bad", "rank_exceeds_world", "environment",
+                    f"RANK={rank} but WORLD_SIZE={world}: ranks are 0..{world - 1}.")
+        )
+    port_text = environ.get("MASTER_PORT")
+    if port_text:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            out.append(
+                Finding("bad", "bad_env", "environment",
+                        f"MASTER_PORT={port_text!r} is not a port number (1-65535).")
+            )
+        elif rank in (None, 0) and _port_in_use(environ.get("MASTER_ADDR", "127.0.0.1"), int(port_text)):
+            out.append(
+                Finding(
+                    "warn", "port_in_use", "environment",
+                    f"MASTER_PORT={port_text} is already in use on this machine: a new rendezvous "
+                    "there fails with 'address already in use' (another run, seed 002).",
+                    ("unset MASTER_PORT and let nbgpu pick a free port, or choose another one",),
+                )
+            )
+    return out
+
+
+def _nvml_finding(inventory: Inventory) -> Finding:
+    code = inventory.nvml_error_code
+    if code in _NVML_FIXES:
+        message, fixes = _NVML_FIXES[code]
+        return Finding("bad", "nvml_unavailable", "driver", message, fixes)
+    if code == 999 and inventory.container.in_container:
+        return Finding(
+            "bad", "nvml_unavailable", "driver",
+            "NVML failed with 'Unknown Error' inside a container: the container has most likely "
+            "lost access to /dev/nvidia* (systemd rewrote its cgroup device rules after a "
+            "daemon-reload; nvidia-container-toolkit issue 48).",
+            ("recreate the container", "on the host, check `nvidia-smi` works"),
+        )
+    return Finding(
+        "bad", "nvml_unavailable", "driver", f"NVML is unusable: {inventory.nvml_error}",
+        ("check `nvidia-smi` and `sudo dmesg | grep -i nvrm` for driver errors",),
+    )
+
+
+def _probe_findings(inventory: Inventory) -> list[Finding]:
+    probe = inventory.probe
+    if probe is None:
+        return []
+    out: list[Finding] = []
+    if probe.timed_out:
+        out.append(
+            Finding("bad", "probe_timeout", "driver",
+                    "The CUDA probe did not finish in time: a GPU or the driver may be hung.",
+                    ("look for Xid errors: `sudo dmesg | grep -i xid`", "reset the GPU or reboot"))
+        )
+    elif probe.init_error and not inventory.nvml_error:
+        out.append(Finding("bad", "cuda_init", "driver", f"CUDA could not initialise: {probe.init_error}"))
+    for r in probe.results:
+        if r.verdict == "ok":
+            continue
+        where = f"GPU {r.nvml_index}" if r.nvml_index is not None else f"cuda:{r.cuda_index}"
+        out.append(
+            Finding(
+                "bad", f"probe_{r.verdict}", where,
+                f"Creating a CUDA context on {where} (cuda:{r.cuda_index}) failed: {r.message} "
+                f"({r.error_name or r.cuda_error}).",
+                (f"see the other findings for {where}",),
+            )
+        )
+    return out
+
+
+def _recommend(inventory: Inventory, findings: list[Finding]) -> str | None:
+    if inventory.nvml_error or not inventory.gpus:
+        return None
+    visible = inventory.visible.devices if inventory.visible is not None else ()
+    healthy = set(inventory.healthy_indices)
+    use = [d.nvml_index for d in visible if d.nvml_index in healthy]
+    if not use:
+        return "no healthy visible GPU: fix the findings above before launching."
+    if len(use) == len(inventory.gpus) and not any(f.severity == "bad" for f in findings):
+        return f"all {len(use)} GPUs are usable: launch {len(use)} ranks (`%%torchrun {len(use)}`)."
+    gpus = ",".join(str(i) for i in use)
+    return (
+        f"launch {len(use)} ranks on GPUs {gpus}: `%%torchrun {len(use)} --gpus {gpus}` or "
+        f"`CUDA_VISIBLE_DEVICES={gpus} torchrun --nproc-per-node {len(use)} ...`"
+    )
+
+
+def run_doctor(
+    environ: Mapping[str, str] | None = None,
+    *,
+    probe: bool = True,
+    nproc: int | None = None,
+    probe_timeout_s: float = 30.0,
+) -> DoctorReport:
+    """Inventory + probe + environment checks → one report (``nbgpu.doctor()``)."""
+    env = dict(os.environ) if environ is None else dict(environ)
+    inventory = take_inventory(env, probe=probe, probe_timeout_s=probe_timeout_s)
+    findings: list[Finding] = []
+    if inventory.nvml_error:
+        findings.append(_nvml_finding(inventory))
+    elif not inventory.gpus:
+        findings.append(
+            Finding("bad", "no_gpu", "driver", "The driver is loaded but reports no GPU.",
+                    ("check `nvidia-smi -L`; in a container pass --gpus all",))
+        )
+    for gpu_findings in inventory.findings:
+        findings.extend(gpu_findings)
+    findings.extend(_probe_findings(inventory))
+    findings.extend(diagnose_environment(inventory, env, nproc=nproc))
+    if inventory.container.in_container and not inventory.container.host_pid_namespace:
+        findings.append(
+            Finding(
+                "info", "container", "environment",
+                "Inside a container without the host PID namespace: the pids NVML reports are "
+                "host pids, so a 'missing' pid is not necessarily dead.",
+                ("run with --pid=host to see and manage host processes",),
+            )
+        )
+    if not any(f.severity in ("bad", "warn") for f in findings):
+        findings.append(
+            Finding("ok", "healthy", "machine", f"All {len(inventory.gpus)} GPUs look healthy.")
+        )
+    findings.sort(key=lambda f: -SEVERITY_ORDER[f.severity])
+    environment = {k: env.get(k) for k in DIST_VARS}
+    return DoctorReport(
+        inventory=inventory,
+        findings=tuple(findings),
+        environment=environment,
+        recommendation=_recommend(inventory, findings),
+    )

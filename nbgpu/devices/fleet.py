@@ -1,0 +1,731 @@
+"""Fleets: a GPU box described as data, for the simulator and for offline planning.
+
+A fleet is what ``nbgpu status --json`` writes on a real machine, and what
+``NBGPU_SIMULATE`` accepts: a JSON file, a named scenario (``seed000``), or a short
+spec such as ``4xA40,busy=0``. The simulated NVML library (``simulate.py``) serves a
+fleet through the real pynvml wrappers.
+
+A process listed on a simulated GPU is either *live* (no ``observed`` record: its pid
+is looked up on this machine, so tests can stand real processes in as holders) or
+*recorded* (an ``observed`` record says what was seen where the fleet was captured:
+its user, command, and state such as ``dead`` or ``zombie``).
+
+This module is pure data: it imports neither pynvml nor psutil.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid as uuidlib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from nbgpu.errors import FleetSpecError
+
+__all__ = [
+    "COMPUTE_MODES",
+    "FLEET_FORMAT",
+    "INIT_ERRORS",
+    "MODELS",
+    "SCENARIOS",
+    "Fleet",
+    "GpuModel",
+    "MigDevice",
+    "ObservedProcess",
+    "RemappedRows",
+    "SimGpu",
+    "SimProcess",
+    "fleet_from_dict",
+    "load_fleet",
+    "parse_spec",
+]
+
+FLEET_FORMAT = 1
+MIB = 1024 * 1024
+
+#: NVML compute modes, by the names nbgpu uses everywhere (value = NVML constant).
+COMPUTE_MODES: Mapping[str, int] = {
+    "default": 0,
+    "exclusive_thread": 1,
+    "prohibited": 2,
+    "exclusive_process": 3,
+}
+
+#: How NVML initialisation can fail, by name, with NVML's return code.
+INIT_ERRORS: Mapping[str, int] = {
+    "no_permission": 4,
+    "driver_not_loaded": 9,
+    "library_not_found": 12,
+    "lib_rm_version_mismatch": 18,
+    "unknown": 999,
+}
+
+#: Process states an ``observed`` record may carry.
+OBSERVED_STATES = frozenset(
+    {"running", "sleeping", "disk-sleep", "stopped", "zombie", "dead", "other_namespace"}
+)
+
+GPU_FAULTS = frozenset({"lost", "no_permission"})
+
+# NVML symbols that drivers before R470-ish do not export; pynvml then raises
+# FunctionNotFound and nbgpu must fall back to the unversioned calls.
+OLD_DRIVER_MISSING = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetMigMode",
+)
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """Facts about one GPU model, from real captures (reference/nvidia.md §9.1)."""
+
+    name: str
+    memory_total_bytes: int
+    memory_reserved_bytes: int
+    power_limit_w: float
+    idle_power_w: float
+    idle_temperature_c: int
+    compute_capability: tuple[int, int]
+    pci_device_id: int
+    mig_capable: bool = False
+    remapped_rows: bool = False  # Ampere datacenter and newer report row remapping
+
+
+MODELS: Mapping[str, GpuModel] = {
+    "A40": GpuModel("NVIDIA A40", 46068 * MIB, 0, 300.0, 31.0, 38, (8, 6), 0x223510DE),
+    "A100": GpuModel(
+        "NVIDIA A100-SXM4-40GB", 40960 * MIB, 518 * MIB, 400.0, 49.7, 33, (8, 0), 0x20B010DE,
+        mig_capable=True, remapped_rows=True,
+    ),
+    "A100-80GB": GpuModel(
+        "NVIDIA A100-SXM4-80GB", 81920 * MIB, 518 * MIB, 400.0, 52.0, 34, (8, 0), 0x20B210DE,
+        mig_capable=True, remapped_rows=True,
+    ),
+    "H100": GpuModel(
+        "NVIDIA H100 80GB HBM3", 81559 * MIB, 480 * MIB, 700.0, 68.9, 29, (9, 0), 0x233010DE,
+        mig_capable=True, remapped_rows=True,
+    ),
+    "H200": GpuModel(
+        "NVIDIA H200", 143771 * MIB, 480 * MIB, 700.0, 75.0, 30, (9, 0), 0x233510DE,
+        mig_capable=True, remapped_rows=True,
+    ),
+    "L40S": GpuModel("NVIDIA L40S", 46068 * MIB, 0, 350.0, 28.0, 33, (8, 9), 0x26B910DE),
+    "T4": GpuModel("Tesla T4", 15360 * MIB, 0, 70.0, 10.0, 37, (7, 5), 0x1EB810DE),
+    "A10G": GpuModel("NVIDIA A10G", 23028 * MIB, 0, 300.0, 25.0, 30, (8, 6), 0x223710DE),
+    "RTX4090": GpuModel(
+        "NVIDIA GeForce RTX 4090", 24564 * MIB, 0, 450.0, 21.5, 35, (8, 9), 0x268410DE
+    ),
+    "V100": GpuModel("Tesla V100-SXM2-16GB", 16152 * MIB, 0, 300.0, 40.0, 35, (7, 0), 0x1DB110DE),
+}
+
+# A100-40GB 1g.5gb profile: 4864 MiB each, at most 7 (NVIDIA MIG user guide, table 12).
+MIG_1G_BYTES = 4864 * MIB
+
+
+@dataclass(frozen=True)
+class ObservedProcess:
+    """What was seen of a process where the fleet was captured (not looked up here)."""
+
+    state: str
+    user: str | None = None
+    command: str | None = None
+    visible_devices: str | None = None  # its CUDA_VISIBLE_DEVICES, if it was readable
+    start_time: float | None = None  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class SimProcess:
+    """A process that NVML reports on a GPU."""
+
+    pid: int
+    used_bytes: int | None  # None: NVML cannot tell (MIG without privileges, WDDM)
+    kind: str = "compute"  # "compute" or "graphics"
+    observed: ObservedProcess | None = None
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True)
+class SimGpu:
+    """One physical GPU as NVML would describe it."""
+
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str  # NVML form: 00000000:06:00.0
+    memory_total_bytes: int
+    memory_reserved_bytes: int = 0
+    memory_used_bytes: int | None = None  # None: reserved + sum of process memory
+    utilization_gpu_pct: int = 0
+    utilization_memory_pct: int = 0
+    temperature_c: int = 35
+    power_w: float = 30.0
+    power_limit_w: float = 300.0
+    compute_mode: str = "default"
+    persistence_mode: bool = True
+    mig_enabled: bool | None = None  # None: the GPU does not support MIG
+    mig_devices: tuple[MigDevice, ...] = ()
+    ecc_uncorrected_volatile: int | None = 0  # None: ECC not supported / disabled
+    remapped_rows: RemappedRows | None = None  # None: not supported on this model
+    retired_pages_pending: bool | None = None
+    compute_capability: tuple[int, int] = (8, 0)
+    pci_device_id: int = 0
+    fault: str | None = None  # "lost" or "no_permission": NVML fails on this handle
+    processes: tuple[SimProcess, ...] = ()
+    # What creating a CUDA context on this GPU returns (CUDA driver error code).
+    # None means "derive it": busy (46) when exclusive and held, or prohibited.
+    cuda_error: int | None = None
+
+    @property
+    def effective_used_bytes(self) -> int:
+        if self.memory_used_bytes is not None:
+            return self.memory_used_bytes
+        return self.memory_reserved_bytes + sum(p.used_bytes or 0 for p in self.processes)
+
+    @property
+    def effective_cuda_error(self) -> int:
+        """The CUDA error a context creation on this GPU would give (0: success)."""
+        if self.cuda_error is not None:
+            return self.cuda_error
+        if self.fault == "lost":
+            return 999
+        if self.compute_mode == "prohibited":
+            return 46
+        if self.compute_mode in ("exclusive_process", "exclusive_thread") and self.processes:
+            return 46
+        return 0
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A whole box: driver facts plus its GPUs."""
+
+    gpus: tuple[SimGpu, ...]
+    name: str = "custom"
+    description: str = ""
+    driver_version: str = "550.163.01"
+    cuda_driver_version: int = 12040
+    nvml_version: str = "12.550.163.01"
+    init_error: str | None = None  # a key of INIT_ERRORS
+    missing_functions: frozenset[str] = field(default_factory=frozenset)
+    hostname: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["missing_functions"] = sorted(self.missing_functions)
+        return {"nbgpu_fleet": FLEET_FORMAT, **data}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+# --------------------------------------------------------------------------- spec
+
+
+def _uuid_for(seed: str) -> str:
+    # Deterministic UUIDs: the same spec always gives the same fleet, so tests and
+    # notebooks can name GPUs by UUID.
+    u = uuidlib.uuid5(uuidlib.NAMESPACE_URL, "nbgpu:" + seed)
+    return f"GPU-{u}"
+
+
+def _bus_id(index: int) -> str:
+    # Spread over buses like a real 8-GPU board; NVML's 8-hex-digit domain form.
+    return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
+
+
+def _make_gpu(model_key: str, model: GpuModel, index: int) -> SimGpu:
+    return SimGpu(
+        index=index,
+        name=model.name,
+        uuid=_uuid_for(f"{model_key}/{index}"),
+        pci_bus_id=_bus_id(index),
+        memory_total_bytes=model.memory_total_bytes,
+        memory_reserved_bytes=model.memory_reserved_bytes,
+        temperature_c=model.idle_temperature_c,
+        power_w=model.idle_power_w,
+        power_limit_w=model.power_limit_w,
+        mig_enabled=False if model.mig_capable else None,
+        remapped_rows=RemappedRows(0, 0, False, False) if model.remapped_rows else None,
+        retired_pages_pending=None if model.remapped_rows else False,
+        compute_capability=model.compute_capability,
+        pci_device_id=model.pci_device_id,
+    )
+
+
+_SPEC_HEAD = re.compile(r"^(?:(\d+)\s*[xX×]\s*)?([A-Za-z0-9-]+)$")
+_SPEC_HELP = (
+    "expected NxMODEL[,key=value...] such as '4xA40' or '8xH100,busy=0', "
+    "or a scenario name, or a path to a fleet .json file"
+)
+# Synthetic pid base for fictional holders: above Linux's PID_MAX_LIMIT (2**22),
+# so no real process on any machine can have it.
+FICTIONAL_PID_BASE = 4_200_000
+
+
+def _indices(key: str, value: str, count: int) -> list[int]:
+    out = []
+    for part in value.replace("+", ";").replace(" ", "").split(";"):
+        if not part.isdigit():
+            raise FleetSpecError(
+                f"fleet spec: {key}={value!r} is not a GPU index; expected e.g. {key}=0 or {key}=0+2"
+            )
+        idx = int(part)
+        if idx >= count:
+            raise FleetSpecError(
+                f"fleet spec: {key}={idx} but the fleet has {count} GPUs (indices 0..{count - 1})"
+            )
+        out.append(idx)
+    return out
+
+
+def _size_bytes(text: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?", text.strip(), re.IGNORECASE)
+    if not m:
+        raise FleetSpecError(f"fleet spec: {text!r} is not a size; expected e.g. 29000MiB or 28GiB")
+    number = float(m.group(1))
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    scale = {"": 1, "K": 1024, "M": MIB, "G": 1024 * MIB, "T": 1024 * 1024 * MIB}[unit]
+    return int(number * scale)
+
+
+def parse_spec(spec: str) -> Fleet:
+    """Build a fleet from a short spec such as ``4xA40,busy=0``.
+
+    Keys (GPU lists use ``+``: ``lost=1+3``):
+      busy=I        exclusive-process mode, held by a dead process (seed 000)
+      exclusive=I   exclusive-process mode, no holder
+      prohibited=I  compute mode prohibited
+      zombie=I      held by a zombie (defunct) process
+      otherns=I     held by a process in another PID namespace (container)
+      holder=I:PID  a compute process with this real pid (looked up live)
+      lost=I        GPU fell off the bus
+      noperm=I      NVML handle refused (cgroup-restricted)
+      mig=I         MIG enabled with seven 1g.5gb instances
+      remap=I       a pending row remap (reset required)
+      wedged=I      utilisation stuck at 100 % with nothing running
+      procs=N       N running processes spread round-robin (benchmarks)
+      used=I:SIZE   memory used on GPU I, e.g. used=0:20GiB
+      driver=X.Y.Z  driver version;  cuda=12.4  CUDA driver version
+      init=NAME     NVML init fails: one of INIT_ERRORS
+      old           driver too old for the _v2/_v3 NVML symbols
+    """
+    text = spec.strip()
+    if not text:
+        raise FleetSpecError(f"fleet spec is empty; {_SPEC_HELP}")
+    head, *options = [part.strip() for part in text.split(",")]
+    m = _SPEC_HEAD.match(head)
+    if not m:
+        raise FleetSpecError(f"fleet spec {spec!r}: cannot read {head!r}; {_SPEC_HELP}")
+    count = int(m.group(1) or 1)
+    model_key = _model_key(m.group(2), spec)
+    if not 1 <= count <= 64:
+        raise FleetSpecError(f"fleet spec {spec!r}: {count} GPUs; expected 1 to 64")
+    model = MODELS[model_key]
+    gpus = [_make_gpu(model_key, model, i) for i in range(count)]
+    fleet = Fleet(gpus=tuple(gpus), name=text, description=f"simulated {count}x {model.name}")
+    next_pid = FICTIONAL_PID_BASE
+    for option in options:
+        key, sep, value = option.partition("=")
+        key = key.strip().lower()
+        value = value.strip()
+        if key == "old" and not sep:
+            fleet = replace(
+                fleet,
+                driver_version="450.80.02",
+                cuda_driver_version=11000,
+                nvml_version="11.450.80.02",
+                missing_functions=frozenset(OLD_DRIVER_MISSING),
+            )
+            continue
+        if not sep or not value:
+            raise FleetSpecError(f"fleet spec {spec!r}: option {option!r} needs key=value")
+        gpus = list(fleet.gpus)
+        if key in ("busy", "zombie", "otherns"):
+            state = {"busy": "dead", "zombie": "zombie", "otherns": "other_namespace"}[key]
+            for idx in _indices(key, value, count):
+                holder = SimProcess(
+                    pid=next_pid,
+                    used_bytes=min(29000 * MIB, gpus[idx].memory_total_bytes // 2),
+                    observed=ObservedProcess(
+                        state=state, user=None, command="python -m sglang.launch_server"
+                    )
+                    if state != "dead"
+                    else ObservedProcess(state="dead"),
+                )
+                next_pid += 1
+                gpus[idx] = replace(
+                    gpus[idx],
+                    compute_mode="exclusive_process" if key == "busy" else gpus[idx].compute_mode,
+                    processes=(*gpus[idx].processes, holder),
+                )
+        elif key in ("exclusive", "prohibited"):
+            mode = "exclusive_process" if key == "exclusive" else "prohibited"
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(gpus[idx], compute_mode=mode)
+        elif key == "holder":
+            for item in value.split("+"):
+                gpu_text, _, pid_text = item.partition(":")
+                if not pid_text.isdigit():
+                    raise FleetSpecError(
+                        f"fleet spec: holder={item!r}; expected holder=GPU:PID such as holder=0:1234"
+                    )
+                (idx,) = _indices("holder", gpu_text, count)
+                proc = SimProcess(pid=int(pid_text), used_bytes=1024 * MIB)
+                gpus[idx] = replace(gpus[idx], processes=(*gpus[idx].processes, proc))
+        elif key == "lost":
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(gpus[idx], fault="lost")
+        elif key == "noperm":
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(gpus[idx], fault="no_permission")
+        elif key == "mig":
+            for idx in _indices(key, value, count):
+                if not model.mig_capable:
+                    raise FleetSpecError(
+                        f"fleet spec: mig={idx} but {model.name} does not support MIG "
+                        "(use A100, A100-80GB, H100 or H200)"
+                    )
+                gpus[idx] = _with_mig(gpus[idx])
+        elif key == "remap":
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(gpus[idx], remapped_rows=RemappedRows(0, 1, True, False))
+        elif key == "wedged":
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(
+                    gpus[idx], utilization_gpu_pct=100, memory_used_bytes=0, processes=()
+                )
+        elif key == "procs":
+            if not value.isdigit():
+                raise FleetSpecError(f"fleet spec: procs={value!r}; expected a whole number")
+            for n in range(int(value)):
+                idx = n % count
+                proc = SimProcess(pid=next_pid, used_bytes=(512 + 64 * n) * MIB)
+                next_pid += 1
+                gpus[idx] = replace(gpus[idx], processes=(*gpus[idx].processes, proc))
+        elif key == "used":
+            gpu_text, _, size_text = value.partition(":")
+            (idx,) = _indices("used", gpu_text, count)
+            gpus[idx] = replace(gpus[idx], memory_used_bytes=_size_bytes(size_text))
+        elif key == "driver":
+            if not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
+                raise FleetSpecError(f"fleet spec: driver={value!r}; expected e.g. 550.163.01")
+            fleet = replace(fleet, driver_version=value, nvml_version=f"12.{value}")
+        elif key == "cuda":
+            cm = re.fullmatch(r"(\d+)\.(\d+)", value)
+            if not cm:
+                raise FleetSpecError(f"fleet spec: cuda={value!r}; expected e.g. 12.4")
+            fleet = replace(
+                fleet, cuda_driver_version=int(cm.group(1)) * 1000 + int(cm.group(2)) * 10
+            )
+        elif key == "init":
+            if value not in INIT_ERRORS:
+                raise FleetSpecError(
+                    f"fleet spec: init={value!r}; expected one of {', '.join(INIT_ERRORS)}"
+                )
+            fleet = replace(fleet, init_error=value)
+        else:
+            raise FleetSpecError(
+                f"fleet spec {spec!r}: unknown option {key!r}; expected one of busy, exclusive, "
+                "prohibited, zombie, otherns, holder, lost, noperm, mig, remap, wedged, procs, "
+                "used, driver, cuda, init, old"
+            )
+        fleet = replace(fleet, gpus=tuple(gpus))
+    return fleet
+
+
+def _model_key(text: str, spec: str) -> str:
+    wanted = text.upper().replace("_", "-")
+    for key in MODELS:
+        if key.upper() == wanted:
+            return key
+    raise FleetSpecError(
+        f"fleet spec {spec!r}: unknown GPU model {text!r}; expected one of {', '.join(MODELS)}"
+    )
+
+
+def _with_mig(gpu: SimGpu) -> SimGpu:
+    children = tuple(
+        MigDevice(
+            uuid="MIG-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{gpu.uuid}/mig/{i}")),
+            name=f"{gpu.name} MIG 1g.5gb",
+            memory_total_bytes=MIG_1G_BYTES,
+            gpu_instance_id=7 + i,
+            compute_instance_id=0,
+        )
+        for i in range(7)
+    )
+    # Without privileges NVML cannot attribute memory per process under MIG.
+    procs = tuple(replace(p, used_bytes=None) for p in gpu.processes)
+    return replace(gpu, mig_enabled=True, mig_devices=children, processes=procs)
+
+
+# ------------------------------------------------------------------------ scenarios
+
+#: Named fleets: one per seed situation and per failure mode nbgpu must explain.
+SCENARIOS: Mapping[str, tuple[str, str]] = {
+    "healthy": ("4xA40", "4x A40, all idle and healthy"),
+    "seed000": (
+        "4xA40,busy=0",
+        "seed 000: 4x A40, GPU 0 in exclusive-process mode held by a process that is gone",
+    ),
+    "seed001": (
+        "4xH100,zombie=0+1",
+        "seed 001: a 4-GPU box where the script hard-codes 7 ranks, and GPUs 0-1 are still "
+        "held by defunct ranks of a previous run",
+    ),
+    "seed002": (
+        "8xH100",
+        "seed 002: an 8x H100 node shared by concurrent sweep runs",
+    ),
+    "seed003": ("8xH100", "seed 003: an 8x H100 node where 8 ranks import at once"),
+    "seed004": ("4xA40", "seed 004: a 2-GPU config to be rescaled to this 4x A40 pod"),
+    "exclusive-dead": ("4xA40,busy=0", "exclusive-process GPU 0 held by a dead process"),
+    "zombie-holder": ("4xA40,exclusive=1,zombie=1", "GPU 1 held by a zombie (defunct) process"),
+    "other-namespace": (
+        "4xA40,otherns=0",
+        "GPU 0 held by a process in another PID namespace (a container sees host pids)",
+    ),
+    "gpu-lost": ("4xA40,lost=2", "GPU 2 has fallen off the bus (Xid 79)"),
+    "no-driver": ("4xA40,init=driver_not_loaded", "the NVIDIA kernel driver is not loaded"),
+    "no-library": ("4xA40,init=library_not_found", "libnvidia-ml.so.1 is not installed"),
+    "lib-mismatch": (
+        "4xA40,init=lib_rm_version_mismatch",
+        "driver/library version mismatch (userspace upgraded, kernel module not reloaded)",
+    ),
+    "no-permission": (
+        "4xA40,noperm=1+2+3",
+        "cgroup-restricted: 4 GPUs counted, only GPU 0 accessible",
+    ),
+    "mig": ("1xA100,mig=0", "an A100 split into seven 1g.5gb MIG instances"),
+    "old-driver": ("2xV100,old", "an old driver without the _v2/_v3 NVML symbols"),
+    "pending-remap": ("4xA100-80GB,remap=3", "GPU 3 has a pending row remap: reset required"),
+    "wedged": ("4xA40,wedged=1", "GPU 1 reports 100 % utilisation with nothing running"),
+}
+
+
+def scenario(name: str) -> Fleet:
+    spec, description = SCENARIOS[name]
+    return replace(parse_spec(spec), name=name, description=description)
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def _require(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in data:
+        raise FleetSpecError(f"fleet JSON: {where} has no {key!r}")
+    value = data[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise FleetSpecError(f"fleet JSON: {where}.{key} = {value!r} is not {_kind_name(kind)}")
+    return value
+
+
+def _optional(
+    data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any
+) -> Any:
+    if data.get(key) is None:
+        return default
+    return _require(data, key, kind, where)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({"int": "a whole number", "float": "a number", "str": "a string",
+                        "bool": "true/false", "list": "a list", "dict": "an object"}
+                       .get(k.__name__, k.__name__) for k in kinds)
+
+
+def _process_from_dict(data: Any, where: str) -> SimProcess:
+    if not isinstance(data, dict):
+        raise FleetSpecError(f"fleet JSON: {where} is not an object")
+    observed = data.get("observed")
+    obs = None
+    if observed is not None:
+        if not isinstance(observed, dict):
+            raise FleetSpecError(f"fleet JSON: {where}.observed is not an object")
+        state = _require(observed, "state", str, f"{where}.observed")
+        if state not in OBSERVED_STATES:
+            raise FleetSpecError(
+                f"fleet JSON: {where}.observed.state = {state!r}; expected one of "
+                f"{', '.join(sorted(OBSERVED_STATES))}"
+            )
+        obs = ObservedProcess(
+            state=state,
+            user=_optional(observed, "user", str, where, None),
+            command=_optional(observed, "command", str, where, None),
+            visible_devices=_optional(observed, "visible_devices", str, where, None),
+            start_time=_optional(observed, "start_time", (int, float), where, None),
+        )
+    kind = _optional(data, "kind", str, where, "compute")
+    if kind not in ("compute", "graphics"):
+        raise FleetSpecError(f"fleet JSON: {where}.kind = {kind!r}; expected compute or graphics")
+    pid = _require(data, "pid", int, where)
+    if pid <= 0:
+        raise FleetSpecError(f"fleet JSON: {where}.pid = {pid}; expected a positive pid")
+    return SimProcess(
+        pid=pid, used_bytes=_optional(data, "used_bytes", int, where, None), kind=kind,
+        observed=obs,
+    )
+
+
+def _gpu_from_dict(data: Any, position: int) -> SimGpu:
+    where = f"gpus[{position}]"
+    if not isinstance(data, dict):
+        raise FleetSpecError(f"fleet JSON: {where} is not an object")
+    mode = _optional(data, "compute_mode", str, where, "default")
+    if mode not in COMPUTE_MODES:
+        raise FleetSpecError(
+            f"fleet JSON: {where}.compute_mode = {mode!r}; expected one of {', '.join(COMPUTE_MODES)}"
+        )
+    fault = _optional(data, "fault", str, where, None)
+    if fault is not None and fault not in GPU_FAULTS:
+        raise FleetSpecError(f"fleet JSON: {where}.fault = {fault!r}; expected lost or no_permission")
+    rows = data.get("remapped_rows")
+    remapped = None
+    if rows is not None:
+        if not isinstance(rows, dict):
+            raise FleetSpecError(f"fleet JSON: {where}.remapped_rows is not an object")
+        remapped = RemappedRows(
+            correctable=_require(rows, "correctable", int, f"{where}.remapped_rows"),
+            uncorrectable=_require(rows, "uncorrectable", int, f"{where}.remapped_rows"),
+            pending=_require(rows, "pending", bool, f"{where}.remapped_rows"),
+            failure=_require(rows, "failure", bool, f"{where}.remapped_rows"),
+        )
+    migs = []
+    for i, mig in enumerate(_optional(data, "mig_devices", list, where, [])):
+        mw = f"{where}.mig_devices[{i}]"
+        if not isinstance(mig, dict):
+            raise FleetSpecError(f"fleet JSON: {mw} is not an object")
+        migs.append(
+            MigDevice(
+                uuid=_require(mig, "uuid", str, mw),
+                name=_require(mig, "name", str, mw),
+                memory_total_bytes=_require(mig, "memory_total_bytes", int, mw),
+                gpu_instance_id=_optional(mig, "gpu_instance_id", int, mw, 0),
+                compute_instance_id=_optional(mig, "compute_instance_id", int, mw, 0),
+            )
+        )
+    cc = _optional(data, "compute_capability", list, where, [8, 0])
+    if len(cc) != 2 or not all(isinstance(x, int) for x in cc):
+        raise FleetSpecError(f"fleet JSON: {where}.compute_capability = {cc!r}; expected [major, minor]")
+    processes = tuple(
+        _process_from_dict(p, f"{where}.processes[{i}]")
+        for i, p in enumerate(_optional(data, "processes", list, where, []))
+    )
+    return SimGpu(
+        index=_optional(data, "index", int, where, position),
+        name=_require(data, "name", str, where),
+        uuid=_optional(data, "uuid", str, where, _uuid_for(f"json/{position}")),
+        pci_bus_id=_optional(data, "pci_bus_id", str, where, _bus_id(position)),
+        memory_total_bytes=_require(data, "memory_total_bytes", int, where),
+        memory_reserved_bytes=_optional(data, "memory_reserved_bytes", int, where, 0),
+        memory_used_bytes=_optional(data, "memory_used_bytes", int, where, None),
+        utilization_gpu_pct=_optional(data, "utilization_gpu_pct", int, where, 0),
+        utilization_memory_pct=_optional(data, "utilization_memory_pct", int, where, 0),
+        temperature_c=_optional(data, "temperature_c", int, where, 35),
+        power_w=float(_optional(data, "power_w", (int, float), where, 30.0)),
+        power_limit_w=float(_optional(data, "power_limit_w", (int, float), where, 300.0)),
+        compute_mode=mode,
+        persistence_mode=_optional(data, "persistence_mode", bool, where, True),
+        mig_enabled=_optional(data, "mig_enabled", bool, where, None),
+        mig_devices=tuple(migs),
+        ecc_uncorrected_volatile=_optional(data, "ecc_uncorrected_volatile", int, where, None),
+        remapped_rows=remapped,
+        retired_pages_pending=_optional(data, "retired_pages_pending", bool, where, None),
+        compute_capability=(cc[0], cc[1]),
+        pci_device_id=_optional(data, "pci_device_id", int, where, 0),
+        fault=fault,
+        processes=processes,
+        cuda_error=_optional(data, "cuda_error", int, where, None),
+    )
+
+
+def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
+    """Validate a decoded fleet JSON document; errors name the offending field."""
+    if not isinstance(data, dict):
+        raise FleetSpecError("fleet JSON: the top level is not an object")
+    fmt = data.get("nbgpu_fleet")
+    if fmt != FLEET_FORMAT:
+        raise FleetSpecError(
+            f"fleet JSON: nbgpu_fleet = {fmt!r}; expected {FLEET_FORMAT} "
+            "(write one with `nbgpu status --json > pod.json`)"
+        )
+    gpus_data = _require(data, "gpus", list, "top level")
+    gpus = tuple(_gpu_from_dict(g, i) for i, g in enumerate(gpus_data))
+    init_error = _optional(data, "init_error", str, "top level", None)
+    if init_error is not None and init_error not in INIT_ERRORS:
+        raise FleetSpecError(
+            f"fleet JSON: init_error = {init_error!r}; expected one of {', '.join(INIT_ERRORS)}"
+        )
+    missing = _optional(data, "missing_functions", list, "top level", [])
+    return Fleet(
+        gpus=gpus,
+        name=_optional(data, "name", str, "top level", default_name),
+        description=_optional(data, "description", str, "top level", ""),
+        driver_version=_optional(data, "driver_version", str, "top level", "550.163.01"),
+        cuda_driver_version=_optional(data, "cuda_driver_version", int, "top level", 12040),
+        nvml_version=_optional(data, "nvml_version", str, "top level", "12.550.163.01"),
+        init_error=init_error,
+        missing_functions=frozenset(str(x) for x in missing),
+        hostname=_optional(data, "hostname", str, "top level", None),
+    )
+
+
+def load_fleet(source: str, *, cwd: Path | None = None) -> Fleet:
+    """Resolve ``NBGPU_SIMULATE``: a scenario name, a ``.json`` path, or a spec."""
+    text = source.strip()
+    if text in SCENARIOS:
+        return scenario(text)
+    path = Path(text).expanduser()
+    if cwd is not None and not path.is_absolute():
+        path = cwd / path
+    if text.endswith(".json") or path.is_file():
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise FleetSpecError(f"fleet file {text!r} does not exist") from None
+        except OSError as exc:
+            raise FleetSpecError(f"fleet file {text!r} cannot be read: {exc.strerror}") from None
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise FleetSpecError(
+                f"fleet file {text!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
+                f"{exc.msg})"
+            ) from None
+        return fleet_from_dict(data, default_name=path.name)
+    try:
+        return parse_spec(text)
+    except FleetSpecError as exc:
+        if "," not in text and "x" not in text.lower():
+            raise FleetSpecError(
+                f"NBGPU_SIMULATE={text!r} is not a scenario, a fleet file or a spec; scenarios: "
+                f"{', '.join(SCENARIOS)}"
+            ) from None
+        raise exc from None
+

@@ -1,0 +1,478 @@
+"""The inventory: one snapshot of every GPU, who holds it, and what CUDA will see.
+
+``take_inventory()`` joins NVML's view (``nvml.py``) with the OS's view of each
+holder pid (``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``),
+per-GPU verdicts (``verdicts.py``) and, opt-in, the active CUDA probe
+(``health.py``, in a subprocess). The result renders as text, HTML, JSON — the JSON
+is a fleet file the simulator accepts — and a pandas frame.
+
+Never imports IPython, ipywidgets, matplotlib or torch; pandas only in ``to_frame``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from html import escape
+from typing import Any
+
+from nbgpu._render import Result, Table, fmt_bytes, fmt_opt
+from nbgpu.devices import holders as holders_mod
+from nbgpu.devices import nvml
+from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS, Fleet
+from nbgpu.devices.health import ProbeReport, probe_devices
+from nbgpu.devices.holders import ContainerInfo, HolderInfo
+from nbgpu.devices.model import Gpu, GpuProcess
+from nbgpu.devices.verdicts import Finding, assess_gpu, short_verdict
+from nbgpu.devices.visible import GpuIdentity, VisibleMap, resolve_visible
+from nbgpu.errors import NvmlError
+
+__all__ = ["Inventory", "take_inventory"]
+
+_CODE_TO_INIT_ERROR = {code: name for name, code in INIT_ERRORS.items()}
+
+
+@dataclass(frozen=True)
+class Inventory(Result):
+    """What ``nbgpu.status()`` returns."""
+
+    taken_at: float
+    hostname: str
+    simulated: bool
+    fleet_name: str | None
+    fleet_description: str | None
+    driver_version: str | None
+    cuda_driver_version: int | None  # NVML's integer, 12040 = CUDA 12.4
+    nvml_version: str | None
+    nvml_error: str | None  # set when NVML is unusable; then gpus is empty
+    nvml_error_code: int | None
+    gpus: tuple[Gpu, ...]
+    findings: tuple[tuple[Finding, ...], ...]  # per GPU, same order as gpus
+    container: ContainerInfo
+    visible: VisibleMap | None
+    visible_value: str | None  # the CUDA_VISIBLE_DEVICES string that was resolved
+    visible_is_override: bool  # True when the user passed --env, not the environment
+    device_files: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    probe: ProbeReport | None = None
+    elapsed_ms: float = 0.0
+
+    # -- convenience -----------------------------------------------------------
+
+    @property
+    def cuda_version_text(self) -> str | None:
+        v = self.cuda_driver_version
+        return None if v is None else f"{v // 1000}.{(v % 1000) // 10}"
+
+    @property
+    def healthy_indices(self) -> tuple[int, ...]:
+        """NVML indices of GPUs with no bad finding (and a passing probe if probed)."""
+        failed_probe = set()
+        if self.probe is not None:
+            failed_probe = {
+                r.nvml_index for r in self.probe.results if r.verdict != "ok" and r.nvml_index is not None
+            }
+        return tuple(
+            g.nvml_index
+            for g, fs in zip(self.gpus, self.findings, strict=True)
+            if g.ok
+            and not any(f.severity == "bad" for f in fs)
+            and g.nvml_index not in failed_probe
+        )
+
+    def gpu(self, nvml_index: int) -> Gpu:
+        for g in self.gpus:
+            if g.nvml_index == nvml_index:
+                return g
+        raise KeyError(nvml_index)
+
+    # -- rendering -------------------------------------------------------------
+
+    def _header(self) -> str:
+        if self.simulated:
+            source = f"SIMULATED fleet '{self.fleet_name}'"
+        else:
+            source = f"host {self.hostname}"
+        parts = [f"nbgpu status — {source}"]
+        if self.driver_version:
+            parts.append(f"driver {self.driver_version}")
+        if self.cuda_version_text:
+            parts.append(f"CUDA {self.cuda_version_text}")
+        return " · ".join(parts)
+
+    def _gpu_table(self) -> Table:
+        table = Table(["GPU", "name", "memory used/total", "util", "temp", "power", "mode", "health"])
+        for gpu, findings in zip(self.gpus, self.findings, strict=True):
+            verdict, level = short_verdict(gpu, findings)
+            if self.probe is not None:
+                probe = self.probe.for_nvml_index(gpu.nvml_index)
+                if probe is not None and probe.verdict != "ok":
+                    verdict, level = f"probe: {probe.verdict}", "bad"
+            if not gpu.ok:
+                table.add(gpu.nvml_index, "-", "-", "-", "-", "-", "-", verdict, level=level)
+                continue
+            name = (gpu.name or "?").replace("NVIDIA ", "")
+            mem = f"{fmt_bytes(gpu.memory_used_bytes)} / {fmt_bytes(gpu.memory_total_bytes)}"
+            power = (
+                f"{gpu.power_w:.0f}/{gpu.power_limit_w:.0f} W"
+                if gpu.power_w is not None and gpu.power_limit_w is not None
+                else fmt_opt(gpu.power_w, " W")
+            )
+            mode = {
+                "default": "default",
+                "exclusive_process": "E.Process",
+                "exclusive_thread": "E.Thread",
+                "prohibited": "Prohibited",
+            }.get(gpu.compute_mode or "", fmt_opt(gpu.compute_mode))
+            if gpu.mig_enabled:
+                mode += " MIG"
+            table.add(
+                gpu.nvml_index, name, mem, fmt_opt(gpu.utilization_gpu_pct, "%"),
+                fmt_opt(gpu.temperature_c, "C"), power, mode, verdict, level=level,
+            )
+        return table
+
+    def _process_table(self) -> Table:
+        table = Table(["GPU", "pid", "user", "state", "GPU mem", "CUDA_VISIBLE_DEVICES", "command"])
+        for gpu in self.gpus:
+            for proc in gpu.processes:
+                h = proc.holder
+                state = proc.verdict + (" (recorded)" if h and h.recorded else "")
+                level = {"dead": "bad", "zombie": "bad", "other_namespace": "warn"}.get(proc.verdict, "")
+                table.add(
+                    gpu.nvml_index, proc.pid, fmt_opt(h.user if h else None), state,
+                    fmt_bytes(proc.used_bytes), fmt_opt(h.visible_devices if h else None),
+                    fmt_opt(h.command if h else None), level=level,
+                )
+        for pid, paths in sorted(self.device_files.items()):
+            h = holders_mod.describe_pid(pid, container=self.container)
+            table.add(
+                "fd", pid, fmt_opt(h.user), "open " + ",".join(p.rsplit("/", 1)[-1] for p in paths),
+                "-", fmt_opt(h.visible_devices), fmt_opt(h.command), level="warn",
+            )
+        return table
+
+    def _visible_lines(self) -> list[str]:
+        if self.visible is None:
+            return []
+        origin = "--env" if self.visible_is_override else "this environment"
+        raw = "unset" if self.visible_value is None else repr(self.visible_value)
+        lines = [f"CUDA_VISIBLE_DEVICES={raw} ({origin}):"]
+        if not self.visible.devices:
+            lines.append("  no GPU is visible to CUDA")
+        for dev in self.visible.devices:
+            mig = f" MIG {dev.mig_uuid}" if dev.mig_uuid else ""
+            lines.append(f"  cuda:{dev.cuda_index} -> GPU {dev.nvml_index} ({dev.uuid[:12]}){mig}")
+        lines.extend(f"  ! {p}" for p in self.visible.problems)
+        return lines
+
+    def _notes(self) -> list[tuple[str, str]]:
+        notes: list[tuple[str, str]] = []
+        for gpu, findings in zip(self.gpus, self.findings, strict=True):
+            for f in findings:
+                if f.severity in ("bad", "warn"):
+                    notes.append((f.severity, f.message))
+            if gpu.fallbacks:
+                notes.append(("info", f"GPU {gpu.nvml_index}: old driver fallbacks: " + "; ".join(gpu.fallbacks)))
+        if self.container.in_container and not self.container.host_pid_namespace:
+            notes.append(
+                ("info", "inside a container without the host PID namespace: GPU pids are host pids")
+            )
+        if self.probe is not None and self.probe.init_error:
+            notes.append(("bad", f"probe: {self.probe.init_error}"))
+        return notes
+
+    def text(self) -> str:
+        lines = [self._header()]
+        if self.simulated and self.fleet_description:
+            lines.append(f"  ({self.fleet_description})")
+        if self.nvml_error:
+            lines.append(f"NVML unavailable: {self.nvml_error}")
+            lines.append("Run `nbgpu doctor` for what to do.")
+            return "\n".join(lines)
+        if not self.gpus:
+            lines.append("No GPU found.")
+        else:
+            lines.append(self._gpu_table().text())
+        procs = self._process_table()
+        if procs.rows:
+            lines.append("")
+            lines.append(procs.text())
+        vis = self._visible_lines()
+        if vis:
+            lines.append("")
+            lines.extend(vis)
+        notes = self._notes()
+        if notes:
+            lines.append("")
+            lines.extend(f"{'!!' if sev == 'bad' else '! ' if sev == 'warn' else '- '} {msg}" for sev, msg in notes)
+        return "\n".join(lines)
+
+    def html_body(self) -> str:
+        parts = []
+        title = escape(self._header())
+        if self.simulated:
+            title = title.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+        parts.append(f"<b>{title}</b>")
+        if self.simulated and self.fleet_description:
+            parts.append(f"<div><i>{escape(self.fleet_description)}</i></div>")
+        if self.nvml_error:
+            parts.append(f"<p>NVML unavailable: {escape(self.nvml_error)}. Run <code>%gpu_doctor</code>.</p>")
+            return "".join(parts)
+        parts.append(self._gpu_table().html())
+        procs = self._process_table()
+        if procs.rows:
+            parts.append(procs.html())
+        vis = self._visible_lines()
+        if vis:
+            parts.append("<pre>" + escape("\n".join(vis)) + "</pre>")
+        notes = self._notes()
+        if notes:
+            items = "".join(f'<li class="{sev}">{escape(msg)}</li>' for sev, msg in notes)
+            parts.append(f"<ul>{items}</ul>")
+        return "".join(parts)
+
+    # -- data --------------------------------------------------------------------
+
+    def records(self) -> list[dict[str, Any]]:
+        rows = []
+        for gpu, findings in zip(self.gpus, self.findings, strict=True):
+            verdict, _ = short_verdict(gpu, findings)
+            rows.append(
+                {
+                    "nvml_index": gpu.nvml_index,
+                    "name": gpu.name,
+                    "uuid": gpu.uuid,
+                    "pci_bus_id": gpu.pci_bus_id,
+                    "memory_total_bytes": gpu.memory_total_bytes,
+                    "memory_used_bytes": gpu.memory_used_bytes,
+                    "memory_free_bytes": gpu.memory_free_bytes,
+                    "utilization_gpu_pct": gpu.utilization_gpu_pct,
+                    "temperature_c": gpu.temperature_c,
+                    "power_w": gpu.power_w,
+                    "power_limit_w": gpu.power_limit_w,
+                    "compute_mode": gpu.compute_mode,
+                    "processes": len(gpu.processes),
+                    "health": verdict,
+                    "error": gpu.error,
+                    "simulated": self.simulated,
+                }
+            )
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        """A fleet document (``nbgpu_fleet``) plus what was observed here."""
+        return {
+            "nbgpu_fleet": FLEET_FORMAT,
+            "name": self.fleet_name if self.simulated else self.hostname,
+            "description": self.fleet_description or f"captured on {self.hostname}",
+            "hostname": self.hostname,
+            "taken_at": self.taken_at,
+            "simulated": self.simulated,
+            "driver_version": self.driver_version,
+            "cuda_driver_version": self.cuda_driver_version,
+            "nvml_version": self.nvml_version,
+            "init_error": _CODE_TO_INIT_ERROR.get(self.nvml_error_code or -1)
+            if self.nvml_error
+            else None,
+            "nvml_error": self.nvml_error,
+            "container": {
+                "in_container": self.container.in_container,
+                "host_pid_namespace": self.container.host_pid_namespace,
+                "reason": self.container.reason,
+            },
+            "visible_devices": None
+            if self.visible is None
+            else {
+                "value": self.visible_value,
+                "devices": [
+                    {"cuda_index": d.cuda_index, "nvml_index": d.nvml_index, "uuid": d.uuid}
+                    for d in self.visible.devices
+                ],
+                "problems": list(self.visible.problems),
+            },
+            "gpus": [_gpu_dict(g, fs) for g, fs in zip(self.gpus, self.findings, strict=True)],
+            "probe": None if self.probe is None else self.probe.to_dict(),
+        }
+
+
+def _gpu_dict(gpu: Gpu, findings: tuple[Finding, ...]) -> dict[str, Any]:
+    fault = gpu.error if gpu.error in ("lost", "no_permission") else None
+    return {
+        "index": gpu.nvml_index,
+        "name": gpu.name or "Unknown GPU",
+        "uuid": gpu.uuid,
+        "pci_bus_id": gpu.pci_bus_id,
+        "memory_total_bytes": gpu.memory_total_bytes or 0,
+        "memory_reserved_bytes": gpu.memory_reserved_bytes,
+        "memory_used_bytes": gpu.memory_used_bytes,
+        "memory_free_bytes": gpu.memory_free_bytes,
+        "utilization_gpu_pct": gpu.utilization_gpu_pct,
+        "utilization_memory_pct": gpu.utilization_memory_pct,
+        "temperature_c": gpu.temperature_c,
+        "power_w": gpu.power_w,
+        "power_limit_w": gpu.power_limit_w,
+        "compute_mode": gpu.compute_mode,
+        "persistence_mode": gpu.persistence_mode,
+        "mig_enabled": gpu.mig_enabled,
+        "mig_devices": [
+            {
+                "uuid": m.uuid,
+                "name": m.name,
+                "memory_total_bytes": m.memory_total_bytes or 0,
+                "gpu_instance_id": m.gpu_instance_id,
+                "compute_instance_id": m.compute_instance_id,
+            }
+            for m in gpu.mig_devices
+        ],
+        "ecc_uncorrected_volatile": gpu.ecc_uncorrected_volatile,
+        "remapped_rows": None
+        if gpu.remapped_rows is None
+        else {
+            "correctable": gpu.remapped_rows.correctable,
+            "uncorrectable": gpu.remapped_rows.uncorrectable,
+            "pending": gpu.remapped_rows.pending,
+            "failure": gpu.remapped_rows.failure,
+        },
+        "retired_pages_pending": gpu.retired_pages_pending,
+        "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
+        "fault": fault,
+        "error": gpu.error,
+        "unsupported": list(gpu.unsupported),
+        "fallbacks": list(gpu.fallbacks),
+        "findings": [f.to_dict() for f in findings],
+        "processes": [_process_dict(p) for p in gpu.processes],
+    }
+
+
+def _process_dict(proc: GpuProcess) -> dict[str, Any]:
+    h = proc.holder
+    observed = None
+    if h is not None:
+        observed = {
+            "state": h.verdict if h.verdict in ("dead", "zombie", "other_namespace") else (h.state or h.verdict),
+            "user": h.user,
+            "command": h.command,
+            "visible_devices": h.visible_devices,
+            "start_time": h.start_time,
+        }
+    return {"pid": proc.pid, "used_bytes": proc.used_bytes, "kind": proc.kind, "observed": observed}
+
+
+def _holder_for(pid: int, fleet: Fleet | None, container: ContainerInfo) -> HolderInfo:
+    if fleet is not None:
+        for gpu in fleet.gpus:
+            for proc in gpu.processes:
+                if proc.pid == pid and proc.observed is not None:
+                    o = proc.observed
+                    return holders_mod.recorded_holder(
+                        pid, o.state, o.user, o.command, o.visible_devices, o.start_time
+                    )
+    return holders_mod.describe_pid(pid, container=container)
+
+
+def _identities(gpus: tuple[Gpu, ...]) -> list[GpuIdentity]:
+    return [
+        GpuIdentity(
+            nvml_index=g.nvml_index,
+            uuid=g.uuid or f"GPU-unknown-{g.nvml_index}",
+            pci_bus_id=g.pci_bus_id or "",
+            compute_capability=g.compute_capability or (0, 0),
+            mig_enabled=bool(g.mig_enabled),
+            mig_uuids=tuple(m.uuid for m in g.mig_devices),
+        )
+        for g in gpus
+    ]
+
+
+def take_inventory(
+    environ: Mapping[str, str] | None = None,
+    *,
+    visible_devices: str | None = None,
+    probe: bool = False,
+    probe_timeout_s: float = 30.0,
+    scan_device_files: bool = True,
+) -> Inventory:
+    """Snapshot the GPUs as *environ* sees them (default: ``os.environ``).
+
+    ``visible_devices`` shows the cuda:N mapping for that ``CUDA_VISIBLE_DEVICES``
+    value instead of the environment's. ``probe`` runs the active CUDA probe in a
+    subprocess (creates a context per GPU; off by default).
+    """
+    started = time.perf_counter()
+    env = dict(os.environ) if environ is None else dict(environ)
+    container = holders_mod.detect_container()
+    simulated = bool(env.get(nvml.SIMULATE_ENV))
+    try:
+        snap = nvml.read_system(env)
+    except NvmlError as exc:
+        backend_fleet = None
+        if simulated:
+            # Report which fleet failed to initialise: it is the point of the scenario.
+            from nbgpu.devices.fleet import load_fleet  # noqa: PLC0415
+
+            backend_fleet = load_fleet(env[nvml.SIMULATE_ENV])
+        return Inventory(
+            taken_at=time.time(),
+            hostname=socket.gethostname(),
+            simulated=simulated,
+            fleet_name=backend_fleet.name if backend_fleet else None,
+            fleet_description=backend_fleet.description if backend_fleet else None,
+            driver_version=None,
+            cuda_driver_version=None,
+            nvml_version=None,
+            nvml_error=str(exc),
+            nvml_error_code=exc.code,
+            gpus=(),
+            findings=(),
+            container=container,
+            visible=None,
+            visible_value=None,
+            visible_is_override=False,
+            probe=probe_devices(environ=env, timeout_s=probe_timeout_s) if probe else None,
+            elapsed_ms=(time.perf_counter() - started) * 1000,
+        )
+    fleet = snap.backend.fleet
+    gpus = []
+    for gpu in snap.gpus:
+        procs = tuple(
+            replace(p, holder=_holder_for(p.pid, fleet, container)) for p in gpu.processes
+        )
+        gpus.append(replace(gpu, processes=procs))
+    findings = tuple(assess_gpu(g, snap.device_count) for g in gpus)
+    override = visible_devices is not None
+    cvd_env = dict(env)
+    if override:
+        cvd_env["CUDA_VISIBLE_DEVICES"] = visible_devices or ""
+    visible = resolve_visible(_identities(tuple(g for g in gpus if g.ok)), cvd_env)
+    device_files: dict[int, tuple[str, ...]] = {}
+    if scan_device_files:
+        listed = {p.pid for g in gpus for p in g.processes}
+        device_files = {
+            pid: paths
+            for pid, paths in holders_mod.device_file_holders().items()
+            if pid not in listed and pid != os.getpid()
+        }
+    return Inventory(
+        taken_at=time.time(),
+        hostname=socket.gethostname(),
+        simulated=snap.backend.simulated,
+        fleet_name=fleet.name if fleet else None,
+        fleet_description=fleet.description if fleet else None,
+        driver_version=snap.driver_version,
+        cuda_driver_version=snap.cuda_driver_version,
+        nvml_version=snap.nvml_version,
+        nvml_error=None,
+        nvml_error_code=None,
+        gpus=tuple(gpus),
+        findings=findings,
+        container=container,
+        visible=visible,
+        visible_value=cvd_env.get("CUDA_VISIBLE_DEVICES"),
+        visible_is_override=override,
+        device_files=device_files,
+        probe=probe_devices(environ=env, timeout_s=probe_timeout_s) if probe else None,
+        elapsed_ms=(time.perf_counter() - started) * 1000,
+    )

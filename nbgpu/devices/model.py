@@ -1,0 +1,97 @@
+"""The inventory's data types: what nbgpu knows about GPUs and who holds them.
+
+Frozen dataclasses with units in field names; ``None`` means "not reported" (NVML
+said NotSupported, or the capability does not exist on this model) — never a magic
+string. ``nvml.py`` fills the hardware fields, ``inventory.py`` adds holders and
+verdicts. This module imports only the standard library and ``holders``' types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # holders imports psutil; the types module stays light
+    from nbgpu.devices.holders import HolderInfo
+
+__all__ = ["Gpu", "GpuProcess", "MigInstance", "RemappedRowsState"]
+
+
+@dataclass(frozen=True)
+class RemappedRowsState:
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    uuid: str
+    name: str
+    memory_total_bytes: int | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process NVML reports on a GPU, with what the OS says about it."""
+
+    pid: int
+    used_bytes: int | None  # None: NVML cannot attribute memory (MIG without privileges)
+    kind: str  # "compute" | "graphics"
+    holder: HolderInfo | None = None
+
+    @property
+    def verdict(self) -> str:
+        return self.holder.verdict if self.holder else "unknown"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU by NVML index. ``error`` set means NVML could not read it."""
+
+    nvml_index: int
+    error: str | None = None  # "lost", "no_permission", or NVML's own words
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    utilization_gpu_pct: int | None = None
+    utilization_memory_pct: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    compute_mode: str | None = None  # default | exclusive_process | prohibited | exclusive_thread
+    persistence_mode: bool | None = None
+    mig_enabled: bool | None = None  # None: MIG not supported
+    mig_devices: tuple[MigInstance, ...] = ()
+    ecc_uncorrected_volatile: int | None = None
+    remapped_rows: RemappedRowsState | None = None
+    retired_pages_pending: bool | None = None
+    compute_capability: tuple[int, int] | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    # Capabilities NVML answered NotSupported / FunctionNotFound for, and the older
+    # API used instead: shown so "N/A" is never a mystery.
+    unsupported: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+    # Set by inventory.py
+    device_files_pids: tuple[int, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def ghost_bytes(self) -> int | None:
+        """Used memory no listed process accounts for (another namespace, a leak)."""
+        if self.memory_used_bytes is None:
+            return None
+        attributed = [p.used_bytes for p in self.processes]
+        if any(b is None for b in attributed):
+            return None
+        return max(0, self.memory_used_bytes - sum(b or 0 for b in attributed))

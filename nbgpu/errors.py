@@ -1,0 +1,78 @@
+"""nbgpu's exceptions: a small tree, so callers can catch by meaning.
+
+    NbgpuError                      anything nbgpu raises on purpose
+    ├── UserInputError (ValueError) the user gave a value we cannot accept; the
+    │   │                           message names the value and the accepted form
+    │   ├── FleetSpecError          NBGPU_SIMULATE spec or fleet JSON is malformed
+    │   └── VisibleDevicesError     CUDA_VISIBLE_DEVICES cannot be parsed for this fleet
+    ├── NvmlError                   the NVIDIA management library failed
+    │   ├── NvmlUnavailable         no library, no driver, driver/library mismatch
+    │   ├── NvmlPermissionError     the driver refused us (cgroup, container rules)
+    │   └── GpuLostError            a GPU fell off the bus (Xid 79)
+    └── ProbeError                  the active CUDA health probe could not run
+
+User mistakes render as one line in a notebook (``_render_traceback_``) and in the
+CLI (exit code 2); only bugs show a traceback. This module imports nothing else of
+nbgpu and may be imported from every layer.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FleetSpecError",
+    "GpuLostError",
+    "NbgpuError",
+    "NvmlError",
+    "NvmlPermissionError",
+    "NvmlUnavailable",
+    "ProbeError",
+    "UserInputError",
+    "VisibleDevicesError",
+]
+
+
+class NbgpuError(Exception):
+    """Base of every error nbgpu raises on purpose."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing a traceback: one readable line.
+        return [f"{type(self).__name__}: {self}"]
+
+
+class UserInputError(NbgpuError, ValueError):
+    """A value from the user that nbgpu cannot accept."""
+
+
+class FleetSpecError(UserInputError):
+    """An ``NBGPU_SIMULATE`` spec, scenario name or fleet JSON file is malformed."""
+
+
+class VisibleDevicesError(UserInputError):
+    """A ``CUDA_VISIBLE_DEVICES`` value cannot be resolved."""
+
+
+class NvmlError(NbgpuError):
+    """The NVIDIA management library reported an error.
+
+    ``code`` is NVML's return code (``NVML_ERROR_*``), ``None`` if unknown.
+    """
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NvmlUnavailable(NvmlError):
+    """NVML cannot be used at all: no library, no driver, or a version mismatch."""
+
+
+class NvmlPermissionError(NvmlError):
+    """NVML refused access (cgroup device rules, container without the runtime)."""
+
+
+class GpuLostError(NvmlError):
+    """The GPU has fallen off the bus or is otherwise inaccessible."""
+
+
+class ProbeError(NbgpuError):
+    """The active health probe could not be run (not: a GPU failed it)."""

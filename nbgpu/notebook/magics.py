@@ -1,0 +1,151 @@
+"""IPython magics: a thin face that parses arguments and calls :mod:`nbgpu.api`.
+
+Everything heavy (pynvml, psutil, the inventory) is imported inside the magic that
+needs it, so ``%load_ext nbgpu`` stays cheap. User mistakes become ``UsageError``
+(one line, no traceback); results are returned so the notebook renders them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from IPython.core.error import StdinNotImplementedError, UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from nbgpu.errors import UserInputError
+
+__all__ = ["GPUMagics", "register", "unregister"]
+
+_LINE_MAGICS = ("gpu_status", "gpu_doctor", "gpu_clean")
+
+
+def _parse(method: Any, line: str) -> Any:
+    """Parsed arguments, or None after printing help for ``-h``/``--help``.
+
+    IPython's magic parser has no help flag of its own (``%magic?`` opens a pager
+    that nbval and terminals do not show), so ``-h`` prints the usage right here.
+    """
+    if any(token in ("-h", "--help") for token in line.split()):
+        print(inspect.cleandoc(method.__doc__ or ""))
+        return None
+    return parse_argstring(method, line)
+
+
+def _visible_value(text: str | None) -> str | None:
+    """--env accepts '2,3' or 'CUDA_VISIBLE_DEVICES=2,3' (and '' for none)."""
+    if text is None:
+        return None
+    key, sep, value = text.partition("=")
+    if sep:
+        if key.strip() != "CUDA_VISIBLE_DEVICES":
+            raise UsageError(
+                f"--env {text!r}: only CUDA_VISIBLE_DEVICES can be given here, as "
+                "--env 2,3 or --env CUDA_VISIBLE_DEVICES=2,3"
+            )
+        return value.strip().strip("'\"")
+    return text.strip().strip("'\"")
+
+
+@magics_class
+class GPUMagics(Magics):
+    """nbgpu's magics; see each one's ``-h``."""
+
+    @magic_arguments()
+    @argument("--probe", action="store_true", help="also create a CUDA context on each GPU "
+              "(in a short-lived subprocess) to catch 'busy or unavailable'")
+    @argument("--json", action="store_true", help="print the snapshot as JSON (a fleet file "
+              "that NBGPU_SIMULATE accepts)")
+    @argument("--env", metavar="CVD", default=None, help="show cuda:N -> GPU for this "
+              "CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)")
+    @line_magic
+    def gpu_status(self, line: str = "") -> Any:
+        """Show every GPU: health, memory, who holds it, and what cuda:N means here."""
+        args = _parse(self.gpu_status, line)
+        if args is None:
+            return None
+        from nbgpu.api import status  # noqa: PLC0415
+
+        try:
+            inventory = status(probe=args.probe, visible_devices=_visible_value(args.env),
+                               environ=self._environ())
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            print(inventory.to_json())
+            return None
+        return inventory
+
+    @magic_arguments()
+    @argument("--no-probe", action="store_true", help="skip the active CUDA probe")
+    @argument("--nproc", type=int, default=None, metavar="N",
+              help="check a planned number of ranks per node against the visible GPUs")
+    @argument("--json", action="store_true", help="print the report as JSON")
+    @line_magic
+    def gpu_doctor(self, line: str = "") -> Any:
+        """Diagnose the GPUs and the launch environment; name each problem and its fix."""
+        args = _parse(self.gpu_doctor, line)
+        if args is None:
+            return None
+        if args.nproc is not None and args.nproc < 1:
+            raise UsageError(f"--nproc {args.nproc}: expected a whole number >= 1")
+        from nbgpu.api import doctor  # noqa: PLC0415
+
+        try:
+            report = doctor(probe=not args.no_probe, nproc=args.nproc, environ=self._environ())
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            print(report.to_json())
+            return None
+        return report
+
+    @magic_arguments()
+    @argument("--yes", "-y", action="store_true", help="stop the listed processes without asking")
+    @argument("--dry-run", action="store_true", help="only list what would be stopped")
+    @argument("--grace", type=float, default=3.0, metavar="S",
+              help="seconds between SIGTERM and SIGKILL (default 3)")
+    @line_magic
+    def gpu_clean(self, line: str = "") -> Any:
+        """Stop this user's stale GPU holders (orphaned ranks, dead jobs), by pid, after asking."""
+        args = _parse(self.gpu_clean, line)
+        if args is None:
+            return None
+        if args.grace < 0:
+            raise UsageError(f"--grace {args.grace}: expected seconds >= 0")
+        from nbgpu.api import clean  # noqa: PLC0415
+
+        def confirm(plan: Any) -> bool:
+            print(plan.text())
+            try:
+                answer = input(f"Stop these {len(plan.candidates)} processes? [y/N] ")
+            except (StdinNotImplementedError, EOFError):
+                print("No way to ask here: nothing stopped. Re-run with %gpu_clean --yes.")
+                return False
+            return answer.strip().lower() in ("y", "yes")
+
+        try:
+            return clean(yes=args.yes, dry_run=args.dry_run, grace_s=args.grace,
+                         confirm=confirm, environ=self._environ())
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+
+    def _environ(self) -> dict[str, str]:
+        # The kernel's environment as it is now (%env changes it in place).
+        import os  # noqa: PLC0415
+
+        return dict(os.environ)
+
+
+def register(ipython: Any) -> None:
+    ipython.register_magics(GPUMagics)
+
+
+def unregister(ipython: Any) -> None:
+    # IPython has no public unregister; remove exactly the names we added.
+    manager = ipython.magics_manager
+    for name in _LINE_MAGICS:
+        manager.magics["line"].pop(name, None)
+    manager.registry.pop("GPUMagics", None)
+
