@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Result", "Table", "fmt_bytes", "fmt_opt", "shorten"]
+__all__ = ["Result", "Table", "fmt_bytes", "fmt_opt", "fmt_used_total", "shorten", "wrap"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -28,6 +28,30 @@ def fmt_bytes(value: int | None) -> str:
             return f"{size:.0f} {unit}" if unit in ("B", "KiB") else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def fmt_used_total(used: int | None, total: int | None) -> str:
+    """Used and total in the total's unit: '22.5/45.0 GiB' (fits a narrow column)."""
+    if total is None:
+        return fmt_bytes(used)
+    number, unit = fmt_bytes(total).split()
+    scale = 1024 ** _UNITS.index(unit)
+    used_text = "-" if used is None else f"{used / scale:.1f}"
+    return f"{used_text}/{number} {unit}"
+
+
+def wrap(text: str, prefix: str, width: int = 80) -> str:
+    """Wrap a sentence for terminals, hanging indent under the prefix."""
+    import textwrap  # noqa: PLC0415  (rarely needed; keep import time low)
+
+    return textwrap.fill(
+        text,
+        width,
+        initial_indent=prefix,
+        subsequent_indent=" " * len(prefix),
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
 
 
 def fmt_opt(value: object, suffix: str = "") -> str:
@@ -66,7 +90,9 @@ class Table:
         lines = []
         if self.title:
             lines.append(self.title)
-        lines.append("  ".join(h.ljust(w) for h, w in zip(self.headers, widths, strict=True)).rstrip())
+        lines.append(
+            "  ".join(h.ljust(w) for h, w in zip(self.headers, widths, strict=True)).rstrip()
+        )
         for row in self.rows:
             cells = [shorten(c, w).ljust(w) for c, w in zip(row, widths, strict=True)]
             lines.append("  ".join(cells).rstrip())
@@ -128,10 +154,14 @@ class Result:
     def html(self) -> str:
         return f'{STYLE}<div class="nbgpu">{self.html_body()}</div>'
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+    def _repr_mimebundle_(
+        self,
+        include: Any = None,  # noqa: ARG002  (IPython's protocol; we always send both)
+        exclude: Any = None,  # noqa: ARG002
+    ) -> dict[str, str]:
         return {"text/plain": self.text(), "text/html": self.html()}
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # noqa: ARG002
         printer.text(self.text())
 
     def __str__(self) -> str:

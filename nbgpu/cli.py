@@ -12,6 +12,7 @@ doctor found a problem that needs fixing (or clean could not stop a process),
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -36,24 +37,44 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("status", help="every GPU: health, memory, holders, cuda:N mapping")
-    p.add_argument("--json", action="store_true",
-                   help="print a JSON snapshot (a fleet file NBGPU_SIMULATE accepts)")
-    p.add_argument("--probe", action="store_true",
-                   help="create a CUDA context per GPU in a subprocess to catch busy GPUs")
-    p.add_argument("--env", metavar="CVD", default=None,
-                   help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON snapshot (a fleet file NBGPU_SIMULATE accepts)",
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="create a CUDA context per GPU in a subprocess to catch busy GPUs",
+    )
+    p.add_argument(
+        "--env",
+        metavar="CVD",
+        default=None,
+        help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value",
+    )
 
     p = sub.add_parser("doctor", help="verdict per GPU, launch environment, and fixes")
     p.add_argument("--no-probe", action="store_true", help="skip the active CUDA probe")
-    p.add_argument("--nproc", type=int, default=None, metavar="N",
-                   help="check a planned number of ranks per node")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="check a planned number of ranks per node",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = sub.add_parser("clean", help="stop your own stale GPU holders, after asking")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask")
     p.add_argument("--dry-run", action="store_true", help="only list")
-    p.add_argument("--grace", type=float, default=3.0, metavar="S",
-                   help="seconds between SIGTERM and SIGKILL (default 3)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL (default 3)",
+    )
     return parser
 
 
@@ -82,10 +103,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "clean":
         if args.grace < 0:
             raise UserInputError(f"--grace {args.grace}: expected seconds >= 0")
-        report = api.clean(yes=args.yes, dry_run=args.dry_run, grace_s=args.grace,
-                           confirm=_confirm_on_tty)
-        print(report.text())
-        failed = [o for o in report.outcomes if o.result.startswith("failed")]
+        cleaned = api.clean(
+            yes=args.yes, dry_run=args.dry_run, grace_s=args.grace, confirm=_confirm_on_tty
+        )
+        print(cleaned.text())
+        failed = [o for o in cleaned.outcomes if o.result.startswith("failed")]
         return EXIT_PROBLEM if failed else EXIT_OK
     raise UserInputError("nbgpu: choose a command: status, doctor or clean (see `nbgpu -h`)")
 
@@ -101,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NbgpuError as exc:
         print(f"nbgpu: {exc}", file=sys.stderr)
         return EXIT_PROBLEM
+    except BrokenPipeError:
+        # The reader went away (`nbgpu status | head`): not our error. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except KeyboardInterrupt:
         print("nbgpu: interrupted", file=sys.stderr)
         return 130

@@ -7,13 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from nbgpu.devices import nvml
+
 
 @pytest.fixture(autouse=True)
 def _fresh_nvml() -> Iterator[None]:
     # The NVML module keeps one initialised library per process; every test starts
     # from nothing so a fleet from one test never answers in the next.
-    from nbgpu.devices import nvml
-
     nvml.reset()
     yield
     nvml.reset()

@@ -18,14 +18,21 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table
+from nbgpu._render import Result, Table, fmt_bytes, wrap
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.verdicts import SEVERITY_ORDER, Finding, short_verdict
 
 __all__ = ["DIST_VARS", "DoctorReport", "diagnose_environment", "run_doctor"]
 
-DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-             "NPROC_PER_NODE")
+DIST_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NPROC_PER_NODE",
+)
 
 _NVML_FIXES: Mapping[int, tuple[str, tuple[str, ...]]] = {
     12: (
@@ -45,12 +52,16 @@ _NVML_FIXES: Mapping[int, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     18: (
-        "Driver/library version mismatch: the NVIDIA userspace library was upgraded but the "
-        "running kernel module is older (nvidia-smi: 'Failed to initialize NVML: Driver/library "
-        "version mismatch').",
         (
-            "reboot, or reload the module when no process uses the GPUs: "
-            "`sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`",
+            "Driver/library version mismatch: the NVIDIA userspace library was upgraded but the "
+            "running kernel module is older (nvidia-smi: 'Failed to initialize NVML: Driver/library "
+            "version mismatch')."
+        ),
+        (
+            (
+                "reboot, or reload the module when no process uses the GPUs: "
+                "`sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`"
+            ),
         ),
     ),
     4: (
@@ -78,7 +89,9 @@ class DoctorReport(Result):
 
     @property
     def worst(self) -> str:
-        return max((f.severity for f in self.findings), key=SEVERITY_ORDER.__getitem__, default="ok")
+        return max(
+            (f.severity for f in self.findings), key=SEVERITY_ORDER.__getitem__, default="ok"
+        )
 
     def _summary_lines(self) -> list[str]:
         inv = self.inventory
@@ -94,10 +107,13 @@ class DoctorReport(Result):
                 probe_text = f"; probe: {good} of {len(probe.results)} contexts created"
         visible = len(inv.visible.devices) if inv.visible is not None else len(inv.gpus)
         healthy = len(inv.healthy_indices)
-        return [
+        line = (
             f"CUDA available: {'yes' if healthy else 'no usable GPU'} "
             f"({len(inv.gpus)} GPUs, {visible} visible, {healthy} healthy{probe_text})"
-        ]
+        )
+        if len(line) > 80:  # the probe summary goes on its own line
+            line = line.replace("; probe: ", ")\n  probe: ").removesuffix(")")
+        return [line]
 
     def _verdict_table(self) -> Table:
         table = Table(["GPU", "verdict", "probe", "processes", "memory used"])
@@ -108,18 +124,25 @@ class DoctorReport(Result):
             probe_text = "-" if probe is None else probe.verdict
             if probe is not None and probe.verdict != "ok":
                 level = "bad"
-            from nbgpu._render import fmt_bytes  # noqa: PLC0415
-
             table.add(
-                gpu.nvml_index, verdict, probe_text, len(gpu.processes),
-                fmt_bytes(gpu.memory_used_bytes), level=level,
+                gpu.nvml_index,
+                verdict,
+                probe_text,
+                len(gpu.processes),
+                fmt_bytes(gpu.memory_used_bytes),
+                level=level,
             )
         return table
 
     def _env_line(self) -> str:
-        return "Distributed environment: " + " ".join(
-            f"{k}={'unset' if v is None else v}" for k, v in self.environment.items()
-        )
+        set_vars = [f"{k}={v}" for k, v in self.environment.items() if v is not None]
+        unset = [k for k, v in self.environment.items() if v is None]
+        parts = []
+        if set_vars:
+            parts.append(" ".join(set_vars))
+        if unset:
+            parts.append(("unset: " if set_vars else "all unset: ") + " ".join(unset))
+        return "Distributed environment: " + "; ".join(parts)
 
     def text(self) -> str:
         inv = self.inventory
@@ -131,7 +154,7 @@ class DoctorReport(Result):
             if procs.rows:
                 lines.extend(["", procs.text()])
             lines.append("")
-        lines.append(self._env_line())
+        lines.append(wrap(self._env_line(), "", 80).replace("\n", "\n  "))
         vis = inv._visible_lines()
         if vis:
             lines.extend(vis)
@@ -139,10 +162,10 @@ class DoctorReport(Result):
         lines.append("Findings:")
         for f in self.findings:
             tag = {"bad": "[FIX]", "warn": "[WARN]", "info": "[info]", "ok": "[ok]"}[f.severity]
-            lines.append(f"{tag} {f.subject}: {f.message}")
-            lines.extend(f"      -> {fix}" for fix in f.fixes)
+            lines.append(wrap(f"{f.subject}: {f.message}", f"{tag} ".ljust(7)))
+            lines.extend(wrap(fix, "    -> ") for fix in f.fixes)
         if self.recommendation:
-            lines.extend(["", f"Recommendation: {self.recommendation}"])
+            lines.extend(["", wrap(self.recommendation, "Recommendation: ")])
         return "\n".join(lines)
 
     def html_body(self) -> str:
@@ -161,7 +184,9 @@ class DoctorReport(Result):
         for f in self.findings:
             fixes = "".join(f"<li>{escape(x)}</li>" for x in f.fixes)
             sub = f"<ul>{fixes}</ul>" if fixes else ""
-            items.append(f'<li class="{f.severity}"><b>{escape(f.subject)}</b>: {escape(f.message)}{sub}</li>')
+            items.append(
+                f'<li class="{f.severity}"><b>{escape(f.subject)}</b>: {escape(f.message)}{sub}</li>'
+            )
         parts.append(f"<ul>{''.join(items)}</ul>")
         if self.recommendation:
             parts.append(f"<p><b>Recommendation:</b> {escape(self.recommendation)}</p>")
@@ -189,8 +214,13 @@ def _int_env(environ: Mapping[str, str], key: str, out: list[Finding]) -> int | 
         value = int(raw)
     except ValueError:
         out.append(
-            Finding("bad", "bad_env", "environment", f"{key}={raw!r} is not a whole number.",
-                    (f"`unset {key}` or set it to a number",))
+            Finding(
+                "bad",
+                "bad_env",
+                "environment",
+                f"{key}={raw!r} is not a whole number.",
+                (f"`unset {key}` or set it to a number",),
+            )
         )
         return None
     if value < 0:
@@ -222,12 +252,16 @@ def diagnose_environment(
     healthy = set(inventory.healthy_indices)
     healthy_visible = [d for d in visible if d.nvml_index in healthy]
     if inventory.visible is not None:
-        for problem in inventory.visible.problems:
-            out.append(Finding("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", problem))
+        out.extend(
+            Finding("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", problem)
+            for problem in inventory.visible.problems
+        )
     if inventory.gpus and n_visible == 0:
         out.append(
             Finding(
-                "bad", "nothing_visible", "CUDA_VISIBLE_DEVICES",
+                "bad",
+                "nothing_visible",
+                "CUDA_VISIBLE_DEVICES",
                 f"CUDA_VISIBLE_DEVICES={inventory.visible_value!r} hides every GPU: CUDA will "
                 "report no device.",
                 ("`unset CUDA_VISIBLE_DEVICES`, or list GPUs by index or UUID (e.g. 0,1)",),
@@ -238,12 +272,16 @@ def diagnose_environment(
     if wanted is not None and wanted > n_visible:
         out.append(
             Finding(
-                "bad", "nproc_exceeds_gpus", "environment",
+                "bad",
+                "nproc_exceeds_gpus",
+                "environment",
                 f"{source}={wanted} but {n_visible} GPUs are visible: ranks {n_visible}.."
                 f"{wanted - 1} would fail with 'CUDA error: invalid device ordinal'.",
                 (
-                    f"launch {len(healthy_visible) or n_visible} ranks (`%%torchrun` sizes nproc "
-                    "from the healthy GPUs when you give no number)",
+                    (
+                        f"launch {len(healthy_visible) or n_visible} ranks (`%%torchrun` sizes nproc "
+                        "from the healthy GPUs when you give no number)"
+                    ),
                     f"or `export NPROC_PER_NODE={len(healthy_visible) or n_visible}`",
                 ),
             )
@@ -251,7 +289,9 @@ def diagnose_environment(
     elif wanted is not None and wanted > len(healthy_visible):
         out.append(
             Finding(
-                "warn", "nproc_exceeds_healthy", "environment",
+                "warn",
+                "nproc_exceeds_healthy",
+                "environment",
                 f"{source}={wanted} but only {len(healthy_visible)} of the {n_visible} visible GPUs "
                 "are healthy.",
                 ("fix the GPUs flagged above, or launch fewer ranks on the healthy ones",),
@@ -261,7 +301,9 @@ def diagnose_environment(
     if local_rank is not None and local_rank >= n_visible:
         out.append(
             Finding(
-                "bad", "local_rank_exceeds_gpus", "environment",
+                "bad",
+                "local_rank_exceeds_gpus",
+                "environment",
                 f"local_rank {local_rank} >= {n_visible} visible devices: "
                 f"torch.cuda.set_device({local_rank}) fails with 'invalid device ordinal'.",
                 ("launch at most one rank per visible GPU; check CUDA_VISIBLE_DEVICES per job",),
@@ -271,20 +313,32 @@ def diagnose_environment(
     world = _int_env(environ, "WORLD_SIZE", out)
     if rank is not None and world is not None and rank >= world:
         out.append(
-            Finding("bad", "rank_exceeds_world", "environment",
-                    f"RANK={rank} but WORLD_SIZE={world}: ranks are 0..{world - 1}.")
+            Finding(
+                "bad",
+                "rank_exceeds_world",
+                "environment",
+                f"RANK={rank} but WORLD_SIZE={world}: ranks are 0..{world - 1}.",
+            )
         )
     port_text = environ.get("MASTER_PORT")
     if port_text:
         if not port_text.isdigit() or not 0 < int(port_text) < 65536:
             out.append(
-                Finding("bad", "bad_env", "environment",
-                        f"MASTER_PORT={port_text!r} is not a port number (1-65535).")
+                Finding(
+                    "bad",
+                    "bad_env",
+                    "environment",
+                    f"MASTER_PORT={port_text!r} is not a port number (1-65535).",
+                )
             )
-        elif rank in (None, 0) and _port_in_use(environ.get("MASTER_ADDR", "127.0.0.1"), int(port_text)):
+        elif rank in (None, 0) and _port_in_use(
+            environ.get("MASTER_ADDR", "127.0.0.1"), int(port_text)
+        ):
             out.append(
                 Finding(
-                    "warn", "port_in_use", "environment",
+                    "warn",
+                    "port_in_use",
+                    "environment",
                     f"MASTER_PORT={port_text} is already in use on this machine: a new rendezvous "
                     "there fails with 'address already in use' (another run, seed 002).",
                     ("unset MASTER_PORT and let nbgpu pick a free port, or choose another one",),
@@ -295,19 +349,24 @@ def diagnose_environment(
 
 def _nvml_finding(inventory: Inventory) -> Finding:
     code = inventory.nvml_error_code
-    if code in _NVML_FIXES:
+    if code is not None and code in _NVML_FIXES:
         message, fixes = _NVML_FIXES[code]
         return Finding("bad", "nvml_unavailable", "driver", message, fixes)
     if code == 999 and inventory.container.in_container:
         return Finding(
-            "bad", "nvml_unavailable", "driver",
+            "bad",
+            "nvml_unavailable",
+            "driver",
             "NVML failed with 'Unknown Error' inside a container: the container has most likely "
             "lost access to /dev/nvidia* (systemd rewrote its cgroup device rules after a "
             "daemon-reload; nvidia-container-toolkit issue 48).",
             ("recreate the container", "on the host, check `nvidia-smi` works"),
         )
     return Finding(
-        "bad", "nvml_unavailable", "driver", f"NVML is unusable: {inventory.nvml_error}",
+        "bad",
+        "nvml_unavailable",
+        "driver",
+        f"NVML is unusable: {inventory.nvml_error}",
         ("check `nvidia-smi` and `sudo dmesg | grep -i nvrm` for driver errors",),
     )
 
@@ -319,24 +378,56 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
     out: list[Finding] = []
     if probe.timed_out:
         out.append(
-            Finding("bad", "probe_timeout", "driver",
-                    "The CUDA probe did not finish in time: a GPU or the driver may be hung.",
-                    ("look for Xid errors: `sudo dmesg | grep -i xid`", "reset the GPU or reboot"))
+            Finding(
+                "bad",
+                "probe_timeout",
+                "driver",
+                "The CUDA probe did not finish in time: a GPU or the driver may be hung.",
+                ("look for Xid errors: `sudo dmesg | grep -i xid`", "reset the GPU or reboot"),
+            )
         )
     elif probe.init_error and not inventory.nvml_error:
-        out.append(Finding("bad", "cuda_init", "driver", f"CUDA could not initialise: {probe.init_error}"))
+        out.append(
+            Finding("bad", "cuda_init", "driver", f"CUDA could not initialise: {probe.init_error}")
+        )
     for r in probe.results:
         if r.verdict == "ok":
             continue
         where = f"GPU {r.nvml_index}" if r.nvml_index is not None else f"cuda:{r.cuda_index}"
-        out.append(
-            Finding(
-                "bad", f"probe_{r.verdict}", where,
-                f"Creating a CUDA context on {where} (cuda:{r.cuda_index}) failed: {r.message} "
-                f"({r.error_name or r.cuda_error}).",
-                (f"see the other findings for {where}",),
-            )
+        explained = r.nvml_index is not None and any(
+            f.severity == "bad"
+            for g, fs in zip(inventory.gpus, inventory.findings, strict=True)
+            if g.nvml_index == r.nvml_index
+            for f in fs
         )
+        error = f"{r.message} ({r.error_name or 'CUDA error'} {r.cuda_error})"
+        if explained:
+            out.append(
+                Finding(
+                    "bad",
+                    f"probe_{r.verdict}",
+                    where,
+                    f"The probe confirms it: a CUDA context on {where} (cuda:{r.cuda_index}) "
+                    f"fails with {error}.",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "bad",
+                    f"probe_{r.verdict}",
+                    where,
+                    f"Creating a CUDA context on {where} (cuda:{r.cuda_index}) fails with {error}, "
+                    "and NVML shows nothing that explains it: a holder in another container, or a "
+                    "bad driver state.",
+                    (
+                        f"`sudo fuser -v /dev/nvidia{r.nvml_index}` on the host names the holder"
+                        if r.nvml_index is not None
+                        else "run `nvidia-smi` on the host",
+                        "reset the GPU when idle (`sudo nvidia-smi --gpu-reset -i N`) or reboot",
+                    ),
+                )
+            )
     return out
 
 
@@ -372,8 +463,13 @@ def run_doctor(
         findings.append(_nvml_finding(inventory))
     elif not inventory.gpus:
         findings.append(
-            Finding("bad", "no_gpu", "driver", "The driver is loaded but reports no GPU.",
-                    ("check `nvidia-smi -L`; in a container pass --gpus all",))
+            Finding(
+                "bad",
+                "no_gpu",
+                "driver",
+                "The driver is loaded but reports no GPU.",
+                ("check `nvidia-smi -L`; in a container pass --gpus all",),
+            )
         )
     for gpu_findings in inventory.findings:
         findings.extend(gpu_findings)
@@ -382,7 +478,9 @@ def run_doctor(
     if inventory.container.in_container and not inventory.container.host_pid_namespace:
         findings.append(
             Finding(
-                "info", "container", "environment",
+                "info",
+                "container",
+                "environment",
                 "Inside a container without the host PID namespace: the pids NVML reports are "
                 "host pids, so a 'missing' pid is not necessarily dead.",
                 ("run with --pid=host to see and manage host processes",),

@@ -103,20 +103,52 @@ class GpuModel:
 MODELS: Mapping[str, GpuModel] = {
     "A40": GpuModel("NVIDIA A40", 46068 * MIB, 0, 300.0, 31.0, 38, (8, 6), 0x223510DE),
     "A100": GpuModel(
-        "NVIDIA A100-SXM4-40GB", 40960 * MIB, 518 * MIB, 400.0, 49.7, 33, (8, 0), 0x20B010DE,
-        mig_capable=True, remapped_rows=True,
+        "NVIDIA A100-SXM4-40GB",
+        40960 * MIB,
+        518 * MIB,
+        400.0,
+        49.7,
+        33,
+        (8, 0),
+        0x20B010DE,
+        mig_capable=True,
+        remapped_rows=True,
     ),
     "A100-80GB": GpuModel(
-        "NVIDIA A100-SXM4-80GB", 81920 * MIB, 518 * MIB, 400.0, 52.0, 34, (8, 0), 0x20B210DE,
-        mig_capable=True, remapped_rows=True,
+        "NVIDIA A100-SXM4-80GB",
+        81920 * MIB,
+        518 * MIB,
+        400.0,
+        52.0,
+        34,
+        (8, 0),
+        0x20B210DE,
+        mig_capable=True,
+        remapped_rows=True,
     ),
     "H100": GpuModel(
-        "NVIDIA H100 80GB HBM3", 81559 * MIB, 480 * MIB, 700.0, 68.9, 29, (9, 0), 0x233010DE,
-        mig_capable=True, remapped_rows=True,
+        "NVIDIA H100 80GB HBM3",
+        81559 * MIB,
+        480 * MIB,
+        700.0,
+        68.9,
+        29,
+        (9, 0),
+        0x233010DE,
+        mig_capable=True,
+        remapped_rows=True,
     ),
     "H200": GpuModel(
-        "NVIDIA H200", 143771 * MIB, 480 * MIB, 700.0, 75.0, 30, (9, 0), 0x233510DE,
-        mig_capable=True, remapped_rows=True,
+        "NVIDIA H200",
+        143771 * MIB,
+        480 * MIB,
+        700.0,
+        75.0,
+        30,
+        (9, 0),
+        0x233510DE,
+        mig_capable=True,
+        remapped_rows=True,
     ),
     "L40S": GpuModel("NVIDIA L40S", 46068 * MIB, 0, 350.0, 28.0, 33, (8, 9), 0x26B910DE),
     "T4": GpuModel("Tesla T4", 15360 * MIB, 0, 70.0, 10.0, 37, (7, 5), 0x1EB810DE),
@@ -270,14 +302,18 @@ def _make_gpu(model_key: str, model: GpuModel, index: int) -> SimGpu:
         power_w=model.idle_power_w,
         power_limit_w=model.power_limit_w,
         mig_enabled=False if model.mig_capable else None,
-        remapped_rows=RemappedRows(0, 0, False, False) if model.remapped_rows else None,
+        remapped_rows=RemappedRows(0, 0, pending=False, failure=False)
+        if model.remapped_rows
+        else None,
         retired_pages_pending=None if model.remapped_rows else False,
         compute_capability=model.compute_capability,
         pci_device_id=model.pci_device_id,
     )
 
 
-_SPEC_HEAD = re.compile(r"^(?:(\d+)\s*[xX×]\s*)?([A-Za-z0-9-]+)$")
+_SPEC_HEAD = re.compile(
+    r"^(?:(\d+)\s*[xX\u00d7]\s*)?([A-Za-z0-9-]+)$"
+)  # 4xA40, also with the multiplication sign
 _SPEC_HELP = (
     "expected NxMODEL[,key=value...] such as '4xA40' or '8xH100,busy=0', "
     "or a scenario name, or a path to a fleet .json file"
@@ -313,7 +349,7 @@ def _size_bytes(text: str) -> int:
     return int(number * scale)
 
 
-def parse_spec(spec: str) -> Fleet:
+def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec key reads best)
     """Build a fleet from a short spec such as ``4xA40,busy=0``.
 
     Keys (GPU lists use ``+``: ``lost=1+3``):
@@ -413,7 +449,9 @@ def parse_spec(spec: str) -> Fleet:
                 gpus[idx] = _with_mig(gpus[idx])
         elif key == "remap":
             for idx in _indices(key, value, count):
-                gpus[idx] = replace(gpus[idx], remapped_rows=RemappedRows(0, 1, True, False))
+                gpus[idx] = replace(
+                    gpus[idx], remapped_rows=RemappedRows(0, 1, pending=True, failure=False)
+                )
         elif key == "wedged":
             for idx in _indices(key, value, count):
                 gpus[idx] = replace(
@@ -495,8 +533,10 @@ SCENARIOS: Mapping[str, tuple[str, str]] = {
     ),
     "seed001": (
         "4xH100,zombie=0+1",
-        "seed 001: a 4-GPU box where the script hard-codes 7 ranks, and GPUs 0-1 are still "
-        "held by defunct ranks of a previous run",
+        (
+            "seed 001: a 4-GPU box where the script hard-codes 7 ranks, and GPUs 0-1 are still "
+            "held by defunct ranks of a previous run"
+        ),
     ),
     "seed002": (
         "8xH100",
@@ -555,9 +595,17 @@ def _optional(
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"int": "a whole number", "float": "a number", "str": "a string",
-                        "bool": "true/false", "list": "a list", "dict": "an object"}
-                       .get(k.__name__, k.__name__) for k in kinds)
+    return " or ".join(
+        {
+            "int": "a whole number",
+            "float": "a number",
+            "str": "a string",
+            "bool": "true/false",
+            "list": "a list",
+            "dict": "an object",
+        }.get(k.__name__, k.__name__)
+        for k in kinds
+    )
 
 
 def _process_from_dict(data: Any, where: str) -> SimProcess:
@@ -588,7 +636,9 @@ def _process_from_dict(data: Any, where: str) -> SimProcess:
     if pid <= 0:
         raise FleetSpecError(f"fleet JSON: {where}.pid = {pid}; expected a positive pid")
     return SimProcess(
-        pid=pid, used_bytes=_optional(data, "used_bytes", int, where, None), kind=kind,
+        pid=pid,
+        used_bytes=_optional(data, "used_bytes", int, where, None),
+        kind=kind,
         observed=obs,
     )
 
@@ -604,7 +654,9 @@ def _gpu_from_dict(data: Any, position: int) -> SimGpu:
         )
     fault = _optional(data, "fault", str, where, None)
     if fault is not None and fault not in GPU_FAULTS:
-        raise FleetSpecError(f"fleet JSON: {where}.fault = {fault!r}; expected lost or no_permission")
+        raise FleetSpecError(
+            f"fleet JSON: {where}.fault = {fault!r}; expected lost or no_permission"
+        )
     rows = data.get("remapped_rows")
     remapped = None
     if rows is not None:
@@ -632,7 +684,9 @@ def _gpu_from_dict(data: Any, position: int) -> SimGpu:
         )
     cc = _optional(data, "compute_capability", list, where, [8, 0])
     if len(cc) != 2 or not all(isinstance(x, int) for x in cc):
-        raise FleetSpecError(f"fleet JSON: {where}.compute_capability = {cc!r}; expected [major, minor]")
+        raise FleetSpecError(
+            f"fleet JSON: {where}.compute_capability = {cc!r}; expected [major, minor]"
+        )
     processes = tuple(
         _process_from_dict(p, f"{where}.processes[{i}]")
         for i, p in enumerate(_optional(data, "processes", list, where, []))
@@ -651,7 +705,7 @@ def _gpu_from_dict(data: Any, position: int) -> SimGpu:
         power_w=float(_optional(data, "power_w", (int, float), where, 30.0)),
         power_limit_w=float(_optional(data, "power_limit_w", (int, float), where, 300.0)),
         compute_mode=mode,
-        persistence_mode=_optional(data, "persistence_mode", bool, where, True),
+        persistence_mode=_optional(data, "persistence_mode", bool, where, default=True),
         mig_enabled=_optional(data, "mig_enabled", bool, where, None),
         mig_devices=tuple(migs),
         ecc_uncorrected_volatile=_optional(data, "ecc_uncorrected_volatile", int, where, None),
@@ -701,6 +755,11 @@ def load_fleet(source: str, *, cwd: Path | None = None) -> Fleet:
     text = source.strip()
     if text in SCENARIOS:
         return scenario(text)
+    head, _, extra = text.partition(",")
+    if head in SCENARIOS:
+        # A scenario with more options: "seed000,procs=8" extends the scenario's spec.
+        spec, description = SCENARIOS[head]
+        return replace(parse_spec(f"{spec},{extra}"), name=text, description=description)
     path = Path(text).expanduser()
     if cwd is not None and not path.is_absolute():
         path = cwd / path
@@ -728,4 +787,3 @@ def load_fleet(source: str, *, cwd: Path | None = None) -> Fleet:
                 f"{', '.join(SCENARIOS)}"
             ) from None
         raise exc from None
-

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table, fmt_bytes, fmt_opt
+from nbgpu._render import Result, Table, fmt_bytes, fmt_opt, fmt_used_total, wrap
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
 from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS, Fleet
@@ -72,7 +72,9 @@ class Inventory(Result):
         failed_probe = set()
         if self.probe is not None:
             failed_probe = {
-                r.nvml_index for r in self.probe.results if r.verdict != "ok" and r.nvml_index is not None
+                r.nvml_index
+                for r in self.probe.results
+                if r.verdict != "ok" and r.nvml_index is not None
             }
         return tuple(
             g.nvml_index
@@ -100,10 +102,13 @@ class Inventory(Result):
             parts.append(f"driver {self.driver_version}")
         if self.cuda_version_text:
             parts.append(f"CUDA {self.cuda_version_text}")
-        return " · ".join(parts)
+        line = " · ".join(parts)
+        if len(line) > 80:  # a long fleet spec: driver facts go on their own line
+            line = parts[0] + "\n  " + " · ".join(parts[1:])
+        return line
 
     def _gpu_table(self) -> Table:
-        table = Table(["GPU", "name", "memory used/total", "util", "temp", "power", "mode", "health"])
+        table = Table(["GPU", "name", "memory", "util", "temp", "power", "mode", "health"])
         for gpu, findings in zip(self.gpus, self.findings, strict=True):
             verdict, level = short_verdict(gpu, findings)
             if self.probe is not None:
@@ -114,7 +119,7 @@ class Inventory(Result):
                 table.add(gpu.nvml_index, "-", "-", "-", "-", "-", "-", verdict, level=level)
                 continue
             name = (gpu.name or "?").replace("NVIDIA ", "")
-            mem = f"{fmt_bytes(gpu.memory_used_bytes)} / {fmt_bytes(gpu.memory_total_bytes)}"
+            mem = fmt_used_total(gpu.memory_used_bytes, gpu.memory_total_bytes)
             power = (
                 f"{gpu.power_w:.0f}/{gpu.power_limit_w:.0f} W"
                 if gpu.power_w is not None and gpu.power_limit_w is not None
@@ -129,8 +134,15 @@ class Inventory(Result):
             if gpu.mig_enabled:
                 mode += " MIG"
             table.add(
-                gpu.nvml_index, name, mem, fmt_opt(gpu.utilization_gpu_pct, "%"),
-                fmt_opt(gpu.temperature_c, "C"), power, mode, verdict, level=level,
+                gpu.nvml_index,
+                name,
+                mem,
+                fmt_opt(gpu.utilization_gpu_pct, "%"),
+                fmt_opt(gpu.temperature_c, "C"),
+                power,
+                mode,
+                verdict,
+                level=level,
             )
         return table
 
@@ -140,17 +152,30 @@ class Inventory(Result):
             for proc in gpu.processes:
                 h = proc.holder
                 state = proc.verdict + (" (recorded)" if h and h.recorded else "")
-                level = {"dead": "bad", "zombie": "bad", "other_namespace": "warn"}.get(proc.verdict, "")
+                level = {"dead": "bad", "zombie": "bad", "other_namespace": "warn"}.get(
+                    proc.verdict, ""
+                )
                 table.add(
-                    gpu.nvml_index, proc.pid, fmt_opt(h.user if h else None), state,
-                    fmt_bytes(proc.used_bytes), fmt_opt(h.visible_devices if h else None),
-                    fmt_opt(h.command if h else None), level=level,
+                    gpu.nvml_index,
+                    proc.pid,
+                    fmt_opt(h.user if h else None),
+                    state,
+                    fmt_bytes(proc.used_bytes),
+                    fmt_opt(h.visible_devices if h else None),
+                    fmt_opt(h.command if h else None),
+                    level=level,
                 )
         for pid, paths in sorted(self.device_files.items()):
             h = holders_mod.describe_pid(pid, container=self.container)
             table.add(
-                "fd", pid, fmt_opt(h.user), "open " + ",".join(p.rsplit("/", 1)[-1] for p in paths),
-                "-", fmt_opt(h.visible_devices), fmt_opt(h.command), level="warn",
+                "fd",
+                pid,
+                fmt_opt(h.user),
+                "open " + ",".join(p.rsplit("/", 1)[-1] for p in paths),
+                "-",
+                fmt_opt(h.visible_devices),
+                fmt_opt(h.command),
+                level="warn",
             )
         return table
 
@@ -171,14 +196,20 @@ class Inventory(Result):
     def _notes(self) -> list[tuple[str, str]]:
         notes: list[tuple[str, str]] = []
         for gpu, findings in zip(self.gpus, self.findings, strict=True):
-            for f in findings:
-                if f.severity in ("bad", "warn"):
-                    notes.append((f.severity, f.message))
+            notes.extend((f.severity, f.message) for f in findings if f.severity in ("bad", "warn"))
             if gpu.fallbacks:
-                notes.append(("info", f"GPU {gpu.nvml_index}: old driver fallbacks: " + "; ".join(gpu.fallbacks)))
+                notes.append(
+                    (
+                        "info",
+                        f"GPU {gpu.nvml_index}: old driver fallbacks: " + "; ".join(gpu.fallbacks),
+                    )
+                )
         if self.container.in_container and not self.container.host_pid_namespace:
             notes.append(
-                ("info", "inside a container without the host PID namespace: GPU pids are host pids")
+                (
+                    "info",
+                    "inside a container without the host PID namespace: GPU pids are host pids",
+                )
             )
         if self.probe is not None and self.probe.init_error:
             notes.append(("bad", f"probe: {self.probe.init_error}"))
@@ -207,7 +238,8 @@ class Inventory(Result):
         notes = self._notes()
         if notes:
             lines.append("")
-            lines.extend(f"{'!!' if sev == 'bad' else '! ' if sev == 'warn' else '- '} {msg}" for sev, msg in notes)
+            marks = {"bad": "!! ", "warn": "!  ", "info": "-  "}
+            lines.extend(wrap(msg, marks.get(sev, "-  ")) for sev, msg in notes)
         return "\n".join(lines)
 
     def html_body(self) -> str:
@@ -219,7 +251,9 @@ class Inventory(Result):
         if self.simulated and self.fleet_description:
             parts.append(f"<div><i>{escape(self.fleet_description)}</i></div>")
         if self.nvml_error:
-            parts.append(f"<p>NVML unavailable: {escape(self.nvml_error)}. Run <code>%gpu_doctor</code>.</p>")
+            parts.append(
+                f"<p>NVML unavailable: {escape(self.nvml_error)}. Run <code>%gpu_doctor</code>.</p>"
+            )
             return "".join(parts)
         parts.append(self._gpu_table().html())
         procs = self._process_table()
@@ -352,7 +386,9 @@ def _process_dict(proc: GpuProcess) -> dict[str, Any]:
     observed = None
     if h is not None:
         observed = {
-            "state": h.verdict if h.verdict in ("dead", "zombie", "other_namespace") else (h.state or h.verdict),
+            "state": h.verdict
+            if h.verdict in ("dead", "zombie", "other_namespace")
+            else (h.state or h.verdict),
             "user": h.user,
             "command": h.command,
             "visible_devices": h.visible_devices,

@@ -12,6 +12,7 @@ verdicts are ``inventory.py``'s business.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from collections.abc import Callable, Mapping
@@ -101,10 +102,9 @@ def reset() -> None:
     """Forget the current library and initialisation (tests switch fleets with it)."""
     with _lock:
         if _state["initialised"]:
-            try:
+            # Shutting down a library that is already gone is fine.
+            with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
-            except pynvml.NVMLError:
-                pass  # shutting down a library that is already gone is fine
         _state.update(key=None, backend=None, library=None, initialised=False)
         _install(None)
 
@@ -119,10 +119,8 @@ def activate(environ: Mapping[str, str]) -> Backend:
     with _lock:
         if _state["key"] != (source,):
             if _state["initialised"]:
-                try:
+                with contextlib.suppress(pynvml.NVMLError):  # old library may be unusable
                     pynvml.nvmlShutdown()
-                except pynvml.NVMLError:
-                    pass  # the old library may already be unusable
             fleet = load_fleet(source) if source else None
             library = FakeNvmlLibrary(fleet) if fleet is not None else None
             _install(library)
@@ -269,7 +267,9 @@ def _mig(handle: Any, missing: list[str]) -> tuple[bool | None, tuple[MigInstanc
                 uuid=_text(pynvml.nvmlDeviceGetUUID(child)),
                 name=_text(pynvml.nvmlDeviceGetName(child)),
                 memory_total_bytes=int(mem.total) if mem is not None else None,
-                gpu_instance_id=_query(pynvml.nvmlDeviceGetGpuInstanceId, child, missing=sub, name="gi"),
+                gpu_instance_id=_query(
+                    pynvml.nvmlDeviceGetGpuInstanceId, child, missing=sub, name="gi"
+                ),
                 compute_instance_id=_query(
                     pynvml.nvmlDeviceGetComputeInstanceId, child, missing=sub, name="ci"
                 ),
@@ -291,10 +291,15 @@ def _read_gpu(index: int) -> Gpu:
     fallbacks: list[str] = []
     try:
         total, used, free, reserved = _memory(handle, fallbacks)
-        util = _query(pynvml.nvmlDeviceGetUtilizationRates, handle, missing=missing, name="utilisation")
+        util = _query(
+            pynvml.nvmlDeviceGetUtilizationRates, handle, missing=missing, name="utilisation"
+        )
         temp = _query(
-            pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU,
-            missing=missing, name="temperature",
+            pynvml.nvmlDeviceGetTemperature,
+            handle,
+            pynvml.NVML_TEMPERATURE_GPU,
+            missing=missing,
+            name="temperature",
         )
         power = _query(pynvml.nvmlDeviceGetPowerUsage, handle, missing=missing, name="power")
         limit = _query(
@@ -305,16 +310,27 @@ def _read_gpu(index: int) -> Gpu:
             pynvml.nvmlDeviceGetPersistenceMode, handle, missing=missing, name="persistence"
         )
         ecc = _query(
-            pynvml.nvmlDeviceGetTotalEccErrors, handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            pynvml.NVML_VOLATILE_ECC, missing=missing, name="ECC",
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+            missing=missing,
+            name="ECC",
         )
-        rows = _query(pynvml.nvmlDeviceGetRemappedRows, handle, missing=missing, name="remapped rows")
+        rows = _query(
+            pynvml.nvmlDeviceGetRemappedRows, handle, missing=missing, name="remapped rows"
+        )
         retired = _query(
-            pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle, missing=missing,
+            pynvml.nvmlDeviceGetRetiredPagesPendingStatus,
+            handle,
+            missing=missing,
             name="retired pages",
         )
         cc = _query(
-            pynvml.nvmlDeviceGetCudaComputeCapability, handle, missing=missing, name="compute capability"
+            pynvml.nvmlDeviceGetCudaComputeCapability,
+            handle,
+            missing=missing,
+            name="compute capability",
         )
         mig_enabled, migs = _mig(handle, missing)
         return Gpu(
@@ -336,9 +352,9 @@ def _read_gpu(index: int) -> Gpu:
             mig_enabled=mig_enabled,
             mig_devices=migs,
             ecc_uncorrected_volatile=ecc,
-            remapped_rows=None if rows is None else RemappedRowsState(
-                int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3])
-            ),
+            remapped_rows=None
+            if rows is None
+            else RemappedRowsState(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3])),
             retired_pages_pending=None if retired is None else bool(retired),
             compute_capability=None if cc is None else (int(cc[0]), int(cc[1])),
             processes=_processes(handle, fallbacks, missing),

@@ -317,7 +317,7 @@ class FakeNvmlLibrary:
         code, h = self._device(handle)
         if h is None:
             return code
-        total, reserved, used = self._memory(h)
+        total, _reserved, used = self._memory(h)
         mem = _target(ref)
         mem.total = total
         # v1 folds the driver's reservation into "used", as real drivers do.
@@ -387,9 +387,7 @@ class FakeNvmlLibrary:
 
     # -- health ------------------------------------------------------------------
 
-    def _nvmlDeviceGetTotalEccErrors(
-        self, handle: Any, _kind: Any, _counter: Any, ref: Any
-    ) -> int:
+    def _nvmlDeviceGetTotalEccErrors(self, handle: Any, _kind: Any, _counter: Any, ref: Any) -> int:
         code, h = self._device(handle)
         if h is None:
             return code

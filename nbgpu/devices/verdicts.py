@@ -57,11 +57,12 @@ def _who(proc: GpuProcess) -> str:
 def _others(gpu: Gpu, total: int | None) -> str:
     if total is None or total <= 1:
         return ""
-    rest = ",".join(str(i) for i in range(total) if i != gpu.nvml_index)
-    return rest
+    return ",".join(str(i) for i in range(total) if i != gpu.nvml_index)
 
 
-def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
+def assess_gpu(  # noqa: PLR0915  (one flat rule after another, in severity order)
+    gpu: Gpu, gpu_count: int | None = None
+) -> tuple[Finding, ...]:
     """All findings for one GPU, worst first."""
     i = gpu.nvml_index
     subject = f"GPU {i}"
@@ -75,7 +76,9 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
     if gpu.error == "lost":
         found.append(
             Finding(
-                "bad", "gpu_lost", subject,
+                "bad",
+                "gpu_lost",
+                subject,
                 f"GPU {i} has fallen off the bus or is otherwise inaccessible (NVML: GPU is "
                 "lost, typically Xid 79).",
                 (
@@ -89,39 +92,53 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
     if gpu.error == "no_permission":
         found.append(
             Finding(
-                "bad", "no_permission", subject,
+                "bad",
+                "no_permission",
+                subject,
                 f"GPU {i} is counted by the driver but this process may not open it "
                 "(NVML: Insufficient Permissions) — typical of a container or SLURM job "
                 "whose cgroup only grants some /dev/nvidia* devices.",
                 (
-                    "inside SLURM, request the GPUs with --gres=gpu:N; in Docker use --gpus all "
-                    "(or --device /dev/nvidiaN)",
+                    (
+                        "inside SLURM, request the GPUs with --gres=gpu:N; in Docker use --gpus all "
+                        "(or --device /dev/nvidiaN)"
+                    ),
                     exclude,
                 ),
             )
         )
         return tuple(found)
     if gpu.error is not None:
-        found.append(Finding("bad", "nvml_error", subject, f"NVML could not read GPU {i}: {gpu.error}"))
+        found.append(
+            Finding("bad", "nvml_error", subject, f"NVML could not read GPU {i}: {gpu.error}")
+        )
         return tuple(found)
 
     exclusive = gpu.compute_mode in ("exclusive_process", "exclusive_thread")
-    mode_text = "exclusive-process" if gpu.compute_mode == "exclusive_process" else "exclusive-thread"
+    mode_text = (
+        "exclusive-process" if gpu.compute_mode == "exclusive_process" else "exclusive-thread"
+    )
     for proc in gpu.processes:
         verdict = proc.verdict
-        recorded = " (as recorded in the fleet file)" if proc.holder and proc.holder.recorded else ""
+        recorded = (
+            " (as recorded in the fleet file)" if proc.holder and proc.holder.recorded else ""
+        )
         if verdict == "dead":
             if exclusive:
                 found.append(
                     Finding(
-                        "bad", "exclusive_dead_holder", subject,
+                        "bad",
+                        "exclusive_dead_holder",
+                        subject,
                         f"GPU {i} is in {mode_text} mode and held by pid {proc.pid}, which no "
                         f"longer exists{recorded}: every new CUDA context fails with "
                         "'CUDA-capable device(s) is/are busy or unavailable'.",
                         (
-                            f"find the real holder: `sudo fuser -v /dev/nvidia{i}` (or `sudo lsof "
-                            f"/dev/nvidia{i}`) and stop it; `nbgpu clean` does this for your own "
-                            "processes",
+                            (
+                                f"find the real holder: `sudo fuser -v /dev/nvidia{i}` (or `sudo lsof "
+                                f"/dev/nvidia{i}`) and stop it; `nbgpu clean` does this for your own "
+                                "processes"
+                            ),
                             f"reset the GPU once nothing uses it: `sudo nvidia-smi --gpu-reset -i {i}`",
                             f"or allow sharing again: `sudo nvidia-smi -i {i} -c DEFAULT`",
                             exclude,
@@ -131,7 +148,9 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
             else:
                 found.append(
                     Finding(
-                        "warn", "dead_holder", subject,
+                        "warn",
+                        "dead_holder",
+                        subject,
                         f"GPU {i} lists pid {proc.pid}, which no longer exists{recorded}; its "
                         f"{fmt_bytes(proc.used_bytes)} may stay allocated until the context is torn "
                         "down.",
@@ -146,12 +165,16 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
             parent_text = f" (parent pid {parent})" if parent else ""
             found.append(
                 Finding(
-                    "bad" if exclusive else "warn", "zombie_holder", subject,
+                    "bad" if exclusive else "warn",
+                    "zombie_holder",
+                    subject,
                     f"GPU {i} is held by zombie pid {proc.pid}{parent_text}{recorded}: the "
                     "process exited but was never reaped, so its GPU context may not be released.",
                     (
-                        f"stop its parent{parent_text} so init reaps it; `nbgpu clean` lists it if "
-                        "the parent is a stale job of yours",
+                        (
+                            f"stop its parent{parent_text} so init reaps it; `nbgpu clean` lists it if "
+                            "the parent is a stale job of yours"
+                        ),
                         f"if the parent is init: `sudo nvidia-smi --gpu-reset -i {i}` or reboot",
                         exclude,
                     ),
@@ -160,7 +183,9 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
         elif verdict == "other_namespace":
             found.append(
                 Finding(
-                    "warn", "other_namespace_holder", subject,
+                    "warn",
+                    "other_namespace_holder",
+                    subject,
                     f"GPU {i} is used by pid {proc.pid}, which is not in this PID namespace"
                     f"{recorded}: we are inside a container and NVML reports host pids. It may be "
                     "alive on the host (another container or user).",
@@ -174,23 +199,32 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
         elif verdict in ("alive", "stopped", "no_access") and exclusive:
             found.append(
                 Finding(
-                    "warn", "exclusive_busy", subject,
+                    "warn",
+                    "exclusive_busy",
+                    subject,
                     f"GPU {i} is in {mode_text} mode and in use by {_who(proc)}: no other process "
                     "can create a CUDA context on it until that one exits.",
-                    ("wait for it, or stop it if it is yours (`%gpu_stop` for nbgpu runs)", exclude),
+                    (
+                        "wait for it, or stop it if it is yours (`%gpu_stop` for nbgpu runs)",
+                        exclude,
+                    ),
                 )
             )
     if exclusive and not gpu.processes:
         found.append(
             Finding(
-                "info", "exclusive_mode", subject,
+                "info",
+                "exclusive_mode",
+                subject,
                 f"GPU {i} is in {mode_text} mode: one process at a time; give each rank its own GPU.",
             )
         )
     if gpu.compute_mode == "prohibited":
         found.append(
             Finding(
-                "bad", "prohibited", subject,
+                "bad",
+                "prohibited",
+                subject,
                 f"GPU {i} is in compute-prohibited mode: no CUDA context can be created on it.",
                 (f"`sudo nvidia-smi -i {i} -c DEFAULT`", exclude),
             )
@@ -199,7 +233,9 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
     if rows is not None and rows.failure:
         found.append(
             Finding(
-                "bad", "remap_failure", subject,
+                "bad",
+                "remap_failure",
+                subject,
                 f"GPU {i} failed to remap a memory row: its memory is unreliable.",
                 ("drain the node and contact your provider (RMA)", exclude),
             )
@@ -207,7 +243,9 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
     elif rows is not None and rows.pending:
         found.append(
             Finding(
-                "bad", "reset_required", subject,
+                "bad",
+                "reset_required",
+                subject,
                 f"GPU {i} has a pending row remap ({rows.uncorrectable} uncorrectable): it needs "
                 "a reset before it is reliable (Xid 63).",
                 (f"`sudo nvidia-smi --gpu-reset -i {i}` when idle, or reboot", exclude),
@@ -216,7 +254,9 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
     if gpu.retired_pages_pending:
         found.append(
             Finding(
-                "bad", "reset_required", subject,
+                "bad",
+                "reset_required",
+                subject,
                 f"GPU {i} has retired memory pages pending: reset it to apply them.",
                 (f"`sudo nvidia-smi --gpu-reset -i {i}` when idle, or reboot",),
             )
@@ -224,19 +264,25 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
     if gpu.ecc_uncorrected_volatile:
         found.append(
             Finding(
-                "warn", "ecc_errors", subject,
+                "warn",
+                "ecc_errors",
+                subject,
                 f"GPU {i} reported {gpu.ecc_uncorrected_volatile} uncorrected ECC errors since "
                 "the driver loaded.",
                 ("watch `nvidia-smi -q -d ECC`; if the count grows, drain the node",),
             )
         )
     ghost = gpu.ghost_bytes
-    if ghost is not None and ghost > GHOST_THRESHOLD_BYTES and not any(
-        p.verdict == "other_namespace" for p in gpu.processes
+    if (
+        ghost is not None
+        and ghost > GHOST_THRESHOLD_BYTES
+        and not any(p.verdict == "other_namespace" for p in gpu.processes)
     ):
         found.append(
             Finding(
-                "warn", "ghost_memory", subject,
+                "warn",
+                "ghost_memory",
+                subject,
                 f"GPU {i} has {fmt_bytes(ghost)} in use that no listed process accounts for: a "
                 "process in another PID namespace (container) or a leaked context.",
                 (f"`sudo fuser -v /dev/nvidia{i}` on the host names the holder",),
@@ -245,7 +291,9 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
     if gpu.utilization_gpu_pct == 100 and not gpu.processes and not gpu.memory_used_bytes:
         found.append(
             Finding(
-                "warn", "wedged", subject,
+                "warn",
+                "wedged",
+                subject,
                 f"GPU {i} reports 100 % utilisation with no process and no memory in use: its "
                 "counters may be frozen (a wedged GPU).",
                 ("run `nbgpu status --probe`; if the probe fails, reset the GPU",),
@@ -254,7 +302,9 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
     if gpu.mig_enabled:
         found.append(
             Finding(
-                "info", "mig", subject,
+                "info",
+                "mig",
+                subject,
                 f"GPU {i} is in MIG mode with {len(gpu.mig_devices)} instances: a process sees "
                 "one instance; select it by MIG UUID in CUDA_VISIBLE_DEVICES.",
             )
@@ -263,7 +313,9 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
     if total and used is not None and used > 0.9 * total:
         found.append(
             Finding(
-                "warn", "memory_full", subject,
+                "warn",
+                "memory_full",
+                subject,
                 f"GPU {i} memory is {used / total:.0%} used ({fmt_bytes(used)} of {fmt_bytes(total)}).",
             )
         )

@@ -28,7 +28,8 @@ def _parse(method: Any, line: str) -> Any:
     that nbval and terminals do not show), so ``-h`` prints the usage right here.
     """
     if any(token in ("-h", "--help") for token in line.split()):
-        print(inspect.cleandoc(method.__doc__ or ""))
+        # magic_arguments prefixes the usage with a reST '::' marker; drop it.
+        print(inspect.cleandoc(method.__doc__ or "").removeprefix("::").strip())
         return None
     return parse_argstring(method, line)
 
@@ -53,12 +54,24 @@ class GPUMagics(Magics):
     """nbgpu's magics; see each one's ``-h``."""
 
     @magic_arguments()
-    @argument("--probe", action="store_true", help="also create a CUDA context on each GPU "
-              "(in a short-lived subprocess) to catch 'busy or unavailable'")
-    @argument("--json", action="store_true", help="print the snapshot as JSON (a fleet file "
-              "that NBGPU_SIMULATE accepts)")
-    @argument("--env", metavar="CVD", default=None, help="show cuda:N -> GPU for this "
-              "CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)")
+    @argument(
+        "--probe",
+        action="store_true",
+        help="also create a CUDA context on each GPU "
+        "(in a short-lived subprocess) to catch 'busy or unavailable'",
+    )
+    @argument(
+        "--json",
+        action="store_true",
+        help="print the snapshot as JSON (a fleet file that NBGPU_SIMULATE accepts)",
+    )
+    @argument(
+        "--env",
+        metavar="CVD",
+        default=None,
+        help="show cuda:N -> GPU for this "
+        "CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)",
+    )
     @line_magic
     def gpu_status(self, line: str = "") -> Any:
         """Show every GPU: health, memory, who holds it, and what cuda:N means here."""
@@ -68,8 +81,9 @@ class GPUMagics(Magics):
         from nbgpu.api import status  # noqa: PLC0415
 
         try:
-            inventory = status(probe=args.probe, visible_devices=_visible_value(args.env),
-                               environ=self._environ())
+            inventory = status(
+                probe=args.probe, visible_devices=_visible_value(args.env), environ=self._environ()
+            )
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
         if args.json:
@@ -79,8 +93,13 @@ class GPUMagics(Magics):
 
     @magic_arguments()
     @argument("--no-probe", action="store_true", help="skip the active CUDA probe")
-    @argument("--nproc", type=int, default=None, metavar="N",
-              help="check a planned number of ranks per node against the visible GPUs")
+    @argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="check a planned number of ranks per node against the visible GPUs",
+    )
     @argument("--json", action="store_true", help="print the report as JSON")
     @line_magic
     def gpu_doctor(self, line: str = "") -> Any:
@@ -104,8 +123,13 @@ class GPUMagics(Magics):
     @magic_arguments()
     @argument("--yes", "-y", action="store_true", help="stop the listed processes without asking")
     @argument("--dry-run", action="store_true", help="only list what would be stopped")
-    @argument("--grace", type=float, default=3.0, metavar="S",
-              help="seconds between SIGTERM and SIGKILL (default 3)")
+    @argument(
+        "--grace",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL (default 3)",
+    )
     @line_magic
     def gpu_clean(self, line: str = "") -> Any:
         """Stop this user's stale GPU holders (orphaned ranks, dead jobs), by pid, after asking."""
@@ -126,8 +150,13 @@ class GPUMagics(Magics):
             return answer.strip().lower() in ("y", "yes")
 
         try:
-            return clean(yes=args.yes, dry_run=args.dry_run, grace_s=args.grace,
-                         confirm=confirm, environ=self._environ())
+            return clean(
+                yes=args.yes,
+                dry_run=args.dry_run,
+                grace_s=args.grace,
+                confirm=confirm,
+                environ=self._environ(),
+            )
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
 
@@ -148,4 +177,3 @@ def unregister(ipython: Any) -> None:
     for name in _LINE_MAGICS:
         manager.magics["line"].pop(name, None)
     manager.registry.pop("GPUMagics", None)
-

@@ -131,7 +131,10 @@ def test_unknown_name_lists_scenarios():
             "gpus[0].memory_total_bytes = 'big' is not a whole number",
         ),
         (
-            {"nbgpu_fleet": 1, "gpus": [{"name": "x", "memory_total_bytes": 1, "compute_mode": "solo"}]},
+            {
+                "nbgpu_fleet": 1,
+                "gpus": [{"name": "x", "memory_total_bytes": 1, "compute_mode": "solo"}],
+            },
             "compute_mode = 'solo'",
         ),
         (
@@ -145,8 +148,11 @@ def test_unknown_name_lists_scenarios():
             {
                 "nbgpu_fleet": 1,
                 "gpus": [
-                    {"name": "x", "memory_total_bytes": 1,
-                     "processes": [{"pid": 3, "observed": {"state": "sleepy"}}]}
+                    {
+                        "name": "x",
+                        "memory_total_bytes": 1,
+                        "processes": [{"pid": 3, "observed": {"state": "sleepy"}}],
+                    }
                 ],
             },
             "observed.state = 'sleepy'",
@@ -172,3 +178,10 @@ def test_to_dict_is_json():
     data = json.loads(Fleet(gpus=parse_spec("2xT4").gpus).to_json())
     assert data["nbgpu_fleet"] == 1
     assert len(data["gpus"]) == 2
+
+
+def test_scenario_with_extra_options():
+    fleet = load_fleet("seed000,lost=3")
+    assert fleet.gpus[0].compute_mode == "exclusive_process"
+    assert fleet.gpus[3].fault == "lost"
+    assert fleet.description == SCENARIOS["seed000"][1]

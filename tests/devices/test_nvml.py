@@ -45,7 +45,9 @@ def test_snapshot_of_seed000(sim_env):
     assert snap.gpus[1].processes == ()
 
 
-@pytest.mark.parametrize("name", [n for n in SCENARIOS if not n.startswith("no-") and n != "lib-mismatch"])
+@pytest.mark.parametrize(
+    "name", [n for n in SCENARIOS if not n.startswith("no-") and n != "lib-mismatch"]
+)
 def test_every_working_scenario_reads(name, sim_env):
     snap = nvml.read_system(sim(name, sim_env))
     assert snap.backend.fleet.name == name

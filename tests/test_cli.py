@@ -1,0 +1,91 @@
+"""The terminal face, run as a real subprocess: output, exit codes, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+NBGPU = [sys.executable, "-m", "nbgpu"]
+
+
+def run(args, simulate=None, **env):
+    environ = {k: v for k, v in os.environ.items() if k not in ("NBGPU_SIMULATE", "NPROC_PER_NODE")}
+    if simulate is not None:
+        environ["NBGPU_SIMULATE"] = simulate
+    environ.update(env)
+    return subprocess.run(
+        NBGPU + args, capture_output=True, text=True, env=environ, timeout=120, check=False
+    )
+
+
+def test_status_text_and_json_round_trip(tmp_path):
+    out = run(["status"], simulate="seed000")
+    assert out.returncode == 0
+    assert "SIMULATED fleet 'seed000'" in out.stdout
+    assert "BUSY: dead holder" in out.stdout
+    js = run(["status", "--json"], simulate="8xH100,procs=40")
+    data = json.loads(js.stdout)
+    assert len(data["gpus"]) == 8
+    assert sum(len(g["processes"]) for g in data["gpus"]) == 40
+    pod = tmp_path / "pod.json"
+    pod.write_text(js.stdout)
+    replay = run(["status", "--json"], simulate=str(pod))
+    assert replay.returncode == 0
+    assert [g["uuid"] for g in json.loads(replay.stdout)["gpus"]] == [g["uuid"] for g in data["gpus"]]
+
+
+def test_doctor_exit_code_reflects_findings():
+    assert run(["doctor", "--no-probe"], simulate="healthy").returncode == 0
+    bad = run(["doctor"], simulate="seed000")
+    assert bad.returncode == 1
+    assert "Recommendation: launch 3 ranks on GPUs 1,2,3" in bad.stdout
+
+
+def test_doctor_sees_nproc_from_environment():
+    out = run(["doctor", "--no-probe"], simulate="4xH100", NPROC_PER_NODE="7")
+    assert "NPROC_PER_NODE=7 but 4 GPUs are visible" in out.stdout
+
+
+def test_no_gpu_machine_without_simulation_explains_itself():
+    out = run(["doctor", "--no-probe"])
+    assert out.returncode == 1
+    assert "No NVIDIA driver library" in out.stdout
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "simulate", "fragment"),
+    [
+        (["status"], "4xB200", "unknown GPU model 'B200'"),
+        (["status"], "nosuchfleet", "is not a scenario, a fleet file or a spec"),
+        (["status"], "/nonexistent/pod.json", "does not exist"),
+        (["status", "--bogus"], "healthy", "unrecognized arguments: --bogus"),
+        (["frobnicate"], "healthy", "invalid choice: 'frobnicate'"),
+        (["doctor", "--nproc", "0"], "healthy", "--nproc 0: expected a whole number >= 1"),
+        (["clean", "--grace", "-2"], "healthy", "--grace -2.0: expected seconds >= 0"),
+        ([], "healthy", "choose a command"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args, simulate, fragment):
+    out = run(args, simulate=simulate)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert fragment in lines[0]
+    assert lines[0].startswith("nbgpu: error: ")
+
+
+def test_bad_fleet_json_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"nbgpu_fleet": 1, "gpus": [{"name": "A40"}]}')
+    out = run(["status"], simulate=str(bad))
+    assert out.returncode == 2
+    assert "gpus[0] has no 'memory_total_bytes'" in out.stderr
+
+
+def test_clean_dry_run_lists_nothing_on_a_fleet_with_no_live_holders():
+    out = run(["clean", "--dry-run"], simulate="seed000")
+    assert out.returncode == 0
+    assert out.stdout.strip()

@@ -1,0 +1,117 @@
+"""Package-wide rules: the public surface, the import layers, cheap loading."""
+
+import ast
+import importlib
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nbgpu
+
+PACKAGE = Path(nbgpu.__file__).parent
+HEAVY = ("torch", "pynvml", "pandas", "matplotlib", "ipywidgets")
+
+
+def _modules():
+    for info in pkgutil.walk_packages([str(PACKAGE)], prefix="nbgpu."):
+        yield info.name
+
+
+def test_all_is_complete_and_resolvable():
+    for name in nbgpu.__all__:
+        assert getattr(nbgpu, name) is not None, name
+    # Every public callable reachable from the package is listed in __all__.
+    public = {
+        n
+        for n in dir(nbgpu)
+        if not n.startswith("_")
+        and callable(getattr(nbgpu, n))
+        and not isinstance(getattr(nbgpu, n), type(nbgpu))
+    }
+    assert public <= set(nbgpu.__all__), public - set(nbgpu.__all__)
+
+
+def test_unknown_attribute_is_a_clear_error():
+    with pytest.raises(AttributeError, match="not_a_thing"):
+        nbgpu.not_a_thing  # noqa: B018
+
+
+def test_every_module_declares_a_true_all():
+    for name in _modules():
+        if name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        exported = getattr(module, "__all__", None)
+        assert exported is not None, f"{name} has no __all__"
+        for item in exported:
+            assert hasattr(module, item), f"{name}.__all__ lists missing {item}"
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_only_nvml_module_imports_pynvml():
+    importers = sorted(
+        str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "pynvml" in _imports(p)
+    )
+    assert importers == ["devices/nvml.py"]
+
+
+def test_layers_below_the_faces_never_import_ipython_widgets_or_matplotlib():
+    faces = {"notebook"}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in faces:
+            continue
+        bad = _imports(path) & {"IPython", "ipywidgets", "matplotlib"}
+        assert not bad, f"{rel} imports {bad}"
+
+
+def test_load_ext_imports_nothing_heavy_and_unload_is_symmetric():
+    script = f"""
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+before = set(ip.magics_manager.magics["line"])
+ip.run_line_magic("load_ext", "nbgpu")
+added = sorted(set(ip.magics_manager.magics["line"]) - before)
+heavy = [m for m in {HEAVY!r} if m in sys.modules]
+ip.run_line_magic("unload_ext", "nbgpu")
+after = set(ip.magics_manager.magics["line"])
+ip.run_line_magic("load_ext", "nbgpu")
+again = sorted(set(ip.magics_manager.magics["line"]) - before)
+print(json.dumps({{"added": added, "heavy": heavy, "left": sorted(after - before), "again": again}}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["added"] == ["gpu_clean", "gpu_doctor", "gpu_status"]
+    assert result["heavy"] == []
+    assert result["left"] == []
+    assert result["again"] == result["added"]
+
+
+def test_python_dash_m_runs_the_cli():
+    out = subprocess.run(
+        [sys.executable, "-m", "nbgpu", "-h"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0
+    assert "status" in out.stdout
+    assert "doctor" in out.stdout
