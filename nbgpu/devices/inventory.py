@@ -423,6 +423,13 @@ def _identities(gpus: tuple[Gpu, ...]) -> list[GpuIdentity]:
     ]
 
 
+def _probe(env: Mapping[str, str], gpus: list[Gpu], timeout_s: float) -> ProbeReport:
+    # CUDA numbers devices its own way; UUIDs tie its answers back to NVML indices.
+    by_uuid = {g.uuid: g.nvml_index for g in gpus if g.uuid}
+    by_uuid.update({m.uuid: g.nvml_index for g in gpus for m in g.mig_devices})
+    return probe_devices(environ=env, timeout_s=timeout_s, nvml_index_by_uuid=by_uuid)
+
+
 def take_inventory(
     environ: Mapping[str, str] | None = None,
     *,
@@ -467,7 +474,7 @@ def take_inventory(
             visible=None,
             visible_value=None,
             visible_is_override=False,
-            probe=probe_devices(environ=env, timeout_s=probe_timeout_s) if probe else None,
+            probe=_probe(env, [], probe_timeout_s) if probe else None,
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
     fleet = snap.backend.fleet
@@ -509,6 +516,6 @@ def take_inventory(
         visible_value=cvd_env.get("CUDA_VISIBLE_DEVICES"),
         visible_is_override=override,
         device_files=device_files,
-        probe=probe_devices(environ=env, timeout_s=probe_timeout_s) if probe else None,
+        probe=_probe(env, gpus, probe_timeout_s) if probe else None,
         elapsed_ms=(time.perf_counter() - started) * 1000,
     )

@@ -104,7 +104,7 @@ def test_gpu_clean_dry_run_lists_and_signals_nothing(ip):
     assert report.outcomes == ()
 
 
-def test_gpu_clean_without_stdin_asks_nobody(ip, capsys):
+def test_gpu_clean_without_stdin_asks_nobody(ip):
     # A plain InteractiveShell has stdin; with nothing stale there is nothing to ask.
     report = ip.run_line_magic("gpu_clean", "")
     assert report.outcomes == ()

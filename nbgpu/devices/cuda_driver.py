@@ -1,0 +1,267 @@
+"""A thin ctypes binding of the CUDA *driver* API (``libcuda.so.1``), for the health probe.
+
+Only creating a CUDA context reveals "CUDA-capable device(s) is/are busy or unavailable"
+(CUDA_ERROR_DEVICE_UNAVAILABLE, 46); NVML cannot. This module owns the few driver calls
+the probe needs: ``cuInit``, ``cuDriverGetVersion``, ``cuDeviceGetCount``, ``cuDeviceGet``,
+``cuDeviceGetName``, ``cuDeviceGetPCIBusId``, ``cuDeviceGetUuid[_v2]``,
+``cuDevicePrimaryCtxRetain`` / ``cuDevicePrimaryCtxRelease[_v2]``, ``cuGetErrorName`` and
+``cuGetErrorString``, with CUDA's error table for when the library cannot be asked.
+
+:func:`load_cuda_library` returns the real ``ctypes.CDLL("libcuda.so.1")`` or, when
+``NBGPU_SIMULATE`` is set, the fake of ``simulate_cuda.py``. :class:`CudaDriver` makes the
+same C-shaped calls (ctypes objects, ``byref`` out-parameters, ``CUresult`` ints) on either.
+
+Loading this module never touches the driver, but *calling* it creates CUDA contexts, which
+hold a GPU: it is meant for the short-lived probe process of ``health.py``, never for the
+Jupyter kernel. It must never import torch, pynvml, psutil or IPython.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import uuid as uuidlib
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "CUDA_ERRORS",
+    "CUDA_ERROR_DEVICE_UNAVAILABLE",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_INVALID_CONTEXT",
+    "CUDA_ERROR_INVALID_DEVICE",
+    "CUDA_ERROR_INVALID_VALUE",
+    "CUDA_ERROR_NOT_FOUND",
+    "CUDA_ERROR_NOT_INITIALIZED",
+    "CUDA_ERROR_NOT_PERMITTED",
+    "CUDA_ERROR_NO_DEVICE",
+    "CUDA_ERROR_OUT_OF_MEMORY",
+    "CUDA_ERROR_STUB_LIBRARY",
+    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+    "CUDA_ERROR_UNKNOWN",
+    "CUDA_SUCCESS",
+    "LIBCUDA_SONAME",
+    "SIMULATE_ENV",
+    "CUuuid",
+    "CudaCallError",
+    "CudaDriver",
+    "error_name",
+    "error_string",
+    "load_cuda_library",
+    "simulation_source",
+]
+
+#: The driver's own soname. Not the unversioned ``libcuda.so``: in most images that name
+#: only exists as the CUDA toolkit's *stub* (``lib64/stubs``), which fails every call.
+LIBCUDA_SONAME = "libcuda.so.1"
+SIMULATE_ENV = "NBGPU_SIMULATE"
+
+# CUresult values (cuda.h) that the probe tells apart.
+CUDA_SUCCESS = 0
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_STUB_LIBRARY = 34
+CUDA_ERROR_DEVICE_UNAVAILABLE = 46
+CUDA_ERROR_NO_DEVICE = 100
+CUDA_ERROR_INVALID_DEVICE = 101
+CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_ECC_UNCORRECTABLE = 214
+CUDA_ERROR_NOT_FOUND = 500
+CUDA_ERROR_NOT_PERMITTED = 800
+CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803
+CUDA_ERROR_UNKNOWN = 999
+
+#: ``code -> (cuGetErrorName, cuGetErrorString)`` exactly as the driver words them. Used
+#: by the simulated library, and as a fallback when the real one cannot be asked (a stub
+#: library answers every call with 34, a missing one not at all).
+CUDA_ERRORS: Mapping[int, tuple[str, str]] = {
+    CUDA_SUCCESS: ("CUDA_SUCCESS", "no error"),
+    CUDA_ERROR_INVALID_VALUE: ("CUDA_ERROR_INVALID_VALUE", "invalid argument"),
+    CUDA_ERROR_OUT_OF_MEMORY: ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
+    CUDA_ERROR_NOT_INITIALIZED: ("CUDA_ERROR_NOT_INITIALIZED", "initialization error"),
+    4: ("CUDA_ERROR_DEINITIALIZED", "driver shutting down"),
+    CUDA_ERROR_STUB_LIBRARY: ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
+    CUDA_ERROR_DEVICE_UNAVAILABLE: (
+        "CUDA_ERROR_DEVICE_UNAVAILABLE",
+        "CUDA-capable device(s) is/are busy or unavailable",
+    ),
+    CUDA_ERROR_NO_DEVICE: ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
+    CUDA_ERROR_INVALID_DEVICE: ("CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"),
+    CUDA_ERROR_INVALID_CONTEXT: ("CUDA_ERROR_INVALID_CONTEXT", "invalid device context"),
+    CUDA_ERROR_ECC_UNCORRECTABLE: (
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+        "uncorrectable ECC error encountered",
+    ),
+    304: ("CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"),
+    CUDA_ERROR_NOT_FOUND: ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
+    CUDA_ERROR_NOT_PERMITTED: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
+    801: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+    802: ("CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"),
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: (
+        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+        "system has unsupported display driver / cuda driver combination",
+    ),
+    804: (
+        "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        "forward compatibility was attempted on non supported HW",
+    ),
+    909: ("CUDA_ERROR_TIMEOUT", "wait operation timed out"),
+    CUDA_ERROR_UNKNOWN: ("CUDA_ERROR_UNKNOWN", "unknown error"),
+}
+
+# Large enough for any device name / bus id the driver writes (cuda.h uses 256 / 13+).
+_NAME_BYTES = 256
+_BUS_ID_BYTES = 64
+
+
+class CUuuid(ctypes.Structure):
+    """``struct CUuuid_st { char bytes[16]; }``."""
+
+    _fields_ = [("bytes", ctypes.c_ubyte * 16)]
+
+
+class CudaCallError(Exception):
+    """A driver call returned a CUresult other than CUDA_SUCCESS.
+
+    Raised and caught inside the probe process only; it never reaches a user (the probe
+    reports codes as verdicts), so it is not part of ``nbgpu.errors``.
+    """
+
+    def __init__(self, function: str, code: int) -> None:
+        super().__init__(f"{function} returned {code} ({error_name(code) or 'unknown code'})")
+        self.function = function
+        self.code = code
+
+
+def error_name(code: int) -> str | None:
+    """CUDA's name for ``code`` from the built-in table (no library needed)."""
+    entry = CUDA_ERRORS.get(code)
+    return entry[0] if entry else None
+
+
+def error_string(code: int) -> str | None:
+    """CUDA's description of ``code`` from the built-in table (no library needed)."""
+    entry = CUDA_ERRORS.get(code)
+    return entry[1] if entry else None
+
+
+def simulation_source(environ: Mapping[str, str]) -> str | None:
+    """The ``NBGPU_SIMULATE`` value, or None; empty counts as unset (as in ``nvml.py``)."""
+    value = environ.get(SIMULATE_ENV, "").strip()
+    return value or None
+
+
+def load_cuda_library(environ: Mapping[str, str]) -> object:
+    """The CUDA driver library this process should call.
+
+    ``NBGPU_SIMULATE`` set: the simulated library for that fleet, which honours
+    ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` from *environ* as the driver would.
+    Otherwise ``ctypes.CDLL("libcuda.so.1")`` (the real driver reads the process's own
+    environment, so *environ* must be this process's).
+
+    Raises ``OSError`` when the library cannot be loaded (no driver on this machine or in
+    this container), for the real and the simulated library alike; ``FleetSpecError`` for
+    a malformed ``NBGPU_SIMULATE``.
+    """
+    source = simulation_source(environ)
+    if source is None:
+        return ctypes.CDLL(LIBCUDA_SONAME)
+    # Imported here: the fleet and CUDA_VISIBLE_DEVICES machinery is only needed simulated.
+    from nbgpu.devices.simulate_cuda import load_simulated_cuda  # noqa: PLC0415
+
+    return load_simulated_cuda(source, environ)
+
+
+class CudaDriver:
+    """Python-shaped calls over a driver library object (real ``CDLL`` or simulated).
+
+    Every method passes ctypes objects exactly as C code would, and raises
+    :class:`CudaCallError` with the ``CUresult`` when the driver refuses.
+    """
+
+    def __init__(self, library: object) -> None:
+        self.library = library
+
+    def has(self, function: str) -> bool:
+        """Whether the library exports ``function`` (old drivers lack the ``_v2`` symbols)."""
+        return hasattr(self.library, function)
+
+    def _call(self, function: str, *args: Any) -> None:
+        try:
+            entry = getattr(self.library, function)
+        except AttributeError:
+            raise CudaCallError(function, CUDA_ERROR_NOT_FOUND) from None
+        code = int(entry(*args))
+        if code != CUDA_SUCCESS:
+            raise CudaCallError(function, code)
+
+    def init(self) -> None:
+        self._call("cuInit", ctypes.c_uint(0))
+
+    def driver_version(self) -> int:
+        """The CUDA version the driver supports, e.g. 12040; works before ``cuInit``."""
+        version = ctypes.c_int(0)
+        self._call("cuDriverGetVersion", ctypes.byref(version))
+        return version.value
+
+    def device_count(self) -> int:
+        count = ctypes.c_int(0)
+        self._call("cuDeviceGetCount", ctypes.byref(count))
+        return count.value
+
+    def device(self, ordinal: int) -> int:
+        """The ``CUdevice`` handle (an int in cuda.h) of logical device ``ordinal``."""
+        device = ctypes.c_int(-1)
+        self._call("cuDeviceGet", ctypes.byref(device), ctypes.c_int(ordinal))
+        return device.value
+
+    def name(self, device: int) -> str:
+        buffer = ctypes.create_string_buffer(_NAME_BYTES)
+        self._call("cuDeviceGetName", buffer, ctypes.c_int(_NAME_BYTES), ctypes.c_int(device))
+        return buffer.value.decode("utf-8", errors="replace")
+
+    def pci_bus_id(self, device: int) -> str:
+        """CUDA's form, ``0000:18:00.0`` (NVML writes an 8-digit domain)."""
+        buffer = ctypes.create_string_buffer(_BUS_ID_BYTES)
+        self._call("cuDeviceGetPCIBusId", buffer, ctypes.c_int(_BUS_ID_BYTES), ctypes.c_int(device))
+        return buffer.value.decode("ascii", errors="replace")
+
+    def uuid(self, device: int) -> str:
+        """The 16 UUID bytes as ``xxxxxxxx-xxxx-...``, without NVML's ``GPU-``/``MIG-``.
+
+        ``_v2`` (CUDA 11.4+) when exported: it gives a MIG instance's own UUID.
+        """
+        raw = CUuuid()
+        function = "cuDeviceGetUuid_v2" if self.has("cuDeviceGetUuid_v2") else "cuDeviceGetUuid"
+        self._call(function, ctypes.byref(raw), ctypes.c_int(device))
+        return str(uuidlib.UUID(bytes=bytes(raw.bytes)))
+
+    def retain_primary_context(self, device: int) -> None:
+        """Create (or share) the device's primary context: what torch's first CUDA call does."""
+        context = ctypes.c_void_p()
+        self._call("cuDevicePrimaryCtxRetain", ctypes.byref(context), ctypes.c_int(device))
+
+    def release_primary_context(self, device: int) -> None:
+        # cuda.h maps the unversioned name to _v2 since CUDA 11; older drivers have only v1.
+        function = (
+            "cuDevicePrimaryCtxRelease_v2"
+            if self.has("cuDevicePrimaryCtxRelease_v2")
+            else "cuDevicePrimaryCtxRelease"
+        )
+        self._call(function, ctypes.c_int(device))
+
+    def error_name(self, code: int) -> str | None:
+        """``cuGetErrorName``, falling back to the built-in table."""
+        return self._error_text("cuGetErrorName", code) or error_name(code)
+
+    def error_string(self, code: int) -> str | None:
+        """``cuGetErrorString``, falling back to the built-in table."""
+        return self._error_text("cuGetErrorString", code) or error_string(code)
+
+    def _error_text(self, function: str, code: int) -> str | None:
+        text = ctypes.c_char_p()
+        try:
+            self._call(function, ctypes.c_int(code), ctypes.byref(text))
+        except CudaCallError:
+            return None
+        return text.value.decode("utf-8", errors="replace") if text.value else None
