@@ -33,7 +33,9 @@ def test_status_text_and_json_round_trip(tmp_path):
     pod.write_text(js.stdout)
     replay = run(["status", "--json"], simulate=str(pod))
     assert replay.returncode == 0
-    assert [g["uuid"] for g in json.loads(replay.stdout)["gpus"]] == [g["uuid"] for g in data["gpus"]]
+    assert [g["uuid"] for g in json.loads(replay.stdout)["gpus"]] == [
+        g["uuid"] for g in data["gpus"]
+    ]
 
 
 def test_doctor_exit_code_reflects_findings():

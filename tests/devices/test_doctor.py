@@ -64,7 +64,9 @@ def test_local_rank_beyond_visible_devices(sim_env):
 
 def test_visible_devices_limit_the_count(sim_env):
     report = doc("4xA40", sim_env, CUDA_VISIBLE_DEVICES="0,1", NPROC_PER_NODE="4")
-    assert "NPROC_PER_NODE=4 but 2 GPUs are visible" in finding(report, "nproc_exceeds_gpus").message
+    assert (
+        "NPROC_PER_NODE=4 but 2 GPUs are visible" in finding(report, "nproc_exceeds_gpus").message
+    )
 
 
 def test_nothing_visible(sim_env):
