@@ -1,7 +1,7 @@
 """nbgpu: probe, plan, launch and debug multi-GPU training from a Jupyter notebook.
 
-    %load_ext nbgpu          # registers %gpu_status, %gpu_doctor, %gpu_clean
-    import nbgpu; nbgpu.status(); nbgpu.doctor()
+    %load_ext nbgpu          # %gpu_status, %gpu_doctor, %gpu_clean, %%torchrun, ...
+    import nbgpu; nbgpu.status(); nbgpu.doctor(); nbgpu.torchrun(code, 2)
 
 Importing this package is cheap: the API below is resolved lazily (PEP 562), so
 ``%load_ext nbgpu`` imports none of torch, pynvml, pandas, matplotlib or ipywidgets.
@@ -20,7 +20,9 @@ __all__ = [
     "doctor",
     "errors",
     "load_ipython_extension",
+    "runs",
     "status",
+    "torchrun",
     "unload_ipython_extension",
 ]
 
@@ -29,11 +31,15 @@ _LAZY = {
     "status": "nbgpu.api",
     "doctor": "nbgpu.api",
     "clean": "nbgpu.api",
+    "torchrun": "nbgpu.launch.launcher",
+    "runs": "nbgpu.launch.registry",
 }
 
 if TYPE_CHECKING:
     from nbgpu import errors
     from nbgpu.api import clean, doctor, status
+    from nbgpu.launch.launcher import torchrun
+    from nbgpu.launch.registry import runs
 else:
     from nbgpu import errors  # light: the exception tree only
 

@@ -13,7 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Result", "Table", "fmt_bytes", "fmt_opt", "fmt_used_total", "shorten", "wrap"]
+__all__ = [
+    "Result",
+    "Table",
+    "code_html",
+    "fmt_bytes",
+    "fmt_opt",
+    "fmt_used_total",
+    "shorten",
+    "wrap",
+]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -54,6 +63,12 @@ def wrap(text: str, prefix: str, width: int = 80) -> str:
     )
 
 
+def code_html(text: str) -> str:
+    """Escape *text* and show `backticked` spans as <code> (fixes name commands)."""
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
 def fmt_opt(value: object, suffix: str = "") -> str:
     return "-" if value is None else f"{value}{suffix}"
 
@@ -71,6 +86,8 @@ class Table:
     title: str | None = None
     # Per-row CSS class for HTML ("ok", "warn", "bad"); text shows no colour.
     row_levels: list[str] = field(default_factory=list)
+    # The column to shorten first when the table is too wide (free text, e.g. a command).
+    flex: int | None = None
 
     def add(self, *cells: object, level: str = "") -> None:
         self.rows.append([str(c) for c in cells])
@@ -81,8 +98,13 @@ class Table:
         for row in self.rows:
             for i, cell in enumerate(row):
                 widths[i] = max(widths[i], len(cell))
-        # Squeeze the widest column until the table fits the terminal.
         total = sum(widths) + 2 * (len(widths) - 1)
+        if self.flex is not None and total > max_width:
+            # Free text gives way first, down to a readable minimum.
+            cut = min(total - max_width, max(0, widths[self.flex] - 12))
+            widths[self.flex] -= cut
+            total -= cut
+        # Then squeeze the widest column until the table fits the terminal.
         while total > max_width and max(widths) > 8:
             widest = widths.index(max(widths))
             widths[widest] -= 1
@@ -91,7 +113,9 @@ class Table:
         if self.title:
             lines.append(self.title)
         lines.append(
-            "  ".join(h.ljust(w) for h, w in zip(self.headers, widths, strict=True)).rstrip()
+            "  ".join(
+                shorten(h, w).ljust(w) for h, w in zip(self.headers, widths, strict=True)
+            ).rstrip()
         )
         for row in self.rows:
             cells = [shorten(c, w).ljust(w) for c, w in zip(row, widths, strict=True)]
@@ -145,11 +169,17 @@ class Result:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)
 
+    #: Column names for an empty frame (no records), so selections never KeyError.
+    FRAME_COLUMNS: tuple[str, ...] = ()
+
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per record (pandas is imported only here)."""
         import pandas as pd  # noqa: PLC0415  (heavy; only when asked for)
 
-        return pd.DataFrame.from_records(self.records())
+        records = self.records()
+        if not records:
+            return pd.DataFrame(columns=list(self.FRAME_COLUMNS))
+        return pd.DataFrame.from_records(records)
 
     def html(self) -> str:
         return f'{STYLE}<div class="nbgpu">{self.html_body()}</div>'

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from nbgpu.devices.clean import CleanPlan, CleanReport, execute_clean, plan_clean
-from nbgpu.devices.doctor import DoctorReport, run_doctor
-from nbgpu.devices.holders import HolderInfo
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.errors import UserInputError
+
+if TYPE_CHECKING:  # clean and doctor load only when used: `nbgpu status` stays quick
+    from nbgpu.devices.clean import CleanPlan, CleanReport
+    from nbgpu.devices.doctor import DoctorReport
+    from nbgpu.devices.holders import HolderInfo
 
 __all__ = ["clean", "doctor", "status"]
 
@@ -47,6 +50,8 @@ def doctor(
     """
     if nproc is not None and nproc < 1:
         raise UserInputError(f"nproc={nproc}: expected a whole number >= 1")
+    from nbgpu.devices.doctor import run_doctor  # noqa: PLC0415
+
     return run_doctor(environ, probe=probe, nproc=nproc)
 
 
@@ -66,6 +71,8 @@ def clean(
     """
     if grace_s < 0:
         raise UserInputError(f"grace_s={grace_s}: expected seconds >= 0")
+    from nbgpu.devices.clean import execute_clean, plan_clean  # noqa: PLC0415
+
     env = dict(os.environ) if environ is None else dict(environ)
     inventory = take_inventory(env)
     holders: dict[int, list[HolderInfo]] = {}

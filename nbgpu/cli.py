@@ -3,6 +3,7 @@
     nbgpu status [--json] [--probe] [--env CVD]
     nbgpu doctor [--no-probe] [--nproc N] [--json]
     nbgpu clean  [--yes] [--dry-run] [--grace S]
+    nbgpu run    [-n N] [--gpus 0,1] [--timeout S] [...] script.py [script args]
 
 Only parses arguments and calls :mod:`nbgpu.api`. Exit codes: 0 fine, 1 the
 doctor found a problem that needs fixing (or clean could not stop a process),
@@ -75,7 +76,87 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds between SIGTERM and SIGKILL (default 3)",
     )
+    p = sub.add_parser("run", help="run a script as a torchrun job, streaming every rank")
+    p.add_argument(
+        "-n",
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes on this node (default: the healthy visible GPUs)",
+    )
+    p.add_argument("--gpus", default=None, metavar="0,1,3", help="physical GPUs to use")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="launch even on unhealthy GPUs or with more ranks than GPUs",
+    )
+    p.add_argument("--name", default=None, help="a name for the run directory")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop the whole run after S seconds",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="extra environment for the ranks (repeatable)",
+    )
+    p.add_argument("--serial-imports", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--mem-limit", default=None, metavar="SIZE", help="per-rank address-space limit, e.g. 60G"
+    )
+    p.add_argument(
+        "--backend",
+        default=None,
+        choices=["gloo", "nccl", "mpi"],
+        help="default backend for nbgpu.rank.init()",
+    )
+    p.add_argument("--quiet", action="store_true", help="do not stream rank output")
+    p.add_argument("script", help="the Python script every rank runs")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
+
+
+def _run_script(args: argparse.Namespace) -> int:
+    from nbgpu.launch.config import parse_env_pairs  # noqa: PLC0415
+    from nbgpu.launch.launcher import prepare  # noqa: PLC0415
+    from nbgpu.launch.run import Run, follow  # noqa: PLC0415
+    from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
+
+    if args.nproc is not None and args.nproc < 1:
+        raise UserInputError(f"-n {args.nproc}: expected a whole number >= 1")
+    prepared = prepare(
+        script=args.script,
+        script_args=[a for a in args.script_args if a != "--"][:]
+        if args.script_args[:1] == ["--"]
+        else args.script_args,
+        nproc=args.nproc,
+        gpus=args.gpus,
+        force=args.force,
+        name=args.name,
+        timeout_s=args.timeout,
+        env=parse_env_pairs(args.env),
+        mem_limit=args.mem_limit,
+        backend=args.backend,
+        quiet=args.quiet,
+    )
+    for note in prepared.notes:
+        print(f"[nbgpu] {note}", file=sys.stderr)
+    run = Run(prepared.config).start()
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    writer = ScreenWriter(write if not args.quiet else (lambda _t: None), color=sys.stdout.isatty())
+    follow(run, writer)
+    print(run.text(), file=sys.stderr)
+    return EXIT_OK if run.state == "succeeded" else EXIT_PROBLEM
 
 
 def _confirm_on_tty(plan: Any) -> bool:
@@ -109,7 +190,9 @@ def _run(args: argparse.Namespace) -> int:
         print(cleaned.text())
         failed = [o for o in cleaned.outcomes if o.result.startswith("failed")]
         return EXIT_PROBLEM if failed else EXIT_OK
-    raise UserInputError("nbgpu: choose a command: status, doctor or clean (see `nbgpu -h`)")
+    if args.command == "run":
+        return _run_script(args)
+    raise UserInputError("nbgpu: choose a command: status, doctor, clean or run (see `nbgpu -h`)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,20 +85,25 @@ import json, sys
 from IPython.core.interactiveshell import InteractiveShell
 ip = InteractiveShell.instance()
 before = set(ip.magics_manager.magics["line"])
+cells_before = set(ip.magics_manager.magics["cell"])
 ip.run_line_magic("load_ext", "nbgpu")
 added = sorted(set(ip.magics_manager.magics["line"]) - before)
+added_cells = sorted(set(ip.magics_manager.magics["cell"]) - cells_before)
 heavy = [m for m in {HEAVY!r} if m in sys.modules]
 ip.run_line_magic("unload_ext", "nbgpu")
-after = set(ip.magics_manager.magics["line"])
+after = set(ip.magics_manager.magics["line"]) | set(ip.magics_manager.magics["cell"])
 ip.run_line_magic("load_ext", "nbgpu")
 again = sorted(set(ip.magics_manager.magics["line"]) - before)
-print(json.dumps({{"added": added, "heavy": heavy, "left": sorted(after - before), "again": again}}))
+print(json.dumps({{"added": added, "heavy": heavy, "cells": added_cells, "left": sorted(after - before - cells_before), "again": again}}))
 """
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["added"] == ["gpu_clean", "gpu_doctor", "gpu_status"]
+    assert result["added"] == [
+        "gpu_clean", "gpu_doctor", "gpu_runs", "gpu_status", "gpu_stop", "torchrun",
+    ]  # fmt: skip
+    assert result["cells"] == ["torchrun"]
     assert result["heavy"] == []
     assert result["left"] == []
     assert result["again"] == result["added"]

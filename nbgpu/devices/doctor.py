@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table, fmt_bytes, wrap
+from nbgpu._render import Result, Table, code_html, fmt_bytes, wrap
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.verdicts import SEVERITY_ORDER, Finding, short_verdict
 
@@ -77,6 +77,8 @@ _NVML_FIXES: Mapping[int, tuple[str, tuple[str, ...]]] = {
 @dataclass(frozen=True)
 class DoctorReport(Result):
     """What ``nbgpu.doctor()`` returns."""
+
+    FRAME_COLUMNS = ("severity", "code", "subject", "message", "fixes")
 
     inventory: Inventory
     findings: tuple[Finding, ...]  # machine-wide and per-GPU, worst first
@@ -162,7 +164,8 @@ class DoctorReport(Result):
         lines.append("Findings:")
         for f in self.findings:
             tag = {"bad": "[FIX]", "warn": "[WARN]", "info": "[info]", "ok": "[ok]"}[f.severity]
-            lines.append(wrap(f"{f.subject}: {f.message}", f"{tag} ".ljust(7)))
+            text = f.message if f.message.startswith(f.subject) else f"{f.subject}: {f.message}"
+            lines.append(wrap(text, f"{tag} ".ljust(7)))
             lines.extend(wrap(fix, "    -> ") for fix in f.fixes)
         if self.recommendation:
             lines.extend(["", wrap(self.recommendation, "Recommendation: ")])
@@ -182,14 +185,14 @@ class DoctorReport(Result):
         parts.append(f"<div><code>{escape(self._env_line())}</code></div>")
         items = []
         for f in self.findings:
-            fixes = "".join(f"<li>{escape(x)}</li>" for x in f.fixes)
+            fixes = "".join(f"<li>{code_html(x)}</li>" for x in f.fixes)
             sub = f"<ul>{fixes}</ul>" if fixes else ""
             items.append(
                 f'<li class="{f.severity}"><b>{escape(f.subject)}</b>: {escape(f.message)}{sub}</li>'
             )
         parts.append(f"<ul>{''.join(items)}</ul>")
         if self.recommendation:
-            parts.append(f"<p><b>Recommendation:</b> {escape(self.recommendation)}</p>")
+            parts.append(f"<p><b>Recommendation:</b> {code_html(self.recommendation)}</p>")
         return "".join(parts)
 
     def records(self) -> list[dict[str, Any]]:

@@ -364,7 +364,7 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
       mig=I         MIG enabled with seven 1g.5gb instances
       remap=I       a pending row remap (reset required)
       wedged=I      utilisation stuck at 100 % with nothing running
-      procs=N       N running processes spread round-robin (benchmarks)
+      procs=N       N running processes (recorded) spread round-robin (benchmarks)
       used=I:SIZE   memory used on GPU I, e.g. used=0:20GiB
       driver=X.Y.Z  driver version;  cuda=12.4  CUDA driver version
       init=NAME     NVML init fails: one of INIT_ERRORS
@@ -462,7 +462,13 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
                 raise FleetSpecError(f"fleet spec: procs={value!r}; expected a whole number")
             for n in range(int(value)):
                 idx = n % count
-                proc = SimProcess(pid=next_pid, used_bytes=(512 + 64 * n) * MIB)
+                proc = SimProcess(
+                    pid=next_pid,
+                    used_bytes=(512 + 64 * n) * MIB,
+                    observed=ObservedProcess(
+                        state="running", user="sim", command=f"python train.py --job {n}"
+                    ),
+                )
                 next_pid += 1
                 gpus[idx] = replace(gpus[idx], processes=(*gpus[idx].processes, proc))
         elif key == "used":
@@ -763,7 +769,11 @@ def load_fleet(source: str, *, cwd: Path | None = None) -> Fleet:
     path = Path(text).expanduser()
     if cwd is not None and not path.is_absolute():
         path = cwd / path
-    if text.endswith(".json") or path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # a long spec is not a valid file name (ENAMETOOLONG)
+        is_file = False
+    if text.endswith(".json") or is_file:
         try:
             raw = path.read_text(encoding="utf-8")
         except FileNotFoundError:

@@ -17,18 +17,20 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Result, Table, fmt_bytes, fmt_opt, fmt_used_total, wrap
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
 from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS, Fleet
-from nbgpu.devices.health import ProbeReport, probe_devices
 from nbgpu.devices.holders import ContainerInfo, HolderInfo
 from nbgpu.devices.model import Gpu, GpuProcess
 from nbgpu.devices.verdicts import Finding, assess_gpu, short_verdict
 from nbgpu.devices.visible import GpuIdentity, VisibleMap, resolve_visible
 from nbgpu.errors import NvmlError
+
+if TYPE_CHECKING:  # the probe module loads only for --probe
+    from nbgpu.devices.health import ProbeReport
 
 __all__ = ["Inventory", "take_inventory"]
 
@@ -38,6 +40,12 @@ _CODE_TO_INIT_ERROR = {code: name for name, code in INIT_ERRORS.items()}
 @dataclass(frozen=True)
 class Inventory(Result):
     """What ``nbgpu.status()`` returns."""
+
+    FRAME_COLUMNS = (
+        "nvml_index", "name", "uuid", "pci_bus_id", "memory_total_bytes", "memory_used_bytes",
+        "memory_free_bytes", "utilization_gpu_pct", "temperature_c", "power_w", "power_limit_w",
+        "compute_mode", "processes", "health", "error", "simulated",
+    )  # fmt: skip
 
     taken_at: float
     hostname: str
@@ -147,7 +155,7 @@ class Inventory(Result):
         return table
 
     def _process_table(self) -> Table:
-        table = Table(["GPU", "pid", "user", "state", "GPU mem", "CUDA_VISIBLE_DEVICES", "command"])
+        table = Table(["GPU", "pid", "user", "state", "GPU mem", "its CVD", "command"], flex=6)
         for gpu in self.gpus:
             for proc in gpu.processes:
                 h = proc.holder
@@ -218,7 +226,7 @@ class Inventory(Result):
     def text(self) -> str:
         lines = [self._header()]
         if self.simulated and self.fleet_description:
-            lines.append(f"  ({self.fleet_description})")
+            lines.append(wrap(f"({self.fleet_description})", "  "))
         if self.nvml_error:
             lines.append(f"NVML unavailable: {self.nvml_error}")
             lines.append("Run `nbgpu doctor` for what to do.")
@@ -427,6 +435,8 @@ def _probe(env: Mapping[str, str], gpus: list[Gpu], timeout_s: float) -> ProbeRe
     # CUDA numbers devices its own way; UUIDs tie its answers back to NVML indices.
     by_uuid = {g.uuid: g.nvml_index for g in gpus if g.uuid}
     by_uuid.update({m.uuid: g.nvml_index for g in gpus for m in g.mig_devices})
+    from nbgpu.devices.health import probe_devices  # noqa: PLC0415
+
     return probe_devices(environ=env, timeout_s=timeout_s, nvml_index_by_uuid=by_uuid)
 
 

@@ -355,6 +355,22 @@ class FakeNvmlLibrary:
         _store(ref, h.gpu.temperature_c)
         return SUCCESS
 
+    def _nvmlDeviceGetTemperatureV(self, handle: Any, ref: Any) -> int:
+        # The versioned call newer tools (nvitop) prefer; same reading, struct out.
+        code, h = self._device(handle)
+        if h is None:
+            return code
+        _target(ref).temperature = h.gpu.temperature_c
+        return SUCCESS
+
+    def _nvmlDeviceGetPerformanceState(self, handle: Any, ref: Any) -> int:
+        code, h = self._device(handle)
+        if h is None:
+            return code
+        busy = h.gpu.utilization_gpu_pct > 0 or bool(h.gpu.processes)
+        _store(ref, 0 if busy else 8)  # P0 under load, P8 idle, as real boards report
+        return SUCCESS
+
     def _nvmlDeviceGetPowerUsage(self, handle: Any, ref: Any) -> int:
         code, h = self._device(handle)
         if h is None:

@@ -68,7 +68,8 @@ def assess_gpu(  # noqa: PLR0915  (one flat rule after another, in severity orde
     subject = f"GPU {i}"
     others = _others(gpu, gpu_count)
     exclude = (
-        f"leave it out of jobs: `%%torchrun --gpus {others}` or CUDA_VISIBLE_DEVICES={others}"
+        f"leave GPU {i} out of jobs (e.g. `%%torchrun --gpus {others}`; without --gpus, "
+        "%%torchrun leaves unhealthy GPUs out by itself)"
         if others
         else "use another machine: this is the only GPU"
     )
@@ -176,8 +177,8 @@ def assess_gpu(  # noqa: PLR0915  (one flat rule after another, in severity orde
                             "the parent is a stale job of yours"
                         ),
                         f"if the parent is init: `sudo nvidia-smi --gpu-reset -i {i}` or reboot",
-                        exclude,
-                    ),
+                    )
+                    + ((exclude,) if exclusive else ()),
                 )
             )
         elif verdict == "other_namespace":

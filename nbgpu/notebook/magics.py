@@ -16,9 +16,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["GPUMagics", "register", "unregister"]
+__all__ = ["GPUMagics", "print_help", "register", "unregister"]
 
-_LINE_MAGICS = ("gpu_status", "gpu_doctor", "gpu_clean")
+_LINE_MAGICS = ("gpu_status", "gpu_doctor", "gpu_clean", "gpu_runs", "gpu_stop", "torchrun")
+_CELL_MAGICS = ("torchrun",)
 
 
 def _parse(method: Any, line: str) -> Any:
@@ -28,10 +29,19 @@ def _parse(method: Any, line: str) -> Any:
     that nbval and terminals do not show), so ``-h`` prints the usage right here.
     """
     if any(token in ("-h", "--help") for token in line.split()):
-        # magic_arguments prefixes the usage with a reST '::' marker; drop it.
-        print(inspect.cleandoc(method.__doc__ or "").removeprefix("::").strip())
+        print_help(method)
         return None
     return parse_argstring(method, line)
+
+
+def print_help(method: Any, title: str | None = None) -> None:
+    """Print a magic's usage and options (what ``%magic?`` would page)."""
+    # magic_arguments prefixes the usage with a reST '::' marker; drop it.
+    text = inspect.cleandoc(method.__doc__ or "").removeprefix("::").strip()
+    if title is not None:
+        # A cell magic's generated usage line says '%name'; say '%%name'.
+        text = text.replace(f"%{title.lstrip('%')}", title, 1)
+    print(text)
 
 
 def _visible_value(text: str | None) -> str | None:
@@ -168,7 +178,10 @@ class GPUMagics(Magics):
 
 
 def register(ipython: Any) -> None:
+    from nbgpu.notebook.launch_magics import LaunchMagics  # noqa: PLC0415
+
     ipython.register_magics(GPUMagics)
+    ipython.register_magics(LaunchMagics)
 
 
 def unregister(ipython: Any) -> None:
@@ -176,4 +189,7 @@ def unregister(ipython: Any) -> None:
     manager = ipython.magics_manager
     for name in _LINE_MAGICS:
         manager.magics["line"].pop(name, None)
+    for name in _CELL_MAGICS:
+        manager.magics["cell"].pop(name, None)
     manager.registry.pop("GPUMagics", None)
+    manager.registry.pop("LaunchMagics", None)

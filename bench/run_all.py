@@ -1,0 +1,58 @@
+"""Run every nbgpu benchmark and print Markdown tables (``make bench``).
+
+    .venv/bin/python bench/run_all.py [--n N] [--only load_ext|status]
+
+Benchmarks, not tests: nothing here fails on a slow number; budgets are printed as
+OK/OVER next to the figure. Anchors (bare IPython, gpustat, nvitop, the bare
+interpreter) are measured in the same run, alternating with nbgpu, so the ratios
+hold on whatever machine runs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+
+import bench_load_ext
+import bench_status
+
+PACKAGES = ("nbgpu", "ipython", "nvidia-ml-py", "gpustat", "nvitop", "psutil")
+BENCHMARKS = {"load_ext": bench_load_ext.main, "status": bench_status.main}
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def print_machine() -> None:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"date: {now}")
+    print(f"machine: {platform.platform()}, nproc {os.cpu_count()}, load average {load}")
+    print(f"python: {platform.python_version()} ({sys.executable})")
+    print("versions: " + ", ".join(f"{p} {_version(p)}" for p in PACKAGES))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=15, help="timed runs per case (default 15)")
+    parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", default=None)
+    args = parser.parse_args()
+    print_machine()
+    started = time.perf_counter()
+    for name in args.only or BENCHMARKS:
+        print(f"\n## {name}")
+        BENCHMARKS[name](n=args.n)
+    print(f"\ntotal benchmark time: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

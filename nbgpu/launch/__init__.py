@@ -1,0 +1,8 @@
+"""Launching distributed jobs: torchrun processes, their trees, logs and results.
+
+``launch/`` owns processes. It may import ``devices/`` (to validate GPUs) and the
+standard library, psutil and filelock; never IPython, ipywidgets or matplotlib (the
+notebook face renders), and torch only inside the agent and rank processes.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,156 @@
+"""What to launch: a validated, typed description of one torchrun job.
+
+Every user-facing value is checked here, before anything starts, so a mistake is
+one line naming the value and the accepted form and no process is ever spawned for
+it. Pure: the only outside facts it uses come in as arguments (an inventory).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbgpu.errors import UserInputError
+
+__all__ = [
+    "BACKENDS",
+    "LaunchConfig",
+    "parse_env_pairs",
+    "parse_gpu_list",
+    "parse_nproc",
+    "parse_size",
+    "pickle_pushed",
+]
+
+BACKENDS = ("gloo", "nccl", "mpi")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One job: the cell or script, how many ranks, where, and what to pass in/out."""
+
+    nproc: int
+    code: str | None = None  # a notebook cell's source
+    script: Path | None = None  # or a script path (nbgpu run)
+    script_args: tuple[str, ...] = ()
+    name: str = "run"
+    cuda_visible_devices: str | None = None  # None: inherit the environment's
+    gpus: tuple[int, ...] | None = None  # physical GPUs chosen with --gpus
+    timeout_s: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    push: Mapping[str, bytes] = field(default_factory=dict)  # name -> pickled value
+    pull: tuple[str, ...] = ()
+    pull_all_ranks: bool = False
+    serial_imports: bool = False
+    mem_limit_bytes: int | None = None
+    backend: str | None = None
+    master_port: int | None = None  # None: pick a free one at start
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.code is None) == (self.script is None):
+            raise UserInputError("give either a cell (code) or a script path, not both or neither")
+        if self.code is not None and not self.code.strip():
+            raise UserInputError(
+                "the cell is empty: write the code each rank should run below %%torchrun"
+            )
+        if self.script is not None and not self.script.is_file():
+            raise UserInputError(f"script {str(self.script)!r} does not exist or is not a file")
+        if self.nproc < 1:
+            raise UserInputError(f"nproc {self.nproc}: expected a whole number >= 1")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise UserInputError(f"--timeout {self.timeout_s}: expected seconds > 0")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise UserInputError(
+                f"--backend {self.backend!r}: expected one of {', '.join(BACKENDS)}"
+            )
+        if self.master_port is not None and not 1024 <= self.master_port <= 65535:
+            raise UserInputError(f"master port {self.master_port}: expected 1024-65535")
+
+
+def parse_nproc(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UserInputError(
+            f"nproc {text!r} is not a number: write %%torchrun 4 for four processes on this node"
+        ) from None
+    if value < 1:
+        raise UserInputError(f"nproc {value}: expected a whole number >= 1")
+    return value
+
+
+def parse_size(text: str | int) -> int:
+    """'60G', '512MiB', '1.5T', 1048576 → bytes (binary units, like ulimit and nvidia-smi)."""
+    if isinstance(text, int):
+        if text <= 0:
+            raise UserInputError(f"memory size {text}: expected a positive number of bytes")
+        return text
+    m = _SIZE.match(text)
+    if not m:
+        raise UserInputError(
+            f"memory size {text!r}: expected a number with an optional unit, e.g. 60G, 512M, 1.5T"
+        )
+    scale = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}[m.group(2).upper()]
+    value = int(float(m.group(1)) * scale)
+    if value <= 0:
+        raise UserInputError(f"memory size {text!r}: expected more than 0 bytes")
+    return value
+
+
+def parse_env_pairs(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UserInputError(f"--env {item!r}: expected KEY=VALUE, e.g. --env NCCL_DEBUG=INFO")
+        if not _ENV_KEY.match(key):
+            raise UserInputError(f"--env {item!r}: {key!r} is not a valid variable name")
+        out[key] = value
+    return out
+
+
+def parse_gpu_list(text: str, known: Sequence[int]) -> tuple[int, ...]:
+    """'0,1,3' → (0, 1, 3), checked against the physical GPUs that exist."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise UserInputError(f"--gpus {text!r}: expected GPU indices such as 0,1,3")
+    out = []
+    for part in parts:
+        if not part.isdigit():
+            raise UserInputError(
+                f"--gpus {text!r}: {part!r} is not a GPU index (e.g. --gpus 0,1,3)"
+            )
+        index = int(part)
+        if index not in known:
+            have = ",".join(str(k) for k in known) or "none"
+            raise UserInputError(f"--gpus {text!r}: GPU {index} does not exist (GPUs here: {have})")
+        if index in out:
+            raise UserInputError(
+                f"--gpus {text!r}: GPU {index} is listed twice (CUDA would then see no GPU)"
+            )
+        out.append(index)
+    return tuple(out)
+
+
+def pickle_pushed(names: Sequence[str], namespace: Mapping[str, Any]) -> dict[str, bytes]:
+    """Pickle notebook variables for the ranks; one line per missing/unpicklable name."""
+    out: dict[str, bytes] = {}
+    for name in names:
+        if name not in namespace:
+            raise UserInputError(f"--push {name}: no variable {name!r} in the notebook")
+        try:
+            out[name] = pickle.dumps(namespace[name], protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001  (pickle raises many kinds; all mean "cannot send")
+            raise UserInputError(
+                f"--push {name}: {type(namespace[name]).__name__} cannot be pickled "
+                f"({type(exc).__name__}: {exc}); send data (arrays, dicts, state_dicts), not live "
+                "objects"
+            ) from None
+    return out

@@ -1,0 +1,219 @@
+"""``nbgpu.torchrun(...)``: from what the user asked to a validated config and a Run.
+
+This is where the probe meets the launch. Without ``--gpus`` the number of ranks
+defaults to the healthy visible GPUs, and unhealthy ones (busy, held by a dead
+process, lost) are left out of ``CUDA_VISIBLE_DEVICES`` with a note saying why —
+so rank 0 never lands on seed 000's busy GPU 0. ``--gpus`` is checked against the
+inventory (unknown or unhealthy GPUs are refused with the reason; ``force``
+overrides), and asking for more ranks than GPUs is refused before anything starts
+(seed 001's "invalid device ordinal"). No GPU at all: give N and the ranks run on
+CPU with gloo.
+
+Never imports IPython; the faces pass an output callable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbgpu.devices.inventory import Inventory, take_inventory
+from nbgpu.devices.verdicts import short_verdict
+from nbgpu.errors import UserInputError
+from nbgpu.launch.config import LaunchConfig, parse_gpu_list, parse_size, pickle_pushed
+from nbgpu.launch.run import RUNS, Run, RunFailed, check_name_free, follow
+from nbgpu.launch.rundir import check_name
+from nbgpu.launch.streams import ScreenWriter
+
+__all__ = ["Prepared", "prepare", "torchrun"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    config: LaunchConfig
+    notes: tuple[str, ...] = field(default=())
+
+
+def _unhealthy_reason(inventory: Inventory, nvml_index: int, *, short: bool = False) -> str | None:
+    if nvml_index in inventory.healthy_indices:
+        return None
+    for gpu, findings in zip(inventory.gpus, inventory.findings, strict=True):
+        if gpu.nvml_index == nvml_index:
+            if short:
+                return short_verdict(gpu, findings)[0] + " (see %gpu_doctor)"
+            for f in findings:
+                if f.severity == "bad":
+                    return f.message
+            return gpu.error or "unhealthy"
+    return "not found"
+
+
+def _unique_name(requested: str | None, script: Path | None) -> str:
+    if requested:
+        return check_name_free(check_name(requested))
+    base = script.stem if script is not None else "cell"
+    base = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in base)[:40] or "run"
+    n = 1
+    while f"{base}-{n}" in RUNS:
+        n += 1
+    return f"{base}-{n}"
+
+
+def prepare(
+    code: str | None = None,
+    script: str | Path | None = None,
+    *,
+    nproc: int | None = None,
+    gpus: str | Sequence[int] | None = None,
+    force: bool = False,
+    name: str | None = None,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    push: Mapping[str, Any] | None = None,
+    pull: Sequence[str] = (),
+    pull_all_ranks: bool = False,
+    serial_imports: bool = False,
+    mem_limit: str | int | None = None,
+    backend: str | None = None,
+    quiet: bool = False,
+    script_args: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    inventory: Inventory | None = None,
+) -> Prepared:
+    """Validate everything and decide nproc and GPUs; starts nothing."""
+    environ = dict(os.environ if environ is None else environ)
+    notes: list[str] = []
+    if nproc is not None and nproc < 1:
+        raise UserInputError(f"nproc {nproc}: expected a whole number >= 1")
+    inv = inventory if inventory is not None else take_inventory(environ, scan_device_files=False)
+    have_gpus = not inv.nvml_error and bool(inv.gpus)
+    cvd: str | None = None
+    chosen: tuple[int, ...] | None = None
+    if gpus is not None:
+        if not have_gpus:
+            why = inv.nvml_error or "no GPU found"
+            raise UserInputError(
+                f"--gpus {gpus}: there is no GPU here ({why}); drop --gpus to run on CPU"
+            )
+        text = gpus if isinstance(gpus, str) else ",".join(str(g) for g in gpus)
+        chosen = parse_gpu_list(text, [g.nvml_index for g in inv.gpus])
+        for index in chosen:
+            reason = _unhealthy_reason(inv, index)
+            if reason and not force:
+                raise UserInputError(
+                    f"--gpus {text}: GPU {index} is not usable: {reason} (--force to use it anyway)"
+                )
+            if reason:
+                notes.append(f"GPU {index} used despite: {reason} (--force)")
+        cvd = ",".join(str(i) for i in chosen)
+        if nproc is None:
+            nproc = len(chosen)
+        elif nproc > len(chosen) and not force:
+            raise UserInputError(
+                f"nproc {nproc} but --gpus {text} names {len(chosen)} GPUs: ranks {len(chosen)}.."
+                f"{nproc - 1} would fail with 'invalid device ordinal' (--force to launch anyway)"
+            )
+    elif have_gpus:
+        visible = [d.nvml_index for d in inv.visible.devices] if inv.visible is not None else []
+        healthy = [i for i in visible if i in inv.healthy_indices]
+        left_out = [i for i in visible if i not in inv.healthy_indices]
+        if nproc is None:
+            if not healthy:
+                raise UserInputError(
+                    "no healthy GPU is visible (see %gpu_doctor); give a number of CPU processes "
+                    "to run on CPU anyway, e.g. %%torchrun 2 --force"
+                )
+            nproc = len(healthy)
+        if nproc > len(visible) and not force:
+            raise UserInputError(
+                f"nproc {nproc} but {len(visible)} GPUs are visible: ranks {len(visible)}..{nproc - 1} "
+                "would fail with 'invalid device ordinal' (seed 001); use "
+                f"%%torchrun {len(healthy) or len(visible)}, or --force for CPU-only ranks"
+            )
+        if left_out and nproc <= len(healthy):
+            # Keep rank 0 (and every rank) off GPUs that would refuse a context.
+            chosen = tuple(healthy)
+            cvd = ",".join(str(i) for i in healthy)
+            notes.extend(
+                f"GPU {i} left out: {_unhealthy_reason(inv, i, short=True)}" for i in left_out
+            )
+        elif left_out:
+            notes.append(
+                f"{nproc} ranks on {len(visible)} visible GPUs includes unhealthy GPU(s) "
+                f"{','.join(map(str, left_out))}: expect failures (see %gpu_doctor)"
+            )
+    elif nproc is None:
+        why = inv.nvml_error or "no GPU found"
+        raise UserInputError(
+            f"no GPU here ({why.rstrip('.')}): give the number of CPU processes, e.g. %%torchrun 2 "
+            "(ranks use gloo on CPU)"
+        )
+    if inv.simulated:
+        notes.append(f"SIMULATED fleet '{inv.fleet_name}': ranks compute on CPU (gloo)")
+    script_path = Path(script).expanduser() if script is not None else None
+    config = LaunchConfig(
+        nproc=nproc,
+        code=code,
+        script=script_path,
+        script_args=tuple(script_args),
+        name=_unique_name(name, script_path),
+        cuda_visible_devices=cvd,
+        gpus=chosen,
+        timeout_s=timeout_s,
+        env=dict(env or {}),
+        push=pickle_pushed(list(push), push) if push else {},
+        pull=tuple(pull),
+        pull_all_ranks=pull_all_ranks,
+        serial_imports=serial_imports,
+        mem_limit_bytes=None if mem_limit is None else parse_size(mem_limit),
+        backend=backend,
+        quiet=quiet,
+    )
+    return Prepared(config=config, notes=tuple(notes))
+
+
+def torchrun(
+    code_or_path: str,
+    nproc: int | None = None,
+    *,
+    check: bool = True,
+    write: Callable[[str], object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    **options: Any,
+) -> Run:
+    """Run *code_or_path* (cell source, or a ``.py`` path) as a torchrun job and wait.
+
+    Streams every rank's output (prefixed ``[rankN]``) through *write* (default:
+    ``sys.stdout``), keeps complete per-rank logs in the run directory, and returns
+    the :class:`Run`. With ``check`` (default) a failed run raises
+    :class:`RunFailed`, whose ``.run`` holds the details. Options: ``gpus``,
+    ``force``, ``name``, ``timeout_s``, ``env``, ``push`` (dict of values),
+    ``pull``, ``pull_all_ranks``, ``serial_imports``, ``mem_limit``, ``backend``,
+    ``quiet``, ``script_args``.
+    """
+    looks_like_path = code_or_path.endswith(".py") and "\n" not in code_or_path
+    prepared = prepare(
+        code=None if looks_like_path else code_or_path,
+        script=code_or_path if looks_like_path else None,
+        nproc=nproc,
+        environ=environ,
+        **options,
+    )
+    out = write or _stdout_write
+    for note in prepared.notes:
+        out(f"[nbgpu] {note}\n")
+    run = Run(prepared.config, environ=environ).start()
+    writer = ScreenWriter(out if not prepared.config.quiet else (lambda _t: None))
+    follow(run, writer)
+    if check and run.state != "succeeded":
+        raise RunFailed(run)
+    return run
+
+
+def _stdout_write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -1,0 +1,125 @@
+"""This process's runs as a table (``%gpu_runs``) and stopping them (``%gpu_stop``).
+
+Never imports IPython.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+from nbgpu._render import Result, Table
+from nbgpu.errors import UserInputError
+from nbgpu.launch.run import RUNS, Run
+
+__all__ = ["RunsTable", "StopSummary", "runs", "runs_table", "stop_runs"]
+
+
+def runs() -> dict[str, Run]:
+    """The runs started by this process (this kernel), by name."""
+    return dict(RUNS)
+
+
+def _age(run: Run) -> str:
+    if run.started_at is None:
+        return "-"
+    seconds = time.time() - run.started_at
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@dataclass(frozen=True)
+class RunsTable(Result):
+    entries: tuple[Run, ...]
+
+    def _table(self) -> Table:
+        table = Table(["name", "state", "ranks", "GPUs", "port", "age", "log dir"])
+        for run in self.entries:
+            gpus = run.config.cuda_visible_devices
+            level = {"failed": "bad", "timed_out": "bad", "running": ""}.get(run.state, "ok")
+            table.add(
+                run.name,
+                run.state.replace("_", " "),
+                run.config.nproc,
+                "-" if gpus is None else gpus or "none",
+                run.port or "-",
+                _age(run),
+                str(run.dir),
+                level=level,
+            )
+        return table
+
+    def text(self) -> str:
+        if not self.entries:
+            return "No runs in this kernel yet (start one with %%torchrun N)."
+        return self._table().text(max_width=120)
+
+    def html_body(self) -> str:
+        if not self.entries:
+            return f"<p>{escape(self.text())}</p>"
+        return self._table().html()
+
+    def records(self) -> list[dict[str, Any]]:
+        return [run.to_dict() for run in self.entries]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": self.records()}
+
+
+def runs_table() -> RunsTable:
+    return RunsTable(tuple(RUNS.values()))
+
+
+@dataclass(frozen=True)
+class StopSummary(Result):
+    stopped: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # name, signalled, killed, survivors
+
+    def text(self) -> str:
+        if not self.stopped:
+            return "Nothing was running."
+        lines = []
+        for name, signalled, killed, survivors in self.stopped:
+            line = f"stopped '{name}': {signalled} processes signalled"
+            if killed:
+                line += f", {killed} needed SIGKILL"
+            if survivors:
+                line += f"; STILL ALIVE: {', '.join(map(str, survivors))}"
+            lines.append(line)
+        return "\n".join(lines)
+
+    def html_body(self) -> str:
+        return "<br>".join(escape(line) for line in self.text().splitlines())
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            {"name": n, "signalled": s, "killed": k, "survivors": list(v)}
+            for n, s, k, v in self.stopped
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stopped": self.records()}
+
+
+def stop_runs(name: str | None) -> StopSummary:
+    """Stop one run by name, or every running one with ``name=None``."""
+    if name is not None and name not in RUNS:
+        known = ", ".join(RUNS) or "none yet"
+        raise UserInputError(f"no run named {name!r} (runs: {known})")
+    targets = [RUNS[name]] if name is not None else [r for r in RUNS.values() if not r.done]
+    out: list[tuple[str, int, int, tuple[int, ...]]] = []
+    for run in targets:
+        if run.done:
+            out.append((run.name, 0, 0, ()))
+            continue
+        report = run.stop("stopped")
+        if run.thread is not None:
+            run.thread.join(timeout=10)  # the follower collects the outcome
+        else:
+            run.finish()
+        out.append((run.name, report.signalled, report.escalated_to_kill, report.survivors))
+    return StopSummary(tuple(out))

@@ -1,0 +1,201 @@
+"""The entry point of every rank: ``torchrun -m nbgpu.launch.worker``.
+
+In this order, before any user code: die with the torchrun agent (parent-death
+signal, with a check for the race where the agent is already gone); send this rank's
+stdout and stderr, at the file-descriptor level so C libraries (NCCL) are caught
+too, into its own log file (``rank{N}.log``: complete on disk even if the rank is
+killed right after writing); apply the address-space limit. Then load pushed
+variables, run the cell (its leading imports one rank at a time with
+``--serial-imports``) or the script, pickle pulled variables, and on an exception
+write torchelastic's error file (same JSON as ``@record``) so the agent and nbgpu's
+diagnosis can name the root cause.
+
+Runs inside rank processes only: standard library at import time; torch only if the
+user's code imported it (to tear the process group down).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import ctypes
+import json
+import os
+import pickle
+import runpy
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # torchrun starts workers in their own sessions: a SIGKILLed agent would leave
+    # them running (and holding GPUs). The kernel delivers SIGKILL to us instead.
+    expected_parent = int(os.environ.get("NBGPU_AGENT_PID", "0") or 0)
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The agent may have died before prctl took effect: then nobody will signal us.
+    if expected_parent and os.getppid() != expected_parent:
+        os._exit(128 + signal.SIGKILL)
+
+
+def _redirect_output(log_path: Path) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _set_memory_limit(limit: int) -> None:
+    import resource  # noqa: PLC0415  (POSIX only; only when asked)
+
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the user's first frame on: nbgpu's and runpy's frames are noise."""
+    tb = exc.__traceback__
+    ours = {__file__, runpy.__file__}
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _write_error_file(path: str, exc: BaseException, formatted: str) -> None:
+    # The exact structure torch's ErrorHandler.record_exception writes, plus a finer
+    # timestamp of our own: whole seconds cannot order ranks that fail together.
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {
+                "py_callstack": formatted,
+                "timestamp": str(int(time.time())),
+                "nbgpu_time": repr(time.time()),
+            },
+        }
+    }
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps(data), encoding="utf-8")
+
+
+def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any]:
+    """Compile the cell as (leading import block, rest), keeping line numbers."""
+    tree = ast.parse(source, filename)
+    cut = 0
+    for node in tree.body:
+        is_docstring = (
+            cut == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        )
+        if isinstance(node, ast.Import | ast.ImportFrom) or is_docstring:
+            cut += 1
+        else:
+            break
+    head = ast.Module(body=tree.body[:cut], type_ignores=[])
+    tail = ast.Module(body=tree.body[cut:], type_ignores=[])
+    return compile(head, filename, "exec"), compile(tail, filename, "exec")
+
+
+def _run_cell(spec: dict[str, Any], namespace: dict[str, Any]) -> None:
+    cell = Path(spec["cell"])
+    source = cell.read_text(encoding="utf-8")
+    if spec.get("serial_imports"):
+        head, tail = _split_leading_imports(source, str(cell))
+        from nbgpu.rank import one_at_a_time  # noqa: PLC0415  (only with --serial-imports)
+
+        with one_at_a_time("imports"):
+            exec(head, namespace)  # noqa: S102  (running the user's own cell is the point)
+        exec(tail, namespace)  # noqa: S102
+    else:
+        exec(compile(source, str(cell), "exec"), namespace)  # noqa: S102
+
+
+def _pickle_or_reason(value: Any) -> tuple[bytes | None, str]:
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), ""
+    except Exception as exc:  # noqa: BLE001  (any pickling failure is reported, not fatal)
+        return None, f"{type(value).__name__} cannot be pickled ({exc})"
+
+
+def _pull(spec: dict[str, Any], namespace: dict[str, Any], run_dir: Path, rank: int) -> None:
+    names = spec.get("pull") or []
+    if not names or (rank != 0 and not spec.get("pull_all_ranks")):
+        return
+    found: dict[str, Any] = {}
+    missing = [n for n in names if n not in namespace]
+    for name in names:
+        if name in namespace:
+            found[name] = namespace[name]
+    payload: dict[str, Any] = {"values": {}, "missing": missing, "errors": {}}
+    for name, value in found.items():
+        blob, problem = _pickle_or_reason(value)
+        if blob is not None:
+            payload["values"][name] = blob
+        else:
+            payload["errors"][name] = problem
+    tmp = run_dir / f".pull-rank{rank}.pkl.tmp"
+    tmp.write_bytes(pickle.dumps(payload))
+    tmp.replace(run_dir / f"pull-rank{rank}.pkl")  # atomic: never read half-written
+
+
+def _teardown() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    with contextlib.suppress(Exception):
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main() -> int:
+    run_dir = Path(os.environ["NBGPU_RUN_DIR"])
+    rank = int(os.environ.get("RANK", "0"))
+    _die_with_parent()
+    _redirect_output(run_dir / f"rank{rank}.log")
+    spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
+    if spec.get("mem_limit_bytes"):
+        _set_memory_limit(int(spec["mem_limit_bytes"]))
+    error_path = os.environ.get("TORCHELASTIC_ERROR_FILE") or str(
+        run_dir / f"error-rank{rank}.json"
+    )
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    code = 0
+    try:
+        push = run_dir / "push.pkl"
+        if push.exists():
+            for name, blob in pickle.loads(push.read_bytes()).items():  # noqa: S301  (our own file, 0700 dir)
+                namespace[name] = pickle.loads(blob)  # noqa: S301
+        if spec.get("script"):
+            sys.argv = [spec["script"], *spec.get("script_args", [])]
+            namespace = runpy.run_path(spec["script"], run_name="__main__")
+        else:
+            namespace["__file__"] = spec["cell"]
+            _run_cell(spec, namespace)
+        _pull(spec, namespace, run_dir, rank)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code not in (None, 0) and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:  # noqa: BLE001  (a rank must report every failure, then exit)
+        formatted = _user_traceback(exc)
+        sys.stderr.write(formatted)
+        _write_error_file(error_path, exc, formatted)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        _teardown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""``%%torchrun``, ``%gpu_runs``, ``%gpu_stop``: the launch face in a notebook.
+
+Parses arguments, calls :mod:`nbgpu.launch`, and renders. Foreground runs stream
+into the running cell; background runs (``--bg``) write through a display handle
+created in the cell that started them, so their output never lands in whatever
+cell runs later. Imports of the launch engine happen inside the magics.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from nbgpu.errors import UserInputError
+from nbgpu.notebook.magics import print_help
+
+__all__ = ["LaunchMagics"]
+
+_GPU_RUNS_HELP = """%gpu_runs
+
+List this kernel's runs: name, state, ranks, GPUs, port, age, log directory.
+The result converts with .to_frame(); nbgpu.runs() returns the Run objects."""
+
+BACKGROUND_REFRESH_S = 0.25  # display updates count against Jupyter's message rate
+
+
+def _split_script_args(line: str) -> tuple[str, list[str]]:
+    """'4 --gpus 0,1 -- --lr 3e-4' → ('4 --gpus 0,1', ['--lr', '3e-4'])."""
+    tokens = shlex.split(line)
+    if "--" in tokens:
+        cut = tokens.index("--")
+        return shlex.join(tokens[:cut]), tokens[cut + 1 :]
+    return line, []
+
+
+class _BackgroundView:
+    """A bounded live tail of a background run, kept in the cell that started it."""
+
+    def __init__(self, name: str) -> None:
+        from IPython.display import Pretty, display  # noqa: PLC0415
+
+        self._pretty = Pretty
+        self._lines: deque[str] = deque(maxlen=40)
+        self._lock = threading.Lock()
+        self._last = 0.0
+        self.handle = display(Pretty(f"[nbgpu] run '{name}' starting…"), display_id=True)
+
+    def write(self, text: str) -> object:
+        with self._lock:
+            self._lines.extend(text.rstrip("\n").split("\n"))
+        return None
+
+    def tick(self, run: Any) -> None:
+        now = time.monotonic()
+        if not run.done and now - self._last < BACKGROUND_REFRESH_S:
+            return
+        self._last = now
+        with self._lock:
+            body = "\n".join(self._lines)
+        head = run.text() if run.done else run._headline()
+        self.handle.update(self._pretty(f"{head}\n{body}" if body and not run.done else head))
+
+
+@magics_class
+class LaunchMagics(Magics):
+    """Launch and manage distributed runs; see each magic's ``-h``."""
+
+    @magic_arguments()
+    @argument(
+        "nproc",
+        nargs="?",
+        default=None,
+        help="processes on this node (default: the healthy visible GPUs)",
+    )
+    @argument(
+        "--gpus",
+        default=None,
+        metavar="0,1,3",
+        help="physical GPUs to use (sets CUDA_VISIBLE_DEVICES); unknown or unhealthy "
+        "GPUs are refused with the reason",
+    )
+    @argument(
+        "--force",
+        action="store_true",
+        help="launch even on unhealthy GPUs or with more ranks than GPUs",
+    )
+    @argument("--name", default=None, help="a name for %%gpu_runs / %%gpu_stop")
+    @argument("--bg", action="store_true", help="run in the background; output stays in this cell")
+    @argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop the whole run after S seconds",
+    )
+    @argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="extra environment for the ranks (repeatable)",
+    )
+    @argument(
+        "--push",
+        default=None,
+        metavar="a,b",
+        help="notebook variables to send into every rank (pickled)",
+    )
+    @argument(
+        "--pull",
+        default=None,
+        metavar="NAME",
+        help="variables to bring back from rank 0 into the notebook (a,b)",
+    )
+    @argument(
+        "--all-ranks", action="store_true", help="with --pull: a list with every rank's value"
+    )
+    @argument(
+        "--serial-imports",
+        action="store_true",
+        help="run the cell's leading imports one rank at a time (file lock)",
+    )
+    @argument(
+        "--mem-limit", default=None, metavar="SIZE", help="per-rank address-space limit, e.g. 60G"
+    )
+    @argument(
+        "--backend",
+        default=None,
+        choices=["gloo", "nccl", "mpi"],
+        help="default process-group backend for nbgpu.rank.init()",
+    )
+    @argument("--quiet", action="store_true", help="do not stream rank output")
+    @line_cell_magic
+    def torchrun(self, line: str, cell: str | None = None) -> Any:
+        """Run this cell as a torchrun job: ``%%torchrun 4`` starts four fresh processes.
+
+        Every rank's output streams here, labelled ``[rankN]``; complete per-rank
+        logs stay in the run directory. Arguments after ``--`` become the ranks'
+        ``sys.argv``. Interrupting the cell stops every process of the run.
+        """
+        if any(token in ("-h", "--help") for token in line.split()):
+            print_help(self.torchrun, "%%torchrun")
+            return None
+        if cell is None:
+            raise UsageError(
+                "%torchrun runs a whole cell: put %%torchrun N on the cell's first line "
+                "(or call nbgpu.torchrun(code, N) from Python)"
+            )
+        try:
+            head, script_args = _split_script_args(line)
+        except ValueError as exc:
+            raise UsageError(f"%%torchrun {line!r}: {exc}") from None
+        args = parse_argstring(self.torchrun, head)
+        from nbgpu.launch.config import parse_env_pairs, parse_nproc  # noqa: PLC0415
+        from nbgpu.launch.launcher import prepare  # noqa: PLC0415
+        from nbgpu.launch.run import Run, RunFailed, follow  # noqa: PLC0415
+        from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
+
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        try:
+            pushed_names = [n.strip() for n in (args.push or "").split(",") if n.strip()]
+            pulled = [n.strip() for n in (args.pull or "").split(",") if n.strip()]
+            _check_pull(pulled, all_ranks=args.all_ranks)
+            _check_pushed(pushed_names, namespace)
+            prepared = prepare(
+                code=cell,
+                nproc=None if args.nproc is None else parse_nproc(args.nproc),
+                gpus=args.gpus,
+                force=args.force,
+                name=args.name,
+                timeout_s=args.timeout,
+                env=parse_env_pairs(args.env),
+                push={n: namespace[n] for n in pushed_names},
+                pull=pulled,
+                pull_all_ranks=args.all_ranks,
+                serial_imports=args.serial_imports,
+                mem_limit=args.mem_limit,
+                backend=args.backend,
+                quiet=args.quiet,
+                script_args=script_args,
+            )
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        for note in prepared.notes:
+            print(f"[nbgpu] {note}")
+        run = Run(prepared.config).start()
+        if args.bg:
+            view = _BackgroundView(run.name)
+            writer = ScreenWriter(view.write if not args.quiet else (lambda _t: None))
+
+            def work() -> None:
+                follow(run, writer, on_tick=view.tick)
+                self._deliver(run, pulled, args.all_ranks, announce=False)
+
+            run.thread = threading.Thread(target=work, name=f"nbgpu-{run.name}", daemon=True)
+            run.thread.start()
+            print(
+                f"[nbgpu] run '{run.name}' started in the background: %gpu_runs, "
+                f"%gpu_stop {run.name}, nbgpu.runs()['{run.name}'].wait()"
+            )
+            return None
+        writer = ScreenWriter(_write_stdout if not args.quiet else (lambda _t: None), color=True)
+        follow(run, writer)
+        if run.state != "succeeded":
+            raise RunFailed(run)
+        self._deliver(run, pulled, args.all_ranks, announce=True)
+        return run
+
+    def _deliver(self, run: Any, names: list[str], all_ranks: bool, *, announce: bool) -> None:
+        if not names or self.shell is None:
+            return
+        for name in names:
+            if all_ranks:
+                self.shell.user_ns[name] = [values.get(name) for values in run.pulled_all]
+            elif name in run.pulled:
+                self.shell.user_ns[name] = run.pulled[name]
+        for problem in run.pull_problems:
+            print(f"[nbgpu] {problem}", file=sys.stderr)
+        if announce:
+            got = [n for n in names if all_ranks or n in run.pulled]
+            if got:
+                print(f"[nbgpu] pulled into the notebook: {', '.join(got)}")
+
+    @line_magic
+    def gpu_runs(self, line: str = "") -> Any:
+        """List this kernel's runs: name, state, ranks, GPUs, port, age, log directory."""
+        if any(token in ("-h", "--help") for token in line.split()):
+            print(_GPU_RUNS_HELP)
+            return None
+        if line.strip():
+            raise UsageError(f"%gpu_runs takes no arguments (got {line.strip()!r})")
+        from nbgpu.launch.registry import runs_table  # noqa: PLC0415
+
+        return runs_table()
+
+    @magic_arguments()
+    @argument("name", nargs="?", default=None, help="the run to stop")
+    @argument("--all", action="store_true", help="stop every running run of this kernel")
+    @line_magic
+    def gpu_stop(self, line: str = "") -> Any:
+        """Stop a run (or --all): SIGTERM, then SIGKILL of every process, on one deadline."""
+        if any(token in ("-h", "--help") for token in line.split()):
+            print_help(self.gpu_stop, "%gpu_stop")
+            return None
+        args = parse_argstring(self.gpu_stop, line)
+        from nbgpu.launch.registry import stop_runs  # noqa: PLC0415
+
+        if not args.all and not args.name:
+            raise UsageError("%gpu_stop NAME or %gpu_stop --all (see %gpu_runs for names)")
+        try:
+            return stop_runs(None if args.all else args.name)
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def _check_pushed(names: list[str], namespace: dict[str, Any]) -> None:
+    missing = [n for n in names if n not in namespace]
+    if missing:
+        raise UserInputError(f"--push {missing[0]}: no variable {missing[0]!r} in the notebook")
+
+
+def _check_pull(names: list[str], *, all_ranks: bool) -> None:
+    if all_ranks and not names:
+        raise UserInputError("--all-ranks needs --pull NAME")
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

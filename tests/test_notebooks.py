@@ -1,0 +1,123 @@
+"""The tutorials in notebooks/ run in a real kernel without an error.
+
+``make notebooks`` checks them with nbval, which misses one failure: a magic's
+``UsageError`` reaches a kernel's client only as a stderr line and an error
+*reply*, never as an ``error`` output, so nbval passes the cell. These tests run
+every notebook through ``notebooks/run_headless.py`` (nbclient, the venv's own
+ipykernel), which fails on the error reply and on a ``UsageError`` line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+RUNNER = NOTEBOOKS / "run_headless.py"
+TUTORIALS = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+# What the launching shell may carry that would change what the kernel sees.
+_SCRUB = (
+    "PYTEST_CURRENT_TEST",  # ipykernel stops capturing fd 1/2 when it sees this
+    "NBGPU_SIMULATE",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NPROC_PER_NODE",
+)
+
+
+def _env(fleet: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    if fleet is not None:
+        env["NBGPU_SIMULATE"] = fleet
+    return env
+
+
+def _run(notebook: Path, fleet: str | None, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(RUNNER), str(notebook), *extra],
+        env=_env(fleet),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def _explain(result: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {result.returncode}\n--- stdout (tail)\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr}"
+
+
+def test_there_are_tutorials():
+    assert any(p.name == "quickstart.ipynb" for p in TUTORIALS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", TUTORIALS, ids=lambda p: p.name)
+def test_notebook_runs_without_error(notebook):
+    # No fleet given: the notebook picks its own default, as for a new user.
+    before = notebook.read_bytes()
+    result = _run(notebook, None)
+    assert result.returncode == 0, _explain(result)
+    assert "UsageError" not in result.stdout, _explain(result)
+    assert "ran without error" in result.stdout
+    assert notebook.read_bytes() == before, "run_headless wrote without --write"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fleet", ["healthy", "no-driver"])
+def test_quickstart_runs_on_another_fleet(fleet):
+    # `make demo` lets NBGPU_SIMULATE choose the fleet: the tutorial must not
+    # depend on seed000 (nor on there being any GPU NVML can read).
+    result = _run(NOTEBOOKS / "quickstart.ipynb", fleet)
+    assert result.returncode == 0, _explain(result)
+    assert f"SIMULATED fleet '{fleet}'" in result.stdout
+
+
+@pytest.mark.slow
+def test_usage_error_in_a_cell_fails_the_run(tmp_path):
+    # The case nbval lets through: only a stderr line and an error reply.
+    path = tmp_path / "bad.ipynb"
+    cells = [
+        new_code_cell("%load_ext nbgpu"),
+        new_code_cell("%gpu_doctor --nproc 0"),
+        new_code_cell("print('after the bad cell')"),
+    ]
+    nbformat.write(new_notebook(cells=cells), path)
+    result = _run(path, "seed000")
+    assert result.returncode == 1, _explain(result)
+    assert "FAILED: In [2]: UsageError: --nproc 0" in result.stderr
+    assert "after the bad cell" not in result.stdout
+
+
+@pytest.mark.slow
+def test_declared_errors_pass_and_write_stores_outputs(tmp_path):
+    path = tmp_path / "ok.ipynb"
+    cells = [
+        new_markdown_cell("# Title"),
+        new_code_cell("# NBVAL_RAISES_EXCEPTION\n1 / 0"),
+        new_code_cell("# NBVAL_SKIP\nimport module_that_does_not_exist"),
+        new_code_cell("print('done')"),
+    ]
+    nbformat.write(new_notebook(cells=cells), path)
+    result = _run(path, "seed000", "--write")
+    assert result.returncode == 0, _explain(result)
+    assert "ZeroDivisionError" in result.stdout
+    assert "[skipped]" in result.stdout
+    written = nbformat.read(path, as_version=4)
+    code = [c for c in written.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == [1, None, 2]
+    assert code[2].outputs[0]["text"] == "done\n"
