@@ -1,0 +1,174 @@
+"""Real torchrun jobs (gloo on CPU): streaming, results and no process left behind.
+
+Each test starts a real 2-rank job (a few seconds on 2 cores), proves with psutil
+that its processes were running when the test acted, and that none survive.
+"""
+
+import os
+import signal
+import stat
+import threading
+import time
+
+import psutil
+import pytest
+
+from nbgpu.launch.launcher import prepare
+from nbgpu.launch.procs import run_processes
+from nbgpu.launch.run import Run, follow, leftover_processes
+from nbgpu.launch.streams import ScreenWriter
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def env(sim_env, tmp_path):
+    return {**sim_env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
+
+
+class Screen:
+    def __init__(self):
+        self.chunks = []
+
+    def write(self, text):
+        self.chunks.append(text)
+
+    @property
+    def text(self):
+        return "".join(self.chunks)
+
+
+def start(code, env, **options):
+    prepared = prepare(code=code, nproc=options.pop("nproc", 2), environ=env, **options)
+    return Run(prepared.config, environ=env).start()
+
+
+def wait_for_lines(run, needle, count, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        logs = [p.read_text(errors="replace") if p.exists() else "" for p in run.logs.values()]
+        if sum(needle in text for text in logs) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"ranks never printed {needle!r}: {logs}")
+
+
+def assert_all_gone(run, pids, timeout=5.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        if not alive and not leftover_processes(run):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"processes survived: {alive} {leftover_processes(run)}")
+
+
+def test_success_streams_logs_and_pulls(env):
+    code = (
+        "import os, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "rank = dist.get_rank()\n"
+        "t = torch.tensor([float(rank + 1)]); dist.all_reduce(t)\n"
+        "print(f'rank {rank} of {dist.get_world_size()} sum {t.item():.0f} {cfg[\"tag\"]}')\n"
+        "for i in range(50): print(f'\\r{i * 2}%|', end='', flush=True)\n"
+        "print()\n"
+        "result = {'rank': rank, 'sum': t.item()}\n"
+    )
+    run = start(code, env, push={"cfg": {"tag": "pushed-ok"}}, pull=["result"])
+    screen = Screen()
+    follow(run, ScreenWriter(screen.write))
+    assert run.state == "succeeded", run.text()
+    assert "[rank0] rank 0 of 2 sum 3 pushed-ok" in screen.text
+    assert "[rank1] rank 1 of 2 sum 3 pushed-ok" in screen.text
+    # The progress bar is one final line, not fifty.
+    assert screen.text.count("98%|") == 2
+    assert "\r" not in screen.text
+    assert run.pulled == {"result": {"rank": 0, "sum": 3.0}}
+    assert [r.exit_code for r in run.ranks] == [0, 0]
+    assert stat.S_IMODE(run.dir.stat().st_mode) == 0o700
+    assert "rank 1 of 2" in run.logs["rank1"].read_text()
+    assert run.first_output_at is not None
+    assert leftover_processes(run) == []
+
+
+def test_crash_names_first_rank_and_keeps_its_last_words(env):
+    code = (
+        "import os, sys, time\n"
+        "rank = int(os.environ['RANK'])\n"
+        "print(f'rank {rank} ready', flush=True)\n"
+        "if rank == 1:\n"
+        "    time.sleep(1)\n"
+        "    sys.stdout.write('last words: ünïcode ✓')\n"  # no newline, then sudden death
+        "    sys.stdout.flush()\n"
+        "    os.kill(os.getpid(), 9)\n"
+        "time.sleep(60)\n"
+    )
+    run = start(code, env)
+    screen = Screen()
+    follow(run, ScreenWriter(screen.write))
+    assert run.state == "failed"
+    assert run.root_cause is not None
+    assert run.root_cause.rank == 1
+    assert run.root_cause.signal == "SIGKILL"
+    assert "[rank1] last words: ünïcode ✓" in screen.text
+    assert run.logs["rank1"].read_text().endswith("last words: ünïcode ✓")
+    assert "rank 1 failed first (killed (SIGKILL))" in run.failure_summary()
+    assert leftover_processes(run) == []
+
+
+def test_exception_root_cause_beats_ranks_stopped_after_it(env):
+    code = (
+        "import os, time\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    time.sleep(0.5)\n"
+        "    raise ValueError('bad batch on rank 0')\n"
+        "time.sleep(60)\n"
+    )
+    run = start(code, env)
+    follow(run, ScreenWriter(lambda _t: None))
+    assert run.root_cause.rank == 0
+    assert run.root_cause.error == "ValueError: bad batch on rank 0"
+    assert "cell.py" in run.root_cause.traceback
+    assert "worker.py" not in run.root_cause.traceback  # nbgpu's frames are hidden
+    assert (run.dir / "error-rank0.json").exists()
+    other = run.ranks[1]
+    assert other.signal in ("SIGTERM", "SIGKILL")
+
+
+def test_timeout_stops_everything(env):
+    run = start("import time\nprint('ready', flush=True)\ntime.sleep(120)\n", env, timeout_s=6)
+    started = time.time()
+    follow(run, ScreenWriter(lambda _t: None))
+    assert run.state == "timed_out"
+    assert time.time() - started < 6 + 8
+    assert run.stop_report is not None
+    assert run.stop_report.survivors == ()
+    assert leftover_processes(run) == []
+
+
+def test_interrupt_stops_the_whole_tree(env):
+    run = start("import time\nprint('ready', flush=True)\ntime.sleep(120)\n", env)
+    wait_for_lines(run, "ready", 2)
+    pids = [p.pid for p in run_processes(run.run_id, run.agent.pid)]
+    assert len(pids) >= 3  # the agent and both ranks were running when interrupted
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    follow(run, ScreenWriter(lambda _t: None))
+    assert run.state == "interrupted"
+    assert_all_gone(run, pids)
+
+
+def test_agent_killed_with_sigkill_takes_its_workers(env):
+    run = start("import time\nprint('ready', flush=True)\ntime.sleep(120)\n", env)
+    wait_for_lines(run, "ready", 2)
+    workers = [p.pid for p in run_processes(run.run_id, None) if p.pid != run.agent.pid]
+    assert len(workers) == 2
+    os.kill(run.agent.pid, signal.SIGKILL)
+    # No help from nbgpu's stop ladder: the parent-death signal alone must end them.
+    run.agent.wait(timeout=10)
+    deadline = time.time() + 5
+    while time.time() < deadline and any(psutil.pid_exists(p) for p in workers):
+        time.sleep(0.05)
+    survivors = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert survivors == []
+    follow(run, ScreenWriter(lambda _t: None))
+    assert run.state == "failed"

@@ -1,0 +1,95 @@
+"""Following logs and putting them on screen: nothing lost, nothing flooded."""
+
+import os
+
+from nbgpu.launch.streams import LogTail, ScreenWriter
+
+
+def append(path, data: bytes):
+    with open(path, "ab") as fh:
+        fh.write(data)
+
+
+def test_utf8_split_across_reads_stays_intact(tmp_path):
+    log = tmp_path / "rank0.log"
+    tail = LogTail(log)
+    assert tail.poll() == []  # the file does not exist yet
+    word = "naïve ünïcödé 日本\n".encode()
+    append(log, word[:7])  # cut inside the two-byte "ï"
+    assert tail.poll() == []
+    append(log, word[7:])
+    assert tail.poll() == ["naïve ünïcödé 日本"]
+
+
+def test_carriage_returns_render_as_one_updating_line(tmp_path):
+    log = tmp_path / "rank0.log"
+    tail = LogTail(log)
+    append(log, b"epoch 1\n" + b"".join(b"\r%3d%%|" % i for i in range(0, 101, 10)))
+    assert tail.poll() == ["epoch 1"]
+    assert tail.live == "100%|"
+    append(log, b"\nwindows line\r\n")
+    assert tail.poll() == ["100%|", "windows line"]
+
+
+def test_last_line_without_newline_is_flushed_at_close(tmp_path):
+    log = tmp_path / "rank0.log"
+    tail = LogTail(log)
+    append(log, b"first\nlast words before the crash \xe2\x82")  # a torn euro sign
+    assert tail.poll() == ["first"]
+    assert tail.close() == ["last words before the crash \ufffd"]
+
+
+def test_big_log_is_read_completely(tmp_path):
+    log = tmp_path / "rank0.log"
+    with open(log, "wb") as fh:
+        for i in range(200_000):
+            fh.write(b"line %d\n" % i)
+    tail = LogTail(log)
+    lines = []
+    while True:
+        got = tail.poll()
+        if not got:
+            break
+        lines.extend(got)
+    lines.extend(tail.close())
+    assert len(lines) == 200_000
+    assert lines[-1] == "line 199999"
+    assert os.path.getsize(log) == tail.bytes_read
+
+
+def test_screen_writer_coalesces_and_budgets():
+    out = []
+    writer = ScreenWriter(out.append, rate_bytes_per_s=10_000, tail_lines=5)
+    for i in range(5000):
+        writer.add("rank0", [f"step {i}"])
+        writer.add("rank1", [f"step {i}"])
+    writer.flush()
+    writer.finish("/runs/x")
+    text = "".join(out)
+    assert len(out) <= 3  # batched, not one write per line
+    assert len(text) < 30_000  # the budget held
+    assert "lines not shown; complete log: /runs/x" in text
+    # The last lines of each rank are always on screen.
+    assert "[rank0] step 4999" in text
+    assert "[rank1] step 4999" in text
+    assert writer.lines_not_shown > 9000
+
+
+def test_screen_writer_passes_small_output_untouched():
+    out = []
+    writer = ScreenWriter(out.append)
+    writer.add("rank1", ["hello", "world"])
+    writer.flush()
+    assert out == ["[rank1] hello\n[rank1] world\n"]
+    assert writer.lines_not_shown == 0
+
+
+def test_colour_prefixes_differ_per_rank():
+    out = []
+    writer = ScreenWriter(out.append, color=True)
+    writer.add("rank0", ["a"])
+    writer.add("rank1", ["b"])
+    writer.flush()
+    first, second = out[0].splitlines()
+    assert first.startswith("\x1b[") and second.startswith("\x1b[")
+    assert first.split("m", 1)[0] != second.split("m", 1)[0]
