@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nbgpu.errors import UserInputError
+from nbgpu.rank import parse_size  # one reading of '60G' for --mem-limit and the ranks
 
 __all__ = [
     "BACKENDS",
@@ -27,7 +28,6 @@ __all__ = [
 ]
 
 BACKENDS = ("gloo", "nccl", "mpi")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -83,24 +83,6 @@ def parse_nproc(text: str) -> int:
         ) from None
     if value < 1:
         raise UserInputError(f"nproc {value}: expected a whole number >= 1")
-    return value
-
-
-def parse_size(text: str | int) -> int:
-    """'60G', '512MiB', '1.5T', 1048576 → bytes (binary units, like ulimit and nvidia-smi)."""
-    if isinstance(text, int):
-        if text <= 0:
-            raise UserInputError(f"memory size {text}: expected a positive number of bytes")
-        return text
-    m = _SIZE.match(text)
-    if not m:
-        raise UserInputError(
-            f"memory size {text!r}: expected a number with an optional unit, e.g. 60G, 512M, 1.5T"
-        )
-    scale = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}[m.group(2).upper()]
-    value = int(float(m.group(1)) * scale)
-    if value <= 0:
-        raise UserInputError(f"memory size {text!r}: expected more than 0 bytes")
     return value
 
 

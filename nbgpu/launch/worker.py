@@ -56,12 +56,6 @@ def _redirect_output(log_path: Path) -> None:
     os.close(fd)
 
 
-def _set_memory_limit(limit: int) -> None:
-    import resource  # noqa: PLC0415  (POSIX only; only when asked)
-
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
 def _user_traceback(exc: BaseException) -> str:
     """The traceback from the user's first frame on: nbgpu's and runpy's frames are noise."""
     tb = exc.__traceback__
@@ -163,7 +157,9 @@ def main() -> int:
     _redirect_output(run_dir / f"rank{rank}.log")
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
     if spec.get("mem_limit_bytes"):
-        _set_memory_limit(int(spec["mem_limit_bytes"]))
+        from nbgpu.rank import set_memory_limit  # noqa: PLC0415  (only with --mem-limit)
+
+        set_memory_limit(int(spec["mem_limit_bytes"]))
     error_path = os.environ.get("TORCHELASTIC_ERROR_FILE") or str(
         run_dir / f"error-rank{rank}.json"
     )

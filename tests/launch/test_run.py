@@ -168,7 +168,9 @@ def test_agent_killed_with_sigkill_takes_its_workers(env):
     deadline = time.time() + 5
     while time.time() < deadline and any(psutil.pid_exists(p) for p in workers):
         time.sleep(0.05)
-    survivors = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    survivors = [
+        p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+    ]
     assert survivors == []
     follow(run, ScreenWriter(lambda _t: None))
     assert run.state == "failed"

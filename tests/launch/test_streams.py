@@ -1,12 +1,10 @@
 """Following logs and putting them on screen: nothing lost, nothing flooded."""
 
-import os
-
 from nbgpu.launch.streams import LogTail, ScreenWriter
 
 
 def append(path, data: bytes):
-    with open(path, "ab") as fh:
+    with path.open("ab") as fh:
         fh.write(data)
 
 
@@ -41,7 +39,7 @@ def test_last_line_without_newline_is_flushed_at_close(tmp_path):
 
 def test_big_log_is_read_completely(tmp_path):
     log = tmp_path / "rank0.log"
-    with open(log, "wb") as fh:
+    with log.open("wb") as fh:
         for i in range(200_000):
             fh.write(b"line %d\n" % i)
     tail = LogTail(log)
@@ -54,7 +52,7 @@ def test_big_log_is_read_completely(tmp_path):
     lines.extend(tail.close())
     assert len(lines) == 200_000
     assert lines[-1] == "line 199999"
-    assert os.path.getsize(log) == tail.bytes_read
+    assert log.stat().st_size == tail.bytes_read
 
 
 def test_screen_writer_coalesces_and_budgets():
@@ -91,5 +89,6 @@ def test_colour_prefixes_differ_per_rank():
     writer.add("rank1", ["b"])
     writer.flush()
     first, second = out[0].splitlines()
-    assert first.startswith("\x1b[") and second.startswith("\x1b[")
+    assert first.startswith("\x1b[")
+    assert second.startswith("\x1b[")
     assert first.split("m", 1)[0] != second.split("m", 1)[0]

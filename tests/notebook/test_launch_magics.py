@@ -1,0 +1,119 @@
+"""%%torchrun, %gpu_runs and %gpu_stop in a real InteractiveShell with real torchrun jobs."""
+
+import time
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from nbgpu.launch.registry import runs
+from nbgpu.launch.run import RunFailed, leftover_processes
+
+
+@pytest.fixture
+def ip(monkeypatch, tmp_path):
+    for key in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "LOCAL_RANK", "MASTER_PORT", "RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("NBGPU_SIMULATE", "seed000")
+    monkeypatch.setenv("NBGPU_RUNS_DIR", str(tmp_path / "runs"))
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbgpu")
+    yield shell
+    shell.run_line_magic("gpu_stop", "--all")
+    shell.run_line_magic("unload_ext", "nbgpu")
+
+
+@pytest.mark.slow
+def test_torchrun_cell_push_pull_and_gpu_runs(ip, capsys):
+    ip.user_ns["cfg"] = {"lr": 0.5}
+    cell = "import os\nrank = int(os.environ['RANK'])\nprint('lr', cfg['lr'], 'cvd', os.environ['CUDA_VISIBLE_DEVICES'])\nanswer = rank + 41\n"
+    run = ip.run_cell_magic("torchrun", "2 --name magic-ok --push cfg --pull answer", cell)
+    out = capsys.readouterr().out
+    assert run.state == "succeeded"
+    assert "lr 0.5 cvd 1,2,3" in out  # seed000's busy GPU 0 was left out
+    assert "[nbgpu] GPU 0 left out: BUSY: dead holder" in out
+    assert ip.user_ns["answer"] == 41
+    table = ip.run_line_magic("gpu_runs", "")
+    assert "magic-ok" in table.text()
+    assert "succeeded" in table.text()
+
+
+@pytest.mark.slow
+def test_failed_cell_raises_short_error(ip):
+    with pytest.raises(RunFailed) as info:
+        ip.run_cell_magic("torchrun", "2 --name magic-bad", "raise KeyError('missing shard')\n")
+    lines = info.value._render_traceback_()
+    assert lines[0].startswith("RunFailed: run 'magic-bad' failed: rank")
+    assert "KeyError: 'missing shard'" in lines[0]
+    assert len(lines) < 15
+
+
+@pytest.mark.slow
+def test_background_run_and_gpu_stop(ip, capsys):
+    ip.run_cell_magic(
+        "torchrun",
+        "2 --bg --name sleeper",
+        "import time\nprint('ready', flush=True)\ntime.sleep(120)\n",
+    )
+    assert "started in the background" in capsys.readouterr().out
+    run = runs()["sleeper"]
+    deadline = time.time() + 60
+    while time.time() < deadline and not all(
+        p.exists() and "ready" in p.read_text() for p in (run.logs["rank0"], run.logs["rank1"])
+    ):
+        time.sleep(0.05)
+    pids = leftover_processes(run)
+    assert len(pids) >= 3
+    summary = ip.run_line_magic("gpu_stop", "sleeper")
+    assert "stopped 'sleeper'" in summary.text()
+    assert run.state == "stopped"
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert leftover_processes(run) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "cell", "fragment"),
+    [
+        ("0", "x = 1\n", "nproc 0: expected a whole number >= 1"),
+        ("two", "x = 1\n", "nproc 'two' is not a number"),
+        ("2 --bogus", "x = 1\n", "unrecognized arguments: --bogus"),
+        ("2 --push nothere", "x = 1\n", "--push nothere: no variable 'nothere'"),
+        ("2 --env NOEQUALS", "x = 1\n", "--env 'NOEQUALS': expected KEY=VALUE"),
+        ("2 --gpus 0", "x = 1\n", "GPU 0 is not usable"),
+        ("2 --gpus 8", "x = 1\n", "GPU 8 does not exist"),
+        ("7", "x = 1\n", "nproc 7 but 4 GPUs are visible"),
+        ("2", "   \n", "the cell is empty"),
+        ("2 --mem-limit lots", "x = 1\n", "memory limit 'lots'"),
+        ("2 --all-ranks", "x = 1\n", "--all-ranks needs --pull NAME"),
+    ],
+)
+def test_bad_input_is_one_line_and_starts_nothing(ip, line, cell, fragment):
+    before = set(ip.run_line_magic("gpu_runs", "").entries)
+    with pytest.raises(UsageError) as info:
+        ip.run_cell_magic("torchrun", line, cell)
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+    assert set(ip.run_line_magic("gpu_runs", "").entries) == before
+
+
+def test_help_and_line_use(ip, capsys):
+    assert ip.run_line_magic("torchrun", "-h") is None
+    out = capsys.readouterr().out
+    assert out.startswith("%%torchrun")
+    for flag in (
+        "--gpus",
+        "--bg",
+        "--timeout",
+        "--push",
+        "--pull",
+        "--serial-imports",
+        "--mem-limit",
+    ):
+        assert flag in out
+    with pytest.raises(UsageError, match="runs a whole cell"):
+        ip.run_line_magic("torchrun", "2")
+    with pytest.raises(UsageError, match="no run named 'ghost'"):
+        ip.run_line_magic("gpu_stop", "ghost")
+    with pytest.raises(UsageError, match="%gpu_stop NAME or %gpu_stop --all"):
+        ip.run_line_magic("gpu_stop", "")
