@@ -36,7 +36,7 @@ from nbgpu.errors import NbgpuError, UserInputError
 from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.procs import RUN_ID_ENV, StopReport, run_processes, stop_processes
-from nbgpu.launch.streams import LogTail, ScreenWriter
+from nbgpu.launch.streams import LineSink, LogTail, ScreenWriter
 
 __all__ = [
     "RUNS",
@@ -110,7 +110,7 @@ class Run(Result):
         self.stop_report: StopReport | None = None
         self.stop_reason: str | None = None
         self.agent_result: dict[str, Any] = {}
-        self.writer: ScreenWriter | None = None
+        self.writer: LineSink | None = None
         self._tails: dict[int, LogTail] = {}
         self._lock = threading.Lock()
         self._finished = threading.Event()
@@ -537,7 +537,7 @@ RUNS: dict[str, Run] = {}
 
 def follow(
     run: Run,
-    writer: ScreenWriter,
+    writer: LineSink,
     *,
     poll_s: float = 0.05,
     flush_s: float = 0.1,

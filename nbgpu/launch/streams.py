@@ -21,8 +21,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-__all__ = ["LogTail", "ScreenWriter", "color_prefix"]
+__all__ = ["LineSink", "LogTail", "ScreenWriter", "color_prefix"]
 
 READ_CHUNK = 1 << 16
 MAX_READ_PER_POLL = 8 << 20  # bound one poll's work; the rest is read next tick
@@ -34,6 +35,16 @@ def color_prefix(label: str, index: int, *, color: bool) -> str:
     if not color:
         return f"[{label}] "
     return f"\x1b[{_COLORS[index % len(_COLORS)]}m[{label}]\x1b[0m "
+
+
+class LineSink(Protocol):
+    """Where a run's lines go: a terminal/cell text stream, or a widget panel."""
+
+    def add(self, label: str, lines: list[str]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def finish(self, log_hint: str) -> None: ...
 
 
 class LogTail:

@@ -138,6 +138,13 @@ class LaunchMagics(Magics):
         help="default process-group backend for nbgpu.rank.init()",
     )
     @argument("--quiet", action="store_true", help="do not stream rank output")
+    @argument(
+        "--view",
+        default="auto",
+        choices=["auto", "text", "widgets"],
+        help="background runs: per-rank tabs with a Stop button (widgets) or a text "
+        "tail; auto picks widgets when ipywidgets is available",
+    )
     @line_cell_magic
     def torchrun(self, line: str, cell: str | None = None) -> Any:
         """Run this cell as a torchrun job: ``%%torchrun 4`` starts four fresh processes.
@@ -193,11 +200,10 @@ class LaunchMagics(Magics):
             print(f"[nbgpu] {note}")
         run = Run(prepared.config).start()
         if args.bg:
-            view = _BackgroundView(run.name)
-            writer = ScreenWriter(view.write if not args.quiet else (lambda _t: None))
+            sink, on_tick = self._background_sink(run, args.view, quiet=args.quiet)
 
             def work() -> None:
-                follow(run, writer, on_tick=view.tick)
+                follow(run, sink, on_tick=on_tick)
                 self._deliver(run, pulled, args.all_ranks, announce=False)
 
             run.thread = threading.Thread(target=work, name=f"nbgpu-{run.name}", daemon=True)
@@ -213,6 +219,22 @@ class LaunchMagics(Magics):
             raise RunFailed(run)
         self._deliver(run, pulled, args.all_ranks, announce=True)
         return run
+
+    def _background_sink(self, run: Any, view: str, *, quiet: bool) -> tuple[Any, Any]:
+        """Widgets (tabs, badges, Stop) where they render; a display-handle tail otherwise."""
+        from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
+        from nbgpu.notebook.widgets import RunPanel, widgets_available  # noqa: PLC0415
+
+        use_widgets = view == "widgets" or (
+            view == "auto" and widgets_available() and not _under_test_runner()
+        )
+        if use_widgets and not quiet:
+            panel = RunPanel(run)
+            # follow() flushes the panel each tick; once the run is over, show final badges.
+            return panel, lambda r: panel.finish(str(r.dir)) if r.done else None
+        text_view = _BackgroundView(run.name)
+        writer = ScreenWriter(text_view.write if not quiet else (lambda _t: None))
+        return writer, text_view.tick
 
     def _deliver(self, run: Any, names: list[str], all_ranks: bool, *, announce: bool) -> None:
         if not names or self.shell is None:
@@ -270,6 +292,13 @@ def _check_pushed(names: list[str], namespace: dict[str, Any]) -> None:
 def _check_pull(names: list[str], *, all_ranks: bool) -> None:
     if all_ranks and not names:
         raise UserInputError("--all-ranks needs --pull NAME")
+
+
+def _under_test_runner() -> bool:
+    # nbval/pytest kernels have no widget manager: their output must be plain text.
+    import os  # noqa: PLC0415
+
+    return "PYTEST_CURRENT_TEST" in os.environ
 
 
 def _write_stdout(text: str) -> None:

@@ -117,3 +117,28 @@ def test_help_and_line_use(ip, capsys):
         ip.run_line_magic("gpu_stop", "ghost")
     with pytest.raises(UsageError, match="%gpu_stop NAME or %gpu_stop --all"):
         ip.run_line_magic("gpu_stop", "")
+
+
+@pytest.mark.slow
+def test_background_widget_panel_tracks_ranks_and_stops(ip, capsys):
+    ip.run_cell_magic(
+        "torchrun",
+        "2 --bg --view widgets --name paneled",
+        "import os, time\nprint('rank says hi', os.environ['RANK'], flush=True)\ntime.sleep(120)\n",
+    )
+    run = runs()["paneled"]
+    deadline = time.time() + 60
+    while time.time() < deadline and not all(
+        p.exists() and "hi" in p.read_text() for p in (run.logs["rank0"], run.logs["rank1"])
+    ):
+        time.sleep(0.05)
+    panel = run.writer
+    time.sleep(0.6)  # let the panel refresh (at most 4 Hz)
+    assert [panel.tabs.get_title(i) for i in range(2)] == ["rank0", "rank1"]
+    assert "rank says hi 1" in panel.outputs["rank1"].outputs[0]["text"]
+    assert "running" in panel.badges.value
+    panel.stop_button.click()
+    run.thread.join(timeout=20)
+    assert run.state == "stopped"
+    assert panel.stop_button.disabled
+    assert leftover_processes(run) == []
