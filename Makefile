@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DEMO_FLEET ?= seed000
 
-.PHONY: demo test lint typecheck unit notebooks bench clean-venv
+.PHONY: demo test lint typecheck unit notebooks notebooks-refresh bench clean-venv
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ demo: $(BIN)/.installed
 	@echo
 	@echo "== quickstart notebook, executed headless in a real kernel =="
 	NBGPU_SIMULATE=$${NBGPU_SIMULATE:-$(DEMO_FLEET)} $(BIN)/python notebooks/run_headless.py notebooks/quickstart.ipynb
+	@echo
+	@echo "== launch notebook: %%torchrun jobs on the same fleet (ranks on CPU with gloo) =="
+	NBGPU_SIMULATE=$${NBGPU_SIMULATE:-$(DEMO_FLEET)} $(BIN)/python notebooks/run_headless.py notebooks/launch.ipynb
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check nbgpu tests bench notebooks/run_headless.py
@@ -38,6 +41,13 @@ unit: $(BIN)/.installed
 notebooks: $(BIN)/.installed
 	cd notebooks && ../$(BIN)/python -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
 		--nbval-cell-timeout=300 -o testpaths=. -o addopts= -W ignore::DeprecationWarning .
+
+# Re-store the tutorials' outputs after a change to how results render.
+notebooks-refresh: $(BIN)/.installed
+	for nb in notebooks/*.ipynb; do \
+		env -u CUDA_VISIBLE_DEVICES COLUMNS=80 NBGPU_SIMULATE=seed000 \
+		$(BIN)/python notebooks/run_headless.py $$nb --write > /dev/null || exit 1; \
+	done
 
 test: lint typecheck unit notebooks
 
