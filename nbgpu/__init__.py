@@ -20,6 +20,7 @@ __all__ = [
     "doctor",
     "errors",
     "load_ipython_extension",
+    "plan",
     "runs",
     "status",
     "torchrun",
@@ -33,10 +34,11 @@ _LAZY = {
     "clean": "nbgpu.api",
     "torchrun": "nbgpu.launch.launcher",
     "runs": "nbgpu.launch.registry",
+    "plan": "nbgpu.plan",  # a callable module: nbgpu.plan(...), nbgpu.plan.sweep(...)
 }
 
 if TYPE_CHECKING:
-    from nbgpu import errors
+    from nbgpu import errors, plan
     from nbgpu.api import clean, doctor, status
     from nbgpu.launch.launcher import torchrun
     from nbgpu.launch.registry import runs
@@ -48,7 +50,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nbgpu' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    imported = importlib.import_module(module)
+    value = imported if module == f"nbgpu.{name}" else getattr(imported, name)
     globals()[name] = value  # cache: later lookups skip __getattr__
     return value
 

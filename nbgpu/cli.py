@@ -4,6 +4,7 @@
     nbgpu doctor [--no-probe] [--nproc N] [--json]
     nbgpu clean  [--yes] [--dry-run] [--grace S]
     nbgpu run    [-n N] [--gpus 0,1] [--timeout S] [...] script.py [script args]
+    nbgpu plan   [ALLOCATION] [--batch N] [--sweep RUNS] [--scale CONFIG --to N] [...]
 
 Only parses arguments and calls :mod:`nbgpu.api`. Exit codes: 0 fine, 1 the
 doctor found a problem that needs fixing (or clean could not stop a process),
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbgpu.errors import NbgpuError, UserInputError
+from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output
 
 __all__ = ["main"]
 
@@ -76,6 +78,9 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds between SIGTERM and SIGKILL (default 3)",
     )
+    p = sub.add_parser("plan", help="place roles on GPUs, check batch sizes, sweeps, scaling")
+    add_plan_arguments(p)
+
     p = sub.add_parser("run", help="run a script as a torchrun job, streaming every rank")
     p.add_argument(
         "-n",
@@ -86,6 +91,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="processes on this node (default: the healthy visible GPUs)",
     )
     p.add_argument("--gpus", default=None, metavar="0,1,3", help="physical GPUs to use")
+    p.add_argument(
+        "--plan",
+        default=None,
+        metavar="FILE",
+        help="take GPUs, nproc and port from a plan file (nbgpu plan --json)",
+    )
+    p.add_argument("--role", default=None, help="with --plan: which role to launch")
     p.add_argument(
         "--force",
         action="store_true",
@@ -130,7 +142,14 @@ def _run_script(args: argparse.Namespace) -> int:
 
     if args.nproc is not None and args.nproc < 1:
         raise UserInputError(f"-n {args.nproc}: expected a whole number >= 1")
+    plan_role = None
+    if args.plan is not None:
+        from nbgpu.plan import plan_from_json  # noqa: PLC0415
+
+        plan_role = plan_from_json(args.plan)
     prepared = prepare(
+        plan=plan_role,
+        role=args.role,
         script=args.script,
         script_args=[a for a in args.script_args if a != "--"][:]
         if args.script_args[:1] == ["--"]
@@ -192,6 +211,10 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_PROBLEM if failed else EXIT_OK
     if args.command == "run":
         return _run_script(args)
+    if args.command == "plan":
+        result = plan_from_args(args)
+        print(render_plan_output(result, args) or result.text())
+        return EXIT_OK if result.ok else EXIT_PROBLEM
     raise UserInputError("nbgpu: choose a command: status, doctor, clean or run (see `nbgpu -h`)")
 
 

@@ -63,6 +63,67 @@ def _unique_name(requested: str | None, script: Path | None) -> str:
     return f"{base}-{n}"
 
 
+def _named_gpus(
+    inv: Inventory, gpus: str | Sequence[int], nproc: int | None, *, force: bool, notes: list[str]
+) -> tuple[int, str, tuple[int, ...]]:
+    """--gpus: every named GPU must exist and be healthy (unless forced)."""
+    if inv.nvml_error or not inv.gpus:
+        why = inv.nvml_error or "no GPU found"
+        raise UserInputError(
+            f"--gpus {gpus}: there is no GPU here ({why}); drop --gpus to run on CPU"
+        )
+    text = gpus if isinstance(gpus, str) else ",".join(str(g) for g in gpus)
+    chosen = parse_gpu_list(text, [g.nvml_index for g in inv.gpus])
+    for index in chosen:
+        reason = _unhealthy_reason(inv, index)
+        if reason and not force:
+            raise UserInputError(
+                f"--gpus {text}: GPU {index} is not usable: {reason} (--force to use it anyway)"
+            )
+        if reason:
+            notes.append(f"GPU {index} used despite: {reason} (--force)")
+    if nproc is None:
+        nproc = len(chosen)
+    elif nproc > len(chosen) and not force:
+        raise UserInputError(
+            f"nproc {nproc} but --gpus {text} names {len(chosen)} GPUs: ranks {len(chosen)}.."
+            f"{nproc - 1} would fail with 'invalid device ordinal' (--force to launch anyway)"
+        )
+    return nproc, ",".join(str(i) for i in chosen), chosen
+
+
+def _visible_gpus(
+    inv: Inventory, nproc: int | None, *, force: bool, notes: list[str]
+) -> tuple[int, str | None, tuple[int, ...] | None]:
+    """No --gpus: size from the healthy visible GPUs and leave the unhealthy ones out."""
+    visible = [d.nvml_index for d in inv.visible.devices] if inv.visible is not None else []
+    healthy = [i for i in visible if i in inv.healthy_indices]
+    left_out = [i for i in visible if i not in inv.healthy_indices]
+    if nproc is None:
+        if not healthy:
+            raise UserInputError(
+                "no healthy GPU is visible (see %gpu_doctor); give a number of CPU processes "
+                "to run on CPU anyway, e.g. %%torchrun 2 --force"
+            )
+        nproc = len(healthy)
+    if nproc > len(visible) and not force:
+        raise UserInputError(
+            f"nproc {nproc} but {len(visible)} GPUs are visible: ranks {len(visible)}..{nproc - 1} "
+            "would fail with 'invalid device ordinal' (seed 001); use "
+            f"%%torchrun {len(healthy) or len(visible)}, or --force for CPU-only ranks"
+        )
+    if left_out and nproc <= len(healthy):
+        # Keep rank 0 (and every rank) off GPUs that would refuse a context.
+        notes.extend(f"GPU {i} left out: {_unhealthy_reason(inv, i, short=True)}" for i in left_out)
+        return nproc, ",".join(str(i) for i in healthy), tuple(healthy)
+    if left_out:
+        notes.append(
+            f"{nproc} ranks on {len(visible)} visible GPUs includes unhealthy GPU(s) "
+            f"{','.join(map(str, left_out))}: expect failures (see %gpu_doctor)"
+        )
+    return nproc, None, None
+
+
 def prepare(
     code: str | None = None,
     script: str | Path | None = None,
@@ -83,69 +144,37 @@ def prepare(
     script_args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     inventory: Inventory | None = None,
+    plan: Any = None,
+    role: str | None = None,
 ) -> Prepared:
-    """Validate everything and decide nproc and GPUs; starts nothing."""
+    """Validate everything and decide nproc and GPUs; starts nothing.
+
+    ``plan`` (an ``nbgpu.plan`` Plan) supplies GPUs, nproc and master port for one of
+    its roles (``role``; default: the only role, or the one named "train").
+    """
     environ = dict(os.environ if environ is None else environ)
     notes: list[str] = []
+    master_port: int | None = None
+    if plan is not None:
+        if gpus is not None:
+            raise UserInputError("--plan and --gpus both choose GPUs: give one of them")
+        chosen_role = _plan_role(plan, role)
+        gpus = chosen_role.cuda_visible_devices
+        nproc = chosen_role.nproc_per_node if nproc is None else nproc
+        master_port = chosen_role.master_port
+        notes.append(
+            f"plan role '{chosen_role.name}': GPUs {gpus}, {chosen_role.nproc_per_node} ranks, "
+            f"port {master_port}"
+        )
     if nproc is not None and nproc < 1:
         raise UserInputError(f"nproc {nproc}: expected a whole number >= 1")
     inv = inventory if inventory is not None else take_inventory(environ, scan_device_files=False)
-    have_gpus = not inv.nvml_error and bool(inv.gpus)
     cvd: str | None = None
     chosen: tuple[int, ...] | None = None
     if gpus is not None:
-        if not have_gpus:
-            why = inv.nvml_error or "no GPU found"
-            raise UserInputError(
-                f"--gpus {gpus}: there is no GPU here ({why}); drop --gpus to run on CPU"
-            )
-        text = gpus if isinstance(gpus, str) else ",".join(str(g) for g in gpus)
-        chosen = parse_gpu_list(text, [g.nvml_index for g in inv.gpus])
-        for index in chosen:
-            reason = _unhealthy_reason(inv, index)
-            if reason and not force:
-                raise UserInputError(
-                    f"--gpus {text}: GPU {index} is not usable: {reason} (--force to use it anyway)"
-                )
-            if reason:
-                notes.append(f"GPU {index} used despite: {reason} (--force)")
-        cvd = ",".join(str(i) for i in chosen)
-        if nproc is None:
-            nproc = len(chosen)
-        elif nproc > len(chosen) and not force:
-            raise UserInputError(
-                f"nproc {nproc} but --gpus {text} names {len(chosen)} GPUs: ranks {len(chosen)}.."
-                f"{nproc - 1} would fail with 'invalid device ordinal' (--force to launch anyway)"
-            )
-    elif have_gpus:
-        visible = [d.nvml_index for d in inv.visible.devices] if inv.visible is not None else []
-        healthy = [i for i in visible if i in inv.healthy_indices]
-        left_out = [i for i in visible if i not in inv.healthy_indices]
-        if nproc is None:
-            if not healthy:
-                raise UserInputError(
-                    "no healthy GPU is visible (see %gpu_doctor); give a number of CPU processes "
-                    "to run on CPU anyway, e.g. %%torchrun 2 --force"
-                )
-            nproc = len(healthy)
-        if nproc > len(visible) and not force:
-            raise UserInputError(
-                f"nproc {nproc} but {len(visible)} GPUs are visible: ranks {len(visible)}..{nproc - 1} "
-                "would fail with 'invalid device ordinal' (seed 001); use "
-                f"%%torchrun {len(healthy) or len(visible)}, or --force for CPU-only ranks"
-            )
-        if left_out and nproc <= len(healthy):
-            # Keep rank 0 (and every rank) off GPUs that would refuse a context.
-            chosen = tuple(healthy)
-            cvd = ",".join(str(i) for i in healthy)
-            notes.extend(
-                f"GPU {i} left out: {_unhealthy_reason(inv, i, short=True)}" for i in left_out
-            )
-        elif left_out:
-            notes.append(
-                f"{nproc} ranks on {len(visible)} visible GPUs includes unhealthy GPU(s) "
-                f"{','.join(map(str, left_out))}: expect failures (see %gpu_doctor)"
-            )
+        nproc, cvd, chosen = _named_gpus(inv, gpus, nproc, force=force, notes=notes)
+    elif not inv.nvml_error and inv.gpus:
+        nproc, cvd, chosen = _visible_gpus(inv, nproc, force=force, notes=notes)
     elif nproc is None:
         why = inv.nvml_error or "no GPU found"
         raise UserInputError(
@@ -171,9 +200,31 @@ def prepare(
         serial_imports=serial_imports,
         mem_limit_bytes=None if mem_limit is None else parse_size(mem_limit),
         backend=backend,
+        master_port=master_port,
         quiet=quiet,
     )
     return Prepared(config=config, notes=tuple(notes))
+
+
+def _plan_role(plan: Any, role: str | None) -> Any:
+    roles = getattr(plan, "roles", None)
+    if roles is None:
+        raise UserInputError(
+            f"--plan: expected a plan from nbgpu.plan(...), got {type(plan).__name__}"
+        )
+    if not plan.ok:
+        first = plan.problems[0].message if plan.problems else "not ready"
+        raise UserInputError(f"--plan: the plan is not ready: {first}")
+    names = [r.name for r in roles]
+    if role is None:
+        if len(roles) == 1:
+            return roles[0]
+        if "train" in names:
+            return roles[names.index("train")]
+        raise UserInputError(f"--plan has roles {', '.join(names)}: choose one with --role")
+    if role not in names:
+        raise UserInputError(f"--role {role!r}: the plan's roles are {', '.join(names)}")
+    return roles[names.index(role)]
 
 
 def torchrun(

@@ -88,6 +88,13 @@ class LaunchMagics(Magics):
         "GPUs are refused with the reason",
     )
     @argument(
+        "--plan",
+        default=None,
+        metavar="VAR",
+        help="take GPUs, nproc and port from a plan (p = %%gpu_plan ...)",
+    )
+    @argument("--role", default=None, help="with --plan: which role to launch")
+    @argument(
         "--force",
         action="store_true",
         help="launch even on unhealthy GPUs or with more ranks than GPUs",
@@ -177,8 +184,11 @@ class LaunchMagics(Magics):
             pulled = [n.strip() for n in (args.pull or "").split(",") if n.strip()]
             _check_pull(pulled, all_ranks=args.all_ranks)
             _check_pushed(pushed_names, namespace)
+            plan = _lookup_plan(args.plan, namespace)
             prepared = prepare(
                 code=cell,
+                plan=plan,
+                role=args.role,
                 nproc=None if args.nproc is None else parse_nproc(args.nproc),
                 gpus=args.gpus,
                 force=args.force,
@@ -287,6 +297,14 @@ def _check_pushed(names: list[str], namespace: dict[str, Any]) -> None:
     missing = [n for n in names if n not in namespace]
     if missing:
         raise UserInputError(f"--push {missing[0]}: no variable {missing[0]!r} in the notebook")
+
+
+def _lookup_plan(name: str | None, namespace: dict[str, Any]) -> Any:
+    if name is None:
+        return None
+    if name not in namespace:
+        raise UserInputError(f"--plan {name}: no variable {name!r} in the notebook")
+    return namespace[name]
 
 
 def _check_pull(names: list[str], *, all_ranks: bool) -> None:

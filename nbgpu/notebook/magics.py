@@ -18,7 +18,16 @@ from nbgpu.errors import UserInputError
 
 __all__ = ["GPUMagics", "print_help", "register", "unregister"]
 
-_LINE_MAGICS = ("gpu_status", "gpu_doctor", "gpu_clean", "gpu_runs", "gpu_stop", "torchrun")
+_GPU_PLAN_DOC = """Plan a job before launching: roles on healthy GPUs, ports, batch sizes, memory.
+
+        ``p = %gpu_plan sglang.d1t1p1+d3t1p1 --batch 8`` then ``%%torchrun --plan p``.
+        Also ``--sweep RUNS --per-run K`` (disjoint runs) and ``--scale CONFIG --to N``.
+        Flags are those of ``nbgpu plan`` (``%gpu_plan -h`` lists them).
+        """
+
+_LINE_MAGICS = (
+    "gpu_status", "gpu_doctor", "gpu_clean", "gpu_plan", "gpu_runs", "gpu_stop", "torchrun",
+)  # fmt: skip
 _CELL_MAGICS = ("torchrun",)
 
 
@@ -169,6 +178,45 @@ class GPUMagics(Magics):
             )
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
+
+    @line_magic
+    def gpu_plan(self, line: str = "") -> Any:
+        """Plan a job before launching: roles on healthy GPUs, ports, batch sizes, memory.
+
+        ``p = %gpu_plan sglang.d1t1p1+d3t1p1 --batch 8`` then ``%%torchrun --plan p``.
+        Also ``--sweep RUNS --per-run K`` (disjoint runs) and ``--scale CONFIG --to N``.
+        Flags are those of ``nbgpu plan`` (``%gpu_plan -h`` lists them).
+        """
+        import argparse  # noqa: PLC0415
+        import shlex  # noqa: PLC0415
+
+        from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output  # noqa: PLC0415
+
+        class _Parser(argparse.ArgumentParser):
+            def error(self, message: str) -> Any:
+                raise UsageError(f"%gpu_plan: {message}")
+
+        parser = _Parser(prog="%gpu_plan", add_help=False)
+        add_plan_arguments(parser)
+        try:
+            tokens = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%gpu_plan {line!r}: {exc}") from None
+        if "-h" in tokens or "--help" in tokens:
+            print(inspect.cleandoc(_GPU_PLAN_DOC))
+            print()
+            print(parser.format_help())
+            return None
+        args = parser.parse_args(tokens)
+        try:
+            result = plan_from_args(args)
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        text = render_plan_output(result, args)
+        if text is not None:
+            print(text)
+            return None
+        return result
 
     def _environ(self) -> dict[str, str]:
         # The kernel's environment as it is now (%env changes it in place).

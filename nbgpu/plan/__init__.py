@@ -1,0 +1,370 @@
+"""Planning before launching: GPUs per role, ports, batch sizes, memory, sweeps, scaling.
+
+    import nbgpu
+    p = nbgpu.plan("sglang.d1t1p1+d3t1p1", global_batch=8)      # roles on GPUs, checked
+    p.ok, p.problems, p.role("train").cuda_visible_devices, p.alternatives
+    s = nbgpu.plan.sweep(runs=4, gpus_per_run=2)                 # disjoint sets, own ports
+    c = nbgpu.plan.scale("ppo_2gpu.yaml", to_gpus=4)             # every change explained
+    print(c.diff()); print(c.to_yaml())
+
+This package is callable: ``nbgpu.plan(...)`` is :func:`plan`. The functions here are the
+facade: they validate input (one ``UserInputError`` line per mistake), take the inventory
+snapshot (``inventory=`` an ``Inventory``, a fleet spec / scenario / fleet JSON path, or
+``None`` for this machine) and hand plain data to the pure modules below:
+
+    allocation.py  allocation strings and roles      batch.py    divisibility, splits
+    memory.py      ZeRO / weights / KV formulas      job.py      validated job description
+    candidates.py  usable GPUs of an inventory       assign.py   GPUs per role, disjoint
+    ports.py       distinct free ports (one bind)    planner.py  the plan, its alternatives
+    sweep.py       disjoint runs on one box          scale.py    config N → M GPUs
+    result.py      Plan and its parts, rendering     serial.py   JSON round trip
+    yamltext.py    YAML writer                       files.py    the one file reader
+
+Only this module and ``files.py``/``ports.py`` touch the system (the inventory snapshot,
+config/plan files, one socket bind). Never imports IPython, pynvml or psutil directly; the
+inventory module (which does) is imported when a snapshot is taken.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from nbgpu.errors import UserInputError
+from nbgpu.plan import ports as _ports
+from nbgpu.plan.assign import order_pool
+from nbgpu.plan.batch import BatchCheck, BatchOption, Split
+from nbgpu.plan.candidates import Candidate, candidates_from_inventory
+from nbgpu.plan.files import load_config, read_text
+from nbgpu.plan.job import Divisors, GpuList, make_job
+from nbgpu.plan.memory import model_shape
+from nbgpu.plan.planner import build_plan
+from nbgpu.plan.ports import DEFAULT_BASE_PORT, PortChecker
+from nbgpu.plan.result import (
+    Alternative,
+    ExcludedGpu,
+    Issue,
+    MemoryCheck,
+    MemoryLine,
+    Plan,
+    PlannedGpu,
+    RolePlan,
+    plan_from_dict,
+)
+from nbgpu.plan.scale import KvCheck, ScalePlan, ScaleStep, scale_config
+from nbgpu.plan.sweep import SweepPlan, build_sweep, sweep_from_dict
+
+if TYPE_CHECKING:
+    from nbgpu.devices.inventory import Inventory
+
+__all__ = [
+    "Alternative",
+    "BatchCheck",
+    "BatchOption",
+    "ExcludedGpu",
+    "Issue",
+    "KvCheck",
+    "MemoryCheck",
+    "MemoryLine",
+    "Plan",
+    "PlannedGpu",
+    "RolePlan",
+    "ScalePlan",
+    "ScaleStep",
+    "Split",
+    "SweepPlan",
+    "plan",
+    "plan_from_json",
+    "scale",
+    "sweep",
+]
+
+
+def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | None) -> Inventory:
+    # Imported here: the inventory pulls in pynvml and psutil, planning itself needs neither.
+    from nbgpu.devices.inventory import Inventory, take_inventory  # noqa: PLC0415
+
+    if isinstance(inventory, Inventory):
+        return inventory
+    env = dict(os.environ if environ is None else environ)
+    if inventory is not None:
+        if not isinstance(inventory, str) or not inventory.strip():
+            raise UserInputError(
+                f"inventory={inventory!r}: expected an Inventory (nbgpu.status()), a fleet "
+                "spec such as '4xA40,busy=0', a scenario such as 'seed000', or a fleet .json"
+            )
+        env["NBGPU_SIMULATE"] = inventory
+    return take_inventory(env, scan_device_files=False)
+
+
+def _candidates(inventory: Inventory) -> tuple[Candidate, ...]:
+    if inventory.nvml_error:
+        raise UserInputError(
+            f"the inventory has no GPU (NVML: {inventory.nvml_error}); plan for another box "
+            "with inventory='pod.json' (from `nbgpu status --json`) or a spec such as '4xA40'"
+        )
+    return candidates_from_inventory(inventory)
+
+
+def _fleet(inventory: Inventory) -> tuple[str, bool]:
+    if inventory.simulated:
+        return inventory.fleet_name or "simulated", True
+    return inventory.hostname, False
+
+
+def _model(model: Any) -> Any:
+    """A path to an HF ``config.json`` (or YAML) is read here; other forms pass through."""
+    if isinstance(model, os.PathLike) or (
+        isinstance(model, str) and model.endswith((".json", ".yaml", ".yml"))
+    ):
+        return load_config(model)
+    return model
+
+
+def plan(
+    allocation: str | None = None,
+    *,
+    inventory: Inventory | str | None = None,
+    num_gpus: int | None = None,
+    require: GpuList = None,
+    exclude: GpuList = None,
+    global_batch: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    max_micro_batch: int | None = None,
+    divisors: Divisors = None,
+    step_divisors: Divisors = None,
+    model: Any = None,
+    precision: str = "bf16",
+    strategy: str = "ddp",
+    optimizer: str = "adamw",
+    base_port: int = DEFAULT_BASE_PORT,
+    port_is_free: PortChecker | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Plan:
+    """Place a job's roles on healthy GPUs and check its batch and memory.
+
+    ``allocation``: ``"sglang.d1t1p1+d3t1p1"`` (AReaL), ``"inference:1,train:3"``, or None
+    for one training role on ``num_gpus`` GPUs (default: every usable GPU).
+    ``require``/``exclude``: GPUs (NVML indices) that must / must not be used; required ones
+    come first, in the order given. ``global_batch``, ``micro_batch``, ``grad_accum``,
+    ``max_micro_batch``: checked against the first training role's data-parallel size;
+    ``divisors`` must divide the global batch, ``step_divisors`` the ranks × micro batch
+    (TRL GRPO's ``num_generations``). ``model`` (a parameter count, ``"7B"``, an HF config
+    dict or its ``config.json`` path, or a torch module) with ``precision``/``strategy``/``optimizer`` adds a per-GPU
+    memory check. ``port_is_free`` replaces the socket test (tests pass a function).
+    """
+    job = make_job(
+        allocation,
+        num_gpus=num_gpus,
+        require=require,
+        exclude=exclude,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        max_micro_batch=max_micro_batch,
+        divisors=divisors,
+        step_divisors=step_divisors,
+        model=_model(model),
+        precision=precision,
+        strategy=strategy,
+        optimizer=optimizer,
+        base_port=base_port,
+    )
+    snapshot = _snapshot(inventory, environ)
+    fleet, simulated = _fleet(snapshot)
+    return build_plan(
+        _candidates(snapshot),
+        job,
+        fleet=fleet,
+        simulated=simulated,
+        is_free=port_is_free or _ports.port_is_free,
+    )
+
+
+def sweep(
+    runs: int | None = None,
+    gpus_per_run: int | None = None,
+    *,
+    allocation: str | None = None,
+    inventory: Inventory | str | None = None,
+    gpus: GpuList = None,
+    exclude: GpuList = None,
+    global_batch: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    max_micro_batch: int | None = None,
+    divisors: Divisors = None,
+    step_divisors: Divisors = None,
+    model: Any = None,
+    precision: str = "bf16",
+    strategy: str = "ddp",
+    optimizer: str = "adamw",
+    base_port: int = DEFAULT_BASE_PORT,
+    port_is_free: PortChecker | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> SweepPlan:
+    """Split the usable GPUs into *runs* disjoint sets with distinct free ports.
+
+    Each run is a full :class:`Plan` (``sweep.runs[i]``) of ``gpus_per_run`` GPUs (default
+    1), or of ``allocation`` when given. ``runs=None`` plans as many runs as fit. ``gpus``
+    limits the sweep to these GPUs. Batch and model arguments are checked per run, as in
+    :func:`plan`.
+    """
+    from nbgpu.plan.job import parse_gpu_list  # noqa: PLC0415  (a helper, not API)
+
+    job = make_job(
+        allocation,
+        exclude=exclude,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        max_micro_batch=max_micro_batch,
+        divisors=divisors,
+        step_divisors=step_divisors,
+        model=_model(model),
+        precision=precision,
+        strategy=strategy,
+        optimizer=optimizer,
+        base_port=base_port,
+    )
+    pool = parse_gpu_list(gpus, "gpus")
+    snapshot = _snapshot(inventory, environ)
+    fleet, simulated = _fleet(snapshot)
+    return build_sweep(
+        _candidates(snapshot),
+        job,
+        runs=runs,
+        gpus_per_run=gpus_per_run,
+        pool=pool,
+        fleet=fleet,
+        simulated=simulated,
+        is_free=port_is_free or _ports.port_is_free,
+    )
+
+
+def scale(
+    config: Mapping[str, Any] | str | os.PathLike[str] | Sequence[str],
+    *,
+    to_gpus: int | None = None,
+    from_gpus: int | None = None,
+    batch: str = "scale",
+    tensor_parallel: str | int = "keep",
+    rules: Mapping[str, str] | None = None,
+    model: Any = None,
+    max_model_len: int | None = None,
+    precision: str | None = None,
+    inventory: Inventory | str | None = None,
+    gpu_memory_bytes: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ScalePlan:
+    """Rescale a training config (dict, YAML/JSON file, or ``key=value`` overrides).
+
+    ``to_gpus`` defaults to the usable GPUs of ``inventory``. ``batch="scale"`` keeps the
+    per-GPU work (global batches grow with the GPUs), ``"keep"`` keeps global batches and
+    checks them. ``tensor_parallel``: ``"keep"`` (more engines), ``"scale"`` (bigger
+    engines) or a number. ``rules`` maps your own keys to a rule (see
+    ``nbgpu.plan.scale.RULES``). With ``model`` (an HF config dict) and a GPU size
+    (``inventory`` or ``gpu_memory_bytes``) the KV cache per GPU is checked. Unlike
+    :func:`plan`, no inventory is taken unless ``inventory`` is given: configs are often
+    scaled for another box.
+    """
+    source = None
+    if isinstance(config, str | os.PathLike):
+        source = os.fspath(config)
+        data = load_config(config)
+        if not isinstance(data, Mapping):
+            raise UserInputError(f"config {source!r} is not a mapping of keys to values")
+        config = data
+    shape = None if model is None else model_shape(_model(model))
+    devices = None
+    problems: list[Issue] = []
+    if inventory is not None:
+        snapshot = _snapshot(inventory, environ)
+        candidates = _candidates(snapshot)
+        pool = order_pool(candidates)
+        devices = [c.nvml_index for c in pool]
+        if to_gpus is None:
+            to_gpus = len(devices)
+        if to_gpus > len(devices):
+            left = "; ".join(f"GPU {c.nvml_index}: {c.verdict}" for c in candidates if not c.usable)
+            problems.append(
+                Issue(
+                    "not_enough_gpus",
+                    f"{to_gpus} GPUs asked for but {len(devices)} are usable"
+                    + (f" ({left})" if left else ""),
+                )
+            )
+        chosen = pool[:to_gpus] or list(candidates)
+        if gpu_memory_bytes is None:
+            sizes = [c.memory_total_bytes for c in chosen if c.memory_total_bytes]
+            gpu_memory_bytes = min(sizes) if sizes else None
+    if to_gpus is None:
+        raise UserInputError("scale: pass to_gpus=N (or inventory= to use its usable GPUs)")
+    return scale_config(
+        config,
+        to_gpus=to_gpus,
+        from_gpus=from_gpus,
+        batch=batch,
+        tensor_parallel=tensor_parallel,
+        rules=rules,
+        model=shape,
+        max_model_len=max_model_len,
+        precision=precision,
+        devices=devices,
+        gpu_memory_bytes=gpu_memory_bytes,
+        source=source,
+        extra_problems=problems,
+    )
+
+
+def plan_from_json(source: str | os.PathLike[str], *, run: int | str | None = None) -> Plan:
+    """Load a plan written by ``Plan.to_json()`` (JSON text or a file path).
+
+    A sweep file (``SweepPlan.to_json()``) needs ``run``: its index or name (``"run2"``).
+    """
+    text = source if isinstance(source, str) and source.lstrip().startswith("{") else None
+    where = "plan JSON"
+    if text is None:
+        where = f"plan file {os.fspath(source)!r}"
+        text = read_text(source, "plan file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserInputError(
+            f"{where} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    if isinstance(data, dict) and "nbgpu_sweep" in data:
+        swept = sweep_from_dict(data)
+        names = [r.name for r in swept.runs]
+        if run is None:
+            raise UserInputError(
+                f"{where} is a sweep of {len(names)} runs; pass run=0..{len(names) - 1} or a name"
+            )
+        if isinstance(run, int) and not isinstance(run, bool) and 0 <= run < len(names):
+            return swept.runs[run]
+        if run in names:
+            return swept.runs[names.index(run)]
+        raise UserInputError(
+            f"run={run!r}: the sweep has runs 0..{len(names) - 1} ({', '.join(map(str, names))})"
+        )
+    if run is not None:
+        raise UserInputError(f"run={run!r}: {where} is a single plan, not a sweep")
+    return plan_from_dict(data)
+
+
+class _CallablePlanModule(types.ModuleType):
+    """The ``nbgpu.plan`` module itself: calling it is :func:`plan`.
+
+    ``nbgpu.plan(...)`` plans; ``nbgpu.plan.sweep(...)``, ``nbgpu.plan.scale(...)`` and the
+    result types are its attributes, like any module's.
+    """
+
+    __call__ = staticmethod(plan)
+
+
+sys.modules[__name__].__class__ = _CallablePlanModule

@@ -1,0 +1,184 @@
+"""The job description a plan is made for, validated once, with one-line errors.
+
+Every user-facing value (allocation, GPU lists, batch sizes, divisors, model, precision,
+strategy, optimizer, ports) is checked here and becomes a frozen :class:`Job`; the planner
+below it never sees raw input. Values that only make sense against an inventory (a GPU
+index that does not exist, more GPUs than the box has) are checked by the planner.
+
+Pure: imports ``allocation``, ``memory``, ``ports`` constants and ``nbgpu.errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nbgpu.errors import UserInputError
+from nbgpu.plan.allocation import Allocation, parse_allocation
+from nbgpu.plan.memory import (
+    OPTIMIZERS,
+    STRATEGIES,
+    ModelShape,
+    model_shape,
+    normalize_precision,
+)
+from nbgpu.plan.ports import DEFAULT_BASE_PORT, MAX_PORT
+
+__all__ = ["Job", "make_job", "parse_divisors", "parse_gpu_list"]
+
+GpuList = Sequence[int] | str | int | None
+Divisors = Mapping[str, int] | Sequence[int] | str | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the user asked for, validated; the planner's only input besides the GPUs."""
+
+    allocation: Allocation | None  # None: one trainer on num_gpus / require / every usable GPU
+    num_gpus: int | None = None
+    require: tuple[int, ...] = ()
+    exclude: tuple[int, ...] = ()
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    max_micro_batch: int | None = None
+    divisors: tuple[tuple[str, int], ...] = ()
+    step_divisors: tuple[tuple[str, int], ...] = ()
+    model: ModelShape | None = None
+    precision: str = "bf16"
+    strategy: str = "ddp"
+    optimizer: str = "adamw"
+    base_port: int = DEFAULT_BASE_PORT
+    name: str | None = None
+
+
+def parse_gpu_list(value: GpuList, label: str) -> tuple[int, ...]:
+    """``"1,2,3"`` or ``[1, 2, 3]`` → ``(1, 2, 3)``; order kept, repeats rejected."""
+    if value is None:
+        return ()
+    form = f"expected GPU indices such as {label}=1,2,3"
+    if isinstance(value, str):
+        items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
+        if not all(v.isdigit() for v in items):
+            raise UserInputError(f"{label}={value!r}: {form}")
+        items = [int(v) for v in items]
+    elif isinstance(value, int):  # a bool lands here too and is refused below
+        items = [value]
+    else:
+        items = list(value)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise UserInputError(f"{label}={value!r}: {item!r} is not a GPU index; {form}")
+    if len(set(items)) != len(items):
+        raise UserInputError(f"{label}={value!r} names a GPU twice; {form}")
+    return tuple(items)
+
+
+def parse_divisors(value: Divisors, label: str) -> tuple[tuple[str, int], ...]:
+    """``{"num_generations": 8}``, ``[8]`` or ``"num_generations=8,4"`` → named pairs."""
+    if value is None:
+        return ()
+    form = f"expected {label} such as {{'num_generations': 8}} or 'num_generations=8'"
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(value, str):
+        for n, item in enumerate(v.strip() for v in value.split(",") if v.strip()):
+            name, sep, number = item.rpartition("=")
+            pairs.append((name.strip() if sep else f"divisor{n + 1}", number.strip()))
+        try:
+            pairs = [(n, int(v)) for n, v in pairs]
+        except ValueError:
+            raise UserInputError(f"{label}={value!r}: {form}") from None
+    elif isinstance(value, Mapping):
+        pairs = [(str(k), v) for k, v in value.items()]
+    else:
+        pairs = [(f"divisor{n + 1}", v) for n, v in enumerate(value)]
+    for name, number in pairs:
+        if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+            raise UserInputError(f"{label}: {name}={number!r} is not a whole number >= 1; {form}")
+    return tuple(pairs)
+
+
+def _positive(label: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserInputError(f"{label}={value!r}: expected a whole number >= 1")
+    return value
+
+
+def _choice(label: str, value: str, choices: Sequence[str]) -> str:
+    key = str(value).strip().lower()
+    if key not in choices:
+        raise UserInputError(f"{label}={value!r}: expected one of {', '.join(choices)}")
+    return key
+
+
+def make_job(
+    allocation: str | None = None,
+    *,
+    num_gpus: int | None = None,
+    require: GpuList = None,
+    exclude: GpuList = None,
+    global_batch: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    max_micro_batch: int | None = None,
+    divisors: Divisors = None,
+    step_divisors: Divisors = None,
+    model: Any = None,
+    precision: str = "bf16",
+    strategy: str = "ddp",
+    optimizer: str = "adamw",
+    base_port: int = DEFAULT_BASE_PORT,
+    name: str | None = None,
+) -> Job:
+    """Validate everything the user gave; each mistake is one ``UserInputError`` line."""
+    parsed = None if allocation is None else parse_allocation(allocation)
+    _positive("num_gpus", num_gpus)
+    if parsed is not None and num_gpus is not None and parsed.gpu_count != num_gpus:
+        raise UserInputError(
+            f"allocation {allocation!r} uses {parsed.gpu_count} GPUs "
+            f"({' + '.join(r.degrees for r in parsed.roles)}) but num_gpus={num_gpus}; "
+            "the degrees d × t × p of all parts must add up to the GPU count"
+        )
+    required = parse_gpu_list(require, "require")
+    excluded = parse_gpu_list(exclude, "exclude")
+    both = sorted(set(required) & set(excluded))
+    if both:
+        raise UserInputError(
+            f"GPU {','.join(map(str, both))} is both required and excluded; name it in one only"
+        )
+    total = parsed.gpu_count if parsed is not None else num_gpus
+    if total is not None and len(required) > total:
+        raise UserInputError(
+            f"require={','.join(map(str, required))} lists {len(required)} GPUs but the job "
+            f"uses {total}; the degrees must multiply to the GPU count"
+        )
+    for label, value in (
+        ("global_batch", global_batch),
+        ("micro_batch", micro_batch),
+        ("grad_accum", grad_accum),
+        ("max_micro_batch", max_micro_batch),
+    ):
+        _positive(label, value)
+    if not 1 <= base_port <= MAX_PORT or isinstance(base_port, bool):
+        raise UserInputError(f"base_port={base_port!r}: expected a TCP port 1..{MAX_PORT}")
+    return Job(
+        allocation=parsed,
+        num_gpus=num_gpus,
+        require=required,
+        exclude=excluded,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        max_micro_batch=max_micro_batch,
+        divisors=parse_divisors(divisors, "divisors"),
+        step_divisors=parse_divisors(step_divisors, "step_divisors"),
+        model=None if model is None else model_shape(model),
+        precision=normalize_precision(precision),
+        strategy=_choice("strategy", strategy, tuple(STRATEGIES)),
+        optimizer=_choice("optimizer", optimizer, OPTIMIZERS),
+        base_port=base_port,
+        name=name,
+    )

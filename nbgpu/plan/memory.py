@@ -1,0 +1,394 @@
+"""Memory formulas: bytes per GPU for model states, inference weights and the KV cache.
+
+The byte accounting is stated, not hidden (``reference/memory.md`` §5a shows ±25 % between
+tools for the same model). Per parameter, before sharding:
+
+==========  =============  =============  ==========================================
+precision   parameters     gradients      optimizer state
+==========  =============  =============  ==========================================
+bf16/fp16   2 B            2 B            AdamW 12 B (fp32 master 4 + m 4 + v 4);
+                                          SGD 8 B (fp32 master 4 + momentum 4)
+fp32        4 B            4 B            AdamW 8 B (m 4 + v 4); SGD 4 B (momentum)
+==========  =============  =============  ==========================================
+
+So mixed-precision AdamW is the ZeRO paper's 16 B/param (K = 12). Per GPU, with data-parallel
+degree N, P/G/K the three columns and Ψ the parameters this GPU's model-parallel shard
+holds (Ψ = params / (tensor × pipeline degree)):
+
+- ``ddp``:             (P + G + K) Ψ           (everything replicated)
+- ``zero1``:           (P + G) Ψ + K Ψ / N     (optimizer state sharded)
+- ``zero2``:           P Ψ + (G + K) Ψ / N     (gradients too)
+- ``zero3``/``fsdp``:  (P + G + K) Ψ / N       (parameters too; FSDP full shard)
+
+Inference weights are P Ψ. KV cache per token (memory.md §5c) is
+``2 · layers · ceil(kv_heads / tp) · head_dim · dtype_bytes`` bytes on each GPU.
+Activations, CUDA context, NCCL buffers and fragmentation are *not* in these numbers;
+results say so, and the estimator adds them as further lines of the same table.
+
+Pure arithmetic: imports nothing of nbgpu but ``errors``; never torch (a module's
+parameters are counted by duck typing).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nbgpu.errors import UserInputError
+
+__all__ = [
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "STRATEGIES",
+    "ByteAccounting",
+    "ModelShape",
+    "ModelStates",
+    "byte_accounting",
+    "kv_bytes_per_token",
+    "model_shape",
+    "model_states",
+    "normalize_precision",
+    "weight_bytes",
+]
+
+#: Bytes of one value of each training/inference precision.
+PRECISIONS: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: Sharding strategies and what each shards, for messages.
+STRATEGIES: Mapping[str, str] = {
+    "ddp": "nothing sharded",
+    "zero1": "optimizer state sharded",
+    "zero2": "optimizer state and gradients sharded",
+    "zero3": "parameters, gradients and optimizer state sharded",
+    "fsdp": "full shard, counted as ZeRO-3",
+}
+OPTIMIZERS = ("adamw", "adam", "sgd")
+
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+}
+
+
+@dataclass(frozen=True)
+class ByteAccounting:
+    """Bytes per parameter, before any sharding."""
+
+    precision: str
+    optimizer: str
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def text(self) -> str:
+        if self.precision == "fp32":
+            states = "m 4 + v 4" if self.optimizer != "sgd" else "momentum 4"
+        else:
+            states = "fp32 master 4 + m 4 + v 4" if self.optimizer != "sgd" else "master 4 + mom. 4"
+        name = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
+        return (
+            f"{self.precision} params {self.param_bytes} B + grads {self.grad_bytes} B + "
+            f"{name} {self.optimizer_bytes} B ({states}) = {self.total} B/param"
+        )
+
+
+def normalize_precision(precision: str) -> str:
+    key = str(precision).strip().lower()
+    key = _DTYPE_ALIASES.get(key.removeprefix("torch."), key)
+    if key not in PRECISIONS:
+        raise UserInputError(
+            f"precision={precision!r}: expected one of {', '.join(PRECISIONS)} "
+            "(or bfloat16, float16, float32)"
+        )
+    return key
+
+
+def byte_accounting(precision: str = "bf16", optimizer: str = "adamw") -> ByteAccounting:
+    """The per-parameter bytes nbgpu uses for *precision* and *optimizer* (see module doc)."""
+    prec = normalize_precision(precision)
+    opt = str(optimizer).strip().lower()
+    if opt not in OPTIMIZERS:
+        raise UserInputError(f"optimizer={optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
+    value = PRECISIONS[prec]
+    if prec == "fp32":
+        states = 4 if opt == "sgd" else 8
+    else:
+        states = 8 if opt == "sgd" else 12  # fp32 master copy + fp32 moments
+    return ByteAccounting(prec, opt, value, value, states)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model-state bytes on one GPU of a training role."""
+
+    parameters: int
+    strategy: str
+    data_parallel: int
+    model_parallel: int  # tensor × pipeline degree: Ψ is divided by it first
+    accounting: ByteAccounting
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def formula(self) -> str:
+        a = self.accounting
+        p, g, k = a.param_bytes, a.grad_bytes, a.optimizer_bytes
+        n = self.data_parallel
+        shard = "Ψ" if self.model_parallel == 1 else f"Ψ/{self.model_parallel}"
+        text = {
+            "ddp": f"({p}+{g}+{k})·{shard}",
+            "zero1": f"({p}+{g})·{shard} + {k}·{shard}/{n}",
+            "zero2": f"{p}·{shard} + ({g}+{k})·{shard}/{n}",
+            "zero3": f"({p}+{g}+{k})·{shard}/{n}",
+            "fsdp": f"({p}+{g}+{k})·{shard}/{n}",
+        }[self.strategy]
+        return f"{self.strategy}: {text}"
+
+
+def _check_count(label: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserInputError(f"{label} {value!r}: expected a whole number >= 1")
+
+
+def model_states(
+    parameters: int,
+    *,
+    strategy: str = "ddp",
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    data_parallel: int = 1,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> ModelStates:
+    """Per-GPU parameter, gradient and optimizer bytes (ZeRO paper formulas)."""
+    _check_count("parameter count", parameters)
+    for label, value in (
+        ("data-parallel degree", data_parallel),
+        ("tensor-parallel degree", tensor_parallel),
+        ("pipeline-parallel degree", pipeline_parallel),
+    ):
+        _check_count(label, value)
+    strat = str(strategy).strip().lower()
+    if strat not in STRATEGIES:
+        raise UserInputError(f"strategy={strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    acc = byte_accounting(precision, optimizer)
+    shard = parameters / (tensor_parallel * pipeline_parallel)
+    n = data_parallel
+    p, g, k = acc.param_bytes * shard, acc.grad_bytes * shard, acc.optimizer_bytes * shard
+    if strat in ("zero1", "zero2", "zero3", "fsdp"):
+        k /= n
+    if strat in ("zero2", "zero3", "fsdp"):
+        g /= n
+    if strat in ("zero3", "fsdp"):
+        p /= n
+    return ModelStates(
+        parameters=parameters,
+        strategy=strat,
+        data_parallel=n,
+        model_parallel=tensor_parallel * pipeline_parallel,
+        accounting=acc,
+        params_bytes=math.ceil(p),
+        grads_bytes=math.ceil(g),
+        optimizer_bytes=math.ceil(k),
+    )
+
+
+def weight_bytes(
+    parameters: int, precision: str = "bf16", tensor_parallel: int = 1, pipeline_parallel: int = 1
+) -> int:
+    """Inference weights on one GPU: P·Ψ with Ψ split over tensor × pipeline."""
+    _check_count("parameter count", parameters)
+    size = PRECISIONS[normalize_precision(precision)]
+    return math.ceil(size * parameters / (tensor_parallel * pipeline_parallel))
+
+
+# ----------------------------------------------------------------------- model shape
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the formulas need to know about a model; ``None``: not known from the input."""
+
+    parameters: int
+    source: str  # "7B", "parameter count", "HF config", "torch module"
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int | None = None
+    dtype: str | None = None  # the config's torch_dtype, normalised (bf16/fp16/fp32)
+
+    @property
+    def has_kv_shape(self) -> bool:
+        return None not in (self.num_layers, self.num_kv_heads, self.head_dim)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+_GATED_TYPES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen",
+    "gemma",
+    "phi3",
+    "olmo",
+    "internlm",
+    "deepseek",
+    "yi",
+    "baichuan",
+    "granite",
+)
+_MODEL_FORMS = (
+    "expected a parameter count (7_000_000_000 or '7B'), an HF config dict "
+    "(hidden_size, num_hidden_layers, num_attention_heads, vocab_size ...) or a torch module"
+)
+
+
+def _config_int(config: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _from_hf_config(config: Mapping[str, Any]) -> ModelShape:
+    # Vision-language configs keep the language model under text_config / llm_config.
+    for nested in ("text_config", "llm_config", "language_config"):
+        inner = config.get(nested)
+        if isinstance(inner, Mapping) and "num_hidden_layers" not in config:
+            merged = {**inner, **{k: v for k, v in config.items() if k == "torch_dtype"}}
+            return _from_hf_config(merged)
+    hidden = _config_int(config, "hidden_size", "n_embd", "d_model")
+    layers = _config_int(config, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _config_int(config, "num_attention_heads", "n_head", "num_heads")
+    vocab = _config_int(config, "vocab_size")
+    if None in (hidden, layers, heads, vocab):
+        missing = [
+            name
+            for name, value in (
+                ("hidden_size", hidden),
+                ("num_hidden_layers", layers),
+                ("num_attention_heads", heads),
+                ("vocab_size", vocab),
+            )
+            if value is None
+        ]
+        raise UserInputError(f"model config lacks {', '.join(missing)}; {_MODEL_FORMS}")
+    # Narrowing for mypy; the raise above covers every None.
+    assert hidden is not None  # noqa: S101
+    assert layers is not None  # noqa: S101
+    assert heads is not None  # noqa: S101
+    assert vocab is not None  # noqa: S101
+    kv_heads = _config_int(config, "num_key_value_heads", "num_kv_heads") or heads
+    head_dim = _config_int(config, "head_dim") or hidden // heads
+    intermediate = _config_int(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden
+    experts = _config_int(config, "num_local_experts", "num_experts", "n_routed_experts") or 1
+    model_type = str(config.get("model_type", "")).lower()
+    act = str(config.get("hidden_act", config.get("activation_function", ""))).lower()
+    gated = model_type.startswith(_GATED_TYPES) or act in ("silu", "swish", "swiglu")
+    explicit = _config_int(config, "num_parameters", "n_params", "num_params")
+    if explicit is not None:
+        parameters = explicit
+    else:
+        # Llama-style decoder: attention q,o (h × heads·hd) and k,v (h × kv·hd); MLP with
+        # 3 matrices when gated (SwiGLU), else 2; two norms per layer; embeddings, plus an
+        # LM head unless tied. Biases and MoE routers are ignored (well under 1 %).
+        attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+        mlp = (3 if gated else 2) * hidden * intermediate * experts
+        per_layer = attention + mlp + 2 * hidden
+        tied = bool(config.get("tie_word_embeddings", True))  # transformers' default
+        embeddings = vocab * hidden * (1 if tied else 2)
+        parameters = layers * per_layer + embeddings + hidden
+    dtype_text = config.get("torch_dtype") or config.get("dtype")
+    dtype = None
+    if isinstance(dtype_text, str):
+        key = _DTYPE_ALIASES.get(dtype_text.lower().removeprefix("torch."), dtype_text.lower())
+        dtype = key if key in PRECISIONS else None
+    return ModelShape(
+        parameters=parameters,
+        source="HF config",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        dtype=dtype,
+    )
+
+
+def model_shape(model: Any) -> ModelShape:
+    """Read a model description: an int, ``"7B"``, an HF config dict or a torch module."""
+    if isinstance(model, ModelShape):
+        return model
+    if isinstance(model, bool):
+        raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
+    if isinstance(model, int):
+        _check_count("parameter count", model)
+        return ModelShape(parameters=model, source="parameter count")
+    if isinstance(model, float) and model.is_integer() and model >= 1:
+        return ModelShape(parameters=int(model), source="parameter count")
+    if isinstance(model, str):
+        m = _SIZE.match(model.replace("_", ""))
+        if m is None:
+            raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
+        count = round(float(m.group(1)) * _SCALE[m.group(2).lower()])
+        if count < 1:
+            raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
+        return ModelShape(parameters=count, source=model.strip())
+    if isinstance(model, Mapping):
+        return _from_hf_config(model)
+    parameters_fn = getattr(model, "parameters", None)
+    if callable(parameters_fn):
+        # Tied weights appear once per module that shares them: count each tensor once.
+        seen: dict[int, int] = {}
+        for tensor in parameters_fn():
+            seen[id(tensor)] = int(tensor.numel())
+        if not seen:
+            raise UserInputError(f"model {type(model).__name__} has no parameters")
+        shape = None
+        config = getattr(model, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            try:
+                shape = _from_hf_config(config.to_dict())
+            except UserInputError:
+                shape = None
+        total = sum(seen.values())
+        if shape is not None:
+            return ModelShape(**{**shape.__dict__, "parameters": total, "source": "torch module"})
+        return ModelShape(parameters=total, source="torch module")
+    raise UserInputError(f"model of type {type(model).__name__}: {_MODEL_FORMS}")
+
+
+def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
+    """KV-cache bytes one token takes on each GPU of a tensor-parallel group."""
+    if not shape.has_kv_shape:
+        raise UserInputError(
+            "the KV cache needs num_hidden_layers, num_key_value_heads and head_dim: pass the "
+            "model as an HF config dict"
+        )
+    # has_kv_shape checked them; the asserts narrow the types for mypy.
+    assert shape.num_layers is not None  # noqa: S101
+    assert shape.num_kv_heads is not None  # noqa: S101
+    assert shape.head_dim is not None  # noqa: S101
+    # vLLM/SGLang split KV heads over TP ranks and replicate them when tp > kv_heads.
+    heads_per_gpu = math.ceil(shape.num_kv_heads / tensor_parallel)
+    return 2 * shape.num_layers * heads_per_gpu * shape.head_dim * dtype_bytes

@@ -1,0 +1,485 @@
+"""The planner: from usable GPUs and a job to a :class:`~nbgpu.plan.result.Plan`.
+
+It composes the one-idea modules: ``candidates`` (which GPUs may be used), ``assign``
+(which ones each role gets), ``ports`` (distinct free ports), ``batch`` (divisibility and
+splits) and ``memory`` (model states per GPU), and turns their verdicts into problems,
+warnings and alternatives. An unusable GPU is never given a role: it is listed in
+``excluded`` with its reason, and when the job cannot be placed without it the plan offers
+a smaller allocation (with a valid batch) and the steps that free the GPU.
+
+Pure: the only outside call is the injected ``is_free`` port check. Never imports the
+inventory module, sockets, files, psutil or IPython.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from nbgpu._render import fmt_bytes
+from nbgpu.errors import UserInputError
+from nbgpu.plan.allocation import Allocation, RoleSpec
+from nbgpu.plan.assign import assign, order_pool
+from nbgpu.plan.batch import BatchCheck, check_batch
+from nbgpu.plan.candidates import Candidate
+from nbgpu.plan.job import Job
+from nbgpu.plan.memory import PRECISIONS, STRATEGIES, model_states, weight_bytes
+from nbgpu.plan.ports import PortChecker, pick_ports
+from nbgpu.plan.result import (
+    Alternative,
+    ExcludedGpu,
+    Issue,
+    MemoryCheck,
+    MemoryLine,
+    Plan,
+    PlannedGpu,
+    RolePlan,
+)
+
+__all__ = ["build_plan", "gpu_span", "resolve_allocation"]
+
+# Overheads the estimator issue will add as lines of the same memory table.
+NOT_ESTIMATED_TRAIN = (
+    "activations",
+    "CUDA context (~0.3-0.6 GiB per process)",
+    "NCCL buffers (~0.5-1 GiB per communicator)",
+    "fragmentation (plan 5-10 %)",
+)
+NOT_ESTIMATED_INFERENCE = (
+    "KV cache (the engine's memory fraction decides it)",
+    "CUDA context (~0.3-0.6 GiB per process)",
+    "NCCL buffers (~0.5-1 GiB per communicator)",
+)
+
+
+def gpu_span(indices: Sequence[int]) -> str:
+    """``[0, 1, 2, 3]`` → ``"0-3"``; other lists comma-joined."""
+    ordered = sorted(indices)
+    if ordered and ordered == list(range(ordered[0], ordered[-1] + 1)) and len(ordered) > 2:
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ",".join(map(str, ordered))
+
+
+def resolve_allocation(job: Job, usable: int) -> Allocation:
+    """The job's allocation; without one, a single trainer on the GPUs the job names."""
+    if job.allocation is not None:
+        return job.allocation
+    count = job.num_gpus or len(job.require) or max(1, usable)
+    return Allocation((RoleSpec("train", "train", None, count),))
+
+
+def _excluded(candidates: Sequence[Candidate], exclude: Sequence[int]) -> list[ExcludedGpu]:
+    out = []
+    for c in candidates:
+        if c.nvml_index in exclude:
+            out.append(ExcludedGpu(c.nvml_index, c.uuid, "excluded", ("excluded by request",)))
+        elif not c.usable:
+            out.append(
+                ExcludedGpu(c.nvml_index, c.uuid, c.verdict, c.reasons, c.fixes, c.recoverable)
+            )
+    return out
+
+
+def _role_plans(
+    allocation: Allocation, groups: list[list[Candidate]] | None, ports: Sequence[int]
+) -> tuple[RolePlan, ...]:
+    roles = []
+    for n, spec in enumerate(allocation.roles):
+        members = groups[n] if groups is not None else []
+        gpus = tuple(
+            PlannedGpu(
+                cuda_index=k,
+                nvml_index=c.nvml_index,
+                uuid=c.uuid,
+                name=c.name,
+                memory_total_bytes=c.memory_total_bytes,
+                memory_free_bytes=c.memory_free_bytes,
+            )
+            for k, c in enumerate(members)
+        )
+        roles.append(
+            RolePlan(
+                name=spec.name,
+                kind=spec.kind,
+                backend=spec.backend,
+                data_parallel=spec.data_parallel,
+                tensor_parallel=spec.tensor_parallel,
+                pipeline_parallel=spec.pipeline_parallel,
+                gpus=gpus,
+                master_port=ports[n] if gpus and n < len(ports) else None,
+            )
+        )
+    return tuple(roles)
+
+
+def _batch(allocation: Allocation, job: Job, warnings: list[Issue]) -> BatchCheck | None:
+    asked = (job.global_batch, job.micro_batch, job.grad_accum)
+    trainers = allocation.train_roles
+    if not any(v is not None for v in asked):
+        return None
+    if not trainers:
+        warnings.append(Issue("batch_unchecked", "no training role: the batch was not checked"))
+        return None
+    if len(trainers) > 1:
+        warnings.append(
+            Issue(
+                "batch_first_trainer",
+                f"the batch was checked for role {trainers[0].name} only "
+                f"({len(trainers)} training roles)",
+            )
+        )
+    return check_batch(
+        trainers[0].data_parallel,
+        global_batch=job.global_batch,
+        micro_batch=job.micro_batch,
+        grad_accum=job.grad_accum,
+        max_micro_batch=job.max_micro_batch,
+        divisors=job.divisors,
+        step_divisors=job.step_divisors,
+    )
+
+
+def _batch_issue(check: BatchCheck, role: str) -> Issue:
+    fixes = tuple(
+        f"global_batch={o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
+        for o in check.nearest
+    )
+    return Issue("batch", f"role {role}: {check.reason}", fixes)
+
+
+def _memory_check(role: RolePlan, job: Job) -> MemoryCheck:
+    assert job.model is not None  # noqa: S101  (callers check)
+    params = job.model.parameters
+    if role.kind == "train":
+        states = model_states(
+            params,
+            strategy=job.strategy,
+            precision=job.precision,
+            optimizer=job.optimizer,
+            data_parallel=role.data_parallel,
+            tensor_parallel=role.tensor_parallel,
+            pipeline_parallel=role.pipeline_parallel,
+        )
+        formula = states.formula
+        lines: tuple[MemoryLine, ...] = (
+            MemoryLine("parameters", states.params_bytes, formula),
+            MemoryLine("gradients", states.grads_bytes, formula),
+            MemoryLine("optimizer", states.optimizer_bytes, formula),
+        )
+        accounting = f"{states.accounting.text}; {formula} with Ψ = {params:,} parameters"
+        missing: tuple[str, ...] = NOT_ESTIMATED_TRAIN
+    else:
+        size = weight_bytes(params, job.precision, role.tensor_parallel, role.pipeline_parallel)
+        shard = role.tensor_parallel * role.pipeline_parallel
+        size_per = PRECISIONS[job.precision]
+        formula = f"{job.precision} weights {size_per} B × Ψ" + (f" / {shard}" if shard > 1 else "")
+        lines = (MemoryLine("weights", size, formula),)
+        accounting = f"{formula} with Ψ = {params:,} parameters"
+        missing = NOT_ESTIMATED_INFERENCE
+    known = [g for g in role.gpus if _free(g) is not None]
+    smallest = min(known, key=lambda g: _free(g) or 0) if known else None
+    return MemoryCheck(
+        role=role.name,
+        lines=lines,
+        accounting=accounting,
+        available_bytes=None if smallest is None else _free(smallest),
+        deciding_gpu=None if smallest is None else smallest.nvml_index,
+        not_estimated=missing,
+    )
+
+
+def _free(gpu: PlannedGpu) -> int | None:
+    return gpu.memory_free_bytes if gpu.memory_free_bytes is not None else gpu.memory_total_bytes
+
+
+def _memory_issues(
+    check: MemoryCheck, role: RolePlan, job: Job, problems: list[Issue], warnings: list[Issue]
+) -> None:
+    need, have = fmt_bytes(check.needed_bytes), fmt_bytes(check.available_bytes)
+    gpu = check.deciding_gpu
+    if check.fits is False:
+        what = "model states" if role.kind == "train" else "weights"
+        fixes = []
+        if role.kind == "train" and job.model is not None:
+            names = list(STRATEGIES)
+            for strategy in names[names.index(job.strategy) + 1 :]:
+                other = model_states(
+                    job.model.parameters,
+                    strategy=strategy,
+                    precision=job.precision,
+                    optimizer=job.optimizer,
+                    data_parallel=role.data_parallel,
+                    tensor_parallel=role.tensor_parallel,
+                    pipeline_parallel=role.pipeline_parallel,
+                )
+                if other.total_bytes <= (check.available_bytes or 0):
+                    fixes.append(
+                        f"strategy='{strategy}' needs {fmt_bytes(other.total_bytes)} per GPU"
+                    )
+                    break
+        fixes.append("more GPUs for this role shrink every sharded part")
+        problems.append(
+            Issue(
+                "memory",
+                f"role {role.name}: {what} need {need} per GPU but GPU {gpu} has {have} free",
+                tuple(fixes),
+            )
+        )
+    elif check.tight:
+        warnings.append(
+            Issue(
+                "memory_tight",
+                f"role {role.name}: {need} of GPU {gpu}'s {have} free go to model states; "
+                "activations, the CUDA context and NCCL buffers must fit in the rest",
+            )
+        )
+
+
+def _mixed_warning(role: RolePlan) -> Issue | None:
+    sizes = {g.memory_total_bytes for g in role.gpus}
+    if len(sizes) < 2:
+        return None
+    smallest = min(role.gpus, key=lambda g: g.memory_total_bytes or 0)
+    listing = ", ".join(f"GPU {g.nvml_index}: {fmt_bytes(g.memory_total_bytes)}" for g in role.gpus)
+    why = (
+        "data-parallel ranks share one micro batch"
+        if role.kind == "train"
+        else "tensor-parallel shards are equal"
+    )
+    return Issue(
+        "mixed_gpus",
+        f"role {role.name} mixes GPU sizes ({listing}): {why}, so the smallest "
+        f"(GPU {smallest.nvml_index}) decides what fits; the memory check uses it",
+    )
+
+
+def _role_checks(
+    roles: Sequence[RolePlan],
+    by_index: dict[int, Candidate],
+    job: Job,
+    problems: list[Issue],
+    warnings: list[Issue],
+) -> list[MemoryCheck]:
+    """Caveats of the GPUs given out, mixed sizes, and memory per role."""
+    memory = []
+    for role in roles:
+        if not role.gpus:
+            continue
+        for gpu in role.gpus:
+            cand = by_index[gpu.nvml_index]
+            if cand.grade > 0:
+                warnings.extend(
+                    Issue("gpu_caveat", f"role {role.name}: {reason}") for reason in cand.reasons
+                )
+        mixed = _mixed_warning(role)
+        if mixed is not None:
+            warnings.append(mixed)
+        if job.model is not None:
+            check = _memory_check(role, job)
+            memory.append(check)
+            _memory_issues(check, role, job, problems, warnings)
+    return memory
+
+
+def _smaller(allocation: Allocation, usable: int) -> Allocation | None:
+    # Shrink the data-parallel degree, biggest training role first, inference last: the
+    # job keeps its shape (tensor/pipeline degrees) and only runs on fewer replicas.
+    order = sorted(allocation.roles, key=lambda r: (r.kind != "train", -r.gpu_count))
+    alloc = allocation
+    for spec in order:
+        current = next(r for r in alloc.roles if r.name == spec.name)
+        room = usable - (alloc.gpu_count - current.gpu_count)
+        per_replica = current.tensor_parallel * current.pipeline_parallel
+        degree = min(current.data_parallel, room // per_replica)
+        if degree >= 1:
+            alloc = alloc.with_data_parallel(spec.name, degree)
+        if alloc.gpu_count <= usable:
+            return alloc
+    return None
+
+
+def _nearest_batch(check: BatchCheck) -> int | None:
+    if check.global_batch is None or not check.nearest:
+        return None
+    wanted = check.global_batch
+    return min((abs(o.global_batch - wanted), o.global_batch) for o in check.nearest)[1]
+
+
+def _alternatives(
+    candidates: Sequence[Candidate],
+    job: Job,
+    *,
+    allocation: Allocation,
+    usable: int,
+    excluded: list[ExcludedGpu],
+    required_bad: list[int],
+    fleet: str,
+    simulated: bool,
+    is_free: PortChecker,
+    taken_ports: Iterable[int],
+) -> tuple[Alternative, ...]:
+    out = []
+    keep_require = tuple(i for i in job.require if i not in required_bad)
+
+    def sub_plan(alt_job: Job) -> Plan:
+        return build_plan(
+            candidates,
+            alt_job,
+            fleet=fleet,
+            simulated=simulated,
+            is_free=is_free,
+            taken_ports=taken_ports,
+            alternatives=False,
+        )
+
+    smaller = _smaller(allocation, usable) if allocation.gpu_count > usable else None
+    if smaller is not None:
+        alt_job = replace(job, allocation=smaller, num_gpus=None, require=keep_require)
+        note = ""
+        batch = _batch(smaller, alt_job, [])
+        if batch is not None and not batch.ok:
+            new_batch = _nearest_batch(batch)
+            if new_batch is not None:
+                alt_job = replace(alt_job, global_batch=new_batch)
+                note = f", global batch {new_batch} instead of {job.global_batch}"
+        alt = sub_plan(alt_job)
+        gpus = " | ".join(r.cuda_visible_devices for r in alt.roles if r.gpus)
+        out.append(
+            Alternative(
+                title=f"{smaller.text} on GPUs {gpus}{note}",
+                reason=f"fits the {usable} usable GPUs with the same per-role shape",
+                plan=alt,
+            )
+        )
+    elif required_bad and allocation.gpu_count <= usable:
+        alt = sub_plan(replace(job, require=keep_require))
+        out.append(
+            Alternative(
+                title=f"leave GPU {','.join(map(str, required_bad))} out of require",
+                reason="the other usable GPUs can take its place",
+                plan=alt,
+            )
+        )
+    recoverable = [e for e in excluded if e.recoverable]
+    if recoverable:
+        fixes: list[str] = []
+        for e in recoverable:
+            fixes.extend(f for f in e.fixes[:2] if f not in fixes)
+        ids = ",".join(str(e.nvml_index) for e in recoverable)
+        out.append(
+            Alternative(
+                title=f"free GPU {ids} first, then plan again",
+                reason="; ".join(f"GPU {e.nvml_index}: {e.verdict}" for e in recoverable),
+                fixes=tuple(fixes),
+            )
+        )
+    return tuple(out)
+
+
+def build_plan(
+    candidates: Sequence[Candidate],
+    job: Job,
+    *,
+    fleet: str,
+    simulated: bool,
+    is_free: PortChecker,
+    taken_ports: Iterable[int] = (),
+    alternatives: bool = True,
+) -> Plan:
+    """Place *job* on *candidates*; bad input (a GPU that does not exist) raises."""
+    if not candidates:
+        raise UserInputError(
+            "the inventory has no GPU to plan on; plan for another box with a fleet: "
+            "inventory='pod.json' (from `nbgpu status --json`) or a spec such as '4xA40'"
+        )
+    taken_ports = tuple(taken_ports)
+    by_index = {c.nvml_index: c for c in candidates}
+    span = gpu_span(list(by_index))
+    for label, values in (("require", job.require), ("exclude", job.exclude)):
+        for i in values:
+            if i not in by_index:
+                raise UserInputError(
+                    f"{label}: GPU {i} does not exist; this box has GPUs {span} "
+                    f"(write e.g. {label}={min(by_index)})"
+                )
+    considered = [c for c in candidates if c.nvml_index not in job.exclude]
+    usable = [c for c in considered if c.usable]
+    allocation = resolve_allocation(job, len(usable))
+    if allocation.gpu_count > len(candidates):
+        raise UserInputError(
+            f"{'allocation ' + repr(allocation.text) if job.allocation else 'the job'} needs "
+            f"{allocation.gpu_count} GPUs but this box has {len(candidates)} (GPUs {span}); "
+            f"use at most {len(candidates)}"
+        )
+    problems: list[Issue] = []
+    warnings: list[Issue] = []
+    excluded = _excluded(candidates, job.exclude)
+    required_bad = [i for i in job.require if not by_index[i].usable]
+    for i in required_bad:
+        c = by_index[i]
+        problems.append(
+            Issue(
+                "required_gpu_unusable",
+                f"GPU {i} is required but unusable ({c.verdict}): {c.reasons[0]}",
+                c.fixes[:2],
+            )
+        )
+    require_ok = [i for i in job.require if i not in required_bad]
+    pool = order_pool(considered, require_ok)
+    groups = assign(pool, [r.gpu_count for r in allocation.roles], keep_order=bool(require_ok))
+    if groups is None:
+        left_out = "; ".join(f"GPU {e.nvml_index}: {e.verdict}" for e in excluded)
+        problems.append(
+            Issue(
+                "not_enough_gpus",
+                f"{allocation.text} needs {allocation.gpu_count} GPUs but only {len(usable)} of "
+                f"{len(candidates)} are usable" + (f" ({left_out})" if left_out else ""),
+            )
+        )
+    ports: tuple[int, ...] = ()
+    if groups is not None:
+        ports = pick_ports(
+            len(allocation.roles), base_port=job.base_port, taken=taken_ports, is_free=is_free
+        )
+        if len(ports) < len(allocation.roles):
+            problems.append(
+                Issue(
+                    "no_free_port",
+                    f"found {len(ports)} free ports from {job.base_port} for "
+                    f"{len(allocation.roles)} roles",
+                    ("pass another base_port=",),
+                )
+            )
+    roles = _role_plans(allocation, groups, ports)
+    batch = _batch(allocation, job, warnings)
+    if batch is not None and not batch.ok:
+        problems.append(_batch_issue(batch, allocation.train_roles[0].name))
+    memory = _role_checks(roles, by_index, job, problems, warnings)
+    plan = Plan(
+        allocation=allocation.text,
+        roles=roles,
+        problems=tuple(problems),
+        warnings=tuple(warnings),
+        excluded=tuple(excluded),
+        batch=batch,
+        memory=tuple(memory),
+        alternatives=(),
+        fleet=fleet,
+        simulated=simulated,
+        name=job.name,
+    )
+    if alternatives and (groups is None or required_bad):
+        alts = _alternatives(
+            candidates,
+            job,
+            allocation=allocation,
+            usable=len(usable),
+            excluded=excluded,
+            required_bad=required_bad,
+            fleet=fleet,
+            simulated=simulated,
+            is_free=is_free,
+            taken_ports=taken_ports,
+        )
+        plan = replace(plan, alternatives=alts)
+    return plan

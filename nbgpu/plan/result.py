@@ -1,0 +1,451 @@
+"""What a plan is: roles on physical GPUs, with ports, problems, warnings and alternatives.
+
+A :class:`Plan` is data, frozen, JSON round-trippable (:func:`plan_from_dict`), and renders
+as text, HTML and a pandas frame through the ``Result`` mixin. Launchers read the fields
+documented on :class:`Plan` and :class:`RolePlan`; everything else is for people.
+
+Pure: imports the result helpers of ``nbgpu._render``, ``serial`` and ``batch``; never the
+inventory, sockets or files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from html import escape
+from typing import Any, ClassVar
+
+from nbgpu._render import Result, Table, fmt_bytes, wrap
+from nbgpu.errors import UserInputError
+from nbgpu.plan.batch import BatchCheck
+from nbgpu.plan.serial import from_data, to_data
+
+__all__ = [
+    "PLAN_FORMAT",
+    "Alternative",
+    "ExcludedGpu",
+    "Issue",
+    "MemoryCheck",
+    "MemoryLine",
+    "Plan",
+    "PlannedGpu",
+    "RolePlan",
+    "fit_title",
+    "notes_text",
+    "plan_from_dict",
+]
+
+PLAN_FORMAT = 1
+#: The address every role's rendezvous uses: plans are for one node.
+MASTER_ADDR = "127.0.0.1"
+# Model states above this share of a GPU leave too little for activations and overheads.
+TIGHT_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Issue:
+    """A problem (blocks the plan) or a warning, with its reason and what to do."""
+
+    code: str  # stable id: "not_enough_gpus", "batch", "memory", "gpu_unusable", ...
+    message: str  # the reason, one sentence naming the values involved
+    fixes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExcludedGpu:
+    """A GPU the plan does not use, and why."""
+
+    nvml_index: int
+    uuid: str | None
+    verdict: str  # short, as in the status table: "BUSY: dead holder", "excluded"
+    reasons: tuple[str, ...]
+    fixes: tuple[str, ...] = ()
+    recoverable: bool = False  # usable again once its holder is freed or it is reset
+
+
+@dataclass(frozen=True)
+class PlannedGpu:
+    """One physical GPU of a role, at logical ordinal ``cuda_index`` inside that role."""
+
+    cuda_index: int
+    nvml_index: int
+    uuid: str | None
+    name: str | None
+    memory_total_bytes: int | None
+    memory_free_bytes: int | None
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """One role: which physical GPUs in which order, how many processes, which port.
+
+    ``gpus`` is in logical order: ``gpus[k]`` is ``cuda:k`` inside the role's processes.
+    ``cuda_visible_devices`` lists their NVML indices (nvidia-smi's numbers) in that order;
+    they mean those GPUs only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which ``env`` sets
+    (``cuda_visible_devices_uuids`` is the order-independent UUID form).
+    ``nproc_per_node`` is the number of processes to start: data × tensor × pipeline.
+    ``master_port`` is a free port for the role's rendezvous (torchrun's MASTER_PORT; a
+    server may use it for its own process group), distinct across the plan.
+    """
+
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = (
+        "nproc_per_node",
+        "cuda_visible_devices",
+        "cuda_visible_devices_uuids",
+        "nvml_indices",
+        "env",
+    )
+
+    name: str
+    kind: str  # "inference" | "train"
+    backend: str | None
+    data_parallel: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    gpus: tuple[PlannedGpu, ...]  # empty when the role could not be placed
+    master_port: int | None
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.data_parallel * self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def degrees(self) -> str:
+        return f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
+
+    @property
+    def nvml_indices(self) -> tuple[int, ...]:
+        return tuple(g.nvml_index for g in self.gpus)
+
+    @property
+    def uuids(self) -> tuple[str | None, ...]:
+        return tuple(g.uuid for g in self.gpus)
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(str(i) for i in self.nvml_indices)
+
+    @property
+    def cuda_visible_devices_uuids(self) -> str:
+        return ",".join(g.uuid or str(g.nvml_index) for g in self.gpus)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment a launcher sets for this role's processes."""
+        if not self.gpus:
+            return {}
+        env = {
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": self.cuda_visible_devices,
+            "NPROC_PER_NODE": str(self.nproc_per_node),
+        }
+        if self.master_port is not None:
+            env["MASTER_ADDR"] = MASTER_ADDR
+            env["MASTER_PORT"] = str(self.master_port)
+        return env
+
+
+@dataclass(frozen=True)
+class MemoryLine:
+    """One component of per-GPU memory: bytes on each GPU of the role, and how computed."""
+
+    component: str  # "parameters", "gradients", "optimizer state", "weights"
+    bytes_per_gpu: int
+    formula: str
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    """Per-GPU memory a role needs versus what its smallest GPU has free."""
+
+    role: str
+    lines: tuple[MemoryLine, ...]
+    accounting: str  # the stated byte accounting, e.g. "bf16 params 2 B + grads 2 B + ..."
+    available_bytes: int | None  # free memory of the GPU that decides (the smallest)
+    deciding_gpu: int | None  # its NVML index
+    not_estimated: tuple[str, ...] = ()  # components not in the lines (yet)
+
+    @property
+    def needed_bytes(self) -> int:
+        return sum(line.bytes_per_gpu for line in self.lines)
+
+    @property
+    def fits(self) -> bool | None:
+        if self.available_bytes is None:
+            return None
+        return self.needed_bytes <= self.available_bytes
+
+    @property
+    def tight(self) -> bool:
+        return bool(self.available_bytes) and (
+            self.needed_bytes > TIGHT_SHARE * (self.available_bytes or 0)
+        )
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """Another way to run the job when this plan cannot: a ready plan, or steps first."""
+
+    title: str
+    reason: str
+    fixes: tuple[str, ...] = ()
+    plan: Plan | None = None
+
+
+def fit_title(title: str) -> str:
+    """A title for 80 columns: a long fleet spec goes on its own line."""
+    if len(title) <= 80 or " on " not in title:
+        return title
+    head, _, tail = title.partition(" on ")
+    return f"{head}\n  on {tail}"
+
+
+def notes_text(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> list[str]:
+    lines = []
+    for mark, issues in (("!! ", problems), ("!  ", warnings)):
+        for issue in issues:
+            lines.append(wrap(issue.message, mark))
+            lines.extend(wrap(fix, "     fix: ") for fix in issue.fixes)
+    return lines
+
+
+def _notes_html(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> str:
+    items = []
+    for level, issues in (("bad", problems), ("warn", warnings)):
+        for issue in issues:
+            fixes = "".join(f"<li>{escape(f)}</li>" for f in issue.fixes)
+            sub = f"<ul>{fixes}</ul>" if fixes else ""
+            items.append(f'<li class="{level}">{escape(issue.message)}{sub}</li>')
+    return f"<ul>{''.join(items)}</ul>" if items else ""
+
+
+@dataclass(frozen=True)
+class Plan(Result):
+    """A launchable answer: which GPUs each role gets, in what order, on which port.
+
+    What launchers read (``%%torchrun --plan p``, ``nbgpu run --plan FILE``):
+
+    - ``ok``: no blocking problem; launch only then.
+    - ``roles``: per role ``name``, ``kind``, ``gpus`` (each with ``nvml_index``, ``uuid``
+      and ``cuda_index``, the logical order), ``nvml_indices``, ``uuids``,
+      ``cuda_visible_devices`` (NVML indices in order; valid with
+      ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), ``nproc_per_node``, ``master_port`` and ``env``
+      (the variables to set, including ``CUDA_DEVICE_ORDER``).
+    - ``cuda_visible_devices``: all roles' GPUs in role order, for launchers that take
+      one list and split it by position (AReaL): logical device 0 is the first role's.
+    - ``problems`` (blocking) and ``warnings``: each an ``Issue`` with ``code``,
+      ``message`` (the reason) and ``fixes``.
+
+    Also: ``excluded`` (GPUs left out, and why), ``batch`` (divisibility, nearest valid
+    values, micro/accumulation splits), ``memory`` (per-GPU model states versus free
+    memory), ``alternatives`` (ready plans or steps when this one cannot run).
+    """
+
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("ok", "cuda_visible_devices")
+
+    allocation: str  # canonical allocation: "sglang.d1t1p1+d3t1p1"
+    roles: tuple[RolePlan, ...]
+    problems: tuple[Issue, ...]
+    warnings: tuple[Issue, ...]
+    excluded: tuple[ExcludedGpu, ...]
+    batch: BatchCheck | None
+    memory: tuple[MemoryCheck, ...]
+    alternatives: tuple[Alternative, ...]
+    fleet: str  # where the inventory came from: host name or fleet name
+    simulated: bool
+    name: str | None = None  # a sweep's run name ("run0")
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(r.cuda_visible_devices for r in self.roles if r.gpus)
+
+    def role(self, name: str) -> RolePlan:
+        for role in self.roles:
+            if role.name == name:
+                return role
+        raise KeyError(f"{name!r}: roles are {', '.join(r.name for r in self.roles)}")
+
+    # -- rendering ---------------------------------------------------------------
+
+    def _title(self) -> str:
+        source = f"SIMULATED fleet '{self.fleet}'" if self.simulated else f"host {self.fleet}"
+        run = f"{self.name}: " if self.name else ""
+        verdict = "ready" if self.ok else "NOT READY"
+        return f"nbgpu plan — {run}{self.allocation} on {source} · {verdict}"
+
+    def _role_table(self) -> Table:
+        table = Table(["role", "kind", "degrees", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port"])
+        for r in self.roles:
+            table.add(
+                r.name,
+                r.kind,
+                r.degrees,
+                r.cuda_visible_devices or "-",
+                r.nproc_per_node,
+                "-" if r.master_port is None else r.master_port,
+                level="" if r.gpus else "bad",
+            )
+        return table
+
+    def _memory_table(self) -> Table:
+        table = Table(
+            ["role", "per GPU: params + grads + optimizer", "needed", "free (GPU)", "fits"]
+        )
+        for m in self.memory:
+            parts = " + ".join(fmt_bytes(line.bytes_per_gpu) for line in m.lines)
+            if len(m.lines) == 1:
+                parts = f"{m.lines[0].component} {parts}"
+            free = (
+                "-"
+                if m.available_bytes is None
+                else f"{fmt_bytes(m.available_bytes)} ({m.deciding_gpu})"
+            )
+            fits = {True: "yes", False: "NO", None: "?"}[m.fits]
+            level = "bad" if m.fits is False else ("warn" if m.tight else "")
+            table.add(m.role, parts, fmt_bytes(m.needed_bytes), free, fits, level=level)
+        return table
+
+    def _excluded_lines(self) -> list[str]:
+        return [
+            wrap(f"GPU {e.nvml_index} ({e.verdict}): {e.reasons[0] if e.reasons else ''}", "  ")
+            for e in self.excluded
+        ]
+
+    def _alternative_lines(self) -> list[str]:
+        lines = []
+        for n, alt in enumerate(self.alternatives, 1):
+            status = ""
+            if alt.plan is not None:
+                status = " — ready" if alt.plan.ok else " — also blocked"
+            lines.append(wrap(f"{alt.title}{status}: {alt.reason}", f"  {n}. "))
+            lines.extend(wrap(fix, "       ") for fix in alt.fixes)
+        return lines
+
+    def _footer(self) -> list[str]:
+        lines = []
+        if self.batch is not None and self.batch.ok:
+            lines.append(f"batch: {self.batch.summary}")
+        if self.memory:
+            lines.extend(wrap(f"memory {m.role}: {m.accounting}", "") for m in self.memory)
+            missing = dict.fromkeys(x for m in self.memory for x in m.not_estimated)
+            if missing:
+                lines.append(wrap("not counted yet: " + ", ".join(missing), "  "))
+        elif self.roles and self.roles[0].gpus:
+            lines.append("memory: not checked (pass model= to compare with free memory)")
+        if self.cuda_visible_devices and len(self.roles) > 1:
+            first = self.roles[0]
+            lines.append(
+                wrap(
+                    f"one-list form: CUDA_VISIBLE_DEVICES={self.cuda_visible_devices} "
+                    f"(logical device 0 = GPU {first.nvml_indices[0]}, role {first.name})",
+                    "",
+                )
+            )
+        if any(r.gpus for r in self.roles):
+            lines.append("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
+        return lines
+
+    def text(self) -> str:
+        lines = [fit_title(self._title()), self._role_table().text()]
+        if self.excluded:
+            lines.append("left out:")
+            lines.extend(self._excluded_lines())
+        lines.extend(self._footer())
+        if self.memory:
+            lines.append(self._memory_table().text())
+        notes = notes_text(self.problems, self.warnings)
+        if notes:
+            lines.append("")
+            lines.extend(notes)
+        if self.alternatives:
+            lines.append("alternatives:")
+            lines.extend(self._alternative_lines())
+        return "\n".join(lines)
+
+    def html_body(self) -> str:
+        title = escape(self._title())
+        if self.simulated:
+            title = title.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+        parts = [f"<b>{title}</b>", self._role_table().html()]
+        if self.roles and any(r.gpus for r in self.roles):
+            uuids = Table(["role", "cuda", "GPU", "UUID", "name", "free"])
+            for r in self.roles:
+                for g in r.gpus:
+                    uuids.add(
+                        r.name,
+                        g.cuda_index,
+                        g.nvml_index,
+                        g.uuid or "-",
+                        (g.name or "-").replace("NVIDIA ", ""),
+                        fmt_bytes(g.memory_free_bytes),
+                    )
+            parts.append(uuids.html())
+        if self.excluded:
+            items = "".join(
+                f"<li>GPU {e.nvml_index} ({escape(e.verdict)}): {escape(' '.join(e.reasons))}</li>"
+                for e in self.excluded
+            )
+            parts.append(f"<div>left out:<ul>{items}</ul></div>")
+        parts.append("".join(f"<div>{escape(line)}</div>" for line in self._footer()))
+        if self.memory:
+            parts.append(self._memory_table().html())
+        parts.append(_notes_html(self.problems, self.warnings))
+        if self.alternatives:
+            items = "".join(
+                f"<li>{escape(line.strip())}</li>" for line in self._alternative_lines()
+            )
+            parts.append(f"<div>alternatives:<ol>{items}</ol></div>")
+        return "".join(parts)
+
+    # -- data --------------------------------------------------------------------
+
+    def records(self) -> list[dict[str, Any]]:
+        rows = []
+        for r in self.roles:
+            base = {
+                "plan": self.name,
+                "role": r.name,
+                "kind": r.kind,
+                "degrees": r.degrees,
+                "nproc_per_node": r.nproc_per_node,
+                "master_port": r.master_port,
+                "cuda_visible_devices": r.cuda_visible_devices,
+                "ok": self.ok,
+                "simulated": self.simulated,
+            }
+            if not r.gpus:
+                rows.append({**base, "cuda_index": None, "nvml_index": None, "uuid": None})
+            rows.extend(
+                {
+                    **base,
+                    "cuda_index": g.cuda_index,
+                    "nvml_index": g.nvml_index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "memory_total_bytes": g.memory_total_bytes,
+                    "memory_free_bytes": g.memory_free_bytes,
+                }
+                for g in r.gpus
+            )
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = to_data(self)
+        return {"nbgpu_plan": PLAN_FORMAT, **data}
+
+
+def plan_from_dict(data: Any) -> Plan:
+    """Rebuild a :class:`Plan` from ``Plan.to_dict()`` (or its JSON, decoded)."""
+    if not isinstance(data, dict):
+        raise UserInputError("plan JSON: the top level is not an object")
+    fmt = data.get("nbgpu_plan")
+    if fmt != PLAN_FORMAT:
+        raise UserInputError(
+            f"plan JSON: nbgpu_plan = {json.dumps(fmt)}; expected {PLAN_FORMAT} "
+            "(write one with `nbgpu plan ... --json > plan.json`)"
+        )
+    return from_data(Plan, data, prefix="plan JSON")

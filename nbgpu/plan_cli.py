@@ -1,0 +1,195 @@
+"""The plan face's arguments, shared by ``nbgpu plan`` and ``%gpu_plan``.
+
+One parser for both faces so their flags can never drift apart. It only parses and
+calls :mod:`nbgpu.plan`; results are returned for the face to print or display.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from nbgpu.errors import UserInputError
+
+__all__ = ["add_plan_arguments", "plan_from_args", "render_plan_output"]
+
+
+def _pairs(items: Sequence[str], flag: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserInputError(f"{flag} {item!r}: expected NAME=VALUE, e.g. {flag} group=8")
+        out[key] = int(value) if value.isdigit() else value
+    return out
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "allocation",
+        nargs="?",
+        default=None,
+        help="roles: 'sglang.d1t1p1+d3t1p1', 'd4t1p1' or 'inference:1,train:3'",
+    )
+    p.add_argument(
+        "--fleet",
+        default=None,
+        metavar="SPEC|FILE",
+        help="plan for this fleet (spec, scenario or status JSON) instead of here",
+    )
+    p.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs for the job")
+    p.add_argument("--require", default=None, metavar="0,1", help="GPUs that must be used")
+    p.add_argument("--exclude", default=None, metavar="0", help="GPUs never to use")
+    p.add_argument("--batch", type=int, default=None, metavar="N", help="global batch size")
+    p.add_argument("--micro", type=int, default=None, metavar="N", help="micro batch per GPU")
+    p.add_argument("--accum", type=int, default=None, metavar="N", help="gradient accumulation")
+    p.add_argument(
+        "--max-micro", type=int, default=None, metavar="N", help="largest micro batch that fits"
+    )
+    p.add_argument(
+        "--divisor",
+        action="append",
+        default=[],
+        metavar="NAME=K",
+        help="the global batch must divide by K (e.g. group=8); repeatable",
+    )
+    p.add_argument(
+        "--step-divisor",
+        action="append",
+        default=[],
+        metavar="NAME=K",
+        help="ranks x micro batch must divide by K (TRL num_generations)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="7B|config.json",
+        help="parameter count or an HF config for the memory check",
+    )
+    p.add_argument("--precision", default=None, help="bf16 (default), fp16 or fp32")
+    p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
+    p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
+    p.add_argument(
+        "--base-port",
+        type=int,
+        default=29500,
+        metavar="P",
+        help="first port to try for the rendezvous",
+    )
+    p.add_argument(
+        "--sweep",
+        type=int,
+        default=None,
+        metavar="RUNS",
+        help="split the box into RUNS disjoint runs (seed 002)",
+    )
+    p.add_argument("--per-run", type=int, default=None, metavar="K", help="GPUs per sweep run")
+    p.add_argument(
+        "--scale",
+        default=None,
+        metavar="CONFIG",
+        help="rescale a YAML/JSON config (verl/VAGEN keys) to --to GPUs (seed 004)",
+    )
+    p.add_argument("--to", type=int, default=None, metavar="N", help="with --scale: GPUs after")
+    p.add_argument(
+        "--from",
+        dest="from_gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --scale: GPUs before (default: read from the config)",
+    )
+    p.add_argument(
+        "--keep-batch",
+        action="store_true",
+        help="with --scale: keep global batch sizes (default: scale them)",
+    )
+    p.add_argument(
+        "--tp", default="keep", metavar="keep|scale|N", help="with --scale: tensor-parallel size"
+    )
+    p.add_argument(
+        "--rule",
+        action="append",
+        default=[],
+        metavar="KEY=RULE",
+        help="with --scale: how to treat a key (scale, keep, per_gpu...)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --scale: sequence length for the KV-cache check",
+    )
+    p.add_argument(
+        "--gpu-memory",
+        default=None,
+        metavar="SIZE",
+        help="with --scale: memory per GPU, e.g. 48G (default: from the fleet)",
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print JSON (plan files for --plan)")
+    out.add_argument("--diff", action="store_true", help="with --scale: a unified diff")
+    out.add_argument("--yaml", action="store_true", help="with --scale: the new YAML")
+    out.add_argument(
+        "--overrides", action="store_true", help="with --scale: Hydra key=value overrides"
+    )
+
+
+def plan_from_args(args: argparse.Namespace) -> Any:
+    """Call nbgpu.plan / .sweep / .scale for parsed arguments; returns the result."""
+    from nbgpu import plan as planning  # noqa: PLC0415  (heavy-ish; only when planning)
+
+    common: dict[str, Any] = {
+        "global_batch": args.batch,
+        "micro_batch": args.micro,
+        "grad_accum": args.accum,
+        "max_micro_batch": args.max_micro,
+        "divisors": _pairs(args.divisor, "--divisor") or None,
+        "step_divisors": _pairs(args.step_divisor, "--step-divisor") or None,
+        "model": args.model,
+        "precision": args.precision or "bf16",
+        "strategy": args.strategy,
+        "optimizer": args.optimizer,
+        "base_port": args.base_port,
+        "inventory": args.fleet,
+    }
+    if args.scale is not None:
+        from nbgpu.rank import parse_size  # noqa: PLC0415
+
+        return planning.scale(
+            args.scale,
+            to_gpus=args.to,
+            from_gpus=args.from_gpus,
+            batch="keep" if args.keep_batch else "scale",
+            tensor_parallel=int(args.tp) if args.tp.isdigit() else args.tp,
+            rules=_pairs(args.rule, "--rule") or None,
+            model=args.model,
+            max_model_len=args.max_model_len,
+            precision=args.precision,
+            inventory=args.fleet,
+            gpu_memory_bytes=None if args.gpu_memory is None else parse_size(args.gpu_memory),
+        )
+    if args.diff or args.yaml or args.overrides:
+        raise UserInputError("--diff, --yaml and --overrides go with --scale CONFIG")
+    if args.sweep is not None:
+        return planning.sweep(
+            args.sweep, args.per_run, allocation=args.allocation, exclude=args.exclude, **common
+        )
+    return planning.plan(
+        args.allocation, num_gpus=args.gpus, require=args.require, exclude=args.exclude, **common
+    )
+
+
+def render_plan_output(result: Any, args: argparse.Namespace) -> str | None:
+    """The text a face prints for --json/--diff/--yaml/--overrides (None: show the result)."""
+    if args.json:
+        return str(result.to_json())
+    if args.diff:
+        return str(result.diff())
+    if args.yaml:
+        return str(result.to_yaml())
+    if args.overrides:
+        return "\n".join(result.to_overrides())
+    return None

@@ -1,0 +1,86 @@
+"""plan/ is pure: what each module may import, what it must say about itself."""
+
+import ast
+import importlib
+import inspect
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbgpu.plan
+
+PACKAGE = Path(nbgpu.plan.__file__).parent
+MODULES = sorted(
+    ["nbgpu.plan"] + [f"nbgpu.plan.{m.name}" for m in pkgutil.iter_modules([str(PACKAGE)])]
+)
+NEVER = {"IPython", "ipywidgets", "matplotlib", "pynvml", "psutil", "subprocess", "torch"}
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _path(module: str) -> Path:
+    return Path(importlib.import_module(module).__file__)
+
+
+def test_no_plan_module_imports_processes_hardware_or_notebook_code():
+    for module in MODULES:
+        bad = _imports(_path(module)) & NEVER
+        assert not bad, f"{module} imports {bad}"
+
+
+def test_only_ports_binds_sockets_and_only_files_reads_files():
+    for module in MODULES:
+        source = _path(module).read_text()
+        if "socket" in _imports(_path(module)):
+            assert module == "nbgpu.plan.ports", module
+        if module != "nbgpu.plan.files":
+            assert ".read_text(" not in source, module
+            assert "open(" not in source, module
+
+
+def test_every_module_says_what_it_owns_and_must_never_import():
+    for module in MODULES:
+        doc = importlib.import_module(module).__doc__ or ""
+        assert len(doc.splitlines()) >= 3, module
+        assert "never" in doc.lower(), f"{module}'s docstring does not say what it never imports"
+
+
+def test_all_lists_every_public_definition():
+    for module in MODULES:
+        mod = importlib.import_module(module)
+        public = {
+            name
+            for name, obj in vars(mod).items()
+            if not name.startswith("_")
+            and (inspect.isfunction(obj) or inspect.isclass(obj))
+            and obj.__module__ == module
+        }
+        assert public <= set(mod.__all__), f"{module}: {public - set(mod.__all__)}"
+
+
+def test_the_package_itself_is_callable():
+    assert type(nbgpu.plan).__name__ == "_CallablePlanModule"
+    assert nbgpu.plan.__call__ is not None
+    assert inspect.signature(type(nbgpu.plan).__call__) == inspect.signature(nbgpu.plan.plan)
+
+
+def test_importing_plan_stays_light():
+    script = (
+        "import json, sys, nbgpu.plan; "
+        "print(json.dumps([m for m in ('torch', 'pynvml', 'psutil', 'pandas', 'IPython') "
+        "if m in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == []

@@ -1,0 +1,96 @@
+import json
+
+import pytest
+
+import nbgpu.plan
+from nbgpu.errors import UserInputError
+from nbgpu.plan import Plan, plan_from_json
+
+from .conftest import all_free
+
+
+@pytest.fixture
+def seed000_plan(inventory) -> Plan:
+    return nbgpu.plan(
+        "sglang.d1t1p1+d3t1p1",
+        inventory=inventory("seed000"),
+        global_batch=8,
+        model="1.5B",
+        port_is_free=all_free,
+    )
+
+
+def test_json_round_trip_is_exact_including_alternatives(seed000_plan):
+    again = plan_from_json(seed000_plan.to_json())
+    assert again == seed000_plan
+    assert again.alternatives[0].plan == seed000_plan.alternatives[0].plan
+
+
+def test_json_carries_what_a_launcher_reads(seed000_plan):
+    data = json.loads(seed000_plan.alternatives[0].plan.to_json())
+    assert data["nbgpu_plan"] == 1
+    assert data["ok"] is True
+    train = data["roles"][1]
+    assert train["cuda_visible_devices"] == "2,3"
+    assert train["nproc_per_node"] == 2
+    assert train["master_port"] == 29501
+    assert train["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert [g["uuid"][:4] for g in train["gpus"]] == ["GPU-", "GPU-"]
+
+
+def test_plan_from_a_file_and_a_sweep_run(tmp_path, inventory):
+    sweep = nbgpu.plan.sweep(runs=2, gpus_per_run=2, inventory=inventory("healthy"),
+                             port_is_free=all_free)  # fmt: skip
+    path = tmp_path / "sweep.json"
+    path.write_text(sweep.to_json())
+    assert plan_from_json(path, run=1) == sweep.runs[1]
+    assert plan_from_json(str(path), run="run0") == sweep.runs[0]
+    with pytest.raises(UserInputError, match=r"is a sweep of 2 runs; pass run=0\.\.1"):
+        plan_from_json(path)
+    single = tmp_path / "plan.json"
+    single.write_text(sweep.runs[0].to_json())
+    assert plan_from_json(single) == sweep.runs[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"nbgpu_plan": 7}', "nbgpu_plan = 7; expected 1"),
+        ('{"nbgpu_plan": 1, "allocation": "d1"}', "has no 'roles'"),
+    ],
+)
+def test_bad_plan_json_is_one_line(text, fragment):
+    with pytest.raises(UserInputError, match=fragment):
+        plan_from_json(text)
+
+
+def test_bad_plan_field_names_its_path(seed000_plan):
+    data = json.loads(seed000_plan.to_json())
+    data["roles"][0]["data_parallel"] = "one"
+    with pytest.raises(UserInputError, match=r"roles\[0\]\.data_parallel = 'one' is not"):
+        plan_from_json(json.dumps(data))
+
+
+def test_missing_plan_file():
+    with pytest.raises(UserInputError, match=r"plan file 'nope\.json' does not exist"):
+        plan_from_json("nope.json")
+
+
+def test_text_fits_80_columns_and_labels_simulation(seed000_plan):
+    text = seed000_plan.text()
+    assert "SIMULATED fleet 'seed000'" in text
+    assert "NOT READY" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    ready = seed000_plan.alternatives[0].plan.text()
+    assert "· ready" in ready
+    assert max(len(line) for line in ready.splitlines()) <= 80
+
+
+def test_html_and_frame(seed000_plan):
+    html = seed000_plan.alternatives[0].plan._repr_mimebundle_()["text/html"]
+    assert '<span class="nbgpu-sim">SIMULATED</span>' in html
+    assert "GPU-" in html  # UUIDs are shown in the notebook
+    frame = seed000_plan.alternatives[0].plan.to_frame()
+    assert list(frame["nvml_index"]) == [1, 2, 3]
+    assert list(frame["cuda_index"]) == [0, 0, 1]
