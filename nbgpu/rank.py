@@ -382,7 +382,8 @@ def init(
 ) -> None:
     """Join the job's process group from torchrun's environment; a second call is a no-op.
 
-    ``backend``: None picks ``nccl`` on real CUDA and ``gloo`` otherwise; under
+    ``backend``: None takes ``NBGPU_BACKEND`` (``%%torchrun --backend``) if set, else
+    picks ``nccl`` on real CUDA and ``gloo`` otherwise; under
     ``NBGPU_SIMULATE`` always ``gloo`` (an explicit ``nccl`` runs as gloo there, labelled,
     so a cell written for the real box runs unchanged). On CUDA and under simulation
     ``device()`` runs first, so a busy GPU or an invalid ordinal fails here with CUDA's
@@ -397,7 +398,8 @@ def init(
     if dist.is_initialized():
         return
     env = _env(environ)
-    wanted = _check_backend(backend)
+    # %%torchrun --backend sets the default for every rank; an explicit argument wins.
+    wanted = _check_backend(backend or env.get("NBGPU_BACKEND") or None)
     if timeout_s <= 0:
         raise UserInputError(f"timeout_s={timeout_s!r}: expected a number of seconds > 0")
     global_rank = rank(env)

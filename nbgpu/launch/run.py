@@ -12,6 +12,7 @@ Owns processes; never imports IPython, ipywidgets or matplotlib (faces render).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -127,13 +128,13 @@ class Run(Result):
             "pull": list(cfg.pull),
             "pull_all_ranks": cfg.pull_all_ranks,
         }
+        spec["script_args"] = list(cfg.script_args)
         if cfg.code is not None:
             cell = self.dir / "cell.py"
             cell.write_text(cfg.code, encoding="utf-8")
             spec["cell"] = str(cell)
         elif cfg.script is not None:
             spec["script"] = str(cfg.script.resolve())
-            spec["script_args"] = list(cfg.script_args)
         (self.dir / "bootstrap.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
         if cfg.push:
             (self.dir / "push.pkl").write_bytes(pickle.dumps(dict(cfg.push)))
@@ -165,6 +166,7 @@ class Run(Result):
         self.state = "running"
         self._tails = {r: LogTail(rundir.rank_log(self.dir, r)) for r in range(cfg.nproc)}
         RUNS[self.name] = self
+        _stop_all_at_exit_once()
         return self
 
     def _cwd(self) -> str | None:
@@ -588,6 +590,24 @@ def follow(
         if on_tick is not None:
             on_tick(run)
     return run
+
+
+_EXIT_HOOK: list[bool] = []
+
+
+def _stop_all_at_exit_once() -> None:
+    # A kernel that shuts down cleanly (or a script that returns) stops its runs in
+    # order; parent-death signals cover the unclean exits.
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        atexit.register(_stop_running, "kernel shutdown")
+
+
+def _stop_running(reason: str) -> None:
+    for run in list(RUNS.values()):
+        if not run.done and not run.agent_done:
+            with contextlib.suppress(Exception):
+                run.stop(reason, grace_s=2.0)
 
 
 def leftover_processes(run: Run) -> list[int]:

@@ -175,6 +175,7 @@ def main() -> int:
             namespace = runpy.run_path(spec["script"], run_name="__main__")
         else:
             namespace["__file__"] = spec["cell"]
+            sys.argv = [spec["cell"], *spec.get("script_args", [])]  # %%torchrun ... -- args
             _run_cell(spec, namespace)
         _pull(spec, namespace, run_dir, rank)
     except SystemExit as exc:

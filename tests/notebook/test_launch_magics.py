@@ -25,15 +25,37 @@ def ip(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_cell_push_pull_and_gpu_runs(ip, capsys):
+def test_torchrun_cell_flags_end_to_end(ip, capsys):
     ip.user_ns["cfg"] = {"lr": 0.5}
-    cell = "import os\nrank = int(os.environ['RANK'])\nprint('lr', cfg['lr'], 'cvd', os.environ['CUDA_VISIBLE_DEVICES'])\nanswer = rank + 41\n"
-    run = ip.run_cell_magic("torchrun", "2 --name magic-ok --push cfg --pull answer", cell)
-    out = capsys.readouterr().out
+    cell = (
+        "import os\n"
+        "import resource\n"
+        "import sys\n"
+        "import nbgpu.rank as R\n"
+        "R.init()\n"
+        "import torch.distributed as dist\n"
+        "rank = R.rank()\n"
+        "soft, _ = resource.getrlimit(resource.RLIMIT_AS)\n"
+        "print('lr', cfg['lr'], 'cvd', os.environ['CUDA_VISIBLE_DEVICES'], 'argv', sys.argv[1:],"
+        " 'backend', dist.get_backend(), 'limit_gib', soft // 2**30)\n"
+        "answer = rank + 41\n"
+    )
+    run = ip.run_cell_magic(
+        "torchrun",
+        "2 --name magic-ok --push cfg --pull answer,nothere --serial-imports --mem-limit 16G "
+        "--backend gloo -- --epochs 2",
+        cell,
+    )
+    captured = capsys.readouterr()
+    out = captured.out
     assert run.state == "succeeded"
-    assert "lr 0.5 cvd 1,2,3" in out  # seed000's busy GPU 0 was left out
+    assert "lr 0.5 cvd 1,2,3 argv ['--epochs', '2'] backend gloo limit_gib 16" in out
     assert "[nbgpu] GPU 0 left out: BUSY: dead holder" in out
     assert ip.user_ns["answer"] == 41
+    assert "--pull nothere: rank 0 never set 'nothere'" in captured.err
+    # --serial-imports: each rank took the lock for its leading imports, one at a time.
+    logs = [run.logs[f"rank{r}"].read_text() for r in (0, 1)]
+    assert all("LOCK: acquired" in text and "LOCK: released" in text for text in logs)
     table = ip.run_line_magic("gpu_runs", "")
     assert "magic-ok" in table.text()
     assert "succeeded" in table.text()
