@@ -142,7 +142,7 @@ def test_help_and_line_use(ip, capsys):
 
 
 @pytest.mark.slow
-def test_background_widget_panel_tracks_ranks_and_stops(ip, capsys):
+def test_background_widget_panel_tracks_ranks_and_stops(ip):
     ip.run_cell_magic(
         "torchrun",
         "2 --bg --view widgets --name paneled",
