@@ -155,7 +155,9 @@ class Inventory(Result):
         return table
 
     def _process_table(self) -> Table:
-        table = Table(["GPU", "pid", "user", "state", "GPU mem", "its CVD", "command"], flex=6)
+        table = Table(
+            ["GPU", "pid", "user", "state", "up", "GPU mem", "its CVD", "command"], flex=7
+        )
         for gpu in self.gpus:
             for proc in gpu.processes:
                 h = proc.holder
@@ -168,6 +170,7 @@ class Inventory(Result):
                     proc.pid,
                     fmt_opt(h.user if h else None),
                     state,
+                    _age(h.start_time if h else None, self.taken_at),
                     fmt_bytes(proc.used_bytes),
                     fmt_opt(h.visible_devices if h else None),
                     fmt_opt(h.command if h else None),
@@ -180,6 +183,7 @@ class Inventory(Result):
                 pid,
                 fmt_opt(h.user),
                 "open " + ",".join(p.rsplit("/", 1)[-1] for p in paths),
+                _age(h.start_time, self.taken_at),
                 "-",
                 fmt_opt(h.visible_devices),
                 fmt_opt(h.command),
@@ -338,6 +342,17 @@ class Inventory(Result):
             "gpus": [_gpu_dict(g, fs) for g, fs in zip(self.gpus, self.findings, strict=True)],
             "probe": None if self.probe is None else self.probe.to_dict(),
         }
+
+
+def _age(start_time: float | None, now: float) -> str:
+    """How long a process has run: '45s', '12m', '3h', '2d' (its start time is in JSON)."""
+    if start_time is None:
+        return "-"
+    seconds = max(0.0, now - start_time)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
 
 
 def _gpu_dict(gpu: Gpu, findings: tuple[Finding, ...]) -> dict[str, Any]:
