@@ -17,6 +17,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "__version__",
     "clean",
+    "diagnose",
     "doctor",
     "errors",
     "load_ipython_extension",
@@ -35,10 +36,11 @@ _LAZY = {
     "torchrun": "nbgpu.launch.launcher",
     "runs": "nbgpu.launch.registry",
     "plan": "nbgpu.plan",  # a callable module: nbgpu.plan(...), nbgpu.plan.sweep(...)
+    "diagnose": "nbgpu.diagnose",  # a callable module: nbgpu.diagnose(run_or_path)
 }
 
 if TYPE_CHECKING:
-    from nbgpu import errors, plan
+    from nbgpu import diagnose, errors, plan
     from nbgpu.api import clean, doctor, status
     from nbgpu.launch.launcher import torchrun
     from nbgpu.launch.registry import runs

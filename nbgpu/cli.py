@@ -5,6 +5,7 @@
     nbgpu clean  [--yes] [--dry-run] [--grace S]
     nbgpu run    [-n N] [--gpus 0,1] [--timeout S] [...] script.py [script args]
     nbgpu plan   [ALLOCATION] [--batch N] [--sweep RUNS] [--scale CONFIG --to N] [...]
+    nbgpu diagnose FILE|DIR|- [--json] [--inventory]
 
 Only parses arguments and calls :mod:`nbgpu.api`. Exit codes: 0 fine, 1 the
 doctor found a problem that needs fixing (or clean could not stop a process),
@@ -78,6 +79,28 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds between SIGTERM and SIGKILL (default 3)",
     )
+    p = sub.add_parser("diagnose", help="name the cause of a failed run, its first rank, fixes")
+    p.add_argument("source", help="a log file, a run directory, or - for standard input")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    p.add_argument(
+        "--inventory",
+        action="store_true",
+        help="add this machine's GPUs (holders, modes) to the findings",
+    )
+    p.add_argument(
+        "--max-evidence",
+        type=int,
+        default=5,
+        metavar="N",
+        help="evidence lines per finding (default 5)",
+    )
+    p.add_argument(
+        "--full-scan",
+        action="store_true",
+        help="read every line (default: skip lines no cause can match)",
+    )
+    p.add_argument("--name", default=None, help="a label for the report")
+
     p = sub.add_parser("plan", help="place roles on GPUs, check batch sizes, sweeps, scaling")
     add_plan_arguments(p)
 
@@ -104,6 +127,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="launch even on unhealthy GPUs or with more ranks than GPUs",
     )
     p.add_argument("--name", default=None, help="a name for the run directory")
+    p.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="rendezvous port (default: a free one)",
+    )
     p.add_argument(
         "--timeout",
         type=float,
@@ -162,6 +192,7 @@ def _run_script(args: argparse.Namespace) -> int:
         env=parse_env_pairs(args.env),
         mem_limit=args.mem_limit,
         backend=args.backend,
+        master_port=args.master_port,
         quiet=args.quiet,
     )
     for note in prepared.notes:
@@ -176,6 +207,28 @@ def _run_script(args: argparse.Namespace) -> int:
     follow(run, writer)
     print(run.text(), file=sys.stderr)
     return EXIT_OK if run.state == "succeeded" else EXIT_PROBLEM
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from nbgpu.diagnose import diagnose  # noqa: PLC0415
+
+    if args.max_evidence < 1:
+        raise UserInputError(f"--max-evidence {args.max_evidence}: expected a whole number >= 1")
+    source: Any = sys.stdin.buffer if args.source == "-" else args.source
+    inventory = None
+    if args.inventory:
+        from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+
+        inventory = take_inventory(scan_device_files=False)
+    result = diagnose(
+        source,
+        inventory=inventory,
+        name=args.name,
+        max_evidence=args.max_evidence,
+        full_scan=args.full_scan or None,
+    )
+    print(result.to_json() if args.json else result.text())
+    return EXIT_PROBLEM if result.status == "failure" else EXIT_OK
 
 
 def _confirm_on_tty(plan: Any) -> bool:
@@ -211,6 +264,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_PROBLEM if failed else EXIT_OK
     if args.command == "run":
         return _run_script(args)
+    if args.command == "diagnose":
+        return _diagnose(args)
     if args.command == "plan":
         result = plan_from_args(args)
         print(render_plan_output(result, args) or result.text())

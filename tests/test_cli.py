@@ -91,3 +91,34 @@ def test_clean_dry_run_lists_nothing_on_a_fleet_with_no_live_holders():
     out = run(["clean", "--dry-run"], simulate="seed000")
     assert out.returncode == 0
     assert out.stdout.strip()
+
+
+def test_diagnose_a_log_file_and_stdin():
+    from pathlib import Path
+
+    corpus = Path(__file__).parent / "diagnose" / "corpus" / "cuda_oom"
+    log = sorted(corpus.glob("*.log"))[0]
+    out = run(["diagnose", str(log)])
+    assert out.returncode == 1  # a failure was found
+    assert "[cuda_oom]" in out.stdout
+    piped = subprocess.run(
+        [*NBGPU, "diagnose", "-", "--json"],
+        input=log.read_text(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert json.loads(piped.stdout)["cause"] == "cuda_oom"
+    clean = subprocess.run(
+        [*NBGPU, "diagnose", "-"],
+        input="all good\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert clean.returncode == 0
+    missing = run(["diagnose", "/no/such/file.log"])
+    assert missing.returncode == 2
+    assert "no such file or directory" in missing.stderr

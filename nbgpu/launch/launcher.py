@@ -146,6 +146,7 @@ def prepare(
     inventory: Inventory | None = None,
     plan: Any = None,
     role: str | None = None,
+    master_port: int | None = None,
 ) -> Prepared:
     """Validate everything and decide nproc and GPUs; starts nothing.
 
@@ -154,14 +155,13 @@ def prepare(
     """
     environ = dict(os.environ if environ is None else environ)
     notes: list[str] = []
-    master_port: int | None = None
     if plan is not None:
         if gpus is not None:
             raise UserInputError("--plan and --gpus both choose GPUs: give one of them")
         chosen_role = _plan_role(plan, role)
         gpus = chosen_role.cuda_visible_devices
         nproc = chosen_role.nproc_per_node if nproc is None else nproc
-        master_port = chosen_role.master_port
+        master_port = master_port or chosen_role.master_port
         notes.append(
             f"plan role '{chosen_role.name}': GPUs {gpus}, {chosen_role.nproc_per_node} ranks, "
             f"port {master_port}"

@@ -109,6 +109,7 @@ class Run(Result):
         self.pulled_all: list[dict[str, Any]] = []
         self.pull_problems: list[str] = []
         self.stop_report: StopReport | None = None
+        self.diagnosis: Any = None  # nbgpu.diagnose's verdict when the run did not succeed
         self.stop_reason: str | None = None
         self.agent_result: dict[str, Any] = {}
         self.writer: LineSink | None = None
@@ -329,7 +330,20 @@ class Run(Result):
         else:
             self.state = "failed"
         self._write_meta()
+        if self.state == "failed":
+            self.diagnosis = self._diagnose()
         self._finished.set()
+
+    def _diagnose(self) -> Any:
+        """Name the cause from the logs, with this machine's GPUs as context."""
+        try:
+            from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+            from nbgpu.diagnose import diagnose  # noqa: PLC0415
+
+            inventory = take_inventory(self.environ, scan_device_files=False)
+            return diagnose(self.dir, inventory=inventory, name=self.name)
+        except Exception:  # noqa: BLE001  (a diagnosis must never hide the failure itself)
+            return None
 
     def _error_details(
         self, rank: int, failure: dict[str, Any] | None
@@ -352,7 +366,7 @@ class Run(Result):
                 target = rundir.error_file(self.dir, rank)
                 if path != target:
                     with contextlib.suppress(OSError):
-                        shutil.copyfile(path, target)  # diagnosis looks next to the logs
+                        shutil.move(path, target)  # one copy, next to the logs, for diagnosis
                 return str(message.get("message")), info.get("py_callstack"), stamp
             except (ValueError, KeyError, TypeError, OSError, AttributeError):
                 continue
@@ -431,6 +445,11 @@ class Run(Result):
 
     def failure_lines(self) -> list[str]:
         lines = [f"RunFailed: {self.failure_summary()}"]
+        root = getattr(self.diagnosis, "root", None)
+        if root is not None and getattr(self.diagnosis, "cause", "unknown") != "unknown":
+            # The diagnosis leads: the cause in plain words and the first fixes.
+            lines.append(f"cause: {self.diagnosis.headline}")
+            lines.extend(f"  fix: {fix}" for fix in root.fixes[:2])
         rc = self.root_cause
         if rc is not None and rc.traceback:
             tb = [line for line in rc.traceback.rstrip().splitlines() if line.strip()]
@@ -480,6 +499,11 @@ class Run(Result):
         if self.state not in ("succeeded", "running", "created"):
             lines.append(wrap(self.failure_summary(), "", 80))
         lines.extend(wrap(p, "! ") for p in self.pull_problems)
+        if self.diagnosis is not None and getattr(self.diagnosis, "cause", "") not in (
+            "unknown",
+            "none",
+        ):
+            lines.append(wrap(self.diagnosis.headline, "cause: "))
         lines.append(f"logs: {self.dir}")
         return "\n".join(lines)
 
@@ -490,6 +514,8 @@ class Run(Result):
         if self.state not in ("succeeded", "running", "created"):
             parts.append(f"<p>{escape(self.failure_summary())}</p>")
         parts.extend(f'<p class="warn">{escape(p)}</p>' for p in self.pull_problems)
+        if self.diagnosis is not None:
+            parts.append(self.diagnosis.html_body())
         parts.append(f"<div>logs: <code>{escape(str(self.dir))}</code></div>")
         return "".join(parts)
 

@@ -29,6 +29,12 @@ _GPU_RUNS_HELP = """%gpu_runs
 List this kernel's runs: name, state, ranks, GPUs, port, age, log directory.
 The result converts with .to_frame(); nbgpu.runs() returns the Run objects."""
 
+_GPU_DIAGNOSE_HELP = """%gpu_diagnose [NAME|PATH]
+
+Name the cause of a failed run, the rank that failed first, the evidence lines and
+the fixes. NAME is a run of this kernel (%gpu_runs); PATH a log file or run
+directory. Without an argument: the last failed run here."""
+
 BACKGROUND_REFRESH_S = 0.25  # display updates count against Jupyter's message rate
 
 
@@ -101,6 +107,13 @@ class LaunchMagics(Magics):
     )
     @argument("--name", default=None, help="a name for %%gpu_runs / %%gpu_stop")
     @argument("--bg", action="store_true", help="run in the background; output stays in this cell")
+    @argument(
+        "--master-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="rendezvous port (default: a free one; never 29500 by accident)",
+    )
     @argument(
         "--timeout",
         type=float,
@@ -201,6 +214,7 @@ class LaunchMagics(Magics):
                 serial_imports=args.serial_imports,
                 mem_limit=args.mem_limit,
                 backend=args.backend,
+                master_port=args.master_port,
                 quiet=args.quiet,
                 script_args=script_args,
             )
@@ -260,6 +274,32 @@ class LaunchMagics(Magics):
             got = [n for n in names if all_ranks or n in run.pulled]
             if got:
                 print(f"[nbgpu] pulled into the notebook: {', '.join(got)}")
+
+    @line_magic
+    def gpu_diagnose(self, line: str = "") -> Any:
+        """Diagnose a run: %gpu_diagnose [NAME|PATH] (default: the last failed run here)."""
+        tokens = line.split()
+        if "-h" in tokens or "--help" in tokens:
+            print(_GPU_DIAGNOSE_HELP)
+            return None
+        from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+        from nbgpu.diagnose import diagnose  # noqa: PLC0415
+        from nbgpu.launch.registry import runs  # noqa: PLC0415
+
+        known = runs()
+        if len(tokens) > 1:
+            raise UsageError(f"%gpu_diagnose takes one run name or path (got {line.strip()!r})")
+        if not tokens:
+            failed = [r for r in known.values() if r.state not in ("succeeded", "running")]
+            if not failed:
+                raise UsageError("no failed run in this kernel: %gpu_diagnose NAME|PATH")
+            source: Any = failed[-1].dir
+        else:
+            source = known[tokens[0]].dir if tokens[0] in known else tokens[0]
+        try:
+            return diagnose(source, inventory=take_inventory(scan_device_files=False))
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
 
     @line_magic
     def gpu_runs(self, line: str = "") -> Any:

@@ -174,3 +174,17 @@ def test_agent_killed_with_sigkill_takes_its_workers(env):
     assert survivors == []
     follow(run, ScreenWriter(lambda _t: None))
     assert run.state == "failed"
+
+
+def test_failed_run_is_diagnosed_with_the_inventory(env):
+    # seed 000 forced onto its busy GPU 0: rank 0 fails with CUDA's own busy error.
+    env = {**env, "NBGPU_SIMULATE": "seed000"}
+    run = start("import nbgpu.rank as R\nR.init()\n", env, gpus="0,1", force=True)
+    follow(run, ScreenWriter(lambda _t: None))
+    assert run.state == "failed"
+    assert run.root_cause.rank == 0
+    assert run.diagnosis.cause == "cuda_busy"
+    lines = run.failure_lines()
+    assert lines[1].startswith("cause: GPU busy or unavailable on rank 0 [cuda_busy]")
+    assert "physical GPU 0 (exclusive-process), held by dead pid" in lines[1]
+    assert any("--gpus 1,2,3" in line for line in lines)

@@ -69,6 +69,12 @@ def test_failed_cell_raises_short_error(ip):
     assert lines[0].startswith("RunFailed: run 'magic-bad' failed: rank")
     assert "KeyError: 'missing shard'" in lines[0]
     assert len(lines) < 15
+    diagnosis = ip.run_line_magic("gpu_diagnose", "")
+    assert diagnosis.status == "failure"
+    assert diagnosis.failed_rank in (0, 1)
+    assert ip.run_line_magic("gpu_diagnose", "magic-bad").cause == diagnosis.cause
+    with pytest.raises(UsageError, match="no such file or directory"):
+        ip.run_line_magic("gpu_diagnose", "/no/such/run")
 
 
 @pytest.mark.slow

@@ -1,0 +1,185 @@
+"""Diagnose a 200 MB training log: wall time and peak memory (budget: < 5 s, constant memory).
+
+    .venv/bin/python bench/bench_diagnose.py [--mb 200] [--n 3]
+
+Self-contained: writes a realistic log into a temporary directory - four ranks'
+interleaved ``[defaultN]:`` output (loss lines, ``\\r`` tqdm bars, periodic warnings,
+NCCL INFO chatter) ending in rank 2's CUDA OOM buried under the other ranks' NCCL
+timeouts and torchrun's ChildFailedError banner - then runs ``nbgpu.diagnose`` on it
+in a fresh interpreter per run (so peak RSS is the diagnosis' own, from
+``RUSAGE_CHILDREN``). A 20 MB log is diagnosed too: equal peak memory for 20 and
+200 MB shows the memory does not grow with the log. Prints a Markdown table; nothing
+here fails on a slow number (OK/OVER is printed next to the budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BUDGET_S = 5.0
+MB = 1024 * 1024
+
+_CHILD = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+import nbgpu.diagnose as d
+t1 = time.perf_counter()
+r = d.diagnose(sys.argv[1])
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "diagnose_s": t2 - t1, "cause": r.cause,
+                  "rank": r.failed_rank, "lines": sum(s.lines for s in r.sources)}))
+"""
+
+_FAILURE = [
+    "[default2]:Traceback (most recent call last):",
+    '[default2]:  File "/workspace/train.py", line 214, in <module>',
+    "[default2]:    main()",
+    '[default2]:  File "/workspace/train.py", line 188, in main',
+    "[default2]:    loss.backward()",
+    (
+        "[default2]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 2 has "
+        "a total capacity of 44.34 GiB of which 1.02 GiB is free."
+    ),
+    (
+        "[default0]:[rank0]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog "
+        "caught collective operation timeout: WorkNCCL(SeqNum=7753, OpType=ALLREDUCE, NumelIn=1, "
+        "NumelOut=1, Timeout(ms)=600000) ran for 600061 milliseconds before timing out."
+    ),
+    (
+        "[default1]:[rank1]:[E1206 18:44:12.755262105 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog "
+        "caught collective operation timeout: WorkNCCL(SeqNum=7753, OpType=ALLREDUCE, NumelIn=1, "
+        "NumelOut=1, Timeout(ms)=600000) ran for 600099 milliseconds before timing out."
+    ),
+    (
+        "W1206 18:44:13.001000 4242 torch/distributed/elastic/multiprocessing/api.py:897] Sending "
+        "process 4301 closing signal SIGTERM"
+    ),
+    (
+        "E1206 18:44:14.102000 4242 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+        "(exitcode: 1) local_rank: 2 (pid: 4303) of binary: /usr/bin/python3"
+    ),
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "train.py FAILED",
+    "------------------------------------------------------------",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2024-12-06_18:44:13",
+    "  host      : node-1",
+    "  rank      : 2 (local_rank: 2)",
+    "  exitcode  : 1 (pid: 4303)",
+    "  error_file: <N/A>",
+    "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+    "============================================================",
+]
+
+
+def write_log(path: Path, size_bytes: int) -> int:
+    """A training log of about ``size_bytes``, failing at the end; returns its size."""
+    with path.open("w", encoding="utf-8") as out:
+        out.write(
+            "".join(f"host:4301:4400 [{r}] NCCL INFO Channel 00/02 : 0 1 2 3\n" for r in range(4))
+        )
+        step = 0
+        written = 0
+        block: list[str] = []
+        while written < size_bytes:
+            rank = step % 4
+            block.append(
+                f"[default{rank}]:step {step} loss={2.5 - (step % 1000) / 1000:.4f} lr=3.0e-04 "
+                f"grad_norm={(step % 13) / 10:.2f} tokens/s={11800 + step % 500} mem=40.1GiB\n"
+            )
+            if step % 40 == 0:
+                bars = "".join(
+                    f"\r {p:3d}%|{'#' * (p // 10):<10}| {p * 10}/1000 [01:2{p % 10}<01:40,  5.4{p % 10}it/s]"
+                    for p in range(0, 100, 20)
+                )
+                block.append(f"[default{rank}]:{bars}\n")
+            if step % 2000 == 0:
+                block.append(
+                    f"[default{rank}]:/usr/lib/python3/site-packages/torch/utils/checkpoint.py:91: "
+                    "UserWarning: None of the inputs have requires_grad=True. Gradients will be None\n"
+                )
+            if step % 50000 == 0:
+                block.append(
+                    f"host:4301:4400 [{rank}] NCCL INFO comm 0x55d1 rank {rank} nranks 4 - Init COMPLETE\n"
+                )
+            step += 1
+            if len(block) >= 4096:
+                text = "".join(block)
+                out.write(text)
+                written += len(text)
+                block = []
+        out.write("".join(block))
+        out.write("\n".join(_FAILURE) + "\n")
+    return path.stat().st_size
+
+
+def run_once(log: Path) -> dict[str, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(log)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["wall_s"] = wall
+    result["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # ru_maxrss of children is the largest child so far (KiB on Linux): runs are
+    # ordered small log first, so a growing figure would show growth with the log.
+    result["maxrss_mib"] = after.ru_maxrss / 1024
+    return result
+
+
+def main(n: int = 3, mb: int = 200) -> None:
+    """Print the table; ``n`` timed runs per log size (run_all passes its --n)."""
+    n = max(1, min(n, 5))  # each run reads the whole file: a few runs are enough
+    with tempfile.TemporaryDirectory(prefix="nbgpu-bench-diagnose-") as tmp:
+        rows = []
+        for size in (max(1, mb // 10), mb):
+            log = Path(tmp) / f"train-{size}mb.log"
+            actual = write_log(log, size * MB)
+            runs = [run_once(log) for _ in range(n)]
+            rows.append((size, actual, runs))
+        print(
+            f"diagnose: {n} run(s) per size, fresh interpreter per run; budget < {BUDGET_S:.0f} s for {mb} MB\n"
+        )
+        print("| log | lines | diagnose (median) | cpu | peak RSS | cause / rank | budget |")
+        print("|---|---|---|---|---|---|---|")
+        for size, actual, runs in rows:
+            med = statistics.median(r["diagnose_s"] for r in runs)
+            cpu = statistics.median(r["cpu_s"] for r in runs)
+            rss = max(r["maxrss_mib"] for r in runs)
+            first = runs[0]
+            verdict = "OK" if med < BUDGET_S else "OVER"
+            print(
+                f"| {actual / MB:.0f} MB | {int(first['lines']):,} | {med:.2f} s | {cpu:.2f} s | "
+                f"{rss:.0f} MiB | {first['cause']} / {first['rank']} | {verdict if size == mb else '-'} |"
+            )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=3, help="timed runs per log size (default 3)")
+    parser.add_argument(
+        "--mb", type=int, default=200, help="size of the big log in MB (default 200)"
+    )
+    args = parser.parse_args()
+    main(n=args.n, mb=args.mb)

@@ -1,0 +1,748 @@
+"""The catalog: every failure cause nbgpu can name, how it is recognised, and the fix.
+
+Data, not logic. Each :class:`Cause` carries an id (a stable contract: reports, JSON and
+tests use it), a title, a plain-words explanation, generic fixes that name nbgpu calls and
+flags, and :class:`Pattern` objects: regular expressions for the phrasings seen in real
+logs across torch, CUDA, NCCL, DeepSpeed and launcher versions (``tests/diagnose/corpus``
+holds the logs they were written against). A pattern carries its own confidence: an
+exact CUDA error name is near-certain, an exit code of -9 only suggests the OOM killer.
+
+``SECONDARY`` patterns name no cause: they mark a rank that failed *because* another one
+did (the agent's SIGTERM, "Connection reset by peer", an aborted communicator).
+``TRIGGERS`` are the byte strings the streaming scanner looks for before it decodes a
+line; every pattern here must sit within a few lines of one of them (a test checks the
+corpus). Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "CATALOG",
+    "CAUSE_IDS",
+    "SECONDARY",
+    "TRIGGERS",
+    "UNKNOWN",
+    "Cause",
+    "Pattern",
+    "cause",
+]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One phrasing of a cause. ``confidence`` is how sure a match alone makes us."""
+
+    regex: re.Pattern[str]
+    confidence: float
+    name: str
+    # A match that usually reports a peer's failure, not this rank's own (NCCL's
+    # "remote process exited"): it never makes its rank the root cause on its own.
+    consequence: bool = False
+
+
+def _p(regex: str, confidence: float, name: str, *, consequence: bool = False) -> Pattern:
+    return Pattern(re.compile(regex, re.IGNORECASE), confidence, name, consequence)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A failure cause: recognition, explanation and fixes."""
+
+    id: str
+    title: str
+    explanation: str
+    fixes: tuple[str, ...]
+    patterns: tuple[Pattern, ...]
+    # Lower-case substrings, one of which every pattern's match contains: a cheap test
+    # that skips the regexes on the many lines that cannot match.
+    keywords: tuple[str, ...]
+    # Higher wins when two causes fail the same rank at the same moment: the specific
+    # cause (a device assert) explains the generic one (an NCCL error) and not the reverse.
+    priority: int
+    # Causes that are usually the echo of another rank's failure (collective timeouts,
+    # NCCL errors) rank below any primary cause, whatever their timing.
+    secondary: bool = False
+    links: tuple[str, ...] = field(default=())
+
+    def match(self, lowered: str, text: str) -> Pattern | None:
+        """The first pattern matching ``text`` (``lowered`` is its lower-case copy)."""
+        if not any(k in lowered for k in self.keywords):
+            return None
+        for pattern in self.patterns:
+            if pattern.regex.search(text):
+                return pattern
+        return None
+
+
+CATALOG: tuple[Cause, ...] = (
+    Cause(
+        id="cuda_busy",
+        title="GPU busy or unavailable",
+        explanation=(
+            "CUDA could not create a context on the GPU (CUDA error 46). The GPU is in "
+            "exclusive-process (or prohibited) compute mode and another process - often a "
+            "dead or zombie rank of an earlier run - still holds it, or two ranks of this "
+            "job were mapped to the same exclusive GPU."
+        ),
+        fixes=(
+            (
+                "`%gpu_doctor` (`nbgpu doctor`) names the GPU, its compute mode and the process "
+                "holding it"
+            ),
+            "free a GPU held by your own stale process: `nbgpu clean` (`%gpu_clean`)",
+            "leave the GPU out of the job: `%%torchrun --gpus 1,2,3` (`nbgpu run --gpus 1,2,3`)",
+            (
+                "in exclusive-process mode give every rank its own GPU (use LOCAL_RANK, or "
+                "`nbgpu.rank.device()`, for `torch.cuda.set_device`)"
+            ),
+        ),
+        patterns=(
+            _p(r"busy or unavailable", 0.95, "busy-or-unavailable"),
+            _p(r"cudaErrorDevicesUnavailable|CUDA_ERROR_DEVICE_UNAVAILABLE", 0.95, "cuda-46-name"),
+            _p(r"\(46 vs\. 0\)", 0.9, "check-46"),
+            _p(r"cuda.{0,40}error\s*(?:=|\(|:)\s*46\b", 0.85, "error-46"),
+        ),
+        keywords=("busy", "unavailable", "46"),
+        priority=80,
+    ),
+    Cause(
+        id="invalid_ordinal",
+        title="Invalid or duplicate device ordinal",
+        explanation=(
+            "A rank asked for a GPU that does not exist in its view (cuda:N with N >= the "
+            "number of visible GPUs), or two ranks landed on the same GPU. Typical causes: "
+            "more ranks per node than visible GPUs (a hard-coded --nproc_per_node), "
+            "CUDA_VISIBLE_DEVICES listing fewer GPUs than ranks, or set_device(RANK) instead "
+            "of set_device(LOCAL_RANK) on a second node."
+        ),
+        fixes=(
+            (
+                "let nbgpu size the job from the healthy GPUs: `%%torchrun` with no count, or "
+                "`%%torchrun N` with N no larger than `%gpu_status` shows"
+            ),
+            "pick the GPUs explicitly: `%%torchrun --gpus 0,1` (one rank per listed GPU)",
+            (
+                "select the device with LOCAL_RANK, not RANK: `torch.cuda.set_device(int(os.environ"
+                "['LOCAL_RANK']))` or `nbgpu.rank.device()`"
+            ),
+        ),
+        patterns=(
+            _p(r"invalid device ordinal", 0.95, "invalid-device-ordinal"),
+            _p(r"cudaErrorInvalidDevice\b|CUDA_ERROR_INVALID_DEVICE\b", 0.95, "cuda-101-name"),
+            _p(r"\(101 vs\. 0\)", 0.9, "check-101"),
+            _p(r"cuda.{0,40}error\s*(?:=|\(|:)\s*101\b", 0.85, "error-101"),
+            _p(r"Invalid device id", 0.8, "invalid-device-id"),
+            _p(r"Duplicate GPU detected", 0.9, "nccl-duplicate-gpu"),
+        ),
+        keywords=(
+            "ordinal",
+            "invaliddevice",
+            "invalid_device",
+            "101",
+            "device id",
+            "duplicate gpu",
+        ),
+        priority=80,
+    ),
+    Cause(
+        id="cuda_oom",
+        title="GPU out of memory",
+        explanation=(
+            "A rank asked the CUDA allocator for more GPU memory than was free on its GPU. "
+            "Either the per-GPU batch, sequence length or model shard is too large for the "
+            "card, memory is fragmented, or another process on the same GPU already holds "
+            "part of it."
+        ),
+        fixes=(
+            (
+                "lower the per-GPU micro batch (keep the global batch with gradient accumulation) "
+                "or the sequence length; enable activation checkpointing"
+            ),
+            (
+                "`%gpu_plan --model 7B --strategy zero2` shows the model states per GPU before "
+                "the next launch"
+            ),
+            "against fragmentation: `%%torchrun --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`",
+            "check that nothing else uses the GPU: `%gpu_status`",
+        ),
+        patterns=(
+            _p(r"CUDA out of memory", 0.95, "cuda-out-of-memory"),
+            _p(r"OutOfMemoryError", 0.95, "oom-exception"),
+            _p(r"CUDA error: out of memory|cuda runtime error \(2\)", 0.95, "cuda-error-2"),
+            _p(r"CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation", 0.95, "cuda-oom-name"),
+            _p(r"Cuda failure '?out of memory|Failed to CUDA calloc", 0.9, "nccl-cuda-oom"),
+            _p(r"(?:cuda|gpu|hip)\b.{0,40}out of memory", 0.85, "gpu-out-of-memory"),
+            _p(r"RESOURCE_EXHAUSTED: Out of memory", 0.85, "xla-oom"),
+            _p(r"CUBLAS_STATUS_ALLOC_FAILED", 0.8, "cublas-alloc"),
+        ),
+        keywords=(
+            "out of memory",
+            "outofmemory",
+            "out_of_memory",
+            "memoryallocation",
+            "calloc",
+            "alloc_failed",
+        ),
+        priority=75,
+    ),
+    Cause(
+        id="host_oom",
+        title="Host (CPU) memory exhausted",
+        explanation=(
+            "The machine ran out of RAM (or of a memory limit: cgroup, container, "
+            "RLIMIT_AS, /dev/shm) and the kernel's OOM killer sent SIGKILL (exit -9, "
+            "status 137), or an allocation failed (std::bad_alloc, MemoryError). Every rank "
+            "loads its own copy of the model and libraries: N ranks importing or loading "
+            "checkpoints at once multiply the peak."
+        ),
+        fixes=(
+            (
+                "load one rank at a time: `%%torchrun --serial-imports` (heavy imports and "
+                "checkpoint loading under a cross-rank lock)"
+            ),
+            "cap each rank so one fails cleanly instead of the whole box: `%%torchrun --mem-limit 60G`",
+            (
+                "fewer DataLoader workers, memory-mapped datasets, load weights with mmap=True; "
+                "for shared-memory errors raise the container's --shm-size"
+            ),
+            "confirm with the kernel log: `dmesg -T | grep -i -E 'killed process|oom'`",
+        ),
+        patterns=(
+            _p(
+                r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:|oom_reaper",
+                0.95,
+                "kernel-oom-killer",
+            ),
+            _p(r"Memory cgroup out of memory", 0.95, "cgroup-oom"),
+            _p(r"std::bad_alloc", 0.85, "bad-alloc"),
+            _p(r"(?<![\w.])MemoryError\b|Cannot allocate memory|\[Errno 12\]", 0.85, "enomem"),
+            _p(
+                r"out of shared memory|shared memory limit|No space left on device.{0,40}/dev/shm",
+                0.85,
+                "shm",
+            ),
+            _p(r"killed by signal: (?:Killed|Bus error)", 0.75, "dataloader-killed"),
+            _p(
+                r"Signal 9 \(SIGKILL\)|<Signals\.SIGKILL: 9>|terminated with signal SIGKILL",
+                0.6,
+                "sigkill",
+            ),
+            _p(
+                r"exitcode\s*:?\s*-9\b|exit (?:code|status) 137\b|return code =? ?-9\b",
+                0.6,
+                "exit-minus-9",
+            ),
+            _p(r"(?:^|\d\s+|:\s+)Killed(?:\s+\S.*)?$", 0.65, "shell-killed"),
+        ),
+        keywords=("memory", "oom", "bad_alloc", "errno 12", "killed", "sigkill", "-9", "137"),
+        priority=60,
+    ),
+    Cause(
+        id="nccl_timeout",
+        title="Collective operation timed out",
+        explanation=(
+            "A collective (all-reduce, broadcast, barrier...) waited longer than the process "
+            "group timeout. Almost always one rank never reached it: it crashed, hung, was "
+            "killed, or runs a different code path (an if rank == 0 branch, an uneven last "
+            "batch, a slow checkpoint save). The rank that failed first is the one to read."
+        ),
+        fixes=(
+            (
+                "read the rank that failed or stopped printing first (its log ends earliest); "
+                "a rank that is still in a long step makes the others time out"
+            ),
+            (
+                "make every rank run the same collectives in the same order (no collective "
+                "inside `if rank == 0`; drop_last=True for uneven data)"
+            ),
+            (
+                "more detail on the next run: `%%torchrun --env NCCL_DEBUG=INFO "
+                "--env TORCH_NCCL_TRACE_BUFFER_SIZE=2000`"
+            ),
+            "only for legitimately slow steps, raise `timeout=` in `init_process_group`",
+        ),
+        patterns=(
+            _p(r"Watchdog caught collective operation timeout", 0.9, "watchdog-timeout"),
+            _p(r"ran for \d+ milliseconds before timing out", 0.9, "ran-for-ms"),
+            _p(r"Heartbeat monitor timed out|watchdog got stuck", 0.8, "heartbeat"),
+            _p(
+                r"dump signal due to a collective timeout|collective operation timeout",
+                0.85,
+                "collective-timeout",
+            ),
+            _p(r"Timed out waiting \d+ms for (?:recv|send) operation", 0.8, "gloo-timeout"),
+            _p(
+                r"NCCL timeout|Some NCCL operations have failed or timed out",
+                0.6,
+                "nccl-failed-or-timed-out",
+            ),
+        ),
+        keywords=("timeout", "timing out", "timed out", "watchdog"),
+        priority=20,
+        secondary=True,
+    ),
+    Cause(
+        id="nccl_error",
+        title="NCCL communication error",
+        explanation=(
+            "NCCL failed to set up or run a collective: a network or socket problem between "
+            "ranks (wrong interface, firewall, no route), a broken peer-to-peer or "
+            "shared-memory path inside the box, or a CUDA error underneath NCCL. When "
+            "another rank crashed first, this is only the echo of that crash."
+        ),
+        fixes=(
+            "rerun with `%%torchrun --env NCCL_DEBUG=INFO` and read the first `NCCL WARN` line",
+            (
+                "pick the network interface: `--env NCCL_SOCKET_IFNAME=eth0` (multi-node), or "
+                "`--env NCCL_IB_DISABLE=1` without InfiniBand"
+            ),
+            (
+                "inside one box, if P2P is broken: `--env NCCL_P2P_DISABLE=1`; in containers give "
+                "/dev/shm room (`--shm-size`)"
+            ),
+            "`%gpu_doctor` checks the GPUs the ranks run on",
+        ),
+        patterns=(
+            _p(
+                r"remote process exited or there was a network error",
+                0.5,
+                "peer-exited",
+                consequence=True,
+            ),
+            _p(
+                r"NCCL communicator was aborted|ProcessGroupNCCL is aborted",
+                0.4,
+                "aborted",
+                consequence=True,
+            ),
+            _p(r"NCCL error", 0.85, "nccl-error"),
+            _p(
+                r"nccl(?:System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument|Remote)Error",
+                0.85,
+                "nccl-result",
+            ),
+            _p(r"unhandled (?:system|cuda) error", 0.8, "unhandled-error"),
+            _p(r"NCCL WARN", 0.7, "nccl-warn"),
+            _p(r"DistBackendError", 0.7, "dist-backend-error"),
+        ),
+        keywords=("nccl", "unhandled", "distbackenderror", "remote process"),
+        priority=30,
+        secondary=True,
+    ),
+    Cause(
+        id="port_in_use",
+        title="Rendezvous port already in use",
+        explanation=(
+            "The master (rank 0 / the torchrun agent) could not listen on MASTER_PORT: "
+            "another job - often a second run on the same box, or a stale run of yours - "
+            "already holds it (torchrun's default 29500 is shared by every job that keeps "
+            "the default), or the port is privileged (< 1024)."
+        ),
+        fixes=(
+            (
+                "let nbgpu pick a free port: `%%torchrun` chooses one unless you pass "
+                "`--master-port`; concurrent runs from `%gpu_plan` get distinct ports"
+            ),
+            "or set a different one: `%%torchrun --master-port 29611` (`nbgpu run --master-port 29611`)",
+            "stop your stale run holding it: `%gpu_runs` lists runs, `nbgpu clean` stops stale ones",
+        ),
+        patterns=(
+            _p(r"Address already in use|EADDRINUSE|errno:? 98\b", 0.95, "eaddrinuse"),
+            _p(r"server socket has failed to (?:listen|bind)", 0.85, "server-socket"),
+        ),
+        keywords=("address already", "eaddrinuse", "errno", "server socket"),
+        priority=70,
+    ),
+    Cause(
+        id="rendezvous",
+        title="Rendezvous failed (ranks or nodes could not meet)",
+        explanation=(
+            "The ranks could not reach the rendezvous store on the master node in time: "
+            "the --rdzv-endpoint / MASTER_ADDR:MASTER_PORT is wrong or unreachable (firewall, "
+            "wrong interface), not every node was started (--nnodes), or the nodes used "
+            "different --rdzv-id values."
+        ),
+        fixes=(
+            (
+                "check that every node can reach the master's host:port (`nc -zv HOST PORT`) and "
+                "that all nodes use the same --rdzv-id and --nnodes"
+            ),
+            "on one node, let nbgpu run standalone: `%%torchrun 4` (local rendezvous)",
+        ),
+        patterns=(
+            _p(r"Rendezvous\w*Error", 0.9, "rendezvous-error"),
+            _p(r"client socket has timed out after", 0.85, "client-socket-timeout"),
+            _p(r"connect\(\) timed out|Timed out waiting for clients", 0.85, "connect-timeout"),
+            _p(r"store based barrier", 0.8, "store-barrier"),
+            _p(r"DistStoreError|TCPStore.{0,80}(?:timed out|failed|refused)", 0.75, "store-error"),
+            _p(
+                r"client socket.{0,80}(?:Connection refused|failed to connect)",
+                0.75,
+                "client-refused",
+            ),
+        ),
+        keywords=("rendezvous", "client socket", "timed out", "store"),
+        priority=40,
+    ),
+    Cause(
+        id="batch_divisibility",
+        title="Batch (or parallel size) not divisible by the ranks",
+        explanation=(
+            "A size that the parallel layout splits across ranks does not divide evenly: the "
+            "global batch by the data-parallel world size (times micro batch and gradient "
+            "accumulation), or heads/layers by the tensor- or pipeline-parallel size. "
+            "Changing the number of GPUs changes which sizes are valid."
+        ),
+        fixes=(
+            (
+                "use a batch size that is a multiple of world size x micro batch "
+                "(`%gpu_plan` / `nbgpu.plan(...)` lists the valid ones for a GPU count)"
+            ),
+            "or change the number of training ranks to a divisor of the batch size",
+            (
+                "DeepSpeed: set train_batch_size = micro_batch_per_gpu x gradient_accumulation x world_size, "
+                "or leave train_batch_size to 'auto'"
+            ),
+        ),
+        patterns=(
+            _p(r"train_batch_size is not equal to micro_batch_per_gpu", 0.95, "deepspeed-batch"),
+            _p(
+                r"batch[ _]?size.{0,60}(?:must|should) be (?:divisible|a multiple)",
+                0.95,
+                "batch-must-divide",
+            ),
+            _p(
+                r"(?:must|should) be divisible by|is not divisible by|not evenly divisible",
+                0.85,
+                "not-divisible",
+            ),
+            _p(r"only support equal chunk", 0.85, "equal-chunk"),
+            _p(r"Micro batch size per gpu: 0", 0.85, "micro-batch-zero"),
+            _p(r"batch[ _-]?size.{0,60}(?:must be|not) (?:a )?multiple of", 0.9, "batch-multiple"),
+            # A bare "assert batch_size % world_size == 0" shows only in the traceback's code line.
+            _p(r"assert .{0,40}batch.{0,40}%", 0.75, "batch-assert-code"),
+        ),
+        keywords=(
+            "divisible",
+            "equal chunk",
+            "micro_batch",
+            "micro batch",
+            "multiple of",
+            "assert",
+        ),
+        priority=75,
+    ),
+    Cause(
+        id="cuda_init_fork",
+        title="CUDA initialised before fork",
+        explanation=(
+            "A process that had already initialised CUDA forked children that use CUDA "
+            "(notebook_launcher or Lightning's ddp_notebook after a cell touched the GPU, "
+            "DataLoader workers that move tensors to the GPU). CUDA cannot be used in a "
+            "forked child once the parent initialised it."
+        ),
+        fixes=(
+            (
+                "launch with `%%torchrun`: it starts fresh processes (no fork), so CUDA state in "
+                "the notebook kernel does not matter"
+            ),
+            (
+                "with fork-based launchers, do not touch torch.cuda in any cell before the launch "
+                "(restart the kernel)"
+            ),
+            (
+                "keep CUDA out of DataLoader workers, or use "
+                "`multiprocessing_context='spawn'` / `torch.multiprocessing.set_start_method('spawn')`"
+            ),
+        ),
+        patterns=(
+            _p(r"Cannot re-initialize CUDA in forked subprocess", 0.95, "reinit-forked"),
+            _p(r"CUDA has been initialized before", 0.9, "notebook-launcher"),
+            _p(r"re-initialize CUDA", 0.85, "reinit"),
+            _p(r"We must use the `?spawn`? multiprocessing start method", 0.6, "must-spawn"),
+            _p(r"CUDA error: initialization error|cudaErrorInitializationError", 0.6, "init-error"),
+        ),
+        keywords=(
+            "re-initialize",
+            "initialized before",
+            "spawn",
+            "initialization error",
+            "initializationerror",
+        ),
+        priority=85,
+    ),
+    Cause(
+        id="driver",
+        title="GPU driver or CUDA runtime unusable",
+        explanation=(
+            "CUDA cannot talk to the GPU driver: no driver is loaded (or the container runs "
+            "without the NVIDIA runtime), the driver is older than the CUDA version torch "
+            "was built for, the user-space library and kernel module disagree after an "
+            "upgrade, or the installed torch build has no kernels for this GPU."
+        ),
+        fixes=(
+            "`%gpu_doctor` (`nbgpu doctor`) checks the driver, NVML and what CUDA sees",
+            (
+                "install a torch build for the driver's CUDA version (`nvidia-smi` shows the "
+                "highest CUDA the driver supports), or upgrade the driver"
+            ),
+            (
+                "after a driver upgrade, reboot (or reload the nvidia kernel modules); in a "
+                "container, run with the NVIDIA runtime (`--gpus all`)"
+            ),
+        ),
+        patterns=(
+            _p(r"Found no NVIDIA driver", 0.95, "no-driver"),
+            _p(r"NVIDIA driver on your system is too old", 0.95, "driver-too-old"),
+            _p(
+                r"driver version is insufficient|cudaErrorInsufficientDriver|cuda runtime error \(35\)",
+                0.95,
+                "insufficient-driver",
+            ),
+            _p(r"Driver/library version mismatch|Failed to initialize NVML", 0.9, "nvml-mismatch"),
+            _p(r"couldn't communicate with the NVIDIA driver", 0.9, "nvidia-smi-driver"),
+            _p(
+                r"no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE|cudaErrorNoDevice",
+                0.85,
+                "no-device",
+            ),
+            _p(
+                r"no kernel image is available for execution on the device", 0.85, "no-kernel-image"
+            ),
+            _p(
+                r"unsupported display driver / cuda driver combination|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+                0.9,
+                "driver-mismatch",
+            ),
+            _p(r"Torch not compiled with CUDA enabled", 0.8, "cpu-torch"),
+            # CUDA errors 802/804: fabric manager missing, forward-compat libs on unsupported GPUs.
+            _p(
+                r"forward compatibility was attempted on non supported HW|cudaErrorCompatNotSupportedOnDevice"
+                r"|Error 80[234]\b|system not yet initialized",
+                0.85,
+                "cuda-compat",
+            ),
+        ),
+        keywords=(
+            "compatib",
+            "error 80",
+            "not yet initialized",
+            "driver",
+            "nvml",
+            "cuda-capable device is",
+            "no_device",
+            "nodevice",
+            "kernel image",
+            "compiled with cuda",
+        ),
+        priority=85,
+    ),
+    Cause(
+        id="device_assert",
+        title="Device-side assertion (usually an index out of range)",
+        explanation=(
+            "A CUDA kernel's own assertion failed - almost always an index out of range on "
+            "the GPU: a class label >= num_classes (or negative) in a loss, a token id >= the "
+            "embedding size, a bad gather/index_select index. CUDA reports it asynchronously, "
+            "so the Python line in the traceback may not be the one at fault."
+        ),
+        fixes=(
+            (
+                "find the exact line: `%%torchrun --env CUDA_LAUNCH_BLOCKING=1` (or run one batch "
+                "on CPU, where the same bug raises a clear IndexError)"
+            ),
+            (
+                "check label and token ranges against num_classes / vocab size (and the "
+                "tokenizer matching the model)"
+            ),
+        ),
+        patterns=(
+            _p(r"device-side assert(?:ion)? triggered", 0.95, "device-side-assert"),
+            _p(r"Assertion `.+` failed", 0.9, "kernel-assertion"),
+            _p(
+                r"cudaErrorAssert|CUDA_ERROR_ASSERT|cuda runtime error \(59\)",
+                0.9,
+                "cuda-assert-name",
+            ),
+        ),
+        keywords=("assert",),
+        priority=90,
+    ),
+    Cause(
+        id="illegal_access",
+        title="Illegal memory access (a kernel crashed)",
+        explanation=(
+            "A GPU kernel read or wrote memory it does not own (or executed an illegal "
+            "instruction). Usual suspects: a custom CUDA/Triton extension or flash-attention "
+            "build that does not match torch, CUDA or the GPU; a known bug in a library "
+            "version; rarely a failing GPU. The CUDA context is unusable afterwards, so NCCL "
+            "and later calls fail too."
+        ),
+        fixes=(
+            "localise it: `%%torchrun --env CUDA_LAUNCH_BLOCKING=1` (or `compute-sanitizer python ...`)",
+            (
+                "rebuild or update extensions (flash-attn, apex, custom ops) against the installed "
+                "torch and CUDA"
+            ),
+            (
+                "if it happens on one GPU only, probe it: `nbgpu status --probe`, and exclude it "
+                "with `%%torchrun --gpus ...`"
+            ),
+        ),
+        patterns=(
+            _p(r"illegal memory access", 0.95, "illegal-memory-access"),
+            _p(
+                r"cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|cuda runtime error \(77\)|Cuda failure 700",
+                0.95,
+                "illegal-address-name",
+            ),
+            _p(r"misaligned address|illegal instruction was encountered", 0.85, "misaligned"),
+            _p(r"unspecified launch failure|cudaErrorLaunchFailure", 0.6, "launch-failure"),
+        ),
+        keywords=("illegal", "misaligned", "launch failure", "launchfailure", "700"),
+        priority=85,
+    ),
+    Cause(
+        id="segfault",
+        title="Segmentation fault (native crash)",
+        explanation=(
+            "A process died from SIGSEGV (exit -11, status 139): a crash in native code. "
+            "Common sources: a compiled extension built for another torch/CUDA/Python "
+            "version, a DataLoader worker crashing in a C library (image decoders, "
+            "tokenizers), or incompatible library versions imported together."
+        ),
+        fixes=(
+            "get the Python stack of the crash: `%%torchrun --env PYTHONFAULTHANDLER=1`",
+            "if a DataLoader worker crashed, retry with num_workers=0 to see the real error",
+            "reinstall compiled extensions against the installed torch; check `pip check`",
+        ),
+        patterns=(
+            _p(r"Segmentation fault|segmentation fault", 0.9, "segmentation-fault"),
+            _p(r"SIGSEGV|Signal 11\b", 0.85, "sigsegv"),
+            _p(
+                r"exitcode\s*:?\s*-11\b|exit (?:code|status) 139\b|return code =? ?-11\b",
+                0.85,
+                "exit-minus-11",
+            ),
+        ),
+        keywords=("segmentation", "sigsegv", "signal 11", "-11", "139"),
+        priority=65,
+    ),
+    Cause(
+        id="gpu_lost",
+        title="GPU lost or hardware fault",
+        explanation=(
+            "The GPU stopped responding: it fell off the PCIe bus (Xid 79), reported an "
+            "uncorrectable ECC error, or the driver lost it. No software on the box can use "
+            "it again until it is reset, usually by a reboot; if it recurs the card or its "
+            "power/cooling is failing."
+        ),
+        fixes=(
+            (
+                "`%gpu_doctor` shows which GPU is lost; the kernel log names it: "
+                "`sudo dmesg -T | grep -i xid`"
+            ),
+            (
+                "reboot (or `sudo nvidia-smi --gpu-reset -i N` when idle); meanwhile leave it out: "
+                "`%%torchrun --gpus ...` with the healthy GPUs"
+            ),
+            "if it recurs, drain the node and ask the provider for a replacement (RMA)",
+        ),
+        patterns=(
+            _p(r"fallen off the bus", 0.95, "fallen-off-bus"),
+            _p(r"GPU is lost|GPU_IS_LOST|GpuIsLost", 0.95, "gpu-is-lost"),
+            _p(r"Xid \([^)]*\): (?:79|48|74|94|95|119|120|64)\b", 0.9, "xid-fatal"),
+            _p(r"uncorrectable ECC error|cudaErrorECCUncorrectable", 0.9, "ecc"),
+            _p(r"Unable to determine the device handle for GPU", 0.85, "device-handle"),
+            _p(r"GPU requires reset|RESET_REQUIRED", 0.85, "reset-required"),
+            _p(r"NVRM: Xid", 0.7, "xid"),
+            _p(r"CUDA error: unknown error|CUDA_ERROR_UNKNOWN", 0.5, "cuda-unknown"),
+        ),
+        keywords=(
+            "bus",
+            "lost",
+            "xid",
+            "ecc",
+            "device handle",
+            "reset",
+            "unknown error",
+            "cuda_error_unknown",
+        ),
+        priority=95,
+    ),
+)
+
+#: The cause reported when a rank failed but nothing in the catalog matched.
+UNKNOWN = Cause(
+    id="unknown",
+    title="Unrecognised failure",
+    explanation=(
+        "No known cause matched. The traceback of the rank that failed first is shown: it "
+        "is the place to start, not the errors of the ranks that failed after it."
+    ),
+    fixes=(
+        "read the root-cause traceback above (the first failing rank's own error)",
+        "`%gpu_doctor` rules out the GPUs and the launch environment",
+        (
+            "wrap the entry point with torch's `@record` (nbgpu's launcher does) so every rank "
+            "writes an error file with its traceback"
+        ),
+    ),
+    patterns=(),
+    keywords=(),
+    priority=10,
+)
+
+#: Lines that mark a rank as a casualty of another rank's failure.
+SECONDARY: tuple[Pattern, ...] = (
+    _p(
+        r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe",
+        0.5,
+        "peer-gone",
+        consequence=True,
+    ),
+    _p(
+        r"closing signal SIGTERM|Received \d+ death signal|got signal: 15|Signal 15 \(SIGTERM\)",
+        0.5,
+        "sigterm",
+        consequence=True,
+    ),
+    _p(r"exitcode\s*:?\s*-15\b|SignalException", 0.5, "terminated", consequence=True),
+    _p(
+        r"Fatal Python error: Aborted|Signal 6 \(SIGABRT\)|exitcode\s*:?\s*-6\b",
+        0.4,
+        "aborted",
+        consequence=True,
+    ),
+    _p(r"taking the entire process down", 0.4, "nccl-teardown", consequence=True),
+)
+
+CAUSE_IDS: tuple[str, ...] = (*(c.id for c in CATALOG), UNKNOWN.id)
+_BY_ID = {c.id: c for c in (*CATALOG, UNKNOWN)}
+
+
+def cause(cause_id: str) -> Cause:
+    """The catalog entry for ``cause_id`` (``KeyError`` for an unknown id)."""
+    return _BY_ID[cause_id]
+
+
+#: What the scanner searches raw bytes for (case-sensitive, ~0.2 s per key per 200 MB):
+#: every failure region in the corpus contains one of these within a few lines. Kept
+#: short on purpose - each key costs a full pass over the data; a test checks that the
+#: windows find on every corpus log what a full scan finds.
+TRIGGERS: tuple[bytes, ...] = (
+    b"rror",  # Error, error, cudaError..., ChildFailedError, error_file
+    b"RROR",  # ERROR lines: DeepSpeed's launcher reports "exits with return code = -9" only so
+    b"NCCL",  # NCCL WARN, ProcessGroupNCCL watchdog/heartbeat
+    b"Traceback",
+    b"Killed",  # shell "Killed", dmesg "Killed process", "killed by signal: Killed"
+    b"SIG",  # SIGKILL / SIGSEGV / SIGTERM / SIGABRT, <Signals.SIG...>
+    b"egmentation",  # Segmentation fault / segmentation fault
+    b"bad_alloc",
+    b"Assertion",  # a log cut short may hold only CUDA's kernel-assertion spam
+    b"NVRM",  # kernel log: Xid, fallen off the bus
+    b"is lost",  # nvidia-smi: GPU is lost
+)

@@ -1,0 +1,267 @@
+"""This machine's facts, added to a finding: which physical GPU a rank used and what holds it.
+
+With an ``Inventory`` (``nbgpu.status()``, live or simulated) a finding can say
+"rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held by dead pid 4242" and give
+the exact fix (``nbgpu clean``, ``%%torchrun --gpus 1,2,3``). A rank's GPU comes from
+run.json (``gpus``, else ``cuda_visible_devices``, mapped exactly as CUDA maps it by
+``nbgpu.devices.visible``), else from the inventory's own CUDA_VISIBLE_DEVICES view.
+
+The inventory is used through its attributes only: importing ``nbgpu.devices.inventory``
+would pull psutil into the diagnose layer. Imports the standard library and the pure
+``nbgpu.devices.visible``; never pynvml, psutil, torch or IPython.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from nbgpu.devices.visible import GpuIdentity, VisibleMap, resolve_visible
+from nbgpu.diagnose.report import Finding
+from nbgpu.diagnose.sources import RunInfo
+
+__all__ = ["describe_inventory", "enrich", "gpu_for_rank"]
+
+_HOLDER_CODES = (
+    "exclusive_dead_holder",
+    "zombie_holder",
+    "exclusive_busy",
+    "prohibited",
+    "other_namespace_holder",
+    "dead_holder",
+)
+_MODES = {
+    "exclusive_process": "exclusive-process",
+    "exclusive_thread": "exclusive-thread",
+    "prohibited": "prohibited",
+    "default": "default mode",
+}
+_GIB = 1024**3
+# Commands a concrete fix names with this machine's values; the generic fix naming the
+# same command with placeholder values is then dropped.
+_REFINED = ("nbgpu clean", "--gpus")
+
+
+def describe_inventory(inventory: Any) -> str:
+    """How the report names the inventory it used."""
+    if getattr(inventory, "simulated", False):
+        return f"simulated fleet '{getattr(inventory, 'fleet_name', None) or '?'}'"
+    return f"host {getattr(inventory, 'hostname', '?')}"
+
+
+def _visible_map(inventory: Any, run: RunInfo | None) -> VisibleMap | None:
+    gpus = [g for g in getattr(inventory, "gpus", ()) if getattr(g, "error", None) is None]
+    if run is not None and run.cuda_visible_devices is not None and gpus:
+        identities = [
+            GpuIdentity(
+                nvml_index=g.nvml_index,
+                uuid=g.uuid or f"GPU-unknown-{g.nvml_index}",
+                pci_bus_id=g.pci_bus_id or "",
+                compute_capability=g.compute_capability or (0, 0),
+                mig_enabled=bool(g.mig_enabled),
+                mig_uuids=tuple(m.uuid for m in g.mig_devices),
+            )
+            for g in gpus
+        ]
+        return resolve_visible(identities, {"CUDA_VISIBLE_DEVICES": run.cuda_visible_devices})
+    visible = getattr(inventory, "visible", None)
+    return visible if isinstance(visible, VisibleMap) else None
+
+
+def _local_rank(rank: int, run: RunInfo | None) -> int:
+    if run is not None:
+        for r in run.ranks:
+            if r.rank == rank and r.local_rank is not None:
+                return r.local_rank
+        if run.nproc:
+            return rank % run.nproc
+    return rank
+
+
+def gpu_for_rank(rank: int, run: RunInfo | None, inventory: Any) -> tuple[int, int] | None:
+    """``(cuda ordinal, physical NVML index)`` of ``rank``'s GPU, when it can be known."""
+    local = _local_rank(rank, run)
+    if run is not None and run.gpus is not None:
+        return (local, run.gpus[local]) if local < len(run.gpus) else None
+    if inventory is not None:
+        vmap = _visible_map(inventory, run)
+        if vmap is not None:
+            dev = vmap.physical(local)
+            return (local, dev.nvml_index) if dev is not None else None
+    return None
+
+
+def _gpu(inventory: Any, index: int) -> tuple[Any, tuple[Any, ...]]:
+    for gpu, findings in zip(
+        getattr(inventory, "gpus", ()), getattr(inventory, "findings", ()), strict=False
+    ):
+        if gpu.nvml_index == index:
+            return gpu, tuple(findings)
+    return None, ()
+
+
+def _holder_text(gpu: Any) -> str:
+    for proc in getattr(gpu, "processes", ()):
+        verdict = getattr(proc, "verdict", "unknown")
+        holder = getattr(proc, "holder", None)
+        who = f"pid {proc.pid}"
+        if holder is not None and getattr(holder, "user", None):
+            who += f" (user {holder.user})"
+        state = {"alive": "running", "other_namespace": "in another PID namespace"}.get(
+            verdict, verdict
+        )
+        return f", held by {state} {who}"
+    return ""
+
+
+def _healthy_others(inventory: Any, bad: set[int]) -> list[int]:
+    healthy = getattr(inventory, "healthy_indices", ())
+    return [i for i in healthy if i not in bad]
+
+
+def _busy(finding: Finding, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+    details: list[str] = []
+    fixes: list[str] = []
+    bad: set[int] = set()
+    ranks = finding.ranks or ((finding.first_rank,) if finding.first_rank is not None else ())
+    stale = False
+    for rank in ranks:
+        where = gpu_for_rank(rank, run, inventory)
+        if where is None:
+            continue
+        cuda, index = where
+        gpu, findings = _gpu(inventory, index)
+        if gpu is None:
+            continue
+        bad.add(index)
+        mode = _MODES.get(getattr(gpu, "compute_mode", None) or "", "unknown mode")
+        details.append(
+            f"rank {rank} -> cuda:{cuda} -> physical GPU {index} ({mode}){_holder_text(gpu)}"
+        )
+        stale = stale or any(
+            f.code in ("exclusive_dead_holder", "zombie_holder", "dead_holder") for f in findings
+        )
+    if not details:
+        # No rank mapping: name the GPUs the inventory itself finds blocked.
+        for gpu, findings in zip(
+            getattr(inventory, "gpus", ()), getattr(inventory, "findings", ()), strict=False
+        ):
+            codes = {f.code for f in findings}
+            if codes & set(_HOLDER_CODES):
+                bad.add(gpu.nvml_index)
+                mode = _MODES.get(getattr(gpu, "compute_mode", None) or "", "unknown mode")
+                details.append(f"GPU {gpu.nvml_index} ({mode}) is blocked{_holder_text(gpu)}")
+                stale = stale or bool(
+                    codes & {"exclusive_dead_holder", "zombie_holder", "dead_holder"}
+                )
+    if bad:
+        listed = ",".join(map(str, sorted(bad)))
+        if stale:
+            fixes.append(
+                f"free GPU {listed}: `nbgpu clean` (`%gpu_clean`) stops your stale holder; "
+                f"if it is not yours, `sudo nvidia-smi --gpu-reset -i {listed}` once idle"
+            )
+        others = _healthy_others(inventory, bad)
+        if others:
+            fixes.append(
+                f"or exclude it: `%%torchrun --gpus {','.join(map(str, others))}` "
+                f"(`nbgpu run --gpus {','.join(map(str, others))}`)"
+            )
+    return details, fixes
+
+
+def _ordinal(_finding: Finding, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+    vmap = _visible_map(inventory, run)
+    if vmap is None:
+        return [], []
+    count = len(vmap.devices)
+    setting = "unset" if vmap.raw is None else repr(vmap.raw)
+    world = run.nproc if run is not None else None
+    details = [
+        f"CUDA sees {count} GPU{'s' if count != 1 else ''} here (CUDA_VISIBLE_DEVICES {setting})"
+        + (f", but the run started {world} ranks per node" if world else "")
+    ]
+    healthy = list(getattr(inventory, "healthy_indices", ()))
+    fixes = []
+    if count:
+        fixes.append(
+            f"start at most {count} ranks per node: `%%torchrun {count}`"
+            + (f" or `%%torchrun --gpus {','.join(map(str, healthy))}`" if healthy else "")
+        )
+    return details, fixes
+
+
+def _oom(finding: Finding, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+    details = []
+    rank = finding.first_rank
+    where = gpu_for_rank(rank, run, inventory) if rank is not None else None
+    if where is None:
+        return [], []
+    _, index = where
+    gpu, _ = _gpu(inventory, index)
+    if gpu is None:
+        return [], []
+    total = getattr(gpu, "memory_total_bytes", None)
+    if total:
+        details.append(f"rank {rank} ran on GPU {index} with {total / _GIB:.1f} GiB")
+    for proc in getattr(gpu, "processes", ()):
+        used = getattr(proc, "used_bytes", None)
+        if used:
+            details.append(
+                f"GPU {index} now holds {used / _GIB:.1f} GiB for pid {proc.pid} "
+                f"({getattr(proc, 'verdict', 'unknown')}): memory this run could not use"
+            )
+    return details, []
+
+
+def _lost(_finding: Finding, _run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+    lost = [
+        g.nvml_index for g in getattr(inventory, "gpus", ()) if getattr(g, "error", None) == "lost"
+    ]
+    if not lost:
+        return [], []
+    others = _healthy_others(inventory, set(lost))
+    fixes = (
+        [
+            f"leave it out until the node is rebooted: `%%torchrun --gpus {','.join(map(str, others))}`"
+        ]
+        if others
+        else []
+    )
+    return [f"NVML reports GPU {', '.join(map(str, lost))} lost on this machine"], fixes
+
+
+def _driver(_finding: Finding, _run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+    error = getattr(inventory, "nvml_error", None)
+    return ([f"NVML on this machine: {error}"], []) if error else ([], [])
+
+
+_ENRICHERS = {
+    "cuda_busy": _busy,
+    "invalid_ordinal": _ordinal,
+    "cuda_oom": _oom,
+    "gpu_lost": _lost,
+    "driver": _driver,
+}
+
+
+def enrich(findings: Sequence[Finding], run: RunInfo | None, inventory: Any) -> tuple[Finding, ...]:
+    """The findings with this machine's facts added to the root cause."""
+    out = list(findings)
+    if not out or inventory is None or not out[0].root:
+        return tuple(out)
+    enricher = _ENRICHERS.get(out[0].cause)
+    if enricher is None:
+        return tuple(out)
+    details, fixes = enricher(out[0], run, inventory)
+    if details or fixes:
+        root = out[0]
+        # A concrete fix ("exclude it: --gpus 1,2,3") replaces the generic one it refines.
+        generic = tuple(
+            f
+            for f in root.fixes
+            if not any(m in f and any(m in c for c in fixes) for m in _REFINED)
+        )
+        out[0] = replace(root, details=(*root.details, *details), fixes=(*fixes, *generic))
+    return tuple(out)

@@ -1,0 +1,438 @@
+"""Root cause, not the loudest line: which rank failed first, and why.
+
+Given what the scans found (catalog hits, exits, exceptions) plus the launcher's run.json
+and torchelastic error files, :func:`rank_failures` decides:
+
+1. per rank, its own cause: the earliest *primary* hit (a specific cause such as an OOM
+   or a busy GPU); failing that a cause implied by how it died (SIGKILL -> host OOM,
+   SIGSEGV -> segfault); failing that an unexplained Python exception (``unknown``).
+   Ranks with only collective timeouts, NCCL errors, "Connection reset by peer" or the
+   agent's SIGTERM failed *because of* another rank: they are secondary.
+2. the root rank: among ranks with a cause of their own, the one that failed first by
+   the best clock every candidate has (run.json ``ended_at``, error-file timestamps, log
+   timestamps), then torchrun's own "Root Cause (first observed failure)", then the
+   order of lines within one log. Without any clock across several logs the more
+   specific cause wins and the confidence drops.
+3. findings: the root cause first; other causes seen follow as consequences (secondary
+   causes, later failures) or "also" (another primary cause on another rank).
+
+Pure functions over the scan results; imports only the standard library and sibling
+modules (no I/O).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from nbgpu.diagnose.catalog import UNKNOWN, Cause, cause
+from nbgpu.diagnose.lines import Stamp
+from nbgpu.diagnose.report import Evidence, Finding, RankSummary
+from nbgpu.diagnose.scan import SECONDARY_ID, ExceptionLine, ExitRecord, Hit, SourceScan
+from nbgpu.diagnose.sources import ErrorRecord, RunInfo
+from nbgpu.diagnose.specifics import specifics
+
+__all__ = ["Ranking", "rank_failures"]
+
+_SIGNAL_CAUSES = {
+    "SIGKILL": ("host_oom", 0.55),
+    "SIGSEGV": ("segfault", 0.8),
+    "SIGBUS": ("host_oom", 0.5),
+}
+_CODE_SIGNALS = {
+    -9: "SIGKILL",
+    -11: "SIGSEGV",
+    -7: "SIGBUS",
+    -15: "SIGTERM",
+    -6: "SIGABRT",
+    137: "SIGKILL",
+    139: "SIGSEGV",
+}
+_CLOCKS = ("epoch", "iso", "glog")
+_LAST = 10**12  # order of a verdict that no log line supports (exit code or signal only)
+
+
+@dataclass
+class _Rank:
+    """Everything known about one rank (``None``: lines without a rank)."""
+
+    rank: int | None
+    hits: list[Hit] = field(default_factory=list)
+    exits: list[ExitRecord] = field(default_factory=list)
+    exceptions: list[ExceptionLine] = field(default_factory=list)
+    error: ErrorRecord | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    ended: Stamp | None = None
+    banner_root: bool = False
+
+    def primary(self) -> list[Hit]:
+        return [
+            h
+            for h in self.hits
+            if h.cause != SECONDARY_ID and not h.consequence and not cause(h.cause).secondary
+        ]
+
+    def secondary(self) -> list[Hit]:
+        return [h for h in self.hits if h.cause != SECONDARY_ID and h not in self.primary()]
+
+    def markers(self) -> list[Hit]:
+        return [h for h in self.hits if h.cause == SECONDARY_ID]
+
+    def stamps(self) -> dict[str, float]:
+        """The earliest moment this rank showed trouble, per clock."""
+        found: dict[str, float] = {}
+
+        def add(stamp: Stamp | None) -> None:
+            if stamp is not None and (stamp.kind not in found or stamp.seconds < found[stamp.kind]):
+                found[stamp.kind] = stamp.seconds
+
+        if self.exit_code not in (None, 0):
+            add(self.ended)
+        if self.error is not None:
+            add(self.error.stamp)
+        for h in self.hits:
+            add(h.stamp)
+        for x in self.exits:
+            add(x.stamp)
+        return found
+
+
+@dataclass
+class _Verdict:
+    """One rank's own cause."""
+
+    state: _Rank
+    cause: Cause
+    confidence: float
+    hits: list[Hit]
+    order: int
+    secondary: bool = False
+    exception: ExceptionLine | None = None
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The outcome: findings (root first) and a per-rank summary."""
+
+    findings: tuple[Finding, ...]
+    ranks: tuple[RankSummary, ...]
+    failed: bool
+    notes: tuple[str, ...]
+
+
+def _collect(
+    scans: Sequence[SourceScan], errors: Sequence[ErrorRecord], run: RunInfo | None
+) -> dict[int | None, _Rank]:
+    states: dict[int | None, _Rank] = {}
+    single_node = run is None or (run.nnodes or 1) == 1
+
+    def state(rank: int | None) -> _Rank:
+        if rank not in states:
+            states[rank] = _Rank(rank)
+        return states[rank]
+
+    at_exit: dict[tuple[str, int | None], int] = {}
+    for scan in scans:
+        for ex in scan.exits:
+            rank = ex.rank if ex.rank is not None else (ex.local_rank if single_node else None)
+            if rank is not None:
+                at_exit[(ex.source, ex.lineno)] = rank
+    for scan in scans:
+        for hit in scan.hits:
+            rank = hit.rank
+            if rank is None:
+                rank = at_exit.get((hit.source, hit.lineno))
+            if rank is None and hit.local_rank is not None and single_node and len(scans) == 1:
+                rank = hit.local_rank  # NCCL's device index stands for the rank on one node
+            state(rank).hits.append(hit)
+        for exc in scan.exceptions:
+            state(exc.rank).exceptions.append(exc)
+        for ex in scan.exits:
+            rank = ex.rank
+            if rank is None and ex.local_rank is not None and single_node:
+                rank = ex.local_rank  # one node: local rank == global rank
+            s = state(rank)
+            s.exits.append(ex)
+            s.banner_root = s.banner_root or ex.root
+            if s.exit_code is None:
+                s.exit_code = ex.exit_code
+            s.signal = s.signal or ex.signal
+    for record in errors:
+        state(record.rank).error = record
+    if run is not None:
+        for r in run.ranks:
+            s = state(r.rank)
+            s.exit_code = r.exit_code if r.exit_code is not None else s.exit_code
+            s.signal = r.signal or s.signal or _CODE_SIGNALS.get(r.exit_code or 0)
+            s.ended = r.ended_at
+    for s in states.values():
+        if s.signal is None and s.exit_code is not None:
+            s.signal = _CODE_SIGNALS.get(s.exit_code)
+    return states
+
+
+def _explained(exc: ExceptionLine, hits: Iterable[Hit]) -> bool:
+    return any(h.source == exc.source and h.lineno == exc.lineno for h in hits)
+
+
+def _verdict(s: _Rank) -> _Verdict | None:
+    primary = s.primary()
+    if primary:
+        # The rank's log shows the first symptom; its error file only the last exception.
+        first = min(primary, key=lambda h: (h.source.startswith("error-"), h.order))
+        same = [h for h in primary if h.cause == first.cause]
+        best = max(h.confidence for h in same)
+        return _Verdict(s, cause(first.cause), best, same, first.order)
+    if s.signal in _SIGNAL_CAUSES:
+        cause_id, confidence = _SIGNAL_CAUSES[s.signal]
+        return _Verdict(s, cause(cause_id), confidence, [], _LAST)
+    own = sorted(
+        (e for e in s.exceptions if not e.launcher and not _explained(e, s.hits)),
+        key=lambda e: e.order,
+    )
+    secondary = [h for h in s.secondary() if not h.consequence] or s.secondary()
+    # Among symptoms, the most telling one (a collective timeout over the generic
+    # DistBackendError wrapping it), then the earliest.
+    first_secondary = min(secondary, key=lambda h: (-h.confidence, h.order)) if secondary else None
+    earliest = min((h.order for h in secondary), default=None)
+    if own and (earliest is None or own[0].order < earliest):
+        # The rank raised something of its own before any sign of a peer's failure.
+        return _Verdict(s, UNKNOWN, 0.3, [], own[0].order, exception=own[0])
+    if first_secondary is not None:
+        same = [h for h in secondary if h.cause == first_secondary.cause]
+        return _Verdict(
+            s,
+            cause(first_secondary.cause),
+            max(h.confidence for h in same),
+            same,
+            first_secondary.order,
+            secondary=True,
+        )
+    if s.exit_code not in (None, 0) and s.signal not in ("SIGTERM", "SIGINT") and not s.markers():
+        return _Verdict(s, UNKNOWN, 0.2, [], _LAST)
+    return None
+
+
+def _merge_unranked(verdicts: list[_Verdict]) -> list[_Verdict]:
+    """Give the cause found in unprefixed lines to the ranks known only by their exit code.
+
+    A plain log interleaves the ranks' tracebacks without prefixes, while torchrun's
+    banner names the failed ranks: the tracebacks' cause belongs to those ranks.
+    """
+    loose = next((v for v in verdicts if v.state.rank is None and not v.secondary), None)
+    if loose is None or (loose.cause is UNKNOWN and loose.exception is None):
+        return verdicts
+    ranked = [v for v in verdicts if v.state.rank is not None]
+    takers = [
+        v
+        for v in ranked
+        if v.cause is loose.cause or (v.cause is UNKNOWN and v.exception is None and not v.hits)
+    ]
+    if not takers:
+        return verdicts
+    for v in takers:
+        v.cause = loose.cause
+        v.confidence = max(v.confidence, loose.confidence)
+        v.hits = v.hits + loose.hits
+        v.order = min(v.order, loose.order)
+        v.exception = v.exception or loose.exception
+    return [v for v in verdicts if v is not loose]
+
+
+def _pick_root(verdicts: list[_Verdict]) -> tuple[_Verdict, bool]:
+    """The first failing rank among ``verdicts``; the flag says if a clock decided it."""
+    stamps = {id(v): v.state.stamps() for v in verdicts}
+    for clock in _CLOCKS:
+        if len(verdicts) > 1 and all(clock in stamps[id(v)] for v in verdicts):
+            best = min(
+                verdicts,
+                key=lambda v: (
+                    stamps[id(v)][clock],
+                    not v.state.banner_root,
+                    -v.cause.priority,
+                    v.order,
+                ),
+            )
+            return best, True
+    sources = {h.source for v in verdicts for h in v.hits} | {
+        v.exception.source for v in verdicts if v.exception is not None
+    }
+    if len(sources) <= 1:
+        return min(verdicts, key=lambda v: (v.order, -v.cause.priority)), True
+    best = min(
+        verdicts,
+        key=lambda v: (not v.state.banner_root, -v.cause.priority, -v.confidence, v.order),
+    )
+    return best, len(verdicts) == 1 or best.state.banner_root
+
+
+def _evidence(hits: Sequence[Hit], limit: int) -> tuple[Evidence, ...]:
+    ordered = sorted(hits, key=lambda h: (h.source.startswith("error-"), h.order))
+    seen: set[tuple[str, int | None]] = set()
+    out: list[Evidence] = []
+    for h in ordered:
+        key = (h.source, h.lineno)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Evidence(h.source, h.lineno, h.text, h.rank))
+        if len(out) >= limit:
+            break
+    return tuple(out)
+
+
+def _traceback(v: _Verdict) -> tuple[str, ...]:
+    if v.exception is not None and v.exception.traceback:
+        return v.exception.traceback[-24:]
+    if v.state.error is not None and v.state.error.callstack:
+        lines = [line for line in v.state.error.callstack.splitlines() if line.strip()]
+        return tuple(lines[-24:])
+    for exc in sorted(v.state.exceptions, key=lambda e: e.order):
+        if exc.traceback and not exc.launcher:
+            return exc.traceback[-24:]
+    return ()
+
+
+def _unknown_evidence(v: _Verdict) -> tuple[Evidence, ...]:
+    if v.exception is not None:
+        e = v.exception
+        return (Evidence(e.source, e.lineno, e.text, e.rank),)
+    if v.state.error is not None:
+        return (Evidence(v.state.error.path.name, None, v.state.error.message, v.state.rank),)
+    for ex in v.state.exits:
+        text = f"exitcode {ex.exit_code}" + (f" ({ex.signal})" if ex.signal else "")
+        return (Evidence(ex.source, ex.lineno, text, v.state.rank),)
+    return ()
+
+
+def _ranks_of(hits: Iterable[Hit]) -> tuple[int, ...]:
+    return tuple(sorted({h.rank for h in hits if h.rank is not None}))
+
+
+def rank_failures(
+    scans: Sequence[SourceScan],
+    errors: Sequence[ErrorRecord],
+    run: RunInfo | None,
+    *,
+    max_evidence: int = 5,
+    world_size: int | None = None,
+) -> Ranking:
+    """Decide the root cause and order the findings."""
+    states = _collect(scans, errors, run)
+    verdicts = _merge_unranked([v for v in (_verdict(s) for s in states.values()) if v is not None])
+    notes: list[str] = []
+    clean_exit = (
+        run is not None
+        and bool(run.ranks)
+        and all(r.exit_code == 0 for r in run.ranks)
+        and not run.agent_exit_code
+    )
+    if clean_exit and verdicts:
+        notes.append("errors were logged, but every rank exited with code 0")
+        verdicts = []
+    if not verdicts:
+        return Ranking((), _summaries(states, None, {}), failed=False, notes=tuple(notes))
+    own = [v for v in verdicts if not v.secondary]
+    if own:
+        root, by_clock = _pick_root(own)
+    else:
+        # Only symptoms: the most telling one stands in for the (unseen) root cause.
+        root, by_clock = min(verdicts, key=lambda v: (-v.confidence, v.order)), False
+    root_rank = root.state.rank
+    causes_on = {v.state.rank: v for v in verdicts}
+
+    confidence = root.confidence
+    if root.state.error is not None and any(h.source.startswith("error-") for h in root.hits):
+        confidence = min(0.99, confidence + 0.03)  # the rank's own error file agrees
+    rivals = {v.cause.id for v in own if v.state.rank != root_rank and v.cause.id != root.cause.id}
+    if rivals and not by_clock:
+        confidence *= 0.8
+        notes.append(
+            "no timestamps order the failing ranks; the more specific cause was taken as the root"
+        )
+    root_hits = [h for s in states.values() for h in s.hits if h.cause == root.cause.id]
+    evidence = _evidence([h for h in root_hits if h.rank == root_rank] + root_hits, max_evidence)
+    if root.cause is UNKNOWN or not evidence:
+        evidence = evidence or _unknown_evidence(root)
+    ranks = tuple(
+        sorted(
+            {v.state.rank for v in verdicts if v.cause is root.cause and v.state.rank is not None}
+        )
+    )
+    findings = [
+        Finding(
+            cause=root.cause.id,
+            title=root.cause.title,
+            role="root",
+            confidence=round(confidence, 3),
+            ranks=ranks,
+            first_rank=root_rank,
+            evidence=evidence,
+            explanation=root.cause.explanation,
+            fixes=root.cause.fixes,
+            details=specifics(
+                root.cause.id,
+                [h.joined for h in sorted(root_hits, key=lambda h: h.order)[:max_evidence]],
+                ranks,
+                world_size,
+            ),
+            traceback=_traceback(root),
+        )
+    ]
+    findings.extend(_others(states, root, max_evidence))
+    return Ranking(
+        tuple(findings), _summaries(states, root, causes_on), failed=True, notes=tuple(notes)
+    )
+
+
+def _others(states: dict[int | None, _Rank], root: _Verdict, max_evidence: int) -> list[Finding]:
+    by_cause: dict[str, list[Hit]] = {}
+    for s in states.values():
+        for h in s.hits:
+            if h.cause not in (SECONDARY_ID, root.cause.id):
+                by_cause.setdefault(h.cause, []).append(h)
+    out = []
+    for cause_id, hits in by_cause.items():
+        c = cause(cause_id)
+        consequence = c.secondary or all(h.consequence for h in hits)
+        role = "consequence" if consequence else "also"
+        base = max(h.confidence for h in hits)
+        out.append(
+            Finding(
+                cause=cause_id,
+                title=c.title,
+                role=role,
+                confidence=round(base * (0.4 if consequence else 0.6), 3),
+                ranks=_ranks_of(hits),
+                first_rank=None,
+                evidence=_evidence(hits, max_evidence),
+                explanation=c.explanation,
+                fixes=c.fixes,
+            )
+        )
+    out.sort(key=lambda f: (f.role != "also", -f.confidence))
+    return out
+
+
+def _summaries(
+    states: dict[int | None, _Rank], root: _Verdict | None, verdicts: dict[int | None, _Verdict]
+) -> tuple[RankSummary, ...]:
+    out = []
+    for rank in sorted(r for r in states if r is not None):
+        s = states[rank]
+        v = verdicts.get(rank)
+        if root is not None and rank == root.state.rank:
+            role = "root"
+        elif v is not None and (v.secondary or s.signal == "SIGTERM"):
+            role = "secondary"
+        elif v is not None:
+            role = "failed"
+        elif s.exit_code in (None,) and not s.hits:
+            role = "unknown"
+        elif s.exit_code == 0:
+            role = "ok"
+        else:
+            role = "secondary" if s.markers() or s.signal == "SIGTERM" else "unknown"
+        out.append(RankSummary(rank, s.exit_code, s.signal, v.cause.id if v else None, role))
+    return tuple(out)

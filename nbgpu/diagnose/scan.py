@@ -1,0 +1,432 @@
+"""What one log says: catalog hits, exits, exceptions and tracebacks, line by line.
+
+:class:`SourceScan` consumes the lines of one source (a rank's log, torchrun's own output,
+a pasted string, the call stack of an error file) and keeps, within fixed bounds, what the
+ranking needs: the first few :class:`Hit` objects per cause and rank, torchrun's
+``ChildFailedError`` banner and ``failed (exitcode: N) local_rank: R`` lines as
+:class:`ExitRecord` objects, and the exception lines with the traceback above them.
+Nothing here decides the root cause (``rootcause.py`` does).
+
+Imports only the standard library and the catalog/line helpers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from nbgpu.diagnose.catalog import CATALOG, SECONDARY, Pattern
+from nbgpu.diagnose.lines import Stamp, parse_line, parse_stamp_text
+
+__all__ = ["ExceptionLine", "ExitRecord", "Hit", "SourceScan"]
+
+SECONDARY_ID = "_secondary"
+_HITS_PER_KEY = 3  # first hits kept per (cause, rank)
+_MAX_EXCEPTIONS = 64
+_TRACEBACK_LINES = 40
+_TEXT_CHARS = 400  # evidence lines are cut to this many characters
+_CONTEXT_LINES = 2  # lines after a hit kept for parameters split over lines
+
+_EXCEPTION = re.compile(
+    r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure))(?::\s?(.*))?$"
+)
+# argparse's exit: "train.py: error: unrecognized arguments: --local-rank=1"
+_USAGE_ERROR = re.compile(r"^[\w./\\-]+\.py: error: .+")
+_AGENT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_SPAWN_SIGNAL = re.compile(r"process (\d+) terminated with (?:signal (SIG\w+)|exit code (-?\d+))")
+_BANNER_ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
+_BANNER_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+_BANNER_RANK = re.compile(r"(\d+)\s*\(local_rank:\s*(\d+)\)")
+_BANNER_EXIT = re.compile(r"(-?\d+)\s*\(pid:\s*(\d+)\)(?:\s*\((SIG\w+)\))?")
+_SIGNAL_TEXT = re.compile(r"Signal (\d+) \((SIG\w+)\)")
+_LAUNCHER_EXCEPTIONS = frozenset(
+    {
+        "ChildFailedError",
+        "CalledProcessError",
+        "ProcessRaisedException",
+        "ProcessExitedException",
+        "SignalException",
+        "KeyboardInterrupt",
+        "SystemExit",
+    }
+)
+
+
+@dataclass
+class Hit:
+    """A line that matched a catalog pattern (or a secondary marker)."""
+
+    cause: str
+    pattern: str
+    confidence: float
+    consequence: bool
+    source: str
+    lineno: int | None
+    text: str
+    rank: int | None
+    local_rank: int | None
+    stamp: Stamp | None
+    order: int
+    context: list[str] = field(default_factory=list)
+
+    @property
+    def joined(self) -> str:
+        """The line and the lines after it (messages wrapped over lines)."""
+        return " ".join([self.text, *self.context])
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """How a rank ended, as torchrun (or ``mp.spawn``) reported it."""
+
+    rank: int | None
+    local_rank: int | None
+    exit_code: int | None
+    signal: str | None
+    pid: int | None
+    stamp: Stamp | None
+    source: str
+    lineno: int | None
+    root: bool = False  # listed under "Root Cause (first observed failure)"
+    error_file: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class ExceptionLine:
+    """A Python exception line and the traceback above it, if one was seen."""
+
+    name: str
+    text: str
+    rank: int | None
+    source: str
+    lineno: int | None
+    stamp: Stamp | None
+    order: int
+    traceback: tuple[str, ...]
+
+    @property
+    def launcher(self) -> bool:
+        """Raised by the launcher about a child, not by the child itself."""
+        return self.name.rsplit(".", 1)[-1] in _LAUNCHER_EXCEPTIONS
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a line came from: its number, rank and time."""
+
+    lineno: int | None
+    rank: int | None
+    local_rank: int | None
+    stamp: Stamp | None
+
+
+@dataclass
+class _Traceback:
+    lineno: int | None
+    lines: deque[str]
+    head: list[str]
+    last: int | None
+
+
+class SourceScan:
+    """Everything worth keeping from one source; feed it lines in order."""
+
+    def __init__(
+        self, name: str, *, default_rank: int | None = None, counter: Iterator[int]
+    ) -> None:
+        self.name = name
+        self.default_rank = default_rank
+        self._counter = counter
+        self.hits: list[Hit] = []
+        self.hit_counts: dict[str, int] = {}
+        self.exits: list[ExitRecord] = []
+        self.exceptions: list[ExceptionLine] = []
+        self.ranks_seen: set[int] = set()
+        self.first_stamp: Stamp | None = None
+        self.last_stamp: Stamp | None = None
+        self.lines_seen = 0
+        self._kept: dict[tuple[str, int | None], int] = {}
+        self._pending: list[tuple[Hit, int]] = []
+        self._tracebacks: dict[int | None, _Traceback] = {}
+        self._banner_root = False
+        self._entry: dict[str, object] | None = None
+        self._entry_rank: int | None = None
+        self._in_entry_traceback = False
+        self._unmatched: tuple[_Where, str, int] | None = None
+
+    # -- input -------------------------------------------------------------------
+
+    def feed_raw(self, lineno: int | None, raw: bytes) -> None:
+        """One raw line from a file (bytes, possibly with ``\\r`` progress updates)."""
+        text = raw.decode("utf-8", "replace")
+        if "\r" in text:
+            for piece in text.split("\r"):
+                if piece.strip():
+                    self.feed(lineno, piece)
+        else:
+            self.feed(lineno, text)
+
+    def feed(self, lineno: int | None, text: str) -> None:
+        """One decoded line."""
+        self.lines_seen += 1
+        line = parse_line(text, self.default_rank)
+        body = line.body
+        entry_rank = self._entry_rank
+        if body.strip():
+            self._banner(lineno, body)
+        rank = line.rank
+        if rank is None:
+            # Lines of a banner entry (its exitcode, its traceback) belong to its rank.
+            rank = self._entry_rank if self._entry_rank is not None else entry_rank
+        if rank is not None:
+            self.ranks_seen.add(rank)
+        if line.stamp is not None:
+            if self.first_stamp is None:
+                self.first_stamp = line.stamp
+            self.last_stamp = line.stamp
+        self._feed_context(body)
+        if not body.strip():
+            return
+        where = _Where(lineno, rank, line.local_rank, line.stamp)
+        lowered = body.lower()
+        matched = False
+        for cause in CATALOG:
+            pattern = cause.match(lowered, body)
+            if pattern is not None:
+                matched = True
+                self._keep(cause.id, pattern, body, where)
+        if not matched:
+            self._wrapped(body, where)
+        for pattern in SECONDARY:
+            if pattern.regex.search(body):
+                self._keep(SECONDARY_ID, pattern, body, where)
+                break
+        self._agent_lines(lineno, body, line.stamp)
+        self._python(lineno, body, rank, line.stamp)
+
+    def _wrapped(self, body: str, where: _Where) -> None:
+        """Match an exception message that a terminal or rich wrapped over several lines."""
+        waiting = self._unmatched
+        self._unmatched = None
+        if waiting is None:
+            if _EXCEPTION.match(body.strip()):
+                self._unmatched = (where, body.strip(), 2)
+            return
+        first, joined, left = waiting
+        joined = f"{joined} {body.strip()}"
+        lowered = joined.lower()
+        for cause in CATALOG:
+            pattern = cause.match(lowered, joined)
+            if pattern is not None:
+                self._keep(cause.id, pattern, joined, first)
+                return
+        if left > 1:
+            self._unmatched = (first, joined, left - 1)
+
+    def finish(self) -> None:
+        """Flush tracebacks that never reached their exception line."""
+        self._end_entry()
+        self._pending.clear()
+
+    # -- hits ----------------------------------------------------------------------
+
+    def _keep(self, cause_id: str, pattern: Pattern, body: str, where: _Where) -> None:
+        self.hit_counts[cause_id] = self.hit_counts.get(cause_id, 0) + 1
+        key = (cause_id, where.rank)
+        kept = self._kept.get(key, 0)
+        if kept >= _HITS_PER_KEY:
+            return
+        self._kept[key] = kept + 1
+        hit = Hit(
+            cause=cause_id,
+            pattern=pattern.name,
+            confidence=pattern.confidence,
+            consequence=pattern.consequence,
+            source=self.name,
+            lineno=where.lineno,
+            text=body.strip()[:_TEXT_CHARS],
+            rank=where.rank,
+            local_rank=where.local_rank,
+            stamp=where.stamp,
+            order=next(self._counter),
+        )
+        self.hits.append(hit)
+        self._pending.append((hit, _CONTEXT_LINES))
+
+    def _feed_context(self, body: str) -> None:
+        if not self._pending:
+            return
+        still = []
+        for hit, left in self._pending:
+            hit.context.append(body.strip()[:_TEXT_CHARS])
+            if left > 1:
+                still.append((hit, left - 1))
+        self._pending = still
+
+    # -- torchrun's reports --------------------------------------------------------------
+
+    def _banner(self, lineno: int | None, body: str) -> None:
+        if "Root Cause (first observed failure)" in body:
+            self._end_entry()
+            self._banner_root = True
+            return
+        stripped = body.strip()
+        if stripped.startswith("Failures:"):
+            self._end_entry()
+            self._banner_root = False
+            return
+        if stripped.startswith(("====", "----")):
+            self._end_entry()
+            return
+        entry = _BANNER_ENTRY.match(body)
+        if entry:
+            self._end_entry()
+            self._entry = {"root": self._banner_root, "lineno": lineno}
+            return
+        field_match = _BANNER_FIELD.match(body)
+        if field_match and self._entry is None and field_match.group(1) in ("rank", "exitcode"):
+            # A banner cut by the window or by a copy-paste: start an entry anyway.
+            self._entry = {"root": self._banner_root, "lineno": lineno}
+        if self._entry is None:
+            return
+        if field_match and not self._in_entry_traceback:
+            key, value = field_match.group(1), field_match.group(2).strip()
+            self._entry[key] = value
+            if key == "rank":
+                r = _BANNER_RANK.search(value)
+                if r:
+                    self._entry_rank = int(r.group(1))
+            if key == "traceback":
+                self._in_entry_traceback = value.startswith("Traceback")
+                if not self._in_entry_traceback:
+                    self._end_entry()
+        elif self._in_entry_traceback and not body.startswith((" ", "\t")):
+            self._end_entry()
+
+    def _end_entry(self) -> None:
+        entry, self._entry = self._entry, None
+        self._in_entry_traceback = False
+        self._entry_rank = None
+        if not entry or ("rank" not in entry and "exitcode" not in entry):
+            return
+        rank = local = pid = code = None
+        signal = None
+        r = _BANNER_RANK.search(str(entry.get("rank", "")))
+        if r:
+            rank, local = int(r.group(1)), int(r.group(2))
+        e = _BANNER_EXIT.search(str(entry.get("exitcode", "")))
+        if e:
+            code, pid = int(e.group(1)), int(e.group(2))
+            signal = e.group(3)
+        message = str(entry.get("traceback", "")) or None
+        s = _SIGNAL_TEXT.search(message or "")
+        if s and signal is None:
+            signal = s.group(2)
+        error_file = str(entry.get("error_file", "")) or None
+        if error_file in ("<N/A>", "<NONE>"):
+            error_file = None
+        lineno = entry.get("lineno")
+        self.exits.append(
+            ExitRecord(
+                rank=rank,
+                local_rank=local,
+                exit_code=code,
+                signal=signal,
+                pid=pid,
+                stamp=parse_stamp_text(str(entry.get("time", ""))),
+                source=self.name,
+                lineno=lineno if isinstance(lineno, int) else None,
+                root=bool(entry.get("root")),
+                error_file=error_file,
+                message=message,
+            )
+        )
+
+    def _agent_lines(self, lineno: int | None, body: str, stamp: Stamp | None) -> None:
+        if "exitcode" in body:
+            m = _AGENT_FAILED.search(body)
+            if m:
+                code = int(m.group(1))
+                self.exits.append(
+                    ExitRecord(
+                        None,
+                        int(m.group(2)),
+                        code,
+                        _signal_name(code),
+                        int(m.group(3)),
+                        stamp,
+                        self.name,
+                        lineno,
+                    )
+                )
+        elif "terminated with" in body:
+            m = _SPAWN_SIGNAL.search(body)
+            if m:
+                spawn_code = int(m.group(3)) if m.group(3) else None
+                self.exits.append(
+                    ExitRecord(
+                        int(m.group(1)),
+                        int(m.group(1)),
+                        spawn_code,
+                        m.group(2) or _signal_name(spawn_code),
+                        None,
+                        stamp,
+                        self.name,
+                        lineno,
+                    )
+                )
+
+    # -- Python tracebacks -------------------------------------------------------------
+
+    def _python(self, lineno: int | None, body: str, rank: int | None, stamp: Stamp | None) -> None:
+        if "Traceback (most recent call last)" in body:
+            self._tracebacks[rank] = _Traceback(lineno, deque(maxlen=_TRACEBACK_LINES), [], lineno)
+            self._tracebacks[rank].lines.append(body.strip())
+            return
+        text = body.strip()
+        if text.startswith("traceback :"):
+            text = text[len("traceback :") :].strip()
+        # Indented exception lines occur too: torchrun's banner indents the child's traceback.
+        m = _EXCEPTION.match(text) or _USAGE_ERROR.match(text)
+        tb = self._tracebacks.get(rank)
+        if m is None:
+            if tb is not None:
+                if tb.last is not None and lineno is not None and lineno > tb.last + 1:
+                    tb.lines.append("...")
+                tb.lines.append(text)
+                tb.last = lineno
+            return
+        frames: tuple[str, ...] = ()
+        if tb is not None:
+            frames = (*tb.lines, text)
+            del self._tracebacks[rank]
+        if len(self.exceptions) >= _MAX_EXCEPTIONS:
+            self.exceptions.pop(_MAX_EXCEPTIONS // 2)  # keep the first and the latest ones
+        exc_name = m.group(1) if m.re is _EXCEPTION else "UsageError"
+        self.exceptions.append(
+            ExceptionLine(
+                exc_name,
+                text[:_TEXT_CHARS],
+                rank,
+                self.name,
+                lineno,
+                stamp,
+                next(self._counter),
+                frames,
+            )
+        )
+
+
+def _signal_name(code: int | None) -> str | None:
+    names = {
+        -9: "SIGKILL",
+        -11: "SIGSEGV",
+        -15: "SIGTERM",
+        -6: "SIGABRT",
+        -7: "SIGBUS",
+        -2: "SIGINT",
+    }
+    return names.get(code) if code is not None else None

@@ -1,0 +1,392 @@
+"""Where logs come from: strings, files, run directories, streams; run.json and error files.
+
+:func:`resolve` turns what the user passed into :class:`Inputs`: the logs to stream (each
+with the rank it belongs to, when its name says so), torchelastic error files, and the
+launcher's ``run.json``. The run directory layout is nbgpu's launcher's::
+
+    <rundir>/run.json           name, nproc, nnodes, gpus, cuda_visible_devices, master_port,
+                                started_at, ended_at, agent_exit_code, and per rank: rank,
+                                local_rank, exit_code, signal, pid, ended_at
+    <rundir>/rank{N}.log        rank N's stdout and stderr, raw bytes
+    <rundir>/error-rank{N}.json the error file torch's ``@record`` writes for rank N
+    <rundir>/agent.log          torchrun's own output (the ChildFailedError banner)
+
+Any other directory is searched (a few levels deep) for ``*.log``, ``*.txt``, ``*.out``,
+``*.err`` and torchelastic's ``error.json`` files; torchelastic's ``--log-dir`` layout
+(``attempt_0/<local_rank>/stdout.log``) gives each file its rank. Files are read in
+chunks, never whole. A missing path is a one-line ``UserInputError``; a malformed
+run.json or error file becomes a note, never an exception.
+
+Imports only the standard library and ``nbgpu.errors``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+from nbgpu.diagnose.lines import Stamp
+from nbgpu.errors import UserInputError
+
+__all__ = [
+    "CHUNK_BYTES",
+    "ErrorRecord",
+    "Inputs",
+    "LogInput",
+    "RankExit",
+    "RunInfo",
+    "chunks",
+    "load_error_file",
+    "load_run_json",
+    "resolve",
+]
+
+CHUNK_BYTES = 1024 * 1024
+_LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
+_MAX_FILES = 2000
+_MAX_DEPTH = 4
+_MAX_JSON_BYTES = 8 * 1024 * 1024
+_RANK_LOG = re.compile(r"^rank[_-]?(\d+)\.(?:log|txt|out|err)$")
+_ERROR_FILE = re.compile(r"^error(?:[_-]rank[_-]?(\d+))?\.json$")
+_ACCEPTED = "a log file, a run directory, '-' for stdin, a stream, or the log text itself"
+
+
+@dataclass(frozen=True)
+class LogInput:
+    """One log to stream."""
+
+    name: str  # shown in evidence: "rank1.log", "<text>", "<stdin>"
+    path: Path | None = None
+    default_rank: int | None = None  # rank of lines without a rank prefix
+    data: bytes | None = None
+    stream: IO[Any] | None = None
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """One rank's end, as the launcher recorded it in run.json."""
+
+    rank: int
+    local_rank: int | None
+    exit_code: int | None
+    signal: str | None
+    pid: int | None
+    ended_at: Stamp | None
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The launcher's record of a run (``run.json``)."""
+
+    path: Path
+    name: str | None
+    nproc: int | None
+    nnodes: int | None
+    gpus: tuple[int, ...] | None  # physical GPUs the run was given, in rank order
+    cuda_visible_devices: str | None
+    master_port: int | None
+    ranks: tuple[RankExit, ...]
+    agent_exit_code: int | None
+
+    @property
+    def world_size(self) -> int | None:
+        if self.nproc is None:
+            return None
+        return self.nproc * (self.nnodes or 1)
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """A torchelastic error file (written by ``torch.distributed.elastic...errors.record``)."""
+
+    rank: int | None
+    path: Path
+    message: str
+    callstack: str
+    stamp: Stamp | None
+    error_code: int | None
+
+
+@dataclass
+class Inputs:
+    """Everything :func:`resolve` found."""
+
+    kind: str  # text | file | dir | run | stream
+    label: str  # what the report calls the input
+    logs: list[LogInput] = field(default_factory=list)
+    errors: list[ErrorRecord] = field(default_factory=list)
+    run: RunInfo | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# -- reading -------------------------------------------------------------------------
+
+
+def chunks(log: LogInput, size: int = CHUNK_BYTES) -> Iterator[bytes | bytearray]:
+    """The log's bytes in chunks; text streams are encoded as UTF-8.
+
+    A file's chunks share one buffer: use each before asking for the next.
+    """
+    if log.data is not None:
+        for start in range(0, len(log.data), size):
+            yield log.data[start : start + size]
+        return
+    if log.stream is not None:
+        while True:
+            piece = log.stream.read(size)
+            if not piece:
+                return
+            yield piece.encode("utf-8", "surrogateescape") if isinstance(piece, str) else piece
+    if log.path is not None:
+        # One reused buffer: a fresh megabyte per read costs page faults on every chunk.
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        with log.path.open("rb") as handle:
+            while True:
+                got = handle.readinto(buffer)
+                if not got:
+                    return
+                yield buffer if got == size else bytes(view[:got])
+
+
+def _epoch(value: object) -> Stamp | None:
+    """A run.json / error-file time: epoch seconds (number or digits) or ISO text."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return Stamp("epoch", float(value))
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return Stamp("epoch", float(text))
+        except ValueError:
+            pass
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("_", "T"))
+        except ValueError:
+            return None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return Stamp("epoch", moment.timestamp())
+    return None
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    return None
+
+
+def _gpus(value: object) -> tuple[int, ...] | None:
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        if parts and all(p.isdigit() for p in parts):
+            return tuple(int(p) for p in parts)
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return tuple(value)
+    return None
+
+
+def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
+    """Parse ``run.json``; anything malformed becomes a note."""
+    try:
+        if path.stat().st_size > _MAX_JSON_BYTES:
+            notes.append(f"{path.name}: larger than 8 MiB, ignored")
+            return None
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError) as exc:
+        notes.append(f"{path.name}: unreadable ({exc.__class__.__name__}), ignored")
+        return None
+    if not isinstance(data, dict):
+        notes.append(f"{path.name}: expected a JSON object, ignored")
+        return None
+    ranks = []
+    for item in data.get("ranks") or []:
+        if not isinstance(item, dict) or _int(item.get("rank")) is None:
+            continue
+        signal = item.get("signal")
+        ranks.append(
+            RankExit(
+                rank=_int(item.get("rank")) or 0,
+                local_rank=_int(item.get("local_rank")),
+                exit_code=_int(item.get("exit_code")),
+                signal=signal if isinstance(signal, str) and signal else None,
+                pid=_int(item.get("pid")),
+                ended_at=_epoch(item.get("ended_at")),
+            )
+        )
+    cvd = data.get("cuda_visible_devices")
+    name = data.get("name")
+    return RunInfo(
+        path=path.parent,
+        name=name if isinstance(name, str) else None,
+        nproc=_int(data.get("nproc")),
+        nnodes=_int(data.get("nnodes")),
+        gpus=_gpus(data.get("gpus")),
+        cuda_visible_devices=cvd if isinstance(cvd, str) else None,
+        master_port=_int(data.get("master_port")),
+        ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
+        agent_exit_code=_int(data.get("agent_exit_code")),
+    )
+
+
+def load_error_file(path: Path, rank: int | None, notes: list[str]) -> ErrorRecord | None:
+    """Parse a torchelastic error file (both the dict and the newer string ``message``)."""
+    try:
+        if path.stat().st_size > _MAX_JSON_BYTES:
+            notes.append(f"{path.name}: larger than 8 MiB, ignored")
+            return None
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError) as exc:
+        notes.append(f"{path.name}: not a readable error file ({exc.__class__.__name__})")
+        return None
+    if not isinstance(data, dict) or "message" not in data:
+        notes.append(f"{path.name}: no 'message' field; not a torchelastic error file")
+        return None
+    message = data["message"]
+    callstack = ""
+    stamp = _epoch(data.get("timestamp"))
+    code = None
+    if isinstance(message, dict):
+        extra = message.get("extraInfo") or {}
+        if isinstance(extra, dict):
+            callstack = str(extra.get("py_callstack") or "")
+            stamp = _epoch(extra.get("timestamp")) or stamp
+        code = _int(message.get("errorCode"))
+        text = str(message.get("message") or "")
+    else:
+        text = str(message)
+    return ErrorRecord(rank, path, text, callstack, stamp, code)
+
+
+# -- resolving -----------------------------------------------------------------------
+
+
+def _looks_like_text(value: str) -> bool:
+    if not value.strip() or "\n" in value or "\r" in value or len(value) > 4096 or "\x00" in value:
+        return True  # "" would otherwise be Path(""), the current directory
+    try:
+        if Path(value).expanduser().exists():
+            return False
+    except OSError:  # a name too long for the file system is text
+        return True
+    # A single line: text if it reads like a message, a path if it reads like a path.
+    if value.endswith((*_LOG_SUFFIXES, ".json")) or ("/" in value and " " not in value):
+        return False
+    return " " in value.strip() or ":" in value
+
+
+def _rank_from_path(path: Path, root: Path) -> int | None:
+    m = _RANK_LOG.match(path.name)
+    if m:
+        return int(m.group(1))
+    e = _ERROR_FILE.match(path.name)
+    if e and e.group(1):
+        return int(e.group(1))
+    # torchelastic --log-dir: <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log
+    if (
+        path.parent != root
+        and path.parent.name.isdigit()
+        and path.parent.parent.name.startswith("attempt_")
+    ):
+        return int(path.parent.name)
+    return None
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    found = 0
+    for directory, subdirs, files in os.walk(root):
+        depth = len(Path(directory).relative_to(root).parts)
+        subdirs[:] = (
+            sorted(d for d in subdirs if not d.startswith(".")) if depth < _MAX_DEPTH else []
+        )
+        for name in sorted(files):
+            if name.startswith("."):
+                continue
+            found += 1
+            if found > _MAX_FILES:
+                return
+            yield Path(directory) / name
+
+
+def _directory(root: Path) -> Inputs:
+    inputs = Inputs(kind="dir", label=str(root))
+    run_json = root / "run.json"
+    if run_json.is_file():
+        inputs.kind = "run"
+        inputs.run = load_run_json(run_json, inputs.notes)
+        if inputs.run and inputs.run.name:
+            inputs.label = f"run '{inputs.run.name}' ({root})"
+    for path in _walk(root):
+        if not path.is_file():
+            continue
+        rel = str(path.relative_to(root))
+        rank = _rank_from_path(path, root)
+        if _ERROR_FILE.match(path.name):
+            record = load_error_file(path, rank, inputs.notes)
+            if record is not None:
+                inputs.errors.append(record)
+        elif path.name.endswith(_LOG_SUFFIXES):
+            inputs.logs.append(LogInput(rel, path=path, default_rank=rank))
+    if inputs.kind != "run" and any(_RANK_LOG.match(log.name) for log in inputs.logs):
+        inputs.kind = "run"
+    return inputs
+
+
+def resolve(source: object, *, name: str | None = None) -> Inputs:
+    """What to read for ``source``; raises ``UserInputError`` for a path that does not exist."""
+    if isinstance(source, bytes | bytearray):
+        label = name or "<text>"
+        return Inputs(kind="text", label=label, logs=[LogInput(label, data=bytes(source))])
+    if isinstance(source, str) and source == "-":
+        import sys  # noqa: PLC0415  (only this input needs it)
+
+        stream = getattr(sys.stdin, "buffer", sys.stdin)
+        return Inputs(
+            kind="stream", label="<stdin>", logs=[LogInput(name or "<stdin>", stream=stream)]
+        )
+    if isinstance(source, str) and _looks_like_text(source):
+        label = name or "<text>"
+        return Inputs(
+            kind="text",
+            label=label,
+            logs=[LogInput(label, data=source.encode("utf-8", "surrogateescape"))],
+        )
+    if hasattr(source, "read") and not isinstance(source, str | os.PathLike):
+        label = name or str(getattr(source, "name", "<stream>"))
+        return Inputs(kind="stream", label=label, logs=[LogInput(label, stream=source)])  # type: ignore[arg-type]  # duck-typed stream
+    run_dir = getattr(source, "run_dir", None) or getattr(source, "directory", None)
+    if run_dir is not None and not isinstance(source, str | os.PathLike):
+        source = run_dir
+    if not isinstance(source, str | os.PathLike):
+        raise UserInputError(f"cannot diagnose a {type(source).__name__}: expected {_ACCEPTED}")
+    path = Path(os.fspath(source)).expanduser()
+    if not path.exists():
+        raise UserInputError(
+            f"{os.fspath(source)!r}: no such file or directory (expected {_ACCEPTED})"
+        )
+    if path.is_dir():
+        return _directory(path)
+    if _ERROR_FILE.match(path.name):
+        inputs = Inputs(kind="file", label=str(path))
+        record = load_error_file(path, _rank_from_path(path, path.parent), inputs.notes)
+        if record is not None:
+            inputs.errors.append(record)
+        return inputs
+    return Inputs(
+        kind="file",
+        label=str(path),
+        logs=[
+            LogInput(name or path.name, path=path, default_rank=_rank_from_path(path, path.parent))
+        ],
+    )
