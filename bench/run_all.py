@@ -1,10 +1,10 @@
 """Run every nbgpu benchmark and print Markdown tables (``make bench``).
 
-    .venv/bin/python bench/run_all.py [--n N] [--only load_ext|status]
+    .venv/bin/python bench/run_all.py [--n N] [--only load_ext|status|launch|logs]
 
 Benchmarks, not tests: nothing here fails on a slow number; budgets are printed as
 OK/OVER next to the figure. Anchors (bare IPython, gpustat, nvitop, the bare
-interpreter) are measured in the same run, alternating with nbgpu, so the ratios
+interpreter, bare torchrun, accelerate's notebook_launcher) are measured in the same run, alternating with nbgpu, so the ratios
 hold on whatever machine runs them.
 """
 
@@ -18,11 +18,18 @@ import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 
+import bench_launch
 import bench_load_ext
+import bench_logs
 import bench_status
 
-PACKAGES = ("nbgpu", "ipython", "nvidia-ml-py", "gpustat", "nvitop", "psutil")
-BENCHMARKS = {"load_ext": bench_load_ext.main, "status": bench_status.main}
+PACKAGES = ("nbgpu", "ipython", "nvidia-ml-py", "gpustat", "nvitop", "psutil", "torch", "ipykernel")
+BENCHMARKS = {
+    "load_ext": bench_load_ext.main,
+    "status": bench_status.main,
+    "launch": bench_launch.main,  # ~3 min: real torchrun jobs, default 7 rounds
+    "logs": bench_logs.main,  # ~1.5 min: 2 x 200k lines, default 5 rounds
+}
 
 
 def _version(package: str) -> str:
@@ -43,14 +50,19 @@ def print_machine() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=15, help="timed runs per case (default 15)")
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="timed runs per case (default: each benchmark's own: 15; launch 7, logs 5)",
+    )
     parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append", default=None)
     args = parser.parse_args()
     print_machine()
     started = time.perf_counter()
     for name in args.only or BENCHMARKS:
         print(f"\n## {name}")
-        BENCHMARKS[name](n=args.n)
+        BENCHMARKS[name](**({} if args.n is None else {"n": args.n}))
     print(f"\ntotal benchmark time: {time.perf_counter() - started:.0f} s")
 
 

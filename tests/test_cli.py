@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,8 +95,6 @@ def test_clean_dry_run_lists_nothing_on_a_fleet_with_no_live_holders():
 
 
 def test_diagnose_a_log_file_and_stdin():
-    from pathlib import Path
-
     corpus = Path(__file__).parent / "diagnose" / "corpus" / "cuda_oom"
     log = sorted(corpus.glob("*.log"))[0]
     out = run(["diagnose", str(log)])
