@@ -399,7 +399,7 @@ def init(
         return
     env = _env(environ)
     # %%torchrun --backend sets the default for every rank; an explicit argument wins.
-    wanted = _check_backend(backend or env.get("NBGPU_BACKEND") or None)
+    wanted = _check_backend(backend if backend is not None else env.get("NBGPU_BACKEND") or None)
     if timeout_s <= 0:
         raise UserInputError(f"timeout_s={timeout_s!r}: expected a number of seconds > 0")
     global_rank = rank(env)

@@ -546,7 +546,8 @@ SCENARIOS: Mapping[str, tuple[str, str]] = {
     ),
     "seed002": (
         "8xH100",
-        "seed 002: an 8x H100 node shared by concurrent sweep runs",
+        "seed 002: an 8x H100 node shared by concurrent sweep runs (run1 on GPUs 0-1, run2 "
+        "on 2-3, each rank with its own CUDA_VISIBLE_DEVICES); GPUs 4-7 free",
     ),
     "seed003": ("8xH100", "seed 003: an 8x H100 node where 8 ranks import at once"),
     "seed004": ("4xA40", "seed 004: a 2-GPU config to be rescaled to this 4x A40 pod"),
@@ -576,7 +577,35 @@ SCENARIOS: Mapping[str, tuple[str, str]] = {
 
 def scenario(name: str) -> Fleet:
     spec, description = SCENARIOS[name]
-    return replace(parse_spec(spec), name=name, description=description)
+    fleet = replace(parse_spec(spec), name=name, description=description)
+    if name == "seed002":
+        fleet = _with_sweep_runs(fleet)
+    return fleet
+
+
+def _with_sweep_runs(fleet: Fleet) -> Fleet:
+    """Seed 002's box: two sweep runs, each rank seeing its own CUDA_VISIBLE_DEVICES."""
+    gpus = list(fleet.gpus)
+    runs = (("my_sweep.run1", "0,1", (0, 1)), ("my_sweep.run2", "2,3", (2, 3)))
+    pid = FICTIONAL_PID_BASE + 100
+    for run_name, cvd, indices in runs:
+        for local_rank, index in enumerate(indices):
+            observed = ObservedProcess(
+                state="running",
+                user="sweep",
+                command=f"python tools/train.py run={run_name} local_rank={local_rank}",
+                visible_devices=cvd,
+            )
+            proc = SimProcess(pid=pid, used_bytes=31 * 1024 * MIB, observed=observed)
+            gpus[index] = replace(
+                gpus[index],
+                processes=(proc,),
+                utilization_gpu_pct=97,
+                power_w=610.0,
+                temperature_c=71,
+            )
+            pid += 1
+    return replace(fleet, gpus=tuple(gpus))
 
 
 # --------------------------------------------------------------------------- JSON
