@@ -128,8 +128,8 @@ class Run(Result):
             "mem_limit_bytes": cfg.mem_limit_bytes,
             "pull": list(cfg.pull),
             "pull_all_ranks": cfg.pull_all_ranks,
+            "script_args": list(cfg.script_args),
         }
-        spec["script_args"] = list(cfg.script_args)
         if cfg.code is not None:
             cell = self.dir / "cell.py"
             cell.write_text(cfg.code, encoding="utf-8")
@@ -159,7 +159,8 @@ class Run(Result):
                 stdin=subprocess.DEVNULL,
                 stdout=agent_log,
                 stderr=subprocess.STDOUT,
-                cwd=self._cwd(),
+                # cwd is inherited: ranks start where the notebook runs, so relative paths
+                # in a cell mean the same thing as in the kernel.
                 # Own session: the notebook's interrupt reaches the kernel only; nbgpu then
                 # stops the job deliberately (SIGINT, SIGTERM, SIGKILL on one deadline).
                 start_new_session=True,
@@ -169,11 +170,6 @@ class Run(Result):
         RUNS[self.name] = self
         _stop_all_at_exit_once()
         return self
-
-    def _cwd(self) -> str | None:
-        # Ranks start where the notebook runs, so relative paths in a cell still work.
-        pwd = self.environ.get("PWD")
-        return pwd if pwd and Path(pwd).is_dir() else None
 
     def _agent_env(self) -> dict[str, str]:
         env = dict(self.environ)
