@@ -27,8 +27,8 @@ PACKAGES = ("nbgpu", "ipython", "nvidia-ml-py", "gpustat", "nvitop", "psutil", "
 BENCHMARKS = {
     "load_ext": bench_load_ext.main,
     "status": bench_status.main,
-    "launch": bench_launch.main,  # ~3 min: real torchrun jobs, default 7 rounds
-    "logs": bench_logs.main,  # ~1.5 min: 2 x 200k lines, default 5 rounds
+    "launch": bench_launch.main,  # ~3.5 min: real torchrun jobs, default 7 rounds
+    "logs": bench_logs.main,  # ~2 min: 2 x 200k lines, default 5 rounds
 }
 
 
