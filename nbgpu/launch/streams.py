@@ -120,25 +120,30 @@ def _resolve_cr(line: str) -> str:
 
 @dataclass
 class _Budget:
+    """A token bucket of bytes: refills at ``rate`` per second up to ``burst``."""
+
     rate_bytes_per_s: float
     burst_bytes: float
     tokens: float = 0.0
     stamp: float = field(default_factory=time.monotonic)
 
-    def take(self, size: int) -> bool:
+    def refill(self) -> float:
         now = time.monotonic()
         self.tokens = min(
             self.burst_bytes, self.tokens + (now - self.stamp) * self.rate_bytes_per_s
         )
         self.stamp = now
-        if size <= self.tokens:
-            self.tokens -= size
-            return True
-        return False
+        return self.tokens
 
 
 class ScreenWriter:
-    """Prefixed, coalesced, budgeted output for a notebook cell or a terminal."""
+    """Prefixed, coalesced, budgeted output for a notebook cell or a terminal.
+
+    ``add`` only collects lines; ``flush`` (once per tick) writes them in one call. A
+    tick's lines that fit the byte budget are shown whole; otherwise each rank shows a
+    count of what was held back and its newest line, so the screen is never stale and
+    never floods. ``finish`` shows the last lines of every rank that were not shown.
+    """
 
     def __init__(
         self,
@@ -148,66 +153,90 @@ class ScreenWriter:
         rate_bytes_per_s: float = 200_000,
         tail_lines: int = 20,
         max_line_chars: int = 2000,
+        newest_line_chars: int = 200,
     ) -> None:
         self._write = write
         self._color = color
-        self._budget = _Budget(
-            rate_bytes_per_s, burst_bytes=rate_bytes_per_s, tokens=rate_bytes_per_s
-        )
-        self._buffer: list[str] = []
-        self._tails: dict[str, deque[str]] = {}
-        self._elided: dict[str, int] = {}
+        self._budget = _Budget(rate_bytes_per_s, rate_bytes_per_s, tokens=rate_bytes_per_s)
+        self._pending: dict[str, list[str]] = {}
+        # Each rank's last lines, with whether they reached the screen.
+        self._recent: dict[str, deque[tuple[str, bool]]] = {}
         self._tail_lines = tail_lines
         self._max_line = max_line_chars
+        self._newest_chars = newest_line_chars
+        self._prefixes: dict[str, str] = {}
         self.writes = 0  # how many write calls reached the screen (display messages)
         self.lines_shown = 0
-        self.lines_not_shown = 0  # held back by the budget and never shown
-        self._labels: dict[str, int] = {}
+        self.lines_not_shown = 0  # held back by the budget (all of them are in the log)
 
     def _prefix(self, label: str) -> str:
-        index = self._labels.setdefault(label, len(self._labels))
-        return color_prefix(label, index, color=self._color)
+        prefix = self._prefixes.get(label)
+        if prefix is None:
+            prefix = color_prefix(label, len(self._prefixes), color=self._color)
+            self._prefixes[label] = prefix
+        return prefix
 
     def add(self, label: str, lines: list[str]) -> None:
-        tail = self._tails.setdefault(label, deque(maxlen=self._tail_lines))
-        for line in lines:
-            shown = line if len(line) <= self._max_line else line[: self._max_line] + " …"
-            text = self._prefix(label) + shown + "\n"
-            if self._elided.get(label) is None and self._budget.take(len(text)):
-                self._buffer.append(text)
-                self.lines_shown += 1
-                tail.clear()  # everything up to here is on screen
-            else:
-                # Over budget: remember only the last lines for the end of the run.
-                self._elided[label] = self._elided.get(label, 0) + 1
-                tail.append(text)
-                if self._budget.tokens >= self._budget.burst_bytes / 2:
-                    self._resume(label)
+        self._pending.setdefault(label, []).extend(lines)
 
-    def _resume(self, label: str) -> None:
-        # The budget refilled: say how much was skipped, then continue live.
-        skipped = self._elided.pop(label, 0) - len(self._tails[label])
-        if skipped > 0:
-            self.lines_not_shown += skipped
-            self._buffer.append(f"{self._prefix(label)}… {skipped} lines not shown (see the log)\n")
-        self._buffer.extend(self._tails[label])
-        self._tails[label].clear()
+    def _clip(self, line: str, limit: int) -> str:
+        return line if len(line) <= limit else line[:limit] + " …"
 
     def flush(self) -> None:
-        if self._buffer:
-            self._write("".join(self._buffer))
-            self._buffer.clear()
-            self.writes += 1
+        pending = {label: lines for label, lines in self._pending.items() if lines}
+        self._pending = {}
+        if not pending:
+            return
+        size = sum(
+            sum(map(len, lines)) + len(lines) * (len(self._prefix(label)) + 1)
+            for label, lines in pending.items()
+        )
+        budget = self._budget.refill()
+        pieces: list[str] = []
+        if size <= budget:
+            for label, lines in pending.items():
+                prefix = self._prefix(label)
+                pieces.extend(f"{prefix}{self._clip(line, self._max_line)}\n" for line in lines)
+                self._remember(label, lines, shown_last=len(lines))
+                self.lines_shown += len(lines)
+        else:
+            for label, lines in pending.items():
+                prefix = self._prefix(label)
+                held = len(lines) - 1
+                if held:
+                    pieces.append(f"{prefix}… {held} lines not shown (output rate limit)\n")
+                pieces.append(f"{prefix}{self._clip(lines[-1], self._newest_chars)}\n")
+                self._remember(label, lines, shown_last=1)
+                self.lines_shown += 1
+                self.lines_not_shown += held
+        text = "".join(pieces)
+        self._budget.tokens -= len(text)  # may go below zero: the next ticks wait it out
+        self._write(text)
+        self.writes += 1
+
+    def _remember(self, label: str, lines: list[str], *, shown_last: int) -> None:
+        recent = self._recent.setdefault(label, deque(maxlen=self._tail_lines))
+        cut = len(lines) - shown_last
+        # Only the last tail_lines matter; skip the rest without touching them.
+        start = max(0, len(lines) - self._tail_lines)
+        recent.extend((line, i >= cut) for i, line in enumerate(lines[start:], start))
 
     def finish(self, log_hint: str) -> None:
-        """Show what the budget held back: a count per rank and its last lines."""
-        for label in list(self._elided):
-            tail = self._tails.get(label, deque())
-            skipped = self._elided.pop(label) - len(tail)
-            if skipped > 0:
-                self.lines_not_shown += skipped
-                self._buffer.append(
-                    f"{self._prefix(label)}… {skipped} lines not shown; complete log: {log_hint}\n"
-                )
-            self._buffer.extend(tail)
+        """Flush, then show each rank's last lines that the budget held back."""
         self.flush()
+        pieces: list[str] = []
+        for label, recent in self._recent.items():
+            unseen = [line for line, shown in recent if not shown]
+            if not unseen:
+                continue
+            prefix = self._prefix(label)
+            pieces.append(f"{prefix}… last lines (complete log: {log_hint}):\n")
+            # Everything from the first unseen line on, so the order reads naturally.
+            first = next(i for i, (_line, shown) in enumerate(recent) if not shown)
+            tail = [line for line, _shown in list(recent)[first:]]
+            pieces.extend(f"{prefix}{self._clip(line, self._max_line)}\n" for line in tail)
+            self.lines_not_shown -= len(unseen)
+            self.lines_shown += len(unseen)
+        if pieces:
+            self._write("".join(pieces))
+            self.writes += 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import pickle
@@ -191,6 +192,9 @@ def main() -> int:
         _teardown()
         sys.stdout.flush()
         sys.stderr.flush()
+    # Exit handlers still run (user code may rely on them), but the collector no
+    # longer walks torch's millions of objects at interpreter shutdown.
+    gc.freeze()
     return code
 
 

@@ -1,5 +1,7 @@
 """Following logs and putting them on screen: nothing lost, nothing flooded."""
 
+import time
+
 from nbgpu.launch.streams import LogTail, ScreenWriter
 
 
@@ -66,11 +68,27 @@ def test_screen_writer_coalesces_and_budgets():
     text = "".join(out)
     assert len(out) <= 3  # batched, not one write per line
     assert len(text) < 30_000  # the budget held
-    assert "lines not shown; complete log: /runs/x" in text
+    assert "[rank0] … 4999 lines not shown (output rate limit)" in text
+    assert "last lines (complete log: /runs/x)" in text
     # The last lines of each rank are always on screen.
     assert "[rank0] step 4999" in text
     assert "[rank1] step 4999" in text
     assert writer.lines_not_shown > 9000
+    assert writer.lines_shown + writer.lines_not_shown == 10_000
+
+
+def test_screen_stays_live_after_a_burst():
+    # A config dump bigger than the budget must not hide the progress that follows.
+    out = []
+    writer = ScreenWriter(out.append, rate_bytes_per_s=5_000)
+    writer.add("rank0", [f"config line {i} " + "x" * 80 for i in range(2000)])
+    writer.flush()
+    assert "[rank0] … 1999 lines not shown" in out[-1]
+    for step in range(3):
+        time.sleep(0.15)
+        writer.add("rank0", [f"step {step}"])
+        writer.flush()
+        assert out[-1] == f"[rank0] step {step}\n"  # on screen at the next tick, in full
 
 
 def test_screen_writer_passes_small_output_untouched():
