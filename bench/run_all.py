@@ -1,6 +1,6 @@
 """Run every nbgpu benchmark and print Markdown tables (``make bench``).
 
-    .venv/bin/python bench/run_all.py [--n N] [--only load_ext|status|launch|logs]
+    .venv/bin/python bench/run_all.py [--n N] [--only load_ext|status|launch|logs|diagnose]
 
 Benchmarks, not tests: nothing here fails on a slow number; budgets are printed as
 OK/OVER next to the figure. Anchors (bare IPython, gpustat, nvitop, the bare
@@ -18,6 +18,7 @@ import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 
+import bench_diagnose
 import bench_launch
 import bench_load_ext
 import bench_logs
@@ -29,6 +30,7 @@ BENCHMARKS = {
     "status": bench_status.main,
     "launch": bench_launch.main,  # ~3.5 min: real torchrun jobs, default 7 rounds
     "logs": bench_logs.main,  # ~2 min: 2 x 200k lines, default 5 rounds
+    "diagnose": bench_diagnose.main,  # ~20 s: a 200 MB four-rank log, fresh interpreters
 }
 
 
