@@ -8,8 +8,12 @@ BIN    := $(VENV)/bin
 # `torch` requirement would otherwise pull a multi-GB CUDA build. GPU users: see README.
 TORCH_SPEC ?= torch==2.13.0
 DEMO_FLEET ?= seed000
+# The browser test (tests/browser) drives JupyterLab in Debian's Chromium through the
+# Playwright wheel. `playwright install` would download a browser build, which these
+# machines cannot fetch, so the browser comes from apt.
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test lint typecheck unit notebooks notebooks-refresh bench clean-venv
+.PHONY: demo test lint typecheck unit notebooks notebooks-refresh bench clean-venv browser-deps
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +39,19 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-unit: $(BIN)/.installed
+unit: $(BIN)/.installed browser-deps
 	$(BIN)/python -m pytest tests
+
+# Idempotent: nothing to do (and no apt call) once Chromium is there.
+browser-deps:
+	@if [ -x $(CHROMIUM) ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		echo "$(CHROMIUM) is missing and we are not root: run 'sudo apt-get install -y chromium' (needed by tests/browser)" >&2; \
+		exit 1; \
+	fi; \
+	echo "== installing Debian's chromium for tests/browser (about 2 min, once) =="; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null \
+		&& test -x $(CHROMIUM)
 
 notebooks: $(BIN)/.installed
 	cd notebooks && ../$(BIN)/python -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env \

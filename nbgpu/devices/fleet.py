@@ -546,8 +546,10 @@ SCENARIOS: Mapping[str, tuple[str, str]] = {
     ),
     "seed002": (
         "8xH100",
-        "seed 002: an 8x H100 node shared by concurrent sweep runs (run1 on GPUs 0-1, run2 "
-        "on 2-3, each rank with its own CUDA_VISIBLE_DEVICES); GPUs 4-7 free",
+        (
+            "seed 002: an 8x H100 node shared by concurrent sweep runs (run1 on GPUs 0-1, "
+            "run2 on 2-3, each rank with its own CUDA_VISIBLE_DEVICES); GPUs 4-7 free"
+        ),
     ),
     "seed003": ("8xH100", "seed 003: an 8x H100 node where 8 ranks import at once"),
     "seed004": ("4xA40", "seed 004: a 2-GPU config to be rescaled to this 4x A40 pod"),

@@ -109,6 +109,9 @@ class RunPanel:
                 color, text = _BADGE["running" if not run.done else run.state]
             elif state == "ok":
                 color, text = _BADGE["succeeded"]
+            elif run.stop_reason is not None and run.root_cause is None:
+                # Stopped by the user, a timeout or an interrupt: grey, not a crash's red.
+                color, text = _BADGE.get(run.state, _BADGE["stopped"])[0], state
             else:
                 color, text = _BADGE["failed"][0], state
             if run.root_cause is not None and run.root_cause.rank == r:
