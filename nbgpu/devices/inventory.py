@@ -26,7 +26,7 @@ from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS, Fleet
 from nbgpu.devices.holders import ContainerInfo, HolderInfo
 from nbgpu.devices.model import Gpu, GpuProcess
 from nbgpu.devices.verdicts import Finding, assess_gpu, short_verdict
-from nbgpu.devices.visible import GpuIdentity, VisibleMap, resolve_visible
+from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.errors import NvmlError
 
 if TYPE_CHECKING:  # the probe module loads only for --probe
@@ -432,20 +432,6 @@ def _holder_for(pid: int, fleet: Fleet | None, container: ContainerInfo) -> Hold
     return holders_mod.describe_pid(pid, container=container)
 
 
-def _identities(gpus: tuple[Gpu, ...]) -> list[GpuIdentity]:
-    return [
-        GpuIdentity(
-            nvml_index=g.nvml_index,
-            uuid=g.uuid or f"GPU-unknown-{g.nvml_index}",
-            pci_bus_id=g.pci_bus_id or "",
-            compute_capability=g.compute_capability or (0, 0),
-            mig_enabled=bool(g.mig_enabled),
-            mig_uuids=tuple(m.uuid for m in g.mig_devices),
-        )
-        for g in gpus
-    ]
-
-
 def _probe(env: Mapping[str, str], gpus: list[Gpu], timeout_s: float) -> ProbeReport:
     # CUDA numbers devices its own way; UUIDs tie its answers back to NVML indices.
     by_uuid = {g.uuid: g.nvml_index for g in gpus if g.uuid}
@@ -514,7 +500,7 @@ def take_inventory(
     cvd_env = dict(env)
     if override:
         cvd_env["CUDA_VISIBLE_DEVICES"] = visible_devices or ""
-    visible = resolve_visible(_identities(tuple(g for g in gpus if g.ok)), cvd_env)
+    visible = resolve_visible(gpu_identities([g for g in gpus if g.ok]), cvd_env)
     device_files: dict[int, tuple[str, ...]] = {}
     if scan_device_files:
         listed = {p.pid for g in gpus for p in g.processes}

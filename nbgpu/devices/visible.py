@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "GpuIdentity",
     "VisibleDevice",
     "VisibleMap",
+    "gpu_identities",
     "normalize_pci_bus_id",
     "resolve_visible",
 ]
@@ -135,6 +136,21 @@ def normalize_pci_bus_id(bus_id: str) -> str:
         return bus_id.strip().lower()
     domain, bus, device, function = (int(g or "0", 16) for g in m.groups())
     return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+
+
+def gpu_identities(gpus: Iterable[Any]) -> list[GpuIdentity]:
+    """Identities from inventory GPUs (anything with the inventory's attribute names)."""
+    return [
+        GpuIdentity(
+            nvml_index=g.nvml_index,
+            uuid=g.uuid or f"GPU-unknown-{g.nvml_index}",
+            pci_bus_id=g.pci_bus_id or "",
+            compute_capability=g.compute_capability or (0, 0),
+            mig_enabled=bool(g.mig_enabled),
+            mig_uuids=tuple(m.uuid for m in g.mig_devices),
+        )
+        for g in gpus
+    ]
 
 
 def resolve_visible(

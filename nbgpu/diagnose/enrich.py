@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from nbgpu.devices.visible import GpuIdentity, VisibleMap, resolve_visible
+from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.diagnose.report import Finding
 from nbgpu.diagnose.sources import RunInfo
 
@@ -53,17 +53,7 @@ def describe_inventory(inventory: Any) -> str:
 def _visible_map(inventory: Any, run: RunInfo | None) -> VisibleMap | None:
     gpus = [g for g in getattr(inventory, "gpus", ()) if getattr(g, "error", None) is None]
     if run is not None and run.cuda_visible_devices is not None and gpus:
-        identities = [
-            GpuIdentity(
-                nvml_index=g.nvml_index,
-                uuid=g.uuid or f"GPU-unknown-{g.nvml_index}",
-                pci_bus_id=g.pci_bus_id or "",
-                compute_capability=g.compute_capability or (0, 0),
-                mig_enabled=bool(g.mig_enabled),
-                mig_uuids=tuple(m.uuid for m in g.mig_devices),
-            )
-            for g in gpus
-        ]
+        identities = gpu_identities(gpus)
         return resolve_visible(identities, {"CUDA_VISIBLE_DEVICES": run.cuda_visible_devices})
     visible = getattr(inventory, "visible", None)
     return visible if isinstance(visible, VisibleMap) else None
