@@ -121,3 +121,34 @@ def test_python_dash_m_runs_the_cli():
     assert out.returncode == 0
     assert "status" in out.stdout
     assert "doctor" in out.stdout
+
+
+def _nbgpu_imports(path: Path) -> set[str]:
+    """Every nbgpu module a file imports, at any depth (lazy imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("nbgpu"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nbgpu"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+# Layer -> the nbgpu packages it must never import (DESIGN.md: one-way arrows).
+FORBIDDEN = {
+    "devices": ("nbgpu.launch", "nbgpu.plan", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
+                "nbgpu.api", "nbgpu.rank"),
+    "plan": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
+    "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
+    "launch": ("nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
+}  # fmt: skip
+
+
+def test_layers_import_one_way():
+    for layer, banned in FORBIDDEN.items():
+        for path in (PACKAGE / layer).rglob("*.py"):
+            bad = {m for m in _nbgpu_imports(path) if m.startswith(banned)}
+            assert not bad, f"{path.relative_to(PACKAGE)} imports {sorted(bad)}"
+    rank_imports = _nbgpu_imports(PACKAGE / "rank.py")
+    assert not {m for m in rank_imports if m.startswith(("nbgpu.launch", "nbgpu.notebook"))}
