@@ -64,9 +64,15 @@ def _unique_name(requested: str | None, script: Path | None) -> str:
 
 
 def _named_gpus(
-    inv: Inventory, gpus: str | Sequence[int], nproc: int | None, *, force: bool, notes: list[str]
+    inv: Inventory,
+    gpus: str | Sequence[int],
+    nproc: int | None,
+    *,
+    force: bool,
+    notes: list[str],
+    environ: Mapping[str, str],
 ) -> tuple[int, str, tuple[int, ...]]:
-    """--gpus: every named GPU must exist and be healthy (unless forced)."""
+    """--gpus: every named GPU must exist, look healthy, and pass the CUDA probe."""
     if inv.nvml_error or not inv.gpus:
         why = inv.nvml_error or "no GPU found"
         raise UserInputError(
@@ -82,6 +88,8 @@ def _named_gpus(
             )
         if reason:
             notes.append(f"GPU {index} used despite: {reason} (--force)")
+    if not force:
+        _probe_named(inv, chosen, text, environ)
     if nproc is None:
         nproc = len(chosen)
     elif nproc > len(chosen) and not force:
@@ -90,6 +98,32 @@ def _named_gpus(
             f"{nproc - 1} would fail with 'invalid device ordinal' (--force to launch anyway)"
         )
     return nproc, ",".join(str(i) for i in chosen), chosen
+
+
+def _probe_named(
+    inv: Inventory, chosen: tuple[int, ...], text: str, environ: Mapping[str, str]
+) -> None:
+    """Create a context on each named GPU (in a subprocess) before committing ranks to it.
+
+    NVML can look clean while CUDA refuses the GPU (a holder in another container, a
+    bad driver state): only a context tells. The probe costs well under a second.
+    """
+    from nbgpu.devices.health import probe_devices  # noqa: PLC0415
+
+    env = {**environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    by_uuid = {g.uuid: g.nvml_index for g in inv.gpus if g.uuid}
+    report = probe_devices(environ=env, timeout_s=30.0, nvml_index_by_uuid=by_uuid)
+    if report.init_error is not None:
+        return  # CUDA itself cannot start here; the ranks will say so in their own words
+    for result in report.results:
+        if result.verdict != "ok":
+            where = f"GPU {result.nvml_index}" if result.nvml_index is not None else "a GPU"
+            raise UserInputError(
+                f"--gpus {text}: {where} fails the CUDA probe: {result.message} "
+                f"({result.error_name or result.cuda_error}); see %gpu_doctor (--force to use it "
+                "anyway)"
+            )
 
 
 def _visible_gpus(
@@ -172,7 +206,9 @@ def prepare(
     cvd: str | None = None
     chosen: tuple[int, ...] | None = None
     if gpus is not None:
-        nproc, cvd, chosen = _named_gpus(inv, gpus, nproc, force=force, notes=notes)
+        nproc, cvd, chosen = _named_gpus(
+            inv, gpus, nproc, force=force, notes=notes, environ=environ
+        )
     elif not inv.nvml_error and inv.gpus:
         nproc, cvd, chosen = _visible_gpus(inv, nproc, force=force, notes=notes)
     elif nproc is None:

@@ -1,7 +1,10 @@
 """prepare(): nproc and GPUs from the inventory, checked before anything starts."""
 
+import json
+
 import pytest
 
+from nbgpu.devices.fleet import load_fleet
 from nbgpu.errors import UserInputError
 from nbgpu.launch.launcher import prepare
 
@@ -68,3 +71,17 @@ def test_bad_values(sim_env, tmp_path):
         prepare(code=CELL, nproc=1, name="bad name", environ=sim_env)
     with pytest.raises(UserInputError, match="does not exist"):
         prepare(script=tmp_path / "missing.py", nproc=1, environ=sim_env)
+
+
+def test_gpus_flag_runs_the_cuda_probe(sim_env, tmp_path):
+    # NVML sees nothing wrong with GPU 1, but creating a context there fails (a holder
+    # in another container): only the probe can tell, and the launch is refused.
+    fleet = json.loads(load_fleet("4xA40").to_json())
+    fleet["gpus"][1]["cuda_error"] = 46
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(fleet))
+    env = sim(str(path), sim_env)
+    with pytest.raises(UserInputError, match=r"GPU 1 fails the CUDA probe: CUDA-capable device"):
+        prepare(code=CELL, gpus="0,1", environ=env)
+    assert prepare(code=CELL, gpus="0,2", environ=env).config.gpus == (0, 2)
+    assert prepare(code=CELL, gpus="0,1", force=True, environ=env).config.gpus == (0, 1)
