@@ -8,6 +8,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from nbgpu.devices.doctor import DoctorReport
 from nbgpu.devices.inventory import Inventory
+from nbgpu.notebook.magics import _LINE_MAGICS
 
 
 @pytest.fixture
@@ -89,6 +90,15 @@ def test_every_magic_has_dash_h(ip, capsys, magic):
     out = capsys.readouterr().out
     assert out.startswith(f"%{magic} ")
     assert "options:" in out
+
+
+def test_dash_h_for_every_registered_magic(ip, capsys):
+    # Whatever nbgpu registers must answer -h with usage text, not an error.
+    for magic in _LINE_MAGICS:
+        assert ip.run_line_magic(magic, "-h") is None, magic
+        out = capsys.readouterr().out
+        assert magic in out, magic
+        assert len(out.splitlines()) >= 3, magic
 
 
 def test_gpu_doctor(ip):
