@@ -64,6 +64,8 @@ class Inventory(Result):
     visible_value: str | None  # the CUDA_VISIBLE_DEVICES string that was resolved
     visible_is_override: bool  # True when the user passed --env, not the environment
     device_files: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    # Who those /dev/nvidia* holders are, looked up when the snapshot was taken.
+    device_file_holders: Mapping[int, HolderInfo] = field(default_factory=dict)
     probe: ProbeReport | None = None
     elapsed_ms: float = 0.0
 
@@ -177,7 +179,9 @@ class Inventory(Result):
                     level=level,
                 )
         for pid, paths in sorted(self.device_files.items()):
-            h = holders_mod.describe_pid(pid, container=self.container)
+            h = self.device_file_holders.get(pid) or holders_mod.recorded_holder(
+                pid, "dead", None, None, None, None
+            )
             table.add(
                 "fd",
                 pid,
@@ -527,6 +531,9 @@ def take_inventory(
         visible_value=cvd_env.get("CUDA_VISIBLE_DEVICES"),
         visible_is_override=override,
         device_files=device_files,
+        device_file_holders={
+            pid: holders_mod.describe_pid(pid, container=container) for pid in device_files
+        },
         probe=_probe(env, gpus, probe_timeout_s) if probe else None,
         elapsed_ms=(time.perf_counter() - started) * 1000,
     )

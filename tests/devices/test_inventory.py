@@ -3,9 +3,11 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
+from nbgpu.devices import holders as holders_mod
 from nbgpu.devices.fleet import load_fleet
 from nbgpu.devices.inventory import take_inventory
 from nbgpu.devices.verdicts import short_verdict
@@ -133,3 +135,32 @@ def test_warm_status_is_fast(sim_env):
     best = min(take_inventory(env).elapsed_ms for _ in range(5))
     # A generous bound for a loaded CI machine; bench/ measures the real figure.
     assert best < 100
+
+
+def test_device_file_holders_appear_in_status(sim_env, tmp_path, monkeypatch):
+    # A real process holding a "device" open; only the path prefix differs from /dev/nvidia*.
+    fake_dev = tmp_path / "nvidia0"
+    fake_dev.write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"f = open({str(fake_dev)!r}); import time; time.sleep(30)"]
+    )
+    try:
+        real_scan = holders_mod.device_file_holders
+        monkeypatch.setattr(
+            holders_mod,
+            "device_file_holders",
+            lambda: real_scan(pattern=str(tmp_path / "nvidia")),
+        )
+        deadline = time.time() + 10
+        inventory = inv("4xA40", sim_env)
+        while holder.pid not in inventory.device_files and time.time() < deadline:
+            time.sleep(0.05)
+            inventory = inv("4xA40", sim_env)
+        assert inventory.device_files[holder.pid] == (str(fake_dev),)
+        assert inventory.device_file_holders[holder.pid].verdict == "alive"
+        row = next(line for line in inventory.text().splitlines() if str(holder.pid) in line)
+        assert row.startswith("fd")
+        assert "open nvidia0" in row
+    finally:
+        holder.kill()
+        holder.wait()
