@@ -7,9 +7,10 @@
     nbgpu plan   [ALLOCATION] [--batch N] [--sweep RUNS] [--scale CONFIG --to N] [...]
     nbgpu diagnose FILE|DIR|- [--json] [--inventory]
 
-Only parses arguments and calls :mod:`nbgpu.api`. Exit codes: 0 fine, 1 the
-doctor found a problem that needs fixing (or clean could not stop a process),
-2 a usage error (one line on stderr, never a traceback).
+Only parses arguments and calls the API (``nbgpu.api``, ``nbgpu.launch``,
+``nbgpu.plan``, ``nbgpu.diagnose``). Exit codes: 0 fine; 1 a problem was found (doctor
+findings to fix, a run that failed, a plan that is not ready, a diagnosed failure, a
+process clean could not stop); 2 a usage error (one line on stderr, never a traceback).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="nbgpu", description="Probe, diagnose and clean up GPUs.")
+    parser = _Parser(prog="nbgpu", description="Probe, plan, launch and diagnose multi-GPU jobs.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("status", help="every GPU: health, memory, holders, cuda:N mapping")
