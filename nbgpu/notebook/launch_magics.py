@@ -162,8 +162,9 @@ class LaunchMagics(Magics):
         "--view",
         default="auto",
         choices=["auto", "text", "widgets"],
-        help="background runs: per-rank tabs with a Stop button (widgets) or a text "
-        "tail; auto picks widgets when ipywidgets is available",
+        help="per-rank tabs with state badges (widgets) or prefixed text; auto: widgets "
+        "for background runs (with a Stop button) when ipywidgets is available, text in the "
+        "foreground",
     )
     @line_cell_magic
     def torchrun(self, line: str, cell: str | None = None) -> Any:
@@ -237,8 +238,18 @@ class LaunchMagics(Magics):
                 f"%gpu_stop {run.name}, nbgpu.runs()['{run.name}'].wait()"
             )
             return None
-        writer = ScreenWriter(_write_stdout if not args.quiet else (lambda _t: None), color=True)
-        follow(run, writer)
+        if args.view == "widgets" and not args.quiet:
+            # Opt-in for foreground runs: their text then lives in the panel's tabs,
+            # which static exports and nbval do not show (auto keeps text here).
+            from nbgpu.notebook.widgets import RunPanel  # noqa: PLC0415
+
+            panel = RunPanel(run, stoppable=False)
+            follow(run, panel, on_tick=lambda r: panel.finish(str(r.dir)) if r.done else None)
+        else:
+            writer = ScreenWriter(
+                _write_stdout if not args.quiet else (lambda _t: None), color=True
+            )
+            follow(run, writer)
         if run.state != "succeeded":
             raise RunFailed(run)
         self._deliver(run, pulled, args.all_ranks, announce=True)

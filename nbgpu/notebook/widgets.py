@@ -40,7 +40,7 @@ def widgets_available() -> bool:
 class RunPanel:
     """The live view of one run; implements the writer interface ``follow`` uses."""
 
-    def __init__(self, run: Any, *, tail_lines: int = 200) -> None:
+    def __init__(self, run: Any, *, tail_lines: int = 200, stoppable: bool = True) -> None:
         import ipywidgets as w  # noqa: PLC0415
         from IPython.display import display  # noqa: PLC0415
 
@@ -56,6 +56,11 @@ class RunPanel:
         self.badges = w.HTML()
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop")
         self.stop_button.on_click(self._on_stop)
+        # A foreground run keeps the kernel busy, so a click would only arrive afterwards:
+        # there the notebook's interrupt button is the stop button.
+        self._stoppable = stoppable
+        if not stoppable:
+            self.stop_button.tooltip = "foreground run: use the notebook's interrupt button"
         self.outputs = {label: w.Output() for label in self._tails}
         self.tabs = w.Tab(children=list(self.outputs.values()))
         for i, label in enumerate(self.outputs):
@@ -100,7 +105,7 @@ class RunPanel:
     def _refresh_header(self) -> None:
         run = self.run
         self.title.value = f"<b>{html.escape(run._headline())}</b>"
-        self.stop_button.disabled = run.done
+        self.stop_button.disabled = run.done or not self._stoppable
         states = {r.rank: run._rank_state(r) for r in run.ranks}
         badges = []
         for r in range(run.config.nproc):

@@ -170,3 +170,18 @@ def test_background_widget_panel_tracks_ranks_and_stops(ip):
     assert run.state == "stopped"
     assert panel.stop_button.disabled
     assert leftover_processes(run) == []
+
+
+@pytest.mark.slow
+def test_foreground_widget_view_on_request(ip, capsys):
+    run = ip.run_cell_magic(
+        "torchrun",
+        "2 --view widgets --name fg-panel",
+        "import os\nprint('hello', os.environ['RANK'])\n",
+    )
+    panel = run.writer
+    assert run.state == "succeeded"
+    assert "hello 1" in panel.outputs["rank1"].outputs[0]["text"]
+    assert panel.stop_button.disabled  # the interrupt button stops foreground runs
+    assert "rank0: ok" in panel.badges.value
+    assert "[rank0]" not in capsys.readouterr().out  # the text went to the panel
