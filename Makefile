@@ -33,7 +33,7 @@ demo: $(BIN)/.installed
 	NBGPU_SIMULATE=$${NBGPU_SIMULATE:-$(DEMO_FLEET)} $(BIN)/python notebooks/run_headless.py notebooks/launch.ipynb
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check nbgpu tests bench notebooks/run_headless.py
+	$(BIN)/ruff check nbgpu tests bench notebooks
 	$(BIN)/ruff format --check nbgpu tests bench notebooks/run_headless.py
 
 typecheck: $(BIN)/.installed
