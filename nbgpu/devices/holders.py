@@ -258,6 +258,11 @@ def _missing(pid: int, container: ContainerInfo | None) -> HolderInfo:
         else:
             verdict = "other_namespace"
             detail = "not in this PID namespace (a host pid: run with --pid=host to see it)"
+    return _unseen(pid, verdict, detail)
+
+
+def _unseen(pid: int, verdict: str, detail: str) -> HolderInfo:
+    """A holder we cannot look at (gone, another namespace, no access): only its verdict."""
     return HolderInfo(
         pid=pid,
         verdict=verdict,
@@ -411,20 +416,7 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
         # Also when it exited between calls: it is gone now, which is the fact to report.
         return _missing(pid, container)
     except psutil.AccessDenied:
-        return HolderInfo(
-            pid=pid,
-            verdict="no_access",
-            user=None,
-            uid=None,
-            command=None,
-            state=None,
-            start_time=None,
-            ppid=None,
-            orphaned=False,
-            visible_devices=None,
-            torchelastic=False,
-            detail="permission denied reading /proc",
-        )
+        return _unseen(pid, "no_access", "permission denied reading /proc")
     try:
         user: str | None = proc.username()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
