@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # torch first and pinned: the CPU 2.13.0 wheel is on these machines' disk; a bare
 # `torch` requirement would otherwise pull a multi-GB CUDA build. GPU users: see README.
 TORCH_SPEC ?= torch==2.13.0
-DEMO_FLEET ?= seed000
+DEMO_FLEET ?= busy-gpu0
 # The browser test (tests/browser) drives JupyterLab in Debian's Chromium through the
 # Playwright wheel. `playwright install` would download a browser build, which these
 # machines cannot fetch, so the browser comes from apt.
@@ -60,7 +60,7 @@ notebooks: $(BIN)/.installed
 # Re-store the tutorials' outputs after a change to how results render.
 notebooks-refresh: $(BIN)/.installed
 	for nb in notebooks/*.ipynb; do \
-		env -u CUDA_VISIBLE_DEVICES COLUMNS=80 NBGPU_SIMULATE=seed000 \
+		env -u CUDA_VISIBLE_DEVICES COLUMNS=80 NBGPU_SIMULATE=busy-gpu0 \
 		$(BIN)/python notebooks/run_headless.py $$nb --write > /dev/null || exit 1; \
 	done
 

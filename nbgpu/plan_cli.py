@@ -82,14 +82,14 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="RUNS",
-        help="split the box into RUNS disjoint runs (seed 002)",
+        help="split the box into RUNS disjoint runs (distinct ports)",
     )
     p.add_argument("--per-run", type=int, default=None, metavar="K", help="GPUs per sweep run")
     p.add_argument(
         "--scale",
         default=None,
         metavar="CONFIG",
-        help="rescale a YAML/JSON config (verl/VAGEN keys) to --to GPUs (seed 004)",
+        help="rescale a YAML/JSON config (verl/VAGEN keys) to --to GPUs",
     )
     p.add_argument("--to", type=int, default=None, metavar="N", help="with --scale: GPUs after")
     p.add_argument(

@@ -5,11 +5,11 @@
     dev = nr.device()               # cuda:LOCAL_RANK, validated; CPU when simulated
     nr.print0("world", nr.world_size())
     with nr.one_at_a_time("imports"):
-        import transformers         # heavy imports one rank at a time (seed 003)
+        import transformers         # heavy imports one rank at a time
 
 This module owns what a rank asks about itself: its place in the job (``rank``,
 ``local_rank``, ``world_size``, ``local_world_size``, ``is_main``), its device
-(``device``: seed 001's "invalid device ordinal" caught before CUDA sees it, and, under
+(``device``: "invalid device ordinal" caught before CUDA sees it, and, under
 ``NBGPU_SIMULATE``, CUDA's own errors for the simulated fleet), the process group
 (``init``, ``destroy``, ``barrier``, ``all_reduce_sum``), serialised blocks across the
 ranks of one node (``one_at_a_time``, behind ``--serial-imports``) and a per-rank
@@ -500,7 +500,7 @@ def all_reduce_sum(value: float, environ: Mapping[str, str] | None = None) -> fl
 def one_at_a_time(
     name: str = "imports", environ: Mapping[str, str] | None = None
 ) -> Iterator[None]:
-    """Run the block in one rank of this node at a time (a file lock; seed 003).
+    """Run the block in one rank of this node at a time (a file lock).
 
     Eight ranks importing and compiling at once can exhaust host memory
     (``std::bad_alloc``); taking turns bounds the peak to one rank's. The lock lives in
@@ -586,7 +586,7 @@ def set_memory_limit(size: int | str) -> int:
     """Cap this rank's address space (``RLIMIT_AS``, soft limit) and return it in bytes.
 
     Past the cap, allocations fail inside this rank (``MemoryError``, ``std::bad_alloc``)
-    instead of the host's OOM killer taking a random process (seed 003). The hard limit
+    instead of the host's OOM killer taking a random process. The hard limit
     stays, so the rank may raise its own cap again. Mind that CUDA reserves a large
     virtual address range at initialisation: on real GPUs the cap must leave room for it.
     """

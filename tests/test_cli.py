@@ -22,9 +22,9 @@ def run(args, simulate=None, **env):
 
 
 def test_status_text_and_json_round_trip(tmp_path):
-    out = run(["status"], simulate="seed000")
+    out = run(["status"], simulate="busy-gpu0")
     assert out.returncode == 0
-    assert "SIMULATED fleet 'seed000'" in out.stdout
+    assert "SIMULATED fleet 'busy-gpu0'" in out.stdout
     assert "BUSY: dead holder" in out.stdout
     js = run(["status", "--json"], simulate="8xH100,procs=40")
     data = json.loads(js.stdout)
@@ -41,7 +41,7 @@ def test_status_text_and_json_round_trip(tmp_path):
 
 def test_doctor_exit_code_reflects_findings():
     assert run(["doctor", "--no-probe"], simulate="healthy").returncode == 0
-    bad = run(["doctor"], simulate="seed000")
+    bad = run(["doctor"], simulate="busy-gpu0")
     assert bad.returncode == 1
     assert "Recommendation: launch 3 ranks on GPUs 1,2,3" in bad.stdout
 
@@ -89,7 +89,7 @@ def test_bad_fleet_json_file(tmp_path):
 
 
 def test_clean_dry_run_lists_nothing_on_a_fleet_with_no_live_holders():
-    out = run(["clean", "--dry-run"], simulate="seed000")
+    out = run(["clean", "--dry-run"], simulate="busy-gpu0")
     assert out.returncode == 0
     assert out.stdout.strip()
 

@@ -81,7 +81,7 @@ def test_notebook_runs_without_error(notebook):
 @pytest.mark.parametrize("fleet", ["healthy", "no-driver"])
 def test_quickstart_runs_on_another_fleet(fleet):
     # `make demo` lets NBGPU_SIMULATE choose the fleet: the tutorial must not
-    # depend on seed000 (nor on there being any GPU NVML can read).
+    # depend on the busy-gpu0 scenario (nor on there being any GPU NVML can read).
     result = _run(NOTEBOOKS / "quickstart.ipynb", fleet)
     assert result.returncode == 0, _explain(result)
     assert f"SIMULATED fleet '{fleet}'" in result.stdout
@@ -97,7 +97,7 @@ def test_usage_error_in_a_cell_fails_the_run(tmp_path):
         new_code_cell("print('after the bad cell')"),
     ]
     nbformat.write(new_notebook(cells=cells), path)
-    result = _run(path, "seed000")
+    result = _run(path, "busy-gpu0")
     assert result.returncode == 1, _explain(result)
     assert "FAILED: In [2]: UsageError: --nproc 0" in result.stderr
     assert "after the bad cell" not in result.stdout
@@ -113,7 +113,7 @@ def test_declared_errors_pass_and_write_stores_outputs(tmp_path):
         new_code_cell("print('done')"),
     ]
     nbformat.write(new_notebook(cells=cells), path)
-    result = _run(path, "seed000", "--write")
+    result = _run(path, "busy-gpu0", "--write")
     assert result.returncode == 0, _explain(result)
     assert "ZeroDivisionError" in result.stdout
     assert "[skipped]" in result.stdout

@@ -4,7 +4,7 @@ Environments are passed as dicts (nothing patches os.environ). The expected CUDA
 below are torch 2.13's, verified against c10/cuda/CUDAException.cpp and
 CUDAMiscFunctions.cpp and a real torch 2.13 traceback (see rank.py). Two real torchrun
 jobs of 2 ranks each (gloo on CPU) close the file: one that computes, one where rank 0
-lands on seed 000's busy GPU.
+lands on a busy GPU (exclusive-process, held by a dead process).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ JOB = {
     "MASTER_PORT": "29555",
     "TORCHELASTIC_RUN_ID": "test",
 }
-SEED000_GPU0 = load_fleet("seed000").gpus[0]
-SEED000_GPU1 = load_fleet("seed000").gpus[1]
+BUSY_GPU0_GPU0 = load_fleet("busy-gpu0").gpus[0]
+BUSY_GPU0_GPU1 = load_fleet("busy-gpu0").gpus[1]
 TORCH_TAIL = (
     "For more detailed error information, run with CUDA_LOG_FILE=stderr\n"
     "Device-side assertion tracking was not enabled by user.\n"
@@ -121,31 +121,31 @@ def test_simulated_device_is_labelled_once_and_computes_on_cpu(capsys):
 
 def test_simulated_busy_gpu_fails_with_torchs_exact_error_and_names_the_gpu():
     with pytest.raises(RuntimeError) as info:
-        nr.device(job(LOCAL_RANK="0", NBGPU_SIMULATE="seed000"))
+        nr.device(job(LOCAL_RANK="0", NBGPU_SIMULATE="busy-gpu0"))
     error = info.value
     assert type(error) is torch.AcceleratorError  # what torch 2.13 raises from set_device
     assert error.error_code == 46
     assert str(error) == (
-        BUSY_TEXT + f"[nbgpu] simulated fleet 'seed000': cuda:0 is physical GPU 0 "
-        f"({SEED000_GPU0.uuid}), exclusive-process, held by pid "
-        f"{SEED000_GPU0.processes[0].pid} (dead): see %gpu_doctor"
+        BUSY_TEXT + f"[nbgpu] simulated fleet 'busy-gpu0': cuda:0 is physical GPU 0 "
+        f"({BUSY_GPU0_GPU0.uuid}), exclusive-process, held by pid "
+        f"{BUSY_GPU0_GPU0.processes[0].pid} (dead): see %gpu_doctor"
     )
 
 
 def test_simulated_ordinal_beyond_the_visible_gpus_is_cudas_invalid_ordinal():
     with pytest.raises(RuntimeError) as info:
-        nr.device(job(LOCAL_RANK="5", NBGPU_SIMULATE="seed000"))
+        nr.device(job(LOCAL_RANK="5", NBGPU_SIMULATE="busy-gpu0"))
     assert info.value.error_code == 101
     assert str(info.value).startswith("CUDA error: invalid device ordinal\n")
     assert str(info.value) == (
-        ORDINAL_TEXT + "[nbgpu] simulated fleet 'seed000': local_rank 5 >= 4 visible devices "
+        ORDINAL_TEXT + "[nbgpu] simulated fleet 'busy-gpu0': local_rank 5 >= 4 visible devices "
         "(CUDA_VISIBLE_DEVICES unset): launch at most 4 ranks per node, e.g. %%torchrun 4"
     )
 
 
 def test_simulation_follows_cuda_visible_devices(capsys):
     # Reordered: cuda:0 is now the healthy GPU 1, and cuda:1 the busy GPU 0.
-    env = job(NBGPU_SIMULATE="seed000", CUDA_VISIBLE_DEVICES="1,0")
+    env = job(NBGPU_SIMULATE="busy-gpu0", CUDA_VISIBLE_DEVICES="1,0")
     assert nr.device({**env, "LOCAL_RANK": "0"}) == torch.device("cpu")
     assert "cuda:0 -> GPU 1 (NVIDIA A40)" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match=r"cuda:1 is physical GPU 0 \(GPU-"):
@@ -505,10 +505,10 @@ def test_torchrun_job_on_a_simulated_fleet(tmp_path, sim_env):
 
 @pytest.mark.slow
 def test_torchrun_rank_on_a_busy_gpu_fails_with_cudas_message(tmp_path, sim_env):
-    code, out = torchrun(tmp_path, {**sim_env, "NBGPU_SIMULATE": "seed000"})
+    code, out = torchrun(tmp_path, {**sim_env, "NBGPU_SIMULATE": "busy-gpu0"})
     assert code != 0, out
     assert "torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy" in out
-    assert "[nbgpu] simulated fleet 'seed000': cuda:0 is physical GPU 0 (GPU-" in out
+    assert "[nbgpu] simulated fleet 'busy-gpu0': cuda:0 is physical GPU 0 (GPU-" in out
     assert "exclusive-process, held by pid" in out
     assert "SUM " not in out
     # torchrun's own summary agrees: rank 0 failed first, with Python's exit code 1.

@@ -343,7 +343,7 @@ def diagnose_environment(
                     "port_in_use",
                     "environment",
                     f"MASTER_PORT={port_text} is already in use on this machine: a new rendezvous "
-                    "there fails with 'address already in use' (another run, seed 002).",
+                    "there fails with 'address already in use' (another run on this box).",
                     ("unset MASTER_PORT and let nbgpu pick a free port, or choose another one",),
                 )
             )

@@ -1,7 +1,7 @@
 """Fleets: a GPU box described as data, for the simulator and for offline planning.
 
 A fleet is what ``nbgpu status --json`` writes on a real machine, and what
-``NBGPU_SIMULATE`` accepts: a JSON file, a named scenario (``seed000``), or a short
+``NBGPU_SIMULATE`` accepts: a JSON file, a named scenario (``busy-gpu0``), or a short
 spec such as ``4xA40,busy=0``. The simulated NVML library (``simulate.py``) serves a
 fleet through the real pynvml wrappers.
 
@@ -278,10 +278,10 @@ class Fleet:
 # --------------------------------------------------------------------------- spec
 
 
-def _uuid_for(seed: str) -> str:
+def _uuid_for(key: str) -> str:
     # Deterministic UUIDs: the same spec always gives the same fleet, so tests and
     # notebooks can name GPUs by UUID.
-    u = uuidlib.uuid5(uuidlib.NAMESPACE_URL, "nbgpu:" + seed)
+    u = uuidlib.uuid5(uuidlib.NAMESPACE_URL, "nbgpu:" + key)
     return f"GPU-{u}"
 
 
@@ -353,7 +353,7 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
     """Build a fleet from a short spec such as ``4xA40,busy=0``.
 
     Keys (GPU lists use ``+``: ``lost=1+3``):
-      busy=I        exclusive-process mode, held by a dead process (seed 000)
+      busy=I        exclusive-process mode, held by a dead process (a crashed server)
       exclusive=I   exclusive-process mode, no holder
       prohibited=I  compute mode prohibited
       zombie=I      held by a zombie (defunct) process
@@ -530,29 +530,29 @@ def _with_mig(gpu: SimGpu) -> SimGpu:
 
 # ------------------------------------------------------------------------ scenarios
 
-#: Named fleets: one per seed situation and per failure mode nbgpu must explain.
+#: Named fleets: the situations nbgpu was built to explain, and one per failure mode.
 SCENARIOS: Mapping[str, tuple[str, str]] = {
     "healthy": ("4xA40", "4x A40, all idle and healthy"),
-    "seed000": (
+    "busy-gpu0": (
         "4xA40,busy=0",
-        "seed 000: 4x A40, GPU 0 in exclusive-process mode held by a process that is gone",
+        "4x A40, GPU 0 in exclusive-process mode held by a process that is gone",
     ),
-    "seed001": (
+    "nproc-mismatch": (
         "4xH100,zombie=0+1",
         (
-            "seed 001: a 4-GPU box where the script hard-codes 7 ranks, and GPUs 0-1 are still "
+            "a 4-GPU box where the script hard-codes 7 ranks, and GPUs 0-1 are still "
             "held by defunct ranks of a previous run"
         ),
     ),
-    "seed002": (
+    "shared-sweeps": (
         "8xH100",
         (
-            "seed 002: an 8x H100 node shared by concurrent sweep runs (run1 on GPUs 0-1, "
+            "an 8x H100 node shared by concurrent sweep runs (run1 on GPUs 0-1, "
             "run2 on 2-3, each rank with its own CUDA_VISIBLE_DEVICES); GPUs 4-7 free"
         ),
     ),
-    "seed003": ("8xH100", "seed 003: an 8x H100 node where 8 ranks import at once"),
-    "seed004": ("4xA40", "seed 004: a 2-GPU config to be rescaled to this 4x A40 pod"),
+    "import-storm": ("8xH100", "an 8x H100 node where 8 ranks import heavy libraries at once"),
+    "rescale-2-to-4": ("4xA40", "a 4x A40 pod to which a 2-GPU training config is rescaled"),
     "exclusive-dead": ("4xA40,busy=0", "exclusive-process GPU 0 held by a dead process"),
     "zombie-holder": ("4xA40,exclusive=1,zombie=1", "GPU 1 held by a zombie (defunct) process"),
     "other-namespace": (
@@ -577,16 +577,37 @@ SCENARIOS: Mapping[str, tuple[str, str]] = {
 }
 
 
+#: Earlier names of scenarios, still accepted (not listed: the names above say what they are).
+_ALIASES: Mapping[str, str] = {
+    "seed000": "busy-gpu0",
+    "seed001": "nproc-mismatch",
+    "seed002": "shared-sweeps",
+    "seed003": "import-storm",
+    "seed004": "rescale-2-to-4",
+}
+
+
+def _canonical(name: str) -> str | None:
+    """The scenario a name means (an alias resolves to its scenario), or None."""
+    if name in SCENARIOS:
+        return name
+    return _ALIASES.get(name)
+
+
 def scenario(name: str) -> Fleet:
-    spec, description = SCENARIOS[name]
+    """The named scenario's fleet; it keeps the name it was asked by (aliases too)."""
+    key = _canonical(name)
+    if key is None:
+        raise FleetSpecError(f"{name!r} is not a scenario; scenarios: {', '.join(SCENARIOS)}")
+    spec, description = SCENARIOS[key]
     fleet = replace(parse_spec(spec), name=name, description=description)
-    if name == "seed002":
+    if key == "shared-sweeps":
         fleet = _with_sweep_runs(fleet)
     return fleet
 
 
 def _with_sweep_runs(fleet: Fleet) -> Fleet:
-    """Seed 002's box: two sweep runs, each rank seeing its own CUDA_VISIBLE_DEVICES."""
+    """A box shared by two sweep runs, each rank seeing its own CUDA_VISIBLE_DEVICES."""
     gpus = list(fleet.gpus)
     runs = (("my_sweep.run1", "0,1", (0, 1)), ("my_sweep.run2", "2,3", (2, 3)))
     pid = FICTIONAL_PID_BASE + 100
@@ -790,12 +811,13 @@ def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
 def load_fleet(source: str, *, cwd: Path | None = None) -> Fleet:
     """Resolve ``NBGPU_SIMULATE``: a scenario name, a ``.json`` path, or a spec."""
     text = source.strip()
-    if text in SCENARIOS:
+    if _canonical(text) is not None:
         return scenario(text)
     head, _, extra = text.partition(",")
-    if head in SCENARIOS:
-        # A scenario with more options: "seed000,procs=8" extends the scenario's spec.
-        spec, description = SCENARIOS[head]
+    key = _canonical(head)
+    if key is not None:
+        # A scenario with more options: "busy-gpu0,procs=8" extends the scenario's spec.
+        spec, description = SCENARIOS[key]
         return replace(parse_spec(f"{spec},{extra}"), name=text, description=description)
     path = Path(text).expanduser()
     if cwd is not None and not path.is_absolute():

@@ -215,7 +215,7 @@ class Diagnosis(Result):
     sources: tuple[SourceSummary, ...] = ()
     notes: tuple[str, ...] = ()
     world_size: int | None = None
-    inventory: str | None = None  # "simulated fleet 'seed000'", "host gpu7" when one was used
+    inventory: str | None = None  # "simulated fleet 'busy-gpu0'", "host gpu7" when one was used
     elapsed_ms: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -3,10 +3,10 @@
 This is where the probe meets the launch. Without ``--gpus`` the number of ranks
 defaults to the healthy visible GPUs, and unhealthy ones (busy, held by a dead
 process, lost) are left out of ``CUDA_VISIBLE_DEVICES`` with a note saying why —
-so rank 0 never lands on seed 000's busy GPU 0. ``--gpus`` is checked against the
+so rank 0 never lands on a busy GPU 0. ``--gpus`` is checked against the
 inventory (unknown or unhealthy GPUs are refused with the reason; ``force``
 overrides), and asking for more ranks than GPUs is refused before anything starts
-(seed 001's "invalid device ordinal"). No GPU at all: give N and the ranks run on
+(CUDA's "invalid device ordinal"). No GPU at all: give N and the ranks run on
 CPU with gloo.
 
 Never imports IPython; the faces pass an output callable.
@@ -143,7 +143,7 @@ def _visible_gpus(
     if nproc > len(visible) and not force:
         raise UserInputError(
             f"nproc {nproc} but {len(visible)} GPUs are visible: ranks {len(visible)}..{nproc - 1} "
-            "would fail with 'invalid device ordinal' (seed 001); use "
+            "would fail with 'invalid device ordinal'; use "
             f"%%torchrun {len(healthy) or len(visible)}, or --force for CPU-only ranks"
         )
     if left_out and nproc <= len(healthy):

@@ -95,7 +95,7 @@ def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | No
         if not isinstance(inventory, str) or not inventory.strip():
             raise UserInputError(
                 f"inventory={inventory!r}: expected an Inventory (nbgpu.status()), a fleet "
-                "spec such as '4xA40,busy=0', a scenario such as 'seed000', or a fleet .json"
+                "spec such as '4xA40,busy=0', a scenario such as 'busy-gpu0', or a fleet .json"
             )
         env["NBGPU_SIMULATE"] = inventory
     return take_inventory(env, scan_device_files=False)

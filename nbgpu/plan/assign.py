@@ -3,7 +3,7 @@
 The rules, in order of importance:
 
 1. Only usable candidates are ever given out; the caller has already left out the rest.
-2. GPUs the user requires come first, in the order given (seed 000's ``3,2,1,0``).
+2. GPUs the user requires come first, in the order given (a hand workaround such as ``3,2,1,0``).
 3. Otherwise clean GPUs before ones with caveats, then by NVML index: the first role (the
    one that owns logical device 0, an inference server's first GPU) gets the best GPU.
 4. A role gets GPUs of one model and memory size when the box allows it: data-parallel

@@ -3,7 +3,7 @@
 :func:`pick_ports` is pure: it asks an injected ``port_is_free(port) -> bool`` about
 each port in turn, so plans are deterministic under test. :func:`port_is_free` is the
 one place in ``plan/`` that touches the system: it binds a socket and lets it go. A port
-free now can be taken before the job starts (seed 002's runs all used 12345); distinct
+free now can be taken before the job starts (hand-started sweep runs often all use 12345); distinct
 ports per plan stop *our* runs from colliding, and the launcher re-checks at start.
 
 Imports only the standard library (``socket`` for the one bind); never pynvml or psutil.

@@ -1,7 +1,7 @@
 """Scaling a training config from N GPUs to M: every change explained, combinations checked.
 
-Seed 004 rescaled a 2-GPU verl/VAGEN config to 4 GPUs by hand. :func:`scale_config` does it
-from rules. Each recognised key has a *rule* (keys are matched by their last name anywhere
+Moving a 2-GPU verl/VAGEN config to 4 GPUs by hand means editing a dozen coupled values.
+:func:`scale_config` does it from rules. Each recognised key has a *rule* (keys are matched by their last name anywhere
 in the config, so nested YAML, flat ``a.b.c`` keys and Hydra overrides all work):
 
 =================  ============================================  ===============================

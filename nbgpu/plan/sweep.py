@@ -1,6 +1,6 @@
 """Sweeps: one box split into disjoint GPU sets with distinct ports, one plan per run.
 
-Seed 002's concurrent sweep runs shared GPUs and all used MASTER_PORT 12345. A
+Concurrent sweep runs started by hand tend to share GPUs and one MASTER_PORT (12345). A
 :class:`SweepPlan` gives every run its own GPUs (never shared, never unusable) and its own
 free port, each run a complete :class:`~nbgpu.plan.result.Plan` that a background
 ``%%torchrun --plan sweep.runs[i]`` can launch. Runs are filled with identical GPUs where

@@ -19,8 +19,8 @@ def finding(report, code):
     return next(f for f in report.findings if f.code == code)
 
 
-def test_seed000_end_to_end_with_the_probe(sim_env):
-    report = doc("seed000", sim_env, probe=True)
+def test_busy_gpu0_end_to_end_with_the_probe(sim_env):
+    report = doc("busy-gpu0", sim_env, probe=True)
     assert not report.ok
     dead = finding(report, "exclusive_dead_holder")
     assert "exclusive-process mode and held by pid" in dead.message
@@ -43,7 +43,7 @@ def test_healthy_fleet_is_ok(sim_env):
     assert "launch 4 ranks" in report.recommendation
 
 
-def test_seed001_nproc_7_on_4_gpus(sim_env):
+def test_nproc_mismatch_nproc_7_on_4_gpus(sim_env):
     report = doc("4xH100", sim_env, NPROC_PER_NODE="7")
     f = finding(report, "nproc_exceeds_gpus")
     assert f.message.startswith("NPROC_PER_NODE=7 but 4 GPUs are visible")
@@ -119,7 +119,7 @@ def test_gpu_lost_excluded_from_recommendation(sim_env):
 
 
 def test_report_converts(sim_env):
-    report = doc("seed000", sim_env)
+    report = doc("busy-gpu0", sim_env)
     data = report.to_dict()
     assert data["worst"] == "bad"
     assert data["inventory"]["simulated"] is True

@@ -106,7 +106,7 @@ def test_every_scenario_loads():
 
 
 def test_json_round_trip(tmp_path):
-    fleet = load_fleet("seed000")
+    fleet = load_fleet("busy-gpu0")
     path = tmp_path / "pod.json"
     path.write_text(fleet.to_json())
     again = load_fleet(str(path))
@@ -115,7 +115,7 @@ def test_json_round_trip(tmp_path):
 
 
 def test_unknown_name_lists_scenarios():
-    with pytest.raises(FleetSpecError, match="scenarios: healthy, seed000"):
+    with pytest.raises(FleetSpecError, match="scenarios: healthy, busy-gpu0"):
         load_fleet("sed000")
 
 
@@ -181,7 +181,7 @@ def test_to_dict_is_json():
 
 
 def test_scenario_with_extra_options():
-    fleet = load_fleet("seed000,lost=3")
+    fleet = load_fleet("busy-gpu0,lost=3")
     assert fleet.gpus[0].compute_mode == "exclusive_process"
     assert fleet.gpus[3].fault == "lost"
-    assert fleet.description == SCENARIOS["seed000"][1]
+    assert fleet.description == SCENARIOS["busy-gpu0"][1]

@@ -21,10 +21,10 @@ def codes(inventory, index):
     return [f.code for f in inventory.findings[index]]
 
 
-def test_seed000_flags_the_dead_exclusive_holder(sim_env):
-    inventory = inv("seed000", sim_env)
+def test_busy_gpu0_flags_the_dead_exclusive_holder(sim_env):
+    inventory = inv("busy-gpu0", sim_env)
     assert inventory.simulated
-    assert inventory.fleet_name == "seed000"
+    assert inventory.fleet_name == "busy-gpu0"
     assert codes(inventory, 0)[0] == "exclusive_dead_holder"
     assert inventory.healthy_indices == (1, 2, 3)
     holder = inventory.gpus[0].processes[0].holder
@@ -99,7 +99,7 @@ def test_text_fits_80_columns_and_says_simulated(sim_env):
 
 
 def test_html_and_frame(sim_env):
-    inventory = inv("seed000", sim_env)
+    inventory = inv("busy-gpu0", sim_env)
     bundle = inventory._repr_mimebundle_()
     assert "SIMULATED" in bundle["text/html"]
     assert "<table" in bundle["text/html"]
@@ -109,7 +109,7 @@ def test_html_and_frame(sim_env):
 
 
 def test_json_is_a_fleet_the_simulator_replays(sim_env, tmp_path):
-    first = inv("seed000,procs=3", sim_env)
+    first = inv("busy-gpu0,procs=3", sim_env)
     path = tmp_path / "pod.json"
     path.write_text(first.to_json())
     fleet = load_fleet(str(path))

@@ -30,8 +30,8 @@ def test_real_pynvml_wrappers_run_on_the_fake(sim_env):
         pynvml.nvmlDeviceGetFanSpeed(handle)
 
 
-def test_snapshot_of_seed000(sim_env):
-    snap = nvml.read_system(sim("seed000", sim_env))
+def test_snapshot_of_busy_gpu0(sim_env):
+    snap = nvml.read_system(sim("busy-gpu0", sim_env))
     assert snap.device_count == 4
     assert snap.driver_version == "550.163.01"
     assert snap.cuda_driver_version == 12040

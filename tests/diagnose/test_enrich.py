@@ -26,7 +26,7 @@ def _rank(rank: int, exit_code: int, ended: float) -> dict[str, object]:
 def test_busy_gpu_names_the_dead_holder_and_the_gpus_to_use(
     tmp_path: Path, sim_env: dict[str, str]
 ) -> None:
-    inventory = take_inventory({**sim_env, "NBGPU_SIMULATE": "seed000"}, scan_device_files=False)
+    inventory = take_inventory({**sim_env, "NBGPU_SIMULATE": "busy-gpu0"}, scan_device_files=False)
     run = write_run(tmp_path / "run", ranks=[_rank(0, 1, 1.0), _rank(1, -15, 2.0)], logs={0: BUSY})
     result = diagnose(run, inventory=inventory)
     root = result.root
@@ -36,11 +36,11 @@ def test_busy_gpu_names_the_dead_holder_and_the_gpus_to_use(
     assert "held by dead pid" in line
     assert root.fixes[0].startswith("free GPU 0: `nbgpu clean`")
     assert "`%%torchrun --gpus 1,2,3`" in root.fixes[1]
-    assert result.inventory == "simulated fleet 'seed000'"
+    assert result.inventory == "simulated fleet 'busy-gpu0'"
 
 
 def test_run_json_gpus_map_ranks_to_physical_gpus(tmp_path: Path, sim_env: dict[str, str]) -> None:
-    inventory = take_inventory({**sim_env, "NBGPU_SIMULATE": "seed000"}, scan_device_files=False)
+    inventory = take_inventory({**sim_env, "NBGPU_SIMULATE": "busy-gpu0"}, scan_device_files=False)
     run = write_run(
         tmp_path / "run", ranks=[_rank(0, -15, 2.0), _rank(1, 1, 1.0)], logs={1: BUSY}, gpus="3,0"
     )

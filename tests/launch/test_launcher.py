@@ -16,7 +16,7 @@ def sim(spec, base, **extra):
 
 
 def test_default_nproc_is_the_healthy_gpus_and_busy_ones_are_left_out(sim_env):
-    prepared = prepare(code=CELL, environ=sim("seed000", sim_env))
+    prepared = prepare(code=CELL, environ=sim("busy-gpu0", sim_env))
     assert prepared.config.nproc == 3
     assert prepared.config.cuda_visible_devices == "1,2,3"
     assert any(n.startswith("GPU 0 left out: BUSY: dead holder") for n in prepared.notes)
@@ -29,7 +29,7 @@ def test_healthy_box_uses_every_gpu_without_touching_cvd(sim_env):
     assert prepared.config.cuda_visible_devices is None
 
 
-def test_seed001_seven_ranks_on_four_gpus_is_refused(sim_env):
+def test_nproc_mismatch_seven_ranks_on_four_gpus_is_refused(sim_env):
     with pytest.raises(UserInputError, match="nproc 7 but 4 GPUs are visible"):
         prepare(code=CELL, nproc=7, environ=sim("4xH100", sim_env))
     forced = prepare(code=CELL, nproc=7, force=True, environ=sim("4xH100", sim_env))
@@ -37,7 +37,7 @@ def test_seed001_seven_ranks_on_four_gpus_is_refused(sim_env):
 
 
 def test_gpus_flag_checks_the_inventory(sim_env):
-    env = sim("seed000", sim_env)
+    env = sim("busy-gpu0", sim_env)
     assert prepare(code=CELL, gpus="1,3", environ=env).config.cuda_visible_devices == "1,3"
     assert prepare(code=CELL, gpus="1,3", environ=env).config.nproc == 2
     with pytest.raises(UserInputError, match="GPU 0 is not usable: GPU 0 is in exclusive-process"):

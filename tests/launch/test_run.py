@@ -177,8 +177,8 @@ def test_agent_killed_with_sigkill_takes_its_workers(env):
 
 
 def test_failed_run_is_diagnosed_with_the_inventory(env):
-    # seed 000 forced onto its busy GPU 0: rank 0 fails with CUDA's own busy error.
-    env = {**env, "NBGPU_SIMULATE": "seed000"}
+    # busy-gpu0 forced onto its busy GPU 0: rank 0 fails with CUDA's own busy error.
+    env = {**env, "NBGPU_SIMULATE": "busy-gpu0"}
     run = start("import nbgpu.rank as R\nR.init()\n", env, gpus="0,1", force=True)
     follow(run, ScreenWriter(lambda _t: None))
     assert run.state == "failed"

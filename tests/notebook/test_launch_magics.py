@@ -15,7 +15,7 @@ from nbgpu.launch.run import RunFailed, leftover_processes
 def ip(monkeypatch, tmp_path):
     for key in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "LOCAL_RANK", "MASTER_PORT", "RANK"):
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("NBGPU_SIMULATE", "seed000")
+    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
     monkeypatch.setenv("NBGPU_RUNS_DIR", str(tmp_path / "runs"))
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "nbgpu")

@@ -15,7 +15,7 @@ from nbgpu.notebook.magics import _LINE_MAGICS
 def ip(monkeypatch):
     for key in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "LOCAL_RANK", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("NBGPU_SIMULATE", "seed000")
+    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "nbgpu")
     yield shell
@@ -25,7 +25,7 @@ def ip(monkeypatch):
 def test_gpu_status_returns_the_inventory(ip):
     result = ip.run_line_magic("gpu_status", "")
     assert isinstance(result, Inventory)
-    assert result.fleet_name == "seed000"
+    assert result.fleet_name == "busy-gpu0"
     assert result.findings[0][0].code == "exclusive_dead_holder"
 
 

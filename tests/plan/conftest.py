@@ -19,7 +19,7 @@ def all_free(_port: int) -> bool:
 
 @pytest.fixture
 def inventory(sim_env) -> Callable[[str], Inventory]:
-    """inventory("seed000") -> the snapshot the simulator serves for that fleet."""
+    """inventory("busy-gpu0") -> the snapshot the simulator serves for that fleet."""
 
     def take(spec: str) -> Inventory:
         return take_inventory({**sim_env, "NBGPU_SIMULATE": spec}, scan_device_files=False)

@@ -4,7 +4,7 @@ from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import parse_allocation
 
 
-def test_areal_decoupled_allocation_of_seed000():
+def test_areal_decoupled_allocation_one_server_three_trainers():
     alloc = parse_allocation("sglang.d1t1p1+d3t1p1")
     inference, train = alloc.roles
     assert (inference.name, inference.kind, inference.backend) == ("sglang", "inference", "sglang")

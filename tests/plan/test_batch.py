@@ -6,7 +6,7 @@ from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import Split, check_batch, splits_for
 
 
-def test_seed000_batch_8_on_3_trainers_offers_6_or_9():
+def test_busy_gpu0_batch_8_on_3_trainers_offers_6_or_9():
     check = check_batch(3, global_batch=8)
     assert not check.ok
     assert "not divisible by 3" in check.reason

@@ -9,8 +9,8 @@ def _by_index(inv):
     return {c.nvml_index: c for c in candidates_from_inventory(inv)}
 
 
-def test_seed000_busy_gpu_is_unusable_and_recoverable(inventory):
-    cands = _by_index(inventory("seed000"))
+def test_busy_gpu0_busy_gpu_is_unusable_and_recoverable(inventory):
+    cands = _by_index(inventory("busy-gpu0"))
     busy = cands[0]
     assert not busy.usable
     assert busy.recoverable

@@ -1,4 +1,4 @@
-"""nbgpu.plan(...) on simulated fleets: every seed situation, and bad input."""
+"""nbgpu.plan(...) on simulated fleets: every named situation, and bad input."""
 
 import pytest
 
@@ -21,8 +21,8 @@ def test_the_package_is_callable_and_has_sweep_and_scale():
     assert nbgpu.plan.plan.__name__ == "plan"
 
 
-def test_seed000_busy_gpu0_and_batch_8_on_3_trainers(inventory):
-    p = plan(inventory("seed000"), "sglang.d1t1p1+d3t1p1", global_batch=8)
+def test_busy_gpu0_busy_gpu0_and_batch_8_on_3_trainers(inventory):
+    p = plan(inventory("busy-gpu0"), "sglang.d1t1p1+d3t1p1", global_batch=8)
     assert not p.ok
     assert p.simulated
     assert [i.code for i in p.problems] == ["not_enough_gpus", "batch"]
@@ -45,7 +45,7 @@ def test_seed000_busy_gpu0_and_batch_8_on_3_trainers(inventory):
     assert any("gpu-reset -i 0" in f for f in free_first.fixes)
 
 
-def test_seed000_once_freed_gives_the_server_gpu0_and_a_valid_batch(inventory):
+def test_busy_gpu0_once_freed_gives_the_server_gpu0_and_a_valid_batch(inventory):
     p = plan(inventory("healthy"), "sglang.d1t1p1+d3t1p1", global_batch=6)
     assert p.ok
     sglang, train = p.roles
@@ -75,9 +75,9 @@ def test_the_role_owning_logical_device_0_gets_a_clean_gpu(inventory):
     assert any(w.code == "gpu_caveat" and "GPU 0" in w.message for w in p.warnings)
 
 
-def test_seed000_hand_workaround_order_is_kept_but_the_busy_gpu_is_refused(inventory):
-    # The seed's fix was CUDA_VISIBLE_DEVICES=3,2,1,0: the busy GPU 0 ended up in a trainer.
-    p = plan(inventory("seed000"), "sglang.d1t1p1+d3t1p1", require="3,2,1,0")
+def test_busy_gpu0_hand_workaround_order_is_kept_but_the_busy_gpu_is_refused(inventory):
+    # The hand workaround was CUDA_VISIBLE_DEVICES=3,2,1,0: the busy GPU 0 ended up in a trainer.
+    p = plan(inventory("busy-gpu0"), "sglang.d1t1p1+d3t1p1", require="3,2,1,0")
     assert not p.ok
     assert [i.code for i in p.problems] == ["required_gpu_unusable", "not_enough_gpus"]
     assert all(0 not in r.nvml_indices for r in p.roles)
@@ -89,7 +89,7 @@ def test_seed000_hand_workaround_order_is_kept_but_the_busy_gpu_is_refused(inven
 
 
 def test_a_required_busy_gpu_is_replaced_in_an_alternative(inventory):
-    p = plan(inventory("seed000"), "sglang.d1t1p1+d2t1p1", require="0,1")
+    p = plan(inventory("busy-gpu0"), "sglang.d1t1p1+d2t1p1", require="0,1")
     assert [i.code for i in p.problems] == ["required_gpu_unusable"]
     (alt,) = [a for a in p.alternatives if a.plan is not None]
     assert "leave GPU 0 out of require" in alt.title
@@ -97,8 +97,8 @@ def test_a_required_busy_gpu_is_replaced_in_an_alternative(inventory):
     assert alt.plan.role("sglang").nvml_indices == (1,)
 
 
-def test_seed001_sizes_nproc_from_usable_gpus_and_rejects_seven(inventory):
-    inv = inventory("seed001")
+def test_nproc_mismatch_sizes_nproc_from_usable_gpus_and_rejects_seven(inventory):
+    inv = inventory("nproc-mismatch")
     p = plan(inv)
     assert p.ok
     # Zombie-held GPUs 0-1 still work but go last, and logical device 0 is a clean one.
@@ -109,8 +109,8 @@ def test_seed001_sizes_nproc_from_usable_gpus_and_rejects_seven(inventory):
         plan(inv, num_gpus=7)
 
 
-def test_seed001_memory_check_uses_what_the_zombies_left_free(inventory):
-    p = plan(inventory("seed001"), model="7B", strategy="ddp")
+def test_nproc_mismatch_memory_check_uses_what_the_zombies_left_free(inventory):
+    p = plan(inventory("nproc-mismatch"), model="7B", strategy="ddp")
     assert not p.ok
     (problem,) = [i for i in p.problems if i.code == "memory"]
     assert "GPU 0" in problem.message  # a zombie-held GPU has the least free memory
@@ -138,7 +138,7 @@ def test_model_from_an_hf_config_file(tmp_path, inventory):
         '"num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, '
         '"vocab_size": 128256, "tie_word_embeddings": false}'
     )
-    p = plan(inventory("seed002"), "d8t1p1", model=str(path), strategy="zero3")
+    p = plan(inventory("shared-sweeps"), "d8t1p1", model=str(path), strategy="zero3")
     assert "8,030,261,248 parameters" in p.memory[0].accounting
     assert p.ok
 
@@ -160,14 +160,14 @@ def test_heterogeneous_box_keeps_roles_on_identical_gpus(mixed_path):
 
 def test_exclude_and_extra_divisors(inventory):
     p = plan(
-        inventory("seed002"),
+        inventory("shared-sweeps"),
         "d6t1p1",
         exclude=[0, 1],
         global_batch=24,
         step_divisors={"num_generations": 4},
     )
     assert p.ok
-    # seed002's GPUs 2-3 run another sweep's ranks: free GPUs are handed out first.
+    # shared-sweeps' GPUs 2-3 run another sweep's ranks: free GPUs are handed out first.
     assert p.roles[0].nvml_indices == (4, 5, 6, 7, 2, 3)
     assert p.batch.micro_batch * 6 % 4 == 0
     assert {e.nvml_index for e in p.excluded} == {0, 1}

@@ -10,24 +10,24 @@ from .conftest import all_free
 
 
 @pytest.fixture
-def seed000_plan(inventory) -> Plan:
+def busy_gpu0_plan(inventory) -> Plan:
     return nbgpu.plan(
         "sglang.d1t1p1+d3t1p1",
-        inventory=inventory("seed000"),
+        inventory=inventory("busy-gpu0"),
         global_batch=8,
         model="1.5B",
         port_is_free=all_free,
     )
 
 
-def test_json_round_trip_is_exact_including_alternatives(seed000_plan):
-    again = plan_from_json(seed000_plan.to_json())
-    assert again == seed000_plan
-    assert again.alternatives[0].plan == seed000_plan.alternatives[0].plan
+def test_json_round_trip_is_exact_including_alternatives(busy_gpu0_plan):
+    again = plan_from_json(busy_gpu0_plan.to_json())
+    assert again == busy_gpu0_plan
+    assert again.alternatives[0].plan == busy_gpu0_plan.alternatives[0].plan
 
 
-def test_json_carries_what_a_launcher_reads(seed000_plan):
-    data = json.loads(seed000_plan.alternatives[0].plan.to_json())
+def test_json_carries_what_a_launcher_reads(busy_gpu0_plan):
+    data = json.loads(busy_gpu0_plan.alternatives[0].plan.to_json())
     assert data["nbgpu_plan"] == 1
     assert data["ok"] is True
     train = data["roles"][1]
@@ -65,8 +65,8 @@ def test_bad_plan_json_is_one_line(text, fragment):
         plan_from_json(text)
 
 
-def test_bad_plan_field_names_its_path(seed000_plan):
-    data = json.loads(seed000_plan.to_json())
+def test_bad_plan_field_names_its_path(busy_gpu0_plan):
+    data = json.loads(busy_gpu0_plan.to_json())
     data["roles"][0]["data_parallel"] = "one"
     with pytest.raises(UserInputError, match=r"roles\[0\]\.data_parallel = 'one' is not"):
         plan_from_json(json.dumps(data))
@@ -77,20 +77,20 @@ def test_missing_plan_file():
         plan_from_json("nope.json")
 
 
-def test_text_fits_80_columns_and_labels_simulation(seed000_plan):
-    text = seed000_plan.text()
-    assert "SIMULATED fleet 'seed000'" in text
+def test_text_fits_80_columns_and_labels_simulation(busy_gpu0_plan):
+    text = busy_gpu0_plan.text()
+    assert "SIMULATED fleet 'busy-gpu0'" in text
     assert "NOT READY" in text
     assert max(len(line) for line in text.splitlines()) <= 80
-    ready = seed000_plan.alternatives[0].plan.text()
+    ready = busy_gpu0_plan.alternatives[0].plan.text()
     assert "· ready" in ready
     assert max(len(line) for line in ready.splitlines()) <= 80
 
 
-def test_html_and_frame(seed000_plan):
-    html = seed000_plan.alternatives[0].plan._repr_mimebundle_()["text/html"]
+def test_html_and_frame(busy_gpu0_plan):
+    html = busy_gpu0_plan.alternatives[0].plan._repr_mimebundle_()["text/html"]
     assert '<span class="nbgpu-sim">SIMULATED</span>' in html
     assert "GPU-" in html  # UUIDs are shown in the notebook
-    frame = seed000_plan.alternatives[0].plan.to_frame()
+    frame = busy_gpu0_plan.alternatives[0].plan.to_frame()
     assert list(frame["nvml_index"]) == [1, 2, 3]
     assert list(frame["cuda_index"]) == [0, 0, 1]

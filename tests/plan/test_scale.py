@@ -1,4 +1,4 @@
-"""nbgpu.plan.scale: seed 004's 2-GPU VAGEN/verl config to 4 GPUs, and what must be flagged."""
+"""nbgpu.plan.scale: a 2-GPU VAGEN/verl config rescaled to 4 GPUs, and what must be flagged."""
 
 import copy
 import json
@@ -9,8 +9,8 @@ import nbgpu.plan
 from nbgpu.errors import UserInputError
 from nbgpu.plan.scale import KV_RESERVE_BYTES
 
-# The 2-GPU column of seed 004's table, in verl's key layout.
-SEED004 = {
+# A 2-GPU VAGEN run as it was hand-tuned, in verl's key layout.
+TWO_GPU = {
     "CUDA_VISIBLE_DEVICES": "0,1",
     "data": {"train_batch_size": 2},
     "actor_rollout_ref": {
@@ -45,8 +45,8 @@ def new_values(plan):
     return {s.key.rsplit(".", 1)[-1] if "n_gpus" not in s.key else s.key: s.new for s in plan.steps}
 
 
-def test_seed004_default_keeps_tensor_parallel_and_scales_batches():
-    plan = nbgpu.plan.scale(SEED004, to_gpus=4)
+def test_rescale_2_to_4_default_keeps_tensor_parallel_and_scales_batches():
+    plan = nbgpu.plan.scale(TWO_GPU, to_gpus=4)
     assert plan.ok
     assert (plan.from_gpus, plan.to_gpus) == (2, 4)
     values = new_values(plan)
@@ -60,24 +60,24 @@ def test_seed004_default_keeps_tensor_parallel_and_scales_batches():
     assert values["gpu_memory_utilization"] == 0.34
     assert values["trainer.n_gpus_per_node"] == values["rollout_manager.n_gpus_per_node"] == 4
     assert all(s.reason for s in plan.steps)  # every key explained, changed or not
-    assert SEED004["data"]["train_batch_size"] == 2  # the input is not modified
+    assert TWO_GPU["data"]["train_batch_size"] == 2  # the input is not modified
 
 
-def test_seed004_scaled_tensor_parallel_reproduces_the_hand_edit():
-    plan = nbgpu.plan.scale(SEED004, to_gpus=4, tensor_parallel="scale")
+def test_rescale_2_to_4_scaled_tensor_parallel_reproduces_the_hand_edit():
+    plan = nbgpu.plan.scale(TWO_GPU, to_gpus=4, tensor_parallel="scale")
     values = new_values(plan)
-    # The seed's "4-GPU" column: tp 4, max_num_seqs 8, max_batched_tokens 3600.
+    # The hand-made 4-GPU version: tp 4, max_num_seqs 8, max_batched_tokens 3600.
     assert values["tensor_model_parallel_size"] == 4
     assert values["max_num_seqs"] == 8
     assert values["max_num_batched_tokens"] == 3600
-    # The seed also lowered gpu_memory_utilization to 0.25 "to avoid OOM"; nbgpu keeps it
+    # The hand edit also lowered gpu_memory_utilization to 0.25 "to avoid OOM"; nbgpu keeps it
     # (a per-GPU fraction) and checks the KV cache instead.
     assert values["gpu_memory_utilization"] == 0.34
     assert any(w.code == "kv_unchecked" for w in plan.warnings)
 
 
-def test_seed004_output_as_diff_yaml_and_overrides():
-    plan = nbgpu.plan.scale(SEED004, to_gpus=4)
+def test_rescale_2_to_4_output_as_diff_yaml_and_overrides():
+    plan = nbgpu.plan.scale(TWO_GPU, to_gpus=4)
     diff = plan.diff()
     assert "-  train_batch_size: 2\n+  train_batch_size: 4" in diff
     assert '+CUDA_VISIBLE_DEVICES: "0,1,2,3"' in diff
@@ -91,9 +91,9 @@ def test_seed004_output_as_diff_yaml_and_overrides():
     assert json.loads(plan.to_json())["config"] == plan.config
 
 
-def test_seed004_kv_cache_checked_on_the_target_fleet(sim_env):
+def test_rescale_2_to_4_kv_cache_checked_on_the_target_fleet(sim_env):
     plan = nbgpu.plan.scale(
-        SEED004, inventory="seed004", model=QWEN_3B, max_model_len=1800, environ=sim_env
+        TWO_GPU, inventory="rescale-2-to-4", model=QWEN_3B, max_model_len=1800, environ=sim_env
     )
     assert plan.ok
     assert plan.to_gpus == 4  # from the usable GPUs of the fleet
@@ -108,14 +108,14 @@ def test_seed004_kv_cache_checked_on_the_target_fleet(sim_env):
 
 def test_kv_cache_too_small_is_flagged_with_the_fraction_that_works():
     plan = nbgpu.plan.scale(
-        SEED004, to_gpus=4, model=QWEN_3B, max_model_len=1800, gpu_memory_bytes=8 * 2**30
+        TWO_GPU, to_gpus=4, model=QWEN_3B, max_model_len=1800, gpu_memory_bytes=8 * 2**30
     )
     (problem,) = [p for p in plan.problems if p.code == "kv_cache"]
     assert "no KV cache" in problem.message
     fraction = float(problem.fixes[0].split("=")[1])
     fixed = nbgpu.plan.scale(
-        {**SEED004, "actor_rollout_ref": {**SEED004["actor_rollout_ref"], "rollout": {
-            **SEED004["actor_rollout_ref"]["rollout"], "gpu_memory_utilization": fraction}}},
+        {**TWO_GPU, "actor_rollout_ref": {**TWO_GPU["actor_rollout_ref"], "rollout": {
+            **TWO_GPU["actor_rollout_ref"]["rollout"], "gpu_memory_utilization": fraction}}},
         to_gpus=4, model=QWEN_3B, max_model_len=1800, gpu_memory_bytes=8 * 2**30,
     )  # fmt: skip
     assert not [p for p in fixed.problems if p.code == "kv_cache"]
@@ -123,7 +123,7 @@ def test_kv_cache_too_small_is_flagged_with_the_fraction_that_works():
 
 def test_kv_cache_below_max_num_seqs_is_a_warning():
     plan = nbgpu.plan.scale(
-        SEED004, to_gpus=4, model=QWEN_3B, max_model_len=32768, gpu_memory_bytes=16 * 2**30
+        TWO_GPU, to_gpus=4, model=QWEN_3B, max_model_len=32768, gpu_memory_bytes=16 * 2**30
     )
     assert plan.ok
     (warning,) = [w for w in plan.warnings if w.code == "kv_cache"]
@@ -131,7 +131,7 @@ def test_kv_cache_below_max_num_seqs_is_a_warning():
 
 
 def test_batch_keep_flags_values_that_do_not_divide():
-    config = copy.deepcopy(SEED004)
+    config = copy.deepcopy(TWO_GPU)
     config["data"]["train_batch_size"] = 6
     config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] = 6
     plan = nbgpu.plan.scale(config, to_gpus=4, batch="keep")
@@ -142,7 +142,7 @@ def test_batch_keep_flags_values_that_do_not_divide():
 
 
 def test_uneven_scaling_moves_to_the_nearest_valid_value():
-    config = copy.deepcopy(SEED004)
+    config = copy.deepcopy(TWO_GPU)
     config["data"]["train_batch_size"] = 4
     config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] = 4
     plan = nbgpu.plan.scale(config, to_gpus=3)
@@ -154,7 +154,7 @@ def test_uneven_scaling_moves_to_the_nearest_valid_value():
 
 
 def test_grpo_n_and_micro_batch_enter_the_divisors():
-    config = copy.deepcopy(SEED004)
+    config = copy.deepcopy(TWO_GPU)
     config["actor_rollout_ref"]["rollout"]["n"] = 5
     config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] = 2
     plan = nbgpu.plan.scale(config, to_gpus=4)
@@ -175,14 +175,14 @@ def test_grpo_n_and_micro_batch_enter_the_divisors():
 )
 def test_invalid_combinations_are_flagged(edit, fragment):
     section, key, value = edit
-    config = copy.deepcopy(SEED004)
+    config = copy.deepcopy(TWO_GPU)
     config["actor_rollout_ref"][section][key] = value
     plan = nbgpu.plan.scale(config, to_gpus=4)
     assert any(fragment in p.message for p in plan.problems), plan.problems
 
 
 def test_kept_batches_that_break_the_micro_batch_are_flagged():
-    config = copy.deepcopy(SEED004)
+    config = copy.deepcopy(TWO_GPU)
     config["data"]["train_batch_size"] = 8
     config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] = 4
     config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] = 3
@@ -194,7 +194,7 @@ def test_kept_batches_that_break_the_micro_batch_are_flagged():
 
 
 def test_mini_batch_larger_than_train_batch_is_flagged_when_kept():
-    config = copy.deepcopy(SEED004)
+    config = copy.deepcopy(TWO_GPU)
     config["data"]["train_batch_size"] = 4
     config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] = 8
     kept = nbgpu.plan.scale(config, to_gpus=4, batch="keep")
@@ -205,7 +205,7 @@ def test_mini_batch_larger_than_train_batch_is_flagged_when_kept():
 
 
 def test_max_batched_tokens_below_the_model_length_is_flagged():
-    config = copy.deepcopy(SEED004)
+    config = copy.deepcopy(TWO_GPU)
     config["data"]["max_prompt_length"] = 1024
     config["data"]["max_response_length"] = 1024
     plan = nbgpu.plan.scale(config, to_gpus=4)
@@ -216,9 +216,9 @@ def test_max_batched_tokens_below_the_model_length_is_flagged():
 
 def test_heads_not_divisible_by_scaled_tensor_parallel():
     model = {**QWEN_3B, "num_attention_heads": 12}
-    plan = nbgpu.plan.scale(SEED004, to_gpus=8, tensor_parallel=8, model=model)
+    plan = nbgpu.plan.scale(TWO_GPU, to_gpus=8, tensor_parallel=8, model=model)
     assert any("12 attention heads" in p.message for p in plan.problems)
-    scaled = nbgpu.plan.scale(SEED004, to_gpus=8, tensor_parallel="scale", model=model)
+    scaled = nbgpu.plan.scale(TWO_GPU, to_gpus=8, tensor_parallel="scale", model=model)
     assert new_values(scaled)["tensor_model_parallel_size"] == 4  # divides 8 GPUs and 12 heads
 
 
@@ -244,7 +244,7 @@ def test_generic_keys_by_rules_and_hydra_overrides():
 
 def test_config_files(tmp_path):
     path = tmp_path / "ppo.json"
-    path.write_text(json.dumps(SEED004))
+    path.write_text(json.dumps(TWO_GPU))
     plan = nbgpu.plan.scale(path, to_gpus=4)
     assert plan.source == str(path)
     assert str(path) in plan.diff()
@@ -260,7 +260,7 @@ def test_config_files(tmp_path):
 
 
 def test_fewer_usable_gpus_than_asked_is_a_problem(sim_env):
-    plan = nbgpu.plan.scale(SEED004, to_gpus=4, inventory="seed000", environ=sim_env)
+    plan = nbgpu.plan.scale(TWO_GPU, to_gpus=4, inventory="busy-gpu0", environ=sim_env)
     assert [p.code for p in plan.problems] == ["not_enough_gpus"]
     assert "GPU 0: BUSY: dead holder" in plan.problems[0].message
     assert new_values(plan)["CUDA_VISIBLE_DEVICES"] == "1,2,3"
@@ -280,7 +280,7 @@ def test_fewer_usable_gpus_than_asked_is_a_problem(sim_env):
 def test_bad_scale_input(kwargs, fragment):
     kwargs.setdefault("to_gpus", 4)
     with pytest.raises(UserInputError) as err:
-        nbgpu.plan.scale(SEED004, **kwargs)
+        nbgpu.plan.scale(TWO_GPU, **kwargs)
     assert fragment in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -291,7 +291,7 @@ def test_config_without_known_keys_or_gpu_count():
     with pytest.raises(UserInputError, match="pass from_gpus=N"):
         nbgpu.plan.scale({"data": {"train_batch_size": 8}}, to_gpus=4)
     with pytest.raises(UserInputError, match="pass to_gpus=N"):
-        nbgpu.plan.scale(SEED004)
+        nbgpu.plan.scale(TWO_GPU)
     with pytest.raises(UserInputError, match=r"config 'missing\.yaml' does not exist"):
         nbgpu.plan.scale("missing.yaml", to_gpus=4)
     with pytest.raises(UserInputError, match="expected key=value"):

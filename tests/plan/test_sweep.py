@@ -11,19 +11,19 @@ def sweep(inv, runs=None, gpus_per_run=None, **kwargs):
     return nbgpu.plan.sweep(runs, gpus_per_run, inventory=inv, **kwargs)
 
 
-def test_seed002_four_runs_of_two_gpus_disjoint_with_distinct_ports(inventory):
-    s = sweep(inventory("seed002"), 4, 2)
+def test_shared_sweeps_four_runs_of_two_gpus_disjoint_with_distinct_ports(inventory):
+    s = sweep(inventory("shared-sweeps"), 4, 2)
     assert s.ok
-    # GPUs 0-3 already run seed002's first two sweeps: the free pairs come first.
+    # GPUs 0-3 already run the box's first two sweeps: the free pairs come first.
     assert [r.roles[0].cuda_visible_devices for r in s.runs] == ["4,5", "6,7", "0,1", "2,3"]
     assert [r.roles[0].master_port for r in s.runs] == [29500, 29501, 29502, 29503]
     assert [r.name for r in s.runs] == ["run0", "run1", "run2", "run3"]
     assert max(len(line) for line in s.text().splitlines()) <= 80
 
 
-def test_seed002_ports_in_use_are_skipped(inventory):
-    # Seed 002 ran every sweep on MASTER_PORT 12345; say someone holds 12346 already.
-    s = sweep(inventory("seed002"), 2, 4, base_port=12345, port_is_free=lambda p: p != 12346)
+def test_shared_sweeps_ports_in_use_are_skipped(inventory):
+    # Hand-started sweeps all ran on MASTER_PORT 12345; say someone holds 12346 already.
+    s = sweep(inventory("shared-sweeps"), 2, 4, base_port=12345, port_is_free=lambda p: p != 12346)
     assert [r.roles[0].master_port for r in s.runs] == [12345, 12347]
 
 
@@ -39,13 +39,13 @@ def test_unusable_gpus_shrink_the_sweep_and_say_why(inventory):
 
 
 def test_as_many_runs_as_fit(inventory):
-    s = sweep(inventory("seed000"), None, 1)
+    s = sweep(inventory("busy-gpu0"), None, 1)
     assert [r.roles[0].nvml_indices for r in s.runs] == [(1,), (2,), (3,)]
     assert [e.nvml_index for e in s.excluded] == [0]
 
 
 def test_runs_with_an_allocation_and_a_pool(inventory):
-    s = sweep(inventory("seed002"), 2, allocation="vllm.d1t1p1+d1t1p1", gpus="4,5,6,7")
+    s = sweep(inventory("shared-sweeps"), 2, allocation="vllm.d1t1p1+d1t1p1", gpus="4,5,6,7")
     assert s.ok
     first, second = s.runs
     assert first.role("vllm").nvml_indices == (4,)
@@ -56,7 +56,7 @@ def test_runs_with_an_allocation_and_a_pool(inventory):
 
 
 def test_batch_is_checked_per_run(inventory):
-    s = sweep(inventory("seed002"), 2, 3, global_batch=8)
+    s = sweep(inventory("shared-sweeps"), 2, 3, global_batch=8)
     assert not s.ok
     assert "fix: global_batch=6" in s.text()
     assert s.text().count("not divisible by 3") == 1  # said once, not per run
@@ -80,5 +80,5 @@ def test_mixed_box_runs_on_identical_gpus(mixed_path):
 )
 def test_bad_sweep_input(inventory, args, kwargs, fragment):
     with pytest.raises(UserInputError) as err:
-        sweep(inventory("seed002"), *args, **kwargs)
+        sweep(inventory("shared-sweeps"), *args, **kwargs)
     assert fragment in str(err.value)

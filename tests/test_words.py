@@ -1,0 +1,88 @@
+"""Users read nbgpu's words: scenario names, descriptions, messages, help, docstrings, comments.
+
+None of them may mention "seeds" (the project's background notes, which users never
+see); each names the situation itself. Earlier scenario names stay accepted, unlisted.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+import nbgpu
+from nbgpu.devices.fleet import SCENARIOS, load_fleet
+from nbgpu.errors import FleetSpecError
+
+PACKAGE = Path(nbgpu.__file__).parent
+SEED_WORD = re.compile(r"\bseeds?\b|seed\s*\d", re.IGNORECASE)
+# The hidden aliases are the one place the old names may be written.
+ALIASES = {"seed000", "seed001", "seed002", "seed003", "seed004"}
+
+
+def _words(path: Path) -> list[tuple[int, str]]:
+    """Every string literal and comment of a module, with its line."""
+    out = []
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline)
+    for tok in tokens:
+        if tok.type in (tokenize.STRING, tokenize.COMMENT):
+            out.append((tok.start[0], tok.string))
+        elif tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
+            out.append((tok.start[0], tok.string))
+    return out
+
+
+def test_no_string_or_comment_in_the_package_mentions_seeds():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for line, text in _words(path):
+            if text.strip("\"'") in ALIASES:
+                continue
+            if SEED_WORD.search(text):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {text[:70]}")
+    assert not found, "\n".join(found)
+
+
+def test_the_check_itself_catches_a_mention():
+    # The scan would fail on words like these (so the test above can fail).
+    assert SEED_WORD.search("seed 000's busy GPU")
+    assert SEED_WORD.search("a scenario such as 'seed002'")
+    assert SEED_WORD.search("# one per seed situation")
+    assert not SEED_WORD.search("torch.manual_seed(0)")
+
+
+def test_scenarios_are_named_and_described_for_what_they_are():
+    for name in ("busy-gpu0", "nproc-mismatch", "shared-sweeps", "import-storm", "rescale-2-to-4"):
+        assert name in SCENARIOS
+    for name, (_spec, description) in SCENARIOS.items():
+        assert not SEED_WORD.search(name), name
+        assert not SEED_WORD.search(description), description
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("seed000", "busy-gpu0"),
+        ("seed001", "nproc-mismatch"),
+        ("seed002", "shared-sweeps"),
+        ("seed003", "import-storm"),
+        ("seed004", "rescale-2-to-4"),
+    ],
+)
+def test_old_names_are_hidden_aliases(old, new):
+    assert old not in SCENARIOS
+    then, now = load_fleet(old), load_fleet(new)
+    assert then.gpus == now.gpus
+    assert then.description == now.description
+    # With options too, as NBGPU_SIMULATE=seed000,procs=3 was written before.
+    assert load_fleet(f"{old},lost=3").gpus == load_fleet(f"{new},lost=3").gpus
+
+
+def test_unknown_scenario_lists_only_the_new_names():
+    with pytest.raises(FleetSpecError) as info:
+        load_fleet("busygpu")
+    assert "busy-gpu0" in str(info.value)
+    assert not SEED_WORD.search(str(info.value))
