@@ -18,7 +18,8 @@ snapshot (``inventory=`` an ``Inventory``, a fleet spec / scenario / fleet JSON 
     ports.py       distinct free ports (one bind)    planner.py  the plan, its alternatives
     sweep.py       disjoint runs on one box          scale.py    config N → M GPUs
     result.py      Plan and its parts, rendering     serial.py   JSON round trip
-    yamltext.py    YAML writer                       files.py    the one file reader
+    configfile.py  a config file rescaled in place   files.py    the one file reader/writer
+    yamldoc.py     YAML round trip (ruamel.yaml)     launchscript.py  Hydra launch scripts
 
 Only this module and ``files.py``/``ports.py`` touch the system (the inventory snapshot,
 config/plan files, one socket bind). Never imports IPython, pynvml or psutil directly; the
@@ -27,6 +28,7 @@ inventory module (which does) is imported when a snapshot is taken.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -39,6 +41,7 @@ from nbgpu.plan import ports as _ports
 from nbgpu.plan.assign import order_pool
 from nbgpu.plan.batch import BatchCheck, BatchOption, Split
 from nbgpu.plan.candidates import Candidate, candidates_from_inventory
+from nbgpu.plan.configfile import read_config, rescaled_text
 from nbgpu.plan.files import load_config, read_text
 from nbgpu.plan.job import Divisors, GpuList, make_job
 from nbgpu.plan.memory import model_shape
@@ -262,7 +265,12 @@ def scale(
     gpu_memory_bytes: int | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ScalePlan:
-    """Rescale a training config (dict, YAML/JSON file, or ``key=value`` overrides).
+    """Rescale a training config (dict, YAML/JSON file, launch script, or ``key=value`` overrides).
+
+    A file (YAML, JSON, or a shell script that runs ``python3 -m verl.trainer.main_ppo
+    key=value ...``) comes back as ``to_text()``: the same file with only the changed values
+    rewritten (comments, order, quoting, ``$VAR`` references and line continuations kept);
+    ``save(path)`` writes it.
 
     ``to_gpus`` defaults to the usable GPUs of ``inventory``. ``batch="scale"`` keeps the
     per-GPU work (global batches grow with the GPUs), ``"keep"`` keeps global batches and
@@ -274,12 +282,13 @@ def scale(
     scaled for another box.
     """
     source = None
+    text_source = None
     if isinstance(config, str | os.PathLike):
         source = os.fspath(config)
-        data = load_config(config)
-        if not isinstance(data, Mapping):
+        text_source = read_config(read_text(config, "config"), source)
+        if not isinstance(text_source.data, Mapping):
             raise UserInputError(f"config {source!r} is not a mapping of keys to values")
-        config = data
+        config = text_source.data
     shape = None if model is None else model_shape(_model(model))
     devices = None
     problems: list[Issue] = []
@@ -305,7 +314,7 @@ def scale(
             gpu_memory_bytes = min(sizes) if sizes else None
     if to_gpus is None:
         raise UserInputError("scale: pass to_gpus=N (or inventory= to use its usable GPUs)")
-    return scale_config(
+    result = scale_config(
         config,
         to_gpus=to_gpus,
         from_gpus=from_gpus,
@@ -319,6 +328,16 @@ def scale(
         gpu_memory_bytes=gpu_memory_bytes,
         source=source,
         extra_problems=problems,
+    )
+    if text_source is None:
+        return result
+    new_text, notes = rescaled_text(text_source, result)
+    return dataclasses.replace(
+        result,
+        form=text_source.form,
+        original_text=text_source.text,
+        new_text=new_text,
+        warnings=result.warnings + tuple(Issue("script", note) for note in notes),
     )
 
 

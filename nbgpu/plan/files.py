@@ -1,24 +1,23 @@
-"""Reading the files a plan starts from: a config to scale, a saved plan.
+"""Reading the files a plan starts from (a config to scale, a saved plan), writing a new config.
 
 The one module of ``plan/`` that opens files, so everything else stays pure. JSON is read
-with the standard library; YAML needs PyYAML, imported only when a YAML file is read (it
-is not a dependency of nbgpu: without it, pass the config as a dict). Every failure is one
-``UserInputError`` line naming the file and what was expected.
+with the standard library, YAML with ruamel.yaml (``yamldoc.py``), launch scripts by
+``launchscript.py``. Every failure is one ``UserInputError`` line naming the file and what
+was expected.
 
-Imports only the standard library and ``nbgpu.errors`` (PyYAML lazily); never the
+Imports only the standard library, ``nbgpu.errors`` and ``plan``'s text modules; never the
 inventory, sockets or processes.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["load_config", "read_text"]
+__all__ = ["load_config", "read_text", "write_text"]
 
 
 def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
@@ -36,25 +35,17 @@ def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
 
 def load_config(path: str | os.PathLike[str]) -> Any:
     """A YAML or JSON config file as plain data (dicts, lists, scalars)."""
-    text = read_text(path, "config")
-    name = str(path)
-    if name.endswith(".json"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserInputError(
-                f"config {name!r} is not valid JSON (line {exc.lineno}: {exc.msg})"
-            ) from None
+    from nbgpu.plan.configfile import read_config  # noqa: PLC0415  (it imports ruamel.yaml)
+
+    return read_config(read_text(path, "config"), os.fspath(path)).data
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, like: str | None = None) -> None:
+    """Write *text* to *path*; a script keeps the permissions of the one it came from."""
+    p = Path(path).expanduser()
     try:
-        import yaml  # type: ignore[import-untyped]  # noqa: PLC0415  (optional; only for YAML)
-    except ImportError:
-        raise UserInputError(
-            f"config {name!r}: reading YAML needs PyYAML (`pip install pyyaml`); or pass the "
-            "config as a dict, or as a .json file"
-        ) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise UserInputError(f"config {name!r} is not valid YAML{where}") from None
+        p.write_text(text, encoding="utf-8")
+        if like is not None and os.path.exists(like):
+            os.chmod(p, os.stat(like).st_mode & 0o777)
+    except OSError as exc:
+        raise UserInputError(f"cannot write {str(path)!r}: {exc.strerror}") from None

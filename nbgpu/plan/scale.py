@@ -1,8 +1,9 @@
 """Scaling a training config from N GPUs to M: every change explained, combinations checked.
 
-Moving a 2-GPU verl/VAGEN config to 4 GPUs by hand means editing a dozen coupled values.
-:func:`scale_config` does it from rules. Each recognised key has a *rule* (keys are matched by their last name anywhere
-in the config, so nested YAML, flat ``a.b.c`` keys and Hydra overrides all work):
+Moving a 2-GPU verl/VAGEN config to 4 GPUs by hand means editing a dozen coupled values;
+:func:`scale_config` does it from rules. Each recognised key has a *rule* (keys are matched
+by their last name anywhere in the config, so nested YAML, flat ``a.b.c`` keys and Hydra
+overrides all work):
 
 =================  ============================================  ===============================
 rule               meaning                                       verl / VAGEN keys
@@ -30,7 +31,8 @@ batch per GPU; mini ≤ train batch; the rollout world divisible by the tensor-p
 each GPU can hold is checked with ``reference/memory.md`` §5c's formula.
 
 Pure: works on plain data; never reads files (``files.py`` does) nor imports the inventory,
-sockets or processes; YAML text is ``yamltext.py``'s.
+sockets or processes. The rescaled text of a file in its own layout (YAML, JSON or launch
+script) is ``configfile.py``'s.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +58,7 @@ from nbgpu.plan.memory import (
     weight_bytes,
 )
 from nbgpu.plan.result import Issue, notes_text
-from nbgpu.plan.yamltext import dump_yaml, format_scalar
+from nbgpu.plan.yamldoc import dump_yaml
 
 __all__ = [
     "KV_RESERVE_BYTES",
@@ -64,7 +67,9 @@ __all__ = [
     "ScalePlan",
     "ScaleStep",
     "parse_overrides",
+    "parse_value",
     "scale_config",
+    "value_text",
 ]
 
 GIB = 1024**3
@@ -112,6 +117,7 @@ class ScaleStep:
     old: Any
     new: Any
     reason: str
+    path: tuple[Any, ...] = field(default=(), compare=False, repr=False)  # keys into the config
 
     @property
     def changed(self) -> bool:
@@ -166,9 +172,11 @@ class KvCheck:
 class ScalePlan(Result):
     """A config rescaled from ``from_gpus`` to ``to_gpus`` GPUs.
 
-    ``config`` is the new config in the form it came in (a nested mapping, or a list of
-    ``key=value`` overrides); ``diff()`` and ``to_yaml()`` print it; ``steps`` explains every
-    recognised key, changed or not; ``problems`` block, ``warnings`` do not.
+    ``config`` is the new config as data (a nested mapping, or a list of ``key=value``
+    overrides); ``to_text()`` is the new file in its own form and layout (a YAML file keeps
+    its comments, a launch script its lines), ``diff()`` compares it with the old one;
+    ``steps`` explains every recognised key, changed or not; ``problems`` block, ``warnings``
+    do not.
     """
 
     from_gpus: int
@@ -180,6 +188,9 @@ class ScalePlan(Result):
     config: Any = field(compare=False)
     original: Any = field(compare=False)
     source: str | None = None  # the file it was read from
+    form: str = "mapping"  # "mapping" | "overrides" | "yaml" | "json" | "script"
+    original_text: str | None = field(default=None, compare=False, repr=False)
+    new_text: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -191,9 +202,21 @@ class ScalePlan(Result):
 
     def to_yaml(self) -> str:
         """The new config as YAML (for a list of overrides: one ``key=value`` per line)."""
+        if self.form == "yaml" and self.new_text is not None:
+            return self.new_text
         if isinstance(self.config, list):
             return "\n".join(self.config) + "\n"
         return dump_yaml(self.config)
+
+    def to_text(self) -> str:
+        """The new config in the form it came in: the file's own text, changed values only."""
+        return self.new_text if self.new_text is not None else self.to_yaml()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_text` to *path* (e.g. ``run_8gpu.sh`` next to ``run.sh``)."""
+        from nbgpu.plan.files import write_text  # noqa: PLC0415  (the one module doing I/O)
+
+        write_text(path, self.to_text(), like=self.source)
 
     def to_overrides(self) -> list[str]:
         """The changed keys as Hydra-style ``key=value`` overrides."""
@@ -201,7 +224,9 @@ class ScalePlan(Result):
 
     def diff(self) -> str:
         """A unified diff of the old and the new config, as YAML (or overrides)."""
-        if isinstance(self.config, list):
+        if self.original_text is not None and self.new_text is not None:
+            old, new = self.original_text.splitlines(), self.new_text.splitlines()
+        elif isinstance(self.config, list):
             old, new = self.original, self.config
         else:
             old = dump_yaml(self.original).splitlines()
@@ -291,17 +316,31 @@ class ScalePlan(Result):
         }
 
 
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else format_scalar(value)
+def value_text(value: Any) -> str:
+    """A value as written in a config or a command line: ``4``, ``0.34``, ``true``, ``[0,1]``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, list | tuple):
-        text = "[" + ", ".join(format_scalar(v) for v in value) + "]"
+        return "[" + ",".join(value_text(v) for v in value) + "]"
+    return str(value)
+
+
+def _short(value: Any) -> str:
+    text = value_text(value).replace(",", ", ") if isinstance(value, list | tuple) else None
+    text = text or value_text(value)
     return text if len(text) <= 24 else text[:23] + "…"
 
 
+# Hydra reads a bare comma as a sweep (a=1,2) and these characters as its grammar.
+_HYDRA_SPECIAL = re.compile(r"[,\s'\"\\()\[\]{}:=]")
+
+
 def _override_value(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(format_scalar(v) for v in value) + "]"
-    return format_scalar(value)
+    if isinstance(value, str) and _HYDRA_SPECIAL.search(value):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return value_text(value)
 
 
 # ---------------------------------------------------------------------- config access
@@ -345,7 +384,8 @@ def _set(config: Any, path: tuple[Any, ...], value: Any) -> None:
     node[path[-1]] = value
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
+    """An override or shell value typed as YAML would type it (``4`` → int, ``0.3`` → float)."""
     raw = text.strip()
     if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
         return raw[1:-1]
@@ -359,7 +399,7 @@ def _parse_value(text: str) -> Any:
     if re.fullmatch(r"[-+]?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?", raw):
         return float(raw)
     if raw.startswith("[") and raw.endswith("]"):
-        return [_parse_value(v) for v in raw[1:-1].split(",") if v.strip()]
+        return [parse_value(v) for v in raw[1:-1].split(",") if v.strip()]
     return raw
 
 
@@ -372,7 +412,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             raise UserInputError(
                 f"override {item!r}: expected key=value such as data.train_batch_size=4"
             )
-        out[key.strip()] = _parse_value(value)
+        out[key.strip()] = parse_value(value)
     return out
 
 
@@ -901,7 +941,9 @@ def scale_config(
         precision=precision,
     )
     steps = tuple(
-        ScaleStep(e.dotted, rule_of[e.dotted], e.value, new[e.dotted], reasons[e.dotted])
+        ScaleStep(
+            e.dotted, rule_of[e.dotted], e.value, new[e.dotted], reasons[e.dotted], path=e.path
+        )
         for e in entries
         if e.dotted in rule_of
     )

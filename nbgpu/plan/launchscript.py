@@ -1,0 +1,466 @@
+"""Launch scripts of Hydra overrides, read and rewritten in place.
+
+verl and VAGEN users keep a run as a shell script::
+
+    N_GPUS=${N_GPUS:-4}
+    MODEL=Qwen/Qwen2.5-VL-3B-Instruct   # the policy
+    CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m verl.trainer.main_ppo \\
+        data.train_batch_size=128 \\
+        actor_rollout_ref.model.path=$MODEL \\
+        trainer.n_gpus_per_node=${N_GPUS} \\
+        "$@"
+
+:func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or
+accelerate program word) and the variables the script sets, and resolves ``$VAR``,
+``${VAR}`` and ``${VAR:-default}`` the way bash would with those variables unset in the
+environment. :func:`rewrite_script` changes values in the text itself: a literal where it
+is written (inside its quotes), a ``$VAR`` through the assignment of ``VAR`` (or the default
+of ``${VAR:-4}``), so layout, comments, quoting and line continuations stay as they were.
+A value computed from several parts (``"${A}_${B}"``, ``$((N*2))``) is replaced by the new
+literal, and the caller is told so.
+
+The shell grammar read here is the part such scripts use: words, single and double quotes,
+backslash escapes and line continuations, ``#`` comments, ``;``/``&&``/``||``/``|``/``&``
+between commands, assignments before a command and ``export``. Nothing is executed.
+
+Pure: text in, text out; never reads files (``files.py`` does).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbgpu.errors import UserInputError
+
+__all__ = ["LaunchScript", "ScriptValue", "looks_like_script", "read_script", "rewrite_script"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
+# Hydra override keys: a dotted path, optionally prefixed with + (add), ++ (force) or ~ (delete).
+_OVERRIDE = re.compile(r"^(\+{1,2}|~)?([A-Za-z_][\w@/-]*(?:\.[\w@/-]+)*)=")
+_PROGRAMS = re.compile(
+    r"^(?:.*/)?(?:python[0-9.]*|torchrun|accelerate|deepspeed|ray|uv|.*\.py)$", re.IGNORECASE
+)
+_WRAPPERS = frozenset({"env", "nohup", "exec", "time", "nice", "stdbuf", "srun", "command"})
+_SEPARATORS = (";", "&&", "||", "|", "&")
+#: Environment variables that belong to the config (``rule`` devices in ``scale.py``).
+CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One piece of a word: a literal, or a variable reference."""
+
+    kind: str  # "literal" | "var" | "complex"
+    text: str  # the literal text / the variable name / the raw expression
+    start: int  # span in the script of the editable text (literal) or the whole part
+    end: int
+    default: tuple[int, int, str] | None = None  # ${V:-default}: its span and its text
+
+
+@dataclass(frozen=True)
+class ScriptValue:
+    """A value as written in the script: its raw span, its parts, and what it resolves to."""
+
+    start: int  # the value's span in the script (after ``key=``)
+    end: int
+    parts: tuple[_Part, ...]
+    line: int  # 1-based, for messages
+
+
+@dataclass(frozen=True)
+class _Assignment:
+    name: str
+    value: ScriptValue
+    position: int
+
+
+@dataclass
+class LaunchScript:
+    """A launch script: its text, its overrides and the variables it sets."""
+
+    text: str
+    overrides: dict[str, ScriptValue] = field(default_factory=dict)  # key as written → value
+    assignments: list[_Assignment] = field(default_factory=list)
+    command_at: int = 0  # where the (last) training command starts
+
+    def variable(self, name: str, before: int) -> _Assignment | None:
+        """The last assignment of *name* before *before* (bash reads top to bottom)."""
+        found = None
+        for a in self.assignments:
+            if a.name == name and a.position < before:
+                found = a
+        return found
+
+    def resolve(self, value: ScriptValue, depth: int = 0) -> str | None:
+        """The text bash would pass (variables the script does not set: their default or None)."""
+        out = []
+        for part in value.parts:
+            if part.kind == "literal":
+                out.append(part.text)
+            elif part.kind == "var" and depth < 20:
+                assigned = self.variable(part.text, value.start)
+                if assigned is not None:
+                    text = self.resolve(assigned.value, depth + 1)
+                elif part.default is not None:
+                    text = part.default[2]
+                else:
+                    text = None
+                if text is None:
+                    return None
+                out.append(text)
+            else:
+                return None
+        return "".join(out)
+
+    def config(self) -> dict[str, Any]:
+        """Overrides (and CUDA_VISIBLE_DEVICES) as a flat ``key → value`` mapping, typed."""
+        from nbgpu.plan.scale import parse_value  # noqa: PLC0415  (scale imports this module)
+
+        out: dict[str, Any] = {}
+        for name in sorted(CONFIG_VARIABLES):
+            assigned = self.variable(name, self.command_at + 1)
+            if assigned is not None:
+                text = self.resolve(assigned.value)
+                out[name] = parse_value(text) if text is not None else _raw(self, assigned.value)
+        for key, value in self.overrides.items():
+            text = self.resolve(value)
+            out[key] = parse_value(text) if text is not None else _raw(self, value)
+        return out
+
+
+def _raw(script: LaunchScript, value: ScriptValue) -> str:
+    return script.text[value.start : value.end]
+
+
+def looks_like_script(text: str, name: str = "") -> bool:
+    """A shell script rather than YAML/JSON: by its name, its shebang or its commands."""
+    if name.endswith((".sh", ".bash")):
+        return True
+    if text.startswith("#!"):
+        return True
+    return bool(re.search(r"^\s*(?:\S+=\S*\s+)*python[0-9.]*\s+.*\\$", text, re.MULTILINE))
+
+
+# ----------------------------------------------------------------------- the lexer
+
+
+@dataclass
+class _Word:
+    start: int
+    end: int
+    parts: list[_Part]
+    line: int
+    quoted: bool = False  # any quote in it (a quoted word is never an operator)
+
+
+class _Lexer:
+    """Splits a script into commands of words, keeping every span."""
+
+    def __init__(self, text: str, where: str) -> None:
+        self.text = text
+        self.where = where
+        self.i = 0
+
+    def line_of(self, pos: int) -> int:
+        return self.text.count("\n", 0, pos) + 1
+
+    def commands(self) -> list[list[_Word]]:
+        commands: list[list[_Word]] = []
+        current: list[_Word] = []
+        text = self.text
+        while self.i < len(text):
+            c = text[self.i]
+            if c == "\\" and text.startswith("\n", self.i + 1):
+                self.i += 2  # a line continuation: the command goes on
+            elif c in " \t\r":
+                self.i += 1
+            elif c == "\n":
+                self.i += 1
+                if current:
+                    commands.append(current)
+                    current = []
+            elif c == "#":
+                end = text.find("\n", self.i)
+                self.i = len(text) if end < 0 else end
+            elif any(text.startswith(s, self.i) for s in _SEPARATORS):
+                sep = next(s for s in _SEPARATORS if text.startswith(s, self.i))
+                self.i += len(sep)
+                if current:
+                    commands.append(current)
+                    current = []
+            else:
+                current.append(self.word())
+        if current:
+            commands.append(current)
+        return commands
+
+    def word(self) -> _Word:
+        text = self.text
+        start = self.i
+        parts: list[_Part] = []
+        quoted = False
+        while self.i < len(text):
+            c = text[self.i]
+            if c in " \t\r\n;|&":
+                break
+            if c == "\\":
+                if text.startswith("\n", self.i + 1):
+                    break  # a continuation ends the word
+                parts.append(_Part("literal", text[self.i + 1 : self.i + 2], self.i, self.i + 2))
+                self.i += 2
+            elif c == "'":
+                quoted = True
+                end = text.find("'", self.i + 1)
+                if end < 0:
+                    self._unclosed("'", start)
+                parts.append(_Part("literal", text[self.i + 1 : end], self.i + 1, end))
+                self.i = end + 1
+            elif c == '"':
+                quoted = True
+                self.i += 1
+                parts.extend(self._double_quoted(start))
+            elif c == "$":
+                parts.append(self._dollar())
+            else:
+                begin = self.i
+                while self.i < len(text) and text[self.i] not in " \t\r\n;|&\\'\"$":
+                    self.i += 1
+                parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+        return _Word(start, self.i, _merge(parts), self.line_of(start), quoted)
+
+    def _double_quoted(self, word_start: int) -> list[_Part]:
+        text = self.text
+        parts: list[_Part] = []
+        begin = self.i
+        while True:
+            if self.i >= len(text):
+                self._unclosed('"', word_start)
+            c = text[self.i]
+            if c == '"':
+                if self.i > begin:
+                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+                self.i += 1
+                return parts
+            if c == "$":
+                if self.i > begin:
+                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+                parts.append(self._dollar())
+                begin = self.i
+            elif c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '"\\$`':
+                if self.i > begin:
+                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+                parts.append(_Part("literal", text[self.i + 1], self.i, self.i + 2))
+                self.i += 2
+                begin = self.i
+            else:
+                self.i += 1
+
+    def _dollar(self) -> _Part:
+        text = self.text
+        start = self.i
+        nxt = text[self.i + 1 : self.i + 2]
+        if nxt == "{":
+            end = _matching(text, self.i + 1, "{", "}")
+            if end < 0:
+                self._unclosed("${", start)
+            inner = text[self.i + 2 : end]
+            self.i = end + 1
+            m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])(.*))?", inner, re.DOTALL)
+            if m is None:
+                return _Part("complex", text[start : self.i], start, self.i)
+            default = None
+            if m.group(2) is not None:
+                d_start = self.i - 1 - len(m.group(3))
+                default_text = m.group(3)
+                if "$" in default_text or "'" in default_text or '"' in default_text:
+                    return _Part("complex", text[start : self.i], start, self.i)
+                default = (d_start, self.i - 1, default_text)
+            return _Part("var", m.group(1), start, self.i, default)
+        if nxt == "(":
+            end = _matching(text, self.i + 1, "(", ")")
+            if end < 0:
+                self._unclosed("$(", start)
+            self.i = end + 1
+            return _Part("complex", text[start : self.i], start, self.i)
+        m = _NAME.match(text, self.i + 1)
+        if m is not None:
+            self.i = m.end()
+            return _Part("var", m.group(0), start, self.i)
+        # $@, $1, $$ ...: positional and special parameters, resolved at run time only.
+        self.i += 2 if nxt else 1
+        return _Part("complex", text[start : self.i], start, self.i)
+
+    def _unclosed(self, what: str, start: int) -> None:
+        raise UserInputError(
+            f"{self.where}: line {self.line_of(start)}: {what} is not closed; expected a shell "
+            "script such as `python3 -m verl.trainer.main_ppo key=value \\` lines"
+        )
+
+
+def _matching(text: str, i: int, opening: str, closing: str) -> int:
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == opening:
+            depth += 1
+        elif text[j] == closing:
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def _merge(parts: list[_Part]) -> list[_Part]:
+    """Join adjacent literals written contiguously (one span to edit)."""
+    out: list[_Part] = []
+    for p in parts:
+        last = out[-1] if out else None
+        if last is not None and last.kind == p.kind == "literal" and last.end == p.start:
+            out[-1] = _Part("literal", last.text + p.text, last.start, p.end)
+        else:
+            out.append(p)
+    return out
+
+
+def _value_of(word: _Word, eq: int) -> ScriptValue:
+    """The value of ``key=value`` (*eq*: the position of ``=``)."""
+    parts: list[_Part] = []
+    for p in word.parts:
+        if p.end <= eq:
+            continue
+        if p.kind == "literal" and p.start <= eq < p.end:
+            cut = eq + 1 - p.start
+            # A literal that started before "=" is unquoted, so offsets map one to one.
+            p = _Part("literal", p.text[cut:], eq + 1, p.end)
+            if not p.text:
+                continue
+        parts.append(p)
+    return ScriptValue(eq + 1, word.end, tuple(parts), word.line)
+
+
+def read_script(text: str, where: str = "script") -> LaunchScript:
+    """Find the overrides and assignments of a launch script."""
+    script = LaunchScript(text)
+    for command in _Lexer(text, where).commands():
+        i = 0
+        exported = command[0].parts and command[0].parts[0].text in ("export", "declare", "local")
+        if exported and len(command[0].parts) == 1:
+            i = 1
+        while i < len(command):
+            word = command[i]
+            raw = text[word.start : word.end]
+            m = _ASSIGNMENT.match(raw)
+            if m is None or not word.parts or word.parts[0].kind != "literal":
+                break
+            value = _value_of(word, word.start + m.end() - 1)
+            script.assignments.append(_Assignment(m.group(1), value, word.start))
+            i += 1
+        if exported or i >= len(command):
+            continue
+        while i < len(command) and text[command[i].start : command[i].end] in _WRAPPERS:
+            i += 1
+        if i >= len(command):
+            continue
+        program = text[command[i].start : command[i].end]
+        if not _PROGRAMS.match(program):
+            continue
+        found = False
+        for word in command[i + 1 :]:
+            raw = text[word.start : word.end]
+            m = _OVERRIDE.match(raw)
+            if m is None:
+                continue
+            found = True
+            key = (m.group(1) or "") + m.group(2)
+            script.overrides.pop(key, None)  # the last one wins, as in Hydra
+            script.overrides[key] = _value_of(word, word.start + m.end() - 1)
+        if found:
+            script.command_at = command[0].start
+    if not script.overrides:
+        raise UserInputError(
+            f"{where}: no Hydra overrides found; expected a command such as "
+            "`python3 -m verl.trainer.main_ppo data.train_batch_size=128 ...`"
+        )
+    return script
+
+
+# ----------------------------------------------------------------------- rewriting
+
+
+@dataclass(frozen=True)
+class _Edit:
+    start: int
+    end: int
+    text: str
+    key: str
+
+
+def _edit_for(
+    script: LaunchScript, key: str, value: ScriptValue, new: str, depth: int = 0
+) -> tuple[_Edit, str | None]:
+    """Where to write *new* for this value, and a note when an expression is replaced."""
+    parts = value.parts
+    if len(parts) == 1 and parts[0].kind == "literal":
+        return _Edit(parts[0].start, parts[0].end, new, key), None
+    if not parts:
+        return _Edit(value.start, value.end, new, key), None
+    if len(parts) == 1 and parts[0].kind == "var" and depth < 20:
+        part = parts[0]
+        assigned = script.variable(part.text, value.start)
+        if assigned is not None:
+            return _edit_for(script, key, assigned.value, new, depth + 1)
+        if part.default is not None:
+            start, end, _ = part.default
+            return _Edit(start, end, new, key), None
+    old = script.text[value.start : value.end]
+    return _Edit(value.start, value.end, new, key), (
+        f"{key}: the expression {old} was replaced by the value {new}"
+    )
+
+
+def rewrite_script(
+    script: LaunchScript, changes: Mapping[str, str], unchanged: Mapping[str, str] | None = None
+) -> tuple[str, list[str]]:
+    """The script with *changes* (key → new value text); and notes about what else moved.
+
+    Keys are overrides as read (or ``CUDA_VISIBLE_DEVICES``). A variable that several keys
+    read is changed once. A key that must keep its value (*unchanged*: key → its value
+    text) or needs another one than the variable's other readers gets its own literal in
+    place of the reference, so changing ``N=2`` for ``n_gpus_per_node=$N`` never moves
+    ``tensor_model_parallel_size=$N`` along with it.
+    """
+    edits: dict[tuple[int, int], _Edit] = {}
+    notes: list[str] = []
+
+    def value_of(key: str) -> ScriptValue | None:
+        if key in script.overrides:
+            return script.overrides[key]
+        assigned = script.variable(key, script.command_at + 1)
+        return None if assigned is None else assigned.value
+
+    unchanged = unchanged or {}
+    for key, new in [*changes.items(), *unchanged.items()]:
+        value = value_of(key)
+        if value is None:
+            continue
+        edit, note = _edit_for(script, key, value, new)
+        clash = edits.get((edit.start, edit.end))
+        if key in unchanged and (clash is None or clash.text == new):
+            continue  # nothing this key reads has moved
+        if clash is not None and clash.text != new:
+            old = script.text[value.start : value.end]
+            edit = _Edit(value.start, value.end, new, key)
+            note = (
+                f"{key}: {old} is shared with {clash.key}, which changes to {clash.text}; "
+                f"{key} now has its own value {new}"
+            )
+        edits[(edit.start, edit.end)] = edit
+        if note:
+            notes.append(note)
+    out = script.text
+    for edit in sorted(edits.values(), key=lambda e: e.start, reverse=True):
+        out = out[: edit.start] + edit.text + out[edit.end :]
+    return out, notes
