@@ -89,9 +89,16 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "--scale",
         default=None,
         metavar="CONFIG",
-        help="rescale a YAML/JSON config (verl/VAGEN keys) to --to GPUs",
+        help="rescale a YAML/JSON config or a launch script of Hydra overrides to --to GPUs",
     )
     p.add_argument("--to", type=int, default=None, metavar="N", help="with --scale: GPUs after")
+    p.add_argument(
+        "--output",
+        "-o",
+        default=None,
+        metavar="FILE",
+        help="with --scale: write the rescaled config (same form and layout) to FILE",
+    )
     p.add_argument(
         "--from",
         dest="from_gpus",
@@ -158,7 +165,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     if args.scale is not None:
         from nbgpu.rank import parse_size  # noqa: PLC0415
 
-        return planning.scale(
+        result = planning.scale(
             args.scale,
             to_gpus=args.to,
             from_gpus=args.from_gpus,
@@ -171,8 +178,9 @@ def plan_from_args(args: argparse.Namespace) -> Any:
             inventory=args.fleet,
             gpu_memory_bytes=None if args.gpu_memory is None else parse_size(args.gpu_memory),
         )
-    if args.diff or args.yaml or args.overrides:
-        raise UserInputError("--diff, --yaml and --overrides go with --scale CONFIG")
+        return result if args.output is None else result.save(args.output)
+    if args.diff or args.yaml or args.overrides or args.output:
+        raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
     if args.sweep is not None:
         return planning.sweep(
             args.sweep, args.per_run, allocation=args.allocation, exclude=args.exclude, **common

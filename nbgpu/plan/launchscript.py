@@ -69,6 +69,7 @@ class ScriptValue:
     end: int
     parts: tuple[_Part, ...]
     line: int  # 1-based, for messages
+    at: int  # where its word starts: variables are read as assigned before this point
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class LaunchScript:
             if part.kind == "literal":
                 out.append(part.text)
             elif part.kind == "var" and depth < 20:
-                assigned = self.variable(part.text, value.start)
+                assigned = self.variable(part.text, value.at)
                 if assigned is not None:
                     text = self.resolve(assigned.value, depth + 1)
                 elif part.default is not None:
@@ -338,7 +339,7 @@ def _value_of(word: _Word, eq: int) -> ScriptValue:
             if not p.text:
                 continue
         parts.append(p)
-    return ScriptValue(eq + 1, word.end, tuple(parts), word.line)
+    return ScriptValue(eq + 1, word.end, tuple(parts), word.line, word.start)
 
 
 def read_script(text: str, where: str = "script") -> LaunchScript:
@@ -409,7 +410,7 @@ def _edit_for(
         return _Edit(value.start, value.end, new, key), None
     if len(parts) == 1 and parts[0].kind == "var" and depth < 20:
         part = parts[0]
-        assigned = script.variable(part.text, value.start)
+        assigned = script.variable(part.text, value.at)
         if assigned is not None:
             return _edit_for(script, key, assigned.value, new, depth + 1)
         if part.default is not None:

@@ -43,7 +43,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from html import escape
 from typing import Any
@@ -191,6 +191,8 @@ class ScalePlan(Result):
     form: str = "mapping"  # "mapping" | "overrides" | "yaml" | "json" | "script"
     original_text: str | None = field(default=None, compare=False, repr=False)
     new_text: str | None = field(default=None, compare=False, repr=False)
+    written_to: str | None = None  # where save() wrote the new config
+
 
     @property
     def ok(self) -> bool:
@@ -212,11 +214,15 @@ class ScalePlan(Result):
         """The new config in the form it came in: the file's own text, changed values only."""
         return self.new_text if self.new_text is not None else self.to_yaml()
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`to_text` to *path* (e.g. ``run_8gpu.sh`` next to ``run.sh``)."""
+    def save(self, path: str | os.PathLike[str]) -> ScalePlan:
+        """Write :meth:`to_text` to *path* (e.g. ``run_8gpu.sh`` next to ``run.sh``).
+
+        Returns the plan with ``written_to`` set, so its text says where the file went.
+        """
         from nbgpu.plan.files import write_text  # noqa: PLC0415  (the one module doing I/O)
 
         write_text(path, self.to_text(), like=self.source)
+        return replace(self, written_to=os.fspath(path))
 
     def to_overrides(self) -> list[str]:
         """The changed keys as Hydra-style ``key=value`` overrides."""
@@ -265,6 +271,8 @@ class ScalePlan(Result):
             lines.append(wrap(s.reason, "      "))
         if self.kv is not None:
             lines.append(wrap(self.kv.text, ""))
+        if self.written_to is not None:
+            lines.append(wrap(f"new config written to {self.written_to}", ""))
         notes = notes_text(self.problems, self.warnings)
         if notes:
             lines.append("")
@@ -275,6 +283,8 @@ class ScalePlan(Result):
         parts = [f"<b>{escape(self._title())}</b>", self._table().html()]
         if self.kv is not None:
             parts.append(f"<div>{escape(self.kv.text)}</div>")
+        if self.written_to is not None:
+            parts.append(f"<div>new config written to <code>{escape(self.written_to)}</code></div>")
         items = "".join(
             f"<li>{escape(n.strip())}</li>" for n in notes_text(self.problems, self.warnings)
         )

@@ -1,11 +1,15 @@
-"""YAML configs read and rewritten with ruamel.yaml's round trip: comments, order, quoting kept.
+"""YAML configs read and rewritten with ruamel.yaml: comments, order, quoting kept.
 
 A user's verl/VAGEN config carries comments that explain its values, a key order that
 follows the trainer's structure, and quotes where a value must stay a string
 (``CUDA_VISIBLE_DEVICES: "0,1"``). :func:`rewrite_yaml` changes the values it is given and
-nothing else: ruamel.yaml's round-trip loader keeps comments, order, quoting, flow or block
-style of lists, and the file's indentation (read from the text, since ruamel.yaml cannot
-guess it) is handed back to its dumper.
+no other byte: ruamel.yaml's round-trip composer gives the exact span of every value in the
+text, and each new value, written by ruamel.yaml's emitter in the old one's style (quotes,
+flow list), replaces just that span. (Dumping the whole round-trip document would also keep
+comments and order, but it rewrites ``True`` as ``true``, ``null`` as nothing and drops
+comments above ``---``.) A value whose shape changes beyond a scalar or a flow list (a
+block list that grows) goes through the round-trip dump, the file's indentation read from
+its text since ruamel.yaml cannot guess it.
 
 Pure: text in, text out; never reads or writes files (``files.py`` does).
 """
@@ -19,7 +23,9 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScalarString
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from nbgpu.errors import UserInputError
 
@@ -100,20 +106,98 @@ def _set(doc: Any, path: Sequence[Any], new: Any) -> None:
         node = node[key]
     old = node[path[-1]]
     if isinstance(old, CommentedSeq) and isinstance(new, list | tuple):
-        old.clear()  # in place: the list keeps its flow or block style and its comments
-        old.extend(new)
+        # Item by item, in place: the list keeps its style and each item its comment.
+        for i, item in enumerate(new):
+            if i < len(old):
+                old[i] = _styled(old[i], item)
+            else:
+                old.append(item)
+        del old[len(new) :]
         return
     node[path[-1]] = _styled(old, new)
 
 
-def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str = "config") -> str:
-    """*text* with the values at *changes*' paths replaced; everything else as written."""
-    doc = load_yaml(text, where)
-    for path, value in changes.items():
-        _set(doc, path, value)
+def _node_at(root: Node, path: Sequence[Any]) -> Node | None:
+    node: Node | None = root
+    for key in path:
+        if isinstance(node, MappingNode):
+            node = next((v for k, v in node.value if k.value == str(key)), None)
+        elif isinstance(node, SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            return None
+    return node
+
+
+def _scalar_text(value: Any, style: str | None) -> str | None:
+    """*value* as ruamel.yaml writes it on one line, in *style* (quotes) when it is a string."""
+    if isinstance(value, str) and style in ("'", '"'):
+        kind = SingleQuotedScalarString if style == "'" else DoubleQuotedScalarString
+        value = kind(value)
     out = io.StringIO()
-    _round_trip(text).dump(doc, out)
-    return out.getvalue()
+    yaml = _round_trip()
+    if isinstance(value, list):
+        yaml.default_flow_style = True  # [0, 1, 2]; a scalar alone stays in block context
+    yaml.dump({"k": value}, out)
+    text = out.getvalue()
+    if text.startswith("{k: ") and text.endswith("}\n"):
+        text = text[4:-2]
+    elif text.startswith("k: "):
+        text = text[3:].rstrip("\n")
+    else:
+        return None
+    return None if "\n" in text else text
+
+
+def _splice(text: str, root: Node, path: Sequence[Any], new: Any) -> str | None:
+    """*text* with the value at *path* replaced in place, or None when it cannot be."""
+    node = _node_at(root, path)
+    if isinstance(node, ScalarNode) and not isinstance(new, Mapping | list | tuple):
+        if node.style in ("|", ">"):
+            return None
+        new_text = _scalar_text(new, node.style)
+    elif isinstance(node, SequenceNode) and node.flow_style and isinstance(new, list | tuple):
+        new_text = _scalar_text(list(new), None)
+    else:
+        return None
+    if new_text is None:
+        return None
+    start, end = node.start_mark.index, node.end_mark.index
+    return text[:start] + new_text + _keep_comment_column(text[end:], len(new_text) - (end - start))
+
+
+def _keep_comment_column(rest: str, grown: int) -> str:
+    """The rest of the line, its end-of-line comment kept in its column where spaces allow."""
+    spaces = len(rest) - len(rest.lstrip(" "))
+    if grown <= 0 or not rest[spaces:].startswith("#"):
+        return rest
+    return rest[min(grown, spaces - 1) :] if spaces > 1 else rest
+
+
+def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str = "config") -> str:
+    """*text* with the values at *changes*' paths replaced; every other byte as written."""
+    load_yaml(text, where)  # one clear line for a broken file
+    out = text
+    pending: dict[tuple[Any, ...], Any] = {}
+    # From the end of the file backwards, so earlier spans stay where they were.
+    root = _round_trip(text).compose(text)
+    located = [(p, v, _node_at(root, p)) for p, v in changes.items()]
+    for path, value, node in sorted(
+        located, key=lambda item: -(item[2].start_mark.index if item[2] is not None else -1)
+    ):
+        spliced = _splice(out, root, path, value) if node is not None else None
+        if spliced is None:
+            pending[path] = value
+        else:
+            out = spliced
+    if not pending:
+        return out
+    doc = load_yaml(out, where)
+    for path, value in pending.items():
+        _set(doc, path, value)
+    stream = io.StringIO()
+    _round_trip(out).dump(doc, stream)
+    return stream.getvalue()
 
 
 def dump_yaml(data: Any) -> str:
