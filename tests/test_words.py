@@ -25,14 +25,9 @@ ALIASES = {"seed000", "seed001", "seed002", "seed003", "seed004"}
 
 def _words(path: Path) -> list[tuple[int, str]]:
     """Every string literal and comment of a module, with its line."""
-    out = []
     tokens = tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline)
-    for tok in tokens:
-        if tok.type in (tokenize.STRING, tokenize.COMMENT):
-            out.append((tok.start[0], tok.string))
-        elif tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
-            out.append((tok.start[0], tok.string))
-    return out
+    kinds = {tokenize.STRING, tokenize.COMMENT, getattr(tokenize, "FSTRING_MIDDLE", -1)}
+    return [(tok.start[0], tok.string) for tok in tokens if tok.type in kinds]
 
 
 def test_no_string_or_comment_in_the_package_mentions_seeds():

@@ -71,8 +71,11 @@ def rescaled_text(source: ConfigSource, plan: ScalePlan) -> tuple[str, list[str]
         return rewrite_yaml(source.text, changes, f"config {source.name!r}"), []
     if source.form == "json":
         end = "\n" if source.text.endswith("\n") else ""
-        return json.dumps(plan.config, indent=_json_indent(source.text), ensure_ascii=False) + end, []
-    assert source.script is not None
+        return json.dumps(
+            plan.config, indent=_json_indent(source.text), ensure_ascii=False
+        ) + end, []
+    if source.script is None:  # a script is always read with its LaunchScript
+        raise TypeError(f"{source.name}: a script without its reading")
     changed = {str(s.path[0]): value_text(s.new) for s in plan.changes}
     kept = {str(s.path[0]): value_text(s.new) for s in plan.steps if not s.changed}
     return rewrite_script(source.script, changed, kept)

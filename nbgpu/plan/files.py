@@ -45,7 +45,7 @@ def write_text(path: str | os.PathLike[str], text: str, *, like: str | None = No
     p = Path(path).expanduser()
     try:
         p.write_text(text, encoding="utf-8")
-        if like is not None and os.path.exists(like):
-            os.chmod(p, os.stat(like).st_mode & 0o777)
+        if like is not None and Path(like).exists():
+            p.chmod(Path(like).stat().st_mode & 0o777)
     except OSError as exc:
         raise UserInputError(f"cannot write {str(path)!r}: {exc.strerror}") from None

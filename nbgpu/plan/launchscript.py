@@ -28,8 +28,10 @@ Pure: text in, text out; never reads files (``files.py`` does).
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +56,7 @@ CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
 class _Part:
     """One piece of a word: a literal, or a variable reference."""
 
-    kind: str  # "literal" | "var" | "complex"
+    kind: str  # "literal" | "var" | "arith" ($((...))) | "complex" ($(cmd), $@, ...)
     text: str  # the literal text / the variable name / the raw expression
     start: int  # span in the script of the editable text (literal) or the whole part
     end: int
@@ -113,9 +115,22 @@ class LaunchScript:
                 if text is None:
                     return None
                 out.append(text)
+            elif part.kind == "arith" and depth < 20:
+                number = _arithmetic(part.text, lambda name: self._number(name, value, depth))
+                if number is None:
+                    return None
+                out.append(str(number))
             else:
                 return None
         return "".join(out)
+
+    def _number(self, name: str, value: ScriptValue, depth: int) -> int | None:
+        assigned = self.variable(name, value.at)
+        text = None if assigned is None else self.resolve(assigned.value, depth + 1)
+        try:
+            return None if text is None else int(text)
+        except ValueError:
+            return None
 
     def config(self) -> dict[str, Any]:
         """Overrides (and CUDA_VISIBLE_DEVICES) as a flat ``key → value`` mapping, typed."""
@@ -144,6 +159,45 @@ def looks_like_script(text: str, name: str = "") -> bool:
     if text.startswith("#!"):
         return True
     return bool(re.search(r"^\s*(?:\S+=\S*\s+)*python[0-9.]*\s+.*\\$", text, re.MULTILINE))
+
+
+_ARITH_OPS: Mapping[type, Callable[[int, int], int]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    # bash divides whole numbers, truncating toward zero
+    ast.Div: lambda a, b: int(a / b),
+    ast.FloorDiv: lambda a, b: int(a / b),
+    ast.Mod: lambda a, b: a - b * int(a / b),
+}
+
+
+def _arithmetic(expression: str, lookup: Callable[[str], int | None]) -> int | None:
+    """bash's ``$(( ))`` on whole numbers (+ - * / %, parentheses, variables), or None."""
+    plain = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", r"\1", expression)
+    try:
+        tree = ast.parse(plain.strip(), mode="eval")
+    except SyntaxError:
+        return None
+
+    def walk(node: ast.AST) -> int | None:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name):
+            return lookup(node.id)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            inner = walk(node.operand)
+            return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
+            left, right = walk(node.left), walk(node.right)
+            if left is None or right is None:
+                return None
+            if right == 0 and isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod):
+                return None
+            return _ARITH_OPS[type(node.op)](left, right)
+        return None
+
+    return walk(tree.body)
 
 
 # ----------------------------------------------------------------------- the lexer
@@ -210,7 +264,8 @@ class _Lexer:
                 break
             if c == "\\":
                 if text.startswith("\n", self.i + 1):
-                    break  # a continuation ends the word
+                    self.i += 2  # a continuation inside a word: bash joins the two halves
+                    continue
                 parts.append(_Part("literal", text[self.i + 1 : self.i + 2], self.i, self.i + 2))
                 self.i += 2
             elif c == "'":
@@ -286,6 +341,9 @@ class _Lexer:
             if end < 0:
                 self._unclosed("$(", start)
             self.i = end + 1
+            inner = text[start + 3 : end - 1]
+            if text.startswith("$((", start) and text[end - 1] == ")":
+                return _Part("arith", inner, start, self.i)
             return _Part("complex", text[start : self.i], start, self.i)
         m = _NAME.match(text, self.i + 1)
         if m is not None:
@@ -326,20 +384,35 @@ def _merge(parts: list[_Part]) -> list[_Part]:
     return out
 
 
-def _value_of(word: _Word, eq: int) -> ScriptValue:
+def _equals(word: _Word) -> tuple[str, int] | None:
+    """The ``key=`` text a word starts with (quotes removed) and where its ``=`` is written."""
+    first = word.parts[0] if word.parts else None
+    if first is None or first.kind != "literal" or "=" not in first.text:
+        return None
+    if first.end - first.start != len(first.text):
+        return None  # an escaped character before "=": not a key anyone writes
+    cut = first.text.index("=")
+    return first.text[: cut + 1], first.start + cut
+
+
+def _value_of(text: str, word: _Word, eq: int) -> ScriptValue:
     """The value of ``key=value`` (*eq*: the position of ``=``)."""
     parts: list[_Part] = []
-    for p in word.parts:
-        if p.end <= eq:
+    for part in word.parts:
+        if part.end <= eq:
             continue
-        if p.kind == "literal" and p.start <= eq < p.end:
-            cut = eq + 1 - p.start
-            # A literal that started before "=" is unquoted, so offsets map one to one.
-            p = _Part("literal", p.text[cut:], eq + 1, p.end)
-            if not p.text:
-                continue
-        parts.append(p)
-    return ScriptValue(eq + 1, word.end, tuple(parts), word.line, word.start)
+        if part.kind == "literal" and part.start <= eq < part.end:
+            # The literal holding "=" has no escapes (see _equals): offsets map one to one.
+            rest = part.text[eq + 1 - part.start :]
+            if rest:
+                parts.append(_Part("literal", rest, eq + 1, part.end))
+            continue
+        parts.append(part)
+    end = word.end
+    # 'key=value' quoted as a whole: the value ends inside the closing quote.
+    if text[word.start] in "'\"" and text[word.end - 1] == text[word.start]:
+        end -= 1
+    return ScriptValue(eq + 1, end, tuple(parts), word.line, word.start)
 
 
 def read_script(text: str, where: str = "script") -> LaunchScript:
@@ -356,7 +429,7 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
             m = _ASSIGNMENT.match(raw)
             if m is None or not word.parts or word.parts[0].kind != "literal":
                 break
-            value = _value_of(word, word.start + m.end() - 1)
+            value = _value_of(text, word, word.start + m.end() - 1)
             script.assignments.append(_Assignment(m.group(1), value, word.start))
             i += 1
         if exported or i >= len(command):
@@ -370,14 +443,14 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
             continue
         found = False
         for word in command[i + 1 :]:
-            raw = text[word.start : word.end]
-            m = _OVERRIDE.match(raw)
-            if m is None:
+            equals = _equals(word)
+            m = _OVERRIDE.match(equals[0]) if equals is not None else None
+            if m is None or equals is None:
                 continue
             found = True
             key = (m.group(1) or "") + m.group(2)
             script.overrides.pop(key, None)  # the last one wins, as in Hydra
-            script.overrides[key] = _value_of(word, word.start + m.end() - 1)
+            script.overrides[key] = _value_of(text, word, equals[1])
         if found:
             script.command_at = command[0].start
     if not script.overrides:
@@ -399,27 +472,50 @@ class _Edit:
     key: str
 
 
-def _edit_for(
-    script: LaunchScript, key: str, value: ScriptValue, new: str, depth: int = 0
-) -> tuple[_Edit, str | None]:
-    """Where to write *new* for this value, and a note when an expression is replaced."""
+def _edit_for(script: LaunchScript, value: ScriptValue, new: str, depth: int = 0) -> _Edit | None:
+    """Where to write *new* so that *value* becomes it, or None (an expression)."""
     parts = value.parts
-    if len(parts) == 1 and parts[0].kind == "literal":
-        return _Edit(parts[0].start, parts[0].end, new, key), None
-    if not parts:
-        return _Edit(value.start, value.end, new, key), None
+    if not parts or (len(parts) == 1 and parts[0].kind == "literal"):
+        start, end = (parts[0].start, parts[0].end) if parts else (value.start, value.end)
+        return _Edit(start, end, new, "")
     if len(parts) == 1 and parts[0].kind == "var" and depth < 20:
         part = parts[0]
         assigned = script.variable(part.text, value.at)
         if assigned is not None:
-            return _edit_for(script, key, assigned.value, new, depth + 1)
+            return _edit_for(script, assigned.value, new, depth + 1)
         if part.default is not None:
             start, end, _ = part.default
-            return _Edit(start, end, new, key), None
-    old = script.text[value.start : value.end]
-    return _Edit(value.start, value.end, new, key), (
-        f"{key}: the expression {old} was replaced by the value {new}"
-    )
+            return _Edit(start, end, new, "")
+    return None
+
+
+def _value_of_key(script: LaunchScript, key: str) -> ScriptValue | None:
+    if key in script.overrides:
+        return script.overrides[key]
+    assigned = script.variable(key, script.command_at + 1)
+    return None if assigned is None else assigned.value
+
+
+def _variables_read(value: ScriptValue) -> set[str]:
+    names = {p.text for p in value.parts if p.kind == "var"}
+    for p in value.parts:
+        if p.kind == "arith":
+            names.update(_NAME.findall(p.text))
+    return names
+
+
+def _variable_at(script: LaunchScript, position: int) -> str | None:
+    """The variable whose assignment holds *position*, if any."""
+    for a in script.assignments:
+        if a.value.start <= position < max(a.value.end, a.value.start + 1):
+            return a.name
+    return None
+
+
+def _apply(text: str, edits: list[_Edit]) -> str:
+    for edit in sorted(edits, key=lambda e: e.start, reverse=True):
+        text = text[: edit.start] + edit.text + text[edit.end :]
+    return text
 
 
 def rewrite_script(
@@ -427,41 +523,42 @@ def rewrite_script(
 ) -> tuple[str, list[str]]:
     """The script with *changes* (key → new value text); and notes about what else moved.
 
-    Keys are overrides as read (or ``CUDA_VISIBLE_DEVICES``). A variable that several keys
-    read is changed once. A key that must keep its value (*unchanged*: key → its value
-    text) or needs another one than the variable's other readers gets its own literal in
-    place of the reference, so changing ``N=2`` for ``n_gpus_per_node=$N`` never moves
-    ``tensor_model_parallel_size=$N`` along with it.
+    Keys are overrides as read (or ``CUDA_VISIBLE_DEVICES``). A value is changed where it is
+    written: its literal, the assignment of the variable it reads, the default of
+    ``${VAR:-4}``. Then the new script is read again, and every key of *changes* and of
+    *unchanged* (key → the value it must keep) that does not come out as intended (an
+    expression, or a variable shared with a key that needs another value) gets its own
+    literal in place of what it had, with a note.
     """
+    targets = {**(unchanged or {}), **changes}
     edits: dict[tuple[int, int], _Edit] = {}
-    notes: list[str] = []
-
-    def value_of(key: str) -> ScriptValue | None:
-        if key in script.overrides:
-            return script.overrides[key]
-        assigned = script.variable(key, script.command_at + 1)
-        return None if assigned is None else assigned.value
-
-    unchanged = unchanged or {}
-    for key, new in [*changes.items(), *unchanged.items()]:
-        value = value_of(key)
-        if value is None:
+    for key, new in changes.items():
+        value = _value_of_key(script, key)
+        edit = None if value is None else _edit_for(script, value, new)
+        if edit is None:
             continue
-        edit, note = _edit_for(script, key, value, new)
-        clash = edits.get((edit.start, edit.end))
-        if key in unchanged and (clash is None or clash.text == new):
-            continue  # nothing this key reads has moved
-        if clash is not None and clash.text != new:
-            old = script.text[value.start : value.end]
-            edit = _Edit(value.start, value.end, new, key)
-            note = (
-                f"{key}: {old} is shared with {clash.key}, which changes to {clash.text}; "
-                f"{key} now has its own value {new}"
+        if (edit.start, edit.end) in edits and edits[(edit.start, edit.end)].text != new:
+            continue  # another key already moves this variable; pinned below
+        edits[(edit.start, edit.end)] = _Edit(edit.start, edit.end, new, key)
+    text = _apply(script.text, list(edits.values()))
+    again = read_script(text)
+    pins: list[_Edit] = []
+    notes: list[str] = []
+    for key, new in targets.items():
+        value = _value_of_key(again, key)
+        if value is None or again.resolve(value) == new:
+            continue
+        written = text[value.start : value.end]
+        pins.append(_Edit(value.start, value.end, new, key))
+        read = _variables_read(value)
+        movers = [
+            e.key for e in edits.values() if e.key != key and _variable_at(script, e.start) in read
+        ]
+        if key in changes and not movers:
+            notes.append(f"{key}: the expression {written} was replaced by the value {new}")
+        else:
+            notes.append(
+                f"{key}: {written} is shared with {', '.join(movers) or 'other keys'}, which "
+                f"change it; {key} now has its own value {new}"
             )
-        edits[(edit.start, edit.end)] = edit
-        if note:
-            notes.append(note)
-    out = script.text
-    for edit in sorted(edits.values(), key=lambda e: e.start, reverse=True):
-        out = out[: edit.start] + edit.text + out[edit.end :]
-    return out, notes
+    return _apply(text, pins), notes

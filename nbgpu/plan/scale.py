@@ -193,7 +193,6 @@ class ScalePlan(Result):
     new_text: str | None = field(default=None, compare=False, repr=False)
     written_to: str | None = None  # where save() wrote the new config
 
-
     @property
     def ok(self) -> bool:
         return not self.problems

@@ -17,15 +17,16 @@ Pure: text in, text out; never reads or writes files (``files.py`` does).
 from __future__ import annotations
 
 import io
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScalarString
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScalarString
 
 from nbgpu.errors import UserInputError
 
@@ -48,10 +49,12 @@ def _round_trip(text: str = "") -> YAML:
 
 def _indentation(text: str) -> tuple[int, int, int]:
     """The file's mapping indent, and its block-sequence indent and dash offset."""
-    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    lines = [
+        line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
     mapping, sequence, offset = 2, 2, 0
     found_mapping = found_sequence = False
-    for above, line in zip(lines, lines[1:], strict=False):
+    for above, line in itertools.pairwise(lines):
         parent = _KEY_LINE.match(above)
         if parent is None:
             continue

@@ -82,9 +82,7 @@ def test_rescale_2_to_4_output_as_diff_yaml_and_overrides():
     assert "-  train_batch_size: 2\n+  train_batch_size: 4" in diff
     assert "+CUDA_VISIBLE_DEVICES: 0,1,2,3" in diff
     assert "tensor_model_parallel_size" not in diff.replace(" tensor_model_parallel_size", "")
-    assert plan.to_yaml().startswith(
-        "CUDA_VISIBLE_DEVICES: 0,1,2,3\ndata:\n  train_batch_size: 4"
-    )
+    assert plan.to_yaml().startswith("CUDA_VISIBLE_DEVICES: 0,1,2,3\ndata:\n  train_batch_size: 4")
     assert "data.train_batch_size=4" in plan.to_overrides()
     assert plan.config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 4
     assert max(len(line) for line in plan.text().splitlines()) <= 80

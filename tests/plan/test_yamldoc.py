@@ -25,11 +25,18 @@ def changed_lines(old: str, new: str) -> list[tuple[str, str]]:
 
 def test_rescaled_yaml_changes_only_the_values_it_names():
     plan = nbgpu.plan.scale(PPO, to_gpus=4)
-    assert plan.ok and plan.form == "yaml"
+    assert plan.ok
+    assert plan.form == "yaml"
     old = PPO.read_text()
     assert changed_lines(old, plan.to_text()) == [
-        ("CUDA_VISIBLE_DEVICES: '0,1'   # the two A40s", "CUDA_VISIBLE_DEVICES: '0,1,2,3' # the two A40s"),
-        ("  train_batch_size: 64        # prompts per step", "  train_batch_size: 128       # prompts per step"),
+        (
+            "CUDA_VISIBLE_DEVICES: '0,1'   # the two A40s",
+            "CUDA_VISIBLE_DEVICES: '0,1,2,3' # the two A40s",
+        ),
+        (
+            "  train_batch_size: 64        # prompts per step",
+            "  train_batch_size: 128       # prompts per step",
+        ),
         ("    ppo_mini_batch_size: 32", "    ppo_mini_batch_size: 64"),
         ("  n_gpus_per_node: 2", "  n_gpus_per_node: 4"),
     ]
@@ -45,12 +52,12 @@ def test_rescaled_yaml_changes_only_the_values_it_names():
 
 
 def test_quotes_and_flow_lists_keep_their_style():
-    text = 'a: "0,1"   # double\nb: \'0,1\'\nc: [0, 1]\nd: 0,1\ne: 2\n'
+    text = "a: \"0,1\"   # double\nb: '0,1'\nc: [0, 1]\nd: 0,1\ne: 2\n"
     new = rewrite_yaml(
         text,
         {("a",): "0,1,2,3", ("b",): "0,1,2,3", ("c",): [0, 1, 2, 3], ("d",): "0,1,2", ("e",): 4},
     )
-    assert new == 'a: "0,1,2,3" # double\nb: \'0,1,2,3\'\nc: [0, 1, 2, 3]\nd: 0,1,2\ne: 4\n'
+    assert new == "a: \"0,1,2,3\" # double\nb: '0,1,2,3'\nc: [0, 1, 2, 3]\nd: 0,1,2\ne: 4\n"
 
 
 def test_a_string_that_would_read_back_as_another_type_is_quoted():
@@ -75,9 +82,14 @@ def test_json_keeps_key_order_and_indentation(tmp_path):
     path.write_text(json.dumps(data, indent=4) + "\n")
     plan = nbgpu.plan.scale(path, to_gpus=4)
     assert plan.form == "json"
-    assert plan.to_text() == json.dumps(
-        {"trainer": {"n_gpus_per_node": 4, "nnodes": 1}, "data": {"train_batch_size": 16}}, indent=4
-    ) + "\n"
+    assert (
+        plan.to_text()
+        == json.dumps(
+            {"trainer": {"n_gpus_per_node": 4, "nnodes": 1}, "data": {"train_batch_size": 16}},
+            indent=4,
+        )
+        + "\n"
+    )
 
 
 def test_broken_yaml_is_one_line_naming_the_file(tmp_path):
