@@ -86,6 +86,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--per-run", type=int, default=None, metavar="K", help="GPUs per sweep run")
     p.add_argument(
+        "--share",
+        action="store_true",
+        help="with --sweep: runs may use GPUs that other jobs are using",
+    )
+    p.add_argument(
         "--scale",
         default=None,
         metavar="CONFIG",
@@ -183,7 +188,12 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
     if args.sweep is not None:
         return planning.sweep(
-            args.sweep, args.per_run, allocation=args.allocation, exclude=args.exclude, **common
+            args.sweep,
+            args.per_run,
+            allocation=args.allocation,
+            exclude=args.exclude,
+            share=args.share,
+            **common,
         )
     return planning.plan(
         args.allocation, num_gpus=args.gpus, require=args.require, exclude=args.exclude, **common

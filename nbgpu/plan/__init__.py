@@ -210,13 +210,15 @@ def sweep(
     base_port: int = DEFAULT_BASE_PORT,
     port_is_free: PortChecker | None = None,
     environ: Mapping[str, str] | None = None,
+    share: bool = False,
 ) -> SweepPlan:
     """Split the usable GPUs into *runs* disjoint sets with distinct free ports.
 
     Each run is a full :class:`Plan` (``sweep.runs[i]``) of ``gpus_per_run`` GPUs (default
     1), or of ``allocation`` when given. ``runs=None`` plans as many runs as fit. ``gpus``
     limits the sweep to these GPUs. Batch and model arguments are checked per run, as in
-    :func:`plan`.
+    :func:`plan`. A run on GPUs that other jobs are using is not ready (it would share
+    their compute and memory) unless ``share=True``; the sweep says how many runs fit now.
     """
     from nbgpu.plan.job import parse_gpu_list  # noqa: PLC0415  (a helper, not API)
 
@@ -247,6 +249,7 @@ def sweep(
         fleet=fleet,
         simulated=simulated,
         is_free=port_is_free or _ports.port_is_free,
+        share=share,
     )
 
 

@@ -31,6 +31,8 @@ __all__ = ["Candidate", "candidates_from_inventory"]
 # A warn-level finding that still makes context creation fail: exclusive mode, live holder.
 _BLOCKING_WARNINGS = frozenset({"exclusive_busy"})
 # Unusable because of a holder or a mode: freeing the holder or a reset brings it back.
+# Holders that keep memory but run nothing: not another job at work on the GPU.
+_NOT_RUNNING = frozenset({"zombie", "dead"})
 _RECOVERABLE = frozenset(
     {"exclusive_dead_holder", "zombie_holder", "exclusive_busy", "prohibited", "reset_required"}
 )
@@ -51,6 +53,13 @@ class Candidate:
     reasons: tuple[str, ...] = ()  # why unusable, or the caveats of a usable GPU
     fixes: tuple[str, ...] = ()
     recoverable: bool = False  # unusable only until a holder is freed or the GPU reset
+    other_processes: int = 0  # processes of other jobs running on it now
+    utilization_pct: int | None = None  # GPU utilisation when the snapshot was taken
+
+    @property
+    def in_use(self) -> bool:
+        """Other jobs run on it: a run placed here shares its compute and memory."""
+        return self.other_processes > 0
 
     @property
     def available_bytes(self) -> int | None:
@@ -123,6 +132,8 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
                 reasons=reasons,
                 fixes=fixes,
                 recoverable=recoverable,
+                other_processes=sum(1 for p in gpu.processes if p.verdict not in _NOT_RUNNING),
+                utilization_pct=gpu.utilization_gpu_pct,
             )
         )
     return tuple(out)

@@ -6,6 +6,12 @@ free port, each run a complete :class:`~nbgpu.plan.result.Plan` that a backgroun
 ``%%torchrun --plan sweep.runs[i]`` can launch. Runs are filled with identical GPUs where
 the box allows it, and clean GPUs before ones with caveats.
 
+A run placed on GPUs that other jobs are using now would share their compute and memory
+(a 97 %-busy GPU gives a new run a fraction of its speed, and its free memory, not its
+total): such a run is not ready unless the sweep is asked to share (``share=True``), and
+the sweep says how many runs fit on free GPUs now. Asked for as many runs as fit, a sweep
+that does not share leaves GPUs in use out.
+
 Pure: builds on ``assign`` and ``planner``; the port check is injected.
 """
 
@@ -45,10 +51,16 @@ class SweepPlan(Result):
     warnings: tuple[Issue, ...]
     fleet: str
     simulated: bool
+    share: bool = False  # runs may be placed on GPUs other jobs are using
 
     @property
     def ok(self) -> bool:
         return not self.problems and bool(self.runs) and all(r.ok for r in self.runs)
+
+    @property
+    def runs_ready(self) -> int:
+        """How many of the planned runs can start now."""
+        return sum(1 for r in self.runs if r.ok)
 
     def _title(self) -> str:
         source = f"SIMULATED fleet '{self.fleet}'" if self.simulated else f"host {self.fleet}"
@@ -66,7 +78,7 @@ class SweepPlan(Result):
                 " | ".join(r.cuda_visible_devices for r in run.roles),
                 "+".join(str(r.nproc_per_node) for r in run.roles),
                 ",".join(str(r.master_port) for r in run.roles),
-                "yes" if run.ok else "NO",
+                "yes" if run.ok else _not_ready(run),
                 level="" if run.ok else "bad",
             )
         return table
@@ -76,8 +88,14 @@ class SweepPlan(Result):
         problems = list(self.problems)
         warnings = list(self.warnings)
         for run in self.runs:
-            problems.extend(p for p in run.problems if p not in problems)
-            warnings.extend(w for w in run.warnings if w not in warnings)
+            # The sweep says once which runs share GPUs in use; each run's copy is for launch.
+            problems.extend(p for p in run.problems if p not in problems and p.code != IN_USE)
+            in_use = any(p.code == IN_USE for p in run.problems)
+            warnings.extend(
+                w
+                for w in run.warnings
+                if w not in warnings and not (in_use and "is shared with" in w.message)
+            )
         return tuple(problems), tuple(warnings)
 
     def text(self) -> str:
@@ -116,6 +134,65 @@ class SweepPlan(Result):
         return {"nbgpu_sweep": SWEEP_FORMAT, "ok": self.ok, **data}
 
 
+IN_USE = "gpus_in_use"
+
+
+def _not_ready(run: Plan) -> str:
+    codes = {p.code for p in run.problems}
+    return "NO: GPUs in use" if codes == {IN_USE} else "NO"
+
+
+def _in_use_text(cands: Sequence[Candidate]) -> str:
+    """``GPUs 0-3: 1 process each, 97% busy``: GPUs alike are said together."""
+    groups: dict[tuple[int, int | None], list[int]] = {}
+    for c in cands:
+        groups.setdefault((c.other_processes, c.utilization_pct), []).append(c.nvml_index)
+    parts = []
+    for (count, busy), indices in groups.items():
+        what = f"{count} process{'es' if count > 1 else ''}"
+        if len(indices) > 1:
+            what += " each"
+        if busy is not None:
+            what += f", {busy}% busy"
+        parts.append(f"GPU{'s' if len(indices) > 1 else ''} {gpu_span(indices)}: {what}")
+    return "; ".join(parts)
+
+
+def _mark_in_use(
+    plans: list[Plan], by_index: dict[int, Candidate], requested: int | None
+) -> list[Issue]:
+    """Runs on GPUs other jobs use are not ready; one sweep-level problem says how many fit."""
+    shared: list[tuple[int, list[Candidate]]] = []
+    for n, plan in enumerate(plans):
+        busy = [by_index[i] for r in plan.roles for i in r.nvml_indices if by_index[i].in_use]
+        if busy:
+            shared.append((n, busy))
+            issue = Issue(
+                IN_USE,
+                f"{plan.name}: its GPUs run other jobs ({_in_use_text(busy)}); the run would "
+                "share their compute and memory",
+                ("share=True",),
+            )
+            plans[n] = replace(plan, problems=(*plan.problems, issue))
+    if not shared:
+        return []
+    names = ", ".join(plans[n].name for n, _ in shared)
+    busy_all = sorted(
+        {c.nvml_index: c for _, cs in shared for c in cs}.values(), key=lambda c: c.nvml_index
+    )
+    fit_now = sum(1 for p in plans if p.ok)
+    fixes = (f"runs={fit_now}",) if fit_now else ()
+    return [
+        Issue(
+            IN_USE,
+            f"{fit_now} of {requested or len(plans)} runs fit on free GPUs now; {names} would "
+            f"share GPUs with other jobs ({_in_use_text(busy_all)}), their compute and "
+            "memory: wait for those jobs, or share",
+            (*fixes, "share=True"),
+        )
+    ]
+
+
 def sweep_from_dict(data: Any) -> SweepPlan:
     """Rebuild a :class:`SweepPlan` from ``SweepPlan.to_dict()``."""
     if not isinstance(data, dict) or data.get("nbgpu_sweep") != SWEEP_FORMAT:
@@ -138,8 +215,13 @@ def build_sweep(
     fleet: str,
     simulated: bool,
     is_free: PortChecker,
+    share: bool = False,
 ) -> SweepPlan:
-    """Split the usable GPUs (of *pool*, if given) into disjoint runs of *job*."""
+    """Split the usable GPUs (of *pool*, if given) into disjoint runs of *job*.
+
+    ``share``: runs may go on GPUs other jobs are using (otherwise such runs are not ready,
+    and ``runs=None`` leaves those GPUs out).
+    """
     if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
         raise UserInputError(f"runs={runs!r}: expected a whole number >= 1")
     if gpus_per_run is not None and (
@@ -183,6 +265,19 @@ def build_sweep(
         if c.nvml_index in job.exclude or not c.usable
     )
     ordered = order_pool(considered)
+    warnings: list[Issue] = []
+    if runs is None and not share:
+        in_use = [c for c in ordered if c.in_use]
+        if in_use:
+            ordered = [c for c in ordered if not c.in_use]
+            warnings.append(
+                Issue(
+                    IN_USE,
+                    f"left out, in use by other jobs: {_in_use_text(in_use)}; runs there "
+                    "would share their compute and memory",
+                    ("share=True",),
+                )
+            )
     fit = len(ordered) // per_run
     count = fit if runs is None else min(runs, fit)
     problems = []
@@ -217,6 +312,8 @@ def build_sweep(
         )
         taken.extend(r.master_port for r in plan.roles if r.master_port is not None)
         plans.append(plan)
+    if not share:
+        problems.extend(_mark_in_use(plans, {c.nvml_index: c for c in ordered}, runs))
     return SweepPlan(
         runs=tuple(plans),
         requested_runs=runs,
@@ -224,7 +321,8 @@ def build_sweep(
         allocation=allocation.text,
         excluded=excluded,
         problems=tuple(problems),
-        warnings=(),
+        warnings=tuple(warnings),
         fleet=fleet,
         simulated=simulated,
+        share=share,
     )

@@ -131,8 +131,14 @@ def test_property_sweeps_are_disjoint_with_distinct_ports(spec, runs, per_run, b
     sweep = nbgpu.plan.sweep(runs, per_run, inventory=inventory, port_is_free=is_free)
     usable = sum(c.usable for c in candidates.values())
     assert len(sweep.runs) == min(runs, usable // per_run)
-    assert sweep.ok == (len(sweep.runs) == runs)
     gpus = [g.nvml_index for run in sweep.runs for r in run.roles for g in r.gpus]
+    # A run on GPUs other jobs are using is not ready (share=False): the sweep says so.
+    in_use = {i for i, c in candidates.items() if c.in_use}
+    free_runs = [
+        run for run in sweep.runs if not {g.nvml_index for r in run.roles for g in r.gpus} & in_use
+    ]
+    assert sweep.runs_ready == len(free_runs)
+    assert sweep.ok == (len(sweep.runs) == runs == len(free_runs))
     assert len(gpus) == len(set(gpus)) == len(sweep.runs) * per_run
     assert all(candidates[i].usable for i in gpus)
     ports = [r.master_port for run in sweep.runs for r in run.roles]

@@ -12,13 +12,51 @@ def sweep(inv, runs=None, gpus_per_run=None, **kwargs):
 
 
 def test_shared_sweeps_four_runs_of_two_gpus_disjoint_with_distinct_ports(inventory):
-    s = sweep(inventory("shared-sweeps"), 4, 2)
+    s = sweep(inventory("shared-sweeps"), 4, 2, share=True)
     assert s.ok
     # GPUs 0-3 already run the box's first two sweeps: the free pairs come first.
     assert [r.roles[0].cuda_visible_devices for r in s.runs] == ["4,5", "6,7", "0,1", "2,3"]
     assert [r.roles[0].master_port for r in s.runs] == [29500, 29501, 29502, 29503]
     assert [r.name for r in s.runs] == ["run0", "run1", "run2", "run3"]
     assert max(len(line) for line in s.text().splitlines()) <= 80
+    # Sharing was asked for: what the runs share is still said.
+    assert "GPU 0 is shared with 1 other process(es) using 31.0 GiB" in s.text()
+
+
+def test_runs_on_gpus_other_jobs_use_are_not_ready_unless_shared(inventory):
+    # GPUs 0-3 run two other sweeps at 97 % utilisation; 4-7 are free.
+    s = sweep(inventory("shared-sweeps"), 4, 2)
+    assert not s.ok
+    assert [r.ok for r in s.runs] == [True, True, False, False]
+    assert s.runs_ready == 2
+    (problem,) = s.problems
+    assert problem.message.startswith("2 of 4 runs fit on free GPUs now; run2, run3 would share")
+    assert "GPUs 0-3: 1 process each, 97% busy" in problem.message
+    assert problem.fixes == ("runs=2", "share=True")
+    text = s.text()
+    assert "NOT READY" in text.splitlines()[0] + text.splitlines()[1]
+    assert text.count("NO: GPUs in use") == 2
+    assert "is shared with" not in text  # said once, by the sweep
+    # Each such run is a plan that is not ready on its own either (a launch refuses it).
+    assert [p.code for p in s.runs[2].problems] == ["gpus_in_use"]
+    assert "run2: its GPUs run other jobs (GPUs 0,1: 1 process each, 97% busy)" in (
+        s.runs[2].problems[0].message
+    )
+
+
+def test_as_many_runs_as_fit_leaves_gpus_in_use_out_unless_shared(inventory):
+    s = sweep(inventory("shared-sweeps"), None, 2)
+    assert s.ok
+    assert [r.roles[0].cuda_visible_devices for r in s.runs] == ["4,5", "6,7"]
+    (warning,) = s.warnings
+    assert "left out, in use by other jobs: GPUs 0-3" in warning.message
+    assert len(sweep(inventory("shared-sweeps"), None, 2, share=True).runs) == 4
+
+
+def test_dead_or_zombie_holders_are_not_jobs_at_work(inventory):
+    # A zombie keeps memory but runs nothing: the GPU is not "in use by another job".
+    s = sweep(inventory("4xA40,zombie=1"), 4, 1)
+    assert s.ok
 
 
 def test_shared_sweeps_ports_in_use_are_skipped(inventory):
