@@ -176,7 +176,7 @@ def _mark_in_use(
             plans[n] = replace(plan, problems=(*plan.problems, issue))
     if not shared:
         return []
-    names = ", ".join(plans[n].name for n, _ in shared)
+    names = ", ".join(plans[n].name or f"run{n}" for n, _ in shared)
     busy_all = sorted(
         {c.nvml_index: c for _, cs in shared for c in cs}.values(), key=lambda c: c.nvml_index
     )
