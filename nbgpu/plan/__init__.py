@@ -45,6 +45,7 @@ from nbgpu.plan.configfile import read_config, rescaled_text
 from nbgpu.plan.files import load_config, read_text
 from nbgpu.plan.job import Divisors, GpuList, make_job
 from nbgpu.plan.memory import model_shape
+from nbgpu.plan.models import lookup_model
 from nbgpu.plan.planner import build_plan
 from nbgpu.plan.ports import DEFAULT_BASE_PORT, PortChecker
 from nbgpu.plan.result import (
@@ -58,7 +59,7 @@ from nbgpu.plan.result import (
     RolePlan,
     plan_from_dict,
 )
-from nbgpu.plan.scale import KvCheck, ScalePlan, ScaleStep, scale_config
+from nbgpu.plan.scale import KvCheck, ScalePlan, ScaleStep, builtin_shape, scale_config
 from nbgpu.plan.sweep import SweepPlan, build_sweep, sweep_from_dict
 
 if TYPE_CHECKING:
@@ -126,6 +127,17 @@ def _model(model: Any) -> Any:
     ):
         return load_config(model)
     return model
+
+
+def _scale_model(model: Any) -> Any:
+    """A model for the KV check: a built-in name (``Qwen/Qwen2.5-VL-3B-Instruct``) or as plan()."""
+    if isinstance(model, str) and not model.endswith((".json", ".yaml", ".yml")):
+        shape = builtin_shape(model)
+        if shape is not None:
+            return shape
+        if "/" in model or "-" in model:
+            lookup_model(model)  # not a size such as "7B": one line naming close matches
+    return model_shape(_model(model))
 
 
 def plan(
@@ -292,7 +304,7 @@ def scale(
         if not isinstance(text_source.data, Mapping):
             raise UserInputError(f"config {source!r} is not a mapping of keys to values")
         config = text_source.data
-    shape = None if model is None else model_shape(_model(model))
+    shape = None if model is None else _scale_model(model)
     devices = None
     problems: list[Issue] = []
     if inventory is not None:

@@ -54,9 +54,11 @@ from nbgpu.plan.memory import (
     PRECISIONS,
     ModelShape,
     kv_bytes_per_token,
+    model_shape,
     normalize_precision,
     weight_bytes,
 )
+from nbgpu.plan.models import find_model
 from nbgpu.plan.result import Issue, notes_text
 from nbgpu.plan.yamldoc import dump_yaml
 
@@ -66,6 +68,7 @@ __all__ = [
     "KvCheck",
     "ScalePlan",
     "ScaleStep",
+    "builtin_shape",
     "parse_overrides",
     "parse_value",
     "scale_config",
@@ -136,6 +139,7 @@ class KvCheck:
     tensor_parallel: int
     max_model_len: int | None
     max_num_seqs: int | None
+    model: str | None = None  # where the model's shape came from, e.g. a built-in name
 
     @property
     def budget_bytes(self) -> int:
@@ -160,8 +164,9 @@ class KvCheck:
 
     @property
     def text(self) -> str:
+        model = f" ({self.model})" if self.model else ""
         return (
-            f"KV cache per GPU: {fmt_bytes(self.gpu_memory_bytes)} × {self.memory_fraction} - "
+            f"KV cache per GPU{model}: {fmt_bytes(self.gpu_memory_bytes)} × {self.memory_fraction} - "
             f"weights {fmt_bytes(self.weights_bytes)} - reserve {fmt_bytes(self.reserve_bytes)}"
             f" = {fmt_bytes(self.budget_bytes)} at {fmt_bytes(self.bytes_per_token)}/token "
             f"(tp {self.tensor_parallel}) = {self.capacity_tokens:,} tokens"
@@ -493,6 +498,7 @@ class _Context:
     model: ModelShape | None
     problems: list[Issue]
     warnings: list[Issue]
+    model_name: str | None = None  # the model the config names, when model= was not given
 
 
 def _batch_divisor(entry: _Entry, entries: Sequence[_Entry], ctx: _Context, world: int) -> int:
@@ -705,6 +711,15 @@ def _kv_check(
         return new.get(e.dotted, e.value)
 
     fraction_entry = next((e for e in entries if rules.get(e.dotted) == "memory_fraction"), None)
+    if fraction_entry is not None and ctx.model is None and ctx.model_name is not None:
+        ctx.warnings.append(
+            Issue(
+                "kv_unchecked",
+                f"KV cache not checked: the config's model {ctx.model_name!r} is not among "
+                "nbgpu's built-in model shapes; pass model= its config.json (path or dict)",
+            )
+        )
+        return None
     if fraction_entry is None or ctx.model is None or not ctx.model.has_kv_shape:
         if fraction_entry is not None:
             ctx.warnings.append(
@@ -741,6 +756,7 @@ def _kv_check(
         tensor_parallel=tp,
         max_model_len=model_len,
         max_num_seqs=seqs if isinstance(seqs, int) else None,
+        model=ctx.model.source if ctx.model_name is not None else None,
     )
     key = fraction_entry.dotted
     if check.budget_bytes <= 0:
@@ -926,6 +942,9 @@ def scale_config(
     if to_gpus % nnodes:
         raise UserInputError(f"to_gpus={to_gpus} cannot be split over nnodes={nnodes} nodes evenly")
     start = _source_gpus(entries, rule_of, nnodes, from_gpus)
+    model_name = None
+    if model is None:
+        model_name, model = _named_model(entries)
     ctx = _Context(
         from_gpus=start,
         to_gpus=to_gpus,
@@ -937,6 +956,7 @@ def scale_config(
         model=model,
         problems=list(extra_problems),
         warnings=list(extra_warnings),
+        model_name=model_name,
     )
     new, reasons = _apply_rules(entries, rule_of, ctx, tensor_parallel, devices)
     _check(entries, new, rule_of, ctx)
@@ -971,6 +991,27 @@ def scale_config(
         original=original,
         source=source,
     )
+
+
+# Keys that name the model a config trains and serves (verl, VAGEN, EasyR1, TRL).
+_MODEL_KEYS = ("model.path", "model_path", "model_name_or_path", "pretrained_model_name_or_path")
+
+
+def builtin_shape(name: str) -> ModelShape | None:
+    """A model's shape from nbgpu's built-in table, by HF repo name or a local copy's folder."""
+    found = find_model(name.strip()) or find_model(name.strip().rstrip("/").rsplit("/", 1)[-1])
+    if found is None:
+        return None
+    return replace(model_shape(found.to_hf_dict()), source=f"{found.name}, built-in shape")
+
+
+def _named_model(entries: Sequence[_Entry]) -> tuple[str | None, ModelShape | None]:
+    """The model the config names (``actor_rollout_ref.model.path``...), and its shape."""
+    for e in entries:
+        named = any(e.dotted == k or e.dotted.endswith("." + k) for k in _MODEL_KEYS)
+        if named and isinstance(e.value, str) and e.value.strip():
+            return e.value, builtin_shape(e.value)
+    return None, None
 
 
 def _engines(world: int, tp: Any) -> int:
