@@ -140,7 +140,8 @@ def make_job(
         raise UserInputError(
             f"allocation {allocation!r} uses {parsed.gpu_count} GPUs "
             f"({' + '.join(r.degrees for r in parsed.roles)}) but num_gpus={num_gpus}; "
-            "the degrees d × t × p of all parts must add up to the GPU count"
+            "the world sizes d × t × p × c of the parts must add up to the GPU count "
+            "(colocated parts add none)"
         )
     required = parse_gpu_list(require, "require")
     excluded = parse_gpu_list(exclude, "exclude")

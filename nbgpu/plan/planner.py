@@ -22,6 +22,7 @@ from nbgpu.plan.allocation import Allocation, RoleSpec
 from nbgpu.plan.assign import assign, order_pool
 from nbgpu.plan.batch import BatchCheck, check_batch
 from nbgpu.plan.candidates import Candidate
+from nbgpu.plan.colocate import colocation_issues, own_gpus, shared_groups
 from nbgpu.plan.job import Job
 from nbgpu.plan.memory import PRECISIONS, STRATEGIES, model_states, weight_bytes
 from nbgpu.plan.ports import PortChecker, pick_ports
@@ -107,6 +108,9 @@ def _role_plans(
                 pipeline_parallel=spec.pipeline_parallel,
                 gpus=gpus,
                 master_port=ports[n] if gpus and n < len(ports) else None,
+                context_parallel=spec.context_parallel,
+                expert_parallel=spec.expert_parallel,
+                colocated_with=spec.colocated_with,
             )
         )
     return tuple(roles)
@@ -284,12 +288,14 @@ def _role_checks(
 def _smaller(allocation: Allocation, usable: int) -> Allocation | None:
     # Shrink the data-parallel degree, biggest training role first, inference last: the
     # job keeps its shape (tensor/pipeline degrees) and only runs on fewer replicas.
+    if allocation.colocated:
+        return None  # colocated roles shrink together; the user picks the new shape
     order = sorted(allocation.roles, key=lambda r: (r.kind != "train", -r.gpu_count))
     alloc = allocation
     for spec in order:
         current = next(r for r in alloc.roles if r.name == spec.name)
         room = usable - (alloc.gpu_count - current.gpu_count)
-        per_replica = current.tensor_parallel * current.pipeline_parallel
+        per_replica = current.world_size // current.data_parallel
         degree = min(current.data_parallel, room // per_replica)
         if degree >= 1:
             alloc = alloc.with_data_parallel(spec.name, degree)
@@ -426,7 +432,10 @@ def build_plan(
         )
     require_ok = [i for i in job.require if i not in required_bad]
     pool = order_pool(considered, require_ok)
-    groups = assign(pool, [r.gpu_count for r in allocation.roles], keep_order=bool(require_ok))
+    groups = shared_groups(
+        allocation,
+        assign(pool, [r.gpu_count for r in own_gpus(allocation)], keep_order=bool(require_ok)),
+    )
     if groups is None:
         left_out = "; ".join(f"GPU {e.nvml_index}: {e.verdict}" for e in excluded)
         problems.append(
@@ -455,6 +464,7 @@ def build_plan(
     if batch is not None and not batch.ok:
         problems.append(_batch_issue(batch, allocation.train_roles[0].name))
     memory = _role_checks(roles, by_index, job, problems, warnings)
+    colocation_issues(roles, memory, problems, warnings)
     plan = Plan(
         allocation=allocation.text,
         roles=roles,

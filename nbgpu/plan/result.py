@@ -83,7 +83,8 @@ class RolePlan:
     ``cuda_visible_devices`` lists their NVML indices (nvidia-smi's numbers) in that order;
     they mean those GPUs only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which ``env`` sets
     (``cuda_visible_devices_uuids`` is the order-independent UUID form).
-    ``nproc_per_node`` is the number of processes to start: data × tensor × pipeline.
+    ``nproc_per_node`` is the number of processes to start: data × tensor × pipeline ×
+    context. A role ``colocated_with`` another runs on that role's GPUs (AReaL's ``|``).
     ``master_port`` is a free port for the role's rendezvous (torchrun's MASTER_PORT; a
     server may use it for its own process group), distinct across the plan.
     """
@@ -104,14 +105,27 @@ class RolePlan:
     pipeline_parallel: int
     gpus: tuple[PlannedGpu, ...]  # empty when the role could not be placed
     master_port: int | None
+    context_parallel: int = 1
+    expert_parallel: int = 1  # within the same GPUs: not in nproc_per_node
+    colocated_with: str | None = None
 
     @property
     def nproc_per_node(self) -> int:
-        return self.data_parallel * self.tensor_parallel * self.pipeline_parallel
+        return (
+            self.data_parallel
+            * self.tensor_parallel
+            * self.pipeline_parallel
+            * self.context_parallel
+        )
 
     @property
     def degrees(self) -> str:
-        return f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
+        text = f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
+        if self.context_parallel > 1:
+            text += f"c{self.context_parallel}"
+        if self.expert_parallel > 1:
+            text += f"e{self.expert_parallel}"
+        return text
 
     @property
     def nvml_indices(self) -> tuple[int, ...]:
@@ -261,7 +275,10 @@ class Plan(Result):
 
     @property
     def cuda_visible_devices(self) -> str:
-        return ",".join(r.cuda_visible_devices for r in self.roles if r.gpus)
+        # A colocated role runs on GPUs already listed: each GPU appears once.
+        return ",".join(
+            r.cuda_visible_devices for r in self.roles if r.gpus and r.colocated_with is None
+        )
 
     def role(self, name: str) -> RolePlan:
         for role in self.roles:

@@ -218,3 +218,37 @@ def test_empty_inventory_is_bad_input(inventory):
         plan(inventory("no-driver"), "d1")
     with pytest.raises(UserInputError, match="inventory=42"):
         nbgpu.plan("d1", inventory=42)
+
+
+def test_context_parallel_part_plans_its_whole_world(inventory):
+    p = plan(inventory("healthy"), "d1c4")
+    assert p.ok
+    (role,) = p.roles
+    assert (role.nproc_per_node, role.cuda_visible_devices, role.degrees) == (
+        4,
+        "0,1,2,3",
+        "d1t1p1c4",
+    )
+
+
+def test_colocated_roles_share_gpus_and_are_told_what_that_means_for_memory(inventory):
+    p = plan(inventory("healthy"), "sglang:d2|fsdp:d2", model="1B")
+    assert p.ok
+    engine, trainer = p.roles
+    assert engine.cuda_visible_devices == trainer.cuda_visible_devices == "0,1"
+    assert trainer.colocated_with == "sglang"
+    assert engine.master_port != trainer.master_port
+    assert p.cuda_visible_devices == "0,1"
+    (warning,) = [w for w in p.warnings if w.code == "colocated"]
+    assert (
+        "sglang and train share GPUs 0,1 (colocated): each GPU holds the memory" in warning.message
+    )
+    assert "mem_fraction_static" in warning.message
+    # Each role alone fits a 48 GB A40, together they do not: a problem, with the way out.
+    big = plan(inventory("healthy"), "sglang:d2|fsdp:d2", model="2.8B", strategy="ddp")
+    assert all(m.fits for m in big.memory)
+    (problem,) = big.problems
+    assert problem.message.startswith("colocated sglang and train need sglang 5.2 GiB + train")
+    assert problem.fixes == ("'+' instead of '|' gives each role GPUs of its own",)
+    assert nbgpu.plan.plan_from_json(big.to_json()) == big
+    assert plan(inventory("healthy"), "sglang:d2+fsdp:d2", model="2.8B").ok
