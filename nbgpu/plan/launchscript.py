@@ -32,7 +32,7 @@ import ast
 import operator
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
@@ -61,6 +61,7 @@ class _Part:
     start: int  # span in the script of the editable text (literal) or the whole part
     end: int
     default: tuple[int, int, str] | None = None  # ${V:-default}: its span and its text
+    quoted: bool = False  # inside double quotes: bash does not split what it expands to
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,12 @@ class LaunchScript:
                 found = a
         return found
 
-    def resolve(self, value: ScriptValue, depth: int = 0) -> str | None:
-        """The text bash would pass (variables the script does not set: their default or None)."""
+    def resolve(self, value: ScriptValue, depth: int = 0, *, split: bool = True) -> str | None:
+        """The text bash would pass (variables the script does not set: their default or None).
+
+        ``split``: the value is a command's argument, where bash splits an unquoted expansion
+        at spaces; an assignment's value is never split.
+        """
         out = []
         for part in value.parts:
             if part.kind == "literal":
@@ -107,13 +112,19 @@ class LaunchScript:
             elif part.kind == "var" and depth < 20:
                 assigned = self.variable(part.text, value.at)
                 if assigned is not None:
-                    text = self.resolve(assigned.value, depth + 1)
+                    text = self.resolve(assigned.value, depth + 1, split=False)
                 elif part.default is not None:
                     text = part.default[2]
                 else:
                     text = None
                 if text is None:
                     return None
+                if split and not part.quoted and (text != text.strip() or len(text.split()) > 1):
+                    # Unquoted, bash splits the expansion: this word ends at the first space.
+                    fields = text.split()
+                    if text[:1].isspace() and out:
+                        return "".join(out)
+                    return "".join(out) + (fields[0] if fields else "")
                 out.append(text)
             elif part.kind == "arith" and depth < 20:
                 number = _arithmetic(part.text, lambda name: self._number(name, value, depth))
@@ -126,7 +137,7 @@ class LaunchScript:
 
     def _number(self, name: str, value: ScriptValue, depth: int) -> int | None:
         assigned = self.variable(name, value.at)
-        text = None if assigned is None else self.resolve(assigned.value, depth + 1)
+        text = None if assigned is None else self.resolve(assigned.value, depth + 1, split=False)
         try:
             return None if text is None else int(text)
         except ValueError:
@@ -140,7 +151,7 @@ class LaunchScript:
         for name in sorted(CONFIG_VARIABLES):
             assigned = self.variable(name, self.command_at + 1)
             if assigned is not None:
-                text = self.resolve(assigned.value)
+                text = self.resolve(assigned.value, split=False)
                 out[name] = parse_value(text) if text is not None else _raw(self, assigned.value)
         for key, value in self.overrides.items():
             text = self.resolve(value)
@@ -304,7 +315,7 @@ class _Lexer:
             if c == "$":
                 if self.i > begin:
                     parts.append(_Part("literal", text[begin : self.i], begin, self.i))
-                parts.append(self._dollar())
+                parts.append(replace(self._dollar(), quoted=True))
                 begin = self.i
             elif c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '"\\$`':
                 if self.i > begin:
@@ -546,7 +557,7 @@ def rewrite_script(
     notes: list[str] = []
     for key, new in targets.items():
         value = _value_of_key(again, key)
-        if value is None or again.resolve(value) == new:
+        if value is None or again.resolve(value, split=key in again.overrides) == new:
             continue
         written = text[value.start : value.end]
         pins.append(_Edit(value.start, value.end, new, key))

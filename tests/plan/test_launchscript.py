@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import nbgpu.plan
 from nbgpu.cli import main
@@ -205,3 +207,61 @@ def test_cli_writes_the_rescaled_script(tmp_path, capsys):
     assert out.stat().st_mode & 0o777 == VAGEN.stat().st_mode & 0o777  # still executable
     assert main(["plan", "--scale", str(VAGEN), "--to", "8", "--diff"]) == 0
     assert "+BATCH=8" in capsys.readouterr().out
+
+
+VALUES = st.one_of(
+    st.integers(0, 4096).map(str),
+    st.sampled_from(["0.34", "true", "[0,1]", "Qwen/Qwen2.5-3B", "a b", "x#y", "it's"]),
+)
+QUOTES = st.sampled_from(["plain", "single", "double"])
+
+
+def _quoted(value: str, style: str) -> str:
+    if style == "single" and "'" not in value:
+        return f"'{value}'"
+    if style == "double" or " " in value or "'" in value or "#" in value:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return value
+
+
+@st.composite
+def scripts(draw):
+    """Launch scripts in the verl style: variables, then overrides reading some of them."""
+    lines, names = ["#!/bin/bash", "set -e"], []
+    for n in range(draw(st.integers(0, 3))):
+        name = f"V{n}"
+        value = _quoted(draw(VALUES), draw(QUOTES))
+        if draw(st.booleans()):
+            value = f"${{{name}:-{draw(st.integers(1, 64))}}}"
+        comment = "   # a note" if draw(st.booleans()) else ""
+        lines.append(f"{'export ' if draw(st.booleans()) else ''}{name}={value}{comment}")
+        names.append(name)
+    args = []
+    for n in range(draw(st.integers(1, 5))):
+        if names and draw(st.booleans()):
+            ref = draw(st.sampled_from(names))
+            value = draw(
+                st.sampled_from([f"${ref}", f"${{{ref}}}", f'"${ref}"', f"$(( {ref} * 2 ))"])
+            )
+            if "((" in value and not any(
+                line.startswith((f"{ref}=", f"export {ref}="))
+                and line.split("=", 1)[1].split()[0].strip("'\"").isdigit()
+                for line in lines
+            ):
+                value = f"${ref}"
+        else:
+            value = _quoted(draw(VALUES), draw(QUOTES))
+        args.append(f"    section{n}.key_{n}={value}")
+    lines.append("python3 -m verl.trainer.main_ppo \\")
+    lines.append(" \\\n".join(args))
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=40, deadline=None)
+@given(scripts())
+def test_property_overrides_are_read_as_bash_passes_them(tmp_path_factory, script):
+    tmp_path = tmp_path_factory.mktemp("script")
+    passed = bash_arguments(script, tmp_path)
+    passed.pop("CUDA_VISIBLE_DEVICES")
+    read = read_script(script)
+    assert {k: read.resolve(v) for k, v in read.overrides.items()} == passed
