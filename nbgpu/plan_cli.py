@@ -186,6 +186,8 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         return result if args.output is None else result.save(args.output)
     if args.diff or args.yaml or args.overrides or args.output:
         raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
+    if args.share and args.sweep is None:
+        raise UserInputError("--share goes with --sweep RUNS (runs on GPUs other jobs use)")
     if args.sweep is not None:
         return planning.sweep(
             args.sweep,

@@ -120,3 +120,17 @@ def test_bad_sweep_input(inventory, args, kwargs, fragment):
     with pytest.raises(UserInputError) as err:
         sweep(inventory("shared-sweeps"), *args, **kwargs)
     assert fragment in str(err.value)
+
+
+def test_cli_sweep_on_a_shared_node_exits_1_until_shared(capsys):
+    from nbgpu.cli import main  # noqa: PLC0415
+
+    assert main(["plan", "--sweep", "4", "--per-run", "2", "--fleet", "shared-sweeps"]) == 1
+    out = capsys.readouterr().out
+    assert "2 of 4 runs fit on free GPUs now" in " ".join(out.split())
+    assert (
+        main(["plan", "--sweep", "4", "--per-run", "2", "--fleet", "shared-sweeps", "--share"]) == 0
+    )
+    capsys.readouterr()
+    assert main(["plan", "--share", "--fleet", "shared-sweeps"]) == 2
+    assert "--share goes with --sweep" in capsys.readouterr().err
