@@ -5,11 +5,12 @@ follows the trainer's structure, and quotes where a value must stay a string
 (``CUDA_VISIBLE_DEVICES: "0,1"``). :func:`rewrite_yaml` changes the values it is given and
 no other byte: ruamel.yaml's round-trip composer gives the exact span of every value in the
 text, and each new value, written by ruamel.yaml's emitter in the old one's style (quotes,
-flow list), replaces just that span. (Dumping the whole round-trip document would also keep
-comments and order, but it rewrites ``True`` as ``true``, ``null`` as nothing and drops
-comments above ``---``.) A value whose shape changes beyond a scalar or a flow list (a
-block list that grows) goes through the round-trip dump, the file's indentation read from
-its text since ruamel.yaml cannot guess it.
+flow list; a block list keeps its items' lines and adds new ones like its last), replaces
+just that span. Dumping the whole round-trip document would also keep comments and order,
+but it rewrites ``True`` as ``true`` and ``null`` as nothing, and drops comments above
+``---``; only a value that changes shape (a scalar that becomes a list, a list that
+becomes empty) goes through that dump, with the file's indentation read from its text
+since ruamel.yaml cannot guess it.
 
 Pure: text in, text out; never reads or writes files (``files.py`` does).
 """
@@ -161,12 +162,54 @@ def _splice(text: str, root: Node, path: Sequence[Any], new: Any) -> str | None:
         new_text = _scalar_text(new, node.style)
     elif isinstance(node, SequenceNode) and node.flow_style and isinstance(new, list | tuple):
         new_text = _scalar_text(list(new), None)
+    elif isinstance(node, SequenceNode) and isinstance(new, list | tuple):
+        return _splice_block_list(text, node, list(new))
     else:
         return None
     if new_text is None:
         return None
     start, end = node.start_mark.index, node.end_mark.index
     return text[:start] + new_text + _keep_comment_column(text[end:], len(new_text) - (end - start))
+
+
+def _splice_block_list(text: str, node: SequenceNode, new: list[Any]) -> str | None:
+    """A block list of scalars: items edited in place, new ones added like the last one."""
+    items = node.value
+    if (
+        not items
+        or not new
+        or not all(isinstance(i, ScalarNode) and i.style not in ("|", ">") for i in items)
+    ):
+        return None
+    if any(isinstance(v, Mapping | list | tuple) for v in new):
+        return None
+    last = items[-1]
+    line_start = text.rfind("\n", 0, last.start_mark.index) + 1
+    dash = text[line_start : last.start_mark.index]  # "    - " as the file writes it
+    if dash.strip() != "-":
+        return None
+    edits: list[tuple[int, int, str]] = []
+    for item, value in zip(items, new, strict=False):
+        item_text = _scalar_text(value, item.style)
+        if item_text is None:
+            return None
+        edits.append((item.start_mark.index, item.end_mark.index, item_text))
+    line_end = text.find("\n", last.end_mark.index)
+    line_end = len(text) if line_end < 0 else line_end
+    if len(new) > len(items):
+        added = [_scalar_text(v, last.style) for v in new[len(items) :]]
+        if None in added:
+            return None
+        edits.append((line_end, line_end, "".join(f"\n{dash}{a}" for a in added)))
+    elif len(new) < len(items):
+        first_gone = items[len(new)]
+        cut = text.rfind("\n", 0, first_gone.start_mark.index)
+        edits.append((cut, line_end, ""))
+    out = text
+    for start, end, piece in sorted(edits, reverse=True):
+        grown = len(piece) - (end - start)
+        out = out[:start] + piece + (_keep_comment_column(out[end:], grown) if piece else out[end:])
+    return out
 
 
 def _keep_comment_column(rest: str, grown: int) -> str:

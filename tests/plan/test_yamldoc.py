@@ -65,10 +65,22 @@ def test_a_string_that_would_read_back_as_another_type_is_quoted():
     assert to_plain(load_yaml(new)) == {"a": "12", "b": "true"}
 
 
-def test_a_block_list_that_grows_keeps_the_files_indentation():
-    text = "# devices\ndevices:\n    - 0   # first\n    - 1\nkeep: yes\n"
-    new = rewrite_yaml(text, {("devices",): [0, 1, 2]})
-    assert new == "# devices\ndevices:\n    - 0   # first\n    - 1\n    - 2\nkeep: yes\n"
+def test_a_block_list_grows_or_shrinks_in_place():
+    text = "# devices\ndevices:\n    - 0   # first\n    - 1\nkeep: True\n"
+    grown = rewrite_yaml(text, {("devices",): [0, 1, 2]})
+    assert grown == "# devices\ndevices:\n    - 0   # first\n    - 1\n    - 2\nkeep: True\n"
+    shrunk = rewrite_yaml(text, {("devices",): [3]})
+    assert shrunk == "# devices\ndevices:\n    - 3   # first\nkeep: True\n"
+    quoted = rewrite_yaml('d:\n- "0"\n- "1"\n', {("d",): ["0", "1", "2"]})
+    assert quoted == 'd:\n- "0"\n- "1"\n- "2"\n'
+
+
+def test_a_value_that_changes_shape_goes_through_the_round_trip_dump():
+    # A scalar that becomes a list: no span to splice; ruamel.yaml's dump keeps the comment.
+    text = "# top\ndevices: 0  # one GPU\nother: 1\n"
+    new = rewrite_yaml(text, {("devices",): [0, 1]})
+    assert to_plain(load_yaml(new)) == {"devices": [0, 1], "other": 1}
+    assert new.startswith("# top\n")
 
 
 def test_unchanged_rewrite_is_the_same_text():
@@ -130,3 +142,19 @@ def test_any_scalar_change_reads_back_and_touches_one_line(values, data):
     diff = [d for d in difflib.ndiff(text.splitlines(), new.splitlines()) if d[:1] in "+-"]
     assert len(diff) <= 2
     assert all(f"# note {list(values).index(key)}" in d for d in diff)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(SCALARS, min_size=1, max_size=5),
+    st.lists(SCALARS, min_size=0, max_size=6),
+    st.sampled_from(["", "  ", "    "]),
+)
+def test_any_block_list_change_reads_back_and_keeps_the_rest(old, new, indent):
+    items = "".join(f"{indent}- {json.dumps(v)}\n" for v in old)
+    text = f"# head\nbefore: 1  # kept\nlist:\n{items}after: True\n"
+    out = rewrite_yaml(text, {("list",): new})
+    assert to_plain(load_yaml(out)) == {"before": 1, "list": new, "after": True}
+    assert out.startswith("# head\nbefore: 1  # kept\nlist:")
+    if new:  # an empty list has no item to copy the style of: it goes through the dump
+        assert out.endswith("after: True\n")
