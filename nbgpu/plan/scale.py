@@ -316,6 +316,8 @@ class ScalePlan(Result):
             "to_gpus": self.to_gpus,
             "ok": self.ok,
             "source": self.source,
+            "form": self.form,
+            "written_to": self.written_to,
             "steps": self.records(),
             "problems": [p.__dict__ for p in self.problems],
             "warnings": [w.__dict__ for w in self.warnings],
