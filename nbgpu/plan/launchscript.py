@@ -220,7 +220,6 @@ class _Word:
     end: int
     parts: list[_Part]
     line: int
-    quoted: bool = False  # any quote in it (a quoted word is never an operator)
 
 
 class _Lexer:
@@ -268,7 +267,6 @@ class _Lexer:
         text = self.text
         start = self.i
         parts: list[_Part] = []
-        quoted = False
         while self.i < len(text):
             c = text[self.i]
             if c in " \t\r\n;|&":
@@ -280,14 +278,12 @@ class _Lexer:
                 parts.append(_Part("literal", text[self.i + 1 : self.i + 2], self.i, self.i + 2))
                 self.i += 2
             elif c == "'":
-                quoted = True
                 end = text.find("'", self.i + 1)
                 if end < 0:
                     self._unclosed("'", start)
                 parts.append(_Part("literal", text[self.i + 1 : end], self.i + 1, end))
                 self.i = end + 1
             elif c == '"':
-                quoted = True
                 self.i += 1
                 parts.extend(self._double_quoted(start))
             elif c == "$":
@@ -297,7 +293,7 @@ class _Lexer:
                 while self.i < len(text) and text[self.i] not in " \t\r\n;|&\\'\"$":
                     self.i += 1
                 parts.append(_Part("literal", text[begin : self.i], begin, self.i))
-        return _Word(start, self.i, _merge(parts), self.line_of(start), quoted)
+        return _Word(start, self.i, _merge(parts), self.line_of(start))
 
     def _double_quoted(self, word_start: int) -> list[_Part]:
         text = self.text
@@ -566,10 +562,14 @@ def rewrite_script(
             e.key for e in edits.values() if e.key != key and _variable_at(script, e.start) in read
         ]
         if key in changes and not movers:
-            notes.append(f"{key}: the expression {written} was replaced by the value {new}")
+            notes.append(
+                f"{key} (line {value.line}): the expression {written} was replaced by the value "
+                f"{new}"
+            )
         else:
             notes.append(
-                f"{key}: {written} is shared with {', '.join(movers) or 'other keys'}, which "
-                f"change it; {key} now has its own value {new}"
+                f"{key} (line {value.line}): {written} is shared with "
+                f"{', '.join(movers) or 'other keys'}, which change it; {key} now has its own "
+                f"value {new}"
             )
     return _apply(text, pins), notes

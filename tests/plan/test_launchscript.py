@@ -126,8 +126,8 @@ def test_a_variable_two_keys_read_is_not_moved_under_the_one_that_keeps_its_valu
     assert "N=4\n" in plan.to_text()
     notes = " ".join(w.message for w in plan.warnings)
     assert (
-        "tensor_model_parallel_size: $N is shared with trainer.n_gpus_per_node, which change it"
-        in notes
+        "tensor_model_parallel_size (line 5): $N is shared with trainer.n_gpus_per_node, "
+        "which change it" in notes
     )
 
 
@@ -148,7 +148,9 @@ def test_arithmetic_follows_its_variable_or_is_replaced_and_said_so(tmp_path):
     # $(( 4 + 4 )) does not follow the GPUs: replaced by the value it must have, and said so.
     assert "ppo_mini_batch_size=16\n" in text
     notes = [w.message for w in plan.warnings]
-    assert any("the expression $(( 4 + 4 )) was replaced by the value 16" in n for n in notes)
+    assert any(
+        "(line 3): the expression $(( 4 + 4 )) was replaced by the value 16" in n for n in notes
+    )
     passed = bash_arguments(text, tmp_path)
     assert passed["data.train_batch_size"] == "16"
     assert passed["actor_rollout_ref.actor.ppo_mini_batch_size"] == "16"
