@@ -23,7 +23,8 @@ Pitfalls handled (memory.md §3 and PyTorch issues):
 allocator's own allocation and free events) gives the peak of live tensor bytes.
 
 Imports torch at module level: only :mod:`nbgpu.plan.estimate` imports this, and only when
-it is given a module.
+it is given a module. Never imports IPython, pynvml or the inventory, and never moves a
+tensor to a GPU.
 """
 
 from __future__ import annotations
@@ -44,7 +45,16 @@ from nbgpu.errors import UserInputError
 if TYPE_CHECKING:
     from nbgpu.plan.estimate import MemoryEstimate, Term, _Layout
 
-__all__ = ["StepComparison", "compare_step", "measure_step", "trace_step", "trace_terms"]
+__all__ = [
+    "StepComparison",
+    "TracedPeak",
+    "compare_step",
+    "default_loss",
+    "measure_step",
+    "run_step",
+    "trace_step",
+    "trace_terms",
+]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOOL = "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode"
