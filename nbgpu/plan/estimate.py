@@ -164,12 +164,19 @@ class MemoryEstimate(Result):
         return None
 
     # --------------------------------------------------------------- views
-    def _table(self) -> Table:
+    def _sources(self) -> dict[str, int]:
+        """Each distinct source, numbered for the text view's ``[n]`` marks."""
+        every = [t.source for t in (*self.terms, *self.traced_terms)]
+        return {src: n for n, src in enumerate(dict.fromkeys(every), 1)}
+
+    def _table(self, marks: bool = False) -> Table:
         traced = {t.name: t for t in self.traced_terms}
+        numbers = self._sources()
         headers = ["term", "analytic"] + (["traced"] if traced else []) + ["formula"]
         table = Table(headers, flex=len(headers) - 1)
         for t in self.terms:
-            cells = [t.name, fmt_bytes(t.bytes_per_gpu) if t.bytes_per_gpu is not None else "?"]
+            name = f"{t.name} [{numbers[t.source]}]" if marks else t.name
+            cells = [name, fmt_bytes(t.bytes_per_gpu) if t.bytes_per_gpu is not None else "?"]
             if traced:
                 other = traced.get(t.name)
                 cells.append("-" if other is None else fmt_bytes(other.bytes_per_gpu))
@@ -177,7 +184,8 @@ class MemoryEstimate(Result):
             table.add(*cells, level="warn" if t.bytes_per_gpu is None else "")
         for name, t in traced.items():  # traced-only terms (temporaries)
             if self.term(name) is None:
-                table.add(name, "-", fmt_bytes(t.bytes_per_gpu), t.formula)
+                label = f"{name} [{numbers[t.source]}]" if marks else name
+                table.add(label, "-", fmt_bytes(t.bytes_per_gpu), t.formula)
         total = ["total per GPU", fmt_bytes(self.analytic_bytes)]
         if traced:
             total.append(fmt_bytes(self.traced_bytes))
@@ -185,7 +193,8 @@ class MemoryEstimate(Result):
         return table
 
     def _heading(self) -> str:
-        par = f"{self.strategy}, world size {self.world_size}"
+        par = f"{self.strategy}, " if self.role == "train" else ""
+        par += f"world size {self.world_size}"
         if self.tensor_parallel > 1 or self.pipeline_parallel > 1:
             par += f" (dp {self.data_parallel} × tp {self.tensor_parallel} × pp "
             par += f"{self.pipeline_parallel})"
@@ -193,10 +202,10 @@ class MemoryEstimate(Result):
         ckpt = ", activation checkpointing" if self.activation_checkpointing else ""
         return (
             f"memory estimate ({self.method}): {self.model} ({self.parameters:,} parameters), "
-            f"{self.role}, {self.precision} {self.optimizer if self.role == 'train' else ''}"
-            f"{', ' if self.role == 'train' else ''}{par}, micro batch {self.micro_batch}"
-            f"{seq}{ckpt}"
-        ).replace("  ", " ")
+            f"{self.role}, {self.precision}"
+            f"{' ' + self.optimizer if self.role == 'train' else ''}, {par}, micro batch "
+            f"{self.micro_batch}{seq}{ckpt}"
+        )
 
     def _footer(self) -> list[str]:
         lines = []
@@ -221,9 +230,10 @@ class MemoryEstimate(Result):
 
     def text(self) -> str:
         out = [wrap(self._heading(), "")]
-        out.append(self._table().text(max_width=100))
+        out.append(self._table(marks=True).text(max_width=100))
         out.extend(wrap(line, "") for line in self._footer())
-        out.append("sources: " + "; ".join(dict.fromkeys(t.source for t in self.terms)))
+        out.append("sources:")
+        out.extend(wrap(src, f"  [{n}] ", width=100) for src, n in self._sources().items())
         return "\n".join(out)
 
     def html_body(self) -> str:
@@ -497,7 +507,7 @@ def _per_sample_terms(shape: ModelShape, lay: _Layout) -> list[Term]:
                 "activations",
                 math.ceil(transient * size / 2),
                 "b·s·(4·h + 4·I) per forward (one layer live at a time)",
-                _SRC_ACT,
+                "prefill transient: one layer's hidden and MLP tensors (nbgpu heuristic)",
                 "activations",
             )
         )

@@ -179,21 +179,27 @@ class TracedPeak:
         )
 
 
+def _fake_twin(tensor: torch.Tensor, mode: Any, dtype: torch.dtype | None) -> torch.Tensor:
+    if tensor.device.type == "meta":
+        # A module built under ``torch.device("meta")`` has no data at all: its fake twin
+        # is a CPU-device fake tensor of the same shape (nothing real either way).
+        with mode:
+            fake = torch.empty(tensor.shape, dtype=tensor.dtype)
+    else:
+        fake = mode.from_tensor(tensor.detach())
+    if dtype is not None and tensor.is_floating_point():
+        with mode:
+            fake = fake.to(dtype)  # after fakeifying: no real copy is made
+    return fake  # type: ignore[no-any-return]
+
+
 def _fake_module(module: nn.Module, mode: Any, dtype: torch.dtype | None) -> nn.Module:
     memo: dict[int, Any] = {}
     with torch.no_grad():
         for p in module.parameters():
-            fake = mode.from_tensor(p.detach())
-            if dtype is not None and p.is_floating_point():
-                with mode:
-                    fake = fake.to(dtype)  # after fakeifying: no real copy is made
-            memo[id(p)] = nn.Parameter(fake, requires_grad=p.requires_grad)
+            memo[id(p)] = nn.Parameter(_fake_twin(p, mode, dtype), requires_grad=p.requires_grad)
         for b in module.buffers():
-            fake = mode.from_tensor(b)
-            if dtype is not None and b.is_floating_point():
-                with mode:
-                    fake = fake.to(dtype)
-            memo[id(b)] = fake
+            memo[id(b)] = _fake_twin(b, mode, dtype)
     return copy.deepcopy(module, memo)
 
 
