@@ -21,8 +21,8 @@ with it torch) only when a module is given.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu._render import Result, Table, fmt_bytes, wrap
@@ -360,7 +360,7 @@ class _Layout:
     gradient_as_bucket_view: bool
     fragmentation: float
     kv_tokens: int | None  # KV-cache tokens per GPU (inference); None: micro × seq
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    foreach: bool = True  # traced optimizer: PyTorch's CUDA default (False: its CPU default)
 
 
 def _model_state_terms(shape: ModelShape, lay: _Layout) -> list[Term]:
@@ -597,6 +597,7 @@ def _layout(
     gradient_as_bucket_view: bool,
     fragmentation: float,
     kv_tokens: int | None,
+    foreach: bool = True,
 ) -> _Layout:
     role_key = str(role).strip().lower()
     if role_key not in ROLES:
@@ -638,6 +639,7 @@ def _layout(
         gradient_as_bucket_view=bool(gradient_as_bucket_view),
         fragmentation=float(fragmentation),
         kv_tokens=kv_tokens,
+        foreach=bool(foreach),
     )
 
 
@@ -678,6 +680,7 @@ def estimate_memory(
     example_input: Any = None,
     loss_fn: Any = None,
     trace: bool | None = None,
+    foreach: bool = True,
 ) -> MemoryEstimate:
     """Per-GPU memory for *model*; see :func:`nbgpu.estimate` for the arguments."""
     lay = _layout(
@@ -695,10 +698,9 @@ def estimate_memory(
         gradient_as_bucket_view=gradient_as_bucket_view,
         fragmentation=fragmentation,
         kv_tokens=kv_tokens,
+        foreach=foreach,
     )
     shape = model_shape(model)
-    if shape.config is not None and seq_len is None and lay.role == "train":
-        pass  # activations say "needs seq_len"; the shape alone cannot choose one
     budget_bytes = None if budget is None else parse_bytes(budget)
     terms = analytic_terms(shape, lay)
     traced: tuple[Term, ...] = ()
@@ -780,18 +782,33 @@ def largest_micro_batch(
     budget: Any,
     **kwargs: Any,
 ) -> MemoryEstimate:
-    """The estimate at the largest micro batch that fits *budget* (bytes, or per GPU list).
+    """The estimate at the largest micro batch that fits *budget* (bytes, or per-GPU list).
 
     *budget* may be a list of per-GPU free bytes (heterogeneous GPUs): the smallest decides,
-    since data-parallel ranks run the same micro batch. Computed, never tried: memory is
-    affine in the micro batch, so one estimate at the given micro batch gives the slope.
+    since data-parallel ranks run the same micro batch. Computed, never tried on hardware:
+    analytic memory is affine in the micro batch, so one estimate gives the answer; a traced
+    module is traced at b and 2b for the slope, then checked (and nudged by one) with fake
+    traces, still without a single real step.
     """
     if isinstance(budget, list | tuple):
         if not budget:
             raise UserInputError("budget=[]: expected at least one GPU's free bytes")
-        budget = min(parse_bytes(b) for b in budget)
+        budget = min(parse_bytes(b, "budget") for b in budget)
+    kwargs.setdefault("micro_batch", 1)
     first = estimate_memory(model, budget=budget, **kwargs)
-    best = first.max_micro_batch
+    evaluations = 1
+    best: int | None
+    if first.traced_terms:
+        b0 = first.micro_batch
+        second = estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": 2 * b0})
+        evaluations += 1
+        slope = (second.total_bytes - first.total_bytes) / b0
+        best = None
+        if slope > 0:
+            fixed = first.total_bytes - slope * b0
+            best = max(0, math.floor(((first.budget_bytes or 0) - fixed) / slope))
+    else:
+        best = first.max_micro_batch
     if best is None:
         raise UserInputError(
             "largest micro batch: nothing in this estimate grows with the batch; pass seq_len "
@@ -799,17 +816,31 @@ def largest_micro_batch(
         )
     if best < 1:
         raise UserInputError(
-            f"budget={fmt_bytes(first.budget_bytes)} per GPU holds no sample: one micro batch "
-            f"needs {fmt_bytes(first.total_bytes)} at micro_batch={first.micro_batch}; "
-            "expected a larger budget, activation checkpointing or a shorter seq_len"
+            f"budget={fmt_bytes(first.budget_bytes)} per GPU holds no sample: micro_batch="
+            f"{first.micro_batch} needs {fmt_bytes(first.total_bytes)}; expected a larger "
+            "budget, activation checkpointing or a shorter seq_len"
         )
-    kwargs = {**kwargs, "micro_batch": best}
-    final = estimate_memory(model, budget=budget, **kwargs)
-    # A trace can be slightly non-linear (allocator temporaries): step down until it fits.
+
+    def at(micro: int) -> MemoryEstimate:
+        nonlocal evaluations
+        evaluations += 1
+        return estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": micro})
+
+    final = at(best)
+    # A trace is close to, not exactly, affine (the peak can move between the forward
+    # pass and the optimizer step): step down until it fits, then up while it still does.
     while final.fits is False and best > 1:
         best -= 1
-        final = estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": best})
-    return replace(final, max_micro_batch=best)
+        final = at(best)
+    if first.traced_terms:
+        for _ in range(8):
+            above = at(best + 1)
+            if not above.fits:
+                break
+            best, final = best + 1, above
+    how = "fake-tensor traces" if first.traced_terms else "analytic evaluations"
+    note = f"largest micro batch found with {evaluations} {how}, 0 real steps"
+    return replace(final, max_micro_batch=best, notes=(*final.notes, note))
 
 
 class _Estimate:

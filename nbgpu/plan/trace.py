@@ -301,8 +301,8 @@ def trace_terms(
             optimizer=layout.optimizer,
             precision=layout.precision,
             loss_fn=loss_fn,
-            # PyTorch's default on CUDA, which is what the estimate is for.
-            foreach=True,
+            # True: PyTorch's default on CUDA, which is what the estimate is for.
+            foreach=layout.foreach,
         )
     except UserInputError:
         raise
@@ -312,7 +312,8 @@ def trace_terms(
     shard_p = n if layout.strategy in ("zero3", "fsdp") else 1
     shard_g = n if layout.strategy in ("zero2", "zero3", "fsdp") else 1
     shard_k = n if layout.strategy != "ddp" else 1
-    src = f"traced: {TOOL} (one step, foreach optimizer)"
+    loop = "foreach" if layout.foreach else "per-tensor"
+    src = f"traced: {TOOL} (steady-state step, {loop} optimizer)"
     split = f" / {mp}" if mp > 1 else ""
     terms: list[Term] = [
         Term(

@@ -1,0 +1,88 @@
+"""Small real models for the traced-vs-measured tests and the estimate benchmark."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp(width: int = 1024) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(256, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, 10)
+    )
+
+
+class TinyGPT(nn.Module):
+    """A GPT-style decoder: token + position embeddings, pre-norm blocks, an LM head."""
+
+    def __init__(
+        self, vocab: int = 2048, d: int = 128, layers: int = 2, heads: int = 4, ctx: int = 128
+    ) -> None:
+        super().__init__()
+        self.vocab_size = vocab
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                d, heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True
+            )
+            for _ in range(layers)
+        )
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(positions)
+        mask = nn.Transformer.generate_square_subsequent_mask(
+            idx.shape[1], device=idx.device, dtype=x.dtype
+        )
+        for block in self.blocks:
+            x = block(x, src_mask=mask, is_causal=True)
+        return self.head(self.norm(x))
+
+
+class SmallConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(64, 10),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+
+class DataDependent(nn.Module):
+    """A Python branch on a tensor's value: fake tensors cannot decide it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) if x.sum() > 0 else self.b(x)
+
+
+def cases() -> list[tuple[str, nn.Module, list[torch.Tensor]]]:
+    """(name, model, two batches of different size) for the accuracy test and bench."""
+    torch.manual_seed(0)
+    return [
+        ("MLP", mlp(), [torch.randn(32, 256), torch.randn(128, 256)]),
+        (
+            "GPT",
+            TinyGPT(),
+            [torch.randint(0, 2048, (4, 128)), torch.randint(0, 2048, (16, 128))],
+        ),
+        ("ConvNet", SmallConvNet(), [torch.randn(8, 3, 32, 32), torch.randn(32, 3, 32, 32)]),
+    ]
