@@ -178,14 +178,14 @@ class AllocatorBudget(TorchDispatchMode):
 
     def _add(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
-        key = st._cdata  # noqa: SLF001 - the StorageImpl's address: one key per storage
+        key = st._cdata
         if key in self.live or st.nbytes() == 0:
             return
         ref = weakref.ref(st, lambda _r, k=key: self._drop(k))
         self.live[key] = (st.nbytes(), ref)
         self.current += st.nbytes()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not self.armed:
             return out

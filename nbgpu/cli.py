@@ -17,6 +17,7 @@ process clean could not stop); 2 a usage error (one line on stderr, never a trac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -88,10 +89,8 @@ def _estimate(args: argparse.Namespace) -> int:
         "kv_tokens": args.kv_tokens,
     }
     model: Any = args.model
-    try:
+    with contextlib.suppress(ValueError):
         model = float(model) if "e" in model.lower() and model[0].isdigit() else model
-    except ValueError:
-        pass
     if args.max_micro is not None:
         if args.max_micro.strip().lower() != "auto":
             raise UserInputError(f"--max-micro {args.max_micro!r}: expected auto")

@@ -242,14 +242,13 @@ class MemoryEstimate(Result):
         table = self._table()
         # The HTML view has room for the source of every term.
         sources = {t.name: t.source for t in (*self.terms, *self.traced_terms)}
-        head = list(table.headers) + ["source"]
+        head = [*list(table.headers), "source"]
         wide = Table(head)
         for row, level in zip(table.rows, table.row_levels, strict=True):
             wide.add(*row, sources.get(row[0], ""), level=level)
         foot = "".join(f"<li>{html.escape(line)}</li>" for line in self._footer())
-        return (
-            f"<b>{html.escape(self._heading())}</b>{wide.html()}"
-            + (f"<ul>{foot}</ul>" if foot else "")
+        return f"<b>{html.escape(self._heading())}</b>{wide.html()}" + (
+            f"<ul>{foot}</ul>" if foot else ""
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -386,7 +385,7 @@ def _model_state_terms(shape: ModelShape, lay: _Layout) -> list[Term]:
         pipeline_parallel=lay.pp,
     )
     acc = states.accounting
-    shard = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
+    psi = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
     n = lay.data_parallel
     p_sh = lay.strategy in ("zero3", "fsdp")
     g_sh = lay.strategy in ("zero2", "zero3", "fsdp")
@@ -396,21 +395,21 @@ def _model_state_terms(shape: ModelShape, lay: _Layout) -> list[Term]:
         Term(
             "weights",
             states.params_bytes,
-            f"{acc.param_bytes} B × {shard}" + (f" / {n}" if p_sh else ""),
+            f"{acc.param_bytes} B × {psi}" + (f" / {n}" if p_sh else ""),
             src,
             "model states",
         ),
         Term(
             "gradients",
             states.grads_bytes,
-            f"{acc.grad_bytes} B × {shard}" + (f" / {n}" if g_sh else ""),
+            f"{acc.grad_bytes} B × {psi}" + (f" / {n}" if g_sh else ""),
             src,
             "model states",
         ),
         Term(
             "optimizer states",
             states.optimizer_bytes,
-            f"{acc.optimizer_bytes} B × {shard}" + (f" / {n}" if k_sh else ""),
+            f"{acc.optimizer_bytes} B × {psi}" + (f" / {n}" if k_sh else ""),
             src,
             "model states",
         ),
@@ -454,9 +453,7 @@ def _activation_bytes(cfg: ModelConfig, lay: _Layout, b: int, s: int) -> tuple[i
         )
     else:
         total = layers * per_layer
-        formula = (
-            f"L·[10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + {mlp_text} + {scores_text}){tp_text}]"
-        )
+        formula = f"L·[10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + {mlp_text} + {scores_text}){tp_text}]"
     return math.ceil(total * scale), formula
 
 
@@ -878,9 +875,7 @@ class _Estimate:
             micro_batch=kwargs.pop("micro_batch", 1),
             **kwargs,
         )
-        return compare_step(
-            module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic
-        )
+        return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)
 
     @staticmethod
     def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimate:

@@ -23,8 +23,8 @@ from nbgpu.plan.allocation import Allocation, RoleSpec
 from nbgpu.plan.assign import assign, order_pool
 from nbgpu.plan.batch import BatchCheck, check_batch
 from nbgpu.plan.candidates import Candidate
-from nbgpu.plan.job import Job
 from nbgpu.plan.estimate import estimate_memory
+from nbgpu.plan.job import Job
 from nbgpu.plan.memory import STRATEGIES, model_states
 from nbgpu.plan.ports import PortChecker, pick_ports
 from nbgpu.plan.result import (
@@ -39,6 +39,7 @@ from nbgpu.plan.result import (
 )
 
 __all__ = ["build_plan", "gpu_span", "resolve_allocation"]
+
 
 def gpu_span(indices: Sequence[int]) -> str:
     """``[0, 1, 2, 3]`` → ``"0-3"``; other lists comma-joined."""
@@ -280,6 +281,7 @@ def _role_checks(
     job: Job,
     problems: list[Issue],
     warnings: list[Issue],
+    *,
     batch: BatchCheck | None = None,
 ) -> list[MemoryCheck]:
     """Caveats of the GPUs given out, mixed sizes, and memory per role."""
@@ -502,7 +504,7 @@ def build_plan(
     batch = _batch(allocation, job, warnings)
     if batch is not None and not batch.ok:
         problems.append(_batch_issue(batch, allocation.train_roles[0].name))
-    memory = _role_checks(roles, by_index, job, problems, warnings, batch)
+    memory = _role_checks(roles, by_index, job, problems, warnings, batch=batch)
     plan = Plan(
         allocation=allocation.text,
         roles=roles,

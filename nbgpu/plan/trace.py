@@ -103,7 +103,8 @@ def run_step(
     """One training step; the optimizer's first step creates its state, as in real runs."""
     output = _call(module, batch)
     loss = (loss_fn or default_loss)(output, batch)
-    loss.backward()
+    # torch types Tensor.backward without annotations.
+    loss.backward()  # type: ignore[no-untyped-call]
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -125,9 +126,7 @@ def _resize(value: Any, micro_batch: int | None, make: Callable[..., torch.Tenso
     return value
 
 
-def _example(
-    module: nn.Module, example_input: Any, micro_batch: int, seq_len: int | None
-) -> Any:
+def _example(module: nn.Module, example_input: Any, micro_batch: int, seq_len: int | None) -> Any:
     if example_input is not None:
         return example_input
     config = getattr(module, "config", None)
@@ -190,7 +189,7 @@ def _fake_twin(tensor: torch.Tensor, mode: Any, dtype: torch.dtype | None) -> to
     if dtype is not None and tensor.is_floating_point():
         with mode:
             fake = fake.to(dtype)  # after fakeifying: no real copy is made
-    return fake  # type: ignore[no-any-return]
+    return fake
 
 
 def _fake_module(module: nn.Module, mode: Any, dtype: torch.dtype | None) -> nn.Module:
@@ -275,8 +274,7 @@ def _why(exc: BaseException) -> str:
         "custom CUDA op",
     }
     what = hints.get(name)
-    text = f"{what}: {name}" if what else f"{name}: {first[:160]}"
-    return text
+    return f"{what}: {name}" if what else f"{name}: {first[:160]}"
 
 
 def trace_terms(
@@ -394,7 +392,7 @@ def measure_step(
     ) as prof:
         run_step(work, batch, opt, loss_fn)
     current = peak = 0
-    for _, action, _, size in prof._memory_profile().timeline:  # noqa: SLF001
+    for _, action, _, size in prof._memory_profile().timeline:
         if action in (Action.PREEXISTING, Action.CREATE):
             current += size
         elif action == Action.DESTROY:
@@ -523,4 +521,3 @@ def compare_step(
         trace_note=note,
         measure_seconds=seconds,
     )
-

@@ -33,7 +33,7 @@ def test_compare_puts_all_three_side_by_side() -> None:
     assert abs(result.records()[1]["error_vs_measured"]) < 0.05
     assert "MemTracker" in result.text()
     assert "<table" in result.html()
-    with pytest.raises(UserInputError, match="torch.nn.Module"):
+    with pytest.raises(UserInputError, match=r"torch\.nn\.Module"):
         estimate.compare("7B", batch)
 
 
