@@ -321,8 +321,12 @@ class Plan(Result):
                 lines.append(wrap(f"free memory {m.role}: {each} (the smallest decides)", ""))
             if m.max_micro_batch is not None:
                 lines.append(
-                    f"largest micro batch {m.role}: {m.max_micro_batch} within GPU "
-                    f"{m.deciding_gpu}'s free memory (computed from the estimate, no trials)"
+                    wrap(
+                        f"largest micro batch {m.role}: {m.max_micro_batch} within GPU "
+                        f"{m.deciding_gpu}'s free memory (computed from the estimate, no "
+                        "trials)",
+                        "",
+                    )
                 )
         return lines
 

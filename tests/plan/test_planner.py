@@ -222,3 +222,66 @@ def test_empty_inventory_is_bad_input(inventory):
         plan(inventory("no-driver"), "d1")
     with pytest.raises(UserInputError, match="inventory=42"):
         nbgpu.plan("d1", inventory=42)
+
+
+def test_memory_table_has_every_term_for_a_named_model(mixed_path):
+    p = plan(
+        mixed_path,
+        "d3t1p1",
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        strategy="zero2",
+        seq_len=2048,
+        micro_batch=2,
+    )
+    (check,) = p.memory
+    names = [line.component for line in check.lines]
+    for term in ("weights", "activations", "logits/loss", "CUDA context", "NCCL buffers"):
+        assert term in names
+    assert check.not_estimated == ()
+    assert all(line.formula and line.source for line in check.lines)
+    assert len(check.gpu_free) == 3
+    # the 40 GB A100 decides, and the text names every GPU's free memory
+    assert check.deciding_gpu == 2
+    text = p.text()
+    assert "logits/loss" in text
+    assert "free memory train: GPU 0" in text
+    assert "GPU 2 39.5 GiB" in text
+    assert "not counted" not in text
+
+
+def test_max_micro_auto_is_computed_from_the_smallest_gpu(mixed_path):
+    p = plan(
+        mixed_path,
+        "d3t1p1",
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        strategy="zero2",
+        seq_len=2048,
+        global_batch=48,
+        max_micro_batch="auto",
+    )
+    (check,) = p.memory
+    largest = check.max_micro_batch
+    assert largest is not None
+    assert largest >= 1
+    assert p.batch.max_micro_batch == largest
+    assert p.batch.micro_batch <= largest
+    assert any(w.code == "max_micro" for w in p.warnings)
+    # one more sample than the computed largest does not fit the 40 GB GPU
+    from nbgpu.plan.estimate import estimate
+
+    over = estimate(
+        "Qwen/Qwen2.5-1.5B-Instruct",
+        strategy="zero2",
+        world_size=3,
+        seq_len=2048,
+        micro_batch=largest + 1,
+        budget=check.available_bytes,
+    )
+    assert over.fits is False
+
+
+def test_max_micro_auto_needs_a_model_and_a_sequence_length(mixed_path):
+    with pytest.raises(UserInputError, match="needs model="):
+        plan(mixed_path, "d2", model="7B", max_micro_batch="auto")
+    with pytest.raises(UserInputError, match="'many'"):
+        plan(mixed_path, "d2", max_micro_batch="many")
