@@ -4,6 +4,7 @@ import pytest
 
 import nbgpu.plan
 from nbgpu.errors import UserInputError
+from nbgpu.plan.estimate import estimate
 
 from .conftest import all_free
 
@@ -267,8 +268,6 @@ def test_max_micro_auto_is_computed_from_the_smallest_gpu(mixed_path):
     assert p.batch.micro_batch <= largest
     assert any(w.code == "max_micro" for w in p.warnings)
     # one more sample than the computed largest does not fit the 40 GB GPU
-    from nbgpu.plan.estimate import estimate
-
     over = estimate(
         "Qwen/Qwen2.5-1.5B-Instruct",
         strategy="zero2",
