@@ -22,8 +22,8 @@ holds (Ψ = params / (tensor × pipeline degree)):
 
 Inference weights are P Ψ. KV cache per token (memory.md §5c) is
 ``2 · layers · ceil(kv_heads / tp) · head_dim · dtype_bytes`` bytes on each GPU.
-Activations, CUDA context, NCCL buffers and fragmentation are *not* in these numbers;
-results say so, and the estimator adds them as further lines of the same table.
+Activations, logits, CUDA context, NCCL buffers and fragmentation are *not* in these
+numbers: :mod:`nbgpu.plan.estimate` adds them as further terms of the same estimate.
 
 Pure arithmetic: imports nothing of nbgpu but ``errors``; never torch (a module's
 parameters are counted by duck typing).
