@@ -8,6 +8,7 @@ from html import escape
 import pytest
 
 import nbgpu
+import nbgpu.plan
 from nbgpu.errors import UserInputError
 from nbgpu.plan.estimate import estimate, estimate_memory, largest_micro_batch
 from nbgpu.plan.models import lookup_model
@@ -195,3 +196,33 @@ def test_a_budget_that_holds_no_sample_is_one_clear_line() -> None:
         largest_micro_batch(
             "meta-llama/Llama-3.1-8B", "40GB", strategy="zero3", world_size=8, seq_len=4096
         )
+
+
+ROLLOUT = {
+    "CUDA_VISIBLE_DEVICES": "0,1",
+    "actor_rollout_ref": {
+        "rollout": {
+            "tensor_model_parallel_size": 2,
+            "gpu_memory_utilization": 0.34,
+            "max_num_batched_tokens": 1800,
+        },
+    },
+}
+
+
+def test_scale_kv_check_takes_a_builtin_name_offline(sim_env) -> None:
+    config = lookup_model("Qwen2.5-VL-3B-Instruct").to_hf_dict()
+    del config["num_parameters"]
+    by_dict = nbgpu.plan.scale(
+        ROLLOUT, inventory="4xA40", model=config, max_model_len=1800, environ=sim_env
+    )
+    by_name = nbgpu.plan.scale(
+        ROLLOUT,
+        inventory="4xA40",
+        model="Qwen/Qwen2.5-VL-3B-Instruct",
+        max_model_len=1800,
+        environ=sim_env,
+    )
+    assert by_name.kv is not None
+    assert by_name.kv.bytes_per_token == by_dict.kv.bytes_per_token
+    assert by_name.kv.weights_bytes == pytest.approx(by_dict.kv.weights_bytes, rel=0.01)
