@@ -219,11 +219,16 @@ class MemoryEstimate(Result):
             lines.append(f"largest micro batch within the budget: {self.max_micro_batch}")
         if self.trace_note:
             lines.append(self.trace_note)
+        if self.traced_terms:
+            lines.append(
+                "traced column: bytes per MemTracker category at the step's peak moment "
+                "(memory that is free at that moment, e.g. gradients set to None, shows 0)"
+            )
         if self.uncounted:
             lines.append(
-                "not computable from a parameter count: "
+                "analytic terms not computable without the model's shape or seq_len: "
                 + ", ".join(self.uncounted)
-                + " (pass a model name, an HF config.json or a module)"
+                + " (pass a model name or an HF config.json, and seq_len)"
             )
         lines.extend(self.notes)
         return lines

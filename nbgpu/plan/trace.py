@@ -274,6 +274,8 @@ def _why(exc: BaseException) -> str:
         "custom CUDA op",
     }
     what = hints.get(name)
+    if what is None and ("fake impl" in first or "meta kernel" in first.lower()):
+        what = hints["UnsupportedOperatorException"]
     return f"{what}: {name}" if what else f"{name}: {first[:160]}"
 
 

@@ -10,7 +10,7 @@ from nbgpu.errors import UserInputError  # noqa: E402
 from nbgpu.plan.estimate import estimate  # noqa: E402
 from nbgpu.plan.trace import measure_step, trace_step  # noqa: E402
 
-from .toy_models import DataDependent, TinyGPT, cases, mlp  # noqa: E402
+from .toy_models import CustomOp, DataDependent, TinyGPT, cases, mlp  # noqa: E402
 
 
 @pytest.mark.parametrize(("name", "model", "batches"), cases(), ids=lambda c: str(c)[:8])
@@ -60,6 +60,13 @@ def test_untraceable_model_falls_back_to_analytic_with_the_reason() -> None:
     assert "data-dependent control flow" in est.trace_note
     assert "analytic" in est.trace_note
     assert est.total_bytes == est.analytic_bytes
+
+
+def test_a_custom_op_without_a_fake_kernel_falls_back_with_the_reason() -> None:
+    est = estimate(CustomOp(), example_input=torch.randn(4, 16), precision="fp32")
+    assert est.method == "analytic"
+    assert "traced: failed" in est.trace_note
+    assert "an operator without a fake (meta) kernel" in est.trace_note
 
 
 def test_a_module_without_an_input_is_one_clear_line() -> None:

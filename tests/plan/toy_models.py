@@ -86,3 +86,18 @@ def cases() -> list[tuple[str, nn.Module, list[torch.Tensor]]]:
         ),
         ("ConvNet", SmallConvNet(), [torch.randn(8, 3, 32, 32), torch.randn(32, 3, 32, 32)]),
     ]
+
+
+@torch.library.custom_op("nbgpu_test::opaque_scale", mutates_args=())
+def opaque_scale(x: torch.Tensor) -> torch.Tensor:
+    """A custom op with no fake (meta) kernel, like an extension's CUDA op."""
+    return x * 2
+
+
+class CustomOp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return opaque_scale(self.a(x))
