@@ -15,6 +15,7 @@
    budget: an allocator budget enforced by a dispatch mode that raises the CPU allocator's
    own out-of-memory error when live tensor bytes would exceed it.
 4. A traced estimate of a ~110M-parameter GPT (built on the meta device) on these cores.
+5. The analytic formulas against traced and measured for a Llama-shaped model.
 
 Prints Markdown; nothing fails on a slow number.
 """
@@ -43,7 +44,7 @@ from nbgpu.plan.estimate import (  # noqa: E402
     largest_micro_batch,
 )
 from nbgpu.plan.trace import measure_step, trace_step  # noqa: E402
-from tests.plan.toy_models import TinyGPT, cases  # noqa: E402
+from tests.plan.toy_models import TinyGPT, TinyLlama, cases  # noqa: E402
 
 GB = 10**9
 GiB = 2**30
@@ -356,8 +357,64 @@ def section_speed(repeats: int = 3) -> None:
     )
 
 
+def section_analytic() -> None:
+    print("### 7.5 Analytic formulas vs traced vs measured: a Llama-shaped model\n")
+    print(
+        "TinyLlama (RMSNorm, GQA 8/2 heads with SDPA, SwiGLU 688, vocab 4096, 4 layers, "
+        "d 256, seq 256), cross-entropy loss, AdamW fp32, CPU per-tensor optimizer. Columns "
+        "are the per-sample part (activations + logits/loss + traced temporaries) and the "
+        "whole tensor peak (model states included). The analytic side knows only the "
+        "config (`model.config`): Korthikanti et al.'s terms with GQA/SwiGLU widths and "
+        "flash attention's logsumexp.\n"
+    )
+    model = TinyLlama()
+
+    def loss(out: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(out.float().flatten(0, 1), batch.flatten())
+
+    print(
+        "| batch | measured peak | traced peak | analytic peak | analytic / measured | "
+        "per-sample traced | per-sample analytic | ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    names = ("activations", "logits/loss", "temporaries")
+    for b in (2, 8):
+        x = torch.randint(0, 4096, (b, 256))
+        est = estimate(
+            model,
+            example_input=x,
+            micro_batch=b,
+            seq_len=256,
+            precision="fp32",
+            loss_fn=loss,
+            foreach=False,
+        )
+        measured = measure_step(model, x, loss_fn=loss)
+        tensors = ("model states", "activations")
+        analytic = sum(t.bytes_per_gpu or 0 for t in est.terms if t.kind in tensors)
+        traced = sum(t.bytes_per_gpu or 0 for t in est.traced_terms if t.kind in tensors)
+        a_part = sum(t.bytes_per_gpu or 0 for t in est.terms if t.name in names)
+        t_part = sum(t.bytes_per_gpu or 0 for t in est.traced_terms if t.name in names)
+        mib = 2**20
+        print(
+            f"| {b} | {measured / mib:.1f} MiB | {traced / mib:.1f} MiB | "
+            f"{analytic / mib:.1f} MiB | {analytic / measured:.2f} | {t_part / mib:.1f} MiB | "
+            f"{a_part / mib:.1f} MiB | {a_part / t_part:.2f} |"
+        )
+    print(
+        "\nThe analytic peak adds gradients to the model states (resident between "
+        "backward and the step); the traced peak falls in the backward pass, when "
+        "`zero_grad(set_to_none=True)` has freed last step's gradients, so its gradient "
+        "term is 0. The per-sample part is 16 % under the trace at both batch sizes; we have "
+        "not broken that down tensor by tensor. Candidates are what the paper's per-layer "
+        "count leaves out: the final norm's and LM head's inputs, RMSNorm's saved "
+        "statistics, and activation gradients live during backward.\n"
+    )
+
+
 SECTIONS = {"1": section_model_states, "2": section_traced, "3": section_micro_batch}
 SECTIONS["4"] = section_speed
+SECTIONS["5"] = section_analytic
 
 
 def main() -> None:

@@ -66,7 +66,10 @@ ROLES = ("train", "inference")
 _SRC_ZERO = "Rajbhandari et al., ZeRO (SC'20, arXiv 1910.02054) §5a"
 _SRC_ACT = "Korthikanti et al. (MLSys'23, arXiv 2205.05198) §4"
 _SRC_KV = "2·L·kv_heads·head_dim·bytes per token (vLLM page_size_bytes; memory.md §5c)"
-_SRC_LOGITS = "memory.md §5b: logits b·s·V in 16 bit plus fp32 copies for the loss"
+_SRC_LOGITS = (
+    "memory.md §5b: logits b·s·V in 16 bit plus fp32 copies for the loss, and the fp32 "
+    "logits gradient of the backward pass (traced)"
+)
 _SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (memory.md §5d)"
 _SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL #964/#1685 (memory.md §5d); heuristic"
 _SRC_DDP = "DistributedDataParallel docs: gradient_as_bucket_view (memory.md §5d)"
@@ -474,8 +477,10 @@ def _per_sample_terms(shape: ModelShape, lay: _Layout) -> list[Term]:
             return terms
         act, formula = _activation_bytes(cfg, lay, b, s)
         terms.append(Term("activations", act, formula, _SRC_ACT, "activations"))
-        # bf16 logits, their fp32 upcast and the fp32 log-softmax kept for backward.
-        per = (PRECISIONS[lay.precision] + 8) if lay.precision != "fp32" else 8
+        # Live at once early in the backward pass: the logits (16-bit, plus their fp32
+        # upcast for the loss), the fp32 log-softmax kept for backward, and the fp32
+        # gradient of the logits being formed (the last seen in traces, bench §7.5).
+        per = (PRECISIONS[lay.precision] + 12) if lay.precision != "fp32" else 12
         logits = math.ceil(b * s * cfg.vocab_size * per / lay.tp)
         terms.append(
             Term(

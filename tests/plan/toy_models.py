@@ -101,3 +101,77 @@ class CustomOp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return opaque_scale(self.a(x))
+
+
+class _Config:
+    """The two things nbgpu reads from a transformers config: attributes and to_dict()."""
+
+    def __init__(self, **fields: object) -> None:
+        self.__dict__.update(fields)
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+class _Attention(nn.Module):
+    def __init__(self, d: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.v = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q = self.q(x).view(b, s, self.heads, self.hd).transpose(1, 2)
+        k = self.k(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.v(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(y.transpose(1, 2).reshape(b, s, d))
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, heads: int, kv_heads: int, inter: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.attn = _Attention(d, heads, kv_heads)
+        self.gate = nn.Linear(d, inter, bias=False)
+        self.up = nn.Linear(d, inter, bias=False)
+        self.down = nn.Linear(inter, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        h = self.norm2(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class TinyLlama(nn.Module):
+    """A Llama-shaped decoder (RMSNorm, GQA with SDPA, SwiGLU) with an HF-style config."""
+
+    def __init__(
+        self, vocab: int = 4096, d: int = 256, layers: int = 4, heads: int = 8, kv_heads: int = 2
+    ) -> None:
+        super().__init__()
+        inter = 688
+        self.config = _Config(
+            model_type="llama",
+            hidden_size=d,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            intermediate_size=inter,
+            vocab_size=vocab,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+        )
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(_Block(d, heads, kv_heads, inter) for _ in range(layers))
+        self.norm = nn.RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
