@@ -2,7 +2,8 @@
 
 It composes the one-idea modules: ``candidates`` (which GPUs may be used), ``assign``
 (which ones each role gets), ``ports`` (distinct free ports), ``batch`` (divisibility and
-splits) and ``memory`` (model states per GPU), and turns their verdicts into problems,
+splits) and ``estimate`` (every memory term per GPU, and the largest micro batch that
+fits the smallest GPU of a role), and turns their verdicts into problems,
 warnings and alternatives. An unusable GPU is never given a role: it is listed in
 ``excluded`` with its reason, and when the job cannot be placed without it the plan offers
 a smaller allocation (with a valid batch) and the steps that free the GPU.
