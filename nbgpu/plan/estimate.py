@@ -255,8 +255,42 @@ class MemoryEstimate(Result):
         for row, level in zip(table.rows, table.row_levels, strict=True):
             wide.add(*row, sources.get(row[0], ""), level=level)
         foot = "".join(f"<li>{html.escape(line)}</li>" for line in self._footer())
-        return f"<b>{html.escape(self._heading())}</b>{wide.html()}" + (
+        return f"<b>{html.escape(self._heading())}</b>{self._bar_html()}{wide.html()}" + (
             f"<ul>{foot}</ul>" if foot else ""
+        )
+
+    def _bar_html(self) -> str:
+        """One stacked bar of the answer's terms against the budget (static HTML)."""
+        import html  # noqa: PLC0415
+
+        terms = [t for t in (self.traced_terms or self.terms) if t.bytes_per_gpu]
+        scale = max(self.total_bytes, self.budget_bytes or 0) or 1
+        colours = {"model states": "#4e79a7", "activations": "#f28e2b", "kv": "#59a14f"}
+        colours |= {"reserve": "#9c755f", "margin": "#bab0ac"}
+        parts = []
+        for t in terms:
+            width = 100 * (t.bytes_per_gpu or 0) / scale
+            label = html.escape(f"{t.name}: {fmt_bytes(t.bytes_per_gpu)}")
+            parts.append(
+                f'<div title="{label}" style="display:inline-block;height:14px;'
+                f'width:{width:.2f}%;background:{colours.get(t.kind, "#888")}"></div>'
+            )
+        marker = ""
+        if self.budget_bytes:
+            left = 100 * self.budget_bytes / scale
+            marker = (
+                f'<div title="budget {fmt_bytes(self.budget_bytes)}" style="position:absolute;'
+                f'top:0;left:{left:.2f}%;height:14px;border-left:2px solid #c0392b"></div>'
+            )
+        legend = " ".join(
+            f'<span style="color:{c}">&#9632;</span> {html.escape(k)}' for k, c in colours.items()
+        )
+        if self.budget_bytes:
+            legend += ' <span style="color:#c0392b">|</span> budget'
+        return (
+            '<div style="position:relative;width:100%;max-width:640px;white-space:nowrap;'
+            f'background:#eee;margin:4px 0;font-size:0">{"".join(parts)}{marker}</div>'
+            f"<div>{legend}</div>"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -751,8 +785,9 @@ def estimate_memory(
         if fixed > budget_bytes:
             weights = result.term("weights")
             raise UserInputError(
-                f"budget={fmt_bytes(budget_bytes)} per GPU is smaller than what the "
-                f"{lay.role} needs before any sample ({fmt_bytes(fixed)}: weights "
+                f"budget={fmt_bytes(budget_bytes)} per GPU is smaller than what "
+                f"{'training' if lay.role == 'train' else 'serving'} needs before any sample "
+                f"({fmt_bytes(fixed)}: weights "
                 f"{fmt_bytes(weights.bytes_per_gpu if weights else None)}, optimizer and "
                 "reserves); expected a budget above that, more GPUs or a sharded strategy"
             )

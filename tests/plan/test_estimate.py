@@ -112,6 +112,7 @@ def test_every_term_carries_formula_and_source_in_every_view() -> None:
         assert escape(t.source.split(";")[0]) in html
     assert "Rajbhandari" in text
     assert "Korthikanti" in text
+    assert 'title="activations: ' in html  # the stacked bar, static HTML
     frame = est.to_frame()
     assert list(frame.columns) == list(est.FRAME_COLUMNS)
     assert len(frame) == len(est.terms)
