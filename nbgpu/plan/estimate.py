@@ -21,7 +21,7 @@ with it torch) only when a module is given.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -684,6 +684,18 @@ def _layout(
     )
 
 
+def _batch_size(example: Any) -> int | None:
+    """Dim 0 of the first tensor-like leaf of an example batch (None: no batch given)."""
+    if isinstance(example, Mapping):
+        example = next(iter(example.values()), None)
+    if isinstance(example, tuple | list):
+        example = example[0] if example else None
+    shape = getattr(example, "shape", None)
+    if shape is None or len(shape) == 0:
+        return None
+    return int(shape[0])
+
+
 def _is_module(model: Any) -> bool:
     return callable(getattr(model, "parameters", None)) and callable(
         getattr(model, "forward", None)
@@ -707,7 +719,7 @@ def estimate_memory(
     optimizer: str = "adamw",
     strategy: str = "ddp",
     world_size: int = 1,
-    micro_batch: int = 1,
+    micro_batch: int | None = None,
     seq_len: int | None = None,
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
@@ -724,6 +736,8 @@ def estimate_memory(
     foreach: bool = True,
 ) -> MemoryEstimate:
     """Per-GPU memory for *model*; see :func:`nbgpu.estimate` for the arguments."""
+    if micro_batch is None:
+        micro_batch = _batch_size(example_input) or 1
     lay = _layout(
         role=role,
         precision=precision,
@@ -917,7 +931,7 @@ class _Estimate:
             optimizer=optimizer,
             precision=kwargs.pop("precision", "fp32"),
             trace=False,
-            micro_batch=kwargs.pop("micro_batch", 1),
+            example_input=batch,  # the analytic micro batch is the batch's dim 0
             **kwargs,
         )
         return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)
