@@ -20,6 +20,7 @@ __all__ = [
     "diagnose",
     "doctor",
     "errors",
+    "estimate",
     "load_ipython_extension",
     "plan",
     "runs",
@@ -37,6 +38,7 @@ _LAZY = {
     "runs": "nbgpu.launch.registry",
     "plan": "nbgpu.plan",  # a callable module: nbgpu.plan(...), nbgpu.plan.sweep(...)
     "diagnose": "nbgpu.diagnose",  # a callable module: nbgpu.diagnose(run_or_path)
+    "estimate": "nbgpu.plan.estimate",  # nbgpu.estimate(...), nbgpu.estimate.compare(...)
 }
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from nbgpu.api import clean, doctor, status
     from nbgpu.launch.launcher import torchrun
     from nbgpu.launch.registry import runs
+    from nbgpu.plan.estimate import estimate
 else:
     from nbgpu import errors  # light: the exception tree only
 

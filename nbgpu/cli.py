@@ -6,6 +6,7 @@
     nbgpu run    [-n N] [--gpus 0,1] [--timeout S] [...] script.py [script args]
     nbgpu plan   [ALLOCATION] [--batch N] [--sweep RUNS] [--scale CONFIG --to N] [...]
     nbgpu diagnose FILE|DIR|- [--json] [--inventory]
+    nbgpu estimate MODEL [--strategy zero2] [--world-size 8] [--micro 4] [--seq-len 4096] [--json]
 
 Only parses arguments and calls the API (``nbgpu.api``, ``nbgpu.launch``,
 ``nbgpu.plan``, ``nbgpu.diagnose``). Exit codes: 0 fine; 1 a problem was found (doctor
@@ -16,6 +17,7 @@ process clean could not stop); 2 a usage error (one line on stderr, never a trac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -35,6 +37,70 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
         # argparse prints the whole usage block; one line is what we promise.
         raise UserInputError(f"{self.prog}: {message} (see `{self.prog} -h`)")
+
+
+def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "model", help="7B, 7.5e9, a model name (Qwen/Qwen2.5-7B-Instruct) or config.json"
+    )
+    p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
+    p.add_argument("--world-size", type=int, default=1, metavar="N", help="GPUs in the job")
+    p.add_argument("--micro", type=int, default=1, metavar="N", help="micro batch per GPU")
+    p.add_argument("--seq-len", type=int, default=None, metavar="N", help="tokens per sample")
+    p.add_argument("--precision", default="bf16", help="bf16 (default), fp16 or fp32")
+    p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
+    p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel degree")
+    p.add_argument("--role", default="train", help="train (default) or inference")
+    p.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
+    p.add_argument(
+        "--no-flash", action="store_true", help="attention scores materialised (5·a·s²·b)"
+    )
+    p.add_argument(
+        "--kv-tokens", type=int, default=None, metavar="N", help="inference: KV tokens per GPU"
+    )
+    p.add_argument(
+        "--budget", default=None, metavar="SIZE", help="per-GPU memory to fit, e.g. 80GB"
+    )
+    p.add_argument(
+        "--max-micro",
+        default=None,
+        metavar="auto",
+        help="with --budget: report the estimate at the largest micro batch that fits",
+    )
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from nbgpu.plan.estimate import estimate, largest_micro_batch  # noqa: PLC0415
+
+    kwargs: dict[str, Any] = {
+        "strategy": args.strategy,
+        "world_size": args.world_size,
+        "micro_batch": args.micro,
+        "seq_len": args.seq_len,
+        "precision": args.precision,
+        "optimizer": args.optimizer,
+        "tensor_parallel": args.tp,
+        "pipeline_parallel": args.pp,
+        "role": args.role,
+        "activation_checkpointing": args.checkpointing,
+        "flash_attention": not args.no_flash,
+        "kv_tokens": args.kv_tokens,
+    }
+    model: Any = args.model
+    with contextlib.suppress(ValueError):
+        model = float(model) if "e" in model.lower() and model[0].isdigit() else model
+    if args.max_micro is not None:
+        if args.max_micro.strip().lower() != "auto":
+            raise UserInputError(f"--max-micro {args.max_micro!r}: expected auto")
+        if args.budget is None:
+            raise UserInputError("--max-micro auto needs --budget SIZE (e.g. 80GB)")
+        result = largest_micro_batch(model, args.budget, **kwargs)
+    else:
+        result = estimate(model, budget=args.budget, **kwargs)
+    print(result.to_json() if args.json else result.text())
+    return EXIT_PROBLEM if result.fits is False else EXIT_OK
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -104,6 +170,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="place roles on GPUs, check batch sizes, sweeps, scaling")
     add_plan_arguments(p)
+
+    p = sub.add_parser("estimate", help="per-GPU memory of a model, term by term, no trials")
+    _add_estimate_arguments(p)
 
     p = sub.add_parser("run", help="run a script as a torchrun job, streaming every rank")
     p.add_argument(
@@ -267,6 +336,8 @@ def _run(args: argparse.Namespace) -> int:
         return _run_script(args)
     if args.command == "diagnose":
         return _diagnose(args)
+    if args.command == "estimate":
+        return _estimate(args)
     if args.command == "plan":
         result = plan_from_args(args)
         print(render_plan_output(result, args) or result.text())

@@ -25,6 +25,14 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, Any]:
     return out
 
 
+def _max_micro(value: str | None) -> int | str | None:
+    if value is None or value.strip().lower() == "auto":
+        return value
+    if not value.strip().isdigit() or int(value) < 1:
+        raise UserInputError(f"--max-micro {value!r}: expected a whole number >= 1 or auto")
+    return int(value)
+
+
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "allocation",
@@ -45,7 +53,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro", type=int, default=None, metavar="N", help="micro batch per GPU")
     p.add_argument("--accum", type=int, default=None, metavar="N", help="gradient accumulation")
     p.add_argument(
-        "--max-micro", type=int, default=None, metavar="N", help="largest micro batch that fits"
+        "--max-micro",
+        default=None,
+        metavar="N|auto",
+        help="largest micro batch per GPU; auto: computed from --model and --seq-len",
     )
     p.add_argument(
         "--divisor",
@@ -64,8 +75,20 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
-        metavar="7B|config.json",
-        help="parameter count or an HF config for the memory check",
+        metavar="7B|NAME|config.json",
+        help="parameter count, model name (Qwen/Qwen2.5-7B-Instruct) or HF config: memory check",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per sample: adds activations, logits and KV cache to the memory check",
+    )
+    p.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="count activations with full activation checkpointing",
     )
     p.add_argument("--precision", default=None, help="bf16 (default), fp16 or fp32")
     p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
@@ -157,7 +180,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         "global_batch": args.batch,
         "micro_batch": args.micro,
         "grad_accum": args.accum,
-        "max_micro_batch": args.max_micro,
+        "max_micro_batch": _max_micro(args.max_micro),
         "divisors": _pairs(args.divisor, "--divisor") or None,
         "step_divisors": _pairs(args.step_divisor, "--step-divisor") or None,
         "model": args.model,
@@ -167,6 +190,9 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         "base_port": args.base_port,
         "inventory": args.fleet,
     }
+    if args.seq_len is not None or args.checkpointing:
+        common["seq_len"] = args.seq_len
+        common["activation_checkpointing"] = args.checkpointing
     if args.scale is not None:
         from nbgpu.rank import parse_size  # noqa: PLC0415
 

@@ -121,3 +121,68 @@ def test_diagnose_a_log_file_and_stdin():
     missing = run(["diagnose", "/no/such/file.log"])
     assert missing.returncode == 2
     assert "no such file or directory" in missing.stderr
+
+
+def test_estimate_command_text_and_json():
+    args = ["estimate", "Qwen/Qwen2.5-7B-Instruct", "--strategy", "zero2", "--world-size", "8"]
+    args += ["--micro", "4", "--seq-len", "4096"]
+    out = run(args)
+    assert out.returncode == 0, out.stderr
+    assert "activations" in out.stdout
+    assert "Korthikanti" in out.stdout
+    data = json.loads(run([*args, "--json"]).stdout)
+    assert data["strategy"] == "zero2"
+    assert {t["name"] for t in data["terms"]} >= {"weights", "logits/loss", "NCCL buffers"}
+
+
+def test_estimate_command_largest_micro_and_bad_input():
+    out = run(
+        [
+            "estimate",
+            "llama-3.1-8b",
+            "--strategy",
+            "zero3",
+            "--world-size",
+            "8",
+            "--seq-len",
+            "4096",
+            "--checkpointing",
+            "--budget",
+            "40GB",
+            "--max-micro",
+            "auto",
+        ]
+    )
+    assert out.returncode == 0, out.stderr
+    assert "largest micro batch" in out.stdout
+    bad = run(["estimate", "7B", "--precision", "fp8"])
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1
+    assert "precision='fp8'" in bad.stderr
+    small = run(["estimate", "7B", "--budget", "10GB"])
+    assert small.returncode == 2
+    assert "smaller than" in small.stderr
+
+
+def test_plan_with_model_name_seq_len_and_max_micro_auto():
+    out = run(
+        [
+            "plan",
+            "d4t1p1",
+            "--fleet",
+            "4xA40",
+            "--model",
+            "Qwen/Qwen2.5-1.5B-Instruct",
+            "--seq-len",
+            "2048",
+            "--max-micro",
+            "auto",
+            "--strategy",
+            "zero2",
+            "--batch",
+            "64",
+        ]
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "logits/loss" in out.stdout
+    assert "largest micro batch" in out.stdout

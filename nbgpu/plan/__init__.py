@@ -150,13 +150,15 @@ def plan(
     global_batch: int | None = None,
     micro_batch: int | None = None,
     grad_accum: int | None = None,
-    max_micro_batch: int | None = None,
+    max_micro_batch: int | str | None = None,
     divisors: Divisors = None,
     step_divisors: Divisors = None,
     model: Any = None,
     precision: str = "bf16",
     strategy: str = "ddp",
     optimizer: str = "adamw",
+    seq_len: int | None = None,
+    activation_checkpointing: bool = False,
     base_port: int = DEFAULT_BASE_PORT,
     port_is_free: PortChecker | None = None,
     environ: Mapping[str, str] | None = None,
@@ -170,8 +172,11 @@ def plan(
     ``max_micro_batch``: checked against the first training role's data-parallel size;
     ``divisors`` must divide the global batch, ``step_divisors`` the ranks × micro batch
     (TRL GRPO's ``num_generations``). ``model`` (a parameter count, ``"7B"``, an HF config
-    dict or its ``config.json`` path, or a torch module) with ``precision``/``strategy``/``optimizer`` adds a per-GPU
-    memory check. ``port_is_free`` replaces the socket test (tests pass a function).
+    dict or its ``config.json`` path, a built-in name such as ``"Qwen/Qwen2.5-7B-Instruct"``,
+    or a torch module) with ``precision``/``strategy``/``optimizer`` adds a per-GPU
+    memory check of every term (:func:`nbgpu.estimate`); ``seq_len`` adds activations, logits
+    and the KV cache, and ``max_micro_batch="auto"`` computes the largest micro batch the
+    smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test (tests pass a function).
     """
     job = make_job(
         allocation,
@@ -189,6 +194,8 @@ def plan(
         strategy=strategy,
         optimizer=optimizer,
         base_port=base_port,
+        seq_len=seq_len,
+        activation_checkpointing=activation_checkpointing,
     )
     snapshot = _snapshot(inventory, environ)
     fleet, simulated = _fleet(snapshot)
@@ -212,13 +219,15 @@ def sweep(
     global_batch: int | None = None,
     micro_batch: int | None = None,
     grad_accum: int | None = None,
-    max_micro_batch: int | None = None,
+    max_micro_batch: int | str | None = None,
     divisors: Divisors = None,
     step_divisors: Divisors = None,
     model: Any = None,
     precision: str = "bf16",
     strategy: str = "ddp",
     optimizer: str = "adamw",
+    seq_len: int | None = None,
+    activation_checkpointing: bool = False,
     base_port: int = DEFAULT_BASE_PORT,
     port_is_free: PortChecker | None = None,
     environ: Mapping[str, str] | None = None,
@@ -248,6 +257,8 @@ def sweep(
         strategy=strategy,
         optimizer=optimizer,
         base_port=base_port,
+        seq_len=seq_len,
+        activation_checkpointing=activation_checkpointing,
     )
     pool = parse_gpu_list(gpus, "gpus")
     snapshot = _snapshot(inventory, environ)

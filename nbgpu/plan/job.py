@@ -51,6 +51,9 @@ class Job:
     optimizer: str = "adamw"
     base_port: int = DEFAULT_BASE_PORT
     name: str | None = None
+    seq_len: int | None = None  # tokens per sample: activations, logits and KV cache
+    activation_checkpointing: bool = False
+    max_micro_auto: bool = False  # max_micro_batch="auto": the largest that fits, computed
 
 
 def parse_gpu_list(value: GpuList, label: str) -> tuple[int, ...]:
@@ -123,7 +126,7 @@ def make_job(
     global_batch: int | None = None,
     micro_batch: int | None = None,
     grad_accum: int | None = None,
-    max_micro_batch: int | None = None,
+    max_micro_batch: int | str | None = None,
     divisors: Divisors = None,
     step_divisors: Divisors = None,
     model: Any = None,
@@ -132,6 +135,8 @@ def make_job(
     optimizer: str = "adamw",
     base_port: int = DEFAULT_BASE_PORT,
     name: str | None = None,
+    seq_len: int | None = None,
+    activation_checkpointing: bool = False,
 ) -> Job:
     """Validate everything the user gave; each mistake is one ``UserInputError`` line."""
     parsed = None if allocation is None else parse_allocation(allocation)
@@ -156,11 +161,25 @@ def make_job(
             f"require={','.join(map(str, required))} lists {len(required)} GPUs but the job "
             f"uses {total}; the degrees must multiply to the GPU count"
         )
+    auto = isinstance(max_micro_batch, str) and max_micro_batch.strip().lower() == "auto"
+    if isinstance(max_micro_batch, str) and not auto:
+        if not max_micro_batch.strip().isdigit():
+            raise UserInputError(
+                f"max_micro_batch={max_micro_batch!r}: expected a whole number >= 1 or 'auto'"
+            )
+        max_micro_batch = int(max_micro_batch)
+    if auto and (model is None or seq_len is None):
+        raise UserInputError(
+            "max_micro_batch='auto' needs model= (a name such as 'Qwen/Qwen2.5-7B-Instruct' or "
+            "an HF config.json) and seq_len= to compute what fits"
+        )
+    max_micro = None if auto or isinstance(max_micro_batch, str) else max_micro_batch
     for label, value in (
         ("global_batch", global_batch),
         ("micro_batch", micro_batch),
         ("grad_accum", grad_accum),
-        ("max_micro_batch", max_micro_batch),
+        ("max_micro_batch", max_micro),
+        ("seq_len", seq_len),
     ):
         _positive(label, value)
     if not 1 <= base_port <= MAX_PORT or isinstance(base_port, bool):
@@ -173,7 +192,7 @@ def make_job(
         global_batch=global_batch,
         micro_batch=micro_batch,
         grad_accum=grad_accum,
-        max_micro_batch=max_micro_batch,
+        max_micro_batch=max_micro,
         divisors=parse_divisors(divisors, "divisors"),
         step_divisors=parse_divisors(step_divisors, "step_divisors"),
         model=None if model is None else model_shape(model),
@@ -182,4 +201,7 @@ def make_job(
         optimizer=_choice("optimizer", optimizer, OPTIMIZERS),
         base_port=base_port,
         name=name,
+        seq_len=seq_len,
+        activation_checkpointing=bool(activation_checkpointing),
+        max_micro_auto=auto,
     )

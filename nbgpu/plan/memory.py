@@ -22,8 +22,8 @@ holds (Ψ = params / (tensor × pipeline degree)):
 
 Inference weights are P Ψ. KV cache per token (memory.md §5c) is
 ``2 · layers · ceil(kv_heads / tp) · head_dim · dtype_bytes`` bytes on each GPU.
-Activations, CUDA context, NCCL buffers and fragmentation are *not* in these numbers;
-results say so, and the estimator adds them as further lines of the same table.
+Activations, logits, CUDA context, NCCL buffers and fragmentation are *not* in these
+numbers: :mod:`nbgpu.plan.estimate` adds them as further terms of the same estimate.
 
 Pure arithmetic: imports nothing of nbgpu but ``errors``; never torch (a module's
 parameters are counted by duck typing).
@@ -34,10 +34,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
+from nbgpu.plan.models import ModelConfig, read_hf_config, resolve_model_config
 
 __all__ = [
     "OPTIMIZERS",
@@ -51,6 +52,7 @@ __all__ = [
     "model_shape",
     "model_states",
     "normalize_precision",
+    "shape_from_config",
     "weight_bytes",
 ]
 
@@ -233,6 +235,9 @@ class ModelShape:
     head_dim: int | None = None
     vocab_size: int | None = None
     dtype: str | None = None  # the config's torch_dtype, normalised (bf16/fp16/fp32)
+    # The full architecture (MLP width, tied embeddings, experts) when the input named it:
+    # a built-in model name or a config.json; the activation formulas need it.
+    config: ModelConfig | None = None
 
     @property
     def has_kv_shape(self) -> bool:
@@ -241,104 +246,34 @@ class ModelShape:
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
 _SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
-_GATED_TYPES = (
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen",
-    "gemma",
-    "phi3",
-    "olmo",
-    "internlm",
-    "deepseek",
-    "yi",
-    "baichuan",
-    "granite",
-)
 _MODEL_FORMS = (
-    "expected a parameter count (7_000_000_000 or '7B'), an HF config dict "
-    "(hidden_size, num_hidden_layers, num_attention_heads, vocab_size ...) or a torch module"
+    "expected a parameter count (7_000_000_000 or '7B'), a built-in model name "
+    "('Qwen/Qwen2.5-7B-Instruct'), an HF config.json (path or dict) or a torch module"
 )
 
 
-def _config_int(config: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def _from_hf_config(config: Mapping[str, Any]) -> ModelShape:
-    # Vision-language configs keep the language model under text_config / llm_config.
-    for nested in ("text_config", "llm_config", "language_config"):
-        inner = config.get(nested)
-        if isinstance(inner, Mapping) and "num_hidden_layers" not in config:
-            merged = {**inner, **{k: v for k, v in config.items() if k == "torch_dtype"}}
-            return _from_hf_config(merged)
-    hidden = _config_int(config, "hidden_size", "n_embd", "d_model")
-    layers = _config_int(config, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _config_int(config, "num_attention_heads", "n_head", "num_heads")
-    vocab = _config_int(config, "vocab_size")
-    if None in (hidden, layers, heads, vocab):
-        missing = [
-            name
-            for name, value in (
-                ("hidden_size", hidden),
-                ("num_hidden_layers", layers),
-                ("num_attention_heads", heads),
-                ("vocab_size", vocab),
-            )
-            if value is None
-        ]
-        raise UserInputError(f"model config lacks {', '.join(missing)}; {_MODEL_FORMS}")
-    # Narrowing for mypy; the raise above covers every None.
-    assert hidden is not None  # noqa: S101
-    assert layers is not None  # noqa: S101
-    assert heads is not None  # noqa: S101
-    assert vocab is not None  # noqa: S101
-    kv_heads = _config_int(config, "num_key_value_heads", "num_kv_heads") or heads
-    head_dim = _config_int(config, "head_dim") or hidden // heads
-    intermediate = _config_int(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden
-    experts = _config_int(config, "num_local_experts", "num_experts", "n_routed_experts") or 1
-    model_type = str(config.get("model_type", "")).lower()
-    act = str(config.get("hidden_act", config.get("activation_function", ""))).lower()
-    gated = model_type.startswith(_GATED_TYPES) or act in ("silu", "swish", "swiglu")
-    explicit = _config_int(config, "num_parameters", "n_params", "num_params")
-    if explicit is not None:
-        parameters = explicit
-    else:
-        # Llama-style decoder: attention q,o (h × heads·hd) and k,v (h × kv·hd); MLP with
-        # 3 matrices when gated (SwiGLU), else 2; two norms per layer; embeddings, plus an
-        # LM head unless tied. Biases and MoE routers are ignored (well under 1 %).
-        attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
-        mlp = (3 if gated else 2) * hidden * intermediate * experts
-        per_layer = attention + mlp + 2 * hidden
-        tied = bool(config.get("tie_word_embeddings", True))  # transformers' default
-        embeddings = vocab * hidden * (1 if tied else 2)
-        parameters = layers * per_layer + embeddings + hidden
-    dtype_text = config.get("torch_dtype") or config.get("dtype")
-    dtype = None
-    if isinstance(dtype_text, str):
-        key = _DTYPE_ALIASES.get(dtype_text.lower().removeprefix("torch."), dtype_text.lower())
-        dtype = key if key in PRECISIONS else None
+def shape_from_config(config: ModelConfig, source: str = "HF config") -> ModelShape:
+    """The formulas' view of a :class:`~nbgpu.plan.models.ModelConfig`."""
     return ModelShape(
-        parameters=parameters,
-        source="HF config",
-        num_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=vocab,
-        dtype=dtype,
+        parameters=config.parameters,
+        source=source,
+        num_layers=config.num_layers,
+        hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        vocab_size=config.vocab_size,
+        dtype=config.dtype,
+        config=config,
     )
 
 
 def model_shape(model: Any) -> ModelShape:
-    """Read a model description: an int, ``"7B"``, an HF config dict or a torch module."""
+    """Read a model: a count, ``"7B"``, a built-in name, a config.json path/dict or a module."""
     if isinstance(model, ModelShape):
         return model
+    if isinstance(model, ModelConfig):
+        return shape_from_config(model, model.name)
     if isinstance(model, bool):
         raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
     if isinstance(model, int):
@@ -349,13 +284,16 @@ def model_shape(model: Any) -> ModelShape:
     if isinstance(model, str):
         m = _SIZE.match(model.replace("_", ""))
         if m is None:
-            raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
+            if not model.strip() or model.strip()[0].isdigit():
+                raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
+            config = resolve_model_config(model)
+            return shape_from_config(config, config.name)
         count = round(float(m.group(1)) * _SCALE[m.group(2).lower()])
         if count < 1:
             raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
         return ModelShape(parameters=count, source=model.strip())
     if isinstance(model, Mapping):
-        return _from_hf_config(model)
+        return shape_from_config(read_hf_config(model))
     parameters_fn = getattr(model, "parameters", None)
     if callable(parameters_fn):
         # Tied weights appear once per module that shares them: count each tensor once.
@@ -364,16 +302,16 @@ def model_shape(model: Any) -> ModelShape:
             seen[id(tensor)] = int(tensor.numel())
         if not seen:
             raise UserInputError(f"model {type(model).__name__} has no parameters")
-        shape = None
-        config = getattr(model, "config", None)
-        if config is not None and hasattr(config, "to_dict"):
+        shape: ModelShape | None = None
+        hf_config = getattr(model, "config", None)
+        if hf_config is not None and hasattr(hf_config, "to_dict"):
             try:
-                shape = _from_hf_config(config.to_dict())
+                shape = shape_from_config(read_hf_config(hf_config.to_dict()), "torch module")
             except UserInputError:
                 shape = None
         total = sum(seen.values())
         if shape is not None:
-            return ModelShape(**{**shape.__dict__, "parameters": total, "source": "torch module"})
+            return replace(shape, parameters=total)
         return ModelShape(parameters=total, source="torch module")
     raise UserInputError(f"model of type {type(model).__name__}: {_MODEL_FORMS}")
 

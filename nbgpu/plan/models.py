@@ -17,7 +17,7 @@ Public API (stable: ``plan/scale.py`` uses it):
 - :func:`resolve_model_config` - any of the above from one argument (name, path or dict);
 - :data:`BUILTIN_MODELS` - every built-in shape by canonical repo name.
 
-Imports nothing of nbgpu but ``errors``; never torch.
+Imports nothing of nbgpu but ``errors`` and ``files`` (which reads the file); never torch.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nbgpu.errors import UserInputError
+from nbgpu.plan.files import read_text
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -422,11 +423,10 @@ def _load(source: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, Any], st
     path = Path(source).expanduser()
     if path.is_dir():
         path = path / "config.json"
+    text = read_text(path, "config")  # files.py: the one module of plan/ that reads files
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserInputError(f"config {str(source)!r}: no such file") from None
-    except (OSError, ValueError) as exc:
+        data = json.loads(text)
+    except ValueError as exc:
         raise UserInputError(f"config {str(source)!r}: not readable JSON ({exc})") from None
     if not isinstance(data, Mapping):
         raise UserInputError(f"config {str(source)!r}: expected a JSON object")

@@ -2,7 +2,8 @@
 
 It composes the one-idea modules: ``candidates`` (which GPUs may be used), ``assign``
 (which ones each role gets), ``ports`` (distinct free ports), ``batch`` (divisibility and
-splits) and ``memory`` (model states per GPU), and turns their verdicts into problems,
+splits) and ``estimate`` (every memory term per GPU, and the largest micro batch that
+fits the smallest GPU of a role), and turns their verdicts into problems,
 warnings and alternatives. An unusable GPU is never given a role: it is listed in
 ``excluded`` with its reason, and when the job cannot be placed without it the plan offers
 a smaller allocation (with a valid batch) and the steps that free the GPU.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
@@ -23,8 +25,9 @@ from nbgpu.plan.assign import assign, order_pool
 from nbgpu.plan.batch import BatchCheck, check_batch
 from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.colocate import colocation_issues, own_gpus, shared_groups
+from nbgpu.plan.estimate import estimate_memory
 from nbgpu.plan.job import Job
-from nbgpu.plan.memory import PRECISIONS, STRATEGIES, model_states, weight_bytes
+from nbgpu.plan.memory import STRATEGIES, model_states
 from nbgpu.plan.ports import PortChecker, pick_ports
 from nbgpu.plan.result import (
     Alternative,
@@ -38,19 +41,6 @@ from nbgpu.plan.result import (
 )
 
 __all__ = ["build_plan", "gpu_span", "resolve_allocation"]
-
-# Overheads the estimator issue will add as lines of the same memory table.
-NOT_ESTIMATED_TRAIN = (
-    "activations",
-    "CUDA context (~0.3-0.6 GiB per process)",
-    "NCCL buffers (~0.5-1 GiB per communicator)",
-    "fragmentation (plan 5-10 %)",
-)
-NOT_ESTIMATED_INFERENCE = (
-    "KV cache (the engine's memory fraction decides it)",
-    "CUDA context (~0.3-0.6 GiB per process)",
-    "NCCL buffers (~0.5-1 GiB per communicator)",
-)
 
 
 def gpu_span(indices: Sequence[int]) -> str:
@@ -151,12 +141,44 @@ def _batch_issue(check: BatchCheck, role: str) -> Issue:
     return Issue("batch", f"role {role}: {check.reason}", fixes)
 
 
-def _memory_check(role: RolePlan, job: Job) -> MemoryCheck:
+def _estimate(role: RolePlan, job: Job, micro_batch: int, budget: int | None = None) -> Any:
     assert job.model is not None  # noqa: S101  (callers check)
-    params = job.model.parameters
+    return estimate_memory(
+        job.model,
+        role="train" if role.kind == "train" else "inference",
+        precision=job.precision,
+        optimizer=job.optimizer,
+        strategy=job.strategy if role.kind == "train" else "ddp",
+        world_size=role.data_parallel * role.tensor_parallel * role.pipeline_parallel,
+        micro_batch=micro_batch,
+        seq_len=job.seq_len,
+        tensor_parallel=role.tensor_parallel,
+        pipeline_parallel=role.pipeline_parallel,
+        activation_checkpointing=job.activation_checkpointing,
+        budget=budget,
+    )
+
+
+def _micro(job: Job, batch: BatchCheck | None) -> int:
+    if batch is not None and batch.micro_batch is not None:
+        return batch.micro_batch
+    return job.micro_batch or 1
+
+
+def _memory_check(role: RolePlan, job: Job, batch: BatchCheck | None = None) -> MemoryCheck:
+    assert job.model is not None  # noqa: S101  (callers check)
+    micro = _micro(job, batch) if role.kind == "train" else (job.micro_batch or 1)
+    est = _estimate(role, job, micro)
+    lines = tuple(
+        MemoryLine(t.name, int(t.bytes_per_gpu or 0), t.formula, t.source)
+        for t in est.terms
+        if t.bytes_per_gpu is not None
+    )
+    missing = tuple(f"{t.name} ({t.formula})" for t in est.terms if t.bytes_per_gpu is None)
+    what = f"micro batch {micro}" + (f" × seq {job.seq_len}" if job.seq_len else "")
     if role.kind == "train":
         states = model_states(
-            params,
+            job.model.parameters,
             strategy=job.strategy,
             precision=job.precision,
             optimizer=job.optimizer,
@@ -164,24 +186,17 @@ def _memory_check(role: RolePlan, job: Job) -> MemoryCheck:
             tensor_parallel=role.tensor_parallel,
             pipeline_parallel=role.pipeline_parallel,
         )
-        formula = states.formula
-        lines: tuple[MemoryLine, ...] = (
-            MemoryLine("parameters", states.params_bytes, formula),
-            MemoryLine("gradients", states.grads_bytes, formula),
-            MemoryLine("optimizer", states.optimizer_bytes, formula),
+        accounting = (
+            f"{states.accounting.text}; {states.formula} with Ψ = {job.model.parameters:,} "
+            f"parameters; {what}"
         )
-        accounting = f"{states.accounting.text}; {formula} with Ψ = {params:,} parameters"
-        missing: tuple[str, ...] = NOT_ESTIMATED_TRAIN
     else:
-        size = weight_bytes(params, job.precision, role.tensor_parallel, role.pipeline_parallel)
-        shard = role.tensor_parallel * role.pipeline_parallel
-        size_per = PRECISIONS[job.precision]
-        formula = f"{job.precision} weights {size_per} B × Ψ" + (f" / {shard}" if shard > 1 else "")
-        lines = (MemoryLine("weights", size, formula),)
-        accounting = f"{formula} with Ψ = {params:,} parameters"
-        missing = NOT_ESTIMATED_INFERENCE
+        accounting = f"{job.precision} weights with Ψ = {job.model.parameters:,}; {what}"
     known = [g for g in role.gpus if _free(g) is not None]
     smallest = min(known, key=lambda g: _free(g) or 0) if known else None
+    largest = None
+    if role.kind == "train" and smallest is not None and job.seq_len is not None:
+        largest = _largest_micro(role, job, _free(smallest) or 0)
     return MemoryCheck(
         role=role.name,
         lines=lines,
@@ -189,7 +204,19 @@ def _memory_check(role: RolePlan, job: Job) -> MemoryCheck:
         available_bytes=None if smallest is None else _free(smallest),
         deciding_gpu=None if smallest is None else smallest.nvml_index,
         not_estimated=missing,
+        gpu_free=tuple((g.nvml_index, _free(g)) for g in role.gpus),
+        micro_batch=micro,
+        max_micro_batch=largest,
     )
+
+
+def _largest_micro(role: RolePlan, job: Job, budget: int) -> int | None:
+    """The largest micro batch within *budget*, computed (memory is affine in it)."""
+    try:
+        est = _estimate(role, job, 1, budget=budget)
+    except UserInputError:
+        return 0  # the budget does not even hold the model states and reserves
+    return est.max_micro_batch  # type: ignore[no-any-return]
 
 
 def _free(gpu: PlannedGpu) -> int | None:
@@ -202,30 +229,26 @@ def _memory_issues(
     need, have = fmt_bytes(check.needed_bytes), fmt_bytes(check.available_bytes)
     gpu = check.deciding_gpu
     if check.fits is False:
-        what = "model states" if role.kind == "train" else "weights"
+        what = "training" if role.kind == "train" else "serving"
         fixes = []
         if role.kind == "train" and job.model is not None:
             names = list(STRATEGIES)
             for strategy in names[names.index(job.strategy) + 1 :]:
-                other = model_states(
-                    job.model.parameters,
-                    strategy=strategy,
-                    precision=job.precision,
-                    optimizer=job.optimizer,
-                    data_parallel=role.data_parallel,
-                    tensor_parallel=role.tensor_parallel,
-                    pipeline_parallel=role.pipeline_parallel,
-                )
-                if other.total_bytes <= (check.available_bytes or 0):
-                    fixes.append(
-                        f"strategy='{strategy}' needs {fmt_bytes(other.total_bytes)} per GPU"
-                    )
+                other = _estimate(
+                    role, replace(job, strategy=strategy), check.micro_batch or 1
+                ).total_bytes
+                if other <= (check.available_bytes or 0):
+                    fixes.append(f"strategy='{strategy}' needs {fmt_bytes(other)} per GPU")
                     break
+        if check.max_micro_batch:
+            fixes.append(f"micro_batch={check.max_micro_batch} fits (computed, not tried)")
+        elif role.kind == "train" and job.seq_len is not None:
+            fixes.append("activation_checkpointing=True keeps one layer's activations")
         fixes.append("more GPUs for this role shrink every sharded part")
         problems.append(
             Issue(
                 "memory",
-                f"role {role.name}: {what} need {need} per GPU but GPU {gpu} has {have} free",
+                f"role {role.name}: {what} needs {need} per GPU but GPU {gpu} has {have} free",
                 tuple(fixes),
             )
         )
@@ -233,8 +256,8 @@ def _memory_issues(
         warnings.append(
             Issue(
                 "memory_tight",
-                f"role {role.name}: {need} of GPU {gpu}'s {have} free go to model states; "
-                "activations, the CUDA context and NCCL buffers must fit in the rest",
+                f"role {role.name}: {need} of GPU {gpu}'s {have} free are needed; "
+                "little room is left for what the estimate cannot see",
             )
         )
 
@@ -263,6 +286,8 @@ def _role_checks(
     job: Job,
     problems: list[Issue],
     warnings: list[Issue],
+    *,
+    batch: BatchCheck | None = None,
 ) -> list[MemoryCheck]:
     """Caveats of the GPUs given out, mixed sizes, and memory per role."""
     memory = []
@@ -279,10 +304,35 @@ def _role_checks(
         if mixed is not None:
             warnings.append(mixed)
         if job.model is not None:
-            check = _memory_check(role, job)
+            check = _memory_check(role, job, batch)
             memory.append(check)
             _memory_issues(check, role, job, problems, warnings)
     return memory
+
+
+def _auto_max_micro(roles: Sequence[RolePlan], job: Job, warnings: list[Issue]) -> Job:
+    """``max_micro_batch='auto'``: the largest micro batch the first trainer's GPUs hold."""
+    if not job.max_micro_auto or job.model is None:
+        return job
+    trainer = next((r for r in roles if r.kind == "train" and r.gpus), None)
+    known = [] if trainer is None else [g for g in trainer.gpus if _free(g) is not None]
+    if trainer is None or not known:
+        warnings.append(Issue("max_micro", "max_micro_batch='auto': no GPU sizes to fit into"))
+        return job
+    smallest = min(known, key=lambda g: _free(g) or 0)
+    largest = _largest_micro(trainer, job, _free(smallest) or 0)
+    if not largest:
+        # The memory check reports what does not fit; the batch check gets no limit.
+        return job
+    warnings.append(
+        Issue(
+            "max_micro",
+            f"role {trainer.name}: max_micro_batch={largest} is the largest that fits GPU "
+            f"{smallest.nvml_index}'s {fmt_bytes(_free(smallest))} free (computed from the "
+            "memory estimate, no trial runs)",
+        )
+    )
+    return replace(job, max_micro_batch=largest)
 
 
 def _smaller(allocation: Allocation, usable: int) -> Allocation | None:
@@ -460,10 +510,11 @@ def build_plan(
                 )
             )
     roles = _role_plans(allocation, groups, ports)
+    job = _auto_max_micro(roles, job, warnings)
     batch = _batch(allocation, job, warnings)
     if batch is not None and not batch.ok:
         problems.append(_batch_issue(batch, allocation.train_roles[0].name))
-    memory = _role_checks(roles, by_index, job, problems, warnings)
+    memory = _role_checks(roles, by_index, job, problems, warnings, batch=batch)
     colocation_issues(roles, memory, problems, warnings)
     plan = Plan(
         allocation=allocation.text,

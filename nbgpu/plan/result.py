@@ -163,9 +163,10 @@ class RolePlan:
 class MemoryLine:
     """One component of per-GPU memory: bytes on each GPU of the role, and how computed."""
 
-    component: str  # "parameters", "gradients", "optimizer state", "weights"
+    component: str  # "weights", "gradients", "optimizer states", "activations", ...
     bytes_per_gpu: int
     formula: str
+    source: str = ""  # where the formula comes from (paper, docs, measurement)
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,10 @@ class MemoryCheck:
     accounting: str  # the stated byte accounting, e.g. "bf16 params 2 B + grads 2 B + ..."
     available_bytes: int | None  # free memory of the GPU that decides (the smallest)
     deciding_gpu: int | None  # its NVML index
-    not_estimated: tuple[str, ...] = ()  # components not in the lines (yet)
+    not_estimated: tuple[str, ...] = ()  # terms the input cannot give (no shape, no seq_len)
+    gpu_free: tuple[tuple[int, int | None], ...] = ()  # (NVML index, free bytes) per GPU
+    micro_batch: int | None = None  # the micro batch the activations are counted for
+    max_micro_batch: int | None = None  # the largest that fits the deciding GPU (computed)
 
     @property
     def needed_bytes(self) -> int:
@@ -309,22 +313,39 @@ class Plan(Result):
         return table
 
     def _memory_table(self) -> Table:
-        table = Table(
-            ["role", "per GPU: params + grads + optimizer", "needed", "free (GPU)", "fits"]
-        )
+        table = Table(["role", "term", "per GPU", "formula"], flex=3)
         for m in self.memory:
-            parts = " + ".join(fmt_bytes(line.bytes_per_gpu) for line in m.lines)
-            if len(m.lines) == 1:
-                parts = f"{m.lines[0].component} {parts}"
+            for line in m.lines:
+                table.add(m.role, line.component, fmt_bytes(line.bytes_per_gpu), line.formula)
+            for missing in m.not_estimated:
+                name, _, why = missing.partition(" (")
+                table.add(m.role, name, "?", why.rstrip(")"), level="warn")
             free = (
-                "-"
+                "free: ?"
                 if m.available_bytes is None
-                else f"{fmt_bytes(m.available_bytes)} ({m.deciding_gpu})"
+                else f"free {fmt_bytes(m.available_bytes)} on GPU {m.deciding_gpu}"
             )
-            fits = {True: "yes", False: "NO", None: "?"}[m.fits]
+            fits = {True: "fits", False: "does NOT fit", None: "not compared"}[m.fits]
             level = "bad" if m.fits is False else ("warn" if m.tight else "")
-            table.add(m.role, parts, fmt_bytes(m.needed_bytes), free, fits, level=level)
+            table.add(m.role, "total", fmt_bytes(m.needed_bytes), f"{fits}: {free}", level=level)
         return table
+
+    def _memory_lines(self) -> list[str]:
+        lines = []
+        for m in self.memory:
+            if len(m.gpu_free) > 1:
+                each = ", ".join(f"GPU {i} {fmt_bytes(b)}" for i, b in m.gpu_free)
+                lines.append(wrap(f"free memory {m.role}: {each} (the smallest decides)", ""))
+            if m.max_micro_batch is not None:
+                lines.append(
+                    wrap(
+                        f"largest micro batch {m.role}: {m.max_micro_batch} within GPU "
+                        f"{m.deciding_gpu}'s free memory (computed from the estimate, no "
+                        "trials)",
+                        "",
+                    )
+                )
+        return lines
 
     def _excluded_lines(self) -> list[str]:
         return [
@@ -348,9 +369,15 @@ class Plan(Result):
             lines.append(f"batch: {self.batch.summary}")
         if self.memory:
             lines.extend(wrap(f"memory {m.role}: {m.accounting}", "") for m in self.memory)
-            missing = dict.fromkeys(x for m in self.memory for x in m.not_estimated)
-            if missing:
-                lines.append(wrap("not counted yet: " + ", ".join(missing), "  "))
+            lines.extend(self._memory_lines())
+            if any(m.not_estimated for m in self.memory):
+                lines.append(
+                    wrap(
+                        "memory terms marked ? need the model's shape (a name such as "
+                        "'Qwen/Qwen2.5-7B-Instruct' or an HF config.json) and seq_len",
+                        "  ",
+                    )
+                )
         elif self.roles and self.roles[0].gpus:
             lines.append("memory: not checked (pass model= to compare with free memory)")
         if self.cuda_visible_devices and len(self.roles) > 1:

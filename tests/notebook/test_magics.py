@@ -118,3 +118,16 @@ def test_gpu_clean_without_stdin_asks_nobody(ip):
     # A plain InteractiveShell has stdin; with nothing stale there is nothing to ask.
     report = ip.run_line_magic("gpu_clean", "")
     assert report.outcomes == ()
+
+
+def test_gpu_plan_memory_terms_and_max_micro_auto(ip):
+    ip.run_line_magic("env", "NBGPU_SIMULATE=4xA40")
+    plan = ip.run_line_magic(
+        "gpu_plan",
+        "d4 --model Qwen/Qwen2.5-1.5B-Instruct --seq-len 2048 --max-micro auto --batch 64 "
+        "--strategy zero2",
+    )
+    (check,) = plan.memory
+    assert check.max_micro_batch >= 1
+    assert "logits/loss" in [line.component for line in check.lines]
+    assert "logits/loss" in plan.html()

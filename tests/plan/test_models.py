@@ -127,5 +127,5 @@ def test_missing_fields_are_named_in_one_line(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(UserInputError, match="not readable JSON"):
         read_hf_config(bad)
-    with pytest.raises(UserInputError, match="no such file"):
+    with pytest.raises(UserInputError, match="does not exist"):
         read_hf_config(tmp_path / "missing.json")

@@ -4,6 +4,7 @@ import pytest
 
 import nbgpu.plan
 from nbgpu.errors import UserInputError
+from nbgpu.plan.estimate import estimate
 
 from .conftest import all_free
 
@@ -126,9 +127,13 @@ def test_memory_fits_and_states_its_accounting(inventory):
     assert p.ok
     (check,) = p.memory
     assert check.fits
-    assert [line.component for line in check.lines] == ["parameters", "gradients", "optimizer"]
-    assert check.needed_bytes == 4 * 10**9  # 16 B × 1e9 / 4
-    assert "activations" in check.not_estimated
+    names = [line.component for line in check.lines]
+    assert names[:3] == ["weights", "gradients", "optimizer states"]
+    assert {"CUDA context", "NCCL buffers", "fragmentation"} <= set(names)
+    states = sum(line.bytes_per_gpu for line in check.lines[:3])
+    assert states == 4 * 10**9  # 16 B × 1e9 / 4
+    # a bare parameter count has no shape: activations are named as not computable
+    assert any(x.startswith("activations") for x in check.not_estimated)
 
 
 def test_model_from_an_hf_config_file(tmp_path, inventory):
@@ -252,3 +257,64 @@ def test_colocated_roles_share_gpus_and_are_told_what_that_means_for_memory(inve
     assert problem.fixes == ("'+' instead of '|' gives each role GPUs of its own",)
     assert nbgpu.plan.plan_from_json(big.to_json()) == big
     assert plan(inventory("healthy"), "sglang:d2+fsdp:d2", model="2.8B").ok
+
+
+def test_memory_table_has_every_term_for_a_named_model(mixed_path):
+    p = plan(
+        mixed_path,
+        "d3t1p1",
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        strategy="zero2",
+        seq_len=2048,
+        micro_batch=2,
+    )
+    (check,) = p.memory
+    names = [line.component for line in check.lines]
+    for term in ("weights", "activations", "logits/loss", "CUDA context", "NCCL buffers"):
+        assert term in names
+    assert check.not_estimated == ()
+    assert all(line.formula and line.source for line in check.lines)
+    assert len(check.gpu_free) == 3
+    # the 40 GB A100 decides, and the text names every GPU's free memory
+    assert check.deciding_gpu == 2
+    text = p.text()
+    assert "logits/loss" in text
+    assert "free memory train: GPU 0" in text
+    assert "GPU 2 39.5 GiB" in text
+    assert "not counted" not in text
+
+
+def test_max_micro_auto_is_computed_from_the_smallest_gpu(mixed_path):
+    p = plan(
+        mixed_path,
+        "d3t1p1",
+        model="Qwen/Qwen2.5-1.5B-Instruct",
+        strategy="zero2",
+        seq_len=2048,
+        global_batch=48,
+        max_micro_batch="auto",
+    )
+    (check,) = p.memory
+    largest = check.max_micro_batch
+    assert largest is not None
+    assert largest >= 1
+    assert p.batch.max_micro_batch == largest
+    assert p.batch.micro_batch <= largest
+    assert any(w.code == "max_micro" for w in p.warnings)
+    # one more sample than the computed largest does not fit the 40 GB GPU
+    over = estimate(
+        "Qwen/Qwen2.5-1.5B-Instruct",
+        strategy="zero2",
+        world_size=3,
+        seq_len=2048,
+        micro_batch=largest + 1,
+        budget=check.available_bytes,
+    )
+    assert over.fits is False
+
+
+def test_max_micro_auto_needs_a_model_and_a_sequence_length(mixed_path):
+    with pytest.raises(UserInputError, match="needs model="):
+        plan(mixed_path, "d2", model="7B", max_micro_batch="auto")
+    with pytest.raises(UserInputError, match="'many'"):
+        plan(mixed_path, "d2", max_micro_batch="many")
