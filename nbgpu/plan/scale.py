@@ -54,7 +54,7 @@ from nbgpu.plan.memory import (
     normalize_precision,
     weight_bytes,
 )
-from nbgpu.plan.result import Issue, notes_text
+from nbgpu.plan.result import Issue, notes_html, notes_text
 from nbgpu.plan.yamltext import dump_yaml, format_scalar
 
 __all__ = [
@@ -250,11 +250,7 @@ class ScalePlan(Result):
         parts = [f"<b>{escape(self._title())}</b>", self._table().html()]
         if self.kv is not None:
             parts.append(f"<div>{escape(self.kv.text)}</div>")
-        items = "".join(
-            f"<li>{escape(n.strip())}</li>" for n in notes_text(self.problems, self.warnings)
-        )
-        if items:
-            parts.append(f"<ul>{items}</ul>")
+        parts.append(notes_html(self.problems, self.warnings))
         parts.append(f"<pre>{escape(self.diff())}</pre>")
         return "".join(parts)
 

@@ -24,7 +24,15 @@ from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.job import Job
 from nbgpu.plan.planner import build_plan, gpu_span
 from nbgpu.plan.ports import PortChecker
-from nbgpu.plan.result import ExcludedGpu, Issue, Plan, fit_title, notes_text, plan_from_dict
+from nbgpu.plan.result import (
+    ExcludedGpu,
+    Issue,
+    Plan,
+    fit_title,
+    notes_html,
+    notes_text,
+    plan_from_dict,
+)
 from nbgpu.plan.serial import from_data, to_data
 
 __all__ = ["SWEEP_FORMAT", "SweepPlan", "build_sweep", "sweep_from_dict"]
@@ -49,6 +57,9 @@ class SweepPlan(Result):
     @property
     def ok(self) -> bool:
         return not self.problems and bool(self.runs) and all(r.ok for r in self.runs)
+
+    def simulated_fleet(self) -> str | None:
+        return self.fleet if self.simulated else None
 
     def _title(self) -> str:
         source = f"SIMULATED fleet '{self.fleet}'" if self.simulated else f"host {self.fleet}"
@@ -102,9 +113,7 @@ class SweepPlan(Result):
         if self.excluded:
             left = "; ".join(f"GPU {e.nvml_index} ({e.verdict})" for e in self.excluded)
             parts.append(f"<div>left out: {escape(left)}</div>")
-        items = "".join(f"<li>{escape(line.strip())}</li>" for line in notes_text(*self._issues()))
-        if items:
-            parts.append(f"<ul>{items}</ul>")
+        parts.append(notes_html(*self._issues()))
         return "".join(parts)
 
     def records(self) -> list[dict[str, Any]]:
