@@ -227,10 +227,13 @@ class GPUMagics(Magics):
 
 
 def register(ipython: Any) -> None:
-    from nbgpu.notebook.launch_magics import LaunchMagics  # noqa: PLC0415
+    from nbgpu.notebook.launch_magics import LaunchMagics, keep_empty_cell_body  # noqa: PLC0415
 
     ipython.register_magics(GPUMagics)
     ipython.register_magics(LaunchMagics)
+    cleanup = getattr(ipython, "input_transformers_cleanup", None)
+    if cleanup is not None and keep_empty_cell_body not in cleanup:
+        cleanup.append(keep_empty_cell_body)
 
 
 def unregister(ipython: Any) -> None:
@@ -242,3 +245,8 @@ def unregister(ipython: Any) -> None:
         manager.magics["cell"].pop(name, None)
     manager.registry.pop("GPUMagics", None)
     manager.registry.pop("LaunchMagics", None)
+    from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
+
+    cleanup = getattr(ipython, "input_transformers_cleanup", [])
+    while keep_empty_cell_body in cleanup:
+        cleanup.remove(keep_empty_cell_body)
