@@ -221,11 +221,11 @@ class Result:
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per record (pandas is imported only here).
 
-        A frame from a simulated fleet says so where people look: its column header
-        row is named ``SIMULATED fleet 'NAME'`` (printed above the index in text and
-        HTML, and kept by column selections such as ``frame[cols]`` and
-        ``frame.filter(items=...)``), and ``frame.attrs["nbgpu_simulated"]`` holds the
-        fleet's name for code.
+        A frame from a simulated fleet says so where people look: its index is named
+        ``SIMULATED fleet 'NAME'`` (a header line in text and HTML, kept by column
+        selections such as ``frame[cols]`` and ``frame.filter(items=...)`` and by row
+        filters, which a renamed column header row is not), and
+        ``frame.attrs["nbgpu_simulated"]`` holds the fleet's name for code.
         """
         import pandas as pd  # noqa: PLC0415  (heavy; only when asked for)
 
@@ -236,7 +236,7 @@ class Result:
             frame = pd.DataFrame.from_records(records)
         fleet = self.simulated_fleet()
         if fleet is not None:
-            frame.columns.name = simulated_label(fleet)
+            frame.index.name = simulated_label(fleet)
             frame.attrs["nbgpu_simulated"] = fleet
         return frame
 
