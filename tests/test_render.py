@@ -46,13 +46,13 @@ def test_every_table_cell_is_left_aligned_inline():
     assert "div.nbgpu table.nbgpu-table td" in STYLE
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def busy_gpu0(monkeypatch):
     monkeypatch.setenv("NBGPU_SIMULATE", "seed000")  # busy-gpu0 once renamed
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
-def test_plan_alternatives_numbered_once_with_their_steps_nested(busy_gpu0):
+def test_plan_alternatives_numbered_once_with_their_steps_nested():
     plan = nbgpu.plan("sglang.d1t1p1+d3t1p1", global_batch=8)
     body = plan.html_body()
     alternatives = body[body.index("alternatives:<ol>") :]
@@ -67,13 +67,13 @@ def test_plan_alternatives_numbered_once_with_their_steps_nested(busy_gpu0):
     assert "global_batch=6" in body
 
 
-def test_doctor_plan_and_run_summaries_share_the_renderer(busy_gpu0):
+def test_doctor_plan_and_run_summaries_share_the_renderer():
     doctor = nbgpu.doctor()
     assert "<code>" in doctor.html_body()
     assert "`" not in doctor.html_body()
 
 
-def test_frames_of_a_simulated_fleet_say_so(busy_gpu0):
+def test_frames_of_a_simulated_fleet_say_so():
     frame = nbgpu.status().to_frame()
     assert frame.attrs["nbgpu_simulated"] == "seed000"
     for shown in (frame, frame.filter(items=["nvml_index", "name"]), frame[["name"]]):
@@ -83,7 +83,7 @@ def test_frames_of_a_simulated_fleet_say_so(busy_gpu0):
     assert "SIMULATED" in repr(plan_frame)
 
 
-def test_frames_of_real_results_carry_no_marker(busy_gpu0):
+def test_frames_of_real_results_carry_no_marker():
     inventory = nbgpu.status()
     real = type(inventory)(**{**inventory.__dict__, "simulated": False})
     frame = real.to_frame()
@@ -91,6 +91,6 @@ def test_frames_of_real_results_carry_no_marker(busy_gpu0):
     assert "SIMULATED" not in repr(frame)
 
 
-def test_marker_survives_row_filters(busy_gpu0):
+def test_marker_survives_row_filters():
     frame = nbgpu.status().to_frame()
     assert "SIMULATED" in repr(frame[frame["nvml_index"] > 0])

@@ -37,6 +37,7 @@ __all__ = [
     "record_bundle",
     "record_html",
     "record_text",
+    "scroll_box",
     "strip_ansi",
 ]
 
@@ -191,13 +192,18 @@ def live_text(run: Any) -> str:
     )
 
 
-def _scroll_box(text: str) -> str:
-    # column-reverse keeps the box scrolled to its newest (last) line without script.
+def scroll_box(text: str, height: str = "16em") -> str:
+    """*text* in a box of at most *height* that shows its newest (last) line.
+
+    ``column-reverse`` anchors the scroll position at the end of the content, so the
+    box opens at the bottom and stays there as it is re-rendered: no script needed,
+    which a saved notebook could not run anyway.
+    """
     return (
-        '<div style="max-height:16em;overflow:auto;display:flex;flex-direction:column-reverse;'
-        'border:1px solid #ddd;margin:2px 0 6px 0">'
-        f'<pre style="margin:0;padding:2px 6px;white-space:pre-wrap">{html.escape(text)}</pre>'
-        "</div>"
+        f'<div class="nbgpu-scroll" style="max-height:{height};overflow:auto;display:flex;'
+        'flex-direction:column-reverse;border:1px solid #ddd;margin:2px 0 6px 0">'
+        '<pre style="margin:0;padding:2px 6px;white-space:pre-wrap;font-size:12px">'
+        f"{html.escape(strip_ansi(text))}</pre></div>"
     )
 
 
@@ -232,7 +238,7 @@ def record_html(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, 
         sections.append(
             f"<details{' open' if number == opened else ''}><summary>"
             f"{html.escape(state)} · {html.escape(_tail_heading(tail))}</summary>"
-            f"{_scroll_box(body)}</details>"
+            f"{scroll_box(body)}</details>"
         )
     sections.append(run.html_body())
     sections.extend(html_part for _, html_part in extra)

@@ -4,8 +4,8 @@ One tab per rank holds a bounded tail of its output in a fixed-height scroll are
 that follows the newest line (the full log is on disk, and the tab says how many
 earlier lines only the log has); a badge row shows each rank's state and GPU; Stop
 ends the run. Updates are throttled (at most 4 per second) and each one *replaces* a
-tab's outputs instead of appending, because ``Output.append_stdout`` re-sends the
-whole widget on every call and Jupyter's server drops messages above ~1000/s.
+tab's text instead of appending (``Output.append_stdout`` re-sends the whole widget on
+every call, and Jupyter's server drops messages above ~1000/s).
 
 The panel is shown through a display handle. When the run ends, the handle's output
 is replaced by the run's static record (:mod:`nbgpu.notebook.run_record`, HTML and
@@ -27,6 +27,7 @@ from nbgpu.notebook.run_record import (
     badges_html,
     live_text,
     record_bundle,
+    scroll_box,
     strip_ansi,
 )
 
@@ -34,7 +35,7 @@ __all__ = ["RunPanel", "widgets_available"]
 
 REFRESH_S = 0.25
 #: Height of a rank's scroll area: the panel stays this size however much a rank prints.
-SCROLL_HEIGHT = "18em"
+SCROLL_HEIGHT = "20em"
 FOREGROUND_NOTE = (
     "foreground run: stop it with the notebook's interrupt button (■); "
     "the kernel is busy following it and would only see a click here afterwards"
@@ -88,18 +89,9 @@ class RunPanel:
             self.stop_note.value = (
                 f'<span style="font-size:11px">{html.escape(FOREGROUND_NOTE)}</span>'
             )
-        self.outputs = {
-            label: w.Output(
-                layout=w.Layout(
-                    max_height=SCROLL_HEIGHT,
-                    overflow="auto",
-                    # Reversed flow anchors the scroll position at the newest line.
-                    display="flex",
-                    flex_flow="column-reverse",
-                )
-            )
-            for label in self.tails.labels
-        }
+        # HTML rather than Output widgets: the scroll box is ours (fixed height, opens at
+        # the newest line), and one value replaces a tab's text in one bounded message.
+        self.outputs = {label: w.HTML(scroll_box("", SCROLL_HEIGHT)) for label in self.tails.labels}
         self.tabs = w.Tab(children=list(self.outputs.values()))
         for i, label in enumerate(self.outputs):
             self.tabs.set_title(i, label)
@@ -153,10 +145,8 @@ class RunPanel:
             text = "\n".join(tail.lines)
             if note:
                 text = f"… {note}\n{text}"
-            # Replacing the outputs sends one bounded message, not the whole history.
-            self.outputs[label].outputs = (
-                {"output_type": "stream", "name": "stdout", "text": text + "\n"},
-            )
+            # Replacing the value sends one bounded message, not the whole history.
+            self.outputs[label].value = scroll_box(text, SCROLL_HEIGHT)
             self.writes += 1
         self._refresh_header()
 

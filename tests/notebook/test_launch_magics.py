@@ -170,11 +170,12 @@ def test_background_widget_panel_tracks_ranks_and_stops(ip):
         panel = run.writer
         time.sleep(0.6)  # let the panel refresh (at most 4 Hz)
         assert [panel.tabs.get_title(i) for i in range(2)] == ["rank0", "rank1"]
-        tab = panel.outputs["rank1"].outputs[0]["text"]
+        tab = panel.outputs["rank1"].value
         assert "rank says hi 1" in tab
         # The tab is bounded (200 lines) and says where the earlier lines are.
-        assert f"101 earlier lines only in {run.logs['rank1']}" in tab.splitlines()[0]
-        assert panel.outputs["rank1"].layout.max_height == "18em"
+        assert f"… 101 earlier lines only in {run.logs['rank1']}\nrank 1 line 101\n" in tab
+        assert "rank 1 line 100\n" not in tab
+        assert "max-height:20em;overflow:auto" in tab
         assert "rank0 · GPU 1: running" in panel.badges.value
         assert "rank1 · GPU 2: running" in panel.badges.value
         panel.stop_button.click()
@@ -212,7 +213,7 @@ def test_foreground_widget_view_on_request(ip, capsys):
         )
     panel = run.writer
     assert run.state == "succeeded"
-    assert "hello 1" in panel.outputs["rank1"].outputs[0]["text"]
+    assert "hello 1" in panel.outputs["rank1"].value
     # The interrupt button stops foreground runs: no dead Stop button, a note instead.
     assert panel.stop_button.layout.display == "none"
     assert "interrupt button" in panel.stop_note.value
