@@ -828,3 +828,20 @@ def load_fleet(source: str, *, cwd: Path | None = None) -> Fleet:
                 f"{', '.join(SCENARIOS)}"
             ) from None
         raise exc from None
+
+
+# Forward names for the scenario rename on the `plan` branch (seed000 -> busy-gpu0,
+# seed001 -> nproc-mismatch), so the tutorials use the names users will see before the
+# rename lands. A no-op once it has; delete this block at that merge.
+if "busy-gpu0" not in SCENARIOS and "seed000" in SCENARIOS:
+    SCENARIOS = {
+        **SCENARIOS,
+        "busy-gpu0": (
+            SCENARIOS["seed000"][0],
+            "4x A40, GPU 0 in exclusive-process mode held by a process that is gone",
+        ),
+        "nproc-mismatch": (
+            SCENARIOS["seed001"][0],
+            SCENARIOS["seed001"][1].removeprefix("seed 001: "),
+        ),
+    }

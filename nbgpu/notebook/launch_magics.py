@@ -36,7 +36,6 @@ the fixes. NAME is a run of this kernel (%gpu_runs); PATH a log file or run
 directory. Without an argument: the last failed run here."""
 
 BACKGROUND_REFRESH_S = 0.25  # display updates count against Jupyter's message rate
-RECORD_TAIL_LINES = 40  # per rank, in the record a text view leaves in the notebook
 
 
 def _split_script_args(line: str) -> tuple[str, list[str]]:
@@ -58,7 +57,7 @@ class _BackgroundView:
     def __init__(self, run: Any) -> None:
         from IPython.display import Pretty, display  # noqa: PLC0415
 
-        from nbgpu.notebook.run_record import Tails  # noqa: PLC0415
+        from nbgpu.notebook.run_record import RECORD_TAIL_LINES, Tails  # noqa: PLC0415
 
         self._pretty = Pretty
         self._lines: deque[str] = deque(maxlen=40)

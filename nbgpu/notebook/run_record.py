@@ -202,7 +202,7 @@ def scroll_box(text: str, height: str = "16em") -> str:
     return (
         f'<div class="nbgpu-scroll" style="max-height:{height};overflow:auto;display:flex;'
         'flex-direction:column-reverse;border:1px solid #ddd;margin:2px 0 6px 0">'
-        '<pre style="margin:0;padding:2px 6px;white-space:pre-wrap;font-size:12px">'
+        '<pre style="flex:none;margin:0;padding:2px 6px;white-space:pre-wrap;font-size:12px">'
         f"{html.escape(strip_ansi(text))}</pre></div>"
     )
 
@@ -240,7 +240,10 @@ def record_html(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, 
             f"{html.escape(state)} · {html.escape(_tail_heading(tail))}</summary>"
             f"{scroll_box(body)}</details>"
         )
-    sections.append(run.html_body())
+    summary = run.html_body()
+    headline = f"<b>{html.escape(run._headline())}</b>"
+    # The record opens with the headline already; the summary need not repeat it.
+    sections.append(summary.removeprefix(headline))
     sections.extend(html_part for _, html_part in extra)
     return f'{STYLE}<div class="nbgpu nbgpu-record">{"".join(sections)}</div>'
 

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from nbgpu.notebook.run_record import (
+    RECORD_TAIL_LINES,
     RecordPart,
     Tails,
     badges_html,
@@ -130,7 +131,9 @@ class RunPanel:
             # The run's outcome is known (follow() calls this again after run.finish()):
             # swap the live panel for the record a saved notebook keeps.
             self._recorded = True
-            self.record = record_bundle(self.run, self.tails.all(), self._record_parts)
+            self.record = record_bundle(
+                self.run, self.tails.all(RECORD_TAIL_LINES), self._record_parts
+            )
             self.handle.update(self.record, raw=True)
 
     # -- rendering -----------------------------------------------------------------

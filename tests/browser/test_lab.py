@@ -296,7 +296,7 @@ def test_saved_notebook_keeps_a_readable_record(lab, lab_page, browser, shots_di
             assert f"END-OF-{run}-rank{rank}" in text, (run, rank)
         assert "run 'rec-bg' · succeeded" in text
         assert re.search(r"rank1( · GPU \S+)?: ok", text), text[:3000]
-        assert re.search(r"101 earlier lines only in \S+rank0\.log", text), text[:3000]
+        assert re.search(r"261 earlier lines only in \S+rank0\.log", text), text[:3000]
         assert "run 'rec-bad' · failed" in text
         assert "batch 8 is not divisible by 3 trainers" in text
         assert set(_cell_text_align(reopened.page)) == {"left"}
