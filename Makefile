@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # torch first and pinned: the CPU 2.13.0 wheel is on these machines' disk; a bare
 # `torch` requirement would otherwise pull a multi-GB CUDA build. GPU users: see README.
 TORCH_SPEC ?= torch==2.13.0
-DEMO_FLEET ?= seed000
+DEMO_FLEET ?= busy-gpu0
 # The browser test (tests/browser) drives JupyterLab in Debian's Chromium through the
 # Playwright wheel. `playwright install` would download a browser build, which these
 # machines cannot fetch, so the browser comes from apt.
@@ -53,14 +53,20 @@ browser-deps:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null \
 		&& test -x $(CHROMIUM)
 
+# Every notebooks/*.ipynb, with the cells marked `# NBVAL_CHECK_OUTPUT` (or tagged
+# nbval-check-output) compared to their stored outputs after notebooks/sanitize.cfg
+# has replaced pids, ports, times and paths in both.
 notebooks: $(BIN)/.installed
 	cd notebooks && ../$(BIN)/python -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with sanitize.cfg \
 		--nbval-cell-timeout=300 -o testpaths=. -o addopts= -W ignore::DeprecationWarning .
 
-# Re-store the tutorials' outputs after a change to how results render.
+# Re-store the tutorials' outputs after a change to how results render. The notebooks
+# choose their simulated fleet themselves when no GPU is found, as in CI: run this on
+# a machine without GPUs (or the stored outputs would show real ones).
 notebooks-refresh: $(BIN)/.installed
 	for nb in notebooks/*.ipynb; do \
-		env -u CUDA_VISIBLE_DEVICES COLUMNS=80 NBGPU_SIMULATE=seed000 \
+		env -u CUDA_VISIBLE_DEVICES -u NBGPU_SIMULATE COLUMNS=80 \
 		$(BIN)/python notebooks/run_headless.py $$nb --write > /dev/null || exit 1; \
 	done
 
