@@ -307,3 +307,20 @@ def test_saved_notebook_keeps_a_readable_record(lab, lab_page, browser, shots_di
         reopened.shutdown_kernels()
     finally:
         context.close()
+
+
+TUTORIALS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("tutorial", TUTORIALS, ids=lambda p: p.name)
+def test_tutorials_stored_outputs_render_clean(lab, lab_page, shots_dir, tutorial):
+    # What GitHub and a reader of the repository see: the outputs stored in the
+    # tutorials, rendered by JupyterLab without running anything.
+    (lab.root / tutorial.name).write_bytes(tutorial.read_bytes())
+    lab_page.open(tutorial.name)
+    text = lab_page.outputs_text()
+    assert text.strip(), f"{tutorial.name} has no stored outputs"
+    _assert_outputs_clean(text)
+    aligns = _cell_text_align(lab_page.page)
+    assert set(aligns) <= {"left"}, sorted(set(aligns))
+    print(f"screenshot: {lab_page.screenshot(shots_dir / f'{tutorial.stem}.png', full=True)}")
