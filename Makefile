@@ -61,12 +61,10 @@ notebooks: $(BIN)/.installed
 		--nbval-sanitize-with sanitize.cfg \
 		--nbval-cell-timeout=300 -o testpaths=. -o addopts= -W ignore::DeprecationWarning .
 
-# Re-store the tutorials' outputs after a change to how results render. The notebooks
-# choose their simulated fleet themselves when no GPU is found, as in CI: run this on
-# a machine without GPUs (or the stored outputs would show real ones).
+# Re-store the tutorials' outputs after a change to how results render.
 notebooks-refresh: $(BIN)/.installed
 	for nb in notebooks/*.ipynb; do \
-		env -u CUDA_VISIBLE_DEVICES -u NBGPU_SIMULATE COLUMNS=80 \
+		env -u CUDA_VISIBLE_DEVICES COLUMNS=80 NBGPU_SIMULATE=busy-gpu0 \
 		$(BIN)/python notebooks/run_headless.py $$nb --write > /dev/null || exit 1; \
 	done
 

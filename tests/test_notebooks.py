@@ -62,6 +62,12 @@ def _explain(result: subprocess.CompletedProcess[str]) -> str:
     return f"exit {result.returncode}\n--- stdout (tail)\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr}"
 
 
+def nbgpu_status_without_simulation():
+    import nbgpu  # noqa: PLC0415
+
+    return nbgpu.status(environ=_env(None))
+
+
 def test_there_are_tutorials():
     assert any(p.name == "quickstart.ipynb" for p in TUTORIALS)
 
@@ -76,6 +82,10 @@ def test_notebook_runs_without_error(notebook):
     assert "UsageError" not in result.stdout, _explain(result)
     assert "ran without error" in result.stdout
     assert notebook.read_bytes() == before, "run_headless wrote without --write"
+    # The simulation is switched on only without a GPU, and the notebook says so.
+    no_gpu = not nbgpu_status_without_simulation().gpus
+    said = "No GPU found: this notebook shows the SIMULATED fleet 'busy-gpu0'." in result.stdout
+    assert said == no_gpu, _explain(result)
 
 
 @pytest.mark.slow
