@@ -54,7 +54,7 @@ class _BackgroundView:
     last lines, the badges, the summary), as HTML and text, so a saved notebook keeps it.
     """
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: Any, *, keep_tails: bool = True) -> None:
         from IPython.display import Pretty, display  # noqa: PLC0415
 
         from nbgpu.notebook.run_record import RECORD_TAIL_LINES, Tails  # noqa: PLC0415
@@ -65,7 +65,8 @@ class _BackgroundView:
         self._last = 0.0
         self._recorded = False
         self.record: dict[str, str] | None = None  # the static record, once the run ended
-        self.tails = Tails(run.logs, keep=RECORD_TAIL_LINES)
+        # --quiet: the record keeps the summary only, no rank output.
+        self.tails = Tails(run.logs if keep_tails else {}, keep=RECORD_TAIL_LINES)
         self.handle = display(Pretty(f"[nbgpu] run '{run.name}' starting…"), display_id=True)
 
     def write(self, text: str) -> object:
@@ -308,7 +309,7 @@ class LaunchMagics(Magics):
             return panel, lambda r: panel.finish(str(r.dir)) if r.done else None
         from nbgpu.notebook.run_record import TeeToTails  # noqa: PLC0415
 
-        text_view = _BackgroundView(run)
+        text_view = _BackgroundView(run, keep_tails=not quiet)
         writer = ScreenWriter(text_view.write if not quiet else (lambda _t: None))
         return TeeToTails(writer, text_view.tails), text_view.tick
 

@@ -33,6 +33,7 @@ __all__ = [
     "badges",
     "badges_html",
     "badges_text",
+    "live_html",
     "live_text",
     "record_bundle",
     "record_html",
@@ -183,12 +184,19 @@ def badges_text(run: Any) -> str:
 # -- the record -------------------------------------------------------------------------
 
 
+_LIVE_NOTE = "live view of the run; the notebook keeps a record of every rank once it ends"
+
+
 def live_text(run: Any) -> str:
     """The plain-text stand-in of a live panel (what a notebook saved mid-run shows)."""
+    return f"{run._headline()}\n({_LIVE_NOTE}; logs: {run.dir})"
+
+
+def live_html(run: Any) -> str:
+    """The HTML stand-in of a live panel, for renderers without widgets (GitHub, nbviewer)."""
     return (
-        f"{run._headline()}\n"
-        f"(live view of the run; the notebook keeps a record of every rank once it ends; "
-        f"logs: {run.dir})"
+        f'{STYLE}<div class="nbgpu"><b>{html.escape(run._headline())}</b>'
+        f"<div>{html.escape(_LIVE_NOTE)}; logs: <code>{html.escape(str(run.dir))}</code></div></div>"
     )
 
 

@@ -26,6 +26,7 @@ from nbgpu.notebook.run_record import (
     RecordPart,
     Tails,
     badges_html,
+    live_html,
     live_text,
     record_bundle,
     scroll_box,
@@ -101,8 +102,10 @@ class RunPanel:
         )
         self._refresh_header()
         bundle = dict(self.box._repr_mimebundle_())
-        # What a notebook saved mid-run shows instead of the widget's repr.
+        # What a notebook saved mid-run shows where widgets do not render, instead of
+        # the widget's repr (JupyterLab itself prefers the widget while it lives).
         bundle["text/plain"] = live_text(run)
+        bundle["text/html"] = live_html(run)
         self.handle = display(bundle, raw=True, display_id=True)
 
     def add_section(self, widget: Any, record: RecordPart | None = None) -> None:

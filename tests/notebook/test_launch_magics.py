@@ -189,6 +189,7 @@ def test_background_widget_panel_tracks_ranks_and_stops(ip):
     assert "application/vnd.jupyter.widget-view+json" in first.data
     assert first.data["text/plain"].startswith("run 'paneled' · running")
     assert "VBox" not in first.data["text/plain"]
+    assert "run &#x27;paneled&#x27; · running" in first.data["text/html"]
     assert last.data == panel.record
     assert "application/vnd.jupyter.widget-view+json" not in last.data
     record_text, record_html = last.data["text/plain"], last.data["text/html"]
@@ -262,3 +263,17 @@ def test_empty_cell_says_so_and_unload_removes_the_transformer(ip):
     finally:
         ip.run_line_magic("load_ext", "nbgpu")
     assert ip.input_transformers_cleanup.count(keep_empty_cell_body) == 1
+
+
+@pytest.mark.slow
+def test_quiet_background_record_has_no_rank_output(ip):
+    with capture_output() as shown:
+        ip.run_cell_magic(
+            "torchrun", "2 --bg --quiet --name hush", "print('secret line', flush=True)\n"
+        )
+        run = runs()["hush"]
+        run.thread.join(timeout=120)
+    assert run.state == "succeeded"
+    record = shown.outputs[-1].data
+    assert "run 'hush' · succeeded" in record["text/plain"]
+    assert "secret line" not in record["text/plain"] + record["text/html"]
