@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 import secrets
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -305,6 +307,26 @@ def test_saved_notebook_keeps_a_readable_record(lab, lab_page, browser, shots_di
         codes = reopened.page.locator(".jp-OutputArea-output .nbgpu code").count()
         assert codes > 3, codes
         reopened.shutdown_kernels()
+
+        # The same notebook as static HTML (nbconvert's lab template carries JupyterLab's
+        # own table style): still readable, still left-aligned.
+        subprocess.run(
+            [sys.executable, "-m", "nbconvert", "--to", "html", "record.ipynb"],
+            cwd=lab.root,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        static = context.new_page()
+        static.goto((lab.root / "record.html").as_uri())
+        static_text = static.evaluate(
+            "() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+            ".map(n => n.textContent).join('\\n')"
+        )
+        _assert_outputs_clean(static_text)
+        assert "END-OF-rec-bg-rank1" in static_text
+        assert set(_cell_text_align(static)) == {"left"}
+        static.screenshot(path=str(shots_dir / "record-nbconvert.png"))
     finally:
         context.close()
 
