@@ -171,4 +171,5 @@ def test_binder_environment_builds_and_runs_every_notebook(tmp_path):
             timeout=600,
         )
         assert "ran without error" in out, out[-3000:]
-        assert "SIMULATED fleet 'busy-gpu0'" in out, f"{notebook.name}: {out[-3000:]}"
+        # No GPU on Binder: every tutorial shows a simulated fleet, and says so.
+        assert "SIMULATED fleet '" in out, f"{notebook.name}: {out[-3000:]}"

@@ -82,10 +82,14 @@ def test_notebook_runs_without_error(notebook):
     assert "UsageError" not in result.stdout, _explain(result)
     assert "ran without error" in result.stdout
     assert notebook.read_bytes() == before, "run_headless wrote without --write"
-    # The simulation is switched on only without a GPU, and the notebook says so.
+    # Without a GPU a tutorial simulates one, and says so.
     no_gpu = not nbgpu_status_without_simulation().gpus
-    said = "No GPU found: this notebook shows the SIMULATED fleet 'busy-gpu0'." in result.stdout
-    assert said == no_gpu, _explain(result)
+    if no_gpu:
+        assert "SIMULATED" in result.stdout, _explain(result)
+    if notebook.name in ("quickstart.ipynb", "launch.ipynb"):
+        # ... and switches the simulation on only then.
+        said = "No GPU found: this notebook shows the SIMULATED fleet 'busy-gpu0'."
+        assert (said in result.stdout) == no_gpu, _explain(result)
 
 
 @pytest.mark.slow
