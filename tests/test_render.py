@@ -48,7 +48,7 @@ def test_every_table_cell_is_left_aligned_inline():
 
 @pytest.fixture(autouse=True)
 def busy_gpu0(monkeypatch):
-    monkeypatch.setenv("NBGPU_SIMULATE", "seed000")  # busy-gpu0 once renamed
+    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
@@ -75,10 +75,10 @@ def test_doctor_plan_and_run_summaries_share_the_renderer():
 
 def test_frames_of_a_simulated_fleet_say_so():
     frame = nbgpu.status().to_frame()
-    assert frame.attrs["nbgpu_simulated"] == "seed000"
+    assert frame.attrs["nbgpu_simulated"] == "busy-gpu0"
     for shown in (frame, frame.filter(items=["nvml_index", "name"]), frame[["name"]]):
-        assert "SIMULATED fleet 'seed000'" in repr(shown)
-        assert "SIMULATED fleet 'seed000'" in shown._repr_html_()
+        assert "SIMULATED fleet 'busy-gpu0'" in repr(shown)
+        assert "SIMULATED fleet 'busy-gpu0'" in shown._repr_html_()
     plan_frame = nbgpu.plan("d2t1p1").to_frame()
     assert "SIMULATED" in repr(plan_frame)
 

@@ -830,9 +830,8 @@ def load_fleet(source: str, *, cwd: Path | None = None) -> Fleet:
         raise exc from None
 
 
-# Forward names for the scenario rename on the `plan` branch (seed000 -> busy-gpu0,
-# seed001 -> nproc-mismatch), so the tutorials use the names users will see before the
-# rename lands. A no-op once it has; delete this block at that merge.
+# Forward names for the scenario rename on the `plan` branch, so the tutorials use the
+# names users will see before the rename lands. A no-op once it has; delete at that merge.
 if "busy-gpu0" not in SCENARIOS and "seed000" in SCENARIOS:
     SCENARIOS = {
         **SCENARIOS,
@@ -842,6 +841,9 @@ if "busy-gpu0" not in SCENARIOS and "seed000" in SCENARIOS:
         ),
         "nproc-mismatch": (
             SCENARIOS["seed001"][0],
-            SCENARIOS["seed001"][1].removeprefix("seed 001: "),
+            (
+                "a 4-GPU box where the script hard-codes 7 ranks, and GPUs 0-1 are still "
+                "held by defunct ranks of a previous run"
+            ),
         ),
     }
