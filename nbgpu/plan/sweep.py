@@ -58,9 +58,6 @@ class SweepPlan(Result):
     def ok(self) -> bool:
         return not self.problems and bool(self.runs) and all(r.ok for r in self.runs)
 
-    def simulated_fleet(self) -> str | None:
-        return self.fleet if self.simulated else None
-
     def _title(self) -> str:
         source = f"SIMULATED fleet '{self.fleet}'" if self.simulated else f"host {self.fleet}"
         verdict = "ready" if self.ok else "NOT READY"
@@ -118,6 +115,9 @@ class SweepPlan(Result):
 
     def records(self) -> list[dict[str, Any]]:
         return [row for run in self.runs for row in run.records()]
+
+    def simulated_fleet(self) -> str | None:
+        return self.fleet if self.simulated else None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = to_data(self)
