@@ -99,6 +99,14 @@ class _BackgroundView:
 class LaunchMagics(Magics):
     """Launch and manage distributed runs; see each magic's ``-h``."""
 
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        # `%%torchrun ARGS` with an empty body must reach the magic (see the function);
+        # `unregister` removes the transformer again.
+        cleanup = getattr(shell, "input_transformers_cleanup", None)
+        if cleanup is not None and keep_empty_cell_body not in cleanup:
+            cleanup.append(keep_empty_cell_body)
+
     @magic_arguments()
     @argument(
         "nproc",

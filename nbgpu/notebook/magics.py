@@ -227,13 +227,10 @@ class GPUMagics(Magics):
 
 
 def register(ipython: Any) -> None:
-    from nbgpu.notebook.launch_magics import LaunchMagics, keep_empty_cell_body  # noqa: PLC0415
+    from nbgpu.notebook.launch_magics import LaunchMagics  # noqa: PLC0415
 
     ipython.register_magics(GPUMagics)
     ipython.register_magics(LaunchMagics)
-    cleanup = getattr(ipython, "input_transformers_cleanup", None)
-    if cleanup is not None and keep_empty_cell_body not in cleanup:
-        cleanup.append(keep_empty_cell_body)
 
 
 def unregister(ipython: Any) -> None:
