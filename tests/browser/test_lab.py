@@ -120,6 +120,7 @@ def test_flood_shows_the_end_and_no_iopub_drop(lab, lab_page, shots_dir):
     assert "lines not shown" in output, output[-2000:]
     page_text = lab_page.page_text()
     assert not IOPUB_DROPPED.search(page_text), IOPUB_DROPPED.search(page_text)
+    _assert_outputs_clean(lab_page.outputs_text())  # coloured prefixes render, not as escapes
     assert slowest < RESPONSIVE_S, f"the page did not answer for {slowest:.1f} s"
 
     # Bounded on screen, complete on disk: every line is in the per-rank logs.
