@@ -53,8 +53,12 @@ browser-deps:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null \
 		&& test -x $(CHROMIUM)
 
+# Every notebooks/*.ipynb, with the cells marked `# NBVAL_CHECK_OUTPUT` (or tagged
+# nbval-check-output) compared to their stored outputs after notebooks/sanitize.cfg
+# has replaced pids, ports, times and paths in both.
 notebooks: $(BIN)/.installed
 	cd notebooks && ../$(BIN)/python -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with sanitize.cfg \
 		--nbval-cell-timeout=300 -o testpaths=. -o addopts= -W ignore::DeprecationWarning .
 
 # Re-store the tutorials' outputs after a change to how results render.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +18,13 @@ __all__ = [
     "Result",
     "Table",
     "code_html",
+    "fix_html",
+    "fixes_html",
     "fmt_bytes",
     "fmt_opt",
     "fmt_used_total",
     "shorten",
+    "simulated_label",
     "wrap",
 ]
 
@@ -63,10 +67,31 @@ def wrap(text: str, prefix: str, width: int = 80) -> str:
     )
 
 
-def code_html(text: str) -> str:
-    """Escape *text* and show `backticked` spans as <code> (fixes name commands)."""
-    parts = html.escape(text).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+# A `backticked` span on one line; an unpaired backtick stays a backtick.
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def fix_html(text: str) -> str:
+    """The one HTML rendering of fix text: escaped, with `backticked` spans as <code>.
+
+    Fixes, recommendations and causes are written once, Markdown-style, for terminals
+    (where the backticks stay, as in Markdown source) and for notebooks (where they
+    become code). Every result renders them through here, so a command looks the same
+    in ``%gpu_doctor``, ``%gpu_plan``, ``%gpu_diagnose`` and a failed run's summary.
+    """
+    return _CODE_SPAN.sub(lambda m: f"<code>{m.group(1)}</code>", html.escape(text, quote=False))
+
+
+def fixes_html(fixes: Sequence[str], *, ordered: bool = False) -> str:
+    """A list of fixes (or steps, *ordered*) as one HTML list; empty for no fixes."""
+    if not fixes:
+        return ""
+    tag = "ol" if ordered else "ul"
+    return f"<{tag}>" + "".join(f"<li>{fix_html(f)}</li>" for f in fixes) + f"</{tag}>"
+
+
+#: The name older code knows :func:`fix_html` by.
+code_html = fix_html
 
 
 def fmt_opt(value: object, suffix: str = "") -> str:
@@ -75,6 +100,15 @@ def fmt_opt(value: object, suffix: str = "") -> str:
 
 def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(1, width - 1)] + "…"
+
+
+# JupyterLab right-aligns output table cells with
+# `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td` (specificity 0,2,1), which beats
+# a plain `.nbgpu td` (0,1,1) wherever our <style> sits; VS Code and nbviewer bring
+# their own table styles, and GitHub drops <style> altogether. An inline style beats
+# every stylesheet rule (none of them uses !important), so names, states, paths and
+# code lines start at the left edge everywhere.
+_LEFT = ' style="text-align:left"'
 
 
 @dataclass
@@ -123,11 +157,11 @@ class Table:
         return "\n".join(lines)
 
     def html(self) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.headers)
+        head = "".join(f"<th{_LEFT}>{html.escape(h)}</th>" for h in self.headers)
         body = []
         for row, level in zip(self.rows, self.row_levels, strict=True):
             cls = f' class="nbgpu-{level}"' if level else ""
-            cells = "".join(f"<td>{html.escape(c)}</td>" for c in row)
+            cells = "".join(f"<td{_LEFT}>{html.escape(c)}</td>" for c in row)
             body.append(f"<tr{cls}>{cells}</tr>")
         caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
         return (
@@ -136,15 +170,23 @@ class Table:
         )
 
 
+# Selectors carry two classes and an element (0,2,2): more specific than JupyterLab's
+# rendered-HTML table rules (at most 0,2,1), so our margins and padding win there too.
 STYLE = (
     "<style>.nbgpu{font-family:var(--jp-code-font-family,monospace);font-size:12px}"
-    ".nbgpu table{border-collapse:collapse;margin:4px 0}"
-    ".nbgpu th,.nbgpu td{padding:2px 8px;text-align:left;border-bottom:1px solid #ddd}"
-    ".nbgpu tr.nbgpu-bad td{background:rgba(220,50,47,.15)}"
-    ".nbgpu tr.nbgpu-warn td{background:rgba(181,137,0,.15)}"
+    "div.nbgpu table.nbgpu-table{border-collapse:collapse;margin:4px 0;table-layout:auto}"
+    "div.nbgpu table.nbgpu-table th,div.nbgpu table.nbgpu-table td"
+    "{padding:2px 8px;text-align:left;border-bottom:1px solid #ddd}"
+    "div.nbgpu tr.nbgpu-bad td{background:rgba(220,50,47,.15)}"
+    "div.nbgpu tr.nbgpu-warn td{background:rgba(181,137,0,.15)}"
     ".nbgpu .nbgpu-sim{color:#6c71c4;font-weight:bold}"
     ".nbgpu li.bad{color:#c0392b}.nbgpu li.warn{color:#9a7d0a}</style>"
 )
+
+
+def simulated_label(fleet: str) -> str:
+    """How simulated output names its fleet, everywhere: ``SIMULATED fleet 'NAME'``."""
+    return f"SIMULATED fleet '{fleet}'"
 
 
 class Result:
@@ -172,14 +214,31 @@ class Result:
     #: Column names for an empty frame (no records), so selections never KeyError.
     FRAME_COLUMNS: tuple[str, ...] = ()
 
+    def simulated_fleet(self) -> str | None:
+        """The simulated fleet's name when this result comes from one, else None."""
+        return None
+
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per record (pandas is imported only here)."""
+        """A pandas DataFrame, one row per record (pandas is imported only here).
+
+        A frame from a simulated fleet says so where people look: its index is named
+        ``SIMULATED fleet 'NAME'`` (a header line in text and HTML, kept by column
+        selections such as ``frame[cols]`` and ``frame.filter(items=...)`` and by row
+        filters, which a renamed column header row is not), and
+        ``frame.attrs["nbgpu_simulated"]`` holds the fleet's name for code.
+        """
         import pandas as pd  # noqa: PLC0415  (heavy; only when asked for)
 
         records = self.records()
         if not records:
-            return pd.DataFrame(columns=list(self.FRAME_COLUMNS))
-        return pd.DataFrame.from_records(records)
+            frame = pd.DataFrame(columns=list(self.FRAME_COLUMNS))
+        else:
+            frame = pd.DataFrame.from_records(records)
+        fleet = self.simulated_fleet()
+        if fleet is not None:
+            frame.index.name = simulated_label(fleet)
+            frame.attrs["nbgpu_simulated"] = fleet
+        return frame
 
     def html(self) -> str:
         return f'{STYLE}<div class="nbgpu">{self.html_body()}</div>'

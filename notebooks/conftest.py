@@ -1,14 +1,15 @@
 """nbval setup for the tutorials (``make notebooks``): give the kernel a known world.
 
-The outputs stored in the notebooks (and compared in cells marked
-``# NBVAL_CHECK_OUTPUT``) were produced by ``run_headless.py --write`` on the simulated
-``seed000`` fleet in a clean launch environment. nbval's kernel inherits this
-process's environment, so remove what would change those outputs:
+The outputs stored in the notebooks (and compared, after ``sanitize.cfg``, in cells
+marked ``# NBVAL_CHECK_OUTPUT`` or tagged ``nbval-check-output``) were produced by
+``make notebooks-refresh`` (``run_headless.py --write``) on the simulated ``busy-gpu0``
+fleet in a clean launch environment. nbval's kernel inherits this process's
+environment, so set or remove what would change those outputs:
 
-- ``NBGPU_SIMULATE``: the notebook itself picks ``seed000`` when it is unset, as it
-  does for a new user; a fleet chosen outside (``NBGPU_SIMULATE=healthy make ...``)
-  would not match the stored outputs. ``make demo`` and ``tests/test_notebooks.py``
-  run the notebooks on other fleets.
+- ``NBGPU_SIMULATE=busy-gpu0``: the tutorials switch the simulation on by themselves
+  only when no GPU is found; naming the fleet here makes the comparison the same on a
+  machine with GPUs (a fleet chosen outside would not match the stored outputs either).
+  ``make demo`` and ``tests/test_notebooks.py`` run the notebooks as a user would.
 - ``CUDA_VISIBLE_DEVICES`` and the torchrun variables: ``%gpu_doctor`` reports them.
 - ``COLUMNS``: ``-h`` help is wrapped to the terminal width; pin it to 80.
 
@@ -35,4 +36,5 @@ _LAUNCH_VARIABLES = (
 
 for _name in _LAUNCH_VARIABLES:
     os.environ.pop(_name, None)
+os.environ["NBGPU_SIMULATE"] = "busy-gpu0"
 os.environ["COLUMNS"] = "80"

@@ -10,6 +10,7 @@ ipykernel), which fails on the error reply and on a ``UsageError`` line.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,12 @@ def _explain(result: subprocess.CompletedProcess[str]) -> str:
     return f"exit {result.returncode}\n--- stdout (tail)\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr}"
 
 
+def nbgpu_status_without_simulation():
+    import nbgpu  # noqa: PLC0415
+
+    return nbgpu.status(environ=_env(None))
+
+
 def test_there_are_tutorials():
     assert any(p.name == "quickstart.ipynb" for p in TUTORIALS)
 
@@ -75,6 +82,14 @@ def test_notebook_runs_without_error(notebook):
     assert "UsageError" not in result.stdout, _explain(result)
     assert "ran without error" in result.stdout
     assert notebook.read_bytes() == before, "run_headless wrote without --write"
+    # Without a GPU a tutorial simulates one, and says so.
+    no_gpu = not nbgpu_status_without_simulation().gpus
+    if no_gpu:
+        assert "SIMULATED" in result.stdout, _explain(result)
+    if notebook.name in ("quickstart.ipynb", "launch.ipynb"):
+        # ... and switches the simulation on only then.
+        said = "No GPU found: this notebook shows the SIMULATED fleet 'busy-gpu0'."
+        assert (said in result.stdout) == no_gpu, _explain(result)
 
 
 @pytest.mark.slow
@@ -121,3 +136,64 @@ def test_declared_errors_pass_and_write_stores_outputs(tmp_path):
     code = [c for c in written.cells if c.cell_type == "code"]
     assert [c.execution_count for c in code] == [1, None, 2]
     assert code[2].outputs[0]["text"] == "done\n"
+
+
+# -- nbval sanitizers (notebooks/sanitize.cfg) -------------------------------------------
+
+
+def _sanitize(text: str) -> str:
+    from nbval.plugin import get_sanitize_patterns  # noqa: PLC0415
+
+    patterns = get_sanitize_patterns((NOTEBOOKS / "sanitize.cfg").read_text(encoding="utf-8"))
+    assert len(patterns) >= 10, patterns
+    for regex, replace in patterns:
+        text = re.sub(regex, replace, text)
+    return text
+
+
+def _stored_output(notebook: str, needle: str, mime: str) -> str:
+    nb = nbformat.read(NOTEBOOKS / notebook, as_version=4)
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if needle in cell.source and mime in data:
+                return str(data[mime])
+    raise AssertionError(f"no {mime} output of a cell with {needle!r} in {notebook}")
+
+
+@pytest.mark.parametrize("mime", ["text/plain", "text/html"])
+def test_sanitizers_absorb_what_another_run_changes_and_nothing_else(mime):
+    stored = _stored_output("launch.ipynb", "%gpu_runs", mime)
+    ports = re.findall(r"\b\d{5}\b", stored)
+    assert ports, stored
+    # Another run: other ports, ages, run directories (and so column widths).
+    other = stored
+    for port in set(ports):
+        other = other.replace(port, str(int(port) % 9000 + 1024))
+    other = re.sub(r"(\d+) s\b", lambda m: f"{int(m.group(1)) + 97} s", other)
+    other = re.sub(r"-\d{8}-\d{6}-[0-9a-f]{4}", "-20300101-000000-beef", other)
+    other = other.replace("/root/.cache/nbgpu/runs", "/home/someone/elsewhere/runs")
+    assert other != stored
+    assert _sanitize(other) == _sanitize(stored)
+    # What matters still fails the cell: a state that changed.
+    assert _sanitize(stored.replace("succeeded", "failed", 1)) != _sanitize(stored)
+
+
+def test_sanitizers_let_ranks_interleave_but_count_their_lines():
+    a = "[nbgpu] start\n\x1b[36m[rank0]\x1b[0m hi 0\n\x1b[33m[rank1]\x1b[0m hi 1\n"
+    b = "[nbgpu] start\n\x1b[36m[rank1]\x1b[0m hi 1\n\x1b[33m[rank0]\x1b[0m hi 0\n"
+    assert _sanitize(a) == _sanitize(b)
+    assert _sanitize(a + "\x1b[36m[rank0]\x1b[0m extra\n") != _sanitize(a)
+
+
+def test_make_notebooks_checks_every_notebook_with_the_sanitizers():
+    # nbval collects the folder (so new notebooks are picked up without a list) and
+    # compares the marked cells after sanitizing.
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = makefile[makefile.index("\nnotebooks:") :].split("\n\n")[0]
+    assert "--nbval-sanitize-with sanitize.cfg" in recipe
+    assert "--nbval-lax" in recipe
+    assert recipe.rstrip().endswith(".")  # the whole folder, not named files
+    for notebook in TUTORIALS:
+        nb = nbformat.read(notebook, as_version=4)
+        assert nb.cells, notebook

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table, code_html, fmt_bytes, wrap
+from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, wrap
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.verdicts import SEVERITY_ORDER, Finding, short_verdict
 
@@ -88,6 +88,9 @@ class DoctorReport(Result):
     @property
     def ok(self) -> bool:
         return not any(f.severity == "bad" for f in self.findings)
+
+    def simulated_fleet(self) -> str | None:
+        return self.inventory.simulated_fleet()
 
     @property
     def worst(self) -> str:
@@ -183,16 +186,14 @@ class DoctorReport(Result):
             if procs.rows:
                 parts.append(procs.html())
         parts.append(f"<div><code>{escape(self._env_line())}</code></div>")
-        items = []
-        for f in self.findings:
-            fixes = "".join(f"<li>{code_html(x)}</li>" for x in f.fixes)
-            sub = f"<ul>{fixes}</ul>" if fixes else ""
-            items.append(
-                f'<li class="{f.severity}"><b>{escape(f.subject)}</b>: {escape(f.message)}{sub}</li>'
-            )
+        items = [
+            f'<li class="{f.severity}"><b>{escape(f.subject)}</b>: {fix_html(f.message)}'
+            f"{fixes_html(f.fixes)}</li>"
+            for f in self.findings
+        ]
         parts.append(f"<ul>{''.join(items)}</ul>")
         if self.recommendation:
-            parts.append(f"<p><b>Recommendation:</b> {code_html(self.recommendation)}</p>")
+            parts.append(f"<p><b>Recommendation:</b> {fix_html(self.recommendation)}</p>")
         return "".join(parts)
 
     def records(self) -> list[dict[str, Any]]:

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field, replace
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from nbgpu._render import Result, Table, fmt_bytes, fmt_opt, fmt_used_total, wrap
+from nbgpu._render import (
+    Result,
+    Table,
+    fix_html,
+    fmt_bytes,
+    fmt_opt,
+    fmt_used_total,
+    wrap,
+)
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
 from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS, Fleet
@@ -102,6 +110,9 @@ class Inventory(Result):
 
     # -- rendering -------------------------------------------------------------
 
+    def simulated_fleet(self) -> str | None:
+        return (self.fleet_name or "simulated") if self.simulated else None
+
     def _header(self) -> str:
         if self.simulated:
             source = f"SIMULATED fleet '{self.fleet_name}'"
@@ -158,7 +169,8 @@ class Inventory(Result):
 
     def _process_table(self) -> Table:
         table = Table(
-            ["GPU", "pid", "user", "state", "up", "GPU mem", "its CVD", "command"], flex=7
+            ["GPU", "pid", "user", "state", "up", "GPU mem", "its CUDA_VISIBLE_DEVICES", "command"],
+            flex=7,
         )
         for gpu in self.gpus:
             for proc in gpu.processes:
@@ -280,7 +292,7 @@ class Inventory(Result):
             parts.append("<pre>" + escape("\n".join(vis)) + "</pre>")
         notes = self._notes()
         if notes:
-            items = "".join(f'<li class="{sev}">{escape(msg)}</li>' for sev, msg in notes)
+            items = "".join(f'<li class="{sev}">{fix_html(msg)}</li>' for sev, msg in notes)
             parts.append(f"<ul>{items}</ul>")
         return "".join(parts)
 

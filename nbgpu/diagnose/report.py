@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table, shorten, wrap
+from nbgpu._render import Result, Table, fix_html, fixes_html, shorten, wrap
 
 __all__ = ["Diagnosis", "Evidence", "Finding", "RankSummary", "SourceSummary"]
 
@@ -114,7 +114,7 @@ class Finding(Result):
             )
         if who:
             parts.append(f"<div>{escape(who)}</div>")
-        parts.append(f"<p>{escape(self.explanation)}</p>")
+        parts.append(f"<p>{fix_html(self.explanation)}</p>")
         if self.evidence:
             table = Table(["where", "line"])
             for e in self.evidence:
@@ -123,11 +123,9 @@ class Finding(Result):
         if self.traceback:
             parts.append("<pre>" + escape("\n".join(self.traceback)) + "</pre>")
         if self.details:
-            parts.append("<ul>" + "".join(f"<li>{escape(d)}</li>" for d in self.details) + "</ul>")
+            parts.append(fixes_html(self.details))
         if self.fixes:
-            parts.append(
-                "<b>fix:</b><ul>" + "".join(f"<li>{escape(f)}</li>" for f in self.fixes) + "</ul>"
-            )
+            parts.append("<b>fix:</b>" + fixes_html(self.fixes))
         parts.append("</div>")
         return "".join(parts)
 
@@ -296,12 +294,12 @@ class Diagnosis(Result):
         if self.inventory:
             parts.append(f"<div><i>GPU facts from {escape(self.inventory)}</i></div>")
         if self.root is None:
-            parts.append(f"<p>{escape(self.headline)}</p>")
+            parts.append(f"<p>{fix_html(self.headline)}</p>")
         parts.extend(f.html_body() for f in self.findings)
         if self.ranks:
             parts.append(self._rank_table().html())
         if self.notes:
-            parts.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in self.notes) + "</ul>")
+            parts.append(fixes_html(self.notes))
         return "".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

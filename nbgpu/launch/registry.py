@@ -37,6 +37,10 @@ def _age(run: Run) -> str:
 class RunsTable(Result):
     entries: tuple[Run, ...]
 
+    def simulated_fleet(self) -> str | None:
+        fleets = {run.simulated_fleet() for run in self.entries} - {None}
+        return ", ".join(sorted(f for f in fleets if f)) or None
+
     def _table(self) -> Table:
         table = Table(["name", "state", "ranks", "GPUs", "port", "age", "log dir"])
         for run in self.entries:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import nbgpu
-from nbgpu._render import Result, Table, wrap
+from nbgpu._render import Result, Table, fix_html, simulated_label, wrap
 from nbgpu.errors import NbgpuError, UserInputError
 from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
@@ -479,14 +479,39 @@ class Run(Result):
             f"{self.config.nproc} ranks",
         ]
         if gpus is not None:
-            parts.append(f"GPUs {gpus or 'none'}")
+            parts.append(self.gpu_assignment() if gpus else "no GPU")
         if self.port:
             parts.append(f"port {self.port}")
         if dur is not None:
             parts.append(f"{dur:.1f} s")
-        if self.environ.get("NBGPU_SIMULATE"):
-            parts.append(f"SIMULATED fleet '{self.environ['NBGPU_SIMULATE']}'")
+        fleet = self.simulated_fleet()
+        if fleet:
+            parts.append(simulated_label(fleet))
         return " · ".join(parts)
+
+    def rank_gpu(self, rank: int) -> str | None:
+        """The GPU rank *rank* uses (``cuda:LOCAL_RANK``), as CUDA_VISIBLE_DEVICES names it."""
+        gpus = self.config.cuda_visible_devices
+        if not gpus:
+            return None
+        visible = gpus.split(",")
+        local = rank % self.config.nproc
+        return visible[local] if local < len(visible) else None
+
+    def gpu_assignment(self) -> str:
+        """Which GPU each rank got: 'rank0→GPU 1, rank1→GPU 2 (GPU 3 unused)'."""
+        visible = (self.config.cuda_visible_devices or "").split(",")
+        pairs = [f"rank{r}→GPU {self.rank_gpu(r) or 'none'}" for r in range(self.config.nproc)]
+        if len(pairs) > 4:
+            pairs = [*pairs[:2], "…", pairs[-1]]
+        text = ", ".join(pairs)
+        unused = visible[self.config.nproc :]
+        if unused:
+            text += f" (GPU{'s' if len(unused) > 1 else ''} {','.join(unused)} unused)"
+        return text
+
+    def simulated_fleet(self) -> str | None:
+        return self.environ.get("NBGPU_SIMULATE") or None
 
     def text(self) -> str:
         lines = [self._headline()]
@@ -508,7 +533,7 @@ class Run(Result):
         if self.ranks:
             parts.append(self._table().html())
         if self.state not in ("succeeded", "running", "created"):
-            parts.append(f"<p>{escape(self.failure_summary())}</p>")
+            parts.append(f"<p>{fix_html(self.failure_summary())}</p>")
         parts.extend(f'<p class="warn">{escape(p)}</p>' for p in self.pull_problems)
         if self.diagnosis is not None:
             parts.append(self.diagnosis.html_body())

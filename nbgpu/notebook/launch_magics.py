@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from nbgpu.errors import UserInputError
 from nbgpu.notebook.magics import print_help
 
-__all__ = ["LaunchMagics"]
+__all__ = ["LaunchMagics", "keep_empty_cell_body"]
 
 _GPU_RUNS_HELP = """%gpu_runs
 
@@ -48,36 +48,64 @@ def _split_script_args(line: str) -> tuple[str, list[str]]:
 
 
 class _BackgroundView:
-    """A bounded live tail of a background run, kept in the cell that started it."""
+    """A bounded live tail of a background run, kept in the cell that started it.
 
-    def __init__(self, name: str) -> None:
+    Once the run ends, the same display shows the run's static record (each rank's
+    last lines, the badges, the summary), as HTML and text, so a saved notebook keeps it.
+    """
+
+    def __init__(self, run: Any, *, keep_tails: bool = True) -> None:
         from IPython.display import Pretty, display  # noqa: PLC0415
+
+        from nbgpu.notebook.run_record import RECORD_TAIL_LINES, Tails  # noqa: PLC0415
 
         self._pretty = Pretty
         self._lines: deque[str] = deque(maxlen=40)
         self._lock = threading.Lock()
         self._last = 0.0
-        self.handle = display(Pretty(f"[nbgpu] run '{name}' starting…"), display_id=True)
+        self._recorded = False
+        self.record: dict[str, str] | None = None  # the static record, once the run ended
+        # --quiet: the record keeps the summary only, no rank output.
+        self.tails = Tails(run.logs if keep_tails else {}, keep=RECORD_TAIL_LINES)
+        self.handle = display(Pretty(f"[nbgpu] run '{run.name}' starting…"), display_id=True)
 
     def write(self, text: str) -> object:
+        from nbgpu.notebook.run_record import strip_ansi  # noqa: PLC0415
+
         with self._lock:
-            self._lines.extend(text.rstrip("\n").split("\n"))
+            self._lines.extend(strip_ansi(text).rstrip("\n").split("\n"))
         return None
 
     def tick(self, run: Any) -> None:
+        if run.done:
+            if not self._recorded:
+                from nbgpu.notebook.run_record import record_bundle  # noqa: PLC0415
+
+                self._recorded = True
+                self.record = record_bundle(run, self.tails.all())
+                self.handle.update(self.record, raw=True)
+            return
         now = time.monotonic()
-        if not run.done and now - self._last < BACKGROUND_REFRESH_S:
+        if now - self._last < BACKGROUND_REFRESH_S:
             return
         self._last = now
         with self._lock:
             body = "\n".join(self._lines)
-        head = run.text() if run.done else run._headline()
-        self.handle.update(self._pretty(f"{head}\n{body}" if body and not run.done else head))
+        head = run._headline()
+        self.handle.update(self._pretty(f"{head}\n{body}" if body else head))
 
 
 @magics_class
 class LaunchMagics(Magics):
     """Launch and manage distributed runs; see each magic's ``-h``."""
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        # `%%torchrun ARGS` with an empty body must reach the magic (see the function);
+        # `unregister` removes the transformer again.
+        cleanup = getattr(shell, "input_transformers_cleanup", None)
+        if cleanup is not None and keep_empty_cell_body not in cleanup:
+            cleanup.append(keep_empty_cell_body)
 
     @magic_arguments()
     @argument(
@@ -177,16 +205,20 @@ class LaunchMagics(Magics):
         if any(token in ("-h", "--help") for token in line.split()):
             print_help(self.torchrun, "%%torchrun")
             return None
-        if cell is None:
+        if cell is None or not cell.strip():
+            # A bad value is named first, wherever it was typed: sending the user from
+            # the line magic to the cell magic and back would not say what is wrong.
+            self._parse_line(line)
+            if cell is None:
+                raise UsageError(
+                    "%torchrun runs a whole cell: put %%torchrun N on the cell's first line "
+                    "(or call nbgpu.torchrun(code, N) from Python)"
+                )
             raise UsageError(
-                "%torchrun runs a whole cell: put %%torchrun N on the cell's first line "
-                "(or call nbgpu.torchrun(code, N) from Python)"
+                f"%%torchrun {line.strip()}: the cell is empty: write the code to run on the "
+                "lines below %%torchrun"
             )
-        try:
-            head, script_args = _split_script_args(line)
-        except ValueError as exc:
-            raise UsageError(f"%%torchrun {line!r}: {exc}") from None
-        args = parse_argstring(self.torchrun, head)
+        args, script_args = self._parse_line(line)
         from nbgpu.launch.config import parse_env_pairs, parse_nproc  # noqa: PLC0415
         from nbgpu.launch.launcher import prepare  # noqa: PLC0415
         from nbgpu.launch.run import Run, RunFailed, follow  # noqa: PLC0415
@@ -255,6 +287,22 @@ class LaunchMagics(Magics):
         self._deliver(run, pulled, args.all_ranks, announce=True)
         return run
 
+    def _parse_line(self, line: str) -> tuple[Any, list[str]]:
+        """The magic's arguments and the ranks' argv; UsageError naming a bad value."""
+        from nbgpu.launch.config import parse_nproc  # noqa: PLC0415
+
+        try:
+            head, script_args = _split_script_args(line)
+        except ValueError as exc:
+            raise UsageError(f"%%torchrun {line!r}: {exc}") from None
+        args = parse_argstring(self.torchrun, head)
+        if args.nproc is not None:
+            try:
+                parse_nproc(args.nproc)
+            except UserInputError as exc:
+                raise UsageError(str(exc)) from None
+        return args, script_args
+
     def _background_sink(self, run: Any, view: str, *, quiet: bool) -> tuple[Any, Any]:
         """Widgets (tabs, badges, Stop) where they render; a display-handle tail otherwise."""
         from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
@@ -267,9 +315,11 @@ class LaunchMagics(Magics):
             panel = RunPanel(run)
             # follow() flushes the panel each tick; once the run is over, show final badges.
             return panel, lambda r: panel.finish(str(r.dir)) if r.done else None
-        text_view = _BackgroundView(run.name)
+        from nbgpu.notebook.run_record import TeeToTails  # noqa: PLC0415
+
+        text_view = _BackgroundView(run, keep_tails=not quiet)
         writer = ScreenWriter(text_view.write if not quiet else (lambda _t: None))
-        return writer, text_view.tick
+        return TeeToTails(writer, text_view.tails), text_view.tick
 
     def _deliver(self, run: Any, names: list[str], all_ranks: bool, *, announce: bool) -> None:
         if not names or self.shell is None:
@@ -342,6 +392,24 @@ class LaunchMagics(Magics):
             return stop_runs(None if args.all else args.name)
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
+
+
+def keep_empty_cell_body(lines: list[str]) -> list[str]:
+    """Input transformer: let ``%%torchrun ARGS`` with an empty body reach the magic.
+
+    IPython answers a cell magic whose body is empty itself, with "did you mean the
+    line magic %torchrun?", and the line magic can only send the user back. Giving the
+    cell a blank body lets ``%%torchrun`` name what is wrong (``nproc 'banana' is not
+    a number``) or say that the cell has no code.
+    """
+    if (
+        lines
+        and lines[0].startswith("%%torchrun")
+        and lines[0][len("%%torchrun") :][:1] in ("", " ", "\t", "\n")
+        and not any(line.strip() for line in lines[1:])
+    ):
+        return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]
+    return lines
 
 
 def _check_pushed(names: list[str], namespace: dict[str, Any]) -> None:

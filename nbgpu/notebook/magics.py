@@ -242,3 +242,8 @@ def unregister(ipython: Any) -> None:
         manager.magics["cell"].pop(name, None)
     manager.registry.pop("GPUMagics", None)
     manager.registry.pop("LaunchMagics", None)
+    from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
+
+    cleanup = getattr(ipython, "input_transformers_cleanup", [])
+    while keep_empty_cell_body in cleanup:
+        cleanup.remove(keep_empty_cell_body)

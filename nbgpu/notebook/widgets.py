@@ -1,11 +1,17 @@
 """A per-rank run panel for widget frontends: tabs, state badges, a Stop button.
 
-One tab per rank holds a bounded tail of its output (the full log is on disk); a
-badge row shows each rank's state; Stop ends the run. Updates are throttled (at
-most 4 per second) and each one *replaces* a tab's outputs instead of appending,
-because ``Output.append_stdout`` re-sends the whole widget on every call and
-Jupyter's server drops messages above ~1000/s. Used for background runs, where the
-kernel stays free to receive the button's click. ipywidgets is imported here only.
+One tab per rank holds a bounded tail of its output in a fixed-height scroll area
+that follows the newest line (the full log is on disk, and the tab says how many
+earlier lines only the log has); a badge row shows each rank's state and GPU; Stop
+ends the run. Updates are throttled (at most 4 per second) and each one *replaces* a
+tab's text instead of appending (``Output.append_stdout`` re-sends the whole widget on
+every call, and Jupyter's server drops messages above ~1000/s).
+
+The panel is shown through a display handle. When the run ends, the handle's output
+is replaced by the run's static record (:mod:`nbgpu.notebook.run_record`, HTML and
+text): a saved notebook then shows every rank's tail, the badges and the summary
+instead of "Error displaying widget: model not found", and a finished run shows no
+Stop button that could not do anything. ipywidgets is imported here only.
 """
 
 from __future__ import annotations
@@ -13,20 +19,29 @@ from __future__ import annotations
 import html
 import threading
 import time
-from collections import deque
 from typing import Any
+
+from nbgpu.notebook.run_record import (
+    RECORD_TAIL_LINES,
+    RecordPart,
+    Tails,
+    badges_html,
+    live_html,
+    live_text,
+    record_bundle,
+    scroll_box,
+    strip_ansi,
+)
 
 __all__ = ["RunPanel", "widgets_available"]
 
 REFRESH_S = 0.25
-_BADGE = {
-    "running": ("#2a7ae2", "running"),
-    "succeeded": ("#2e8b57", "ok"),
-    "failed": ("#c0392b", "failed"),
-    "stopped": ("#7f8c8d", "stopped"),
-    "timed_out": ("#c0392b", "timed out"),
-    "interrupted": ("#7f8c8d", "interrupted"),
-}
+#: Height of a rank's scroll area: the panel stays this size however much a rank prints.
+SCROLL_HEIGHT = "20em"
+FOREGROUND_NOTE = (
+    "foreground run: stop it with the notebook's interrupt button (■); "
+    "the kernel is busy following it and would only see a click here afterwards"
+)
 
 
 def widgets_available() -> bool:
@@ -38,45 +53,73 @@ def widgets_available() -> bool:
 
 
 class RunPanel:
-    """The live view of one run; implements the writer interface ``follow`` uses."""
+    """The live view of one run; implements the writer interface ``follow`` uses.
+
+    Other faces add to it with :meth:`add_section` (a widget under the tabs while the
+    run is live, and what the saved record keeps of it once it ends).
+    """
 
     def __init__(self, run: Any, *, tail_lines: int = 200, stoppable: bool = True) -> None:
         import ipywidgets as w  # noqa: PLC0415
         from IPython.display import display  # noqa: PLC0415
 
         self.run = run
-        self._lock = threading.Lock()
-        self._tails: dict[str, deque[str]] = {
-            f"rank{r}": deque(maxlen=tail_lines) for r in range(run.config.nproc)
-        }
+        self.tails = Tails(run.logs, keep=tail_lines)
         self._dirty: set[str] = set()
+        self._dirty_lock = threading.Lock()
         self._last = 0.0
+        self._recorded = False
+        self._record_parts: list[RecordPart] = []
+        self.record: dict[str, str] | None = None  # the static record, once the run ended
         self.writes = 0
         self.title = w.HTML()
         self.badges = w.HTML()
-        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop")
+        self.stop_button = w.Button(
+            description="Stop",
+            button_style="danger",
+            icon="stop",
+            tooltip="stop every process of this run: SIGTERM, then SIGKILL",
+        )
         self.stop_button.on_click(self._on_stop)
+        self.stop_note = w.HTML()
         # A foreground run keeps the kernel busy, so a click would only arrive afterwards:
-        # there the notebook's interrupt button is the stop button.
+        # there the notebook's interrupt button is the stop button, and the panel says so
+        # instead of showing a button that cannot work.
         self._stoppable = stoppable
         if not stoppable:
-            self.stop_button.tooltip = "foreground run: use the notebook's interrupt button"
-        self.outputs = {label: w.Output() for label in self._tails}
+            self.stop_button.layout.display = "none"
+            self.stop_note.value = (
+                f'<span style="font-size:11px">{html.escape(FOREGROUND_NOTE)}</span>'
+            )
+        # HTML rather than Output widgets: the scroll box is ours (fixed height, opens at
+        # the newest line), and one value replaces a tab's text in one bounded message.
+        self.outputs = {label: w.HTML(scroll_box("", SCROLL_HEIGHT)) for label in self.tails.labels}
         self.tabs = w.Tab(children=list(self.outputs.values()))
         for i, label in enumerate(self.outputs):
             self.tabs.set_title(i, label)
-        self.box = w.VBox([w.HBox([self.title, self.stop_button]), self.badges, self.tabs])
+        self.box = w.VBox(
+            [w.HBox([self.title, self.stop_button, self.stop_note]), self.badges, self.tabs]
+        )
         self._refresh_header()
-        display(self.box)
+        bundle = dict(self.box._repr_mimebundle_())
+        # What a notebook saved mid-run shows where widgets do not render, instead of
+        # the widget's repr (JupyterLab itself prefers the widget while it lives).
+        bundle["text/plain"] = live_text(run)
+        bundle["text/html"] = live_html(run)
+        self.handle = display(bundle, raw=True, display_id=True)
+
+    def add_section(self, widget: Any, record: RecordPart | None = None) -> None:
+        """Show *widget* under the tabs; *record* gives its (text, html) for the record."""
+        self.box.children = (*self.box.children, widget)
+        if record is not None:
+            self._record_parts.append(record)
 
     # -- the writer interface (add / flush / finish) ----------------------------------
 
     def add(self, label: str, lines: list[str]) -> None:
-        if label not in self._tails:
-            return
-        with self._lock:
-            self._tails[label].extend(lines)
-            self._dirty.add(label)
+        if self.tails.extend(label, lines):
+            with self._dirty_lock:
+                self._dirty.add(label)
 
     def flush(self) -> None:
         now = time.monotonic()
@@ -85,50 +128,43 @@ class RunPanel:
         self._last = now
         self._render()
 
-    def finish(self, log_hint: str) -> None:  # noqa: ARG002  (the header shows the log dir)
+    def finish(self, log_hint: str) -> None:  # noqa: ARG002  (the record shows the log dir)
         self._render()
+        if self.run.done and not self._recorded:
+            # The run's outcome is known (follow() calls this again after run.finish()):
+            # swap the live panel for the record a saved notebook keeps.
+            self._recorded = True
+            self.record = record_bundle(
+                self.run, self.tails.all(RECORD_TAIL_LINES), self._record_parts
+            )
+            self.handle.update(self.record, raw=True)
 
     # -- rendering -----------------------------------------------------------------
 
     def _render(self) -> None:
-        with self._lock:
-            dirty = {label: "\n".join(self._tails[label]) for label in self._dirty}
+        with self._dirty_lock:
+            dirty = sorted(self._dirty)
             self._dirty.clear()
-        for label, text in dirty.items():
-            # Replacing the outputs sends one bounded message, not the whole history.
-            self.outputs[label].outputs = (
-                {"output_type": "stream", "name": "stdout", "text": text + "\n"},
-            )
+        for label in dirty:
+            tail = self.tails.tail(label)
+            note = tail.earlier_note()
+            text = "\n".join(tail.lines)
+            if note:
+                text = f"… {note}\n{text}"
+            # Replacing the value sends one bounded message, not the whole history.
+            self.outputs[label].value = scroll_box(text, SCROLL_HEIGHT)
             self.writes += 1
         self._refresh_header()
 
     def _refresh_header(self) -> None:
         run = self.run
-        self.title.value = f"<b>{html.escape(run._headline())}</b>"
+        self.title.value = f"<b>{html.escape(strip_ansi(run._headline()))}</b>"
         self.stop_button.disabled = run.done or not self._stoppable
-        states = {r.rank: run._rank_state(r) for r in run.ranks}
-        badges = []
-        for r in range(run.config.nproc):
-            state = states.get(r)
-            if state is None:
-                color, text = _BADGE["running" if not run.done else run.state]
-            elif state == "ok":
-                color, text = _BADGE["succeeded"]
-            elif run.stop_reason is not None and run.root_cause is None:
-                # Stopped by the user, a timeout or an interrupt: grey, not a crash's red.
-                color, text = _BADGE.get(run.state, _BADGE["stopped"])[0], state
-            else:
-                color, text = _BADGE["failed"][0], state
-            if run.root_cause is not None and run.root_cause.rank == r:
-                text += " (root cause)"
-            badges.append(
-                f'<span style="background:{color};color:white;border-radius:3px;'
-                f'padding:1px 6px;margin-right:4px">rank{r}: {html.escape(text)}</span>'
-            )
-        self.badges.value = "".join(badges) + (
+        self.badges.value = badges_html(run) + (
             f'<div style="font-size:11px">logs: <code>{html.escape(str(run.dir))}</code></div>'
         )
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True
+        self.stop_button.description = "Stopping…"
         threading.Thread(target=self.run.stop, args=("stopped",), daemon=True).start()

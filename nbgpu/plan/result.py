@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, ClassVar
 
-from nbgpu._render import Result, Table, fmt_bytes, wrap
+from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, wrap
 from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import BatchCheck
 from nbgpu.plan.serial import from_data, to_data
@@ -31,6 +31,7 @@ __all__ = [
     "PlannedGpu",
     "RolePlan",
     "fit_title",
+    "notes_html",
     "notes_text",
     "plan_from_dict",
 ]
@@ -227,13 +228,13 @@ def notes_text(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> list
     return lines
 
 
-def _notes_html(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> str:
+def notes_html(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> str:
+    """Problems and warnings as one list, each issue's fixes a sub-list under it."""
     items = []
     for level, issues in (("bad", problems), ("warn", warnings)):
         for issue in issues:
-            fixes = "".join(f"<li>{escape(f)}</li>" for f in issue.fixes)
-            sub = f"<ul>{fixes}</ul>" if fixes else ""
-            items.append(f'<li class="{level}">{escape(issue.message)}{sub}</li>')
+            sub = fixes_html(issue.fixes)
+            items.append(f'<li class="{level}">{fix_html(issue.message)}{sub}</li>')
     return f"<ul>{''.join(items)}</ul>" if items else ""
 
 
@@ -276,6 +277,9 @@ class Plan(Result):
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def simulated_fleet(self) -> str | None:
+        return self.fleet if self.simulated else None
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -353,15 +357,27 @@ class Plan(Result):
             for e in self.excluded
         ]
 
+    @staticmethod
+    def _alternative_head(alt: Alternative) -> str:
+        status = ""
+        if alt.plan is not None:
+            status = " — ready" if alt.plan.ok else " — also blocked"
+        return f"{alt.title}{status}: {alt.reason}"
+
     def _alternative_lines(self) -> list[str]:
         lines = []
         for n, alt in enumerate(self.alternatives, 1):
-            status = ""
-            if alt.plan is not None:
-                status = " — ready" if alt.plan.ok else " — also blocked"
-            lines.append(wrap(f"{alt.title}{status}: {alt.reason}", f"  {n}. "))
+            lines.append(wrap(self._alternative_head(alt), f"  {n}. "))
             lines.extend(wrap(fix, "       ") for fix in alt.fixes)
         return lines
+
+    def _alternatives_html(self) -> str:
+        # One numbered item per alternative; its steps are a sub-list of that item.
+        items = "".join(
+            f"<li>{fix_html(self._alternative_head(alt))}{fixes_html(alt.fixes)}</li>"
+            for alt in self.alternatives
+        )
+        return f"<div>alternatives:<ol>{items}</ol></div>"
 
     def _footer(self) -> list[str]:
         lines = []
@@ -430,19 +446,17 @@ class Plan(Result):
             parts.append(uuids.html())
         if self.excluded:
             items = "".join(
-                f"<li>GPU {e.nvml_index} ({escape(e.verdict)}): {escape(' '.join(e.reasons))}</li>"
+                f"<li>GPU {e.nvml_index} ({escape(e.verdict)}): {fix_html(' '.join(e.reasons))}"
+                f"{fixes_html(e.fixes)}</li>"
                 for e in self.excluded
             )
             parts.append(f"<div>left out:<ul>{items}</ul></div>")
-        parts.append("".join(f"<div>{escape(line)}</div>" for line in self._footer()))
+        parts.append("".join(f"<div>{fix_html(line)}</div>" for line in self._footer()))
         if self.memory:
             parts.append(self._memory_table().html())
-        parts.append(_notes_html(self.problems, self.warnings))
+        parts.append(notes_html(self.problems, self.warnings))
         if self.alternatives:
-            items = "".join(
-                f"<li>{escape(line.strip())}</li>" for line in self._alternative_lines()
-            )
-            parts.append(f"<div>alternatives:<ol>{items}</ol></div>")
+            parts.append(self._alternatives_html())
         return "".join(parts)
 
     # -- data --------------------------------------------------------------------

@@ -59,7 +59,7 @@ from nbgpu.plan.memory import (
     weight_bytes,
 )
 from nbgpu.plan.models import find_model
-from nbgpu.plan.result import Issue, notes_text
+from nbgpu.plan.result import Issue, notes_html, notes_text
 from nbgpu.plan.yamldoc import dump_yaml
 
 __all__ = [
@@ -289,11 +289,7 @@ class ScalePlan(Result):
             parts.append(f"<div>{escape(self.kv.text)}</div>")
         if self.written_to is not None:
             parts.append(f"<div>new config written to <code>{escape(self.written_to)}</code></div>")
-        items = "".join(
-            f"<li>{escape(n.strip())}</li>" for n in notes_text(self.problems, self.warnings)
-        )
-        if items:
-            parts.append(f"<ul>{items}</ul>")
+        parts.append(notes_html(self.problems, self.warnings))
         parts.append(f"<pre>{escape(self.diff())}</pre>")
         return "".join(parts)
 

@@ -30,7 +30,15 @@ from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.job import Job
 from nbgpu.plan.planner import build_plan, gpu_span
 from nbgpu.plan.ports import PortChecker
-from nbgpu.plan.result import ExcludedGpu, Issue, Plan, fit_title, notes_text, plan_from_dict
+from nbgpu.plan.result import (
+    ExcludedGpu,
+    Issue,
+    Plan,
+    fit_title,
+    notes_html,
+    notes_text,
+    plan_from_dict,
+)
 from nbgpu.plan.serial import from_data, to_data
 
 __all__ = ["SWEEP_FORMAT", "SweepPlan", "build_sweep", "sweep_from_dict"]
@@ -120,13 +128,14 @@ class SweepPlan(Result):
         if self.excluded:
             left = "; ".join(f"GPU {e.nvml_index} ({e.verdict})" for e in self.excluded)
             parts.append(f"<div>left out: {escape(left)}</div>")
-        items = "".join(f"<li>{escape(line.strip())}</li>" for line in notes_text(*self._issues()))
-        if items:
-            parts.append(f"<ul>{items}</ul>")
+        parts.append(notes_html(*self._issues()))
         return "".join(parts)
 
     def records(self) -> list[dict[str, Any]]:
         return [row for run in self.runs for row in run.records()]
+
+    def simulated_fleet(self) -> str | None:
+        return self.fleet if self.simulated else None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = to_data(self)

@@ -369,12 +369,36 @@ class LabPage:
             time.sleep(interval_s)
         raise AssertionError(f"cells of {self.path} did not finish in {timeout_s:g} s: {state}")
 
+    def save(self, timeout_s: float = 30.0) -> None:
+        """Save this notebook through Lab (as Ctrl+S would) and wait until it is on disk."""
+        state = self._state_or_fail()
+        path = self.server.root / self.path
+        before = path.stat().st_mtime_ns
+        self.page.evaluate(
+            """async (id) => {
+                 const app = window.jupyterapp;
+                 app.shell.activateById(id);
+                 await app.commands.execute('docmanager:save');
+               }""",
+            state["id"],
+        )
+        wait_until(lambda: path.stat().st_mtime_ns != before, timeout_s, f"{path} to be saved")
+
+    def outputs_text(self) -> str:
+        """The rendered text of every output area of the page (not the cell sources)."""
+        return str(
+            self.page.evaluate(
+                """() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))
+                     .map(n => n.textContent).join('\\n')"""
+            )
+        )
+
     def page_text(self) -> str:
         return str(self.page.evaluate("() => document.body.textContent"))
 
-    def screenshot(self, path: Path) -> Path:
+    def screenshot(self, path: Path, *, full: bool = False) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(path))
+        self.page.screenshot(path=str(path), full_page=full)
         return path
 
     def shutdown_kernels(self) -> None:

@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.procs import run_processes
 from nbgpu.launch.run import Run, follow, leftover_processes
@@ -188,3 +189,23 @@ def test_failed_run_is_diagnosed_with_the_inventory(env):
     assert lines[1].startswith("cause: GPU busy or unavailable on rank 0 [cuda_busy]")
     assert "physical GPU 0 (exclusive-process), held by dead pid" in lines[1]
     assert any("--gpus 1,2,3" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("nproc", "cvd", "expected"),
+    [
+        (2, "1,2,3", "rank0→GPU 1, rank1→GPU 2 (GPU 3 unused)"),
+        (3, "1,2,3", "rank0→GPU 1, rank1→GPU 2, rank2→GPU 3"),
+        (8, "0,1,2,3,4,5,6,7", "rank0→GPU 0, rank1→GPU 1, …, rank7→GPU 7"),
+        (2, "0", "rank0→GPU 0, rank1→GPU none"),  # --force: more ranks than GPUs
+    ],
+)
+def test_headline_says_which_gpu_each_rank_got(nproc, cvd, expected):
+    run = Run(
+        LaunchConfig(nproc=nproc, code="pass\n", cuda_visible_devices=cvd),
+        environ={"NBGPU_SIMULATE": "busy-gpu0"},
+    )
+    assert run.gpu_assignment() == expected
+    assert f" · {expected} · " in run._headline()
+    assert run._headline().endswith("SIMULATED fleet 'busy-gpu0'")
+    assert run.rank_gpu(0) == cvd.split(",")[0]

@@ -6,9 +6,11 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
 
 from nbgpu.launch.registry import runs
 from nbgpu.launch.run import RunFailed, leftover_processes
+from nbgpu.notebook.launch_magics import keep_empty_cell_body
 
 
 @pytest.fixture
@@ -149,39 +151,129 @@ def test_help_and_line_use(ip, capsys):
 
 @pytest.mark.slow
 def test_background_widget_panel_tracks_ranks_and_stops(ip):
-    ip.run_cell_magic(
-        "torchrun",
-        "2 --bg --view widgets --name paneled",
-        "import os, time\nprint('rank says hi', os.environ['RANK'], flush=True)\ntime.sleep(120)\n",
-    )
-    run = runs()["paneled"]
-    deadline = time.time() + 60
-    while time.time() < deadline and not all(
-        p.exists() and "hi" in p.read_text() for p in (run.logs["rank0"], run.logs["rank1"])
-    ):
-        time.sleep(0.05)
-    panel = run.writer
-    time.sleep(0.6)  # let the panel refresh (at most 4 Hz)
-    assert [panel.tabs.get_title(i) for i in range(2)] == ["rank0", "rank1"]
-    assert "rank says hi 1" in panel.outputs["rank1"].outputs[0]["text"]
-    assert "running" in panel.badges.value
-    panel.stop_button.click()
-    run.thread.join(timeout=20)
+    with capture_output() as shown:
+        ip.run_cell_magic(
+            "torchrun",
+            "2 --bg --view widgets --name paneled",
+            "import os, time\n"
+            "for i in range(300):\n"
+            "    print('rank', os.environ['RANK'], 'line', i)\n"
+            "print('rank says hi', os.environ['RANK'], flush=True)\n"
+            "time.sleep(120)\n",
+        )
+        run = runs()["paneled"]
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(
+            p.exists() and "hi" in p.read_text() for p in (run.logs["rank0"], run.logs["rank1"])
+        ):
+            time.sleep(0.05)
+        panel = run.writer
+        time.sleep(0.6)  # let the panel refresh (at most 4 Hz)
+        assert [panel.tabs.get_title(i) for i in range(2)] == ["rank0", "rank1"]
+        tab = panel.outputs["rank1"].value
+        assert "rank says hi 1" in tab
+        # The tab is bounded (200 lines) and says where the earlier lines are.
+        assert f"… 101 earlier lines only in {run.logs['rank1']}\nrank 1 line 101\n" in tab
+        assert "rank 1 line 100\n" not in tab
+        assert "max-height:20em;overflow:auto" in tab
+        assert "rank0 · GPU 1: running" in panel.badges.value
+        assert "rank1 · GPU 2: running" in panel.badges.value
+        panel.stop_button.click()
+        run.thread.join(timeout=20)
     assert run.state == "stopped"
     assert panel.stop_button.disabled
     assert leftover_processes(run) == []
+    # First the widget, whose plain-text stand-in is readable (not a VBox repr); then
+    # the same display replaced by the static record once the run ended.
+    first, last = shown.outputs[0], shown.outputs[-1]
+    assert "application/vnd.jupyter.widget-view+json" in first.data
+    assert first.data["text/plain"].startswith("run 'paneled' · running")
+    assert "VBox" not in first.data["text/plain"]
+    assert "run &#x27;paneled&#x27; · running" in first.data["text/html"]
+    assert last.data == panel.record
+    assert "application/vnd.jupyter.widget-view+json" not in last.data
+    record_text, record_html = last.data["text/plain"], last.data["text/html"]
+    for rank in (0, 1):
+        assert f"rank says hi {rank}" in record_text
+        assert f"rank says hi {rank}" in record_html
+        assert f"only in {run.logs[f'rank{rank}']}" in record_text
+    assert "rank0 · GPU 1: stopped" in record_text
+    assert "rank0 · GPU 1: stopped" in record_html
+    assert "run 'paneled' · stopped" in record_text.splitlines()[0]
+    assert "<details" in record_html
+    assert "\x1b[" not in record_text + record_html
 
 
 @pytest.mark.slow
 def test_foreground_widget_view_on_request(ip, capsys):
-    run = ip.run_cell_magic(
-        "torchrun",
-        "2 --view widgets --name fg-panel",
-        "import os\nprint('hello', os.environ['RANK'])\n",
-    )
+    with capture_output() as shown:
+        run = ip.run_cell_magic(
+            "torchrun",
+            "2 --view widgets --name fg-panel",
+            "import os\nprint('hello', os.environ['RANK'])\n",
+        )
     panel = run.writer
     assert run.state == "succeeded"
-    assert "hello 1" in panel.outputs["rank1"].outputs[0]["text"]
-    assert panel.stop_button.disabled  # the interrupt button stops foreground runs
-    assert "rank0: ok" in panel.badges.value
+    assert "hello 1" in panel.outputs["rank1"].value
+    # The interrupt button stops foreground runs: no dead Stop button, a note instead.
+    assert panel.stop_button.layout.display == "none"
+    assert "interrupt button" in panel.stop_note.value
+    assert "rank0 · GPU 1: ok" in panel.badges.value
     assert "[rank0]" not in capsys.readouterr().out  # the text went to the panel
+    assert shown.outputs[-1].data == panel.record
+    assert "hello 1" in panel.record["text/plain"]
+    assert "interrupt" not in panel.record["text/html"]  # a finished run needs no stopping
+
+
+@pytest.mark.slow
+def test_background_text_view_leaves_a_record(ip, monkeypatch):
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "x")  # the text view, as under nbval
+    with capture_output() as shown:
+        ip.run_cell_magic(
+            "torchrun",
+            "2 --bg --name texty",
+            "import os\nprint('\\x1b[31mred\\x1b[0m from', os.environ['RANK'])\n",
+        )
+        run = runs()["texty"]
+        run.thread.join(timeout=120)
+    assert run.state == "succeeded"
+    record = shown.outputs[-1].data
+    assert "red from 1" in record["text/plain"]
+    assert "red from 0" in record["text/html"]
+    assert "rank1 · GPU 2: ok" in record["text/plain"]
+    assert "\x1b" not in record["text/plain"] + record["text/html"]
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["%%torchrun banana", "%%torchrun banana\n", "%%torchrun banana\n\n", "%torchrun banana"],
+)
+def test_bad_nproc_is_named_in_cell_and_line_magic(ip, source):
+    result = ip.run_cell(source)
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    assert str(result.error_in_exec).startswith("nproc 'banana' is not a number")
+
+
+def test_empty_cell_says_so_and_unload_removes_the_transformer(ip):
+    result = ip.run_cell("%%torchrun 2")
+    assert "the cell is empty" in str(result.error_in_exec)
+    ip.run_line_magic("unload_ext", "nbgpu")
+    try:
+        assert keep_empty_cell_body not in ip.input_transformers_cleanup
+    finally:
+        ip.run_line_magic("load_ext", "nbgpu")
+    assert ip.input_transformers_cleanup.count(keep_empty_cell_body) == 1
+
+
+@pytest.mark.slow
+def test_quiet_background_record_has_no_rank_output(ip):
+    with capture_output() as shown:
+        ip.run_cell_magic(
+            "torchrun", "2 --bg --quiet --name hush", "print('secret line', flush=True)\n"
+        )
+        run = runs()["hush"]
+        run.thread.join(timeout=120)
+    assert run.state == "succeeded"
+    record = shown.outputs[-1].data
+    assert "run 'hush' · succeeded" in record["text/plain"]
+    assert "secret line" not in record["text/plain"] + record["text/html"]

@@ -1,0 +1,283 @@
+"""The static record of a run: what a saved notebook keeps of its live view.
+
+A widget lives in the kernel: once the notebook is saved and reopened (or shown on
+GitHub, nbviewer, or converted with nbconvert) its model is gone, and JupyterLab shows
+"Error displaying widget: model not found" where the run panel was. So when a run
+ends, its live view is replaced, through the same display handle, by this record: the
+run's headline, a state badge per rank, each rank's last lines (and how many earlier
+lines only its ``rank{N}.log`` holds, with the path), and the run's summary (ranks
+table, failure summary, diagnosis), as HTML and as text.
+
+Pure rendering over a :class:`~nbgpu.launch.run.Run` (duck-typed) and the tails that
+the live view kept; no IPython, no ipywidgets.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nbgpu._render import STYLE
+
+__all__ = [
+    "RECORD_TAIL_LINES",
+    "RankTail",
+    "Tails",
+    "TeeToTails",
+    "badges",
+    "badges_html",
+    "badges_text",
+    "live_html",
+    "live_text",
+    "record_bundle",
+    "record_html",
+    "record_text",
+    "scroll_box",
+    "strip_ansi",
+]
+
+#: Lines per rank a saved notebook keeps (the panel shows more; the log has all).
+RECORD_TAIL_LINES = 40
+# Any CSI sequence (colours, cursor moves) and the two-byte escapes: a static record
+# is read where nothing interprets them.
+_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+
+_COLORS = {
+    "running": "#2a7ae2",
+    "ok": "#2e8b57",
+    "failed": "#c0392b",
+    "stopped": "#7f8c8d",
+}
+
+#: A part a face adds to the record, e.g. a memory timeline's summary: a callable
+#: returning (text, html), called once when the run has ended.
+RecordPart = Callable[[], tuple[str, str]]
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+@dataclass(frozen=True)
+class RankTail:
+    """The last lines of one rank's output, and how many came before them."""
+
+    label: str  # "rank0"
+    lines: tuple[str, ...]
+    total_lines: int  # every line the rank printed so far
+    log: Path
+
+    @property
+    def earlier_lines(self) -> int:
+        """Lines not in :attr:`lines`: only in :attr:`log`."""
+        return self.total_lines - len(self.lines)
+
+    def earlier_note(self) -> str | None:
+        n = self.earlier_lines
+        if n <= 0:
+            return None
+        return f"{n:,} earlier line{'s' if n != 1 else ''} only in {self.log}"
+
+
+class Tails:
+    """Each rank's newest lines and line count, fed from the run's reader thread."""
+
+    def __init__(self, logs: Mapping[str, Path], keep: int) -> None:
+        self._lock = threading.Lock()
+        self._logs = {label: Path(p) for label, p in logs.items() if label.startswith("rank")}
+        self._lines: dict[str, deque[str]] = {label: deque(maxlen=keep) for label in self._logs}
+        self._counts = dict.fromkeys(self._logs, 0)
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self._logs)
+
+    def extend(self, label: str, lines: list[str]) -> bool:
+        """Keep *lines* of *label*; False (nothing kept) for a label that is not a rank."""
+        if label not in self._lines:
+            return False
+        with self._lock:
+            self._lines[label].extend(lines)
+            self._counts[label] += len(lines)
+        return True
+
+    def tail(self, label: str, last: int | None = None) -> RankTail:
+        with self._lock:
+            lines = tuple(self._lines[label])
+            total = self._counts[label]
+        if last is not None:
+            lines = lines[-last:] if last else ()
+        return RankTail(label, lines, total, self._logs[label])
+
+    def all(self, last: int | None = None) -> list[RankTail]:
+        return [self.tail(label, last) for label in self._logs]
+
+
+class TeeToTails:
+    """A line sink that keeps tails for the record and passes everything to *inner*."""
+
+    def __init__(self, inner: Any, tails: Tails) -> None:
+        self.inner = inner
+        self.tails = tails
+
+    def add(self, label: str, lines: list[str]) -> None:
+        self.tails.extend(label, lines)
+        self.inner.add(label, lines)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def finish(self, log_hint: str) -> None:
+        self.inner.finish(log_hint)
+
+
+# -- badges -----------------------------------------------------------------------------
+
+
+def badges(run: Any) -> list[tuple[int, str, str]]:
+    """(rank, colour name, text) per rank: 'rank0 · GPU 1: running', 'rank1: exit 1 …'."""
+    states = {r.rank: run._rank_state(r) for r in run.ranks}
+    out = []
+    for r in range(run.config.nproc):
+        state = states.get(r)
+        if state is None:
+            kind = "running" if not run.done else _kind_of_run(run.state)
+            text = "running" if not run.done else run.state.replace("_", " ")
+        elif state == "ok":
+            kind, text = "ok", "ok"
+        elif run.stop_reason is not None and run.root_cause is None:
+            # Stopped by the user, a timeout or an interrupt: grey, not a crash's red.
+            kind = "failed" if run.state == "timed_out" else "stopped"
+            text = state
+        else:
+            kind, text = "failed", state
+        if run.root_cause is not None and run.root_cause.rank == r:
+            text += " (root cause)"
+        gpu = run.rank_gpu(r)
+        where = f"rank{r} · GPU {gpu}" if gpu is not None else f"rank{r}"
+        out.append((r, kind, f"{where}: {text}"))
+    return out
+
+
+def _kind_of_run(state: str) -> str:
+    return {"succeeded": "ok", "stopped": "stopped", "interrupted": "stopped"}.get(state, "failed")
+
+
+def badges_html(run: Any) -> str:
+    return "".join(
+        f'<span style="background:{_COLORS[kind]};color:white;border-radius:3px;'
+        f'padding:1px 6px;margin-right:4px;white-space:nowrap">{html.escape(text)}</span>'
+        for _, kind, text in badges(run)
+    )
+
+
+def badges_text(run: Any) -> str:
+    return " | ".join(text for _, _, text in badges(run))
+
+
+# -- the record -------------------------------------------------------------------------
+
+
+_LIVE_NOTE = "live view of the run; the notebook keeps a record of every rank once it ends"
+
+
+def live_text(run: Any) -> str:
+    """The plain-text stand-in of a live panel (what a notebook saved mid-run shows)."""
+    return f"{run._headline()}\n({_LIVE_NOTE}; logs: {run.dir})"
+
+
+def live_html(run: Any) -> str:
+    """The HTML stand-in of a live panel, for renderers without widgets (GitHub, nbviewer)."""
+    return (
+        f'{STYLE}<div class="nbgpu"><b>{html.escape(run._headline())}</b>'
+        f"<div>{html.escape(_LIVE_NOTE)}; logs: <code>{html.escape(str(run.dir))}</code></div></div>"
+    )
+
+
+def scroll_box(text: str, height: str = "16em") -> str:
+    """*text* in a box of at most *height* that shows its newest (last) line.
+
+    ``column-reverse`` anchors the scroll position at the end of the content, so the
+    box opens at the bottom and stays there as it is re-rendered: no script needed,
+    which a saved notebook could not run anyway.
+    """
+    return (
+        f'<div class="nbgpu-scroll" style="max-height:{height};overflow:auto;display:flex;'
+        'flex-direction:column-reverse;border:1px solid #ddd;margin:2px 0 6px 0">'
+        '<pre style="flex:none;margin:0;padding:2px 6px;white-space:pre-wrap;font-size:12px">'
+        f"{html.escape(strip_ansi(text))}</pre></div>"
+    )
+
+
+def _tail_heading(tail: RankTail) -> str:
+    shown = len(tail.lines)
+    if tail.total_lines == 0:
+        return "no output"
+    if tail.earlier_lines > 0:
+        return f"last {shown:,} of {tail.total_lines:,} lines"
+    return f"{shown:,} line{'s' if shown != 1 else ''}"
+
+
+def _open_rank(run: Any) -> int:
+    # Open the rank a reader needs first: the root cause, else rank 0.
+    return run.root_cause.rank if getattr(run, "root_cause", None) is not None else 0
+
+
+def record_html(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, str]] = ()) -> str:
+    tails = list(tails)
+    states = {r: text for r, _, text in badges(run)}
+    sections = [
+        f"<b>{html.escape(run._headline())}</b>",
+        f"<div>{badges_html(run)}</div>",
+    ]
+    opened = _open_rank(run)
+    for number, tail in enumerate(tails):
+        state = states.get(number, tail.label)
+        note = tail.earlier_note()
+        body = strip_ansi("\n".join(tail.lines)) if tail.lines else "(no output)"
+        if note:
+            body = f"… {note}\n{body}"
+        sections.append(
+            f"<details{' open' if number == opened else ''}><summary>"
+            f"{html.escape(state)} · {html.escape(_tail_heading(tail))}</summary>"
+            f"{scroll_box(body)}</details>"
+        )
+    summary = run.html_body()
+    headline = f"<b>{html.escape(run._headline())}</b>"
+    # The record opens with the headline already; the summary need not repeat it.
+    sections.append(summary.removeprefix(headline))
+    sections.extend(html_part for _, html_part in extra)
+    return f'{STYLE}<div class="nbgpu nbgpu-record">{"".join(sections)}</div>'
+
+
+def record_text(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, str]] = ()) -> str:
+    summary = run.text().split("\n")
+    lines = [summary[0], badges_text(run)]
+    for tail in tails:
+        lines.append(f"--- {tail.label}: {_tail_heading(tail)}")
+        note = tail.earlier_note()
+        if note:
+            lines.append(f"… {note}")
+        lines.extend(strip_ansi(line) for line in tail.lines)
+    lines.append("---")
+    lines.extend(summary[1:])
+    lines.extend(text_part for text_part, _ in extra)
+    return "\n".join(lines)
+
+
+def record_bundle(
+    run: Any, tails: Iterable[RankTail], parts: Iterable[RecordPart] = ()
+) -> dict[str, str]:
+    """text/plain and text/html of the record, for ``display(..., raw=True)``."""
+    tails = list(tails)
+    extra = [part() for part in parts]
+    return {
+        "text/plain": record_text(run, tails, extra),
+        "text/html": record_html(run, tails, extra),
+    }

@@ -1,0 +1,96 @@
+"""nbgpu._render: one renderer for fix text, tables that stay left-aligned, SIMULATED frames."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+import nbgpu
+from nbgpu._render import STYLE, Table, fix_html, fixes_html
+
+
+def test_fix_html_shows_backticks_as_code_and_escapes_the_rest():
+    assert fix_html("run `nbgpu clean` <now>") == "run <code>nbgpu clean</code> &lt;now&gt;"
+    # An unpaired backtick is text, never an unclosed <code>.
+    assert fix_html("it's `odd") == "it's `odd"
+    assert fix_html("`a` and `b<c>`") == "<code>a</code> and <code>b&lt;c&gt;</code>"
+
+
+def test_fixes_html_is_one_list():
+    assert fixes_html([]) == ""
+    assert fixes_html(["`x`", "y"], ordered=True) == "<ol><li><code>x</code></li><li>y</li></ol>"
+
+
+class _Cells(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[dict[str, str | None]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("td", "th"):
+            self.cells.append(dict(attrs))
+
+
+def test_every_table_cell_is_left_aligned_inline():
+    # Inline: beats JupyterLab's `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`
+    # (specificity 0,2,1) and any other stylesheet (VS Code, nbviewer) without !important.
+    table = Table(["name", "state"])
+    table.add("rank0", "ok")
+    parser = _Cells()
+    parser.feed(table.html())
+    assert len(parser.cells) == 4
+    assert all(cell.get("style") == "text-align:left" for cell in parser.cells)
+    # The stylesheet's own table rules outrank Lab's (0,2,2 > 0,2,1).
+    assert "div.nbgpu table.nbgpu-table td" in STYLE
+
+
+@pytest.fixture(autouse=True)
+def busy_gpu0(monkeypatch):
+    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_plan_alternatives_numbered_once_with_their_steps_nested():
+    plan = nbgpu.plan("sglang.d1t1p1+d3t1p1", global_batch=8)
+    body = plan.html_body()
+    alternatives = body[body.index("alternatives:<ol>") :]
+    ol = alternatives[: alternatives.index("</ol></div>") + 5]
+    # One top-level item per alternative: the fix steps are a sub-list, not items.
+    top_level = re.sub(r"<ul>.*?</ul>", "", ol)
+    assert top_level.count("<li>") == len(plan.alternatives) == 2
+    assert not re.search(r"<li>\s*\d+\.", ol), "numbered twice"
+    assert "<code>sudo nvidia-smi --gpu-reset -i 0</code>" in ol
+    assert "`" not in body
+    # The batch fix of the problems list renders the same way.
+    assert "global_batch=6" in body
+
+
+def test_doctor_plan_and_run_summaries_share_the_renderer():
+    doctor = nbgpu.doctor()
+    assert "<code>" in doctor.html_body()
+    assert "`" not in doctor.html_body()
+
+
+def test_frames_of_a_simulated_fleet_say_so():
+    frame = nbgpu.status().to_frame()
+    assert frame.attrs["nbgpu_simulated"] == "busy-gpu0"
+    for shown in (frame, frame.filter(items=["nvml_index", "name"]), frame[["name"]]):
+        assert "SIMULATED fleet 'busy-gpu0'" in repr(shown)
+        assert "SIMULATED fleet 'busy-gpu0'" in shown._repr_html_()
+    plan_frame = nbgpu.plan("d2t1p1").to_frame()
+    assert "SIMULATED" in repr(plan_frame)
+
+
+def test_frames_of_real_results_carry_no_marker():
+    inventory = nbgpu.status()
+    real = type(inventory)(**{**inventory.__dict__, "simulated": False})
+    frame = real.to_frame()
+    assert "nbgpu_simulated" not in frame.attrs
+    assert "SIMULATED" not in repr(frame)
+
+
+def test_marker_survives_row_filters():
+    frame = nbgpu.status().to_frame()
+    assert "SIMULATED" in repr(frame[frame["nvml_index"] > 0])
