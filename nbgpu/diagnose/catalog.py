@@ -606,6 +606,39 @@ CATALOG: tuple[Cause, ...] = (
         priority=85,
     ),
     Cause(
+        id="backend_unavailable",
+        title="Process-group backend not available in this torch",
+        explanation=(
+            "The script asked torch.distributed for a backend that the installed torch was "
+            "built without or cannot use here: NCCL needs the CUDA build of torch and a GPU "
+            "per rank (the CPU wheel has no NCCL), MPI and UCC need a torch built against "
+            "them. Every rank fails the same way in init_process_group, before any "
+            "communication."
+        ),
+        fixes=(
+            (
+                'on CPU use gloo: `init_process_group(backend="gloo")`, or let '
+                "`nbgpu.rank.init()` pick gloo on CPU and nccl on GPUs"
+            ),
+            (
+                "on a GPU machine install the CUDA build of torch (`pip install torch "
+                "--index-url https://download.pytorch.org/whl/cu128`) and check "
+                "`torch.distributed.is_nccl_available()`"
+            ),
+        ),
+        patterns=(
+            _p(
+                r"Distributed package doesn't have (?:NCCL|MPI|UCC|Gloo) built in",
+                0.95,
+                "not-built-in",
+            ),
+            _p(r"ProcessGroupNCCL is only supported with GPUs", 0.9, "nccl-needs-gpus"),
+            _p(r"Invalid backend: '?\w+'?|Unknown c10d backend type", 0.8, "invalid-backend"),
+        ),
+        keywords=("built in", "only supported with gpus", "backend"),
+        priority=75,
+    ),
+    Cause(
         id="segfault",
         title="Segmentation fault (native crash)",
         explanation=(

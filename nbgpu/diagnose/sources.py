@@ -261,7 +261,9 @@ def load_error_file(path: Path, rank: int | None, notes: list[str]) -> ErrorReco
         extra = message.get("extraInfo") or {}
         if isinstance(extra, dict):
             callstack = str(extra.get("py_callstack") or "")
-            stamp = _epoch(extra.get("timestamp")) or stamp
+            # nbgpu's ranks add a sub-second clock: whole seconds cannot order ranks
+            # that fail within the same second (every rank of a bad init does).
+            stamp = _epoch(extra.get("nbgpu_time")) or _epoch(extra.get("timestamp")) or stamp
         code = _int(message.get("errorCode"))
         text = str(message.get("message") or "")
     else:

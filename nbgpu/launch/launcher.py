@@ -297,7 +297,7 @@ def torchrun(
     writer = ScreenWriter(out if not prepared.config.quiet else (lambda _t: None))
     follow(run, writer)
     if check and run.state != "succeeded":
-        raise RunFailed(run)
+        raise RunFailed(run, output_shown=not prepared.config.quiet)
     return run
 
 

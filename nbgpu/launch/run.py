@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import nbgpu
-from nbgpu._render import Result, Table, fix_html, simulated_label, wrap
+from nbgpu._render import Result, Table, fix_html, simulated_label
 from nbgpu.errors import NbgpuError, UserInputError
 from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
@@ -54,15 +54,20 @@ TERMINAL_STATES = ("succeeded", "failed", "stopped", "timed_out", "interrupted")
 
 
 class RunFailed(NbgpuError):
-    """A run ended without success; ``.run`` has every detail (ranks, logs, root cause)."""
+    """A run ended without success; ``.run`` has every detail (ranks, logs, root cause).
 
-    def __init__(self, run: Run) -> None:
+    ``output_shown``: the ranks' output was streamed where this failure is shown, so the
+    report does not repeat the traceback.
+    """
+
+    def __init__(self, run: Run, *, output_shown: bool = False) -> None:
         super().__init__(run.failure_summary())
         self.run = run
+        self.output_shown = output_shown
 
     def _render_traceback_(self) -> list[str]:
         # A short, readable failure in the notebook instead of a chained traceback wall.
-        return self.run.failure_lines()
+        return self.run.failure_lines(output_shown=self.output_shown)
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class Run(Result):
         self.pull_problems: list[str] = []
         self.stop_report: StopReport | None = None
         self.diagnosis: Any = None  # nbgpu.diagnose's verdict when the run did not succeed
+        self.diagnosis_error: str | None = None  # why the diagnosis itself failed, if it did
         self.stop_reason: str | None = None
         self.agent_result: dict[str, Any] = {}
         self.writer: LineSink | None = None
@@ -316,7 +322,6 @@ class Run(Result):
                 )
             )
         self.ranks = tuple(outcomes)
-        self.root_cause = self._first_failure()
         self._collect_pulled()
         agent_code = self.agent.returncode if self.agent else None
         if self.stop_reason in ("timed_out", "interrupted", "stopped"):
@@ -328,6 +333,7 @@ class Run(Result):
         self._write_meta()
         if self.state == "failed":
             self.diagnosis = self._diagnose()
+            self.root_cause = self._root_cause()
         self._finished.set()
 
     def _diagnose(self) -> Any:
@@ -338,8 +344,31 @@ class Run(Result):
 
             inventory = take_inventory(self.environ, scan_device_files=False)
             return diagnose(self.dir, inventory=inventory, name=self.name)
-        except Exception:  # noqa: BLE001  (a diagnosis must never hide the failure itself)
+        except Exception as exc:  # noqa: BLE001  (a diagnosis must never hide the failure itself)
+            # ...nor hide its own failure: the summary says it failed and why.
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            self.diagnosis_error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
             return None
+
+    def _root_cause(self) -> RankOutcome | None:
+        """The rank that failed first: the diagnosis decides (one answer everywhere).
+
+        Only when the diagnosis itself failed does the run fall back on what the exit
+        codes and error-file clocks say, and the summary says that it did.
+        """
+        failed = [r for r in self.ranks if r.exit_code not in (0, None)]
+        rank = getattr(self.diagnosis, "failed_rank", None)
+        if rank is not None:
+            return next((r for r in self.ranks if r.rank == rank), None)
+        if self.diagnosis is not None or not failed:
+            return None
+
+        def weight(r: RankOutcome) -> tuple[int, float, int]:
+            # Ranks the agent stopped (SIGTERM/SIGINT) after another failed come last.
+            stopped = r.signal in ("SIGTERM", "SIGINT") and r.error is None
+            return (int(stopped), r.failed_at or float("inf"), r.rank)
+
+        return min(failed, key=weight)
 
     def _error_details(
         self, rank: int, failure: dict[str, Any] | None
@@ -369,26 +398,6 @@ class Run(Result):
         # No error file: the rank died by a signal or exited without raising; the exit
         # code and signal tell that story, not a message.
         return None, None, None
-
-    def _first_failure(self) -> RankOutcome | None:
-        """The rank that failed first, not the loudest: ranks torchrun stopped because
-        another failed (SIGTERM/SIGINT) are consequences, never the root cause."""
-        failed = [r for r in self.ranks if r.exit_code not in (0, None)]
-        if not failed:
-            return None
-
-        def weight(r: RankOutcome) -> tuple[int, float, int]:
-            if r.error is not None:
-                kind = 0  # raised an exception: its error file names the cause
-            elif r.signal is None:
-                kind = 1  # exited non-zero on its own
-            elif r.signal not in ("SIGTERM", "SIGINT"):
-                kind = 2  # SIGKILL (host OOM?), SIGSEGV, SIGABRT: died by itself
-            else:
-                kind = 3  # stopped by the agent after another rank failed
-            return (kind, r.failed_at or float("inf"), r.rank)
-
-        return min(failed, key=weight)
 
     def _collect_pulled(self) -> None:
         if not self.config.pull:
@@ -439,18 +448,35 @@ class Run(Result):
             head += f": torchrun failed: {self.agent_result['error']}"
         return head
 
-    def failure_lines(self) -> list[str]:
+    def failure_lines(self, *, output_shown: bool = False) -> list[str]:
+        """The failure, each thing said once: summary, cause, fixes, then the traceback.
+
+        ``output_shown``: the ranks' output was already streamed into this cell, so the
+        root rank's traceback is there (and in its log) and is not printed a second time.
+        Lines are never hard-wrapped: a notebook wraps them to its own width.
+        """
         lines = [f"RunFailed: {self.failure_summary()}"]
+        if self.diagnosis_error is not None:
+            how = "exit codes and error files" if self.root_cause is not None else "nothing"
+            lines.append(
+                f"diagnosis failed: {self.diagnosis_error} (the first failing rank above comes "
+                f"from {how} alone; `nbgpu diagnose {self.dir}` retries)"
+            )
         root = getattr(self.diagnosis, "root", None)
         if root is not None and getattr(self.diagnosis, "cause", "unknown") != "unknown":
-            # The diagnosis leads: the cause in plain words and the first fixes.
-            lines.append(f"cause: {self.diagnosis.headline}")
-            lines.extend(f"  fix: {fix}" for fix in root.fixes[:2])
+            # The diagnosis leads: the cause in plain words, then the fixes it did not
+            # already name in its headline.
+            headline = self.diagnosis.headline
+            lines.append(f"cause: {headline}")
+            lines.extend(f"  fix: {fix}" for fix in root.fixes[:3] if fix not in headline)
         rc = self.root_cause
         if rc is not None and rc.traceback:
-            tb = [line for line in rc.traceback.rstrip().splitlines() if line.strip()]
-            lines.append(f"rank {rc.rank} traceback (last lines):")
-            lines.extend("  " + line for line in tb[-8:])
+            if output_shown:
+                lines.append(f"rank {rc.rank} traceback: above, and in {rc.log}")
+            else:
+                tb = [line for line in rc.traceback.rstrip().splitlines() if line.strip()]
+                lines.append(f"rank {rc.rank} traceback (last lines):")
+                lines.extend("  " + line for line in tb[-8:])
         lines.append(f"logs: {self.dir}  (details: the exception's .run attribute)")
         return lines
 
@@ -518,13 +544,15 @@ class Run(Result):
         if self.ranks:
             lines.append(self._table().text())
         if self.state not in ("succeeded", "running", "created"):
-            lines.append(wrap(self.failure_summary(), "", 80))
-        lines.extend(wrap(p, "! ") for p in self.pull_problems)
+            lines.append(self.failure_summary())
+        if self.diagnosis_error is not None:
+            lines.append(f"diagnosis failed: {self.diagnosis_error}")
+        lines.extend(f"! {p}" for p in self.pull_problems)
         if self.diagnosis is not None and getattr(self.diagnosis, "cause", "") not in (
             "unknown",
             "none",
         ):
-            lines.append(wrap(self.diagnosis.headline, "cause: "))
+            lines.append(f"cause: {self.diagnosis.headline}")
         lines.append(f"logs: {self.dir}")
         return "\n".join(lines)
 
@@ -534,6 +562,8 @@ class Run(Result):
             parts.append(self._table().html())
         if self.state not in ("succeeded", "running", "created"):
             parts.append(f"<p>{fix_html(self.failure_summary())}</p>")
+        if self.diagnosis_error is not None:
+            parts.append(f'<p class="warn">diagnosis failed: {escape(self.diagnosis_error)}</p>')
         parts.extend(f'<p class="warn">{escape(p)}</p>' for p in self.pull_problems)
         if self.diagnosis is not None:
             parts.append(self.diagnosis.html_body())

@@ -283,7 +283,8 @@ class LaunchMagics(Magics):
             )
             follow(run, writer)
         if run.state != "succeeded":
-            raise RunFailed(run)
+            # The ranks' output (tracebacks included) is already in this cell.
+            raise RunFailed(run, output_shown=not args.quiet)
         self._deliver(run, pulled, args.all_ranks, announce=True)
         return run
 

@@ -14,6 +14,7 @@ from nbgpu.diagnose import CATALOG, CAUSE_IDS, UNKNOWN, cause
 from nbgpu.diagnose.catalog import SECONDARY, TRIGGERS
 
 REQUIRED = {
+    "backend_unavailable",
     "cuda_busy",
     "invalid_ordinal",
     "cuda_oom",

@@ -198,3 +198,38 @@ def test_rank_prefixes(prefix: str) -> None:
     text = f"{prefix}RuntimeError: CUDA error: invalid device ordinal\n"
     expected = 1 if prefix else None
     assert diagnose(text).failed_rank == expected
+
+
+NO_NCCL = "RuntimeError: Distributed package doesn't have NCCL built in"
+
+
+def _error_file(message: str, whole_seconds: int, precise: float) -> dict[str, object]:
+    return {
+        "message": {
+            "message": message,
+            "extraInfo": {
+                "py_callstack": f"Traceback (most recent call last):\n{message}\n",
+                "timestamp": str(whole_seconds),
+                "nbgpu_time": repr(precise),
+            },
+        }
+    }
+
+
+def test_sub_second_clock_orders_ranks_failing_within_one_second(tmp_path: Path) -> None:
+    # Every rank of a bad init fails in the same second; nbgpu's ranks write a precise
+    # clock next to torch's whole seconds, and it decides (rank 1 was 52 ms earlier).
+    log = f"[rank{{r}}]: Traceback (most recent call last):\n[rank{{r}}]: {NO_NCCL}\n"
+    run = write_run(
+        tmp_path / "run",
+        ranks=[_rank(0, -15, 1795476436.348, "SIGTERM"), _rank(1, 1, 1795476436.296)],
+        logs={0: log.format(r=0), 1: log.format(r=1)},
+        errors={
+            0: _error_file(NO_NCCL, 1795476436, 1795476436.348),
+            1: _error_file(NO_NCCL, 1795476436, 1795476436.296),
+        },
+    )
+    result = diagnose(run)
+    assert result.cause == "backend_unavailable"
+    assert result.failed_rank == 1
+    assert any("gloo" in fix for fix in result.root.fixes)

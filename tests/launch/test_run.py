@@ -12,7 +12,10 @@ import time
 
 import psutil
 import pytest
+import torch.distributed as dist
 
+import nbgpu.diagnose
+from nbgpu.diagnose import diagnose
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.procs import run_processes
@@ -209,3 +212,74 @@ def test_headline_says_which_gpu_each_rank_got(nproc, cvd, expected):
     assert f" · {expected} · " in run._headline()
     assert run._headline().endswith("SIMULATED fleet 'busy-gpu0'")
     assert run.rank_gpu(0) == cvd.split(",")[0]
+
+
+DDP_TUTORIAL = """\
+import os
+import torch.distributed as dist
+
+
+def setup(rank, world_size):
+    dist.init_process_group("nccl", rank=rank, world_size=world_size)
+
+
+setup(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+"""
+
+
+def test_one_root_cause_rank_everywhere_for_a_backend_torch_lacks(env, tmp_path):
+    if dist.is_nccl_available():
+        pytest.skip("this torch has NCCL built in: the tutorial's init would not fail here")
+    script = tmp_path / "ddp_tutorial.py"
+    script.write_text(DDP_TUTORIAL)
+    run = start(None, env, script=script)
+    follow(run, ScreenWriter(lambda _t: None))
+    assert run.state == "failed"
+    assert run.diagnosis.cause == "backend_unavailable"
+    again = diagnose(run.dir)
+    assert run.root_cause is not None
+    # The run summary, the run's own diagnosis and a fresh `nbgpu diagnose` agree.
+    assert run.root_cause.rank == run.diagnosis.failed_rank == again.failed_rank
+    assert f"rank {run.root_cause.rank} failed first" in run.failure_summary()
+    assert again.cause == "backend_unavailable"
+
+
+def test_a_failing_diagnosis_is_said_with_the_runs_own_root_cause(env, monkeypatch):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("catalog exploded\nsecond line")
+
+    monkeypatch.setattr(nbgpu.diagnose, "diagnose", broken)
+    code = "import os, time\nif os.environ['RANK'] == '1':\n    raise ValueError('bad rank 1')\ntime.sleep(60)\n"
+    run = start(code, env)
+    follow(run, ScreenWriter(lambda _t: None))
+    assert run.state == "failed"
+    assert run.diagnosis is None
+    assert run.diagnosis_error == "RuntimeError: catalog exploded"
+    assert run.root_cause is not None
+    assert run.root_cause.rank == 1
+    lines = run.failure_lines()
+    assert lines[0].startswith("RunFailed: run ")
+    assert "rank 1 failed first" in lines[0]
+    assert lines[1].startswith("diagnosis failed: RuntimeError: catalog exploded")
+    assert "diagnosis failed: RuntimeError: catalog exploded" in run.text()
+    assert "diagnosis failed" in run.html_body()
+
+
+def test_failure_report_says_each_thing_once(env):
+    env = {**env, "NBGPU_SIMULATE": "busy-gpu0"}
+    run = start("import nbgpu.rank as R\nR.init()\n", env, gpus="0,1", force=True)
+    follow(run, ScreenWriter(lambda _t: None))
+    assert run.diagnosis.cause == "cuda_busy"
+    for shown in (False, True):
+        lines = run.failure_lines(output_shown=shown)
+        text = "\n".join(lines)
+        for fix in run.diagnosis.root.fixes:
+            assert text.count(fix) <= 1, fix
+        traceback_lines = [line for line in lines if "Traceback" in line or "File " in line]
+        if shown:
+            # The streamed output already holds the traceback: it is pointed to, not repeated.
+            assert traceback_lines == []
+            assert any("traceback: above, and in" in line for line in lines)
+        # Never hard-wrapped: the summary and the cause are each one whole line.
+        assert lines[0] == f"RunFailed: {run.failure_summary()}"
+        assert f"cause: {run.diagnosis.headline}" in lines
