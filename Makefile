@@ -19,6 +19,12 @@ $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+# The anchors the benchmarks compare with (gpustat, nvitop, accelerate, DeepSpeed,
+# Lightning) are heavy and only `make bench` needs them: `make test` stays lean.
+$(BIN)/.bench-installed: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
 	touch $@
 
@@ -70,7 +76,7 @@ notebooks-refresh: $(BIN)/.installed
 
 test: lint typecheck unit notebooks
 
-bench: $(BIN)/.installed
+bench: $(BIN)/.bench-installed
 	$(BIN)/python bench/run_all.py
 
 clean-venv:
