@@ -52,28 +52,28 @@ __all__ = [
 
 GiB = 1024**3
 #: CUDA context per process: 287 MB lazy vs 667 MB eager loading (PyTorch PR #86509);
-#: "~400MB with lazy loading" (issue #109888). Mid-range of memory.md §5d's 0.3-0.6 GB.
+#: "~400MB with lazy loading" (issue #109888). Mid-range of the 0.3-0.6 GB reported across drivers.
 CUDA_CONTEXT_BYTES = GiB // 2
-#: NCCL buffers per communicator: 544/688 MB measured on 4×A100 (NCCL #964); memory.md §5d
-#: budgets 0.5-1 GiB per communicator. A planning heuristic, stated as such.
+#: NCCL buffers per communicator: 544/688 MB measured on 4×A100 (NCCL issue #964);
+#: budget 0.5-1 GiB per communicator. A planning heuristic, stated as such.
 NCCL_BYTES_PER_GROUP = 3 * GiB // 4
-#: Fragmentation margin on the allocator's share (reserved - allocated); memory.md §5d
-#: "plan 5-10 %"; Lightning 5 %, accelerate 10 %.
+#: Fragmentation margin on the allocator's share (reserved - allocated):
+#: plan 5-10 %; Lightning's finder keeps 5 %, accelerate's 10 %.
 FRAGMENTATION = 0.05
 
 ROLES = ("train", "inference")
 
 _SRC_ZERO = "Rajbhandari et al., ZeRO (SC'20, arXiv 1910.02054) §5a"
 _SRC_ACT = "Korthikanti et al. (MLSys'23, arXiv 2205.05198) §4"
-_SRC_KV = "2·L·kv_heads·head_dim·bytes per token (vLLM page_size_bytes; memory.md §5c)"
+_SRC_KV = "2·L·kv_heads·head_dim·bytes per token (vLLM's KV page size)"
 _SRC_LOGITS = (
-    "memory.md §5b: logits b·s·V in 16 bit plus fp32 copies for the loss, and the fp32 "
+    "logits b·s·V in 16 bit plus fp32 copies for the loss, and the fp32 "
     "logits gradient of the backward pass (traced)"
 )
-_SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (memory.md §5d)"
-_SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL #964/#1685 (memory.md §5d); heuristic"
-_SRC_DDP = "DistributedDataParallel docs: gradient_as_bucket_view (memory.md §5d)"
-_SRC_FRAG = "memory.md §5d: reserved - allocated; plan 5-10 %"
+_SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (lazy vs eager module loading)"
+_SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
+_SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
+_SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
 _SRC_TRACE = "traced: {tool} on one fake forward+backward+optimizer step"
 
 # Which terms scale with the micro batch (the rest is fixed per GPU).
@@ -596,7 +596,7 @@ def _reserve_terms(shape: ModelShape, lay: _Layout, tensor_bytes: int) -> list[T
                 "gathered layers",
                 size,
                 "2 layers (current + prefetched) × unsharded params and grads",
-                "FSDP2 FSDPMemTracker categories (memory.md §5d)",
+                "FSDP2 FSDPMemTracker categories",
                 "reserve",
             )
         )
