@@ -21,6 +21,8 @@ __all__ = [
     "doctor",
     "errors",
     "load_ipython_extension",
+    "memory",
+    "phase",
     "plan",
     "runs",
     "status",
@@ -33,6 +35,8 @@ _LAZY = {
     "status": "nbgpu.api",
     "doctor": "nbgpu.api",
     "clean": "nbgpu.api",
+    "memory": "nbgpu.api",
+    "phase": "nbgpu.profile.phases",  # nbgpu.phase("model"), nbgpu.phase.mark("POST-MODEL")
     "torchrun": "nbgpu.launch.launcher",
     "runs": "nbgpu.launch.registry",
     "plan": "nbgpu.plan",  # a callable module: nbgpu.plan(...), nbgpu.plan.sweep(...)
@@ -41,9 +45,10 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from nbgpu import diagnose, errors, plan
-    from nbgpu.api import clean, doctor, status
+    from nbgpu.api import clean, doctor, memory, status
     from nbgpu.launch.launcher import torchrun
     from nbgpu.launch.registry import runs
+    from nbgpu.profile.phases import phase
 else:
     from nbgpu import errors  # light: the exception tree only
 
