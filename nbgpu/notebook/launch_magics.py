@@ -152,6 +152,12 @@ class LaunchMagics(Magics):
         "--mem-limit", default=None, metavar="SIZE", help="per-rank address-space limit, e.g. 60G"
     )
     @argument(
+        "--mem-sample",
+        default="0.1",
+        metavar="S",
+        help="seconds between memory samples in every rank (0: phases only); %%gpu_memory NAME",
+    )
+    @argument(
         "--backend",
         default=None,
         choices=["gloo", "nccl", "mpi"],
@@ -214,6 +220,7 @@ class LaunchMagics(Magics):
                 pull_all_ranks=args.all_ranks,
                 serial_imports=args.serial_imports,
                 mem_limit=args.mem_limit,
+                mem_sample=args.mem_sample,
                 backend=args.backend,
                 master_port=args.master_port,
                 quiet=args.quiet,
@@ -247,7 +254,9 @@ class LaunchMagics(Magics):
             follow(run, panel, on_tick=lambda r: panel.finish(str(r.dir)) if r.done else None)
         else:
             writer = ScreenWriter(
-                _write_stdout if not args.quiet else (lambda _t: None), color=True
+                _write_stdout if not args.quiet else (lambda _t: None),
+                color=True,
+                live_status=not _under_test_runner(),  # the node's memory, one line
             )
             follow(run, writer)
         if run.state != "succeeded":

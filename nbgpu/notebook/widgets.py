@@ -65,7 +65,12 @@ class RunPanel:
         self.tabs = w.Tab(children=list(self.outputs.values()))
         for i, label in enumerate(self.outputs):
             self.tabs.set_title(i, label)
-        self.box = w.VBox([w.HBox([self.title, self.stop_button]), self.badges, self.tabs])
+        from nbgpu.notebook.memory_timeline import MemoryTimeline  # noqa: PLC0415
+
+        self.memory = MemoryTimeline(run)  # the ranks' memory, refreshed at most 1/s
+        self.box = w.VBox(
+            [w.HBox([self.title, self.stop_button]), self.badges, self.memory.widget, self.tabs]
+        )
         self._refresh_header()
         display(self.box)
 
@@ -101,6 +106,7 @@ class RunPanel:
             )
             self.writes += 1
         self._refresh_header()
+        self.memory.refresh(force=self.run.done)
 
     def _refresh_header(self) -> None:
         run = self.run
