@@ -35,10 +35,15 @@ time.sleep(1.0)
 del _transient
 settled = bytearray(200 << 20)         # what the module keeps
 """
+# After its imports each rank joins the process group and waits for the others, as a
+# training script would: ranks that finished importing keep their memory meanwhile.
 CELL = """
 import heavymod
-import os
-print("imported", os.environ["RANK"], flush=True)
+import nbgpu.rank as nr
+
+nr.init()
+nr.barrier()
+nr.print0("all ranks imported", flush=True)
 """
 
 
@@ -112,40 +117,58 @@ def sampling_overhead(rounds: int, steps: int) -> list[str]:
     for _ in range(20):
         step()  # warm-up
     times: dict[bool, list[float]] = {False: [], True: []}
+    ratios = []
     samples = 0
+    sampler_cpu = 0.0
+    recorded_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(rounds * 2):
-            recording = i % 2 == 1
-            rec = None
-            if recording:
-                rec = Recorder(Path(tmp) / f"mem-rank{i}.jsonl", {"rank": 0}, sample_s=0.1)
-                rec.start_sampling()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step()
-            times[recording].append((time.perf_counter() - t0) / steps)
-            if rec is not None:
-                samples += rec._sampler.count if rec._sampler else 0
-                rec.close()
+        for i in range(rounds):
+            pair = {}
+            # Alternate which comes first, so drift in the machine's load cancels out.
+            for recording in (False, True) if i % 2 == 0 else (True, False):
+                rec = None
+                if recording:
+                    rec = Recorder(Path(tmp) / f"mem-rank{i}.jsonl", {"rank": 0}, sample_s=0.1)
+                    rec.start_sampling()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                wall = time.perf_counter() - t0
+                pair[recording] = wall / steps
+                times[recording].append(wall / steps)
+                if rec is not None:
+                    sampler = rec._sampler
+                    rec.close()
+                    samples += sampler.count
+                    sampler_cpu += sampler.cpu_s
+                    recorded_s += wall
+            ratios.append(pair[True] / pair[False])
     off = statistics.median(times[False])
     on = statistics.median(times[True])
     return [
         "| recording | rounds | steps/round | median step ms | samples taken |",
         "|---|---|---|---|---|",
-        f"| off | {rounds} | {steps} | {off * 1000:.2f} | - |",
-        f"| on (0.1 s) | {rounds} | {steps} | {on * 1000:.2f} | {samples} |",
+        f"| off | {rounds} | {steps} | {off * 1000:.3f} | - |",
+        f"| on (0.1 s) | {rounds} | {steps} | {on * 1000:.3f} | {samples} |",
         "",
-        f"Overhead: **{(on / off - 1) * 100:+.2f}%** of a step's wall time (budget < 1%); "
-        f"per-round spread off {min(times[False]) * 1000:.2f}-{max(times[False]) * 1000:.2f} ms, "
-        f"on {min(times[True]) * 1000:.2f}-{max(times[True]) * 1000:.2f} ms.",
+        f"Overhead: median of the {rounds} paired rounds' ratios **{(statistics.median(ratios) - 1) * 100:+.2f}%** "
+        f"(quartiles {(_quartiles(ratios)[0] - 1) * 100:+.2f}% .. {(_quartiles(ratios)[1] - 1) * 100:+.2f}%) "
+        f"of a step's wall time (budget < 1%); ratio of medians {(on / off - 1) * 100:+.2f}%. "
+        f"The sampler thread itself used {sampler_cpu / max(samples, 1) * 1000:.3f} ms CPU per "
+        f"sample, {sampler_cpu / max(recorded_s, 1e-9) * 100:.2f}% of one core while recording.",
     ]
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip-storm", action="store_true")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="nbgpu-bench-memory-"))

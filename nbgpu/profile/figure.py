@@ -49,10 +49,12 @@ def draw(report: MemoryReport, *, title: str | None = None) -> Any:
     line_colors = {}
     peak_seen = 0.0
     for rank in ranks:
-        pts = [p for p in report.points(rank) if isinstance(p.get("pss") or p.get("rss"), int)]
-        xs = [p["t"] - t0 for p in pts]
-        ys = [(p.get("pss") if isinstance(p.get("pss"), int) else p["rss"]) / _GIB for p in pts]
-        (line,) = host.plot(xs, ys, linewidth=1.2, label=rank.label)
+        series = report.host_series(rank)
+        xs = [t for t, _v in series]
+        ys = [v / _GIB for _t, v in series]
+        # Steps, not slopes: between two samples the value is unknown, and a straight
+        # line would invent a gradual climb (a rank holding the GIL takes no samples).
+        (line,) = host.step(xs, ys, where="post", linewidth=1.2, label=rank.label)
         line_colors[rank.label] = line.get_color()
         peak_seen = max([peak_seen, *ys])
         died = rank.died_in
@@ -67,10 +69,10 @@ def draw(report: MemoryReport, *, title: str | None = None) -> Any:
                 fontsize=9,
                 fontweight="bold",
             )
-    series = report.node_series()
-    if len(ranks) > 1 and series:
-        xs = [s[0] for s in series]
-        ys = [s[1] / _GIB for s in series]
+    node = report.node_series()
+    if len(ranks) > 1 and node:
+        xs = [s[0] for s in node]
+        ys = [s[1] / _GIB for s in node]
         host.step(xs, ys, where="post", color="black", linewidth=2.2, label="node: all ranks (Σ PSS)")
         peak = report.node_peak()
         if peak is not None:
@@ -99,11 +101,12 @@ def draw(report: MemoryReport, *, title: str | None = None) -> Any:
         ax = axes[1]
         for rank in ranks:
             pts = [p for p in report.points(rank) if isinstance(p.get("gpu_alloc"), int)]
-            ax.plot(
+            ax.step(
                 [p["t"] - t0 for p in pts],
                 [p["gpu_alloc"] / _GIB for p in pts],
                 color=line_colors.get(rank.label),
                 linewidth=1.2,
+                where="post",
             )
         ax.set_ylabel("GPU GiB\n(allocated)")
         ax.grid(alpha=0.3)
@@ -153,11 +156,11 @@ def _bands(ax: Any, report: MemoryReport, colors: dict[str, str], *, labels: boo
         if labels and end - span.start_t > 0:
             ax.text(
                 (span.start_t + end) / 2 - t0,
-                0.98,
+                0.02,
                 span.name,
                 transform=ax.get_xaxis_transform(),
                 ha="center",
-                va="top",
+                va="bottom",
                 fontsize=7,
                 color="#555",
                 clip_on=True,

@@ -37,10 +37,17 @@ class RankLive:
     def phase(self) -> str | None:
         return list(self.open.values())[-1] if self.open else None
 
+    base: tuple[int, int] | None = None  # (pss, rss) of the last full reading
+
     @property
     def host_bytes(self) -> int | None:
-        value = self.last.get("pss")
-        return value if isinstance(value, int) else self.last.get("rss")
+        """PSS; between full readings the last PSS moved by the change in RSS."""
+        pss, rss = self.last.get("pss"), self.last.get("rss")
+        if isinstance(pss, int):
+            return pss
+        if isinstance(rss, int) and self.base is not None:
+            return max(0, self.base[0] + rss - self.base[1])
+        return rss if isinstance(rss, int) else None
 
 
 class MemoryFollower:
@@ -83,6 +90,8 @@ class MemoryFollower:
             return
         if "rss" in record:
             live.last = record
+            if isinstance(record.get("pss"), int) and isinstance(record.get("rss"), int):
+                live.base = (record["pss"], record["rss"])
             value = live.host_bytes
             if isinstance(value, int) and isinstance(record.get("t"), int | float):
                 live.points.append((float(record["t"]), value))

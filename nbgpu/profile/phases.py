@@ -57,6 +57,7 @@ DEFAULT_SAMPLE_S = 0.1
 MEM_DIR_ENV = "NBGPU_MEM_DIR"
 SAMPLE_ENV = "NBGPU_MEM_SAMPLE"
 _RUN_DIR_ENV = "NBGPU_RUN_DIR"
+PSS_EVERY_S = 1.0  # samples read USS/PSS (smaps_rollup) about this often; RSS every time
 _KEEP_SAMPLES = 200_000  # in-memory recorders (the kernel): ~6 h at 10 Hz
 
 
@@ -112,6 +113,7 @@ class Recorder:
         self._next_id = 0
         self._lock = threading.Lock()  # this process's threads only; never across ranks
         self._sampler: Any = None
+        self._samples_taken = 0
         self.hwm_reset_problem: str | None = None
         if self.path is not None:
             try:
@@ -153,16 +155,15 @@ class Recorder:
                 os.close(self._fd)
             self._fd = None
 
-    def _snapshot(self) -> dict[str, Any]:
-        own = procmem.process_memory()
+    def _snapshot(self, *, full: bool = True) -> dict[str, Any]:
         node = procmem.node_memory()
-        out: dict[str, Any] = {
-            "t": time.time(),
-            "rss": own.rss_bytes,
-            "uss": own.uss_bytes,
-            "pss": own.pss_bytes,
-            "avail": node.available_bytes,
-        }
+        out: dict[str, Any] = {"t": time.time()}
+        if full:
+            own = procmem.process_memory()
+            out.update(rss=own.rss_bytes, uss=own.uss_bytes, pss=own.pss_bytes)
+        else:
+            out["rss"] = procmem.resident_bytes()
+        out["avail"] = node.available_bytes
         cuda, _why = procmem.cuda_memory()
         if cuda is not None:
             out.update(
@@ -272,8 +273,14 @@ class Recorder:
         return stack[-1].name if stack else None
 
     def sample(self) -> None:
-        """One timeline point; also raises the running peaks of every open phase."""
-        snap = self._snapshot()
+        """One timeline point; also raises the running peaks of every open phase.
+
+        RSS every time (constant cost); USS/PSS about once a second: smaps_rollup walks
+        every page of the process, milliseconds for a large one, too dear at 10 Hz.
+        """
+        self._samples_taken += 1
+        every = max(1, round(PSS_EVERY_S / self.sample_s)) if self.sample_s > 0 else 1
+        snap = self._snapshot(full=self._samples_taken % every == 1 or every == 1)
         with self._lock:
             for opened in self._stack:
                 self._fold(opened, snap)

@@ -30,6 +30,7 @@ __all__ = [
     "peak_rss",
     "process_memory",
     "reset_peak_rss",
+    "resident_bytes",
 ]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -93,6 +94,13 @@ def process_memory(pid: int | str = "self") -> ProcessMemory:
         why = "no /proc/PID/smaps_rollup (Linux < 4.14 or not permitted): no USS/PSS"
         return ProcessMemory(int(statm.split()[1]) * _PAGE, None, None, why)
     return ProcessMemory(None, None, None, f"/proc/{pid} is not readable")
+
+
+def resident_bytes(pid: int | str = "self") -> int | None:
+    """RSS alone from ``/proc/PID/statm``: constant time, unlike smaps_rollup's page walk."""
+    statm = _read(f"/proc/{pid}/statm")
+    parts = statm.split() if statm else []
+    return int(parts[1]) * _PAGE if len(parts) > 1 and parts[1].isdigit() else None
 
 
 def peak_rss(pid: int | str = "self") -> int | None:

@@ -51,9 +51,22 @@ class NodePeak:
         return names.pop() if len(names) == 1 and len(self.phases) > 1 else None
 
 
-def _host_value(sample: dict[str, Any]) -> int | None:
-    value = sample.get("pss")
-    return value if isinstance(value, int) else sample.get("rss")
+def _host_values(points: list[dict[str, Any]]) -> list[int | None]:
+    """A rank's PSS at each point: read where the point has it; between full readings,
+    the last PSS moved by the change in RSS since (new memory is the rank's own); RSS
+    where the process never had a PSS reading."""
+    out: list[int | None] = []
+    base: tuple[int, int] | None = None  # (pss, rss) of the last full reading
+    for p in points:
+        pss, rss = p.get("pss"), p.get("rss")
+        if isinstance(pss, int) and isinstance(rss, int):
+            base = (pss, rss)
+            out.append(pss)
+        elif isinstance(rss, int):
+            out.append(max(0, base[0] + rss - base[1]) if base else rss)
+        else:
+            out.append(None)
+    return out
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,14 @@ class MemoryReport(Result):
         pts += list(rank.marks)
         return sorted((p for p in pts if isinstance(p.get("t"), int | float)), key=lambda p: p["t"])
 
+    def host_series(self, rank: RankRecords) -> list[tuple[float, int]]:
+        """(seconds, PSS) of one rank over time (see ``_host_values``)."""
+        pts = self.points(rank)
+        t0 = self.origin
+        return [
+            (p["t"] - t0, v) for p, v in zip(pts, _host_values(pts), strict=True) if v is not None
+        ]
+
     def node_series(self) -> list[tuple[float, int]]:
         """(seconds, the ranks' summed host memory) at every recorded moment of any rank.
 
@@ -101,8 +122,8 @@ class MemoryReport(Result):
         events: list[tuple[float, int, str, int | None]] = []
         for rank in self.ranks:
             pts = self.points(rank)
-            for order, p in enumerate(pts):
-                events.append((float(p["t"]), order, rank.label, _host_value(p)))
+            for order, (p, value) in enumerate(zip(pts, _host_values(pts), strict=True)):
+                events.append((float(p["t"]), order, rank.label, value))
             if pts:
                 events.append((float(pts[-1]["t"]) + 1e-6, len(pts), rank.label, None))
         events.sort(key=lambda e: (e[0], e[1]))

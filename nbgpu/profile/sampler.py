@@ -9,6 +9,7 @@ or with :meth:`Sampler.stop`. Standard library only.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Protocol
 
 __all__ = ["Sampler"]
@@ -25,6 +26,7 @@ class Sampler(threading.Thread):
         self._interval = interval_s
         self._stopped = threading.Event()
         self.count = 0
+        self.cpu_s = 0.0  # this thread's own CPU time: what sampling costs the process
 
     def run(self) -> None:
         while not self._stopped.wait(self._interval):
@@ -33,6 +35,7 @@ class Sampler(threading.Thread):
             except Exception:  # noqa: BLE001  (profiling must never break the rank)
                 return
             self.count += 1
+            self.cpu_s = time.thread_time()
 
     def stop(self) -> None:
         self._stopped.set()
