@@ -37,6 +37,12 @@ def memory_details(run_dir: Path) -> tuple[str, ...]:
         died = rank.died_in
         if died is not None:
             lines.append(f"{rank.label} died in phase '{died.path}' (memory records)")
+    stopped = [(r.label, r.stopped_in.path) for r in report.ranks if r.stopped_in is not None]
+    if stopped:
+        where = ", ".join(sorted({f"'{path}'" for _l, path in stopped}))
+        lines.append(
+            f"{', '.join(label for label, _p in stopped)} were stopped (SIGTERM) in {where}"
+        )
     last = _last_sample(report)
     if last is not None:
         label, sample = last
@@ -69,15 +75,26 @@ def import_storm(report: Any) -> str | None:
         return None
     transient = 0
     settled = 0
+    tops = []
     for rank in report.ranks:
         span = next((p for p in rank.phases if p.name == "imports" and p.depth == 0), None)
         if span is None:
             return None
         rss_peak, pss_peak = report._phase_peak(rank, span)
         top = pss_peak or rss_peak or 0
-        end = (span.end or {}).get("pss") or (span.end or {}).get("rss") or top
+        tops.append(top)
+        if span.end is None:
+            continue  # died importing: where it would have settled is unknown
+        end = span.end.get("pss") or span.end.get("rss") or top
         transient = max(transient, top - end)
         settled += end
+    if len(tops) > len([r for r in report.ranks if any(p.name == "imports" and p.end for p in r.phases)]):
+        return (
+            f"every rank was in 'imports' at once when the node peaked at "
+            f"{_gib(peak.total_bytes)} ({len(peak.phases)} ranks, each up to {_gib(max(tops))} "
+            "while importing): with --serial-imports one rank imports at a time, so one "
+            "import's transient is held instead of all of them (measured from these records)"
+        )
     serial = settled + transient
     if serial >= peak.total_bytes:
         return None

@@ -272,7 +272,7 @@ class Recorder:
         stack = self._stack
         return stack[-1].name if stack else None
 
-    def sample(self) -> None:
+    def sample(self, *, final: bool = False) -> None:
         """One timeline point; also raises the running peaks of every open phase.
 
         RSS every time (constant cost); USS/PSS about once a second: smaps_rollup walks
@@ -280,10 +280,19 @@ class Recorder:
         """
         self._samples_taken += 1
         every = max(1, round(PSS_EVERY_S / self.sample_s)) if self.sample_s > 0 else 1
-        snap = self._snapshot(full=self._samples_taken % every == 1 or every == 1)
+        full = final or self._samples_taken % every == 1 or every == 1
+        snap = self._snapshot(full=full)
+        if full:
+            # The high-water mark since the innermost phase began: the peak a sampler
+            # between two ticks can miss, kept for a phase the process may die in.
+            snap["hwm"] = procmem.peak_rss()
+            if self.hwm_reset_problem:
+                snap["hwm_why"] = self.hwm_reset_problem
         with self._lock:
             for opened in self._stack:
                 self._fold(opened, snap)
+        if final:
+            snap["final"] = True
         self._emit({"k": "s", **snap})
 
     def open_phases(self) -> list[str]:

@@ -182,6 +182,10 @@ class MemoryReport(Result):
             p for p in self.points(rank) if p["t"] >= span.start_t and (p.get("rss") is not None)
         ]
         rss = max((p["rss"] for p in inside), default=None)
+        innermost = span.depth == max((s.depth for s in rank.phases if s.end is None), default=0)
+        hwms = [p["hwm"] for p in inside if isinstance(p.get("hwm"), int)]
+        if hwms and innermost and not any(p.get("hwm_why") for p in inside):
+            rss = max(rss or 0, *hwms)  # VmHWM was reset when this phase began
         pss = max((p["pss"] for p in inside if isinstance(p.get("pss"), int)), default=None)
         return rss, pss
 
@@ -247,6 +251,13 @@ class MemoryReport(Result):
             died = rank.died_in
             if died is not None:
                 out.append(f"{rank.label} died in '{died.path}'")
+        stopped = [(r.label, r.stopped_in.path) for r in self.ranks if r.stopped_in is not None]
+        if stopped:
+            where = sorted({path for _label, path in stopped})
+            out.append(
+                f"{', '.join(label for label, _p in stopped)} stopped (SIGTERM) in "
+                f"{', '.join(repr(w) for w in where)}"
+            )
         peak = self.node_peak()
         if peak is not None and len(self.ranks) > 1:
             where = peak.all_in
@@ -281,6 +292,8 @@ class MemoryReport(Result):
                 if row["status"] == "died in":
                     text += " ✗died"
                     level = "bad"
+                elif row["status"] == "stopped in":
+                    text += " ■stopped"
                 elif row["status"] == "running":
                     text += " …"
                 elif row["status"] == "failed":
@@ -343,6 +356,9 @@ class MemoryReport(Result):
                 "available_bytes": peak.available_bytes,
             },
             "died_in": {r.label: r.died_in.path for r in self.ranks if r.died_in is not None},
+            "stopped_in": {
+                r.label: r.stopped_in.path for r in self.ranks if r.stopped_in is not None
+            },
             "findings": self.findings(),
             "notes": list(self.notes),
             "empty_because": self.why_empty(),
