@@ -68,7 +68,8 @@ def import_storm(ranks: int, base: Path) -> list[str]:
         for rank in report.ranks:
             spans += [p for p in rank.phases if p.name == "imports"]
         overlap = max(
-            sum(1 for s in spans if s.start_t <= t <= (s.end_t or t)) for t in [s.start_t for s in spans]
+            sum(1 for s in spans if s.start_t <= t <= (s.end_t or t))
+            for t in [s.start_t for s in spans]
         )
         png = base / f"storm-{'serial' if serial else 'together'}.png"
         png.write_bytes(report.png())
@@ -78,19 +79,17 @@ def import_storm(ranks: int, base: Path) -> list[str]:
             f"{overlap} | {wall:.1f} |"
         )
     ratio = reports[True].node_peak().total_bytes / reports[False].node_peak().total_bytes  # type: ignore[union-attr]
-    lines = [
+    return [
         "| imports | ranks | node peak Σ PSS GiB | phase(s) at the peak | most ranks in `imports` at once | wall s |",
         "|---|---|---|---|---|---|",
         *rows,
         "",
         f"Peak with --serial-imports / without: **{ratio:.2f}**.",
         "",
-        "What the OOM diagnosis would add for the run without it: "
-        f"\"{storm_line(reports[False])}\"",
+        f'What the OOM diagnosis would add for the run without it: "{storm_line(reports[False])}"',
         "",
         f"Figures: {base}/storm-together.png, {base}/storm-serial.png",
     ]
-    return lines
 
 
 def sampling_overhead(rounds: int, steps: int) -> list[str]:
@@ -151,11 +150,15 @@ def sampling_overhead(rounds: int, steps: int) -> list[str]:
         f"| off | {rounds} | {steps} | {off * 1000:.3f} | - |",
         f"| on (0.1 s) | {rounds} | {steps} | {on * 1000:.3f} | {samples} |",
         "",
-        f"Overhead: median of the {rounds} paired rounds' ratios **{(statistics.median(ratios) - 1) * 100:+.2f}%** "
-        f"(quartiles {(_quartiles(ratios)[0] - 1) * 100:+.2f}% .. {(_quartiles(ratios)[1] - 1) * 100:+.2f}%) "
-        f"of a step's wall time (budget < 1%); ratio of medians {(on / off - 1) * 100:+.2f}%. "
-        f"The sampler thread itself used {sampler_cpu / max(samples, 1) * 1000:.3f} ms CPU per "
-        f"sample, {sampler_cpu / max(recorded_s, 1e-9) * 100:.2f}% of one core while recording.",
+        (
+            f"Overhead: median of the {rounds} paired rounds' ratios "
+            f"**{(statistics.median(ratios) - 1) * 100:+.2f}%** (quartiles "
+            f"{(_quartiles(ratios)[0] - 1) * 100:+.2f}% .. {(_quartiles(ratios)[1] - 1) * 100:+.2f}%) "
+            f"of a step's wall time (budget < 1%); ratio of medians {(on / off - 1) * 100:+.2f}%. "
+            f"The sampler thread itself used {sampler_cpu / max(samples, 1) * 1000:.3f} ms CPU "
+            f"per sample, {sampler_cpu / max(recorded_s, 1e-9) * 100:.2f}% of one core while "
+            "recording."
+        ),
     ]
 
 

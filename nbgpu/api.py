@@ -17,10 +17,10 @@ from nbgpu.errors import UserInputError
 if TYPE_CHECKING:  # clean and doctor load only when used: `nbgpu status` stays quick
     from pathlib import Path
 
-    from nbgpu.profile.report import MemoryReport
     from nbgpu.devices.clean import CleanPlan, CleanReport
     from nbgpu.devices.doctor import DoctorReport
     from nbgpu.devices.holders import HolderInfo
+    from nbgpu.profile.report import MemoryReport
 
 __all__ = ["clean", "doctor", "memory", "status"]
 
@@ -94,9 +94,7 @@ def clean(
     return execute_clean(plan, confirm=asker, dry_run=dry_run, grace_s=grace_s)
 
 
-def memory(
-    run_or_dir: object = None, *, environ: Mapping[str, str] | None = None
-) -> MemoryReport:
+def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = None) -> MemoryReport:
     """Memory by phase and rank: ``nbgpu.memory(run)``, a run name, or a run directory.
 
     A name is looked up among this process's runs, then as the newest directory of that
@@ -119,9 +117,7 @@ def memory(
     if hasattr(run_or_dir, "dir") and hasattr(run_or_dir, "name"):
         return memory_report(run_or_dir.dir, label=f"run '{run_or_dir.name}'")
     if not isinstance(run_or_dir, str | Path):
-        raise UserInputError(
-            f"{run_or_dir!r}: expected a run, a run name or a run directory"
-        )
+        raise UserInputError(f"{run_or_dir!r}: expected a run, a run name or a run directory")
     text = str(run_or_dir)
     if text in known:
         return memory_report(known[text].dir, label=f"run '{text}'")

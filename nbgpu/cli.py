@@ -260,10 +260,10 @@ def _memory(args: argparse.Namespace) -> int:
 
     report = memory(args.run)
     if args.png:
-        target = os.path.expanduser(args.png)
+        from pathlib import Path  # noqa: PLC0415
+
         try:
-            with open(target, "wb") as handle:
-                handle.write(report.png())
+            Path(args.png).expanduser().write_bytes(report.png())
         except OSError as exc:
             raise UserInputError(f"--png {args.png!r}: cannot write ({exc.strerror})") from None
     print(report.to_json() if args.json else report.text())

@@ -79,7 +79,10 @@ def test_layers_below_the_faces_never_import_ipython_widgets_or_matplotlib():
         if str(rel) == "profile/figure.py":
             # The one drawing module below the faces: matplotlib inside draw() only.
             top = ast.parse(path.read_text()).body
-            assert not any(isinstance(n, ast.Import | ast.ImportFrom) and "matplotlib" in ast.dump(n) for n in top)
+            assert not any(
+                isinstance(n, ast.Import | ast.ImportFrom) and "matplotlib" in ast.dump(n)
+                for n in top
+            )
             bad -= {"matplotlib"}
         assert not bad, f"{rel} imports {bad}"
 

@@ -88,7 +88,9 @@ def import_storm(report: Any) -> str | None:
         end = span.end.get("pss") or span.end.get("rss") or top
         transient = max(transient, top - end)
         settled += end
-    if len(tops) > len([r for r in report.ranks if any(p.name == "imports" and p.end for p in r.phases)]):
+    if len(tops) > len(
+        [r for r in report.ranks if any(p.name == "imports" and p.end for p in r.phases)]
+    ):
         return (
             f"every rank was in 'imports' at once when the node peaked at "
             f"{_gib(peak.total_bytes)} ({len(peak.phases)} ranks, each up to {_gib(max(tops))} "

@@ -256,7 +256,8 @@ class Run(Result):
             self._memory = MemoryFollower(self.dir, self.config.nproc)
         if not self._memory.due():
             return None
-        return self._memory.summary()
+        line: str | None = self._memory.summary()
+        return line
 
     def live_lines(self) -> dict[str, str]:
         """Each rank's unfinished line (a progress bar), for a live status display."""

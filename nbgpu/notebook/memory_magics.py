@@ -10,6 +10,7 @@ so a saved notebook keeps it) and a table. Parsing only; the work is in
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -89,7 +90,9 @@ class MemoryMagics(Magics):
                 (r for r in rec.records if r.get("k") == "begin" and r.get("id") == end["id"]),
                 {},
             )
-            peak = max(end.get("peak_rss") or 0, end.get("hwm") or 0 if not end.get("hwm_why") else 0)
+            peak = max(
+                end.get("peak_rss") or 0, end.get("hwm") or 0 if not end.get("hwm_why") else 0
+            )
             print(
                 f"[nbgpu] phase {name!r}: {end['t'] - begin.get('t', end['t']):.1f} s · RSS "
                 f"{_gib(begin.get('rss'))} -> {_gib(end.get('rss'))} · peak {_gib(peak)} · "
@@ -133,8 +136,7 @@ class MemoryMagics(Magics):
             display(Image(data=png, format="png"))
             if args.png:
                 try:
-                    with open(args.png, "wb") as handle:
-                        handle.write(png)
+                    Path(args.png).expanduser().write_bytes(png)
                 except OSError as exc:
                     raise UsageError(
                         f"--png {shlex.quote(args.png)}: cannot write ({exc.strerror})"

@@ -29,10 +29,12 @@ def timeline_svg(
     t0 = min(t for t, _ in points)
     t1 = max(max(t for t, _ in points) - t0, 1.0)
     total = _sum_series(series)
-    top = max(max(v for _, v in total), 1) * 1.15
+    top = max(*(v for _, v in total), 1) * 1.15
 
     def xy(t: float, v: int) -> str:
-        return f"{(t - t0) / t1 * (width - 40) + 36:.1f},{height - 14 - v / top * (height - 24):.1f}"
+        return (
+            f"{(t - t0) / t1 * (width - 40) + 36:.1f},{height - 14 - v / top * (height - 24):.1f}"
+        )
 
     parts = [f'<svg width="{width}" height="{height}" style="font:10px sans-serif">']
     parts.append(f'<text x="2" y="12">{top / _GIB:.1f} GiB</text>')
@@ -42,7 +44,9 @@ def timeline_svg(
         color = _COLORS[i % len(_COLORS)]
         line = " ".join(xy(t, v) for t, v in pts)
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.2" points="{line}"/>')
-        parts.append(f'<text x="{40 + 52 * i}" y="{height - 2}" fill="{color}">{html.escape(label)}</text>')
+        parts.append(
+            f'<text x="{40 + 52 * i}" y="{height - 2}" fill="{color}">{html.escape(label)}</text>'
+        )
     line = " ".join(xy(t, v) for t, v in total)
     parts.append(f'<polyline fill="none" stroke="black" stroke-width="2" points="{line}"/>')
     parts.append("</svg>")

@@ -35,12 +35,16 @@ def _phase_colors(report: MemoryReport) -> dict[str, str]:
     return {n: _PHASE_COLORS[i % len(_PHASE_COLORS)] for i, n in enumerate(names)}
 
 
-def draw(report: MemoryReport, *, title: str | None = None) -> Any:
+def draw(report: MemoryReport, *, title: str | None = None) -> Any:  # noqa: PLR0915  (one figure, top to bottom)
     from matplotlib.figure import Figure  # noqa: PLC0415
 
     ranks = [r for r in report.ranks if r.samples or r.phases]
     gpu = report.has_gpu
-    heights = [3.0, 1.8, 0.35 * max(len(ranks), 1) + 0.4] if gpu else [3.0, 0.35 * max(len(ranks), 1) + 0.4]
+    heights = (
+        [3.0, 1.8, 0.35 * max(len(ranks), 1) + 0.4]
+        if gpu
+        else [3.0, 0.35 * max(len(ranks), 1) + 0.4]
+    )
     fig = Figure(figsize=(10, sum(heights) + 0.9), layout="constrained")
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     host, bars = axes[0], axes[-1]
@@ -73,7 +77,9 @@ def draw(report: MemoryReport, *, title: str | None = None) -> Any:
     if len(ranks) > 1 and node:
         xs = [s[0] for s in node]
         ys = [s[1] / _GIB for s in node]
-        host.step(xs, ys, where="post", color="black", linewidth=2.2, label="node: all ranks (Σ PSS)")
+        host.step(
+            xs, ys, where="post", color="black", linewidth=2.2, label="node: all ranks (Σ PSS)"
+        )
         peak = report.node_peak()
         if peak is not None:
             peak_seen = max(peak_seen, peak.total_bytes / _GIB)
@@ -122,7 +128,9 @@ def draw(report: MemoryReport, *, title: str | None = None) -> Any:
     return fig
 
 
-def _limit_line(ax: Any, value: int | None, label: str, color: str, style: str, top: float) -> None:
+def _limit_line(  # noqa: PLR0917  (private; the line's look in one call)
+    ax: Any, value: int | None, label: str, color: str, style: str, top: float
+) -> None:
     if not value:
         return
     gib = value / _GIB
@@ -152,7 +160,9 @@ def _bands(ax: Any, report: MemoryReport, colors: dict[str, str], *, labels: boo
         if span.depth:
             continue
         end = span.end_t if span.end_t is not None else (first.last_t or span.start_t)
-        ax.axvspan(span.start_t - t0, end - t0, color=colors.get(span.name, "#ddd"), alpha=0.18, lw=0)
+        ax.axvspan(
+            span.start_t - t0, end - t0, color=colors.get(span.name, "#ddd"), alpha=0.18, lw=0
+        )
         if labels and end - span.start_t > 0:
             ax.text(
                 (span.start_t + end) / 2 - t0,

@@ -9,7 +9,6 @@ asks it for :meth:`summary` at most once a second. Standard library only.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -64,7 +63,7 @@ class MemoryFollower:
         for rank, live in self.ranks.items():
             path = self.run_dir / f"mem-rank{rank}.jsonl"
             try:
-                with open(path, "rb") as handle:
+                with path.open("rb") as handle:
                     handle.seek(live.offset)
                     data = handle.read(8 << 20)
             except OSError:
@@ -125,10 +124,5 @@ class MemoryFollower:
         return True
 
     def size_on_disk(self) -> int:
-        total = 0
-        for rank in self.ranks:
-            try:
-                total += os.stat(self.run_dir / f"mem-rank{rank}.jsonl").st_size
-            except OSError:
-                pass
-        return total
+        paths = [self.run_dir / f"mem-rank{rank}.jsonl" for rank in self.ranks]
+        return sum(p.stat().st_size for p in paths if p.is_file())

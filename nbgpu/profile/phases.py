@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import socket
-
 import threading
 import time
 from collections import deque
@@ -78,7 +77,9 @@ def parse_sample_interval(value: object) -> float:
 
 def records_file(directory: Path, rank: int | None) -> Path:
     """Where a process's records go in *directory*: by rank in a job, by pid otherwise."""
-    return directory / (f"mem-rank{rank}.jsonl" if rank is not None else f"mem-pid{os.getpid()}.jsonl")
+    return directory / (
+        f"mem-rank{rank}.jsonl" if rank is not None else f"mem-pid{os.getpid()}.jsonl"
+    )
 
 
 @dataclass
@@ -324,10 +325,12 @@ class Recorder:
 def _process_start_time() -> float | None:
     """When this process started (from /proc), to place 'start' before Python ran."""
     try:
-        with open("/proc/self/stat", encoding="ascii") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        with open("/proc/stat", encoding="ascii") as handle:
-            boot = next(float(line.split()[1]) for line in handle if line.startswith("btime"))
+        fields = Path("/proc/self/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text(encoding="ascii").splitlines()
+            if line.startswith("btime")
+        )
         return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
@@ -475,4 +478,3 @@ class _PhaseApi:
 
 #: The public entry: ``nbgpu.phase("model")``, ``nbgpu.phase.mark("POST-MODEL")``.
 phase = _PhaseApi()
-

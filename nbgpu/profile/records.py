@@ -34,7 +34,7 @@ class PhaseSpan:
     begin: dict[str, Any]
     end: dict[str, Any] | None  # None: never ended (see ``status``)
     status: str  # done | failed | died in | stopped in (SIGTERM) | running
-    path: str  # "run › model" for nested phases
+    path: str  # "run > model" for nested phases
 
     @property
     def start_t(self) -> float:
@@ -112,7 +112,7 @@ def _alive(proc: dict[str, Any]) -> bool:
                 for line in Path("/proc/stat").read_text().splitlines()
                 if line.startswith("btime")
             )
-            return abs(boot + int(fields[19]) / os.sysconf("SC_CLK_TCK") - started) < 2
+            return bool(abs(boot + int(fields[19]) / os.sysconf("SC_CLK_TCK") - started) < 2)
     return True
 
 
@@ -176,7 +176,7 @@ def read_records(
                 begin=begin,
                 end=end,
                 status=status,
-                path=" › ".join(reversed(chain)),
+                path=" > ".join(reversed(chain)),
             )
         )
     rank = proc.get("rank")

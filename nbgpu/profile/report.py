@@ -240,7 +240,11 @@ class MemoryReport(Result):
         if self.ranks and not self.has_gpu:
             out.append(
                 "no GPU figures: no rank initialised CUDA"
-                + (f" (simulated fleet '{self.simulated}': ranks run on CPU)" if self.simulated else "")
+                + (
+                    f" (simulated fleet '{self.simulated}': ranks run on CPU)"
+                    if self.simulated
+                    else ""
+                )
             )
         return list(dict.fromkeys(out))
 
@@ -253,10 +257,10 @@ class MemoryReport(Result):
                 out.append(f"{rank.label} died in '{died.path}'")
         stopped = [(r.label, r.stopped_in.path) for r in self.ranks if r.stopped_in is not None]
         if stopped:
-            where = sorted({path for _label, path in stopped})
+            paths = sorted({path for _label, path in stopped})
             out.append(
                 f"{', '.join(label for label, _p in stopped)} stopped (SIGTERM) in "
-                f"{', '.join(repr(w) for w in where)}"
+                f"{', '.join(repr(w) for w in paths)}"
             )
         peak = self.node_peak()
         if peak is not None and len(self.ranks) > 1:
@@ -307,9 +311,13 @@ class MemoryReport(Result):
         if not self.ranks:
             return "\n".join([f"memory of {self.source}: no records", *self.notes])
         lines = [self._headline()]
-        lines.append(self._table("peak_rss_bytes", "peak host memory (RSS, GiB) by phase:").text(120))
+        lines.append(
+            self._table("peak_rss_bytes", "peak host memory (RSS, GiB) by phase:").text(120)
+        )
         if self.has_gpu:
-            lines.append(self._table("gpu_peak_allocated_bytes", "peak GPU allocated (GiB):").text(120))
+            lines.append(
+                self._table("gpu_peak_allocated_bytes", "peak GPU allocated (GiB):").text(120)
+            )
         lines += [wrap(f, "* ") for f in self.findings()]
         lines += [wrap(n, "! ") for n in self.notes]
         lines += [wrap(n, "  ") for n in self.why_empty()]
@@ -404,7 +412,7 @@ def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryRep
             "nbgpu run directory"
         )
         notes.append(why)
-    totals = [r.proc.get("mem_total") for r in ranks if isinstance(r.proc.get("mem_total"), int)]
+    totals = [int(r.proc["mem_total"]) for r in ranks if isinstance(r.proc.get("mem_total"), int)]
     return MemoryReport(
         source=label or f"run '{meta.get('name') or directory.name}'",
         ranks=ranks,
@@ -419,7 +427,9 @@ def report_from_recorder(recorder: Any, *, label: str = "this process") -> Memor
     """This process's in-memory records (the kernel's ``%%gpu_phase`` cells) as a report."""
     lines: Sequence[dict[str, Any]] = [*recorder.records, *recorder.samples]
     ordered = sorted(lines, key=lambda r: (r.get("k") != "proc", r.get("t", 0)))
-    rank = read_records(ordered, label="kernel" if label == "this kernel" else "process", alive=True)
+    rank = read_records(
+        ordered, label="kernel" if label == "this kernel" else "process", alive=True
+    )
     total = rank.proc.get("mem_total")
     return MemoryReport(
         source=label,

@@ -33,18 +33,21 @@ def test_gpu_memory_figure_renders(lab, lab_page, shots_dir):
     image = page.locator(".jp-OutputArea-output img").first
     image.wait_for(state="visible")
     box = image.bounding_box()
-    assert box is not None and box["width"] > 500 and box["height"] > 250, box
+    assert box is not None
+    assert box["width"] > 500, box
+    assert box["height"] > 250, box
     # Really drawn: the browser decoded a PNG of the figure's size.
     size = page.evaluate(
         "(img) => [img.naturalWidth, img.naturalHeight, img.complete]", image.element_handle()
     )
-    assert size[0] >= 900 and size[2], size
+    assert size[0] >= 900, size
+    assert size[2], size
     src = image.get_attribute("src") or ""
     assert src.startswith("data:image/png;base64,")
     assert base64.b64decode(src.split(",", 1)[1])[:4] == b"\x89PNG"
     table = page.locator(".jp-OutputArea-output table.nbgpu-table").last
     text = table.text_content() or ""
-    for phase in ("start", "imports", "run", "run › model", "exit"):
+    for phase in ("start", "imports", "run", "run > model", "exit"):
         assert phase in text, text
     image.scroll_into_view_if_needed()
     print(f"screenshot: {lab_page.screenshot(shots_dir / 'memory-figure.png')}")

@@ -23,7 +23,9 @@ def ip(monkeypatch, tmp_path):
 
 def test_gpu_phase_records_the_cells_allocation_in_the_kernel(ip, capsys):
     ip.run_cell_magic(
-        "gpu_phase", "load model", "blob = bytearray(120 << 20)\nfor i in range(0, len(blob), 4096): blob[i] = 1\n"
+        "gpu_phase",
+        "load model",
+        "blob = bytearray(120 << 20)\nfor i in range(0, len(blob), 4096): blob[i] = 1\n",
     )
     out = capsys.readouterr().out
     assert "[nbgpu] phase 'load model':" in out
@@ -31,7 +33,8 @@ def test_gpu_phase_records_the_cells_allocation_in_the_kernel(ip, capsys):
     report = ip.run_line_magic("gpu_memory", "kernel --no-figure")
     assert isinstance(report, MemoryReport)
     row = report.records()[0]
-    assert row["phase"] == "load model" and row["status"] == "done"
+    assert row["phase"] == "load model"
+    assert row["status"] == "done"
     assert row["peak_rss_bytes"] - row["rss_start_bytes"] >= 100 << 20
 
 
@@ -71,7 +74,9 @@ def test_help(ip, capsys, magic, cell):
     else:
         ip.run_cell_magic(magic, "-h", cell)
     out = capsys.readouterr().out
-    assert out.startswith(f"%{'%' if cell else ''}{magic} [") and "--mem-sample" in out or "--png" in out
+    prefix = "%%" if cell is not None else "%"
+    assert out.startswith(f"{prefix}{magic} ["), out
+    assert ("--mem-sample" if cell is not None else "--png") in out
 
 
 def test_gpu_memory_of_a_directory_without_records(ip, tmp_path):

@@ -1,8 +1,8 @@
 """nbgpu.phase records in one process: nesting, peaks, crash leftovers, bad input."""
 
 import json
-import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,13 +36,13 @@ def test_a_phase_records_its_allocation_in_its_peak_and_nested_phases_keep_their
     rec.close()
     ranks = read_file(tmp_path / "mem-rank0.jsonl")
     spans = {p.path: p for p in ranks.phases}
-    assert set(spans) == {"outer", "outer › inner"}
+    assert set(spans) == {"outer", "outer > inner"}
     assert all(p.status == "done" for p in spans.values())
     report = memory_report(tmp_path)
     frame = report.to_frame()
-    inner_peak = frame.loc[("outer › inner", "rank0"), "peak_rss_bytes"]
+    inner_peak = frame.loc[("outer > inner", "rank0"), "peak_rss_bytes"]
     outer_peak = frame.loc[("outer", "rank0"), "peak_rss_bytes"]
-    inner_end = frame.loc[("outer › inner", "rank0"), "rss_end_bytes"]
+    inner_end = frame.loc[("outer > inner", "rank0"), "rss_end_bytes"]
     # The 200 MiB was freed before the inner phase ended: only the peak shows it, and the
     # outer phase keeps it although the inner one reset the high-water mark.
     assert inner_peak - inner_end >= 150 * MIB
@@ -76,7 +76,8 @@ def test_phase_entered_never_left_is_died_in_and_a_cut_off_line_is_a_note(tmp_pa
     data[0]["pid"] = 2**22 + 12345
     path.write_text("".join(json.dumps(d) + "\n" for d in data) + '{"k":"s","t":')
     ranks = read_file(path)
-    assert ranks.died_in is not None and ranks.died_in.name == "model"
+    assert ranks.died_in is not None
+    assert ranks.died_in.name == "model"
     assert any("cut off mid-write" in n for n in ranks.notes)
     report = memory_report(tmp_path)
     assert "rank1 died in 'model'" in report.text()
@@ -95,7 +96,7 @@ def test_phases_closed_out_of_order_are_kept_and_said(tmp_path):
     assert any("ended before its nested phase(s) 'inner'" in n for n in ranks.notes)
 
 
-def test_a_failing_block_marks_its_phase_failed(tmp_path):
+def test_a_failing_block_marks_its_phase_failed():
     rec = Recorder(None, {}, sample_s=0)
     with pytest.raises(ZeroDivisionError), Phase("boom", rec):
         1 / 0  # noqa: B018
@@ -105,7 +106,9 @@ def test_a_failing_block_marks_its_phase_failed(tmp_path):
 
 @pytest.mark.parametrize("bad", ["-1", "abc", "", "nan", "1e9", True])
 def test_bad_sample_intervals_get_one_line(bad):
-    with pytest.raises(UserInputError, match="--mem-sample .*expected seconds between memory samples"):
+    with pytest.raises(
+        UserInputError, match=r"--mem-sample .*expected seconds between memory samples"
+    ):
         parse_sample_interval(bad)
 
 
@@ -132,11 +135,13 @@ def test_a_directory_without_records_is_a_clear_empty_report(tmp_path):
 
 def test_process_memory_figures_are_real_or_absent_with_a_reason():
     own = procmem.process_memory()
-    assert own.rss_bytes and own.rss_bytes > 1 * MIB
-    if os.path.exists("/proc/self/smaps_rollup"):
+    assert own.rss_bytes is not None
+    assert own.rss_bytes > 1 * MIB
+    if Path("/proc/self/smaps_rollup").exists():
         assert 0 < own.uss_bytes <= own.pss_bytes <= own.rss_bytes
     cuda, why = procmem.cuda_memory()
-    assert cuda is None and why  # no CUDA here, and never initialised for the profiler
+    assert cuda is None  # no CUDA here, and never initialised for the profiler
+    assert why
     node = procmem.node_memory()
     assert node.total_bytes > node.available_bytes > 0
 
@@ -148,4 +153,5 @@ def test_the_figure_renders_a_png(tmp_path):
         touch(50 * MIB)
     rec.close()
     png = memory_report(tmp_path).png()
-    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert png.startswith(b"\x89PNG")
+    assert len(png) > 10_000

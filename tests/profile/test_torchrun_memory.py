@@ -44,15 +44,15 @@ def test_every_standard_phase_on_every_rank_and_the_users_phase_holds_its_alloca
     for rank in ranks:
         assert rank.closed
         paths = [p.path for p in rank.phases]
-        assert paths == ["start", "imports", "run", "run › init", "run › model", "exit"], paths
+        assert paths == ["start", "imports", "run", "run > init", "run > model", "exit"], paths
         assert all(p.status == "done" for p in rank.phases)
         assert [m["name"] for m in rank.marks] == ["POST-MODEL"]
         assert len(rank.samples) >= 1  # the sampler ran (0.1 s default)
     frame = run.memory.to_frame()
     for label in ("rank0", "rank1"):
-        model = frame.loc[("run › model", label)]
+        model = frame.loc[("run > model", label)]
         assert model["peak_rss_bytes"] - model["rss_start_bytes"] >= 280 * MIB
-        init = frame.loc[("run › init", label)]
+        init = frame.loc[("run > init", label)]
         assert init["peak_rss_bytes"] < model["peak_rss_bytes"] - 200 * MIB
     # The terminal face reads the same directory.
     out = subprocess.run(
@@ -60,7 +60,7 @@ def test_every_standard_phase_on_every_rank_and_the_users_phase_holds_its_alloca
         capture_output=True, text=True, env=env, timeout=120, check=True,
     )  # fmt: skip
     data = json.loads(out.stdout)
-    assert {row["phase"] for row in data["phases"]} >= {"start", "imports", "run › model", "exit"}
+    assert {row["phase"] for row in data["phases"]} >= {"start", "imports", "run > model", "exit"}
     assert data["died_in"] == {}
 
 
@@ -68,9 +68,9 @@ def test_a_rank_killed_inside_a_phase_leaves_that_phase_on_disk(env):
     cell = CELL.replace(
         'nbgpu.phase.mark("POST-MODEL")',
         'nbgpu.phase.mark("POST-MODEL")\n'
-        'if nr.rank() == 1:\n'
+        "if nr.rank() == 1:\n"
         '    with nbgpu.phase("doomed"):\n'
-        '        import signal; os.kill(os.getpid(), signal.SIGKILL)',
+        "        import signal; os.kill(os.getpid(), signal.SIGKILL)",
     )
     with pytest.raises(RunFailed) as failed:
         nbgpu.torchrun(cell, 2, environ=env, write=lambda _t: None, timeout_s=120)
@@ -78,13 +78,13 @@ def test_a_rank_killed_inside_a_phase_leaves_that_phase_on_disk(env):
     ranks = {r.label: r for r in read_run_dir(run.dir)}
     assert not ranks["rank1"].closed
     assert ranks["rank1"].died_in is not None
-    assert ranks["rank1"].died_in.path == "run › doomed"
+    assert ranks["rank1"].died_in.path == "run > doomed"
     text = run.memory.text()
-    assert "rank1 died in 'run › doomed'" in text
+    assert "rank1 died in 'run > doomed'" in text
     # A SIGKILL reads as the host's OOM killer; the diagnosis names the phase it hit.
     root = run.diagnosis.root
     assert root.cause == "host_oom"
-    assert any("rank1 died in phase 'run › doomed'" in d for d in root.details)
+    assert any("rank1 died in phase 'run > doomed'" in d for d in root.details)
     assert any("MemAvailable at the last sample" in d for d in root.details)
 
 
