@@ -22,7 +22,8 @@ dict. ``is_main()`` and ``print0()`` treat a process outside any job as the sing
 Importing this module is cheap: it must never import torch at module level (torch is
 imported inside the functions that need it), and never IPython, pynvml or psutil at all.
 Under simulation it reads the fleet through ``nbgpu.devices`` (simulated CUDA driver and
-``CUDA_VISIBLE_DEVICES`` resolution); nothing else of nbgpu.
+``CUDA_VISIBLE_DEVICES`` resolution); ``init`` records the memory phase ``init`` through
+``nbgpu.profile.phases`` (standard library only); nothing else of nbgpu.
 """
 
 from __future__ import annotations

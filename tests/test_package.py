@@ -146,7 +146,7 @@ def _nbgpu_imports(path: Path) -> set[str]:
 # Layer -> the nbgpu packages it must never import (DESIGN.md: one-way arrows).
 FORBIDDEN = {
     "devices": ("nbgpu.launch", "nbgpu.plan", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
-                "nbgpu.api", "nbgpu.rank"),
+                "nbgpu.api", "nbgpu.rank", "nbgpu.profile"),
     "plan": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
     # diagnose may read nbgpu.profile's records (memory at the failure), nothing else of it.
     "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
