@@ -1,10 +1,14 @@
 """%%gpu_phase and %gpu_memory in a real InteractiveShell."""
 
+from types import SimpleNamespace
+
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
+from nbgpu.notebook.memory_timeline import MemoryTimeline
 from nbgpu.profile import phases
+from nbgpu.profile.phases import Phase, Recorder
 from nbgpu.profile.report import MemoryReport
 
 
@@ -83,3 +87,19 @@ def test_gpu_memory_of_a_directory_without_records(ip, tmp_path):
     (tmp_path / "old").mkdir()
     report = ip.run_line_magic("gpu_memory", str(tmp_path / "old"))
     assert "no memory records" in report.text()
+
+
+def test_panel_timeline_draws_each_rank_and_the_summary(tmp_path):
+    for rank in (0, 1):
+        rec = Recorder(tmp_path / f"mem-rank{rank}.jsonl", {"rank": rank}, sample_s=0)
+        Phase("imports", rec).start()
+        rec.sample()
+        rec.sample()
+    run = SimpleNamespace(dir=tmp_path, config=SimpleNamespace(nproc=2), done=False)
+    timeline = MemoryTimeline(run)
+    timeline.refresh()
+    html = timeline.widget.value
+    assert html.count("<polyline") == 3  # two ranks and their sum
+    assert "in &#x27;imports&#x27;" in html
+    timeline.refresh()  # within the second: no new message to the frontend
+    assert timeline.updates == 1

@@ -9,7 +9,9 @@ import sys
 import pytest
 
 import nbgpu
-from nbgpu.launch.run import RunFailed
+from nbgpu.launch.launcher import prepare
+from nbgpu.launch.run import Run, RunFailed, follow
+from nbgpu.launch.streams import ScreenWriter
 from nbgpu.profile.records import read_run_dir
 
 pytestmark = pytest.mark.slow
@@ -102,3 +104,25 @@ def test_scripts_leading_imports_are_serialised_and_recorded_like_a_cells(env, t
     logs = "".join(p.read_text() for p in run.dir.glob("rank*.log"))
     assert logs.count("LOCK: acquired 'imports'") == 2
     assert "ran" in logs
+
+
+def _as_terminal_shows(text):
+    """What a terminal (or Jupyter) shows: each line's text after its last '\\r'."""
+    return [line.rsplit("\r", 1)[-1] for line in text.split("\n")]
+
+
+def test_live_memory_line_is_refreshed_in_place_and_erased_at_the_end(env):
+    chunks = []
+    code = "import time\nprint('up', flush=True)\ntime.sleep(3)\nprint('bye', flush=True)\n"
+    prepared = prepare(code=code, nproc=2, environ=env)
+    run = Run(prepared.config, environ=env).start()
+    writer = ScreenWriter(chunks.append, live_status=True)
+    follow(run, writer)
+    assert run.state == "succeeded"
+    text = "".join(chunks)
+    assert "mem: node " in text
+    assert "(Σ PSS of 2 ranks) · max rank" in text
+    shown = [line for line in _as_terminal_shows(text) if line.strip()]
+    # Every rank line survives; the status line is gone once the run is over.
+    assert sum(line.startswith("[rank") and line.endswith("bye") for line in shown) == 2
+    assert not any(line.startswith("mem:") for line in shown)
