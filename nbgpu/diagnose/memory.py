@@ -87,7 +87,10 @@ def import_storm(report: Any) -> str | None:
             continue  # died importing: where it would have settled is unknown
         end = span.end.get("pss") or span.end.get("rss") or top
         transient = max(transient, top - end)
-        settled += end
+        # Taking turns, a rank that has imported holds what it holds afterwards (its
+        # later phases: the process group, the model) while the others import.
+        later = [v for t, v in report.host_series(rank) if t + report.origin > span.end_t]
+        settled += max([end, *later])
     if len(tops) > len(
         [r for r in report.ranks if any(p.name == "imports" and p.end for p in r.phases)]
     ):
@@ -104,7 +107,8 @@ def import_storm(report: Any) -> str | None:
         f"every rank was in 'imports' at once when the node peaked at {_gib(peak.total_bytes)} "
         f"({len(peak.phases)} ranks): each import rose up to {_gib(transient)} above where it "
         f"settled; with --serial-imports (one rank at a time) the peak would be about "
-        f"{_gib(serial)} (settled ranks plus one transient), measured from these records"
+        f"{_gib(serial)} (every rank at its most after importing, plus one import's "
+        "transient), measured from these records"
     )
 
 

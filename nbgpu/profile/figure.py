@@ -52,6 +52,7 @@ def draw(report: MemoryReport, *, title: str | None = None) -> Any:  # noqa: PLR
     colors = _phase_colors(report)
     line_colors = {}
     peak_seen = 0.0
+    report_end = max((r.last_t or t0) - t0 for r in ranks) if ranks else 1.0
     for rank in ranks:
         series = report.host_series(rank)
         xs = [t for t, _v in series]
@@ -64,11 +65,14 @@ def draw(report: MemoryReport, *, title: str | None = None) -> Any:  # noqa: PLR
         died = rank.died_in
         if died is not None and xs:
             host.plot([xs[-1]], [ys[-1]], marker="X", markersize=11, color="#c0392b", zorder=5)
+            # Near the right edge the label goes to the left of the cross, inside the axes.
+            late = xs[-1] > 0.6 * max(report_end, 1e-9)
             host.annotate(
                 f"{rank.label} died in '{died.path}'",
                 (xs[-1], ys[-1]),
                 textcoords="offset points",
-                xytext=(6, 6),
+                xytext=(-8 if late else 6, 6),
+                ha="right" if late else "left",
                 color="#c0392b",
                 fontsize=9,
                 fontweight="bold",

@@ -20,7 +20,8 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def env(sim_env, tmp_path):
-    return {**sim_env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
+    # A simulated fleet: on a GPU machine too, ranks run on CPU with gloo.
+    return {**sim_env, "NBGPU_RUNS_DIR": str(tmp_path / "runs"), "NBGPU_SIMULATE": "4xA40"}
 
 
 CELL = """
