@@ -56,7 +56,8 @@ DEFAULT_SAMPLE_S = 0.1
 MEM_DIR_ENV = "NBGPU_MEM_DIR"
 SAMPLE_ENV = "NBGPU_MEM_SAMPLE"
 _RUN_DIR_ENV = "NBGPU_RUN_DIR"
-PSS_EVERY_S = 1.0  # samples read USS/PSS (smaps_rollup) about this often; RSS every time
+PSS_EVERY_S = 1.0  # samples read USS/PSS (smaps_rollup) at most this often; RSS every time
+PSS_CPU_SHARE = 0.002  # ... and less often if reading it would take more of a core than this
 _KEEP_SAMPLES = 200_000  # in-memory recorders (the kernel): ~6 h at 10 Hz
 
 
@@ -115,6 +116,7 @@ class Recorder:
         self._lock = threading.Lock()  # this process's threads only; never across ranks
         self._sampler: Any = None
         self._samples_taken = 0
+        self._next_full = 0.0  # perf_counter time of the next USS/PSS reading
         self.hwm_reset_problem: str | None = None
         if self.path is not None:
             try:
@@ -156,12 +158,22 @@ class Recorder:
                 os.close(self._fd)
             self._fd = None
 
-    def _snapshot(self, *, full: bool = True) -> dict[str, Any]:
+    def _snapshot(self, *, full: bool | None = None) -> dict[str, Any]:
+        """Memory now; USS/PSS when *full* (None: when the reading budget allows)."""
         node = procmem.node_memory()
         out: dict[str, Any] = {"t": time.time()}
+        started = time.perf_counter()
+        if full is None:
+            full = started >= self._next_full
         if full:
             own = procmem.process_memory()
             out.update(rss=own.rss_bytes, uss=own.uss_bytes, pss=own.pss_bytes)
+            # smaps_rollup costs more the bigger the process (5 ms in a training torch
+            # process here): read it at most once a second, and less often when it is
+            # dear, so that it never takes more than PSS_CPU_SHARE of a core. Phases
+            # around every step then cost RSS readings, not page walks.
+            cost = time.perf_counter() - started
+            self._next_full = started + max(PSS_EVERY_S, cost / PSS_CPU_SHARE)
         else:
             out["rss"] = procmem.resident_bytes()
         out["avail"] = node.available_bytes
@@ -194,7 +206,7 @@ class Recorder:
                 parent=self._stack[-1].id if self._stack else None,
                 started=snap["t"],
                 peak_rss=snap["rss"] or 0,
-                peak_pss=snap["pss"] or 0,
+                peak_pss=snap.get("pss") or 0,
                 gpu_peak=snap.get("gpu_alloc", 0),
                 gpu_peak_at_start=snap.get("gpu_max"),
             )
@@ -230,7 +242,7 @@ class Recorder:
             "phase": closing.name,
             **snap,
             "peak_rss": closing.peak_rss,
-            "peak_pss": closing.peak_pss,
+            "peak_pss": closing.peak_pss or None,
             "hwm": None if hwm_now is None else max(hwm_now, closing.hwm),
             "hwm_why": self.hwm_reset_problem,
         }
@@ -276,13 +288,12 @@ class Recorder:
     def sample(self, *, final: bool = False) -> None:
         """One timeline point; also raises the running peaks of every open phase.
 
-        RSS every time (constant cost); USS/PSS about once a second: smaps_rollup walks
+        RSS every time (constant cost); USS/PSS at most once a second: smaps_rollup walks
         every page of the process, milliseconds for a large one, too dear at 10 Hz.
         """
         self._samples_taken += 1
-        every = max(1, round(PSS_EVERY_S / self.sample_s)) if self.sample_s > 0 else 1
-        full = final or self._samples_taken % every == 1 or every == 1
-        snap = self._snapshot(full=full)
+        snap = self._snapshot(full=True if final else None)
+        full = "pss" in snap
         if full:
             # The high-water mark since the innermost phase began: the peak a sampler
             # between two ticks can miss, kept for a phase the process may die in.

@@ -237,6 +237,11 @@ class MemoryReport(Result):
                     out.append(str(span.end["hwm_why"]))
                 if span.end and span.end.get("nvml_why"):
                     out.append(f"NVML per-process memory: {span.end['nvml_why']}")
+        if any(p.end is not None and "pss" not in p.end for r in self.ranks for p in r.phases):
+            out.append(
+                "USS/PSS are read at most once a second (their page walk is costly): phases "
+                "that ended in between show RSS only"
+            )
         if self.ranks and not self.has_gpu:
             out.append(
                 "no GPU figures: no rank initialised CUDA"
