@@ -96,6 +96,7 @@ def sampling_overhead(rounds: int, steps: int) -> list[str]:
     import torch  # noqa: PLC0415
 
     from nbgpu.profile.phases import Recorder  # noqa: PLC0415
+    from nbgpu.profile.sampler import Sampler  # noqa: PLC0415
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -121,27 +122,29 @@ def sampling_overhead(rounds: int, steps: int) -> list[str]:
     sampler_cpu = 0.0
     recorded_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:
+        # One recorder for the whole process, as in a rank; its sampler thread runs only
+        # in the "on" rounds. Its USS/PSS budget carries over from round to round.
+        rec = Recorder(Path(tmp) / "mem-rank0.jsonl", {"rank": 0}, sample_s=0.1)
         for i in range(rounds):
             pair = {}
             # Alternate which comes first, so drift in the machine's load cancels out.
             for recording in (False, True) if i % 2 == 0 else (True, False):
-                rec = None
-                if recording:
-                    rec = Recorder(Path(tmp) / f"mem-rank{i}.jsonl", {"rank": 0}, sample_s=0.1)
-                    rec.start_sampling()
+                sampler = Sampler(rec, 0.1) if recording else None
+                if sampler is not None:
+                    sampler.start()
                 t0 = time.perf_counter()
                 for _ in range(steps):
                     step()
                 wall = time.perf_counter() - t0
                 pair[recording] = wall / steps
                 times[recording].append(wall / steps)
-                if rec is not None:
-                    sampler = rec._sampler
-                    rec.close()
+                if sampler is not None:
+                    sampler.stop()
                     samples += sampler.count
                     sampler_cpu += sampler.cpu_s
                     recorded_s += wall
             ratios.append(pair[True] / pair[False])
+        rec.close()
     off = statistics.median(times[False])
     on = statistics.median(times[True])
     return [
@@ -172,7 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--skip-storm", action="store_true")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="nbgpu-bench-memory-"))

@@ -57,6 +57,7 @@ class _BackgroundView:
         self._lines: deque[str] = deque(maxlen=40)
         self._lock = threading.Lock()
         self._last = 0.0
+        self._memory: str | None = None  # the node's memory line, refreshed at most 1/s
         self.handle = display(Pretty(f"[nbgpu] run '{name}' starting…"), display_id=True)
 
     def write(self, text: str) -> object:
@@ -71,7 +72,10 @@ class _BackgroundView:
         self._last = now
         with self._lock:
             body = "\n".join(self._lines)
+        self._memory = run.memory_status() or self._memory
         head = run.text() if run.done else run._headline()
+        if self._memory and not run.done:
+            head += f"\n{self._memory}"
         self.handle.update(self._pretty(f"{head}\n{body}" if body and not run.done else head))
 
 
