@@ -114,7 +114,7 @@ def _as_terminal_shows(text):
 
 def test_live_memory_line_is_refreshed_in_place_and_erased_at_the_end(env):
     chunks = []
-    code = "import time\nprint('up', flush=True)\ntime.sleep(3)\nprint('bye', flush=True)\n"
+    code = "import time\nprint('up', flush=True)\ntime.sleep(4)\nprint('bye', flush=True)\n"
     prepared = prepare(code=code, nproc=2, environ=env)
     run = Run(prepared.config, environ=env).start()
     writer = ScreenWriter(chunks.append, live_status=True)
