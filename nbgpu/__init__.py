@@ -22,6 +22,8 @@ __all__ = [
     "errors",
     "estimate",
     "load_ipython_extension",
+    "memory",
+    "phase",
     "plan",
     "runs",
     "status",
@@ -34,6 +36,8 @@ _LAZY = {
     "status": "nbgpu.api",
     "doctor": "nbgpu.api",
     "clean": "nbgpu.api",
+    "memory": "nbgpu.api",
+    "phase": "nbgpu.profile.phases",  # nbgpu.phase("model"), nbgpu.phase.mark("POST-MODEL")
     "torchrun": "nbgpu.launch.launcher",
     "runs": "nbgpu.launch.registry",
     "plan": "nbgpu.plan",  # a callable module: nbgpu.plan(...), nbgpu.plan.sweep(...)
@@ -43,10 +47,11 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from nbgpu import diagnose, errors, plan
-    from nbgpu.api import clean, doctor, status
+    from nbgpu.api import clean, doctor, memory, status
     from nbgpu.launch.launcher import torchrun
     from nbgpu.launch.registry import runs
     from nbgpu.plan.estimate import estimate
+    from nbgpu.profile.phases import phase
 else:
     from nbgpu import errors  # light: the exception tree only
 

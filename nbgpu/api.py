@@ -15,11 +15,14 @@ from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.errors import UserInputError
 
 if TYPE_CHECKING:  # clean and doctor load only when used: `nbgpu status` stays quick
+    from pathlib import Path
+
     from nbgpu.devices.clean import CleanPlan, CleanReport
     from nbgpu.devices.doctor import DoctorReport
     from nbgpu.devices.holders import HolderInfo
+    from nbgpu.profile.report import MemoryReport
 
-__all__ = ["clean", "doctor", "status"]
+__all__ = ["clean", "doctor", "memory", "status"]
 
 
 def status(
@@ -89,3 +92,55 @@ def clean(
             return False  # nobody to ask: list only
 
     return execute_clean(plan, confirm=asker, dry_run=dry_run, grace_s=grace_s)
+
+
+def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = None) -> MemoryReport:
+    """Memory by phase and rank: ``nbgpu.memory(run)``, a run name, or a run directory.
+
+    A name is looked up among this process's runs, then as the newest directory of that
+    name under the runs directory (``NBGPU_RUNS_DIR``). No argument: this process's last
+    run, else this process's own phases (``nbgpu.phase``, ``%%gpu_phase``).
+    """
+    from pathlib import Path  # noqa: PLC0415
+
+    from nbgpu.launch.registry import runs  # noqa: PLC0415
+    from nbgpu.launch.rundir import runs_root  # noqa: PLC0415
+    from nbgpu.profile.phases import recorder  # noqa: PLC0415
+    from nbgpu.profile.report import memory_report, report_from_recorder  # noqa: PLC0415
+
+    known = runs()
+    if run_or_dir is None:
+        if known:
+            last = list(known.values())[-1]
+            return memory_report(last.dir, label=f"run '{last.name}'")
+        return report_from_recorder(recorder(), label="this process")
+    if hasattr(run_or_dir, "dir") and hasattr(run_or_dir, "name"):
+        return memory_report(run_or_dir.dir, label=f"run '{run_or_dir.name}'")
+    if not isinstance(run_or_dir, str | Path):
+        raise UserInputError(f"{run_or_dir!r}: expected a run, a run name or a run directory")
+    text = str(run_or_dir)
+    if text in known:
+        return memory_report(known[text].dir, label=f"run '{text}'")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return memory_report(path)
+    root = runs_root(environ)
+    named = _newest_named(root, text)
+    if named is not None:
+        return memory_report(named, label=f"run '{text}'")
+    here = ", ".join(known) or "none in this process"
+    raise UserInputError(
+        f"no run named {text!r} (runs: {here}) and no run directory {str(path)!r}; give a "
+        f"run name or a directory under {root}"
+    )
+
+
+def _newest_named(root: Path, name: str) -> Path | None:
+    import re  # noqa: PLC0415
+
+    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}-[0-9a-f]{4}$")
+    try:
+        found = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)]
+    except OSError:
+        return None
+    return max(found, key=lambda p: p.name[len(name) :]) if found else None

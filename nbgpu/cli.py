@@ -7,6 +7,7 @@
     nbgpu plan   [ALLOCATION] [--batch N] [--sweep RUNS] [--scale CONFIG --to N] [...]
     nbgpu diagnose FILE|DIR|- [--json] [--inventory]
     nbgpu estimate MODEL [--strategy zero2] [--world-size 8] [--micro 4] [--seq-len 4096] [--json]
+    nbgpu memory RUNDIR|NAME [--png FILE] [--json]
 
 Only parses arguments and calls the API (``nbgpu.api``, ``nbgpu.launch``,
 ``nbgpu.plan``, ``nbgpu.diagnose``). Exit codes: 0 fine; 1 a problem was found (doctor
@@ -168,6 +169,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", default=None, help="a label for the report")
 
+    p = sub.add_parser("memory", help="memory by phase and rank of a run, as a table and figure")
+    p.add_argument("run", metavar="RUNDIR", help="a run directory, or the name of a recent run")
+    p.add_argument("--png", default=None, metavar="FILE", help="also draw the figure into FILE")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
     p = sub.add_parser("plan", help="place roles on GPUs, check batch sizes, sweeps, scaling")
     add_plan_arguments(p)
 
@@ -218,7 +224,19 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="K=V",
         help="extra environment for the ranks (repeatable)",
     )
-    p.add_argument("--serial-imports", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--serial-imports",
+        action="store_true",
+        help="run the script's leading imports one rank at a time (cuts the import "
+        "storm's host memory peak)",
+    )
+    p.add_argument(
+        "--mem-sample",
+        default="0.1",
+        metavar="S",
+        help="seconds between memory samples in every rank (default 0.1; 0: phases only); "
+        "see `nbgpu memory RUNDIR`",
+    )
     p.add_argument(
         "--mem-limit", default=None, metavar="SIZE", help="per-rank address-space limit, e.g. 60G"
     )
@@ -261,6 +279,8 @@ def _run_script(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         env=parse_env_pairs(args.env),
         mem_limit=args.mem_limit,
+        serial_imports=args.serial_imports,
+        mem_sample=args.mem_sample,
         backend=args.backend,
         master_port=args.master_port,
         quiet=args.quiet,
@@ -273,7 +293,10 @@ def _run_script(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    writer = ScreenWriter(write if not args.quiet else (lambda _t: None), color=sys.stdout.isatty())
+    tty = sys.stdout.isatty()
+    writer = ScreenWriter(
+        write if not args.quiet else (lambda _t: None), color=tty, live_status=tty
+    )
     follow(run, writer)
     print(run.text(), file=sys.stderr)
     return EXIT_OK if run.state == "succeeded" else EXIT_PROBLEM
@@ -299,6 +322,23 @@ def _diagnose(args: argparse.Namespace) -> int:
     )
     print(result.to_json() if args.json else result.text())
     return EXIT_PROBLEM if result.status == "failure" else EXIT_OK
+
+
+def _memory(args: argparse.Namespace) -> int:
+    from nbgpu.api import memory  # noqa: PLC0415
+
+    report = memory(args.run)
+    if args.png:
+        from pathlib import Path  # noqa: PLC0415
+
+        try:
+            Path(args.png).expanduser().write_bytes(report.png())
+        except OSError as exc:
+            raise UserInputError(f"--png {args.png!r}: cannot write ({exc.strerror})") from None
+    print(report.to_json() if args.json else report.text())
+    if args.png and not args.json:
+        print(f"figure: {args.png}")
+    return EXIT_OK if report.ranks else EXIT_PROBLEM
 
 
 def _confirm_on_tty(plan: Any) -> bool:
@@ -338,6 +378,8 @@ def _run(args: argparse.Namespace) -> int:
         return _diagnose(args)
     if args.command == "estimate":
         return _estimate(args)
+    if args.command == "memory":
+        return _memory(args)
     if args.command == "plan":
         result = plan_from_args(args)
         print(render_plan_output(result, args) or result.text())

@@ -22,7 +22,8 @@ dict. ``is_main()`` and ``print0()`` treat a process outside any job as the sing
 Importing this module is cheap: it must never import torch at module level (torch is
 imported inside the functions that need it), and never IPython, pynvml or psutil at all.
 Under simulation it reads the fleet through ``nbgpu.devices`` (simulated CUDA driver and
-``CUDA_VISIBLE_DEVICES`` resolution); nothing else of nbgpu.
+``CUDA_VISIBLE_DEVICES`` resolution); ``init`` records the memory phase ``init`` through
+``nbgpu.profile.phases`` (standard library only); nothing else of nbgpu.
 """
 
 from __future__ import annotations
@@ -390,6 +391,15 @@ def init(
     words. ``environ`` is read for these checks; the rendezvous itself is torch's
     ``env://``, which always reads this process's own environment.
     """
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    with _init_phase():  # memory phase 'init' (nbgpu.profile): the group's cost shows
+        _init_group(backend, timeout_s, environ)
+
+
+def _init_group(backend: str | None, timeout_s: float, environ: Mapping[str, str] | None) -> None:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
@@ -434,6 +444,21 @@ def init(
         timeout=timedelta(seconds=timeout_s),
         device_id=device_id,
     )
+
+
+@contextlib.contextmanager
+def _init_phase() -> Iterator[None]:
+    """The standard ``init`` memory phase: from here until the process group is up."""
+    from nbgpu.profile.phases import recorder  # noqa: PLC0415  (standard library only)
+
+    rec = recorder()
+    phase_id = rec.begin("init")
+    try:
+        yield
+    except BaseException as exc:
+        rec.end(phase_id, error=f"{type(exc).__name__}: {exc}"[:300])
+        raise
+    rec.end(phase_id)
 
 
 def _check_backend(backend: str | None) -> str | None:

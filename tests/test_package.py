@@ -76,6 +76,14 @@ def test_layers_below_the_faces_never_import_ipython_widgets_or_matplotlib():
         if rel.parts[0] in faces:
             continue
         bad = _imports(path) & {"IPython", "ipywidgets", "matplotlib"}
+        if str(rel) == "profile/figure.py":
+            # The one drawing module below the faces: matplotlib inside draw() only.
+            top = ast.parse(path.read_text()).body
+            assert not any(
+                isinstance(n, ast.Import | ast.ImportFrom) and "matplotlib" in ast.dump(n)
+                for n in top
+            )
+            bad -= {"matplotlib"}
         assert not bad, f"{rel} imports {bad}"
 
 
@@ -101,10 +109,10 @@ print(json.dumps({{"added": added, "heavy": heavy, "cells": added_cells, "left":
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["added"] == [
-        "gpu_clean", "gpu_diagnose", "gpu_doctor", "gpu_plan", "gpu_runs", "gpu_status",
-        "gpu_stop", "torchrun",
+        "gpu_clean", "gpu_diagnose", "gpu_doctor", "gpu_memory", "gpu_plan", "gpu_runs",
+        "gpu_status", "gpu_stop", "torchrun",
     ]  # fmt: skip
-    assert result["cells"] == ["torchrun"]
+    assert result["cells"] == ["gpu_phase", "torchrun"]
     assert result["heavy"] == []
     assert result["left"] == []
     assert result["again"] == result["added"]
@@ -138,10 +146,16 @@ def _nbgpu_imports(path: Path) -> set[str]:
 # Layer -> the nbgpu packages it must never import (DESIGN.md: one-way arrows).
 FORBIDDEN = {
     "devices": ("nbgpu.launch", "nbgpu.plan", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
-                "nbgpu.api", "nbgpu.rank"),
+                "nbgpu.api", "nbgpu.rank", "nbgpu.profile"),
     "plan": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
-    "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
+    # diagnose may read nbgpu.profile's records (memory at the failure), nothing else of it.
+    "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
+                 "nbgpu.profile.phases", "nbgpu.profile.sampler", "nbgpu.profile.live",
+                 "nbgpu.profile.figure"),
     "launch": ("nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
+    # profile records inside ranks and reports runs; it knows neither launching nor faces.
+    "profile": ("nbgpu.launch", "nbgpu.plan", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
+                "nbgpu.api", "nbgpu.rank"),
 }  # fmt: skip
 
 
@@ -150,5 +164,9 @@ def test_layers_import_one_way():
         for path in (PACKAGE / layer).rglob("*.py"):
             bad = {m for m in _nbgpu_imports(path) if m.startswith(banned)}
             assert not bad, f"{path.relative_to(PACKAGE)} imports {sorted(bad)}"
+    worker_profile = {m for m in _nbgpu_imports(PACKAGE / "launch" / "worker.py") if "profile" in m}
+    # Ranks record through the light modules only (standard library at import time).
+    assert worker_profile <= {"nbgpu.profile.phases", "nbgpu.profile.phases.Recorder",
+                              "nbgpu.profile.phases.configure"}  # fmt: skip
     rank_imports = _nbgpu_imports(PACKAGE / "rank.py")
     assert not {m for m in rank_imports if m.startswith(("nbgpu.launch", "nbgpu.notebook"))}

@@ -170,6 +170,9 @@ def diagnose(
             root = findings[0]
             line = f"rank {root.first_rank} ran on cuda:{where[0]} = physical GPU {where[1]} (run.json)"
             findings = (replace(root, details=(*root.details, line)), *findings[1:])
+    from nbgpu.diagnose.memory import with_memory_details  # noqa: PLC0415
+
+    findings = with_memory_details(findings, inputs.run.path if inputs.run is not None else None)
     return Diagnosis(
         status="failure" if ranking.failed else "no_failure",
         input=inputs.label,

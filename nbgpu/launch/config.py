@@ -49,6 +49,7 @@ class LaunchConfig:
     pull_all_ranks: bool = False
     serial_imports: bool = False
     mem_limit_bytes: int | None = None
+    mem_sample_s: float = 0.1  # memory sampling interval in every rank; 0: phases only
     backend: str | None = None
     master_port: int | None = None  # None: pick a free one at start
     quiet: bool = False
@@ -69,6 +70,11 @@ class LaunchConfig:
         if self.backend is not None and self.backend not in BACKENDS:
             raise UserInputError(
                 f"--backend {self.backend!r}: expected one of {', '.join(BACKENDS)}"
+            )
+        if self.mem_sample_s != 0 and not 0.001 <= self.mem_sample_s <= 3600:
+            raise UserInputError(
+                f"--mem-sample {self.mem_sample_s!r}: expected seconds between memory samples, "
+                "from 0.001 to 3600 (e.g. 0.1), or 0 to turn sampling off"
             )
         if self.master_port is not None and not 1024 <= self.master_port <= 65535:
             raise UserInputError(f"master port {self.master_port}: expected 1024-65535")

@@ -28,6 +28,7 @@ from nbgpu.launch.config import LaunchConfig, parse_gpu_list, parse_size, pickle
 from nbgpu.launch.run import RUNS, Run, RunFailed, check_name_free, follow
 from nbgpu.launch.rundir import check_name
 from nbgpu.launch.streams import ScreenWriter
+from nbgpu.profile.phases import parse_sample_interval
 
 __all__ = ["Prepared", "prepare", "torchrun"]
 
@@ -173,6 +174,7 @@ def prepare(
     pull_all_ranks: bool = False,
     serial_imports: bool = False,
     mem_limit: str | int | None = None,
+    mem_sample: float | str = 0.1,
     backend: str | None = None,
     quiet: bool = False,
     script_args: Sequence[str] = (),
@@ -235,6 +237,7 @@ def prepare(
         pull_all_ranks=pull_all_ranks,
         serial_imports=serial_imports,
         mem_limit_bytes=None if mem_limit is None else parse_size(mem_limit),
+        mem_sample_s=parse_sample_interval(mem_sample),
         backend=backend,
         master_port=master_port,
         quiet=quiet,
@@ -279,8 +282,9 @@ def torchrun(
     the :class:`Run`. With ``check`` (default) a failed run raises
     :class:`RunFailed`, whose ``.run`` holds the details. Options: ``gpus``,
     ``force``, ``name``, ``timeout_s``, ``env``, ``push`` (dict of values),
-    ``pull``, ``pull_all_ranks``, ``serial_imports``, ``mem_limit``, ``backend``,
-    ``quiet``, ``script_args``.
+    ``pull``, ``pull_all_ranks``, ``serial_imports``, ``mem_limit``, ``mem_sample``
+    (seconds between memory samples in every rank, 0 off; ``run.memory`` reports them),
+    ``backend``, ``quiet``, ``script_args``.
     """
     looks_like_path = code_or_path.endswith(".py") and "\n" not in code_or_path
     prepared = prepare(

@@ -120,6 +120,7 @@ class Run(Result):
         self.agent_result: dict[str, Any] = {}
         self.writer: LineSink | None = None
         self._tails: dict[int, LogTail] = {}
+        self._memory: Any = None  # nbgpu.profile.live.MemoryFollower, made on first use
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self.thread: threading.Thread | None = None
@@ -132,6 +133,7 @@ class Run(Result):
         spec: dict[str, Any] = {
             "serial_imports": cfg.serial_imports,
             "mem_limit_bytes": cfg.mem_limit_bytes,
+            "mem_sample_s": cfg.mem_sample_s,
             "pull": list(cfg.pull),
             "pull_all_ranks": cfg.pull_all_ranks,
             "script_args": list(cfg.script_args),
@@ -242,6 +244,26 @@ class Run(Result):
                     self.first_output_at = time.time()
                 out.append((f"rank{rank}", lines))
         return out
+
+    @property
+    def memory(self) -> Any:
+        """Memory by phase and rank (a report: ``.to_frame()``, ``.figure()``); also live."""
+        from nbgpu.profile.report import memory_report  # noqa: PLC0415
+
+        return memory_report(self.dir, label=f"run '{self.name}'")
+
+    def memory_status(self) -> str | None:
+        """The node's memory in one line, at most once a second (None in between)."""
+        if self.config.mem_sample_s == 0 and self._memory is None:
+            return None
+        if self._memory is None:
+            from nbgpu.profile.live import MemoryFollower  # noqa: PLC0415
+
+            self._memory = MemoryFollower(self.dir, self.config.nproc)
+        if not self._memory.due():
+            return None
+        line: str | None = self._memory.summary()
+        return line
 
     def live_lines(self) -> dict[str, str]:
         """Each rank's unfinished line (a progress bar), for a live status display."""
@@ -632,6 +654,8 @@ def follow(
                 writer.add(label, lines)
             now = time.monotonic()
             if now - last_flush >= flush_s:
+                if isinstance(writer, ScreenWriter) and writer.live_status:
+                    writer.status(run.memory_status())
                 writer.flush()
                 if on_tick is not None:
                     on_tick(run)

@@ -154,8 +154,14 @@ class ScreenWriter:
         tail_lines: int = 20,
         max_line_chars: int = 2000,
         newest_line_chars: int = 200,
+        live_status: bool = False,
     ) -> None:
         self._write = write
+        # A one-line status (the node's memory) kept under the output, rewritten in
+        # place with '\r' (terminals and Jupyter alike); erased when the run ends.
+        self.live_status = live_status
+        self._status = ""
+        self._status_shown = ""
         self._color = color
         self._budget = _Budget(rate_bytes_per_s, rate_bytes_per_s, tokens=rate_bytes_per_s)
         self._pending: dict[str, list[str]] = {}
@@ -179,6 +185,18 @@ class ScreenWriter:
     def add(self, label: str, lines: list[str]) -> None:
         self._pending.setdefault(label, []).extend(lines)
 
+    def status(self, text: str | None) -> None:
+        """Set the live status line (None keeps the current one); shown at the next flush."""
+        if text is not None and self.live_status:
+            self._status = text.replace("\n", " ")[: self._newest_chars]
+
+    def _erase_status(self) -> str:
+        if not self._status_shown:
+            return ""
+        erase = "\r" + " " * len(self._status_shown) + "\r"
+        self._status_shown = ""
+        return erase
+
     def _clip(self, line: str, limit: int) -> str:
         return line if len(line) <= limit else line[:limit] + " …"
 
@@ -186,6 +204,10 @@ class ScreenWriter:
         pending = {label: lines for label, lines in self._pending.items() if lines}
         self._pending = {}
         if not pending:
+            if self._status and self._status != self._status_shown:
+                self._write(self._erase_status() + self._status)
+                self._status_shown = self._status
+                self.writes += 1
             return
         size = sum(
             sum(map(len, lines)) + len(lines) * (len(self._prefix(label)) + 1)
@@ -209,7 +231,10 @@ class ScreenWriter:
                 self._remember(label, lines, shown_last=1)
                 self.lines_shown += 1
                 self.lines_not_shown += held
-        text = "".join(pieces)
+        text = self._erase_status() + "".join(pieces)
+        if self._status:
+            text += self._status
+            self._status_shown = self._status
         self._budget.tokens -= len(text)  # may go below zero: the next ticks wait it out
         self._write(text)
         self.writes += 1
@@ -223,8 +248,9 @@ class ScreenWriter:
 
     def finish(self, log_hint: str) -> None:
         """Flush, then show each rank's last lines that the budget held back."""
+        self._status = ""
         self.flush()
-        pieces: list[str] = []
+        pieces: list[str] = [self._erase_status()] if self._status_shown else []
         for label, recent in self._recent.items():
             unseen = [line for line, shown in recent if not shown]
             if not unseen:

@@ -28,8 +28,11 @@ import signal
 import sys
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any
+
+from nbgpu.profile.phases import Recorder, configure
 
 __all__ = ["main"]
 
@@ -100,18 +103,52 @@ def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any]:
     return compile(head, filename, "exec"), compile(tail, filename, "exec")
 
 
-def _run_cell(spec: dict[str, Any], namespace: dict[str, Any]) -> None:
-    cell = Path(spec["cell"])
-    source = cell.read_text(encoding="utf-8")
+def _run_split(  # noqa: PLR0917  (one call site; the arguments are the rank's state)
+    source: str,
+    filename: str,
+    namespace: dict[str, Any],
+    spec: dict[str, Any],
+    rec: Recorder,
+    start_phase: int,
+) -> None:
+    """Run code as its leading import block, then the rest, each a recorded phase.
+
+    The same split for cells and scripts, so ``--serial-imports`` serialises a script's
+    leading imports exactly like a cell's, and the ``imports`` phase means one thing.
+    """
+    head, tail = _split_leading_imports(source, filename)
     if spec.get("serial_imports"):
-        head, tail = _split_leading_imports(source, str(cell))
         from nbgpu.rank import one_at_a_time  # noqa: PLC0415  (only with --serial-imports)
 
+        rec.end(start_phase)
+        waiting = rec.begin("wait-imports")
         with one_at_a_time("imports"):
-            exec(head, namespace)  # noqa: S102  (running the user's own cell is the point)
-        exec(tail, namespace)  # noqa: S102
+            rec.end(waiting)
+            _phase_exec(rec, "imports", head, namespace)
     else:
-        exec(compile(source, str(cell), "exec"), namespace)  # noqa: S102
+        rec.end(start_phase)
+        _phase_exec(rec, "imports", head, namespace)
+    _phase_exec(rec, "run", tail, namespace)
+
+
+def _phase_exec(rec: Recorder, name: str, code: Any, namespace: dict[str, Any]) -> None:
+    phase_id = rec.begin(name)
+    try:
+        exec(code, namespace)  # noqa: S102  (running the user's own code is the point)
+    except BaseException as exc:
+        rec.end(phase_id, error=f"{type(exc).__name__}: {exc}"[:300])
+        raise
+    rec.end(phase_id)
+
+
+def _script_namespace(script: str) -> dict[str, Any]:
+    """A fresh ``__main__`` module for a script, as ``python script.py`` would make it."""
+    module = types.ModuleType("__main__")
+    module.__file__ = script
+    module.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = module  # pickling classes the script defines finds them
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    return module.__dict__
 
 
 def _pickle_or_reason(value: Any) -> tuple[bytes | None, str]:
@@ -151,12 +188,41 @@ def _teardown() -> None:
             dist.destroy_process_group()
 
 
-def main() -> int:
+def _recorder(run_dir: Path, spec: dict[str, Any]) -> Recorder:
+    """Start this rank's memory records (mem-rank{N}.jsonl) and its sampler."""
+    sample_s = spec.get("mem_sample_s", 0.1)
+    return configure(
+        run_dir,
+        sample_s=float(sample_s) if isinstance(sample_s, int | float) else 0.1,
+        extra={"mem_limit": spec.get("mem_limit_bytes")},
+    )
+
+
+def _record_on_sigterm(rec: Recorder) -> None:
+    """On SIGTERM (torchrun stopping this rank because another failed, or a stop), write
+    one last memory sample first, then die of the signal as before: the rank's memory
+    at the moment the job ended stays on disk with the phase it was in."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(Exception):
+            rec.sample(final=True)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    with contextlib.suppress(ValueError, OSError):  # not the main thread: leave it
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, handler)
+
+
+def main() -> int:  # noqa: PLR0915  (the rank's life in order, start to exit)
     run_dir = Path(os.environ["NBGPU_RUN_DIR"])
     rank = int(os.environ.get("RANK", "0"))
     _die_with_parent()
     _redirect_output(run_dir / f"rank{rank}.log")
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
+    rec = _recorder(run_dir, spec)
+    start_phase = rec.begin("start")
+    _record_on_sigterm(rec)
     if spec.get("mem_limit_bytes"):
         from nbgpu.rank import set_memory_limit  # noqa: PLC0415  (only with --mem-limit)
 
@@ -168,17 +234,23 @@ def main() -> int:
     code = 0
     try:
         push = run_dir / "push.pkl"
+        pushed = {}
         if push.exists():
             for name, blob in pickle.loads(push.read_bytes()).items():  # noqa: S301  (our own file, 0700 dir)
-                namespace[name] = pickle.loads(blob)  # noqa: S301
+                pushed[name] = pickle.loads(blob)  # noqa: S301
         if spec.get("script"):
-            sys.argv = [spec["script"], *spec.get("script_args", [])]
-            namespace = runpy.run_path(spec["script"], run_name="__main__")
+            script = spec["script"]
+            sys.argv = [script, *spec.get("script_args", [])]
+            namespace = _script_namespace(script)
+            namespace.update(pushed)
+            source = Path(script).read_text(encoding="utf-8")
+            _run_split(source, script, namespace, spec, rec, start_phase)
         else:
+            namespace.update(pushed)
             namespace["__file__"] = spec["cell"]
             sys.argv = [spec["cell"], *spec.get("script_args", [])]  # %%torchrun ... -- args
-            _run_cell(spec, namespace)
-        _pull(spec, namespace, run_dir, rank)
+            source = Path(spec["cell"]).read_text(encoding="utf-8")
+            _run_split(source, spec["cell"], namespace, spec, rec, start_phase)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code not in (None, 0) and not isinstance(exc.code, int):
@@ -188,10 +260,23 @@ def main() -> int:
         sys.stderr.write(formatted)
         _write_error_file(error_path, exc, formatted)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    exit_phase = rec.begin("exit")
+    try:
+        if code == 0:
+            _pull(spec, namespace, run_dir, rank)
+    except BaseException as exc:  # noqa: BLE001  (an unpicklable pull is reported, not fatal)
+        formatted = _user_traceback(exc)
+        sys.stderr.write(formatted)
+        _write_error_file(error_path, exc, formatted)
+        code = 1
     finally:
         _teardown()
         sys.stdout.flush()
         sys.stderr.flush()
+        # The exit record is written here, before interpreter teardown: what happens
+        # after (atexit handlers, module cleanup) is outside every phase.
+        rec.end(exit_phase)
+        rec.close()
     # Exit handlers still run (user code may rely on them), but the collector no
     # longer walks torch's millions of objects at interpreter shutdown.
     gc.freeze()

@@ -67,6 +67,7 @@ class _BackgroundView:
         self.record: dict[str, str] | None = None  # the static record, once the run ended
         # --quiet: the record keeps the summary only, no rank output.
         self.tails = Tails(run.logs if keep_tails else {}, keep=RECORD_TAIL_LINES)
+        self._memory: str | None = None  # the node's memory line, refreshed at most 1/s
         self.handle = display(Pretty(f"[nbgpu] run '{run.name}' starting…"), display_id=True)
 
     def write(self, text: str) -> object:
@@ -91,7 +92,10 @@ class _BackgroundView:
         self._last = now
         with self._lock:
             body = "\n".join(self._lines)
+        self._memory = run.memory_status() or self._memory
         head = run._headline()
+        if self._memory and not run.done:
+            head += f"\n{self._memory}"
         self.handle.update(self._pretty(f"{head}\n{body}" if body else head))
 
 
@@ -180,6 +184,12 @@ class LaunchMagics(Magics):
         "--mem-limit", default=None, metavar="SIZE", help="per-rank address-space limit, e.g. 60G"
     )
     @argument(
+        "--mem-sample",
+        default="0.1",
+        metavar="S",
+        help="seconds between memory samples in every rank (0: phases only); %%gpu_memory NAME",
+    )
+    @argument(
         "--backend",
         default=None,
         choices=["gloo", "nccl", "mpi"],
@@ -246,6 +256,7 @@ class LaunchMagics(Magics):
                 pull_all_ranks=args.all_ranks,
                 serial_imports=args.serial_imports,
                 mem_limit=args.mem_limit,
+                mem_sample=args.mem_sample,
                 backend=args.backend,
                 master_port=args.master_port,
                 quiet=args.quiet,
@@ -279,7 +290,9 @@ class LaunchMagics(Magics):
             follow(run, panel, on_tick=lambda r: panel.finish(str(r.dir)) if r.done else None)
         else:
             writer = ScreenWriter(
-                _write_stdout if not args.quiet else (lambda _t: None), color=True
+                _write_stdout if not args.quiet else (lambda _t: None),
+                color=True,
+                live_status=not _under_test_runner(),  # the node's memory, one line
             )
             follow(run, writer)
         if run.state != "succeeded":

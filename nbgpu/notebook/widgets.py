@@ -107,6 +107,11 @@ class RunPanel:
         bundle["text/plain"] = live_text(run)
         bundle["text/html"] = live_html(run)
         self.handle = display(bundle, raw=True, display_id=True)
+        from nbgpu.notebook.memory_timeline import MemoryTimeline  # noqa: PLC0415
+
+        # The ranks' memory, refreshed at most 1/s; its last picture joins the saved record.
+        self.memory = MemoryTimeline(run)
+        self.add_section(self.memory.widget, record=self.memory.record)
 
     def add_section(self, widget: Any, record: RecordPart | None = None) -> None:
         """Show *widget* under the tabs; *record* gives its (text, html) for the record."""
@@ -155,6 +160,7 @@ class RunPanel:
             self.outputs[label].value = scroll_box(text, SCROLL_HEIGHT)
             self.writes += 1
         self._refresh_header()
+        self.memory.refresh(force=self.run.done)
 
     def _refresh_header(self) -> None:
         run = self.run

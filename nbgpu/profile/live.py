@@ -1,0 +1,128 @@
+"""Following a running job's memory records: a one-line node summary, a timeline.
+
+:class:`MemoryFollower` reads only the bytes each ``mem-rank{N}.jsonl`` gained since
+the last call (complete lines; a partial last line waits for the next call), and keeps
+per rank its newest sample, its open phases and the timeline points. The launcher
+asks it for :meth:`summary` at most once a second. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbgpu.profile import procmem
+
+__all__ = ["MemoryFollower", "RankLive"]
+
+_GIB = 1024**3
+
+
+@dataclass
+class RankLive:
+    label: str
+    offset: int = 0
+    pending: bytes = b""
+    last: dict[str, Any] = field(default_factory=dict)
+    open: dict[int, str] = field(default_factory=dict)  # phase id -> name, in start order
+    closed: bool = False
+    points: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=3000))
+
+    @property
+    def phase(self) -> str | None:
+        return list(self.open.values())[-1] if self.open else None
+
+    base: tuple[int, int] | None = None  # (pss, rss) of the last full reading
+
+    @property
+    def host_bytes(self) -> int | None:
+        """PSS; between full readings the last PSS moved by the change in RSS."""
+        pss, rss = self.last.get("pss"), self.last.get("rss")
+        if isinstance(pss, int):
+            return pss
+        if isinstance(rss, int) and self.base is not None:
+            return max(0, self.base[0] + rss - self.base[1])
+        return rss if isinstance(rss, int) else None
+
+
+class MemoryFollower:
+    """Incremental reader of a run directory's memory records."""
+
+    def __init__(self, run_dir: Path, nproc: int) -> None:
+        self.run_dir = Path(run_dir)
+        self.ranks = {r: RankLive(f"rank{r}") for r in range(nproc)}
+        self.mem_total = procmem.node_memory().total_bytes
+        self.started = time.time()
+        self._last_poll = 0.0
+
+    def poll(self) -> None:
+        for rank, live in self.ranks.items():
+            path = self.run_dir / f"mem-rank{rank}.jsonl"
+            try:
+                with path.open("rb") as handle:
+                    handle.seek(live.offset)
+                    data = handle.read(8 << 20)
+            except OSError:
+                continue
+            live.offset += len(data)
+            *lines, live.pending = (live.pending + data).split(b"\n")
+            for raw in lines:
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    self._take(live, record)
+
+    def _take(self, live: RankLive, record: dict[str, Any]) -> None:
+        kind = record.get("k")
+        if kind == "begin" and isinstance(record.get("id"), int):
+            live.open[record["id"]] = str(record.get("phase"))
+        elif kind == "end":
+            live.open.pop(record.get("id", -1), None)
+        elif kind == "close":
+            live.closed = True
+            return
+        if "rss" in record:
+            live.last = record
+            if isinstance(record.get("pss"), int) and isinstance(record.get("rss"), int):
+                live.base = (record["pss"], record["rss"])
+            value = live.host_bytes
+            if isinstance(value, int) and isinstance(record.get("t"), int | float):
+                live.points.append((float(record["t"]), value))
+
+    def summary(self) -> str | None:
+        """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``."""
+        self.poll()
+        alive = [r for r in self.ranks.values() if r.last and not r.closed]
+        if not alive:
+            return None
+        total = sum(r.host_bytes or 0 for r in alive)
+        top = max(alive, key=lambda r: r.host_bytes or 0)
+        node = f"{total / _GIB:.1f}"
+        if self.mem_total:
+            node += f"/{self.mem_total / _GIB:.1f}"
+        line = f"mem: node {node} GiB (Σ PSS of {len(alive)} ranks)"
+        line += f" · max {top.label}: {(top.host_bytes or 0) / _GIB:.1f} GiB"
+        if top.phase:
+            line += f" in '{top.phase}'"
+        avail = top.last.get("avail")
+        if isinstance(avail, int):
+            line += f" · available {avail / _GIB:.1f} GiB"
+        return line
+
+    def due(self, every_s: float = 1.0) -> bool:
+        """True at most once per *every_s* (the live line's and the widget's rate)."""
+        now = time.monotonic()
+        if now - self._last_poll < every_s:
+            return False
+        self._last_poll = now
+        return True
+
+    def size_on_disk(self) -> int:
+        paths = [self.run_dir / f"mem-rank{rank}.jsonl" for rank in self.ranks]
+        return sum(p.stat().st_size for p in paths if p.is_file())

@@ -1,0 +1,105 @@
+"""%%gpu_phase and %gpu_memory in a real InteractiveShell."""
+
+from types import SimpleNamespace
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from nbgpu.notebook.memory_timeline import MemoryTimeline
+from nbgpu.profile import phases
+from nbgpu.profile.phases import Phase, Recorder
+from nbgpu.profile.report import MemoryReport
+
+
+@pytest.fixture
+def ip(monkeypatch, tmp_path):
+    monkeypatch.setenv("NBGPU_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("NBGPU_RUN_DIR", raising=False)
+    monkeypatch.setattr(phases, "_RECORDER", [])  # a fresh kernel recorder per test
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbgpu")
+    yield shell
+    shell.run_line_magic("unload_ext", "nbgpu")
+    for rec in phases._RECORDER:
+        rec.close()
+
+
+def test_gpu_phase_records_the_cells_allocation_in_the_kernel(ip, capsys):
+    ip.run_cell_magic(
+        "gpu_phase",
+        "load model",
+        "blob = bytearray(120 << 20)\nfor i in range(0, len(blob), 4096): blob[i] = 1\n",
+    )
+    out = capsys.readouterr().out
+    assert "[nbgpu] phase 'load model':" in out
+    assert "blob" in ip.user_ns
+    report = ip.run_line_magic("gpu_memory", "kernel --no-figure")
+    assert isinstance(report, MemoryReport)
+    row = report.records()[0]
+    assert row["phase"] == "load model"
+    assert row["status"] == "done"
+    assert row["peak_rss_bytes"] - row["rss_start_bytes"] >= 100 << 20
+
+
+def test_gpu_phase_marks_a_failing_cell_failed(ip):
+    ip.run_cell_magic("gpu_phase", "boom", "1/0")
+    report = ip.run_line_magic("gpu_memory", "kernel --no-figure")
+    assert report.records()[-1]["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("magic", "line", "fragment"),
+    [
+        ("gpu_memory", "no-such-run", "no run named 'no-such-run'"),
+        ("gpu_memory", "a b", "unrecognized arguments"),
+    ],
+)
+def test_bad_input_is_one_line(ip, magic, line, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        ip.run_line_magic(magic, line)
+
+
+@pytest.mark.parametrize("value", ["-1", "abc"])
+def test_bad_sample_interval(ip, value):
+    with pytest.raises(UsageError, match="--mem-sample"):
+        ip.run_cell_magic("gpu_phase", f"x --mem-sample {value}", "pass")
+
+
+def test_torchrun_refuses_a_bad_sample_interval_before_starting(ip):
+    with pytest.raises(UsageError, match="--mem-sample 'abc'"):
+        ip.run_cell_magic("torchrun", "2 --mem-sample abc", "print(1)")
+
+
+@pytest.mark.parametrize(("magic", "cell"), [("gpu_phase", "pass"), ("gpu_memory", None)])
+def test_help(ip, capsys, magic, cell):
+    if cell is None:
+        ip.run_line_magic(magic, "-h")
+    else:
+        ip.run_cell_magic(magic, "-h", cell)
+    out = capsys.readouterr().out
+    prefix = "%%" if cell is not None else "%"
+    assert out.startswith(f"{prefix}{magic} ["), out
+    assert ("--mem-sample" if cell is not None else "--png") in out
+
+
+def test_gpu_memory_of_a_directory_without_records(ip, tmp_path):
+    (tmp_path / "old").mkdir()
+    report = ip.run_line_magic("gpu_memory", str(tmp_path / "old"))
+    assert "no memory records" in report.text()
+
+
+def test_panel_timeline_draws_each_rank_and_the_summary(tmp_path):
+    for rank in (0, 1):
+        rec = Recorder(tmp_path / f"mem-rank{rank}.jsonl", {"rank": rank}, sample_s=0)
+        Phase("imports", rec).start()
+        rec.sample()
+        rec.sample()
+    run = SimpleNamespace(dir=tmp_path, config=SimpleNamespace(nproc=2), done=False)
+    timeline = MemoryTimeline(run)
+    timeline.refresh()
+    html = timeline.widget.value
+    assert html.count("<polyline") == 3  # two ranks and their sum
+    assert "in &#x27;imports&#x27;" in html
+    timeline.refresh()  # within the second: no new message to the frontend
+    assert timeline.updates == 1
