@@ -238,7 +238,9 @@ def test_this_process_is_alive_and_fully_described():
 
 def test_child_with_live_parent_is_not_orphaned(spawn):
     child = spawn.child(["sleep", "60"], env=clean_env())
-    wait_for(lambda: psutil.Process(child.pid).name() == "sleep", what="exec")
+    # The new name shows in /proc/PID/stat a moment before exec has set up the argument
+    # list: wait for the command line itself (an empty one is described as "[sleep]").
+    wait_for(lambda: psutil.Process(child.pid).cmdline() == ["sleep", "60"], what="exec")
     info = describe_pid(child.pid)
     assert info.verdict == "alive"
     assert info.ppid == os.getpid()
