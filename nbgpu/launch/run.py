@@ -116,6 +116,7 @@ class Run(Result):
         self._tails: dict[int, LogTail] = {}
         self._lock = threading.Lock()
         self._finished = threading.Event()
+        self._guarantee_announced = False
         self.thread: threading.Thread | None = None
 
     # -- start -------------------------------------------------------------------
@@ -184,6 +185,8 @@ class Run(Result):
         env[RUN_ID_ENV] = self.run_id
         env["NBGPU_RUN_NAME"] = self.name
         env["NBGPU_LAUNCHER_PID"] = str(os.getpid())
+        # torchrun's agent-level error file (each rank gets its own from torchrun).
+        env["TORCHELASTIC_ERROR_FILE"] = str(self.dir / "agent-error.json")
         if self.config.backend:
             env["NBGPU_BACKEND"] = self.config.backend
         if self.config.cuda_visible_devices is not None:
@@ -222,8 +225,39 @@ class Run(Result):
                 for r in self.ranks
             ],
             "agent_exit_code": self.agent.returncode if self.agent else None,
+            "parent_death_signal": self._guarantee_record(),
         }
         (self.dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+
+    def lost_guarantees(self) -> dict[str, str]:
+        """Processes (agent, rankN) whose parent-death signal the kernel refused, and why."""
+        out: dict[str, str] = {}
+        if not self.dir.name:
+            return out
+        for path in sorted(self.dir.glob("pdeathsig-*.txt")):
+            with contextlib.suppress(OSError):
+                out[path.stem.removeprefix("pdeathsig-")] = path.read_text("utf-8").strip()
+        return out
+
+    def _guarantee_record(self) -> dict[str, Any]:
+        lost = self.lost_guarantees()
+        return {"ok": not lost, "lost": lost}
+
+    def guarantee_notice(self) -> str | None:
+        """One line, the first time a process of the run reports the guarantee lost."""
+        if self._guarantee_announced:
+            return None
+        lost = self.lost_guarantees()
+        if not lost:
+            return None
+        self._guarantee_announced = True
+        with contextlib.suppress(OSError):
+            self._write_meta()
+        reason = next(iter(lost.values()))
+        return (
+            f"no parent-death signal for {', '.join(lost)} ({reason}): if this process is "
+            "killed, the run's processes keep running; stop them with %gpu_stop / nbgpu clean"
+        )
 
     # -- while running -------------------------------------------------------------
 
@@ -577,6 +611,9 @@ def follow(
                 writer.add(label, lines)
             now = time.monotonic()
             if now - last_flush >= flush_s:
+                notice = run.guarantee_notice()
+                if notice is not None:
+                    writer.add("nbgpu", [notice])
                 writer.flush()
                 if on_tick is not None:
                     on_tick(run)
@@ -607,6 +644,9 @@ def follow(
             run.stop(run.stop_reason or "stopped")
         for label, lines in run.poll_lines() + run.drain():
             writer.add(label, lines)
+        notice = run.guarantee_notice()
+        if notice is not None:
+            writer.add("nbgpu", [notice])
         writer.finish(str(run.dir))
         run.finish()
         if on_tick is not None:
