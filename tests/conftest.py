@@ -30,3 +30,17 @@ def sim_env() -> dict[str, str]:
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"):
         env.pop(key, None)
     return env
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, even under a parent that ignores it.
+
+    Python keeps an inherited ignored SIGINT (`make test &`, nohup, CI runners), so a
+    test that sends SIGINT installs the handler it relies on.
+    """
+    import signal  # noqa: PLC0415
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

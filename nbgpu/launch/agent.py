@@ -95,6 +95,9 @@ def main(argv: list[str]) -> int:
         return 2
     result_path = Path(argv[0])
     _die_with_parent()
+    # nbgpu stops a run with SIGINT first; an ancestor's ignored SIGINT (nohup, `cmd &`)
+    # must not turn that into a wait for SIGTERM.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["NBGPU_AGENT_PID"] = str(os.getpid())  # inherited by every worker
     started = time.time()
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415

@@ -176,6 +176,10 @@ def main() -> int:
     run_dir = Path(os.environ["NBGPU_RUN_DIR"])
     rank = int(os.environ.get("RANK", "0"))
     _die_with_parent(run_dir, rank)
+    # Interrupting a run means SIGINT (torchrun forwards it): the user's code gets
+    # KeyboardInterrupt even when an ancestor ignored SIGINT (nohup, `cmd &`, CI),
+    # which Python would otherwise keep.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _redirect_output(run_dir / f"rank{rank}.log")
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
     if spec.get("mem_limit_bytes"):

@@ -174,7 +174,12 @@ class LaunchMagics(Magics):
         logs stay in the run directory. Arguments after ``--`` become the ranks'
         ``sys.argv``. Interrupting the cell stops every process of the run.
         """
-        if any(token in ("-h", "--help") for token in line.split()):
+        try:
+            head, script_args = _split_script_args(line)
+        except ValueError as exc:
+            raise UsageError(f"%%torchrun {line!r}: {exc}") from None
+        # Only flags before "--" are nbgpu's: "-- --help" is the cell's own --help.
+        if any(token in ("-h", "--help") for token in head.split()):
             print_help(self.torchrun, "%%torchrun")
             return None
         if cell is None:
@@ -182,10 +187,6 @@ class LaunchMagics(Magics):
                 "%torchrun runs a whole cell: put %%torchrun N on the cell's first line "
                 "(or call nbgpu.torchrun(code, N) from Python)"
             )
-        try:
-            head, script_args = _split_script_args(line)
-        except ValueError as exc:
-            raise UsageError(f"%%torchrun {line!r}: {exc}") from None
         args = parse_argstring(self.torchrun, head)
         from nbgpu.launch.config import parse_env_pairs, parse_nproc  # noqa: PLC0415
         from nbgpu.launch.launcher import prepare  # noqa: PLC0415

@@ -120,3 +120,47 @@ def test_parent_death_signal_in_place_is_recorded_quietly(env):
     assert "parent-death" not in shown
     record = json.loads((run.dir / "run.json").read_text())["parent_death_signal"]
     assert record == {"ok": True, "lost": {}}
+
+
+def test_ranks_get_keyboardinterrupt_even_when_the_launcher_ignores_sigint(env):
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup or `make test &`
+    try:
+        run, shown = run_to_end(
+            "import signal\nprint('handler', signal.getsignal(signal.SIGINT).__name__, flush=True)\n",
+            env,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert run.state == "succeeded"
+    assert shown.count("handler default_int_handler") == 2, shown
+
+
+INTERRUPT_TESTS = (
+    "tests/launch/test_run.py::test_interrupt_stops_the_whole_tree",
+    "tests/devices/test_health.py::test_interrupt_while_probing_kills_the_probe_and_propagates",
+)
+
+
+def test_interrupt_tests_pass_under_a_parent_that_ignores_sigint():
+    # `make test &`, nohup and some CI runners start the suite with SIGINT ignored.
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *INTERRUPT_TESTS],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # noqa: PLW1509
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "2 passed" in done.stdout

@@ -1,0 +1,61 @@
+"""Only flags before ``--`` are nbgpu's: the rest reaches the ranks' sys.argv untouched."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+pytestmark = pytest.mark.slow
+
+PRINT_ARGV = "import sys\nprint('argv', sys.argv[1:], flush=True)\n"
+
+
+@pytest.fixture
+def ip(monkeypatch, tmp_path):
+    for key in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "LOCAL_RANK", "MASTER_PORT", "RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("NBGPU_SIMULATE", "4xH100")
+    monkeypatch.setenv("NBGPU_RUNS_DIR", str(tmp_path / "runs"))
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbgpu")
+    yield shell
+    shell.run_line_magic("gpu_stop", "--all")
+    shell.run_line_magic("unload_ext", "nbgpu")
+
+
+def test_help_after_double_dash_goes_to_the_cell(ip, capsys):
+    run = ip.run_cell_magic("torchrun", "2 -- --help -h", PRINT_ARGV)
+    out = capsys.readouterr().out
+    assert run.state == "succeeded"
+    assert "argv ['--help', '-h']" in out
+    assert "--serial-imports" not in out  # nbgpu's help was not printed
+
+
+def test_help_before_double_dash_is_nbgpus(ip, capsys):
+    assert ip.run_cell_magic("torchrun", "2 --help -- --lr 1", PRINT_ARGV) is None
+    assert capsys.readouterr().out.startswith("%%torchrun")
+
+
+def test_cli_run_passes_help_after_the_script_and_after_double_dash(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text(PRINT_ARGV)
+    # the real terminal face, in a subprocess
+    env_args = {"NBGPU_SIMULATE": "4xH100", "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
+
+    env = {**os.environ, **env_args}
+    for argv, expected in (
+        ([str(script), "--help"], "['--help']"),
+        (["--", str(script), "--help"], "['--help']"),
+        ([str(script), "--", "--help"], "['--help']"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "nbgpu", "run", "-n", "1", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"argv {expected}" in done.stdout, (argv, done.stdout)
