@@ -146,7 +146,8 @@ def test_timeout_stops_everything(env):
     assert leftover_processes(run) == []
 
 
-def test_interrupt_stops_the_whole_tree(env, sigint_raises):
+@pytest.mark.usefixtures("sigint_raises")
+def test_interrupt_stops_the_whole_tree(env):
     run = start("import time\nprint('ready', flush=True)\ntime.sleep(120)\n", env)
     wait_for_lines(run, "ready", 2)
     pids = [p.pid for p in run_processes(run.run_id, run.agent.pid)]
