@@ -6,6 +6,8 @@
     nbgpu run    [-n N] [--gpus 0,1] [--timeout S] [...] script.py [script args]
     nbgpu plan   [ALLOCATION] [--batch N] [--sweep RUNS] [--scale CONFIG --to N] [...]
     nbgpu diagnose FILE|DIR|- [--json] [--inventory]
+    nbgpu runs   [--prune [--keep N] [--budget SIZE]] [--json]
+    nbgpu stacks RUN [--native]
 
 Only parses arguments and calls the API (``nbgpu.api``, ``nbgpu.launch``,
 ``nbgpu.plan``, ``nbgpu.diagnose``). Exit codes: 0 fine; 1 a problem was found (doctor
@@ -104,6 +106,28 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="place roles on GPUs, check batch sizes, sweeps, scaling")
     add_plan_arguments(p)
+
+    p = sub.add_parser("runs", help="run directories on disk; --prune applies the retention policy")
+    p.add_argument("--prune", action="store_true", help="remove the oldest runs beyond the policy")
+    p.add_argument(
+        "--keep", type=int, default=None, metavar="N", help="keep the last N runs (0: all)"
+    )
+    p.add_argument(
+        "--budget",
+        default=None,
+        metavar="SIZE",
+        help="keep at most SIZE of runs, e.g. 5G (0: no limit)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("stacks", help="every rank's Python stack now (hung runs)")
+    p.add_argument("run", help="a run directory, or a run name under the runs directory")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="wait for dumps (default 5)"
+    )
+    p.add_argument(
+        "--native", action="store_true", help="add native frames with py-spy if installed"
+    )
 
     p = sub.add_parser("run", help="run a script as a torchrun job, streaming every rank")
     p.add_argument(
@@ -210,6 +234,28 @@ def _run_script(args: argparse.Namespace) -> int:
     return EXIT_OK if run.state == "succeeded" else EXIT_PROBLEM
 
 
+def _runs(args: argparse.Namespace) -> int:
+    from nbgpu.launch import retention  # noqa: PLC0415
+
+    if not args.prune and (args.keep is not None or args.budget is not None):
+        raise UserInputError("nbgpu runs: --keep and --budget go with --prune")
+    if args.prune:
+        policy = retention.policy_from_options(args.keep, args.budget)
+        result: Any = retention.prune(policy=policy)
+    else:
+        result = retention.list_run_dirs()
+    print(result.to_json() if args.json else result.text())
+    return EXIT_OK
+
+
+def _stacks(args: argparse.Namespace) -> int:
+    from nbgpu.launch.stacks import find_run_dir, rank_stacks  # noqa: PLC0415
+
+    result = rank_stacks(find_run_dir(args.run), timeout_s=args.timeout, native=args.native)
+    print(result.text())
+    return EXIT_OK if result.complete else EXIT_PROBLEM
+
+
 def _diagnose(args: argparse.Namespace) -> int:
     from nbgpu.diagnose import diagnose  # noqa: PLC0415
 
@@ -267,6 +313,10 @@ def _run(args: argparse.Namespace) -> int:
         return _run_script(args)
     if args.command == "diagnose":
         return _diagnose(args)
+    if args.command == "runs":
+        return _runs(args)
+    if args.command == "stacks":
+        return _stacks(args)
     if args.command == "plan":
         result = plan_from_args(args)
         print(render_plan_output(result, args) or result.text())

@@ -117,12 +117,14 @@ class Run(Result):
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self._guarantee_announced = False
+        self.notices: list[str] = []  # one-line messages for the screen, shown once
         self.thread: threading.Thread | None = None
 
     # -- start -------------------------------------------------------------------
 
     def start(self) -> Run:
         cfg = self.config
+        self._apply_retention()
         self.dir = rundir.make_run_dir(cfg.name, self.environ)
         spec: dict[str, Any] = {
             "serial_imports": cfg.serial_imports,
@@ -171,6 +173,31 @@ class Run(Result):
         RUNS[self.name] = self
         _stop_all_at_exit_once()
         return self
+
+    def _apply_retention(self) -> None:
+        """Prune old run directories before adding one; never blocks a launch."""
+        from nbgpu.launch import retention  # noqa: PLC0415
+
+        try:
+            report = retention.prune(self.environ, keep_newest_extra=1)
+        except (UserInputError, OSError) as exc:
+            self.notices.append(f"old runs not pruned: {exc}")
+            return
+        if report.removed and not _RETENTION_ANNOUNCED:
+            _RETENTION_ANNOUNCED.append(True)
+            self.notices.append(
+                f"removed {len(report.removed)} old run directories "
+                f"({report.freed_bytes / 1e6:.0f} MB) from {report.root}: keeping "
+                f"{report.policy.describe()}; %gpu_runs --prune / nbgpu runs --prune"
+            )
+
+    def take_notices(self) -> list[str]:
+        """Messages not shown yet: retention, a lost parent-death guarantee."""
+        out, self.notices = self.notices, []
+        notice = self.guarantee_notice()
+        if notice is not None:
+            out.append(notice)
+        return out
 
     def _agent_env(self) -> dict[str, str]:
         env = dict(self.environ)
@@ -611,9 +638,9 @@ def follow(
                 writer.add(label, lines)
             now = time.monotonic()
             if now - last_flush >= flush_s:
-                notice = run.guarantee_notice()
-                if notice is not None:
-                    writer.add("nbgpu", [notice])
+                notices = run.take_notices()
+                if notices:
+                    writer.add("nbgpu", notices)
                 writer.flush()
                 if on_tick is not None:
                     on_tick(run)
@@ -644,9 +671,9 @@ def follow(
             run.stop(run.stop_reason or "stopped")
         for label, lines in run.poll_lines() + run.drain():
             writer.add(label, lines)
-        notice = run.guarantee_notice()
-        if notice is not None:
-            writer.add("nbgpu", [notice])
+        notices = run.take_notices()
+        if notices:
+            writer.add("nbgpu", notices)
         writer.finish(str(run.dir))
         run.finish()
         if on_tick is not None:
@@ -655,6 +682,7 @@ def follow(
 
 
 _EXIT_HOOK: list[bool] = []
+_RETENTION_ANNOUNCED: list[bool] = []  # the policy is told once per process
 
 
 def _stop_all_at_exit_once() -> None:

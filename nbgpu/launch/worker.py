@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import faulthandler
 import json
 import os
 import pickle
@@ -76,6 +77,25 @@ def _redirect_output(log_path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+_STACKS_SIGNAL = signal.SIGRTMIN + 3  # nbgpu.launch.stacks.STACKS_SIGNAL (stdlib only here)
+_stack_files: list[Any] = []  # kept open for the life of the rank
+
+
+def _register_stack_dumps(run_dir: Path, rank: int) -> None:
+    """`nbgpu stacks` / `%gpu_stacks`: dump every thread's Python stack on a signal.
+
+    faulthandler writes from the signal handler itself, so a rank blocked in C code
+    (a collective) answers too, and nothing needs ptrace.
+    """
+    try:
+        dump = (run_dir / f"stacks-rank{rank}.txt").open("ab", buffering=0)
+        faulthandler.register(_STACKS_SIGNAL, file=dump, all_threads=True, chain=False)
+        _stack_files.append(dump)
+        (run_dir / f"stacks-rank{rank}.pid").write_text(str(os.getpid()), encoding="utf-8")
+    except (OSError, RuntimeError, ValueError):
+        pass  # no stacks on request; the run itself is unaffected
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -181,6 +201,7 @@ def main() -> int:
     # which Python would otherwise keep.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _redirect_output(run_dir / f"rank{rank}.log")
+    _register_stack_dumps(run_dir, rank)
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
     if spec.get("mem_limit_bytes"):
         from nbgpu.rank import set_memory_limit  # noqa: PLC0415  (only with --mem-limit)
