@@ -119,6 +119,16 @@ def _carries(pid: int, run_id: str | None) -> bool:
     return f"{RUN_ID_ENV}={run_id}".encode() in data.split(b"\0")
 
 
+_STOPPED = "stopped (SIGSTOP): it answers only after SIGCONT"
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def _wait_for_dump(path: Path, start: int, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     last_size, last_change = start, time.monotonic()
@@ -175,10 +185,9 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
         if not _carries(pid, run_id):
             states[rank] = (pid, "exited")
             continue
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
-                states[rank] = (pid, "stopped (SIGSTOP): it answers only after SIGCONT")
-                continue
+        if _stopped(pid):
+            states[rank] = (pid, _STOPPED)
+            continue
         path = stack_file(run_dir, rank)
         offset = path.stat().st_size if path.exists() else 0
         try:
@@ -203,6 +212,8 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
             pid = asked[rank][0]
             text = dumps.get(rank, "")
             state = "dumped" if text else f"no answer within {timeout_s:g} s"
+            if not text and _stopped(pid):
+                state = _STOPPED
             spy = _py_spy(pid) if native else ""
             out.append(RankStack(rank, pid, state, text, spy))
         else:

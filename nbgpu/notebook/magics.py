@@ -27,7 +27,7 @@ _GPU_PLAN_DOC = """Plan a job before launching: roles on healthy GPUs, ports, ba
 
 _LINE_MAGICS = (
     "gpu_status", "gpu_doctor", "gpu_clean", "gpu_plan", "gpu_runs", "gpu_stop", "torchrun",
-    "gpu_diagnose",
+    "gpu_diagnose", "gpu_stacks",
 )  # fmt: skip
 _CELL_MAGICS = ("torchrun",)
 
