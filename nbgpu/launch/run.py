@@ -337,6 +337,29 @@ class Run(Result):
 
     # -- after -----------------------------------------------------------------------
 
+    def sweep_orphans(self) -> int:
+        """Stop processes that outlived the agent and carry the run's id; how many.
+
+        A rank's own children (data-loader workers, a shell) are not covered by the
+        rank's parent-death signal: when the agent is SIGKILLed the ranks die, and
+        their children would keep running (and holding GPUs) without this.
+        """
+        if not self.agent_done:
+            return 0
+        leftovers = run_processes(self.run_id, None)
+        if not leftovers:
+            return 0
+        report = stop_processes(self.run_id, None, first_signal=signal.SIGTERM, grace_s=2.0)
+        self.notices.append(
+            f"{len(leftovers)} processes started by the ranks outlived them; stopped"
+            + (
+                f" (still alive: {', '.join(map(str, report.survivors))})"
+                if report.survivors
+                else ""
+            )
+        )
+        return len(leftovers)
+
     def drain(self) -> list[tuple[str, list[str]]]:
         out = []
         for rank, tail in self._tails.items():
@@ -669,6 +692,7 @@ def follow(
     finally:
         if not run.agent_done:
             run.stop(run.stop_reason or "stopped")
+        run.sweep_orphans()
         for label, lines in run.poll_lines() + run.drain():
             writer.add(label, lines)
         notices = run.take_notices()
