@@ -15,6 +15,7 @@ Runs in its own process; imports torch (it is torchrun).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -42,8 +43,13 @@ def _die_with_parent() -> None:
 
 def _write(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        # A full disk: the exit code still tells nbgpu whether every rank succeeded.
+        with contextlib.suppress(OSError):
+            print(f"nbgpu agent: could not write {path.name}: {exc}", file=sys.stderr)
 
 
 def _failures(exc: Any) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import os
 import pickle
@@ -50,6 +51,7 @@ __all__ = [
     "leftover_processes",
 ]
 
+DISK_FULL_BELOW_BYTES = 64 * 1024  # less free space than this under the run dir: full
 TERMINAL_STATES = ("succeeded", "failed", "stopped", "timed_out", "interrupted")
 
 
@@ -118,6 +120,7 @@ class Run(Result):
         self._finished = threading.Event()
         self._guarantee_announced = False
         self.notices: list[str] = []  # one-line messages for the screen, shown once
+        self.disk_full_since: float | None = None  # when the run directory's disk filled
         self.thread: threading.Thread | None = None
 
     # -- start -------------------------------------------------------------------
@@ -192,12 +195,40 @@ class Run(Result):
             )
 
     def take_notices(self) -> list[str]:
-        """Messages not shown yet: retention, a lost parent-death guarantee."""
+        """Messages not shown yet: retention, a lost parent-death guarantee, a full disk."""
         out, self.notices = self.notices, []
-        notice = self.guarantee_notice()
-        if notice is not None:
-            out.append(notice)
+        for notice in (self.guarantee_notice(), self.disk_full_notice()):
+            if notice is not None:
+                out.append(notice)
         return out
+
+    def disk_full_notice(self) -> str | None:
+        """One line, the first time the disk under the run directory is found full.
+
+        Ranks drop their output instead of failing (``worker.py``); this says which
+        logs are incomplete and from when. A rank's own marker gives its exact time;
+        the disk's free space, checked each tick, catches a disk too full for markers.
+        """
+        if self.disk_full_since is not None or not self.dir.name:
+            return None
+        stamps = []
+        for path in self.dir.glob("logfull-rank*.txt"):
+            with contextlib.suppress(OSError, ValueError):
+                stamps.append(float(path.read_text(encoding="utf-8")))
+        try:
+            st = os.statvfs(self.dir)
+            full = st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES
+        except OSError:
+            full = False
+        if not stamps and not full:
+            return None
+        self.disk_full_since = min(stamps) if stamps else time.time()
+        when = time.strftime("%H:%M:%S", time.localtime(self.disk_full_since))
+        return (
+            f"the disk under {self.dir} is full: rank logs (rank0..rank{self.config.nproc - 1}"
+            f".log) and the output shown here are incomplete from {when} on; the ranks keep "
+            "running (free space, or set NBGPU_RUNS_DIR elsewhere for the next run)"
+        )
 
     def _agent_env(self) -> dict[str, str]:
         env = dict(self.environ)
@@ -254,7 +285,12 @@ class Run(Result):
             "agent_exit_code": self.agent.returncode if self.agent else None,
             "parent_death_signal": self._guarantee_record(),
         }
-        (self.dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        try:
+            (self.dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        except OSError as exc:
+            # A full disk must not turn a finished run into a crash of the launcher.
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
 
     def lost_guarantees(self) -> dict[str, str]:
         """Processes (agent, rankN) whose parent-death signal the kernel refused, and why."""
@@ -390,7 +426,9 @@ class Run(Result):
                 self.agent_result
                 and not self.agent_result.get("signal")
                 and self.agent_result.get("agent_exit_code") == 0
-            ):
+            ) or (not self.agent_result and self.agent is not None and self.agent.returncode == 0):
+                # torchrun exits 0 only when every rank did (also when a full disk kept
+                # the agent from writing result.json).
                 code, sig, pid = 0, None, None
             else:
                 code, sig, pid = None, None, None

@@ -19,7 +19,9 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import errno
 import faulthandler
+import io
 import json
 import os
 import pickle
@@ -70,13 +72,66 @@ def _die_with_parent(run_dir: Path, rank: int) -> None:
         os._exit(128 + signal.SIGKILL)
 
 
-def _redirect_output(log_path: Path) -> None:
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class _DiskFullTolerant(io.RawIOBase):
+    """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output, never the rank.
+
+    Without this, a print() on a full disk raises OSError(ENOSPC) inside the user's
+    code. The first failure is noted (``logfull-rank{N}.txt`` when even a few bytes
+    fit; the launcher also watches the disk), later output is dropped until writes
+    succeed again. C libraries writing to fd 1/2 directly already just lose the bytes.
+    """
+
+    def __init__(self, fd: int, marker: Path) -> None:
+        super().__init__()
+        self._fd = fd
+        self._marker = marker
+        self.dropped_since: float | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < len(view):  # whole writes: the text layer ignores short ones
+                done += os.write(self._fd, view[done:])
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL:
+                raise
+            if self.dropped_since is None:
+                self.dropped_since = time.time()
+                with contextlib.suppress(OSError):
+                    self._marker.write_text(repr(self.dropped_since), encoding="utf-8")
+        return len(view)  # all written, or dropped: the rank's work beats its log
+
+
+def _tolerant_stream(fd: int, marker: Path) -> io.TextIOWrapper:
+    raw = _DiskFullTolerant(fd, marker)
+    # Unbuffered, as `python -u` makes it: the log is complete up to the last write.
+    return io.TextIOWrapper(
+        raw,  # type: ignore[arg-type]
+        encoding="utf-8",
+        errors="backslashreplace",
+        write_through=True,
+    )
+
+
+def _redirect_output(log_path: Path, marker: Path) -> None:
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    sys.stdout = _tolerant_stream(1, marker)
+    sys.stderr = _tolerant_stream(2, marker)
 
 
 _STACKS_SIGNAL = signal.SIGRTMIN + 3  # nbgpu.launch.stacks.STACKS_SIGNAL (stdlib only here)
@@ -200,7 +255,7 @@ def main() -> int:
     # KeyboardInterrupt even when an ancestor ignored SIGINT (nohup, `cmd &`, CI),
     # which Python would otherwise keep.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    _redirect_output(run_dir / f"rank{rank}.log")
+    _redirect_output(run_dir / f"rank{rank}.log", run_dir / f"logfull-rank{rank}.txt")
     _register_stack_dumps(run_dir, rank)
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
     if spec.get("mem_limit_bytes"):

@@ -43,7 +43,7 @@ def tagged(run_id):
             environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
             if needle in environ and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc.pid)
-        except (OSError, psutil.Error):
+        except (OSError, psutil.Error):  # noqa: PERF203  (processes come and go)
             continue
     return found
 

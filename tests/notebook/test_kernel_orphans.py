@@ -7,7 +7,6 @@ the run's run.json), not through nbgpu's own process lookup.
 import json
 import os
 import signal
-import time
 
 import pytest
 
