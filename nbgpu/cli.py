@@ -219,6 +219,7 @@ def _run_script(args: argparse.Namespace) -> int:
         backend=args.backend,
         master_port=args.master_port,
         quiet=args.quiet,
+        face="terminal",
     )
     for note in prepared.notes:
         print(f"[nbgpu] {note}", file=sys.stderr)
