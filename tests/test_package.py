@@ -101,8 +101,8 @@ print(json.dumps({{"added": added, "heavy": heavy, "cells": added_cells, "left":
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["added"] == [
-        "gpu_clean", "gpu_diagnose", "gpu_doctor", "gpu_plan", "gpu_runs", "gpu_status",
-        "gpu_stop", "torchrun",
+        "gpu_clean", "gpu_diagnose", "gpu_doctor", "gpu_plan", "gpu_runs", "gpu_stacks",
+        "gpu_status", "gpu_stop", "torchrun",
     ]  # fmt: skip
     assert result["cells"] == ["torchrun"]
     assert result["heavy"] == []
