@@ -526,8 +526,10 @@ def report(series: dict[str, Series]) -> dict[str, float]:
     for name in (CASE_B, CASE_C):
         extra = series[name].row().median_wall - a_ms
         print(
-            f"{name}: {extra:+.0f} ms over (a): nbgpu's own work (CLI or magic, inventory, "
-            "agent wrapper, log following, result collection); the rendezvous is the same"
+            f"{name}: {extra:+.0f} ms over (a), same rendezvous: nbgpu's own work (CLI or "
+            "magic, inventory, agent wrapper, log following, result collection, the "
+            "orphan sweep) minus the torch teardown its agent skips (os._exit once "
+            "result.json is written; bare torchrun tears torch down)"
         )
     print(f"(s) - (a) = {s_ms - a_ms:+.0f} ms: c10d's dynamic rendezvous alone (--standalone)")
     print(
