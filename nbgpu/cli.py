@@ -298,7 +298,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         if args.nproc is not None and args.nproc < 1:
             raise UserInputError(f"--nproc {args.nproc}: expected a whole number >= 1")
-        report = api.doctor(probe=not args.no_probe, nproc=args.nproc)
+        report = api.doctor(probe=not args.no_probe, nproc=args.nproc, face="terminal")
         print(report.to_json() if args.json else report.text())
         return EXIT_OK if report.ok else EXIT_PROBLEM
     if args.command == "clean":

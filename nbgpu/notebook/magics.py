@@ -132,7 +132,9 @@ class GPUMagics(Magics):
         from nbgpu.api import doctor  # noqa: PLC0415
 
         try:
-            report = doctor(probe=not args.no_probe, nproc=args.nproc, environ=self._environ())
+            report = doctor(
+                probe=not args.no_probe, nproc=args.nproc, environ=self._environ(), face="notebook"
+            )
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
         if args.json:

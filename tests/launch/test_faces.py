@@ -55,3 +55,29 @@ def test_no_gpu_hint_per_face(sim_env):
     with pytest.raises(UserInputError, match=r"e\.g\. nbgpu run -n 2 script\.py"):
         prepare(code="pass", environ=sim_env, face="terminal")
     assert launch_hint("notebook", 2, gpus="0,1", force=True) == "%%torchrun 2 --gpus 0,1 --force"
+
+
+def test_doctor_in_a_terminal_names_the_terminal_command():
+    env = {**os.environ, "NBGPU_SIMULATE": "4xH100", "NPROC_PER_NODE": "7"}
+    done = subprocess.run(
+        [sys.executable, "-m", "nbgpu", "doctor", "--no-probe"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "nbgpu run" in done.stdout
+    assert "%%torchrun" not in done.stdout
+
+
+def test_doctor_in_a_notebook_names_the_magic(sim_env):
+    report = nbgpu.doctor(
+        probe=False, environ={**sim_env, "NBGPU_SIMULATE": "4xH100"}, face="notebook"
+    )
+    assert "`%%torchrun 4`" in report.text()
+    report = nbgpu.doctor(
+        probe=False, environ={**sim_env, "NBGPU_SIMULATE": "4xH100"}, face="terminal"
+    )
+    assert report.recommendation is not None
+    assert "`nbgpu run -n 4 script.py`" in report.recommendation
