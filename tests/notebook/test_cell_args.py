@@ -60,3 +60,27 @@ def test_cli_run_passes_help_after_the_script_and_after_double_dash(tmp_path):
         )
         assert done.returncode == 0, done.stderr
         assert f"argv {expected}" in done.stdout, (argv, done.stdout)
+
+
+def test_prune_and_stacks_magics(ip, capsys, tmp_path):
+    from IPython.core.error import UsageError  # noqa: PLC0415
+
+    root = tmp_path / "runs"
+    for i in range(3):
+        run_dir = root / f"old-{i}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "run.json").write_text(
+            f'{{"run_id": "r{i}", "state": "succeeded", "started_at": {1000 + i}}}'
+        )
+    report = ip.run_line_magic("gpu_runs", "--prune --keep 1")
+    assert sorted(n for n, _ in report.removed) == ["old-0", "old-1"]
+    with pytest.raises(UsageError, match="--keep 'x': expected a whole number"):
+        ip.run_line_magic("gpu_runs", "--prune --keep x")
+    with pytest.raises(UsageError, match="takes only --prune"):
+        ip.run_line_magic("gpu_runs", "--bogus")
+    assert ip.run_line_magic("gpu_stacks", "-h") is None
+    assert capsys.readouterr().out.startswith("%gpu_stacks RUN")
+    with pytest.raises(UsageError, match="name a run"):
+        ip.run_line_magic("gpu_stacks", "")
+    with pytest.raises(UsageError, match="'ghost': not a run directory"):
+        ip.run_line_magic("gpu_stacks", "ghost")
