@@ -74,6 +74,7 @@ def _named_gpus(
     force: bool,
     notes: list[str],
     environ: Mapping[str, str],
+    face: str = "notebook",
 ) -> tuple[int, str, tuple[int, ...]]:
     """--gpus: every named GPU must exist, look healthy, and pass the CUDA probe."""
     if inv.nvml_error or not inv.gpus:
@@ -92,7 +93,7 @@ def _named_gpus(
         if reason:
             notes.append(f"GPU {index} used despite: {reason} (--force)")
     if not force:
-        _probe_named(inv, chosen, text, environ)
+        _probe_named(inv, chosen, text, environ, face)
     if nproc is None:
         nproc = len(chosen)
     elif nproc > len(chosen) and not force:
@@ -104,7 +105,11 @@ def _named_gpus(
 
 
 def _probe_named(
-    inv: Inventory, chosen: tuple[int, ...], text: str, environ: Mapping[str, str]
+    inv: Inventory,
+    chosen: tuple[int, ...],
+    text: str,
+    environ: Mapping[str, str],
+    face: str = "notebook",
 ) -> None:
     """Create a context on each named GPU (in a subprocess) before committing ranks to it.
 
@@ -124,7 +129,7 @@ def _probe_named(
             where = f"GPU {result.nvml_index}" if result.nvml_index is not None else "a GPU"
             raise UserInputError(
                 f"--gpus {text}: {where} fails the CUDA probe: {result.message} "
-                f"({result.error_name or result.cuda_error}); see %gpu_doctor (--force to use it "
+                f"({result.error_name or result.cuda_error}); see {doctor_hint(face)} (--force to use it "
                 "anyway)"
             )
 
@@ -217,7 +222,7 @@ def prepare(
     chosen: tuple[int, ...] | None = None
     if gpus is not None:
         nproc, cvd, chosen = _named_gpus(
-            inv, gpus, nproc, force=force, notes=notes, environ=environ
+            inv, gpus, nproc, force=force, notes=notes, environ=environ, face=face
         )
     elif not inv.nvml_error and inv.gpus:
         nproc, cvd, chosen = _visible_gpus(inv, nproc, force=force, notes=notes, face=face)
