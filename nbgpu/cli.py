@@ -322,7 +322,9 @@ def _run(args: argparse.Namespace) -> int:
         result = plan_from_args(args)
         print(render_plan_output(result, args) or result.text())
         return EXIT_OK if result.ok else EXIT_PROBLEM
-    raise UserInputError("nbgpu: choose a command: status, doctor, clean or run (see `nbgpu -h`)")
+    raise UserInputError(
+        "nbgpu: choose a command: status, doctor, clean, run, runs, stacks, plan or diagnose (see `nbgpu -h`)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
