@@ -67,7 +67,7 @@ def _quiet_cell(run: Run) -> str:
         return "-"
     ranks = ",".join(str(r) for r, _s in quiet)
     longest = max(s for _r, s in quiet)
-    return f"rank {ranks} silent {_span(longest)} (%gpu_stacks {run.name})"
+    return f"rank {ranks} silent {_span(longest)}"
 
 
 def _span(seconds: float) -> str:
@@ -100,12 +100,24 @@ class RunsTable(Result):
     def text(self) -> str:
         if not self.entries:
             return "No runs in this kernel yet (start one with %%torchrun N)."
-        return self._table().text(max_width=120)
+        hints = [
+            f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name} shows "
+            "every rank's stack"
+            for run in self.entries
+            if silent_ranks(run)
+        ]
+        return "\n".join([self._table().text(max_width=120), *hints])
 
     def html_body(self) -> str:
         if not self.entries:
             return f"<p>{escape(self.text())}</p>"
-        return self._table().html()
+        hints = "".join(
+            f'<p class="warn">{escape(run.name)}: ranks silent for a while (a hang?): '
+            f"<code>%gpu_stacks {escape(run.name)}</code> shows every rank's stack</p>"
+            for run in self.entries
+            if silent_ranks(run)
+        )
+        return self._table().html() + hints
 
     def records(self) -> list[dict[str, Any]]:
         return [

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from nbgpu.launch.launcher import prepare
-from nbgpu.launch.registry import silent_ranks
+from nbgpu.launch.registry import runs_table, silent_ranks
 from nbgpu.launch.run import Run, follow, leftover_processes
 from nbgpu.launch.stacks import rank_stacks
 from nbgpu.launch.streams import ScreenWriter
@@ -55,13 +55,18 @@ def wait_for(run, needle, count, timeout=120):
     raise AssertionError(f"ranks never printed {needle!r}: {logs}")
 
 
-def test_rank_hung_in_a_gloo_collective_is_found_in_the_stacks(env):
+def test_rank_hung_in_a_gloo_collective_is_found_in_the_stacks(env, monkeypatch):
     prepared = prepare(code=HANG_IN_A_COLLECTIVE, nproc=2, environ=env)
     run = Run(prepared.config, environ=env).start()
     try:
         wait_for(run, "ready", 2)
         time.sleep(1.5)  # inside the collective by now
         assert [r for r, _s in silent_ranks(run, after_s=1.0)] == [0, 1]
+        monkeypatch.setenv("NBGPU_SILENT_AFTER", "1")
+        table = runs_table()
+        assert "rank 0,1 silent" in table.text()
+        assert f"%gpu_stacks {run.name}" in table.text()
+        assert next(r for r in table.records() if r["name"] == run.name)["silent_ranks"] == [0, 1]
 
         stacks = rank_stacks(run.dir, timeout_s=30)
         assert stacks.complete, stacks.text()
