@@ -309,7 +309,7 @@ def prune(
     policy = policy or RetentionPolicy.from_env(environ)
     entries = run_dirs(environ)
     now = time.time()
-    live = _live_run_ids() if entries else set()
+    live: set[str] | None = None  # the /proc scan only when something may be removed
     removed: list[tuple[str, int]] = []
     protected: list[tuple[str, str]] = []
     kept = 0
@@ -323,6 +323,8 @@ def prune(
             and kept_bytes + entry.size_bytes > policy.budget_bytes
         )
         if over_count or over_budget:
+            if live is None:
+                live = _live_run_ids()
             why = _in_use(entry, live, now)
             if why is None:
                 shutil.rmtree(entry.path, ignore_errors=True)
