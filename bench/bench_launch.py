@@ -3,7 +3,12 @@
 Every case runs the same work (``init_process_group("gloo")``, one ``all_reduce``,
 one print per rank, ``destroy_process_group``) on 2 ranks, alternating, in one run:
 
-a. bare ``python -m torch.distributed.run --standalone --nproc-per-node 2 hello.py``
+a. bare ``python -m torch.distributed.run`` given the rendezvous arguments nbgpu's
+   agent passes (``--nnodes 1 --node-rank 0 --nproc-per-node 2 --master-addr
+   127.0.0.1 --master-port <free port> --max-restarts 0``): the anchor, same work
+s. bare ``torchrun --standalone --nproc-per-node 2 hello.py`` for reference: c10d
+   dynamic rendezvous, with its deliberate waits (about 1 s per sync step); the
+   difference (s) - (a) is the rendezvous alone, not anything nbgpu does
 b. ``nbgpu run -n 2 hello.py`` (the CLI; runs directory in a temp dir; no simulation)
 c. ``%%torchrun 2`` on the same code in a real Jupyter kernel driven by jupyter_client
    (one kernel, ``%load_ext nbgpu`` once; each cell timed from execute_request to
@@ -403,10 +408,10 @@ class Setup:
 
 
 def _subprocess_case(
-    name: str, argv: list[str], env: Mapping[str, str], cwd: Path
+    name: str, argv: list[str] | Callable[[], list[str]], env: Mapping[str, str], cwd: Path
 ) -> Callable[[], Timed]:
     def run() -> Timed:
-        timed, stderr, code = run_subprocess(argv, env, cwd)
+        timed, stderr, code = run_subprocess(argv() if callable(argv) else argv, env, cwd)
         if code != 0:
             raise RuntimeError(f"{name}: exit code {code}: {stderr.strip()[-1500:]}")
         _check_ranks(name, timed.text)
@@ -426,7 +431,8 @@ def _kernel_case(name: str, k: Kernel, make_code: Callable[[], str]) -> Callable
     return run
 
 
-CASE_A = "a. bare torchrun --standalone"
+CASE_A = "a. bare torchrun, nbgpu's static rendezvous"
+CASE_S = "s. bare torchrun --standalone (c10d)"
 CASE_B = "b. nbgpu run -n 2 (CLI)"
 CASE_C = "c. %%torchrun 2 (real kernel)"
 CASE_D = "d. accelerate notebook_launcher (real kernel)"
@@ -437,9 +443,20 @@ def measure(n: int, stack: contextlib.ExitStack, work: Path, tag: str) -> dict[s
     env.pop("PYTHONUNBUFFERED", None)  # bare torchrun gets none; nbgpu sets its own
     script = work / "hello.py"
     script.write_text(HELLO_BODY, encoding="utf-8")
-    torchrun = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    torchrun = [PYTHON, "-m", "torch.distributed.run"]
+    standalone = [*torchrun, "--standalone", "--nproc-per-node", "2", str(script)]
+
+    def static() -> list[str]:
+        # Exactly the rendezvous arguments nbgpu's Run.start gives its agent.
+        return [
+            *torchrun, "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            "--max-restarts", "0", str(script),
+        ]  # fmt: skip
+
     cases: dict[str, Callable[[], Timed]] = {
-        CASE_A: _subprocess_case(CASE_A, [*torchrun, str(script)], env, work),
+        CASE_A: _subprocess_case(CASE_A, static, env, work),
+        CASE_S: _subprocess_case(CASE_S, standalone, env, work),
         CASE_B: _subprocess_case(
             CASE_B, [str(VENV_BIN / "nbgpu"), "run", "-n", "2", str(script)], env, work
         ),
@@ -495,16 +512,26 @@ def report(series: dict[str, Series]) -> dict[str, float]:
             verdict = "OK" if r <= BUDGET_RATIO else "OVER"
             note += f"; wall/bare {r:.2f} (budget {BUDGET_RATIO:.2f}: {verdict})"
             note += f", per-round median {_paired_ratio(s, bare):.2f}"
-        elif name == CASE_D:
+        elif name in (CASE_D, CASE_S):
             note += f"; wall/bare {s.row().median_wall / bare.row().median_wall:.2f}"
         rows.append(s.row(note))
     print_table("Launch overhead, 2 ranks, hello-world gloo (medians, alternating)", rows)
     pairs = [
         (f"({name[0]}) / (a)", series[name].row(), bare.row())
-        for name in (CASE_B, CASE_C, CASE_D)
+        for name in (CASE_S, CASE_B, CASE_C, CASE_D)
         if name in series
     ]
-    print_ratios("Ratios (each / bare torchrun; < 1: faster)", pairs)
+    print_ratios("Ratios (each / bare torchrun with the same static rendezvous)", pairs)
+    a_ms, s_ms = bare.row().median_wall, series[CASE_S].row().median_wall
+    for name in (CASE_B, CASE_C):
+        extra = series[name].row().median_wall - a_ms
+        print(
+            f"{name}: {extra:+.0f} ms over (a), same rendezvous: nbgpu's own work (CLI or "
+            "magic, inventory, agent wrapper, log following, result collection, the "
+            "orphan sweep) minus the torch teardown its agent skips (os._exit once "
+            "result.json is written; bare torchrun tears torch down)"
+        )
+    print(f"(s) - (a) = {s_ms - a_ms:+.0f} ms: c10d's dynamic rendezvous alone (--standalone)")
     print(
         "\n| time to first rank line | median ms | minus bare (ms) | per-round median diff (ms) |"
     )

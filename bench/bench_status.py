@@ -12,7 +12,11 @@ Two fleets of 8 H100s with 40 processes:
   tool's lookup of them fails fast: nbgpu reports 40 dead holders, nvitop 40 rows
   of "No Such Process", gpustat drops them (it lists only processes psutil finds).
 * the same 40 processes as live holders: real ``sleep`` processes started for the
-  run (``holder=GPU:PID``), so every tool looks up 40 real processes.
+  run (``holder=GPU:PID``), so every tool looks up 40 real processes. This is the
+  like-for-like comparison: in the first fleet the processes are *records* (state,
+  user, command captured elsewhere), which nbgpu takes as they are without the
+  ``/proc`` lookups the other tools still attempt. Compare CPU time as well as wall
+  time: gpustat sleeps 0.1 s per GPU on purpose.
 
 Before timing, each tool runs once untimed and must really show the 8 simulated GPUs
 and the 40 processes (gpustat: the live ones); a tool that fails is reported with

@@ -45,6 +45,7 @@ def doctor(
     probe: bool = True,
     nproc: int | None = None,
     environ: Mapping[str, str] | None = None,
+    face: str = "python",
 ) -> DoctorReport:
     """One report: a verdict per GPU, the launch environment checked, and fixes.
 
@@ -55,7 +56,7 @@ def doctor(
         raise UserInputError(f"nproc={nproc}: expected a whole number >= 1")
     from nbgpu.devices.doctor import run_doctor  # noqa: PLC0415
 
-    return run_doctor(environ, probe=probe, nproc=nproc)
+    return run_doctor(environ, probe=probe, nproc=nproc, face=face)
 
 
 def clean(

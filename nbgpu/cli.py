@@ -8,6 +8,8 @@
     nbgpu diagnose FILE|DIR|- [--json] [--inventory]
     nbgpu estimate MODEL [--strategy zero2] [--world-size 8] [--micro 4] [--seq-len 4096] [--json]
     nbgpu memory RUNDIR|NAME [--png FILE] [--json]
+    nbgpu runs   [--prune [--keep N] [--budget SIZE]] [--json]
+    nbgpu stacks RUN [--native]
 
 Only parses arguments and calls the API (``nbgpu.api``, ``nbgpu.launch``,
 ``nbgpu.plan``, ``nbgpu.diagnose``). Exit codes: 0 fine; 1 a problem was found (doctor
@@ -104,6 +106,31 @@ def _estimate(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if result.fits is False else EXIT_OK
 
 
+def _add_run_tools(sub: Any) -> None:
+    """`nbgpu runs` and `nbgpu stacks`: the run directories on disk, and hung ranks."""
+    p = sub.add_parser("runs", help="run directories on disk; --prune applies the retention policy")
+    p.add_argument("--prune", action="store_true", help="remove the oldest runs beyond the policy")
+    p.add_argument(
+        "--keep", type=int, default=None, metavar="N", help="keep the last N runs (0: all)"
+    )
+    p.add_argument(
+        "--budget",
+        default=None,
+        metavar="SIZE",
+        help="keep at most SIZE of runs, e.g. 5G (0: no limit)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("stacks", help="every rank's Python stack now (hung runs)")
+    p.add_argument("run", help="a run directory, or a run name under the runs directory")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="wait for dumps (default 5)"
+    )
+    p.add_argument(
+        "--native", action="store_true", help="add native frames with py-spy if installed"
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nbgpu", description="Probe, plan, launch and diagnose multi-GPU jobs.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -179,6 +206,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("estimate", help="per-GPU memory of a model, term by term, no trials")
     _add_estimate_arguments(p)
+
+    _add_run_tools(sub)
 
     p = sub.add_parser("run", help="run a script as a torchrun job, streaming every rank")
     p.add_argument(
@@ -284,6 +313,7 @@ def _run_script(args: argparse.Namespace) -> int:
         backend=args.backend,
         master_port=args.master_port,
         quiet=args.quiet,
+        face="terminal",
     )
     for note in prepared.notes:
         print(f"[nbgpu] {note}", file=sys.stderr)
@@ -300,6 +330,28 @@ def _run_script(args: argparse.Namespace) -> int:
     follow(run, writer)
     print(run.text(), file=sys.stderr)
     return EXIT_OK if run.state == "succeeded" else EXIT_PROBLEM
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from nbgpu.launch import retention  # noqa: PLC0415
+
+    if not args.prune and (args.keep is not None or args.budget is not None):
+        raise UserInputError("nbgpu runs: --keep and --budget go with --prune")
+    if args.prune:
+        policy = retention.policy_from_options(args.keep, args.budget)
+        result: Any = retention.prune(policy=policy)
+    else:
+        result = retention.list_run_dirs()
+    print(result.to_json() if args.json else result.text())
+    return EXIT_OK
+
+
+def _stacks(args: argparse.Namespace) -> int:
+    from nbgpu.launch.stacks import find_run_dir, rank_stacks  # noqa: PLC0415
+
+    result = rank_stacks(find_run_dir(args.run), timeout_s=args.timeout, native=args.native)
+    print(result.text())
+    return EXIT_OK if result.complete else EXIT_PROBLEM
 
 
 def _diagnose(args: argparse.Namespace) -> int:
@@ -360,7 +412,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         if args.nproc is not None and args.nproc < 1:
             raise UserInputError(f"--nproc {args.nproc}: expected a whole number >= 1")
-        report = api.doctor(probe=not args.no_probe, nproc=args.nproc)
+        report = api.doctor(probe=not args.no_probe, nproc=args.nproc, face="terminal")
         print(report.to_json() if args.json else report.text())
         return EXIT_OK if report.ok else EXIT_PROBLEM
     if args.command == "clean":
@@ -380,11 +432,17 @@ def _run(args: argparse.Namespace) -> int:
         return _estimate(args)
     if args.command == "memory":
         return _memory(args)
+    if args.command == "runs":
+        return _runs(args)
+    if args.command == "stacks":
+        return _stacks(args)
     if args.command == "plan":
         result = plan_from_args(args)
         print(render_plan_output(result, args) or result.text())
         return EXIT_OK if result.ok else EXIT_PROBLEM
-    raise UserInputError("nbgpu: choose a command: status, doctor, clean or run (see `nbgpu -h`)")
+    raise UserInputError(
+        "nbgpu: choose a command: status, doctor, clean, run, runs, stacks, plan or diagnose (see `nbgpu -h`)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,14 +19,49 @@ def _fresh_nvml() -> Iterator[None]:
     nvml.reset()
 
 
+# A machine without the NVIDIA driver, made explicit: tests that assume "no GPU"
+# then hold on a GPU machine too (ranks compute on CPU with gloo either way).
+NO_DRIVER = "1xA40,init=library_not_found"
+
+
+def real_nvml_present() -> bool:
+    """Whether this machine has a loadable NVIDIA driver library (a GPU machine)."""
+    import ctypes  # noqa: PLC0415
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
 @pytest.fixture
 def sim_env() -> dict[str, str]:
-    """os.environ without NBGPU_SIMULATE / CUDA_VISIBLE_DEVICES, ready to extend."""
+    """os.environ with no GPU simulated explicitly (NO_DRIVER), ready to extend.
+
+    Tests that need a fleet set their own NBGPU_SIMULATE; none sees this machine's
+    real GPUs, so the suite passes on GPU machines too.
+    """
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("NBGPU_SIMULATE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
     }
+    env["NBGPU_SIMULATE"] = NO_DRIVER
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"):
         env.pop(key, None)
     return env
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, even under a parent that ignores it.
+
+    Python keeps an inherited ignored SIGINT (`make test &`, nohup, CI runners), so a
+    test that sends SIGINT installs the handler it relies on.
+    """
+    import signal  # noqa: PLC0415
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

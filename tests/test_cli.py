@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import NO_DRIVER, real_nvml_present
+
 NBGPU = [sys.executable, "-m", "nbgpu"]
 
 
@@ -51,8 +53,21 @@ def test_doctor_sees_nproc_from_environment():
     assert "NPROC_PER_NODE=7 but 4 GPUs are visible" in out.stdout
 
 
-def test_no_gpu_machine_without_simulation_explains_itself():
-    out = run(["doctor", "--no-probe"])
+@pytest.mark.parametrize(
+    "simulate",
+    [
+        pytest.param(
+            None,
+            marks=pytest.mark.skipif(
+                real_nvml_present(), reason="this machine has an NVIDIA driver"
+            ),
+            id="real-no-driver",
+        ),
+        pytest.param(NO_DRIVER, id="simulated-no-driver"),
+    ],
+)
+def test_no_gpu_machine_explains_itself(simulate):
+    out = run(["doctor", "--no-probe"], simulate=simulate)
     assert out.returncode == 1
     assert "No NVIDIA driver library" in out.stdout
     assert "Traceback" not in out.stderr

@@ -21,6 +21,7 @@ from typing import Any
 from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, wrap
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.verdicts import SEVERITY_ORDER, Finding, short_verdict
+from nbgpu.faces import launch_hint
 
 __all__ = ["DIST_VARS", "DoctorReport", "diagnose_environment", "run_doctor"]
 
@@ -245,7 +246,11 @@ def _port_in_use(host: str, port: int) -> bool:
 
 
 def diagnose_environment(
-    inventory: Inventory, environ: Mapping[str, str], *, nproc: int | None = None
+    inventory: Inventory,
+    environ: Mapping[str, str],
+    *,
+    nproc: int | None = None,
+    face: str = "notebook",
 ) -> list[Finding]:
     """Findings about the launch environment against the visible, healthy GPUs."""
     out: list[Finding] = []
@@ -283,8 +288,9 @@ def diagnose_environment(
                 f"{wanted - 1} would fail with 'CUDA error: invalid device ordinal'.",
                 (
                     (
-                        f"launch {len(healthy_visible) or n_visible} ranks (`%%torchrun` sizes nproc "
-                        "from the healthy GPUs when you give no number)"
+                        f"launch {len(healthy_visible) or n_visible} ranks "
+                        f"(`{launch_hint(face)}` sizes nproc from the healthy GPUs when you "
+                        "give no number)"
                     ),
                     f"or `export NPROC_PER_NODE={len(healthy_visible) or n_visible}`",
                 ),
@@ -435,7 +441,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
     return out
 
 
-def _recommend(inventory: Inventory, findings: list[Finding]) -> str | None:
+def _recommend(inventory: Inventory, findings: list[Finding], face: str) -> str | None:
     if inventory.nvml_error or not inventory.gpus:
         return None
     visible = inventory.visible.devices if inventory.visible is not None else ()
@@ -444,10 +450,13 @@ def _recommend(inventory: Inventory, findings: list[Finding]) -> str | None:
     if not use:
         return "no healthy visible GPU: fix the findings above before launching."
     if len(use) == len(inventory.gpus) and not any(f.severity == "bad" for f in findings):
-        return f"all {len(use)} GPUs are usable: launch {len(use)} ranks (`%%torchrun {len(use)}`)."
+        return (
+            f"all {len(use)} GPUs are usable: launch {len(use)} ranks "
+            f"(`{launch_hint(face, len(use))}`)."
+        )
     gpus = ",".join(str(i) for i in use)
     return (
-        f"launch {len(use)} ranks on GPUs {gpus}: `%%torchrun {len(use)} --gpus {gpus}` or "
+        f"launch {len(use)} ranks on GPUs {gpus}: `{launch_hint(face, len(use), gpus=gpus)}` or "
         f"`CUDA_VISIBLE_DEVICES={gpus} torchrun --nproc-per-node {len(use)} ...`"
     )
 
@@ -458,6 +467,7 @@ def run_doctor(
     probe: bool = True,
     nproc: int | None = None,
     probe_timeout_s: float = 30.0,
+    face: str = "notebook",
 ) -> DoctorReport:
     """Inventory + probe + environment checks → one report (``nbgpu.doctor()``)."""
     env = dict(os.environ) if environ is None else dict(environ)
@@ -478,7 +488,7 @@ def run_doctor(
     for gpu_findings in inventory.findings:
         findings.extend(gpu_findings)
     findings.extend(_probe_findings(inventory))
-    findings.extend(diagnose_environment(inventory, env, nproc=nproc))
+    findings.extend(diagnose_environment(inventory, env, nproc=nproc, face=face))
     if inventory.container.in_container and not inventory.container.host_pid_namespace:
         findings.append(
             Finding(
@@ -500,5 +510,5 @@ def run_doctor(
         inventory=inventory,
         findings=tuple(findings),
         environment=environment,
-        recommendation=_recommend(inventory, findings),
+        recommendation=_recommend(inventory, findings, face),
     )

@@ -9,7 +9,7 @@ launcher's ``run.json``. The run directory layout is nbgpu's launcher's::
                                 local_rank, exit_code, signal, pid, ended_at
     <rundir>/rank{N}.log        rank N's stdout and stderr, raw bytes
     <rundir>/error-rank{N}.json the error file torch's ``@record`` writes for rank N
-    <rundir>/agent.log          torchrun's own output (the ChildFailedError banner)
+    <rundir>/agent.log          torchrun's output; on failure its ChildFailedError banner
 
 Any other directory is searched (a few levels deep) for ``*.log``, ``*.txt``, ``*.out``,
 ``*.err`` and torchelastic's ``error.json`` files; torchelastic's ``--log-dir`` layout

@@ -1,6 +1,9 @@
 """The torchrun agent, wrapped: ``python -m nbgpu.launch.agent RESULT.json -- <torchrun args>``.
 
-It is torchrun (``torch.distributed.run``) with three additions nbgpu relies on:
+It is torchrun (``torch.distributed.run``), keeping what torchrun leaves for its
+users when a rank fails (the ChildFailedError traceback and "Root Cause" banner in
+``agent.log``, the first failed rank's error file copied to ``agent-error.json``),
+with three additions nbgpu relies on:
 it dies when the process that launched it dies (parent-death signal: a kernel
 killed with SIGKILL takes its jobs with it); it tells the workers its pid so they
 can do the same; and it writes a machine-readable result — per-rank exit codes,
@@ -13,7 +16,6 @@ Runs in its own process; imports torch (it is torchrun).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -22,25 +24,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+from nbgpu.launch.worker import note_lost_guarantee, set_parent_death_signal
 
-PR_SET_PDEATHSIG = 1
+__all__ = ["main"]
 
 
 def _die_with_parent() -> None:
     # SIGTERM, not SIGKILL: torchrun's handler then stops its workers itself; the
     # workers' own parent-death signal covers the case where that fails.
     expected = int(os.environ.get("NBGPU_LAUNCHER_PID", "0") or 0)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    problem = set_parent_death_signal(signal.SIGTERM)
+    run_dir = os.environ.get("NBGPU_RUN_DIR")
+    if problem is not None and run_dir:
+        note_lost_guarantee(Path(run_dir), "agent", problem)
     if expected and os.getppid() != expected:
         os._exit(128 + signal.SIGTERM)
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        # A full disk: the exit code still tells nbgpu whether every rank succeeded.
+        with contextlib.suppress(OSError):
+            print(f"nbgpu agent: could not write {path.name}: {exc}", file=sys.stderr)
 
 
 def _failures(exc: Any) -> list[dict[str, Any]]:
@@ -62,12 +71,39 @@ def _failures(exc: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _as_torchrun_reports(exc: Any) -> None:
+    """What torchrun itself leaves behind on a failed child, so its users find it here.
+
+    torchrun's ``@record`` copies the first failed rank's error file to the agent's
+    ``TORCHELASTIC_ERROR_FILE`` (nbgpu sets it to ``agent-error.json`` in the run
+    directory), and the uncaught ChildFailedError prints a traceback ending in the
+    "Root Cause" banner on stderr (here: ``agent.log``).
+    """
+    import traceback  # noqa: PLC0415
+
+    from torch.distributed.elastic.multiprocessing.errors import (  # noqa: PLC0415
+        get_error_handler,
+    )
+
+    _, failure = exc.get_first_failure()
+    if failure.error_file and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        try:
+            get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
+        except Exception:  # noqa: BLE001  (a missing child file must not hide the banner)
+            traceback.print_exc()
+    traceback.print_exception(exc)
+    sys.stderr.flush()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] != "--":
         print("usage: python -m nbgpu.launch.agent RESULT.json -- <torchrun args>", file=sys.stderr)
         return 2
     result_path = Path(argv[0])
     _die_with_parent()
+    # nbgpu stops a run with SIGINT first; an ancestor's ignored SIGINT (nohup, `cmd &`)
+    # must not turn that into a wait for SIGTERM.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["NBGPU_AGENT_PID"] = str(os.getpid())  # inherited by every worker
     started = time.time()
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
@@ -83,6 +119,7 @@ def main(argv: list[str]) -> int:
         result["failures"] = _failures(exc)
         first_rank, _ = exc.get_first_failure()
         result["first_failure_rank"] = int(first_rank)
+        _as_torchrun_reports(exc)
         code = 1
     except SignalException as exc:
         result["signal"] = exc.sigval.name

@@ -24,6 +24,7 @@ from typing import Any
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.verdicts import short_verdict
 from nbgpu.errors import UserInputError
+from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import LaunchConfig, parse_gpu_list, parse_size, pickle_pushed
 from nbgpu.launch.run import RUNS, Run, RunFailed, check_name_free, follow
 from nbgpu.launch.rundir import check_name
@@ -39,13 +40,15 @@ class Prepared:
     notes: tuple[str, ...] = field(default=())
 
 
-def _unhealthy_reason(inventory: Inventory, nvml_index: int, *, short: bool = False) -> str | None:
+def _unhealthy_reason(
+    inventory: Inventory, nvml_index: int, *, short: bool = False, face: str = "notebook"
+) -> str | None:
     if nvml_index in inventory.healthy_indices:
         return None
     for gpu, findings in zip(inventory.gpus, inventory.findings, strict=True):
         if gpu.nvml_index == nvml_index:
             if short:
-                return short_verdict(gpu, findings)[0] + " (see %gpu_doctor)"
+                return short_verdict(gpu, findings)[0] + f" (see {doctor_hint(face)})"
             for f in findings:
                 if f.severity == "bad":
                     return f.message
@@ -72,6 +75,7 @@ def _named_gpus(
     force: bool,
     notes: list[str],
     environ: Mapping[str, str],
+    face: str = "notebook",
 ) -> tuple[int, str, tuple[int, ...]]:
     """--gpus: every named GPU must exist, look healthy, and pass the CUDA probe."""
     if inv.nvml_error or not inv.gpus:
@@ -90,7 +94,7 @@ def _named_gpus(
         if reason:
             notes.append(f"GPU {index} used despite: {reason} (--force)")
     if not force:
-        _probe_named(inv, chosen, text, environ)
+        _probe_named(inv, chosen, text, environ, face)
     if nproc is None:
         nproc = len(chosen)
     elif nproc > len(chosen) and not force:
@@ -102,7 +106,11 @@ def _named_gpus(
 
 
 def _probe_named(
-    inv: Inventory, chosen: tuple[int, ...], text: str, environ: Mapping[str, str]
+    inv: Inventory,
+    chosen: tuple[int, ...],
+    text: str,
+    environ: Mapping[str, str],
+    face: str = "notebook",
 ) -> None:
     """Create a context on each named GPU (in a subprocess) before committing ranks to it.
 
@@ -122,13 +130,13 @@ def _probe_named(
             where = f"GPU {result.nvml_index}" if result.nvml_index is not None else "a GPU"
             raise UserInputError(
                 f"--gpus {text}: {where} fails the CUDA probe: {result.message} "
-                f"({result.error_name or result.cuda_error}); see %gpu_doctor (--force to use it "
+                f"({result.error_name or result.cuda_error}); see {doctor_hint(face)} (--force to use it "
                 "anyway)"
             )
 
 
 def _visible_gpus(
-    inv: Inventory, nproc: int | None, *, force: bool, notes: list[str]
+    inv: Inventory, nproc: int | None, *, force: bool, notes: list[str], face: str = "notebook"
 ) -> tuple[int, str | None, tuple[int, ...] | None]:
     """No --gpus: size from the healthy visible GPUs and leave the unhealthy ones out."""
     visible = [d.nvml_index for d in inv.visible.devices] if inv.visible is not None else []
@@ -137,24 +145,27 @@ def _visible_gpus(
     if nproc is None:
         if not healthy:
             raise UserInputError(
-                "no healthy GPU is visible (see %gpu_doctor); give a number of CPU processes "
-                "to run on CPU anyway, e.g. %%torchrun 2 --force"
+                f"no healthy GPU is visible (see {doctor_hint(face)}); give a number of CPU "
+                f"processes to run on CPU anyway, e.g. {launch_hint(face, 2, force=True)}"
             )
         nproc = len(healthy)
     if nproc > len(visible) and not force:
         raise UserInputError(
             f"nproc {nproc} but {len(visible)} GPUs are visible: ranks {len(visible)}..{nproc - 1} "
             "would fail with 'invalid device ordinal'; use "
-            f"%%torchrun {len(healthy) or len(visible)}, or --force for CPU-only ranks"
+            f"{launch_hint(face, len(healthy) or len(visible))}, or --force for CPU-only ranks"
         )
     if left_out and nproc <= len(healthy):
         # Keep rank 0 (and every rank) off GPUs that would refuse a context.
-        notes.extend(f"GPU {i} left out: {_unhealthy_reason(inv, i, short=True)}" for i in left_out)
+        notes.extend(
+            f"GPU {i} left out: {_unhealthy_reason(inv, i, short=True, face=face)}"
+            for i in left_out
+        )
         return nproc, ",".join(str(i) for i in healthy), tuple(healthy)
     if left_out:
         notes.append(
             f"{nproc} ranks on {len(visible)} visible GPUs includes unhealthy GPU(s) "
-            f"{','.join(map(str, left_out))}: expect failures (see %gpu_doctor)"
+            f"{','.join(map(str, left_out))}: expect failures (see {doctor_hint(face)})"
         )
     return nproc, None, None
 
@@ -183,8 +194,12 @@ def prepare(
     plan: Any = None,
     role: str | None = None,
     master_port: int | None = None,
+    face: str = "notebook",
 ) -> Prepared:
     """Validate everything and decide nproc and GPUs; starts nothing.
+
+    ``face`` ("notebook", "terminal", "python") is where the user is: hints name
+    commands they can type there.
 
     ``plan`` (an ``nbgpu.plan`` Plan) supplies GPUs, nproc and master port for one of
     its roles (``role``; default: the only role, or the one named "train").
@@ -209,15 +224,15 @@ def prepare(
     chosen: tuple[int, ...] | None = None
     if gpus is not None:
         nproc, cvd, chosen = _named_gpus(
-            inv, gpus, nproc, force=force, notes=notes, environ=environ
+            inv, gpus, nproc, force=force, notes=notes, environ=environ, face=face
         )
     elif not inv.nvml_error and inv.gpus:
-        nproc, cvd, chosen = _visible_gpus(inv, nproc, force=force, notes=notes)
+        nproc, cvd, chosen = _visible_gpus(inv, nproc, force=force, notes=notes, face=face)
     elif nproc is None:
         why = inv.nvml_error or "no GPU found"
         raise UserInputError(
-            f"no GPU here ({why.rstrip('.')}): give the number of CPU processes, e.g. %%torchrun 2 "
-            "(ranks use gloo on CPU)"
+            f"no GPU here ({why.rstrip('.')}): give the number of CPU processes, e.g. "
+            f"{launch_hint(face, 2)} (ranks use gloo on CPU)"
         )
     if inv.simulated:
         notes.append(f"SIMULATED fleet '{inv.fleet_name}': ranks compute on CPU (gloo)")
@@ -287,6 +302,7 @@ def torchrun(
     ``backend``, ``quiet``, ``script_args``.
     """
     looks_like_path = code_or_path.endswith(".py") and "\n" not in code_or_path
+    options.setdefault("face", "python")
     prepared = prepare(
         code=None if looks_like_path else code_or_path,
         script=code_or_path if looks_like_path else None,

@@ -5,6 +5,7 @@ Never imports IPython.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from html import escape
@@ -14,7 +15,10 @@ from nbgpu._render import Result, Table
 from nbgpu.errors import UserInputError
 from nbgpu.launch.run import RUNS, Run
 
-__all__ = ["RunsTable", "StopSummary", "runs", "runs_table", "stop_runs"]
+__all__ = ["RunsTable", "StopSummary", "runs", "runs_table", "silent_ranks", "stop_runs"]
+
+SILENT_ENV = "NBGPU_SILENT_AFTER"
+SILENT_AFTER_S = 120.0  # a rank quiet this long is marked (a hang shows up as silence)
 
 
 def runs() -> dict[str, Run]:
@@ -33,6 +37,43 @@ def _age(run: Run) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _silent_after_s() -> float:
+    try:
+        return float(os.environ.get(SILENT_ENV) or SILENT_AFTER_S)
+    except ValueError:
+        return SILENT_AFTER_S
+
+
+def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, float]]:
+    """Ranks of a running run that have written nothing for *after_s*: (rank, seconds)."""
+    if run.state != "running" or run.started_at is None:
+        return []
+    limit = _silent_after_s() if after_s is None else after_s
+    now = time.time()
+    out = []
+    for rank, log in enumerate(run.logs[f"rank{r}"] for r in range(run.config.nproc)):
+        try:
+            last = max(log.stat().st_mtime, run.started_at)
+        except OSError:
+            last = run.started_at
+        if now - last >= limit:
+            out.append((rank, now - last))
+    return out
+
+
+def _quiet_cell(run: Run) -> str:
+    quiet = silent_ranks(run)
+    if not quiet:
+        return "-"
+    ranks = ",".join(str(r) for r, _s in quiet)
+    longest = max(s for _r, s in quiet)
+    return f"rank {ranks} silent {_span(longest)}"
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 @dataclass(frozen=True)
 class RunsTable(Result):
     entries: tuple[Run, ...]
@@ -42,8 +83,9 @@ class RunsTable(Result):
         return ", ".join(sorted(f for f in fleets if f)) or None
 
     def _table(self) -> Table:
-        table = Table(["name", "state", "ranks", "GPUs", "port", "age", "log dir"])
+        table = Table(["name", "state", "ranks", "GPUs", "port", "age", "quiet", "log dir"])
         for run in self.entries:
+            quiet = _quiet_cell(run)
             gpus = run.config.cuda_visible_devices
             level = {"failed": "bad", "timed_out": "bad", "running": ""}.get(run.state, "ok")
             table.add(
@@ -53,23 +95,39 @@ class RunsTable(Result):
                 "-" if gpus is None else gpus or "none",
                 run.port or "-",
                 _age(run),
+                quiet,
                 str(run.dir),
-                level=level,
+                level="warn" if quiet != "-" else level,
             )
         return table
 
     def text(self) -> str:
         if not self.entries:
             return "No runs in this kernel yet (start one with %%torchrun N)."
-        return self._table().text(max_width=120)
+        hints = [
+            f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name} shows "
+            "every rank's stack"
+            for run in self.entries
+            if silent_ranks(run)
+        ]
+        return "\n".join([self._table().text(max_width=120), *hints])
 
     def html_body(self) -> str:
         if not self.entries:
             return f"<p>{escape(self.text())}</p>"
-        return self._table().html()
+        hints = "".join(
+            f'<p class="warn">{escape(run.name)}: ranks silent for a while (a hang?): '
+            f"<code>%gpu_stacks {escape(run.name)}</code> shows every rank's stack</p>"
+            for run in self.entries
+            if silent_ranks(run)
+        )
+        return self._table().html() + hints
 
     def records(self) -> list[dict[str, Any]]:
-        return [run.to_dict() for run in self.entries]
+        return [
+            {**run.to_dict(), "silent_ranks": [r for r, _s in silent_ranks(run)]}
+            for run in self.entries
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": self.records()}

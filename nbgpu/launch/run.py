@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import os
 import pickle
@@ -50,6 +51,7 @@ __all__ = [
     "leftover_processes",
 ]
 
+DISK_FULL_BELOW_BYTES = 64 * 1024  # less free space than this under the run dir: full
 TERMINAL_STATES = ("succeeded", "failed", "stopped", "timed_out", "interrupted")
 
 
@@ -123,12 +125,16 @@ class Run(Result):
         self._memory: Any = None  # nbgpu.profile.live.MemoryFollower, made on first use
         self._lock = threading.Lock()
         self._finished = threading.Event()
+        self._guarantee_announced = False
+        self.notices: list[str] = []  # one-line messages for the screen, shown once
+        self.disk_full_since: float | None = None  # when the run directory's disk filled
         self.thread: threading.Thread | None = None
 
     # -- start -------------------------------------------------------------------
 
     def start(self) -> Run:
         cfg = self.config
+        self._apply_retention()
         self.dir = rundir.make_run_dir(cfg.name, self.environ)
         spec: dict[str, Any] = {
             "serial_imports": cfg.serial_imports,
@@ -179,6 +185,59 @@ class Run(Result):
         _stop_all_at_exit_once()
         return self
 
+    def _apply_retention(self) -> None:
+        """Prune old run directories before adding one; never blocks a launch."""
+        from nbgpu.launch import retention  # noqa: PLC0415
+
+        try:
+            report = retention.prune(self.environ, keep_newest_extra=1)
+        except (UserInputError, OSError) as exc:
+            self.notices.append(f"old runs not pruned: {exc}")
+            return
+        if report.removed and not _RETENTION_ANNOUNCED:
+            _RETENTION_ANNOUNCED.append(True)
+            self.notices.append(
+                f"removed {len(report.removed)} old run directories "
+                f"({report.freed_bytes / 1e6:.0f} MB) from {report.root}: keeping "
+                f"{report.policy.describe()}; %gpu_runs --prune / nbgpu runs --prune"
+            )
+
+    def take_notices(self) -> list[str]:
+        """Messages not shown yet: retention, a lost parent-death guarantee, a full disk."""
+        out, self.notices = self.notices, []
+        for notice in (self.guarantee_notice(), self.disk_full_notice()):
+            if notice is not None:
+                out.append(notice)
+        return out
+
+    def disk_full_notice(self) -> str | None:
+        """One line, the first time the disk under the run directory is found full.
+
+        Ranks drop their output instead of failing (``worker.py``); this says which
+        logs are incomplete and from when. A rank's own marker gives its exact time;
+        the disk's free space, checked each tick, catches a disk too full for markers.
+        """
+        if self.disk_full_since is not None or not self.dir.name:
+            return None
+        stamps = []
+        for path in self.dir.glob("logfull-rank*.txt"):
+            with contextlib.suppress(OSError, ValueError):
+                stamps.append(float(path.read_text(encoding="utf-8")))
+        try:
+            st = os.statvfs(self.dir)
+            full = st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES
+        except OSError:
+            full = False
+        if not stamps and not full:
+            return None
+        self.disk_full_since = min(stamps) if stamps else time.time()
+        when = time.strftime("%H:%M:%S", time.localtime(self.disk_full_since))
+        return (
+            f"the disk under {self.dir} is full: rank logs (rank0..rank{self.config.nproc - 1}"
+            f".log) and the output shown here are incomplete from {when} on; the ranks keep "
+            "running (free space, or set NBGPU_RUNS_DIR elsewhere for the next run)"
+        )
+
     def _agent_env(self) -> dict[str, str]:
         env = dict(self.environ)
         env.update(self.config.env)
@@ -192,6 +251,8 @@ class Run(Result):
         env[RUN_ID_ENV] = self.run_id
         env["NBGPU_RUN_NAME"] = self.name
         env["NBGPU_LAUNCHER_PID"] = str(os.getpid())
+        # torchrun's agent-level error file (each rank gets its own from torchrun).
+        env["TORCHELASTIC_ERROR_FILE"] = str(self.dir / "agent-error.json")
         if self.config.backend:
             env["NBGPU_BACKEND"] = self.config.backend
         if self.config.cuda_visible_devices is not None:
@@ -230,8 +291,44 @@ class Run(Result):
                 for r in self.ranks
             ],
             "agent_exit_code": self.agent.returncode if self.agent else None,
+            "parent_death_signal": self._guarantee_record(),
         }
-        (self.dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        try:
+            (self.dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        except OSError as exc:
+            # A full disk must not turn a finished run into a crash of the launcher.
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+
+    def lost_guarantees(self) -> dict[str, str]:
+        """Processes (agent, rankN) whose parent-death signal the kernel refused, and why."""
+        out: dict[str, str] = {}
+        if not self.dir.name:
+            return out
+        for path in sorted(self.dir.glob("pdeathsig-*.txt")):
+            with contextlib.suppress(OSError):
+                out[path.stem.removeprefix("pdeathsig-")] = path.read_text("utf-8").strip()
+        return out
+
+    def _guarantee_record(self) -> dict[str, Any]:
+        lost = self.lost_guarantees()
+        return {"ok": not lost, "lost": lost}
+
+    def guarantee_notice(self) -> str | None:
+        """One line, the first time a process of the run reports the guarantee lost."""
+        if self._guarantee_announced:
+            return None
+        lost = self.lost_guarantees()
+        if not lost:
+            return None
+        self._guarantee_announced = True
+        with contextlib.suppress(OSError):
+            self._write_meta()
+        reason = next(iter(lost.values()))
+        return (
+            f"no parent-death signal for {', '.join(lost)} ({reason}): if this process is "
+            "killed, the run's processes keep running; stop them with %gpu_stop / nbgpu clean"
+        )
 
     # -- while running -------------------------------------------------------------
 
@@ -304,6 +401,29 @@ class Run(Result):
 
     # -- after -----------------------------------------------------------------------
 
+    def sweep_orphans(self) -> int:
+        """Stop processes that outlived the agent and carry the run's id; how many.
+
+        A rank's own children (data-loader workers, a shell) are not covered by the
+        rank's parent-death signal: when the agent is SIGKILLed the ranks die, and
+        their children would keep running (and holding GPUs) without this.
+        """
+        if not self.agent_done:
+            return 0
+        leftovers = run_processes(self.run_id, None)
+        if not leftovers:
+            return 0
+        report = stop_processes(self.run_id, None, first_signal=signal.SIGTERM, grace_s=2.0)
+        self.notices.append(
+            f"{len(leftovers)} processes started by the ranks outlived them; stopped"
+            + (
+                f" (still alive: {', '.join(map(str, report.survivors))})"
+                if report.survivors
+                else ""
+            )
+        )
+        return len(leftovers)
+
     def drain(self) -> list[tuple[str, list[str]]]:
         out = []
         for rank, tail in self._tails.items():
@@ -334,7 +454,9 @@ class Run(Result):
                 self.agent_result
                 and not self.agent_result.get("signal")
                 and self.agent_result.get("agent_exit_code") == 0
-            ):
+            ) or (not self.agent_result and self.agent is not None and self.agent.returncode == 0):
+                # torchrun exits 0 only when every rank did (also when a full disk kept
+                # the agent from writing result.json).
                 code, sig, pid = 0, None, None
             else:
                 code, sig, pid = None, None, None
@@ -656,6 +778,9 @@ def follow(
             if now - last_flush >= flush_s:
                 if isinstance(writer, ScreenWriter) and writer.live_status:
                     writer.status(run.memory_status())
+                notices = run.take_notices()
+                if notices:
+                    writer.add("nbgpu", notices)
                 writer.flush()
                 if on_tick is not None:
                     on_tick(run)
@@ -684,8 +809,12 @@ def follow(
     finally:
         if not run.agent_done:
             run.stop(run.stop_reason or "stopped")
+        run.sweep_orphans()
         for label, lines in run.poll_lines() + run.drain():
             writer.add(label, lines)
+        notices = run.take_notices()
+        if notices:
+            writer.add("nbgpu", notices)
         writer.finish(str(run.dir))
         run.finish()
         if on_tick is not None:
@@ -694,6 +823,7 @@ def follow(
 
 
 _EXIT_HOOK: list[bool] = []
+_RETENTION_ANNOUNCED: list[bool] = []  # the policy is told once per process
 
 
 def _stop_all_at_exit_once() -> None:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
-import gc
+import errno
+import faulthandler
+import io
 import json
 import os
 import pickle
@@ -39,25 +41,119 @@ __all__ = ["main"]
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def set_parent_death_signal(sig: int) -> str | None:
+    """Ask the kernel to send *sig* when our parent dies; the reason if it refused.
+
+    prctl reports failure through its return value, not an exception: checking it
+    is what turns a silently lost guarantee into a line the user sees.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            return f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno) if errno else 'error'}"
+    except (OSError, AttributeError) as exc:
+        return f"prctl(PR_SET_PDEATHSIG) unavailable: {exc}"
+    return None
+
+
+def note_lost_guarantee(run_dir: Path, who: str, reason: str) -> None:
+    """Leave a marker the launcher shows once and records in run.json."""
+    with contextlib.suppress(OSError):
+        (run_dir / f"pdeathsig-{who}.txt").write_text(reason + "\n", encoding="utf-8")
+
+
+def _die_with_parent(run_dir: Path, rank: int) -> None:
     # torchrun starts workers in their own sessions: a SIGKILLed agent would leave
     # them running (and holding GPUs). The kernel delivers SIGKILL to us instead.
     expected_parent = int(os.environ.get("NBGPU_AGENT_PID", "0") or 0)
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    problem = set_parent_death_signal(signal.SIGKILL)
+    if problem is not None:
+        note_lost_guarantee(run_dir, f"rank{rank}", problem)
     # The agent may have died before prctl took effect: then nobody will signal us.
     if expected_parent and os.getppid() != expected_parent:
         os._exit(128 + signal.SIGKILL)
 
 
-def _redirect_output(log_path: Path) -> None:
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class _DiskFullTolerant(io.RawIOBase):
+    """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output, never the rank.
+
+    Without this, a print() on a full disk raises OSError(ENOSPC) inside the user's
+    code. The first failure is noted (``logfull-rank{N}.txt`` when even a few bytes
+    fit; the launcher also watches the disk), later output is dropped until writes
+    succeed again. C libraries writing to fd 1/2 directly already just lose the bytes.
+    """
+
+    def __init__(self, fd: int, marker: Path) -> None:
+        super().__init__()
+        self._fd = fd
+        self._marker = marker
+        self.dropped_since: float | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < len(view):  # whole writes: the text layer ignores short ones
+                done += os.write(self._fd, view[done:])
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL:
+                raise
+            if self.dropped_since is None:
+                self.dropped_since = time.time()
+                with contextlib.suppress(OSError):
+                    self._marker.write_text(repr(self.dropped_since), encoding="utf-8")
+        return len(view)  # all written, or dropped: the rank's work beats its log
+
+
+def _tolerant_stream(fd: int, marker: Path) -> io.TextIOWrapper:
+    raw = _DiskFullTolerant(fd, marker)
+    # Unbuffered, as `python -u` makes it: the log is complete up to the last write.
+    return io.TextIOWrapper(
+        raw,  # type: ignore[arg-type]
+        encoding="utf-8",
+        errors="backslashreplace",
+        write_through=True,
+    )
+
+
+def _redirect_output(log_path: Path, marker: Path) -> None:
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    sys.stdout = _tolerant_stream(1, marker)
+    sys.stderr = _tolerant_stream(2, marker)
+
+
+_STACKS_SIGNAL = signal.SIGRTMIN + 3  # nbgpu.launch.stacks.STACKS_SIGNAL (stdlib only here)
+_stack_files: list[Any] = []  # kept open for the life of the rank
+
+
+def _register_stack_dumps(run_dir: Path, rank: int) -> None:
+    """`nbgpu stacks` / `%gpu_stacks`: dump every thread's Python stack on a signal.
+
+    faulthandler writes from the signal handler itself, so a rank blocked in C code
+    (a collective) answers too, and nothing needs ptrace.
+    """
+    try:
+        dump = (run_dir / f"stacks-rank{rank}.txt").open("ab", buffering=0)
+        faulthandler.register(_STACKS_SIGNAL, file=dump, all_threads=True, chain=False)
+        _stack_files.append(dump)
+        (run_dir / f"stacks-rank{rank}.pid").write_text(str(os.getpid()), encoding="utf-8")
+    except (OSError, RuntimeError, ValueError):
+        pass  # no stacks on request; the run itself is unaffected
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -217,8 +313,13 @@ def _record_on_sigterm(rec: Recorder) -> None:
 def main() -> int:  # noqa: PLR0915  (the rank's life in order, start to exit)
     run_dir = Path(os.environ["NBGPU_RUN_DIR"])
     rank = int(os.environ.get("RANK", "0"))
-    _die_with_parent()
-    _redirect_output(run_dir / f"rank{rank}.log")
+    _die_with_parent(run_dir, rank)
+    # Interrupting a run means SIGINT (torchrun forwards it): the user's code gets
+    # KeyboardInterrupt even when an ancestor ignored SIGINT (nohup, `cmd &`, CI),
+    # which Python would otherwise keep.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _redirect_output(run_dir / f"rank{rank}.log", run_dir / f"logfull-rank{rank}.txt")
+    _register_stack_dumps(run_dir, rank)
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
     rec = _recorder(run_dir, spec)
     start_phase = rec.begin("start")
@@ -277,9 +378,9 @@ def main() -> int:  # noqa: PLR0915  (the rank's life in order, start to exit)
         # after (atexit handlers, module cleanup) is outside every phase.
         rec.end(exit_phase)
         rec.close()
-    # Exit handlers still run (user code may rely on them), but the collector no
-    # longer walks torch's millions of objects at interpreter shutdown.
-    gc.freeze()
+    # No gc.freeze() here: it would skip the finalizers of objects in reference
+    # cycles at shutdown, and a user's writer that flushes in __del__ would lose its
+    # data (tests/launch/test_hardening.py). Correctness beats the ~0.1 s it saved.
     return code
 
 

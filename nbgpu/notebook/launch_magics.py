@@ -24,10 +24,24 @@ from nbgpu.notebook.magics import print_help
 
 __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 
-_GPU_RUNS_HELP = """%gpu_runs
+_GPU_RUNS_HELP = """%gpu_runs [--prune [--keep N] [--budget SIZE]]
 
-List this kernel's runs: name, state, ranks, GPUs, port, age, log directory.
-The result converts with .to_frame(); nbgpu.runs() returns the Run objects."""
+List this kernel's runs: name, state, ranks, GPUs, port, age, quiet ranks (no
+output for NBGPU_SILENT_AFTER seconds, default 120: a hang shows up as silence;
+see %gpu_stacks), log directory. The result converts with .to_frame();
+nbgpu.runs() returns the Run objects.
+
+--prune removes the oldest run directories (of every kernel) beyond the retention
+policy: the last NBGPU_KEEP_RUNS runs (default 20) and at most NBGPU_RUNS_BUDGET
+(default 5G); --keep and --budget override them once. Runs in use and directories
+holding a KEEP file are never removed. nbgpu prunes before each new run too."""
+
+_GPU_STACKS_HELP = """%gpu_stacks RUN [--native] [--timeout S]
+
+Every rank's Python stack now, all at once, without ptrace: each rank dumps its
+threads' stacks (faulthandler) into stacks-rank{N}.txt in the run directory.
+RUN is a run name of this kernel, a run directory, or a run name on disk.
+--native adds native frames from py-spy when it is installed and may attach."""
 
 _GPU_DIAGNOSE_HELP = """%gpu_diagnose [NAME|PATH]
 
@@ -212,7 +226,12 @@ class LaunchMagics(Magics):
         logs stay in the run directory. Arguments after ``--`` become the ranks'
         ``sys.argv``. Interrupting the cell stops every process of the run.
         """
-        if any(token in ("-h", "--help") for token in line.split()):
+        try:
+            head, script_args = _split_script_args(line)
+        except ValueError as exc:
+            raise UsageError(f"%%torchrun {line!r}: {exc}") from None
+        # Only flags before "--" are nbgpu's: "-- --help" is the cell's own --help.
+        if any(token in ("-h", "--help") for token in head.split()):
             print_help(self.torchrun, "%%torchrun")
             return None
         if cell is None or not cell.strip():
@@ -382,11 +401,45 @@ class LaunchMagics(Magics):
         if any(token in ("-h", "--help") for token in line.split()):
             print(_GPU_RUNS_HELP)
             return None
-        if line.strip():
-            raise UsageError(f"%gpu_runs takes no arguments (got {line.strip()!r})")
+        tokens = line.split()
+        if tokens and tokens[0] == "--prune":
+            return _prune(tokens[1:])
+        if tokens:
+            raise UsageError(f"%gpu_runs takes only --prune (got {line.strip()!r}; see -h)")
         from nbgpu.launch.registry import runs_table  # noqa: PLC0415
 
         return runs_table()
+
+    @line_magic
+    def gpu_stacks(self, line: str = "") -> Any:
+        """Every rank's Python stack now: %gpu_stacks RUN [--native] (see -h)."""
+        tokens = line.split()
+        if not tokens or "-h" in tokens or "--help" in tokens:
+            if not tokens:
+                raise UsageError("%gpu_stacks RUN: name a run (see %gpu_runs) or a run directory")
+            print(_GPU_STACKS_HELP)
+            return None
+        from nbgpu.launch.registry import runs  # noqa: PLC0415
+        from nbgpu.launch.stacks import find_run_dir, rank_stacks  # noqa: PLC0415
+
+        native = "--native" in tokens
+        rest = [t for t in tokens if t != "--native"]
+        timeout = 5.0
+        if "--timeout" in rest:
+            at = rest.index("--timeout")
+            try:
+                timeout = float(rest[at + 1])
+            except (IndexError, ValueError):
+                raise UsageError("--timeout S: expected seconds, e.g. --timeout 10") from None
+            del rest[at : at + 2]
+        if len(rest) != 1:
+            raise UsageError(f"%gpu_stacks takes one run (got {line.strip()!r})")
+        known = runs()
+        try:
+            where = known[rest[0]].dir if rest[0] in known else find_run_dir(rest[0])
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        return rank_stacks(where, timeout_s=timeout, native=native)
 
     @magic_arguments()
     @argument("name", nargs="?", default=None, help="the run to stop")
@@ -424,6 +477,31 @@ def keep_empty_cell_body(lines: list[str]) -> list[str]:
     ):
         return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]
     return lines
+
+
+def _prune(tokens: list[str]) -> Any:
+    from nbgpu.launch import retention  # noqa: PLC0415
+
+    keep: int | None = None
+    budget: str | None = None
+    pairs = iter(tokens)
+    try:
+        for flag in pairs:
+            if flag == "--keep":
+                value = next(pairs)
+                if not value.isdigit():
+                    raise UsageError(f"--keep {value!r}: expected a whole number of runs >= 0")
+                keep = int(value)
+            elif flag == "--budget":
+                budget = next(pairs)
+            else:
+                raise UsageError(f"%gpu_runs --prune: unknown {flag!r}; accepts --keep, --budget")
+    except StopIteration:
+        raise UsageError("%gpu_runs --prune: --keep and --budget need a value") from None
+    try:
+        return retention.prune(policy=retention.policy_from_options(keep, budget))
+    except UserInputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _check_pushed(names: list[str], namespace: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ _GPU_PLAN_DOC = """Plan a job before launching: roles on healthy GPUs, ports, ba
 
 _LINE_MAGICS = (
     "gpu_status", "gpu_doctor", "gpu_clean", "gpu_plan", "gpu_runs", "gpu_stop", "torchrun",
-    "gpu_diagnose",
+    "gpu_diagnose", "gpu_stacks",
 )  # fmt: skip
 _CELL_MAGICS = ("torchrun",)
 
@@ -132,7 +132,9 @@ class GPUMagics(Magics):
         from nbgpu.api import doctor  # noqa: PLC0415
 
         try:
-            report = doctor(probe=not args.no_probe, nproc=args.nproc, environ=self._environ())
+            report = doctor(
+                probe=not args.no_probe, nproc=args.nproc, environ=self._environ(), face="notebook"
+            )
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
         if args.json:

@@ -318,6 +318,7 @@ def test_tiny_timeout_on_the_real_probe_leaves_no_process():
     assert probe_children() == []
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_interrupt_while_probing_kills_the_probe_and_propagates(tmp_path):
     pids = tmp_path / "pids"
 

@@ -7,6 +7,7 @@ from nbgpu.devices import nvml
 from nbgpu.devices.fleet import SCENARIOS
 from nbgpu.devices.simulate import FakeNvmlLibrary
 from nbgpu.errors import NvmlUnavailable
+from tests.conftest import real_nvml_present
 
 GIB = 1024**3
 
@@ -69,10 +70,21 @@ def test_init_failures_map_to_nvml_unavailable(name, code, words, sim_env):
     assert words in str(info.value)
 
 
+@pytest.mark.skipif(
+    real_nvml_present(),
+    reason="this machine has an NVIDIA driver: the no-driver path needs one without",
+)
 def test_no_gpu_machine_without_simulation(sim_env):
-    # This machine has no NVIDIA driver: the real library is simply not there.
+    # A machine without the NVIDIA driver: the real library is simply not there.
+    env = {k: v for k, v in sim_env.items() if k != "NBGPU_SIMULATE"}
     with pytest.raises(NvmlUnavailable) as info:
-        nvml.read_system(sim_env)
+        nvml.read_system(env)
+    assert info.value.code == 12
+
+
+def test_no_driver_simulated_answers_like_the_real_absence(sim_env):
+    with pytest.raises(NvmlUnavailable) as info:
+        nvml.read_system(sim_env)  # NO_DRIVER: runs the same on GPU machines
     assert info.value.code == 12
 
 

@@ -150,6 +150,7 @@ def test_timeout_stops_everything(env):
     assert leftover_processes(run) == []
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_interrupt_stops_the_whole_tree(env):
     run = start("import time\nprint('ready', flush=True)\ntime.sleep(120)\n", env)
     wait_for_lines(run, "ready", 2)

@@ -1,0 +1,46 @@
+"""Hints name the face the user is in: a terminal user is told ``nbgpu run -n 4``.
+
+The same engine serves three faces: the notebook magics, the ``nbgpu`` command and
+the Python API. A message that suggests a command must suggest one the user can
+type where they are. Standard library only.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FACES", "doctor_hint", "launch_hint"]
+
+FACES = ("notebook", "terminal", "python")
+
+
+def launch_hint(
+    face: str, nproc: int | None = None, *, gpus: str | None = None, force: bool = False
+) -> str:
+    """The launch command with these choices, as the user would type it in *face*."""
+    if face == "terminal":
+        parts = ["nbgpu run"]
+        if nproc is not None:
+            parts.append(f"-n {nproc}")
+        if gpus:
+            parts.append(f"--gpus {gpus}")
+        if force:
+            parts.append("--force")
+        return " ".join([*parts, "script.py"])
+    if face == "python":
+        args = ["code"] + ([str(nproc)] if nproc is not None else [])
+        if gpus:
+            args.append(f'gpus="{gpus}"')
+        if force:
+            args.append("force=True")
+        return f"nbgpu.torchrun({', '.join(args)})"
+    parts = ["%%torchrun"]
+    if nproc is not None:
+        parts.append(str(nproc))
+    if gpus:
+        parts.append(f"--gpus {gpus}")
+    if force:
+        parts.append("--force")
+    return " ".join(parts)
+
+
+def doctor_hint(face: str) -> str:
+    return "nbgpu doctor" if face == "terminal" else "%gpu_doctor"
