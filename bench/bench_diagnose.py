@@ -3,10 +3,13 @@
     .venv/bin/python bench/bench_diagnose.py [--mb 200] [--n 3]
 
 Self-contained: writes a realistic log into a temporary directory - four ranks'
-interleaved ``[defaultN]:`` output (loss lines, ``\\r`` tqdm bars, periodic warnings,
-NCCL INFO chatter) ending in rank 2's CUDA OOM buried under the other ranks' NCCL
-timeouts and torchrun's ChildFailedError banner - then runs ``nbgpu.diagnose`` on it
-in a fresh interpreter per run (so peak RSS is the diagnosis' own, from
+interleaved ``[rankN]:`` output (loss lines, ``\\r`` tqdm bars, warnings with "Error" in
+them, and an ``NCCL INFO`` line every fifth line as ``NCCL_DEBUG=INFO`` prints) ending in
+rank 2's CUDA OOM buried under the other ranks' NCCL timeouts and torchrun's
+ChildFailedError banner - then runs ``nbgpu.diagnose`` on it
+in a fresh interpreter per run, alternating with ``grep -E`` for the same trigger
+words over the same file (one C pass: the floor any scan pays), in the same run
+(so peak RSS is the diagnosis' own, from
 ``RUSAGE_CHILDREN``). A 20 MB log is diagnosed too: equal peak memory for 20 and
 200 MB shows the memory does not grow with the log. Prints a Markdown table; nothing
 here fails on a slow number (OK/OVER is printed next to the budget).
@@ -84,36 +87,78 @@ _FAILURE = [
 ]
 
 
+_NCCL_CHATTER = (
+    "node-1:{pid}:{tid} [{r}] NCCL INFO Channel {c:02d}/24 : {r}[{r}] -> {n}[{n}] via P2P/IPC/read",
+    "node-1:{pid}:{tid} [{r}] NCCL INFO Connected all rings",
+    (
+        "node-1:{pid}:{tid} [{r}] NCCL INFO comm 0x55d1c{r}a0 rank {r} nRanks 4 nNodes 1 localRanks 4 "
+        "localRank {r} MNNVL 0"
+    ),
+    "node-1:{pid}:{tid} [{r}] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.{r}<0>",
+    "node-1:{pid}:{tid} [{r}] NCCL INFO Using network Socket",
+    (
+        "node-1:{pid}:{tid} [{r}] NCCL INFO ncclCommInitRank comm 0x55d1c{r}a0 rank {r} nranks 4 "
+        "cudaDev {r} nvmlDev {r} busId {r}0000 commId 0x9c5e - Init COMPLETE"
+    ),
+    (
+        "node-1:{pid}:{tid} [{r}] NCCL INFO AllReduce: opCount {c:x} sendbuff 0x7f2a send count 1 "
+        "datatype 7 op 0 root 0 comm 0x55d1c{r}a0 [nranks=4] stream 0x55d2"
+    ),
+)
+# Warnings with "Error" in them that are not the failure (what wandb, urllib3 and
+# torch print on a long run): the scanner must look at them and move on.
+_NOISY_WARNINGS = (
+    "wandb: Network error (ConnectionError), entering retry loop.",
+    (
+        "WARNING:urllib3.connectionpool:Retrying (Retry(total=4, connect=None, read=None, "
+        "redirect=None, status=None)) after connection broken by 'NewConnectionError(...: Failed "
+        "to establish a new connection: [Errno 111] Connection refused')': /api/runs"
+    ),
+    (
+        "/usr/lib/python3/site-packages/torch/utils/checkpoint.py:91: UserWarning: None of the "
+        "inputs have requires_grad=True. Gradients will be None"
+    ),
+    (
+        "[W reducer.cpp:1300] Warning: find_unused_parameters=True was specified in DDP constructor, "
+        "but did not find any unused parameters in the forward pass. (function operator())"
+    ),
+)
+
+
 def write_log(path: Path, size_bytes: int) -> int:
-    """A training log of about ``size_bytes``, failing at the end; returns its size."""
+    """A training log of about ``size_bytes``, failing at the end; returns its size.
+
+    What ``NCCL_DEBUG=INFO`` runs look like: every fifth line NCCL INFO chatter, four
+    ranks interleaved with ``[rankN]:`` prefixes, tqdm bars redrawn with ``\r``, and now
+    and then a warning with "Error" in it that is not the failure.
+    """
     with path.open("w", encoding="utf-8") as out:
-        out.write(
-            "".join(f"host:4301:4400 [{r}] NCCL INFO Channel 00/02 : 0 1 2 3\n" for r in range(4))
-        )
         step = 0
         written = 0
         block: list[str] = []
         while written < size_bytes:
             rank = step % 4
             block.append(
-                f"[default{rank}]:step {step} loss={2.5 - (step % 1000) / 1000:.4f} lr=3.0e-04 "
+                f"[rank{rank}]:step {step} loss={2.5 - (step % 1000) / 1000:.4f} lr=3.0e-04 "
                 f"grad_norm={(step % 13) / 10:.2f} tokens/s={11800 + step % 500} mem=40.1GiB\n"
             )
-            if step % 40 == 0:
+            if step % 3 == 0:  # with the loss line and the bar: one line in five
+                chatter = _NCCL_CHATTER[(step // 4) % len(_NCCL_CHATTER)]
+                block.append(
+                    chatter.format(
+                        pid=4301 + rank, tid=4400 + rank, r=rank, n=(rank + 1) % 4, c=step % 24
+                    )
+                    + "\n"
+                )
+            if step % 4 == 0:
                 bars = "".join(
                     f"\r {p:3d}%|{'#' * (p // 10):<10}| {p * 10}/1000 [01:2{p % 10}<01:40,  5.4{p % 10}it/s]"
                     for p in range(0, 100, 20)
                 )
-                block.append(f"[default{rank}]:{bars}\n")
-            if step % 2000 == 0:
-                block.append(
-                    f"[default{rank}]:/usr/lib/python3/site-packages/torch/utils/checkpoint.py:91: "
-                    "UserWarning: None of the inputs have requires_grad=True. Gradients will be None\n"
-                )
-            if step % 50000 == 0:
-                block.append(
-                    f"host:4301:4400 [{rank}] NCCL INFO comm 0x55d1 rank {rank} nranks 4 - Init COMPLETE\n"
-                )
+                block.append(f"[rank{rank}]:{bars}\n")
+            if step % 5000 == 0:
+                warning = _NOISY_WARNINGS[(step // 5000) % len(_NOISY_WARNINGS)]
+                block.append(f"[rank{rank}]:{warning}\n")
             step += 1
             if len(block) >= 4096:
                 text = "".join(block)
@@ -148,6 +193,33 @@ def run_once(log: Path) -> dict[str, float]:
     return result
 
 
+def _grep_pattern() -> str:
+    """The catalog's trigger words as one ``grep -E`` alternation (the scan's floor)."""
+    from nbgpu.diagnose.catalog import TRIGGERS  # noqa: PLC0415
+
+    return "|".join(t.decode() for t in TRIGGERS)
+
+
+def grep_once(log: Path) -> dict[str, float]:
+    """``grep -E -c`` for the same trigger words: one pass over the file in C."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(
+        ["grep", "-E", "-c", _grep_pattern(), str(log)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "wall_s": wall,
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "matches": float(proc.stdout.strip() or 0),
+    }
+
+
 def main(n: int = 3, mb: int = 200) -> None:
     """Print the table; ``n`` timed runs per log size (run_all passes its --n)."""
     n = max(1, min(n, 5))  # each run reads the whole file: a few runs are enough
@@ -156,22 +228,30 @@ def main(n: int = 3, mb: int = 200) -> None:
         for size in (max(1, mb // 10), mb):
             log = Path(tmp) / f"train-{size}mb.log"
             actual = write_log(log, size * MB)
-            runs = [run_once(log) for _ in range(n)]
-            rows.append((size, actual, runs))
+            runs, greps = [], []
+            for _ in range(n):  # alternate, so both see the same page cache and load
+                greps.append(grep_once(log))
+                runs.append(run_once(log))
+            rows.append((size, actual, runs, greps))
         print(
             f"diagnose: {n} run(s) per size, fresh interpreter per run; budget < {BUDGET_S:.0f} s for {mb} MB\n"
         )
-        print("| log | lines | diagnose (median) | cpu | peak RSS | cause / rank | budget |")
-        print("|---|---|---|---|---|---|---|")
-        for size, actual, runs in rows:
+        print(
+            "| log | lines | trigger lines (grep) | diagnose (median) | `grep -E` (median) | "
+            "ratio | diagnose cpu | peak RSS | cause / rank | budget |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for size, actual, runs, greps in rows:
             med = statistics.median(r["diagnose_s"] for r in runs)
+            grep = statistics.median(g["wall_s"] for g in greps)
             cpu = statistics.median(r["cpu_s"] for r in runs)
             rss = max(r["maxrss_mib"] for r in runs)
             first = runs[0]
             verdict = "OK" if med < BUDGET_S else "OVER"
             print(
-                f"| {actual / MB:.0f} MB | {int(first['lines']):,} | {med:.2f} s | {cpu:.2f} s | "
-                f"{rss:.0f} MiB | {first['cause']} / {first['rank']} | {verdict if size == mb else '-'} |"
+                f"| {actual / MB:.0f} MB | {int(first['lines']):,} | {int(greps[0]['matches']):,} | "
+                f"{med:.2f} s | {grep:.2f} s | {med / grep:.1f}× | {cpu:.2f} s | {rss:.0f} MiB | "
+                f"{first['cause']} / {first['rank']} | {verdict if size == mb else '-'} |"
             )
 
 

@@ -30,6 +30,9 @@ _MAX_CARRY = 1024 * 1024
 
 Emit = Callable[[int, bytes], None]
 
+# A trigger's harmless continuation: "NCCL" starting "NCCL INFO" is progress chatter.
+_CHATTER: dict[bytes, bytes] = {b"NCCL": b"NCCL INFO"}
+
 
 class WindowScanner:
     """Feed bytes with :meth:`feed`, finish with :meth:`close`; ``emit(lineno, line)`` gets lines."""
@@ -95,13 +98,21 @@ class WindowScanner:
     # -- internals -----------------------------------------------------------------
 
     def _hits(self, buf: bytes | bytearray, start: int = 0, stop: int | None = None) -> list[int]:
-        """Offsets of trigger strings in ``buf[start:stop]``, at most one per line per trigger."""
+        """Offsets of trigger strings in ``buf[start:stop]``, at most one per line per trigger.
+
+        ``NCCL_DEBUG=INFO`` prints an ``NCCL INFO`` line for every channel, ring and
+        collective: up to every fifth line of a log. Those lines are chatter unless another
+        trigger (an error, a warning, a signal) is on them too, which that trigger finds
+        by itself; counting them as hits would open a window on every line.
+        """
         stop = len(buf) if stop is None else stop
         found: list[int] = []
         for key in self._triggers:
+            chatter = _CHATTER.get(key)
             pos = buf.find(key, start, stop)
             while pos != -1:
-                found.append(pos)
+                if chatter is None or not buf.startswith(chatter, pos):
+                    found.append(pos)
                 end = buf.find(b"\n", pos, stop)
                 if end == -1:
                     break

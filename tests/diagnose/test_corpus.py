@@ -84,3 +84,20 @@ def test_buried_root_cause_outranks_the_loud_secondary_failures() -> None:
 def test_module_is_callable_like_the_function() -> None:
     text = "RuntimeError: CUDA error: invalid device ordinal\n"
     assert diagnose_module(text).cause == diagnose(text).cause == "invalid_ordinal"
+
+
+def test_chatter_heavy_log_gives_the_full_scans_answer() -> None:
+    # A real failure buried in NCCL INFO chatter and noisy warnings: the trigger windows
+    # (which skip the chatter) must name the same cause and rank as reading every line.
+    failure = next(log for log in DEV if log.cause == "cuda_oom").text
+    chatter = "".join(
+        f"node-1:4301:4400 [{i % 4}] NCCL INFO Channel {i % 24:02d}/24 : 0[0] -> 1[1] via P2P/IPC\n"
+        f"[rank{i % 4}]:step {i} loss=1.{i:04d}\n"
+        + ("wandb: Network error (ConnectionError), entering retry loop.\n" if i % 500 == 0 else "")
+        for i in range(3000)
+    )
+    text = chatter + failure + chatter
+    full = diagnose(text, full_scan=True)
+    windowed = diagnose(text, full_scan=False)
+    assert windowed.cause == full.cause == "cuda_oom"
+    assert windowed.failed_rank == full.failed_rank

@@ -55,3 +55,37 @@ def test_lines_are_capped() -> None:
     got = _collect(data, full=False, pieces=[1000] * 100)
     assert len(got[1]) <= MAX_LINE_BYTES
     assert got[1].endswith(b"RuntimeError: y")
+
+
+def _chatty_log(failure: list[str]) -> bytes:
+    # What NCCL_DEBUG=INFO produces: an NCCL INFO line every few lines, all run long.
+    lines: list[str] = []
+    for i in range(5000):
+        lines.append(f"[rank{i % 4}]:step {i} loss=0.{i:04d}")
+        if i % 3 == 0:
+            lines.append(
+                f"node-1:4301:4400 [{i % 4}] NCCL INFO Channel {i % 24:02d}/24 : 0[0] -> 1[1] via P2P/IPC"
+            )
+        if i == 2500:
+            lines.extend(failure)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_nccl_info_chatter_opens_no_window() -> None:
+    got = _collect(_chatty_log([]), full=False, pieces=[4096] * 50)
+    assert got == {}
+
+
+def test_trouble_on_an_nccl_line_is_still_found() -> None:
+    # The same prefix with a failure on it: "NCCL WARN", or an INFO line carrying an error.
+    failure = [
+        "node-1:4302:4401 [1] NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000",
+        "node-1:4302:4401 [1] NCCL INFO transport/net_ib.cc:1295 -> 12 Got completion with error 12",
+    ]
+    data = _chatty_log(failure)
+    got = _collect(data, full=False, pieces=[1000] * 200)
+    texts = list(got.values())
+    for line in failure:
+        assert line.encode() in texts
+    full = _collect(data, full=True, pieces=[])
+    assert all(full[n] == line for n, line in got.items())
