@@ -633,7 +633,11 @@ CATALOG: tuple[Cause, ...] = (
                 "not-built-in",
             ),
             _p(r"ProcessGroupNCCL is only supported with GPUs", 0.9, "nccl-needs-gpus"),
-            _p(r"Invalid backend: '?\w+'?|Unknown c10d backend type", 0.8, "invalid-backend"),
+            _p(
+                r"Invalid backend: '?\w+'?|Unknown c10d backend type|Unknown backend type \w+",
+                0.8,
+                "invalid-backend",
+            ),
         ),
         keywords=("built in", "only supported with gpus", "backend"),
         priority=75,
