@@ -86,7 +86,13 @@ def _as_torchrun_reports(exc: Any) -> None:
     )
 
     _, failure = exc.get_first_failure()
-    if failure.error_file and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+    # A rank killed by a signal wrote no error file (torchrun says "<N/A>"): torchrun
+    # then copies nothing either, and neither must we.
+    if (
+        failure.error_file
+        and Path(failure.error_file).is_file()
+        and os.environ.get("TORCHELASTIC_ERROR_FILE")
+    ):
         try:
             get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
         except Exception:  # noqa: BLE001  (a missing child file must not hide the banner)
