@@ -235,7 +235,9 @@ CATALOG: tuple[Cause, ...] = (
                 0.6,
                 "exit-minus-9",
             ),
-            _p(r"(?:^|\d\s+|:\s+)Killed(?:\s+\S.*)?$", 0.65, "shell-killed"),
+            # The shell prints "Killed" where the cursor is: on a line of its own, after
+            # a job number, or glued to a progress bar that had no newline ("...it/s]").
+            _p(r"(?:^|\d\s+|:\s+|[\]|\r])Killed(?:\s+\S.*)?$", 0.65, "shell-killed"),
         ),
         keywords=("memory", "oom", "bad_alloc", "errno 12", "killed", "sigkill", "-9", "137"),
         priority=60,

@@ -47,7 +47,7 @@ def test_trigger_windows_find_what_a_full_scan_finds(log: CorpusLog) -> None:
     assert windowed.failed_rank == full.failed_rank
 
 
-def test_heldout_accuracy() -> None:
+def test_heldout_set_as_a_regression_guard() -> None:
     wrong = [log.id for log in HELD if diagnose(log.text).cause != _expected(log)]
     assert set(wrong) <= KNOWN_HELDOUT_MISSES, wrong
     assert len(HELD) >= 40
