@@ -50,7 +50,6 @@ NOT_YET_EXERCISED = {
     "shm",
     "aborted",
     "client-refused",
-    "micro-batch-zero",
     "must-spawn",
     "nvidia-smi-driver",
     "launch-failure",
