@@ -220,7 +220,7 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"std::bad_alloc", 0.85, "bad-alloc"),
             _p(r"(?<![\w.])MemoryError\b|Cannot allocate memory|\[Errno 12\]", 0.85, "enomem"),
             _p(
-                r"out of shared memory|shared memory limit|No space left on device.{0,40}/dev/shm",
+                r"out of shared memory|shared memory limit|insufficient shared memory|No space left on device.{0,40}/dev/shm",
                 0.85,
                 "shm",
             ),
@@ -784,4 +784,5 @@ TRIGGERS: tuple[bytes, ...] = (
     b"Assertion",  # a log cut short may hold only CUDA's kernel-assertion spam
     b"NVRM",  # kernel log: Xid, fallen off the bus
     b"is lost",  # nvidia-smi: GPU is lost
+    b"NVIDIA driver",  # nvidia-smi "couldn't communicate with the NVIDIA driver", "too old"
 )

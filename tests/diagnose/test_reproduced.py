@@ -46,13 +46,9 @@ NOT_YET_EXERCISED = {
     "check-101",
     "invalid-device-id",
     "xla-oom",
-    "cublas-alloc",
-    "shm",
     "aborted",
     "client-refused",
     "must-spawn",
-    "nvidia-smi-driver",
-    "launch-failure",
     "nccl-needs-gpus",
 }
 
