@@ -785,4 +785,5 @@ TRIGGERS: tuple[bytes, ...] = (
     b"NVRM",  # kernel log: Xid, fallen off the bus
     b"is lost",  # nvidia-smi: GPU is lost
     b"NVIDIA driver",  # nvidia-smi "couldn't communicate with the NVIDIA driver", "too old"
+    b"failed to connect",  # c10d's warnings: "The client socket has failed to connect to ..."
 )

@@ -46,10 +46,7 @@ NOT_YET_EXERCISED = {
     "check-101",
     "invalid-device-id",
     "xla-oom",
-    "aborted",
-    "client-refused",
     "must-spawn",
-    "nccl-needs-gpus",
 }
 
 
