@@ -464,7 +464,6 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"Cannot re-initialize CUDA in forked subprocess", 0.95, "reinit-forked"),
             _p(r"CUDA has been initialized before", 0.9, "notebook-launcher"),
             _p(r"re-initialize CUDA", 0.85, "reinit"),
-            _p(r"We must use the `?spawn`? multiprocessing start method", 0.6, "must-spawn"),
             _p(r"CUDA error: initialization error|cudaErrorInitializationError", 0.6, "init-error"),
         ),
         keywords=(
