@@ -23,6 +23,7 @@ __all__ = [
     "fmt_bytes",
     "fmt_opt",
     "fmt_used_total",
+    "memory_bar_html",
     "shorten",
     "simulated_label",
     "wrap",
@@ -102,6 +103,32 @@ def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(1, width - 1)] + "…"
 
 
+_BAR_CELLS = 10
+
+
+def memory_bar_html(used: int | None, total: int | None) -> str | None:
+    """A memory bar for an HTML table cell: ``█████░░░░░ 28.3/79.6 GiB``.
+
+    Block characters, not SVG or CSS widths: GitHub's notebook view strips styles and
+    inline SVG, nbconvert and every notebook front end keep text, so the picture
+    survives everywhere the table does. The colour (a span style) is a bonus where
+    styles are kept. None when the figures are unknown.
+    """
+    if used is None or not total:
+        return None
+    share = max(0.0, min(1.0, used / total))
+    filled = round(share * _BAR_CELLS)
+    if used and not filled:
+        filled = 1  # a GPU with anything on it never looks empty
+    colour = "#c62828" if share >= 0.9 else "#ef6c00" if share >= 0.6 else "#2e7d32"
+    bar = (
+        f'<span style="font-family:monospace;color:{colour}" title="{share:.0%} used">'
+        f"{'█' * filled}</span>"
+        f'<span style="font-family:monospace;color:#bdbdbd">{"░" * (_BAR_CELLS - filled)}</span>'
+    )
+    return f"{bar} {html.escape(fmt_used_total(used, total))}"
+
+
 # JupyterLab right-aligns output table cells with
 # `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td` (specificity 0,2,1), which beats
 # a plain `.nbgpu td` (0,1,1) wherever our <style> sits; VS Code and nbviewer bring
@@ -123,9 +150,15 @@ class Table:
     # The column to shorten first when the table is too wide (free text, e.g. a command).
     flex: int | None = None
 
-    def add(self, *cells: object, level: str = "") -> None:
+    # Per-row {column: raw HTML} shown instead of the escaped text (a memory bar).
+    html_cells: list[dict[int, str]] = field(default_factory=list)
+
+    def add(
+        self, *cells: object, level: str = "", html_cells: dict[int, str] | None = None
+    ) -> None:
         self.rows.append([str(c) for c in cells])
         self.row_levels.append(level)
+        self.html_cells.append(html_cells or {})
 
     def text(self, max_width: int = 80) -> str:
         widths = [len(h) for h in self.headers]
@@ -159,9 +192,12 @@ class Table:
     def html(self) -> str:
         head = "".join(f"<th{_LEFT}>{html.escape(h)}</th>" for h in self.headers)
         body = []
-        for row, level in zip(self.rows, self.row_levels, strict=True):
+        for row, level, raw in zip(self.rows, self.row_levels, self.html_cells, strict=True):
             cls = f' class="nbgpu-{level}"' if level else ""
-            cells = "".join(f"<td{_LEFT}>{html.escape(c)}</td>" for c in row)
+            cells = "".join(
+                f"<td{_LEFT}>{raw[i] if i in raw else html.escape(c)}</td>"
+                for i, c in enumerate(row)
+            )
             body.append(f"<tr{cls}>{cells}</tr>")
         caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
         return (

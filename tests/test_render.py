@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+import nbformat
 import pytest
+from nbconvert import HTMLExporter
 
 import nbgpu
-from nbgpu._render import STYLE, Table, fix_html, fixes_html
+from nbgpu._render import STYLE, Table, fix_html, fixes_html, memory_bar_html
 
 
 def test_fix_html_shows_backticks_as_code_and_escapes_the_rest():
@@ -94,3 +96,33 @@ def test_frames_of_real_results_carry_no_marker():
 def test_marker_survives_row_filters():
     frame = nbgpu.status().to_frame()
     assert "SIMULATED" in repr(frame[frame["nvml_index"] > 0])
+
+
+def test_memory_bar_is_text_that_survives_any_renderer():
+    gib = 1024**3
+    bar = memory_bar_html(28 * gib, 80 * gib)
+    assert bar is not None
+    assert bar.count("█") == 4  # 35 % of ten cells, rounded
+    assert bar.count("░") == 6
+    assert bar.endswith("28.0/80.0 GiB")
+    assert memory_bar_html(1, 80 * gib).count("█") == 1  # anything on it shows
+    assert memory_bar_html(79 * gib, 80 * gib).count("░") == 0
+    assert memory_bar_html(None, 80 * gib) is None
+    assert memory_bar_html(5, 0) is None
+
+
+def test_status_and_doctor_html_show_memory_bars_that_nbconvert_keeps(sim_env):
+    env = {**sim_env, "NBGPU_SIMULATE": "nproc-mismatch"}
+    status = nbgpu.status(environ=env)
+    doctor = nbgpu.doctor(environ=env)
+    for result in (status, doctor):
+        html = result._repr_mimebundle_()["text/html"]
+        assert html.count("████") >= 2  # GPUs 0 and 1 hold 28 of 80 GiB
+        assert "█" not in result.text()  # terminals keep their 80 columns
+    notebook = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("%gpu_status")
+    cell.outputs = [nbformat.v4.new_output("display_data", data=status._repr_mimebundle_())]
+    notebook.cells.append(cell)
+    exported, _ = HTMLExporter().from_notebook_node(notebook)
+    assert "████</span>" in exported
+    assert "░░░░░░</span> 28.3/79.6 GiB" in exported

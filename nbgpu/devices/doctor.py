@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, wrap
+from nbgpu._render import (
+    Result,
+    Table,
+    fix_html,
+    fixes_html,
+    fmt_bytes,
+    memory_bar_html,
+    wrap,
+)
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.verdicts import SEVERITY_ORDER, Finding, short_verdict
 from nbgpu.faces import launch_hint
@@ -130,6 +138,7 @@ class DoctorReport(Result):
             probe_text = "-" if probe is None else probe.verdict
             if probe is not None and probe.verdict != "ok":
                 level = "bad"
+            bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes)
             table.add(
                 gpu.nvml_index,
                 verdict,
@@ -137,6 +146,7 @@ class DoctorReport(Result):
                 len(gpu.processes),
                 fmt_bytes(gpu.memory_used_bytes),
                 level=level,
+                html_cells={4: bar} if bar else None,
             )
         return table
 

@@ -26,6 +26,7 @@ from nbgpu._render import (
     fmt_bytes,
     fmt_opt,
     fmt_used_total,
+    memory_bar_html,
     wrap,
 )
 from nbgpu.devices import holders as holders_mod
@@ -154,6 +155,7 @@ class Inventory(Result):
             }.get(gpu.compute_mode or "", fmt_opt(gpu.compute_mode))
             if gpu.mig_enabled:
                 mode += " MIG"
+            bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes)
             table.add(
                 gpu.nvml_index,
                 name,
@@ -164,6 +166,7 @@ class Inventory(Result):
                 mode,
                 verdict,
                 level=level,
+                html_cells={2: bar} if bar else None,
             )
         return table
 
