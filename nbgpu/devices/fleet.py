@@ -265,6 +265,9 @@ class Fleet:
     init_error: str | None = None  # a key of INIT_ERRORS
     missing_functions: frozenset[str] = field(default_factory=frozenset)
     hostname: str | None = None
+    # A load that changes over time (seconds per cycle): each GPU's utilisation and
+    # memory follow a slow wave, offset per GPU, so live views have something to show.
+    load_period_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -365,6 +368,7 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
       remap=I       a pending row remap (reset required)
       wedged=I      utilisation stuck at 100 % with nothing running
       procs=N       N running processes (recorded) spread round-robin (benchmarks)
+      load=S        utilisation and memory follow a wave of S seconds (live views)
       used=I:SIZE   memory used on GPU I, e.g. used=0:20GiB
       driver=X.Y.Z  driver version;  cuda=12.4  CUDA driver version
       init=NAME     NVML init fails: one of INIT_ERRORS
@@ -486,6 +490,17 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
             fleet = replace(
                 fleet, cuda_driver_version=int(cm.group(1)) * 1000 + int(cm.group(2)) * 10
             )
+        elif key == "load":
+            try:
+                period = float(value)
+            except ValueError:
+                period = 0.0
+            if not 1.0 <= period <= 86400.0:
+                raise FleetSpecError(
+                    f"fleet spec: load={value!r}; expected the seconds of one load cycle, "
+                    "1 to 86400 (e.g. load=60)"
+                )
+            fleet = replace(fleet, load_period_s=period)
         elif key == "init":
             if value not in INIT_ERRORS:
                 raise FleetSpecError(
@@ -496,7 +511,7 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
             raise FleetSpecError(
                 f"fleet spec {spec!r}: unknown option {key!r}; expected one of busy, exclusive, "
                 "prohibited, zombie, otherns, holder, lost, noperm, mig, remap, wedged, procs, "
-                "used, driver, cuda, init, old"
+                "used, load, driver, cuda, init, old"
             )
         fleet = replace(fleet, gpus=tuple(gpus))
     return fleet
@@ -805,6 +820,7 @@ def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
         init_error=init_error,
         missing_functions=frozenset(str(x) for x in missing),
         hostname=_optional(data, "hostname", str, "top level", None),
+        load_period_s=_optional(data, "load_period_s", (int, float), "top level", None),
     )
 
 

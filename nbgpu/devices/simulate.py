@@ -20,6 +20,8 @@ This module must never import pynvml (only ``nvml.py`` does), psutil, or IPython
 from __future__ import annotations
 
 import ctypes
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -105,6 +107,7 @@ class FakeNvmlLibrary:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
+        self._born = time.monotonic()  # the load profile's clock
         self.initialised = 0
         self.calls = 0  # how many NVML calls were made: benchmarks and tests read it
         self._handles: list[_Handle] = []
@@ -305,12 +308,23 @@ class FakeNvmlLibrary:
 
     # -- memory, utilisation, sensors ------------------------------------------
 
+    def _load(self, gpu: SimGpu) -> float:
+        """0..1: where this GPU is in the fleet's load cycle now (0 without a profile)."""
+        period = self.fleet.load_period_s
+        if not period or gpu.fault is not None:
+            return 0.0
+        phase = 2 * math.pi * ((time.monotonic() - self._born) / period) + 1.3 * gpu.index
+        return 0.5 + 0.5 * math.sin(phase)
+
     def _memory(self, h: _Handle) -> tuple[int, int, int]:
         if h.mig is not None:
             total = h.gpu.mig_devices[h.mig].memory_total_bytes
             return total, 0, 0
         gpu = h.gpu
-        used = min(gpu.effective_used_bytes, gpu.memory_total_bytes)
+        # A load profile fills up to 60 % of the memory nobody else holds, and back.
+        free = max(0, gpu.memory_total_bytes - gpu.effective_used_bytes)
+        extra = int(0.6 * free * self._load(gpu))
+        used = min(gpu.effective_used_bytes + extra, gpu.memory_total_bytes)
         return gpu.memory_total_bytes, gpu.memory_reserved_bytes, used
 
     def _nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> int:
@@ -344,8 +358,9 @@ class FakeNvmlLibrary:
         if h.gpu.mig_enabled:
             return NOT_SUPPORTED  # per-GPU utilisation is not reported under MIG
         util = _target(ref)
-        util.gpu = h.gpu.utilization_gpu_pct
-        util.memory = h.gpu.utilization_memory_pct
+        load = self._load(h.gpu)
+        util.gpu = max(h.gpu.utilization_gpu_pct, round(95 * load))
+        util.memory = max(h.gpu.utilization_memory_pct, round(60 * load))
         return SUCCESS
 
     def _nvmlDeviceGetTemperature(self, handle: Any, _sensor: Any, ref: Any) -> int:

@@ -231,21 +231,25 @@ class GPUMagics(Magics):
 def register(ipython: Any) -> None:
     from nbgpu.notebook.launch_magics import LaunchMagics  # noqa: PLC0415
     from nbgpu.notebook.memory_magics import MemoryMagics  # noqa: PLC0415
+    from nbgpu.notebook.watch import WatchMagics  # noqa: PLC0415
 
     ipython.register_magics(GPUMagics)
     ipython.register_magics(LaunchMagics)
     ipython.register_magics(MemoryMagics)
+    ipython.register_magics(WatchMagics)
 
 
 def unregister(ipython: Any) -> None:
     # IPython has no public unregister; remove exactly the names we added.
     from nbgpu.notebook.memory_magics import MAGIC_NAMES  # noqa: PLC0415
+    from nbgpu.notebook.watch import MAGIC_NAMES as WATCH_NAMES  # noqa: PLC0415
 
     manager = ipython.magics_manager
-    for name in (*_LINE_MAGICS, *MAGIC_NAMES[0]):
+    for name in (*_LINE_MAGICS, *MAGIC_NAMES[0], *WATCH_NAMES[0]):
         manager.magics["line"].pop(name, None)
-    for name in (*_CELL_MAGICS, *MAGIC_NAMES[1]):
+    for name in (*_CELL_MAGICS, *MAGIC_NAMES[1], *WATCH_NAMES[1]):
         manager.magics["cell"].pop(name, None)
+    manager.registry.pop("WatchMagics", None)
     manager.registry.pop("MemoryMagics", None)
     manager.registry.pop("GPUMagics", None)
     manager.registry.pop("LaunchMagics", None)

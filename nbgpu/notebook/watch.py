@@ -1,0 +1,335 @@
+"""``%gpu_watch``: a live GPU dashboard in the cell's output, and its static record.
+
+The sampling lives in :mod:`nbgpu.devices.watch` (a background thread, bounded
+history); this face draws it: utilisation and memory of every GPU over time as SVG
+lines, a table with a memory bar, temperature, power and the processes on each GPU
+with the inventory's verdicts (a dead holder in red, the kernel's own process and the
+ranks of nbgpu runs named), and Pause / Stop buttons. Where widgets do not render, a
+text view is refreshed through a display handle. When the dashboard stops, its output
+becomes a static record (HTML and text): a saved notebook shows the last picture, not
+"Error displaying widget".
+
+Limits: a cleared output cannot be seen from the kernel, so the thread keeps sampling
+until ``%gpu_watch --stop``, the Stop button, or the kernel's end (at most
+``--history`` samples are kept).
+"""
+
+from __future__ import annotations
+
+import atexit
+import html
+import threading
+import time
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from nbgpu._render import memory_bar_html
+from nbgpu.errors import UserInputError
+from nbgpu.notebook.magics import print_help
+
+__all__ = ["MAGIC_NAMES", "Dashboard", "WatchMagics", "chart_svg", "dashboard_html"]
+
+#: (line magics, cell magics) this module adds, for %unload_ext.
+MAGIC_NAMES = (("gpu_watch",), ())
+
+_COLOURS = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e")
+_VERDICT_LEVEL = {"dead": "bad", "zombie": "bad", "other_namespace": "warn", "orphaned": "warn"}
+#: Dashboards of this kernel, so ``--stop`` and interpreter exit end every thread.
+DASHBOARDS: list[Dashboard] = []
+
+
+def chart_svg(samples: list[Any], metric: str, title: str, width: int = 420) -> str:
+    """One SVG line chart, a line per GPU, 0-100 % on the y axis."""
+    height, left, top = 110, 30, 16
+    plot_w, plot_h = width - left - 8, height - top - 18
+    if not samples:
+        return f'<svg width="{width}" height="{height}"><text x="4" y="12">{title}</text></svg>'
+    t0, t1 = samples[0].at, samples[-1].at
+    span = max(t1 - t0, 1e-9)
+    lines: dict[int, list[str]] = {}
+    for sample in samples:
+        x = left + plot_w * ((sample.at - t0) / span if len(samples) > 1 else 1.0)
+        for gpu in sample.gpus:
+            value = _percent(gpu, metric)
+            if value is None:
+                continue
+            y = top + plot_h * (1 - value / 100)
+            lines.setdefault(gpu.index, []).append(f"{x:.1f},{y:.1f}")
+    parts = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'font-family="sans-serif" font-size="10" role="img" aria-label="{html.escape(title)}">'
+        ),
+        f'<text x="{left}" y="11" font-weight="bold">{html.escape(title)}</text>',
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
+        f'<text x="2" y="{top + 8}">100</text><text x="14" y="{top + plot_h}">0</text>',
+        f'<text x="{left}" y="{height - 3}">{len(samples)} samples, {span:.0f} s</text>',
+    ]
+    for index, points in sorted(lines.items()):
+        colour = _COLOURS[index % len(_COLOURS)]
+        parts.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{" ".join(points)}">'
+            f"<title>GPU {index}</title></polyline>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _percent(gpu: Any, metric: str) -> float | None:
+    if metric == "util":
+        return None if gpu.utilization_pct is None else float(gpu.utilization_pct)
+    if gpu.memory_used_bytes is None or not gpu.memory_total_bytes:
+        return None
+    return 100.0 * float(gpu.memory_used_bytes) / float(gpu.memory_total_bytes)
+
+
+def _process_text(gpu: Any) -> str:
+    items = []
+    for p in gpu.processes:
+        who = f" {p.label}" if p.label else ""
+        items.append(f"{p.pid}{who} ({p.verdict})")
+    return ", ".join(items) or "-"
+
+
+def _table_html(sample: Any) -> str:
+    rows = []
+    for gpu in sample.gpus:
+        colour = _COLOURS[gpu.index % len(_COLOURS)]
+        if gpu.error:
+            rows.append(
+                f'<tr><td style="text-align:left;color:{colour}">■ {gpu.index}</td>'
+                f'<td style="text-align:left" colspan="5">{html.escape(gpu.error)}</td></tr>'
+            )
+            continue
+        procs = []
+        for p in gpu.processes:
+            level = _VERDICT_LEVEL.get(p.verdict, "")
+            style = ' style="color:#c62828;font-weight:bold"' if level == "bad" else ""
+            who = f" <b>{html.escape(p.label)}</b>" if p.label else ""
+            procs.append(f"<span{style}>{p.pid}{who} ({html.escape(p.verdict)})</span>")
+        bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes) or "-"
+        util = "-" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
+        temp = "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C"
+        power = "-" if gpu.power_w is None else f"{gpu.power_w:.0f} W"
+        cells = [f'<span style="color:{colour}">■</span> {gpu.index}', util, bar, temp, power]
+        cells.append(", ".join(procs) or "-")
+        rows.append(
+            "<tr>" + "".join(f'<td style="text-align:left">{c}</td>' for c in cells) + "</tr>"
+        )
+    head = "".join(
+        f'<th style="text-align:left">{h}</th>'
+        for h in ("GPU", "util", "memory", "temp", "power", "processes")
+    )
+    return f'<table class="nbgpu-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _headline(samples: list[Any], state: str) -> str:
+    last = samples[-1] if samples else None
+    parts = ["nbgpu watch", state]
+    if last is not None:
+        parts.append(time.strftime("%H:%M:%S", time.localtime(last.at)))
+        if last.simulated:
+            parts.append(f"SIMULATED fleet '{last.simulated}'")
+        if last.note:
+            parts.append(last.note)
+    return " · ".join(parts)
+
+
+def dashboard_html(samples: list[Any], state: str) -> str:
+    """The whole dashboard as static HTML (the live view and the saved record)."""
+    if not samples:
+        return f"<b>{html.escape(_headline(samples, state))}</b>"
+    return (
+        f"<div><b>{html.escape(_headline(samples, state))}</b></div>"
+        f'<div style="display:flex;flex-wrap:wrap;gap:8px">'
+        f"{chart_svg(samples, 'util', 'utilisation %')}{chart_svg(samples, 'memory', 'memory used %')}"
+        f"</div>{_table_html(samples[-1])}"
+    )
+
+
+def dashboard_text(samples: list[Any], state: str) -> str:
+    lines = [_headline(samples, state)]
+    if samples:
+        lines.append("GPU  util  memory              temp  power   processes")
+        for gpu in samples[-1].gpus:
+            if gpu.error:
+                lines.append(f"{gpu.index:<4} {gpu.error}")
+                continue
+            util = "-" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
+            used = gpu.memory_used_bytes or 0
+            total = gpu.memory_total_bytes or 0
+            mem = f"{used / 2**30:.1f}/{total / 2**30:.1f} GiB" if total else "-"
+            temp = "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C"
+            power = "-" if gpu.power_w is None else f"{gpu.power_w:.0f} W"
+            lines.append(
+                f"{gpu.index:<4} {util:<5} {mem:<19} {temp:<5} {power:<7} {_process_text(gpu)}"
+            )
+    return "\n".join(lines)
+
+
+def _label_run_rank(pid: int) -> str | None:
+    """Name a process nbgpu launched ("run 'x' rank 1") from its environment."""
+    try:
+        import psutil  # noqa: PLC0415
+
+        env = psutil.Process(pid).environ()
+    except Exception:  # noqa: BLE001  (gone, other user, other namespace: no label)
+        return None
+    name = env.get("NBGPU_RUN_NAME")
+    if not name:
+        return None
+    rank = env.get("RANK")
+    return f"run '{name}'" + (f" rank {rank}" if rank is not None else " agent")
+
+
+class Dashboard:
+    """The live view of one :class:`~nbgpu.devices.watch.Watcher`."""
+
+    def __init__(self, interval_s: float, history: int, *, widgets: bool) -> None:
+        from IPython.display import display  # noqa: PLC0415
+
+        from nbgpu.devices.watch import Watcher  # noqa: PLC0415
+
+        self._lock = threading.Lock()
+        self.widgets = widgets
+        self.watcher = Watcher(
+            interval_s=interval_s,
+            history=history,
+            label_pid=_label_run_rank,
+            on_sample=lambda _s: self.refresh(),
+        )
+        self.updates = 0
+        self.body: Any = None
+        if widgets:
+            import ipywidgets as w  # noqa: PLC0415
+
+            self.body = w.HTML(dashboard_html([], "starting"))
+            self.pause_button = w.ToggleButton(description="Pause", icon="pause")
+            self.stop_button = w.Button(description="Stop", icon="stop")
+            self.pause_button.observe(self._on_pause, names="value")
+            self.stop_button.on_click(lambda _b: self.stop())
+            self.box = w.VBox([w.HBox([self.pause_button, self.stop_button]), self.body])
+            bundle = dict(self.box._repr_mimebundle_())
+            # Where the widget does not render (a saved notebook, GitHub), this shows.
+            bundle["text/plain"] = dashboard_text([], "live (widgets)")
+            bundle["text/html"] = dashboard_html([], "live (widgets)")
+            self.handle = display(bundle, raw=True, display_id=True)
+        else:
+            self.handle = display(
+                {"text/plain": dashboard_text([], "starting")}, raw=True, display_id=True
+            )
+        DASHBOARDS.append(self)
+        _stop_at_exit_once()
+
+    @property
+    def state(self) -> str:
+        if self.watcher.error:
+            return f"stopped: sampling failed ({self.watcher.error})"
+        if self.watcher.stopped:
+            return "stopped"
+        return "paused" if self.watcher.paused else f"live, every {self.watcher.interval_s:g} s"
+
+    def start(self) -> Dashboard:
+        self.watcher.sample_now()  # the first picture at once, not after one interval
+        self.refresh()
+        self.watcher.start()
+        return self
+
+    def refresh(self) -> None:
+        with self._lock:
+            samples = list(self.watcher.samples)
+            state = self.state
+            if self.widgets:
+                self.body.value = dashboard_html(samples, state)
+            else:
+                self.handle.update({"text/plain": dashboard_text(samples, state)}, raw=True)
+            self.updates += 1
+        if self.watcher.error:
+            self._record()
+
+    def _on_pause(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            self.watcher.pause()
+            self.pause_button.description, self.pause_button.icon = "Resume", "play"
+        else:
+            self.watcher.resume()
+            self.pause_button.description, self.pause_button.icon = "Pause", "pause"
+        self.refresh()
+
+    def stop(self) -> None:
+        self.watcher.stop()
+        self._record()
+
+    def _record(self) -> None:
+        # The static record replaces the live view in the same output.
+        samples = list(self.watcher.samples)
+        state = self.state
+        self.handle.update(
+            {
+                "text/plain": dashboard_text(samples, state),
+                "text/html": dashboard_html(samples, state),
+            },
+            raw=True,
+        )
+        if self.widgets:
+            self.box.close()
+
+
+_exit_hook_installed = False
+
+
+def _stop_all() -> None:
+    for dashboard in DASHBOARDS:
+        dashboard.watcher.stop(timeout_s=1.0)
+
+
+def _stop_at_exit_once() -> None:
+    global _exit_hook_installed  # noqa: PLW0603  (one hook per process)
+    if not _exit_hook_installed:
+        atexit.register(_stop_all)
+        _exit_hook_installed = True
+
+
+@magics_class
+class WatchMagics(Magics):
+    """``%gpu_watch``: a live dashboard of every GPU."""
+
+    @magic_arguments()
+    @argument("--interval", default="1", help="seconds between samples (default 1, at least 0.2)")
+    @argument("--history", default="300", help="samples kept and drawn (default 300)")
+    @argument("--view", choices=("auto", "widgets", "text"), default="auto", help="how to draw")
+    @argument("--stop", action="store_true", help="stop every dashboard of this kernel")
+    @line_magic
+    def gpu_watch(self, line: str = "") -> Any:
+        """Live GPU dashboard: utilisation and memory over time, memory bars, temperature,
+        power and processes (dead holders in red, this kernel and nbgpu ranks named).
+        Pause / Stop buttons; the saved notebook keeps the last picture."""
+        if any(token in ("-h", "--help") for token in line.split()):
+            print_help(self.gpu_watch, "%gpu_watch")
+            return None
+        try:
+            args = parse_argstring(self.gpu_watch, line)
+        except UsageError:
+            raise
+        except SystemExit:
+            raise UsageError(f"%gpu_watch {line!r}: see %gpu_watch -h") from None
+        if args.stop:
+            for dashboard in DASHBOARDS:
+                dashboard.stop()
+            stopped = len(DASHBOARDS)
+            DASHBOARDS.clear()
+            print(f"[nbgpu] stopped {stopped} dashboard(s)")
+            return None
+        from nbgpu.devices.watch import parse_watch_options  # noqa: PLC0415
+        from nbgpu.notebook.widgets import widgets_available  # noqa: PLC0415
+
+        try:
+            interval_s, history = parse_watch_options(args.interval, args.history)
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        widgets = args.view == "widgets" or (args.view == "auto" and widgets_available())
+        Dashboard(interval_s, history, widgets=widgets).start()
+        return None
