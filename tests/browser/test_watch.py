@@ -1,0 +1,60 @@
+"""%gpu_watch in a real JupyterLab (headless Chromium): the dashboard draws, updates,
+stops its sampling on the Stop button, and leaves a readable record."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.browser.helpers import wait_until, write_notebook
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+def test_dashboard_updates_and_stop_ends_sampling(lab, lab_page, shots_dir):
+    write_notebook(
+        lab.root / "watch.ipynb",
+        [
+            "import os\nos.environ['NBGPU_SIMULATE'] = '4xA40,load=4'\n%load_ext nbgpu",
+            "%gpu_watch --interval 0.5 --history 50",
+        ],
+    )
+    lab_page.open("watch.ipynb")
+    lab_page.run_all()
+    lab_page.wait_for_cells(timeout_s=60)
+    page = lab_page.page
+    chart = page.locator(".jp-OutputArea-output svg polyline").first
+    chart.wait_for(state="visible", timeout=30_000)
+
+    def samples_drawn() -> int:
+        text = page.locator(".jp-OutputArea-output").last.text_content() or ""
+        found = re.search(r"(\d+) samples", text)
+        return int(found.group(1)) if found else 0
+
+    first = wait_until(lambda: samples_drawn() or None, 30, "a first sample on screen")
+    utils_before = page.locator(".jp-OutputArea-output table.nbgpu-table").last.text_content()
+    wait_until(lambda: samples_drawn() >= first + 3, 30, "the dashboard to update")
+    utils_after = page.locator(".jp-OutputArea-output table.nbgpu-table").last.text_content()
+    assert utils_before != utils_after  # two samples differ on screen (the load moves)
+    print(f"screenshot: {lab_page.screenshot(shots_dir / 'watch-live.png')}")
+
+    page.get_by_role("button", name="Stop").click()
+    # The widget is replaced by the static record, which says it stopped...
+    wait_until(
+        lambda: (
+            "nbgpu watch · stopped"
+            in (page.locator(".jp-OutputArea-output").last.text_content() or "")
+        ),
+        30,
+        "the stopped record",
+    )
+    stopped_at = samples_drawn()
+    time.sleep(2)
+    # ...and nothing is sampled any more (the record would be redrawn otherwise).
+    assert samples_drawn() == stopped_at
+    text = lab_page.outputs_text()
+    assert "Error displaying widget" not in text
+    assert "SIMULATED fleet '4xA40,load=4'" in text
+    print(f"screenshot: {lab_page.screenshot(shots_dir / 'watch-stopped.png')}")
