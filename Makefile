@@ -68,11 +68,12 @@ notebooks: $(BIN)/.installed
 		--nbval-cell-timeout=300 -o testpaths=. -o addopts= -W ignore::DeprecationWarning .
 
 # Re-store the tutorials' outputs after a change to how results render.
+# A fresh runs directory: the stored outputs do not depend on this machine's old runs.
 notebooks-refresh: $(BIN)/.installed
-	for nb in notebooks/*.ipynb; do \
-		env -u CUDA_VISIBLE_DEVICES COLUMNS=80 NBGPU_SIMULATE=busy-gpu0 \
+	runs=$$(mktemp -d); for nb in notebooks/*.ipynb; do \
+		env -u CUDA_VISIBLE_DEVICES COLUMNS=80 NBGPU_SIMULATE=busy-gpu0 NBGPU_RUNS_DIR=$$runs \
 		$(BIN)/python notebooks/run_headless.py $$nb --write > /dev/null || exit 1; \
-	done
+	done; rm -rf $$runs
 
 test: lint typecheck unit notebooks
 

@@ -12,6 +12,8 @@ environment, so set or remove what would change those outputs:
   ``make demo`` and ``tests/test_notebooks.py`` run the notebooks as a user would.
 - ``CUDA_VISIBLE_DEVICES`` and the torchrun variables: ``%gpu_doctor`` reports them.
 - ``COLUMNS``: ``-h`` help is wrapped to the terminal width; pin it to 80.
+- ``NBGPU_RUNS_DIR``: a fresh directory, so the outputs do not depend on this machine's
+  earlier runs (the retention policy announces what it prunes).
 
 This module only sets up the environment; it has no tests.
 """
@@ -19,6 +21,7 @@ This module only sets up the environment; it has no tests.
 from __future__ import annotations
 
 import os
+import tempfile
 
 _LAUNCH_VARIABLES = (
     "NBGPU_SIMULATE",
@@ -38,3 +41,4 @@ for _name in _LAUNCH_VARIABLES:
     os.environ.pop(_name, None)
 os.environ["NBGPU_SIMULATE"] = "busy-gpu0"
 os.environ["COLUMNS"] = "80"
+os.environ["NBGPU_RUNS_DIR"] = tempfile.mkdtemp(prefix="nbgpu-nbval-runs-")

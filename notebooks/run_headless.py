@@ -208,6 +208,37 @@ class HeadlessClient(NotebookClient):
         return cell
 
 
+def _resolve_carriage_returns(text: str) -> str:
+    """What a terminal or JupyterLab shows of ``text``: after a ``\\r`` the line restarts."""
+    text = re.sub(r"\r+\n", "\n", text)  # a carriage return before a newline changes nothing
+    lines = text.split("\n")
+    return "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line else line for line in lines)
+
+
+def _as_a_front_end_saves(outputs: list[Any]) -> list[Any]:
+    """Merge consecutive stream outputs and resolve ``\\r`` as JupyterLab does on save.
+
+    nbclient stores every stream message as it came; a live line refreshed with ``\\r``
+    (the memory summary of a run) would otherwise be kept as dozens of entries that a
+    notebook saved from JupyterLab never contains.
+    """
+    merged: list[Any] = []
+    for output in outputs:
+        if (
+            output.get("output_type") == "stream"
+            and merged
+            and merged[-1].get("output_type") == "stream"
+            and merged[-1].get("name") == output.get("name")
+        ):
+            merged[-1]["text"] = merged[-1]["text"] + output["text"]
+        else:
+            merged.append(output)
+    for output in merged:
+        if output.get("output_type") == "stream":
+            output["text"] = _resolve_carriage_returns(output["text"])
+    return merged
+
+
 def run_notebook(
     path: Path, *, timeout: float = 300.0, out: Any = None, write: bool = False
 ) -> int:
@@ -239,6 +270,9 @@ def run_notebook(
         print(f"\nFAILED: the kernel died: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if write:
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.outputs = _as_a_front_end_saves(cell.outputs)
         nbformat.write(nb, path)
         out.write(f"\nwrote {path}\n")
     out.write(f"\n== {path}: {client.code_cells_executed} code cells ran without error\n")
