@@ -8,6 +8,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
+from nbgpu.devices.watch import Watcher
 from nbgpu.notebook import watch
 from nbgpu.notebook.watch import chart_svg, dashboard_html, dashboard_text
 
@@ -75,8 +76,6 @@ def test_live_view_updates_and_stop_ends_the_thread(ip, view):
 
 
 def test_static_record_shows_the_dead_holder_in_red(sim_env):
-    from nbgpu.devices.watch import Watcher
-
     w = Watcher(interval_s=1, history=5, environ={**sim_env, "NBGPU_SIMULATE": "busy-gpu0"})
     w.sample_now()
     samples = list(w.samples)
