@@ -294,22 +294,6 @@ def _recorder(run_dir: Path, spec: dict[str, Any]) -> Recorder:
     )
 
 
-def _record_on_sigterm(rec: Recorder) -> None:
-    """On SIGTERM (torchrun stopping this rank because another failed, or a stop), write
-    one last memory sample first, then die of the signal as before: the rank's memory
-    at the moment the job ended stays on disk with the phase it was in."""
-
-    def handler(signum: int, _frame: Any) -> None:
-        with contextlib.suppress(Exception):
-            rec.sample(final=True)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    with contextlib.suppress(ValueError, OSError):  # not the main thread: leave it
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, handler)
-
-
 def main() -> int:  # noqa: PLR0915  (the rank's life in order, start to exit)
     run_dir = Path(os.environ["NBGPU_RUN_DIR"])
     rank = int(os.environ.get("RANK", "0"))
@@ -323,7 +307,11 @@ def main() -> int:  # noqa: PLR0915  (the rank's life in order, start to exit)
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
     rec = _recorder(run_dir, spec)
     start_phase = rec.begin("start")
-    _record_on_sigterm(rec)
+    # No Python SIGTERM handler for a last sample: Python runs handlers only when the
+    # main thread returns to the interpreter, so a rank blocked in a collective or a
+    # rendezvous would ignore torchrun's SIGTERM for its whole grace period (30 s) and
+    # every stop would wait for SIGKILL. The sampler's last record is at most one
+    # sampling interval old.
     if spec.get("mem_limit_bytes"):
         from nbgpu.rank import set_memory_limit  # noqa: PLC0415  (only with --mem-limit)
 

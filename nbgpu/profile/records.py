@@ -152,8 +152,9 @@ def read_records(
                 notes.append(f"records stopped being written: {record['write_error']}")
     if alive is None:
         alive = not closed and _alive(proc)
-    # A last sample written from the SIGTERM handler: the rank was stopped (torchrun
-    # ending the job after another rank failed), not killed where it stood.
+    # A last sample marked final (a recorder closing on a stop request): the rank was
+    # stopped, not killed where it stood. Ranks started by nbgpu do not write one (see
+    # launch/worker.py: a SIGTERM handler would delay every stop), so theirs read "died in".
     stopped = not closed and bool(samples) and bool(samples[-1].get("final"))
     names = {i: b.get("phase", "?") for i, b in begins.items()}
     phases = []
