@@ -39,6 +39,7 @@ __all__ = [
     "TRAIN_BACKENDS",
     "Allocation",
     "RoleSpec",
+    "degrees_text",
     "parse_allocation",
 ]
 
@@ -47,6 +48,16 @@ INFERENCE_BACKENDS = frozenset({"sglang", "vllm", "trtllm", "tgi", "lmdeploy", "
 #: AReaL's training backends, and the dimensions each one plans (its reference's tables).
 TRAIN_BACKENDS = {"fsdp": "dtc", "megatron": "dtpce", "archon": "dtpce"}
 _INFERENCE_DIMS = "dtp"
+
+
+def degrees_text(data: int, tensor: int, pipeline: int, context: int = 1, expert: int = 1) -> str:
+    """``d4t2p1`` (plus ``c``/``e`` only when used): how plans and reports name a part."""
+    text = f"d{data}t{tensor}p{pipeline}"
+    if context > 1:
+        text += f"c{context}"
+    if expert > 1:
+        text += f"e{expert}"
+    return text
 _INFERENCE_NAMES = INFERENCE_BACKENDS | {
     "inference",
     "infer",
@@ -107,12 +118,13 @@ class RoleSpec:
 
     @property
     def degrees(self) -> str:
-        text = f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
-        if self.context_parallel > 1:
-            text += f"c{self.context_parallel}"
-        if self.expert_parallel > 1:
-            text += f"e{self.expert_parallel}"
-        return text
+        return degrees_text(
+            self.data_parallel,
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            self.context_parallel,
+            self.expert_parallel,
+        )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, wrap
 from nbgpu.errors import UserInputError
+from nbgpu.plan.allocation import degrees_text
 from nbgpu.plan.batch import BatchCheck
 from nbgpu.plan.serial import from_data, to_data
 
@@ -121,12 +122,13 @@ class RolePlan:
 
     @property
     def degrees(self) -> str:
-        text = f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
-        if self.context_parallel > 1:
-            text += f"c{self.context_parallel}"
-        if self.expert_parallel > 1:
-            text += f"e{self.expert_parallel}"
-        return text
+        return degrees_text(
+            self.data_parallel,
+            self.tensor_parallel,
+            self.pipeline_parallel,
+            self.context_parallel,
+            self.expert_parallel,
+        )
 
     @property
     def nvml_indices(self) -> tuple[int, ...]:
