@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbgpu.devices.fleet import COMPUTE_MODES, INIT_ERRORS, Fleet, SimGpu
+from nbgpu.devices.fleet import COMPUTE_MODES, INIT_ERRORS, Fleet, SimGpu, SimProcess
+from nbgpu.devices.sim_ranks import RankProcess, ranks_on_gpus
 
 __all__ = ["FakeNvmlLibrary"]
 
@@ -316,6 +317,12 @@ class FakeNvmlLibrary:
         phase = 2 * math.pi * ((time.monotonic() - self._born) / period) + 1.3 * gpu.index
         return 0.5 + 0.5 * math.sin(phase)
 
+    def _ranks(self, gpu: SimGpu) -> list[RankProcess]:
+        """nbgpu's own ranks running "on" this simulated GPU (real processes, real RSS)."""
+        if gpu.fault is not None:
+            return []
+        return ranks_on_gpus(self.fleet.name).get(gpu.index, [])
+
     def _memory(self, h: _Handle) -> tuple[int, int, int]:
         if h.mig is not None:
             total = h.gpu.mig_devices[h.mig].memory_total_bytes
@@ -324,6 +331,7 @@ class FakeNvmlLibrary:
         # A load profile fills up to 60 % of the memory nobody else holds, and back.
         free = max(0, gpu.memory_total_bytes - gpu.effective_used_bytes)
         extra = int(0.6 * free * self._load(gpu))
+        extra += sum(r.rss_bytes for r in self._ranks(gpu))
         used = min(gpu.effective_used_bytes + extra, gpu.memory_total_bytes)
         return gpu.memory_total_bytes, gpu.memory_reserved_bytes, used
 
@@ -515,6 +523,8 @@ class FakeNvmlLibrary:
         if h is None:
             return code
         procs = [p for p in h.gpu.processes if p.kind == kind] if h.mig is None else []
+        if kind == "compute" and h.mig is None:
+            procs += [SimProcess(r.pid, r.rss_bytes) for r in self._ranks(h.gpu)]
         count = _target(count_ref)
         if not procs:
             count.value = 0

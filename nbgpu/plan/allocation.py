@@ -58,6 +58,8 @@ def degrees_text(data: int, tensor: int, pipeline: int, context: int = 1, expert
     if expert > 1:
         text += f"e{expert}"
     return text
+
+
 _INFERENCE_NAMES = INFERENCE_BACKENDS | {
     "inference",
     "infer",

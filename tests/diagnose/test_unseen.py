@@ -28,7 +28,9 @@ def test_the_unseen_set_is_what_it_claims() -> None:
         assert log.read_text(encoding="utf-8").startswith("# source: https://github.com/")
 
 
-@pytest.mark.parametrize("log", UNSEEN, ids=lambda p: f"{p.parents[1].name}/{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "log", UNSEEN, ids=lambda p: f"{p.parents[1].name}/{p.parent.name}/{p.name}"
+)
 def test_unseen_log_names_its_cause(log: Path) -> None:
     result = diagnose(log.read_text(encoding="utf-8"), name=log.name)
     assert result.cause == log.parent.name, result.text()
