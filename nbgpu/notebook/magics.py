@@ -22,6 +22,8 @@ _GPU_PLAN_DOC = """Plan a job before launching: roles on healthy GPUs, ports, ba
 
         ``p = %gpu_plan sglang.d1t1p1+d3t1p1 --batch 8`` then ``%%torchrun --plan p``.
         Also ``--sweep RUNS --per-run K`` (disjoint runs) and ``--scale CONFIG --to N``.
+        ``--widget`` shows the inputs as controls and redraws the plan as they change
+        (the other flags give their first values; the plan is kept as ``p``).
         Flags are those of ``nbgpu plan`` (``%gpu_plan -h`` lists them).
         """
 
@@ -210,7 +212,11 @@ class GPUMagics(Magics):
             print()
             print(parser.format_help())
             return None
+        widget = "--widget" in tokens
+        tokens = [t for t in tokens if t != "--widget"]
         args = parser.parse_args(tokens)
+        if widget:
+            return _plan_widget(self.shell.user_ns if self.shell is not None else {}, args)
         try:
             result = plan_from_args(args)
         except UserInputError as exc:
@@ -226,6 +232,26 @@ class GPUMagics(Magics):
         import os  # noqa: PLC0415
 
         return dict(os.environ)
+
+
+def _plan_widget(namespace: dict[str, Any], args: Any) -> None:
+    """``%gpu_plan --widget``: the other flags give the controls their first values."""
+    from nbgpu.notebook.plan_widget import PlanWidget  # noqa: PLC0415
+    from nbgpu.notebook.widgets import widgets_available  # noqa: PLC0415
+
+    if not widgets_available():
+        raise UsageError("%gpu_plan --widget needs ipywidgets; without it use the flags")
+    initial = {
+        "allocation": getattr(args, "allocation", None) or "",
+        "global_batch": getattr(args, "batch", None) or 0,
+        "micro_batch": getattr(args, "micro", None) or 0,
+        "strategy": getattr(args, "strategy", None) or "ddp",
+        "model": getattr(args, "model", None) or "",
+    }
+    try:
+        PlanWidget(namespace, initial=initial).show()
+    except UserInputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def register(ipython: Any) -> None:

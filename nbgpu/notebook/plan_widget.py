@@ -1,0 +1,158 @@
+"""``%gpu_plan --widget``: the plan's inputs as controls, the plan redrawn as they change.
+
+State lives in the model layer: every change builds a new :class:`nbgpu.plan.Plan` from
+the controls' values with :func:`nbgpu.plan` (one inventory snapshot taken when the widget
+opens), and the widget only draws it: validity, batch alternatives and memory table (the
+plan's own HTML), or the one-line reason an input is refused, shown as an invalid state.
+The current plan is kept in the user's namespace under ``--name`` (default ``p``), so the
+launch line the widget shows, ``%%torchrun --plan p --role train``, launches exactly what
+is on screen; the Copy button puts that line on the clipboard (in front ends that allow
+it; the line is also in a text box to copy by hand). When the widget is closed, or the
+notebook is saved, the last plan stays as a static record (HTML and text).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from nbgpu.errors import NbgpuError
+
+__all__ = ["PlanWidget", "plan_inputs"]
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+
+
+def _int_or_none(value: int) -> int | None:
+    return value if value > 0 else None
+
+
+def plan_inputs(values: dict[str, Any]) -> dict[str, Any]:
+    """The controls' values as :func:`nbgpu.plan` keyword arguments (0 and "" mean unset)."""
+    exclude = values.get("exclude", "").strip()
+    return {
+        "allocation": values.get("allocation", "").strip() or None,
+        "exclude": exclude or None,
+        "global_batch": _int_or_none(int(values.get("global_batch", 0))),
+        "micro_batch": _int_or_none(int(values.get("micro_batch", 0))),
+        "grad_accum": _int_or_none(int(values.get("grad_accum", 0))),
+        "strategy": values.get("strategy", "ddp"),
+        "model": values.get("model", "").strip() or None,
+    }
+
+
+class PlanWidget:
+    """Controls on the left, the plan on the right; see the module docstring."""
+
+    def __init__(
+        self, namespace: dict[str, Any], *, name: str = "p", initial: dict[str, Any] | None = None
+    ) -> None:
+        import ipywidgets as w  # noqa: PLC0415
+
+        from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+
+        self.namespace = namespace
+        self.name = name
+        self.inventory = take_inventory(scan_device_files=False)
+        start = {"allocation": "", "exclude": "", "global_batch": 0, "micro_batch": 0}
+        start.update({"grad_accum": 0, "strategy": "ddp", "model": ""})
+        start.update(initial or {})
+        style = {"description_width": "110px"}
+        self.controls: dict[str, Any] = {
+            "allocation": w.Text(value=start["allocation"], continuous_update=False, description="allocation", placeholder="d4 or sglang.d1t1p1+d3t1p1", style=style),
+            "exclude": w.Text(value=start["exclude"], continuous_update=False, description="exclude GPUs", placeholder="e.g. 0,3", style=style),
+            "global_batch": w.BoundedIntText(value=start["global_batch"], min=0, max=10**7, description="global batch", style=style),
+            "micro_batch": w.BoundedIntText(value=start["micro_batch"], min=0, max=10**6, description="micro batch", style=style),
+            "grad_accum": w.BoundedIntText(value=start["grad_accum"], min=0, max=10**6, description="accumulation", style=style),
+            "strategy": w.Dropdown(options=STRATEGIES, value=start["strategy"], description="strategy", style=style),
+            "model": w.Text(value=start["model"], continuous_update=False, description="model", placeholder="7B or Qwen/Qwen2.5-7B-Instruct", style=style),
+        }  # fmt: skip
+        self.status = w.HTML()
+        self.view = w.HTML()
+        self.launch = w.Text(description="launch", layout=w.Layout(width="300px"))
+        self.copy_button = w.Button(description="Copy", icon="copy", tooltip="copy the launch line")
+        self.copy_out = w.Output()
+        self.copy_button.on_click(lambda _b: self.copy())
+        for control in self.controls.values():
+            control.observe(lambda _c: self.update(), names="value")
+        left = w.VBox(
+            [
+                *self.controls.values(),
+                w.HBox([self.launch, self.copy_button]),
+                self.status,
+                self.copy_out,
+            ]
+        )
+        self.box = w.HBox([left, self.view])
+        self.plan: Any = None
+        self.error: str | None = None
+        self.updates = 0
+        self.handle: Any = None  # set by show(): the display the record follows
+        self.update()
+
+    def show(self) -> PlanWidget:
+        """Display the widget; the same output carries the static record of the last plan."""
+        from IPython.display import display  # noqa: PLC0415
+
+        self.handle = display(self._bundle(), raw=True, display_id=True)
+        return self
+
+    def _bundle(self) -> dict[str, Any]:
+        bundle = dict(self.box._repr_mimebundle_())
+        # Text fields update on Enter or leaving the field, so redrawing this output
+        # never takes the cursor away mid-word.
+        bundle.update(self.record())
+        return bundle
+
+    def values(self) -> dict[str, Any]:
+        return {key: control.value for key, control in self.controls.items()}
+
+    def update(self) -> None:
+        """Rebuild the plan from the controls; an impossible combination is shown, not raised."""
+        from nbgpu.plan import plan as make_plan  # noqa: PLC0415
+
+        try:
+            plan = make_plan(inventory=self.inventory, **plan_inputs(self.values()))
+        except (NbgpuError, ValueError) as exc:
+            self.plan, self.error = None, str(exc).splitlines()[0]
+            self.status.value = f'<b style="color:#c62828">invalid: {html.escape(self.error)}</b>'
+            self.launch.value = ""
+            self.updates += 1
+            return
+        self.plan, self.error = plan, None
+        self.namespace[self.name] = plan
+        state = "ready" if plan.ok else "NOT READY"
+        colour = "#2e7d32" if plan.ok else "#c62828"
+        self.status.value = (
+            f'<b style="color:{colour}">{state}</b> · kept as <code>{self.name}</code>'
+        )
+        self.view.value = plan.html_body()
+        self.launch.value = self.launch_line()
+        self.updates += 1
+        if self.handle is not None:
+            self.handle.update(self._bundle(), raw=True)
+
+    def launch_line(self) -> str:
+        if self.plan is None:
+            return ""
+        train = next((r for r in self.plan.roles if r.kind == "train"), self.plan.roles[0])
+        return f"%%torchrun --plan {self.name} --role {train.name}"
+
+    def copy(self) -> None:
+        from IPython.display import Javascript, display  # noqa: PLC0415
+
+        line = self.launch_line()
+        self.copy_out.clear_output()
+        with self.copy_out:
+            # The browser's clipboard; front ends that refuse it still show the line above.
+            display(Javascript(f"navigator.clipboard && navigator.clipboard.writeText({line!r});"))
+
+    def record(self) -> dict[str, str]:
+        """The static record of the last plan (what a saved notebook shows)."""
+        if self.plan is None:
+            text = f"nbgpu plan widget: invalid: {self.error}"
+            return {"text/plain": text, "text/html": f"<b>{html.escape(text)}</b>"}
+        return {
+            "text/plain": f"{self.plan.text()}\nlaunch: {self.launch_line()}",
+            "text/html": f"{self.plan.html_body()}<div>launch: <code>{html.escape(self.launch_line())}</code></div>",
+        }

@@ -1,0 +1,79 @@
+"""%gpu_plan --widget: the plan follows the controls; an impossible combination is a visible
+invalid state, never a traceback; the launch line launches what is on screen."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from nbgpu.notebook.plan_widget import PlanWidget, plan_inputs
+
+
+@pytest.fixture
+def ip(monkeypatch):
+    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "nbgpu")
+    yield shell
+    shell.run_line_magic("unload_ext", "nbgpu")
+
+
+def test_inputs_map_unset_values_to_none():
+    assert plan_inputs({"allocation": " ", "global_batch": 0, "micro_batch": 2}) == {
+        "allocation": None,
+        "exclude": None,
+        "global_batch": None,
+        "micro_batch": 2,
+        "grad_accum": None,
+        "strategy": "ddp",
+        "model": None,
+    }
+
+
+def test_widget_replans_on_every_change(monkeypatch):
+    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
+    ns: dict = {}
+    w = PlanWidget(ns, initial={"allocation": "sglang.d1t1p1+d3t1p1", "global_batch": 8})
+    assert w.plan is not None
+    assert not w.plan.ok  # 4 GPUs asked, 3 usable; batch 8 on 3 trainers
+    assert ns["p"] is w.plan
+    assert "NOT READY" in w.status.value
+    w.controls["allocation"].value = "sglang.d1t1p1+d2t1p1"
+    assert w.plan.ok
+    assert ns["p"] is w.plan  # the launch line launches what is on screen
+    assert w.launch.value == "%%torchrun --plan p --role train"
+    assert "ready" in w.status.value
+    w.controls["model"].value = "1B"  # now the memory table is part of the plan
+    ddp = w.plan.text()
+    before = w.updates
+    w.controls["strategy"].value = "zero2"
+    assert w.updates == before + 1
+    assert "zero2" in w.plan.text()
+    assert w.plan.text() != ddp
+    record = w.record()
+    assert "launch: %%torchrun --plan p --role train" in record["text/plain"]
+    assert "<table" in record["text/html"]
+
+
+def test_impossible_combination_is_an_invalid_state_not_a_traceback(monkeypatch):
+    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
+    ns: dict = {}
+    w = PlanWidget(ns, initial={"allocation": "d2"})
+    good = w.plan
+    w.controls["allocation"].value = "banana"
+    assert w.plan is None
+    assert w.error is not None
+    assert "banana" in w.error
+    assert "invalid" in w.status.value
+    assert w.launch.value == ""
+    assert ns["p"] is good  # the last valid plan is not replaced by nothing
+    w.controls["allocation"].value = "d2"
+    assert w.plan is not None
+    assert w.error is None
+
+
+def test_magic_opens_the_widget_with_the_flags_as_first_values(ip):
+    assert ip.run_line_magic("gpu_plan", "d3 --batch 6 --widget") is None
+    plan = ip.user_ns["p"]
+    assert plan.ok
+    assert plan.roles[0].nproc_per_node == 3
