@@ -346,4 +346,17 @@ def test_tutorials_stored_outputs_render_clean(lab, lab_page, shots_dir, tutoria
     _assert_outputs_clean(text)
     aligns = _cell_text_align(lab_page.page)
     assert set(aligns) <= {"left"}, sorted(set(aligns))
+    # Every figure stored in the tutorial is drawn as an image: decoded, not broken.
+    stored = tutorial.read_text(encoding="utf-8").count('"image/png"')
+    images = lab_page.page.locator(".jp-OutputArea-output img")
+    assert images.count() == stored
+    for i in range(stored):
+        image = images.nth(i)
+        image.scroll_into_view_if_needed()
+        image.wait_for(state="visible")
+        size = lab_page.page.evaluate(
+            "(img) => [img.complete, img.naturalWidth, img.naturalHeight]", image.element_handle()
+        )
+        assert size[0], (tutorial.name, i, size)
+        assert min(size[1], size[2]) > 100, (tutorial.name, i, size)
     print(f"screenshot: {lab_page.screenshot(shots_dir / f'{tutorial.stem}.png', full=True)}")
