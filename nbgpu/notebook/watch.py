@@ -9,9 +9,10 @@ text view is refreshed through a display handle. When the dashboard stops, its o
 becomes a static record (HTML and text): a saved notebook shows the last picture, not
 "Error displaying widget".
 
-Limits: a cleared output cannot be seen from the kernel, so the thread keeps sampling
-until ``%gpu_watch --stop``, the Stop button, or the kernel's end (at most
-``--history`` samples are kept).
+Sampling stops with the Stop button, ``%gpu_watch --stop``, the kernel's end, or when the
+front end no longer shows the dashboard (its output cleared, the notebook closed): the
+widget counts its views, and a dashboard nobody sees for a few seconds stops. The text
+view has no such count; it stops with ``--stop`` or the kernel.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ MAGIC_NAMES = (("gpu_watch",), ())
 
 _COLOURS = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e")
 _VERDICT_LEVEL = {"dead": "bad", "zombie": "bad", "other_namespace": "warn", "orphaned": "warn"}
+#: Seconds a dashboard may go unseen (output cleared, notebook closed) before it stops.
+ORPHAN_GRACE_S = 3.0
 #: Dashboards of this kernel, so ``--stop`` and interpreter exit end every thread.
 DASHBOARDS: list[Dashboard] = []
 
@@ -202,11 +205,18 @@ class Dashboard:
             on_sample=lambda _s: self.refresh(),
         )
         self.updates = 0
+        self.cleared = False  # stopped because no view of it was left
         self.body: Any = None
         if widgets:
             import ipywidgets as w  # noqa: PLC0415
 
             self.body = w.HTML(dashboard_html([], "starting"))
+            # The front end counts the views it shows; when the output is cleared (or the
+            # notebook closed) the count drops to 0 and, unless a view comes back soon
+            # (a re-render), sampling stops: nothing samples for a view nobody has.
+            self.body._view_count = 0
+            self.body.observe(self._on_views, names="_view_count")
+            self._orphan_timer: threading.Timer | None = None
             self.pause_button = w.ToggleButton(description="Pause", icon="pause")
             self.stop_button = w.Button(description="Stop", icon="stop")
             self.pause_button.observe(self._on_pause, names="value")
@@ -249,6 +259,20 @@ class Dashboard:
             self.updates += 1
         if self.watcher.error:
             self._record()
+
+    def _on_views(self, change: dict[str, Any]) -> None:
+        if self._orphan_timer is not None:
+            self._orphan_timer.cancel()
+            self._orphan_timer = None
+        if change["new"] == 0 and (change["old"] or 0) > 0:
+            self._orphan_timer = threading.Timer(ORPHAN_GRACE_S, self._stop_if_unseen)
+            self._orphan_timer.daemon = True
+            self._orphan_timer.start()
+
+    def _stop_if_unseen(self) -> None:
+        if self.body._view_count == 0 and not self.watcher.stopped:
+            self.watcher.stop()
+            self.cleared = True
 
     def _on_pause(self, change: dict[str, Any]) -> None:
         if change["new"]:

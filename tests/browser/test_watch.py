@@ -58,3 +58,38 @@ def test_dashboard_updates_and_stop_ends_sampling(lab, lab_page, shots_dir):
     assert "Error displaying widget" not in text
     assert "SIMULATED fleet '4xA40,load=4'" in text
     print(f"screenshot: {lab_page.screenshot(shots_dir / 'watch-stopped.png')}")
+
+
+def test_clearing_the_output_stops_the_dashboard(lab, lab_page):
+    write_notebook(
+        lab.root / "watch-clear.ipynb",
+        [
+            "import os\nos.environ['NBGPU_SIMULATE'] = '4xA40,load=4'\n%load_ext nbgpu",
+            "%gpu_watch --interval 0.5",
+            (
+                "from nbgpu.notebook import watch\n"
+                "print('alive:', [d.watcher.alive for d in watch.DASHBOARDS], "
+                "'cleared:', [d.cleared for d in watch.DASHBOARDS])"
+            ),
+        ],
+    )
+    lab_page.open("watch-clear.ipynb")
+    lab_page.run_all()
+    lab_page.wait_for_cells(timeout_s=60)
+    page = lab_page.page
+    page.locator(".jp-OutputArea-output svg polyline").first.wait_for(state="visible")
+    # Edit > Clear Outputs of All Cells, as a user would.
+    page.get_by_role("menuitem", name="Edit").click()
+    page.get_by_text("Clear Outputs of All Cells").click()
+    time.sleep(5)  # longer than the dashboard's grace for a re-render
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    cells.last.click()
+    page.keyboard.press("Shift+Enter")
+    wait_until(
+        lambda: "alive:" in (page.locator(".jp-OutputArea-output").last.text_content() or ""),
+        30,
+        "the check cell",
+    )
+    text = page.locator(".jp-OutputArea-output").last.text_content() or ""
+    assert "alive: [False]" in text, text
+    assert "cleared: [True]" in text, text

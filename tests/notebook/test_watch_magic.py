@@ -88,3 +88,19 @@ def test_static_record_shows_the_dead_holder_in_red(sim_env):
     assert text.splitlines()[0].startswith("nbgpu watch · stopped")
     assert "(dead)" in text
     assert chart_svg([], "util", "x").startswith("<svg")
+
+
+def test_a_dashboard_nobody_sees_stops_sampling(ip, monkeypatch):
+    monkeypatch.setattr(watch, "ORPHAN_GRACE_S", 0.2)
+    ip.run_line_magic("gpu_watch", "--view widgets --interval 0.2 --history 20")
+    dashboard = watch.DASHBOARDS[-1]
+    # The front end reports its views: one shown, then a re-render (0 and back)...
+    dashboard.body._view_count = 1
+    dashboard.body._view_count = 0
+    dashboard.body._view_count = 1
+    time.sleep(0.5)
+    assert dashboard.watcher.alive  # a re-render is not a cleared output
+    # ...then the output is cleared: no view comes back.
+    dashboard.body._view_count = 0
+    _wait(lambda: not dashboard.watcher.alive)
+    assert dashboard.cleared
