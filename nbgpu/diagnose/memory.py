@@ -32,17 +32,7 @@ def memory_details(run_dir: Path) -> tuple[str, ...]:
         return ()
     if not report.ranks:
         return ()
-    lines = []
-    for rank in report.ranks:
-        died = rank.died_in
-        if died is not None:
-            lines.append(f"{rank.label} died in phase '{died.path}' (memory records)")
-    stopped = [(r.label, r.stopped_in.path) for r in report.ranks if r.stopped_in is not None]
-    if stopped:
-        where = ", ".join(sorted({f"'{path}'" for _l, path in stopped}))
-        lines.append(
-            f"{', '.join(label for label, _p in stopped)} were stopped (SIGTERM) in {where}"
-        )
+    lines = [f"{label} died in phase '{path}' (memory records)" for label, path in report.deaths()]
     last = _last_sample(report)
     if last is not None:
         label, sample = last

@@ -285,14 +285,14 @@ class Recorder:
         stack = self._stack
         return stack[-1].name if stack else None
 
-    def sample(self, *, final: bool = False) -> None:
+    def sample(self) -> None:
         """One timeline point; also raises the running peaks of every open phase.
 
         RSS every time (constant cost); USS/PSS at most once a second: smaps_rollup walks
         every page of the process, milliseconds for a large one, too dear at 10 Hz.
         """
         self._samples_taken += 1
-        snap = self._snapshot(full=True if final else None)
+        snap = self._snapshot()
         full = "pss" in snap
         if full:
             # The high-water mark since the innermost phase began: the peak a sampler
@@ -303,8 +303,6 @@ class Recorder:
         with self._lock:
             for opened in self._stack:
                 self._fold(opened, snap)
-        if final:
-            snap["final"] = True
         self._emit({"k": "s", **snap})
 
     def open_phases(self) -> list[str]:

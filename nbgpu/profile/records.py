@@ -33,7 +33,7 @@ class PhaseSpan:
     depth: int
     begin: dict[str, Any]
     end: dict[str, Any] | None  # None: never ended (see ``status``)
-    status: str  # done | failed | died in | stopped in (SIGTERM) | running
+    status: str  # done | failed | died in | running
     path: str  # "run > model" for nested phases
 
     @property
@@ -68,12 +68,6 @@ class RankRecords:
         """The innermost phase open when the process died, if it died in one."""
         dead = [p for p in self.phases if p.status == "died in"]
         return max(dead, key=lambda p: p.depth) if dead else None
-
-    @property
-    def stopped_in(self) -> PhaseSpan | None:
-        """The innermost phase open when the process was stopped by SIGTERM."""
-        stopped = [p for p in self.phases if p.status == "stopped in"]
-        return max(stopped, key=lambda p: p.depth) if stopped else None
 
     @property
     def last_t(self) -> float | None:
@@ -152,10 +146,6 @@ def read_records(
                 notes.append(f"records stopped being written: {record['write_error']}")
     if alive is None:
         alive = not closed and _alive(proc)
-    # A last sample marked final (a recorder closing on a stop request): the rank was
-    # stopped, not killed where it stood. Ranks started by nbgpu do not write one (see
-    # launch/worker.py: a SIGTERM handler would delay every stop), so theirs read "died in".
-    stopped = not closed and bool(samples) and bool(samples[-1].get("final"))
     names = {i: b.get("phase", "?") for i, b in begins.items()}
     phases = []
     for phase_id, begin in sorted(begins.items(), key=lambda kv: (kv[1].get("t", 0), kv[0])):
@@ -163,7 +153,7 @@ def read_records(
         if end is not None:
             status = "failed" if end.get("error") else "done"
         else:
-            status = "running" if alive else ("stopped in" if stopped else "died in")
+            status = "running" if alive else "died in"
         chain, parent = [str(begin.get("phase", "?"))], begin.get("parent")
         while isinstance(parent, int) and parent in names and len(chain) < 32:
             chain.append(str(names[parent]))

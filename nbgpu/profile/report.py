@@ -253,20 +253,13 @@ class MemoryReport(Result):
             )
         return list(dict.fromkeys(out))
 
+    def deaths(self) -> list[tuple[str, str]]:
+        """(rank label, phase path) of each rank that died inside a phase."""
+        return [(r.label, r.died_in.path) for r in self.ranks if r.died_in is not None]
+
     def findings(self) -> list[str]:
         """What a reader should see first: deaths, the node's peak, the import storm."""
-        out = []
-        for rank in self.ranks:
-            died = rank.died_in
-            if died is not None:
-                out.append(f"{rank.label} died in '{died.path}'")
-        stopped = [(r.label, r.stopped_in.path) for r in self.ranks if r.stopped_in is not None]
-        if stopped:
-            paths = sorted({path for _label, path in stopped})
-            out.append(
-                f"{', '.join(label for label, _p in stopped)} stopped (SIGTERM) in "
-                f"{', '.join(repr(w) for w in paths)}"
-            )
+        out = [f"{label} died in '{path}'" for label, path in self.deaths()]
         peak = self.node_peak()
         if peak is not None and len(self.ranks) > 1:
             where = peak.all_in
@@ -301,8 +294,6 @@ class MemoryReport(Result):
                 if row["status"] == "died in":
                     text += " ✗died"
                     level = "bad"
-                elif row["status"] == "stopped in":
-                    text += " ■stopped"
                 elif row["status"] == "running":
                     text += " …"
                 elif row["status"] == "failed":
@@ -369,9 +360,6 @@ class MemoryReport(Result):
                 "available_bytes": peak.available_bytes,
             },
             "died_in": {r.label: r.died_in.path for r in self.ranks if r.died_in is not None},
-            "stopped_in": {
-                r.label: r.stopped_in.path for r in self.ranks if r.stopped_in is not None
-            },
             "findings": self.findings(),
             "notes": list(self.notes),
             "empty_because": self.why_empty(),
