@@ -592,25 +592,13 @@ SCENARIOS: Mapping[str, tuple[str, str]] = {
 }
 
 
-#: Earlier names of scenarios, still accepted (not listed: the names above say what they are).
-_ALIASES: Mapping[str, str] = {
-    "seed000": "busy-gpu0",
-    "seed001": "nproc-mismatch",
-    "seed002": "shared-sweeps",
-    "seed003": "import-storm",
-    "seed004": "rescale-2-to-4",
-}
-
-
 def _canonical(name: str) -> str | None:
-    """The scenario a name means (an alias resolves to its scenario), or None."""
-    if name in SCENARIOS:
-        return name
-    return _ALIASES.get(name)
+    """The scenario a name means, or None."""
+    return name if name in SCENARIOS else None
 
 
 def scenario(name: str) -> Fleet:
-    """The named scenario's fleet; it keeps the name it was asked by (aliases too)."""
+    """The named scenario's fleet."""
     key = _canonical(name)
     if key is None:
         raise FleetSpecError(f"{name!r} is not a scenario; scenarios: {', '.join(SCENARIOS)}")
