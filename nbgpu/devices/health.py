@@ -22,13 +22,11 @@ psutil or IPython, and the parent side never loads libcuda.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import html
 import json
 import math
 import os
 import signal
-import site
 import subprocess
 import sys
 import textwrap
@@ -38,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nbgpu._lineage import die_with_parent, with_package_importable
 from nbgpu._render import Result, Table
 from nbgpu.devices.cuda_driver import (
     LIBCUDA_SONAME,
@@ -135,7 +134,6 @@ _PARENT_ENV = "NBGPU_PROBE_PARENT"  # pid the child must die with
 # After SIGKILL a process normally disappears at once; one stuck in the driver
 # (uninterruptible sleep) does not, and we must not wait for it forever.
 _REAP_TIMEOUT_S = 5.0
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _ms(value: float) -> str:
@@ -403,19 +401,8 @@ def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _child_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    env = dict(environ)
+    env = with_package_importable(environ)
     env[_PARENT_ENV] = str(os.getpid())
-    # The child must run this same nbgpu, also from a checkout that is not installed. An
-    # installed copy is already importable, and putting site-packages on PYTHONPATH would
-    # move it in front of the standard library.
-    root = str(Path(__file__).resolve().parents[2])
-    site_dirs = {
-        str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]
-    }
-    if root not in site_dirs:
-        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if root not in paths:
-            env["PYTHONPATH"] = os.pathsep.join([root, *paths])
     return env
 
 
@@ -624,22 +611,10 @@ def _probe_device(driver: CudaDriver, ordinal: int) -> dict[str, Any]:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (a kernel killed with -9)."""
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    # The prober may have died while this interpreter started, before prctl took effect.
-    # Asked by pid, not via getppid(): an interpreter wrapper may sit in between.
+    """Die with the prober (a kernel killed with -9 while the probe hangs in the driver)."""
     expected = os.environ.get(_PARENT_ENV, "")
-    if expected.isdigit():
-        try:
-            os.kill(int(expected), 0)
-        except ProcessLookupError:
-            os._exit(1)
-        except PermissionError:
-            pass  # alive, under another user (the probe ran through sudo)
+    # Nowhere to record a refusal: the probe's answer is one JSON line on stdout.
+    die_with_parent(signal.SIGKILL, int(expected) if expected.isdigit() else None)
 
 
 def _child_main() -> int:

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nbgpu.launch.worker import note_lost_guarantee, set_parent_death_signal
+from nbgpu._lineage import die_with_parent
+from nbgpu.launch.worker import note_lost_guarantee
 
 __all__ = ["main"]
 
@@ -33,12 +34,10 @@ def _die_with_parent() -> None:
     # SIGTERM, not SIGKILL: torchrun's handler then stops its workers itself; the
     # workers' own parent-death signal covers the case where that fails.
     expected = int(os.environ.get("NBGPU_LAUNCHER_PID", "0") or 0)
-    problem = set_parent_death_signal(signal.SIGTERM)
+    problem = die_with_parent(signal.SIGTERM, expected)
     run_dir = os.environ.get("NBGPU_RUN_DIR")
     if problem is not None and run_dir:
         note_lost_guarantee(Path(run_dir), "agent", problem)
-    if expected and os.getppid() != expected:
-        os._exit(128 + signal.SIGTERM)
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

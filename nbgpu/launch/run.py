@@ -32,7 +32,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-import nbgpu
+from nbgpu._lineage import with_package_importable
 from nbgpu._render import Result, Table, fix_html, simulated_label
 from nbgpu.errors import NbgpuError, UserInputError
 from nbgpu.launch import rundir
@@ -239,12 +239,7 @@ class Run(Result):
         )
 
     def _agent_env(self) -> dict[str, str]:
-        env = dict(self.environ)
-        env.update(self.config.env)
-        package_root = str(Path(nbgpu.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package_root, env.get("PYTHONPATH", "")) if p
-        )
+        env = with_package_importable({**self.environ, **self.config.env})
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets anyway, minus its banner
         env["NBGPU_RUN_DIR"] = str(self.dir)

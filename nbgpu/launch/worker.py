@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import ctypes
 import errno
 import faulthandler
 import io
@@ -34,27 +33,10 @@ import types
 from pathlib import Path
 from typing import Any
 
+from nbgpu._lineage import die_with_parent
 from nbgpu.profile.phases import Recorder, configure
 
 __all__ = ["main"]
-
-PR_SET_PDEATHSIG = 1
-
-
-def set_parent_death_signal(sig: int) -> str | None:
-    """Ask the kernel to send *sig* when our parent dies; the reason if it refused.
-
-    prctl reports failure through its return value, not an exception: checking it
-    is what turns a silently lost guarantee into a line the user sees.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            errno = ctypes.get_errno()
-            return f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno) if errno else 'error'}"
-    except (OSError, AttributeError) as exc:
-        return f"prctl(PR_SET_PDEATHSIG) unavailable: {exc}"
-    return None
 
 
 def note_lost_guarantee(run_dir: Path, who: str, reason: str) -> None:
@@ -67,12 +49,9 @@ def _die_with_parent(run_dir: Path, rank: int) -> None:
     # torchrun starts workers in their own sessions: a SIGKILLed agent would leave
     # them running (and holding GPUs). The kernel delivers SIGKILL to us instead.
     expected_parent = int(os.environ.get("NBGPU_AGENT_PID", "0") or 0)
-    problem = set_parent_death_signal(signal.SIGKILL)
+    problem = die_with_parent(signal.SIGKILL, expected_parent)
     if problem is not None:
         note_lost_guarantee(run_dir, f"rank{rank}", problem)
-    # The agent may have died before prctl took effect: then nobody will signal us.
-    if expected_parent and os.getppid() != expected_parent:
-        os._exit(128 + signal.SIGKILL)
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
