@@ -151,7 +151,8 @@ FORBIDDEN = {
     "plan": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
     # diagnose may read nbgpu.profile's records (memory at the failure), nothing else of it.
     "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
-                 "nbgpu.profile.phases", "nbgpu.profile.sampler", "nbgpu.profile.live",
+                 "nbgpu.profile.phases", "nbgpu.profile.recorder", "nbgpu.profile.sampler",
+                 "nbgpu.profile.live",
                  "nbgpu.profile.figure"),
     "launch": ("nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
     # profile records inside ranks and reports runs; it knows neither launching nor faces.
@@ -167,7 +168,8 @@ def test_layers_import_one_way():
             assert not bad, f"{path.relative_to(PACKAGE)} imports {sorted(bad)}"
     worker_profile = {m for m in _nbgpu_imports(PACKAGE / "launch" / "worker.py") if "profile" in m}
     # Ranks record through the light modules only (standard library at import time).
-    assert worker_profile <= {"nbgpu.profile.phases", "nbgpu.profile.phases.Recorder",
-                              "nbgpu.profile.phases.configure"}  # fmt: skip
+    assert worker_profile <= {"nbgpu.profile.phases", "nbgpu.profile.phases.configure",
+                              "nbgpu.profile.recorder",
+                              "nbgpu.profile.recorder.Recorder"}  # fmt: skip
     rank_imports = _nbgpu_imports(PACKAGE / "rank.py")
     assert not {m for m in rank_imports if m.startswith(("nbgpu.launch", "nbgpu.notebook"))}

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from nbgpu._lineage import die_with_parent
-from nbgpu.profile.phases import Recorder, configure
+from nbgpu.profile.phases import configure
+from nbgpu.profile.recorder import Recorder
 
 __all__ = ["main"]
 

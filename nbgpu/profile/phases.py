@@ -4,7 +4,7 @@
         model = build()
     nbgpu.phase.mark("POST-MODEL")    # a point in time, like the MEM: prints it replaces
 
-Each process has one :class:`Recorder`. Inside a rank launched by nbgpu it appends to
+Each process has one :class:`~nbgpu.profile.recorder.Recorder`. Inside a rank launched by nbgpu it appends to
 ``mem-rank{N}.jsonl`` in the run directory (``NBGPU_RUN_DIR``; ``NBGPU_MEM_DIR`` for
 other jobs): one ``os.write`` per record on an ``O_APPEND`` descriptor, so a rank killed
 by the OOM killer leaves every phase it entered and its last samples on disk, and
@@ -20,45 +20,33 @@ node's ``MemAvailable``, and CUDA allocator figures when the process already use
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.profile import procmem
+from nbgpu.profile.recorder import DEFAULT_SAMPLE_S, Recorder, records_file
 
 if TYPE_CHECKING:
     from nbgpu.profile.report import MemoryReport
 
 __all__ = [
-    "DEFAULT_SAMPLE_S",
     "MEM_DIR_ENV",
     "SAMPLE_ENV",
     "Phase",
-    "Recorder",
     "configure",
     "parse_sample_interval",
     "phase",
     "recorder",
-    "records_file",
 ]
 
-DEFAULT_SAMPLE_S = 0.1
 MEM_DIR_ENV = "NBGPU_MEM_DIR"
 SAMPLE_ENV = "NBGPU_MEM_SAMPLE"
 _RUN_DIR_ENV = "NBGPU_RUN_DIR"
-PSS_EVERY_S = 1.0  # samples read USS/PSS (smaps_rollup) at most this often; RSS every time
-PSS_CPU_SHARE = 0.002  # ... and less often if reading it would take more of a core than this
-_KEEP_SAMPLES = 200_000  # in-memory recorders (the kernel): ~6 h at 10 Hz
 
 
 def parse_sample_interval(value: object) -> float:
@@ -74,293 +62,6 @@ def parse_sample_interval(value: object) -> float:
             "3600 (e.g. 0.1), or 0 to turn sampling off"
         )
     return seconds
-
-
-def records_file(directory: Path, rank: int | None) -> Path:
-    """Where a process's records go in *directory*: by rank in a job, by pid otherwise."""
-    return directory / (
-        f"mem-rank{rank}.jsonl" if rank is not None else f"mem-pid{os.getpid()}.jsonl"
-    )
-
-
-@dataclass
-class _Open:
-    """A phase that has started and not yet ended (the recorder's stack)."""
-
-    id: int
-    name: str
-    parent: int | None
-    started: float
-    peak_rss: int = 0
-    peak_pss: int = 0
-    hwm: int = 0  # VmHWM folded in before a nested phase reset it
-    gpu_peak: int = 0
-    gpu_peak_at_start: int | None = None
-
-
-@dataclass
-class Recorder:
-    """One process's phase stack and record sink (file, or memory when ``path`` is None)."""
-
-    path: Path | None
-    identity: dict[str, Any] = field(default_factory=dict)
-    sample_s: float = DEFAULT_SAMPLE_S
-    records: list[dict[str, Any]] = field(default_factory=list)
-    samples: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=_KEEP_SAMPLES))
-    write_error: str | None = None
-
-    def __post_init__(self) -> None:
-        self._fd: int | None = None
-        self._stack: list[_Open] = []
-        self._next_id = 0
-        self._lock = threading.Lock()  # this process's threads only; never across ranks
-        self._sampler: Any = None
-        self._samples_taken = 0
-        self._next_full = 0.0  # perf_counter time of the next USS/PSS reading
-        self.hwm_reset_problem: str | None = None
-        if self.path is not None:
-            try:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            except OSError as exc:
-                self.write_error = f"{self.path}: {exc.strerror}"
-        node = procmem.node_memory()
-        own = procmem.process_memory()
-        self._emit(
-            {
-                "k": "proc",
-                "t": time.time(),
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "process_started": _process_start_time(),
-                "mem_total": node.total_bytes,
-                "sample_s": self.sample_s,
-                "mem_why": own.why or None,
-                **self.identity,
-            }
-        )
-
-    # -- writing -----------------------------------------------------------------
-
-    def _emit(self, record: dict[str, Any]) -> None:
-        if record.get("k") == "s":
-            self.samples.append(record)
-        else:
-            self.records.append(record)
-        if self._fd is None:
-            return
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        try:
-            os.write(self._fd, line)  # O_APPEND: one write is one whole line
-        except OSError as exc:
-            # A full disk must not kill the rank: keep recording in memory, say why once.
-            self.write_error = f"{self.path}: {exc.strerror}"
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-
-    def _snapshot(self, *, full: bool | None = None) -> dict[str, Any]:
-        """Memory now; USS/PSS when *full* (None: when the reading budget allows)."""
-        node = procmem.node_memory()
-        out: dict[str, Any] = {"t": time.time()}
-        started = time.perf_counter()
-        if full is None:
-            full = started >= self._next_full
-        if full:
-            own = procmem.process_memory()
-            out.update(rss=own.rss_bytes, uss=own.uss_bytes, pss=own.pss_bytes)
-            # smaps_rollup costs more the bigger the process (5 ms in a training torch
-            # process here): read it at most once a second, and less often when it is
-            # dear, so that it never takes more than PSS_CPU_SHARE of a core. Phases
-            # around every step then cost RSS readings, not page walks.
-            cost = time.perf_counter() - started
-            self._next_full = started + max(PSS_EVERY_S, cost / PSS_CPU_SHARE)
-        else:
-            out["rss"] = procmem.resident_bytes()
-        out["avail"] = node.available_bytes
-        cuda, _why = procmem.cuda_memory()
-        if cuda is not None:
-            out.update(
-                gpu=cuda.device,
-                gpu_alloc=cuda.allocated_bytes,
-                gpu_reserved=cuda.reserved_bytes,
-                gpu_max=cuda.peak_allocated_bytes,
-            )
-        return out
-
-    # -- phases --------------------------------------------------------------------
-
-    def begin(self, name: str) -> int:
-        snap = self._snapshot()
-        with self._lock:
-            # Resetting VmHWM for this phase would lose the enclosing phases' peak so far:
-            # fold it into them first.
-            current_hwm = procmem.peak_rss() or 0
-            for outer in self._stack:
-                outer.hwm = max(outer.hwm, current_hwm)
-            problem = procmem.reset_peak_rss()
-            if problem and self.hwm_reset_problem is None:
-                self.hwm_reset_problem = problem
-            opened = _Open(
-                id=self._next_id,
-                name=name,
-                parent=self._stack[-1].id if self._stack else None,
-                started=snap["t"],
-                peak_rss=snap["rss"] or 0,
-                peak_pss=snap.get("pss") or 0,
-                gpu_peak=snap.get("gpu_alloc", 0),
-                gpu_peak_at_start=snap.get("gpu_max"),
-            )
-            self._next_id += 1
-            self._stack.append(opened)
-        self._emit(
-            {
-                "k": "begin",
-                "id": opened.id,
-                "phase": name,
-                "parent": opened.parent,
-                "depth": len(self._stack) - 1,
-                **snap,
-            }
-        )
-        return opened.id
-
-    def end(self, phase_id: int, *, error: str | None = None) -> None:
-        snap = self._snapshot()
-        with self._lock:
-            index = next((i for i, p in enumerate(self._stack) if p.id == phase_id), None)
-            if index is None:
-                return  # ended twice: the first end is the record
-            closing = self._stack.pop(index)
-            inner = [p.name for p in self._stack[index:]]
-            self._fold(closing, snap)
-            hwm_now = procmem.peak_rss()
-            for outer in self._stack:
-                outer.hwm = max(outer.hwm, hwm_now or 0)
-        record: dict[str, Any] = {
-            "k": "end",
-            "id": closing.id,
-            "phase": closing.name,
-            **snap,
-            "peak_rss": closing.peak_rss,
-            "peak_pss": closing.peak_pss or None,
-            "hwm": None if hwm_now is None else max(hwm_now, closing.hwm),
-            "hwm_why": self.hwm_reset_problem,
-        }
-        if "gpu_alloc" in snap:
-            record["gpu_peak"] = self._gpu_peak(closing, snap)
-            used, why = _nvml_used_by(os.getpid())
-            record["nvml_used"] = used
-            record["nvml_why"] = why or None
-        if error:
-            record["error"] = error
-        if inner:
-            record["order"] = (
-                f"ended before its nested phase(s) {', '.join(repr(n) for n in inner)}, "
-                "which stay open"
-            )
-        self._emit(record)
-
-    @staticmethod
-    def _gpu_peak(closing: _Open, snap: dict[str, Any]) -> int:
-        # torch's max_memory_allocated is the peak since start (or the user's reset): if
-        # it rose during the phase, the new maximum was reached in the phase; otherwise
-        # the phase's peak is what was seen at its samples and its ends.
-        start_max = closing.gpu_peak_at_start
-        if start_max is not None and snap["gpu_max"] > start_max:
-            return int(snap["gpu_max"])
-        return max(closing.gpu_peak, int(snap["gpu_alloc"]))
-
-    @staticmethod
-    def _fold(opened: _Open, snap: dict[str, Any]) -> None:
-        opened.peak_rss = max(opened.peak_rss, snap.get("rss") or 0)
-        opened.peak_pss = max(opened.peak_pss, snap.get("pss") or 0)
-        if "gpu_alloc" in snap:
-            opened.gpu_peak = max(opened.gpu_peak, snap["gpu_alloc"])
-
-    def mark(self, name: str) -> None:
-        snap = self._snapshot()
-        self._emit({"k": "mark", "name": name, "phase": self.current(), **snap})
-
-    def current(self) -> str | None:
-        stack = self._stack
-        return stack[-1].name if stack else None
-
-    def sample(self) -> None:
-        """One timeline point; also raises the running peaks of every open phase.
-
-        RSS every time (constant cost); USS/PSS at most once a second: smaps_rollup walks
-        every page of the process, milliseconds for a large one, too dear at 10 Hz.
-        """
-        self._samples_taken += 1
-        snap = self._snapshot()
-        full = "pss" in snap
-        if full:
-            # The high-water mark since the innermost phase began: the peak a sampler
-            # between two ticks can miss, kept for a phase the process may die in.
-            snap["hwm"] = procmem.peak_rss()
-            if self.hwm_reset_problem:
-                snap["hwm_why"] = self.hwm_reset_problem
-        with self._lock:
-            for opened in self._stack:
-                self._fold(opened, snap)
-        self._emit({"k": "s", **snap})
-
-    def open_phases(self) -> list[str]:
-        return [p.name for p in self._stack]
-
-    # -- lifetime ------------------------------------------------------------------
-
-    def start_sampling(self) -> None:
-        if self.sample_s > 0 and self._sampler is None:
-            from nbgpu.profile.sampler import Sampler  # noqa: PLC0415
-
-            self._sampler = Sampler(self, self.sample_s)
-            self._sampler.start()
-
-    def close(self, *, error: str | None = None) -> None:
-        """End every open phase (innermost first) and write the closing record."""
-        if self._sampler is not None:
-            self._sampler.stop()
-            self._sampler = None
-        for opened in reversed(list(self._stack)):
-            self.end(opened.id, error=error)
-        self._emit({"k": "close", "t": time.time(), "write_error": self.write_error})
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-
-
-def _process_start_time() -> float | None:
-    """When this process started (from /proc), to place 'start' before Python ran."""
-    try:
-        fields = Path("/proc/self/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text(encoding="ascii").splitlines()
-            if line.startswith("btime")
-        )
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def _nvml_used_by(pid: int) -> tuple[int | None, str]:
-    """GPU memory NVML attributes to *pid* (context, NCCL and allocator together)."""
-    try:
-        from nbgpu.devices.nvml import read_system  # noqa: PLC0415  (only ranks on CUDA)
-
-        snapshot = read_system(os.environ)
-    except Exception as exc:  # noqa: BLE001  (no NVML, no driver, no permission)
-        return None, f"NVML unavailable ({type(exc).__name__})"
-    if snapshot.backend.simulated:
-        return None, "simulated fleet: NVML knows no per-process memory for ranks"
-    used = [p.used_bytes for g in snapshot.gpus for p in g.processes if p.pid == pid]
-    if not used:
-        return None, "NVML lists no memory for this pid (another PID namespace?)"
-    if any(u is None for u in used):
-        return None, "NVML cannot attribute memory to processes here (MIG without privileges?)"
-    return sum(u for u in used if u is not None), ""
 
 
 # --------------------------------------------------------------------- the process's one

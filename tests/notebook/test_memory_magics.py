@@ -8,7 +8,8 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from nbgpu.notebook.memory_timeline import MemoryTimeline
 from nbgpu.profile import phases
-from nbgpu.profile.phases import Phase, Recorder
+from nbgpu.profile.phases import Phase
+from nbgpu.profile.recorder import Recorder
 from nbgpu.profile.report import MemoryReport
 
 

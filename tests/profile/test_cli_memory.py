@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from nbgpu.profile.phases import Phase, Recorder
+from nbgpu.profile.phases import Phase
+from nbgpu.profile.recorder import Recorder
 
 
 def nbgpu(*args, env):

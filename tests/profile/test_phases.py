@@ -8,7 +8,8 @@ import pytest
 
 from nbgpu.errors import UserInputError
 from nbgpu.profile import procmem
-from nbgpu.profile.phases import Phase, Recorder, parse_sample_interval
+from nbgpu.profile.phases import Phase, parse_sample_interval
+from nbgpu.profile.recorder import Recorder
 from nbgpu.profile.records import read_file
 from nbgpu.profile.report import memory_report, report_from_recorder
 
