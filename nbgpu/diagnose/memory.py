@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbgpu.diagnose.report import Finding
+    from nbgpu.profile.report import MemoryReport
 
 __all__ = ["memory_details", "with_memory_details"]
 
@@ -48,7 +52,7 @@ def memory_details(run_dir: Path) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _last_sample(report: Any) -> tuple[str, dict[str, Any]] | None:
+def _last_sample(report: MemoryReport) -> tuple[str, dict[str, Any]] | None:
     best: tuple[str, dict[str, Any]] | None = None
     for rank in report.ranks:
         for point in report.points(rank)[-1:]:
@@ -57,7 +61,7 @@ def _last_sample(report: Any) -> tuple[str, dict[str, Any]] | None:
     return best
 
 
-def import_storm(report: Any) -> str | None:
+def import_storm(report: MemoryReport) -> str | None:
     """When every rank was in 'imports' at the node's peak: the measured case for
     ``--serial-imports`` (one transient at a time instead of all at once)."""
     peak = report.node_peak()
@@ -70,16 +74,17 @@ def import_storm(report: Any) -> str | None:
         span = next((p for p in rank.phases if p.name == "imports" and p.depth == 0), None)
         if span is None:
             return None
-        rss_peak, pss_peak = report._phase_peak(rank, span)
+        rss_peak, pss_peak = report.phase_peak(rank, span)
         top = pss_peak or rss_peak or 0
         tops.append(top)
-        if span.end is None:
+        ended_at = span.end_t
+        if span.end is None or ended_at is None:
             continue  # died importing: where it would have settled is unknown
         end = span.end.get("pss") or span.end.get("rss") or top
         transient = max(transient, top - end)
         # Taking turns, a rank that has imported holds what it holds afterwards (its
         # later phases: the process group, the model) while the others import.
-        later = [v for t, v in report.host_series(rank) if t + report.origin > span.end_t]
+        later = [v for t, v in report.host_series(rank) if t + report.origin > ended_at]
         settled += max([end, *later])
     if len(tops) > len(
         [r for r in report.ranks if any(p.name == "imports" and p.end for p in r.phases)]
@@ -102,7 +107,7 @@ def import_storm(report: Any) -> str | None:
     )
 
 
-def with_memory_details(findings: tuple[Any, ...], run_dir: Path | None) -> tuple[Any, ...]:
+def with_memory_details(findings: tuple[Finding, ...], run_dir: Path | None) -> tuple[Finding, ...]:
     """The findings, with memory facts added to an OOM root cause."""
     if run_dir is None or not findings or not findings[0].root or findings[0].cause not in _OOM:
         return findings

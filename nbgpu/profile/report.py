@@ -170,7 +170,7 @@ class MemoryReport(Result):
                         best = (gap, p["avail"])
         return None if best is None else best[1]
 
-    def _phase_peak(self, rank: RankRecords, span: PhaseSpan) -> tuple[int | None, int | None]:
+    def phase_peak(self, rank: RankRecords, span: PhaseSpan) -> tuple[int | None, int | None]:
         """(peak RSS, peak PSS) of one phase: recorded at its end, or from samples if it died."""
         if span.end is not None:
             peak = span.end.get("peak_rss")
@@ -197,7 +197,7 @@ class MemoryReport(Result):
         for rank in self.ranks:
             for span in rank.phases:
                 end = span.end or {}
-                peak_rss, peak_pss = self._phase_peak(rank, span)
+                peak_rss, peak_pss = self.phase_peak(rank, span)
                 last = rank.last_t if span.end is None else span.end_t
                 rows.append(
                     {
