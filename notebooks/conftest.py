@@ -23,21 +23,15 @@ from __future__ import annotations
 import os
 import tempfile
 
-_LAUNCH_VARIABLES = (
+from nbgpu.devices.doctor import DIST_VARS
+
+for _name in (
     "NBGPU_SIMULATE",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
     "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NPROC_PER_NODE",
-)
-
-for _name in _LAUNCH_VARIABLES:
+    *DIST_VARS,
+):
     os.environ.pop(_name, None)
 os.environ["NBGPU_SIMULATE"] = "busy-gpu0"
 os.environ["COLUMNS"] = "80"

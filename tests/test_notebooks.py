@@ -9,7 +9,6 @@ ipykernel), which fails on the error reply and on a ``UsageError`` line.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -19,29 +18,16 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from tests.kernel_env import kernel_environ
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 RUNNER = NOTEBOOKS / "run_headless.py"
 TUTORIALS = sorted(NOTEBOOKS.glob("*.ipynb"))
 
-# What the launching shell may carry that would change what the kernel sees.
-_SCRUB = (
-    "PYTEST_CURRENT_TEST",  # ipykernel stops capturing fd 1/2 when it sees this
-    "NBGPU_SIMULATE",
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NPROC_PER_NODE",
-)
-
 
 def _env(fleet: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env = kernel_environ()
     if fleet is not None:
         env["NBGPU_SIMULATE"] = fleet
     return env

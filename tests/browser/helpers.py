@@ -28,6 +28,8 @@ import nbformat
 import psutil
 from nbformat.v4 import new_code_cell, new_notebook
 
+from tests.kernel_env import kernel_environ
+
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless Chromium as root in a container: no sandbox (needs user namespaces), no GPU,
 # nothing that phones home, and /tmp instead of a small /dev/shm.
@@ -43,21 +45,6 @@ CHROMIUM_ARGS = [
 ]
 KERNEL_NAME = "nbgpu-browser"
 
-# Variables of the launching shell that would change what the kernel and the ranks see.
-_SCRUB = (
-    "PYTEST_CURRENT_TEST",  # ipykernel stops capturing fd 1/2 and nbgpu picks text views
-    "NBGPU_SIMULATE",
-    "NBGPU_RUNS_DIR",
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NPROC_PER_NODE",
-)
 
 T = TypeVar("T")
 
@@ -177,7 +164,7 @@ class LabServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _environment(self, extra: Mapping[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+        env = kernel_environ("NBGPU_RUNS_DIR")
         dirs = {
             "JUPYTERLAB_SETTINGS_DIR": "settings",
             "JUPYTERLAB_WORKSPACES_DIR": "workspaces",

@@ -5,25 +5,11 @@ import time
 import psutil
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from nbgpu.launch.registry import runs
 from nbgpu.launch.run import RunFailed, leftover_processes
 from nbgpu.notebook.launch_magics import keep_empty_cell_body
-
-
-@pytest.fixture
-def ip(monkeypatch, tmp_path):
-    for key in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "LOCAL_RANK", "MASTER_PORT", "RANK"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
-    monkeypatch.setenv("NBGPU_RUNS_DIR", str(tmp_path / "runs"))
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "nbgpu")
-    yield shell
-    shell.run_line_magic("gpu_stop", "--all")
-    shell.run_line_magic("unload_ext", "nbgpu")
 
 
 @pytest.mark.slow

@@ -4,22 +4,10 @@ import json
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from nbgpu.devices.doctor import DoctorReport
 from nbgpu.devices.inventory import Inventory
 from nbgpu.notebook.magics import _LINE_MAGICS
-
-
-@pytest.fixture
-def ip(monkeypatch):
-    for key in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "LOCAL_RANK", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "nbgpu")
-    yield shell
-    shell.run_line_magic("unload_ext", "nbgpu")
 
 
 def test_gpu_status_returns_the_inventory(ip):

@@ -4,7 +4,6 @@ from types import SimpleNamespace
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from nbgpu.notebook.memory_timeline import MemoryTimeline
 from nbgpu.profile import phases
@@ -14,14 +13,9 @@ from nbgpu.profile.report import MemoryReport
 
 
 @pytest.fixture
-def ip(monkeypatch, tmp_path):
-    monkeypatch.setenv("NBGPU_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.delenv("NBGPU_RUN_DIR", raising=False)
+def ip(ip, monkeypatch):
     monkeypatch.setattr(phases, "_RECORDER", [])  # a fresh kernel recorder per test
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "nbgpu")
-    yield shell
-    shell.run_line_magic("unload_ext", "nbgpu")
+    yield ip
     for rec in phases._RECORDER:
         rec.close()
 

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 
 from nbgpu.plan import ScalePlan, SweepPlan
 
@@ -11,15 +10,8 @@ VAGEN = Path(__file__).parents[1] / "plan" / "configs" / "vagen_2gpu.sh"
 
 
 @pytest.fixture
-def ip(monkeypatch):
-    for key in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "LOCAL_RANK", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
-    # An 8-GPU node whose GPUs 0-3 run two other sweeps at 97 % utilisation.
-    monkeypatch.setenv("NBGPU_SIMULATE", "shared-sweeps")
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "nbgpu")
-    yield shell
-    shell.run_line_magic("unload_ext", "nbgpu")
+def fleet():
+    return "shared-sweeps"  # an 8-GPU node whose GPUs 0-3 run two other sweeps at 97 %
 
 
 def test_sweep_on_gpus_in_use_is_not_ready_and_says_how_many_fit(ip):

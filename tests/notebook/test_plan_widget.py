@@ -3,19 +3,7 @@ invalid state, never a traceback; the launch line launches what is on screen."""
 
 from __future__ import annotations
 
-import pytest
-from IPython.core.interactiveshell import InteractiveShell
-
 from nbgpu.notebook.plan_widget import PlanWidget, plan_inputs
-
-
-@pytest.fixture
-def ip(monkeypatch):
-    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "nbgpu")
-    yield shell
-    shell.run_line_magic("unload_ext", "nbgpu")
 
 
 def test_inputs_map_unset_values_to_none():

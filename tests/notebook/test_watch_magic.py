@@ -6,7 +6,6 @@ import time
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 from nbgpu.devices.watch import Watcher
 from nbgpu.notebook import watch
@@ -14,13 +13,14 @@ from nbgpu.notebook.watch import chart_svg, dashboard_html, dashboard_text
 
 
 @pytest.fixture
-def ip(monkeypatch):
-    monkeypatch.setenv("NBGPU_SIMULATE", "8xH100,load=2,busy=0")
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "nbgpu")
-    yield shell
-    shell.run_line_magic("gpu_watch", "--stop")
-    shell.run_line_magic("unload_ext", "nbgpu")
+def fleet():
+    return "8xH100,load=2,busy=0"
+
+
+@pytest.fixture
+def ip(ip):
+    yield ip
+    ip.run_line_magic("gpu_watch", "--stop")
 
 
 def _wait(predicate, timeout=20.0):
