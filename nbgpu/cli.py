@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbgpu.errors import NbgpuError, UserInputError
+from nbgpu.launch.flags import add_flags
 from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output
 
 __all__ = ["main"]
@@ -210,124 +211,34 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_run_tools(sub)
 
     p = sub.add_parser("run", help="run a script as a torchrun job, streaming every rank")
-    p.add_argument(
-        "-n",
-        "--nproc",
-        type=int,
-        default=None,
-        metavar="N",
-        help="processes on this node (default: the healthy visible GPUs)",
-    )
-    p.add_argument("--gpus", default=None, metavar="0,1,3", help="physical GPUs to use")
-    p.add_argument(
-        "--plan",
-        default=None,
-        metavar="FILE",
-        help="take GPUs, nproc and port from a plan file (nbgpu plan --json)",
-    )
-    p.add_argument("--role", default=None, help="with --plan: which role to launch")
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="launch even on unhealthy GPUs or with more ranks than GPUs",
-    )
-    p.add_argument("--name", default=None, help="a name for the run directory")
-    p.add_argument(
-        "--master-port",
-        type=int,
-        default=None,
-        metavar="P",
-        help="rendezvous port (default: a free one)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="stop the whole run after S seconds",
-    )
-    p.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="extra environment for the ranks (repeatable)",
-    )
-    p.add_argument(
-        "--serial-imports",
-        action="store_true",
-        help="run the script's leading imports one rank at a time (cuts the import "
-        "storm's host memory peak)",
-    )
-    p.add_argument(
-        "--mem-sample",
-        default="0.1",
-        metavar="S",
-        help="seconds between memory samples in every rank (default 0.1; 0: phases only); "
-        "see `nbgpu memory RUNDIR`",
-    )
-    p.add_argument(
-        "--mem-limit", default=None, metavar="SIZE", help="per-rank address-space limit, e.g. 60G"
-    )
-    p.add_argument(
-        "--backend",
-        default=None,
-        choices=["gloo", "nccl", "mpi"],
-        help="default backend for nbgpu.rank.init()",
-    )
-    p.add_argument("--quiet", action="store_true", help="do not stream rank output")
-    p.add_argument("script", help="the Python script every rank runs")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    add_flags(p)
     return parser
 
 
 def _run_script(args: argparse.Namespace) -> int:
-    from nbgpu.launch.config import parse_env_pairs  # noqa: PLC0415
+    from nbgpu.launch.execute import execute, to_screen  # noqa: PLC0415
+    from nbgpu.launch.flags import prepare_options  # noqa: PLC0415
     from nbgpu.launch.launcher import prepare  # noqa: PLC0415
-    from nbgpu.launch.run import Run, follow  # noqa: PLC0415
-    from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
 
-    if args.nproc is not None and args.nproc < 1:
-        raise UserInputError(f"-n {args.nproc}: expected a whole number >= 1")
-    plan_role = None
+    options = prepare_options(args)
+    plan = None
     if args.plan is not None:
         from nbgpu.plan import plan_from_json  # noqa: PLC0415
 
-        plan_role = plan_from_json(args.plan)
-    prepared = prepare(
-        plan=plan_role,
-        role=args.role,
-        script=args.script,
-        script_args=[a for a in args.script_args if a != "--"][:]
-        if args.script_args[:1] == ["--"]
-        else args.script_args,
-        nproc=args.nproc,
-        gpus=args.gpus,
-        force=args.force,
-        name=args.name,
-        timeout_s=args.timeout,
-        env=parse_env_pairs(args.env),
-        mem_limit=args.mem_limit,
-        serial_imports=args.serial_imports,
-        mem_sample=args.mem_sample,
-        backend=args.backend,
-        master_port=args.master_port,
-        quiet=args.quiet,
-        face="terminal",
-    )
-    for note in prepared.notes:
-        print(f"[nbgpu] {note}", file=sys.stderr)
-    run = Run(prepared.config).start()
+        plan = plan_from_json(args.plan)
+    prepared = prepare(script=args.script, plan=plan, face="terminal", **options)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
     tty = sys.stdout.isatty()
-    writer = ScreenWriter(
-        write if not args.quiet else (lambda _t: None), color=tty, live_status=tty
+    run = execute(
+        prepared,
+        to_screen(write, quiet=args.quiet, color=tty, live_status=tty),
+        announce=lambda line: print(line, file=sys.stderr),
+        check=False,
     )
-    follow(run, writer)
     print(run.text(), file=sys.stderr)
     return EXIT_OK if run.state == "succeeded" else EXIT_PROBLEM
 

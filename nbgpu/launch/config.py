@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.rank import parse_size  # one reading of '60G' for --mem-limit and the ranks
 
 __all__ = [
     "BACKENDS",
     "LaunchConfig",
+    "Prepared",
     "parse_env_pairs",
     "parse_gpu_list",
     "parse_nproc",
@@ -29,6 +29,14 @@ __all__ = [
 
 BACKENDS = ("gloo", "nccl", "mpi")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes from ``60G`` / ``512M`` / an int: the ranks' own reading, so both agree."""
+    # Imported on use: nbgpu.rank is not needed to declare or check the other flags.
+    from nbgpu.rank import parse_size as read_size  # noqa: PLC0415
+
+    return read_size(value)
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,8 @@ def parse_nproc(text: str) -> int:
         value = int(text)
     except ValueError:
         raise UserInputError(
-            f"nproc {text!r} is not a number: write %%torchrun 4 for four processes on this node"
+            f"nproc {text!r} is not a number: expected a whole number of processes on this "
+            "node, e.g. 4"
         ) from None
     if value < 1:
         raise UserInputError(f"nproc {value}: expected a whole number >= 1")
@@ -142,3 +151,11 @@ def pickle_pushed(names: Sequence[str], namespace: Mapping[str, Any]) -> dict[st
                 "objects"
             ) from None
     return out
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked job and the launcher's notes about it (GPUs left out, the plan's role)."""
+
+    config: LaunchConfig
+    notes: tuple[str, ...] = field(default=())

@@ -17,27 +17,56 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.verdicts import short_verdict
 from nbgpu.errors import UserInputError
 from nbgpu.faces import doctor_hint, launch_hint
-from nbgpu.launch.config import LaunchConfig, parse_gpu_list, parse_size, pickle_pushed
-from nbgpu.launch.run import RUNS, Run, RunFailed, check_name_free, follow
+from nbgpu.launch.config import (
+    LaunchConfig,
+    Prepared,
+    parse_gpu_list,
+    parse_size,
+    pickle_pushed,
+)
+from nbgpu.launch.execute import execute, to_screen
+from nbgpu.launch.registry import RUNS, check_name_free
+from nbgpu.launch.run import Run
 from nbgpu.launch.rundir import check_name
-from nbgpu.launch.streams import ScreenWriter
 from nbgpu.profile.phases import parse_sample_interval
 
-__all__ = ["Prepared", "prepare", "torchrun"]
+__all__ = ["LaunchPlan", "PlanProblem", "PlanRole", "prepare", "torchrun"]
 
 
-@dataclass(frozen=True)
-class Prepared:
-    config: LaunchConfig
-    notes: tuple[str, ...] = field(default=())
+class PlanRole(Protocol):
+    """What the launcher takes from one role of an ``nbgpu.plan`` result."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def cuda_visible_devices(self) -> str: ...
+    @property
+    def nproc_per_node(self) -> int: ...
+    @property
+    def master_port(self) -> int | None: ...
+
+
+class PlanProblem(Protocol):
+    @property
+    def message(self) -> str: ...
+
+
+class LaunchPlan(Protocol):
+    """An ``nbgpu.plan`` result, as the launcher reads it (launch never imports plan/)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def roles(self) -> Sequence[PlanRole]: ...
+    @property
+    def problems(self) -> Sequence[PlanProblem]: ...
 
 
 def _unhealthy_reason(
@@ -191,7 +220,7 @@ def prepare(
     script_args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     inventory: Inventory | None = None,
-    plan: Any = None,
+    plan: LaunchPlan | None = None,
     role: str | None = None,
     master_port: int | None = None,
     face: str = "notebook",
@@ -260,8 +289,8 @@ def prepare(
     return Prepared(config=config, notes=tuple(notes))
 
 
-def _plan_role(plan: Any, role: str | None) -> Any:
-    roles = getattr(plan, "roles", None)
+def _plan_role(plan: LaunchPlan, role: str | None) -> PlanRole:
+    roles: Sequence[PlanRole] | None = getattr(plan, "roles", None)  # a variable may hold anything
     if roles is None:
         raise UserInputError(
             f"--plan: expected a plan from nbgpu.plan(...), got {type(plan).__name__}"
@@ -311,14 +340,13 @@ def torchrun(
         **options,
     )
     out = write or _stdout_write
-    for note in prepared.notes:
-        out(f"[nbgpu] {note}\n")
-    run = Run(prepared.config, environ=environ).start()
-    writer = ScreenWriter(out if not prepared.config.quiet else (lambda _t: None))
-    follow(run, writer)
-    if check and run.state != "succeeded":
-        raise RunFailed(run, output_shown=not prepared.config.quiet)
-    return run
+    return execute(
+        prepared,
+        to_screen(out, quiet=prepared.config.quiet),
+        announce=lambda line: out(line + "\n"),
+        check=check,
+        environ=environ,
+    )
 
 
 def _stdout_write(text: str) -> None:

@@ -1,24 +1,74 @@
-"""This process's runs as a table (``%gpu_runs``) and stopping them (``%gpu_stop``).
+"""This process's runs: the registry, its exit hook, a table (``%gpu_runs``), stopping.
 
-Never imports IPython.
+A run registers itself when it starts; a kernel that shuts down cleanly stops its
+runs in order (parent-death signals cover the unclean exits). Never imports IPython.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import time
 from dataclasses import dataclass
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Result, Table
 from nbgpu.errors import UserInputError
-from nbgpu.launch.run import RUNS, Run
 
-__all__ = ["RunsTable", "StopSummary", "runs", "runs_table", "silent_ranks", "stop_runs"]
+if TYPE_CHECKING:
+    from nbgpu.launch.run import Run
+
+__all__ = [
+    "RUNS",
+    "RunsTable",
+    "StopSummary",
+    "check_name_free",
+    "ports_in_use",
+    "register",
+    "runs",
+    "runs_table",
+    "silent_ranks",
+    "stop_runs",
+]
 
 SILENT_ENV = "NBGPU_SILENT_AFTER"
 SILENT_AFTER_S = 120.0  # a rank quiet this long is marked (a hang shows up as silence)
+
+
+#: Runs started by this process (this kernel), by name.
+RUNS: dict[str, Run] = {}
+_EXIT_HOOK: list[bool] = []
+
+
+def register(run: Run) -> None:
+    """Keep *run* (by name) and make sure this process stops its runs when it exits."""
+    RUNS[run.name] = run
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        atexit.register(_stop_running, "kernel shutdown")
+
+
+def _stop_running(reason: str) -> None:
+    for run in list(RUNS.values()):
+        if not run.done and not run.agent_done:
+            with contextlib.suppress(Exception):
+                run.stop(reason, grace_s=2.0)
+
+
+def ports_in_use() -> set[int]:
+    """Rendezvous ports of this process's running runs (a new run must not take one)."""
+    return {r.port for r in RUNS.values() if r.port is not None and r.state == "running"}
+
+
+def check_name_free(name: str) -> str:
+    existing = RUNS.get(name)
+    if existing is not None and not existing.done:
+        raise UserInputError(
+            f"--name {name!r}: a run with this name is still running (%gpu_stop {name})"
+        )
+    return name
 
 
 def runs() -> dict[str, Run]:

@@ -20,6 +20,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbgpu.errors import UserInputError
+from nbgpu.launch.flags import NOTEBOOK, arguments
 from nbgpu.notebook.magics import print_help
 
 __all__ = ["LaunchMagics", "keep_empty_cell_body"]
@@ -59,6 +60,15 @@ def _split_script_args(line: str) -> tuple[str, list[str]]:
         cut = tokens.index("--")
         return shlex.join(tokens[:cut]), tokens[cut + 1 :]
     return line, []
+
+
+def _launch_flags(method: Any) -> Any:
+    """Give the magic the notebook's launch flags, as declared once in ``launch/flags.py``."""
+    # magic_arguments lists arguments in the order their decorators are written, i.e.
+    # applied last-first: apply the declaration backwards.
+    for names, keywords in reversed(arguments(NOTEBOOK)):
+        method = argument(*names, **keywords)(method)
+    return magic_arguments()(method)
 
 
 class _BackgroundView:
@@ -125,99 +135,7 @@ class LaunchMagics(Magics):
         if cleanup is not None and keep_empty_cell_body not in cleanup:
             cleanup.append(keep_empty_cell_body)
 
-    @magic_arguments()
-    @argument(
-        "nproc",
-        nargs="?",
-        default=None,
-        help="processes on this node (default: the healthy visible GPUs)",
-    )
-    @argument(
-        "--gpus",
-        default=None,
-        metavar="0,1,3",
-        help="physical GPUs to use (sets CUDA_VISIBLE_DEVICES); unknown or unhealthy "
-        "GPUs are refused with the reason",
-    )
-    @argument(
-        "--plan",
-        default=None,
-        metavar="VAR",
-        help="take GPUs, nproc and port from a plan (p = %%gpu_plan ...)",
-    )
-    @argument("--role", default=None, help="with --plan: which role to launch")
-    @argument(
-        "--force",
-        action="store_true",
-        help="launch even on unhealthy GPUs or with more ranks than GPUs",
-    )
-    @argument("--name", default=None, help="a name for %%gpu_runs / %%gpu_stop")
-    @argument("--bg", action="store_true", help="run in the background; output stays in this cell")
-    @argument(
-        "--master-port",
-        type=int,
-        default=None,
-        metavar="P",
-        help="rendezvous port (default: a free one; never 29500 by accident)",
-    )
-    @argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="stop the whole run after S seconds",
-    )
-    @argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="extra environment for the ranks (repeatable)",
-    )
-    @argument(
-        "--push",
-        default=None,
-        metavar="a,b",
-        help="notebook variables to send into every rank (pickled)",
-    )
-    @argument(
-        "--pull",
-        default=None,
-        metavar="NAME",
-        help="variables to bring back from rank 0 into the notebook (a,b)",
-    )
-    @argument(
-        "--all-ranks", action="store_true", help="with --pull: a list with every rank's value"
-    )
-    @argument(
-        "--serial-imports",
-        action="store_true",
-        help="run the cell's leading imports one rank at a time (file lock)",
-    )
-    @argument(
-        "--mem-limit", default=None, metavar="SIZE", help="per-rank address-space limit, e.g. 60G"
-    )
-    @argument(
-        "--mem-sample",
-        default="0.1",
-        metavar="S",
-        help="seconds between memory samples in every rank (0: phases only); %%gpu_memory NAME",
-    )
-    @argument(
-        "--backend",
-        default=None,
-        choices=["gloo", "nccl", "mpi"],
-        help="default process-group backend for nbgpu.rank.init()",
-    )
-    @argument("--quiet", action="store_true", help="do not stream rank output")
-    @argument(
-        "--view",
-        default="auto",
-        choices=["auto", "text", "widgets"],
-        help="per-rank tabs with state badges (widgets) or prefixed text; auto: widgets "
-        "for background runs (with a Stop button) when ipywidgets is available, text in the "
-        "foreground",
-    )
+    @_launch_flags
     @line_cell_magic
     def torchrun(self, line: str, cell: str | None = None) -> Any:
         """Run this cell as a torchrun job: ``%%torchrun 4`` starts four fresh processes.
@@ -248,53 +166,38 @@ class LaunchMagics(Magics):
                 "lines below %%torchrun"
             )
         args, script_args = self._parse_line(line)
-        from nbgpu.launch.config import parse_env_pairs, parse_nproc  # noqa: PLC0415
+        from nbgpu.launch.execute import Output, execute, to_screen  # noqa: PLC0415
+        from nbgpu.launch.flags import prepare_options, pushed_names  # noqa: PLC0415
         from nbgpu.launch.launcher import prepare  # noqa: PLC0415
-        from nbgpu.launch.run import Run, RunFailed, follow  # noqa: PLC0415
-        from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
 
         namespace = self.shell.user_ns if self.shell is not None else {}
         try:
-            pushed_names = [n.strip() for n in (args.push or "").split(",") if n.strip()]
-            pulled = [n.strip() for n in (args.pull or "").split(",") if n.strip()]
-            _check_pull(pulled, all_ranks=args.all_ranks)
-            _check_pushed(pushed_names, namespace)
-            plan = _lookup_plan(args.plan, namespace)
+            options = prepare_options(args)
+            options["script_args"] = script_args
+            pushed = pushed_names(args)
+            _check_pushed(pushed, namespace)
             prepared = prepare(
                 code=cell,
-                plan=plan,
-                role=args.role,
-                nproc=None if args.nproc is None else parse_nproc(args.nproc),
-                gpus=args.gpus,
-                force=args.force,
-                name=args.name,
-                timeout_s=args.timeout,
-                env=parse_env_pairs(args.env),
-                push={n: namespace[n] for n in pushed_names},
-                pull=pulled,
-                pull_all_ranks=args.all_ranks,
-                serial_imports=args.serial_imports,
-                mem_limit=args.mem_limit,
-                mem_sample=args.mem_sample,
-                backend=args.backend,
-                master_port=args.master_port,
-                quiet=args.quiet,
-                script_args=script_args,
+                plan=_lookup_plan(args.plan, namespace),
+                push={n: namespace[n] for n in pushed},
+                **options,
             )
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
-        for note in prepared.notes:
-            print(f"[nbgpu] {note}")
-        run = Run(prepared.config).start()
+        pulled, all_ranks = options["pull"], options["pull_all_ranks"]
         if args.bg:
-            sink, on_tick = self._background_sink(run, args.view, quiet=args.quiet)
 
-            def work() -> None:
-                follow(run, sink, on_tick=on_tick)
-                self._deliver(run, pulled, args.all_ranks, announce=False)
+            def background_output(run: Any) -> Output:
+                sink, on_tick = self._background_sink(run, args.view, quiet=args.quiet)
+                return Output(sink, on_tick)
 
-            run.thread = threading.Thread(target=work, name=f"nbgpu-{run.name}", daemon=True)
-            run.thread.start()
+            run = execute(
+                prepared,
+                background_output,
+                announce=print,
+                background=True,
+                on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=False),
+            )
             print(
                 f"[nbgpu] run '{run.name}' started in the background: %gpu_runs, "
                 f"%gpu_stop {run.name}, nbgpu.runs()['{run.name}'].wait()"
@@ -303,22 +206,22 @@ class LaunchMagics(Magics):
         if args.view == "widgets" and not args.quiet:
             # Opt-in for foreground runs: their text then lives in the panel's tabs,
             # which static exports and nbval do not show (auto keeps text here).
-            from nbgpu.notebook.widgets import RunPanel  # noqa: PLC0415
-
-            panel = RunPanel(run, stoppable=False)
-            follow(run, panel, on_tick=lambda r: panel.finish(str(r.dir)) if r.done else None)
+            output: Any = _panel_output
         else:
-            writer = ScreenWriter(
-                _write_stdout if not args.quiet else (lambda _t: None),
+            output = to_screen(
+                _write_stdout,
+                quiet=args.quiet,
                 color=True,
                 live_status=not _under_test_runner(),  # the node's memory, one line
             )
-            follow(run, writer)
-        if run.state != "succeeded":
-            # The ranks' output (tracebacks included) is already in this cell.
-            raise RunFailed(run, output_shown=not args.quiet)
-        self._deliver(run, pulled, args.all_ranks, announce=True)
-        return run
+        # A failed run raises RunFailed; the ranks' output (tracebacks included) is
+        # already in this cell.
+        return execute(
+            prepared,
+            output,
+            announce=print,
+            on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=True),
+        )
 
     def _parse_line(self, line: str) -> tuple[Any, list[str]]:
         """The magic's arguments and the ranks' argv; UsageError naming a bad value."""
@@ -518,9 +421,12 @@ def _lookup_plan(name: str | None, namespace: dict[str, Any]) -> Any:
     return namespace[name]
 
 
-def _check_pull(names: list[str], *, all_ranks: bool) -> None:
-    if all_ranks and not names:
-        raise UserInputError("--all-ranks needs --pull NAME")
+def _panel_output(run: Any) -> Any:
+    from nbgpu.launch.execute import Output  # noqa: PLC0415
+    from nbgpu.notebook.widgets import RunPanel  # noqa: PLC0415
+
+    panel = RunPanel(run, stoppable=False)
+    return Output(panel, lambda r: panel.finish(str(r.dir)) if r.done else None)
 
 
 def _under_test_runner() -> bool:

@@ -12,7 +12,8 @@ from nbgpu.errors import UserInputError
 from nbgpu.launch import retention
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.retention import RetentionPolicy, prune
-from nbgpu.launch.run import Run, follow
+from nbgpu.launch.follow import follow
+from nbgpu.launch.run import Run
 from nbgpu.launch.streams import ScreenWriter
 
 

@@ -19,7 +19,8 @@ from nbgpu.diagnose import diagnose
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.procs import run_processes
-from nbgpu.launch.run import Run, follow, leftover_processes
+from nbgpu.launch.follow import follow
+from nbgpu.launch.run import Run, leftover_processes
 from nbgpu.launch.streams import ScreenWriter
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,159 @@
+"""The launch flags, declared once for ``%%torchrun`` and ``nbgpu run``.
+
+Both faces build their argparse parsers from :data:`FLAGS` (the magic through
+IPython's ``magic_arguments`` in ``notebook/launch_magics.py``, the CLI through a
+subparser), and both turn the parsed
+namespace into :func:`nbgpu.launch.launcher.prepare` keywords with
+:func:`prepare_options`, so a flag, its help and its checks exist in one place. A
+flag that only one face has (``--bg`` in a notebook, the script in a terminal) says
+so in ``faces``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbgpu.errors import UserInputError
+from nbgpu.launch.config import BACKENDS, parse_env_pairs, parse_nproc
+
+__all__ = [
+    "FLAGS",
+    "NOTEBOOK",
+    "TERMINAL",
+    "Flag",
+    "add_flags",
+    "arguments",
+    "prepare_options",
+    "pushed_names",
+]
+
+NOTEBOOK = "notebook"
+TERMINAL = "terminal"
+_BOTH = frozenset({NOTEBOOK, TERMINAL})
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One launch flag: its names, argparse keywords, and help (``{code}``: cell/script)."""
+
+    names: tuple[str, ...]
+    help: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    faces: frozenset[str] = _BOTH
+    by_face: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # overrides
+
+    def argparse_keywords(self, face: str) -> dict[str, Any]:
+        keywords = {**self.options, **self.by_face.get(face, {})}
+        what = "cell" if face == NOTEBOOK else "script"
+        text = str(keywords.get("help", self.help)).replace("{code}", what)
+        keywords["help"] = text.replace("%", "%%")  # argparse formats help with %
+        return keywords
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(("nproc",), "processes on this node (default: the healthy visible GPUs)",
+         {"nargs": "?", "default": None}, faces=frozenset({NOTEBOOK})),
+    Flag(("-n", "--nproc"), "processes on this node (default: the healthy visible GPUs)",
+         {"default": None, "metavar": "N"}, faces=frozenset({TERMINAL})),
+    Flag(("--gpus",), "physical GPUs to use (sets CUDA_VISIBLE_DEVICES); unknown or unhealthy "
+         "GPUs are refused with the reason", {"default": None, "metavar": "0,1,3"}),
+    Flag(("--plan",), "take GPUs, nproc and port from a plan",
+         {"default": None},
+         by_face={NOTEBOOK: {"metavar": "VAR", "help": "take GPUs, nproc and port from a plan "
+                             "(p = %gpu_plan ...)"},
+                  TERMINAL: {"metavar": "FILE", "help": "take GPUs, nproc and port from a plan "
+                             "file (nbgpu plan --json)"}}),
+    Flag(("--role",), "with --plan: which role to launch", {"default": None}),
+    Flag(("--force",), "launch even on unhealthy GPUs or with more ranks than GPUs",
+         {"action": "store_true"}),
+    Flag(("--name",), "a name for the run (%gpu_runs, %gpu_stop; the run directory)",
+         {"default": None}),
+    Flag(("--bg",), "run in the background; output stays in this cell",
+         {"action": "store_true"}, faces=frozenset({NOTEBOOK})),
+    Flag(("--master-port",), "rendezvous port (default: a free one; never 29500 by accident)",
+         {"type": int, "default": None, "metavar": "P"}),
+    Flag(("--timeout",), "stop the whole run after S seconds",
+         {"type": float, "default": None, "metavar": "S"}),
+    Flag(("--env",), "extra environment for the ranks (repeatable)",
+         {"action": "append", "default": [], "metavar": "K=V"}),
+    Flag(("--push",), "notebook variables to send into every rank (pickled)",
+         {"default": None, "metavar": "a,b"}, faces=frozenset({NOTEBOOK})),
+    Flag(("--pull",), "variables to bring back from rank 0 into the notebook (a,b)",
+         {"default": None, "metavar": "NAME"}, faces=frozenset({NOTEBOOK})),
+    Flag(("--all-ranks",), "with --pull: a list with every rank's value",
+         {"action": "store_true"}, faces=frozenset({NOTEBOOK})),
+    Flag(("--serial-imports",), "run the {code}'s leading imports one rank at a time (a file "
+         "lock): cuts the import storm's host memory peak", {"action": "store_true"}),
+    Flag(("--mem-limit",), "per-rank address-space limit, e.g. 60G",
+         {"default": None, "metavar": "SIZE"}),
+    Flag(("--mem-sample",), "seconds between memory samples in every rank (default 0.1; 0: "
+         "phases only); see %gpu_memory NAME / nbgpu memory RUNDIR",
+         {"default": "0.1", "metavar": "S"}),
+    Flag(("--backend",), "default process-group backend for nbgpu.rank.init()",
+         {"default": None, "choices": list(BACKENDS)}),
+    Flag(("--quiet",), "do not stream rank output", {"action": "store_true"}),
+    Flag(("--view",), "per-rank tabs with state badges (widgets) or prefixed text; auto: "
+         "widgets for background runs (with a Stop button) when ipywidgets is available, text "
+         "in the foreground", {"default": "auto", "choices": ["auto", "text", "widgets"]},
+         faces=frozenset({NOTEBOOK})),
+    Flag(("script",), "the Python script every rank runs", faces=frozenset({TERMINAL})),
+    Flag(("script_args",), "arguments for the script", {"nargs": argparse.REMAINDER},
+         faces=frozenset({TERMINAL})),
+)  # fmt: skip
+
+
+def arguments(face: str) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """``(names, argparse keywords)`` of every flag *face* has, in declaration order."""
+    return [(f.names, f.argparse_keywords(face)) for f in FLAGS if face in f.faces]
+
+
+def add_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the terminal's launch flags (``nbgpu run``) to *parser*."""
+    for names, keywords in arguments(TERMINAL):
+        parser.add_argument(*names, **keywords)
+    return parser
+
+
+def _names(text: str | None) -> list[str]:
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+
+def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keywords of ``prepare()`` from either face's parsed flags; one check per value.
+
+    What only a face can resolve (a notebook variable for ``--push``/``--plan``, a plan
+    file) is left to it: ``push`` and ``pull`` come back as lists of names.
+    """
+    nproc = None if args.nproc is None else parse_nproc(str(args.nproc))
+    pull = _names(getattr(args, "pull", None))
+    if getattr(args, "all_ranks", False) and not pull:
+        raise UserInputError("--all-ranks needs --pull NAME")
+    script_args = list(getattr(args, "script_args", None) or [])
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    return {
+        "nproc": nproc,
+        "gpus": args.gpus,
+        "role": args.role,
+        "force": args.force,
+        "name": args.name,
+        "timeout_s": args.timeout,
+        "env": parse_env_pairs(args.env),
+        "pull": pull,
+        "pull_all_ranks": bool(getattr(args, "all_ranks", False)),
+        "serial_imports": args.serial_imports,
+        "mem_limit": args.mem_limit,
+        "mem_sample": args.mem_sample,
+        "backend": args.backend,
+        "master_port": args.master_port,
+        "quiet": args.quiet,
+        "script_args": script_args,
+    }
+
+
+def pushed_names(args: argparse.Namespace) -> list[str]:
+    """``--push a,b`` as names (the notebook resolves them to values)."""
+    return _names(getattr(args, "push", None))

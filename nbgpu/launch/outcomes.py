@@ -1,0 +1,151 @@
+"""What each rank of a finished run did: exit codes, signals, error files, pulled values.
+
+Read from what the wrapped agent (``agent.py``) and torchrun leave in the run
+directory: ``result.json`` (per-rank exit codes and signals), each rank's torchelastic
+error file (the exception line, its traceback and a sub-second clock), and the values
+ranks wrote for ``--pull``. Which rank failed *first* is the diagnosis' answer
+(``nbgpu.diagnose``); :func:`first_failure_without_diagnosis` is only for a run whose
+diagnosis itself failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbgpu.launch import rundir
+
+__all__ = [
+    "Pulled",
+    "RankOutcome",
+    "collect_pulled",
+    "first_failure_without_diagnosis",
+    "rank_outcomes",
+    "read_agent_result",
+]
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    rank: int
+    exit_code: int | None  # None: unknown (the agent was killed before reporting)
+    signal: str | None
+    pid: int | None
+    log: Path
+    error: str | None  # the exception line from the error file
+    traceback: str | None
+    failed_at: float | None
+
+
+def read_agent_result(run_dir: Path) -> dict[str, Any]:
+    """The agent's ``result.json``; empty when it could not write one (killed, full disk)."""
+    with contextlib.suppress(ValueError, OSError):
+        data = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+        if isinstance(data, dict):
+            return data
+    return {}
+
+
+def rank_outcomes(
+    run_dir: Path, nproc: int, agent_result: dict[str, Any], agent_exit_code: int | None
+) -> tuple[RankOutcome, ...]:
+    """One outcome per rank, from the agent's result and the ranks' error files."""
+    failures = {f["rank"]: f for f in agent_result.get("failures", [])}
+    # torchrun exits 0 only when every rank did (also when a full disk kept the agent
+    # from writing result.json).
+    all_ok = (
+        bool(agent_result)
+        and not agent_result.get("signal")
+        and agent_result.get("agent_exit_code") == 0
+    ) or (not agent_result and agent_exit_code == 0)
+    outcomes = []
+    for rank in range(nproc):
+        failure = failures.get(rank)
+        error, tb, failed_at = _error_details(run_dir, rank, failure)
+        if failure is not None:
+            code, sig, pid = failure["exit_code"], failure["signal"], failure["pid"]
+        elif all_ok:
+            code, sig, pid = 0, None, None
+        else:
+            code, sig, pid = None, None, None
+        log = rundir.rank_log(run_dir, rank)
+        outcomes.append(RankOutcome(rank, code, sig, pid, log, error, tb, failed_at))
+    return tuple(outcomes)
+
+
+def _error_details(
+    run_dir: Path, rank: int, failure: dict[str, Any] | None
+) -> tuple[str | None, str | None, float | None]:
+    candidates = []
+    if failure and failure.get("error_file"):
+        candidates.append(Path(failure["error_file"]))
+    candidates.append(rundir.error_file(run_dir, rank))
+    candidates.extend(sorted((run_dir / "torchelastic").glob(f"*/attempt_*/{rank}/error.json")))
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            message = data["message"]
+            info = message.get("extraInfo", {})
+            stamp = float(info.get("nbgpu_time") or info.get("timestamp") or 0) or None
+            target = rundir.error_file(run_dir, rank)
+            if path != target:
+                with contextlib.suppress(OSError):
+                    shutil.move(path, target)  # one copy, next to the logs, for diagnosis
+            return str(message.get("message")), info.get("py_callstack"), stamp
+        except (ValueError, KeyError, TypeError, OSError, AttributeError):
+            continue
+    # No error file: the rank died by a signal or exited without raising; the exit
+    # code and signal tell that story, not a message.
+    return None, None, None
+
+
+@dataclass
+class Pulled:
+    """``--pull`` values: rank 0's, every rank's (``--all-ranks``), and what went wrong."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    every_rank: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def collect_pulled(run_dir: Path, nproc: int) -> Pulled:
+    pulled = Pulled()
+    for r in range(nproc):
+        path = run_dir / f"pull-rank{r}.pkl"
+        if not path.exists():
+            continue
+        payload = pickle.loads(path.read_bytes())  # noqa: S301  (written by our own ranks)
+        values = {k: pickle.loads(v) for k, v in payload["values"].items()}  # noqa: S301
+        if r == 0:
+            pulled.values = values
+            pulled.problems.extend(
+                f"--pull {name}: rank 0 never set {name!r}" for name in payload["missing"]
+            )
+            pulled.problems.extend(
+                f"--pull {name}: {why}" for name, why in payload["errors"].items()
+            )
+        pulled.every_rank.append(values)
+    return pulled
+
+
+def first_failure_without_diagnosis(ranks: Sequence[RankOutcome]) -> RankOutcome | None:
+    """When the diagnosis failed: the failed rank with the earliest error-file clock.
+
+    Ranks the agent stopped (SIGTERM/SIGINT) after another failed come last. The
+    failure report says that this answer comes from exit codes and clocks alone.
+    """
+    failed = [r for r in ranks if r.exit_code not in (0, None)]
+
+    def weight(r: RankOutcome) -> tuple[int, float, int]:
+        stopped = r.signal in ("SIGTERM", "SIGINT") and r.error is None
+        return (int(stopped), r.failed_at or float("inf"), r.rank)
+
+    return min(failed, key=weight) if failed else None

@@ -1,0 +1,229 @@
+"""How a run reads: headline, per-rank table, failure summary, text, HTML and JSON.
+
+A mixin of :class:`~nbgpu.launch.run.Run`: pure rendering over the run's state, no
+processes. The failure report says each thing once: the summary (the rank that
+failed first, as the diagnosis decided), the cause and its fixes, then where the
+traceback is.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbgpu._render import Result, Table, fix_html, simulated_label
+from nbgpu.launch import rundir
+from nbgpu.launch.config import LaunchConfig
+from nbgpu.launch.outcomes import RankOutcome
+
+if TYPE_CHECKING:
+    from nbgpu.diagnose.report import Diagnosis
+
+__all__ = ["RunView"]
+
+
+class RunView(Result):
+    """The rendering half of a Run (the attributes below are the Run's)."""
+
+    name: str
+    state: str
+    config: LaunchConfig
+    dir: Path
+    environ: dict[str, str]
+    port: int | None
+    started_at: float | None
+    ended_at: float | None
+    stop_reason: str | None
+    ranks: tuple[RankOutcome, ...]
+    root_cause: RankOutcome | None
+    diagnosis: Diagnosis | None
+    diagnosis_error: str | None
+    agent_result: dict[str, Any]
+    pulled: dict[str, Any]
+    pull_problems: list[str]
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.ended_at or time.time()) - self.started_at
+
+    @property
+    def logs(self) -> dict[str, Path]:
+        out = {f"rank{r}": rundir.rank_log(self.dir, r) for r in range(self.config.nproc)}
+        out["agent"] = rundir.agent_log(self.dir)
+        return out
+
+    def _rank_state(self, r: RankOutcome) -> str:
+        if r.exit_code == 0:
+            return "ok"
+        if r.signal:
+            return f"killed ({r.signal})"
+        if r.exit_code is None:
+            return "stopped" if self.stop_reason else "unknown"
+        return f"exit {r.exit_code}"
+
+    def failure_summary(self) -> str:
+        head = f"run '{self.name}' {self.state.replace('_', ' ')}"
+        if self.stop_reason == "timed_out":
+            head += f" after {self.config.timeout_s:g} s (--timeout)"
+        rc = self.root_cause
+        if rc is not None:
+            head += f": rank {rc.rank} failed first ({self._rank_state(rc)})"
+            if rc.error:
+                head += f": {rc.error.splitlines()[0][:300]}"
+        elif self.state == "failed" and self.agent_result.get("error"):
+            head += f": torchrun failed: {self.agent_result['error']}"
+        return head
+
+    def failure_lines(self, *, output_shown: bool = False) -> list[str]:
+        """The failure, each thing said once: summary, cause, fixes, then the traceback.
+
+        ``output_shown``: the ranks' output was already streamed into this cell, so the
+        root rank's traceback is there (and in its log) and is not printed a second time.
+        Lines are never hard-wrapped: a notebook wraps them to its own width.
+        """
+        lines = [f"RunFailed: {self.failure_summary()}"]
+        if self.diagnosis_error is not None:
+            how = "exit codes and error files" if self.root_cause is not None else "nothing"
+            lines.append(
+                f"diagnosis failed: {self.diagnosis_error} (the first failing rank above comes "
+                f"from {how} alone; `nbgpu diagnose {self.dir}` retries)"
+            )
+        root = None if self.diagnosis is None else self.diagnosis.root
+        if self.diagnosis is not None and root is not None and self.diagnosis.cause != "unknown":
+            # The diagnosis leads: the cause in plain words, then the fixes it did not
+            # already name in its headline.
+            headline = self.diagnosis.headline
+            lines.append(f"cause: {headline}")
+            lines.extend(f"  fix: {fix}" for fix in root.fixes[:3] if fix not in headline)
+        rc = self.root_cause
+        if rc is not None and rc.traceback:
+            if output_shown:
+                lines.append(f"rank {rc.rank} traceback: above, and in {rc.log}")
+            else:
+                tb = [line for line in rc.traceback.rstrip().splitlines() if line.strip()]
+                lines.append(f"rank {rc.rank} traceback (last lines):")
+                lines.extend("  " + line for line in tb[-8:])
+        lines.append(f"logs: {self.dir}  (details: the exception's .run attribute)")
+        return lines
+
+    def _table(self) -> Table:
+        table = Table(["rank", "state", "pid", "error", "log"])
+        for r in self.ranks:
+            level = "ok" if r.exit_code == 0 else "bad"
+            if self.root_cause is r:
+                level = "bad"
+            table.add(
+                r.rank,
+                self._rank_state(r) + (" (root cause)" if self.root_cause is r else ""),
+                r.pid or "-",
+                (r.error or "-").splitlines()[0][:60],
+                r.log.name,
+                level=level,
+            )
+        return table
+
+    def _headline(self) -> str:
+        dur = self.duration_s
+        gpus = self.config.cuda_visible_devices
+        parts = [
+            f"run '{self.name}'",
+            self.state.replace("_", " "),
+            f"{self.config.nproc} ranks",
+        ]
+        if gpus is not None:
+            parts.append(self.gpu_assignment() if gpus else "no GPU")
+        if self.port:
+            parts.append(f"port {self.port}")
+        if dur is not None:
+            parts.append(f"{dur:.1f} s")
+        fleet = self.simulated_fleet()
+        if fleet:
+            parts.append(simulated_label(fleet))
+        return " · ".join(parts)
+
+    def rank_gpu(self, rank: int) -> str | None:
+        """The GPU rank *rank* uses (``cuda:LOCAL_RANK``), as CUDA_VISIBLE_DEVICES names it."""
+        gpus = self.config.cuda_visible_devices
+        if not gpus:
+            return None
+        visible = gpus.split(",")
+        local = rank % self.config.nproc
+        return visible[local] if local < len(visible) else None
+
+    def gpu_assignment(self) -> str:
+        """Which GPU each rank got: 'rank0→GPU 1, rank1→GPU 2 (GPU 3 unused)'."""
+        visible = (self.config.cuda_visible_devices or "").split(",")
+        pairs = [f"rank{r}→GPU {self.rank_gpu(r) or 'none'}" for r in range(self.config.nproc)]
+        if len(pairs) > 4:
+            pairs = [*pairs[:2], "…", pairs[-1]]
+        text = ", ".join(pairs)
+        unused = visible[self.config.nproc :]
+        if unused:
+            text += f" (GPU{'s' if len(unused) > 1 else ''} {','.join(unused)} unused)"
+        return text
+
+    def simulated_fleet(self) -> str | None:
+        return self.environ.get("NBGPU_SIMULATE") or None
+
+    def text(self) -> str:
+        lines = [self._headline()]
+        if self.ranks:
+            lines.append(self._table().text())
+        if self.state not in ("succeeded", "running", "created"):
+            lines.append(self.failure_summary())
+        if self.diagnosis_error is not None:
+            lines.append(f"diagnosis failed: {self.diagnosis_error}")
+        lines.extend(f"! {p}" for p in self.pull_problems)
+        if self.diagnosis is not None and self.diagnosis.cause not in ("unknown", "none"):
+            lines.append(f"cause: {self.diagnosis.headline}")
+        lines.append(f"logs: {self.dir}")
+        return "\n".join(lines)
+
+    def html_body(self) -> str:
+        parts = [f"<b>{escape(self._headline())}</b>"]
+        if self.ranks:
+            parts.append(self._table().html())
+        if self.state not in ("succeeded", "running", "created"):
+            parts.append(f"<p>{fix_html(self.failure_summary())}</p>")
+        if self.diagnosis_error is not None:
+            parts.append(f'<p class="warn">diagnosis failed: {escape(self.diagnosis_error)}</p>')
+        parts.extend(f'<p class="warn">{escape(p)}</p>' for p in self.pull_problems)
+        if self.diagnosis is not None:
+            parts.append(self.diagnosis.html_body())
+        parts.append(f"<div>logs: <code>{escape(str(self.dir))}</code></div>")
+        return "".join(parts)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "rank": r.rank,
+                "exit_code": r.exit_code,
+                "signal": r.signal,
+                "pid": r.pid,
+                "error": r.error,
+                "log": str(r.log),
+                "root_cause": self.root_cause is r,
+            }
+            for r in self.ranks
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "run_dir": str(self.dir),
+            "nproc": self.config.nproc,
+            "cuda_visible_devices": self.config.cuda_visible_devices,
+            "master_port": self.port,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "duration_s": self.duration_s,
+            "stop_reason": self.stop_reason,
+            "root_cause_rank": None if self.root_cause is None else self.root_cause.rank,
+            "ranks": self.records(),
+            "pulled": sorted(self.pulled),
+        }
