@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from nbgpu._deadline import wait_gone
 from nbgpu.devices.holders import HolderInfo, PrettyPrinter, describe_pid
 from nbgpu.errors import UserInputError
 
@@ -415,13 +416,6 @@ def _signal_all(targets: list[_Target], sig: signal.Signals, results: dict[int, 
             results[target.pid] = outcome
 
 
-def _wait_until(targets: list[_Target], deadline: float) -> list[_Target]:
-    """Wait for ``targets`` to exit until ``deadline`` (monotonic); return the rest."""
-    pending = [t for t in targets if not t.gone()]
-    while pending and time.monotonic() < deadline:
-        time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
-        pending = [t for t in pending if not t.gone()]
-    return pending
 
 
 def execute_clean(
@@ -459,14 +453,14 @@ def execute_clean(
 
         _signal_all(targets, signal.SIGTERM, results)
         live = [t for t in targets if t.pid not in results]
-        survivors = _wait_until(live, time.monotonic() + grace_s)
+        survivors = wait_gone(live, _Target.gone, time.monotonic() + grace_s, poll_s=_POLL_S)
         for target in live:
             if target not in survivors:
                 results[target.pid] = "terminated"
 
         _signal_all(survivors, signal.SIGKILL, results)
         live = [t for t in survivors if t.pid not in results]
-        stuck = _wait_until(live, time.monotonic() + kill_wait_s)
+        stuck = wait_gone(live, _Target.gone, time.monotonic() + kill_wait_s, poll_s=_POLL_S)
         for target in live:
             if target in stuck:
                 try:

@@ -34,6 +34,7 @@ from nbgpu.devices import nvml
 from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS, Fleet
 from nbgpu.devices.holders import ContainerInfo, HolderInfo
 from nbgpu.devices.model import Gpu, GpuProcess
+from nbgpu.devices.simenv import simulation_source
 from nbgpu.devices.verdicts import Finding, assess_gpu, short_verdict
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.errors import NvmlError
@@ -477,16 +478,17 @@ def take_inventory(
     started = time.perf_counter()
     env = dict(os.environ) if environ is None else dict(environ)
     container = holders_mod.detect_container()
-    simulated = bool(env.get(nvml.SIMULATE_ENV))
+    source = simulation_source(env)
+    simulated = source is not None
     try:
         snap = nvml.read_system(env)
     except NvmlError as exc:
         backend_fleet = None
-        if simulated:
+        if source is not None:
             # Report which fleet failed to initialise: it is the point of the scenario.
             from nbgpu.devices.fleet import load_fleet  # noqa: PLC0415
 
-            backend_fleet = load_fleet(env[nvml.SIMULATE_ENV])
+            backend_fleet = load_fleet(source)
         return Inventory(
             taken_at=time.time(),
             hostname=socket.gethostname(),

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from nbgpu.devices.nvml import SIMULATE_ENV
+from nbgpu.devices.simenv import simulation_source
 from nbgpu.errors import UserInputError
 
 __all__ = [
@@ -123,8 +123,8 @@ def take_sample(
         )
         for g in inv.gpus
     )
-    fleet = environ.get(SIMULATE_ENV, "").strip() if inv.simulated else ""
-    return Sample(time.time(), gpus, fleet or None, inv.nvml_error)
+    fleet = simulation_source(environ) if inv.simulated else None
+    return Sample(time.time(), gpus, fleet, inv.nvml_error)
 
 
 class Watcher:
