@@ -1,6 +1,6 @@
 """The active CUDA probe: real probe subprocesses against simulated fleets, no GPU.
 
-Most tests run ``probe_devices`` end to end (a real ``python -m nbgpu.devices.health`` child
+Most tests run ``probe_devices`` end to end (a real ``python -m nbgpu.devices.health.child`` child
 loading the simulated libcuda); a few drive the fake library in-process to check what the
 probe did call, and the process tests prove no child survives a timeout or an interrupt.
 """
@@ -21,10 +21,12 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from nbgpu.devices import health
 from nbgpu.devices.cuda_driver import CudaDriver
 from nbgpu.devices.fleet import load_fleet, parse_spec
-from nbgpu.devices.health import ProbeReport, probe_devices, verdict_for
+from nbgpu.devices.health import ProbeReport, probe_devices
+from nbgpu.devices.health import child as health_child
+from nbgpu.devices.health import probe as health_probe
+from nbgpu.devices.health.report import VERDICTS, verdict_for
 from nbgpu.devices.simulate_cuda import SimulatedCudaLibrary
 from nbgpu.errors import FleetSpecError, UserInputError
 
@@ -207,7 +209,7 @@ def test_fleet_json_cuda_error_becomes_the_verdict(tmp_path):
 )
 def test_verdict_for_cuda_codes(code, verdict):
     assert verdict_for(code) == verdict
-    assert verdict in health.VERDICTS
+    assert verdict in VERDICTS
 
 
 def test_report_round_trips_to_json_and_records():
@@ -258,7 +260,7 @@ def test_real_driver_path_without_a_driver_is_a_clean_verdict():
 
 def test_probe_module_imports_nothing_heavy():
     code = (
-        "import sys, nbgpu.devices.health, nbgpu.devices.simulate_cuda\n"
+        "import sys, nbgpu.devices.health.child, nbgpu.devices.simulate_cuda\n"
         "print(sorted({'torch', 'pynvml', 'psutil', 'IPython'} & set(sys.modules)))"
     )
     out = subprocess.run(
@@ -287,10 +289,10 @@ def test_timeout_kills_the_whole_probe_group_and_names_the_stuck_step(tmp_path):
     pids = tmp_path / "pids"
     started = time.monotonic()
 
-    run = health._run_child(
+    run = health_probe._run_child(
         [sys.executable, "-c", SLOW_CHILD, str(pids)], os.environ, timeout_s=3.0
     )
-    report = health._report(run, 3.0, simulated=False, uuids={})
+    report = health_probe._report(run, 3.0, simulated=False, uuids={})
 
     assert time.monotonic() - started < 20
     assert run.timed_out
@@ -332,7 +334,7 @@ def test_interrupt_while_probing_kills_the_probe_and_propagates(tmp_path):
     thread.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            health._run_child(
+            health_probe._run_child(
                 [sys.executable, "-c", SLOW_CHILD, str(pids)], os.environ, timeout_s=60
             )
     finally:
@@ -358,7 +360,7 @@ def test_probe_process_dies_with_a_sigkilled_parent(tmp_path):
     pidfile = tmp_path / "pid"
     child = (
         "import os, time\n"
-        "from nbgpu.devices.health import _die_with_parent\n"
+        "from nbgpu.devices.health.child import _die_with_parent\n"
         "_die_with_parent()\n"
         f"open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
         f"os.replace({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\n"
@@ -398,9 +400,9 @@ def test_probe_process_dies_with_a_sigkilled_parent(tmp_path):
     ],
 )
 def test_a_crashing_probe_process_is_reported_in_one_line(script, expected):
-    run = health._run_child([sys.executable, "-c", script], os.environ, timeout_s=30)
+    run = health_probe._run_child([sys.executable, "-c", script], os.environ, timeout_s=30)
 
-    report = health._report(run, 30, simulated=False, uuids={})
+    report = health_probe._report(run, 30, simulated=False, uuids={})
 
     assert report.init_verdict == "error"
     assert report.init_error == expected
@@ -416,7 +418,7 @@ def new_doc() -> dict[str, object]:
 def test_probe_releases_every_context_it_creates():
     library = SimulatedCudaLibrary(parse_spec("4xA40,busy=0,lost=3"), {})
 
-    doc = health._probe_library(CudaDriver(library), new_doc())
+    doc = health_child._probe_library(CudaDriver(library), new_doc())
 
     assert [d["cuda_error"] for d in doc["devices"]] == [46, 0, 0, 999]
     assert library.calls["cuDevicePrimaryCtxRetain"] == 4  # one context per device
@@ -454,7 +456,7 @@ def test_old_driver_lacks_v2_symbols_and_the_probe_falls_back():
     assert not hasattr(library, "cuDeviceGetUuid_v2")
     with pytest.raises(AttributeError, match="undefined symbol: cuDeviceGetUuid_v2"):
         _ = library.cuDeviceGetUuid_v2
-    doc = health._probe_library(CudaDriver(library), new_doc())
+    doc = health_child._probe_library(CudaDriver(library), new_doc())
 
     assert doc["driver_version"] == 11000
     assert all(d["uuid"] and d["cuda_error"] == 0 for d in doc["devices"])
@@ -465,7 +467,7 @@ def test_missing_context_symbol_is_an_error_verdict_not_a_crash():
     fleet = replace(parse_spec("1xA40"), missing_functions=frozenset({"cuDevicePrimaryCtxRetain"}))
     library = SimulatedCudaLibrary(fleet, {})
 
-    doc = health._probe_library(CudaDriver(library), new_doc())
+    doc = health_child._probe_library(CudaDriver(library), new_doc())
 
     (device,) = doc["devices"]
     assert (device["cuda_error"], device["error_name"]) == (500, "CUDA_ERROR_NOT_FOUND")
