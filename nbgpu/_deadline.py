@@ -58,9 +58,7 @@ class Finished:
     elapsed_ms: float
 
 
-def run_with_deadline(
-    argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float
-) -> Finished:
+def run_with_deadline(argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float) -> Finished:
     """Run ``argv`` in its own session; past ``timeout_s`` kill its whole process group.
 
     Raises ``OSError`` when the child cannot be started. An interrupt (or any other

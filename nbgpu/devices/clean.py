@@ -416,8 +416,6 @@ def _signal_all(targets: list[_Target], sig: signal.Signals, results: dict[int, 
             results[target.pid] = outcome
 
 
-
-
 def execute_clean(
     plan: CleanPlan,
     *,

@@ -77,8 +77,7 @@ def simulated_device(source: str, ordinal: int, environ: Mapping[str, str]) -> S
         )
     driver.release_primary_context(ordinal)
     return _on_cpu(
-        f"simulated fleet {fleet.name!r}: cuda:{ordinal} -> GPU {target.gpu.index} "
-        f"({target.name})"
+        f"simulated fleet {fleet.name!r}: cuda:{ordinal} -> GPU {target.gpu.index} ({target.name})"
     )
 
 
