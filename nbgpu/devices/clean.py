@@ -206,24 +206,24 @@ def _skip_reason(holder: HolderInfo, uid: int, protected: Mapping[int, str]) -> 
         return "recorded in a fleet file, not a process on this machine: nothing to signal here"
     if holder.pid in protected:
         return f"{protected[holder.pid]}: never stopped by clean"
-    if holder.verdict == "dead":
+    if holder.state == "dead":
         return (
             "already gone: nothing to stop. If the GPU stays busy its context leaked: "
             "reset the GPU (nvidia-smi --gpu-reset) or reboot"
         )
-    if holder.verdict == "other_namespace":
+    if holder.state == "other_namespace":
         return (
             "not in this PID namespace (a host pid): it cannot be signalled from here; "
             "stop it on the host, or run this container with --pid=host"
         )
-    if holder.verdict == "no_access":
+    if holder.state == "no_access":
         return "cannot inspect it (permission denied): not provably yours"
     if holder.uid is None:
         return "owner unknown: not provably yours"
     if holder.uid != uid:
         who = f"{holder.user} (uid {holder.uid})" if holder.user else f"uid {holder.uid}"
         return f"belongs to {who}, not you: clean only stops your own processes"
-    if holder.verdict == "zombie":
+    if holder.state == "zombie":
         if holder.ppid == 1:
             return (
                 "zombie (already exited): only its parent can clear it, and that is pid 1, "

@@ -47,7 +47,7 @@ class CudaCallError(Exception):
     """A driver call returned a CUresult other than CUDA_SUCCESS.
 
     Raised and caught inside the probe process only; it never reaches a user (the probe
-    reports codes as verdicts), so it is not part of ``nbgpu.errors``.
+    reports codes as outcomes), so it is not part of ``nbgpu.errors``.
     """
 
     def __init__(self, function: str, code: int) -> None:

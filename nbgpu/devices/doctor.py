@@ -1,4 +1,4 @@
-"""The doctor: one report with a verdict per GPU and the fixes, replacing fix_gpu.sh.
+"""The doctor: one report with each GPU's health, the findings and their fixes.
 
 It reads an inventory (with the active probe unless told not to), then adds what
 no single GPU shows: NVML/driver failures, the distributed-launch environment
@@ -27,8 +27,8 @@ from nbgpu._render import (
     memory_bar_html,
     wrap,
 )
+from nbgpu.devices.findings import SEVERITY_ORDER, Finding, gpu_health
 from nbgpu.devices.inventory import Inventory, take_inventory
-from nbgpu.devices.verdicts import SEVERITY_ORDER, Finding, short_verdict
 from nbgpu.faces import launch_hint
 
 __all__ = ["DIST_VARS", "DoctorReport", "diagnose_environment", "run_doctor"]
@@ -117,7 +117,7 @@ class DoctorReport(Result):
             if probe.init_error:
                 probe_text = f"; probe: {probe.init_error}"
             else:
-                good = sum(1 for r in probe.results if r.verdict == "ok")
+                good = sum(1 for r in probe.results if r.outcome == "ok")
                 probe_text = f"; probe: {good} of {len(probe.results)} contexts created"
         visible = len(inv.visible.devices) if inv.visible is not None else len(inv.gpus)
         healthy = len(inv.healthy_indices)
@@ -129,19 +129,20 @@ class DoctorReport(Result):
             line = line.replace("; probe: ", ")\n  probe: ").removesuffix(")")
         return [line]
 
-    def _verdict_table(self) -> Table:
+    def _health_table(self) -> Table:
+        # The column keeps its printed name "verdict" (stored notebook outputs compare it).
         table = Table(["GPU", "verdict", "probe", "processes", "memory used"])
         inv = self.inventory
         for gpu, findings in zip(inv.gpus, inv.findings, strict=True):
-            verdict, level = short_verdict(gpu, findings)
+            health, level = gpu_health(gpu, findings)
             probe = inv.probe.for_nvml_index(gpu.nvml_index) if inv.probe else None
-            probe_text = "-" if probe is None else probe.verdict
-            if probe is not None and probe.verdict != "ok":
+            probe_text = "-" if probe is None else probe.outcome
+            if probe is not None and probe.outcome != "ok":
                 level = "bad"
             bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes)
             table.add(
                 gpu.nvml_index,
-                verdict,
+                health,
                 probe_text,
                 len(gpu.processes),
                 fmt_bytes(gpu.memory_used_bytes),
@@ -192,7 +193,7 @@ class DoctorReport(Result):
             head = head.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
         parts = [f"<b>{head}</b>", "<div>" + escape(" ".join(self._summary_lines())) + "</div>"]
         if inv.gpus:
-            parts.append(self._verdict_table().html())
+            parts.append(self._health_table().html())
             procs = inv._process_table()
             if procs.rows:
                 parts.append(procs.html())
@@ -411,7 +412,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
             Finding("bad", "cuda_init", "driver", f"CUDA could not initialise: {probe.init_error}")
         )
     for r in probe.results:
-        if r.verdict == "ok":
+        if r.outcome == "ok":
             continue
         where = f"GPU {r.nvml_index}" if r.nvml_index is not None else f"cuda:{r.cuda_index}"
         explained = r.nvml_index is not None and any(
@@ -425,7 +426,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
             out.append(
                 Finding(
                     "bad",
-                    f"probe_{r.verdict}",
+                    f"probe_{r.outcome}",
                     where,
                     f"The probe confirms it: a CUDA context on {where} (cuda:{r.cuda_index}) "
                     f"fails with {error}.",
@@ -435,7 +436,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
             out.append(
                 Finding(
                     "bad",
-                    f"probe_{r.verdict}",
+                    f"probe_{r.outcome}",
                     where,
                     f"Creating a CUDA context on {where} (cuda:{r.cuda_index}) fails with {error}, "
                     "and NVML shows nothing that explains it: a holder in another container, or a "

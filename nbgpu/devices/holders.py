@@ -32,8 +32,8 @@ import psutil
 from nbgpu.errors import UserInputError
 
 __all__ = [
+    "HOLDER_STATES",
     "PID_MAX_LIMIT",
-    "VERDICTS",
     "ContainerInfo",
     "HolderInfo",
     "PrettyPrinter",
@@ -48,10 +48,10 @@ __all__ = [
 #: allocated below pid_max, so no namespace anywhere can hold a pid at or above this.
 PID_MAX_LIMIT = 4_194_304
 
-#: Every verdict a :class:`HolderInfo` can carry.
-VERDICTS = ("alive", "zombie", "stopped", "dead", "other_namespace", "no_access")
+#: Every state a :class:`HolderInfo` can be in (nbgpu's word, not the OS's status).
+HOLDER_STATES = ("alive", "zombie", "stopped", "dead", "other_namespace", "no_access")
 
-# psutil status strings grouped by verdict. "dead" is the kernel's X state: the task is
+# psutil status strings grouped by holder state. "dead" is the kernel's X state: the task is
 # being torn down right now, so for our purposes it is gone.
 _STOPPED_STATES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
 # Every status string psutil reports on Linux (spelled out: psutil's type stubs lack some).
@@ -72,8 +72,8 @@ _KNOWN_STATES = frozenset(
         "parked",
     }
 )
-# States a fleet file's "observed" record may carry that are verdicts, not psutil states.
-_RECORDED_VERDICT_STATES = frozenset({"dead", "zombie", "other_namespace", "no_access"})
+# States a fleet file's "observed" record may carry that are holder states, not psutil statuses.
+_RECORDED_STATES = frozenset({"dead", "zombie", "other_namespace", "no_access"})
 
 # /proc/PID/stat flags bit of kernel threads (include/linux/sched.h). Kernel threads
 # live only in the initial PID namespace, so seeing one proves we share the host's.
@@ -105,11 +105,11 @@ class HolderInfo:
     """What this machine (or a fleet file's record) says about one pid that holds a GPU."""
 
     pid: int
-    verdict: str  # one of VERDICTS
+    state: str  # one of HOLDER_STATES
     user: str | None
     uid: int | None  # real uid: the one kill(2) permission and "your own processes" use
     command: str | None  # joined cmdline, or "[name]" when the cmdline is empty
-    state: str | None  # psutil status string ("running", "sleeping", "disk-sleep", ...)
+    status: str | None  # psutil status string ("running", "sleeping", "disk-sleep", ...)
     start_time: float | None  # epoch seconds (psutil create_time); guards against pid reuse
     ppid: int | None
     orphaned: bool  # reparented: its launcher is gone (see orphan_reason)
@@ -118,18 +118,18 @@ class HolderInfo:
     recorded: bool = False  # built from a fleet file's record, not looked up here
     orphan_reason: str | None = None  # the evidence, e.g. "reparented to pid 1: ..."
     parent_command: str | None = None  # the parent's command, to name the job to stop
-    detail: str | None = None  # why the verdict, e.g. "no such process"
+    detail: str | None = None  # why this state, e.g. "no such process"
 
     def summary(self) -> str:
         """One line, e.g. ``pid 4242 (dead: no such process)``."""
-        if self.verdict in ("dead", "other_namespace", "no_access") and self.command is None:
-            return f"pid {self.pid} ({self._verdict_phrase()})"
+        if self.state in ("dead", "other_namespace", "no_access") and self.command is None:
+            return f"pid {self.pid} ({self._state_phrase()})"
         parts = [f"pid {self.pid}"]
         if self.user:
             parts.append(self.user)
         if self.command:
             parts.append(_clip(self.command, _COMMAND_WIDTH))
-        notes = [self._verdict_phrase()]
+        notes = [self._state_phrase()]
         if self.visible_devices is not None:
             notes.append(f"CUDA_VISIBLE_DEVICES={self.visible_devices}")
         if self.torchelastic:
@@ -138,10 +138,10 @@ class HolderInfo:
             notes.append(f"orphaned, {self.orphan_reason or 'launcher gone'}")
         return f"{' '.join(parts)} ({', '.join(notes)})"
 
-    def _verdict_phrase(self) -> str:
-        phrase = self.verdict
-        if self.verdict in ("alive", "stopped") and self.state:
-            phrase = self.state
+    def _state_phrase(self) -> str:
+        phrase = self.state
+        if self.state in ("alive", "stopped") and self.status:
+            phrase = self.status
         if self.recorded:
             phrase += ", recorded"
         if self.detail:
@@ -250,26 +250,26 @@ def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
 
 def _missing(pid: int, container: ContainerInfo | None) -> HolderInfo:
     if pid <= 0 or pid >= PID_MAX_LIMIT:
-        verdict, detail = "dead", "no such process (not a valid Linux pid)"
+        state, detail = "dead", "no such process (not a valid Linux pid)"
     else:
         info = container if container is not None else detect_container()
         if info.host_pid_namespace:
-            verdict, detail = "dead", "no such process"
+            state, detail = "dead", "no such process"
         else:
-            verdict = "other_namespace"
+            state = "other_namespace"
             detail = "not in this PID namespace (a host pid: run with --pid=host to see it)"
-    return _unseen(pid, verdict, detail)
+    return _unseen(pid, state, detail)
 
 
-def _unseen(pid: int, verdict: str, detail: str) -> HolderInfo:
-    """A holder we cannot look at (gone, another namespace, no access): only its verdict."""
+def _unseen(pid: int, state: str, detail: str) -> HolderInfo:
+    """A holder we cannot look at (gone, another namespace, no access): only its state."""
     return HolderInfo(
         pid=pid,
-        verdict=verdict,
+        state=state,
         user=None,
         uid=None,
         command=None,
-        state=None,
+        status=None,
         start_time=None,
         ppid=None,
         orphaned=False,
@@ -396,7 +396,7 @@ def _parent_command(ppid: int) -> str | None:
 def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
     """Look ``pid`` up on this machine.
 
-    Verdicts: ``dead`` (no such pid, and we share the host's PID namespace, or the pid
+    States: ``dead`` (no such pid, and we share the host's PID namespace, or the pid
     cannot exist anywhere); ``other_namespace`` (no such pid here, and our PID namespace
     is a container's: NVML reports host pids); ``zombie``; ``stopped``; ``no_access``
     (the kernel refused the essentials); ``alive`` otherwise. ``container`` defaults to
@@ -434,24 +434,24 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
     torchelastic = _is_torchelastic(environ)
     detail = None
     if status == psutil.STATUS_ZOMBIE:
-        verdict = "zombie"
+        state = "zombie"
         detail = f"exited; parent pid {ppid} must reap it"
         orphan_reason = None
     else:
         if status in _STOPPED_STATES:
-            verdict = "stopped"
+            state = "stopped"
         elif status == psutil.STATUS_DEAD:
-            verdict, detail = "dead", "exiting right now"
+            state, detail = "dead", "exiting right now"
         else:
-            verdict = "alive"
+            state = "alive"
         orphan_reason = _orphan_reason(pid, ppid, start_time, torchelastic)
     return HolderInfo(
         pid=pid,
-        verdict=verdict,
+        state=state,
         user=user,
         uid=uid,
         command=_join_command(cmdline, name),
-        state=status,
+        status=status,
         start_time=start_time,
         ppid=ppid,
         orphaned=orphan_reason is not None,
@@ -465,7 +465,7 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
 
 def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's fields)
     pid: int,
-    state: str,
+    observed: str,
     user: str | None,
     command: str | None,
     visible_devices: str | None,
@@ -473,27 +473,27 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
 ) -> HolderInfo:
     """A holder as a fleet file recorded it where it was captured (never looked up here).
 
-    ``state`` is a verdict (``dead``, ``zombie``, ``other_namespace``, ``no_access``)
+    ``observed`` is a holder state (``dead``, ``zombie``, ``other_namespace``, ``no_access``)
     or a psutil status (``running``, ``sleeping``, ``disk-sleep``, ``stopped``, ...).
     """
-    if state in _RECORDED_VERDICT_STATES:
-        verdict = state
-    elif state in _STOPPED_STATES:
-        verdict = "stopped"
-    elif state in _KNOWN_STATES:
-        verdict = "alive"
+    if observed in _RECORDED_STATES:
+        state = observed
+    elif observed in _STOPPED_STATES:
+        state = "stopped"
+    elif observed in _KNOWN_STATES:
+        state = "alive"
     else:
-        accepted = sorted(_RECORDED_VERDICT_STATES | _KNOWN_STATES)
+        accepted = sorted(_RECORDED_STATES | _KNOWN_STATES)
         raise UserInputError(
-            f"recorded process state {state!r} for pid {pid}; expected one of {', '.join(accepted)}"
+            f"recorded process state {observed!r} for pid {pid}; expected one of {', '.join(accepted)}"
         )
     return HolderInfo(
         pid=pid,
-        verdict=verdict,
+        state=state,
         user=user,
         uid=None,
         command=command,
-        state=state if state in _KNOWN_STATES else None,
+        status=observed if observed in _KNOWN_STATES else None,
         start_time=start_time,
         ppid=None,
         orphaned=False,

@@ -7,7 +7,7 @@ lack ``_v2``/``_v3`` symbols, and reading one snapshot of every GPU into
 :mod:`nbgpu.devices.model` types. No pynvml object leaves this module.
 
 It must never import psutil, torch, IPython, pandas or matplotlib; holders and
-verdicts are ``inventory.py``'s business.
+findings are ``inventory.py``'s business.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ MAX_HISTORY = 86_400
 class ProcessPoint:
     pid: int
     used_bytes: int | None
-    verdict: str  # the inventory's: alive, dead, zombie, other_namespace, ...
+    state: str  # the holder's: alive, dead, zombie, other_namespace, ...
     label: str | None = None  # "this kernel", "run 'x' rank 1", ...
 
 
@@ -117,7 +117,7 @@ def take_sample(
             temperature_c=g.temperature_c,
             power_w=g.power_w,
             processes=tuple(
-                ProcessPoint(p.pid, p.used_bytes, p.verdict, label(p.pid)) for p in g.processes
+                ProcessPoint(p.pid, p.used_bytes, p.state, label(p.pid)) for p in g.processes
             ),
             error=g.error,
         )

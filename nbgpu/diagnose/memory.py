@@ -23,7 +23,7 @@ def _gib(value: float) -> str:
 
 
 def memory_details(run_dir: Path) -> tuple[str, ...]:
-    """Lines to add to an OOM finding (empty without memory records)."""
+    """Lines to add to an OOM cause (empty without memory records)."""
     from nbgpu.profile.report import memory_report  # noqa: PLC0415
 
     try:
@@ -102,12 +102,12 @@ def import_storm(report: Any) -> str | None:
     )
 
 
-def with_memory_details(findings: tuple[Any, ...], run_dir: Path | None) -> tuple[Any, ...]:
-    """The findings, with memory facts added to an OOM root cause."""
-    if run_dir is None or not findings or not findings[0].root or findings[0].cause not in _OOM:
-        return findings
+def with_memory_details(causes: tuple[Any, ...], run_dir: Path | None) -> tuple[Any, ...]:
+    """The causes found, with memory facts added to an OOM root cause."""
+    if run_dir is None or not causes or not causes[0].root or causes[0].cause not in _OOM:
+        return causes
     extra = memory_details(run_dir)
     if not extra:
-        return findings
-    root = findings[0]
-    return (replace(root, details=(*root.details, *extra)), *findings[1:])
+        return causes
+    root = causes[0]
+    return (replace(root, details=(*root.details, *extra)), *causes[1:])

@@ -5,7 +5,7 @@ busy or unavailable" (error 46), a lost GPU, a stub or mismatched driver. This p
 that opt-in probe (``%gpu_status --probe``, ``nbgpu status --probe``, ``nbgpu doctor``):
 ``probe`` (the parent: start the child against a deadline, read its answer), ``child``
 (``python -m nbgpu.devices.health.child``: load the driver, one context per device, one
-JSON line) and ``report`` (:class:`ProbeReport`: CUDA's codes as verdicts, rendering).
+JSON line) and ``report`` (:class:`ProbeReport`: CUDA's codes as outcomes, rendering).
 
 Never in the Jupyter kernel: a context there would itself hold the GPU (and, in exclusive
 mode, lock the user's own training job out). Never imports torch, pynvml, psutil or

@@ -23,7 +23,7 @@ from nbgpu._deadline import Finished, run_with_deadline
 from nbgpu._lineage import with_package_importable
 from nbgpu.devices.cuda_errors import LIBCUDA_SONAME, error_name, error_string
 from nbgpu.devices.health.child import DOC_FORMAT, PARENT_ENV, PROGRESS
-from nbgpu.devices.health.report import ProbeReport, ProbeResult, verdict_for
+from nbgpu.devices.health.report import ProbeReport, ProbeResult, outcome_for
 from nbgpu.devices.simenv import simulation_source
 from nbgpu.errors import ProbeError, UserInputError
 
@@ -45,7 +45,7 @@ def probe_devices(
     probe a simulated fleet. ``nvml_index_by_uuid`` (NVML UUID -> NVML index, as an
     inventory knows it) matches results back to physical GPUs; simulated, the fleet gives it.
 
-    Never raises for a GPU or driver problem: those are verdicts. Raises ``FleetSpecError``
+    Never raises for a GPU or driver problem: those are outcomes. Raises ``FleetSpecError``
     for a malformed ``NBGPU_SIMULATE``, ``UserInputError`` for a bad timeout, and
     ``ProbeError`` if the probe process cannot be started at all.
     """
@@ -100,14 +100,14 @@ def _report(
         *,
         driver_version: int | None = None,
         init_error: str | None = None,
-        init_verdict: str | None = None,
+        init_outcome: str | None = None,
         timed_out: bool = False,
     ) -> ProbeReport:
         return ProbeReport(
             results=results,
             driver_version=driver_version,
             init_error=init_error,
-            init_verdict=init_verdict,
+            init_outcome=init_outcome,
             simulated=simulated,
             timed_out=timed_out,
             elapsed_ms=run.elapsed_ms,
@@ -123,7 +123,7 @@ def _report(
         )
         if run.returncode is None:
             message += f", but pid {run.pid} is still in the driver (uninterruptible sleep)"
-        return report(init_error=message, init_verdict="timeout", timed_out=True)
+        return report(init_error=message, init_outcome="timeout", timed_out=True)
     doc = _last_json(run.stdout)
     if doc is None or doc.get("format") != DOC_FORMAT:
         last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
@@ -133,12 +133,12 @@ def _report(
             else f"exited with code {run.returncode} without a report"
         )
         message = f"the CUDA probe process {how}: {last.strip() or 'no output'}"
-        return report(init_error=message, init_verdict="error")
+        return report(init_error=message, init_outcome="error")
     init = doc.get("init")
     driver_version = doc.get("driver_version")
     if init is not None:
-        message, verdict = _init_failure(init)
-        return report(driver_version=driver_version, init_error=message, init_verdict=verdict)
+        message, outcome = _init_failure(init)
+        return report(driver_version=driver_version, init_error=message, init_outcome=outcome)
     by_body = {_uuid_body(full): (full, index) for full, index in uuids.items()}
     results = []
     for device in doc.get("devices", []):
@@ -153,7 +153,7 @@ def _report(
                 nvml_index=nvml_index,
                 uuid=uuid,
                 name=device.get("name"),
-                verdict=verdict_for(code),
+                outcome=outcome_for(code),
                 cuda_error=code,
                 error_name=device.get("error_name"),
                 message=device.get("message") or "",
@@ -165,7 +165,7 @@ def _report(
 
 
 def _init_failure(init: Mapping[str, Any]) -> tuple[str, str]:
-    """(init_error, init_verdict) from the child's ``init`` record."""
+    """(init_error, init_outcome) from the child's ``init`` record."""
     if init.get("stage") == "load":
         # The loader's message starts with the file name already: "libcuda.so.1: cannot open…"
         detail = str(init.get("detail", "")).removeprefix(f"{LIBCUDA_SONAME}: ")
@@ -176,7 +176,7 @@ def _init_failure(init: Mapping[str, Any]) -> tuple[str, str]:
     name = init.get("name") or error_name(code) or "unknown code"
     words = init.get("message") or error_string(code) or "no description"
     message = f"{init.get('stage', 'cuInit')} failed with {name} ({code}): {words}"
-    return message, "unknown" if code == 999 else verdict_for(code)
+    return message, "unknown" if code == 999 else outcome_for(code)
 
 
 def _last_json(stdout: bytes) -> dict[str, Any] | None:

@@ -1,6 +1,6 @@
 """What the CUDA probe found: one :class:`ProbeResult` per device, one :class:`ProbeReport`.
 
-CUDA's codes become the probe's verdicts (``busy``, ``lost``, ``driver_mismatch``, ...),
+CUDA's codes become the probe's outcomes (``busy``, ``lost``, ``driver_mismatch``, ...),
 each with what it means and what to do; the report renders as text / HTML / JSON.
 Standard library and ``nbgpu._render`` only: no processes, no driver.
 """
@@ -17,15 +17,15 @@ from nbgpu._render import Result, Table
 from nbgpu.devices.cuda_errors import LIBCUDA_SONAME
 
 __all__ = [
-    "INIT_VERDICTS",
-    "VERDICTS",
+    "INIT_OUTCOMES",
+    "OUTCOMES",
     "ProbeReport",
     "ProbeResult",
-    "verdict_for",
+    "outcome_for",
 ]
 
-#: Per-device verdicts, with what each means and what to do about it.
-VERDICTS: Mapping[str, str] = {
+#: Per-device outcomes, with what each means and what to do about it.
+OUTCOMES: Mapping[str, str] = {
     "ok": "a CUDA context was created and released",
     "busy": (
         "another process holds this GPU (exclusive-process mode, possibly a dead or zombie "
@@ -57,9 +57,9 @@ VERDICTS: Mapping[str, str] = {
     "error": "an unexpected CUDA error: see its name and message",
 }
 
-#: Verdicts only the probe as a whole can get (``ProbeReport.init_verdict``), on top of
+#: Outcomes only the probe as a whole can get (``ProbeReport.init_outcome``), on top of
 #: the per-device ones for the CUDA code ``cuInit`` returned.
-INIT_VERDICTS: Mapping[str, str] = {
+INIT_OUTCOMES: Mapping[str, str] = {
     "no_driver": (
         f"the NVIDIA driver library {LIBCUDA_SONAME} is not installed here (or a container "
         "was started without the NVIDIA runtime: `docker run --gpus all`)"
@@ -77,7 +77,7 @@ INIT_VERDICTS: Mapping[str, str] = {
     ),
 }
 
-_VERDICT_BY_CODE: Mapping[int, str] = {
+_OUTCOME_BY_CODE: Mapping[int, str] = {
     0: "ok",
     46: "busy",  # CUDA_ERROR_DEVICE_UNAVAILABLE
     # Out of memory while creating a context: someone else fills the GPU, so for the user
@@ -104,9 +104,9 @@ def _sentences(fact: str, hint: str) -> str:
     return f"{fact} {hint[0].upper()}{hint[1:]}." if hint else fact
 
 
-def verdict_for(cuda_error: int) -> str:
-    """The verdict for a CUresult from context creation: 46 -> ``"busy"``, etc."""
-    return _VERDICT_BY_CODE.get(cuda_error, "error")
+def outcome_for(cuda_error: int) -> str:
+    """The outcome for a CUresult from context creation: 46 -> ``"busy"``, etc."""
+    return _OUTCOME_BY_CODE.get(cuda_error, "error")
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class ProbeResult:
     nvml_index: int | None  # matched back by UUID when possible
     uuid: str | None
     name: str | None
-    verdict: str  # a key of VERDICTS
+    outcome: str  # a key of OUTCOMES
     cuda_error: int  # 0 for ok
     error_name: str | None  # "CUDA_ERROR_DEVICE_UNAVAILABLE"
     message: str  # CUDA's own wording for the error; a plain sentence for ok
@@ -126,7 +126,7 @@ class ProbeResult:
 
     @property
     def ok(self) -> bool:
-        return self.verdict == "ok"
+        return self.outcome == "ok"
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class ProbeReport(Result):
     results: tuple[ProbeResult, ...]
     driver_version: int | None  # cuDriverGetVersion, e.g. 12040
     init_error: str | None  # set when the library, cuInit or the probe process failed
-    init_verdict: str | None  # a key of INIT_VERDICTS or VERDICTS
+    init_outcome: str | None  # a key of INIT_OUTCOMES or OUTCOMES
     simulated: bool
     timed_out: bool
     elapsed_ms: float  # wall time, including starting the probe process
@@ -175,7 +175,7 @@ class ProbeReport(Result):
                 f"cuda:{r.cuda_index}",
                 "-" if r.nvml_index is None else r.nvml_index,
                 r.name or "-",
-                r.verdict,
+                r.outcome,
                 detail,
                 level="ok" if r.ok else "bad",
             )
@@ -184,8 +184,8 @@ class ProbeReport(Result):
     def notes(self) -> list[str]:
         """One sentence per problem: CUDA's words first, then what to do."""
         if self.init_error is not None:
-            verdict = self.init_verdict or "error"
-            hint = INIT_VERDICTS.get(verdict) or VERDICTS.get(verdict, "")
+            outcome = self.init_outcome or "error"
+            hint = INIT_OUTCOMES.get(outcome) or OUTCOMES.get(outcome, "")
             return [_sentences(self.init_error, hint)]
         lines = []
         for r in self.results:
@@ -195,7 +195,7 @@ class ProbeReport(Result):
             if r.nvml_index is not None:
                 where += f" (GPU {r.nvml_index})"
             code = f"{r.error_name} ({r.cuda_error})" if r.error_name else str(r.cuda_error)
-            lines.append(_sentences(f"{where}: {code}: {r.message}", VERDICTS.get(r.verdict, "")))
+            lines.append(_sentences(f"{where}: {code}: {r.message}", OUTCOMES.get(r.outcome, "")))
         return lines
 
     def text(self) -> str:
@@ -216,7 +216,19 @@ class ProbeReport(Result):
         return f"{title}{table}{notes}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = _renamed(asdict(self), "init_outcome", "init_verdict")
+        doc["results"] = [_result_dict(r) for r in self.results]
+        return doc
 
     def records(self) -> list[dict[str, Any]]:
-        return [asdict(r) for r in self.results]
+        return [_result_dict(r) for r in self.results]
+
+
+def _result_dict(result: ProbeResult) -> dict[str, Any]:
+    return _renamed(asdict(result), "outcome", "verdict")
+
+
+def _renamed(doc: dict[str, Any], key: str, json_key: str) -> dict[str, Any]:
+    """``doc`` with ``key`` spelled ``json_key``, in place: the JSON keeps the name users
+    parse (``verdict``) while the code says what it is (the probe's outcome)."""
+    return {json_key if k == key else k: v for k, v in doc.items()}
