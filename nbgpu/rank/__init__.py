@@ -26,9 +26,10 @@ CUDA path; the simulated one is ``nbgpu.devices.simulate_rank``, imported only u
 
 Importing this package is cheap: it must never import torch at module level (torch is
 imported inside the functions that need it), and never IPython, pynvml or psutil at all.
-Under simulation it reads the fleet through ``nbgpu.devices`` (simulated CUDA driver and
-``CUDA_VISIBLE_DEVICES`` resolution); ``init`` records the memory phase ``init`` through
-``nbgpu.profile.phases`` (standard library only); nothing else of nbgpu.
+At import it reads only ``nbgpu.devices.simenv`` and ``nbgpu.devices.cuda_errors``
+(standard library only); the fleet and the fake driver load only under simulation;
+``init`` records the memory phase ``init`` through ``nbgpu.profile.phases`` (standard
+library only); nothing else of nbgpu.
 """
 
 from __future__ import annotations
