@@ -47,7 +47,7 @@ def doctor(
     environ: Mapping[str, str] | None = None,
     face: str = "python",
 ) -> DoctorReport:
-    """One report: a verdict per GPU, the launch environment checked, and fixes.
+    """One report: each GPU's health, the launch environment checked, and fixes.
 
     ``nproc`` checks a planned number of ranks per node against the visible GPUs
     (``NPROC_PER_NODE`` from the environment is checked either way).

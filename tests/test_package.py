@@ -3,6 +3,7 @@
 import ast
 import importlib
 import json
+import os
 import pkgutil
 import subprocess
 import sys
@@ -171,5 +172,41 @@ def test_layers_import_one_way():
     assert worker_profile <= {"nbgpu.profile.phases", "nbgpu.profile.phases.configure",
                               "nbgpu.profile.recorder",
                               "nbgpu.profile.recorder.Recorder"}  # fmt: skip
-    rank_imports = _nbgpu_imports(PACKAGE / "rank.py")
-    assert not {m for m in rank_imports if m.startswith(("nbgpu.launch", "nbgpu.notebook"))}
+    for path in (PACKAGE / "rank").rglob("*.py"):
+        rank_imports = _nbgpu_imports(path)
+        assert not {m for m in rank_imports if m.startswith(("nbgpu.launch", "nbgpu.notebook"))}
+
+
+# Modules every process imports early (ranks, the probe's child, torchrun's agent): the
+# standard library and nothing else, not even the rest of nbgpu.
+STDLIB_ONLY = ("_deadline.py", "_lineage.py", "devices/simenv.py", "devices/cuda_errors.py")
+
+
+def test_process_level_helpers_import_the_standard_library_only():
+    for rel in STDLIB_ONLY:
+        path = PACKAGE / rel
+        third_party = {m for m in _imports(path) if m not in sys.stdlib_module_names}
+        assert not third_party, f"{rel} imports {sorted(third_party)}"
+
+
+def test_the_cuda_driver_and_its_simulation_do_not_import_each_other():
+    driver = _nbgpu_imports(PACKAGE / "devices" / "cuda_driver.py")
+    simulation = _nbgpu_imports(PACKAGE / "devices" / "simulate_cuda.py")
+    assert not {m for m in driver if m.startswith("nbgpu.devices.simulate")}
+    assert not {m for m in simulation if m.startswith("nbgpu.devices.cuda_driver")}
+
+
+def test_a_real_rank_never_loads_the_simulation():
+    # nbgpu.rank reaches the simulated path through one lazy import, only under
+    # NBGPU_SIMULATE; importing it (and asking for the device on CPU) loads none of it.
+    script = (
+        "import sys, nbgpu.rank\n"
+        "sim = ('fleet', 'simulate', 'simulate_cuda', 'simulate_rank', 'cuda_driver', 'nvml')\n"
+        "print(sorted(m for m in sim if 'nbgpu.devices.' + m in sys.modules))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NBGPU_SIMULATE"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60,
+        env=env,
+    )  # fmt: skip
+    assert out.stdout.strip() == "[]"

@@ -7,9 +7,10 @@ the probe needs: ``cuInit``, ``cuDriverGetVersion``, ``cuDeviceGetCount``, ``cuD
 ``cuDevicePrimaryCtxRetain`` / ``cuDevicePrimaryCtxRelease[_v2]``, ``cuGetErrorName`` and
 ``cuGetErrorString``, with CUDA's error table for when the library cannot be asked.
 
-:func:`load_cuda_library` returns the real ``ctypes.CDLL("libcuda.so.1")`` or, when
-``NBGPU_SIMULATE`` is set, the fake of ``simulate_cuda.py``. :class:`CudaDriver` makes the
-same C-shaped calls (ctypes objects, ``byref`` out-parameters, ``CUresult`` ints) on either.
+:class:`CudaDriver` makes C-shaped calls (ctypes objects, ``byref`` out-parameters,
+``CUresult`` ints) on a library object: the real ``ctypes.CDLL("libcuda.so.1")`` or the
+fake of ``simulate_cuda.py`` (the probe's child picks one). Error codes and their words
+live in ``cuda_errors.py``, shared with the simulation without importing it.
 
 Loading this module never touches the driver, but *calling* it creates CUDA contexts, which
 hold a GPU: it is meant for the short-lived probe process of ``health.py``, never for the
@@ -20,94 +21,16 @@ from __future__ import annotations
 
 import ctypes
 import uuid as uuidlib
-from collections.abc import Mapping
 from typing import Any
 
-__all__ = [
-    "CUDA_ERRORS",
-    "CUDA_ERROR_DEVICE_UNAVAILABLE",
-    "CUDA_ERROR_ECC_UNCORRECTABLE",
-    "CUDA_ERROR_INVALID_CONTEXT",
-    "CUDA_ERROR_INVALID_DEVICE",
-    "CUDA_ERROR_INVALID_VALUE",
-    "CUDA_ERROR_NOT_FOUND",
-    "CUDA_ERROR_NOT_INITIALIZED",
-    "CUDA_ERROR_NOT_PERMITTED",
-    "CUDA_ERROR_NO_DEVICE",
-    "CUDA_ERROR_OUT_OF_MEMORY",
-    "CUDA_ERROR_STUB_LIBRARY",
-    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-    "CUDA_ERROR_UNKNOWN",
-    "CUDA_SUCCESS",
-    "LIBCUDA_SONAME",
-    "SIMULATE_ENV",
-    "CUuuid",
-    "CudaCallError",
-    "CudaDriver",
-    "error_name",
-    "error_string",
-    "load_cuda_library",
-    "simulation_source",
-]
+from nbgpu.devices.cuda_errors import (
+    CUDA_ERROR_NOT_FOUND,
+    CUDA_SUCCESS,
+    error_name,
+    error_string,
+)
 
-#: The driver's own soname. Not the unversioned ``libcuda.so``: in most images that name
-#: only exists as the CUDA toolkit's *stub* (``lib64/stubs``), which fails every call.
-LIBCUDA_SONAME = "libcuda.so.1"
-SIMULATE_ENV = "NBGPU_SIMULATE"
-
-# CUresult values (cuda.h) that the probe tells apart.
-CUDA_SUCCESS = 0
-CUDA_ERROR_INVALID_VALUE = 1
-CUDA_ERROR_OUT_OF_MEMORY = 2
-CUDA_ERROR_NOT_INITIALIZED = 3
-CUDA_ERROR_STUB_LIBRARY = 34
-CUDA_ERROR_DEVICE_UNAVAILABLE = 46
-CUDA_ERROR_NO_DEVICE = 100
-CUDA_ERROR_INVALID_DEVICE = 101
-CUDA_ERROR_INVALID_CONTEXT = 201
-CUDA_ERROR_ECC_UNCORRECTABLE = 214
-CUDA_ERROR_NOT_FOUND = 500
-CUDA_ERROR_NOT_PERMITTED = 800
-CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803
-CUDA_ERROR_UNKNOWN = 999
-
-#: ``code -> (cuGetErrorName, cuGetErrorString)`` exactly as the driver words them. Used
-#: by the simulated library, and as a fallback when the real one cannot be asked (a stub
-#: library answers every call with 34, a missing one not at all).
-CUDA_ERRORS: Mapping[int, tuple[str, str]] = {
-    CUDA_SUCCESS: ("CUDA_SUCCESS", "no error"),
-    CUDA_ERROR_INVALID_VALUE: ("CUDA_ERROR_INVALID_VALUE", "invalid argument"),
-    CUDA_ERROR_OUT_OF_MEMORY: ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
-    CUDA_ERROR_NOT_INITIALIZED: ("CUDA_ERROR_NOT_INITIALIZED", "initialization error"),
-    4: ("CUDA_ERROR_DEINITIALIZED", "driver shutting down"),
-    CUDA_ERROR_STUB_LIBRARY: ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
-    CUDA_ERROR_DEVICE_UNAVAILABLE: (
-        "CUDA_ERROR_DEVICE_UNAVAILABLE",
-        "CUDA-capable device(s) is/are busy or unavailable",
-    ),
-    CUDA_ERROR_NO_DEVICE: ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
-    CUDA_ERROR_INVALID_DEVICE: ("CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"),
-    CUDA_ERROR_INVALID_CONTEXT: ("CUDA_ERROR_INVALID_CONTEXT", "invalid device context"),
-    CUDA_ERROR_ECC_UNCORRECTABLE: (
-        "CUDA_ERROR_ECC_UNCORRECTABLE",
-        "uncorrectable ECC error encountered",
-    ),
-    304: ("CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"),
-    CUDA_ERROR_NOT_FOUND: ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
-    CUDA_ERROR_NOT_PERMITTED: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
-    801: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
-    802: ("CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"),
-    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: (
-        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-        "system has unsupported display driver / cuda driver combination",
-    ),
-    804: (
-        "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
-        "forward compatibility was attempted on non supported HW",
-    ),
-    909: ("CUDA_ERROR_TIMEOUT", "wait operation timed out"),
-    CUDA_ERROR_UNKNOWN: ("CUDA_ERROR_UNKNOWN", "unknown error"),
-}
+__all__ = ["CUuuid", "CudaCallError", "CudaDriver"]
 
 # Large enough for any device name / bus id the driver writes (cuda.h uses 256 / 13+).
 _NAME_BYTES = 256
@@ -124,52 +47,13 @@ class CudaCallError(Exception):
     """A driver call returned a CUresult other than CUDA_SUCCESS.
 
     Raised and caught inside the probe process only; it never reaches a user (the probe
-    reports codes as verdicts), so it is not part of ``nbgpu.errors``.
+    reports codes as outcomes), so it is not part of ``nbgpu.errors``.
     """
 
     def __init__(self, function: str, code: int) -> None:
         super().__init__(f"{function} returned {code} ({error_name(code) or 'unknown code'})")
         self.function = function
         self.code = code
-
-
-def error_name(code: int) -> str | None:
-    """CUDA's name for ``code`` from the built-in table (no library needed)."""
-    entry = CUDA_ERRORS.get(code)
-    return entry[0] if entry else None
-
-
-def error_string(code: int) -> str | None:
-    """CUDA's description of ``code`` from the built-in table (no library needed)."""
-    entry = CUDA_ERRORS.get(code)
-    return entry[1] if entry else None
-
-
-def simulation_source(environ: Mapping[str, str]) -> str | None:
-    """The ``NBGPU_SIMULATE`` value, or None; empty counts as unset (as in ``nvml.py``)."""
-    value = environ.get(SIMULATE_ENV, "").strip()
-    return value or None
-
-
-def load_cuda_library(environ: Mapping[str, str]) -> object:
-    """The CUDA driver library this process should call.
-
-    ``NBGPU_SIMULATE`` set: the simulated library for that fleet, which honours
-    ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` from *environ* as the driver would.
-    Otherwise ``ctypes.CDLL("libcuda.so.1")`` (the real driver reads the process's own
-    environment, so *environ* must be this process's).
-
-    Raises ``OSError`` when the library cannot be loaded (no driver on this machine or in
-    this container), for the real and the simulated library alike; ``FleetSpecError`` for
-    a malformed ``NBGPU_SIMULATE``.
-    """
-    source = simulation_source(environ)
-    if source is None:
-        return ctypes.CDLL(LIBCUDA_SONAME)
-    # Imported here: the fleet and CUDA_VISIBLE_DEVICES machinery is only needed simulated.
-    from nbgpu.devices.simulate_cuda import load_simulated_cuda  # noqa: PLC0415
-
-    return load_simulated_cuda(source, environ)
 
 
 class CudaDriver:

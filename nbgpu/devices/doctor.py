@@ -1,18 +1,14 @@
-"""The doctor: one report with a verdict per GPU and the fixes, replacing fix_gpu.sh.
+"""The doctor: one report with each GPU's health, the findings and their fixes.
 
 It reads an inventory (with the active probe unless told not to), then adds what
-no single GPU shows: NVML/driver failures, the distributed-launch environment
-(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NPROC_PER_NODE) checked
-against the visible GPUs, ``CUDA_VISIBLE_DEVICES`` mistakes, containers, and a
-recommendation for how many ranks on which GPUs. Pure logic over the inventory plus
-one socket bind to test MASTER_PORT; never imports IPython or torch.
+no single GPU shows: NVML/driver failures, what the probe confirmed, the launch
+environment (``environment.py``), and a recommendation for how many ranks on which
+GPUs. Pure logic over the inventory; never imports IPython or torch.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
@@ -27,21 +23,12 @@ from nbgpu._render import (
     memory_bar_html,
     wrap,
 )
+from nbgpu.devices.environment import DIST_VARS, environment_findings
+from nbgpu.devices.findings import SEVERITY_ORDER, Finding, gpu_health
 from nbgpu.devices.inventory import Inventory, take_inventory
-from nbgpu.devices.verdicts import SEVERITY_ORDER, Finding, short_verdict
 from nbgpu.faces import launch_hint
 
-__all__ = ["DIST_VARS", "DoctorReport", "diagnose_environment", "run_doctor"]
-
-DIST_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NPROC_PER_NODE",
-)
+__all__ = ["DoctorReport", "run_doctor"]
 
 _NVML_FIXES: Mapping[int, tuple[str, tuple[str, ...]]] = {
     12: (
@@ -117,7 +104,7 @@ class DoctorReport(Result):
             if probe.init_error:
                 probe_text = f"; probe: {probe.init_error}"
             else:
-                good = sum(1 for r in probe.results if r.verdict == "ok")
+                good = sum(1 for r in probe.results if r.outcome == "ok")
                 probe_text = f"; probe: {good} of {len(probe.results)} contexts created"
         visible = len(inv.visible.devices) if inv.visible is not None else len(inv.gpus)
         healthy = len(inv.healthy_indices)
@@ -129,19 +116,20 @@ class DoctorReport(Result):
             line = line.replace("; probe: ", ")\n  probe: ").removesuffix(")")
         return [line]
 
-    def _verdict_table(self) -> Table:
+    def _health_table(self) -> Table:
+        # The column keeps its printed name "verdict" (stored notebook outputs compare it).
         table = Table(["GPU", "verdict", "probe", "processes", "memory used"])
         inv = self.inventory
         for gpu, findings in zip(inv.gpus, inv.findings, strict=True):
-            verdict, level = short_verdict(gpu, findings)
+            health, level = gpu_health(gpu, findings)
             probe = inv.probe.for_nvml_index(gpu.nvml_index) if inv.probe else None
-            probe_text = "-" if probe is None else probe.verdict
-            if probe is not None and probe.verdict != "ok":
+            probe_text = "-" if probe is None else probe.outcome
+            if probe is not None and probe.outcome != "ok":
                 level = "bad"
             bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes)
             table.add(
                 gpu.nvml_index,
-                verdict,
+                health,
                 probe_text,
                 len(gpu.processes),
                 fmt_bytes(gpu.memory_used_bytes),
@@ -192,7 +180,7 @@ class DoctorReport(Result):
             head = head.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
         parts = [f"<b>{head}</b>", "<div>" + escape(" ".join(self._summary_lines())) + "</div>"]
         if inv.gpus:
-            parts.append(self._verdict_table().html())
+            parts.append(self._health_table().html())
             procs = inv._process_table()
             if procs.rows:
                 parts.append(procs.html())
@@ -219,152 +207,6 @@ class DoctorReport(Result):
             "recommendation": self.recommendation,
             "inventory": self.inventory.to_dict(),
         }
-
-
-def _int_env(environ: Mapping[str, str], key: str, out: list[Finding]) -> int | None:
-    raw = environ.get(key)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        out.append(
-            Finding(
-                "bad",
-                "bad_env",
-                "environment",
-                f"{key}={raw!r} is not a whole number.",
-                (f"`unset {key}` or set it to a number",),
-            )
-        )
-        return None
-    if value < 0:
-        out.append(Finding("bad", "bad_env", "environment", f"{key}={value} is negative."))
-        return None
-    return value
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    # Binding is the only reliable test: connect() says nothing about TIME_WAIT etc.
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host if host not in ("localhost", "") else "127.0.0.1", port))
-        except OSError as exc:
-            return exc.errno == errno.EADDRINUSE
-    return False
-
-
-def diagnose_environment(
-    inventory: Inventory,
-    environ: Mapping[str, str],
-    *,
-    nproc: int | None = None,
-    face: str = "notebook",
-) -> list[Finding]:
-    """Findings about the launch environment against the visible, healthy GPUs."""
-    out: list[Finding] = []
-    if inventory.nvml_error:
-        return out
-    visible = inventory.visible.devices if inventory.visible is not None else ()
-    n_visible = len(visible)
-    healthy = set(inventory.healthy_indices)
-    healthy_visible = [d for d in visible if d.nvml_index in healthy]
-    if inventory.visible is not None:
-        out.extend(
-            Finding("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", problem)
-            for problem in inventory.visible.problems
-        )
-    if inventory.gpus and n_visible == 0:
-        out.append(
-            Finding(
-                "bad",
-                "nothing_visible",
-                "CUDA_VISIBLE_DEVICES",
-                f"CUDA_VISIBLE_DEVICES={inventory.visible_value!r} hides every GPU: CUDA will "
-                "report no device.",
-                ("`unset CUDA_VISIBLE_DEVICES`, or list GPUs by index or UUID (e.g. 0,1)",),
-            )
-        )
-    wanted = nproc if nproc is not None else _int_env(environ, "NPROC_PER_NODE", out)
-    source = "nproc" if nproc is not None else "NPROC_PER_NODE"
-    if wanted is not None and wanted > n_visible:
-        out.append(
-            Finding(
-                "bad",
-                "nproc_exceeds_gpus",
-                "environment",
-                f"{source}={wanted} but {n_visible} GPUs are visible: ranks {n_visible}.."
-                f"{wanted - 1} would fail with 'CUDA error: invalid device ordinal'.",
-                (
-                    (
-                        f"launch {len(healthy_visible) or n_visible} ranks "
-                        f"(`{launch_hint(face)}` sizes nproc from the healthy GPUs when you "
-                        "give no number)"
-                    ),
-                    f"or `export NPROC_PER_NODE={len(healthy_visible) or n_visible}`",
-                ),
-            )
-        )
-    elif wanted is not None and wanted > len(healthy_visible):
-        out.append(
-            Finding(
-                "warn",
-                "nproc_exceeds_healthy",
-                "environment",
-                f"{source}={wanted} but only {len(healthy_visible)} of the {n_visible} visible GPUs "
-                "are healthy.",
-                ("fix the GPUs flagged above, or launch fewer ranks on the healthy ones",),
-            )
-        )
-    local_rank = _int_env(environ, "LOCAL_RANK", out)
-    if local_rank is not None and local_rank >= n_visible:
-        out.append(
-            Finding(
-                "bad",
-                "local_rank_exceeds_gpus",
-                "environment",
-                f"local_rank {local_rank} >= {n_visible} visible devices: "
-                f"torch.cuda.set_device({local_rank}) fails with 'invalid device ordinal'.",
-                ("launch at most one rank per visible GPU; check CUDA_VISIBLE_DEVICES per job",),
-            )
-        )
-    rank = _int_env(environ, "RANK", out)
-    world = _int_env(environ, "WORLD_SIZE", out)
-    if rank is not None and world is not None and rank >= world:
-        out.append(
-            Finding(
-                "bad",
-                "rank_exceeds_world",
-                "environment",
-                f"RANK={rank} but WORLD_SIZE={world}: ranks are 0..{world - 1}.",
-            )
-        )
-    port_text = environ.get("MASTER_PORT")
-    if port_text:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            out.append(
-                Finding(
-                    "bad",
-                    "bad_env",
-                    "environment",
-                    f"MASTER_PORT={port_text!r} is not a port number (1-65535).",
-                )
-            )
-        elif rank in (None, 0) and _port_in_use(
-            environ.get("MASTER_ADDR", "127.0.0.1"), int(port_text)
-        ):
-            out.append(
-                Finding(
-                    "warn",
-                    "port_in_use",
-                    "environment",
-                    f"MASTER_PORT={port_text} is already in use on this machine: a new rendezvous "
-                    "there fails with 'address already in use' (another run on this box).",
-                    ("unset MASTER_PORT and let nbgpu pick a free port, or choose another one",),
-                )
-            )
-    return out
 
 
 def _nvml_finding(inventory: Inventory) -> Finding:
@@ -411,7 +253,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
             Finding("bad", "cuda_init", "driver", f"CUDA could not initialise: {probe.init_error}")
         )
     for r in probe.results:
-        if r.verdict == "ok":
+        if r.outcome == "ok":
             continue
         where = f"GPU {r.nvml_index}" if r.nvml_index is not None else f"cuda:{r.cuda_index}"
         explained = r.nvml_index is not None and any(
@@ -425,7 +267,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
             out.append(
                 Finding(
                     "bad",
-                    f"probe_{r.verdict}",
+                    f"probe_{r.outcome}",
                     where,
                     f"The probe confirms it: a CUDA context on {where} (cuda:{r.cuda_index}) "
                     f"fails with {error}.",
@@ -435,7 +277,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
             out.append(
                 Finding(
                     "bad",
-                    f"probe_{r.verdict}",
+                    f"probe_{r.outcome}",
                     where,
                     f"Creating a CUDA context on {where} (cuda:{r.cuda_index}) fails with {error}, "
                     "and NVML shows nothing that explains it: a holder in another container, or a "
@@ -498,7 +340,7 @@ def run_doctor(
     for gpu_findings in inventory.findings:
         findings.extend(gpu_findings)
     findings.extend(_probe_findings(inventory))
-    findings.extend(diagnose_environment(inventory, env, nproc=nproc, face=face))
+    findings.extend(environment_findings(inventory, env, nproc=nproc, face=face))
     if inventory.container.in_container and not inventory.container.host_pid_namespace:
         findings.append(
             Finding(

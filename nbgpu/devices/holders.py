@@ -9,8 +9,8 @@ which ``CUDA_VISIBLE_DEVICES`` did it start with. It also scans ``/proc/*/fd`` f
 a container and in the host's PID namespace.
 
 It owns: :class:`ContainerInfo`, :class:`HolderInfo`, :func:`detect_container`,
-:func:`describe_pid`, :func:`recorded_holder`, :func:`device_file_holders`,
-:func:`is_torchrun_agent`.
+:func:`describe_pid`, :func:`recorded_holder`, :func:`device_file_holders`; whether a
+holder was orphaned is ``orphans.py``'s question.
 
 It imports only the standard library, psutil and :mod:`nbgpu.errors`. It must never
 import pynvml, torch, IPython or anything else of nbgpu: ``model.py`` imports these
@@ -19,28 +19,25 @@ types, so this module is on the path of ``%load_ext nbgpu`` and must stay light.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import psutil
 
+from nbgpu.devices.orphans import find_orphan_reason, is_torchelastic
 from nbgpu.errors import UserInputError
 
 __all__ = [
+    "HOLDER_STATES",
     "PID_MAX_LIMIT",
-    "VERDICTS",
     "ContainerInfo",
     "HolderInfo",
     "PrettyPrinter",
     "describe_pid",
     "detect_container",
     "device_file_holders",
-    "is_torchrun_agent",
     "recorded_holder",
 ]
 
@@ -48,10 +45,10 @@ __all__ = [
 #: allocated below pid_max, so no namespace anywhere can hold a pid at or above this.
 PID_MAX_LIMIT = 4_194_304
 
-#: Every verdict a :class:`HolderInfo` can carry.
-VERDICTS = ("alive", "zombie", "stopped", "dead", "other_namespace", "no_access")
+#: Every state a :class:`HolderInfo` can be in (nbgpu's word, not the OS's status).
+HOLDER_STATES = ("alive", "zombie", "stopped", "dead", "other_namespace", "no_access")
 
-# psutil status strings grouped by verdict. "dead" is the kernel's X state: the task is
+# psutil status strings grouped by holder state. "dead" is the kernel's X state: the task is
 # being torn down right now, so for our purposes it is gone.
 _STOPPED_STATES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
 # Every status string psutil reports on Linux (spelled out: psutil's type stubs lack some).
@@ -72,17 +69,14 @@ _KNOWN_STATES = frozenset(
         "parked",
     }
 )
-# States a fleet file's "observed" record may carry that are verdicts, not psutil states.
-_RECORDED_VERDICT_STATES = frozenset({"dead", "zombie", "other_namespace", "no_access"})
+# States a fleet file's "observed" record may carry that are holder states, not psutil statuses.
+_RECORDED_STATES = frozenset({"dead", "zombie", "other_namespace", "no_access"})
 
 # /proc/PID/stat flags bit of kernel threads (include/linux/sched.h). Kernel threads
 # live only in the initial PID namespace, so seeing one proves we share the host's.
 _PF_KTHREAD = 0x00200000
-# prctl(2) option: is this process a child subreaper?
-_PR_GET_CHILD_SUBREAPER = 37
 
 _COMMAND_WIDTH = 60
-_AGENT_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 
 
 class PrettyPrinter(Protocol):
@@ -105,11 +99,11 @@ class HolderInfo:
     """What this machine (or a fleet file's record) says about one pid that holds a GPU."""
 
     pid: int
-    verdict: str  # one of VERDICTS
+    state: str  # one of HOLDER_STATES
     user: str | None
     uid: int | None  # real uid: the one kill(2) permission and "your own processes" use
     command: str | None  # joined cmdline, or "[name]" when the cmdline is empty
-    state: str | None  # psutil status string ("running", "sleeping", "disk-sleep", ...)
+    status: str | None  # psutil status string ("running", "sleeping", "disk-sleep", ...)
     start_time: float | None  # epoch seconds (psutil create_time); guards against pid reuse
     ppid: int | None
     orphaned: bool  # reparented: its launcher is gone (see orphan_reason)
@@ -118,18 +112,18 @@ class HolderInfo:
     recorded: bool = False  # built from a fleet file's record, not looked up here
     orphan_reason: str | None = None  # the evidence, e.g. "reparented to pid 1: ..."
     parent_command: str | None = None  # the parent's command, to name the job to stop
-    detail: str | None = None  # why the verdict, e.g. "no such process"
+    detail: str | None = None  # why this state, e.g. "no such process"
 
     def summary(self) -> str:
         """One line, e.g. ``pid 4242 (dead: no such process)``."""
-        if self.verdict in ("dead", "other_namespace", "no_access") and self.command is None:
-            return f"pid {self.pid} ({self._verdict_phrase()})"
+        if self.state in ("dead", "other_namespace", "no_access") and self.command is None:
+            return f"pid {self.pid} ({self._state_phrase()})"
         parts = [f"pid {self.pid}"]
         if self.user:
             parts.append(self.user)
         if self.command:
             parts.append(_clip(self.command, _COMMAND_WIDTH))
-        notes = [self._verdict_phrase()]
+        notes = [self._state_phrase()]
         if self.visible_devices is not None:
             notes.append(f"CUDA_VISIBLE_DEVICES={self.visible_devices}")
         if self.torchelastic:
@@ -138,10 +132,10 @@ class HolderInfo:
             notes.append(f"orphaned, {self.orphan_reason or 'launcher gone'}")
         return f"{' '.join(parts)} ({', '.join(notes)})"
 
-    def _verdict_phrase(self) -> str:
-        phrase = self.verdict
-        if self.verdict in ("alive", "stopped") and self.state:
-            phrase = self.state
+    def _state_phrase(self) -> str:
+        phrase = self.state
+        if self.state in ("alive", "stopped") and self.status:
+            phrase = self.status
         if self.recorded:
             phrase += ", recorded"
         if self.detail:
@@ -250,26 +244,26 @@ def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
 
 def _missing(pid: int, container: ContainerInfo | None) -> HolderInfo:
     if pid <= 0 or pid >= PID_MAX_LIMIT:
-        verdict, detail = "dead", "no such process (not a valid Linux pid)"
+        state, detail = "dead", "no such process (not a valid Linux pid)"
     else:
         info = container if container is not None else detect_container()
         if info.host_pid_namespace:
-            verdict, detail = "dead", "no such process"
+            state, detail = "dead", "no such process"
         else:
-            verdict = "other_namespace"
+            state = "other_namespace"
             detail = "not in this PID namespace (a host pid: run with --pid=host to see it)"
-    return _unseen(pid, verdict, detail)
+    return _unseen(pid, state, detail)
 
 
-def _unseen(pid: int, verdict: str, detail: str) -> HolderInfo:
-    """A holder we cannot look at (gone, another namespace, no access): only its verdict."""
+def _unseen(pid: int, state: str, detail: str) -> HolderInfo:
+    """A holder we cannot look at (gone, another namespace, no access): only its state."""
     return HolderInfo(
         pid=pid,
-        verdict=verdict,
+        state=state,
         user=None,
         uid=None,
         command=None,
-        state=None,
+        status=None,
         start_time=None,
         ppid=None,
         orphaned=False,
@@ -277,104 +271,6 @@ def _unseen(pid: int, verdict: str, detail: str) -> HolderInfo:
         torchelastic=False,
         detail=detail,
     )
-
-
-def _is_torchelastic(environ: dict[str, str]) -> bool:
-    # torch.distributed.elastic sets these for every worker it starts (local_elastic_agent).
-    return "TORCHELASTIC_RUN_ID" in environ or ("LOCAL_RANK" in environ and "WORLD_SIZE" in environ)
-
-
-def _self_is_subreaper() -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    flag = ctypes.c_int(0)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        ok = libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-    return ok and flag.value != 0
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return psutil.Process(pid).cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return []
-
-
-def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
-    """True when ``cmdline`` starts torchrun's elastic agent.
-
-    Recognises ``torchrun ...``, ``python .../torchrun ...`` and ``python -m
-    torch.distributed.run`` (or ``.launch``) by the program and interpreter options only,
-    never by an argument of the script. Used only to *spare* workers whose parent is
-    such an agent; clean never selects a process by its command.
-    """
-    if not cmdline:
-        return False
-    program = Path(cmdline[0]).name
-    if program == "torchrun":
-        return True
-    if not program.startswith("python"):
-        return False
-    args = list(cmdline[1:])
-    i = 0
-    while i < len(args) and args[i].startswith("-"):
-        if args[i] == "-m":
-            return i + 1 < len(args) and args[i + 1] in _AGENT_MODULES
-        i += 1
-    return i < len(args) and Path(args[i]).name == "torchrun"
-
-
-def _getsid(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
-
-
-def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -> str | None:
-    """Why we believe ``pid`` was reparented (its launcher is gone), or None.
-
-    Linux does not record who forked a process, so this reads the traces a fork leaves:
-    a child inherits its launcher's session unless it makes its own (setsid), and a
-    launcher always starts before its child. Adoption by a subreaper that shares the
-    child's session, and a session-leader child adopted by one, leave no trace; those
-    stay "not orphaned", the safe side for a tool that offers to kill orphans.
-    """
-    if ppid <= 0:
-        # The parent lives outside this PID namespace (docker exec) or this is pid 1.
-        return None
-    sid = _getsid(pid)
-    if ppid == 1:
-        init_sid = _getsid(1)
-        if sid is not None and sid not in (0, pid) and sid == init_sid:
-            # Still in pid 1's own session: pid 1 is its launcher (a container whose
-            # entrypoint is the job itself), not an init that adopted it.
-            return None
-        if torchelastic and is_torchrun_agent(_cmdline(1)):
-            # `docker run ... torchrun`: pid 1 is the agent itself, and its workers run
-            # in sessions of their own. The command only ever spares, never selects.
-            return None
-        return "reparented to pid 1: its launcher is gone"
-    try:
-        parent = psutil.Process(ppid)
-        parent_start = parent.create_time()
-    except psutil.NoSuchProcess:
-        return f"parent pid {ppid} is gone"
-    except psutil.AccessDenied:
-        return None
-    if parent_start > start_time:
-        return f"parent pid {ppid} started after it, so adopted it"
-    if ppid == os.getpid() and torchelastic and _self_is_subreaper():
-        # nbgpu never starts torchrun workers itself: only an agent does, so a worker
-        # whose parent is this subreaper was adopted after its agent died.
-        return "adopted by this process (a subreaper): its torchrun agent is gone"
-    parent_sid = _getsid(ppid)
-    if sid is not None and sid not in (0, pid) and parent_sid is not None and parent_sid != sid:
-        return f"adopted by pid {ppid}: it is not in its parent's session, so its launcher is gone"
-    return None
 
 
 def _parent_command(ppid: int) -> str | None:
@@ -396,7 +292,7 @@ def _parent_command(ppid: int) -> str | None:
 def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
     """Look ``pid`` up on this machine.
 
-    Verdicts: ``dead`` (no such pid, and we share the host's PID namespace, or the pid
+    States: ``dead`` (no such pid, and we share the host's PID namespace, or the pid
     cannot exist anywhere); ``other_namespace`` (no such pid here, and our PID namespace
     is a container's: NVML reports host pids); ``zombie``; ``stopped``; ``no_access``
     (the kernel refused the essentials); ``alive`` otherwise. ``container`` defaults to
@@ -431,27 +327,27 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
         # Another user's environment is private; a zombie has none left.
         environ = {}
 
-    torchelastic = _is_torchelastic(environ)
+    torchelastic = is_torchelastic(environ)
     detail = None
     if status == psutil.STATUS_ZOMBIE:
-        verdict = "zombie"
+        state = "zombie"
         detail = f"exited; parent pid {ppid} must reap it"
         orphan_reason = None
     else:
         if status in _STOPPED_STATES:
-            verdict = "stopped"
+            state = "stopped"
         elif status == psutil.STATUS_DEAD:
-            verdict, detail = "dead", "exiting right now"
+            state, detail = "dead", "exiting right now"
         else:
-            verdict = "alive"
-        orphan_reason = _orphan_reason(pid, ppid, start_time, torchelastic)
+            state = "alive"
+        orphan_reason = find_orphan_reason(pid, ppid, start_time, torchelastic)
     return HolderInfo(
         pid=pid,
-        verdict=verdict,
+        state=state,
         user=user,
         uid=uid,
         command=_join_command(cmdline, name),
-        state=status,
+        status=status,
         start_time=start_time,
         ppid=ppid,
         orphaned=orphan_reason is not None,
@@ -465,7 +361,7 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
 
 def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's fields)
     pid: int,
-    state: str,
+    observed: str,
     user: str | None,
     command: str | None,
     visible_devices: str | None,
@@ -473,27 +369,27 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
 ) -> HolderInfo:
     """A holder as a fleet file recorded it where it was captured (never looked up here).
 
-    ``state`` is a verdict (``dead``, ``zombie``, ``other_namespace``, ``no_access``)
+    ``observed`` is a holder state (``dead``, ``zombie``, ``other_namespace``, ``no_access``)
     or a psutil status (``running``, ``sleeping``, ``disk-sleep``, ``stopped``, ...).
     """
-    if state in _RECORDED_VERDICT_STATES:
-        verdict = state
-    elif state in _STOPPED_STATES:
-        verdict = "stopped"
-    elif state in _KNOWN_STATES:
-        verdict = "alive"
+    if observed in _RECORDED_STATES:
+        state = observed
+    elif observed in _STOPPED_STATES:
+        state = "stopped"
+    elif observed in _KNOWN_STATES:
+        state = "alive"
     else:
-        accepted = sorted(_RECORDED_VERDICT_STATES | _KNOWN_STATES)
+        accepted = sorted(_RECORDED_STATES | _KNOWN_STATES)
         raise UserInputError(
-            f"recorded process state {state!r} for pid {pid}; expected one of {', '.join(accepted)}"
+            f"recorded process state {observed!r} for pid {pid}; expected one of {', '.join(accepted)}"
         )
     return HolderInfo(
         pid=pid,
-        verdict=verdict,
+        state=state,
         user=user,
         uid=None,
         command=command,
-        state=state if state in _KNOWN_STATES else None,
+        status=observed if observed in _KNOWN_STATES else None,
         start_time=start_time,
         ppid=None,
         orphaned=False,

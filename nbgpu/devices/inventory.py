@@ -2,7 +2,7 @@
 
 ``take_inventory()`` joins NVML's view (``nvml.py``) with the OS's view of each
 holder pid (``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``),
-per-GPU verdicts (``verdicts.py``) and, opt-in, the active CUDA probe
+per-GPU findings and health (``findings.py``) and, opt-in, the active CUDA probe
 (``health.py``, in a subprocess). The result renders as text, HTML, JSON — the JSON
 is a fleet file the simulator accepts — and a pandas frame.
 
@@ -31,10 +31,11 @@ from nbgpu._render import (
 )
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
+from nbgpu.devices.findings import Finding, assess_gpu, gpu_health
 from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS, Fleet
 from nbgpu.devices.holders import ContainerInfo, HolderInfo
 from nbgpu.devices.model import Gpu, GpuProcess
-from nbgpu.devices.verdicts import Finding, assess_gpu, short_verdict
+from nbgpu.devices.simenv import simulation_source
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.errors import NvmlError
 
@@ -93,7 +94,7 @@ class Inventory(Result):
             failed_probe = {
                 r.nvml_index
                 for r in self.probe.results
-                if r.verdict != "ok" and r.nvml_index is not None
+                if r.outcome != "ok" and r.nvml_index is not None
             }
         return tuple(
             g.nvml_index
@@ -132,13 +133,13 @@ class Inventory(Result):
     def _gpu_table(self) -> Table:
         table = Table(["GPU", "name", "memory", "util", "temp", "power", "mode", "health"])
         for gpu, findings in zip(self.gpus, self.findings, strict=True):
-            verdict, level = short_verdict(gpu, findings)
+            health, level = gpu_health(gpu, findings)
             if self.probe is not None:
                 probe = self.probe.for_nvml_index(gpu.nvml_index)
-                if probe is not None and probe.verdict != "ok":
-                    verdict, level = f"probe: {probe.verdict}", "bad"
+                if probe is not None and probe.outcome != "ok":
+                    health, level = f"probe: {probe.outcome}", "bad"
             if not gpu.ok:
-                table.add(gpu.nvml_index, "-", "-", "-", "-", "-", "-", verdict, level=level)
+                table.add(gpu.nvml_index, "-", "-", "-", "-", "-", "-", health, level=level)
                 continue
             name = (gpu.name or "?").replace("NVIDIA ", "")
             mem = fmt_used_total(gpu.memory_used_bytes, gpu.memory_total_bytes)
@@ -164,7 +165,7 @@ class Inventory(Result):
                 fmt_opt(gpu.temperature_c, "C"),
                 power,
                 mode,
-                verdict,
+                health,
                 level=level,
                 html_cells={2: bar} if bar else None,
             )
@@ -178,9 +179,9 @@ class Inventory(Result):
         for gpu in self.gpus:
             for proc in gpu.processes:
                 h = proc.holder
-                state = proc.verdict + (" (recorded)" if h and h.recorded else "")
+                state = proc.state + (" (recorded)" if h and h.recorded else "")
                 level = {"dead": "bad", "zombie": "bad", "other_namespace": "warn"}.get(
-                    proc.verdict, ""
+                    proc.state, ""
                 )
                 table.add(
                     gpu.nvml_index,
@@ -304,7 +305,7 @@ class Inventory(Result):
     def records(self) -> list[dict[str, Any]]:
         rows = []
         for gpu, findings in zip(self.gpus, self.findings, strict=True):
-            verdict, _ = short_verdict(gpu, findings)
+            health, _ = gpu_health(gpu, findings)
             rows.append(
                 {
                     "nvml_index": gpu.nvml_index,
@@ -320,7 +321,7 @@ class Inventory(Result):
                     "power_limit_w": gpu.power_limit_w,
                     "compute_mode": gpu.compute_mode,
                     "processes": len(gpu.processes),
-                    "health": verdict,
+                    "health": health,
                     "error": gpu.error,
                     "simulated": self.simulated,
                 }
@@ -428,9 +429,9 @@ def _process_dict(proc: GpuProcess) -> dict[str, Any]:
     observed = None
     if h is not None:
         observed = {
-            "state": h.verdict
-            if h.verdict in ("dead", "zombie", "other_namespace")
-            else (h.state or h.verdict),
+            "state": h.state
+            if h.state in ("dead", "zombie", "other_namespace")
+            else (h.status or h.state),
             "user": h.user,
             "command": h.command,
             "visible_devices": h.visible_devices,
@@ -477,16 +478,17 @@ def take_inventory(
     started = time.perf_counter()
     env = dict(os.environ) if environ is None else dict(environ)
     container = holders_mod.detect_container()
-    simulated = bool(env.get(nvml.SIMULATE_ENV))
+    source = simulation_source(env)
+    simulated = source is not None
     try:
         snap = nvml.read_system(env)
     except NvmlError as exc:
         backend_fleet = None
-        if simulated:
+        if source is not None:
             # Report which fleet failed to initialise: it is the point of the scenario.
             from nbgpu.devices.fleet import load_fleet  # noqa: PLC0415
 
-            backend_fleet = load_fleet(env[nvml.SIMULATE_ENV])
+            backend_fleet = load_fleet(source)
         return Inventory(
             taken_at=time.time(),
             hostname=socket.gethostname(),

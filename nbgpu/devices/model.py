@@ -3,7 +3,7 @@
 Frozen dataclasses with units in field names; ``None`` means "not reported" (NVML
 said NotSupported, or the capability does not exist on this model) — never a magic
 string. ``nvml.py`` fills the hardware fields, ``inventory.py`` adds holders and
-verdicts. This module imports only the standard library and ``holders``' types.
+findings. This module imports only the standard library and ``holders``' types.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ class GpuProcess:
     holder: HolderInfo | None = None
 
     @property
-    def verdict(self) -> str:
-        return self.holder.verdict if self.holder else "unknown"
+    def state(self) -> str:
+        """The holder's state (``holders.HOLDER_STATES``), ``unknown`` when not looked up."""
+        return self.holder.state if self.holder else "unknown"
 
 
 @dataclass(frozen=True)

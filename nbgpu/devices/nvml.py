@@ -7,7 +7,7 @@ lack ``_v2``/``_v3`` symbols, and reading one snapshot of every GPU into
 :mod:`nbgpu.devices.model` types. No pynvml object leaves this module.
 
 It must never import psutil, torch, IPython, pandas or matplotlib; holders and
-verdicts are ``inventory.py``'s business.
+findings are ``inventory.py``'s business.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import pynvml  # noqa: TID251  (this is the one allowed importer)
 
 from nbgpu.devices.fleet import Fleet, load_fleet
 from nbgpu.devices.model import Gpu, GpuProcess, MigInstance, RemappedRowsState
+from nbgpu.devices.simenv import simulation_source
 from nbgpu.devices.simulate import FakeNvmlLibrary
 from nbgpu.errors import GpuLostError, NvmlError, NvmlPermissionError, NvmlUnavailable
 
 __all__ = ["Backend", "SystemSnapshot", "activate", "read_system", "reset"]
 
-SIMULATE_ENV = "NBGPU_SIMULATE"
 T = TypeVar("T")
 
 _COMPUTE_MODE_NAMES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
@@ -115,7 +115,7 @@ def activate(environ: Mapping[str, str]) -> Backend:
     The simulated library is chosen by ``NBGPU_SIMULATE`` in *environ*; a change of
     that value (tests, ``%env``) switches library on the next call.
     """
-    source = environ.get(SIMULATE_ENV) or None
+    source = simulation_source(environ)
     with _lock:
         if _state["key"] != (source,):
             if _state["initialised"]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import time
 
+from nbgpu.devices.simenv import simulation_source
+
 __all__ = ["RankProcess", "ranks_on_gpus"]
 
 _CACHE_S = 1.0
@@ -55,7 +57,7 @@ def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
     for proc in psutil.process_iter():
         try:
             env = proc.environ()
-            if "NBGPU_RUN_ID" not in env or env.get("NBGPU_SIMULATE", "").strip() != fleet_spec:
+            if "NBGPU_RUN_ID" not in env or simulation_source(env) != fleet_spec:
                 continue
             index = _physical_index(env)
             if index is None:

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from nbgpu.devices.nvml import SIMULATE_ENV
+from nbgpu.devices.simenv import simulation_source
 from nbgpu.errors import UserInputError
 
 __all__ = [
@@ -43,7 +43,7 @@ MAX_HISTORY = 86_400
 class ProcessPoint:
     pid: int
     used_bytes: int | None
-    verdict: str  # the inventory's: alive, dead, zombie, other_namespace, ...
+    state: str  # the holder's: alive, dead, zombie, other_namespace, ...
     label: str | None = None  # "this kernel", "run 'x' rank 1", ...
 
 
@@ -117,14 +117,14 @@ def take_sample(
             temperature_c=g.temperature_c,
             power_w=g.power_w,
             processes=tuple(
-                ProcessPoint(p.pid, p.used_bytes, p.verdict, label(p.pid)) for p in g.processes
+                ProcessPoint(p.pid, p.used_bytes, p.state, label(p.pid)) for p in g.processes
             ),
             error=g.error,
         )
         for g in inv.gpus
     )
-    fleet = environ.get(SIMULATE_ENV, "").strip() if inv.simulated else ""
-    return Sample(time.time(), gpus, fleet or None, inv.nvml_error)
+    fleet = simulation_source(environ) if inv.simulated else None
+    return Sample(time.time(), gpus, fleet, inv.nvml_error)
 
 
 class Watcher:

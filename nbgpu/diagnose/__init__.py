@@ -27,7 +27,7 @@ from typing import Any
 
 from nbgpu.diagnose.catalog import CATALOG, CAUSE_IDS, UNKNOWN, Cause, Pattern, cause
 from nbgpu.diagnose.engine import diagnose
-from nbgpu.diagnose.report import Diagnosis, Evidence, Finding, RankSummary, SourceSummary
+from nbgpu.diagnose.report import Diagnosis, Evidence, FoundCause, RankSummary, SourceSummary
 
 __all__ = [
     "CATALOG",
@@ -36,7 +36,7 @@ __all__ = [
     "Cause",
     "Diagnosis",
     "Evidence",
-    "Finding",
+    "FoundCause",
     "Pattern",
     "RankSummary",
     "SourceSummary",

@@ -25,7 +25,7 @@ from nbgpu.errors import UserInputError
 __all__ = ["FULL_SCAN_BYTES", "diagnose"]
 
 #: Inputs up to this size are read line by line in full; larger ones through the
-#: trigger windows (same findings on the corpus, a test checks; far faster on big logs).
+#: trigger windows (same causes on the corpus, a test checks; far faster on big logs).
 FULL_SCAN_BYTES = 4 * 1024 * 1024
 _GPU_CAUSES = ("cuda_busy", "cuda_oom", "illegal_access", "device_assert", "gpu_lost")
 
@@ -110,7 +110,7 @@ def diagnose(
     ``error-rank{N}.json``, ``agent.log``), ``"-"`` for stdin, a binary or text stream,
     the log text itself (``str`` or ``bytes``), or a run object with a ``run_dir``
     attribute. ``inventory`` is an ``nbgpu.status()`` snapshot (live or simulated): with
-    it a finding names the physical GPU, its holder and the exact ``--gpus`` to use.
+    it a found cause names the physical GPU, its holder and the exact ``--gpus`` to use.
     ``name`` labels a text or stream source in the evidence. ``full_scan`` forces
     (True) or forbids (False) reading every line instead of the trigger windows.
 
@@ -127,7 +127,7 @@ def diagnose(
         return Diagnosis(
             status="no_logs",
             input=inputs.label,
-            findings=(),
+            causes=(),
             notes=(*notes, "no log files (*.log, *.txt, *.out, *.err) or error files found"),
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
@@ -143,7 +143,7 @@ def diagnose(
         return Diagnosis(
             status="empty",
             input=inputs.label,
-            findings=(),
+            causes=(),
             sources=tuple(summaries),
             notes=tuple(notes),
             elapsed_ms=(time.perf_counter() - started) * 1000,
@@ -156,27 +156,27 @@ def diagnose(
         max_evidence=max_evidence,
         world_size=world,
     )
-    findings = ranking.findings
+    causes = ranking.causes
     if inventory is not None:
-        findings = enrich(findings, inputs.run, inventory)
+        causes = enrich(causes, inputs.run, inventory)
     elif (
-        findings
-        and findings[0].root
-        and findings[0].cause in _GPU_CAUSES
-        and findings[0].first_rank is not None
+        causes
+        and causes[0].root
+        and causes[0].cause in _GPU_CAUSES
+        and causes[0].first_rank is not None
     ):
-        where = gpu_for_rank(findings[0].first_rank, inputs.run, None)
+        where = gpu_for_rank(causes[0].first_rank, inputs.run, None)
         if where is not None:
-            root = findings[0]
+            root = causes[0]
             line = f"rank {root.first_rank} ran on cuda:{where[0]} = physical GPU {where[1]} (run.json)"
-            findings = (replace(root, details=(*root.details, line)), *findings[1:])
+            causes = (replace(root, details=(*root.details, line)), *causes[1:])
     from nbgpu.diagnose.memory import with_memory_details  # noqa: PLC0415
 
-    findings = with_memory_details(findings, inputs.run.path if inputs.run is not None else None)
+    causes = with_memory_details(causes, inputs.run.path if inputs.run is not None else None)
     return Diagnosis(
         status="failure" if ranking.failed else "no_failure",
         input=inputs.label,
-        findings=findings,
+        causes=causes,
         ranks=ranking.ranks,
         sources=tuple(summaries),
         notes=(*notes, *ranking.notes),

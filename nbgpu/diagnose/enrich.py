@@ -1,6 +1,6 @@
-"""This machine's facts, added to a finding: which physical GPU a rank used and what holds it.
+"""This machine's facts, added to a found cause: which physical GPU a rank used and what holds it.
 
-With an ``Inventory`` (``nbgpu.status()``, live or simulated) a finding can say
+With an ``Inventory`` (``nbgpu.status()``, live or simulated) a found cause can say
 "rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held by dead pid 4242" and give
 the exact fix (``nbgpu clean``, ``%%torchrun --gpus 1,2,3``). A rank's GPU comes from
 run.json (``gpus``, else ``cuda_visible_devices``, mapped exactly as CUDA maps it by
@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
-from nbgpu.diagnose.report import Finding
+from nbgpu.diagnose.report import FoundCause
 from nbgpu.diagnose.sources import RunInfo
 
 __all__ = ["describe_inventory", "enrich", "gpu_for_rank"]
@@ -93,13 +93,13 @@ def _gpu(inventory: Any, index: int) -> tuple[Any, tuple[Any, ...]]:
 
 def _holder_text(gpu: Any) -> str:
     for proc in getattr(gpu, "processes", ()):
-        verdict = getattr(proc, "verdict", "unknown")
+        holder_state = getattr(proc, "state", "unknown")
         holder = getattr(proc, "holder", None)
         who = f"pid {proc.pid}"
         if holder is not None and getattr(holder, "user", None):
             who += f" (user {holder.user})"
         state = {"alive": "running", "other_namespace": "in another PID namespace"}.get(
-            verdict, verdict
+            holder_state, holder_state
         )
         return f", held by {state} {who}"
     return ""
@@ -110,11 +110,11 @@ def _healthy_others(inventory: Any, bad: set[int]) -> list[int]:
     return [i for i in healthy if i not in bad]
 
 
-def _busy(finding: Finding, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+def _busy(found: FoundCause, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
     details: list[str] = []
     fixes: list[str] = []
     bad: set[int] = set()
-    ranks = finding.ranks or ((finding.first_rank,) if finding.first_rank is not None else ())
+    ranks = found.ranks or ((found.first_rank,) if found.first_rank is not None else ())
     stale = False
     for rank in ranks:
         where = gpu_for_rank(rank, run, inventory)
@@ -161,7 +161,9 @@ def _busy(finding: Finding, run: RunInfo | None, inventory: Any) -> tuple[list[s
     return details, fixes
 
 
-def _ordinal(_finding: Finding, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+def _ordinal(
+    _found: FoundCause, run: RunInfo | None, inventory: Any
+) -> tuple[list[str], list[str]]:
     vmap = _visible_map(inventory, run)
     if vmap is None:
         return [], []
@@ -182,9 +184,9 @@ def _ordinal(_finding: Finding, run: RunInfo | None, inventory: Any) -> tuple[li
     return details, fixes
 
 
-def _oom(finding: Finding, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+def _oom(found: FoundCause, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
     details = []
-    rank = finding.first_rank
+    rank = found.first_rank
     where = gpu_for_rank(rank, run, inventory) if rank is not None else None
     if where is None:
         return [], []
@@ -200,12 +202,12 @@ def _oom(finding: Finding, run: RunInfo | None, inventory: Any) -> tuple[list[st
         if used:
             details.append(
                 f"GPU {index} now holds {used / _GIB:.1f} GiB for pid {proc.pid} "
-                f"({getattr(proc, 'verdict', 'unknown')}): memory this run could not use"
+                f"({getattr(proc, 'state', 'unknown')}): memory this run could not use"
             )
     return details, []
 
 
-def _lost(_finding: Finding, _run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+def _lost(_found: FoundCause, _run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
     lost = [
         g.nvml_index for g in getattr(inventory, "gpus", ()) if getattr(g, "error", None) == "lost"
     ]
@@ -222,7 +224,9 @@ def _lost(_finding: Finding, _run: RunInfo | None, inventory: Any) -> tuple[list
     return [f"NVML reports GPU {', '.join(map(str, lost))} lost on this machine"], fixes
 
 
-def _driver(_finding: Finding, _run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+def _driver(
+    _found: FoundCause, _run: RunInfo | None, inventory: Any
+) -> tuple[list[str], list[str]]:
     error = getattr(inventory, "nvml_error", None)
     return ([f"NVML on this machine: {error}"], []) if error else ([], [])
 
@@ -236,9 +240,11 @@ _ENRICHERS = {
 }
 
 
-def enrich(findings: Sequence[Finding], run: RunInfo | None, inventory: Any) -> tuple[Finding, ...]:
-    """The findings with this machine's facts added to the root cause."""
-    out = list(findings)
+def enrich(
+    causes: Sequence[FoundCause], run: RunInfo | None, inventory: Any
+) -> tuple[FoundCause, ...]:
+    """The causes with this machine's facts added to the root cause."""
+    out = list(causes)
     if not out or inventory is None or not out[0].root:
         return tuple(out)
     enricher = _ENRICHERS.get(out[0].cause)

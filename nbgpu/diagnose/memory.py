@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nbgpu.diagnose.report import Finding
+    from nbgpu.diagnose.report import FoundCause
     from nbgpu.profile.report import MemoryReport
 
 __all__ = ["memory_details", "with_memory_details"]
@@ -27,7 +27,7 @@ def _gib(value: float) -> str:
 
 
 def memory_details(run_dir: Path) -> tuple[str, ...]:
-    """Lines to add to an OOM finding (empty without memory records)."""
+    """Lines to add to an OOM cause (empty without memory records)."""
     from nbgpu.profile.report import memory_report  # noqa: PLC0415
 
     try:
@@ -107,12 +107,14 @@ def import_storm(report: MemoryReport) -> str | None:
     )
 
 
-def with_memory_details(findings: tuple[Finding, ...], run_dir: Path | None) -> tuple[Finding, ...]:
-    """The findings, with memory facts added to an OOM root cause."""
-    if run_dir is None or not findings or not findings[0].root or findings[0].cause not in _OOM:
-        return findings
+def with_memory_details(
+    causes: tuple[FoundCause, ...], run_dir: Path | None
+) -> tuple[FoundCause, ...]:
+    """The causes found, with memory facts added to an OOM root cause."""
+    if run_dir is None or not causes or not causes[0].root or causes[0].cause not in _OOM:
+        return causes
     extra = memory_details(run_dir)
     if not extra:
-        return findings
-    root = findings[0]
-    return (replace(root, details=(*root.details, *extra)), *findings[1:])
+        return causes
+    root = causes[0]
+    return (replace(root, details=(*root.details, *extra)), *causes[1:])

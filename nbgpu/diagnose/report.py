@@ -1,8 +1,8 @@
-"""The results: :class:`Diagnosis` (what ``nbgpu.diagnose`` returns) and its :class:`Finding` s.
+"""The results: :class:`Diagnosis` (what ``nbgpu.diagnose`` returns) and its :class:`FoundCause` s.
 
 Frozen dataclasses rendered through :class:`nbgpu._render.Result`: text for terminals and
 nbval (80 columns), HTML for notebooks, ``to_dict()``/``to_json()`` and ``to_frame()``.
-A finding names a cause id from the catalog, how sure we are, the failing ranks, the
+A found cause names a cause id from the catalog, how sure we are, the failing ranks, the
 evidence lines (file and line number), the explanation and the fixes; the diagnosis
 orders them root cause first and adds a per-rank table.
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from nbgpu._render import Result, Table, fix_html, fixes_html, shorten, wrap
 
-__all__ = ["Diagnosis", "Evidence", "Finding", "RankSummary", "SourceSummary"]
+__all__ = ["Diagnosis", "Evidence", "FoundCause", "RankSummary", "SourceSummary"]
 
 STATUSES = ("failure", "no_failure", "empty", "no_logs")
 
@@ -32,7 +32,7 @@ def _ranks_text(ranks: tuple[int, ...]) -> str:
 
 @dataclass(frozen=True)
 class Evidence:
-    """One log line that supports a finding."""
+    """One log line that supports a found cause."""
 
     source: str  # file name relative to the input, "<text>", "error-rank1.json"
     lineno: int | None
@@ -48,8 +48,8 @@ class Evidence:
 
 
 @dataclass(frozen=True)
-class Finding(Result):
-    """A cause found in the logs, with its evidence and fixes."""
+class FoundCause(Result):
+    """A catalog cause found in one run's logs: its role, evidence and fixes."""
 
     cause: str  # catalog id: cuda_busy, cuda_oom, ..., unknown
     title: str
@@ -208,7 +208,7 @@ class Diagnosis(Result):
 
     status: str  # failure | no_failure | empty | no_logs
     input: str  # what was diagnosed: a path, "<text>", "run 'name' (dir)"
-    findings: tuple[Finding, ...]
+    causes: tuple[FoundCause, ...]  # root cause first
     ranks: tuple[RankSummary, ...] = ()
     sources: tuple[SourceSummary, ...] = ()
     notes: tuple[str, ...] = ()
@@ -218,9 +218,14 @@ class Diagnosis(Result):
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def root(self) -> Finding | None:
-        """The root-cause finding, or None when nothing failed."""
-        return self.findings[0] if self.findings and self.findings[0].root else None
+    def findings(self) -> tuple[FoundCause, ...]:
+        """The causes, under the name ``to_dict()`` keeps for them (``"findings"``)."""
+        return self.causes
+
+    @property
+    def root(self) -> FoundCause | None:
+        """The root cause, or None when nothing failed."""
+        return self.causes[0] if self.causes and self.causes[0].root else None
 
     @property
     def cause(self) -> str:
@@ -278,9 +283,9 @@ class Diagnosis(Result):
             lines.append(f"  (GPU facts from {self.inventory})")
         if self.root is None:
             lines.append(self.headline)
-        for finding in self.findings:
+        for found in self.causes:
             lines.append("")
-            lines.append(finding.text() if finding.root else _short(finding))
+            lines.append(found.text() if found.root else _short(found))
         if len(self.ranks) > 1 or any(r.role != "ok" for r in self.ranks):
             lines.append("")
             lines.append(self._rank_table().text())
@@ -295,7 +300,7 @@ class Diagnosis(Result):
             parts.append(f"<div><i>GPU facts from {escape(self.inventory)}</i></div>")
         if self.root is None:
             parts.append(f"<p>{fix_html(self.headline)}</p>")
-        parts.extend(f.html_body() for f in self.findings)
+        parts.extend(c.html_body() for c in self.causes)
         if self.ranks:
             parts.append(self._rank_table().html())
         if self.notes:
@@ -309,7 +314,7 @@ class Diagnosis(Result):
             "headline": self.headline,
             "input": self.input,
             "world_size": self.world_size,
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [c.to_dict() for c in self.causes],
             "ranks": [r.to_dict() for r in self.ranks],
             "sources": [s.to_dict() for s in self.sources],
             "notes": list(self.notes),
@@ -318,7 +323,7 @@ class Diagnosis(Result):
         }
 
     def records(self) -> list[dict[str, Any]]:
-        return [row for f in self.findings for row in f.records()]
+        return [row for c in self.causes for row in c.records()]
 
 
 def _fill(text: str, first: str, rest: str) -> str:
@@ -339,21 +344,21 @@ def _wrapped_text(text: str, indent: str, max_lines: int) -> str:
     return "\n".join(indent + line for line in lines)
 
 
-def _short(finding: Finding) -> str:
-    """Non-root findings in two or three lines: the reader needs the root cause's detail."""
-    who = _ranks_text(finding.ranks)
-    head = {"consequence": "consequence", "also": "also seen"}.get(finding.role, finding.role)
+def _short(found: FoundCause) -> str:
+    """Causes other than the root in two or three lines: the reader needs the root cause's detail."""
+    who = _ranks_text(found.ranks)
+    head = {"consequence": "consequence", "also": "also seen"}.get(found.role, found.role)
     lines = [
         _fill(
-            f"{head}: {finding.title} [{finding.cause}]"
+            f"{head}: {found.title} [{found.cause}]"
             + (f" on {who}" if who else "")
-            + f" · confidence {finding.confidence:.2f}",
+            + f" · confidence {found.confidence:.2f}",
             "",
             "  ",
         )
     ]
-    if finding.evidence:
-        e = finding.evidence[0]
+    if found.evidence:
+        e = found.evidence[0]
         lines.append(f"  {e.where}")
         lines.append(_wrapped_text(e.text, "    ", 1))
     return "\n".join(lines)

@@ -13,7 +13,7 @@ and torchelastic error files, :func:`rank_failures` decides:
    timestamps), then torchrun's own "Root Cause (first observed failure)", then the
    order of lines within one log. Without any clock across several logs the more
    specific cause wins and the confidence drops.
-3. findings: the root cause first; other causes seen follow as consequences (secondary
+3. causes: the root cause first; other causes seen follow as consequences (secondary
    causes, later failures) or "also" (another primary cause on another rank).
 
 Pure functions over the scan results; imports only the standard library and sibling
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from nbgpu.diagnose.catalog import UNKNOWN, Cause, cause
 from nbgpu.diagnose.lines import Stamp
-from nbgpu.diagnose.report import Evidence, Finding, RankSummary
+from nbgpu.diagnose.report import Evidence, FoundCause, RankSummary
 from nbgpu.diagnose.scan import SECONDARY_ID, ExceptionLine, ExitRecord, Hit, SourceScan
 from nbgpu.diagnose.sources import ErrorRecord, RunInfo
 from nbgpu.diagnose.specifics import specifics
@@ -49,7 +49,7 @@ _CODE_SIGNALS = {
     139: "SIGSEGV",
 }
 _CLOCKS = ("epoch", "iso", "glog")
-_LAST = 10**12  # order of a verdict that no log line supports (exit code or signal only)
+_LAST = 10**12  # order of a rank's cause that no log line supports (exit code or signal only)
 
 
 @dataclass
@@ -99,7 +99,7 @@ class _Rank:
 
 
 @dataclass
-class _Verdict:
+class _RankCause:
     """One rank's own cause."""
 
     state: _Rank
@@ -113,9 +113,9 @@ class _Verdict:
 
 @dataclass(frozen=True)
 class Ranking:
-    """The outcome: findings (root first) and a per-rank summary."""
+    """The outcome: the causes found (root first) and a per-rank summary."""
 
-    findings: tuple[Finding, ...]
+    causes: tuple[FoundCause, ...]
     ranks: tuple[RankSummary, ...]
     failed: bool
     notes: tuple[str, ...]
@@ -176,17 +176,17 @@ def _explained(exc: ExceptionLine, hits: Iterable[Hit]) -> bool:
     return any(h.source == exc.source and h.lineno == exc.lineno for h in hits)
 
 
-def _verdict(s: _Rank) -> _Verdict | None:
+def _rank_cause(s: _Rank) -> _RankCause | None:
     primary = s.primary()
     if primary:
         # The rank's log shows the first symptom; its error file only the last exception.
         first = min(primary, key=lambda h: (h.source.startswith("error-"), h.order))
         same = [h for h in primary if h.cause == first.cause]
         best = max(h.confidence for h in same)
-        return _Verdict(s, cause(first.cause), best, same, first.order)
+        return _RankCause(s, cause(first.cause), best, same, first.order)
     if s.signal in _SIGNAL_CAUSES:
         cause_id, confidence = _SIGNAL_CAUSES[s.signal]
-        return _Verdict(s, cause(cause_id), confidence, [], _LAST)
+        return _RankCause(s, cause(cause_id), confidence, [], _LAST)
     own = sorted(
         (e for e in s.exceptions if not e.launcher and not _explained(e, s.hits)),
         key=lambda e: e.order,
@@ -198,10 +198,10 @@ def _verdict(s: _Rank) -> _Verdict | None:
     earliest = min((h.order for h in secondary), default=None)
     if own and (earliest is None or own[0].order < earliest):
         # The rank raised something of its own before any sign of a peer's failure.
-        return _Verdict(s, UNKNOWN, 0.3, [], own[0].order, exception=own[0])
+        return _RankCause(s, UNKNOWN, 0.3, [], own[0].order, exception=own[0])
     if first_secondary is not None:
         same = [h for h in secondary if h.cause == first_secondary.cause]
-        return _Verdict(
+        return _RankCause(
             s,
             cause(first_secondary.cause),
             max(h.confidence for h in same),
@@ -210,43 +210,43 @@ def _verdict(s: _Rank) -> _Verdict | None:
             secondary=True,
         )
     if s.exit_code not in (None, 0) and s.signal not in ("SIGTERM", "SIGINT") and not s.markers():
-        return _Verdict(s, UNKNOWN, 0.2, [], _LAST)
+        return _RankCause(s, UNKNOWN, 0.2, [], _LAST)
     return None
 
 
-def _merge_unranked(verdicts: list[_Verdict]) -> list[_Verdict]:
+def _merge_unranked(rank_causes: list[_RankCause]) -> list[_RankCause]:
     """Give the cause found in unprefixed lines to the ranks known only by their exit code.
 
     A plain log interleaves the ranks' tracebacks without prefixes, while torchrun's
     banner names the failed ranks: the tracebacks' cause belongs to those ranks.
     """
-    loose = next((v for v in verdicts if v.state.rank is None and not v.secondary), None)
+    loose = next((v for v in rank_causes if v.state.rank is None and not v.secondary), None)
     if loose is None or (loose.cause is UNKNOWN and loose.exception is None):
-        return verdicts
-    ranked = [v for v in verdicts if v.state.rank is not None]
+        return rank_causes
+    ranked = [v for v in rank_causes if v.state.rank is not None]
     takers = [
         v
         for v in ranked
         if v.cause is loose.cause or (v.cause is UNKNOWN and v.exception is None and not v.hits)
     ]
     if not takers:
-        return verdicts
+        return rank_causes
     for v in takers:
         v.cause = loose.cause
         v.confidence = max(v.confidence, loose.confidence)
         v.hits = v.hits + loose.hits
         v.order = min(v.order, loose.order)
         v.exception = v.exception or loose.exception
-    return [v for v in verdicts if v is not loose]
+    return [v for v in rank_causes if v is not loose]
 
 
-def _pick_root(verdicts: list[_Verdict]) -> tuple[_Verdict, bool]:
-    """The first failing rank among ``verdicts``; the flag says if a clock decided it."""
-    stamps = {id(v): v.state.stamps() for v in verdicts}
+def _pick_root(rank_causes: list[_RankCause]) -> tuple[_RankCause, bool]:
+    """The first failing rank among ``rank_causes``; the flag says if a clock decided it."""
+    stamps = {id(v): v.state.stamps() for v in rank_causes}
     for clock in _CLOCKS:
-        if len(verdicts) > 1 and all(clock in stamps[id(v)] for v in verdicts):
+        if len(rank_causes) > 1 and all(clock in stamps[id(v)] for v in rank_causes):
             best = min(
-                verdicts,
+                rank_causes,
                 key=lambda v: (
                     stamps[id(v)][clock],
                     not v.state.banner_root,
@@ -255,16 +255,16 @@ def _pick_root(verdicts: list[_Verdict]) -> tuple[_Verdict, bool]:
                 ),
             )
             return best, True
-    sources = {h.source for v in verdicts for h in v.hits} | {
-        v.exception.source for v in verdicts if v.exception is not None
+    sources = {h.source for v in rank_causes for h in v.hits} | {
+        v.exception.source for v in rank_causes if v.exception is not None
     }
     if len(sources) <= 1:
-        return min(verdicts, key=lambda v: (v.order, -v.cause.priority)), True
+        return min(rank_causes, key=lambda v: (v.order, -v.cause.priority)), True
     best = min(
-        verdicts,
+        rank_causes,
         key=lambda v: (not v.state.banner_root, -v.cause.priority, -v.confidence, v.order),
     )
-    return best, len(verdicts) == 1 or best.state.banner_root
+    return best, len(rank_causes) == 1 or best.state.banner_root
 
 
 def _evidence(hits: Sequence[Hit], limit: int) -> tuple[Evidence, ...]:
@@ -282,7 +282,7 @@ def _evidence(hits: Sequence[Hit], limit: int) -> tuple[Evidence, ...]:
     return tuple(out)
 
 
-def _traceback(v: _Verdict) -> tuple[str, ...]:
+def _traceback(v: _RankCause) -> tuple[str, ...]:
     if v.exception is not None and v.exception.traceback:
         return v.exception.traceback[-24:]
     if v.state.error is not None and v.state.error.callstack:
@@ -294,7 +294,7 @@ def _traceback(v: _Verdict) -> tuple[str, ...]:
     return ()
 
 
-def _unknown_evidence(v: _Verdict) -> tuple[Evidence, ...]:
+def _unknown_evidence(v: _RankCause) -> tuple[Evidence, ...]:
     if v.exception is not None:
         e = v.exception
         return (Evidence(e.source, e.lineno, e.text, e.rank),)
@@ -318,9 +318,11 @@ def rank_failures(
     max_evidence: int = 5,
     world_size: int | None = None,
 ) -> Ranking:
-    """Decide the root cause and order the findings."""
+    """Decide the root cause and order the causes found."""
     states = _collect(scans, errors, run)
-    verdicts = _merge_unranked([v for v in (_verdict(s) for s in states.values()) if v is not None])
+    rank_causes = _merge_unranked(
+        [v for v in (_rank_cause(s) for s in states.values()) if v is not None]
+    )
     notes: list[str] = []
     clean_exit = (
         run is not None
@@ -328,19 +330,19 @@ def rank_failures(
         and all(r.exit_code == 0 for r in run.ranks)
         and not run.agent_exit_code
     )
-    if clean_exit and verdicts:
+    if clean_exit and rank_causes:
         notes.append("errors were logged, but every rank exited with code 0")
-        verdicts = []
-    if not verdicts:
+        rank_causes = []
+    if not rank_causes:
         return Ranking((), _summaries(states, None, {}), failed=False, notes=tuple(notes))
-    own = [v for v in verdicts if not v.secondary]
+    own = [v for v in rank_causes if not v.secondary]
     if own:
         root, by_clock = _pick_root(own)
     else:
         # Only symptoms: the most telling one stands in for the (unseen) root cause.
-        root, by_clock = min(verdicts, key=lambda v: (-v.confidence, v.order)), False
+        root, by_clock = min(rank_causes, key=lambda v: (-v.confidence, v.order)), False
     root_rank = root.state.rank
-    causes_on = {v.state.rank: v for v in verdicts}
+    causes_on = {v.state.rank: v for v in rank_causes}
 
     confidence = root.confidence
     if root.state.error is not None and any(h.source.startswith("error-") for h in root.hits):
@@ -357,11 +359,15 @@ def rank_failures(
         evidence = evidence or _unknown_evidence(root)
     ranks = tuple(
         sorted(
-            {v.state.rank for v in verdicts if v.cause is root.cause and v.state.rank is not None}
+            {
+                v.state.rank
+                for v in rank_causes
+                if v.cause is root.cause and v.state.rank is not None
+            }
         )
     )
-    findings = [
-        Finding(
+    found = [
+        FoundCause(
             cause=root.cause.id,
             title=root.cause.title,
             role="root",
@@ -380,13 +386,15 @@ def rank_failures(
             traceback=_traceback(root),
         )
     ]
-    findings.extend(_others(states, root, max_evidence))
+    found.extend(_others(states, root, max_evidence))
     return Ranking(
-        tuple(findings), _summaries(states, root, causes_on), failed=True, notes=tuple(notes)
+        tuple(found), _summaries(states, root, causes_on), failed=True, notes=tuple(notes)
     )
 
 
-def _others(states: dict[int | None, _Rank], root: _Verdict, max_evidence: int) -> list[Finding]:
+def _others(
+    states: dict[int | None, _Rank], root: _RankCause, max_evidence: int
+) -> list[FoundCause]:
     by_cause: dict[str, list[Hit]] = {}
     for s in states.values():
         for h in s.hits:
@@ -399,7 +407,7 @@ def _others(states: dict[int | None, _Rank], root: _Verdict, max_evidence: int) 
         role = "consequence" if consequence else "also"
         base = max(h.confidence for h in hits)
         out.append(
-            Finding(
+            FoundCause(
                 cause=cause_id,
                 title=c.title,
                 role=role,
@@ -416,12 +424,14 @@ def _others(states: dict[int | None, _Rank], root: _Verdict, max_evidence: int) 
 
 
 def _summaries(
-    states: dict[int | None, _Rank], root: _Verdict | None, verdicts: dict[int | None, _Verdict]
+    states: dict[int | None, _Rank],
+    root: _RankCause | None,
+    rank_causes: dict[int | None, _RankCause],
 ) -> tuple[RankSummary, ...]:
     out = []
     for rank in sorted(r for r in states if r is not None):
         s = states[rank]
-        v = verdicts.get(rank)
+        v = rank_causes.get(rank)
         if root is not None and rank == root.state.rank:
             role = "root"
         elif v is not None and (v.secondary or s.signal == "SIGTERM"):

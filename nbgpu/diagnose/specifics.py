@@ -4,7 +4,7 @@ The catalog's fixes are generic; the log usually says more: the batch size and w
 size that do not divide (so the nearest valid sizes can be named), the collective and
 its timeout, the allocation that failed, the port that was taken, the ranks that found
 no GPU (so the number of visible GPUs can be inferred). :func:`specifics` returns these
-as sentences for a finding's ``details``. No inventory here (``enrich.py`` adds the
+as sentences for a found cause's ``details``. No inventory here (``enrich.py`` adds the
 machine's facts). Pure functions; imports only the standard library.
 """
 

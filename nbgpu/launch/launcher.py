@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from nbgpu.devices.findings import gpu_health
 from nbgpu.devices.inventory import Inventory, take_inventory
-from nbgpu.devices.verdicts import short_verdict
 from nbgpu.errors import UserInputError
 from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (
@@ -77,7 +77,7 @@ def _unhealthy_reason(
     for gpu, findings in zip(inventory.gpus, inventory.findings, strict=True):
         if gpu.nvml_index == nvml_index:
             if short:
-                return short_verdict(gpu, findings)[0] + f" (see {doctor_hint(face)})"
+                return gpu_health(gpu, findings)[0] + f" (see {doctor_hint(face)})"
             for f in findings:
                 if f.severity == "bad":
                     return f.message
@@ -155,7 +155,7 @@ def _probe_named(
     if report.init_error is not None:
         return  # CUDA itself cannot start here; the ranks will say so in their own words
     for result in report.results:
-        if result.verdict != "ok":
+        if result.outcome != "ok":
             where = f"GPU {result.nvml_index}" if result.nvml_index is not None else "a GPU"
             raise UserInputError(
                 f"--gpus {text}: {where} fails the CUDA probe: {result.message} "

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from nbgpu._deadline import wait_gone
+
 __all__ = ["StopReport", "run_processes", "stop_processes"]
 
 RUN_ID_ENV = "NBGPU_RUN_ID"
@@ -77,11 +79,7 @@ def _send(procs: list[psutil.Process], sig: int) -> None:
 
 
 def _wait_gone(procs: list[psutil.Process], until: float) -> list[psutil.Process]:
-    alive = [p for p in procs if _alive(p)]
-    while alive and time.monotonic() < until:
-        time.sleep(0.02)
-        alive = [p for p in alive if _alive(p)]
-    return alive
+    return wait_gone(procs, lambda p: not _alive(p), until)
 
 
 def stop_processes(

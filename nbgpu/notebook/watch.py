@@ -3,7 +3,7 @@
 The sampling lives in :mod:`nbgpu.devices.watch` (a background thread, bounded
 history); this face draws it: utilisation and memory of every GPU over time as SVG
 lines, a table with a memory bar, temperature, power and the processes on each GPU
-with the inventory's verdicts (a dead holder in red, the kernel's own process and the
+with the holders' states (a dead holder in red, the kernel's own process and the
 ranks of nbgpu runs named), and Pause / Stop buttons. Where widgets do not render, a
 text view is refreshed through a display handle. When the dashboard stops, its output
 becomes a static record (HTML and text): a saved notebook shows the last picture, not
@@ -37,7 +37,7 @@ __all__ = ["MAGIC_NAMES", "Dashboard", "WatchMagics", "chart_svg", "dashboard_ht
 MAGIC_NAMES = (("gpu_watch",), ())
 
 _COLOURS = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e")
-_VERDICT_LEVEL = {"dead": "bad", "zombie": "bad", "other_namespace": "warn", "orphaned": "warn"}
+_STATE_LEVEL = {"dead": "bad", "zombie": "bad", "other_namespace": "warn", "orphaned": "warn"}
 #: Seconds a dashboard may go unseen (output cleared, notebook closed) before it stops.
 ORPHAN_GRACE_S = 3.0
 #: Dashboards of this kernel, so ``--stop`` and interpreter exit end every thread.
@@ -93,7 +93,7 @@ def _process_text(gpu: Any) -> str:
     items = []
     for p in gpu.processes:
         who = f" {p.label}" if p.label else ""
-        items.append(f"{p.pid}{who} ({p.verdict})")
+        items.append(f"{p.pid}{who} ({p.state})")
     return ", ".join(items) or "-"
 
 
@@ -109,10 +109,10 @@ def _table_html(sample: Any) -> str:
             continue
         procs = []
         for p in gpu.processes:
-            level = _VERDICT_LEVEL.get(p.verdict, "")
+            level = _STATE_LEVEL.get(p.state, "")
             style = ' style="color:#c62828;font-weight:bold"' if level == "bad" else ""
             who = f" <b>{html.escape(p.label)}</b>" if p.label else ""
-            procs.append(f"<span{style}>{p.pid}{who} ({html.escape(p.verdict)})</span>")
+            procs.append(f"<span{style}>{p.pid}{who} ({html.escape(p.state)})</span>")
         bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes) or "-"
         util = "-" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
         temp = "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C"

@@ -2,7 +2,7 @@
 
 A :class:`Candidate` is one GPU seen from the planner: usable or not, a *grade* (0: idle
 and clean; 1: usable with caveats, for example shared with another process), the reasons
-and the fixes the doctor gave. The verdict rules stay in ``devices/verdicts.py``; this
+and the fixes the doctor gave. The finding rules stay in ``devices/findings.py``; this
 module only sorts their findings into "may be given a role" and "may not":
 
 - never usable: NVML cannot read the GPU (lost, no permission), a *bad* finding (busy with a
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nbgpu._render import fmt_bytes
-from nbgpu.devices.verdicts import short_verdict
+from nbgpu.devices.findings import gpu_health
 
 if TYPE_CHECKING:  # the inventory module pulls in psutil; planning only reads its data
     from nbgpu.devices.inventory import Inventory
@@ -81,11 +81,11 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
         failed_probe = {
             r.nvml_index: r
             for r in inventory.probe.results
-            if r.verdict != "ok" and r.nvml_index is not None
+            if r.outcome != "ok" and r.nvml_index is not None
         }
     out = []
     for gpu, findings in zip(inventory.gpus, inventory.findings, strict=True):
-        verdict, _ = short_verdict(gpu, findings)
+        verdict, _ = gpu_health(gpu, findings)
         blocking = [f for f in findings if f.severity == "bad" or f.code in _BLOCKING_WARNINGS]
         probe = failed_probe.get(gpu.nvml_index)
         usable, recoverable = False, False
@@ -95,12 +95,12 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
             fixes = tuple(fix for f in blocking for fix in f.fixes)
             recoverable = gpu.ok and all(f.code in _RECOVERABLE for f in blocking)
         elif probe is not None:
-            verdict = f"probe: {probe.verdict}"
+            verdict = f"probe: {probe.outcome}"
             reasons = (
-                f"GPU {gpu.nvml_index} failed the CUDA probe ({probe.verdict}): {probe.message}",
+                f"GPU {gpu.nvml_index} failed the CUDA probe ({probe.outcome}): {probe.message}",
             )
             fixes = ("`nbgpu doctor` names the holder and the fix",)
-            recoverable = probe.verdict == "busy"
+            recoverable = probe.outcome == "busy"
         elif gpu.mig_enabled:
             verdict = "MIG mode"
             why = (
@@ -132,7 +132,7 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
                 reasons=reasons,
                 fixes=fixes,
                 recoverable=recoverable,
-                other_processes=sum(1 for p in gpu.processes if p.verdict not in _NOT_RUNNING),
+                other_processes=sum(1 for p in gpu.processes if p.state not in _NOT_RUNNING),
                 utilization_pct=gpu.utilization_gpu_pct,
             )
         )

@@ -135,7 +135,7 @@ def test_stopped_orphan_is_terminated(spawn):
     orphan.send_signal(signal.SIGSTOP)
     wait_for(lambda: orphan.status() == psutil.STATUS_STOPPED, what="SIGSTOP")
     candidate = only_candidate(plan_clean({0: [describe_pid(orphan.pid)]}))
-    assert candidate.holder.verdict == "stopped"
+    assert candidate.holder.state == "stopped"
     report = execute_clean(CleanPlan((candidate,), ()), confirm=None, grace_s=2.0)
     assert [o.result for o in report.outcomes] == ["terminated"]
     assert exited(orphan)
@@ -335,11 +335,11 @@ def test_dead_and_host_pids_are_skipped_with_what_to_do():
 def _holder(pid: int, **fields: object) -> HolderInfo:
     base = HolderInfo(
         pid=pid,
-        verdict="alive",
+        state="alive",
         user="a-rather-long-user-name",
         uid=1000,
         command="python -m sglang.launch_server " + "--flag value " * 20,
-        state="sleeping",
+        status="sleeping",
         start_time=1.0,
         ppid=1,
         orphaned=True,

@@ -1,6 +1,6 @@
 """The active CUDA probe: real probe subprocesses against simulated fleets, no GPU.
 
-Most tests run ``probe_devices`` end to end (a real ``python -m nbgpu.devices.health`` child
+Most tests run ``probe_devices`` end to end (a real ``python -m nbgpu.devices.health.child`` child
 loading the simulated libcuda); a few drive the fake library in-process to check what the
 probe did call, and the process tests prove no child survives a timeout or an interrupt.
 """
@@ -21,10 +21,12 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from nbgpu.devices import health
 from nbgpu.devices.cuda_driver import CudaDriver
 from nbgpu.devices.fleet import load_fleet, parse_spec
-from nbgpu.devices.health import ProbeReport, probe_devices, verdict_for
+from nbgpu.devices.health import ProbeReport, probe_devices
+from nbgpu.devices.health import child as health_child
+from nbgpu.devices.health import probe as health_probe
+from nbgpu.devices.health.report import OUTCOMES, outcome_for
 from nbgpu.devices.simulate_cuda import SimulatedCudaLibrary
 from nbgpu.errors import FleetSpecError, UserInputError
 
@@ -67,7 +69,7 @@ def test_busy_gpu_gets_cudas_own_message_and_the_others_are_ok():
     assert not report.timed_out
     assert report.init_error is None
     assert report.driver_version == 12040
-    assert [r.verdict for r in report.results] == ["busy", "ok", "ok", "ok"]
+    assert [r.outcome for r in report.results] == ["busy", "ok", "ok", "ok"]
     busy = report.results[0]
     assert (busy.cuda_error, busy.error_name, busy.message) == (
         46,
@@ -90,7 +92,7 @@ def test_cuda_visible_devices_limits_and_renumbers_the_probe(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     report = probe("4xA40,busy=0", CUDA_VISIBLE_DEVICES="2,3")
 
-    assert [(r.cuda_index, r.nvml_index, r.verdict) for r in report.results] == [
+    assert [(r.cuda_index, r.nvml_index, r.outcome) for r in report.results] == [
         (0, 2, "ok"),
         (1, 3, "ok"),
     ]
@@ -99,7 +101,7 @@ def test_cuda_visible_devices_limits_and_renumbers_the_probe(monkeypatch):
 def test_busy_verdict_follows_the_physical_gpu_through_reordering():
     report = probe("4xA40,busy=0", CUDA_VISIBLE_DEVICES="3,0")
 
-    assert [(r.cuda_index, r.nvml_index, r.verdict) for r in report.results] == [
+    assert [(r.cuda_index, r.nvml_index, r.outcome) for r in report.results] == [
         (0, 3, "ok"),
         (1, 0, "busy"),
     ]
@@ -109,7 +111,7 @@ def test_busy_verdict_follows_the_physical_gpu_through_reordering():
 def test_lost_gpu():
     report = probe("4xA40,lost=2")
 
-    assert [r.verdict for r in report.results] == ["ok", "ok", "lost", "ok"]
+    assert [r.outcome for r in report.results] == ["ok", "ok", "lost", "ok"]
     lost = report.results[2]
     assert (lost.cuda_error, lost.error_name, lost.message) == (
         999,
@@ -132,7 +134,7 @@ def test_init_failures_are_verdicts_not_crashes(scenario, verdict, words, driver
     report = probe(scenario)
 
     assert report.results == ()
-    assert report.init_verdict == verdict
+    assert report.init_outcome == verdict
     assert report.init_error is not None
     assert words in report.init_error
     assert "\n" not in report.init_error
@@ -146,7 +148,7 @@ def test_init_failures_are_verdicts_not_crashes(scenario, verdict, words, driver
 def test_empty_cuda_visible_devices_means_no_device_at_cuinit():
     report = probe("4xA40", CUDA_VISIBLE_DEVICES="")
 
-    assert report.init_verdict == "no_device"
+    assert report.init_outcome == "no_device"
     assert report.init_error is not None
     assert "no CUDA-capable device is detected" in report.init_error
 
@@ -155,7 +157,7 @@ def test_cgroup_restricted_gpus_are_not_enumerated():
     # NVML counts four GPUs, but CUDA lists only the one this process may open.
     report = probe("no-permission")
 
-    assert [(r.cuda_index, r.nvml_index, r.verdict) for r in report.results] == [(0, 0, "ok")]
+    assert [(r.cuda_index, r.nvml_index, r.outcome) for r in report.results] == [(0, 0, "ok")]
 
 
 def test_mig_instance_is_probed_by_its_own_uuid():
@@ -180,7 +182,7 @@ def test_fleet_json_cuda_error_becomes_the_verdict(tmp_path):
 
     report = probe_devices(environ={"NBGPU_SIMULATE": str(path)})
 
-    assert [(r.verdict, r.error_name) for r in report.results] == [
+    assert [(r.outcome, r.error_name) for r in report.results] == [
         ("ok", None),
         ("ecc", "CUDA_ERROR_ECC_UNCORRECTABLE"),
         ("busy", "CUDA_ERROR_OUT_OF_MEMORY"),
@@ -206,8 +208,8 @@ def test_fleet_json_cuda_error_becomes_the_verdict(tmp_path):
     ],
 )
 def test_verdict_for_cuda_codes(code, verdict):
-    assert verdict_for(code) == verdict
-    assert verdict in health.VERDICTS
+    assert outcome_for(code) == verdict
+    assert verdict in OUTCOMES
 
 
 def test_report_round_trips_to_json_and_records():
@@ -248,7 +250,7 @@ def test_real_driver_path_without_a_driver_is_a_clean_verdict():
     assert not report.simulated
     assert not report.timed_out
     assert report.results == ()
-    assert report.init_verdict == "no_driver"
+    assert report.init_outcome == "no_driver"
     assert report.init_error == (
         "cannot load libcuda.so.1: cannot open shared object file: No such file or directory"
     )
@@ -258,7 +260,7 @@ def test_real_driver_path_without_a_driver_is_a_clean_verdict():
 
 def test_probe_module_imports_nothing_heavy():
     code = (
-        "import sys, nbgpu.devices.health, nbgpu.devices.simulate_cuda\n"
+        "import sys, nbgpu.devices.health.child, nbgpu.devices.simulate_cuda\n"
         "print(sorted({'torch', 'pynvml', 'psutil', 'IPython'} & set(sys.modules)))"
     )
     out = subprocess.run(
@@ -287,10 +289,10 @@ def test_timeout_kills_the_whole_probe_group_and_names_the_stuck_step(tmp_path):
     pids = tmp_path / "pids"
     started = time.monotonic()
 
-    run = health._run_child(
+    run = health_probe._run_child(
         [sys.executable, "-c", SLOW_CHILD, str(pids)], os.environ, timeout_s=3.0
     )
-    report = health._report(run, 3.0, simulated=False, uuids={})
+    report = health_probe._report(run, 3.0, simulated=False, uuids={})
 
     assert time.monotonic() - started < 20
     assert run.timed_out
@@ -299,7 +301,7 @@ def test_timeout_kills_the_whole_probe_group_and_names_the_stuck_step(tmp_path):
     assert gone(child)
     assert gone(grandchild)
     assert report.timed_out
-    assert report.init_verdict == "timeout"
+    assert report.init_outcome == "timeout"
     assert report.results == ()
     assert report.init_error == (
         "the CUDA probe did not finish within 3 s (stuck in cuda:2 context); "
@@ -312,7 +314,7 @@ def test_tiny_timeout_on_the_real_probe_leaves_no_process():
     report = probe_devices(environ={"NBGPU_SIMULATE": "4xA40"}, timeout_s=0.001)
 
     assert report.timed_out
-    assert report.init_verdict == "timeout"
+    assert report.init_outcome == "timeout"
     assert report.init_error is not None
     assert report.init_error.startswith("the CUDA probe did not finish within 0.001 s")
     assert probe_children() == []
@@ -332,7 +334,7 @@ def test_interrupt_while_probing_kills_the_probe_and_propagates(tmp_path):
     thread.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            health._run_child(
+            health_probe._run_child(
                 [sys.executable, "-c", SLOW_CHILD, str(pids)], os.environ, timeout_s=60
             )
     finally:
@@ -358,7 +360,7 @@ def test_probe_process_dies_with_a_sigkilled_parent(tmp_path):
     pidfile = tmp_path / "pid"
     child = (
         "import os, time\n"
-        "from nbgpu.devices.health import _die_with_parent\n"
+        "from nbgpu.devices.health.child import _die_with_parent\n"
         "_die_with_parent()\n"
         f"open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
         f"os.replace({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\n"
@@ -398,11 +400,11 @@ def test_probe_process_dies_with_a_sigkilled_parent(tmp_path):
     ],
 )
 def test_a_crashing_probe_process_is_reported_in_one_line(script, expected):
-    run = health._run_child([sys.executable, "-c", script], os.environ, timeout_s=30)
+    run = health_probe._run_child([sys.executable, "-c", script], os.environ, timeout_s=30)
 
-    report = health._report(run, 30, simulated=False, uuids={})
+    report = health_probe._report(run, 30, simulated=False, uuids={})
 
-    assert report.init_verdict == "error"
+    assert report.init_outcome == "error"
     assert report.init_error == expected
 
 
@@ -416,7 +418,7 @@ def new_doc() -> dict[str, object]:
 def test_probe_releases_every_context_it_creates():
     library = SimulatedCudaLibrary(parse_spec("4xA40,busy=0,lost=3"), {})
 
-    doc = health._probe_library(CudaDriver(library), new_doc())
+    doc = health_child._probe_library(CudaDriver(library), new_doc())
 
     assert [d["cuda_error"] for d in doc["devices"]] == [46, 0, 0, 999]
     assert library.calls["cuDevicePrimaryCtxRetain"] == 4  # one context per device
@@ -454,7 +456,7 @@ def test_old_driver_lacks_v2_symbols_and_the_probe_falls_back():
     assert not hasattr(library, "cuDeviceGetUuid_v2")
     with pytest.raises(AttributeError, match="undefined symbol: cuDeviceGetUuid_v2"):
         _ = library.cuDeviceGetUuid_v2
-    doc = health._probe_library(CudaDriver(library), new_doc())
+    doc = health_child._probe_library(CudaDriver(library), new_doc())
 
     assert doc["driver_version"] == 11000
     assert all(d["uuid"] and d["cuda_error"] == 0 for d in doc["devices"])
@@ -465,8 +467,8 @@ def test_missing_context_symbol_is_an_error_verdict_not_a_crash():
     fleet = replace(parse_spec("1xA40"), missing_functions=frozenset({"cuDevicePrimaryCtxRetain"}))
     library = SimulatedCudaLibrary(fleet, {})
 
-    doc = health._probe_library(CudaDriver(library), new_doc())
+    doc = health_child._probe_library(CudaDriver(library), new_doc())
 
     (device,) = doc["devices"]
     assert (device["cuda_error"], device["error_name"]) == (500, "CUDA_ERROR_NOT_FOUND")
-    assert verdict_for(device["cuda_error"]) == "error"
+    assert outcome_for(device["cuda_error"]) == "error"

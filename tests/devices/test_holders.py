@@ -30,9 +30,9 @@ from nbgpu.devices.holders import (
     describe_pid,
     detect_container,
     device_file_holders,
-    is_torchrun_agent,
     recorded_holder,
 )
+from nbgpu.devices.orphans import is_torchrun_agent
 from nbgpu.errors import UserInputError
 
 HOST = ContainerInfo(in_container=False, host_pid_namespace=True, reason=None)
@@ -226,12 +226,12 @@ def test_this_machine_reports_its_markers():
 def test_this_process_is_alive_and_fully_described():
     me = psutil.Process()
     info = describe_pid(os.getpid())
-    assert info.verdict == "alive"
+    assert info.state == "alive"
     assert info.uid == os.getuid()
     assert info.user == me.username()
     assert info.ppid == os.getppid()
     assert info.start_time == me.create_time()
-    assert info.state in ("running", "sleeping")
+    assert info.status in ("running", "sleeping")
     assert info.command == " ".join(me.cmdline())
     assert not info.recorded
 
@@ -242,7 +242,7 @@ def test_child_with_live_parent_is_not_orphaned(spawn):
     # list: wait for the command line itself (an empty one is described as "[sleep]").
     wait_for(lambda: psutil.Process(child.pid).cmdline() == ["sleep", "60"], what="exec")
     info = describe_pid(child.pid)
-    assert info.verdict == "alive"
+    assert info.state == "alive"
     assert info.ppid == os.getpid()
     assert not info.orphaned
     assert info.orphan_reason is None
@@ -255,7 +255,7 @@ def test_child_with_live_parent_is_not_orphaned(spawn):
 def test_orphan_is_detected_whoever_adopted_it(spawn):
     orphan = spawn.orphan("sleep 60")
     info = describe_pid(orphan.pid)
-    assert info.verdict == "alive"
+    assert info.state == "alive"
     assert info.orphaned, info
     assert info.ppid == orphan.ppid()
     if info.ppid == 1:
@@ -267,15 +267,15 @@ def test_orphan_is_detected_whoever_adopted_it(spawn):
     assert "orphaned" in info.summary()
 
 
-def test_zombie_verdict_names_the_parent_that_must_reap_it(spawn):
+def test_zombie_state_names_the_parent_that_must_reap_it(spawn):
     # sh forks a child that exits at once, then execs sleep, which never wait()s.
     parent = spawn.child(["sh", "-c", "sleep 0 & echo $!; exec sleep 60"], stdout=subprocess.PIPE)
     assert parent.stdout is not None
     zombie = spawn.track(int(parent.stdout.readline()))
     wait_for(lambda: zombie.status() == psutil.STATUS_ZOMBIE, what="zombie")
     info = describe_pid(zombie.pid)
-    assert info.verdict == "zombie"
     assert info.state == "zombie"
+    assert info.status == "zombie"
     assert info.ppid == parent.pid
     assert info.command == "[sleep]"  # a zombie's cmdline is empty: its name in brackets
     assert info.detail == f"exited; parent pid {parent.pid} must reap it"
@@ -289,8 +289,8 @@ def test_stopped_process(spawn):
     proc = psutil.Process(child.pid)
     wait_for(lambda: proc.status() == psutil.STATUS_STOPPED, what="SIGSTOP")
     info = describe_pid(child.pid)
-    assert info.verdict == "stopped"
     assert info.state == "stopped"
+    assert info.status == "stopped"
     child.send_signal(signal.SIGCONT)
 
 
@@ -313,17 +313,17 @@ def test_environment_gives_visible_devices_and_torchrun_worker(spawn):
 @pytest.mark.parametrize("container", [None, HOST, CONTAINER])
 def test_impossible_pid_is_dead_in_any_namespace(pid, container):
     info = describe_pid(pid, container=container)
-    assert info.verdict == "dead"
+    assert info.state == "dead"
     assert info.summary() == f"pid {pid} (dead: no such process (not a valid Linux pid))"
 
 
 def test_missing_pid_is_dead_on_the_host_and_a_host_pid_in_a_container():
     pid = free_pid()
     dead = describe_pid(pid, container=HOST)
-    assert dead.verdict == "dead"
+    assert dead.state == "dead"
     assert dead.summary() == f"pid {pid} (dead: no such process)"
     other = describe_pid(pid, container=CONTAINER)
-    assert other.verdict == "other_namespace"
+    assert other.state == "other_namespace"
     assert "not in this PID namespace" in other.summary()
     assert (other.user, other.uid, other.command, other.start_time) == (None, None, None, None)
 
@@ -394,7 +394,7 @@ def test_torchrun_agent_is_recognised_by_its_own_argv_only(cmdline, agent):
 
 
 @pytest.mark.parametrize(
-    ("state", "verdict"),
+    ("observed", "state"),
     [
         ("dead", "dead"),
         ("zombie", "zombie"),
@@ -405,10 +405,10 @@ def test_torchrun_agent_is_recognised_by_its_own_argv_only(cmdline, agent):
         ("stopped", "stopped"),
     ],
 )
-def test_recorded_holder_maps_fleet_states(state, verdict):
-    info = recorded_holder(4_200_001, state, "alice", "python train.py", "0,1", 1.7e9)
+def test_recorded_holder_maps_fleet_states(observed, state):
+    info = recorded_holder(4_200_001, observed, "alice", "python train.py", "0,1", 1.7e9)
     assert info.recorded
-    assert info.verdict == verdict
+    assert info.state == state
     assert (info.user, info.command, info.visible_devices, info.start_time) == (
         "alice",
         "python train.py",
@@ -433,11 +433,11 @@ def test_summary_of_a_recorded_dead_holder():
 def test_summary_clips_long_commands_to_one_short_line():
     info = HolderInfo(
         pid=7,
-        verdict="alive",
+        state="alive",
         user="alice",
         uid=1000,
         command="python " + "x" * 300,
-        state="sleeping",
+        status="sleeping",
         start_time=1.0,
         ppid=1,
         orphaned=True,

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from nbgpu.devices import holders as holders_mod
+from nbgpu.devices.findings import gpu_health
 from nbgpu.devices.fleet import load_fleet
 from nbgpu.devices.inventory import take_inventory
-from nbgpu.devices.verdicts import short_verdict
 
 
 def inv(spec, base, **kw):
@@ -28,9 +28,9 @@ def test_busy_gpu0_flags_the_dead_exclusive_holder(sim_env):
     assert codes(inventory, 0)[0] == "exclusive_dead_holder"
     assert inventory.healthy_indices == (1, 2, 3)
     holder = inventory.gpus[0].processes[0].holder
-    assert holder.verdict == "dead"
+    assert holder.state == "dead"
     assert holder.recorded
-    assert short_verdict(inventory.gpus[0], inventory.findings[0]) == ("BUSY: dead holder", "bad")
+    assert gpu_health(inventory.gpus[0], inventory.findings[0]) == ("BUSY: dead holder", "bad")
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_live_holder_is_looked_up_on_this_machine(sim_env):
     try:
         inventory = inv(f"4xA40,exclusive=2,holder=2:{proc.pid}", sim_env)
         gproc = inventory.gpus[2].processes[0]
-        assert gproc.holder.verdict == "alive"
+        assert gproc.holder.state == "alive"
         assert not gproc.holder.recorded
         assert "time.sleep" in gproc.holder.command
         assert "exclusive_busy" in codes(inventory, 2)
@@ -157,7 +157,7 @@ def test_device_file_holders_appear_in_status(sim_env, tmp_path, monkeypatch):
             time.sleep(0.05)
             inventory = inv("4xA40", sim_env)
         assert inventory.device_files[holder.pid] == (str(fake_dev),)
-        assert inventory.device_file_holders[holder.pid].verdict == "alive"
+        assert inventory.device_file_holders[holder.pid].state == "alive"
         row = next(line for line in inventory.text().splitlines() if str(holder.pid) in line)
         assert row.startswith("fd")
         assert "open nvidia0" in row

@@ -21,6 +21,7 @@ from nbgpu.devices.visible import (
     normalize_pci_bus_id,
     resolve_visible,
 )
+from nbgpu.devices.visible import entries as visible_entries
 from nbgpu.errors import UserInputError, VisibleDevicesError
 
 UUID_849D = "GPU-849d5a8d-610e-eeea-1fd4-81ff44a23794"
@@ -538,17 +539,19 @@ def test_normalize_pci_bus_id(bus_id, normal):
 
 
 def test_imports_only_stdlib_and_errors():
-    tree = ast.parse(inspect.getsource(visible))
     roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            roots.add(node.module)
+    for module in (visible, visible_entries):  # the package and its one submodule
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.Import):
+                roots.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                roots.add(node.module)
     foreign = {
         name
         for name in roots
-        if name.split(".")[0] not in sys.stdlib_module_names and name != "nbgpu.errors"
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and name != "nbgpu.errors"
+        and not name.startswith("nbgpu.devices.visible")
     }
     assert foreign == set()
 

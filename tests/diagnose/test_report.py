@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nbgpu.diagnose import Diagnosis, Finding, diagnose
+from nbgpu.diagnose import Diagnosis, FoundCause, diagnose
 
 TEXT = (
     "[rank3]: <script>alert(1)</script>\n"
@@ -61,7 +61,7 @@ def test_dict_json_and_frame() -> None:
     frame = result.to_frame()
     assert list(frame["cause"]) == ["batch_divisibility", "nccl_timeout"]
     finding = result.root
-    assert isinstance(finding, Finding)
+    assert isinstance(finding, FoundCause)
     assert finding.to_dict()["fixes"] == list(finding.fixes)
     assert finding.summary().startswith("Batch (or parallel size)")
     assert "evidence:" in finding.text()

@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from nbgpu.launch.launcher import prepare
 from nbgpu.launch.follow import follow
+from nbgpu.launch.launcher import prepare
 from nbgpu.launch.run import Run
 from nbgpu.launch.streams import ScreenWriter
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nbgpu.launch.launcher import prepare
 from nbgpu.launch.follow import follow
+from nbgpu.launch.launcher import prepare
 from nbgpu.launch.run import Run
 from nbgpu.launch.streams import ScreenWriter
 

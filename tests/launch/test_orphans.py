@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nbgpu.launch.launcher import prepare
 from nbgpu.launch.follow import follow
+from nbgpu.launch.launcher import prepare
 from nbgpu.launch.run import Run
 from nbgpu.launch.streams import ScreenWriter
 

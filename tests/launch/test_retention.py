@@ -10,9 +10,9 @@ import pytest
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch import retention
+from nbgpu.launch.follow import follow
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.retention import RetentionPolicy, prune
-from nbgpu.launch.follow import follow
 from nbgpu.launch.run import Run
 from nbgpu.launch.streams import ScreenWriter
 

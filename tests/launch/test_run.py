@@ -17,9 +17,9 @@ import torch.distributed as dist
 import nbgpu.diagnose
 from nbgpu.diagnose import diagnose
 from nbgpu.launch.config import LaunchConfig
+from nbgpu.launch.follow import follow
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.procs import run_processes
-from nbgpu.launch.follow import follow
 from nbgpu.launch.run import Run, leftover_processes
 from nbgpu.launch.streams import ScreenWriter
 

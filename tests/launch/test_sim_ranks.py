@@ -41,7 +41,7 @@ def test_ranks_show_up_on_the_gpus_they_were_given(sim_env, tmp_path):
         assert len(rank_pids) == 2  # real, live processes
         gpu1 = next(g for g in inv.gpus if g.nvml_index == 1)
         (rank,) = gpu1.processes
-        assert rank.verdict == "alive"
+        assert rank.state == "alive"
         rss = psutil.Process(rank.pid).memory_info().rss
         assert rank.used_bytes is not None
         assert abs(rank.used_bytes - rss) < 64 << 20  # the host memory it really uses

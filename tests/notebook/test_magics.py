@@ -33,7 +33,7 @@ def test_gpu_status_env_mapping(ip, flag):
 def test_gpu_status_probe(ip):
     result = ip.run_line_magic("gpu_status", "--probe")
     assert result.probe is not None
-    assert result.probe.for_nvml_index(0).verdict == "busy"
+    assert result.probe.for_nvml_index(0).outcome == "busy"
 
 
 def test_gpu_status_follows_env_changes(ip):

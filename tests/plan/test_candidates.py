@@ -54,7 +54,7 @@ def test_a_failed_probe_makes_a_gpu_unusable(inventory):
         nvml_index=2,
         uuid=inv.gpus[2].uuid,
         name="NVIDIA A40",
-        verdict="busy",
+        outcome="busy",
         cuda_error=46,
         error_name="CUDA_ERROR_DEVICES_UNAVAILABLE",
         message="CUDA-capable device(s) is/are busy or unavailable",

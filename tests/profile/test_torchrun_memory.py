@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import nbgpu
-from nbgpu.launch.launcher import prepare
 from nbgpu.launch.follow import follow
+from nbgpu.launch.launcher import prepare
 from nbgpu.launch.run import Run, RunFailed
 from nbgpu.launch.streams import ScreenWriter
 from nbgpu.profile.records import read_run_dir

@@ -1,0 +1,234 @@
+"""What the CUDA probe found: one :class:`ProbeResult` per device, one :class:`ProbeReport`.
+
+CUDA's codes become the probe's outcomes (``busy``, ``lost``, ``driver_mismatch``, ...),
+each with what it means and what to do; the report renders as text / HTML / JSON.
+Standard library and ``nbgpu._render`` only: no processes, no driver.
+"""
+
+from __future__ import annotations
+
+import html
+import textwrap
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from nbgpu._render import Result, Table
+from nbgpu.devices.cuda_errors import LIBCUDA_SONAME
+
+__all__ = [
+    "INIT_OUTCOMES",
+    "OUTCOMES",
+    "ProbeReport",
+    "ProbeResult",
+    "outcome_for",
+]
+
+#: Per-device outcomes, with what each means and what to do about it.
+OUTCOMES: Mapping[str, str] = {
+    "ok": "a CUDA context was created and released",
+    "busy": (
+        "another process holds this GPU (exclusive-process mode, possibly a dead or zombie "
+        "holder), its compute mode is prohibited, or its memory is used up: `nbgpu doctor` "
+        "names the holder"
+    ),
+    "no_device": (
+        "CUDA sees no usable GPU: the kernel module is not loaded, /dev/nvidia* may not be "
+        "opened (container, cgroup), or CUDA_VISIBLE_DEVICES hides every GPU"
+    ),
+    "lost": (
+        "the GPU stopped answering (fallen off the bus, Xid 79): check "
+        "`sudo dmesg | grep -i xid`, then reset the GPU or reboot"
+    ),
+    "driver_mismatch": (
+        "the CUDA user-space driver does not match the loaded kernel module (driver upgraded "
+        "without a reboot, or a forward-compatibility package on unsupported hardware): "
+        "reboot, or reload the nvidia module"
+    ),
+    "stub_library": (
+        "the CUDA toolkit's stub libcuda was loaded instead of the driver's: take "
+        "`.../lib64/stubs` out of LD_LIBRARY_PATH"
+    ),
+    "not_permitted": "the driver refused the context: a container, MPS or policy restriction",
+    "ecc": (
+        "an uncorrectable ECC error: reset the GPU (`sudo nvidia-smi --gpu-reset -i N`) or "
+        "reboot; drain the node if it recurs"
+    ),
+    "error": "an unexpected CUDA error: see its name and message",
+}
+
+#: Outcomes only the probe as a whole can get (``ProbeReport.init_outcome``), on top of
+#: the per-device ones for the CUDA code ``cuInit`` returned.
+INIT_OUTCOMES: Mapping[str, str] = {
+    "no_driver": (
+        f"the NVIDIA driver library {LIBCUDA_SONAME} is not installed here (or a container "
+        "was started without the NVIDIA runtime: `docker run --gpus all`)"
+    ),
+    "timeout": (
+        "the driver did not answer in time (hung GPU or driver): check "
+        "`sudo dmesg | grep -i xid`, then reset the GPU or reboot"
+    ),
+    # cuInit's "unknown error" is rarely a lost GPU: it is the classic symptom of a container
+    # whose /dev/nvidia* access systemd revoked (nvidia-container-toolkit issue 48).
+    "unknown": (
+        "CUDA failed with 'unknown error' at initialisation: inside a container it has usually "
+        "lost access to /dev/nvidia* (recreate the container); on a host, check "
+        "`sudo dmesg | grep -i xid`"
+    ),
+}
+
+_OUTCOME_BY_CODE: Mapping[int, str] = {
+    0: "ok",
+    46: "busy",  # CUDA_ERROR_DEVICE_UNAVAILABLE
+    # Out of memory while creating a context: someone else fills the GPU, so for the user
+    # it is as busy as an exclusive holder (error_name keeps the difference).
+    2: "busy",
+    100: "no_device",
+    101: "no_device",  # INVALID_DEVICE: the ordinal disappeared between enumeration and use
+    999: "lost",
+    803: "driver_mismatch",
+    804: "driver_mismatch",  # COMPAT_NOT_SUPPORTED_ON_DEVICE
+    34: "stub_library",
+    800: "not_permitted",
+    214: "ecc",
+}
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f} ms" if value < 10 else f"{value:.0f} ms"
+
+
+def _sentences(fact: str, hint: str) -> str:
+    """``fact. Hint.``: the fact keeps its case (it may start with ``cuda:1`` or ``cuInit``)."""
+    fact = fact if fact.endswith(".") else fact + "."
+    return f"{fact} {hint[0].upper()}{hint[1:]}." if hint else fact
+
+
+def outcome_for(cuda_error: int) -> str:
+    """The outcome for a CUresult from context creation: 46 -> ``"busy"``, etc."""
+    return _OUTCOME_BY_CODE.get(cuda_error, "error")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What creating a context on one logical CUDA device gave."""
+
+    cuda_index: int
+    nvml_index: int | None  # matched back by UUID when possible
+    uuid: str | None
+    name: str | None
+    outcome: str  # a key of OUTCOMES
+    cuda_error: int  # 0 for ok
+    error_name: str | None  # "CUDA_ERROR_DEVICE_UNAVAILABLE"
+    message: str  # CUDA's own wording for the error; a plain sentence for ok
+    elapsed_ms: float  # context creation and release
+    pci_bus_id: str | None = None  # CUDA's form, 0000:18:00.0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+
+@dataclass(frozen=True)
+class ProbeReport(Result):
+    """The probe's outcome for every visible device, or why it could not run."""
+
+    results: tuple[ProbeResult, ...]
+    driver_version: int | None  # cuDriverGetVersion, e.g. 12040
+    init_error: str | None  # set when the library, cuInit or the probe process failed
+    init_outcome: str | None  # a key of INIT_OUTCOMES or OUTCOMES
+    simulated: bool
+    timed_out: bool
+    elapsed_ms: float  # wall time, including starting the probe process
+
+    @property
+    def ok(self) -> bool:
+        """CUDA initialised and every visible device accepted a context."""
+        return self.init_error is None and all(r.ok for r in self.results)
+
+    def for_nvml_index(self, nvml_index: int) -> ProbeResult | None:
+        """The first result on physical GPU ``nvml_index`` (None: not probed or not matched)."""
+        return next((r for r in self.results if r.nvml_index == nvml_index), None)
+
+    def for_cuda_index(self, cuda_index: int) -> ProbeResult | None:
+        return next((r for r in self.results if r.cuda_index == cuda_index), None)
+
+    def _title(self, *, label_simulated: bool = True) -> str:
+        parts = ["CUDA probe"]
+        if self.simulated and label_simulated:
+            parts.append("SIMULATED")
+        if self.driver_version:
+            major, minor = self.driver_version // 1000, (self.driver_version % 1000) // 10
+            parts.append(f"CUDA driver {major}.{minor}")
+        if self.init_error is None:
+            parts.append(f"{len(self.results)} device{'s' if len(self.results) != 1 else ''}")
+        parts.append(f"{self.elapsed_ms / 1000:.2f} s")
+        return " · ".join(parts)
+
+    def _table(self, title: str | None) -> Table:
+        table = Table(["cuda", "GPU", "name", "verdict", "detail"], title=title)
+        for r in self.results:
+            detail = (
+                f"context in {_ms(r.elapsed_ms)}" if r.ok else f"{r.error_name or r.cuda_error}"
+            )
+            table.add(
+                f"cuda:{r.cuda_index}",
+                "-" if r.nvml_index is None else r.nvml_index,
+                r.name or "-",
+                r.outcome,
+                detail,
+                level="ok" if r.ok else "bad",
+            )
+        return table
+
+    def notes(self) -> list[str]:
+        """One sentence per problem: CUDA's words first, then what to do."""
+        if self.init_error is not None:
+            outcome = self.init_outcome or "error"
+            hint = INIT_OUTCOMES.get(outcome) or OUTCOMES.get(outcome, "")
+            return [_sentences(self.init_error, hint)]
+        lines = []
+        for r in self.results:
+            if r.ok:
+                continue
+            where = f"cuda:{r.cuda_index}"
+            if r.nvml_index is not None:
+                where += f" (GPU {r.nvml_index})"
+            code = f"{r.error_name} ({r.cuda_error})" if r.error_name else str(r.cuda_error)
+            lines.append(_sentences(f"{where}: {code}: {r.message}", OUTCOMES.get(r.outcome, "")))
+        return lines
+
+    def text(self) -> str:
+        wrap = textwrap.TextWrapper(80, initial_indent="! ", subsequent_indent="  ")
+        wrap.break_on_hyphens = False  # keep UUIDs and error names whole
+        notes = [wrap.fill(n) for n in self.notes()]
+        if self.init_error is not None:
+            return "\n".join([self._title(), *notes])
+        return "\n".join([self._table(self._title()).text(), *notes])
+
+    def html_body(self) -> str:
+        # The simulation label is styled in HTML, so it is not repeated in the title.
+        label = '<span class="nbgpu-sim">SIMULATED</span> ' if self.simulated else ""
+        title = f"<div>{label}{html.escape(self._title(label_simulated=False))}</div>"
+        items = "".join(f'<li class="bad">{html.escape(n)}</li>' for n in self.notes())
+        notes = f"<ul>{items}</ul>" if items else ""
+        table = "" if self.init_error is not None else self._table(None).html()
+        return f"{title}{table}{notes}"
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = _renamed(asdict(self), "init_outcome", "init_verdict")
+        doc["results"] = [_result_dict(r) for r in self.results]
+        return doc
+
+    def records(self) -> list[dict[str, Any]]:
+        return [_result_dict(r) for r in self.results]
+
+
+def _result_dict(result: ProbeResult) -> dict[str, Any]:
+    return _renamed(asdict(result), "outcome", "verdict")
+
+
+def _renamed(doc: dict[str, Any], key: str, json_key: str) -> dict[str, Any]:
+    """``doc`` with ``key`` spelled ``json_key``, in place: the JSON keeps the name users
+    parse (``verdict``) while the code says what it is (the probe's outcome)."""
+    return {json_key if k == key else k: v for k, v in doc.items()}

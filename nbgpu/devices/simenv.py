@@ -1,0 +1,21 @@
+"""The one name of the simulation switch, ``NBGPU_SIMULATE``, and its one reading.
+
+Every process nbgpu starts (the CLI, the probe, torchrun's agent, each rank) learns
+whether it runs on a simulated fleet from this variable, so it is read the same way
+everywhere: surrounding whitespace is ignored and an empty value counts as unset.
+Standard library only: ranks import it before anything else of nbgpu.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["SIMULATE_ENV", "simulation_source"]
+
+#: The environment variable that carries a fleet (spec, scenario name or JSON path).
+SIMULATE_ENV = "NBGPU_SIMULATE"
+
+
+def simulation_source(environ: Mapping[str, str]) -> str | None:
+    """The fleet ``environ`` asks to simulate, or None for real hardware."""
+    return environ.get(SIMULATE_ENV, "").strip() or None
