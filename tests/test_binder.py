@@ -94,7 +94,7 @@ def _clean_env(venv: Path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("NBGPU_", "CUDA_", "PYTEST_", "OMP_", "VIRTUAL_ENV"))
+        if not k.startswith(("NBGPU_", "CUDA_", "PYTEST_", "OMP_", "VIRTUAL_ENV", "PYTHONPATH"))
         and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR")
     }
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
