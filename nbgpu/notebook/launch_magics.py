@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch.flags import NOTEBOOK, arguments
-from nbgpu.notebook.magics import print_help
+from nbgpu.notebook.usage import print_help
 
 __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 

@@ -12,11 +12,12 @@ from typing import Any
 
 from IPython.core.error import StdinNotImplementedError, UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu.errors import UserInputError
+from nbgpu.notebook.usage import parse_or_help
 
-__all__ = ["GPUMagics", "print_help", "register", "unregister"]
+__all__ = ["GPUMagics"]
 
 _GPU_PLAN_DOC = """Plan a job before launching: roles on healthy GPUs, ports, batch sizes, memory.
 
@@ -26,34 +27,6 @@ _GPU_PLAN_DOC = """Plan a job before launching: roles on healthy GPUs, ports, ba
         (the other flags give their first values; the plan is kept as ``p``).
         Flags are those of ``nbgpu plan`` (``%gpu_plan -h`` lists them).
         """
-
-_LINE_MAGICS = (
-    "gpu_status", "gpu_doctor", "gpu_clean", "gpu_plan", "gpu_runs", "gpu_stop", "torchrun",
-    "gpu_diagnose", "gpu_stacks",
-)  # fmt: skip
-_CELL_MAGICS = ("torchrun",)
-
-
-def _parse(method: Any, line: str) -> Any:
-    """Parsed arguments, or None after printing help for ``-h``/``--help``.
-
-    IPython's magic parser has no help flag of its own (``%magic?`` opens a pager
-    that nbval and terminals do not show), so ``-h`` prints the usage right here.
-    """
-    if any(token in ("-h", "--help") for token in line.split()):
-        print_help(method)
-        return None
-    return parse_argstring(method, line)
-
-
-def print_help(method: Any, title: str | None = None) -> None:
-    """Print a magic's usage and options (what ``%magic?`` would page)."""
-    # magic_arguments prefixes the usage with a reST '::' marker; drop it.
-    text = inspect.cleandoc(method.__doc__ or "").removeprefix("::").strip()
-    if title is not None:
-        # A cell magic's generated usage line says '%name'; say '%%name'.
-        text = text.replace(f"%{title.lstrip('%')}", title, 1)
-    print(text)
 
 
 def _visible_value(text: str | None) -> str | None:
@@ -97,7 +70,7 @@ class GPUMagics(Magics):
     @line_magic
     def gpu_status(self, line: str = "") -> Any:
         """Show every GPU: health, memory, who holds it, and what cuda:N means here."""
-        args = _parse(self.gpu_status, line)
+        args = parse_or_help(self.gpu_status, line)
         if args is None:
             return None
         from nbgpu.api import status  # noqa: PLC0415
@@ -126,7 +99,7 @@ class GPUMagics(Magics):
     @line_magic
     def gpu_doctor(self, line: str = "") -> Any:
         """Diagnose the GPUs and the launch environment; name each problem and its fix."""
-        args = _parse(self.gpu_doctor, line)
+        args = parse_or_help(self.gpu_doctor, line)
         if args is None:
             return None
         if args.nproc is not None and args.nproc < 1:
@@ -157,7 +130,7 @@ class GPUMagics(Magics):
     @line_magic
     def gpu_clean(self, line: str = "") -> Any:
         """Stop this user's stale GPU holders (orphaned ranks, dead jobs), by pid, after asking."""
-        args = _parse(self.gpu_clean, line)
+        args = parse_or_help(self.gpu_clean, line)
         if args is None:
             return None
         if args.grace < 0:
@@ -252,35 +225,3 @@ def _plan_widget(namespace: dict[str, Any], args: Any) -> None:
         PlanWidget(namespace, initial=initial).show()
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
-
-
-def register(ipython: Any) -> None:
-    from nbgpu.notebook.launch_magics import LaunchMagics  # noqa: PLC0415
-    from nbgpu.notebook.memory_magics import MemoryMagics  # noqa: PLC0415
-    from nbgpu.notebook.watch import WatchMagics  # noqa: PLC0415
-
-    ipython.register_magics(GPUMagics)
-    ipython.register_magics(LaunchMagics)
-    ipython.register_magics(MemoryMagics)
-    ipython.register_magics(WatchMagics)
-
-
-def unregister(ipython: Any) -> None:
-    # IPython has no public unregister; remove exactly the names we added.
-    from nbgpu.notebook.memory_magics import MAGIC_NAMES  # noqa: PLC0415
-    from nbgpu.notebook.watch import MAGIC_NAMES as WATCH_NAMES  # noqa: PLC0415
-
-    manager = ipython.magics_manager
-    for name in (*_LINE_MAGICS, *MAGIC_NAMES[0], *WATCH_NAMES[0]):
-        manager.magics["line"].pop(name, None)
-    for name in (*_CELL_MAGICS, *MAGIC_NAMES[1], *WATCH_NAMES[1]):
-        manager.magics["cell"].pop(name, None)
-    manager.registry.pop("WatchMagics", None)
-    manager.registry.pop("MemoryMagics", None)
-    manager.registry.pop("GPUMagics", None)
-    manager.registry.pop("LaunchMagics", None)
-    from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
-
-    cleanup = getattr(ipython, "input_transformers_cleanup", [])
-    while keep_empty_cell_body in cleanup:
-        cleanup.remove(keep_empty_cell_body)

@@ -18,12 +18,11 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbgpu.errors import UserInputError
-from nbgpu.notebook.magics import print_help
+from nbgpu.notebook.usage import print_help
 
-__all__ = ["MAGIC_NAMES", "MemoryMagics"]
+__all__ = ["MemoryMagics"]
 
 #: (line magics, cell magics) this module adds, for %unload_ext.
-MAGIC_NAMES = (("gpu_memory",), ("gpu_phase",))
 
 
 def _gib(value: object) -> str:

@@ -29,12 +29,11 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from nbgpu._render import memory_bar_html
 from nbgpu.errors import UserInputError
-from nbgpu.notebook.magics import print_help
+from nbgpu.notebook.usage import print_help
 
-__all__ = ["MAGIC_NAMES", "Dashboard", "WatchMagics", "chart_svg", "dashboard_html"]
+__all__ = ["Dashboard", "WatchMagics", "chart_svg", "dashboard_html"]
 
 #: (line magics, cell magics) this module adds, for %unload_ext.
-MAGIC_NAMES = (("gpu_watch",), ())
 
 _COLOURS = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e")
 _STATE_LEVEL = {"dead": "bad", "zombie": "bad", "other_namespace": "warn", "orphaned": "warn"}
