@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._lineage import with_package_importable
-from nbgpu.errors import NbgpuError, UserInputError
+from nbgpu.errors import NbgpuError
 from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
+from nbgpu.launch.notices import RunNotices
 from nbgpu.launch.outcomes import (
     RankOutcome,
     collect_pulled,
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Run", "RunFailed", "free_port", "leftover_processes"]
 
-DISK_FULL_BELOW_BYTES = 64 * 1024  # less free space than this under the run dir: full
 TERMINAL_STATES = ("succeeded", "failed", "stopped", "timed_out", "interrupted")
 
 
@@ -82,9 +82,6 @@ def free_port(taken: set[int] | None = None) -> int:
         if not taken or port not in taken:
             return port
     raise NbgpuError("no free TCP port found for the rendezvous")
-
-
-_RETENTION_ANNOUNCED: list[bool] = []  # the policy is told once per process
 
 
 class Run(RunView):
@@ -117,17 +114,16 @@ class Run(RunView):
         self._memory: MemoryFollower | None = None  # made on first use
         self._lock = threading.Lock()
         self._finished = threading.Event()
-        self._guarantee_announced = False
-        self.notices: list[str] = []  # one-line messages for the screen, shown once
-        self.disk_full_since: float | None = None  # when the run directory's disk filled
+        self.notices = RunNotices(config.nproc)  # one-line messages, each shown once
         self.thread: threading.Thread | None = None
 
     # -- start -------------------------------------------------------------------
 
     def start(self) -> Run:
         cfg = self.config
-        self._apply_retention()
+        self.notices.prune_old_runs(self.environ)
         self.dir = rundir.make_run_dir(cfg.name, self.environ)
+        self.notices.run_dir = self.dir
         spec: dict[str, Any] = {
             "serial_imports": cfg.serial_imports,
             "mem_limit_bytes": cfg.mem_limit_bytes,
@@ -175,59 +171,6 @@ class Run(RunView):
         self._tails = {r: LogTail(rundir.rank_log(self.dir, r)) for r in range(cfg.nproc)}
         register(self)
         return self
-
-    def _apply_retention(self) -> None:
-        """Prune old run directories before adding one; never blocks a launch."""
-        from nbgpu.launch import retention  # noqa: PLC0415
-
-        try:
-            report = retention.prune(self.environ, keep_newest_extra=1)
-        except (UserInputError, OSError) as exc:
-            self.notices.append(f"old runs not pruned: {exc}")
-            return
-        if report.removed and not _RETENTION_ANNOUNCED:
-            _RETENTION_ANNOUNCED.append(True)
-            self.notices.append(
-                f"removed {len(report.removed)} old run directories "
-                f"({report.freed_bytes / 1e6:.0f} MB) from {report.root}: keeping "
-                f"{report.policy.describe()}; %gpu_runs --prune / nbgpu runs --prune"
-            )
-
-    def take_notices(self) -> list[str]:
-        """Messages not shown yet: retention, a lost parent-death guarantee, a full disk."""
-        out, self.notices = self.notices, []
-        for notice in (self.guarantee_notice(), self.disk_full_notice()):
-            if notice is not None:
-                out.append(notice)
-        return out
-
-    def disk_full_notice(self) -> str | None:
-        """One line, the first time the disk under the run directory is found full.
-
-        Ranks drop their output instead of failing (``worker.py``); this says which
-        logs are incomplete and from when. A rank's own marker gives its exact time;
-        the disk's free space, checked each tick, catches a disk too full for markers.
-        """
-        if self.disk_full_since is not None or not self.dir.name:
-            return None
-        stamps = []
-        for path in self.dir.glob("logfull-rank*.txt"):
-            with contextlib.suppress(OSError, ValueError):
-                stamps.append(float(path.read_text(encoding="utf-8")))
-        try:
-            st = os.statvfs(self.dir)
-            full = st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES
-        except OSError:
-            full = False
-        if not stamps and not full:
-            return None
-        self.disk_full_since = min(stamps) if stamps else time.time()
-        when = time.strftime("%H:%M:%S", time.localtime(self.disk_full_since))
-        return (
-            f"the disk under {self.dir} is full: rank logs (rank0..rank{self.config.nproc - 1}"
-            f".log) and the output shown here are incomplete from {when} on; the ranks keep "
-            "running (free space, or set NBGPU_RUNS_DIR elsewhere for the next run)"
-        )
 
     def _agent_env(self) -> dict[str, str]:
         env = with_package_importable({**self.environ, **self.config.env})
@@ -277,7 +220,7 @@ class Run(RunView):
                 for r in self.ranks
             ],
             "agent_exit_code": self.agent.returncode if self.agent else None,
-            "parent_death_signal": self._guarantee_record(),
+            "parent_death_signal": self.notices.guarantee_record(),
         }
         try:
             (self.dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
@@ -286,35 +229,10 @@ class Run(RunView):
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
 
-    def lost_guarantees(self) -> dict[str, str]:
-        """Processes (agent, rankN) whose parent-death signal the kernel refused, and why."""
-        out: dict[str, str] = {}
-        if not self.dir.name:
-            return out
-        for path in sorted(self.dir.glob("pdeathsig-*.txt")):
-            with contextlib.suppress(OSError):
-                out[path.stem.removeprefix("pdeathsig-")] = path.read_text("utf-8").strip()
-        return out
-
-    def _guarantee_record(self) -> dict[str, Any]:
-        lost = self.lost_guarantees()
-        return {"ok": not lost, "lost": lost}
-
-    def guarantee_notice(self) -> str | None:
-        """One line, the first time a process of the run reports the guarantee lost."""
-        if self._guarantee_announced:
-            return None
-        lost = self.lost_guarantees()
-        if not lost:
-            return None
-        self._guarantee_announced = True
-        with contextlib.suppress(OSError):
-            self._write_meta()
-        reason = next(iter(lost.values()))
-        return (
-            f"no parent-death signal for {', '.join(lost)} ({reason}): if this process is "
-            "killed, the run's processes keep running; stop them with %gpu_stop / nbgpu clean"
-        )
+    def take_notices(self) -> list[str]:
+        """Messages not shown yet: retention, a lost parent-death guarantee, a full disk."""
+        # A lost guarantee is also recorded in run.json.
+        return self.notices.take(on_guarantee_lost=self._write_meta)
 
     # -- while running -------------------------------------------------------------
 
@@ -394,7 +312,7 @@ class Run(RunView):
         if not leftovers:
             return 0
         report = stop_processes(self.run_id, None, first_signal=signal.SIGTERM, grace_s=2.0)
-        self.notices.append(
+        self.notices.add(
             f"{len(leftovers)} processes started by the ranks outlived them; stopped"
             + (
                 f" (still alive: {', '.join(map(str, report.survivors))})"

@@ -130,7 +130,7 @@ def test_new_runs_prune_and_say_so_once(env, tmp_path, monkeypatch):
     root = tmp_path / "runs"
     for i in range(4):
         make_run(root, f"old-{i}", age_s=1000 + i)
-    monkeypatch.setattr("nbgpu.launch.run._RETENTION_ANNOUNCED", [])
+    monkeypatch.setattr("nbgpu.launch.notices._RETENTION_ANNOUNCED", [])
     env = {**env, "NBGPU_KEEP_RUNS": "2"}
     shown = []
     for _ in range(2):
