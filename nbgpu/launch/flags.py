@@ -35,9 +35,17 @@ TERMINAL = "terminal"
 _BOTH = frozenset({NOTEBOOK, TERMINAL})
 
 
+# Help words that differ by face: what the user runs, and the commands they can type there.
+_WORDS = {
+    "code": {NOTEBOOK: "cell", TERMINAL: "script"},
+    "name": {NOTEBOOK: "%gpu_runs and %gpu_stop show it", TERMINAL: "its directory's name"},
+    "memory": {NOTEBOOK: "%gpu_memory NAME", TERMINAL: "nbgpu memory RUNDIR"},
+}
+
+
 @dataclass(frozen=True)
 class Flag:
-    """One launch flag: its names, argparse keywords, and help (``{code}``: cell/script)."""
+    """One launch flag: its names, argparse keywords, and help (``{word}``: see _WORDS)."""
 
     names: tuple[str, ...]
     help: str
@@ -47,8 +55,9 @@ class Flag:
 
     def argparse_keywords(self, face: str) -> dict[str, Any]:
         keywords = {**self.options, **self.by_face.get(face, {})}
-        what = "cell" if face == NOTEBOOK else "script"
-        text = str(keywords.get("help", self.help)).replace("{code}", what)
+        text = str(keywords.get("help", self.help))
+        for word, by_face in _WORDS.items():
+            text = text.replace("{" + word + "}", by_face[face])
         keywords["help"] = text.replace("%", "%%")  # argparse formats help with %
         return keywords
 
@@ -69,8 +78,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--role",), "with --plan: which role to launch", {"default": None}),
     Flag(("--force",), "launch even on unhealthy GPUs or with more ranks than GPUs",
          {"action": "store_true"}),
-    Flag(("--name",), "a name for the run (%gpu_runs, %gpu_stop; the run directory)",
-         {"default": None}),
+    Flag(("--name",), "a name for the run: {name}", {"default": None}),
     Flag(("--bg",), "run in the background; output stays in this cell",
          {"action": "store_true"}, faces=frozenset({NOTEBOOK})),
     Flag(("--master-port",), "rendezvous port (default: a free one; never 29500 by accident)",
@@ -90,7 +98,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--mem-limit",), "per-rank address-space limit, e.g. 60G",
          {"default": None, "metavar": "SIZE"}),
     Flag(("--mem-sample",), "seconds between memory samples in every rank (default 0.1; 0: "
-         "phases only); see %gpu_memory NAME / nbgpu memory RUNDIR",
+         "phases only); see {memory}",
          {"default": "0.1", "metavar": "S"}),
     Flag(("--backend",), "default process-group backend for nbgpu.rank.init()",
          {"default": None, "choices": list(BACKENDS)}),
