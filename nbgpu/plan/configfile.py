@@ -14,19 +14,22 @@ the inventory, sockets or processes.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import UserInputError
+from nbgpu.plan.files import read_text
 from nbgpu.plan.launchscript import LaunchScript, looks_like_script, read_script, rewrite_script
+from nbgpu.plan.values import value_text
 from nbgpu.plan.yamldoc import load_yaml, rewrite_yaml, to_plain
 
 if TYPE_CHECKING:
-    from nbgpu.plan.scale import ScalePlan
+    from nbgpu.plan.scaling import ScalePlan
 
-__all__ = ["ConfigSource", "read_config", "rescaled_text"]
+__all__ = ["ConfigSource", "load_config", "read_config", "rescaled_text"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,6 @@ def _json_indent(text: str) -> int | None:
 
 def rescaled_text(source: ConfigSource, plan: ScalePlan) -> tuple[str, list[str]]:
     """The file with the plan's new values; and notes on expressions a script had to lose."""
-    from nbgpu.plan.scale import value_text  # noqa: PLC0415  (scale imports this module's users)
 
     if source.form == "yaml":
         changes: Mapping[tuple[Any, ...], Any] = {s.path: s.new for s in plan.changes}
@@ -79,3 +81,8 @@ def rescaled_text(source: ConfigSource, plan: ScalePlan) -> tuple[str, list[str]
     changed = {str(s.path[0]): value_text(s.new) for s in plan.changes}
     kept = {str(s.path[0]): value_text(s.new) for s in plan.steps if not s.changed}
     return rewrite_script(source.script, changed, kept)
+
+
+def load_config(path: str | os.PathLike[str]) -> Any:
+    """A YAML or JSON config file as plain data (dicts, lists, scalars)."""
+    return read_config(read_text(path, "config"), os.fspath(path)).data

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["load_config", "read_text", "write_text"]
+__all__ = ["read_text", "write_text"]
 
 
 def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
@@ -31,13 +30,6 @@ def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise UserInputError(f"{what} {str(path)!r} cannot be read: {reason}") from None
-
-
-def load_config(path: str | os.PathLike[str]) -> Any:
-    """A YAML or JSON config file as plain data (dicts, lists, scalars)."""
-    from nbgpu.plan.configfile import read_config  # noqa: PLC0415  (it imports ruamel.yaml)
-
-    return read_config(read_text(path, "config"), os.fspath(path)).data
 
 
 def write_text(path: str | os.PathLike[str], text: str, *, like: str | None = None) -> None:

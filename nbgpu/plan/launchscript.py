@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
+from nbgpu.plan.values import parse_value
 
 __all__ = ["LaunchScript", "ScriptValue", "looks_like_script", "read_script", "rewrite_script"]
 
@@ -145,7 +146,6 @@ class LaunchScript:
 
     def config(self) -> dict[str, Any]:
         """Overrides (and CUDA_VISIBLE_DEVICES) as a flat ``key → value`` mapping, typed."""
-        from nbgpu.plan.scale import parse_value  # noqa: PLC0415  (scale imports this module)
 
         out: dict[str, Any] = {}
         for name in sorted(CONFIG_VARIABLES):

@@ -13,7 +13,8 @@ import nbgpu.plan
 
 PACKAGE = Path(nbgpu.plan.__file__).parent
 MODULES = sorted(
-    ["nbgpu.plan"] + [f"nbgpu.plan.{m.name}" for m in pkgutil.iter_modules([str(PACKAGE)])]
+    ["nbgpu.plan"]
+    + [m.name for m in pkgutil.walk_packages([str(PACKAGE)], prefix="nbgpu.plan.")]
 )
 NEVER = {"IPython", "ipywidgets", "matplotlib", "pynvml", "psutil", "subprocess", "torch"}
 
