@@ -41,9 +41,11 @@ from torch import nn
 
 from nbgpu._render import Result, Table, fmt_bytes
 from nbgpu.errors import UserInputError
+from nbgpu.plan.estimate.terms import Term
 
 if TYPE_CHECKING:
-    from nbgpu.plan.estimate import MemoryEstimate, Term, _Layout
+    from nbgpu.plan.estimate.formulas import Layout
+    from nbgpu.plan.estimate.terms import MemoryEstimate
 
 __all__ = [
     "StepComparison",
@@ -283,12 +285,11 @@ def trace_terms(
     module: nn.Module,
     *,
     analytic: Sequence[Term],
-    layout: _Layout,
+    layout: Layout,
     example_input: Any,
     loss_fn: Callable[..., torch.Tensor] | None,
 ) -> tuple[tuple[Term, ...], str]:
     """Traced per-GPU terms for :func:`nbgpu.plan.estimate.estimate_memory`, and a note."""
-    from nbgpu.plan.estimate import Term  # noqa: PLC0415  (estimate imports us lazily)
 
     if layout.role != "train":
         return (), "traced: not tried (the traced step is a training step; analytic used)"

@@ -13,8 +13,7 @@ import nbgpu.plan
 
 PACKAGE = Path(nbgpu.plan.__file__).parent
 MODULES = sorted(
-    ["nbgpu.plan"]
-    + [m.name for m in pkgutil.walk_packages([str(PACKAGE)], prefix="nbgpu.plan.")]
+    ["nbgpu.plan"] + [m.name for m in pkgutil.walk_packages([str(PACKAGE)], prefix="nbgpu.plan.")]
 )
 NEVER = {"IPython", "ipywidgets", "matplotlib", "pynvml", "psutil", "subprocess", "torch"}
 
