@@ -29,12 +29,14 @@ inventory module (which does) is imported when a snapshot is taken.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import sys
 import types
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nbgpu.errors import UserInputError
 from nbgpu.plan import ports as _ports
@@ -43,11 +45,11 @@ from nbgpu.plan.batch import BatchCheck, BatchOption, Split
 from nbgpu.plan.candidates import Candidate, candidates_from_inventory
 from nbgpu.plan.configfile import load_config, read_config, rescaled_text
 from nbgpu.plan.files import read_text
-from nbgpu.plan.job import Divisors, GpuList, make_job
+from nbgpu.plan.job import GpuList, JobRequest, make_job
 from nbgpu.plan.memory import model_shape
 from nbgpu.plan.models import lookup_model
 from nbgpu.plan.planner import build_plan
-from nbgpu.plan.ports import DEFAULT_BASE_PORT, PortChecker
+from nbgpu.plan.ports import PortChecker
 from nbgpu.plan.result import (
     Alternative,
     ExcludedGpu,
@@ -105,6 +107,32 @@ def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | No
     return take_inventory(env, scan_device_files=False)
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Show the :class:`JobRequest` fields in the signature of a function taking ``**job``.
+
+    The keywords are declared once, on the dataclass; ``help(nbgpu.plan)``, IPython's
+    ``?`` and editors that read ``__signature__`` still list each of them.
+    """
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        own = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+        names = {p.name for p in own}
+        extra = [
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                              annotation=f.type)
+            for f in fields(JobRequest)
+            if f.name not in names and f.name not in but
+        ]  # fmt: skip
+        func.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
+        return func
+
+    return decorate
+
+
 def _candidates(inventory: Inventory) -> tuple[Candidate, ...]:
     if inventory.nvml_error:
         raise UserInputError(
@@ -140,28 +168,14 @@ def _scale_model(model: Any) -> Any:
     return model_shape(_model(model))
 
 
+@_takes_job_keywords()
 def plan(
     allocation: str | None = None,
     *,
     inventory: Inventory | str | None = None,
-    num_gpus: int | None = None,
-    require: GpuList = None,
-    exclude: GpuList = None,
-    global_batch: int | None = None,
-    micro_batch: int | None = None,
-    grad_accum: int | None = None,
-    max_micro_batch: int | str | None = None,
-    divisors: Divisors = None,
-    step_divisors: Divisors = None,
-    model: Any = None,
-    precision: str = "bf16",
-    strategy: str = "ddp",
-    optimizer: str = "adamw",
-    seq_len: int | None = None,
-    activation_checkpointing: bool = False,
-    base_port: int = DEFAULT_BASE_PORT,
     port_is_free: PortChecker | None = None,
     environ: Mapping[str, str] | None = None,
+    **job: Any,
 ) -> Plan:
     """Place a job's roles on healthy GPUs and check its batch and memory.
 
@@ -178,60 +192,30 @@ def plan(
     and the KV cache, and ``max_micro_batch="auto"`` computes the largest micro batch the
     smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test (tests pass a function).
     """
-    job = make_job(
-        allocation,
-        num_gpus=num_gpus,
-        require=require,
-        exclude=exclude,
-        global_batch=global_batch,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
-        max_micro_batch=max_micro_batch,
-        divisors=divisors,
-        step_divisors=step_divisors,
-        model=_model(model),
-        precision=precision,
-        strategy=strategy,
-        optimizer=optimizer,
-        base_port=base_port,
-        seq_len=seq_len,
-        activation_checkpointing=activation_checkpointing,
-    )
+    request = JobRequest.from_keywords("nbgpu.plan()", {"allocation": allocation, **job})
+    job_ = make_job(replace(request, model=_model(request.model)))
     snapshot = _snapshot(inventory, environ)
     fleet, simulated = _fleet(snapshot)
     return build_plan(
         _candidates(snapshot),
-        job,
+        job_,
         fleet=fleet,
         simulated=simulated,
         is_free=port_is_free or _ports.port_is_free,
     )
 
 
+@_takes_job_keywords(but=("num_gpus", "require"))
 def sweep(
     runs: int | None = None,
     gpus_per_run: int | None = None,
     *,
-    allocation: str | None = None,
-    inventory: Inventory | str | None = None,
     gpus: GpuList = None,
-    exclude: GpuList = None,
-    global_batch: int | None = None,
-    micro_batch: int | None = None,
-    grad_accum: int | None = None,
-    max_micro_batch: int | str | None = None,
-    divisors: Divisors = None,
-    step_divisors: Divisors = None,
-    model: Any = None,
-    precision: str = "bf16",
-    strategy: str = "ddp",
-    optimizer: str = "adamw",
-    seq_len: int | None = None,
-    activation_checkpointing: bool = False,
-    base_port: int = DEFAULT_BASE_PORT,
+    inventory: Inventory | str | None = None,
     port_is_free: PortChecker | None = None,
     environ: Mapping[str, str] | None = None,
     share: bool = False,
+    **job: Any,
 ) -> SweepPlan:
     """Split the usable GPUs into *runs* disjoint sets with distinct free ports.
 
@@ -243,29 +227,20 @@ def sweep(
     """
     from nbgpu.plan.job import parse_gpu_list  # noqa: PLC0415  (a helper, not API)
 
-    job = make_job(
-        allocation,
-        exclude=exclude,
-        global_batch=global_batch,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
-        max_micro_batch=max_micro_batch,
-        divisors=divisors,
-        step_divisors=step_divisors,
-        model=_model(model),
-        precision=precision,
-        strategy=strategy,
-        optimizer=optimizer,
-        base_port=base_port,
-        seq_len=seq_len,
-        activation_checkpointing=activation_checkpointing,
-    )
+    for taken in ("num_gpus", "require"):
+        if taken in job:
+            raise UserInputError(
+                f"nbgpu.sweep(): {taken}= is not a keyword it takes; a sweep's GPUs are "
+                "gpus_per_run= per run, from gpus= (default: every usable GPU)"
+            )
+    request = JobRequest.from_keywords("nbgpu.sweep()", job, but=("num_gpus", "require"))
+    job_ = make_job(replace(request, model=_model(request.model)))
     pool = parse_gpu_list(gpus, "gpus")
     snapshot = _snapshot(inventory, environ)
     fleet, simulated = _fleet(snapshot)
     return build_sweep(
         _candidates(snapshot),
-        job,
+        job_,
         runs=runs,
         gpus_per_run=gpus_per_run,
         pool=pool,

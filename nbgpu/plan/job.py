@@ -11,7 +11,7 @@ Pure: imports ``allocation``, ``memory``, ``ports`` constants and ``nbgpu.errors
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from nbgpu.errors import UserInputError
@@ -25,7 +25,7 @@ from nbgpu.plan.memory import (
 )
 from nbgpu.plan.ports import DEFAULT_BASE_PORT, MAX_PORT
 
-__all__ = ["Job", "make_job", "parse_divisors", "parse_gpu_list"]
+__all__ = ["Job", "JobRequest", "make_job", "parse_divisors", "parse_gpu_list"]
 
 GpuList = Sequence[int] | str | int | None
 Divisors = Mapping[str, int] | Sequence[int] | str | None
@@ -117,28 +117,59 @@ def _choice(label: str, value: str, choices: Sequence[str]) -> str:
     return key
 
 
-def make_job(
-    allocation: str | None = None,
-    *,
-    num_gpus: int | None = None,
-    require: GpuList = None,
-    exclude: GpuList = None,
-    global_batch: int | None = None,
-    micro_batch: int | None = None,
-    grad_accum: int | None = None,
-    max_micro_batch: int | str | None = None,
-    divisors: Divisors = None,
-    step_divisors: Divisors = None,
-    model: Any = None,
-    precision: str = "bf16",
-    strategy: str = "ddp",
-    optimizer: str = "adamw",
-    base_port: int = DEFAULT_BASE_PORT,
-    name: str | None = None,
-    seq_len: int | None = None,
-    activation_checkpointing: bool = False,
-) -> Job:
+@dataclass(frozen=True)
+class JobRequest:
+    """A job as the user asks for it: the one declaration of the keywords ``nbgpu.plan()``,
+    ``nbgpu.sweep()``, ``nbgpu plan`` and ``%gpu_plan`` take. :func:`make_job` checks it."""
+
+    allocation: str | None = None
+    num_gpus: int | None = None
+    require: GpuList = None
+    exclude: GpuList = None
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    max_micro_batch: int | str | None = None
+    divisors: Divisors = None
+    step_divisors: Divisors = None
+    model: Any = None
+    precision: str = "bf16"
+    strategy: str = "ddp"
+    optimizer: str = "adamw"
+    base_port: int = DEFAULT_BASE_PORT
+    name: str | None = None
+    seq_len: int | None = None
+    activation_checkpointing: bool = False
+
+    @classmethod
+    def from_keywords(
+        cls, where: str, keywords: Mapping[str, Any], *, but: Sequence[str] = ()
+    ) -> JobRequest:
+        """The request for *keywords*; an unknown one is a one-line error naming the rest."""
+        known = [f.name for f in fields(cls) if f.name not in but]
+        unknown = sorted(set(keywords) - set(known))
+        if unknown:
+            raise UserInputError(
+                f"{where}: {unknown[0]}= is not a keyword it takes; its job keywords are "
+                f"{', '.join(known)}"
+            )
+        return cls(**keywords)
+
+
+def make_job(request: JobRequest) -> Job:
     """Validate everything the user gave; each mistake is one ``UserInputError`` line."""
+    allocation, num_gpus, model, seq_len = (
+        request.allocation,
+        request.num_gpus,
+        request.model,
+        request.seq_len,
+    )
+    global_batch, micro_batch, grad_accum = (
+        request.global_batch,
+        request.micro_batch,
+        request.grad_accum,
+    )
+    max_micro_batch, base_port = request.max_micro_batch, request.base_port
     parsed = None if allocation is None else parse_allocation(allocation)
     _positive("num_gpus", num_gpus)
     if parsed is not None and num_gpus is not None and parsed.gpu_count != num_gpus:
@@ -148,8 +179,8 @@ def make_job(
             "the world sizes d × t × p × c of the parts must add up to the GPU count "
             "(colocated parts add none)"
         )
-    required = parse_gpu_list(require, "require")
-    excluded = parse_gpu_list(exclude, "exclude")
+    required = parse_gpu_list(request.require, "require")
+    excluded = parse_gpu_list(request.exclude, "exclude")
     both = sorted(set(required) & set(excluded))
     if both:
         raise UserInputError(
@@ -193,15 +224,15 @@ def make_job(
         micro_batch=micro_batch,
         grad_accum=grad_accum,
         max_micro_batch=max_micro,
-        divisors=parse_divisors(divisors, "divisors"),
-        step_divisors=parse_divisors(step_divisors, "step_divisors"),
+        divisors=parse_divisors(request.divisors, "divisors"),
+        step_divisors=parse_divisors(request.step_divisors, "step_divisors"),
         model=None if model is None else model_shape(model),
-        precision=normalize_precision(precision),
-        strategy=_choice("strategy", strategy, tuple(STRATEGIES)),
-        optimizer=_choice("optimizer", optimizer, OPTIMIZERS),
+        precision=normalize_precision(request.precision),
+        strategy=_choice("strategy", request.strategy, tuple(STRATEGIES)),
+        optimizer=_choice("optimizer", request.optimizer, OPTIMIZERS),
         base_port=base_port,
-        name=name,
+        name=request.name,
         seq_len=seq_len,
-        activation_checkpointing=bool(activation_checkpointing),
+        activation_checkpointing=bool(request.activation_checkpointing),
         max_micro_auto=auto,
     )
