@@ -6,6 +6,7 @@ from dataclasses import fields
 import pytest
 
 import nbgpu
+from nbgpu.cli import main
 from nbgpu.errors import UserInputError
 from nbgpu.plan.job import JobRequest
 
@@ -29,6 +30,4 @@ def test_the_request_is_checked_once_whichever_face_sent_it():
     # The same bad value, through the Python API and the CLI's parser, gives the same line.
     with pytest.raises(UserInputError, match=r"^micro_batch=0: expected a whole number >= 1"):
         nbgpu.plan(inventory="4xA40", micro_batch=0)
-    from nbgpu.cli import main
-
     assert main(["plan", "--fleet", "4xA40", "--micro", "0"]) == 2
