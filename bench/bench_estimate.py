@@ -43,7 +43,8 @@ from nbgpu.plan.estimate import (  # noqa: E402
     estimate,
     largest_micro_batch,
 )
-from nbgpu.plan.trace import measure_step, trace_step  # noqa: E402
+from nbgpu.plan.measure import measure_step  # noqa: E402
+from nbgpu.plan.trace import trace_step  # noqa: E402
 from tests.plan.toy_models import TinyGPT, TinyLlama, cases  # noqa: E402
 
 GB = 10**9

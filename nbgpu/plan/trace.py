@@ -18,9 +18,7 @@ Pitfalls handled (memory.md §3 and PyTorch issues):
 - optimizers: ``foreach`` is chosen explicitly (PyTorch picks foreach on CUDA, the per-tensor
   loop on CPU): the foreach path holds whole-list temporaries at the step's peak.
 
-**Measured** (:func:`measure_step`): the same step run for real on the CPU under
-``torch.profiler`` with ``profile_memory=True``; the profiler's memory timeline (the c10 CPU
-allocator's own allocation and free events) gives the peak of live tensor bytes.
+**Measured**: the same step run for real on the CPU (``measure.py``).
 
 Imports torch at module level: only :mod:`nbgpu.plan.estimate` imports this, and only when
 it is given a module. Never imports IPython, pynvml or the inventory, and never moves a
@@ -39,21 +37,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from nbgpu._render import Result, Table, fmt_bytes
+from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.plan.estimate.terms import Term
 
 if TYPE_CHECKING:
     from nbgpu.plan.estimate.formulas import Layout
-    from nbgpu.plan.estimate.terms import MemoryEstimate
 
 __all__ = [
-    "StepComparison",
     "TracedPeak",
-    "compare_step",
     "default_loss",
-    "measure_step",
+    "failure_reason",
+    "make_optimizer",
     "run_step",
+    "tensor_bytes",
+    "tensors_in",
     "trace_step",
     "trace_terms",
 ]
@@ -65,7 +63,7 @@ TOOL = "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode"
 # -------------------------------------------------------------------------- the step
 
 
-def _optimizer(name: str, params: Any, foreach: bool) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params: Any, foreach: bool) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)
     if name == "adam":
@@ -224,7 +222,7 @@ def trace_step(
     fake_module = _fake_module(module, mode, dtype)
     batch = _resize(example_input, micro_batch, _fake_factory(mode, dtype))
     with mode:
-        opt = _optimizer(optimizer, fake_module.parameters(), foreach)
+        opt = make_optimizer(optimizer, fake_module.parameters(), foreach)
         # Step 1 creates the optimizer state; step 2, the steady state every later step
         # repeats (state live through the forward pass), is the one tracked.
         run_step(fake_module, batch, opt, loss_fn)
@@ -237,7 +235,7 @@ def trace_step(
     for per_device in snap.values():
         for key, value in per_device.items():
             by_kind[key] = by_kind.get(key, 0) + value
-    inputs = sum(_nbytes(t) for t in _tensors(batch))
+    inputs = sum(tensor_bytes(t) for t in tensors_in(batch))
     return TracedPeak(
         parameters=by_kind.get(_MemRefType.PARAM, 0),
         buffers=by_kind.get(_MemRefType.BUFFER, 0),
@@ -251,21 +249,21 @@ def trace_step(
     )
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors(v)]
+        return [t for v in value.values() for t in tensors_in(v)]
     if isinstance(value, tuple | list):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_in(v)]
     return []
 
 
-def _nbytes(t: torch.Tensor) -> int:
+def tensor_bytes(t: torch.Tensor) -> int:
     return int(t.numel() * t.element_size())
 
 
-def _why(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     name = type(exc).__name__
     first = (str(exc).strip().splitlines() or [""])[0]
     hints = {
@@ -308,7 +306,7 @@ def trace_terms(
     except UserInputError:
         raise
     except Exception as exc:  # noqa: BLE001  (any failure of the user's code: say why)
-        return (), f"traced: failed ({_why(exc)}); the analytic estimate is the answer"
+        return (), f"traced: failed ({failure_reason(exc)}); the analytic estimate is the answer"
     n, mp = layout.data_parallel, layout.tp * layout.pp
     shard_p = n if layout.strategy in ("zero3", "fsdp") else 1
     shard_g = n if layout.strategy in ("zero2", "zero3", "fsdp") else 1
@@ -365,162 +363,3 @@ def trace_terms(
         f"{fmt_bytes(peak.total)} on one process before sharding); reserves are analytic"
     )
     return tuple(terms), note
-
-
-# ---------------------------------------------------------------------------- measure
-
-
-def measure_step(
-    module: nn.Module,
-    batch: Any,
-    *,
-    optimizer: str = "adamw",
-    loss_fn: Callable[..., torch.Tensor] | None = None,
-    foreach: bool = False,
-) -> int:
-    """Peak live tensor bytes of one real CPU training step (the allocator's own events).
-
-    Like :func:`trace_step`, the second step is measured (the first creates the optimizer
-    state); parameters, optimizer state and the batch exist before it and count. Runs on a
-    deep copy, so *module* is not trained.
-    """
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
-    from torch.profiler._memory_profiler import Action  # noqa: PLC0415
-
-    work = copy.deepcopy(module)
-    opt = _optimizer(optimizer, work.parameters(), foreach)
-    run_step(work, batch, opt, loss_fn)  # creates the optimizer state, as in trace_step
-    with profile(
-        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
-    ) as prof:
-        run_step(work, batch, opt, loss_fn)
-    current = peak = 0
-    for _, action, _, size in prof._memory_profile().timeline:
-        if action in (Action.PREEXISTING, Action.CREATE):
-            current += size
-        elif action == Action.DESTROY:
-            current -= size
-        peak = max(peak, current)
-    # Tensors the step never touched (frozen parameters, unused buffers) are still live.
-    touched = {id(p) for p in work.parameters() if p.requires_grad}
-    idle = sum(_nbytes(p) for p in work.parameters() if id(p) not in touched)
-    return peak + idle
-
-
-@dataclass(frozen=True)
-class StepComparison(Result):
-    """Measured peak tensor bytes of one real CPU step beside the traced and analytic ones."""
-
-    model: str
-    batch_shape: str
-    measured_bytes: int
-    traced_bytes: int | None
-    analytic_bytes: int | None  # model states + activations formulas (None: no shape)
-    trace_note: str
-    measure_seconds: float
-    FRAME_COLUMNS = ("method", "bytes", "error_vs_measured")
-
-    def _error(self, value: int | None) -> float | None:
-        if value is None or not self.measured_bytes:
-            return None
-        return (value - self.measured_bytes) / self.measured_bytes
-
-    def records(self) -> list[dict[str, Any]]:
-        return [
-            {"method": m, "bytes": v, "error_vs_measured": self._error(v)}
-            for m, v in (
-                ("measured (CPU step, profiler)", self.measured_bytes),
-                ("traced (fake tensors)", self.traced_bytes),
-                ("analytic (formulas)", self.analytic_bytes),
-            )
-        ]
-
-    def _table(self) -> Table:
-        table = Table(["method", "peak tensor bytes", "vs measured"])
-        for r in self.records():
-            err = r["error_vs_measured"]
-            table.add(
-                r["method"],
-                fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
-                "-" if err is None else f"{err:+.1%}",
-            )
-        return table
-
-    def text(self) -> str:
-        head = f"one training step of {self.model}, batch {self.batch_shape}"
-        return "\n".join([head, self._table().text(), self.trace_note])
-
-    def html_body(self) -> str:
-        import html  # noqa: PLC0415
-
-        head = f"one training step of {self.model}, batch {self.batch_shape}"
-        return (
-            f"<b>{html.escape(head)}</b>{self._table().html()}"
-            f"<div>{html.escape(self.trace_note)}</div>"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "batch_shape": self.batch_shape,
-            "measured_bytes": self.measured_bytes,
-            "traced_bytes": self.traced_bytes,
-            "analytic_bytes": self.analytic_bytes,
-            "trace_note": self.trace_note,
-            "measure_seconds": self.measure_seconds,
-            "methods": self.records(),
-        }
-
-
-def _shape_text(batch: Any) -> str:
-    shapes = [tuple(t.shape) for t in _tensors(batch)]
-    return ", ".join(str(list(s)) for s in shapes) or "-"
-
-
-def compare_step(
-    module: nn.Module,
-    batch: Any,
-    *,
-    optimizer: str = "adamw",
-    loss_fn: Callable[..., torch.Tensor] | None = None,
-    estimate: MemoryEstimate | None = None,
-) -> StepComparison:
-    """Run one real CPU step of *module* on *batch*; measured beside traced and analytic."""
-    if not isinstance(module, nn.Module):
-        raise UserInputError(
-            f"compare needs a torch.nn.Module, got {type(module).__name__}; "
-            "nbgpu.estimate(...) takes counts, names and configs"
-        )
-    tensors = _tensors(batch)
-    if not tensors:
-        raise UserInputError("batch: expected a tensor, or a tuple/dict of tensors")
-    note = ""
-    traced: int | None = None
-    try:
-        # Same step as measured: CPU defaults (per-tensor optimizer loop), module dtype.
-        peak = trace_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, foreach=False)
-        traced = peak.total
-        note = f"traced with {TOOL} in {peak.seconds:.2f} s"
-    except Exception as exc:  # noqa: BLE001
-        note = f"traced: failed ({_why(exc)})"
-    start = time.perf_counter()
-    measured = measure_step(module, batch, optimizer=optimizer, loss_fn=loss_fn)
-    seconds = time.perf_counter() - start
-    analytic = None
-    if estimate is not None:
-        analytic = sum(
-            t.bytes_per_gpu or 0
-            for t in estimate.terms
-            if t.kind in ("model states", "activations") and t.bytes_per_gpu is not None
-        )
-    note += f"; measured with torch.profiler (profile_memory) in {seconds:.2f} s"
-    return StepComparison(
-        model=f"{type(module).__name__} ({sum(p.numel() for p in module.parameters()):,} "
-        "parameters)",
-        batch_shape=_shape_text(batch),
-        measured_bytes=measured,
-        traced_bytes=traced,
-        analytic_bytes=analytic,
-        trace_note=note,
-        measure_seconds=seconds,
-    )

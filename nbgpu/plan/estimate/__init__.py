@@ -361,7 +361,7 @@ class _Estimate:
     @staticmethod
     def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
         """One real CPU step of *module* on *batch*: measured peak beside both estimates."""
-        from nbgpu.plan.trace import compare_step  # noqa: PLC0415  (imports torch)
+        from nbgpu.plan.measure import compare_step  # noqa: PLC0415  (imports torch)
 
         optimizer = kwargs.pop("optimizer", "adamw")
         loss_fn = kwargs.pop("loss_fn", None)
