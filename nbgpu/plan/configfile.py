@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import UserInputError
 from nbgpu.plan.files import read_text
-from nbgpu.plan.launchscript import LaunchScript, looks_like_script, read_script, rewrite_script
+from nbgpu.plan.launchscript import LaunchScript, looks_like_script, read_script
+from nbgpu.plan.scriptedit import rewrite_script
 from nbgpu.plan.values import value_text
 from nbgpu.plan.yamldoc import load_yaml, rewrite_yaml, to_plain
 

@@ -13,7 +13,7 @@ verl and VAGEN users keep a run as a shell script::
 :func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or
 accelerate program word) and the variables the script sets, and resolves ``$VAR``,
 ``${VAR}`` and ``${VAR:-default}`` the way bash would with those variables unset in the
-environment. :func:`rewrite_script` changes values in the text itself: a literal where it
+environment. :func:`~nbgpu.plan.scriptedit.rewrite_script` changes values in the text itself: a literal where it
 is written (inside its quotes), a ``$VAR`` through the assignment of ``VAR`` (or the default
 of ``${VAR:-4}``), so layout, comments, quoting and line continuations stay as they were.
 A value computed from several parts (``"${A}_${B}"``, ``$((N*2))``) is replaced by the new
@@ -28,19 +28,23 @@ Pure: text in, text out; never reads files (``files.py`` does).
 
 from __future__ import annotations
 
-import ast
-import operator
 import re
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
+from nbgpu.plan.shellarith import arithmetic
 from nbgpu.plan.values import parse_value
 
-__all__ = ["LaunchScript", "ScriptValue", "looks_like_script", "read_script", "rewrite_script"]
+__all__ = [
+    "NAME",
+    "LaunchScript",
+    "ScriptValue",
+    "looks_like_script",
+    "read_script",
+]
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
 # Hydra override keys: a dotted path, optionally prefixed with + (add), ++ (force) or ~ (delete).
 _OVERRIDE = re.compile(r"^(\+{1,2}|~)?([A-Za-z_][\w@/-]*(?:\.[\w@/-]+)*)=")
@@ -49,7 +53,7 @@ _PROGRAMS = re.compile(
 )
 _WRAPPERS = frozenset({"env", "nohup", "exec", "time", "nice", "stdbuf", "srun", "command"})
 _SEPARATORS = (";", "&&", "||", "|", "&")
-#: Environment variables that belong to the config (``rule`` devices in ``scale.py``).
+#: Environment variables that belong to the config (``rule`` devices in ``scaling/``).
 CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
 
@@ -128,7 +132,7 @@ class LaunchScript:
                     return "".join(out) + (fields[0] if fields else "")
                 out.append(text)
             elif part.kind == "arith" and depth < 20:
-                number = _arithmetic(part.text, lambda name: self._number(name, value, depth))
+                number = arithmetic(part.text, lambda name: self._number(name, value, depth))
                 if number is None:
                     return None
                 out.append(str(number))
@@ -170,45 +174,6 @@ def looks_like_script(text: str, name: str = "") -> bool:
     if text.startswith("#!"):
         return True
     return bool(re.search(r"^\s*(?:\S+=\S*\s+)*python[0-9.]*\s+.*\\$", text, re.MULTILINE))
-
-
-_ARITH_OPS: Mapping[type, Callable[[int, int], int]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    # bash divides whole numbers, truncating toward zero
-    ast.Div: lambda a, b: int(a / b),
-    ast.FloorDiv: lambda a, b: int(a / b),
-    ast.Mod: lambda a, b: a - b * int(a / b),
-}
-
-
-def _arithmetic(expression: str, lookup: Callable[[str], int | None]) -> int | None:
-    """bash's ``$(( ))`` on whole numbers (+ - * / %, parentheses, variables), or None."""
-    plain = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", r"\1", expression)
-    try:
-        tree = ast.parse(plain.strip(), mode="eval")
-    except SyntaxError:
-        return None
-
-    def walk(node: ast.AST) -> int | None:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.Name):
-            return lookup(node.id)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-            inner = walk(node.operand)
-            return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
-        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
-            left, right = walk(node.left), walk(node.right)
-            if left is None or right is None:
-                return None
-            if right == 0 and isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod):
-                return None
-            return _ARITH_OPS[type(node.op)](left, right)
-        return None
-
-    return walk(tree.body)
 
 
 # ----------------------------------------------------------------------- the lexer
@@ -352,7 +317,7 @@ class _Lexer:
             if text.startswith("$((", start) and text[end - 1] == ")":
                 return _Part("arith", inner, start, self.i)
             return _Part("complex", text[start : self.i], start, self.i)
-        m = _NAME.match(text, self.i + 1)
+        m = NAME.match(text, self.i + 1)
         if m is not None:
             self.i = m.end()
             return _Part("var", m.group(0), start, self.i)
@@ -466,110 +431,3 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
             "`python3 -m verl.trainer.main_ppo data.train_batch_size=128 ...`"
         )
     return script
-
-
-# ----------------------------------------------------------------------- rewriting
-
-
-@dataclass(frozen=True)
-class _Edit:
-    start: int
-    end: int
-    text: str
-    key: str
-
-
-def _edit_for(script: LaunchScript, value: ScriptValue, new: str, depth: int = 0) -> _Edit | None:
-    """Where to write *new* so that *value* becomes it, or None (an expression)."""
-    parts = value.parts
-    if not parts or (len(parts) == 1 and parts[0].kind == "literal"):
-        start, end = (parts[0].start, parts[0].end) if parts else (value.start, value.end)
-        return _Edit(start, end, new, "")
-    if len(parts) == 1 and parts[0].kind == "var" and depth < 20:
-        part = parts[0]
-        assigned = script.variable(part.text, value.at)
-        if assigned is not None:
-            return _edit_for(script, assigned.value, new, depth + 1)
-        if part.default is not None:
-            start, end, _ = part.default
-            return _Edit(start, end, new, "")
-    return None
-
-
-def _value_of_key(script: LaunchScript, key: str) -> ScriptValue | None:
-    if key in script.overrides:
-        return script.overrides[key]
-    assigned = script.variable(key, script.command_at + 1)
-    return None if assigned is None else assigned.value
-
-
-def _variables_read(value: ScriptValue) -> set[str]:
-    names = {p.text for p in value.parts if p.kind == "var"}
-    for p in value.parts:
-        if p.kind == "arith":
-            names.update(_NAME.findall(p.text))
-    return names
-
-
-def _variable_at(script: LaunchScript, position: int) -> str | None:
-    """The variable whose assignment holds *position*, if any."""
-    for a in script.assignments:
-        if a.value.start <= position < max(a.value.end, a.value.start + 1):
-            return a.name
-    return None
-
-
-def _apply(text: str, edits: list[_Edit]) -> str:
-    for edit in sorted(edits, key=lambda e: e.start, reverse=True):
-        text = text[: edit.start] + edit.text + text[edit.end :]
-    return text
-
-
-def rewrite_script(
-    script: LaunchScript, changes: Mapping[str, str], unchanged: Mapping[str, str] | None = None
-) -> tuple[str, list[str]]:
-    """The script with *changes* (key → new value text); and notes about what else moved.
-
-    Keys are overrides as read (or ``CUDA_VISIBLE_DEVICES``). A value is changed where it is
-    written: its literal, the assignment of the variable it reads, the default of
-    ``${VAR:-4}``. Then the new script is read again, and every key of *changes* and of
-    *unchanged* (key → the value it must keep) that does not come out as intended (an
-    expression, or a variable shared with a key that needs another value) gets its own
-    literal in place of what it had, with a note.
-    """
-    targets = {**(unchanged or {}), **changes}
-    edits: dict[tuple[int, int], _Edit] = {}
-    for key, new in changes.items():
-        value = _value_of_key(script, key)
-        edit = None if value is None else _edit_for(script, value, new)
-        if edit is None:
-            continue
-        if (edit.start, edit.end) in edits and edits[(edit.start, edit.end)].text != new:
-            continue  # another key already moves this variable; pinned below
-        edits[(edit.start, edit.end)] = _Edit(edit.start, edit.end, new, key)
-    text = _apply(script.text, list(edits.values()))
-    again = read_script(text)
-    pins: list[_Edit] = []
-    notes: list[str] = []
-    for key, new in targets.items():
-        value = _value_of_key(again, key)
-        if value is None or again.resolve(value, split=key in again.overrides) == new:
-            continue
-        written = text[value.start : value.end]
-        pins.append(_Edit(value.start, value.end, new, key))
-        read = _variables_read(value)
-        movers = [
-            e.key for e in edits.values() if e.key != key and _variable_at(script, e.start) in read
-        ]
-        if key in changes and not movers:
-            notes.append(
-                f"{key} (line {value.line}): the expression {written} was replaced by the value "
-                f"{new}"
-            )
-        else:
-            notes.append(
-                f"{key} (line {value.line}): {written} is shared with "
-                f"{', '.join(movers) or 'other keys'}, which change it; {key} now has its own "
-                f"value {new}"
-            )
-    return _apply(text, pins), notes
