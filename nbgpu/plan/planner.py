@@ -16,25 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
+from nbgpu.plan.alternatives import alternatives_for
 from nbgpu.plan.assign import assign, order_pool
 from nbgpu.plan.batch import BatchCheck, check_batch
 from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.colocate import colocation_issues, own_gpus, shared_groups
-from nbgpu.plan.estimate import estimate_memory
 from nbgpu.plan.job import Job
-from nbgpu.plan.memory import STRATEGIES, model_states
+from nbgpu.plan.memcheck import auto_max_micro, memory_check, memory_issues
 from nbgpu.plan.ports import PortChecker, pick_ports
 from nbgpu.plan.result import (
-    Alternative,
     ExcludedGpu,
     Issue,
     MemoryCheck,
-    MemoryLine,
     Plan,
     PlannedGpu,
     RolePlan,
@@ -141,127 +138,6 @@ def _batch_issue(check: BatchCheck, role: str) -> Issue:
     return Issue("batch", f"role {role}: {check.reason}", fixes)
 
 
-def _estimate(role: RolePlan, job: Job, micro_batch: int, budget: int | None = None) -> Any:
-    assert job.model is not None  # noqa: S101  (callers check)
-    return estimate_memory(
-        job.model,
-        role="train" if role.kind == "train" else "inference",
-        precision=job.precision,
-        optimizer=job.optimizer,
-        strategy=job.strategy if role.kind == "train" else "ddp",
-        world_size=role.data_parallel * role.tensor_parallel * role.pipeline_parallel,
-        micro_batch=micro_batch,
-        seq_len=job.seq_len,
-        tensor_parallel=role.tensor_parallel,
-        pipeline_parallel=role.pipeline_parallel,
-        activation_checkpointing=job.activation_checkpointing,
-        budget=budget,
-    )
-
-
-def _micro(job: Job, batch: BatchCheck | None) -> int:
-    if batch is not None and batch.micro_batch is not None:
-        return batch.micro_batch
-    return job.micro_batch or 1
-
-
-def _memory_check(role: RolePlan, job: Job, batch: BatchCheck | None = None) -> MemoryCheck:
-    assert job.model is not None  # noqa: S101  (callers check)
-    micro = _micro(job, batch) if role.kind == "train" else (job.micro_batch or 1)
-    est = _estimate(role, job, micro)
-    lines = tuple(
-        MemoryLine(t.name, int(t.bytes_per_gpu or 0), t.formula, t.source)
-        for t in est.terms
-        if t.bytes_per_gpu is not None
-    )
-    missing = tuple(f"{t.name} ({t.formula})" for t in est.terms if t.bytes_per_gpu is None)
-    what = f"micro batch {micro}" + (f" × seq {job.seq_len}" if job.seq_len else "")
-    if role.kind == "train":
-        states = model_states(
-            job.model.parameters,
-            strategy=job.strategy,
-            precision=job.precision,
-            optimizer=job.optimizer,
-            data_parallel=role.data_parallel,
-            tensor_parallel=role.tensor_parallel,
-            pipeline_parallel=role.pipeline_parallel,
-        )
-        accounting = (
-            f"{states.accounting.text}; {states.formula} with Ψ = {job.model.parameters:,} "
-            f"parameters; {what}"
-        )
-    else:
-        accounting = f"{job.precision} weights with Ψ = {job.model.parameters:,}; {what}"
-    known = [g for g in role.gpus if _free(g) is not None]
-    smallest = min(known, key=lambda g: _free(g) or 0) if known else None
-    largest = None
-    if role.kind == "train" and smallest is not None and job.seq_len is not None:
-        largest = _largest_micro(role, job, _free(smallest) or 0)
-    return MemoryCheck(
-        role=role.name,
-        lines=lines,
-        accounting=accounting,
-        available_bytes=None if smallest is None else _free(smallest),
-        deciding_gpu=None if smallest is None else smallest.nvml_index,
-        not_estimated=missing,
-        gpu_free=tuple((g.nvml_index, _free(g)) for g in role.gpus),
-        micro_batch=micro,
-        max_micro_batch=largest,
-    )
-
-
-def _largest_micro(role: RolePlan, job: Job, budget: int) -> int | None:
-    """The largest micro batch within *budget*, computed (memory is affine in it)."""
-    try:
-        est = _estimate(role, job, 1, budget=budget)
-    except UserInputError:
-        return 0  # the budget does not even hold the model states and reserves
-    return est.max_micro_batch  # type: ignore[no-any-return]
-
-
-def _free(gpu: PlannedGpu) -> int | None:
-    return gpu.memory_free_bytes if gpu.memory_free_bytes is not None else gpu.memory_total_bytes
-
-
-def _memory_issues(
-    check: MemoryCheck, role: RolePlan, job: Job, problems: list[Issue], warnings: list[Issue]
-) -> None:
-    need, have = fmt_bytes(check.needed_bytes), fmt_bytes(check.available_bytes)
-    gpu = check.deciding_gpu
-    if check.fits is False:
-        what = "training" if role.kind == "train" else "serving"
-        fixes = []
-        if role.kind == "train" and job.model is not None:
-            names = list(STRATEGIES)
-            for strategy in names[names.index(job.strategy) + 1 :]:
-                other = _estimate(
-                    role, replace(job, strategy=strategy), check.micro_batch or 1
-                ).total_bytes
-                if other <= (check.available_bytes or 0):
-                    fixes.append(f"strategy='{strategy}' needs {fmt_bytes(other)} per GPU")
-                    break
-        if check.max_micro_batch:
-            fixes.append(f"micro_batch={check.max_micro_batch} fits (computed, not tried)")
-        elif role.kind == "train" and job.seq_len is not None:
-            fixes.append("activation_checkpointing=True keeps one layer's activations")
-        fixes.append("more GPUs for this role shrink every sharded part")
-        problems.append(
-            Issue(
-                "memory",
-                f"role {role.name}: {what} needs {need} per GPU but GPU {gpu} has {have} free",
-                tuple(fixes),
-            )
-        )
-    elif check.tight:
-        warnings.append(
-            Issue(
-                "memory_tight",
-                f"role {role.name}: {need} of GPU {gpu}'s {have} free are needed; "
-                "little room is left for what the estimate cannot see",
-            )
-        )
-
-
 def _mixed_warning(role: RolePlan) -> Issue | None:
     sizes = {g.memory_total_bytes for g in role.gpus}
     if len(sizes) < 2:
@@ -304,132 +180,10 @@ def _role_checks(
         if mixed is not None:
             warnings.append(mixed)
         if job.model is not None:
-            check = _memory_check(role, job, batch)
+            check = memory_check(role, job, batch)
             memory.append(check)
-            _memory_issues(check, role, job, problems, warnings)
+            memory_issues(check, role, job, problems, warnings)
     return memory
-
-
-def _auto_max_micro(roles: Sequence[RolePlan], job: Job, warnings: list[Issue]) -> Job:
-    """``max_micro_batch='auto'``: the largest micro batch the first trainer's GPUs hold."""
-    if not job.max_micro_auto or job.model is None:
-        return job
-    trainer = next((r for r in roles if r.kind == "train" and r.gpus), None)
-    known = [] if trainer is None else [g for g in trainer.gpus if _free(g) is not None]
-    if trainer is None or not known:
-        warnings.append(Issue("max_micro", "max_micro_batch='auto': no GPU sizes to fit into"))
-        return job
-    smallest = min(known, key=lambda g: _free(g) or 0)
-    largest = _largest_micro(trainer, job, _free(smallest) or 0)
-    if not largest:
-        # The memory check reports what does not fit; the batch check gets no limit.
-        return job
-    warnings.append(
-        Issue(
-            "max_micro",
-            f"role {trainer.name}: max_micro_batch={largest} is the largest that fits GPU "
-            f"{smallest.nvml_index}'s {fmt_bytes(_free(smallest))} free (computed from the "
-            "memory estimate, no trial runs)",
-        )
-    )
-    return replace(job, max_micro_batch=largest)
-
-
-def _smaller(allocation: Allocation, usable: int) -> Allocation | None:
-    # Shrink the data-parallel degree, biggest training role first, inference last: the
-    # job keeps its shape (tensor/pipeline degrees) and only runs on fewer replicas.
-    if allocation.colocated:
-        return None  # colocated roles shrink together; the user picks the new shape
-    order = sorted(allocation.roles, key=lambda r: (r.kind != "train", -r.gpu_count))
-    alloc = allocation
-    for spec in order:
-        current = next(r for r in alloc.roles if r.name == spec.name)
-        room = usable - (alloc.gpu_count - current.gpu_count)
-        per_replica = current.world_size // current.data_parallel
-        degree = min(current.data_parallel, room // per_replica)
-        if degree >= 1:
-            alloc = alloc.with_data_parallel(spec.name, degree)
-        if alloc.gpu_count <= usable:
-            return alloc
-    return None
-
-
-def _nearest_batch(check: BatchCheck) -> int | None:
-    if check.global_batch is None or not check.nearest:
-        return None
-    wanted = check.global_batch
-    return min((abs(o.global_batch - wanted), o.global_batch) for o in check.nearest)[1]
-
-
-def _alternatives(
-    candidates: Sequence[Candidate],
-    job: Job,
-    *,
-    allocation: Allocation,
-    usable: int,
-    excluded: list[ExcludedGpu],
-    required_bad: list[int],
-    fleet: str,
-    simulated: bool,
-    is_free: PortChecker,
-    taken_ports: Iterable[int],
-) -> tuple[Alternative, ...]:
-    out = []
-    keep_require = tuple(i for i in job.require if i not in required_bad)
-
-    def sub_plan(alt_job: Job) -> Plan:
-        return build_plan(
-            candidates,
-            alt_job,
-            fleet=fleet,
-            simulated=simulated,
-            is_free=is_free,
-            taken_ports=taken_ports,
-            alternatives=False,
-        )
-
-    smaller = _smaller(allocation, usable) if allocation.gpu_count > usable else None
-    if smaller is not None:
-        alt_job = replace(job, allocation=smaller, num_gpus=None, require=keep_require)
-        note = ""
-        batch = _batch(smaller, alt_job, [])
-        if batch is not None and not batch.ok:
-            new_batch = _nearest_batch(batch)
-            if new_batch is not None:
-                alt_job = replace(alt_job, global_batch=new_batch)
-                note = f", global batch {new_batch} instead of {job.global_batch}"
-        alt = sub_plan(alt_job)
-        gpus = " | ".join(r.cuda_visible_devices for r in alt.roles if r.gpus)
-        out.append(
-            Alternative(
-                title=f"{smaller.text} on GPUs {gpus}{note}",
-                reason=f"fits the {usable} usable GPUs with the same per-role shape",
-                plan=alt,
-            )
-        )
-    elif required_bad and allocation.gpu_count <= usable:
-        alt = sub_plan(replace(job, require=keep_require))
-        out.append(
-            Alternative(
-                title=f"leave GPU {','.join(map(str, required_bad))} out of require",
-                reason="the other usable GPUs can take its place",
-                plan=alt,
-            )
-        )
-    recoverable = [e for e in excluded if e.recoverable]
-    if recoverable:
-        fixes: list[str] = []
-        for e in recoverable:
-            fixes.extend(f for f in e.fixes[:2] if f not in fixes)
-        ids = ",".join(str(e.nvml_index) for e in recoverable)
-        out.append(
-            Alternative(
-                title=f"free GPU {ids} first, then plan again",
-                reason="; ".join(f"GPU {e.nvml_index}: {e.verdict}" for e in recoverable),
-                fixes=tuple(fixes),
-            )
-        )
-    return tuple(out)
 
 
 def build_plan(
@@ -510,7 +264,7 @@ def build_plan(
                 )
             )
     roles = _role_plans(allocation, groups, ports)
-    job = _auto_max_micro(roles, job, warnings)
+    job = auto_max_micro(roles, job, warnings)
     batch = _batch(allocation, job, warnings)
     if batch is not None and not batch.ok:
         problems.append(_batch_issue(batch, allocation.train_roles[0].name))
@@ -530,17 +284,17 @@ def build_plan(
         name=job.name,
     )
     if alternatives and (groups is None or required_bad):
-        alts = _alternatives(
-            candidates,
+        alts = alternatives_for(
             job,
             allocation=allocation,
             usable=len(usable),
             excluded=excluded,
             required_bad=required_bad,
-            fleet=fleet,
-            simulated=simulated,
-            is_free=is_free,
-            taken_ports=taken_ports,
-        )
+            sub_plan=lambda changed: build_plan(
+                candidates, changed, fleet=fleet, simulated=simulated, is_free=is_free,
+                taken_ports=taken_ports, alternatives=False,
+            ),
+            batch_of=lambda alloc, changed: _batch(alloc, changed, []),
+        )  # fmt: skip
         plan = replace(plan, alternatives=alts)
     return plan
