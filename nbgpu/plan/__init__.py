@@ -49,17 +49,15 @@ from nbgpu.plan.job import GpuList, JobRequest, make_job
 from nbgpu.plan.memory import model_shape
 from nbgpu.plan.models import lookup_model
 from nbgpu.plan.planner import build_plan
+from nbgpu.plan.planresult import Alternative, Plan, plan_from_dict
 from nbgpu.plan.ports import PortChecker
 from nbgpu.plan.result import (
-    Alternative,
     ExcludedGpu,
     Issue,
     MemoryCheck,
     MemoryLine,
-    Plan,
     PlannedGpu,
     RolePlan,
-    plan_from_dict,
 )
 from nbgpu.plan.scaling import KvCheck, ScalePlan, ScaleStep, builtin_shape, scale_config
 from nbgpu.plan.sweep import SweepPlan, build_sweep, sweep_from_dict

@@ -12,10 +12,9 @@ from dataclasses import replace
 from nbgpu.plan.allocation import Allocation
 from nbgpu.plan.batch import BatchCheck
 from nbgpu.plan.job import Job
+from nbgpu.plan.planresult import Alternative, Plan
 from nbgpu.plan.result import (
-    Alternative,
     ExcludedGpu,
-    Plan,
 )
 
 __all__ = ["alternatives_for", "nearest_batch", "smaller_allocation"]

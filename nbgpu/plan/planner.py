@@ -27,12 +27,12 @@ from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.colocate import colocation_issues, own_gpus, shared_groups
 from nbgpu.plan.job import Job
 from nbgpu.plan.memcheck import auto_max_micro, memory_check, memory_issues
+from nbgpu.plan.planresult import Plan
 from nbgpu.plan.ports import PortChecker, pick_ports
 from nbgpu.plan.result import (
     ExcludedGpu,
     Issue,
     MemoryCheck,
-    Plan,
     PlannedGpu,
     RolePlan,
 )

@@ -29,15 +29,14 @@ from nbgpu.plan.assign import assign, order_pool
 from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.job import Job
 from nbgpu.plan.planner import build_plan, gpu_span
+from nbgpu.plan.planresult import Plan, plan_from_dict
 from nbgpu.plan.ports import PortChecker
 from nbgpu.plan.result import (
     ExcludedGpu,
     Issue,
-    Plan,
     fit_title,
     notes_html,
     notes_text,
-    plan_from_dict,
 )
 from nbgpu.plan.serial import from_data, to_data
 
