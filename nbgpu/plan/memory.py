@@ -38,7 +38,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.plan.models import ModelConfig, read_hf_config, resolve_model_config
+from nbgpu.plan.hfconfig import read_hf_config, resolve_model_config
+from nbgpu.plan.models import ModelConfig
 
 __all__ = [
     "OPTIMIZERS",

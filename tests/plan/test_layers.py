@@ -57,8 +57,8 @@ def test_only_ports_binds_sockets_and_only_files_reads_files():
         source = _path(module).read_text()
         if "socket" in _imports(_path(module)):
             assert module == "nbgpu.plan.ports", module
-        # models.py reads the one HF config.json a user names (read_hf_config).
-        if module not in ("nbgpu.plan.files", "nbgpu.plan.models"):
+        # hfconfig.py reads the one HF config.json a user names (read_hf_config).
+        if module not in ("nbgpu.plan.files", "nbgpu.plan.hfconfig"):
             assert ".read_text(" not in source, module
             assert "open(" not in source, module
 

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 from nbgpu.errors import UserInputError
+from nbgpu.plan.hfconfig import read_hf_config, resolve_model_config
 from nbgpu.plan.models import (
     BUILTIN_MODELS,
     find_model,
     lookup_model,
-    read_hf_config,
-    resolve_model_config,
 )
 
 # Parameter counts as the model cards / papers publish them (billions, rounded as published).
