@@ -19,10 +19,11 @@ import json
 import re
 import uuid as uuidlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
+from nbgpu._serial import from_data, to_data
 from nbgpu.errors import FleetSpecError
 
 __all__ = [
@@ -62,6 +63,16 @@ INIT_ERRORS: Mapping[str, int] = {
     "lib_rm_version_mismatch": 18,
     "unknown": 999,
 }
+
+#: The words a fleet file may use for each of these (read by their type: ``_serial.py``).
+ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
+GpuFault = Literal["lost", "no_permission"]
+InitError = Literal[
+    "no_permission", "driver_not_loaded", "library_not_found", "lib_rm_version_mismatch", "unknown"
+]
+ProcessState = Literal[
+    "running", "sleeping", "disk-sleep", "stopped", "zombie", "dead", "other_namespace"
+]
 
 #: Process states an ``observed`` record may carry.
 OBSERVED_STATES = frozenset(
@@ -167,7 +178,7 @@ MIG_1G_BYTES = 4864 * MIB
 class ObservedProcess:
     """What was seen of a process where the fleet was captured (not looked up here)."""
 
-    state: str
+    state: ProcessState
     user: str | None = None
     command: str | None = None
     visible_devices: str | None = None  # its CUDA_VISIBLE_DEVICES, if it was readable
@@ -179,9 +190,13 @@ class SimProcess:
     """A process that NVML reports on a GPU."""
 
     pid: int
-    used_bytes: int | None  # None: NVML cannot tell (MIG without privileges, WDDM)
-    kind: str = "compute"  # "compute" or "graphics"
+    used_bytes: int | None = None  # None: NVML cannot tell (MIG without privileges, WDDM)
+    kind: Literal["compute", "graphics"] = "compute"
     observed: ObservedProcess | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pid, bool) or self.pid <= 0:
+            raise ValueError(f"pid = {self.pid}; expected a positive pid")
 
 
 @dataclass(frozen=True)
@@ -189,8 +204,8 @@ class MigDevice:
     uuid: str
     name: str
     memory_total_bytes: int
-    gpu_instance_id: int
-    compute_instance_id: int
+    gpu_instance_id: int = 0
+    compute_instance_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -217,7 +232,7 @@ class SimGpu:
     temperature_c: int = 35
     power_w: float = 30.0
     power_limit_w: float = 300.0
-    compute_mode: str = "default"
+    compute_mode: ComputeMode = "default"
     persistence_mode: bool = True
     mig_enabled: bool | None = None  # None: the GPU does not support MIG
     mig_devices: tuple[MigDevice, ...] = ()
@@ -226,7 +241,7 @@ class SimGpu:
     retired_pages_pending: bool | None = None
     compute_capability: tuple[int, int] = (8, 0)
     pci_device_id: int = 0
-    fault: str | None = None  # "lost" or "no_permission": NVML fails on this handle
+    fault: GpuFault | None = None  # NVML fails on this handle
     processes: tuple[SimProcess, ...] = ()
     # What creating a CUDA context on this GPU returns (CUDA driver error code).
     # None means "derive it": busy (46) when exclusive and held, or prohibited.
@@ -262,7 +277,7 @@ class Fleet:
     driver_version: str = "550.163.01"
     cuda_driver_version: int = 12040
     nvml_version: str = "12.550.163.01"
-    init_error: str | None = None  # a key of INIT_ERRORS
+    init_error: InitError | None = None  # a key of INIT_ERRORS
     missing_functions: frozenset[str] = field(default_factory=frozenset)
     hostname: str | None = None
     # A load that changes over time (seconds per cycle): each GPU's utilisation and
@@ -270,9 +285,7 @@ class Fleet:
     load_period_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["missing_functions"] = sorted(self.missing_functions)
-        return {"nbgpu_fleet": FLEET_FORMAT, **data}
+        return {"nbgpu_fleet": FLEET_FORMAT, **to_data(self)}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -406,7 +419,12 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
             raise FleetSpecError(f"fleet spec {spec!r}: option {option!r} needs key=value")
         gpus = list(fleet.gpus)
         if key in ("busy", "zombie", "otherns"):
-            state = {"busy": "dead", "zombie": "zombie", "otherns": "other_namespace"}[key]
+            states: dict[str, ProcessState] = {
+                "busy": "dead",
+                "zombie": "zombie",
+                "otherns": "other_namespace",
+            }
+            state = states[key]
             for idx in _indices(key, value, count):
                 holder = SimProcess(
                     pid=next_pid,
@@ -424,7 +442,7 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
                     processes=(*gpus[idx].processes, holder),
                 )
         elif key in ("exclusive", "prohibited"):
-            mode = "exclusive_process" if key == "exclusive" else "prohibited"
+            mode: ComputeMode = "exclusive_process" if key == "exclusive" else "prohibited"
             for idx in _indices(key, value, count):
                 gpus[idx] = replace(gpus[idx], compute_mode=mode)
         elif key == "holder":
@@ -506,7 +524,7 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
                 raise FleetSpecError(
                     f"fleet spec: init={value!r}; expected one of {', '.join(INIT_ERRORS)}"
                 )
-            fleet = replace(fleet, init_error=value)
+            fleet = replace(fleet, init_error=cast("InitError", value))  # checked just above
         else:
             raise FleetSpecError(
                 f"fleet spec {spec!r}: unknown option {key!r}; expected one of busy, exclusive, "
@@ -637,151 +655,20 @@ def _with_sweep_runs(fleet: Fleet) -> Fleet:
 # --------------------------------------------------------------------------- JSON
 
 
-def _require(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if key not in data:
-        raise FleetSpecError(f"fleet JSON: {where} has no {key!r}")
-    value = data[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise FleetSpecError(f"fleet JSON: {where}.{key} = {value!r} is not {_kind_name(kind)}")
-    return value
-
-
-def _optional(
-    data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any
-) -> Any:
-    if data.get(key) is None:
-        return default
-    return _require(data, key, kind, where)
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(
-        {
-            "int": "a whole number",
-            "float": "a number",
-            "str": "a string",
-            "bool": "true/false",
-            "list": "a list",
-            "dict": "an object",
-        }.get(k.__name__, k.__name__)
-        for k in kinds
-    )
-
-
-def _process_from_dict(data: Any, where: str) -> SimProcess:
-    if not isinstance(data, dict):
-        raise FleetSpecError(f"fleet JSON: {where} is not an object")
-    observed = data.get("observed")
-    obs = None
-    if observed is not None:
-        if not isinstance(observed, dict):
-            raise FleetSpecError(f"fleet JSON: {where}.observed is not an object")
-        state = _require(observed, "state", str, f"{where}.observed")
-        if state not in OBSERVED_STATES:
-            raise FleetSpecError(
-                f"fleet JSON: {where}.observed.state = {state!r}; expected one of "
-                f"{', '.join(sorted(OBSERVED_STATES))}"
-            )
-        obs = ObservedProcess(
-            state=state,
-            user=_optional(observed, "user", str, where, None),
-            command=_optional(observed, "command", str, where, None),
-            visible_devices=_optional(observed, "visible_devices", str, where, None),
-            start_time=_optional(observed, "start_time", (int, float), where, None),
-        )
-    kind = _optional(data, "kind", str, where, "compute")
-    if kind not in ("compute", "graphics"):
-        raise FleetSpecError(f"fleet JSON: {where}.kind = {kind!r}; expected compute or graphics")
-    pid = _require(data, "pid", int, where)
-    if pid <= 0:
-        raise FleetSpecError(f"fleet JSON: {where}.pid = {pid}; expected a positive pid")
-    return SimProcess(
-        pid=pid,
-        used_bytes=_optional(data, "used_bytes", int, where, None),
-        kind=kind,
-        observed=obs,
-    )
-
-
-def _gpu_from_dict(data: Any, position: int) -> SimGpu:
-    where = f"gpus[{position}]"
-    if not isinstance(data, dict):
-        raise FleetSpecError(f"fleet JSON: {where} is not an object")
-    mode = _optional(data, "compute_mode", str, where, "default")
-    if mode not in COMPUTE_MODES:
-        raise FleetSpecError(
-            f"fleet JSON: {where}.compute_mode = {mode!r}; expected one of {', '.join(COMPUTE_MODES)}"
-        )
-    fault = _optional(data, "fault", str, where, None)
-    if fault is not None and fault not in GPU_FAULTS:
-        raise FleetSpecError(
-            f"fleet JSON: {where}.fault = {fault!r}; expected lost or no_permission"
-        )
-    rows = data.get("remapped_rows")
-    remapped = None
-    if rows is not None:
-        if not isinstance(rows, dict):
-            raise FleetSpecError(f"fleet JSON: {where}.remapped_rows is not an object")
-        remapped = RemappedRows(
-            correctable=_require(rows, "correctable", int, f"{where}.remapped_rows"),
-            uncorrectable=_require(rows, "uncorrectable", int, f"{where}.remapped_rows"),
-            pending=_require(rows, "pending", bool, f"{where}.remapped_rows"),
-            failure=_require(rows, "failure", bool, f"{where}.remapped_rows"),
-        )
-    migs = []
-    for i, mig in enumerate(_optional(data, "mig_devices", list, where, [])):
-        mw = f"{where}.mig_devices[{i}]"
-        if not isinstance(mig, dict):
-            raise FleetSpecError(f"fleet JSON: {mw} is not an object")
-        migs.append(
-            MigDevice(
-                uuid=_require(mig, "uuid", str, mw),
-                name=_require(mig, "name", str, mw),
-                memory_total_bytes=_require(mig, "memory_total_bytes", int, mw),
-                gpu_instance_id=_optional(mig, "gpu_instance_id", int, mw, 0),
-                compute_instance_id=_optional(mig, "compute_instance_id", int, mw, 0),
-            )
-        )
-    cc = _optional(data, "compute_capability", list, where, [8, 0])
-    if len(cc) != 2 or not all(isinstance(x, int) for x in cc):
-        raise FleetSpecError(
-            f"fleet JSON: {where}.compute_capability = {cc!r}; expected [major, minor]"
-        )
-    processes = tuple(
-        _process_from_dict(p, f"{where}.processes[{i}]")
-        for i, p in enumerate(_optional(data, "processes", list, where, []))
-    )
-    return SimGpu(
-        index=_optional(data, "index", int, where, position),
-        name=_require(data, "name", str, where),
-        uuid=_optional(data, "uuid", str, where, _uuid_for(f"json/{position}")),
-        pci_bus_id=_optional(data, "pci_bus_id", str, where, _bus_id(position)),
-        memory_total_bytes=_require(data, "memory_total_bytes", int, where),
-        memory_reserved_bytes=_optional(data, "memory_reserved_bytes", int, where, 0),
-        memory_used_bytes=_optional(data, "memory_used_bytes", int, where, None),
-        utilization_gpu_pct=_optional(data, "utilization_gpu_pct", int, where, 0),
-        utilization_memory_pct=_optional(data, "utilization_memory_pct", int, where, 0),
-        temperature_c=_optional(data, "temperature_c", int, where, 35),
-        power_w=float(_optional(data, "power_w", (int, float), where, 30.0)),
-        power_limit_w=float(_optional(data, "power_limit_w", (int, float), where, 300.0)),
-        compute_mode=mode,
-        persistence_mode=_optional(data, "persistence_mode", bool, where, default=True),
-        mig_enabled=_optional(data, "mig_enabled", bool, where, None),
-        mig_devices=tuple(migs),
-        ecc_uncorrected_volatile=_optional(data, "ecc_uncorrected_volatile", int, where, None),
-        remapped_rows=remapped,
-        retired_pages_pending=_optional(data, "retired_pages_pending", bool, where, None),
-        compute_capability=(cc[0], cc[1]),
-        pci_device_id=_optional(data, "pci_device_id", int, where, 0),
-        fault=fault,
-        processes=processes,
-        cuda_error=_optional(data, "cuda_error", int, where, None),
-    )
+def _with_position_defaults(gpu: dict[str, Any], position: int) -> dict[str, Any]:
+    defaults = {
+        "index": position,
+        "uuid": _uuid_for(f"json/{position}"),
+        "pci_bus_id": _bus_id(position),
+    }
+    return {**gpu, **{k: v for k, v in defaults.items() if gpu.get(k) is None}}
 
 
 def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
-    """Validate a decoded fleet JSON document; errors name the offending field."""
+    """A decoded fleet JSON document as a Fleet, read by the model's own types.
+
+    A GPU's index, UUID and bus id default from its position; errors name the field.
+    """
     if not isinstance(data, dict):
         raise FleetSpecError("fleet JSON: the top level is not an object")
     fmt = data.get("nbgpu_fleet")
@@ -790,25 +677,15 @@ def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
             f"fleet JSON: nbgpu_fleet = {fmt!r}; expected {FLEET_FORMAT} "
             "(write one with `nbgpu status --json > pod.json`)"
         )
-    gpus_data = _require(data, "gpus", list, "top level")
-    gpus = tuple(_gpu_from_dict(g, i) for i, g in enumerate(gpus_data))
-    init_error = _optional(data, "init_error", str, "top level", None)
-    if init_error is not None and init_error not in INIT_ERRORS:
-        raise FleetSpecError(
-            f"fleet JSON: init_error = {init_error!r}; expected one of {', '.join(INIT_ERRORS)}"
-        )
-    missing = _optional(data, "missing_functions", list, "top level", [])
-    return Fleet(
-        gpus=gpus,
-        name=_optional(data, "name", str, "top level", default_name),
-        description=_optional(data, "description", str, "top level", ""),
-        driver_version=_optional(data, "driver_version", str, "top level", "550.163.01"),
-        cuda_driver_version=_optional(data, "cuda_driver_version", int, "top level", 12040),
-        nvml_version=_optional(data, "nvml_version", str, "top level", "12.550.163.01"),
-        init_error=init_error,
-        missing_functions=frozenset(str(x) for x in missing),
-        hostname=_optional(data, "hostname", str, "top level", None),
-        load_period_s=_optional(data, "load_period_s", (int, float), "top level", None),
+    gpus = data.get("gpus")
+    if isinstance(gpus, list):
+        # What a capture could not read (a lost GPU's UUID) is null: default it too.
+        gpus = [
+            _with_position_defaults(g, i) if isinstance(g, dict) else g for i, g in enumerate(gpus)
+        ]
+        data = {**data, "gpus": gpus}
+    return from_data(
+        Fleet, {"name": default_name, **data}, prefix="fleet JSON", error=FleetSpecError
     )
 
 

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any, ClassVar
 
 from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, wrap
+from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import BatchCheck
 from nbgpu.plan.result import (
@@ -24,7 +25,6 @@ from nbgpu.plan.result import (
     notes_html,
     notes_text,
 )
-from nbgpu.plan.serial import from_data, to_data
 
 __all__ = ["PLAN_FORMAT", "Alternative", "Plan", "plan_from_dict"]
 

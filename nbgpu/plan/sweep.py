@@ -23,6 +23,7 @@ from html import escape
 from typing import Any
 
 from nbgpu._render import Result, Table
+from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
 from nbgpu.plan.assign import assign, order_pool
@@ -38,7 +39,6 @@ from nbgpu.plan.result import (
     notes_html,
     notes_text,
 )
-from nbgpu.plan.serial import from_data, to_data
 
 __all__ = ["SWEEP_FORMAT", "SweepPlan", "build_sweep", "sweep_from_dict"]
 

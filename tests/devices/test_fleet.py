@@ -1,7 +1,9 @@
 import json
+from typing import get_args
 
 import pytest
 
+from nbgpu.devices import fleet as module
 from nbgpu.devices.fleet import (
     FICTIONAL_PID_BASE,
     MODELS,
@@ -185,3 +187,17 @@ def test_scenario_with_extra_options():
     assert fleet.gpus[0].compute_mode == "exclusive_process"
     assert fleet.gpus[3].fault == "lost"
     assert fleet.description == SCENARIOS["busy-gpu0"][1]
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_every_scenario_survives_the_fleet_file_round_trip(name):
+    # The fleet file is the model's own serialization: written and read back, equal.
+    fleet = load_fleet(name)
+    assert fleet_from_dict(json.loads(fleet.to_json())) == fleet
+
+
+def test_the_fleet_words_are_the_simulators_words():
+    assert set(get_args(module.ComputeMode)) == set(module.COMPUTE_MODES)
+    assert set(get_args(module.InitError)) == set(module.INIT_ERRORS)
+    assert set(get_args(module.ProcessState)) == set(module.OBSERVED_STATES)
+    assert set(get_args(module.GpuFault)) == set(module.GPU_FAULTS)
