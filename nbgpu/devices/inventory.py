@@ -32,10 +32,9 @@ from nbgpu._render import (
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
 from nbgpu.devices.findings import Finding, assess_gpu, gpu_health
-from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS, Fleet
+from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS
 from nbgpu.devices.holders import ContainerInfo, HolderInfo
 from nbgpu.devices.model import Gpu, GpuProcess
-from nbgpu.devices.simenv import simulation_source
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.errors import NvmlError
 
@@ -440,15 +439,12 @@ def _process_dict(proc: GpuProcess) -> dict[str, Any]:
     return {"pid": proc.pid, "used_bytes": proc.used_bytes, "kind": proc.kind, "observed": observed}
 
 
-def _holder_for(pid: int, fleet: Fleet | None, container: ContainerInfo) -> HolderInfo:
-    if fleet is not None:
-        for gpu in fleet.gpus:
-            for proc in gpu.processes:
-                if proc.pid == pid and proc.observed is not None:
-                    o = proc.observed
-                    return holders_mod.recorded_holder(
-                        pid, o.state, o.user, o.command, o.visible_devices, o.start_time
-                    )
+def _holder_for(pid: int, backend: nvml.Backend, container: ContainerInfo) -> HolderInfo:
+    o = backend.recorded_process(pid)
+    if o is not None:  # what a capture recorded (a fleet file): this host cannot look it up
+        return holders_mod.recorded_holder(
+            pid, o.state, o.user, o.command, o.visible_devices, o.start_time
+        )
     return holders_mod.describe_pid(pid, container=container)
 
 
@@ -478,23 +474,17 @@ def take_inventory(
     started = time.perf_counter()
     env = dict(os.environ) if environ is None else dict(environ)
     container = holders_mod.detect_container()
-    source = simulation_source(env)
-    simulated = source is not None
     try:
         snap = nvml.read_system(env)
     except NvmlError as exc:
-        backend_fleet = None
-        if source is not None:
-            # Report which fleet failed to initialise: it is the point of the scenario.
-            from nbgpu.devices.fleet import load_fleet  # noqa: PLC0415
-
-            backend_fleet = load_fleet(source)
+        # Which fleet failed to initialise is the point of a simulated failure scenario.
+        backend = nvml.backend_for(env)
         return Inventory(
             taken_at=time.time(),
             hostname=socket.gethostname(),
-            simulated=simulated,
-            fleet_name=backend_fleet.name if backend_fleet else None,
-            fleet_description=backend_fleet.description if backend_fleet else None,
+            simulated=backend.simulated,
+            fleet_name=backend.fleet_name,
+            fleet_description=backend.fleet_description,
             driver_version=None,
             cuda_driver_version=None,
             nvml_version=None,
@@ -509,11 +499,10 @@ def take_inventory(
             probe=_probe(env, [], probe_timeout_s) if probe else None,
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
-    fleet = snap.backend.fleet
     gpus = []
     for gpu in snap.gpus:
         procs = tuple(
-            replace(p, holder=_holder_for(p.pid, fleet, container)) for p in gpu.processes
+            replace(p, holder=_holder_for(p.pid, snap.backend, container)) for p in gpu.processes
         )
         gpus.append(replace(gpu, processes=procs))
     findings = tuple(assess_gpu(g, snap.device_count) for g in gpus)
@@ -534,8 +523,8 @@ def take_inventory(
         taken_at=time.time(),
         hostname=socket.gethostname(),
         simulated=snap.backend.simulated,
-        fleet_name=fleet.name if fleet else None,
-        fleet_description=fleet.description if fleet else None,
+        fleet_name=snap.backend.fleet_name,
+        fleet_description=snap.backend.fleet_description,
         driver_version=snap.driver_version,
         cuda_driver_version=snap.cuda_driver_version,
         nvml_version=snap.nvml_version,

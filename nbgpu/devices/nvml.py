@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import pynvml  # noqa: TID251  (this is the one allowed importer)
 
-from nbgpu.devices.fleet import Fleet, load_fleet
+from nbgpu.devices.fleet import Fleet, ObservedProcess, load_fleet
 from nbgpu.devices.model import Gpu, GpuProcess, MigInstance, RemappedRowsState
 from nbgpu.devices.simenv import simulation_source
 from nbgpu.devices.simulate import FakeNvmlLibrary
@@ -59,6 +59,35 @@ class Backend:
         if not self.simulated or self.fleet is None:
             return "NVML"
         return f"simulated fleet '{self.fleet.name}'"
+
+    # What NVML itself cannot say. On hardware the process table and the inventory
+    # answer; a simulated fleet answers from its file, so callers never ask which it is.
+
+    @property
+    def fleet_name(self) -> str | None:
+        return self.fleet.name if self.fleet is not None else None
+
+    @property
+    def fleet_description(self) -> str | None:
+        return self.fleet.description if self.fleet is not None else None
+
+    def recorded_process(self, pid: int) -> ObservedProcess | None:
+        """What the fleet recorded of *pid* where it was captured; None: look it up here."""
+        if self.fleet is None:
+            return None
+        for gpu in self.fleet.gpus:
+            for proc in gpu.processes:
+                if proc.pid == pid and proc.observed is not None:
+                    return proc.observed
+        return None
+
+    def nvml_index_by_uuid(self) -> dict[str, int]:
+        """NVML index by GPU or MIG UUID, as the fleet knows it (empty on hardware)."""
+        if self.fleet is None:
+            return {}
+        uuids = {gpu.uuid: gpu.index for gpu in self.fleet.gpus}
+        uuids.update({mig.uuid: gpu.index for gpu in self.fleet.gpus for mig in gpu.mig_devices})
+        return uuids
 
 
 @dataclass(frozen=True)
@@ -109,28 +138,40 @@ def reset() -> None:
         _install(None)
 
 
-def activate(environ: Mapping[str, str]) -> Backend:
-    """Initialise NVML once for this environment; raise NvmlError if unusable.
+def backend_for(environ: Mapping[str, str]) -> Backend:
+    """The backend *environ* selects, its library installed but not initialised.
 
-    The simulated library is chosen by ``NBGPU_SIMULATE`` in *environ*; a change of
-    that value (tests, ``%env``) switches library on the next call.
+    ``NBGPU_SIMULATE`` in *environ* chooses a simulated fleet (``FleetSpecError`` when it
+    is malformed); a change of that value (tests, ``%env``) switches library.
     """
-    source = simulation_source(environ)
     with _lock:
-        if _state["key"] != (source,):
-            if _state["initialised"]:
-                with contextlib.suppress(pynvml.NVMLError):  # old library may be unusable
-                    pynvml.nvmlShutdown()
-            fleet = load_fleet(source) if source else None
-            library = FakeNvmlLibrary(fleet) if fleet is not None else None
-            _install(library)
-            _state.update(
-                key=(source,),
-                backend=Backend(simulated=fleet is not None, fleet=fleet, source=source),
-                library=library,
-                initialised=False,
-            )
-        backend: Backend = _state["backend"]
+        return _select(environ)
+
+
+def _select(environ: Mapping[str, str]) -> Backend:
+    # Called with _lock held.
+    source = simulation_source(environ)
+    if _state["key"] != (source,):
+        if _state["initialised"]:
+            with contextlib.suppress(pynvml.NVMLError):  # old library may be unusable
+                pynvml.nvmlShutdown()
+        fleet = load_fleet(source) if source else None
+        library = FakeNvmlLibrary(fleet) if fleet is not None else None
+        _install(library)
+        _state.update(
+            key=(source,),
+            backend=Backend(simulated=fleet is not None, fleet=fleet, source=source),
+            library=library,
+            initialised=False,
+        )
+    backend: Backend = _state["backend"]
+    return backend
+
+
+def activate(environ: Mapping[str, str]) -> Backend:
+    """Initialise NVML once for this environment; raise NvmlError if unusable."""
+    with _lock:
+        backend = _select(environ)
         if not _state["initialised"]:
             try:
                 pynvml.nvmlInit()

@@ -136,3 +136,19 @@ def test_forty_processes_on_eight_gpus(sim_env):
     snap = nvml.read_system(sim("8xH100,procs=40", sim_env))
     assert sum(len(g.processes) for g in snap.gpus) == 40
     assert len({p.pid for g in snap.gpus for p in g.processes}) == 40
+
+
+def test_the_backend_answers_what_nvml_cannot_without_being_asked_which_it_is():
+    # A captured fleet knows its holders and its UUIDs; real hardware answers nothing
+    # here (the process table and the inventory do), and the callers need not know which.
+    simulated = nvml.backend_for({"NBGPU_SIMULATE": "busy-gpu0"})
+    held = simulated.fleet.gpus[0].processes[0]
+    assert simulated.recorded_process(held.pid) == held.observed
+    assert simulated.recorded_process(1) is None
+    assert simulated.nvml_index_by_uuid()[simulated.fleet.gpus[2].uuid] == 2
+    assert simulated.fleet_name == "busy-gpu0"
+    hardware = nvml.Backend(simulated=False, fleet=None, source=None)
+    assert hardware.recorded_process(held.pid) is None
+    assert hardware.nvml_index_by_uuid() == {}
+    assert hardware.fleet_name is None
+    nvml.reset()

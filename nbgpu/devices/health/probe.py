@@ -24,7 +24,6 @@ from nbgpu._lineage import with_package_importable
 from nbgpu.devices.cuda_errors import LIBCUDA_SONAME, error_name, error_string
 from nbgpu.devices.health.child import DOC_FORMAT, PARENT_ENV, PROGRESS
 from nbgpu.devices.health.report import ProbeReport, ProbeResult, outcome_for
-from nbgpu.devices.simenv import simulation_source
 from nbgpu.errors import ProbeError, UserInputError
 
 __all__ = ["probe_devices"]
@@ -52,15 +51,17 @@ def probe_devices(
     if not (timeout_s > 0 and math.isfinite(timeout_s)):
         raise UserInputError(f"probe timeout {timeout_s!r}; expected a positive number of seconds")
     env = dict(os.environ if environ is None else environ)
-    source = simulation_source(env)
-    if nvml_index_by_uuid is None and source is not None:
-        # Also validates the spec here, so a typo is a one-line FleetSpecError, not a
-        # failed subprocess.
-        nvml_index_by_uuid = _fleet_uuids(source)
+    from nbgpu.devices.nvml import backend_for  # noqa: PLC0415  (loads pynvml)
+
+    # The backend also validates NBGPU_SIMULATE here, so a typo is a one-line
+    # FleetSpecError, not a failed subprocess.
+    backend = backend_for(env)
+    if nvml_index_by_uuid is None:
+        nvml_index_by_uuid = backend.nvml_index_by_uuid()
     run = _run_child(
         [sys.executable, "-m", _CHILD_MODULE], _child_environ(env), timeout_s=timeout_s
     )
-    return _report(run, timeout_s, simulated=source is not None, uuids=nvml_index_by_uuid or {})
+    return _report(run, timeout_s, simulated=backend.simulated, uuids=nvml_index_by_uuid or {})
 
 
 def _run_child(argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float) -> Finished:
@@ -77,15 +78,6 @@ def _child_environ(environ: Mapping[str, str]) -> dict[str, str]:
     env = with_package_importable(environ)
     env[PARENT_ENV] = str(os.getpid())
     return env
-
-
-def _fleet_uuids(source: str) -> dict[str, int]:
-    from nbgpu.devices.fleet import load_fleet  # noqa: PLC0415  (only when simulated)
-
-    fleet = load_fleet(source)
-    uuids = {gpu.uuid: gpu.index for gpu in fleet.gpus}
-    uuids.update({mig.uuid: gpu.index for gpu in fleet.gpus for mig in gpu.mig_devices})
-    return uuids
 
 
 def _uuid_body(uuid: str) -> str:
