@@ -27,7 +27,7 @@ from typing import Any
 
 import pynvml  # noqa: TID251  (the shim's whole job is to patch pynvml)
 
-from nbgpu.devices.fleet import load_fleet
+from nbgpu.devices.fleet_source import load_fleet
 from nbgpu.devices.simulate import FakeNvmlLibrary
 
 USAGE = "usage: with_fleet.py [--trace] SPEC -- {gpustat|nvitop|none} [ARGS...]"

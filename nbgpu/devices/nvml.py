@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 import pynvml  # noqa: TID251  (this is the one allowed importer)
 
-from nbgpu.devices.fleet import Fleet, ObservedProcess, load_fleet
+from nbgpu.devices.fleet import Fleet, ObservedProcess
+from nbgpu.devices.fleet_source import load_fleet
 from nbgpu.devices.model import Gpu, GpuProcess, MigInstance, RemappedRowsState
 from nbgpu.devices.simenv import simulation_source
 from nbgpu.devices.simulate import FakeNvmlLibrary

@@ -47,7 +47,8 @@ from nbgpu.devices.cuda_errors import (
     CUDA_SUCCESS,
     LIBCUDA_SONAME,
 )
-from nbgpu.devices.fleet import Fleet, MigDevice, SimGpu, load_fleet
+from nbgpu.devices.fleet import Fleet, MigDevice, SimGpu
+from nbgpu.devices.fleet_source import load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
 __all__ = ["INIT_CUDA_ERRORS", "SimulatedCudaLibrary", "load_simulated_cuda"]

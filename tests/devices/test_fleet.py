@@ -4,15 +4,10 @@ from typing import get_args
 import pytest
 
 from nbgpu.devices import fleet as module
-from nbgpu.devices.fleet import (
-    FICTIONAL_PID_BASE,
-    MODELS,
-    SCENARIOS,
-    Fleet,
-    fleet_from_dict,
-    load_fleet,
-    parse_spec,
-)
+from nbgpu.devices.fleet import Fleet, fleet_from_dict
+from nbgpu.devices.fleet_source import load_fleet
+from nbgpu.devices.fleetspec import FICTIONAL_PID_BASE, MODELS, parse_spec
+from nbgpu.devices.scenarios import SCENARIOS
 from nbgpu.errors import FleetSpecError
 
 MIB = 1024 * 1024

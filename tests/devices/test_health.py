@@ -22,7 +22,8 @@ import psutil
 import pytest
 
 from nbgpu.devices.cuda_driver import CudaDriver
-from nbgpu.devices.fleet import load_fleet, parse_spec
+from nbgpu.devices.fleet_source import load_fleet
+from nbgpu.devices.fleetspec import parse_spec
 from nbgpu.devices.health import ProbeReport, probe_devices
 from nbgpu.devices.health import child as health_child
 from nbgpu.devices.health import probe as health_probe

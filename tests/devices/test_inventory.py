@@ -9,7 +9,7 @@ import pytest
 
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices.findings import gpu_health
-from nbgpu.devices.fleet import load_fleet
+from nbgpu.devices.fleet_source import load_fleet
 from nbgpu.devices.inventory import take_inventory
 
 

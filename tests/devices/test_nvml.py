@@ -4,7 +4,7 @@ import pynvml  # noqa: TID251  (the test proves pynvml's own wrappers run on the
 import pytest
 
 from nbgpu.devices import nvml
-from nbgpu.devices.fleet import SCENARIOS
+from nbgpu.devices.scenarios import SCENARIOS
 from nbgpu.devices.simulate import FakeNvmlLibrary
 from nbgpu.errors import NvmlUnavailable
 from tests.conftest import real_nvml_present

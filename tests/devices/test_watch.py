@@ -7,7 +7,8 @@ import time
 import pytest
 
 from nbgpu.devices import watch
-from nbgpu.devices.fleet import FleetSpecError, parse_spec
+from nbgpu.devices.fleet import FleetSpecError
+from nbgpu.devices.fleetspec import parse_spec
 from nbgpu.devices.simulate import FakeNvmlLibrary
 from nbgpu.devices.watch import Watcher, parse_watch_options
 from nbgpu.errors import UserInputError

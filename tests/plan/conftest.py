@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nbgpu.devices.fleet import Fleet, parse_spec
+from nbgpu.devices.fleet import Fleet
+from nbgpu.devices.fleetspec import parse_spec
 from nbgpu.devices.inventory import Inventory, take_inventory
 
 

@@ -1,0 +1,388 @@
+"""The compact fleet spec: ``4xA40``, ``8xH100,busy=0,load=60``, ``1xA100,mig=0``.
+
+A count and a GPU model from the table of real captures (memory, power, compute
+capability), then options that inject each failure mode the simulator knows. Pure:
+builds a :class:`~nbgpu.devices.fleet.Fleet`; never touches NVML or processes.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid as uuidlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import cast
+
+from nbgpu.devices.fleet import (
+    INIT_ERRORS,
+    MIB,
+    ComputeMode,
+    Fleet,
+    InitError,
+    MigDevice,
+    ObservedProcess,
+    ProcessState,
+    RemappedRows,
+    SimGpu,
+    SimProcess,
+    bus_id_for,
+    uuid_for,
+)
+from nbgpu.errors import FleetSpecError
+
+__all__ = [
+    "FICTIONAL_PID_BASE",
+    "MIG_1G_BYTES",
+    "MODELS",
+    "OLD_DRIVER_MISSING",
+    "GpuModel",
+    "parse_spec",
+]
+
+# NVML symbols that drivers before R470-ish do not export; pynvml then raises
+# FunctionNotFound and nbgpu must fall back to the unversioned calls.
+OLD_DRIVER_MISSING = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetMigMode",
+)
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """Facts about one GPU model, from real captures (reference/nvidia.md §9.1)."""
+
+    name: str
+    memory_total_bytes: int
+    memory_reserved_bytes: int
+    power_limit_w: float
+    idle_power_w: float
+    idle_temperature_c: int
+    compute_capability: tuple[int, int]
+    pci_device_id: int
+    mig_capable: bool = False
+    remapped_rows: bool = False  # Ampere datacenter and newer report row remapping
+
+
+MODELS: Mapping[str, GpuModel] = {
+    "A40": GpuModel("NVIDIA A40", 46068 * MIB, 0, 300.0, 31.0, 38, (8, 6), 0x223510DE),
+    "A100": GpuModel(
+        "NVIDIA A100-SXM4-40GB",
+        40960 * MIB,
+        518 * MIB,
+        400.0,
+        49.7,
+        33,
+        (8, 0),
+        0x20B010DE,
+        mig_capable=True,
+        remapped_rows=True,
+    ),
+    "A100-80GB": GpuModel(
+        "NVIDIA A100-SXM4-80GB",
+        81920 * MIB,
+        518 * MIB,
+        400.0,
+        52.0,
+        34,
+        (8, 0),
+        0x20B210DE,
+        mig_capable=True,
+        remapped_rows=True,
+    ),
+    "H100": GpuModel(
+        "NVIDIA H100 80GB HBM3",
+        81559 * MIB,
+        480 * MIB,
+        700.0,
+        68.9,
+        29,
+        (9, 0),
+        0x233010DE,
+        mig_capable=True,
+        remapped_rows=True,
+    ),
+    "H200": GpuModel(
+        "NVIDIA H200",
+        143771 * MIB,
+        480 * MIB,
+        700.0,
+        75.0,
+        30,
+        (9, 0),
+        0x233510DE,
+        mig_capable=True,
+        remapped_rows=True,
+    ),
+    "L40S": GpuModel("NVIDIA L40S", 46068 * MIB, 0, 350.0, 28.0, 33, (8, 9), 0x26B910DE),
+    "T4": GpuModel("Tesla T4", 15360 * MIB, 0, 70.0, 10.0, 37, (7, 5), 0x1EB810DE),
+    "A10G": GpuModel("NVIDIA A10G", 23028 * MIB, 0, 300.0, 25.0, 30, (8, 6), 0x223710DE),
+    "RTX4090": GpuModel(
+        "NVIDIA GeForce RTX 4090", 24564 * MIB, 0, 450.0, 21.5, 35, (8, 9), 0x268410DE
+    ),
+    "V100": GpuModel("Tesla V100-SXM2-16GB", 16152 * MIB, 0, 300.0, 40.0, 35, (7, 0), 0x1DB110DE),
+}
+
+
+# A100-40GB 1g.5gb profile: 4864 MiB each, at most 7 (NVIDIA MIG user guide, table 12).
+MIG_1G_BYTES = 4864 * MIB
+
+
+def _make_gpu(model_key: str, model: GpuModel, index: int) -> SimGpu:
+    return SimGpu(
+        index=index,
+        name=model.name,
+        uuid=uuid_for(f"{model_key}/{index}"),
+        pci_bus_id=bus_id_for(index),
+        memory_total_bytes=model.memory_total_bytes,
+        memory_reserved_bytes=model.memory_reserved_bytes,
+        temperature_c=model.idle_temperature_c,
+        power_w=model.idle_power_w,
+        power_limit_w=model.power_limit_w,
+        mig_enabled=False if model.mig_capable else None,
+        remapped_rows=RemappedRows(0, 0, pending=False, failure=False)
+        if model.remapped_rows
+        else None,
+        retired_pages_pending=None if model.remapped_rows else False,
+        compute_capability=model.compute_capability,
+        pci_device_id=model.pci_device_id,
+    )
+
+
+_SPEC_HEAD = re.compile(
+    r"^(?:(\d+)\s*[xX\u00d7]\s*)?([A-Za-z0-9-]+)$"
+)  # 4xA40, also with the multiplication sign
+_SPEC_HELP = (
+    "expected NxMODEL[,key=value...] such as '4xA40' or '8xH100,busy=0', "
+    "or a scenario name, or a path to a fleet .json file"
+)
+# Synthetic pid base for fictional holders: above Linux's PID_MAX_LIMIT (2**22),
+# so no real process on any machine can have it.
+FICTIONAL_PID_BASE = 4_200_000
+
+
+def _indices(key: str, value: str, count: int) -> list[int]:
+    out = []
+    for part in value.replace("+", ";").replace(" ", "").split(";"):
+        if not part.isdigit():
+            raise FleetSpecError(
+                f"fleet spec: {key}={value!r} is not a GPU index; expected e.g. {key}=0 or {key}=0+2"
+            )
+        idx = int(part)
+        if idx >= count:
+            raise FleetSpecError(
+                f"fleet spec: {key}={idx} but the fleet has {count} GPUs (indices 0..{count - 1})"
+            )
+        out.append(idx)
+    return out
+
+
+def _size_bytes(text: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?", text.strip(), re.IGNORECASE)
+    if not m:
+        raise FleetSpecError(f"fleet spec: {text!r} is not a size; expected e.g. 29000MiB or 28GiB")
+    number = float(m.group(1))
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    scale = {"": 1, "K": 1024, "M": MIB, "G": 1024 * MIB, "T": 1024 * 1024 * MIB}[unit]
+    return int(number * scale)
+
+
+def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec key reads best)
+    """Build a fleet from a short spec such as ``4xA40,busy=0``.
+
+    Keys (GPU lists use ``+``: ``lost=1+3``):
+      busy=I        exclusive-process mode, held by a dead process (a crashed server)
+      exclusive=I   exclusive-process mode, no holder
+      prohibited=I  compute mode prohibited
+      zombie=I      held by a zombie (defunct) process
+      otherns=I     held by a process in another PID namespace (container)
+      holder=I:PID  a compute process with this real pid (looked up live)
+      lost=I        GPU fell off the bus
+      noperm=I      NVML handle refused (cgroup-restricted)
+      mig=I         MIG enabled with seven 1g.5gb instances
+      remap=I       a pending row remap (reset required)
+      wedged=I      utilisation stuck at 100 % with nothing running
+      procs=N       N running processes (recorded) spread round-robin (benchmarks)
+      load=S        utilisation and memory follow a wave of S seconds (live views)
+      used=I:SIZE   memory used on GPU I, e.g. used=0:20GiB
+      driver=X.Y.Z  driver version;  cuda=12.4  CUDA driver version
+      init=NAME     NVML init fails: one of INIT_ERRORS
+      old           driver too old for the _v2/_v3 NVML symbols
+    """
+    text = spec.strip()
+    if not text:
+        raise FleetSpecError(f"fleet spec is empty; {_SPEC_HELP}")
+    head, *options = [part.strip() for part in text.split(",")]
+    m = _SPEC_HEAD.match(head)
+    if not m:
+        raise FleetSpecError(f"fleet spec {spec!r}: cannot read {head!r}; {_SPEC_HELP}")
+    count = int(m.group(1) or 1)
+    model_key = _model_key(m.group(2), spec)
+    if not 1 <= count <= 64:
+        raise FleetSpecError(f"fleet spec {spec!r}: {count} GPUs; expected 1 to 64")
+    model = MODELS[model_key]
+    gpus = [_make_gpu(model_key, model, i) for i in range(count)]
+    fleet = Fleet(gpus=tuple(gpus), name=text, description=f"simulated {count}x {model.name}")
+    next_pid = FICTIONAL_PID_BASE
+    for option in options:
+        key, sep, value = option.partition("=")
+        key = key.strip().lower()
+        value = value.strip()
+        if key == "old" and not sep:
+            fleet = replace(
+                fleet,
+                driver_version="450.80.02",
+                cuda_driver_version=11000,
+                nvml_version="11.450.80.02",
+                missing_functions=frozenset(OLD_DRIVER_MISSING),
+            )
+            continue
+        if not sep or not value:
+            raise FleetSpecError(f"fleet spec {spec!r}: option {option!r} needs key=value")
+        gpus = list(fleet.gpus)
+        if key in ("busy", "zombie", "otherns"):
+            states: dict[str, ProcessState] = {
+                "busy": "dead",
+                "zombie": "zombie",
+                "otherns": "other_namespace",
+            }
+            state = states[key]
+            for idx in _indices(key, value, count):
+                holder = SimProcess(
+                    pid=next_pid,
+                    used_bytes=min(29000 * MIB, gpus[idx].memory_total_bytes // 2),
+                    observed=ObservedProcess(
+                        state=state, user=None, command="python -m sglang.launch_server"
+                    )
+                    if state != "dead"
+                    else ObservedProcess(state="dead"),
+                )
+                next_pid += 1
+                gpus[idx] = replace(
+                    gpus[idx],
+                    compute_mode="exclusive_process" if key == "busy" else gpus[idx].compute_mode,
+                    processes=(*gpus[idx].processes, holder),
+                )
+        elif key in ("exclusive", "prohibited"):
+            mode: ComputeMode = "exclusive_process" if key == "exclusive" else "prohibited"
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(gpus[idx], compute_mode=mode)
+        elif key == "holder":
+            for item in value.split("+"):
+                gpu_text, _, pid_text = item.partition(":")
+                if not pid_text.isdigit():
+                    raise FleetSpecError(
+                        f"fleet spec: holder={item!r}; expected holder=GPU:PID such as holder=0:1234"
+                    )
+                (idx,) = _indices("holder", gpu_text, count)
+                proc = SimProcess(pid=int(pid_text), used_bytes=1024 * MIB)
+                gpus[idx] = replace(gpus[idx], processes=(*gpus[idx].processes, proc))
+        elif key == "lost":
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(gpus[idx], fault="lost")
+        elif key == "noperm":
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(gpus[idx], fault="no_permission")
+        elif key == "mig":
+            for idx in _indices(key, value, count):
+                if not model.mig_capable:
+                    raise FleetSpecError(
+                        f"fleet spec: mig={idx} but {model.name} does not support MIG "
+                        "(use A100, A100-80GB, H100 or H200)"
+                    )
+                gpus[idx] = _with_mig(gpus[idx])
+        elif key == "remap":
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(
+                    gpus[idx], remapped_rows=RemappedRows(0, 1, pending=True, failure=False)
+                )
+        elif key == "wedged":
+            for idx in _indices(key, value, count):
+                gpus[idx] = replace(
+                    gpus[idx], utilization_gpu_pct=100, memory_used_bytes=0, processes=()
+                )
+        elif key == "procs":
+            if not value.isdigit():
+                raise FleetSpecError(f"fleet spec: procs={value!r}; expected a whole number")
+            for n in range(int(value)):
+                idx = n % count
+                proc = SimProcess(
+                    pid=next_pid,
+                    used_bytes=(512 + 64 * n) * MIB,
+                    observed=ObservedProcess(
+                        state="running", user="sim", command=f"python train.py --job {n}"
+                    ),
+                )
+                next_pid += 1
+                gpus[idx] = replace(gpus[idx], processes=(*gpus[idx].processes, proc))
+        elif key == "used":
+            gpu_text, _, size_text = value.partition(":")
+            (idx,) = _indices("used", gpu_text, count)
+            gpus[idx] = replace(gpus[idx], memory_used_bytes=_size_bytes(size_text))
+        elif key == "driver":
+            if not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
+                raise FleetSpecError(f"fleet spec: driver={value!r}; expected e.g. 550.163.01")
+            fleet = replace(fleet, driver_version=value, nvml_version=f"12.{value}")
+        elif key == "cuda":
+            cm = re.fullmatch(r"(\d+)\.(\d+)", value)
+            if not cm:
+                raise FleetSpecError(f"fleet spec: cuda={value!r}; expected e.g. 12.4")
+            fleet = replace(
+                fleet, cuda_driver_version=int(cm.group(1)) * 1000 + int(cm.group(2)) * 10
+            )
+        elif key == "load":
+            try:
+                period = float(value)
+            except ValueError:
+                period = 0.0
+            if not 1.0 <= period <= 86400.0:
+                raise FleetSpecError(
+                    f"fleet spec: load={value!r}; expected the seconds of one load cycle, "
+                    "1 to 86400 (e.g. load=60)"
+                )
+            fleet = replace(fleet, load_period_s=period)
+        elif key == "init":
+            if value not in INIT_ERRORS:
+                raise FleetSpecError(
+                    f"fleet spec: init={value!r}; expected one of {', '.join(INIT_ERRORS)}"
+                )
+            fleet = replace(fleet, init_error=cast("InitError", value))  # checked just above
+        else:
+            raise FleetSpecError(
+                f"fleet spec {spec!r}: unknown option {key!r}; expected one of busy, exclusive, "
+                "prohibited, zombie, otherns, holder, lost, noperm, mig, remap, wedged, procs, "
+                "used, load, driver, cuda, init, old"
+            )
+        fleet = replace(fleet, gpus=tuple(gpus))
+    return fleet
+
+
+def _model_key(text: str, spec: str) -> str:
+    wanted = text.upper().replace("_", "-")
+    for key in MODELS:
+        if key.upper() == wanted:
+            return key
+    raise FleetSpecError(
+        f"fleet spec {spec!r}: unknown GPU model {text!r}; expected one of {', '.join(MODELS)}"
+    )
+
+
+def _with_mig(gpu: SimGpu) -> SimGpu:
+    children = tuple(
+        MigDevice(
+            uuid="MIG-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{gpu.uuid}/mig/{i}")),
+            name=f"{gpu.name} MIG 1g.5gb",
+            memory_total_bytes=MIG_1G_BYTES,
+            gpu_instance_id=7 + i,
+            compute_instance_id=0,
+        )
+        for i in range(7)
+    )
+    # Without privileges NVML cannot attribute memory per process under MIG.
+    procs = tuple(replace(p, used_bytes=None) for p in gpu.processes)
+    return replace(gpu, mig_enabled=True, mig_devices=children, processes=procs)
