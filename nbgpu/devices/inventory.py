@@ -32,9 +32,8 @@ from nbgpu._render import (
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
 from nbgpu.devices.findings import Finding, assess_gpu, gpu_health
-from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS
 from nbgpu.devices.holders import ContainerInfo, HolderInfo
-from nbgpu.devices.model import Gpu, GpuProcess
+from nbgpu.devices.model import Gpu
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.errors import NvmlError
 
@@ -42,8 +41,6 @@ if TYPE_CHECKING:  # the probe module loads only for --probe
     from nbgpu.devices.health import ProbeReport
 
 __all__ = ["Inventory", "take_inventory"]
-
-_CODE_TO_INIT_ERROR = {code: name for name, code in INIT_ERRORS.items()}
 
 
 @dataclass(frozen=True)
@@ -329,38 +326,9 @@ class Inventory(Result):
 
     def to_dict(self) -> dict[str, Any]:
         """A fleet document (``nbgpu_fleet``) plus what was observed here."""
-        return {
-            "nbgpu_fleet": FLEET_FORMAT,
-            "name": self.fleet_name if self.simulated else self.hostname,
-            "description": self.fleet_description or f"captured on {self.hostname}",
-            "hostname": self.hostname,
-            "taken_at": self.taken_at,
-            "simulated": self.simulated,
-            "driver_version": self.driver_version,
-            "cuda_driver_version": self.cuda_driver_version,
-            "nvml_version": self.nvml_version,
-            "init_error": _CODE_TO_INIT_ERROR.get(self.nvml_error_code or -1)
-            if self.nvml_error
-            else None,
-            "nvml_error": self.nvml_error,
-            "container": {
-                "in_container": self.container.in_container,
-                "host_pid_namespace": self.container.host_pid_namespace,
-                "reason": self.container.reason,
-            },
-            "visible_devices": None
-            if self.visible is None
-            else {
-                "value": self.visible_value,
-                "devices": [
-                    {"cuda_index": d.cuda_index, "nvml_index": d.nvml_index, "uuid": d.uuid}
-                    for d in self.visible.devices
-                ],
-                "problems": list(self.visible.problems),
-            },
-            "gpus": [_gpu_dict(g, fs) for g, fs in zip(self.gpus, self.findings, strict=True)],
-            "probe": None if self.probe is None else self.probe.to_dict(),
-        }
+        from nbgpu.devices.capture import capture_document  # noqa: PLC0415  (only for JSON)
+
+        return capture_document(self)
 
 
 def _age(start_time: float | None, now: float) -> str:
@@ -372,71 +340,6 @@ def _age(start_time: float | None, now: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:.0f}s"
-
-
-def _gpu_dict(gpu: Gpu, findings: tuple[Finding, ...]) -> dict[str, Any]:
-    fault = gpu.error if gpu.error in ("lost", "no_permission") else None
-    return {
-        "index": gpu.nvml_index,
-        "name": gpu.name or "Unknown GPU",
-        "uuid": gpu.uuid,
-        "pci_bus_id": gpu.pci_bus_id,
-        "memory_total_bytes": gpu.memory_total_bytes or 0,
-        "memory_reserved_bytes": gpu.memory_reserved_bytes,
-        "memory_used_bytes": gpu.memory_used_bytes,
-        "memory_free_bytes": gpu.memory_free_bytes,
-        "utilization_gpu_pct": gpu.utilization_gpu_pct,
-        "utilization_memory_pct": gpu.utilization_memory_pct,
-        "temperature_c": gpu.temperature_c,
-        "power_w": gpu.power_w,
-        "power_limit_w": gpu.power_limit_w,
-        "compute_mode": gpu.compute_mode,
-        "persistence_mode": gpu.persistence_mode,
-        "mig_enabled": gpu.mig_enabled,
-        "mig_devices": [
-            {
-                "uuid": m.uuid,
-                "name": m.name,
-                "memory_total_bytes": m.memory_total_bytes or 0,
-                "gpu_instance_id": m.gpu_instance_id,
-                "compute_instance_id": m.compute_instance_id,
-            }
-            for m in gpu.mig_devices
-        ],
-        "ecc_uncorrected_volatile": gpu.ecc_uncorrected_volatile,
-        "remapped_rows": None
-        if gpu.remapped_rows is None
-        else {
-            "correctable": gpu.remapped_rows.correctable,
-            "uncorrectable": gpu.remapped_rows.uncorrectable,
-            "pending": gpu.remapped_rows.pending,
-            "failure": gpu.remapped_rows.failure,
-        },
-        "retired_pages_pending": gpu.retired_pages_pending,
-        "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
-        "fault": fault,
-        "error": gpu.error,
-        "unsupported": list(gpu.unsupported),
-        "fallbacks": list(gpu.fallbacks),
-        "findings": [f.to_dict() for f in findings],
-        "processes": [_process_dict(p) for p in gpu.processes],
-    }
-
-
-def _process_dict(proc: GpuProcess) -> dict[str, Any]:
-    h = proc.holder
-    observed = None
-    if h is not None:
-        observed = {
-            "state": h.state
-            if h.state in ("dead", "zombie", "other_namespace")
-            else (h.status or h.state),
-            "user": h.user,
-            "command": h.command,
-            "visible_devices": h.visible_devices,
-            "start_time": h.start_time,
-        }
-    return {"pid": proc.pid, "used_bytes": proc.used_bytes, "kind": proc.kind, "observed": observed}
 
 
 def _holder_for(pid: int, backend: nvml.Backend, container: ContainerInfo) -> HolderInfo:
