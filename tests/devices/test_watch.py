@@ -36,7 +36,7 @@ def test_load_profile_moves_utilisation_and_memory(monkeypatch):
     assert fleet.load_period_s == 60
     lib = FakeNvmlLibrary(fleet)
     clock = [lib._born]
-    monkeypatch.setattr("nbgpu.devices.simulate.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("nbgpu.devices.simulate_device.time.monotonic", lambda: clock[0])
     first = lib._load(fleet.gpus[0])
     clock[0] += 15  # a quarter cycle later
     second = lib._load(fleet.gpus[0])
