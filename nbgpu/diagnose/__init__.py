@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nbgpu.diagnose.catalog import CATALOG, CAUSE_IDS, UNKNOWN, Cause, Pattern, cause
 from nbgpu.diagnose.engine import diagnose
 from nbgpu.diagnose.report import Diagnosis, Evidence, FoundCause, RankSummary, SourceSummary
+
+if TYPE_CHECKING:
+    from nbgpu.devices.inventory import Inventory
 
 __all__ = [
     "CATALOG",
@@ -52,7 +55,7 @@ class _CallableModule(types.ModuleType):
         self,
         source: object,
         *,
-        inventory: Any = None,
+        inventory: Inventory | None = None,
         name: str | None = None,
         max_evidence: int = 5,
         full_scan: bool | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbgpu.diagnose.enrich import describe_inventory, enrich, gpu_for_rank
 from nbgpu.diagnose.report import Diagnosis, SourceSummary
@@ -21,6 +21,9 @@ from nbgpu.diagnose.scan import SourceScan
 from nbgpu.diagnose.sources import Inputs, LogInput, chunks, resolve
 from nbgpu.diagnose.window import WindowScanner
 from nbgpu.errors import UserInputError
+
+if TYPE_CHECKING:
+    from nbgpu.devices.inventory import Inventory
 
 __all__ = ["FULL_SCAN_BYTES", "diagnose"]
 
@@ -99,7 +102,7 @@ def _world_size(inputs: Inputs, scans: list[SourceScan]) -> int | None:
 def diagnose(
     source: object,
     *,
-    inventory: Any = None,
+    inventory: Inventory | None = None,
     name: str | None = None,
     max_evidence: int = 5,
     full_scan: bool | None = None,

@@ -15,11 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.diagnose.report import FoundCause
 from nbgpu.diagnose.sources import RunInfo
+
+if TYPE_CHECKING:
+    from nbgpu.devices.findings import Finding
+    from nbgpu.devices.inventory import Inventory
+    from nbgpu.devices.model import Gpu
 
 __all__ = ["describe_inventory", "enrich", "gpu_for_rank"]
 
@@ -43,19 +48,19 @@ _GIB = 1024**3
 _REFINED = ("nbgpu clean", "--gpus")
 
 
-def describe_inventory(inventory: Any) -> str:
+def describe_inventory(inventory: Inventory) -> str:
     """How the report names the inventory it used."""
-    if getattr(inventory, "simulated", False):
-        return f"simulated fleet '{getattr(inventory, 'fleet_name', None) or '?'}'"
-    return f"host {getattr(inventory, 'hostname', '?')}"
+    if inventory.simulated:
+        return f"simulated fleet '{inventory.fleet_name or '?'}'"
+    return f"host {inventory.hostname}"
 
 
-def _visible_map(inventory: Any, run: RunInfo | None) -> VisibleMap | None:
-    gpus = [g for g in getattr(inventory, "gpus", ()) if getattr(g, "error", None) is None]
+def _visible_map(inventory: Inventory, run: RunInfo | None) -> VisibleMap | None:
+    gpus = [g for g in inventory.gpus if g.error is None]
     if run is not None and run.cuda_visible_devices is not None and gpus:
         identities = gpu_identities(gpus)
         return resolve_visible(identities, {"CUDA_VISIBLE_DEVICES": run.cuda_visible_devices})
-    visible = getattr(inventory, "visible", None)
+    visible = inventory.visible
     return visible if isinstance(visible, VisibleMap) else None
 
 
@@ -69,7 +74,9 @@ def _local_rank(rank: int, run: RunInfo | None) -> int:
     return rank
 
 
-def gpu_for_rank(rank: int, run: RunInfo | None, inventory: Any) -> tuple[int, int] | None:
+def gpu_for_rank(
+    rank: int, run: RunInfo | None, inventory: Inventory | None
+) -> tuple[int, int] | None:
     """``(cuda ordinal, physical NVML index)`` of ``rank``'s GPU, when it can be known."""
     local = _local_rank(rank, run)
     if run is not None and run.gpus is not None:
@@ -82,21 +89,19 @@ def gpu_for_rank(rank: int, run: RunInfo | None, inventory: Any) -> tuple[int, i
     return None
 
 
-def _gpu(inventory: Any, index: int) -> tuple[Any, tuple[Any, ...]]:
-    for gpu, findings in zip(
-        getattr(inventory, "gpus", ()), getattr(inventory, "findings", ()), strict=False
-    ):
+def _gpu(inventory: Inventory, index: int) -> tuple[Gpu | None, tuple[Finding, ...]]:
+    for gpu, findings in zip(inventory.gpus, inventory.findings, strict=False):
         if gpu.nvml_index == index:
             return gpu, tuple(findings)
     return None, ()
 
 
-def _holder_text(gpu: Any) -> str:
-    for proc in getattr(gpu, "processes", ()):
-        holder_state = getattr(proc, "state", "unknown")
-        holder = getattr(proc, "holder", None)
+def _holder_text(gpu: Gpu) -> str:
+    for proc in gpu.processes:
+        holder_state = proc.state
+        holder = proc.holder
         who = f"pid {proc.pid}"
-        if holder is not None and getattr(holder, "user", None):
+        if holder is not None and holder.user:
             who += f" (user {holder.user})"
         state = {"alive": "running", "other_namespace": "in another PID namespace"}.get(
             holder_state, holder_state
@@ -105,12 +110,14 @@ def _holder_text(gpu: Any) -> str:
     return ""
 
 
-def _healthy_others(inventory: Any, bad: set[int]) -> list[int]:
-    healthy = getattr(inventory, "healthy_indices", ())
+def _healthy_others(inventory: Inventory, bad: set[int]) -> list[int]:
+    healthy = inventory.healthy_indices
     return [i for i in healthy if i not in bad]
 
 
-def _busy(found: FoundCause, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+def _busy(
+    found: FoundCause, run: RunInfo | None, inventory: Inventory
+) -> tuple[list[str], list[str]]:
     details: list[str] = []
     fixes: list[str] = []
     bad: set[int] = set()
@@ -125,7 +132,7 @@ def _busy(found: FoundCause, run: RunInfo | None, inventory: Any) -> tuple[list[
         if gpu is None:
             continue
         bad.add(index)
-        mode = _MODES.get(getattr(gpu, "compute_mode", None) or "", "unknown mode")
+        mode = _MODES.get(gpu.compute_mode or "", "unknown mode")
         details.append(
             f"rank {rank} -> cuda:{cuda} -> physical GPU {index} ({mode}){_holder_text(gpu)}"
         )
@@ -134,13 +141,11 @@ def _busy(found: FoundCause, run: RunInfo | None, inventory: Any) -> tuple[list[
         )
     if not details:
         # No rank mapping: name the GPUs the inventory itself finds blocked.
-        for gpu, findings in zip(
-            getattr(inventory, "gpus", ()), getattr(inventory, "findings", ()), strict=False
-        ):
+        for gpu, findings in zip(inventory.gpus, inventory.findings, strict=False):
             codes = {f.code for f in findings}
             if codes & set(_HOLDER_CODES):
                 bad.add(gpu.nvml_index)
-                mode = _MODES.get(getattr(gpu, "compute_mode", None) or "", "unknown mode")
+                mode = _MODES.get(gpu.compute_mode or "", "unknown mode")
                 details.append(f"GPU {gpu.nvml_index} ({mode}) is blocked{_holder_text(gpu)}")
                 stale = stale or bool(
                     codes & {"exclusive_dead_holder", "zombie_holder", "dead_holder"}
@@ -162,7 +167,7 @@ def _busy(found: FoundCause, run: RunInfo | None, inventory: Any) -> tuple[list[
 
 
 def _ordinal(
-    _found: FoundCause, run: RunInfo | None, inventory: Any
+    _found: FoundCause, run: RunInfo | None, inventory: Inventory
 ) -> tuple[list[str], list[str]]:
     vmap = _visible_map(inventory, run)
     if vmap is None:
@@ -174,7 +179,7 @@ def _ordinal(
         f"CUDA sees {count} GPU{'s' if count != 1 else ''} here (CUDA_VISIBLE_DEVICES {setting})"
         + (f", but the run started {world} ranks per node" if world else "")
     ]
-    healthy = list(getattr(inventory, "healthy_indices", ()))
+    healthy = list(inventory.healthy_indices)
     fixes = []
     if count:
         fixes.append(
@@ -184,7 +189,9 @@ def _ordinal(
     return details, fixes
 
 
-def _oom(found: FoundCause, run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
+def _oom(
+    found: FoundCause, run: RunInfo | None, inventory: Inventory
+) -> tuple[list[str], list[str]]:
     details = []
     rank = found.first_rank
     where = gpu_for_rank(rank, run, inventory) if rank is not None else None
@@ -194,23 +201,23 @@ def _oom(found: FoundCause, run: RunInfo | None, inventory: Any) -> tuple[list[s
     gpu, _ = _gpu(inventory, index)
     if gpu is None:
         return [], []
-    total = getattr(gpu, "memory_total_bytes", None)
+    total = gpu.memory_total_bytes
     if total:
         details.append(f"rank {rank} ran on GPU {index} with {total / _GIB:.1f} GiB")
-    for proc in getattr(gpu, "processes", ()):
-        used = getattr(proc, "used_bytes", None)
+    for proc in gpu.processes:
+        used = proc.used_bytes
         if used:
             details.append(
                 f"GPU {index} now holds {used / _GIB:.1f} GiB for pid {proc.pid} "
-                f"({getattr(proc, 'state', 'unknown')}): memory this run could not use"
+                f"({proc.state}): memory this run could not use"
             )
     return details, []
 
 
-def _lost(_found: FoundCause, _run: RunInfo | None, inventory: Any) -> tuple[list[str], list[str]]:
-    lost = [
-        g.nvml_index for g in getattr(inventory, "gpus", ()) if getattr(g, "error", None) == "lost"
-    ]
+def _lost(
+    _found: FoundCause, _run: RunInfo | None, inventory: Inventory
+) -> tuple[list[str], list[str]]:
+    lost = [g.nvml_index for g in inventory.gpus if g.error == "lost"]
     if not lost:
         return [], []
     others = _healthy_others(inventory, set(lost))
@@ -225,9 +232,9 @@ def _lost(_found: FoundCause, _run: RunInfo | None, inventory: Any) -> tuple[lis
 
 
 def _driver(
-    _found: FoundCause, _run: RunInfo | None, inventory: Any
+    _found: FoundCause, _run: RunInfo | None, inventory: Inventory
 ) -> tuple[list[str], list[str]]:
-    error = getattr(inventory, "nvml_error", None)
+    error = inventory.nvml_error
     return ([f"NVML on this machine: {error}"], []) if error else ([], [])
 
 
@@ -241,7 +248,7 @@ _ENRICHERS = {
 
 
 def enrich(
-    causes: Sequence[FoundCause], run: RunInfo | None, inventory: Any
+    causes: Sequence[FoundCause], run: RunInfo | None, inventory: Inventory
 ) -> tuple[FoundCause, ...]:
     """The causes with this machine's facts added to the root cause."""
     out = list(causes)
