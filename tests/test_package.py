@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import nbgpu
+from tests.runtime_imports import runtime_imports
 
 PACKAGE = Path(nbgpu.__file__).parent
 HEAVY = ("torch", "pynvml", "pandas", "matplotlib", "ipywidgets")
@@ -217,32 +218,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
-    """nbgpu modules *path* imports when it runs (lazy imports too; not TYPE_CHECKING)."""
-    tree = ast.parse(path.read_text())
-    typing_only = {
-        id(node)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for stmt in block.body
-        for node in ast.walk(stmt)
-    }
+def _nbgpu_runtime_imports(path: Path, modules: set[str]) -> set[str]:
+    """The nbgpu modules *path* needs when it runs."""
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-        else:
-            continue
-        for imported in names:
-            module = imported
-            while module and module not in modules:  # `from pkg import x`: x may be a module
-                module = module.rpartition(".")[0]
-            if module.startswith("nbgpu"):
-                found.add(module)
+    for imported in runtime_imports(path):
+        module = imported
+        while module and module not in modules:  # `from pkg import x`: x may be a module
+            module = module.rpartition(".")[0]
+        if module.startswith("nbgpu"):
+            found.add(module)
     return found
 
 
@@ -251,7 +235,7 @@ def test_the_import_graph_has_no_circles():
     # other. A package's own __init__ is not counted as a dependency of its modules.
     paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = {
-        name: {d for d in _runtime_imports(path, set(paths)) if d != name and not name.startswith(d + ".")}
+        name: {d for d in _nbgpu_runtime_imports(path, set(paths)) if d != name and not name.startswith(d + ".")}
         for name, path in paths.items()
     }  # fmt: skip
     done: set[str] = set()
