@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nbgpu.devices.fleet import Fleet, fleet_from_dict
-from nbgpu.devices.fleetspec import parse_spec
+from nbgpu.devices.fleetspec import apply_options, parse_spec
 from nbgpu.devices.scenarios import SCENARIOS, scenario, scenario_key
 from nbgpu.errors import FleetSpecError
 
@@ -26,9 +26,9 @@ def load_fleet(source: str, *, cwd: Path | None = None) -> Fleet:
     head, _, extra = text.partition(",")
     key = scenario_key(head)
     if key is not None:
-        # A scenario with more options: "busy-gpu0,procs=8" extends the scenario's spec.
-        spec, description = SCENARIOS[key]
-        return replace(parse_spec(f"{spec},{extra}"), name=text, description=description)
+        # A scenario with more options: "busy-gpu0,procs=8" adds them to the scenario.
+        options = [part.strip() for part in extra.split(",")]
+        return replace(apply_options(scenario(key), options, spec=text), name=text)
     path = Path(text).expanduser()
     if cwd is not None and not path.is_absolute():
         path = cwd / path

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -36,6 +36,7 @@ __all__ = [
     "MODELS",
     "OLD_DRIVER_MISSING",
     "GpuModel",
+    "apply_options",
     "parse_spec",
 ]
 
@@ -192,7 +193,7 @@ def _size_bytes(text: str) -> int:
     return int(number * scale)
 
 
-def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec key reads best)
+def parse_spec(spec: str) -> Fleet:
     """Build a fleet from a short spec such as ``4xA40,busy=0``.
 
     Keys (GPU lists use ``+``: ``lost=1+3``):
@@ -228,7 +229,18 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
     model = MODELS[model_key]
     gpus = [_make_gpu(model_key, model, i) for i in range(count)]
     fleet = Fleet(gpus=tuple(gpus), name=text, description=f"simulated {count}x {model.name}")
-    next_pid = FICTIONAL_PID_BASE
+    return apply_options(fleet, options, spec=text)
+
+
+def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet:  # noqa: PLR0915
+    """*fleet* with the spec's options applied (``busy=0``, ``lost=3``...); see parse_spec.
+
+    Also how a named scenario takes extra options: ``busy-gpu0,procs=8``. Processes added
+    here get fictional pids above every pid the fleet already holds.
+    """
+    count = len(fleet.gpus)
+    held = [p.pid for gpu in fleet.gpus for p in gpu.processes]
+    next_pid = max([FICTIONAL_PID_BASE - 1, *held]) + 1
     for option in options:
         key, sep, value = option.partition("=")
         key = key.strip().lower()
@@ -290,9 +302,9 @@ def parse_spec(spec: str) -> Fleet:  # noqa: PLR0915  (one flat branch per spec 
                 gpus[idx] = replace(gpus[idx], fault="no_permission")
         elif key == "mig":
             for idx in _indices(key, value, count):
-                if not model.mig_capable:
+                if not any(m.mig_capable and m.name == gpus[idx].name for m in MODELS.values()):
                     raise FleetSpecError(
-                        f"fleet spec: mig={idx} but {model.name} does not support MIG "
+                        f"fleet spec: mig={idx} but {gpus[idx].name} does not support MIG "
                         "(use A100, A100-80GB, H100 or H200)"
                     )
                 gpus[idx] = _with_mig(gpus[idx])

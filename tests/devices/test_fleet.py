@@ -112,7 +112,7 @@ def test_json_round_trip(tmp_path):
 
 
 def test_unknown_name_lists_scenarios():
-    with pytest.raises(FleetSpecError, match="scenarios: healthy, busy-gpu0"):
+    with pytest.raises(FleetSpecError, match="scenarios: busy-gpu0, exclusive-dead, gpu-lost"):
         load_fleet("sed000")
 
 
@@ -181,7 +181,7 @@ def test_scenario_with_extra_options():
     fleet = load_fleet("busy-gpu0,lost=3")
     assert fleet.gpus[0].compute_mode == "exclusive_process"
     assert fleet.gpus[3].fault == "lost"
-    assert fleet.description == SCENARIOS["busy-gpu0"][1]
+    assert fleet.description == load_fleet("busy-gpu0").description
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
