@@ -180,7 +180,13 @@ def test_layers_import_one_way():
 
 # Modules every process imports early (ranks, the probe's child, torchrun's agent): the
 # standard library and nothing else, not even the rest of nbgpu.
-STDLIB_ONLY = ("_deadline.py", "_lineage.py", "devices/simenv.py", "devices/cuda_errors.py")
+STDLIB_ONLY = (
+    "_backends.py",
+    "_deadline.py",
+    "_lineage.py",
+    "devices/simenv.py",
+    "devices/cuda_errors.py",
+)
 
 
 def test_process_level_helpers_import_the_standard_library_only():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nbgpu._backends import BACKENDS
 from nbgpu.errors import UserInputError
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
     "pickle_pushed",
 ]
 
-BACKENDS = ("gloo", "nccl", "mpi")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -12,15 +12,13 @@ import sys
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 
+from nbgpu._backends import BACKENDS
 from nbgpu.devices.simenv import simulation_source
 from nbgpu.errors import UserInputError
 from nbgpu.rank.device import _announce, device
 from nbgpu.rank.job import _env, _in_job, rank, world_size
 
 __all__ = ["all_reduce_sum", "barrier", "destroy", "init"]
-
-# Backends torch.distributed knows by name (torch 2.13: Backend.backend_list).
-_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 
 
 def init(
@@ -113,11 +111,11 @@ def _check_backend(backend: str | None) -> str | None:
     text = backend.strip().lower()
     # "cpu:gloo,cuda:nccl" names one backend per device type; check each name.
     names = [part.partition(":")[2] if ":" in part else part for part in text.split(",")]
-    unknown = [n for n in names if n not in _BACKENDS]
+    unknown = [n for n in names if n not in BACKENDS]
     if not text or unknown:
         raise UserInputError(
             f"backend {backend!r} is not a torch.distributed backend; expected one of "
-            f"{', '.join(_BACKENDS)} (or None: nccl on CUDA, gloo on CPU)"
+            f"{', '.join(BACKENDS)} (or None: nccl on CUDA, gloo on CPU)"
         )
     return text
 
