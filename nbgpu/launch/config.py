@@ -19,6 +19,7 @@ from nbgpu.errors import UserInputError
 
 __all__ = [
     "BACKENDS",
+    "CellRequest",
     "LaunchConfig",
     "Prepared",
     "parse_env_pairs",
@@ -61,6 +62,8 @@ class LaunchConfig:
     backend: str | None = None
     master_port: int | None = None  # None: pick a free one at start
     quiet: bool = False
+    keep: bool = False  # a warm job: the ranks stay up for more cells (--keep)
+    idle_timeout_s: float | None = None  # a warm job ends after this long without a cell
 
     def __post_init__(self) -> None:
         if (self.code is None) == (self.script is None):
@@ -86,6 +89,54 @@ class LaunchConfig:
             )
         if self.master_port is not None and not 1024 <= self.master_port <= 65535:
             raise UserInputError(f"master port {self.master_port}: expected 1024-65535")
+        if self.idle_timeout_s is not None:
+            if not self.keep:
+                raise UserInputError(
+                    "--idle-timeout ends a warm job: give it with --keep (a cold run ends with "
+                    "its cell; see --timeout)"
+                )
+            if not self.idle_timeout_s > 0:
+                raise UserInputError(
+                    f"--idle-timeout {self.idle_timeout_s!r}: expected seconds > 0 (e.g. 3600)"
+                )
+        if self.keep and self.script is not None:
+            raise UserInputError(
+                "--keep keeps a notebook cell's ranks warm; a script runs once (drop --keep)"
+            )
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    """One more cell for a warm job: its code and what it sends and brings back."""
+
+    code: str
+    push: Mapping[str, bytes] = field(default_factory=dict)  # name -> pickled value
+    pull: tuple[str, ...] = ()
+    pull_all_ranks: bool = False
+    script_args: tuple[str, ...] = ()
+    timeout_s: float | None = None  # past it the cell is interrupted on every rank
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.code.strip():
+            raise UserInputError(
+                "the cell is empty: write the code each rank should run below %%torchrun"
+            )
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise UserInputError(f"--timeout {self.timeout_s}: expected seconds > 0")
+
+    @classmethod
+    def first_of(cls, config: LaunchConfig) -> CellRequest:
+        """The cell a warm job starts with: the one that asked for it."""
+        return cls(
+            code=config.code or "",
+            push=config.push,
+            pull=config.pull,
+            pull_all_ranks=config.pull_all_ranks,
+            script_args=config.script_args,
+            timeout_s=config.timeout_s,
+            quiet=config.quiet,
+        )
 
 
 def parse_nproc(text: str) -> int:

@@ -31,10 +31,12 @@ from nbgpu.launch.config import (
     parse_size,
     pickle_pushed,
 )
-from nbgpu.launch.execute import execute, to_screen
+from nbgpu.launch.execute import execute, execute_cell, to_screen
 from nbgpu.launch.registry import RUNS, check_name_free
 from nbgpu.launch.run import Run
 from nbgpu.launch.rundir import check_name
+from nbgpu.launch.warm import CellResult
+from nbgpu.launch.warmjob import CELL_OPTIONS, WarmJob, prepare_cell, start_only
 from nbgpu.profile.phases import parse_sample_interval
 
 __all__ = ["LaunchPlan", "PlanProblem", "PlanRole", "prepare", "torchrun"]
@@ -223,6 +225,8 @@ def prepare(
     plan: LaunchPlan | None = None,
     role: str | None = None,
     master_port: int | None = None,
+    keep: bool = False,
+    idle_timeout_s: float | None = None,
     face: str = "notebook",
 ) -> Prepared:
     """Validate everything and decide nproc and GPUs; starts nothing.
@@ -285,6 +289,8 @@ def prepare(
         backend=backend,
         master_port=master_port,
         quiet=quiet,
+        keep=keep,
+        idle_timeout_s=idle_timeout_s,
     )
     return Prepared(config=config, notes=tuple(notes))
 
@@ -317,8 +323,10 @@ def torchrun(
     check: bool = True,
     write: Callable[[str], object] | None = None,
     environ: Mapping[str, str] | None = None,
+    keep: bool = False,
+    on: str | None = None,
     **options: Any,
-) -> Run:
+) -> Run | WarmJob | CellResult | None:
     """Run *code_or_path* (cell source, or a ``.py`` path) as a torchrun job and wait.
 
     Streams every rank's output (prefixed ``[rankN]``) through *write* (default:
@@ -329,7 +337,20 @@ def torchrun(
     ``pull``, ``pull_all_ranks``, ``serial_imports``, ``mem_limit``, ``mem_sample``
     (seconds between memory samples in every rank, 0 off; ``run.memory`` reports them),
     ``backend``, ``quiet``, ``script_args``.
+
+    ``keep=True`` keeps the ranks (their globals, process group, CUDA context) after
+    the code ran and returns a :class:`WarmJob` (``idle_timeout_s`` ends it when
+    unused); ``on="name"`` runs the code on that warm job's ranks and returns the
+    cell's :class:`CellResult` (a cell that raised is ``CellFailed`` with ``check``).
     """
+    out = write or _stdout_write
+    if on is not None:
+        given = sorted(set(options) - set(CELL_OPTIONS) - {"face"})
+        if keep or given:
+            raise start_only("keep=" if keep else f"{given[0]}=", on)
+        options.pop("face", None)
+        run, request = prepare_cell(on, code_or_path, nproc=nproc, **options)
+        return execute_cell(run, request, to_screen(out, quiet=request.quiet), check=check)
     looks_like_path = code_or_path.endswith(".py") and "\n" not in code_or_path
     options.setdefault("face", "python")
     prepared = prepare(
@@ -337,16 +358,17 @@ def torchrun(
         script=code_or_path if looks_like_path else None,
         nproc=nproc,
         environ=environ,
+        keep=keep,
         **options,
     )
-    out = write or _stdout_write
-    return execute(
+    run = execute(
         prepared,
         to_screen(out, quiet=prepared.config.quiet),
         announce=lambda line: out(line + "\n"),
         check=check,
         environ=environ,
     )
+    return WarmJob(run, to_screen(out)) if keep else run
 
 
 def _stdout_write(text: str) -> None:

@@ -116,23 +116,30 @@ class Pulled:
     problems: list[str] = field(default_factory=list)
 
 
+def add_pulled(pulled: Pulled, rank: int, payload: dict[str, Any]) -> None:
+    """Fold one rank's pull payload (``rank_code.pull_payload``) into *pulled*."""
+    values: dict[str, Any] = {}
+    for name, blob in payload["values"].items():
+        try:
+            values[name] = pickle.loads(blob)  # noqa: S301  (written by our own ranks)
+        except Exception as exc:  # noqa: BLE001, PERF203  (e.g. a class the notebook lacks)
+            pulled.problems.append(f"--pull {name}: the value cannot be loaded here ({exc})")
+    who = "rank 0" if rank == 0 else f"rank {rank}"
+    pulled.problems.extend(
+        f"--pull {name}: {who} never set {name!r}" for name in payload["missing"]
+    )
+    pulled.problems.extend(f"--pull {name}: {why}" for name, why in payload["errors"].items())
+    if rank == 0:
+        pulled.values = values
+    pulled.every_rank.append(values)
+
+
 def collect_pulled(run_dir: Path, nproc: int) -> Pulled:
     pulled = Pulled()
     for r in range(nproc):
         path = run_dir / f"pull-rank{r}.pkl"
-        if not path.exists():
-            continue
-        payload = pickle.loads(path.read_bytes())  # noqa: S301  (written by our own ranks)
-        values = {k: pickle.loads(v) for k, v in payload["values"].items()}  # noqa: S301
-        if r == 0:
-            pulled.values = values
-            pulled.problems.extend(
-                f"--pull {name}: rank 0 never set {name!r}" for name in payload["missing"]
-            )
-            pulled.problems.extend(
-                f"--pull {name}: {why}" for name, why in payload["errors"].items()
-            )
-        pulled.every_rank.append(values)
+        if path.exists():
+            add_pulled(pulled, r, pickle.loads(path.read_bytes()))  # noqa: S301  (our own ranks)
     return pulled
 
 

@@ -48,6 +48,7 @@ from nbgpu.launch.streams import LineSink, LogTail, ScreenWriter
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
+    from nbgpu.launch.warm import WarmState
     from nbgpu.profile.live import MemoryFollower
     from nbgpu.profile.report import MemoryReport
 
@@ -116,6 +117,7 @@ class Run(RunView):
         self._finished = threading.Event()
         self.notices = RunNotices(config.nproc)  # one-line messages, each shown once
         self.thread: threading.Thread | None = None
+        self.warm: WarmState | None = None  # a warm job's ranks between cells (--keep)
 
     # -- start -------------------------------------------------------------------
 
@@ -132,14 +134,23 @@ class Run(RunView):
             "pull_all_ranks": cfg.pull_all_ranks,
             "script_args": list(cfg.script_args),
         }
-        if cfg.code is not None:
+        if cfg.keep:
+            # A warm job: the ranks take every cell, the first one too, from the channel.
+            from nbgpu.launch.channel import CellServer  # noqa: PLC0415
+            from nbgpu.launch.warm import WarmState  # noqa: PLC0415
+
+            token = secrets.token_hex(16)
+            server = CellServer(self.dir, token)
+            spec.update(keep=True, channel=str(server.path), token=token)
+            self.warm = WarmState(self, server, cfg.idle_timeout_s)
+        elif cfg.code is not None:
             cell = self.dir / "cell.py"
             cell.write_text(cfg.code, encoding="utf-8")
             spec["cell"] = str(cell)
         elif cfg.script is not None:
             spec["script"] = str(cfg.script.resolve())
         (self.dir / "bootstrap.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
-        if cfg.push:
+        if cfg.push and not cfg.keep:
             (self.dir / "push.pkl").write_bytes(pickle.dumps(dict(cfg.push)))
         taken = ports_in_use()
         self.port = cfg.master_port or free_port(taken)
@@ -281,10 +292,16 @@ class Run(RunView):
     def stop(
         self, reason: str = "stopped", *, first_signal: int = signal.SIGTERM, grace_s: float = 3.0
     ) -> StopReport:
-        """End every process of the run (agent, ranks, orphans) against one deadline."""
+        """End every process of the run (agent, ranks, orphans) against one deadline.
+
+        An idle warm job is first asked to end: its ranks leave their loop and exit
+        normally (finalizers, atexit, the process group's teardown) within *grace_s*.
+        """
         with self._lock:
             if self.stop_reason is None:
                 self.stop_reason = reason
+        if self.warm is not None:
+            self.warm.stop_gracefully(grace_s)
         report = stop_processes(
             self.run_id,
             self.agent.pid if self.agent else None,
@@ -344,7 +361,9 @@ class Run(RunView):
             pulled = collect_pulled(self.dir, self.config.nproc)
             self.pulled, self.pulled_all = pulled.values, pulled.every_rank
             self.pull_problems.extend(pulled.problems)
-        if self.stop_reason in ("timed_out", "interrupted", "stopped"):
+        if self.stop_reason == "idle_timeout":
+            self.state = "stopped"
+        elif self.stop_reason in ("timed_out", "interrupted", "stopped"):
             self.state = self.stop_reason
         elif agent_code == 0 and all(r.exit_code == 0 for r in self.ranks):
             self.state = "succeeded"
@@ -354,7 +373,16 @@ class Run(RunView):
         if self.state == "failed":
             self.diagnosis = self._diagnose()
             self.root_cause = self._root_cause()
+        if self.warm is not None:
+            self.warm.close()
         self._finished.set()
+
+    def end_warm(self) -> None:
+        """A warm job is over (a rank died, it was stopped): sweep, collect, close."""
+        if not self.agent_done:
+            self.stop(self.stop_reason or "stopped")
+        self.sweep_orphans()
+        self.finish()
 
     def _diagnose(self) -> Diagnosis | None:
         """Name the cause from the logs, with this machine's GPUs as context."""

@@ -16,7 +16,6 @@ user's code imported it (to tear the process group down).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import errno
 import faulthandler
@@ -24,16 +23,15 @@ import io
 import json
 import os
 import pickle
-import runpy
 import signal
 import sys
 import time
-import traceback
 import types
 from pathlib import Path
 from typing import Any
 
 from nbgpu._lineage import die_with_parent
+from nbgpu.launch.rank_code import pull_payload, run_code, user_traceback, write_error_file
 from nbgpu.profile.phases import configure
 from nbgpu.profile.recorder import Recorder
 
@@ -136,87 +134,6 @@ def _register_stack_dumps(run_dir: Path, rank: int) -> None:
         pass  # no stacks on request; the run itself is unaffected
 
 
-def _user_traceback(exc: BaseException) -> str:
-    """The traceback from the user's first frame on: nbgpu's and runpy's frames are noise."""
-    tb = exc.__traceback__
-    ours = {__file__, runpy.__file__}
-    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in ours:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
-def _write_error_file(path: str, exc: BaseException, formatted: str) -> None:
-    # The exact structure torch's ErrorHandler.record_exception writes, plus a finer
-    # timestamp of our own: whole seconds cannot order ranks that fail together.
-    data = {
-        "message": {
-            "message": f"{type(exc).__name__}: {exc}",
-            "extraInfo": {
-                "py_callstack": formatted,
-                "timestamp": str(int(time.time())),
-                "nbgpu_time": repr(time.time()),
-            },
-        }
-    }
-    with contextlib.suppress(OSError):
-        Path(path).write_text(json.dumps(data), encoding="utf-8")
-
-
-def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any]:
-    """Compile the cell as (leading import block, rest), keeping line numbers."""
-    tree = ast.parse(source, filename)
-    cut = 0
-    for node in tree.body:
-        is_docstring = (
-            cut == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-        )
-        if isinstance(node, ast.Import | ast.ImportFrom) or is_docstring:
-            cut += 1
-        else:
-            break
-    head = ast.Module(body=tree.body[:cut], type_ignores=[])
-    tail = ast.Module(body=tree.body[cut:], type_ignores=[])
-    return compile(head, filename, "exec"), compile(tail, filename, "exec")
-
-
-def _run_split(  # noqa: PLR0917  (one call site; the arguments are the rank's state)
-    source: str,
-    filename: str,
-    namespace: dict[str, Any],
-    spec: dict[str, Any],
-    rec: Recorder,
-    start_phase: int,
-) -> None:
-    """Run code as its leading import block, then the rest, each a recorded phase.
-
-    The same split for cells and scripts, so ``--serial-imports`` serialises a script's
-    leading imports exactly like a cell's, and the ``imports`` phase means one thing.
-    """
-    head, tail = _split_leading_imports(source, filename)
-    if spec.get("serial_imports"):
-        from nbgpu.rank import one_at_a_time  # noqa: PLC0415  (only with --serial-imports)
-
-        rec.end(start_phase)
-        waiting = rec.begin("wait-imports")
-        with one_at_a_time("imports"):
-            rec.end(waiting)
-            _phase_exec(rec, "imports", head, namespace)
-    else:
-        rec.end(start_phase)
-        _phase_exec(rec, "imports", head, namespace)
-    _phase_exec(rec, "run", tail, namespace)
-
-
-def _phase_exec(rec: Recorder, name: str, code: Any, namespace: dict[str, Any]) -> None:
-    phase_id = rec.begin(name)
-    try:
-        exec(code, namespace)  # noqa: S102  (running the user's own code is the point)
-    except BaseException as exc:
-        rec.end(phase_id, error=f"{type(exc).__name__}: {exc}"[:300])
-        raise
-    rec.end(phase_id)
-
-
 def _script_namespace(script: str) -> dict[str, Any]:
     """A fresh ``__main__`` module for a script, as ``python script.py`` would make it."""
     module = types.ModuleType("__main__")
@@ -227,31 +144,12 @@ def _script_namespace(script: str) -> dict[str, Any]:
     return module.__dict__
 
 
-def _pickle_or_reason(value: Any) -> tuple[bytes | None, str]:
-    try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), ""
-    except Exception as exc:  # noqa: BLE001  (any pickling failure is reported, not fatal)
-        return None, f"{type(value).__name__} cannot be pickled ({exc})"
-
-
 def _pull(spec: dict[str, Any], namespace: dict[str, Any], run_dir: Path, rank: int) -> None:
     names = spec.get("pull") or []
     if not names or (rank != 0 and not spec.get("pull_all_ranks")):
         return
-    found: dict[str, Any] = {}
-    missing = [n for n in names if n not in namespace]
-    for name in names:
-        if name in namespace:
-            found[name] = namespace[name]
-    payload: dict[str, Any] = {"values": {}, "missing": missing, "errors": {}}
-    for name, value in found.items():
-        blob, problem = _pickle_or_reason(value)
-        if blob is not None:
-            payload["values"][name] = blob
-        else:
-            payload["errors"][name] = problem
     tmp = run_dir / f".pull-rank{rank}.pkl.tmp"
-    tmp.write_bytes(pickle.dumps(payload))
+    tmp.write_bytes(pickle.dumps(pull_payload(names, namespace)))
     tmp.replace(run_dir / f"pull-rank{rank}.pkl")  # atomic: never read half-written
 
 
@@ -274,7 +172,52 @@ def _recorder(run_dir: Path, spec: dict[str, Any]) -> Recorder:
     )
 
 
-def main() -> int:  # noqa: PLR0915  (the rank's life in order, start to exit)
+def _run_once(
+    spec: dict[str, Any],
+    namespace: dict[str, Any],
+    rec: Recorder,
+    start_phase: int,
+    error_path: str,
+) -> tuple[int, dict[str, Any]]:
+    """A cold run: the cell or script, once; the rank's exit code and namespace."""
+    run_dir = Path(os.environ["NBGPU_RUN_DIR"])
+    try:
+        push = run_dir / "push.pkl"
+        pushed = {}
+        if push.exists():
+            for name, blob in pickle.loads(push.read_bytes()).items():  # noqa: S301  (our own file, 0700 dir)
+                pushed[name] = pickle.loads(blob)  # noqa: S301
+        if spec.get("script"):
+            filename = spec["script"]
+            namespace = _script_namespace(filename)
+        else:
+            filename = spec["cell"]
+            namespace["__file__"] = filename
+        sys.argv = [filename, *spec.get("script_args", [])]  # %%torchrun ... -- args
+        namespace.update(pushed)
+        source = Path(filename).read_text(encoding="utf-8")
+        run_code(
+            source,
+            filename,
+            namespace,
+            rec,
+            serial_imports=bool(spec.get("serial_imports")),
+            open_phase=start_phase,
+        )
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code not in (None, 0) and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        return code, namespace
+    except BaseException as exc:  # noqa: BLE001  (a rank must report every failure, then exit)
+        formatted = user_traceback(exc)
+        sys.stderr.write(formatted)
+        write_error_file(error_path, exc, formatted)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1, namespace
+    return 0, namespace
+
+
+def main() -> int:
     run_dir = Path(os.environ["NBGPU_RUN_DIR"])
     rank = int(os.environ.get("RANK", "0"))
     _die_with_parent(run_dir, rank)
@@ -300,43 +243,22 @@ def main() -> int:  # noqa: PLR0915  (the rank's life in order, start to exit)
         run_dir / f"error-rank{rank}.json"
     )
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
-    code = 0
-    try:
-        push = run_dir / "push.pkl"
-        pushed = {}
-        if push.exists():
-            for name, blob in pickle.loads(push.read_bytes()).items():  # noqa: S301  (our own file, 0700 dir)
-                pushed[name] = pickle.loads(blob)  # noqa: S301
-        if spec.get("script"):
-            script = spec["script"]
-            sys.argv = [script, *spec.get("script_args", [])]
-            namespace = _script_namespace(script)
-            namespace.update(pushed)
-            source = Path(script).read_text(encoding="utf-8")
-            _run_split(source, script, namespace, spec, rec, start_phase)
-        else:
-            namespace.update(pushed)
-            namespace["__file__"] = spec["cell"]
-            sys.argv = [spec["cell"], *spec.get("script_args", [])]  # %%torchrun ... -- args
-            source = Path(spec["cell"]).read_text(encoding="utf-8")
-            _run_split(source, spec["cell"], namespace, spec, rec, start_phase)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code not in (None, 0) and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    except BaseException as exc:  # noqa: BLE001  (a rank must report every failure, then exit)
-        formatted = _user_traceback(exc)
-        sys.stderr.write(formatted)
-        _write_error_file(error_path, exc, formatted)
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    if spec.get("keep"):
+        # A warm job: cells come over the private channel until the kernel says stop.
+        from nbgpu.launch.warm_rank import serve  # noqa: PLC0415  (only in warm jobs)
+
+        rec.end(start_phase)
+        code = serve(spec, namespace, rec, rank=rank)
+    else:
+        code, namespace = _run_once(spec, namespace, rec, start_phase, error_path)
     exit_phase = rec.begin("exit")
     try:
-        if code == 0:
+        if code == 0 and not spec.get("keep"):
             _pull(spec, namespace, run_dir, rank)
     except BaseException as exc:  # noqa: BLE001  (an unpicklable pull is reported, not fatal)
-        formatted = _user_traceback(exc)
+        formatted = user_traceback(exc)
         sys.stderr.write(formatted)
-        _write_error_file(error_path, exc, formatted)
+        write_error_file(error_path, exc, formatted)
         code = 1
     finally:
         _teardown()
