@@ -13,6 +13,7 @@ import this before any user code.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import select
@@ -28,6 +29,7 @@ __all__ = ["CELL_MARK", "CellServer", "connect", "receive", "send", "socket_path
 _HEADER = struct.Struct("!Q")
 # A socket address holds 108 bytes on Linux (less elsewhere): keep a margin.
 _MAX_SOCKET_PATH = 100
+_MAX_HELLO = 4096
 #: How a rank's log marks where a warm cell begins: ``#### nbgpu cell 3 ####``.
 CELL_MARK = "#### nbgpu cell "
 
@@ -70,11 +72,24 @@ def receive(sock: socket.socket) -> dict[str, Any] | None:
 
 
 def connect(path: str, token: str, hello: dict[str, Any]) -> socket.socket:
-    """A rank's end: connect and introduce itself with the job's token."""
+    """A rank's end: connect and introduce itself with the job's token.
+
+    The hello is JSON, not a pickle: the kernel never unpickles a byte from a peer
+    before it has shown the token.
+    """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
-    send(sock, {"op": "hello", "token": token, **hello})
+    body = json.dumps({"op": "hello", "token": token, **hello}).encode()
+    sock.sendall(_HEADER.pack(len(body)) + body)
     return sock
+
+
+def _hello(body: bytes) -> dict[str, Any]:
+    try:
+        hello = json.loads(body)
+    except ValueError:
+        return {}
+    return hello if isinstance(hello, dict) else {}
 
 
 class _Peer:
@@ -95,15 +110,23 @@ class _Peer:
         except OSError:
             return [], True
         self.buffer += data
+        return self.frames(), not data
+
+    def frames(self) -> list[dict[str, Any]]:
+        """The whole messages in the buffer; before the hello, only the hello (as JSON)."""
         out = []
         while len(self.buffer) >= _HEADER.size:
             (size,) = _HEADER.unpack_from(self.buffer)
+            if self.rank is None and size > _MAX_HELLO:
+                return [{}]  # not one of our ranks: an empty hello gets it hung up on
             if len(self.buffer) < _HEADER.size + size:
                 break
             body = bytes(self.buffer[_HEADER.size : _HEADER.size + size])
             del self.buffer[: _HEADER.size + size]
-            out.append(pickle.loads(body))  # noqa: S301  (an authenticated rank)
-        return out, not data
+            if self.rank is None:
+                return [_hello(body)]  # what follows waits for the token check
+            out.append(pickle.loads(body))  # noqa: S301  (a rank that showed the token)
+        return out
 
 
 class CellServer:
@@ -142,8 +165,9 @@ class CellServer:
                 continue
             messages, closed = peer.messages()
             if peer.rank is None:
-                self._introduce(peer, messages, closed)
-                continue
+                if not self._introduce(peer, messages, closed):
+                    continue
+                messages = peer.frames()  # anything it sent right after its hello
             out.extend((peer.rank, m) for m in messages)
             if closed:
                 self.gone.add(peer.rank)
@@ -166,10 +190,11 @@ class CellServer:
             sock.setblocking(False)  # noqa: FBT003  (socket API)
             self._pending.append(_Peer(sock))
 
-    def _introduce(self, peer: _Peer, messages: list[dict[str, Any]], closed: bool) -> None:
+    def _introduce(self, peer: _Peer, messages: list[dict[str, Any]], closed: bool) -> bool:
+        """Whether *peer* is now a known rank (a wrong hello is hung up on)."""
         hello = messages[0] if messages else None
         if hello is None and not closed:
-            return  # the hello has not arrived whole yet
+            return False  # the hello has not arrived whole yet
         self._pending.remove(peer)
         rank = hello.get("rank") if hello else None
         if (
@@ -179,10 +204,11 @@ class CellServer:
             or not isinstance(rank, int)
         ):
             peer.sock.close()
-            return
+            return False
         peer.rank = rank
         peer.pid = int(hello.get("pid") or 0)
         self.ranks[rank] = peer
+        return True
 
     def pids(self) -> dict[int, int]:
         """Each introduced rank's pid, as it said in its hello."""

@@ -26,6 +26,8 @@ __all__ = [
     "Flag",
     "add_flags",
     "arguments",
+    "check_cell_flags",
+    "check_keep_flags",
     "prepare_options",
     "pushed_names",
 ]
@@ -52,6 +54,17 @@ class Flag:
     options: Mapping[str, Any] = field(default_factory=dict)
     faces: frozenset[str] = _BOTH
     by_face: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # overrides
+    per_cell: bool = False  # may be given with --on (a warm job's next cell)
+
+    @property
+    def dest(self) -> str:
+        return self.names[-1].lstrip("-").replace("-", "_")
+
+    def given(self, args: argparse.Namespace) -> bool:
+        """Whether the user typed this flag (its value differs from the default)."""
+        default = self.options.get("default", False if "store_true" in str(
+            self.options.get("action")) else None)  # fmt: skip
+        return getattr(args, self.dest, default) not in (default, None, [], False)
 
     def argparse_keywords(self, face: str) -> dict[str, Any]:
         keywords = {**self.options, **self.by_face.get(face, {})}
@@ -64,7 +77,7 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = (
     Flag(("nproc",), "processes on this node (default: the healthy visible GPUs)",
-         {"nargs": "?", "default": None}, faces=frozenset({NOTEBOOK})),
+         {"nargs": "?", "default": None}, faces=frozenset({NOTEBOOK}), per_cell=True),
     Flag(("-n", "--nproc"), "processes on this node (default: the healthy visible GPUs)",
          {"default": None, "metavar": "N"}, faces=frozenset({TERMINAL})),
     Flag(("--gpus",), "physical GPUs to use (sets CUDA_VISIBLE_DEVICES); unknown or unhealthy "
@@ -81,18 +94,26 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--name",), "a name for the run: {name}", {"default": None}),
     Flag(("--bg",), "run in the background; output stays in this cell",
          {"action": "store_true"}, faces=frozenset({NOTEBOOK})),
+    Flag(("--keep",), "keep the ranks, their variables, process group and CUDA context after "
+         "the cell: a warm job that runs later cells with --on NAME",
+         {"action": "store_true"}, faces=frozenset({NOTEBOOK})),
+    Flag(("--on",), "run the cell on the ranks of the warm job NAME (started with --keep)",
+         {"default": None, "metavar": "NAME"}, faces=frozenset({NOTEBOOK}), per_cell=True),
+    Flag(("--idle-timeout",), "with --keep: end the warm job after S seconds without a cell "
+         "(default: never; %gpu_runs shows it)",
+         {"type": float, "default": None, "metavar": "S"}, faces=frozenset({NOTEBOOK})),
     Flag(("--master-port",), "rendezvous port (default: a free one; never 29500 by accident)",
          {"type": int, "default": None, "metavar": "P"}),
-    Flag(("--timeout",), "stop the whole run after S seconds",
-         {"type": float, "default": None, "metavar": "S"}),
+    Flag(("--timeout",), "stop the whole run after S seconds (with --on: interrupt the cell)",
+         {"type": float, "default": None, "metavar": "S"}, per_cell=True),
     Flag(("--env",), "extra environment for the ranks (repeatable)",
          {"action": "append", "default": [], "metavar": "K=V"}),
     Flag(("--push",), "notebook variables to send into every rank (pickled)",
-         {"default": None, "metavar": "a,b"}, faces=frozenset({NOTEBOOK})),
+         {"default": None, "metavar": "a,b"}, faces=frozenset({NOTEBOOK}), per_cell=True),
     Flag(("--pull",), "variables to bring back from rank 0 into the notebook (a,b)",
-         {"default": None, "metavar": "NAME"}, faces=frozenset({NOTEBOOK})),
+         {"default": None, "metavar": "NAME"}, faces=frozenset({NOTEBOOK}), per_cell=True),
     Flag(("--all-ranks",), "with --pull: a list with every rank's value",
-         {"action": "store_true"}, faces=frozenset({NOTEBOOK})),
+         {"action": "store_true"}, faces=frozenset({NOTEBOOK}), per_cell=True),
     Flag(("--serial-imports",), "run the {code}'s leading imports one rank at a time (a file "
          "lock): cuts the import storm's host memory peak", {"action": "store_true"}),
     Flag(("--mem-limit",), "per-rank address-space limit, e.g. 60G",
@@ -102,11 +123,11 @@ FLAGS: tuple[Flag, ...] = (
          {"default": "0.1", "metavar": "S"}),
     Flag(("--backend",), "default process-group backend for nbgpu.rank.init()",
          {"default": None, "choices": list(BACKENDS)}),
-    Flag(("--quiet",), "do not stream rank output", {"action": "store_true"}),
+    Flag(("--quiet",), "do not stream rank output", {"action": "store_true"}, per_cell=True),
     Flag(("--view",), "per-rank tabs with state badges (widgets) or prefixed text; auto: "
          "widgets for background runs (with a Stop button) when ipywidgets is available, text "
          "in the foreground", {"default": "auto", "choices": ["auto", "text", "widgets"]},
-         faces=frozenset({NOTEBOOK})),
+         faces=frozenset({NOTEBOOK}), per_cell=True),
     Flag(("script",), "the Python script every rank runs", faces=frozenset({TERMINAL})),
     Flag(("script_args",), "arguments for the script", {"nargs": argparse.REMAINDER},
          faces=frozenset({TERMINAL})),
@@ -159,7 +180,28 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
         "master_port": args.master_port,
         "quiet": args.quiet,
         "script_args": script_args,
+        "keep": bool(getattr(args, "keep", False)),
+        "idle_timeout_s": getattr(args, "idle_timeout", None),
     }
+
+
+def check_cell_flags(args: argparse.Namespace) -> None:
+    """With ``--on``: refuse flags that only apply when a job starts (one line)."""
+    from nbgpu.launch.warmjob import start_only  # noqa: PLC0415  (warm cells only)
+
+    for flag in FLAGS:
+        if NOTEBOOK in flag.faces and not flag.per_cell and flag.given(args):
+            raise start_only(flag.names[-1], args.on)
+
+
+def check_keep_flags(args: argparse.Namespace) -> None:
+    """``--keep``/``--on`` with ``--bg``: a warm job's cells run in the foreground."""
+    if args.bg and (args.keep or args.on):
+        which = "--keep" if args.keep else f"--on {args.on}"
+        raise UserInputError(
+            f"--bg with {which}: a warm job runs its cells in the foreground, one at a time "
+            "(interrupt keeps the ranks); drop --bg, or run a long job cold with --bg"
+        )
 
 
 def pushed_names(args: argparse.Namespace) -> list[str]:

@@ -98,6 +98,8 @@ def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, floa
     """Ranks of a running run that have written nothing for *after_s*: (rank, seconds)."""
     if run.state != "running" or run.started_at is None:
         return []
+    if run.warm is not None and not run.warm.in_cell:
+        return []  # between cells a warm job's ranks are quiet by design
     limit = _silent_after_s() if after_s is None else after_s
     now = time.time()
     out = []
@@ -138,9 +140,14 @@ class RunsTable(Result):
             quiet = _quiet_cell(run)
             gpus = run.config.cuda_visible_devices
             level = {"failed": "bad", "timed_out": "bad", "running": ""}.get(run.state, "ok")
+            state = run.state.replace("_", " ")
+            if run.warm is not None and not run.done:
+                state = run.warm.describe()
+            elif run.stop_reason == "idle_timeout":
+                state = "stopped (idle timeout)"
             table.add(
                 run.name,
-                run.state.replace("_", " "),
+                state,
                 run.config.nproc,
                 "-" if gpus is None else gpus or "none",
                 run.port or "-",
@@ -196,7 +203,11 @@ class StopSummary(Result):
             return "Nothing was running."
         lines = []
         for name, signalled, killed, survivors in self.stopped:
-            line = f"stopped '{name}': {signalled} processes signalled"
+            line = (
+                f"stopped '{name}': {signalled} processes signalled"
+                if signalled or killed or survivors
+                else f"stopped '{name}': every process exited when asked"
+            )
             if killed:
                 line += f", {killed} needed SIGKILL"
             if survivors:
@@ -231,6 +242,8 @@ def stop_runs(name: str | None) -> StopSummary:
         report = run.stop("stopped")
         if run.thread is not None:
             run.thread.join(timeout=10)  # the follower collects the outcome
+        elif run.warm is not None:
+            run.end_warm()
         else:
             run.finish()
         out.append((run.name, report.signalled, report.escalated_to_kill, report.survivors))

@@ -20,6 +20,7 @@ from nbgpu.launch.outcomes import RankOutcome
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
+    from nbgpu.launch.warm import WarmState
 
 __all__ = ["RunView"]
 
@@ -43,6 +44,7 @@ class RunView(Result):
     agent_result: dict[str, Any]
     pulled: dict[str, Any]
     pull_problems: list[str]
+    warm: WarmState | None
 
     @property
     def duration_s(self) -> float | None:
@@ -226,4 +228,13 @@ class RunView(Result):
             "root_cause_rank": None if self.root_cause is None else self.root_cause.rank,
             "ranks": self.records(),
             "pulled": sorted(self.pulled),
+            "warm": None
+            if self.warm is None
+            else {
+                "cells": self.warm.cells,
+                "idle_s": self.warm.idle_s,
+                "in_cell": self.warm.in_cell,
+                "idle_timeout_s": self.warm.idle_timeout_s,
+                "ended_reason": self.warm.ended_reason,
+            },
         }

@@ -81,6 +81,12 @@ class CellResult(Result):
     def html_body(self) -> str:
         return f"<p>{escape(self.summary())}</p>"
 
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            {"rank": rank, "status": status, "error": self.errors.get(rank)}
+            for rank, status in sorted(self.statuses.items())
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "run": self.run_name,

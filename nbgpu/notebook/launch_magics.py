@@ -166,12 +166,19 @@ class LaunchMagics(Magics):
                 "lines below %%torchrun"
             )
         args, script_args = self._parse_line(line)
-        from nbgpu.launch.execute import Output, execute, to_screen  # noqa: PLC0415
-        from nbgpu.launch.flags import prepare_options, pushed_names  # noqa: PLC0415
+        if args.on is not None:
+            return self._run_on(args, cell, script_args)
+        from nbgpu.launch.execute import Output, execute  # noqa: PLC0415
+        from nbgpu.launch.flags import (  # noqa: PLC0415
+            check_keep_flags,
+            prepare_options,
+            pushed_names,
+        )
         from nbgpu.launch.launcher import prepare  # noqa: PLC0415
 
         namespace = self.shell.user_ns if self.shell is not None else {}
         try:
+            check_keep_flags(args)
             options = prepare_options(args)
             options["script_args"] = script_args
             pushed = pushed_names(args)
@@ -203,23 +210,59 @@ class LaunchMagics(Magics):
                 f"%gpu_stop {run.name}, nbgpu.runs()['{run.name}'].wait()"
             )
             return None
-        if args.view == "widgets" and not args.quiet:
-            # Opt-in for foreground runs: their text then lives in the panel's tabs,
-            # which static exports and nbval do not show (auto keeps text here).
-            output: Any = _panel_output
-        else:
-            output = to_screen(
-                _write_stdout,
-                quiet=args.quiet,
-                color=True,
-                live_status=not _under_test_runner(),  # the node's memory, one line
-            )
         # A failed run raises RunFailed; the ranks' output (tracebacks included) is
         # already in this cell.
-        return execute(
+        run = execute(
             prepared,
-            output,
+            _foreground_output(args),
             announce=print,
+            on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=True),
+        )
+        if prepared.config.keep:
+            print(
+                f"[nbgpu] '{run.name}' is warm: %%torchrun --on {run.name} runs the next cell "
+                f"in the same ranks; %gpu_runs shows it, %gpu_stop {run.name} ends it"
+            )
+            return None
+        return run
+
+    def _run_on(self, args: Any, cell: str, script_args: list[str]) -> Any:
+        """``%%torchrun --on NAME``: the cell on a warm job's ranks."""
+        from nbgpu.launch.execute import execute_cell  # noqa: PLC0415
+        from nbgpu.launch.flags import (  # noqa: PLC0415  # noqa: PLC0415
+            check_cell_flags,
+            check_keep_flags,
+            prepare_options,
+            pushed_names,
+        )
+        from nbgpu.launch.warmjob import prepare_cell  # noqa: PLC0415
+
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        try:
+            check_keep_flags(args)
+            check_cell_flags(args)
+            options = prepare_options(args)
+            pushed = pushed_names(args)
+            _check_pushed(pushed, namespace)
+            run, request = prepare_cell(
+                args.on,
+                cell,
+                nproc=options["nproc"],
+                push={n: namespace[n] for n in pushed},
+                pull=options["pull"],
+                pull_all_ranks=options["pull_all_ranks"],
+                script_args=script_args,
+                timeout_s=options["timeout_s"],
+                quiet=options["quiet"],
+            )
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        pulled, all_ranks = options["pull"], options["pull_all_ranks"]
+        # A cell that raised is CellFailed (the ranks stay); a dead rank is RunFailed.
+        return execute_cell(
+            run,
+            request,
+            _foreground_output(args),
             on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=True),
         )
 
@@ -419,6 +462,22 @@ def _lookup_plan(name: str | None, namespace: dict[str, Any]) -> Any:
     if name not in namespace:
         raise UserInputError(f"--plan {name}: no variable {name!r} in the notebook")
     return namespace[name]
+
+
+def _foreground_output(args: Any) -> Any:
+    """Where a foreground run's (or warm cell's) lines go: this cell, or a widget panel."""
+    from nbgpu.launch.execute import to_screen  # noqa: PLC0415
+
+    if args.view == "widgets" and not args.quiet:
+        # Opt-in for foreground runs: their text then lives in the panel's tabs,
+        # which static exports and nbval do not show (auto keeps text here).
+        return _panel_output
+    return to_screen(
+        _write_stdout,
+        quiet=args.quiet,
+        color=True,
+        live_status=not _under_test_runner(),  # the node's memory, one line
+    )
 
 
 def _panel_output(run: Any) -> Any:

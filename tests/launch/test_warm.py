@@ -1,0 +1,263 @@
+"""Warm jobs from Python: real torchrun ranks (gloo on CPU) that stay up between cells.
+
+Every test ends by proving, from every process on the machine (by the run's id in
+their environment, not nbgpu's bookkeeping), that nothing of the job is left.
+"""
+
+import os
+import signal
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nbgpu.errors import UserInputError
+from nbgpu.launch import cell_follow
+from nbgpu.launch.launcher import torchrun
+from nbgpu.launch.run import RunFailed
+from nbgpu.launch.warm import CellFailed
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def env(sim_env, tmp_path):
+    return {**sim_env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
+
+
+class Screen:
+    def __init__(self):
+        self.chunks = []
+
+    def __call__(self, text):
+        self.chunks.append(text)
+
+    @property
+    def text(self):
+        return "".join(self.chunks)
+
+    def take(self):
+        text, self.chunks = self.text, []
+        return text
+
+
+def processes_of(run_id):
+    """Every live process on the machine carrying the run's id, read from /proc."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+            if f"NBGPU_RUN_ID={run_id}".encode() in environ.split(b"\0") and (
+                proc.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def gone(run_id, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not processes_of(run_id):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def start(env, name, code="import os\nrank = int(os.environ['RANK'])\n", **options):
+    screen = Screen()
+    job = torchrun(code, 2, keep=True, name=name, environ=env, write=screen, **options)
+    return job, screen
+
+
+def test_state_persists_across_cells_and_push_pull_work_per_cell(env):
+    job, screen = start(env, "persist")
+    run_id = job.run.run_id
+    try:
+        ranks = job.run.warm.pids()
+        assert len(ranks) == 2
+        torchrun("total = rank * 100", on="persist", write=screen)
+        torchrun("total += offset\nprint('total', total)", on="persist", write=screen,
+                 push={"offset": 7})  # fmt: skip
+        result = torchrun("total += 1", on="persist", write=screen, pull=["total"],
+                          pull_all_ranks=True)  # fmt: skip
+        assert result.ok and result.number == 4
+        assert result.pulled == {"total": 8}
+        assert [v["total"] for v in result.pulled_all] == [8, 108]
+        assert "[rank1] total 107" in screen.text and "[rank0] total 7" in screen.text
+        # The same processes ran every cell: state lived in them, not in a file.
+        assert job.run.warm.pids() == ranks and all(psutil.pid_exists(p) for p in ranks.values())
+        # Cell boundaries are marked in the logs (not on screen), one per cell.
+        log = (job.run.dir / "rank1.log").read_text()
+        assert [line for line in log.splitlines() if line.startswith("#### nbgpu cell")] == [
+            f"#### nbgpu cell {n} ####" for n in range(1, 5)
+        ]
+        assert "#### nbgpu" not in screen.text
+        # ...and each cell is a memory phase of its own.
+        records = (job.run.dir / "mem-rank0.jsonl").read_text()
+        assert '"cell 3"' in records and '"cell 4"' in records
+    finally:
+        job.stop()
+    assert job.run.state == "stopped"
+    assert gone(run_id)
+
+
+def test_an_exception_is_a_failed_cell_and_the_ranks_stay(env):
+    job, screen = start(env, "raises")
+    try:
+        pids = job.run.warm.pids()
+        with pytest.raises(CellFailed) as failure:
+            torchrun("kept = 41\nif rank == 1:\n    raise ValueError('bad batch')\n",
+                     on="raises", write=screen)  # fmt: skip
+        result = failure.value.result
+        assert result.statuses == {0: "ok", 1: "error"}
+        assert result.errors[1] == "ValueError: bad batch"
+        assert "[rank1] ValueError: bad batch" in screen.text
+        assert "the ranks and their state are kept" in " ".join(failure.value._render_traceback_())
+        again = torchrun("kept += 1", on="raises", write=screen, pull=["kept"])
+        assert again.pulled == {"kept": 42} and job.run.warm.pids() == pids
+    finally:
+        job.stop()
+    assert gone(job.run.run_id)
+
+
+def test_a_rank_that_dies_ends_the_job_with_a_diagnosis(env):
+    job, screen = start(env, "dies")
+    with pytest.raises(RunFailed) as failure:
+        torchrun("if rank == 1:\n    os._exit(3)\nimport time\ntime.sleep(30)\n",
+                 on="dies", write=screen)  # fmt: skip
+    run = failure.value.run
+    assert run.state == "failed" and run.done
+    assert run.root_cause is not None and run.root_cause.rank == 1
+    assert run.diagnosis is not None
+    assert gone(run.run_id)
+    with pytest.raises(UserInputError, match=r"--on dies: the job has ended \(failed\)"):
+        torchrun("print(1)", on="dies", write=screen)
+
+
+def test_interrupt_keeps_the_ranks_and_their_state(env, sigint_raises):
+    job, screen = start(env, "interrupt")
+    try:
+        torchrun("step = 5", on="interrupt", write=screen)
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(CellFailed) as failure:
+            torchrun("import time\nfor step in range(6, 1000):\n    time.sleep(0.05)\n",
+                     on="interrupt", write=screen)  # fmt: skip
+        timer.join()
+        assert set(failure.value.result.statuses.values()) == {"interrupted"}
+        assert "KeyboardInterrupt" in screen.text
+        after = torchrun("pass", on="interrupt", write=screen, pull=["step"])
+        assert after.pulled["step"] > 6  # the loop's progress survived the interrupt
+    finally:
+        job.stop()
+    assert gone(job.run.run_id)
+
+
+def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, sigint_raises, monkeypatch):
+    monkeypatch.setattr(cell_follow, "INTERRUPT_WAIT_S", 2.0)
+    job, screen = start(env, "stuck", "import os\nimport nbgpu.rank\nnbgpu.rank.init()\n"
+                        "rank = int(os.environ['RANK'])\n")  # fmt: skip
+    try:
+        timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        began = time.monotonic()
+        with pytest.raises(CellFailed) as failure:
+            # rank 0 sleeps in Python (interruptible); rank 1 waits in gloo's C++ barrier.
+            torchrun("import time, torch.distributed as dist\nif rank == 0:\n"
+                     "    time.sleep(60)\ndist.barrier()\n", on="stuck", write=screen)  # fmt: skip
+        timer.join()
+        assert time.monotonic() - began < 15
+        result = failure.value.result
+        assert result.statuses[0] == "interrupted" and result.unanswered == [1]
+        assert "did not answer the interrupt" in " ".join(failure.value._render_traceback_())
+        with pytest.raises(UserInputError, match="rank 1 is still in cell 2"):
+            torchrun("print(1)", on="stuck", write=screen)
+    finally:
+        job.stop()
+    assert job.run.done
+    assert gone(job.run.run_id)
+
+
+def test_idle_timeout_ends_the_job(env):
+    job, _screen = start(env, "idle", idle_timeout_s=1.0)
+    assert "stops after 1 s idle" in job.run.warm.describe()
+    deadline = time.time() + 20
+    while not job.run.done and time.time() < deadline:
+        time.sleep(0.1)
+    assert job.run.state == "stopped" and job.run.stop_reason == "idle_timeout"
+    assert gone(job.run.run_id)
+
+
+def test_stop_lets_the_ranks_finalizers_run(env, tmp_path):
+    marker = tmp_path / "flushed"
+    job, screen = start(env, "finalizers")
+    torchrun(
+        "class Writer:\n"
+        "    def __del__(self):\n"
+        f"        open({str(marker)!r} + str(rank), 'w').write('done')\n"
+        "w = Writer()\nw.self = w  # a reference cycle: only a normal exit collects it\n",
+        on="finalizers",
+        write=screen,
+    )
+    job.stop()
+    assert job.run.state == "stopped"
+    assert sorted(p.name for p in tmp_path.glob("flushed*")) == ["flushed0", "flushed1"]
+    assert gone(job.run.run_id)
+
+
+def test_the_channel_is_private(env):
+    job, _screen = start(env, "private")
+    try:
+        path = job.run.warm.server.path
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0
+        # Connecting without the job's token gets nothing and is hung up on.
+        intruder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        intruder.connect(str(path))
+        intruder.sendall(b"\0" * 8)
+        intruder.settimeout(5)
+        torchrun("pass", on="private", write=Screen())  # the server reads meanwhile
+        assert intruder.recv(1) == b""
+        intruder.close()
+        # Nothing of the job listens on a network interface but torchrun's own store.
+        pids = set(job.run.warm.pids().values())
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+                raise AssertionError(f"a rank listens on {conn.laddr}")
+    finally:
+        job.stop()
+    assert not path.exists()
+
+
+def test_bad_requests_leave_the_job_as_it_was(env):
+    job, screen = start(env, "asis")
+    try:
+        torchrun("value = 1", on="asis", write=screen)
+        cases = [
+            (dict(code="print(1)", on="nosuch"), r"--on nosuch: no warm job named 'nosuch'"),
+            (dict(code="print(1)", on="asis", gpus="0"), r"gpus= with --on asis: gpus= only"),
+            (dict(code="print(1)", on="asis", nproc=3), r"nproc 3 with --on asis: the job has 2"),
+            (dict(code="print(1)", on="asis", push={"f": lambda: 1}), r"--push f: function"),
+            (dict(code="print(1)", on="asis", keep=True), r"keep= with --on asis"),
+            (dict(code="print(1)", nproc=2, keep=True, name="asis"), r"'asis': a run with this"),
+            (dict(code="print(1)", nproc=2, idle_timeout_s=5), r"--idle-timeout ends a warm"),
+            (dict(code="   ", on="asis"), r"the cell is empty"),
+        ]
+        for kwargs, message in cases:
+            code = kwargs.pop("code")
+            nproc = kwargs.pop("nproc", None)
+            with pytest.raises(UserInputError, match=message):
+                torchrun(code, nproc, environ=env, write=screen, **kwargs)
+        assert torchrun("value += 1", on="asis", write=screen, pull=["value"]).pulled == {
+            "value": 2
+        }
+        assert job.cells == 3 and job.state == "warm"
+    finally:
+        job.stop()
+    assert gone(job.run.run_id)
