@@ -168,9 +168,12 @@ class CellServer:
                 if not self._introduce(peer, messages, closed):
                     continue
                 messages = peer.frames()  # anything it sent right after its hello
-            out.extend((peer.rank, m) for m in messages)
+            rank = peer.rank
+            if rank is None:
+                continue
+            out.extend((rank, m) for m in messages)
             if closed:
-                self.gone.add(peer.rank)
+                self.gone.add(rank)
         return out
 
     def _peer(self, sock: socket.socket) -> _Peer | None:
