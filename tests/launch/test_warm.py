@@ -55,7 +55,7 @@ def processes_of(run_id):
                 proc.status() != psutil.STATUS_ZOMBIE
             ):
                 found.append(proc.pid)
-        except (OSError, psutil.Error):
+        except (OSError, psutil.Error):  # noqa: PERF203  (a process may vanish while read)
             continue
     return found
 
@@ -86,12 +86,15 @@ def test_state_persists_across_cells_and_push_pull_work_per_cell(env):
                  push={"offset": 7})  # fmt: skip
         result = torchrun("total += 1", on="persist", write=screen, pull=["total"],
                           pull_all_ranks=True)  # fmt: skip
-        assert result.ok and result.number == 4
+        assert result.ok
+        assert result.number == 4
         assert result.pulled == {"total": 8}
         assert [v["total"] for v in result.pulled_all] == [8, 108]
-        assert "[rank1] total 107" in screen.text and "[rank0] total 7" in screen.text
+        assert "[rank1] total 107" in screen.text
+        assert "[rank0] total 7" in screen.text
         # The same processes ran every cell: state lived in them, not in a file.
-        assert job.run.warm.pids() == ranks and all(psutil.pid_exists(p) for p in ranks.values())
+        assert job.run.warm.pids() == ranks
+        assert all(psutil.pid_exists(p) for p in ranks.values())
         # Cell boundaries are marked in the logs (not on screen), one per cell.
         log = (job.run.dir / "rank1.log").read_text()
         assert [line for line in log.splitlines() if line.startswith("#### nbgpu cell")] == [
@@ -100,7 +103,8 @@ def test_state_persists_across_cells_and_push_pull_work_per_cell(env):
         assert "#### nbgpu" not in screen.text
         # ...and each cell is a memory phase of its own.
         records = (job.run.dir / "mem-rank0.jsonl").read_text()
-        assert '"cell 3"' in records and '"cell 4"' in records
+        assert '"cell 3"' in records
+        assert '"cell 4"' in records
     finally:
         job.stop()
     assert job.run.state == "stopped"
@@ -120,27 +124,31 @@ def test_an_exception_is_a_failed_cell_and_the_ranks_stay(env):
         assert "[rank1] ValueError: bad batch" in screen.text
         assert "the ranks and their state are kept" in " ".join(failure.value._render_traceback_())
         again = torchrun("kept += 1", on="raises", write=screen, pull=["kept"])
-        assert again.pulled == {"kept": 42} and job.run.warm.pids() == pids
+        assert again.pulled == {"kept": 42}
+        assert job.run.warm.pids() == pids
     finally:
         job.stop()
     assert gone(job.run.run_id)
 
 
 def test_a_rank_that_dies_ends_the_job_with_a_diagnosis(env):
-    job, screen = start(env, "dies")
+    _job, screen = start(env, "dies")
     with pytest.raises(RunFailed) as failure:
         torchrun("if rank == 1:\n    os._exit(3)\nimport time\ntime.sleep(30)\n",
                  on="dies", write=screen)  # fmt: skip
     run = failure.value.run
-    assert run.state == "failed" and run.done
-    assert run.root_cause is not None and run.root_cause.rank == 1
+    assert run.state == "failed"
+    assert run.done
+    assert run.root_cause is not None
+    assert run.root_cause.rank == 1
     assert run.diagnosis is not None
     assert gone(run.run_id)
     with pytest.raises(UserInputError, match=r"--on dies: the job has ended \(failed\)"):
         torchrun("print(1)", on="dies", write=screen)
 
 
-def test_interrupt_keeps_the_ranks_and_their_state(env, sigint_raises):
+@pytest.mark.usefixtures("sigint_raises")
+def test_interrupt_keeps_the_ranks_and_their_state(env):
     job, screen = start(env, "interrupt")
     try:
         torchrun("step = 5", on="interrupt", write=screen)
@@ -159,7 +167,8 @@ def test_interrupt_keeps_the_ranks_and_their_state(env, sigint_raises):
     assert gone(job.run.run_id)
 
 
-def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, sigint_raises, monkeypatch):
+@pytest.mark.usefixtures("sigint_raises")
+def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, monkeypatch):
     monkeypatch.setattr(cell_follow, "INTERRUPT_WAIT_S", 2.0)
     job, screen = start(env, "stuck", "import os\nimport nbgpu.rank\nnbgpu.rank.init()\n"
                         "rank = int(os.environ['RANK'])\n")  # fmt: skip
@@ -174,7 +183,8 @@ def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, sigint_rai
         timer.join()
         assert time.monotonic() - began < 15
         result = failure.value.result
-        assert result.statuses[0] == "interrupted" and result.unanswered == [1]
+        assert result.statuses[0] == "interrupted"
+        assert result.unanswered == [1]
         assert "did not answer the interrupt" in " ".join(failure.value._render_traceback_())
         with pytest.raises(UserInputError, match="rank 1 is still in cell 2"):
             torchrun("print(1)", on="stuck", write=screen)
@@ -190,7 +200,8 @@ def test_idle_timeout_ends_the_job(env):
     deadline = time.time() + 20
     while not job.run.done and time.time() < deadline:
         time.sleep(0.1)
-    assert job.run.state == "stopped" and job.run.stop_reason == "idle_timeout"
+    assert job.run.state == "stopped"
+    assert job.run.stop_reason == "idle_timeout"
     assert gone(job.run.run_id)
 
 
@@ -240,14 +251,20 @@ def test_bad_requests_leave_the_job_as_it_was(env):
     try:
         torchrun("value = 1", on="asis", write=screen)
         cases = [
-            (dict(code="print(1)", on="nosuch"), r"--on nosuch: no warm job named 'nosuch'"),
-            (dict(code="print(1)", on="asis", gpus="0"), r"gpus= with --on asis: gpus= only"),
-            (dict(code="print(1)", on="asis", nproc=3), r"nproc 3 with --on asis: the job has 2"),
-            (dict(code="print(1)", on="asis", push={"f": lambda: 1}), r"--push f: function"),
-            (dict(code="print(1)", on="asis", keep=True), r"keep= with --on asis"),
-            (dict(code="print(1)", nproc=2, keep=True, name="asis"), r"'asis': a run with this"),
-            (dict(code="print(1)", nproc=2, idle_timeout_s=5), r"--idle-timeout ends a warm"),
-            (dict(code="   ", on="asis"), r"the cell is empty"),
+            ({"code": "print(1)", "on": "nosuch"}, r"--on nosuch: no warm job named 'nosuch'"),
+            ({"code": "print(1)", "on": "asis", "gpus": "0"}, r"gpus= with --on asis: gpus= only"),
+            (
+                {"code": "print(1)", "on": "asis", "nproc": 3},
+                r"nproc 3 with --on asis: the job has 2",
+            ),
+            ({"code": "print(1)", "on": "asis", "push": {"f": lambda: 1}}, r"--push f: function"),
+            ({"code": "print(1)", "on": "asis", "keep": True}, r"keep= with --on asis"),
+            (
+                {"code": "print(1)", "nproc": 2, "keep": True, "name": "asis"},
+                r"'asis': a run with this",
+            ),
+            ({"code": "print(1)", "nproc": 2, "idle_timeout_s": 5}, r"--idle-timeout ends a warm"),
+            ({"code": "   ", "on": "asis"}, r"the cell is empty"),
         ]
         for kwargs, message in cases:
             code = kwargs.pop("code")
@@ -257,7 +274,8 @@ def test_bad_requests_leave_the_job_as_it_was(env):
         assert torchrun("value += 1", on="asis", write=screen, pull=["value"]).pulled == {
             "value": 2
         }
-        assert job.cells == 3 and job.state == "warm"
+        assert job.cells == 3
+        assert job.state == "warm"
     finally:
         job.stop()
     assert gone(job.run.run_id)
