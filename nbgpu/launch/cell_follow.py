@@ -113,8 +113,10 @@ def follow_cell(
             run.end_warm()
             writer.finish(str(run.dir))
             return None
+        result = _result(run, cell)
+        warm.last = result  # before finish(): a widget panel records this cell's outcome
         writer.finish(str(run.dir))
-        return _result(run, cell)
+        return result
 
 
 def _loop(

@@ -139,6 +139,7 @@ class WarmState:
         self.idle_since = time.time()
         self.lock = threading.Lock()  # a cell, or the watchdog: never both at once
         self.ended_reason: str | None = None
+        self.last: CellResult | None = None  # the latest cell's result (a panel records it)
         self._watchdog = threading.Thread(
             target=self._watch, name=f"nbgpu-warm-{run.name}", daemon=True
         )
@@ -201,6 +202,7 @@ class WarmState:
     def begin_cell(self) -> int:
         self.cells += 1
         self.started = set()
+        self.last = None
         self.busy = dict.fromkeys(range(self.run.config.nproc), self.cells)
         return self.cells
 

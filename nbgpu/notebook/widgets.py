@@ -135,12 +135,20 @@ class RunPanel:
 
     def finish(self, log_hint: str) -> None:  # noqa: ARG002  (the record shows the log dir)
         self._render()
-        if self.run.done and not self._recorded:
-            # The run's outcome is known (follow() calls this again after run.finish()):
-            # swap the live panel for the record a saved notebook keeps.
+        warm = self.run.warm
+        cell_over = warm is not None and not self.run.done and warm.last is not None
+        if (self.run.done or cell_over) and not self._recorded:
+            # The outcome is known (follow() calls this again after run.finish(); a warm
+            # cell's result is set before its finish()): swap the live panel for the
+            # record a saved notebook keeps.
             self._recorded = True
+            subject: Any = self.run
+            if cell_over and warm is not None and warm.last is not None:
+                from nbgpu.notebook.cell_record import CellView  # noqa: PLC0415
+
+                subject = CellView(self.run, warm.last)
             self.record = record_bundle(
-                self.run, self.tails.all(RECORD_TAIL_LINES), self._record_parts
+                subject, self.tails.all(RECORD_TAIL_LINES), self._record_parts
             )
             self.handle.update(self.record, raw=True)
 

@@ -248,6 +248,14 @@ import os
 if os.environ["RANK"] == "1":
     raise ValueError("batch 8 is not divisible by 3 trainers")""",
     "nbgpu.runs()['rec-bad'].wait(120).state",
+    # A warm job's cells in panels: each leaves the record of its own cell.
+    """%%torchrun 2 --keep --view widgets --name rec-warm
+import os
+rank = os.environ["RANK"]
+print(f"END-OF-rec-warm-cell1-rank{rank}")""",
+    """%%torchrun --on rec-warm --view widgets
+print(f"END-OF-rec-warm-cell2-rank{rank}")""",
+    "%gpu_stop rec-warm",
     "%gpu_diagnose rec-bad",
     "%gpu_status",
     "%gpu_plan sglang.d1t1p1+d3t1p1 --batch 8",
@@ -287,6 +295,7 @@ def test_saved_notebook_keeps_a_readable_record(lab, lab_page, browser, shots_di
     assert "VBox(" not in saved
     assert "END-OF-rec-bg-rank1" in saved
     assert "END-OF-rec-fg-rank1" in saved
+    assert "END-OF-rec-warm-cell2-rank1" in saved
 
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     try:
@@ -297,6 +306,9 @@ def test_saved_notebook_keeps_a_readable_record(lab, lab_page, browser, shots_di
         _assert_outputs_clean(text)
         for run, rank in (("rec-bg", 0), ("rec-bg", 1), ("rec-fg", 0), ("rec-fg", 1)):
             assert f"END-OF-{run}-rank{rank}" in text, (run, rank)
+        for cell in (1, 2):
+            assert f"run 'rec-warm' · cell {cell} · ok" in text
+            assert f"END-OF-rec-warm-cell{cell}-rank1" in text
         assert "run 'rec-bg' · succeeded" in text
         assert re.search(r"rank1( · GPU \S+)?: ok", text), text[:3000]
         assert re.search(r"261 earlier lines only in \S+rank0\.log", text), text[:3000]

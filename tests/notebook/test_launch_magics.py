@@ -263,3 +263,31 @@ def test_quiet_background_record_has_no_rank_output(ip):
     record = shown.outputs[-1].data
     assert "run 'hush' · succeeded" in record["text/plain"]
     assert "secret line" not in record["text/plain"] + record["text/html"]
+
+
+@pytest.mark.slow
+def test_a_warm_cell_in_a_widget_panel_leaves_that_cells_record(ip):
+    with capture_output():
+        ip.run_cell_magic(
+            "torchrun",
+            "2 --keep --view widgets --name warm-panel",
+            "import os\nrank = os.environ['RANK']\nprint('first cell', rank)\n",
+        )
+    try:
+        with capture_output() as shown:
+            result = ip.run_cell_magic(
+                "torchrun", "--on warm-panel --view widgets", "print('second cell', rank)\n"
+            )
+        assert result.ok
+        record = shown.outputs[-1].data
+        text, page = record["text/plain"], record["text/html"]
+        # The record is of this cell: its lines, its outcome, and that the ranks stay.
+        assert text.splitlines()[0].startswith("run 'warm-panel' · cell 2 · ok · 2 ranks")
+        assert "second cell 1" in text
+        assert "second cell 0" in page
+        assert "first cell" not in text
+        assert "rank1 · GPU 2: ok" in text
+        assert "%%torchrun --on warm-panel runs the next cell" in text
+        assert "\x1b" not in text + page
+    finally:
+        ip.run_line_magic("gpu_stop", "warm-panel")
