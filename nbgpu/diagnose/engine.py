@@ -9,9 +9,11 @@ torch, pynvml or psutil (an inventory is passed in, not taken here).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.diagnose.enrich import describe_inventory, enrich, gpu_for_rank
@@ -48,10 +50,22 @@ def _size(log: LogInput) -> int | None:
         return len(log.data)
     if log.path is not None:
         try:
-            return log.path.stat().st_size
+            return log.path.stat().st_size - log.offset
         except OSError:
             return None
     return None
+
+
+def _lines_before(path: Path, offset: int) -> int:
+    count = 0
+    with contextlib.suppress(OSError), path.open("rb") as handle:
+        while offset > 0:
+            piece = handle.read(min(offset, 1 << 20))
+            if not piece:
+                break
+            count += piece.count(b"\n")
+            offset -= len(piece)
+    return count
 
 
 def _scan_log(
@@ -60,7 +74,9 @@ def _scan_log(
     scan = SourceScan(log.name, default_rank=log.default_rank, counter=counter)
     size = _size(log)
     whole = full if full is not None else (size is not None and size <= FULL_SCAN_BYTES)
-    scanner = WindowScanner(scan.feed_raw, full=whole)
+    # Line numbers stay those of the file when reading starts further in (a warm job).
+    skipped = _lines_before(log.path, log.offset) if log.offset and log.path else 0
+    scanner = WindowScanner(scan.feed_raw, full=whole, first_line=skipped + 1)
     first = True
     try:
         for piece in chunks(log):

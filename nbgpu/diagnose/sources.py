@@ -66,6 +66,7 @@ class LogInput:
     default_rank: int | None = None  # rank of lines without a rank prefix
     data: bytes | None = None
     stream: IO[Any] | None = None
+    offset: int = 0  # where in the file to start (a warm job: the last cell's start)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class RunInfo:
     master_port: int | None
     ranks: tuple[RankExit, ...]
     agent_exit_code: int | None
+    cell: int | None = None  # a warm job: the cell it was in (or had run last) when it ended
+    cell_offsets: dict[int, int] = field(default_factory=dict)  # rank -> its log's size then
 
     @property
     def world_size(self) -> int | None:
@@ -148,6 +151,7 @@ def chunks(log: LogInput, size: int = CHUNK_BYTES) -> Iterator[bytes | bytearray
         buffer = bytearray(size)
         view = memoryview(buffer)
         with log.path.open("rb") as handle:
+            handle.seek(log.offset)
             while True:
                 got = handle.readinto(buffer)
                 if not got:
@@ -227,6 +231,10 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
         )
     cvd = data.get("cuda_visible_devices")
     name = data.get("name")
+    warm = data.get("warm")
+    warm = warm if isinstance(warm, dict) else {}
+    offsets = warm.get("log_offsets")
+    offsets = offsets if isinstance(offsets, dict) else {}
     return RunInfo(
         path=path.parent,
         name=name if isinstance(name, str) else None,
@@ -237,6 +245,12 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
         master_port=_int(data.get("master_port")),
         ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
         agent_exit_code=_int(data.get("agent_exit_code")),
+        cell=_int(warm.get("cell")),
+        cell_offsets={
+            rank: offset
+            for key, value in offsets.items()
+            if (rank := _int(key)) is not None and (offset := _int(value)) is not None
+        },
     )
 
 
@@ -339,7 +353,15 @@ def _directory(root: Path) -> Inputs:
             if record is not None:
                 inputs.errors.append(record)
         elif path.name.endswith(_LOG_SUFFIXES):
-            inputs.logs.append(LogInput(rel, path=path, default_rank=rank))
+            offset = 0
+            if inputs.run is not None and rank is not None and _RANK_LOG.match(path.name):
+                offset = inputs.run.cell_offsets.get(rank, 0)
+            inputs.logs.append(LogInput(rel, path=path, default_rank=rank, offset=offset))
+    if inputs.run is not None and inputs.run.cell_offsets:
+        inputs.notes.append(
+            f"a warm job: the rank logs are read from the start of cell {inputs.run.cell}, the "
+            "cell it ended in (the earlier cells' output is above it in the same logs)"
+        )
     if inputs.kind != "run" and any(_RANK_LOG.match(log.name) for log in inputs.logs):
         inputs.kind = "run"
     return inputs

@@ -45,6 +45,7 @@ class WindowScanner:
         after: int = 40,
         full: bool = False,
         triggers: Sequence[bytes] = TRIGGERS,
+        first_line: int = 1,
     ) -> None:
         self._emit = emit
         self._before = before
@@ -52,9 +53,9 @@ class WindowScanner:
         self._full = full
         self._triggers = tuple(triggers)
         self._carry = b""
-        self._next = 1  # line number of the first line of the next region
+        self._next = first_line  # line number of the first line of the next region
         self._tail: deque[tuple[int, bytes]] = deque(maxlen=before)
-        self._emitted = 0  # highest line number handed over
+        self._emitted = first_line - 1  # highest line number handed over
         self._after_until = 0  # lines up to here must be handed over (look-ahead)
         self.bytes_read = 0
         self.lines = 0

@@ -232,6 +232,11 @@ class Run(RunView):
             ],
             "agent_exit_code": self.agent.returncode if self.agent else None,
             "parent_death_signal": self.notices.guarantee_record(),
+            # A warm job: the cell it ended in and where that cell starts in each rank's
+            # log, so a diagnosis reads that cell, not an earlier cell's caught error.
+            "warm": None
+            if self.warm is None
+            else {"cell": self.warm.cells, "log_offsets": self.warm.log_offsets},
         }
         try:
             (self.dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")

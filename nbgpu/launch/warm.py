@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Result, fmt_bytes
@@ -140,6 +141,7 @@ class WarmState:
         self.lock = threading.Lock()  # a cell, or the watchdog: never both at once
         self.ended_reason: str | None = None
         self.last: CellResult | None = None  # the latest cell's result (a panel records it)
+        self.log_offsets: dict[int, int] = {}  # each rank log's size when the cell began
         self._watchdog = threading.Thread(
             target=self._watch, name=f"nbgpu-warm-{run.name}", daemon=True
         )
@@ -203,6 +205,9 @@ class WarmState:
         self.cells += 1
         self.started = set()
         self.last = None
+        self.log_offsets = {
+            rank: _size(self.run.logs[f"rank{rank}"]) for rank in range(self.run.config.nproc)
+        }
         self.busy = dict.fromkeys(range(self.run.config.nproc), self.cells)
         return self.cells
 
@@ -259,6 +264,13 @@ class WarmState:
                     return
             finally:
                 self.lock.release()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _span(seconds: float) -> str:

@@ -279,3 +279,34 @@ def test_bad_requests_leave_the_job_as_it_was(env):
     finally:
         job.stop()
     assert gone(job.run.run_id)
+
+
+def test_the_diagnosis_reads_the_cell_the_job_died_in(env):
+    _job, screen = start(env, "percell")
+    # An earlier cell's error that the diagnosis would otherwise blame (port_in_use).
+    earlier = (
+        "raise RuntimeError('an earlier cell: The server socket has failed to listen on any "
+        "local network address. The server socket has failed to bind to [::]:29500 (errno: 98 "
+        "- Address already in use).')"
+    )
+    with pytest.raises(CellFailed):
+        torchrun(earlier, on="percell", write=screen)
+    with pytest.raises(RunFailed) as failure:
+        torchrun(
+            "import sys\nif rank == 1:\n"
+            "    print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB',"
+            " file=sys.stderr, flush=True)\n    os._exit(1)\nimport time\ntime.sleep(30)\n",
+            on="percell",
+            write=screen,
+        )
+    diagnosis = failure.value.run.diagnosis
+    assert diagnosis is not None
+    assert [c.cause for c in diagnosis.causes] == ["cuda_oom"]
+    evidence = [e for cause in diagnosis.causes for e in cause.evidence]
+    assert not any("an earlier cell" in e.text for e in evidence)
+    assert any("start of cell 3" in note for note in diagnosis.notes)
+    # Evidence keeps the line numbers of the whole log file.
+    log = (failure.value.run.dir / "rank1.log").read_text().splitlines()
+    oom = next(e for e in evidence if "out of memory" in e.text)
+    assert "out of memory" in log[oom.lineno - 1]
+    assert gone(failure.value.run.run_id)
