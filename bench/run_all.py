@@ -23,14 +23,27 @@ import bench_launch
 import bench_load_ext
 import bench_logs
 import bench_status
+import bench_warm
 
-PACKAGES = ("nbgpu", "ipython", "nvidia-ml-py", "gpustat", "nvitop", "psutil", "torch", "ipykernel")
+PACKAGES = (
+    "nbgpu",
+    "ipython",
+    "nvidia-ml-py",
+    "gpustat",
+    "nvitop",
+    "psutil",
+    "torch",
+    "ipykernel",
+    "ipyparallel",
+    "nbdistributed",
+)
 BENCHMARKS = {
     "load_ext": bench_load_ext.main,
     "status": bench_status.main,
     "launch": bench_launch.main,  # ~3.5 min: real torchrun jobs, default 7 rounds
     "logs": bench_logs.main,  # ~2 min: 2 x 200k lines, default 5 rounds
     "diagnose": bench_diagnose.main,  # ~20 s: a 200 MB four-rank log, fresh interpreters
+    "warm": bench_warm.main,  # ~2 min: warm cells vs cold, ipyparallel, nbdistributed
 }
 
 
