@@ -180,6 +180,8 @@ class WarmState:
             text += f", {fmt_bytes(rss)} RSS"
         if self.idle_timeout_s is not None:
             text += f", stops after {_span(self.idle_timeout_s)} idle"
+        else:
+            text += ", no idle timeout"
         return text
 
     def check_usable(self, flag: str) -> None:

@@ -8,6 +8,8 @@ import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -310,3 +312,41 @@ def test_the_diagnosis_reads_the_cell_the_job_died_in(env):
     oom = next(e for e in evidence if "out of memory" in e.text)
     assert "out of memory" in log[oom.lineno - 1]
     assert gone(failure.value.run.run_id)
+
+
+def test_timeout_interrupts_the_cell_and_keeps_the_job(env):
+    job, screen = start(env, "cell-timeout")
+    try:
+        began = time.monotonic()
+        with pytest.raises(CellFailed) as failure:
+            torchrun("import time\nfor tick in range(600):\n    time.sleep(0.05)\n",
+                     on="cell-timeout", write=screen, timeout_s=1.0)  # fmt: skip
+        assert time.monotonic() - began < 10
+        assert set(failure.value.result.statuses.values()) == {"interrupted"}
+        after = torchrun("pass", on="cell-timeout", write=screen, pull=["tick"])
+        assert 5 < after.pulled["tick"] < 600
+        assert "no idle timeout" in job.run.warm.describe()
+    finally:
+        job.stop()
+    assert gone(job.run.run_id)
+
+
+def test_interpreter_exit_ends_a_warm_job(env, tmp_path):
+    # A script that starts a warm job and simply ends: the exit hook stops the job.
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import nbgpu\n"
+        "job = nbgpu.torchrun('import os\\nx = 1', 2, keep=True, name='leaver')\n"
+        "print('RUN_ID', job.run.run_id, flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    run_id = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("RUN_ID"))
+    assert gone(run_id, timeout=10)

@@ -128,3 +128,13 @@ def test_a_dead_rank_ends_the_job_and_kernel_sigkill_leaves_nothing(kernel):  # 
     assert len(_run_processes("orphan")) >= 3  # agent + 2 ranks
     os.kill(km.provisioner.process.pid, signal.SIGKILL)
     assert wait_until(lambda: not _run_processes("orphan"), 20), _run_processes("orphan")
+
+
+def test_a_kernel_restart_ends_a_warm_job(kernel):  # noqa: F811
+    km, client = kernel
+    assert _execute(client, "%load_ext nbgpu")[1] is None
+    out, error = _execute(client, START.format(name="restarted"))
+    assert error is None, out
+    assert len(_run_processes("restarted")) >= 3
+    km.restart_kernel(now=False)  # what the notebook's "Restart kernel" does
+    assert wait_until(lambda: not _run_processes("restarted"), 20), _run_processes("restarted")
