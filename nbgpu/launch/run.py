@@ -411,8 +411,8 @@ class Run(RunView):
         return next((r for r in self.ranks if r.rank == rank), None)
 
     def wait(self, timeout_s: float | None = None) -> Run:
-        """Block until a background run has finished (or *timeout_s* passes)."""
-        if self.thread is not None:
+        """Block until a background run or a warm job has finished (or *timeout_s* passes)."""
+        if self.thread is not None or self.warm is not None:
             self._finished.wait(timeout_s)
         elif not self.done:
             from nbgpu.launch.follow import follow  # noqa: PLC0415  (follow types against Run)

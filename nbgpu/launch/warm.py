@@ -188,9 +188,16 @@ class WarmState:
         """Refuse a new cell on a job that has ended or is still in one (one line)."""
         name = self.run.name
         if self.run.done or self.run.agent_done:
+            why = self.run.state.replace("_", " ")
+            if self.run.state == "failed":
+                # Died between cells: say how, since no cell was there to show it.
+                why = self.run.failure_summary().removeprefix(f"run '{name}' ")
+                why += f"; %gpu_diagnose {name}"
+            elif self.ended_reason:
+                why += f": {self.ended_reason}"
             raise UserInputError(
-                f"{flag} {name}: the job has ended ({self.run.state.replace('_', ' ')}); start a "
-                f"new one with %%torchrun N --keep --name {name}"
+                f"{flag} {name}: the job has ended ({why}); start a new one with "
+                f"%%torchrun N --keep --name {name}"
             )
         if self.busy:
             ranks = ",".join(str(r) for r in sorted(self.busy))

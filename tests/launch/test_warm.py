@@ -199,9 +199,7 @@ def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, monkeypatc
 def test_idle_timeout_ends_the_job(env):
     job, _screen = start(env, "idle", idle_timeout_s=1.0)
     assert "stops after 1 s idle" in job.run.warm.describe()
-    deadline = time.time() + 20
-    while not job.run.done and time.time() < deadline:
-        time.sleep(0.1)
+    job.run.wait(20)
     assert job.run.state == "stopped"
     assert job.run.stop_reason == "idle_timeout"
     assert gone(job.run.run_id)
@@ -350,3 +348,17 @@ def test_interpreter_exit_ends_a_warm_job(env, tmp_path):
     assert done.returncode == 0, done.stderr
     run_id = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("RUN_ID"))
     assert gone(run_id, timeout=10)
+
+
+def test_a_rank_killed_between_cells_ends_the_job_and_the_next_cell_says_how(env):
+    job, _screen = start(env, "killed-idle")
+    os.kill(job.run.warm.pids()[1], signal.SIGKILL)  # the OOM killer, say
+    job.run.wait(20)
+    assert job.run.state == "failed"
+    assert job.run.root_cause is not None
+    assert job.run.root_cause.rank == 1
+    assert gone(job.run.run_id)
+    with pytest.raises(
+        UserInputError, match=r"--on killed-idle: the job has ended \(failed: rank 1"
+    ):
+        torchrun("print(1)", on="killed-idle", write=Screen())
