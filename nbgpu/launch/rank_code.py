@@ -65,8 +65,9 @@ def write_error_file(path: str, exc: BaseException, formatted: str) -> None:
         Path(path).write_text(json.dumps(data), encoding="utf-8")
 
 
-def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any]:
-    """Compile the code as (leading import block, rest), keeping line numbers."""
+def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any, int]:
+    """Compile the code as (leading import block, rest), keeping line numbers; the
+    block's statement count."""
     tree = ast.parse(source, filename)
     cut = 0
     for node in tree.body:
@@ -79,7 +80,7 @@ def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any]:
             break
     head = ast.Module(body=tree.body[:cut], type_ignores=[])
     tail = ast.Module(body=tree.body[cut:], type_ignores=[])
-    return compile(head, filename, "exec"), compile(tail, filename, "exec")
+    return compile(head, filename, "exec"), compile(tail, filename, "exec"), cut
 
 
 def run_code(
@@ -91,27 +92,36 @@ def run_code(
     serial_imports: bool,
     open_phase: int | None = None,
     phases: tuple[str, str] = ("imports", "run"),
+    empty_imports_phase: bool = True,
 ) -> None:
     """Run code as its leading import block, then the rest, each a recorded phase.
 
     The same split for cells, scripts and warm cells, so ``--serial-imports`` serialises
     a script's leading imports exactly like a cell's, and a phase name means one thing.
-    *open_phase* (the rank's ``start``) ends once the code compiled.
+    *open_phase* (the rank's ``start``) ends once the code compiled. Without
+    *empty_imports_phase*, code with no leading imports records no imports phase.
     """
-    head, tail = _split_leading_imports(source, filename)
+    head, tail, imports = _split_leading_imports(source, filename)
     imports_phase, run_phase = phases
     if open_phase is not None:
         rec.end(open_phase)
-    if serial_imports:
-        from nbgpu.rank import one_at_a_time  # noqa: PLC0415  (only with --serial-imports)
-
-        waiting = rec.begin("wait-imports")
-        with one_at_a_time("imports"):
-            rec.end(waiting)
-            _phase_exec(rec, imports_phase, head, namespace)
-    else:
-        _phase_exec(rec, imports_phase, head, namespace)
+    if imports or empty_imports_phase:
+        _run_imports(rec, imports_phase, head, namespace, serial=serial_imports)
     _phase_exec(rec, run_phase, tail, namespace)
+
+
+def _run_imports(
+    rec: Recorder, phase: str, code: Any, namespace: dict[str, Any], *, serial: bool
+) -> None:
+    if not serial:
+        _phase_exec(rec, phase, code, namespace)
+        return
+    from nbgpu.rank import one_at_a_time  # noqa: PLC0415  (only with --serial-imports)
+
+    waiting = rec.begin("wait-imports")
+    with one_at_a_time("imports"):
+        rec.end(waiting)
+        _phase_exec(rec, phase, code, namespace)
 
 
 def _phase_exec(rec: Recorder, name: str, code: Any, namespace: dict[str, Any]) -> None:

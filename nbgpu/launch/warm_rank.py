@@ -90,6 +90,7 @@ def _run_cell(
             rec,
             serial_imports=bool(message.get("serial_imports")),
             phases=(f"cell {number} imports", f"cell {number}"),
+            empty_imports_phase=False,
         )
     except SystemExit as exc:
         if exc.code not in (None, 0):

@@ -145,7 +145,7 @@ def test_a_rank_that_dies_ends_the_job_with_a_diagnosis(env):
     assert run.root_cause.rank == 1
     assert run.diagnosis is not None
     assert gone(run.run_id)
-    with pytest.raises(UserInputError, match=r"--on dies: the job has ended \(failed\)"):
+    with pytest.raises(UserInputError, match=r"--on dies: the job has ended \(failed: rank 1 fai"):
         torchrun("print(1)", on="dies", write=screen)
 
 
