@@ -362,3 +362,22 @@ def test_a_rank_killed_between_cells_ends_the_job_and_the_next_cell_says_how(env
         UserInputError, match=r"--on killed-idle: the job has ended \(failed: rank 1"
     ):
         torchrun("print(1)", on="killed-idle", write=Screen())
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_a_second_interrupt_while_waiting_ends_the_job(env, monkeypatch):
+    monkeypatch.setattr(cell_follow, "INTERRUPT_WAIT_S", 60.0)
+    job, screen = start(env, "twice", "import os\nimport nbgpu.rank\nnbgpu.rank.init()\n"
+                        "rank = int(os.environ['RANK'])\n")  # fmt: skip
+    timers = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (1.5, 3.0)]
+    for timer in timers:
+        timer.start()
+    began = time.monotonic()
+    with pytest.raises(RunFailed) as failure:
+        torchrun("import time, torch.distributed as dist\nif rank == 0:\n"
+                 "    time.sleep(60)\ndist.barrier()\n", on="twice", write=screen)  # fmt: skip
+    for timer in timers:
+        timer.join()
+    assert time.monotonic() - began < 20
+    assert failure.value.run.state == "interrupted"
+    assert gone(job.run.run_id)
