@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nbgpu._serial import from_data, to_data
+from nbgpu.devices.model import MigDevice, RemappedRows
 from nbgpu.errors import FleetSpecError
 
 __all__ = [
@@ -104,23 +105,6 @@ class SimProcess:
     def __post_init__(self) -> None:
         if isinstance(self.pid, bool) or self.pid <= 0:
             raise ValueError(f"pid = {self.pid}; expected a positive pid")
-
-
-@dataclass(frozen=True)
-class MigDevice:
-    uuid: str
-    name: str
-    memory_total_bytes: int
-    gpu_instance_id: int = 0
-    compute_instance_id: int = 0
-
-
-@dataclass(frozen=True)
-class RemappedRows:
-    correctable: int
-    uncorrectable: int
-    pending: bool
-    failure: bool
 
 
 @dataclass(frozen=True)

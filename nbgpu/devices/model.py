@@ -1,5 +1,8 @@
 """The inventory's data types: what nbgpu knows about GPUs and who holds them.
 
+A GPU's MIG instances and row-remapping counters are the same types in the simulated
+fleet (``fleet.py``), whose file a capture of this inventory writes.
+
 Frozen dataclasses with units in field names; ``None`` means "not reported" (NVML
 said NotSupported, or the capability does not exist on this model) — never a magic
 string. ``nvml.py`` fills the hardware fields, ``inventory.py`` adds holders and
@@ -14,11 +17,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # holders imports psutil; the types module stays light
     from nbgpu.devices.holders import HolderInfo
 
-__all__ = ["Gpu", "GpuProcess", "MigInstance", "RemappedRowsState"]
+__all__ = ["Gpu", "GpuProcess", "MigDevice", "RemappedRows"]
 
 
 @dataclass(frozen=True)
-class RemappedRowsState:
+class RemappedRows:
+    """NVML's row-remapping counters (Ampere datacenter GPUs and newer)."""
+
     correctable: int
     uncorrectable: int
     pending: bool
@@ -26,12 +31,14 @@ class RemappedRowsState:
 
 
 @dataclass(frozen=True)
-class MigInstance:
+class MigDevice:
+    """One MIG instance of a GPU, as NVML lists it (None: NVML did not say)."""
+
     uuid: str
     name: str
     memory_total_bytes: int | None
-    gpu_instance_id: int | None
-    compute_instance_id: int | None
+    gpu_instance_id: int | None = 0
+    compute_instance_id: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -70,9 +77,9 @@ class Gpu:
     compute_mode: str | None = None  # default | exclusive_process | prohibited | exclusive_thread
     persistence_mode: bool | None = None
     mig_enabled: bool | None = None  # None: MIG not supported
-    mig_devices: tuple[MigInstance, ...] = ()
+    mig_devices: tuple[MigDevice, ...] = ()
     ecc_uncorrected_volatile: int | None = None
-    remapped_rows: RemappedRowsState | None = None
+    remapped_rows: RemappedRows | None = None
     retired_pages_pending: bool | None = None
     compute_capability: tuple[int, int] | None = None
     processes: tuple[GpuProcess, ...] = ()

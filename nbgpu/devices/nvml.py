@@ -23,7 +23,7 @@ import pynvml  # noqa: TID251  (this is the one allowed importer)
 
 from nbgpu.devices.fleet import Fleet, ObservedProcess
 from nbgpu.devices.fleet_source import load_fleet
-from nbgpu.devices.model import Gpu, GpuProcess, MigInstance, RemappedRowsState
+from nbgpu.devices.model import Gpu, GpuProcess, MigDevice, RemappedRows
 from nbgpu.devices.simenv import simulation_source
 from nbgpu.devices.simulate import FakeNvmlLibrary
 from nbgpu.errors import GpuLostError, NvmlError, NvmlPermissionError, NvmlUnavailable
@@ -286,7 +286,7 @@ def _pci_bus_id(handle: Any, fallbacks: list[str]) -> str:
     raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
 
-def _mig(handle: Any, missing: list[str]) -> tuple[bool | None, tuple[MigInstance, ...]]:
+def _mig(handle: Any, missing: list[str]) -> tuple[bool | None, tuple[MigDevice, ...]]:
     mode = _query(pynvml.nvmlDeviceGetMigMode, handle, missing=missing, name="MIG")
     if mode is None:
         return None, ()
@@ -305,7 +305,7 @@ def _mig(handle: Any, missing: list[str]) -> tuple[bool | None, tuple[MigInstanc
         sub: list[str] = []
         mem = _query(pynvml.nvmlDeviceGetMemoryInfo, child, missing=sub, name="memory")
         children.append(
-            MigInstance(
+            MigDevice(
                 uuid=_text(pynvml.nvmlDeviceGetUUID(child)),
                 name=_text(pynvml.nvmlDeviceGetName(child)),
                 memory_total_bytes=int(mem.total) if mem is not None else None,
@@ -396,7 +396,7 @@ def _read_gpu(index: int) -> Gpu:
             ecc_uncorrected_volatile=ecc,
             remapped_rows=None
             if rows is None
-            else RemappedRowsState(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3])),
+            else RemappedRows(int(rows[0]), int(rows[1]), bool(rows[2]), bool(rows[3])),
             retired_pages_pending=None if retired is None else bool(retired),
             compute_capability=None if cc is None else (int(cc[0]), int(cc[1])),
             processes=_processes(handle, fallbacks, missing),

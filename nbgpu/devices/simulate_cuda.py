@@ -139,7 +139,9 @@ def _identity(gpu: SimGpu) -> GpuIdentity:
         compute_capability=gpu.compute_capability,
         mig_enabled=bool(gpu.mig_enabled),
         mig_uuids=tuple(m.uuid for m in gpu.mig_devices),
-        mig_instance_ids=tuple((m.gpu_instance_id, m.compute_instance_id) for m in gpu.mig_devices),
+        mig_instance_ids=tuple(
+            (m.gpu_instance_id or 0, m.compute_instance_id or 0) for m in gpu.mig_devices
+        ),
     )
 
 

@@ -45,7 +45,7 @@ class DeviceQueries(FakeLibraryBase):
 
     def _memory(self, h: Handle) -> tuple[int, int, int]:
         if h.mig is not None:
-            total = h.gpu.mig_devices[h.mig].memory_total_bytes
+            total = h.gpu.mig_devices[h.mig].memory_total_bytes or 0  # None: not captured
             return total, 0, 0
         gpu = h.gpu
         # A load profile fills up to 60 % of the memory nobody else holds, and back.
