@@ -1,23 +1,35 @@
 """An inventory written as a fleet file (``nbgpu status --json > pod.json``).
 
-The document is the simulator's own fleet format (``fleet.py`` reads it back with the
-fleet model's types) plus what was observed here: each holder's state, user, command and
-``CUDA_VISIBLE_DEVICES``, the probe, the container. ``NBGPU_SIMULATE=pod.json`` replays
-it. Pure data; never touches NVML.
+The document is the simulator's own fleet format: each GPU is converted to the fleet
+model (:func:`fleet_gpu`) and written by the model's type-driven writer, so ``fleet.py``
+reads it back with the same types. Beyond the model it keeps what was observed here:
+each holder's state, user, command and ``CUDA_VISIBLE_DEVICES`` (as the process's
+``observed`` record), the findings, the probe, the container.
+``NBGPU_SIMULATE=pod.json`` replays it. Pure data; never touches NVML.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from nbgpu._serial import to_data
 from nbgpu.devices.findings import Finding
-from nbgpu.devices.fleet import FLEET_FORMAT, INIT_ERRORS
+from nbgpu.devices.fleet import (
+    FLEET_FORMAT,
+    GPU_FAULTS,
+    INIT_ERRORS,
+    OBSERVED_STATES,
+    ObservedProcess,
+    SimGpu,
+    SimProcess,
+)
 from nbgpu.devices.model import Gpu, GpuProcess
 
 if TYPE_CHECKING:
+    from nbgpu.devices.fleet import GpuFault, ProcessState
     from nbgpu.devices.inventory import Inventory
 
-__all__ = ["capture_document"]
+__all__ = ["capture_document", "fleet_gpu"]
 
 _CODE_TO_INIT_ERROR = {code: name for name, code in INIT_ERRORS.items()}
 
@@ -61,66 +73,81 @@ def capture_document(inventory: Inventory) -> dict[str, Any]:
     }
 
 
+# Fields the inventory and the fleet model share, by name. A nullable one means the same
+# in both ("None: not supported"); the others are unread here when None, written null,
+# and read back as the model's default.
+_SHARED_NULLABLE = (
+    "memory_used_bytes",
+    "mig_enabled",
+    "ecc_uncorrected_volatile",
+    "remapped_rows",
+    "retired_pages_pending",
+)
+_SHARED_DEFAULTED = (
+    "memory_reserved_bytes",
+    "utilization_gpu_pct",
+    "utilization_memory_pct",
+    "temperature_c",
+    "power_w",
+    "power_limit_w",
+    "compute_mode",
+    "persistence_mode",
+    "compute_capability",
+)
+_NOT_READ_HERE = ("pci_device_id",)  # the inventory does not ask NVML for it
+
+
+def fleet_gpu(gpu: Gpu) -> SimGpu:
+    """An inventory GPU in the fleet model: what NVML answered, the model's defaults
+    where it did not (``_gpu_dict`` writes those as null)."""
+    answered = {name: getattr(gpu, name) for name in _SHARED_NULLABLE}
+    answered.update(
+        (name, getattr(gpu, name)) for name in _SHARED_DEFAULTED if getattr(gpu, name) is not None
+    )
+    return SimGpu(
+        index=gpu.nvml_index,
+        name=gpu.name or "Unknown GPU",
+        uuid=gpu.uuid or "",
+        pci_bus_id=gpu.pci_bus_id or "",
+        memory_total_bytes=gpu.memory_total_bytes or 0,
+        mig_devices=gpu.mig_devices,
+        fault=cast("GpuFault", gpu.error) if gpu.error in GPU_FAULTS else None,
+        processes=tuple(_fleet_process(p) for p in gpu.processes),
+        **answered,
+    )
+
+
 def _gpu_dict(gpu: Gpu, findings: tuple[Finding, ...]) -> dict[str, Any]:
-    fault = gpu.error if gpu.error in ("lost", "no_permission") else None
+    data: dict[str, Any] = to_data(fleet_gpu(gpu))
+    unread = [n for n in (*_SHARED_DEFAULTED, "uuid", "pci_bus_id") if getattr(gpu, n) is None]
+    for name in (*unread, *_NOT_READ_HERE):
+        data[name] = None  # not read here: the reader fills the default (or the position's)
     return {
-        "index": gpu.nvml_index,
-        "name": gpu.name or "Unknown GPU",
-        "uuid": gpu.uuid,
-        "pci_bus_id": gpu.pci_bus_id,
-        "memory_total_bytes": gpu.memory_total_bytes or 0,
-        "memory_reserved_bytes": gpu.memory_reserved_bytes,
-        "memory_used_bytes": gpu.memory_used_bytes,
+        **data,
+        # What the inventory saw beyond the model: kept for people reading the file.
         "memory_free_bytes": gpu.memory_free_bytes,
-        "utilization_gpu_pct": gpu.utilization_gpu_pct,
-        "utilization_memory_pct": gpu.utilization_memory_pct,
-        "temperature_c": gpu.temperature_c,
-        "power_w": gpu.power_w,
-        "power_limit_w": gpu.power_limit_w,
-        "compute_mode": gpu.compute_mode,
-        "persistence_mode": gpu.persistence_mode,
-        "mig_enabled": gpu.mig_enabled,
-        "mig_devices": [
-            {
-                "uuid": m.uuid,
-                "name": m.name,
-                "memory_total_bytes": m.memory_total_bytes or 0,
-                "gpu_instance_id": m.gpu_instance_id,
-                "compute_instance_id": m.compute_instance_id,
-            }
-            for m in gpu.mig_devices
-        ],
-        "ecc_uncorrected_volatile": gpu.ecc_uncorrected_volatile,
-        "remapped_rows": None
-        if gpu.remapped_rows is None
-        else {
-            "correctable": gpu.remapped_rows.correctable,
-            "uncorrectable": gpu.remapped_rows.uncorrectable,
-            "pending": gpu.remapped_rows.pending,
-            "failure": gpu.remapped_rows.failure,
-        },
-        "retired_pages_pending": gpu.retired_pages_pending,
-        "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
-        "fault": fault,
         "error": gpu.error,
         "unsupported": list(gpu.unsupported),
         "fallbacks": list(gpu.fallbacks),
         "findings": [f.to_dict() for f in findings],
-        "processes": [_process_dict(p) for p in gpu.processes],
     }
 
 
-def _process_dict(proc: GpuProcess) -> dict[str, Any]:
+def _fleet_process(proc: GpuProcess) -> SimProcess:
     h = proc.holder
     observed = None
     if h is not None:
-        observed = {
-            "state": h.state
-            if h.state in ("dead", "zombie", "other_namespace")
-            else (h.status or h.state),
-            "user": h.user,
-            "command": h.command,
-            "visible_devices": h.visible_devices,
-            "start_time": h.start_time,
-        }
-    return {"pid": proc.pid, "used_bytes": proc.used_bytes, "kind": proc.kind, "observed": observed}
+        state = h.state if h.state in ("dead", "zombie", "other_namespace") else h.status
+        observed = ObservedProcess(
+            state=cast("ProcessState", state if state in OBSERVED_STATES else "running"),
+            user=h.user,
+            command=h.command,
+            visible_devices=h.visible_devices,
+            start_time=h.start_time,
+        )
+    return SimProcess(
+        pid=proc.pid,
+        used_bytes=proc.used_bytes,
+        kind="graphics" if proc.kind == "graphics" else "compute",
+        observed=observed,
+    )

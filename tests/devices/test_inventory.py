@@ -1,5 +1,6 @@
 """take_inventory() on simulated fleets: verdicts, mapping, rendering, JSON round trip."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -7,10 +8,13 @@ import time
 
 import pytest
 
+from nbgpu._serial import to_data
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices.findings import gpu_health
+from nbgpu.devices.fleet import SimGpu
 from nbgpu.devices.fleet_source import load_fleet
 from nbgpu.devices.inventory import take_inventory
+from nbgpu.devices.model import Gpu
 
 
 def inv(spec, base, **kw):
@@ -164,3 +168,33 @@ def test_device_file_holders_appear_in_status(sim_env, tmp_path, monkeypatch):
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize(
+    "spec", ["busy-gpu0,procs=3", "4xA40,lost=2", "mig", "pending-remap", "zombie-holder", "8xH100"]
+)
+def test_a_capture_of_a_replayed_capture_is_the_same_file(sim_env, tmp_path, spec):
+    # capture -> replay -> capture is a fixed point: the converter forgets no field of the
+    # model, and the file says nothing the replay would not say again.
+    first = json.loads(inv(spec, sim_env).to_json())
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(first))
+    second = json.loads(inv(str(path), sim_env).to_json())
+    for volatile in ("taken_at", "name", "description", "simulated"):
+        first.pop(volatile, None)
+        second.pop(volatile, None)
+    assert second == first
+
+
+@pytest.mark.parametrize("spec", ["busy-gpu0,procs=3", "mig", "pending-remap", "4xA40,lost=2"])
+def test_a_capture_says_what_the_inventory_read_for_every_shared_field(sim_env, spec):
+    inventory = inv(spec, sim_env)
+    data = json.loads(inventory.to_json())
+    model_fields = {f.name for f in dataclasses.fields(SimGpu)}
+    shared = model_fields & {f.name for f in dataclasses.fields(Gpu)}
+    assert len(shared) > 15  # the test compares what the two models have in common
+    for gpu, written in zip(inventory.gpus, data["gpus"], strict=True):
+        assert written["index"] == gpu.nvml_index
+        for name in shared - {"processes", "name", "memory_total_bytes"}:
+            assert written[name] == to_data(getattr(gpu, name)), (gpu.nvml_index, name)
+        assert [p["pid"] for p in written["processes"]] == [p.pid for p in gpu.processes]
