@@ -154,7 +154,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value",
     )
 
-    p = sub.add_parser("doctor", help="verdict per GPU, launch environment, and fixes")
+    p = sub.add_parser("doctor", help="each GPU's health, the launch environment, and fixes")
     p.add_argument("--no-probe", action="store_true", help="skip the active CUDA probe")
     p.add_argument(
         "--nproc",

@@ -117,8 +117,7 @@ class DoctorReport(Result):
         return [line]
 
     def _health_table(self) -> Table:
-        # The column keeps its printed name "verdict" (stored notebook outputs compare it).
-        table = Table(["GPU", "verdict", "probe", "processes", "memory used"])
+        table = Table(["GPU", "health", "probe", "processes", "memory used"])
         inv = self.inventory
         for gpu, findings in zip(inv.gpus, inv.findings, strict=True):
             health, level = gpu_health(gpu, findings)

@@ -13,6 +13,7 @@ Hardware layer; imports psutil and the visible-devices parser only.
 
 from __future__ import annotations
 
+import os
 import time
 
 from nbgpu.devices.simenv import simulation_source
@@ -45,12 +46,24 @@ def _physical_index(env: dict[str, str]) -> int | None:
     return int(items[local])
 
 
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
     """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
     now = time.monotonic()
     hit = _cache.get(fleet_spec)
     if hit is not None and now - hit[0] < _CACHE_S:
-        return hit[1]
+        # A rank that ended since the scan must not be listed as a GPU's process: that
+        # would read as a dead holder (one cheap kill(pid, 0) each).
+        return {gpu: [r for r in ranks if _exists(r.pid)] for gpu, ranks in hit[1].items()}
     import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
 
     found: dict[int, list[RankProcess]] = {}

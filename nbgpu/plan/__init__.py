@@ -299,7 +299,7 @@ def scale(
         if to_gpus is None:
             to_gpus = len(devices)
         if to_gpus > len(devices):
-            left = "; ".join(f"GPU {c.nvml_index}: {c.verdict}" for c in candidates if not c.usable)
+            left = "; ".join(f"GPU {c.nvml_index}: {c.health}" for c in candidates if not c.usable)
             problems.append(
                 Issue(
                     "not_enough_gpus",

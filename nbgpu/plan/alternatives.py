@@ -98,7 +98,7 @@ def alternatives_for(
         out.append(
             Alternative(
                 title=f"free GPU {ids} first, then plan again",
-                reason="; ".join(f"GPU {e.nvml_index}: {e.verdict}" for e in recoverable),
+                reason="; ".join(f"GPU {e.nvml_index}: {e.health}" for e in recoverable),
                 fixes=tuple(fixes),
             )
         )

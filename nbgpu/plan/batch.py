@@ -54,7 +54,7 @@ class BatchOption:
 
 @dataclass(frozen=True)
 class BatchCheck:
-    """The verdict on a batch configuration for ``data_parallel`` ranks."""
+    """What a batch configuration gives for ``data_parallel`` ranks (and whether it works)."""
 
     data_parallel: int
     global_batch: int | None  # as given, or derived from micro × accum × dp

@@ -49,7 +49,7 @@ class Candidate:
     memory_free_bytes: int | None
     usable: bool
     grade: int  # 0 clean, 1 usable with caveats, 2 unusable
-    verdict: str  # the status table's short verdict: "ok", "BUSY: dead holder", "in use"
+    health: str  # the GPU's health, as the status table says it: "ok", "BUSY: dead holder"
     reasons: tuple[str, ...] = ()  # why unusable, or the caveats of a usable GPU
     fixes: tuple[str, ...] = ()
     recoverable: bool = False  # unusable only until a holder is freed or the GPU reset
@@ -85,7 +85,7 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
         }
     out = []
     for gpu, findings in zip(inventory.gpus, inventory.findings, strict=True):
-        verdict, _ = gpu_health(gpu, findings)
+        health, _ = gpu_health(gpu, findings)
         blocking = [f for f in findings if f.severity == "bad" or f.code in _BLOCKING_WARNINGS]
         probe = failed_probe.get(gpu.nvml_index)
         usable, recoverable = False, False
@@ -95,14 +95,14 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
             fixes = tuple(fix for f in blocking for fix in f.fixes)
             recoverable = gpu.ok and all(f.code in _RECOVERABLE for f in blocking)
         elif probe is not None:
-            verdict = f"probe: {probe.outcome}"
+            health = f"probe: {probe.outcome}"
             reasons = (
                 f"GPU {gpu.nvml_index} failed the CUDA probe ({probe.outcome}): {probe.message}",
             )
             fixes = ("`nbgpu doctor` names the holder and the fix",)
             recoverable = probe.outcome == "busy"
         elif gpu.mig_enabled:
-            verdict = "MIG mode"
+            health = "MIG mode"
             why = (
                 f"GPU {gpu.nvml_index} is in MIG mode: a process sees one MIG instance, not the "
                 "whole GPU, and plans assign whole GPUs"
@@ -128,7 +128,7 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
                 memory_free_bytes=gpu.memory_free_bytes,
                 usable=usable,
                 grade=(1 if reasons else 0) if usable else 2,
-                verdict=verdict,
+                health=health,
                 reasons=reasons,
                 fixes=fixes,
                 recoverable=recoverable,

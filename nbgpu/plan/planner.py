@@ -3,7 +3,7 @@
 It composes the one-idea modules: ``candidates`` (which GPUs may be used), ``assign``
 (which ones each role gets), ``ports`` (distinct free ports), ``batch`` (divisibility and
 splits) and ``estimate`` (every memory term per GPU, and the largest micro batch that
-fits the smallest GPU of a role), and turns their verdicts into problems,
+fits the smallest GPU of a role), and turns their findings into problems,
 warnings and alternatives. An unusable GPU is never given a role: it is listed in
 ``excluded`` with its reason, and when the job cannot be placed without it the plan offers
 a smaller allocation (with a valid batch) and the steps that free the GPU.
@@ -63,7 +63,7 @@ def _excluded(candidates: Sequence[Candidate], exclude: Sequence[int]) -> list[E
             out.append(ExcludedGpu(c.nvml_index, c.uuid, "excluded", ("excluded by request",)))
         elif not c.usable:
             out.append(
-                ExcludedGpu(c.nvml_index, c.uuid, c.verdict, c.reasons, c.fixes, c.recoverable)
+                ExcludedGpu(c.nvml_index, c.uuid, c.health, c.reasons, c.fixes, c.recoverable)
             )
     return out
 
@@ -230,7 +230,7 @@ def build_plan(
         problems.append(
             Issue(
                 "required_gpu_unusable",
-                f"GPU {i} is required but unusable ({c.verdict}): {c.reasons[0]}",
+                f"GPU {i} is required but unusable ({c.health}): {c.reasons[0]}",
                 c.fixes[:2],
             )
         )
@@ -241,7 +241,7 @@ def build_plan(
         assign(pool, [r.gpu_count for r in own_gpus(allocation)], keep_order=bool(require_ok)),
     )
     if groups is None:
-        left_out = "; ".join(f"GPU {e.nvml_index}: {e.verdict}" for e in excluded)
+        left_out = "; ".join(f"GPU {e.nvml_index}: {e.health}" for e in excluded)
         problems.append(
             Issue(
                 "not_enough_gpus",

@@ -156,7 +156,7 @@ class Plan(Result):
 
     def _excluded_lines(self) -> list[str]:
         return [
-            wrap(f"GPU {e.nvml_index} ({e.verdict}): {e.reasons[0] if e.reasons else ''}", "  ")
+            wrap(f"GPU {e.nvml_index} ({e.health}): {e.reasons[0] if e.reasons else ''}", "  ")
             for e in self.excluded
         ]
 
@@ -249,7 +249,7 @@ class Plan(Result):
             parts.append(uuids.html())
         if self.excluded:
             items = "".join(
-                f"<li>GPU {e.nvml_index} ({escape(e.verdict)}): {fix_html(' '.join(e.reasons))}"
+                f"<li>GPU {e.nvml_index} ({escape(e.health)}): {fix_html(' '.join(e.reasons))}"
                 f"{fixes_html(e.fixes)}</li>"
                 for e in self.excluded
             )
@@ -309,4 +309,16 @@ def plan_from_dict(data: Any) -> Plan:
             f"plan JSON: nbgpu_plan = {json.dumps(fmt)}; expected {PLAN_FORMAT} "
             "(write one with `nbgpu plan ... --json > plan.json`)"
         )
-    return from_data(Plan, data, prefix="plan JSON")
+    return from_data(Plan, _health_named(data), prefix="plan JSON")
+
+
+def _health_named(data: Any) -> Any:
+    """Plan files written before 0.1 called a left-out GPU's health "verdict": read them too."""
+    if isinstance(data, list):
+        return [_health_named(item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    out = {key: _health_named(value) for key, value in data.items()}
+    if "verdict" in out and "health" not in out and "nvml_index" in out:
+        out["health"] = out.pop("verdict")
+    return out

@@ -49,7 +49,7 @@ class ExcludedGpu:
 
     nvml_index: int
     uuid: str | None
-    verdict: str  # short, as in the status table: "BUSY: dead holder", "excluded"
+    health: str  # short, as in the status table: "BUSY: dead holder", "excluded"
     reasons: tuple[str, ...]
     fixes: tuple[str, ...] = ()
     recoverable: bool = False  # usable again once its holder is freed or it is reset

@@ -109,7 +109,7 @@ class SweepPlan(Result):
         lines = [fit_title(self._title()), self._table().text()]
         if self.excluded:
             lines.append(
-                "left out: " + "; ".join(f"GPU {e.nvml_index} ({e.verdict})" for e in self.excluded)
+                "left out: " + "; ".join(f"GPU {e.nvml_index} ({e.health})" for e in self.excluded)
             )
         if self.runs:
             lines.append("each run is a Plan: sweep.runs[i] (env, ports and GPUs per role)")
@@ -125,7 +125,7 @@ class SweepPlan(Result):
             title = title.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
         parts = [f"<b>{title}</b>", self._table().html()]
         if self.excluded:
-            left = "; ".join(f"GPU {e.nvml_index} ({e.verdict})" for e in self.excluded)
+            left = "; ".join(f"GPU {e.nvml_index} ({e.health})" for e in self.excluded)
             parts.append(f"<div>left out: {escape(left)}</div>")
         parts.append(notes_html(*self._issues()))
         return "".join(parts)
@@ -268,7 +268,7 @@ def build_sweep(
     excluded = tuple(
         ExcludedGpu(c.nvml_index, c.uuid, "excluded", ("excluded by request",))
         if c.nvml_index in job.exclude
-        else ExcludedGpu(c.nvml_index, c.uuid, c.verdict, c.reasons, c.fixes, c.recoverable)
+        else ExcludedGpu(c.nvml_index, c.uuid, c.health, c.reasons, c.fixes, c.recoverable)
         for c in scope
         if c.nvml_index in job.exclude or not c.usable
     )
@@ -290,7 +290,7 @@ def build_sweep(
     count = fit if runs is None else min(runs, fit)
     problems = []
     if count < (runs or 1):
-        left_out = "; ".join(f"GPU {e.nvml_index}: {e.verdict}" for e in excluded)
+        left_out = "; ".join(f"GPU {e.nvml_index}: {e.health}" for e in excluded)
         fixes = [f"runs={fit}"] if fit else []
         if job.allocation is None and runs and len(ordered) // runs >= 1:
             fixes.append(f"gpus_per_run={len(ordered) // runs}")

@@ -99,7 +99,7 @@ def test_cuda_visible_devices_limits_and_renumbers_the_probe(monkeypatch):
     ]
 
 
-def test_busy_verdict_follows_the_physical_gpu_through_reordering():
+def test_busy_outcome_follows_the_physical_gpu_through_reordering():
     report = probe("4xA40,busy=0", CUDA_VISIBLE_DEVICES="3,0")
 
     assert [(r.cuda_index, r.nvml_index, r.outcome) for r in report.results] == [
@@ -123,7 +123,7 @@ def test_lost_gpu():
 
 
 @pytest.mark.parametrize(
-    ("scenario", "verdict", "words", "driver_version"),
+    ("scenario", "outcome", "words", "driver_version"),
     [
         ("no-driver", "no_device", "CUDA_ERROR_NO_DEVICE (100)", 12040),
         ("lib-mismatch", "driver_mismatch", "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803)", 12040),
@@ -131,11 +131,11 @@ def test_lost_gpu():
         ("4xA40,init=unknown", "unknown", "CUDA_ERROR_UNKNOWN (999): unknown error", 12040),
     ],
 )
-def test_init_failures_are_verdicts_not_crashes(scenario, verdict, words, driver_version):
+def test_init_failures_are_outcomes_not_crashes(scenario, outcome, words, driver_version):
     report = probe(scenario)
 
     assert report.results == ()
-    assert report.init_outcome == verdict
+    assert report.init_outcome == outcome
     assert report.init_error is not None
     assert words in report.init_error
     assert "\n" not in report.init_error
@@ -171,7 +171,7 @@ def test_mig_instance_is_probed_by_its_own_uuid():
     assert result.name == "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
 
 
-def test_fleet_json_cuda_error_becomes_the_verdict(tmp_path):
+def test_fleet_json_cuda_error_becomes_the_outcome(tmp_path):
     fleet = parse_spec("3xA40")
     gpus = (
         fleet.gpus[0],
@@ -192,7 +192,7 @@ def test_fleet_json_cuda_error_becomes_the_verdict(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("code", "verdict"),
+    ("code", "outcome"),
     [
         (0, "ok"),
         (46, "busy"),
@@ -208,9 +208,9 @@ def test_fleet_json_cuda_error_becomes_the_verdict(tmp_path):
         (700, "error"),
     ],
 )
-def test_verdict_for_cuda_codes(code, verdict):
-    assert outcome_for(code) == verdict
-    assert verdict in OUTCOMES
+def test_outcome_for_cuda_codes(code, outcome):
+    assert outcome_for(code) == outcome
+    assert outcome in OUTCOMES
 
 
 def test_report_round_trips_to_json_and_records():
@@ -237,7 +237,7 @@ def test_non_positive_timeout_is_rejected():
         probe_devices(environ={"NBGPU_SIMULATE": "4xA40"}, timeout_s=0)
 
 
-def test_real_driver_path_without_a_driver_is_a_clean_verdict():
+def test_real_driver_path_without_a_driver_is_a_clean_outcome():
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -464,7 +464,7 @@ def test_old_driver_lacks_v2_symbols_and_the_probe_falls_back():
     assert library.calls["cuDeviceGetUuid"] == 2
 
 
-def test_missing_context_symbol_is_an_error_verdict_not_a_crash():
+def test_missing_context_symbol_is_an_error_outcome_not_a_crash():
     fleet = replace(parse_spec("1xA40"), missing_functions=frozenset({"cuDevicePrimaryCtxRetain"}))
     library = SimulatedCudaLibrary(fleet, {})
 

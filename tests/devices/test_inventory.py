@@ -1,4 +1,4 @@
-"""take_inventory() on simulated fleets: verdicts, mapping, rendering, JSON round trip."""
+"""take_inventory() on simulated fleets: findings, mapping, rendering, JSON round trip."""
 
 import dataclasses
 import json
@@ -49,7 +49,7 @@ def test_busy_gpu0_flags_the_dead_exclusive_holder(sim_env):
         ("mig", 0, "mig"),
     ],
 )
-def test_scenarios_give_their_verdicts(scenario, index, code, sim_env):
+def test_scenarios_give_their_findings(scenario, index, code, sim_env):
     assert code in codes(inv(scenario, sim_env), index)
 
 

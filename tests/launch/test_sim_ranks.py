@@ -50,3 +50,23 @@ def test_ranks_show_up_on_the_gpus_they_were_given(sim_env, tmp_path):
     finally:
         run.stop()
         run.finish()
+
+
+def test_a_rank_that_ended_is_not_listed_from_the_cache(sim_env, tmp_path):
+    env = {**sim_env, "NBGPU_SIMULATE": "4xA40", "NBGPU_RUNS_DIR": str(tmp_path)}
+    prepared = prepare(code="import time\ntime.sleep(60)\n", nproc=2, environ=env)
+    run = Run(prepared.config, environ=env).start()
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            sim_ranks._cache.clear()
+            listed = sim_ranks.ranks_on_gpus("4xA40")
+            if sum(len(v) for v in listed.values()) == 2:
+                break
+            time.sleep(0.1)
+        assert sum(len(v) for v in listed.values()) == 2
+    finally:
+        run.stop()
+        run.finish()
+    # Within the cache's second the table is not read again; the ended ranks still go.
+    assert sum(len(v) for v in sim_ranks.ranks_on_gpus("4xA40").values()) == 0

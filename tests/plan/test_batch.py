@@ -87,7 +87,9 @@ def _valid(g, d, divisors, step, max_micro):
     step=st.lists(st.integers(1, 8), max_size=1),
     max_micro=st.none() | st.integers(1, 8),
 )
-def test_property_verdicts_splits_and_nearest_values_are_exact(g, d, divisors, step, max_micro):
+def test_property_batch_answers_splits_and_nearest_values_are_exact(
+    g, d, divisors, step, max_micro
+):
     check = check_batch(
         d,
         global_batch=g,

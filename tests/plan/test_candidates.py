@@ -38,13 +38,13 @@ def test_exclusive_gpu_held_by_a_live_process_is_unusable(inventory):
     # This test process stands in as the live holder of GPU 1.
     cands = _by_index(inventory(f"4xA40,exclusive=1,holder=1:{os.getpid()}"))
     assert not cands[1].usable
-    assert cands[1].verdict == "busy (exclusive)"
+    assert cands[1].health == "busy (exclusive)"
 
 
 def test_mig_mode_gpu_is_not_given_out_whole(inventory):
     (mig,) = candidates_from_inventory(inventory("mig"))
     assert not mig.usable
-    assert "MIG" in mig.verdict
+    assert "MIG" in mig.health
 
 
 def test_a_failed_probe_makes_a_gpu_unusable(inventory):
@@ -63,5 +63,5 @@ def test_a_failed_probe_makes_a_gpu_unusable(inventory):
     probe = ProbeReport((failed,), 12040, None, None, simulated=True, timed_out=False, elapsed_ms=1)
     cands = _by_index(replace(inv, probe=probe))
     assert not cands[2].usable
-    assert cands[2].verdict == "probe: busy"
+    assert cands[2].health == "probe: busy"
     assert cands[2].recoverable

@@ -94,3 +94,10 @@ def test_html_and_frame(busy_gpu0_plan):
     frame = busy_gpu0_plan.alternatives[0].plan.to_frame()
     assert list(frame["nvml_index"]) == [1, 2, 3]
     assert list(frame["cuda_index"]) == [0, 0, 1]
+
+
+def test_plan_files_that_say_verdict_still_load(busy_gpu0_plan):
+    # Before 0.1 a left-out GPU's health was written as "verdict" (here and in alternatives).
+    text = busy_gpu0_plan.to_json().replace('"health":', '"verdict":')
+    assert '"verdict":' in text
+    assert plan_from_json(text) == busy_gpu0_plan

@@ -166,7 +166,7 @@ class ProbeReport(Result):
         return " · ".join(parts)
 
     def _table(self, title: str | None) -> Table:
-        table = Table(["cuda", "GPU", "name", "verdict", "detail"], title=title)
+        table = Table(["cuda", "GPU", "name", "outcome", "detail"], title=title)
         for r in self.results:
             detail = (
                 f"context in {_ms(r.elapsed_ms)}" if r.ok else f"{r.error_name or r.cuda_error}"
