@@ -13,7 +13,6 @@ Hardware layer; imports psutil and the visible-devices parser only.
 
 from __future__ import annotations
 
-import os
 import time
 
 from nbgpu.devices.simenv import simulation_source
@@ -46,26 +45,16 @@ def _physical_index(env: dict[str, str]) -> int | None:
     return int(items[local])
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
     """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
+    import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
+
     now = time.monotonic()
     hit = _cache.get(fleet_spec)
     if hit is not None and now - hit[0] < _CACHE_S:
         # A rank that ended since the scan must not be listed as a GPU's process: that
         # would read as a dead holder (one cheap kill(pid, 0) each).
-        return {gpu: [r for r in ranks if _exists(r.pid)] for gpu, ranks in hit[1].items()}
-    import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
-
+        return {gpu: [r for r in v if psutil.pid_exists(r.pid)] for gpu, v in hit[1].items()}
     found: dict[int, list[RankProcess]] = {}
     for proc in psutil.process_iter():
         try:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu.launch.channel import CELL_MARK
 from nbgpu.launch.config import CellRequest
+from nbgpu.launch.follow import tick
 from nbgpu.launch.outcomes import Pulled, add_pulled
-from nbgpu.launch.streams import LineSink, ScreenWriter
+from nbgpu.launch.streams import LineSink
 from nbgpu.launch.warm import CellResult
 
 if TYPE_CHECKING:
@@ -139,14 +140,7 @@ def _loop(
                 writer.add(label, _without_marks(lines))
             now = time.monotonic()
             if now - last_flush >= flush_s or cell.all_answered:
-                if isinstance(writer, ScreenWriter) and writer.live_status:
-                    writer.status(run.memory_status())
-                notices = run.take_notices()
-                if notices:
-                    writer.add("nbgpu", notices)
-                writer.flush()
-                if on_tick is not None:
-                    on_tick(run)
+                tick(run, writer, on_tick)
                 last_flush = now
             if cell.all_answered or run.agent_done or cell.waited_enough():
                 return

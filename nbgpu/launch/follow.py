@@ -19,7 +19,19 @@ from nbgpu.launch.streams import LineSink, ScreenWriter
 if TYPE_CHECKING:
     from nbgpu.launch.run import Run
 
-__all__ = ["follow"]
+__all__ = ["follow", "tick"]
+
+
+def tick(run: Run, writer: LineSink, on_tick: Callable[[Run], None] | None) -> None:
+    """One refresh of the output: the memory line, notices, the lines, the face's own."""
+    if isinstance(writer, ScreenWriter) and writer.live_status:
+        writer.status(run.memory_status())
+    notices = run.take_notices()
+    if notices:
+        writer.add("nbgpu", notices)
+    writer.flush()
+    if on_tick is not None:
+        on_tick(run)
 
 
 def follow(
@@ -40,14 +52,7 @@ def follow(
                 writer.add(label, lines)
             now = time.monotonic()
             if now - last_flush >= flush_s:
-                if isinstance(writer, ScreenWriter) and writer.live_status:
-                    writer.status(run.memory_status())
-                notices = run.take_notices()
-                if notices:
-                    writer.add("nbgpu", notices)
-                writer.flush()
-                if on_tick is not None:
-                    on_tick(run)
+                tick(run, writer, on_tick)
                 last_flush = now
             if run.agent_done:
                 break

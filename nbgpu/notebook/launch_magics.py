@@ -169,25 +169,15 @@ class LaunchMagics(Magics):
         if args.on is not None:
             return self._run_on(args, cell, script_args)
         from nbgpu.launch.execute import Output, execute  # noqa: PLC0415
-        from nbgpu.launch.flags import (  # noqa: PLC0415
-            check_keep_flags,
-            prepare_options,
-            pushed_names,
-        )
         from nbgpu.launch.launcher import prepare  # noqa: PLC0415
 
-        namespace = self.shell.user_ns if self.shell is not None else {}
         try:
-            check_keep_flags(args)
-            options = prepare_options(args)
-            options["script_args"] = script_args
-            pushed = pushed_names(args)
-            _check_pushed(pushed, namespace)
+            options, pushed = self._options(args)
             prepared = prepare(
                 code=cell,
-                plan=_lookup_plan(args.plan, namespace),
-                push={n: namespace[n] for n in pushed},
-                **options,
+                plan=_lookup_plan(args.plan, self._namespace),
+                push=pushed,
+                **{**options, "script_args": script_args},
             )
         except UserInputError as exc:
             raise UsageError(str(exc)) from None
@@ -229,26 +219,15 @@ class LaunchMagics(Magics):
     def _run_on(self, args: Any, cell: str, script_args: list[str]) -> Any:
         """``%%torchrun --on NAME``: the cell on a warm job's ranks."""
         from nbgpu.launch.execute import execute_cell  # noqa: PLC0415
-        from nbgpu.launch.flags import (  # noqa: PLC0415  # noqa: PLC0415
-            check_cell_flags,
-            check_keep_flags,
-            prepare_options,
-            pushed_names,
-        )
         from nbgpu.launch.warmjob import prepare_cell  # noqa: PLC0415
 
-        namespace = self.shell.user_ns if self.shell is not None else {}
         try:
-            check_keep_flags(args)
-            check_cell_flags(args)
-            options = prepare_options(args)
-            pushed = pushed_names(args)
-            _check_pushed(pushed, namespace)
+            options, pushed = self._options(args)
             run, request = prepare_cell(
                 args.on,
                 cell,
                 nproc=options["nproc"],
-                push={n: namespace[n] for n in pushed},
+                push=pushed,
                 pull=options["pull"],
                 pull_all_ranks=options["pull_all_ranks"],
                 script_args=script_args,
@@ -265,6 +244,27 @@ class LaunchMagics(Magics):
             _foreground_output(args),
             on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=True),
         )
+
+    @property
+    def _namespace(self) -> dict[str, Any]:
+        return self.shell.user_ns if self.shell is not None else {}
+
+    def _options(self, args: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``prepare()`` keywords from the flags (checked), and the ``--push`` values."""
+        from nbgpu.launch.flags import (  # noqa: PLC0415  (the engine loads on first use)
+            check_cell_flags,
+            check_keep_flags,
+            prepare_options,
+            pushed_names,
+        )
+
+        check_keep_flags(args)
+        if args.on is not None:
+            check_cell_flags(args)
+        options = prepare_options(args)
+        names = pushed_names(args)
+        _check_pushed(names, self._namespace)
+        return options, {n: self._namespace[n] for n in names}
 
     def _parse_line(self, line: str) -> tuple[Any, list[str]]:
         """The magic's arguments and the ranks' argv; UsageError naming a bad value."""

@@ -22,11 +22,6 @@ from nbgpu.launch.streams import ScreenWriter
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def env(sim_env, tmp_path):
-    return {**sim_env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-
-
 def run_to_end(code, environ, **options):
     prepared = prepare(code=code, nproc=options.pop("nproc", 2), environ=environ, **options)
     run = Run(prepared.config, environ=environ).start()

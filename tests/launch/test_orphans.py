@@ -58,11 +58,6 @@ def wait_until(predicate, timeout):
     return predicate()
 
 
-@pytest.fixture
-def env(sim_env, tmp_path):
-    return {**sim_env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-
-
 def test_agent_sigkill_leaves_no_child_of_any_rank(env):
     prepared = prepare(code=RANK_WITH_CHILDREN, nproc=2, environ=env)
     run = Run(prepared.config, environ=env).start()

@@ -27,11 +27,6 @@ def make_run(root, name, *, age_s, size=1000, state="succeeded", run_id=None):
     return path
 
 
-@pytest.fixture
-def env(sim_env, tmp_path):
-    return {**sim_env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-
-
 def test_keeps_the_newest_runs_and_the_budget(env, tmp_path):
     root = tmp_path / "runs"
     for i in range(6):  # run-0 newest

@@ -26,11 +26,6 @@ from nbgpu.launch.streams import ScreenWriter
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def env(sim_env, tmp_path):
-    return {**sim_env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-
-
 class Screen:
     def __init__(self):
         self.chunks = []

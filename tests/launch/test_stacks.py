@@ -41,11 +41,6 @@ else:
 """
 
 
-@pytest.fixture
-def env(sim_env, tmp_path):
-    return {**sim_env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-
-
 def wait_for(run, needle, count, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
