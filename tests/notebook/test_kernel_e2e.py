@@ -32,8 +32,8 @@ def _run_processes(run_name):
     return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def _execute(client, code, timeout=120):
-    """Run code; return (stdout text, error-or-None)."""
+def _execute(client, code, timeout=120, on_output=None):
+    """Run code; return (stdout text, error-or-None). *on_output* sees the text so far."""
     msg_id = client.execute(code)
     out, error = [], None
     deadline = time.time() + timeout
@@ -44,6 +44,8 @@ def _execute(client, code, timeout=120):
         kind, content = msg["msg_type"], msg["content"]
         if kind == "stream":
             out.append(content["text"])
+            if on_output is not None:
+                on_output("".join(out))
         elif kind == "error":
             error = f"{content['ename']}: {content['evalue']}"
         elif kind == "status" and content["execution_state"] == "idle":

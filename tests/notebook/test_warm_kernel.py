@@ -8,7 +8,6 @@ processes. What is left at the end is looked for in every process on the machine
 import os
 import re
 import signal
-import time
 
 import pytest
 
@@ -30,26 +29,17 @@ def _execute(client, code):
     return _plain(out), error and _plain(error)
 
 
-def _interrupted(km, client, code, wait_for, timeout=60):
+def _interrupted(km, client, code, wait_for):
     """Run *code*, press the notebook's stop button once *wait_for* is printed."""
-    msg_id = client.execute(code)
-    out, error, interrupted = [], None, False
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        msg = client.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "stream":
-            out.append(content["text"])
-            if not interrupted and wait_for in "".join(out):
-                km.interrupt_kernel()
-                interrupted = True
-        elif kind == "error":
-            error = f"{content['ename']}: {content['evalue']}"
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
-    return _plain("".join(out)), error
+    pressed = []
+
+    def watch(text):
+        if not pressed and wait_for in text:
+            km.interrupt_kernel()
+            pressed.append(True)
+
+    out, error = _execute_colored(client, code, on_output=watch)
+    return _plain(out), error
 
 
 def test_a_warm_job_keeps_state_across_cells_and_interrupts(kernel):  # noqa: F811
