@@ -24,11 +24,14 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import NbgpuError, UserInputError
 from nbgpu.launch.flags import add_flags
 from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output
+
+if TYPE_CHECKING:
+    from nbgpu.devices.clean import CleanPlan
 
 __all__ = ["main"]
 
@@ -304,7 +307,7 @@ def _memory(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ranks else EXIT_PROBLEM
 
 
-def _confirm_on_tty(plan: Any) -> bool:
+def _confirm_on_tty(plan: CleanPlan) -> bool:
     print(plan.text())
     if not sys.stdin.isatty():
         print("stdin is not a terminal: nothing stopped; re-run with --yes to stop them.")

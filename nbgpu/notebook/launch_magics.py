@@ -13,7 +13,8 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -22,6 +23,14 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from nbgpu.errors import UserInputError
 from nbgpu.launch.flags import NOTEBOOK, arguments
 from nbgpu.notebook.usage import print_help
+
+if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
+    from argparse import Namespace
+
+    from nbgpu.launch.execute import Output
+    from nbgpu.launch.run import Run
+    from nbgpu.launch.streams import LineSink
+    from nbgpu.launch.warm import CellResult
 
 __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 
@@ -78,7 +87,7 @@ class _BackgroundView:
     last lines, the badges, the summary), as HTML and text, so a saved notebook keeps it.
     """
 
-    def __init__(self, run: Any, *, keep_tails: bool = True) -> None:
+    def __init__(self, run: Run, *, keep_tails: bool = True) -> None:
         from IPython.display import Pretty, display  # noqa: PLC0415
 
         from nbgpu.notebook.run_record import RECORD_TAIL_LINES, Tails  # noqa: PLC0415
@@ -101,7 +110,7 @@ class _BackgroundView:
             self._lines.extend(strip_ansi(text).rstrip("\n").split("\n"))
         return None
 
-    def tick(self, run: Any) -> None:
+    def tick(self, run: Run) -> None:
         if run.done:
             if not self._recorded:
                 from nbgpu.notebook.run_record import record_bundle  # noqa: PLC0415
@@ -184,7 +193,7 @@ class LaunchMagics(Magics):
         pulled, all_ranks = options["pull"], options["pull_all_ranks"]
         if args.bg:
 
-            def background_output(run: Any) -> Output:
+            def background_output(run: Run) -> Output:
                 sink, on_tick = self._background_sink(run, args.view, quiet=args.quiet)
                 return Output(sink, on_tick)
 
@@ -216,7 +225,7 @@ class LaunchMagics(Magics):
             return None
         return run
 
-    def _run_on(self, args: Any, cell: str, script_args: list[str]) -> Any:
+    def _run_on(self, args: Namespace, cell: str, script_args: list[str]) -> CellResult | None:
         """``%%torchrun --on NAME``: the cell on a warm job's ranks."""
         from nbgpu.launch.execute import execute_cell  # noqa: PLC0415
         from nbgpu.launch.warmjob import prepare_cell  # noqa: PLC0415
@@ -249,7 +258,7 @@ class LaunchMagics(Magics):
     def _namespace(self) -> dict[str, Any]:
         return self.shell.user_ns if self.shell is not None else {}
 
-    def _options(self, args: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _options(self, args: Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         """``prepare()`` keywords from the flags (checked), and the ``--push`` values."""
         from nbgpu.launch.flags import (  # noqa: PLC0415  (the engine loads on first use)
             check_cell_flags,
@@ -282,7 +291,9 @@ class LaunchMagics(Magics):
                 raise UsageError(str(exc)) from None
         return args, script_args
 
-    def _background_sink(self, run: Any, view: str, *, quiet: bool) -> tuple[Any, Any]:
+    def _background_sink(
+        self, run: Run, view: str, *, quiet: bool
+    ) -> tuple[LineSink, Callable[[Run], None]]:
         """Widgets (tabs, badges, Stop) where they render; a display-handle tail otherwise."""
         from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
         from nbgpu.notebook.widgets import RunPanel, widgets_available  # noqa: PLC0415
@@ -300,7 +311,9 @@ class LaunchMagics(Magics):
         writer = ScreenWriter(text_view.write if not quiet else (lambda _t: None))
         return TeeToTails(writer, text_view.tails), text_view.tick
 
-    def _deliver(self, run: Any, names: list[str], all_ranks: bool, *, announce: bool) -> None:
+    def _deliver(
+        self, run: Run | CellResult, names: list[str], all_ranks: bool, *, announce: bool
+    ) -> None:
         if not names or self.shell is None:
             return
         for name in names:
@@ -464,7 +477,7 @@ def _lookup_plan(name: str | None, namespace: dict[str, Any]) -> Any:
     return namespace[name]
 
 
-def _foreground_output(args: Any) -> Any:
+def _foreground_output(args: Namespace) -> Callable[[Run], Output]:
     """Where a foreground run's (or warm cell's) lines go: this cell, or a widget panel."""
     from nbgpu.launch.execute import to_screen  # noqa: PLC0415
 
@@ -480,7 +493,7 @@ def _foreground_output(args: Any) -> Any:
     )
 
 
-def _panel_output(run: Any) -> Any:
+def _panel_output(run: Run) -> Output:
     from nbgpu.launch.execute import Output  # noqa: PLC0415
     from nbgpu.notebook.widgets import RunPanel  # noqa: PLC0415
 

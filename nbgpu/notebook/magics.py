@@ -8,7 +8,7 @@ needs it, so ``%load_ext nbgpu`` stays cheap. User mistakes become ``UsageError`
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import StdinNotImplementedError, UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -16,6 +16,9 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu.errors import UserInputError
 from nbgpu.notebook.usage import parse_or_help
+
+if TYPE_CHECKING:
+    from nbgpu.devices.clean import CleanPlan
 
 __all__ = ["GPUMagics"]
 
@@ -137,7 +140,7 @@ class GPUMagics(Magics):
             raise UsageError(f"--grace {args.grace}: expected seconds >= 0")
         from nbgpu.api import clean  # noqa: PLC0415
 
-        def confirm(plan: Any) -> bool:
+        def confirm(plan: CleanPlan) -> bool:
             print(plan.text())
             try:
                 answer = input(f"Stop these {len(plan.candidates)} processes? [y/N] ")
