@@ -1,19 +1,15 @@
 """``%%torchrun``, ``%gpu_runs``, ``%gpu_stop``: the launch face in a notebook.
 
-Parses arguments, calls :mod:`nbgpu.launch`, and renders. Foreground runs stream
-into the running cell; background runs (``--bg``) write through a display handle
-created in the cell that started them, so their output never lands in whatever
-cell runs later. Imports of the launch engine happen inside the magics.
+Parses arguments, calls :mod:`nbgpu.launch`, and renders; where a run's lines go
+(the cell, a widget panel, a background display) is ``run_output.py``. Warm jobs:
+``--keep`` starts one, ``--on NAME`` runs a cell on it. Imports of the launch engine
+happen inside the magics.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
-import threading
-import time
-from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -22,14 +18,13 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch.flags import NOTEBOOK, arguments
+from nbgpu.notebook.run_output import background_output, foreground_output
 from nbgpu.notebook.usage import print_help
 
 if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
     from argparse import Namespace
 
-    from nbgpu.launch.execute import Output
     from nbgpu.launch.run import Run
-    from nbgpu.launch.streams import LineSink
     from nbgpu.launch.warm import CellResult
 
 __all__ = ["LaunchMagics", "keep_empty_cell_body"]
@@ -59,8 +54,6 @@ Name the cause of a failed run, the rank that failed first, the evidence lines a
 the fixes. NAME is a run of this kernel (%gpu_runs); PATH a log file or run
 directory. Without an argument: the last failed run here."""
 
-BACKGROUND_REFRESH_S = 0.25  # display updates count against Jupyter's message rate
-
 
 def _split_script_args(line: str) -> tuple[str, list[str]]:
     """'4 --gpus 0,1 -- --lr 3e-4' → ('4 --gpus 0,1', ['--lr', '3e-4'])."""
@@ -78,58 +71,6 @@ def _launch_flags(method: Any) -> Any:
     for names, keywords in reversed(arguments(NOTEBOOK)):
         method = argument(*names, **keywords)(method)
     return magic_arguments()(method)
-
-
-class _BackgroundView:
-    """A bounded live tail of a background run, kept in the cell that started it.
-
-    Once the run ends, the same display shows the run's static record (each rank's
-    last lines, the badges, the summary), as HTML and text, so a saved notebook keeps it.
-    """
-
-    def __init__(self, run: Run, *, keep_tails: bool = True) -> None:
-        from IPython.display import Pretty, display  # noqa: PLC0415
-
-        from nbgpu.notebook.run_record import RECORD_TAIL_LINES, Tails  # noqa: PLC0415
-
-        self._pretty = Pretty
-        self._lines: deque[str] = deque(maxlen=40)
-        self._lock = threading.Lock()
-        self._last = 0.0
-        self._recorded = False
-        self.record: dict[str, str] | None = None  # the static record, once the run ended
-        # --quiet: the record keeps the summary only, no rank output.
-        self.tails = Tails(run.logs if keep_tails else {}, keep=RECORD_TAIL_LINES)
-        self._memory: str | None = None  # the node's memory line, refreshed at most 1/s
-        self.handle = display(Pretty(f"[nbgpu] run '{run.name}' starting…"), display_id=True)
-
-    def write(self, text: str) -> object:
-        from nbgpu.notebook.run_record import strip_ansi  # noqa: PLC0415
-
-        with self._lock:
-            self._lines.extend(strip_ansi(text).rstrip("\n").split("\n"))
-        return None
-
-    def tick(self, run: Run) -> None:
-        if run.done:
-            if not self._recorded:
-                from nbgpu.notebook.run_record import record_bundle  # noqa: PLC0415
-
-                self._recorded = True
-                self.record = record_bundle(run, self.tails.all())
-                self.handle.update(self.record, raw=True)
-            return
-        now = time.monotonic()
-        if now - self._last < BACKGROUND_REFRESH_S:
-            return
-        self._last = now
-        with self._lock:
-            body = "\n".join(self._lines)
-        self._memory = run.memory_status() or self._memory
-        head = run._headline()
-        if self._memory and not run.done:
-            head += f"\n{self._memory}"
-        self.handle.update(self._pretty(f"{head}\n{body}" if body else head))
 
 
 @magics_class
@@ -177,7 +118,7 @@ class LaunchMagics(Magics):
         args, script_args = self._parse_line(line)
         if args.on is not None:
             return self._run_on(args, cell, script_args)
-        from nbgpu.launch.execute import Output, execute  # noqa: PLC0415
+        from nbgpu.launch.execute import execute  # noqa: PLC0415
         from nbgpu.launch.launcher import prepare  # noqa: PLC0415
 
         try:
@@ -192,14 +133,9 @@ class LaunchMagics(Magics):
             raise UsageError(str(exc)) from None
         pulled, all_ranks = options["pull"], options["pull_all_ranks"]
         if args.bg:
-
-            def background_output(run: Run) -> Output:
-                sink, on_tick = self._background_sink(run, args.view, quiet=args.quiet)
-                return Output(sink, on_tick)
-
             run = execute(
                 prepared,
-                background_output,
+                lambda run: background_output(run, args.view, quiet=args.quiet),
                 announce=print,
                 background=True,
                 on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=False),
@@ -213,7 +149,7 @@ class LaunchMagics(Magics):
         # already in this cell.
         run = execute(
             prepared,
-            _foreground_output(args),
+            foreground_output(args),
             announce=print,
             on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=True),
         )
@@ -250,7 +186,7 @@ class LaunchMagics(Magics):
         return execute_cell(
             run,
             request,
-            _foreground_output(args),
+            foreground_output(args),
             on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=True),
         )
 
@@ -290,26 +226,6 @@ class LaunchMagics(Magics):
             except UserInputError as exc:
                 raise UsageError(str(exc)) from None
         return args, script_args
-
-    def _background_sink(
-        self, run: Run, view: str, *, quiet: bool
-    ) -> tuple[LineSink, Callable[[Run], None]]:
-        """Widgets (tabs, badges, Stop) where they render; a display-handle tail otherwise."""
-        from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
-        from nbgpu.notebook.widgets import RunPanel, widgets_available  # noqa: PLC0415
-
-        use_widgets = view == "widgets" or (
-            view == "auto" and widgets_available() and not _under_test_runner()
-        )
-        if use_widgets and not quiet:
-            panel = RunPanel(run)
-            # follow() flushes the panel each tick; once the run is over, show final badges.
-            return panel, lambda r: panel.finish(str(r.dir)) if r.done else None
-        from nbgpu.notebook.run_record import TeeToTails  # noqa: PLC0415
-
-        text_view = _BackgroundView(run, keep_tails=not quiet)
-        writer = ScreenWriter(text_view.write if not quiet else (lambda _t: None))
-        return TeeToTails(writer, text_view.tails), text_view.tick
 
     def _deliver(
         self, run: Run | CellResult, names: list[str], all_ranks: bool, *, announce: bool
@@ -475,39 +391,3 @@ def _lookup_plan(name: str | None, namespace: dict[str, Any]) -> Any:
     if name not in namespace:
         raise UserInputError(f"--plan {name}: no variable {name!r} in the notebook")
     return namespace[name]
-
-
-def _foreground_output(args: Namespace) -> Callable[[Run], Output]:
-    """Where a foreground run's (or warm cell's) lines go: this cell, or a widget panel."""
-    from nbgpu.launch.execute import to_screen  # noqa: PLC0415
-
-    if args.view == "widgets" and not args.quiet:
-        # Opt-in for foreground runs: their text then lives in the panel's tabs,
-        # which static exports and nbval do not show (auto keeps text here).
-        return _panel_output
-    return to_screen(
-        _write_stdout,
-        quiet=args.quiet,
-        color=True,
-        live_status=not _under_test_runner(),  # the node's memory, one line
-    )
-
-
-def _panel_output(run: Run) -> Output:
-    from nbgpu.launch.execute import Output  # noqa: PLC0415
-    from nbgpu.notebook.widgets import RunPanel  # noqa: PLC0415
-
-    panel = RunPanel(run, stoppable=False)
-    return Output(panel, lambda r: panel.finish(str(r.dir)) if r.done else None)
-
-
-def _under_test_runner() -> bool:
-    # nbval/pytest kernels have no widget manager: their output must be plain text.
-    import os  # noqa: PLC0415
-
-    return "PYTEST_CURRENT_TEST" in os.environ
-
-
-def _write_stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
