@@ -13,7 +13,7 @@ DEMO_FLEET ?= busy-gpu0
 # machines cannot fetch, so the browser comes from apt.
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test lint typecheck unit notebooks notebooks-refresh bench clean-venv browser-deps
+.PHONY: demo test lint typecheck unit notebooks notebooks-refresh bench clean-venv browser-deps slurm-deps
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +45,19 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-unit: $(BIN)/.installed browser-deps
+unit: $(BIN)/.installed browser-deps slurm-deps
 	$(BIN)/python -m pytest tests
+
+# The scale-out tests (tests/slurm) start a real two-node SLURM cluster on loopback from
+# Debian's slurm-wlm and munge. As root (CI) they are installed; otherwise the tests skip
+# and say why. Idempotent: no apt call once the daemons are there.
+slurm-deps:
+	@if [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		echo "slurm-wlm/munge missing and we are not root: tests/slurm will skip" >&2; exit 0; \
+	fi; \
+	echo "== installing Debian's slurm-wlm and munge for tests/slurm (once) =="; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge > /dev/null
 
 # Idempotent: nothing to do (and no apt call) once Chromium is there.
 browser-deps:
