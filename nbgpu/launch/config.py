@@ -22,6 +22,7 @@ __all__ = [
     "CellRequest",
     "LaunchConfig",
     "Prepared",
+    "SlurmOptions",
     "parse_env_pairs",
     "parse_gpu_list",
     "parse_nproc",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
 
 
 def parse_size(value: str | int) -> int:
@@ -38,6 +40,26 @@ def parse_size(value: str | int) -> int:
     from nbgpu.rank import parse_size as read_size  # noqa: PLC0415
 
     return read_size(value)
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What to ask SLURM for (None: SLURM's or the allocation's default)."""
+
+    partition: str | None = None
+    time: str | None = None  # SLURM's forms: "30", "1:00:00", "1-12"
+    account: str | None = None
+    gpus_per_node: int | None = None
+    extra: tuple[str, ...] = ()  # --slurm-arg, passed to srun as written
+
+    def __post_init__(self) -> None:
+        if self.time is not None and not _SLURM_TIME.match(self.time):
+            raise UserInputError(
+                f"--time {self.time!r}: expected SLURM's forms MINUTES, HH:MM:SS or D-HH "
+                "(e.g. --time 30 or --time 1:00:00)"
+            )
+        if self.gpus_per_node is not None and self.gpus_per_node < 0:
+            raise UserInputError(f"--gpus-per-node {self.gpus_per_node}: expected a number >= 0")
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,14 @@ class LaunchConfig:
     quiet: bool = False
     keep: bool = False  # a warm job: the ranks stay up for more cells (--keep)
     idle_timeout_s: float | None = None  # a warm job ends after this long without a cell
+    nnodes: int = 1
+    slurm: SlurmOptions | None = None  # through SLURM: one agent per node, started by srun
+    node_rank: int | None = None  # without SLURM: this node's rank (--node-rank)
+    rdzv_endpoint: str | None = None  # without SLURM: HOST:PORT every node meets at
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
 
     def __post_init__(self) -> None:
         if (self.code is None) == (self.script is None):
@@ -99,9 +129,43 @@ class LaunchConfig:
                 raise UserInputError(
                     f"--idle-timeout {self.idle_timeout_s!r}: expected seconds > 0 (e.g. 3600)"
                 )
+        self._check_nodes()
         if self.keep and self.script is not None:
             raise UserInputError(
                 "--keep keeps a notebook cell's ranks warm; a script runs once (drop --keep)"
+            )
+
+    def _check_nodes(self) -> None:
+        if self.nnodes < 1:
+            raise UserInputError(f"--nodes {self.nnodes}: expected a whole number >= 1")
+        if self.keep and self.nnodes > 1:
+            raise UserInputError(
+                "--keep with several nodes: warm jobs run on one node for now (drop --keep, "
+                "or --nodes 1)"
+            )
+        if self.slurm is not None:
+            if self.node_rank is not None or self.rdzv_endpoint is not None:
+                raise UserInputError(
+                    "--slurm chooses node ranks and the rendezvous itself: drop --node-rank and "
+                    "--rdzv-endpoint"
+                )
+            return
+        if self.nnodes == 1:
+            if self.node_rank not in (None, 0) or self.rdzv_endpoint is not None:
+                raise UserInputError(
+                    "--node-rank and --rdzv-endpoint are for runs over several nodes: give "
+                    "--nnodes N too"
+                )
+            return
+        if self.rdzv_endpoint is None or not re.match(r"^[^:\s]+:\d{2,5}$", self.rdzv_endpoint):
+            raise UserInputError(
+                f"--nnodes {self.nnodes} without --slurm: give --rdzv-endpoint HOST:PORT (the "
+                f"address every node reaches, e.g. node1:29400), not {self.rdzv_endpoint!r}"
+            )
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
+            raise UserInputError(
+                f"--node-rank {self.node_rank}: expected 0 to {self.nnodes - 1} for --nnodes "
+                f"{self.nnodes}"
             )
 
 

@@ -27,6 +27,7 @@ from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (
     LaunchConfig,
     Prepared,
+    SlurmOptions,
     parse_gpu_list,
     parse_size,
     pickle_pushed,
@@ -227,6 +228,10 @@ def prepare(
     master_port: int | None = None,
     keep: bool = False,
     idle_timeout_s: float | None = None,
+    nnodes: int = 1,
+    slurm: SlurmOptions | None = None,
+    node_rank: int | None = None,
+    rdzv_endpoint: str | None = None,
     face: str = "notebook",
 ) -> Prepared:
     """Validate everything and decide nproc and GPUs; starts nothing.
@@ -252,23 +257,20 @@ def prepare(
         )
     if nproc is not None and nproc < 1:
         raise UserInputError(f"nproc {nproc}: expected a whole number >= 1")
-    inv = inventory if inventory is not None else take_inventory(environ, scan_device_files=False)
     cvd: str | None = None
     chosen: tuple[int, ...] | None = None
-    if gpus is not None:
-        nproc, cvd, chosen = _named_gpus(
-            inv, gpus, nproc, force=force, notes=notes, environ=environ, face=face
+    if slurm is not None:
+        # The GPUs are the nodes', not this machine's: SLURM assigns them (--gpus-per-node).
+        nproc = _slurm_ranks(nproc, slurm, gpus)
+        from nbgpu.launch.slurm import check_request  # noqa: PLC0415  (SLURM runs only)
+
+        notes.extend(check_request(nnodes, slurm, environ))
+    else:
+        inv = (
+            inventory if inventory is not None else take_inventory(environ, scan_device_files=False)
         )
-    elif not inv.nvml_error and inv.gpus:
-        nproc, cvd, chosen = _visible_gpus(inv, nproc, force=force, notes=notes, face=face)
-    elif nproc is None:
-        why = inv.nvml_error or "no GPU found"
-        raise UserInputError(
-            f"no GPU here ({why.rstrip('.')}): give the number of CPU processes, e.g. "
-            f"{launch_hint(face, 2)} (ranks use gloo on CPU)"
-        )
-    if inv.simulated:
-        notes.append(f"SIMULATED fleet '{inv.fleet_name}': ranks compute on CPU (gloo)")
+        nproc, cvd, chosen = _local_gpus(inv, gpus, nproc, force=force, notes=notes,
+                                         environ=environ, face=face)  # fmt: skip
     script_path = Path(script).expanduser() if script is not None else None
     config = LaunchConfig(
         nproc=nproc,
@@ -291,8 +293,58 @@ def prepare(
         quiet=quiet,
         keep=keep,
         idle_timeout_s=idle_timeout_s,
+        nnodes=nnodes,
+        slurm=slurm,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
     )
     return Prepared(config=config, notes=tuple(notes))
+
+
+def _local_gpus(
+    inv: Inventory,
+    gpus: str | Sequence[int] | None,
+    nproc: int | None,
+    *,
+    force: bool,
+    notes: list[str],
+    environ: Mapping[str, str],
+    face: str,
+) -> tuple[int, str | None, tuple[int, ...] | None]:
+    """This machine's GPUs for the run: (nproc, CUDA_VISIBLE_DEVICES, physical GPUs)."""
+    chosen: tuple[int, str | None, tuple[int, ...] | None]
+    if gpus is not None:
+        chosen = _named_gpus(inv, gpus, nproc, force=force, notes=notes, environ=environ,
+                             face=face)  # fmt: skip
+    elif not inv.nvml_error and inv.gpus:
+        chosen = _visible_gpus(inv, nproc, force=force, notes=notes, face=face)
+    elif nproc is None:
+        why = inv.nvml_error or "no GPU found"
+        raise UserInputError(
+            f"no GPU here ({why.rstrip('.')}): give the number of CPU processes, e.g. "
+            f"{launch_hint(face, 2)} (ranks use gloo on CPU)"
+        )
+    else:
+        chosen = nproc, None, None
+    if inv.simulated:
+        notes.append(f"SIMULATED fleet '{inv.fleet_name}': ranks compute on CPU (gloo)")
+    return chosen
+
+
+def _slurm_ranks(nproc: int | None, slurm: SlurmOptions, gpus: str | Sequence[int] | None) -> int:
+    if gpus is not None:
+        raise UserInputError(
+            "--gpus names this machine's GPUs; with --slurm ask for GPUs per node "
+            "(--gpus-per-node G) and SLURM assigns them"
+        )
+    if nproc is None:
+        if not slurm.gpus_per_node:
+            raise UserInputError(
+                "--slurm: give the ranks per node (--nproc-per-node N), or --gpus-per-node G "
+                "for one rank per GPU"
+            )
+        return slurm.gpus_per_node
+    return nproc
 
 
 def _plan_role(plan: LaunchPlan, role: str | None) -> PlanRole:

@@ -44,12 +44,29 @@ class RankOutcome:
 
 
 def read_agent_result(run_dir: Path) -> dict[str, Any]:
-    """The agent's ``result.json``; empty when it could not write one (killed, full disk)."""
-    with contextlib.suppress(ValueError, OSError):
-        data = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
-        if isinstance(data, dict):
-            return data
-    return {}
+    """The agent's ``result.json``; empty when it could not write one (killed, full disk).
+
+    A run over several nodes has one per node (``result-node{N}.json``): their failures
+    are merged (ranks are global), and the run ended well only if every node's did.
+    """
+    results = []
+    for path in [run_dir / "result.json", *sorted(run_dir.glob("result-node*.json"))]:
+        with contextlib.suppress(ValueError, OSError):
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                results.append(data)
+    if len(results) <= 1:
+        return results[0] if results else {}
+    failures = sorted((f for r in results for f in r.get("failures", [])), key=lambda f: f["rank"])
+    codes = [r.get("agent_exit_code") for r in results]
+    return {
+        "started_at": min(r.get("started_at") or 0 for r in results),
+        "ended_at": max(r.get("ended_at") or 0 for r in results),
+        "failures": failures,
+        "signal": next((r["signal"] for r in results if r.get("signal")), None),
+        "agent_exit_code": 0 if all(c == 0 for c in codes) else next((c for c in codes if c), 1),
+        "nodes": len(results),
+    }
 
 
 def rank_outcomes(

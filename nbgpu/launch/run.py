@@ -22,16 +22,16 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbgpu._lineage import with_package_importable
+from nbgpu._lineage import set_parent_death_signal, with_package_importable
 from nbgpu.errors import NbgpuError
 from nbgpu.launch import rundir
+from nbgpu.launch.agent_command import agent_argv
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.notices import RunNotices
 from nbgpu.launch.outcomes import (
@@ -112,6 +112,7 @@ class Run(RunView):
         self.agent_result: dict[str, Any] = {}
         self.writer: LineSink | None = None
         self._tails: dict[int, LogTail] = {}
+        self._nodes: dict[int, str] = {}  # rank -> its node's name (several nodes only)
         self._memory: MemoryFollower | None = None  # made on first use
         self._lock = threading.Lock()
         self._finished = threading.Event()
@@ -155,15 +156,7 @@ class Run(RunView):
         taken = ports_in_use()
         self.port = cfg.master_port or free_port(taken)
         self._write_meta()
-        argv = [
-            sys.executable, "-m", "nbgpu.launch.agent", str(self.dir / "result.json"), "--",
-            "--nnodes", "1", "--node-rank", "0",
-            "--nproc-per-node", str(cfg.nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(self.port),
-            "--max-restarts", "0",
-            "--log-dir", str(self.dir / "torchelastic"),
-            "--module", "nbgpu.launch.worker",
-        ]  # fmt: skip
+        argv = agent_argv(cfg, self.dir, self.run_id, self.port)
         self.started_at = time.time()
         with rundir.agent_log(self.dir).open("wb") as agent_log:
             self.agent = subprocess.Popen(
@@ -177,9 +170,13 @@ class Run(RunView):
                 # Own session: the notebook's interrupt reaches the kernel only; nbgpu then
                 # stops the job deliberately (SIGINT, SIGTERM, SIGKILL on one deadline).
                 start_new_session=True,
+                # srun is not ours to change: the kernel sets its parent-death signal (a
+                # killed srun ends its step on every node). Our agent sets its own.
+                preexec_fn=_die_with_launcher if cfg.slurm is not None else None,  # noqa: PLW1509
             )
         self.state = "running"
-        self._tails = {r: LogTail(rundir.rank_log(self.dir, r)) for r in range(cfg.nproc)}
+        world = range(cfg.world_size)
+        self._tails = {r: LogTail(rundir.rank_log(self.dir, r)) for r in world}
         register(self)
         return self
 
@@ -208,7 +205,8 @@ class Run(RunView):
             "name": self.name,
             "run_id": self.run_id,
             "nproc": cfg.nproc,
-            "nnodes": 1,
+            "nnodes": cfg.nnodes,
+            "slurm": cfg.slurm is not None,
             "gpus": None if cfg.gpus is None else ",".join(str(g) for g in cfg.gpus),
             "cuda_visible_devices": cfg.cuda_visible_devices
             if cfg.cuda_visible_devices is not None
@@ -259,8 +257,19 @@ class Run(RunView):
             if lines:
                 if self.first_output_at is None:
                     self.first_output_at = time.time()
-                out.append((f"rank{rank}", lines))
+                out.append((self.rank_label(rank), lines))
         return out
+
+    def rank_label(self, rank: int) -> str:
+        """``rank3``, or ``n2/rank3`` over several nodes (each rank names its node)."""
+        if self.config.nnodes == 1:
+            return f"rank{rank}"
+        node = self._nodes.get(rank)
+        if node is None:
+            with contextlib.suppress(OSError):
+                node = rundir.rank_node(self.dir, rank).read_text(encoding="utf-8").strip()
+                self._nodes[rank] = node
+        return f"{node or '?'}/rank{rank}"
 
     @property
     def memory(self) -> MemoryReport:
@@ -307,6 +316,11 @@ class Run(RunView):
                 self.stop_reason = reason
         if self.warm is not None:
             self.warm.stop_gracefully(grace_s)
+        if self.config.slurm is not None:
+            from nbgpu.launch.slurm import cancel  # noqa: PLC0415  (SLURM runs only)
+
+            # SLURM ends the tasks on every node; the local stop below ends srun itself.
+            cancel(self.dir, self.environ, requested="SLURM_JOB_ID" not in self.environ)
         report = stop_processes(
             self.run_id,
             self.agent.pid if self.agent else None,
@@ -349,7 +363,7 @@ class Run(RunView):
         for rank, tail in self._tails.items():
             lines = tail.close()
             if lines:
-                out.append((f"rank{rank}", lines))
+                out.append((self.rank_label(rank), lines))
         return out
 
     def finish(self) -> None:
@@ -361,9 +375,10 @@ class Run(RunView):
         self.ended_at = time.time()
         self.agent_result = read_agent_result(self.dir)
         agent_code = self.agent.returncode if self.agent else None
-        self.ranks = rank_outcomes(self.dir, self.config.nproc, self.agent_result, agent_code)
+        world = self.config.world_size
+        self.ranks = rank_outcomes(self.dir, world, self.agent_result, agent_code)
         if self.config.pull:
-            pulled = collect_pulled(self.dir, self.config.nproc)
+            pulled = collect_pulled(self.dir, world)
             self.pulled, self.pulled_all = pulled.values, pulled.every_rank
             self.pull_problems.extend(pulled.problems)
         if self.stop_reason == "idle_timeout":
@@ -419,6 +434,10 @@ class Run(RunView):
 
             follow(self, ScreenWriter(lambda _text: None))
         return self
+
+
+def _die_with_launcher() -> None:
+    set_parent_death_signal(signal.SIGTERM)
 
 
 def leftover_processes(run: Run) -> list[int]:

@@ -54,7 +54,7 @@ class RunView(Result):
 
     @property
     def logs(self) -> dict[str, Path]:
-        out = {f"rank{r}": rundir.rank_log(self.dir, r) for r in range(self.config.nproc)}
+        out = {f"rank{r}": rundir.rank_log(self.dir, r) for r in range(self.config.world_size)}
         out["agent"] = rundir.agent_log(self.dir)
         return out
 
@@ -134,7 +134,8 @@ class RunView(Result):
         parts = [
             f"run '{self.name}'",
             self.state.replace("_", " "),
-            f"{self.config.nproc} ranks",
+            f"{self.config.world_size} ranks"
+            + (f" on {self.config.nnodes} nodes" if self.config.nnodes > 1 else ""),
         ]
         if gpus is not None:
             parts.append(self.gpu_assignment() if gpus else "no GPU")

@@ -17,7 +17,15 @@ from pathlib import Path
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["RUNS_DIR_ENV", "agent_log", "error_file", "make_run_dir", "rank_log", "runs_root"]
+__all__ = [
+    "RUNS_DIR_ENV",
+    "agent_log",
+    "error_file",
+    "make_run_dir",
+    "rank_log",
+    "rank_node",
+    "runs_root",
+]
 
 RUNS_DIR_ENV = "NBGPU_RUNS_DIR"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -59,6 +67,11 @@ def make_run_dir(name: str, environ: Mapping[str, str] | None = None) -> Path:
 
 def rank_log(run_dir: Path, rank: int) -> Path:
     return run_dir / f"rank{rank}.log"
+
+
+def rank_node(run_dir: Path, rank: int) -> Path:
+    """Where a rank of a run over several nodes writes its node's name."""
+    return run_dir / f"rank{rank}.node"
 
 
 def error_file(run_dir: Path, rank: int) -> Path:

@@ -221,6 +221,9 @@ def main() -> int:
     run_dir = Path(os.environ["NBGPU_RUN_DIR"])
     rank = int(os.environ.get("RANK", "0"))
     _die_with_parent(run_dir, rank)
+    if os.environ.get("NBGPU_NODE"):  # several nodes: say where this rank runs (its label)
+        with contextlib.suppress(OSError):
+            (run_dir / f"rank{rank}.node").write_text(os.environ["NBGPU_NODE"], encoding="utf-8")
     # Interrupting a run means SIGINT (torchrun forwards it): the user's code gets
     # KeyboardInterrupt even when an ancestor ignored SIGINT (nohup, `cmd &`, CI),
     # which Python would otherwise keep.

@@ -1,0 +1,135 @@
+"""Multi-node runs through SLURM: the ``srun`` command, the checks before it, ``scancel``.
+
+A run with ``--slurm`` starts ``srun`` where a single-node run starts its agent: one task
+per node (``--ntasks-per-node 1``), each running ``slurm_node.py``, which finds the c10d
+rendezvous and becomes torchrun's agent on its node. Inside an allocation (the kernel's
+environment has ``SLURM_JOB_ID``) ``srun`` starts a step in it; otherwise it requests an
+allocation for the run (named ``nbgpu-<run>``) that ends with the step, so nothing stays
+queued. Stopping a run cancels the step, or the allocation nbgpu requested, with
+``scancel``; SLURM then ends the tasks on every node.
+
+Checked before anything is queued, each as one line with SLURM's own words where it gave
+some: SLURM not installed, an unknown partition, more nodes than the partition (or the
+allocation) holds, a malformed ``--time``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from nbgpu.errors import UserInputError
+from nbgpu.launch.config import SlurmOptions
+
+__all__ = ["JOIN_TIMEOUT_S", "cancel", "check_request", "srun_argv"]
+
+JOIN_TIMEOUT_S = 120  # how long the nodes wait for each other at the rendezvous
+
+
+def _run(argv: Sequence[str], environ: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            list(argv), env=dict(environ), capture_output=True, text=True, timeout=30,
+            check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UserInputError(f"SLURM: {argv[0]} failed to run ({exc})") from None
+
+
+def _nodes_in_partition(partition: str | None, environ: Mapping[str, str]) -> int:
+    argv = ["sinfo", "-h", "-o", "%D %P"]
+    if partition:
+        argv += ["-p", partition]
+    done = _run(argv, environ)
+    if done.returncode != 0:
+        words = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise UserInputError(f"SLURM is not reachable here: sinfo says {words!r}")
+    total = 0
+    for line in done.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            total += int(parts[0])
+    if partition and total == 0:
+        raise UserInputError(
+            f"--partition {partition!r}: SLURM knows no such partition (sinfo -p lists none)"
+        )
+    return total
+
+
+def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str]) -> list[str]:
+    """Refuse what SLURM would refuse or queue forever; the notes to announce."""
+    if shutil.which("srun", path=environ.get("PATH")) is None:
+        raise UserInputError(
+            "--slurm: SLURM is not installed here (no srun on PATH); run on a cluster's login "
+            "node, or drop --slurm"
+        )
+    job = environ.get("SLURM_JOB_ID")
+    if job:
+        have = int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or 1)
+        if nodes > have:
+            raise UserInputError(
+                f"--nodes {nodes}: the allocation {job} holds {have} node(s); ask for at most "
+                f"{have}, or start the notebook outside the allocation"
+            )
+        return [f"SLURM: a step of allocation {job} on {nodes} of its {have} node(s)"]
+    total = _nodes_in_partition(options.partition, environ)
+    where = f"partition {options.partition!r}" if options.partition else "the cluster"
+    if nodes > total:
+        raise UserInputError(
+            f"--nodes {nodes}: {where} has {total} node(s) (sinfo); SLURM would queue this job "
+            "forever"
+        )
+    return [f"SLURM: requesting {nodes} node(s) from {where} for this run"]
+
+
+def srun_argv(
+    *,
+    nodes: int,
+    nproc: int,
+    run_dir: Path,
+    run_id: str,
+    name: str,
+    python: str,
+    options: SlurmOptions,
+) -> list[str]:
+    """The ``srun`` command that starts one agent per node."""
+    argv = [
+        "srun", "--nodes", str(nodes), "--ntasks-per-node", "1",
+        "--job-name", f"nbgpu-{name}",
+        "--kill-on-bad-exit=1",  # one node's agent failing ends every node's
+        "--label",  # agent.log lines start with the node's task number
+        "--unbuffered",
+    ]  # fmt: skip
+    if options.partition:
+        argv += ["--partition", options.partition]
+    if options.time:
+        argv += ["--time", options.time]
+    if options.account:
+        argv += ["--account", options.account]
+    if options.gpus_per_node is not None:
+        argv += [f"--gpus-per-node={options.gpus_per_node}"]
+    argv += list(options.extra)
+    argv += [
+        python, "-m", "nbgpu.launch.slurm_node", str(run_dir), str(nodes), str(nproc),
+        run_id, str(JOIN_TIMEOUT_S),
+    ]  # fmt: skip
+    return argv
+
+
+def cancel(run_dir: Path, environ: Mapping[str, str], *, requested: bool) -> str | None:
+    """``scancel`` the run's step (or the allocation it requested); what was cancelled."""
+    try:
+        rdzv = json.loads((run_dir / "rdzv.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # no node started yet: stopping srun withdraws the request itself
+    job, step = rdzv.get("job_id"), rdzv.get("step_id")
+    if not job:
+        return None
+    target = str(job) if requested or step is None else f"{job}.{step}"
+    with contextlib.suppress(UserInputError):
+        _run(["scancel", target], environ)
+    return target

@@ -1,0 +1,114 @@
+"""One node of a SLURM job: find the rendezvous, then become torchrun's agent.
+
+``srun`` starts ``python -m nbgpu.launch.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S``
+once per node. The first node of the step (``SLURM_NODEID`` 0) picks the rendezvous: its
+own address as SLURM knows it (``NodeAddr``) and a port free there, written to
+``rdzv.json`` in the run directory, with the job and step ids the kernel needs to cancel
+them. The other nodes wait for that file. Every node then replaces itself with nbgpu's
+torchrun agent (``agent.py``) using torchrun's c10d rendezvous, so a node's signals from
+SLURM reach torchrun directly.
+
+The run directory must be on a filesystem every node sees (a home or scratch directory
+on a cluster, as SLURM users have): the rendezvous file, the ranks' logs and their
+results are written there, and the notebook reads them as they grow.
+
+Runs on the compute nodes: standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main"]
+
+_WAIT_FOR_FIRST_NODE_S = 120.0
+
+
+def _node_address(name: str) -> str:
+    """The address SLURM reaches *name* at (``NodeAddr``), else its hostname."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["scontrol", "show", "node", name, "-o"],
+            capture_output=True, text=True, timeout=20, check=False,
+        ).stdout  # fmt: skip
+        for field in out.split():
+            if field.startswith("NodeAddr="):
+                return field.split("=", 1)[1]
+    return socket.gethostname()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError:
+            sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _publish(run_dir: Path, name: str) -> dict[str, object]:
+    host = _node_address(name)
+    rdzv = {
+        "host": host,
+        "port": _free_port(host),
+        "first_node": name,
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+        "step_id": os.environ.get("SLURM_STEP_ID"),
+        "nodes": os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST"),
+    }
+    tmp = run_dir / ".rdzv.json.tmp"
+    tmp.write_text(json.dumps(rdzv), encoding="utf-8")
+    tmp.replace(run_dir / "rdzv.json")  # atomic: the other nodes never read half a file
+    return rdzv
+
+
+def _await(run_dir: Path) -> dict[str, object]:
+    path = run_dir / "rdzv.json"
+    deadline = time.monotonic() + _WAIT_FOR_FIRST_NODE_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            data: dict[str, object] = json.loads(path.read_text(encoding="utf-8"))
+            return data
+        time.sleep(0.05)
+    raise SystemExit(
+        f"nbgpu: the first node never wrote {path} within {_WAIT_FOR_FIRST_NODE_S:g} s: is "
+        "the run directory on a filesystem every node sees? (set NBGPU_RUNS_DIR to one)"
+    )
+
+
+def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never returns)
+    if len(argv) != 5:
+        print("usage: python -m nbgpu.launch.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    run_dir, nnodes, nproc, run_id, join_s = Path(argv[0]), argv[1], argv[2], argv[3], argv[4]
+    node = int(os.environ.get("SLURM_NODEID", "0"))
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    rdzv = _publish(run_dir, name) if node == 0 else _await(run_dir)
+    os.environ["NBGPU_NODE"] = name  # each rank writes it next to its log (node/rank labels)
+    # The agent dies with this step's slurmstepd (our parent), as it would with a kernel.
+    os.environ["NBGPU_LAUNCHER_PID"] = str(os.getppid())
+    os.environ["TORCHELASTIC_ERROR_FILE"] = str(run_dir / f"agent-error-node{node}.json")
+    agent = [
+        sys.executable, "-m", "nbgpu.launch.agent", str(run_dir / f"result-node{node}.json"),
+        "--",
+        "--nnodes", nnodes, "--nproc-per-node", nproc,
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rdzv['host']}:{rdzv['port']}",
+        "--rdzv-id", run_id, "--rdzv-conf", f"join_timeout={join_s}",
+        "--max-restarts", "0",
+        "--log-dir", str(run_dir / "torchelastic" / f"node{node}"),
+        "--module", "nbgpu.launch.worker",
+    ]  # fmt: skip
+    sys.stdout.flush()
+    os.execv(sys.executable, agent)  # noqa: S606  (our own interpreter, no shell)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
