@@ -192,6 +192,14 @@ def diagnose(
     from nbgpu.diagnose.memory import with_memory_details  # noqa: PLC0415
 
     causes = with_memory_details(causes, inputs.run.path if inputs.run is not None else None)
+    if inputs.run is not None and inputs.run.nodes:
+        # A run over several nodes: each cause names where its first rank ran.
+        causes = tuple(
+            replace(c, first_node=inputs.run.nodes.get(c.first_rank))
+            if c.first_rank is not None
+            else c
+            for c in causes
+        )
     return Diagnosis(
         status="failure" if ranking.failed else "no_failure",
         input=inputs.label,

@@ -62,14 +62,19 @@ class FoundCause(Result):
     fixes: tuple[str, ...]
     details: tuple[str, ...] = ()  # specifics: numbers from the log, this machine's GPUs
     traceback: tuple[str, ...] = ()  # the first failing rank's traceback, when seen
+    first_node: str | None = None  # over several nodes: where first_rank ran
 
     @property
     def root(self) -> bool:
         return self.role == "root"
 
+    def _first(self) -> str:
+        node = f" on node {self.first_node}" if self.first_node else ""
+        return f"rank {self.first_rank}{node}"
+
     def summary(self) -> str:
         """One line: cause, rank, confidence."""
-        where = f" on rank {self.first_rank}" if self.first_rank is not None else ""
+        where = f" on {self._first()}" if self.first_rank is not None else ""
         return f"{self.title} ({self.cause}){where}, confidence {self.confidence:.2f}"
 
     def text(self) -> str:
@@ -77,9 +82,7 @@ class FoundCause(Result):
         lines = [_fill(f"{head}: {self.title} [{self.cause}]", "", "  ")]
         who = _ranks_text(self.ranks)
         if self.first_rank is not None and self.role == "root":
-            who = f"rank {self.first_rank} failed first" + (
-                f" ({who})" if len(self.ranks) > 1 else ""
-            )
+            who = f"{self._first()} failed first" + (f" ({who})" if len(self.ranks) > 1 else "")
         lines.append(f"  {who + ' · ' if who else ''}confidence {self.confidence:.2f}")
         lines.append(wrap(self.explanation, "  "))
         if self.evidence:
@@ -109,9 +112,7 @@ class FoundCause(Result):
         ]
         who = _ranks_text(self.ranks)
         if self.first_rank is not None and self.role == "root":
-            who = f"rank {self.first_rank} failed first" + (
-                f" ({who})" if len(self.ranks) > 1 else ""
-            )
+            who = f"{self._first()} failed first" + (f" ({who})" if len(self.ranks) > 1 else "")
         if who:
             parts.append(f"<div>{escape(who)}</div>")
         parts.append(f"<p>{fix_html(self.explanation)}</p>")
@@ -137,6 +138,7 @@ class FoundCause(Result):
             "confidence": round(self.confidence, 3),
             "ranks": list(self.ranks),
             "first_rank": self.first_rank,
+            "first_node": self.first_node,
             "evidence": [e.to_dict() for e in self.evidence],
             "explanation": self.explanation,
             "fixes": list(self.fixes),

@@ -22,6 +22,7 @@ Imports only the standard library and ``nbgpu.errors``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -96,6 +97,7 @@ class RunInfo:
     agent_exit_code: int | None
     cell: int | None = None  # a warm job: the cell it was in (or had run last) when it ended
     cell_offsets: dict[int, int] = field(default_factory=dict)  # rank -> its log's size then
+    nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, over several nodes
 
     @property
     def world_size(self) -> int | None:
@@ -357,6 +359,12 @@ def _directory(root: Path) -> Inputs:
             if inputs.run is not None and rank is not None and _RANK_LOG.match(path.name):
                 offset = inputs.run.cell_offsets.get(rank, 0)
             inputs.logs.append(LogInput(rel, path=path, default_rank=rank, offset=offset))
+    if inputs.run is not None:
+        for path in root.glob("rank*.node"):
+            rank = _int(path.name[len("rank") : -len(".node")])
+            with contextlib.suppress(OSError):
+                if rank is not None:
+                    inputs.run.nodes[rank] = path.read_text(encoding="utf-8").strip()
     if inputs.run is not None and inputs.run.cell_offsets:
         inputs.notes.append(
             f"a warm job: the rank logs are read from the start of cell {inputs.run.cell}, the "

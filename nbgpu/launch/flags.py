@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.config import BACKENDS, parse_env_pairs, parse_nproc
+from nbgpu.launch.config import BACKENDS, SlurmOptions, parse_env_pairs, parse_nproc
 
 __all__ = [
     "FLAGS",
@@ -58,7 +58,13 @@ class Flag:
 
     @property
     def dest(self) -> str:
-        return self.names[-1].lstrip("-").replace("-", "_")
+        """The attribute argparse stores it in (its first long name, as argparse does)."""
+        return self.shown.lstrip("-").replace("-", "_")
+
+    @property
+    def shown(self) -> str:
+        """The name messages use: the first long one (``--nodes``, not ``--nnodes``)."""
+        return next((n for n in self.names if n.startswith("--")), self.names[0])
 
     def given(self, args: argparse.Namespace) -> bool:
         """Whether the user typed this flag (its value differs from the default)."""
@@ -80,6 +86,27 @@ FLAGS: tuple[Flag, ...] = (
          {"nargs": "?", "default": None}, faces=frozenset({NOTEBOOK}), per_cell=True),
     Flag(("-n", "--nproc"), "processes on this node (default: the healthy visible GPUs)",
          {"default": None, "metavar": "N"}, faces=frozenset({TERMINAL})),
+    Flag(("--nproc-per-node",), "processes per node (the same as the count; reads well next "
+         "to --nodes)", {"type": int, "default": None, "metavar": "N"}, per_cell=True),
+    Flag(("--nodes", "--nnodes"), "nodes to run on: with --slurm SLURM starts one agent on each; "
+         "without, start the same {code} on every node with --rdzv-endpoint",
+         {"type": int, "default": 1, "metavar": "N"}),
+    Flag(("--slurm",), "launch through SLURM: use the allocation this kernel runs in "
+         "(SLURM_JOB_ID), or request one for the run; srun starts torchrun on each node",
+         {"action": "store_true"}),
+    Flag(("--partition",), "with --slurm: the partition to request nodes from",
+         {"default": None, "metavar": "P"}),
+    Flag(("--time",), "with --slurm: the allocation's time limit (SLURM's form: 30, 1:00:00)",
+         {"default": None, "metavar": "T"}),
+    Flag(("--account",), "with --slurm: the account to charge", {"default": None, "metavar": "A"}),
+    Flag(("--gpus-per-node",), "with --slurm: GPUs to request on each node (one rank per GPU "
+         "unless --nproc-per-node says otherwise)", {"type": int, "default": None, "metavar": "G"}),
+    Flag(("--slurm-arg",), "with --slurm: one more srun option, as written (repeatable), e.g. "
+         "--slurm-arg=--exclusive", {"action": "append", "default": [], "metavar": "ARG"}),
+    Flag(("--node-rank",), "without SLURM: this node's rank among --nodes (default: c10d "
+         "assigns it)", {"type": int, "default": None, "metavar": "R"}),
+    Flag(("--rdzv-endpoint",), "without SLURM: HOST:PORT where every node's ranks meet "
+         "(torchrun's c10d rendezvous)", {"default": None, "metavar": "HOST:PORT"}),
     Flag(("--gpus",), "physical GPUs to use (sets CUDA_VISIBLE_DEVICES); unknown or unhealthy "
          "GPUs are refused with the reason", {"default": None, "metavar": "0,1,3"}),
     Flag(("--plan",), "take GPUs, nproc and port from a plan",
@@ -157,6 +184,13 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
     file) is left to it: ``push`` and ``pull`` come back as lists of names.
     """
     nproc = None if args.nproc is None else parse_nproc(str(args.nproc))
+    per_node = getattr(args, "nproc_per_node", None)
+    if per_node is not None:
+        if nproc is not None and nproc != per_node:
+            raise UserInputError(
+                f"nproc {nproc} and --nproc-per-node {per_node} disagree: give one of them"
+            )
+        nproc = parse_nproc(str(per_node))
     pull = _names(getattr(args, "pull", None))
     if getattr(args, "all_ranks", False) and not pull:
         raise UserInputError("--all-ranks needs --pull NAME")
@@ -182,7 +216,34 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
         "script_args": script_args,
         "keep": bool(getattr(args, "keep", False)),
         "idle_timeout_s": getattr(args, "idle_timeout", None),
+        "nnodes": args.nodes,
+        "slurm": _slurm_options(args),
+        "node_rank": args.node_rank,
+        "rdzv_endpoint": args.rdzv_endpoint,
     }
+
+
+def _slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
+    """``--slurm`` and its options; the options alone are a mistake worth naming."""
+    given = {
+        "--partition": args.partition,
+        "--time": args.time,
+        "--account": args.account,
+        "--gpus-per-node": args.gpus_per_node,
+        "--slurm-arg": args.slurm_arg or None,
+    }
+    if not args.slurm:
+        stray = [flag for flag, value in given.items() if value is not None]
+        if stray:
+            raise UserInputError(f"{stray[0]} asks SLURM for something: add --slurm")
+        return None
+    return SlurmOptions(
+        partition=args.partition,
+        time=args.time,
+        account=args.account,
+        gpus_per_node=args.gpus_per_node,
+        extra=tuple(args.slurm_arg or ()),
+    )
 
 
 def check_cell_flags(args: argparse.Namespace) -> None:
@@ -191,7 +252,7 @@ def check_cell_flags(args: argparse.Namespace) -> None:
 
     for flag in FLAGS:
         if NOTEBOOK in flag.faces and not flag.per_cell and flag.given(args):
-            raise start_only(flag.names[-1], args.on)
+            raise start_only(flag.shown, args.on)
 
 
 def check_keep_flags(args: argparse.Namespace) -> None:

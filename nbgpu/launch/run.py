@@ -153,10 +153,12 @@ class Run(RunView):
         (self.dir / "bootstrap.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
         if cfg.push and not cfg.keep:
             (self.dir / "push.pkl").write_bytes(pickle.dumps(dict(cfg.push)))
-        taken = ports_in_use()
-        self.port = cfg.master_port or free_port(taken)
+        if cfg.slurm is None and cfg.nnodes == 1:
+            self.port = cfg.master_port or free_port(ports_in_use())
+        else:
+            self.port = None  # the nodes meet at a c10d endpoint, not at a local port
         self._write_meta()
-        argv = agent_argv(cfg, self.dir, self.run_id, self.port)
+        argv = agent_argv(cfg, self.dir, self.run_id, self.port or 0)
         self.started_at = time.time()
         with rundir.agent_log(self.dir).open("wb") as agent_log:
             self.agent = subprocess.Popen(
@@ -259,17 +261,6 @@ class Run(RunView):
                     self.first_output_at = time.time()
                 out.append((self.rank_label(rank), lines))
         return out
-
-    def rank_label(self, rank: int) -> str:
-        """``rank3``, or ``n2/rank3`` over several nodes (each rank names its node)."""
-        if self.config.nnodes == 1:
-            return f"rank{rank}"
-        node = self._nodes.get(rank)
-        if node is None:
-            with contextlib.suppress(OSError):
-                node = rundir.rank_node(self.dir, rank).read_text(encoding="utf-8").strip()
-                self._nodes[rank] = node
-        return f"{node or '?'}/rank{rank}"
 
     @property
     def memory(self) -> MemoryReport:

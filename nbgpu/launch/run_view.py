@@ -8,6 +8,7 @@ traceback is.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from html import escape
 from pathlib import Path
@@ -45,6 +46,7 @@ class RunView(Result):
     pulled: dict[str, Any]
     pull_problems: list[str]
     warm: WarmState | None
+    _nodes: dict[int, str]  # rank -> its node's name, read once (several nodes only)
 
     @property
     def duration_s(self) -> float | None:
@@ -67,13 +69,27 @@ class RunView(Result):
             return "stopped" if self.stop_reason else "unknown"
         return f"exit {r.exit_code}"
 
+    def rank_label(self, rank: int) -> str:
+        """``rank3``, or ``n2/rank3`` over several nodes (each rank names its node)."""
+        if self.config.nnodes == 1:
+            return f"rank{rank}"
+        node = self._nodes.get(rank)
+        if node is None:
+            with contextlib.suppress(OSError):
+                node = rundir.rank_node(self.dir, rank).read_text(encoding="utf-8").strip()
+                self._nodes[rank] = node
+        return f"{node or '?'}/rank{rank}"
+
     def failure_summary(self) -> str:
         head = f"run '{self.name}' {self.state.replace('_', ' ')}"
         if self.stop_reason == "timed_out":
             head += f" after {self.config.timeout_s:g} s (--timeout)"
         rc = self.root_cause
         if rc is not None:
-            head += f": rank {rc.rank} failed first ({self._rank_state(rc)})"
+            who = f"rank {rc.rank}"
+            if self.config.nnodes > 1:
+                who += f" on node {self.rank_label(rc.rank).split('/')[0]}"
+            head += f": {who} failed first ({self._rank_state(rc)})"
             if rc.error:
                 head += f": {rc.error.splitlines()[0][:300]}"
         elif self.state == "failed" and self.agent_result.get("error"):

@@ -1,0 +1,167 @@
+"""2 nodes x 2 ranks through a real SLURM cluster: srun, torchrun's c10d rendezvous, gloo.
+
+What is left behind is looked for in every process on the machine (both test nodes run
+here) by the run's id in their environment, and in SLURM's queue.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nbgpu.errors import UserInputError
+from nbgpu.launch.config import SlurmOptions
+from nbgpu.launch.launcher import torchrun
+from nbgpu.launch.run import RunFailed
+
+pytestmark = pytest.mark.slow
+
+HELLO = (
+    "import os, time, nbgpu.rank as R\n"
+    "R.init()\n"
+    "print('hello from', os.environ['RANK'], 'sum', R.all_reduce_sum(1), flush=True)\n"
+    "time.sleep(1.5)\n"
+    "print('bye from', os.environ['RANK'], flush=True)\n"
+)
+
+
+@pytest.fixture
+def env(slurm_cluster, tmp_path):
+    out = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
+    out.pop("NBGPU_SIMULATE", None)
+    out.pop("CUDA_VISIBLE_DEVICES", None)
+    return out
+
+
+class Screen:
+    def __init__(self):
+        self.writes = []
+
+    def __call__(self, text):
+        self.writes.append((time.monotonic(), text))
+
+    @property
+    def text(self):
+        return "".join(t for _, t in self.writes)
+
+
+def processes_of(run_id):
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            if f"NBGPU_RUN_ID={run_id}".encode() in environ and (
+                proc.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(proc.pid)
+        except (OSError, psutil.Error):  # noqa: PERF203  (a process may vanish while read)
+            continue
+    return found
+
+
+def nothing_left(run, cluster, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not processes_of(run.run_id) and not cluster.squeue():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_two_nodes_stream_live_labelled_by_node_and_rank(env, slurm_cluster):
+    screen = Screen()
+    run = torchrun(HELLO, 2, nnodes=2, slurm=SlurmOptions(), environ=env, write=screen)
+    assert run.state == "succeeded"
+    text = screen.text
+    nodes = {Path(p).read_text() for p in run.dir.glob("rank*.node")}
+    assert nodes == {"n1", "n2"}
+    for rank in range(4):
+        node = (run.dir / f"rank{rank}.node").read_text()
+        assert f"[{node}/rank{rank}] hello from {rank} sum 4" in text.replace("\x1b[0m", "")
+        assert f"bye from {rank}" in text
+    # Live: the hellos reached the screen well before the run's last line did.
+    first = next(t for t, chunk in screen.writes if "hello from" in chunk)
+    last = next(t for t, chunk in reversed(screen.writes) if "bye from" in chunk)
+    assert last - first > 1.0
+    assert "4 ranks on 2 nodes" in run.text()
+    assert nothing_left(run, slurm_cluster)
+
+
+def test_a_rank_failing_on_one_node_names_node_and_rank(env, slurm_cluster):
+    code = (
+        "import os, time, nbgpu.rank as R\nR.init()\n"
+        "if os.environ['RANK'] == '3':\n    raise ValueError('batch 8 is not divisible by 3')\n"
+        "time.sleep(30)\n"
+    )
+    with pytest.raises(RunFailed) as failure:
+        torchrun(code, 2, nnodes=2, slurm=SlurmOptions(), environ=env, write=Screen())
+    run = failure.value.run
+    node = (run.dir / "rank3.node").read_text()
+    assert run.root_cause is not None
+    assert run.root_cause.rank == 3
+    assert f"rank 3 on node {node} failed first" in run.failure_summary()
+    root = run.diagnosis.causes[0]
+    assert (root.first_rank, root.first_node) == (3, node)
+    assert f"rank 3 on node {node} failed first" in run.diagnosis.text()
+    assert nothing_left(run, slurm_cluster)
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_interrupt_cancels_the_job_on_every_node(env, slurm_cluster):
+    code = "import time\nprint('up', flush=True)\ntime.sleep(120)\n"
+    screen = Screen()
+    timer = threading.Timer(6.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    began = time.monotonic()
+    with pytest.raises(RunFailed) as failure:
+        torchrun(code, 2, nnodes=2, slurm=SlurmOptions(), environ=env, write=screen,
+                 name="interrupted")  # fmt: skip
+    timer.join()
+    run = failure.value.run
+    assert run.state == "interrupted"
+    assert time.monotonic() - began < 40
+    assert screen.text.count("up") >= 1
+    assert nothing_left(run, slurm_cluster)
+
+
+def test_nbgpu_run_slurm_from_a_terminal(env, slurm_cluster, tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text(HELLO)
+    done = subprocess.run(
+        [sys.executable, "-m", "nbgpu.cli", "run", "--slurm", "--nodes", "2",
+         "--nproc-per-node", "2", "--name", "cli2x2", str(script)],
+        env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for rank in range(4):
+        assert f"/rank{rank}] hello from {rank} sum 4" in done.stdout
+    assert "SLURM: requesting 2 node(s)" in done.stderr
+    assert not slurm_cluster.squeue()
+
+
+@pytest.mark.parametrize(
+    ("options", "nnodes", "message"),
+    [
+        ({"partition": "nosuch"}, 2, r"--partition 'nosuch': SLURM knows no such partition"),
+        ({}, 3, r"--nodes 3: the cluster has 2 node\(s\) \(sinfo\)"),
+        ({"partition": "debug"}, 3, r"--nodes 3: partition 'debug' has 2 node\(s\)"),
+    ],
+)
+def test_requests_slurm_would_refuse_or_queue_forever_are_one_line(
+    env, slurm_cluster, options, nnodes, message
+):
+    with pytest.raises(UserInputError, match=message):
+        torchrun("print(1)", 2, nnodes=nnodes, slurm=SlurmOptions(**options), environ=env)
+    assert not slurm_cluster.squeue()
+
+
+def test_slurm_missing_is_one_line(env):
+    env = {**env, "PATH": "/nonexistent"}
+    with pytest.raises(UserInputError, match=r"--slurm: SLURM is not installed here \(no srun"):
+        torchrun("print(1)", 2, nnodes=2, slurm=SlurmOptions(), environ=env)
