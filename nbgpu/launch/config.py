@@ -154,17 +154,17 @@ class LaunchConfig:
             if self.node_rank not in (None, 0) or self.rdzv_endpoint is not None:
                 raise UserInputError(
                     "--node-rank and --rdzv-endpoint are for runs over several nodes: give "
-                    "--nnodes N too"
+                    "--nodes N too"
                 )
             return
         if self.rdzv_endpoint is None or not re.match(r"^[^:\s]+:\d{2,5}$", self.rdzv_endpoint):
             raise UserInputError(
-                f"--nnodes {self.nnodes} without --slurm: give --rdzv-endpoint HOST:PORT (the "
+                f"--nodes {self.nnodes} without --slurm: give --rdzv-endpoint HOST:PORT (the "
                 f"address every node reaches, e.g. node1:29400), not {self.rdzv_endpoint!r}"
             )
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise UserInputError(
-                f"--node-rank {self.node_rank}: expected 0 to {self.nnodes - 1} for --nnodes "
+                f"--node-rank {self.node_rank}: expected 0 to {self.nnodes - 1} for --nodes "
                 f"{self.nnodes}"
             )
 

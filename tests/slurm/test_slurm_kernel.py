@@ -1,0 +1,73 @@
+"""``%%torchrun --slurm`` in a real Jupyter kernel on the two-node test cluster."""
+
+import json
+import re
+import sys
+
+import pytest
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+from tests.notebook.test_kernel_e2e import _execute
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def slurm_kernel(slurm_cluster, tmp_path):
+    env = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
+    env.pop("NBGPU_SIMULATE", None)
+    spec_dir = tmp_path / "kernels" / "nbgpu-slurm"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(
+        json.dumps({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f",
+                             "{connection_file}"], "display_name": "slurm", "language": "python"})
+    )  # fmt: skip
+    specs = KernelSpecManager()
+    specs.kernel_dirs = [str(tmp_path / "kernels")]
+    km = KernelManager(kernel_name="nbgpu-slurm", kernel_spec_manager=specs)
+    km.start_kernel(env=env, cwd=str(tmp_path))
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    yield client
+    client.stop_channels()
+    km.shutdown_kernel(now=True)
+    km.cleanup_resources()
+
+
+def test_the_magic_runs_two_nodes_and_names_the_failing_one(slurm_kernel, slurm_cluster):
+    client = slurm_kernel
+    assert _execute(client, "%load_ext nbgpu")[1] is None
+    out, error = _execute(
+        client,
+        "%%torchrun --slurm --nodes 2 --nproc-per-node 2 --name k2x2\n"
+        "import os, nbgpu.rank as R\nR.init()\n"
+        "print('hello from', os.environ['RANK'], 'sum', R.all_reduce_sum(1))\n",
+        timeout=180,
+    )
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert error is None, plain
+    for rank in range(4):
+        assert re.search(rf"\[n[12]/rank{rank}\] hello from {rank} sum 4", plain), plain
+    # Flags that need --slurm, or that --slurm replaces: one line each, nothing queued.
+    out, _ = _execute(client, "%%torchrun --nodes 2 --nproc-per-node 2 --partition debug\nx=1")
+    assert "UsageError: --partition asks SLURM for something: add --slurm" in out
+    out, _ = _execute(client, "%%torchrun --slurm --nodes 2 --nproc-per-node 2 --time soon\nx=1")
+    assert "UsageError: --time 'soon': expected SLURM's forms" in out
+    out, _ = _execute(client, "%%torchrun --slurm --nodes 2 --gpus 0\nx=1")
+    assert "UsageError: --gpus names this machine's GPUs" in out
+    out, _ = _execute(client, "%%torchrun --nodes 2 --nproc-per-node 2\nx=1")
+    assert "UsageError: --nodes 2 without --slurm: give --rdzv-endpoint HOST:PORT" in out
+    assert not slurm_cluster.squeue()
+    # A rank that fails on one node: the cell's error names its node and rank.
+    out, error = _execute(
+        client,
+        "%%torchrun --slurm --nodes 2 --nproc-per-node 2 --name kbad\n"
+        "import os, time, nbgpu.rank as R\nR.init()\n"
+        "if os.environ['RANK'] == '2':\n    raise ValueError('bad shard')\ntime.sleep(30)\n",
+        timeout=180,
+    )
+    assert error is not None
+    assert re.search(r"rank 2 on node n[12] failed first", error), error
+    assert not slurm_cluster.squeue()
