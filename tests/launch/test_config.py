@@ -5,6 +5,7 @@ import pytest
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import (
     LaunchConfig,
+    SlurmOptions,
     parse_env_pairs,
     parse_gpu_list,
     parse_nproc,
@@ -92,3 +93,31 @@ def test_the_launch_flag_and_rank_init_accept_the_same_backends():
     backend = next(a for a in sub.choices["run"]._actions if "--backend" in a.option_strings)
     assert tuple(backend.choices) == group.BACKENDS
     assert "ucc" in backend.choices  # what torch accepts, not a subset
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"nnodes": 0}, r"--nodes 0: expected a whole number >= 1"),
+        ({"nnodes": 2}, r"--nodes 2 without --slurm: give --rdzv-endpoint HOST:PORT"),
+        ({"nnodes": 2, "rdzv_endpoint": "node1"}, r"not 'node1'"),
+        (
+            {"nnodes": 2, "rdzv_endpoint": "n1:29400", "node_rank": 2},
+            r"--node-rank 2: expected 0 to 1",
+        ),
+        ({"node_rank": 1}, r"--node-rank and --rdzv-endpoint are for runs over several nodes"),
+        ({"nnodes": 2, "slurm": SlurmOptions(), "node_rank": 0}, r"--slurm chooses node ranks"),
+        ({"nnodes": 2, "slurm": SlurmOptions(), "keep": True}, r"--keep with several nodes"),
+    ],
+)
+def test_node_options_are_checked_before_anything_starts(keywords, message):
+    with pytest.raises(UserInputError, match=message):
+        LaunchConfig(nproc=2, code="x = 1", **keywords)
+
+
+@pytest.mark.parametrize("value", ["soon", "1:2:3:4", "-5"])
+def test_slurm_time_is_read_in_slurms_forms(value):
+    with pytest.raises(UserInputError, match=rf"--time '{value}': expected SLURM's forms"):
+        SlurmOptions(time=value)
+    for fine in ("30", "1:00:00", "1-12", "2-00:30:00", "UNLIMITED"):
+        SlurmOptions(time=fine)
