@@ -165,3 +165,47 @@ def test_slurm_missing_is_one_line(env):
     env = {**env, "PATH": "/nonexistent"}
     with pytest.raises(UserInputError, match=r"--slurm: SLURM is not installed here \(no srun"):
         torchrun("print(1)", 2, nnodes=2, slurm=SlurmOptions(), environ=env)
+
+
+def test_a_lost_node_ends_the_job_everywhere(env, slurm_cluster):
+    # The agent of one node is SIGKILLed (the node dies with it): SLURM ends the step on
+    # the other node, the run fails, and nothing survives on either node.
+    code = "import time\nprint('up', flush=True)\ntime.sleep(120)\n"
+    box = {}
+
+    def kill_one_node():
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            agents = [
+                p for p in psutil.process_iter(["cmdline", "environ"])
+                if "nbgpu.launch.agent" in " ".join(p.info["cmdline"] or [])
+                and (p.info["environ"] or {}).get("SLURM_NODEID") == "1"
+                and (p.info["environ"] or {}).get("NBGPU_RUN_NAME") == "lost"
+            ]  # fmt: skip
+            if agents and len(list((Path(env["NBGPU_RUNS_DIR"])).glob("lost-*/rank*.node"))) == 4:
+                box["pid"] = agents[0].pid
+                os.kill(agents[0].pid, signal.SIGKILL)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_one_node)
+    killer.start()
+    with pytest.raises(RunFailed) as failure:
+        torchrun(code, 2, nnodes=2, slurm=SlurmOptions(), environ=env, write=Screen(),
+                 name="lost", timeout_s=90)  # fmt: skip
+    killer.join()
+    assert "pid" in box
+    run = failure.value.run
+    assert run.state == "failed"
+    assert nothing_left(run, slurm_cluster)
+
+
+def test_timeout_cancels_the_job(env, slurm_cluster):
+    began = time.monotonic()
+    with pytest.raises(RunFailed) as failure:
+        torchrun("import time\ntime.sleep(120)\n", 2, nnodes=2, slurm=SlurmOptions(),
+                 environ=env, write=Screen(), timeout_s=8)  # fmt: skip
+    run = failure.value.run
+    assert run.state == "timed_out"
+    assert time.monotonic() - began < 40
+    assert nothing_left(run, slurm_cluster)
