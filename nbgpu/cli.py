@@ -156,6 +156,13 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value",
     )
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="every node of the SLURM allocation (or of --nodes N requested for the look)",
+    )
+    p.add_argument("--nodes", type=int, default=None, metavar="N", help="with --slurm")
+    p.add_argument("--partition", default=None, metavar="P", help="with --slurm")
 
     p = sub.add_parser("doctor", help="each GPU's health, the launch environment, and fixes")
     p.add_argument("--no-probe", action="store_true", help="skip the active CUDA probe")
@@ -320,6 +327,18 @@ def _run(args: argparse.Namespace) -> int:
     from nbgpu import api  # noqa: PLC0415  (keeps `nbgpu -h` instant)
 
     if args.command == "status":
+        if args.slurm:
+            from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
+            from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
+
+            cluster = cluster_status(
+                nodes=args.nodes,
+                options=SlurmOptions(partition=args.partition),
+                environ=os.environ,
+                probe=args.probe,
+            )
+            print(cluster.to_json() if args.json else cluster.text())
+            return EXIT_OK
         inventory = api.status(probe=args.probe, visible_devices=args.env)
         print(inventory.to_json() if args.json else inventory.text())
         return EXIT_OK

@@ -70,6 +70,13 @@ class GPUMagics(Magics):
         help="show cuda:N -> GPU for this "
         "CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)",
     )
+    @argument(
+        "--slurm",
+        action="store_true",
+        help="every node of the SLURM allocation (or of --nodes N requested for the look)",
+    )
+    @argument("--nodes", type=int, default=None, metavar="N", help="with --slurm")
+    @argument("--partition", default=None, metavar="P", help="with --slurm")
     @line_magic
     def gpu_status(self, line: str = "") -> Any:
         """Show every GPU: health, memory, who holds it, and what cuda:N means here."""
@@ -78,6 +85,8 @@ class GPUMagics(Magics):
             return None
         from nbgpu.api import status  # noqa: PLC0415
 
+        if args.slurm:
+            return self._cluster_status(args)
         try:
             inventory = status(
                 probe=args.probe, visible_devices=_visible_value(args.env), environ=self._environ()
@@ -88,6 +97,24 @@ class GPUMagics(Magics):
             print(inventory.to_json())
             return None
         return inventory
+
+    def _cluster_status(self, args: Any) -> Any:
+        from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
+        from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
+
+        try:
+            cluster = cluster_status(
+                nodes=args.nodes,
+                options=SlurmOptions(partition=args.partition),
+                environ=self._environ(),
+                probe=args.probe,
+            )
+        except UserInputError as exc:
+            raise UsageError(str(exc)) from None
+        if args.json:
+            print(cluster.to_json())
+            return None
+        return cluster
 
     @magic_arguments()
     @argument("--no-probe", action="store_true", help="skip the active CUDA probe")
