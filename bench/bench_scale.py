@@ -1,0 +1,74 @@
+"""What the notebook side costs as ranks multiply (for docs/scale-out.md).
+
+For 16, 128, 512 and 4096 ranks (2, 16, 64 and 512 nodes of 8 GPUs), measured here on
+real files and the real classes:
+
+1. one poll of every rank's log (``LogTail.poll``: a read on each file, as the follow
+   loop does 20 times a second) while every rank has written one new line;
+2. what one tick of the screen writer sends when every rank printed one line in that
+   tick (``ScreenWriter``: over the byte budget, each rank is cut to a count and its
+   newest line), against the 200 kB/s budget that keeps Jupyter under its rate limit.
+
+    .venv/bin/python bench/bench_scale.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nbgpu.launch.streams import LogTail, ScreenWriter
+
+LINE = "step 1200 loss=0.4312 lr=3.0e-04 tokens/s=91234 mem=61.2G " * 2 + "\n"
+
+
+def poll_cost(ranks: int, rounds: int = 20) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [Path(tmp) / f"rank{r}.log" for r in range(ranks)]
+        for path in paths:
+            path.write_text("")
+        tails = [LogTail(p) for p in paths]
+        handles = [p.open("a", encoding="utf-8") for p in paths]
+        times = []
+        try:
+            for _ in range(rounds):
+                for h in handles:
+                    h.write(LINE)
+                    h.flush()
+                started = time.perf_counter()
+                for tail in tails:
+                    tail.poll()
+                times.append((time.perf_counter() - started) * 1000)
+        finally:
+            for h in handles:
+                h.close()
+    return statistics.median(times)
+
+
+def tick_bytes(ranks: int) -> int:
+    sent: list[str] = []
+    writer = ScreenWriter(sent.append)
+    writer._budget.tokens = 0  # a tick in the middle of a busy run: the budget is spent
+    for r in range(ranks):
+        writer.add(f"n{r // 8}/rank{r}", [LINE.rstrip("\n")] * 5)
+    writer.flush()
+    return sum(len(s.encode()) for s in sent)
+
+
+def main() -> None:
+    print("| ranks (nodes x 8) | one poll of every log | screen bytes in one busy tick |")
+    print("|---|---:|---:|")
+    for ranks in (16, 128, 512, 4096):
+        cost = poll_cost(ranks)
+        sent = tick_bytes(ranks)
+        print(f"| {ranks} ({ranks // 8} nodes) | {cost:.2f} ms ({cost * 20 / 10:.1f} % of a core "
+              f"at 20 Hz) | {sent / 1000:.0f} kB (budget 20 kB per 0.1 s tick) |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

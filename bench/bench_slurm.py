@@ -1,0 +1,150 @@
+"""Launch overhead of a 2-node x 2-rank SLURM run: bare ``srun ... torchrun`` vs nbgpu.
+
+The same work on the same real two-node SLURM cluster on loopback (the one the tests
+start: munged, slurmctld, two slurmd), alternating, in one run:
+
+a. bare ``srun --nodes 2 --ntasks-per-node 1 python -m torch.distributed.run --nnodes 2
+   --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<free port>
+   --rdzv-id <id> --max-restarts 0 hello.py``: the anchor, torchrun's c10d rendezvous
+   at an endpoint chosen before the job starts
+b. ``nbgpu run --slurm --nodes 2 --nproc-per-node 2 hello.py`` (the CLI): the same c10d
+   rendezvous, its endpoint published by the first node
+
+The script initialises gloo, does one ``all_reduce``, prints one line per rank and tears
+the group down. Reported: median wall time per case and the ratio (b)/(a).
+
+    sudo .venv/bin/python bench/bench_slurm.py [N]   # N alternating rounds (default 5)
+
+Needs Debian's ``slurm-wlm`` and ``munge`` (``make test`` installs them as root).
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+
+from tests.slurm.cluster import Cluster  # noqa: E402  (the repository root, added above)
+
+HELLO = """\
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"hello from rank {dist.get_rank()}/{dist.get_world_size()} sum={t.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    wall = time.perf_counter() - started
+    lines = done.stdout.count("hello from rank")
+    if done.returncode != 0 or lines != 4:
+        raise RuntimeError(f"{argv[:3]}: exit {done.returncode}, {lines} lines\n{done.stderr}")
+    return wall * 1000
+
+
+FAILING = """\
+import os, sys, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+dist.barrier()
+if dist.get_rank() == 3:
+    with open(sys.argv[1], "w") as f:
+        f.write(repr(time.time()))
+    os._exit(1)
+time.sleep(60)
+"""
+
+
+def _failure_detection(root: Path, env: dict[str, str], rounds: int = 3) -> dict[str, object]:
+    """Seconds from a rank's death on one node to the run ending, as the CLI returns."""
+    script = root / "failing.py"
+    script.write_text(FAILING)
+    delays, node = [], "?"
+    for i in range(rounds):
+        stamp = root / f"died-{i}.txt"
+        done = subprocess.run(
+            [sys.executable, "-m", "nbgpu.cli", "run", "--slurm", "--nodes", "2",
+             "--nproc-per-node", "2", str(script), str(stamp)],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        ended = time.time()
+        delays.append(ended - float(stamp.read_text()))
+        found = [line for line in done.stderr.splitlines() if "failed first" in line]
+        node = found[0].split("on node ")[1].split()[0] if found else "?"
+    return {"detect_s": statistics.median(delays), "rounds": rounds, "node": node}
+
+
+def main(n: int = 5) -> None:
+    with tempfile.TemporaryDirectory(prefix="nbgpu-bench-slurm-") as tmp:
+        root = Path(tmp)
+        cluster = Cluster(root / "cluster").start()
+        try:
+            script = root / "hello.py"
+            script.write_text(HELLO)
+            env = {**cluster.env, "NBGPU_RUNS_DIR": str(root / "runs"), "OMP_NUM_THREADS": "1"}
+            env.pop("NBGPU_SIMULATE", None)
+
+            def bare() -> float:
+                return _timed(
+                    ["srun", "--nodes", "2", "--ntasks-per-node", "1", sys.executable, "-m",
+                     "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+                     "--rdzv-id", secrets.token_hex(4), "--max-restarts", "0", str(script)],
+                    env,
+                )  # fmt: skip
+
+            def nbgpu() -> float:
+                return _timed(
+                    [sys.executable, "-m", "nbgpu.cli", "run", "--slurm", "--nodes", "2",
+                     "--nproc-per-node", "2", str(script)],
+                    env,
+                )  # fmt: skip
+
+            detection = _failure_detection(root, env)
+            cases = {"a. bare srun + torchrun (c10d)": bare, "b. nbgpu run --slurm": nbgpu}
+            for case in cases.values():  # one untimed round: caches, the cluster's first job
+                case()
+            times: dict[str, list[float]] = {name: [] for name in cases}
+            for round_ in range(n):
+                for name in list(cases)[round_ % 2 :] + list(cases)[: round_ % 2]:
+                    times[name].append(cases[name]())
+            left = cluster.squeue()
+        finally:
+            cluster.stop()
+    print(f"\n== 2 nodes x 2 ranks through SLURM, {n} alternating rounds (median ms) ==")
+    for name, values in times.items():
+        print(f"{name:36s} {statistics.median(values):8.0f}  (min {min(values):.0f}, "
+              f"max {max(values):.0f})")  # fmt: skip
+    a, b = (statistics.median(v) for v in times.values())
+    print(f"ratio (b)/(a): {b / a:.2f}")
+    print(f"jobs left in squeue: {len(left)}")
+    print(
+        f"\nfailure detection: a rank on one node exits 1 while the others wait; nbgpu run "
+        f"--slurm returned {detection['detect_s']:.2f} s later (median of "
+        f"{detection['rounds']}), the diagnosis named rank 3 on node {detection['node']}"
+    )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
