@@ -186,7 +186,28 @@ STDLIB_ONLY = (
     "_lineage.py",
     "devices/simenv.py",
     "devices/cuda_errors.py",
+    "launch/channel.py",
+    "launch/slurm_node.py",
 )
+
+# What a rank runs before the user's code (cold and warm): no third-party import, and of
+# nbgpu only the recording side of profile/, the cell channel and rank helpers.
+RANK_SIDE = ("launch/worker.py", "launch/rank_code.py", "launch/warm_rank.py")
+RANK_SIDE_NBGPU = (
+    "nbgpu._lineage", "nbgpu.profile.phases", "nbgpu.profile.recorder", "nbgpu.rank",
+    "nbgpu.launch.rank_code", "nbgpu.launch.channel", "nbgpu.launch.warm_rank",
+)  # fmt: skip
+
+
+def test_rank_side_modules_stay_light():
+    for rel in RANK_SIDE:
+        path = PACKAGE / rel
+        third_party = {
+            m for m in _imports(path) if m not in sys.stdlib_module_names and m != "nbgpu"
+        }
+        assert not third_party, f"{rel} imports {sorted(third_party)}"
+        heavy = {m for m in _nbgpu_imports(path) if not m.startswith(RANK_SIDE_NBGPU)}
+        assert not heavy, f"{rel} imports {sorted(heavy)}"
 
 
 def test_process_level_helpers_import_the_standard_library_only():
