@@ -103,7 +103,7 @@ def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, floa
     limit = _silent_after_s() if after_s is None else after_s
     now = time.time()
     out = []
-    for rank, log in enumerate(run.logs[f"rank{r}"] for r in range(run.config.nproc)):
+    for rank, log in enumerate(run.logs[f"rank{r}"] for r in range(run.config.world_size)):
         try:
             last = max(log.stat().st_mtime, run.started_at)
         except OSError:
@@ -148,7 +148,7 @@ class RunsTable(Result):
             table.add(
                 run.name,
                 state,
-                run.config.nproc,
+                run.config.world_size,
                 "-" if gpus is None else gpus or "none",
                 run.port or "-",
                 _age(run),

@@ -116,7 +116,7 @@ class Run(RunView):
         self._memory: MemoryFollower | None = None  # made on first use
         self._lock = threading.Lock()
         self._finished = threading.Event()
-        self.notices = RunNotices(config.nproc)  # one-line messages, each shown once
+        self.notices = RunNotices(config.world_size)  # one-line messages, each shown once
         self.thread: threading.Thread | None = None
         self.warm: WarmState | None = None  # a warm job's ranks between cells (--keep)
 
@@ -174,7 +174,7 @@ class Run(RunView):
                 start_new_session=True,
                 # srun is not ours to change: the kernel sets its parent-death signal (a
                 # killed srun ends its step on every node). Our agent sets its own.
-                preexec_fn=_die_with_launcher if cfg.slurm is not None else None,  # noqa: PLW1509
+                preexec_fn=_die_with_launcher if cfg.slurm is not None else None,  # noqa: PLW1509  (prctl only, no locks)
             )
         self.state = "running"
         world = range(cfg.world_size)
@@ -276,7 +276,7 @@ class Run(RunView):
         if self._memory is None:
             from nbgpu.profile.live import MemoryFollower  # noqa: PLC0415
 
-            self._memory = MemoryFollower(self.dir, self.config.nproc)
+            self._memory = MemoryFollower(self.dir, self.config.world_size)
         if not self._memory.due():
             return None
         line: str | None = self._memory.summary()

@@ -72,7 +72,7 @@ class MemoryTimeline:
         from nbgpu.profile.live import MemoryFollower  # noqa: PLC0415
 
         self.run = run
-        self.follower = MemoryFollower(run.dir, run.config.nproc)
+        self.follower = MemoryFollower(run.dir, run.config.world_size)
         self.widget = w.HTML(timeline_svg({}, ""))
         self._last = 0.0
         self.updates = 0

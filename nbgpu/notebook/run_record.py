@@ -144,7 +144,7 @@ def badges(run: Any) -> list[tuple[int, str, str]]:
     """(rank, colour name, text) per rank: 'rank0 · GPU 1: running', 'rank1: exit 1 …'."""
     states = {r.rank: run._rank_state(r) for r in run.ranks}
     out = []
-    for r in range(run.config.nproc):
+    for r in range(run.config.world_size):
         state = states.get(r)
         if state is None:
             kind = "running" if not run.done else _kind_of_run(run.state)
