@@ -254,8 +254,8 @@ class WarmState:
         run = self.run
         while not run.done:
             time.sleep(WATCH_S)
-            if not self.lock.acquire(blocking=False):
-                continue  # a cell is running: its follower watches the job
+            if run.agent is None or not self.lock.acquire(blocking=False):
+                continue  # not started yet, or a cell is running (its follower watches)
             try:
                 if run.agent_done:
                     self.ended_reason = "a rank died while the job was idle"
