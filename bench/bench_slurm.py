@@ -32,18 +32,11 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
+from bench_launch import HELLO_BODY  # noqa: E402  (bench/ is this script's directory)
+
 from tests.slurm.cluster import Cluster  # noqa: E402  (the repository root, added above)
 
-HELLO = """\
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-t = torch.ones(1)
-dist.all_reduce(t)
-print(f"hello from rank {dist.get_rank()}/{dist.get_world_size()} sum={t.item():g}", flush=True)
-dist.destroy_process_group()
-"""
+HELLO = HELLO_BODY  # the same work as the single-node launch benchmark
 
 
 def _free_port() -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
 
-__all__ = ["JOIN_TIMEOUT_S", "cancel", "check_request", "srun_argv"]
+__all__ = ["JOIN_TIMEOUT_S", "cancel", "check_request", "request_args", "srun_argv"]
 
 JOIN_TIMEOUT_S = 120  # how long the nodes wait for each other at the rendezvous
 
@@ -104,6 +104,17 @@ def srun_argv(
         "--label",  # agent.log lines start with the node's task number
         "--unbuffered",
     ]  # fmt: skip
+    argv += request_args(options)
+    argv += [
+        python, "-m", "nbgpu.launch.slurm_node", str(run_dir), str(nodes), str(nproc),
+        run_id, str(JOIN_TIMEOUT_S),
+    ]  # fmt: skip
+    return argv
+
+
+def request_args(options: SlurmOptions) -> list[str]:
+    """The ``srun`` options that say what to request (partition, time, account, GPUs)."""
+    argv = []
     if options.partition:
         argv += ["--partition", options.partition]
     if options.time:
@@ -112,12 +123,7 @@ def srun_argv(
         argv += ["--account", options.account]
     if options.gpus_per_node is not None:
         argv += [f"--gpus-per-node={options.gpus_per_node}"]
-    argv += list(options.extra)
-    argv += [
-        python, "-m", "nbgpu.launch.slurm_node", str(run_dir), str(nodes), str(nproc),
-        run_id, str(JOIN_TIMEOUT_S),
-    ]  # fmt: skip
-    return argv
+    return [*argv, *options.extra]
 
 
 def cancel(run_dir: Path, environ: Mapping[str, str], *, requested: bool) -> str | None:

@@ -100,19 +100,13 @@ def cluster_status(
     probe: bool = False,
 ) -> ClusterStatus:
     """Ask every node of the allocation (or *nodes* nodes of a fresh one) for its GPUs."""
-    from nbgpu.launch.slurm import check_request  # noqa: PLC0415
+    from nbgpu.launch.slurm import check_request, request_args  # noqa: PLC0415
 
     job = environ.get("SLURM_JOB_ID")
     count = nodes or int(environ.get("SLURM_JOB_NUM_NODES") or 0) or 1
     check_request(count, options, environ)
     argv = ["srun", "--nodes", str(count), "--ntasks-per-node", "1", "--job-name", "nbgpu-status"]
-    if options.partition:
-        argv += ["--partition", options.partition]
-    if options.account:
-        argv += ["--account", options.account]
-    if options.time:
-        argv += ["--time", options.time]
-    argv += [*options.extra, sys.executable, "-m", "nbgpu.launch.slurm_status"]
+    argv += [*request_args(options), sys.executable, "-m", "nbgpu.launch.slurm_status"]
     argv += ["--probe"] if probe else []
     try:
         done = subprocess.run(

@@ -56,6 +56,11 @@ def _execute(client, code, timeout=120, on_output=None):
 @pytest.fixture
 def kernel(sim_env, tmp_path):
     env = {**sim_env, "NBGPU_SIMULATE": "4xA40", "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
+    yield from started_kernel(env, tmp_path)
+
+
+def started_kernel(env, tmp_path):
+    """A real kernel with *env*, as a fixture's body: yields (manager, client), then stops it."""
     # A kernelspec for this very interpreter, so the kernel imports this checkout.
     spec_dir = tmp_path / "kernels" / "nbgpu-test"
     spec_dir.mkdir(parents=True)

@@ -1,14 +1,10 @@
 """``%%torchrun --slurm`` in a real Jupyter kernel on the two-node test cluster."""
 
-import json
 import re
-import sys
 
 import pytest
-from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager
 
-from tests.notebook.test_kernel_e2e import _execute
+from tests.notebook.test_kernel_e2e import _execute, started_kernel
 
 pytestmark = pytest.mark.slow
 
@@ -17,23 +13,8 @@ pytestmark = pytest.mark.slow
 def slurm_kernel(slurm_cluster, tmp_path):
     env = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
     env.pop("NBGPU_SIMULATE", None)
-    spec_dir = tmp_path / "kernels" / "nbgpu-slurm"
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(
-        json.dumps({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f",
-                             "{connection_file}"], "display_name": "slurm", "language": "python"})
-    )  # fmt: skip
-    specs = KernelSpecManager()
-    specs.kernel_dirs = [str(tmp_path / "kernels")]
-    km = KernelManager(kernel_name="nbgpu-slurm", kernel_spec_manager=specs)
-    km.start_kernel(env=env, cwd=str(tmp_path))
-    client = km.client()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)
-    yield client
-    client.stop_channels()
-    km.shutdown_kernel(now=True)
-    km.cleanup_resources()
+    for _km, client in started_kernel(env, tmp_path):
+        yield client
 
 
 def test_the_magic_runs_two_nodes_and_names_the_failing_one(slurm_kernel, slurm_cluster):
