@@ -187,6 +187,7 @@ class WarmState:
     def check_usable(self, flag: str) -> None:
         """Refuse a new cell on a job that has ended or is still in one (one line)."""
         name = self.run.name
+        self.catch_up()
         if self.run.done or self.run.agent_done:
             why = self.run.state.replace("_", " ")
             if self.run.state == "failed":
@@ -209,6 +210,15 @@ class WarmState:
             )
 
     # -- a cell's bookkeeping ---------------------------------------------------------
+
+    def catch_up(self) -> None:
+        """Read answers that came after their cell was given up on (a rank left a
+        collective at last): a rank that answered is free again."""
+        if not self.busy:
+            return
+        for rank, message in self.server.poll(0):
+            if message.get("op") == "done":
+                self.answered(rank, int(message.get("cell") or 0))
 
     def begin_cell(self) -> int:
         self.cells += 1

@@ -167,7 +167,7 @@ def test_interrupt_keeps_the_ranks_and_their_state(env):
 @pytest.mark.usefixtures("sigint_raises")
 def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, monkeypatch):
     monkeypatch.setattr(cell_follow, "INTERRUPT_WAIT_S", 2.0)
-    job, screen = start(env, "stuck", "import os\nimport nbgpu.rank\nnbgpu.rank.init()\n"
+    job, screen = start(env, "stuck", "import os\nimport nbgpu.rank\nnbgpu.rank.init(timeout_s=6)\n"
                         "rank = int(os.environ['RANK'])\n")  # fmt: skip
     try:
         timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
@@ -185,6 +185,15 @@ def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, monkeypatc
         assert "did not answer the interrupt" in " ".join(failure.value._render_traceback_())
         with pytest.raises(UserInputError, match="rank 1 is still in cell 2"):
             torchrun("print(1)", on="stuck", write=screen)
+        # Once the collective gives up (the group's 6 s timeout), rank 1 answers late; the
+        # job is usable again.
+        deadline = time.monotonic() + 30
+        while job.run.warm.busy and time.monotonic() < deadline:
+            job.run.warm.catch_up()
+            time.sleep(0.2)
+        assert torchrun("after = 1", on="stuck", write=screen, pull=["after"]).pulled == {
+            "after": 1
+        }
     finally:
         job.stop()
     assert job.run.done
