@@ -48,11 +48,14 @@ def _nodes_in_partition(partition: str | None, environ: Mapping[str, str]) -> in
     if done.returncode != 0:
         words = (done.stderr.strip().splitlines() or ["no answer"])[-1]
         raise UserInputError(f"SLURM is not reachable here: sinfo says {words!r}")
-    total = 0
+    counts: dict[str, int] = {}
     for line in done.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0].isdigit():
-            total += int(parts[0])
+            counts[parts[1]] = counts.get(parts[1], 0) + int(parts[0])  # summed over states
+    # Without --partition SLURM uses the default one, which sinfo marks with "*".
+    default = {p: n for p, n in counts.items() if p.endswith("*")}
+    total = sum((default if not partition and default else counts).values())
     if partition and total == 0:
         raise UserInputError(
             f"--partition {partition!r}: SLURM knows no such partition (sinfo -p lists none)"

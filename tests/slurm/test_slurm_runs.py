@@ -209,3 +209,25 @@ def test_timeout_cancels_the_job(env, slurm_cluster):
     assert run.state == "timed_out"
     assert time.monotonic() - began < 40
     assert nothing_left(run, slurm_cluster)
+
+
+def test_inside_an_allocation_a_run_is_a_step_and_the_allocation_stays(env, slurm_cluster):
+    granted = subprocess.run(
+        ["salloc", "--no-shell", "--nodes", "2", "--job-name", "users-own"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    job = next(w for w in granted.stderr.split() if w.isdigit())
+    inside = {**env, "SLURM_JOB_ID": job, "SLURM_JOB_NUM_NODES": "2"}
+    try:
+        with pytest.raises(UserInputError, match=rf"--nodes 3: the allocation {job} holds 2"):
+            torchrun("print(1)", 2, nnodes=3, slurm=SlurmOptions(), environ=inside)
+        screen = Screen()
+        run = torchrun(HELLO, 2, nnodes=2, slurm=SlurmOptions(), environ=inside, write=screen)
+        assert run.state == "succeeded"
+        assert f"a step of allocation {job}" in screen.text
+        assert screen.text.count("hello from") == 4
+        # The user's allocation is theirs: still there after the run.
+        assert any(line.startswith(f"{job} users-own") for line in slurm_cluster.squeue())
+        assert not processes_of(run.run_id)
+    finally:
+        subprocess.run(["scancel", job], env=env, timeout=30, check=False)
