@@ -365,6 +365,10 @@ class Run(RunView):
             self.agent.wait()
         self.ended_at = time.time()
         self.agent_result = read_agent_result(self.dir)
+        if self.config.slurm is not None:
+            from nbgpu.launch.slurm import srun_error  # noqa: PLC0415  (SLURM runs only)
+
+            self.agent_result["slurm_error"] = srun_error(self.dir)
         agent_code = self.agent.returncode if self.agent else None
         world = self.config.world_size
         self.ranks = rank_outcomes(self.dir, world, self.agent_result, agent_code)

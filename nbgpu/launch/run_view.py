@@ -92,6 +92,8 @@ class RunView(Result):
             head += f": {who} failed first ({self._rank_state(rc)})"
             if rc.error:
                 head += f": {rc.error.splitlines()[0][:300]}"
+        elif self.state == "failed" and self.agent_result.get("slurm_error"):
+            head += f": SLURM says {self.agent_result['slurm_error']}"
         elif self.state == "failed" and self.agent_result.get("error"):
             head += f": torchrun failed: {self.agent_result['error']}"
         return head

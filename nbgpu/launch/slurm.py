@@ -25,7 +25,14 @@ from pathlib import Path
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
 
-__all__ = ["JOIN_TIMEOUT_S", "cancel", "check_request", "request_args", "srun_argv"]
+__all__ = [
+    "JOIN_TIMEOUT_S",
+    "cancel",
+    "check_request",
+    "request_args",
+    "srun_argv",
+    "srun_error",
+]
 
 JOIN_TIMEOUT_S = 120  # how long the nodes wait for each other at the rendezvous
 
@@ -127,6 +134,19 @@ def request_args(options: SlurmOptions) -> list[str]:
     if options.gpus_per_node is not None:
         argv += [f"--gpus-per-node={options.gpus_per_node}"]
     return [*argv, *options.extra]
+
+
+def srun_error(run_dir: Path) -> str | None:
+    """SLURM's own reason when ``srun`` refused or lost the job (its last error line)."""
+    try:
+        with (run_dir / "agent.log").open("rb") as log:
+            log.seek(0, 2)
+            log.seek(max(0, log.tell() - 65536))
+            tail = log.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    errors = [line.strip() for line in tail.splitlines() if line.startswith("srun: error:")]
+    return errors[-1].removeprefix("srun: error:").strip() if errors else None
 
 
 def cancel(run_dir: Path, environ: Mapping[str, str], *, requested: bool) -> str | None:

@@ -231,3 +231,12 @@ def test_inside_an_allocation_a_run_is_a_step_and_the_allocation_stays(env, slur
         assert not processes_of(run.run_id)
     finally:
         subprocess.run(["scancel", job], env=env, timeout=30, check=False)
+
+
+def test_what_slurm_refuses_at_submission_is_said_in_its_words(env, slurm_cluster):
+    with pytest.raises(RunFailed) as failure:
+        torchrun("print(1)", 2, nnodes=2, slurm=SlurmOptions(extra=("--mem=99999999",)),
+                 environ=env, write=Screen())  # fmt: skip
+    summary = failure.value.run.failure_summary()
+    assert "SLURM says Unable to allocate resources: Requested node configuration" in summary
+    assert not slurm_cluster.squeue()
