@@ -14,6 +14,7 @@ Hardware layer; imports psutil and the visible-devices parser only.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from nbgpu.devices.simenv import simulation_source
 
@@ -45,6 +46,14 @@ def _physical_index(env: dict[str, str]) -> int | None:
     return int(items[local])
 
 
+def _running(psutil: Any, pid: int) -> bool:
+    """Alive and not a zombie (an ended rank its parent has not reaped yet)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
     """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
     import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
@@ -53,8 +62,8 @@ def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
     hit = _cache.get(fleet_spec)
     if hit is not None and now - hit[0] < _CACHE_S:
         # A rank that ended since the scan must not be listed as a GPU's process: that
-        # would read as a dead holder (one cheap kill(pid, 0) each).
-        return {gpu: [r for r in v if psutil.pid_exists(r.pid)] for gpu, v in hit[1].items()}
+        # would read as a dead holder (one read of /proc/PID/stat each).
+        return {gpu: [r for r in v if _running(psutil, r.pid)] for gpu, v in hit[1].items()}
     found: dict[int, list[RankProcess]] = {}
     for proc in psutil.process_iter():
         try:

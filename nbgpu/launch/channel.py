@@ -146,9 +146,12 @@ class CellServer:
         self._pending: list[_Peer] = []  # connected, not yet introduced
         self.ranks: dict[int, _Peer] = {}
         self.gone: set[int] = set()  # ranks whose connection closed
+        self.closed = False
 
     def poll(self, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
         """``(rank, message)`` pairs that arrived within *timeout_s* (returns on the first)."""
+        if self.closed:
+            return []
         watched = [self._listener, *(p.sock for p in self._pending), *(
             p.sock for r, p in self.ranks.items() if r not in self.gone)]  # fmt: skip
         try:
@@ -239,6 +242,7 @@ class CellServer:
         return unreachable
 
     def close(self) -> None:
+        self.closed = True
         for peer in (*self._pending, *self.ranks.values()):
             with contextlib.suppress(OSError):
                 peer.sock.close()

@@ -214,8 +214,8 @@ class WarmState:
     def catch_up(self) -> None:
         """Read answers that came after their cell was given up on (a rank left a
         collective at last): a rank that answered is free again."""
-        if not self.busy:
-            return
+        if not self.busy or self.run.done or self.run.agent_done:
+            return  # nothing owed, or nobody left to answer (the channel is closed)
         for rank, message in self.server.poll(0):
             if message.get("op") == "done":
                 self.answered(rank, int(message.get("cell") or 0))

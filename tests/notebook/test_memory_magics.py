@@ -90,7 +90,7 @@ def test_panel_timeline_draws_each_rank_and_the_summary(tmp_path):
         Phase("imports", rec).start()
         rec.sample()
         rec.sample()
-    run = SimpleNamespace(dir=tmp_path, config=SimpleNamespace(nproc=2), done=False)
+    run = SimpleNamespace(dir=tmp_path, config=SimpleNamespace(nproc=2, world_size=2), done=False)
     timeline = MemoryTimeline(run)
     timeline.refresh()
     html = timeline.widget.value
