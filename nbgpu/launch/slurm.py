@@ -47,27 +47,38 @@ def _run(argv: Sequence[str], environ: Mapping[str, str]) -> subprocess.Complete
         raise UserInputError(f"SLURM: {argv[0]} failed to run ({exc})") from None
 
 
-def _nodes_in_partition(partition: str | None, environ: Mapping[str, str]) -> int:
-    argv = ["sinfo", "-h", "-o", "%D %P"]
+# Node states (sinfo %t, without its flag suffixes) in which a node will not take a job.
+_UNUSABLE = ("down", "drain", "drng", "fail", "failg", "maint", "boot", "futr", "inval", "unk")
+
+
+def _nodes_in_partition(partition: str | None, environ: Mapping[str, str]) -> tuple[int, int]:
+    """(nodes that can run a job, nodes that cannot: down, drained, failed...)."""
+    argv = ["sinfo", "-h", "-o", "%D %P %t"]
     if partition:
         argv += ["-p", partition]
     done = _run(argv, environ)
     if done.returncode != 0:
         words = (done.stderr.strip().splitlines() or ["no answer"])[-1]
         raise UserInputError(f"SLURM is not reachable here: sinfo says {words!r}")
-    counts: dict[str, int] = {}
+    usable: dict[str, int] = {}
+    unusable: dict[str, int] = {}
     for line in done.stdout.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit():
-            counts[parts[1]] = counts.get(parts[1], 0) + int(parts[0])  # summed over states
+        if len(parts) == 3 and parts[0].isdigit():
+            state = parts[2].rstrip("*~#!%$@^-+")  # flags: not responding, powered down...
+            bucket = unusable if state in _UNUSABLE or parts[2].endswith("*") else usable
+            bucket[parts[1]] = bucket.get(parts[1], 0) + int(parts[0])
     # Without --partition SLURM uses the default one, which sinfo marks with "*".
-    default = {p: n for p, n in counts.items() if p.endswith("*")}
-    total = sum((default if not partition and default else counts).values())
-    if partition and total == 0:
+    names = set(usable) | set(unusable)
+    default = {p for p in names if p.endswith("*")}
+    chosen = default if not partition and default else names
+    total = sum(usable.get(p, 0) for p in chosen)
+    down = sum(unusable.get(p, 0) for p in chosen)
+    if partition and total + down == 0:
         raise UserInputError(
             f"--partition {partition!r}: SLURM knows no such partition (sinfo -p lists none)"
         )
-    return total
+    return total, down
 
 
 def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str]) -> list[str]:
@@ -86,12 +97,17 @@ def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str])
                 f"{have}, or start the notebook outside the allocation"
             )
         return [f"SLURM: a step of allocation {job} on {nodes} of its {have} node(s)"]
-    total = _nodes_in_partition(options.partition, environ)
+    total, down = _nodes_in_partition(options.partition, environ)
     where = f"partition {options.partition!r}" if options.partition else "the cluster"
+    if nodes > total + down:
+        raise UserInputError(
+            f"--nodes {nodes}: {where} has {total + down} node(s) (sinfo); SLURM would queue "
+            "this job forever"
+        )
     if nodes > total:
         raise UserInputError(
-            f"--nodes {nodes}: {where} has {total} node(s) (sinfo); SLURM would queue this job "
-            "forever"
+            f"--nodes {nodes}: {where} has {total} node(s) up and {down} down or drained "
+            "(sinfo); SLURM would queue this job until they return"
         )
     return [f"SLURM: requesting {nodes} node(s) from {where} for this run"]
 

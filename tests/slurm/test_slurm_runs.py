@@ -240,3 +240,21 @@ def test_what_slurm_refuses_at_submission_is_said_in_its_words(env, slurm_cluste
     summary = failure.value.run.failure_summary()
     assert "SLURM says Unable to allocate resources: Requested node configuration" in summary
     assert not slurm_cluster.squeue()
+
+
+def test_a_node_that_is_down_is_named_before_anything_queues(env, slurm_cluster):
+    def scontrol(*args):
+        subprocess.run(["scontrol", "update", "NodeName=n2", *args], env=env, timeout=30,
+                       check=True)  # fmt: skip
+
+    scontrol("State=DOWN", "Reason=nbgpu-test")
+    try:
+        with pytest.raises(UserInputError, match=r"has 1 node\(s\) up and 1 down or drained"):
+            torchrun("print(1)", 2, nnodes=2, slurm=SlurmOptions(), environ=env)
+        assert not slurm_cluster.squeue()
+    finally:
+        scontrol("State=RESUME")
+        deadline = time.time() + 30
+        while not slurm_cluster._nodes_idle() and time.time() < deadline:
+            time.sleep(0.2)
+    assert slurm_cluster._nodes_idle()
