@@ -46,6 +46,26 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SPEC|FILE",
         help="plan for this fleet (spec, scenario or status JSON) instead of here",
     )
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="plan across the SLURM allocation's nodes (each node's GPUs, seen there)",
+    )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="nodes for the job (with --slurm or a cluster --fleet; default: all that fit)",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="P",
+        help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)",
+    )
+    p.add_argument("--partition", default=None, metavar="P", help="with --slurm")
     p.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs for the job")
     p.add_argument("--require", default=None, metavar="0,1", help="GPUs that must be used")
     p.add_argument("--exclude", default=None, metavar="0", help="GPUs never to use")
@@ -212,6 +232,15 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         return result if args.output is None else result.save(args.output)
     if args.diff or args.yaml or args.overrides or args.output:
         raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
+    if (
+        args.slurm
+        or args.nodes is not None
+        or args.nproc_per_node is not None
+        or _is_cluster_file(args.fleet)
+    ):
+        return _across_nodes(args, common)
+    if args.partition is not None:
+        raise UserInputError("--partition goes with --slurm (plan across a SLURM allocation)")
     if args.share and args.sweep is None:
         raise UserInputError("--share goes with --sweep RUNS (runs on GPUs other jobs use)")
     if args.sweep is not None:
@@ -226,6 +255,55 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     return planning.plan(
         args.allocation, num_gpus=args.gpus, require=args.require, exclude=args.exclude, **common
     )
+
+
+def _is_cluster_file(fleet: str | None) -> bool:
+    """Whether --fleet names what `nbgpu status --slurm --json` writes (fleets per node)."""
+    if fleet is None or not fleet.endswith(".json"):
+        return False
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from nbgpu.devices.fleet_source import is_cluster  # noqa: PLC0415
+
+    try:
+        return is_cluster(json.loads(Path(fleet).expanduser().read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return False  # the fleet reader says what is wrong with it
+
+
+def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
+    """``--slurm`` / ``--nodes``: one training job across nodes (nbgpu.plan.nodes)."""
+    from nbgpu import plan as planning  # noqa: PLC0415
+
+    for flag, value in (
+        ("an allocation", args.allocation), ("--gpus", args.gpus), ("--require", args.require),
+        ("--exclude", args.exclude), ("--sweep", args.sweep),
+    ):  # fmt: skip
+        if value is not None:
+            raise UserInputError(
+                f"{flag} plans one box; across nodes give --nodes N --nproc-per-node P"
+            )
+    fleet = common.pop("inventory")
+    common.pop("base_port")  # the rendezvous port is picked on the first node at launch
+    if args.slurm and fleet is not None:
+        raise UserInputError("--slurm asks the nodes themselves; --fleet describes them: give one")
+    if not args.slurm and fleet is None:
+        raise UserInputError(
+            "--nodes: which nodes? add --slurm (the allocation's nodes, asked through srun) or "
+            "--fleet cluster.json (from `nbgpu status --slurm --json`)"
+        )
+    cluster = fleet
+    if args.slurm:
+        import os  # noqa: PLC0415
+
+        from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
+        from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
+
+        cluster = cluster_status(
+            nodes=args.nodes, options=SlurmOptions(partition=args.partition), environ=os.environ
+        )
+    return planning.nodes(cluster, nodes=args.nodes, nproc_per_node=args.nproc_per_node, **common)
 
 
 def render_plan_output(result: Any, args: argparse.Namespace) -> str | None:

@@ -24,7 +24,7 @@ import pynvml  # noqa: TID251  (this is the one allowed importer)
 from nbgpu.devices.fleet import Fleet, ObservedProcess
 from nbgpu.devices.fleet_source import load_fleet
 from nbgpu.devices.model import Gpu, GpuProcess, MigDevice, RemappedRows
-from nbgpu.devices.simenv import simulation_source
+from nbgpu.devices.simenv import simulated_node, simulation_source
 from nbgpu.devices.simulate import FakeNvmlLibrary
 from nbgpu.errors import GpuLostError, NvmlError, NvmlPermissionError, NvmlUnavailable
 
@@ -152,15 +152,16 @@ def backend_for(environ: Mapping[str, str]) -> Backend:
 def _select(environ: Mapping[str, str]) -> Backend:
     # Called with _lock held.
     source = simulation_source(environ)
-    if _state["key"] != (source,):
+    node = simulated_node(environ) if source else None  # a cluster file: this node's fleet
+    if _state["key"] != (source, node):
         if _state["initialised"]:
             with contextlib.suppress(pynvml.NVMLError):  # old library may be unusable
                 pynvml.nvmlShutdown()
-        fleet = load_fleet(source) if source else None
+        fleet = load_fleet(source, node=node) if source else None
         library = FakeNvmlLibrary(fleet) if fleet is not None else None
         _install(library)
         _state.update(
-            key=(source,),
+            key=(source, node),
             backend=Backend(simulated=fleet is not None, fleet=fleet, source=source),
             library=library,
             initialised=False,

@@ -8,9 +8,10 @@ Standard library only: ranks import it before anything else of nbgpu.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 
-__all__ = ["SIMULATE_ENV", "simulation_source"]
+__all__ = ["SIMULATE_ENV", "simulated_node", "simulation_source"]
 
 #: The environment variable that carries a fleet (spec, scenario name or JSON path).
 SIMULATE_ENV = "NBGPU_SIMULATE"
@@ -19,3 +20,16 @@ SIMULATE_ENV = "NBGPU_SIMULATE"
 def simulation_source(environ: Mapping[str, str]) -> str | None:
     """The fleet ``environ`` asks to simulate, or None for real hardware."""
     return environ.get(SIMULATE_ENV, "").strip() or None
+
+
+def simulated_node(environ: Mapping[str, str]) -> str:
+    """Which node of a simulated cluster this process plays (a cluster fleet file's key).
+
+    On a SLURM node it is the node's SLURM name (``SLURMD_NODENAME``, set for every task);
+    a rank started by nbgpu on a node also has ``NBGPU_NODE``; elsewhere the host name.
+    """
+    for key in ("SLURMD_NODENAME", "NBGPU_NODE"):
+        name = environ.get(key, "").strip()
+        if name:
+            return name
+    return socket.gethostname()

@@ -49,6 +49,7 @@ from nbgpu.devices.cuda_errors import (
 )
 from nbgpu.devices.fleet import Fleet, MigDevice, SimGpu
 from nbgpu.devices.fleet_source import load_fleet
+from nbgpu.devices.simenv import simulated_node
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
 __all__ = ["INIT_CUDA_ERRORS", "SimulatedCudaLibrary", "load_simulated_cuda"]
@@ -319,7 +320,7 @@ def load_simulated_cuda(source: str, environ: Mapping[str, str]) -> SimulatedCud
     Raises ``OSError`` worded as the dynamic loader words it when the fleet has no driver
     library (``init_error = library_not_found``), and ``FleetSpecError`` for a bad source.
     """
-    fleet = load_fleet(source)
+    fleet = load_fleet(source, node=simulated_node(environ))
     if fleet.init_error == "library_not_found":
         raise OSError(
             f"{LIBCUDA_SONAME}: cannot open shared object file: No such file or directory"

@@ -51,6 +51,7 @@ class SlurmOptions:
     account: str | None = None
     gpus_per_node: int | None = None
     extra: tuple[str, ...] = ()  # --slurm-arg, passed to srun as written
+    nodelist: str | None = None  # the nodes a plan chose ("n1,n2"): srun --nodelist
 
     def __post_init__(self) -> None:
         if self.time is not None and not _SLURM_TIME.match(self.time):

@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from nbgpu.devices.findings import gpu_health
 from nbgpu.devices.inventory import Inventory, take_inventory
@@ -33,6 +33,7 @@ from nbgpu.launch.config import (
     pickle_pushed,
 )
 from nbgpu.launch.execute import execute, execute_cell, to_screen
+from nbgpu.launch.nodes_plan import NodesLaunchPlan, is_nodes_plan, take_nodes_plan
 from nbgpu.launch.registry import RUNS, check_name_free
 from nbgpu.launch.run import Run
 from nbgpu.launch.rundir import check_name
@@ -223,7 +224,7 @@ def prepare(
     script_args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     inventory: Inventory | None = None,
-    plan: LaunchPlan | None = None,
+    plan: LaunchPlan | NodesLaunchPlan | None = None,
     role: str | None = None,
     master_port: int | None = None,
     keep: bool = False,
@@ -240,14 +241,21 @@ def prepare(
     commands they can type there.
 
     ``plan`` (an ``nbgpu.plan`` Plan) supplies GPUs, nproc and master port for one of
-    its roles (``role``; default: the only role, or the one named "train").
+    its roles (``role``; default: the only role, or the one named "train"). A plan across
+    nodes (``nbgpu.plan.nodes``) supplies the nodes, ranks per node and each node's GPUs
+    of a SLURM run.
     """
     environ = dict(os.environ if environ is None else environ)
     notes: list[str] = []
-    if plan is not None:
+    if plan is not None and is_nodes_plan(plan):
+        nproc, nnodes, slurm, env = take_nodes_plan(
+            plan, nproc=nproc, nnodes=nnodes, slurm=slurm, gpus=gpus, role=role,
+            env=env or {}, notes=notes,
+        )  # fmt: skip
+    elif plan is not None:
         if gpus is not None:
             raise UserInputError("--plan and --gpus both choose GPUs: give one of them")
-        chosen_role = _plan_role(plan, role)
+        chosen_role = _plan_role(cast("LaunchPlan", plan), role)
         gpus = chosen_role.cuda_visible_devices
         nproc = chosen_role.nproc_per_node if nproc is None else nproc
         master_port = master_port or chosen_role.master_port

@@ -149,6 +149,8 @@ def request_args(options: SlurmOptions) -> list[str]:
         argv += ["--account", options.account]
     if options.gpus_per_node is not None:
         argv += [f"--gpus-per-node={options.gpus_per_node}"]
+    if options.nodelist:
+        argv += ["--nodelist", options.nodelist]
     return [*argv, *options.extra]
 
 

@@ -4,7 +4,8 @@
 once per node. The first node of the step (``SLURM_NODEID`` 0) picks the rendezvous: its
 own address as SLURM knows it (``NodeAddr``) and a port free there, written to
 ``rdzv.json`` in the run directory, with the job and step ids the kernel needs to cancel
-them. The other nodes wait for that file. Every node then replaces itself with nbgpu's
+them. The other nodes wait for that file. A run from a plan across nodes gives each node
+its own GPUs (``NBGPU_NODE_GPUS``). Every node then replaces itself with nbgpu's
 torchrun agent (``agent.py``) using torchrun's c10d rendezvous, so a node's signals from
 SLURM reach torchrun directly.
 
@@ -26,9 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["NODE_GPUS_ENV", "main"]
 
 _WAIT_FOR_FIRST_NODE_S = 120.0
+#: A plan's GPUs per node as JSON, ``{"n1": "1,2", "n2": "0,1"}``: each node takes its own
+#: entry as ``CUDA_VISIBLE_DEVICES`` (``%%torchrun --plan p`` with a plan across nodes).
+NODE_GPUS_ENV = "NBGPU_NODE_GPUS"
 
 
 def _node_address(name: str) -> str:
@@ -83,6 +87,22 @@ def _await(run_dir: Path) -> dict[str, object]:
     )
 
 
+def _take_planned_gpus(name: str) -> None:
+    """This node's GPUs from a plan across nodes, when the run has one."""
+    planned = os.environ.pop(NODE_GPUS_ENV, None)
+    if planned is None:
+        return
+    try:
+        devices = json.loads(planned)[name]
+    except (ValueError, KeyError, TypeError):
+        raise SystemExit(
+            f"nbgpu: the plan names no GPUs for node {name!r} ({NODE_GPUS_ENV}={planned}); "
+            "plan again with %gpu_plan --slurm"
+        ) from None
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(devices)
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the plan's numbers are nvidia-smi's
+
+
 def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never returns)
     if len(argv) != 5:
         print("usage: python -m nbgpu.launch.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S",
@@ -93,6 +113,7 @@ def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never re
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     rdzv = _publish(run_dir, name) if node == 0 else _await(run_dir)
     os.environ["NBGPU_NODE"] = name  # each rank writes it next to its log (node/rank labels)
+    _take_planned_gpus(name)
     # The agent dies with this step's slurmstepd (our parent), as it would with a kernel.
     os.environ["NBGPU_LAUNCHER_PID"] = str(os.getppid())
     os.environ["TORCHELASTIC_ERROR_FILE"] = str(run_dir / f"agent-error-node{node}.json")

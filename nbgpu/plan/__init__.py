@@ -4,6 +4,7 @@
     p = nbgpu.plan("sglang.d1t1p1+d3t1p1", global_batch=8)      # roles on GPUs, checked
     p.ok, p.problems, p.role("train").cuda_visible_devices, p.alternatives
     s = nbgpu.plan.sweep(runs=4, gpus_per_run=2)                 # disjoint sets, own ports
+    n = nbgpu.plan.nodes(cluster, nodes=2, nproc_per_node=4)     # one job across nodes
     c = nbgpu.plan.scale("ppo_2gpu.yaml", to_gpus=4)             # every change explained
     print(c.diff()); print(c.to_yaml())
 
@@ -17,6 +18,8 @@ snapshot (``inventory=`` an ``Inventory``, a fleet spec / scenario / fleet JSON 
     candidates.py  usable GPUs of an inventory       assign.py   GPUs per role, disjoint
     ports.py       distinct free ports (one bind)    planner.py  the plan, its alternatives
     sweep.py       disjoint runs on one box          scale.py    config N → M GPUs
+    multinode.py   one job across nodes              nodesplan.py  its result, JSON
+    cluster.py     a cluster's nodes as candidates
     result.py      Plan and its parts, rendering     serial.py   JSON round trip
     configfile.py  a config file rescaled in place   files.py    the one file reader/writer
     yamldoc.py     YAML round trip (ruamel.yaml)     launchscript.py  Hydra launch scripts
@@ -48,6 +51,8 @@ from nbgpu.plan.files import read_text
 from nbgpu.plan.job import GpuList, JobRequest, make_job
 from nbgpu.plan.memory import model_shape
 from nbgpu.plan.models import lookup_model
+from nbgpu.plan.multinode import build_nodes_plan
+from nbgpu.plan.nodesplan import NodesPlan, nodes_plan_from_dict
 from nbgpu.plan.planner import build_plan
 from nbgpu.plan.planresult import Alternative, Plan, plan_from_dict
 from nbgpu.plan.ports import PortChecker
@@ -74,6 +79,7 @@ __all__ = [
     "KvCheck",
     "MemoryCheck",
     "MemoryLine",
+    "NodesPlan",
     "Plan",
     "PlannedGpu",
     "RolePlan",
@@ -81,6 +87,7 @@ __all__ = [
     "ScaleStep",
     "Split",
     "SweepPlan",
+    "nodes",
     "plan",
     "plan_from_json",
     "scale",
@@ -249,6 +256,39 @@ def sweep(
     )
 
 
+@_takes_job_keywords(but=("allocation", "num_gpus", "require", "exclude", "base_port"))
+def nodes(
+    cluster: Any,
+    *,
+    nodes: int | None = None,
+    nproc_per_node: int | None = None,
+    **job: Any,
+) -> NodesPlan:
+    """Plan one training job across a cluster's nodes: which nodes, which GPUs on each.
+
+    ``cluster``: ``%gpu_status --slurm``'s result (``nbgpu status --slurm --json``'s file),
+    or a mapping of node names to fleets (``{"n1": "4xA40,busy=0", "n2": "4xA40"}``).
+    ``nodes`` (default: every node that can hold the ranks) × ``nproc_per_node`` ranks
+    (default: the most a node count allows); each chosen node must have that many usable
+    GPUs. Batch and model keywords are those of :func:`plan`, checked for the whole world
+    of ``nodes × nproc_per_node`` ranks. ``%%torchrun --plan p`` launches the result.
+    """
+    from nbgpu.plan.cluster import cluster_candidates  # noqa: PLC0415
+
+    but = ("allocation", "num_gpus", "require", "exclude", "base_port")
+    request = JobRequest.from_keywords("nbgpu.plan.nodes()", job, but=but)
+    job_ = make_job(replace(request, model=_model(request.model)))
+    node_candidates, source, simulated = cluster_candidates(cluster)
+    return build_nodes_plan(
+        node_candidates,
+        job_,
+        nodes=nodes,
+        nproc_per_node=nproc_per_node,
+        source=source,
+        simulated=simulated,
+    )
+
+
 def scale(
     config: Mapping[str, Any] | str | os.PathLike[str] | Sequence[str],
     *,
@@ -340,7 +380,9 @@ def scale(
     )
 
 
-def plan_from_json(source: str | os.PathLike[str], *, run: int | str | None = None) -> Plan:
+def plan_from_json(
+    source: str | os.PathLike[str], *, run: int | str | None = None
+) -> Plan | NodesPlan:
     """Load a plan written by ``Plan.to_json()`` (JSON text or a file path).
 
     A sweep file (``SweepPlan.to_json()``) needs ``run``: its index or name (``"run2"``).
@@ -356,6 +398,10 @@ def plan_from_json(source: str | os.PathLike[str], *, run: int | str | None = No
         raise UserInputError(
             f"{where} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         ) from None
+    if isinstance(data, dict) and "nbgpu_nodes_plan" in data:
+        if run is not None:
+            raise UserInputError(f"run={run!r}: {where} is a plan across nodes, not a sweep")
+        return nodes_plan_from_dict(data)
     if isinstance(data, dict) and "nbgpu_sweep" in data:
         swept = sweep_from_dict(data)
         names = [r.name for r in swept.runs]

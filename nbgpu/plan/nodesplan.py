@@ -1,0 +1,229 @@
+"""What a plan across nodes is: the nodes, each node's GPUs, and the checks of the world.
+
+A :class:`NodesPlan` is data, frozen and JSON round-trippable
+(:func:`nodes_plan_from_dict`); it renders as text, HTML and a pandas frame. Launchers
+read ``ok``, ``nodelist``, ``nproc_per_node`` and ``node_gpus`` (``%%torchrun --plan p``
+and ``nbgpu run --slurm --plan FILE`` start the job on exactly these nodes, with each
+node's ``CUDA_VISIBLE_DEVICES``). Pure data; never reads an inventory or a file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from html import escape
+from typing import Any, ClassVar
+
+from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, wrap
+from nbgpu._serial import from_data, to_data
+from nbgpu.errors import UserInputError
+from nbgpu.plan.batch import BatchCheck
+from nbgpu.plan.result import ExcludedGpu, Issue, MemoryCheck, PlannedGpu, notes_html, notes_text
+
+__all__ = [
+    "NODES_PLAN_FORMAT",
+    "NodeGpus",
+    "NodeLeftOut",
+    "NodesAlternative",
+    "NodesPlan",
+    "nodes_plan_from_dict",
+]
+
+NODES_PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """One node of the job: the GPUs its ranks get (in ``cuda:k`` order), those left out."""
+
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("cuda_visible_devices",)
+
+    node: str
+    gpus: tuple[PlannedGpu, ...]
+    excluded: tuple[ExcludedGpu, ...] = ()
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        """NVML indices in order (valid with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``)."""
+        return ",".join(str(g.nvml_index) for g in self.gpus)
+
+
+@dataclass(frozen=True)
+class NodeLeftOut:
+    """A node the job does not use, and why."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodesAlternative:
+    """Another shape that fits when this plan cannot run."""
+
+    title: str
+    reason: str
+    plan: NodesPlan | None = None
+
+
+@dataclass(frozen=True)
+class NodesPlan(Result):
+    """One training job on several nodes: which nodes, which GPUs on each, checked.
+
+    What launchers read: ``ok``; ``nodelist`` (the nodes, for ``srun --nodelist``);
+    ``nproc_per_node``; ``node_gpus`` (node → ``CUDA_VISIBLE_DEVICES``). Also
+    ``world_size``, ``left_out`` (nodes not used, and why), ``batch`` (checked for every
+    rank of every node), ``memory`` (on ``memory_node``, whose smallest free GPU is the
+    smallest of the job), ``problems``, ``warnings`` and ``alternatives``.
+    """
+
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("ok", "nodelist", "world_size", "node_gpus")
+    FRAME_COLUMNS = ("node", "cuda_index", "nvml_index", "uuid")
+
+    nodes: tuple[NodeGpus, ...]  # the nodes placed (fewer than job_nodes when not ready)
+    left_out: tuple[NodeLeftOut, ...]
+    job_nodes: int  # the nodes the job runs on
+    nproc_per_node: int
+    problems: tuple[Issue, ...]
+    warnings: tuple[Issue, ...]
+    batch: BatchCheck | None
+    memory: tuple[MemoryCheck, ...]
+    memory_node: str | None
+    alternatives: tuple[NodesAlternative, ...]
+    source: str  # where the nodes' inventories came from: "allocation 17", a file
+    simulated: bool
+    asked_nodes: int | None = None
+    asked_nproc_per_node: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def world_size(self) -> int:
+        return self.job_nodes * self.nproc_per_node
+
+    @property
+    def nodelist(self) -> str:
+        return ",".join(n.node for n in self.nodes)
+
+    @property
+    def node_gpus(self) -> dict[str, str]:
+        return {n.node: n.cuda_visible_devices for n in self.nodes}
+
+    def simulated_fleet(self) -> str | None:
+        return self.source if self.simulated else None
+
+    # -- rendering ---------------------------------------------------------------
+
+    def _title(self) -> str:
+        shape = f"{self.job_nodes} node(s) × {self.nproc_per_node} GPUs"
+        sim = "SIMULATED " if self.simulated else ""
+        verdict = "ready" if self.ok else "NOT READY"
+        return f"nbgpu plan — {shape} on {sim}{self.source} · {verdict}"
+
+    def _table(self) -> Table:
+        table = Table(["node", "GPUs (CUDA_VISIBLE_DEVICES)", "ranks", "GPU", "left out"])
+        for n in self.nodes:
+            names = sorted({(g.name or "?").replace("NVIDIA ", "") for g in n.gpus})
+            out = "; ".join(f"GPU {e.nvml_index}: {e.health}" for e in n.excluded)
+            table.add(n.node, n.cuda_visible_devices, len(n.gpus), "/".join(names), out or "-")
+        for left in self.left_out:
+            table.add(left.node, "-", 0, "-", left.reason, level="warn")
+        return table
+
+    def _footer(self) -> list[str]:
+        lines = [f"world: {self.world_size} ranks ({self.job_nodes} × {self.nproc_per_node})"]
+        if self.batch is not None and self.batch.ok:
+            lines.append(f"batch: {self.batch.summary}")
+        for m in self.memory:
+            fits = {True: "fits", False: "does NOT fit", None: "not compared"}[m.fits]
+            free = "" if m.available_bytes is None else f" free {fmt_bytes(m.available_bytes)}"
+            lines.append(
+                f"memory per GPU: {fmt_bytes(m.needed_bytes)}, {fits} on node {self.memory_node} "
+                f"GPU {m.deciding_gpu}{free} (the smallest of the job)"
+            )
+            lines.append(wrap(m.accounting, "  "))
+            if m.max_micro_batch is not None:
+                lines.append(f"largest micro batch: {m.max_micro_batch} (computed, no trials)")
+        if not self.memory and self.nodes:
+            lines.append("memory: not checked (pass model= to compare with free memory)")
+        if self.ok:
+            lines.append(
+                wrap(
+                    f"launch: %%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist "
+                    f"{self.nodelist}; each node sets its own CUDA_VISIBLE_DEVICES); the "
+                    "rendezvous port is picked on the first node when the job starts",
+                    "",
+                )
+            )
+        return lines
+
+    @staticmethod
+    def _alternative_head(alt: NodesAlternative) -> str:
+        status = ""
+        if alt.plan is not None and alt.plan.ok:
+            status = " — ready"
+        elif alt.plan is not None:
+            first = alt.plan.problems[0].message if alt.plan.problems else "not ready"
+            status = f" — also blocked ({first})"
+        return f"{alt.title}{status}: {alt.reason}"
+
+    def text(self) -> str:
+        lines = [self._title(), self._table().text(max_width=120), *self._footer()]
+        notes = notes_text(self.problems, self.warnings)
+        if notes:
+            lines += ["", *notes]
+        if self.alternatives:
+            lines.append("alternatives:")
+            lines += [wrap(self._alternative_head(a), f"  {i}. ") for i, a in
+                      enumerate(self.alternatives, 1)]  # fmt: skip
+        return "\n".join(lines)
+
+    def html_body(self) -> str:
+        title = escape(self._title())
+        if self.simulated:
+            title = title.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+        parts = [f"<b>{title}</b>", self._table().html()]
+        parts.append("".join(f"<div>{fix_html(line)}</div>" for line in self._footer()))
+        parts.append(notes_html(self.problems, self.warnings))
+        if self.alternatives:
+            items = "".join(
+                f"<li>{fix_html(self._alternative_head(a))}{fixes_html(())}</li>"
+                for a in self.alternatives
+            )
+            parts.append(f"<div>alternatives:<ol>{items}</ol></div>")
+        return "".join(parts)
+
+    # -- data --------------------------------------------------------------------
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "node": n.node,
+                "cuda_index": g.cuda_index,
+                "nvml_index": g.nvml_index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "memory_total_bytes": g.memory_total_bytes,
+                "memory_free_bytes": g.memory_free_bytes,
+                "cuda_visible_devices": n.cuda_visible_devices,
+                "ok": self.ok,
+            }
+            for n in self.nodes
+            for g in n.gpus
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = to_data(self)
+        return {"nbgpu_nodes_plan": NODES_PLAN_FORMAT, **data}
+
+
+def nodes_plan_from_dict(data: Any) -> NodesPlan:
+    """Rebuild a :class:`NodesPlan` from ``NodesPlan.to_dict()`` (or its JSON, decoded)."""
+    if not isinstance(data, dict) or data.get("nbgpu_nodes_plan") != NODES_PLAN_FORMAT:
+        got = data.get("nbgpu_nodes_plan") if isinstance(data, dict) else None
+        raise UserInputError(
+            f"plan JSON: nbgpu_nodes_plan = {json.dumps(got)}; expected {NODES_PLAN_FORMAT} "
+            "(write one with `nbgpu plan --slurm ... --json > plan.json`)"
+        )
+    return from_data(NodesPlan, data, prefix="plan JSON")
