@@ -298,10 +298,17 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
         import os  # noqa: PLC0415
 
         from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
+        from nbgpu.launch.slurm import nodes_up  # noqa: PLC0415
         from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
 
+        # The plan chooses among nodes, so it looks at all it may choose from: the
+        # allocation's, or outside one every node of the partition that is up.
+        look = args.nodes
+        if not os.environ.get("SLURM_JOB_ID"):
+            # More than are up: the request check below says so in SLURM's terms.
+            look = max(args.nodes or 0, nodes_up(args.partition, os.environ)) or None
         cluster = cluster_status(
-            nodes=args.nodes, options=SlurmOptions(partition=args.partition), environ=os.environ
+            nodes=look, options=SlurmOptions(partition=args.partition), environ=os.environ
         )
     return planning.nodes(cluster, nodes=args.nodes, nproc_per_node=args.nproc_per_node, **common)
 

@@ -29,6 +29,7 @@ __all__ = [
     "JOIN_TIMEOUT_S",
     "cancel",
     "check_request",
+    "nodes_up",
     "request_args",
     "srun_argv",
     "srun_error",
@@ -79,6 +80,11 @@ def _nodes_in_partition(partition: str | None, environ: Mapping[str, str]) -> tu
             f"--partition {partition!r}: SLURM knows no such partition (sinfo -p lists none)"
         )
     return total, down
+
+
+def nodes_up(partition: str | None, environ: Mapping[str, str]) -> int:
+    """How many nodes of *partition* (default: the default one) can take a job (sinfo)."""
+    return _nodes_in_partition(partition, environ)[0]
 
 
 def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str]) -> list[str]:

@@ -8,8 +8,8 @@ describe. A node's document is read back the way any fleet file is: the simulate
 library replays it (``NBGPU_SIMULATE`` set to the cluster file, the node named), so its
 GPUs get exactly the findings, health and holders they had where it was taken.
 
-Touches the system only to take those snapshots (one temporary file for a document
-given in memory).
+Touches the system only to take those snapshots (one temporary file, through
+``files.py``, for a document given in memory); never imports pynvml, psutil or sockets.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.plan.candidates import Candidate, candidates_from_inventory
+from nbgpu.plan.files import read_text, write_text
 
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
@@ -46,15 +47,11 @@ def cluster_candidates(cluster: Any) -> ClusterCandidates:
         cluster = cluster.to_dict()  # a ClusterStatus
     if isinstance(cluster, str | os.PathLike):
         path = Path(cluster).expanduser()
+        text = read_text(path, "cluster file")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UserInputError(
-                f"cluster file {os.fspath(cluster)!r} does not exist (write one with "
-                "`nbgpu status --slurm --json > cluster.json`)"
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise UserInputError(f"cluster file {os.fspath(cluster)!r}: {exc}") from None
+            data = json.loads(text)
+        except ValueError as exc:
+            raise UserInputError(f"cluster file {os.fspath(cluster)!r}: not JSON ({exc})") from None
         if not is_cluster(data):
             raise UserInputError(f"cluster file {os.fspath(cluster)!r}: {_EXPECTED}")
         return _replayed(data, path, path.name)
@@ -65,7 +62,7 @@ def cluster_candidates(cluster: Any) -> ClusterCandidates:
             raise UserInputError(str(exc)) from None
         with tempfile.TemporaryDirectory(prefix="nbgpu-cluster-") as tmp:
             path = Path(tmp) / "cluster.json"
-            path.write_text(json.dumps(cluster), encoding="utf-8")
+            write_text(path, json.dumps(cluster))
             return _replayed(dict(cluster), path, str(cluster.get("source") or "the cluster"))
     if isinstance(cluster, Mapping) and cluster:
         return _described(cluster)

@@ -44,9 +44,11 @@ class _Node:
     def capacity(self) -> int:
         return len(self.pool)
 
-    def cleanliness(self, count: int) -> int:
-        """Caveats among the *count* GPUs it would give (0: all idle and clean)."""
-        return sum(c.grade for c in self.pool[:count])
+    def cleanliness(self, count: int) -> tuple[int, int]:
+        """(caveats among the *count* GPUs it would give, its unusable GPUs): (0, 0) is a
+        node with nothing wrong. A node with a lost or held GPU comes after one without:
+        what broke one GPU (a fault, a stuck job) can still touch its neighbours."""
+        return sum(c.grade for c in self.pool[:count]), len(self.candidates) - self.capacity
 
 
 def default_shape(capacities: Sequence[int], nodes: int | None) -> tuple[int, int]:

@@ -7,6 +7,7 @@ from nbgpu.devices import fleet as module
 from nbgpu.devices.fleet import Fleet, fleet_from_dict
 from nbgpu.devices.fleet_source import load_fleet
 from nbgpu.devices.fleetspec import FICTIONAL_PID_BASE, MODELS, parse_spec
+from nbgpu.devices.inventory import take_inventory
 from nbgpu.devices.scenarios import SCENARIOS
 from nbgpu.errors import FleetSpecError
 
@@ -196,3 +197,33 @@ def test_the_fleet_words_are_the_simulators_words():
     assert set(get_args(module.InitError)) == set(module.INIT_ERRORS)
     assert set(get_args(module.ProcessState)) == set(module.OBSERVED_STATES)
     assert set(get_args(module.GpuFault)) == set(module.GPU_FAULTS)
+
+
+def _cluster_file(tmp_path):
+    nodes = [
+        {"node": n, **take_inventory({"NBGPU_SIMULATE": s}, scan_device_files=False).to_dict()}
+        for n, s in (("n1", "2xA40,busy=0"), ("n2", "4xH100"))
+    ]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"source": "allocation 9", "nodes": nodes}))
+    return path
+
+
+def test_a_cluster_file_gives_each_node_its_own_fleet(tmp_path):
+    path = _cluster_file(tmp_path)
+    seen = {}
+    for node in ("n1", "n2"):
+        inv = take_inventory(
+            {"NBGPU_SIMULATE": str(path), "SLURMD_NODENAME": node}, scan_device_files=False
+        )
+        seen[node] = [g.name for g in inv.gpus]
+    assert seen == {"n1": ["NVIDIA A40"] * 2, "n2": ["NVIDIA H100 80GB HBM3"] * 4}
+    # A rank started by nbgpu on a node knows its node from NBGPU_NODE.
+    inv = take_inventory({"NBGPU_SIMULATE": str(path), "NBGPU_NODE": "n2"}, scan_device_files=False)
+    assert len(inv.gpus) == 4
+
+
+def test_a_cluster_file_on_a_node_it_does_not_describe_is_one_line(tmp_path):
+    path = _cluster_file(tmp_path)
+    with pytest.raises(FleetSpecError, match=r"describes nodes n1, n2; this process is on 'n7'"):
+        load_fleet(str(path), node="n7")

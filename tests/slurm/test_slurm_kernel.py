@@ -5,6 +5,7 @@ import re
 import pytest
 
 from tests.notebook.test_kernel_e2e import _execute, started_kernel
+from tests.slurm.test_slurm_plan import write_cluster_file
 
 pytestmark = pytest.mark.slow
 
@@ -51,4 +52,40 @@ def test_the_magic_runs_two_nodes_and_names_the_failing_one(slurm_kernel, slurm_
     )
     assert error is not None
     assert re.search(r"rank 2 on node n[12] failed first", error), error
+    assert not slurm_cluster.squeue()
+
+
+@pytest.fixture
+def planning_kernel(slurm_cluster, tmp_path):
+    env = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
+    env["NBGPU_SIMULATE"] = str(write_cluster_file(tmp_path))
+    for _km, client in started_kernel(env, tmp_path):
+        yield client
+
+
+def test_plan_across_the_nodes_then_launch_the_plan(planning_kernel, slurm_cluster):
+    client = planning_kernel
+    assert _execute(client, "%load_ext nbgpu")[1] is None
+    out, error = _execute(
+        client, "p = %gpu_plan --slurm --nproc-per-node 2 --batch 8\nprint(p.text())", timeout=120
+    )
+    assert error is None, out
+    assert "2 node(s) × 2 GPUs" in out
+    assert "ready" in out
+    assert re.search(r"n1\s+1,2\s+2\s+A40\s+GPU 0: BUSY", out), out
+    assert re.search(r"n2\s+0,1\s+2\s+A40\s+GPU 2: LOST", out), out
+    out, error = _execute(
+        client,
+        "%%torchrun --plan p --name planned\n"
+        "import os, nbgpu.rank as R\nR.device()\n"
+        "print('sees', os.environ['CUDA_VISIBLE_DEVICES'])\n",
+        timeout=180,
+    )
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert error is None, plain
+    assert len(re.findall(r"\[n1/rank\d\] sees 1,2", plain)) == 2, plain
+    assert len(re.findall(r"\[n2/rank\d\] sees 0,1", plain)) == 2, plain
+    # What the plan decided cannot be changed on the way: one line.
+    out, _ = _execute(client, "%%torchrun --plan p --nodes 3\nx=1")
+    assert "UsageError: --nodes 3: the plan is for 2 node(s) (n1,n2)" in out
     assert not slurm_cluster.squeue()

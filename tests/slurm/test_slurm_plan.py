@@ -31,16 +31,21 @@ WHERE = (
 )
 
 
-@pytest.fixture
-def env(slurm_cluster, tmp_path):
+def write_cluster_file(tmp_path):
+    """n1's GPU 0 held by a dead process (exclusive mode), n2's GPU 2 lost."""
     nodes = []
     for node, spec in (("n1", "4xA40,busy=0"), ("n2", "4xA40,lost=2")):
         inventory = take_inventory({"NBGPU_SIMULATE": spec}, scan_device_files=False)
         nodes.append({"node": node, **inventory.to_dict()})
-    cluster_file = tmp_path / "cluster.json"
-    cluster_file.write_text(json.dumps({"source": "test cluster", "nodes": nodes}))
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"source": "test cluster", "nodes": nodes}))
+    return path
+
+
+@pytest.fixture
+def env(slurm_cluster, tmp_path):
     out = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-    out["NBGPU_SIMULATE"] = str(cluster_file)
+    out["NBGPU_SIMULATE"] = str(write_cluster_file(tmp_path))
     out.pop("CUDA_VISIBLE_DEVICES", None)
     return out
 
@@ -48,8 +53,10 @@ def env(slurm_cluster, tmp_path):
 def test_each_node_reports_its_own_gpus_and_the_plan_avoids_their_bad_ones(env, slurm_cluster):
     cluster = cluster_status(nodes=2, options=SlurmOptions(), environ=env)
     health = {n.node: n.health for n in cluster.nodes}
-    assert health["n1"][0].startswith("BUSY") and health["n1"][1:] == ("ok",) * 3
-    assert health["n2"][2] == "LOST" and health["n2"][0] == "ok"
+    assert health["n1"][0].startswith("BUSY")
+    assert health["n1"][1:] == ("ok",) * 3
+    assert health["n2"][2] == "LOST"
+    assert health["n2"][0] == "ok"
 
     p = nbgpu.plan.nodes(cluster, nproc_per_node=2, global_batch=8)
     assert p.ok, p.text()
@@ -95,7 +102,8 @@ def test_plan_and_run_from_a_terminal(env, slurm_cluster, tmp_path):
         env=env, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "sees 1,2" in done.stdout and "sees 0,1" in done.stdout
+    assert "sees 1,2" in done.stdout
+    assert "sees 0,1" in done.stdout
     assert not slurm_cluster.squeue()
 
 

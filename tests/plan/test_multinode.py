@@ -1,0 +1,143 @@
+"""One job across nodes: nodes chosen, each node's GPUs, the world's batch and memory."""
+
+import json
+
+import pytest
+
+import nbgpu
+from nbgpu.devices.inventory import take_inventory
+from nbgpu.errors import UserInputError
+from nbgpu.plan.multinode import default_shape
+
+CLUSTER = {"n1": "4xA40,busy=0", "n2": "4xA40,lost=2", "n3": "4xA40"}
+
+
+@pytest.mark.parametrize(
+    ("capacities", "nodes", "shape"),
+    [
+        ([4, 4, 4], None, (3, 4)),
+        ([3, 3, 4], None, (3, 3)),  # 9 ranks beat 1 node x 4
+        ([4, 2], None, (1, 4)),  # 4 = 2 x 2: the larger per-node count on a tie
+        ([4, 3, 3], 2, (2, 3)),
+        ([0, 0], None, (0, 0)),
+        ([2], 3, (3, 0)),
+    ],
+)
+def test_default_shape(capacities, nodes, shape):
+    assert default_shape(capacities, nodes) == shape
+
+
+def test_each_node_gives_its_usable_gpus_and_the_clean_node_comes_first():
+    p = nbgpu.plan.nodes(CLUSTER, nodes=2, nproc_per_node=3, global_batch=12)
+    assert p.ok, p.text()
+    # n3 has nothing wrong: chosen first; then n1 before n2 (equally flawed, listed first).
+    assert p.nodelist == "n1,n3"
+    gpus = {"n1": "1,2,3", "n2": "0,1,3", "n3": "0,1,2"}
+    assert all(p.node_gpus[n] == gpus[n] for n in p.node_gpus)
+    assert (p.job_nodes, p.nproc_per_node, p.world_size) == (2, 3, 6)
+    assert p.batch is not None
+    assert p.batch.ok
+    left = {n.node: n.reason for n in p.left_out}
+    assert len(left) == 1
+    assert "not needed" in next(iter(left.values()))
+
+
+def test_excluded_gpus_are_named_per_node():
+    p = nbgpu.plan.nodes(CLUSTER, nproc_per_node=3)
+    assert p.ok
+    assert p.job_nodes == 3
+    excluded = {n.node: [(e.nvml_index, e.health) for e in n.excluded] for n in p.nodes}
+    assert excluded["n1"] == [(0, "BUSY: dead holder")]
+    assert excluded["n2"] == [(2, "LOST")]
+    assert excluded["n3"] == []
+    text = p.text()
+    assert "GPU 0: BUSY: dead holder" in text
+    assert "GPU 2: LOST" in text
+
+
+def test_too_few_full_nodes_names_each_and_offers_what_fits():
+    p = nbgpu.plan.nodes(CLUSTER, nodes=2, nproc_per_node=4, global_batch=64)
+    assert not p.ok
+    problem = p.problems[0]
+    assert problem.code == "not_enough_nodes"
+    assert "1 of the 3 node(s) do" in problem.message
+    assert "n1: 3 of 4 GPUs usable, 4 needed (GPU 0: BUSY: dead holder)" in problem.message
+    assert "n2: 3 of 4 GPUs usable, 4 needed (GPU 2: LOST)" in problem.message
+    assert any(f.startswith("on n1: ") for f in problem.fixes)  # the dead holder's fix
+    titles = [a.title for a in p.alternatives]
+    assert titles[0] == "1 node(s) × 4 GPUs (n3)"
+    # 2 x 3 ranks: 64 is not divisible by 6, so the alternative carries a batch that is.
+    assert titles[1] == "2 node(s) × 3 GPUs (n1, n3), global batch 66 instead of 64"
+    assert all(a.plan is not None and a.plan.ok for a in p.alternatives)
+
+
+def test_the_batch_is_checked_for_every_rank_of_every_node():
+    p = nbgpu.plan.nodes(CLUSTER, nodes=3, nproc_per_node=3, global_batch=48)
+    assert [i.code for i in p.problems] == ["batch"]
+    assert "9 ranks: global batch 48 is not divisible by 9" in p.problems[0].message
+    assert "global_batch=45" in p.problems[0].fixes[0]
+
+
+def test_memory_is_checked_on_the_tightest_node_for_the_whole_world():
+    cluster = {"a": "2xA40", "b": "2xA100"}
+    p = nbgpu.plan.nodes(cluster, nproc_per_node=2, model="7B", strategy="zero3")
+    assert p.memory_node == "b"  # its GPUs have the least free memory
+    (check,) = p.memory
+    assert "Ψ/4" in check.accounting  # zero3 shards over 2 nodes x 2 ranks
+    assert any(w.code == "mixed_gpus" for w in p.warnings)
+    ddp = nbgpu.plan.nodes(cluster, nproc_per_node=2, model="7B")
+    assert not ddp.ok
+    assert ddp.problems[0].message.startswith("node b: ")
+
+
+def test_json_round_trip_and_frame():
+    p = nbgpu.plan.nodes(CLUSTER, nproc_per_node=2, global_batch=12)
+    data = json.loads(p.to_json())
+    assert data["nbgpu_nodes_plan"] == 1
+    assert data["node_gpus"] == p.node_gpus
+    assert nbgpu.plan.plan_from_json(p.to_json()) == p
+    frame = p.to_frame()
+    assert list(frame["node"]) == [n for n in p.node_gpus for _ in range(2)]
+    with pytest.raises(UserInputError, match="is a plan across nodes, not a sweep"):
+        nbgpu.plan.plan_from_json(p.to_json(), run=0)
+
+
+def test_a_status_file_and_a_description_plan_alike(tmp_path):
+    nodes = [
+        {"node": n, **take_inventory({"NBGPU_SIMULATE": s}, scan_device_files=False).to_dict()}
+        for n, s in CLUSTER.items()
+    ]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"source": "allocation 7", "nodes": nodes}))
+    from_file = nbgpu.plan.nodes(str(path), nproc_per_node=3)
+    described = nbgpu.plan.nodes(CLUSTER, nproc_per_node=3)
+    assert from_file.node_gpus == described.node_gpus
+    assert from_file.source == "allocation 7"
+    assert from_file.simulated
+    from_dict = nbgpu.plan.nodes({"source": "allocation 7", "nodes": nodes}, nproc_per_node=3)
+    assert from_dict.node_gpus == described.node_gpus
+
+
+@pytest.mark.parametrize(
+    ("cluster", "keywords", "message"),
+    [
+        (CLUSTER, {"nodes": 0}, r"nodes=0: expected a whole number >= 1"),
+        (CLUSTER, {"nodes": 4}, r"nodes=4: the cluster has 3 node\(s\) \(n1, n2, n3\)"),
+        (CLUSTER, {"nproc_per_node": -1}, r"nproc_per_node=-1: expected a whole number"),
+        (CLUSTER, {"allocation": "d2"}, r"allocation= is not a keyword it takes"),
+        ({}, {}, r"cluster=dict: expected a cluster"),
+        ({"n1": 3}, {}, r"node 'n1' = 3: expected a cluster"),
+        ({"n1": "9xZZ"}, {}, r"node n1: "),
+        ("/nowhere/cluster.json", {}, r"cluster file '/nowhere/cluster.json' does not exist"),
+    ],
+)
+def test_bad_input_is_one_line(cluster, keywords, message):
+    with pytest.raises(UserInputError, match=message) as error:
+        nbgpu.plan.nodes(cluster, **keywords)
+    assert "\n" not in str(error.value)
+
+
+def test_a_node_without_gpus_is_left_out_with_its_reason():
+    p = nbgpu.plan.nodes({"n1": "2xA40", "n2": "no-driver"}, nodes=2, nproc_per_node=2)
+    assert not p.ok
+    assert "n2: 0 of 0 GPUs usable, 2 needed" in p.problems[0].message
