@@ -100,6 +100,18 @@ def _as_torchrun_reports(exc: Any) -> None:
     sys.stderr.flush()
 
 
+def _join_timeout(rdzv_conf: str) -> float:
+    """``join_timeout`` from torchrun's ``--rdzv-conf`` (``k=v,k=v``); 600 s is its default."""
+    for part in (rdzv_conf or "").split(","):
+        key, _, value = part.partition("=")
+        if key.strip() == "join_timeout":
+            try:
+                return float(value)
+            except ValueError:
+                break
+    return 600.0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] != "--":
         print("usage: python -m nbgpu.launch.agent RESULT.json -- <torchrun args>", file=sys.stderr)
@@ -113,6 +125,7 @@ def main(argv: list[str]) -> int:
     started = time.time()
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError  # noqa: PLC0415
     from torch.distributed.run import parse_args, run  # noqa: PLC0415
 
     args = parse_args(argv[2:])
@@ -132,6 +145,15 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         result["signal"] = "SIGINT"
         code = 130
+    except RendezvousTimeoutError:
+        # torchrun's message is empty; what the kernel needs is how long and where.
+        waited = _join_timeout(args.rdzv_conf)
+        result["rendezvous_timeout_s"] = waited
+        result["error"] = (
+            f"RendezvousTimeoutError: the {args.nnodes} nodes did not all join the rendezvous "
+            f"at {args.rdzv_endpoint} within {waited:g} s"
+        )
+        code = 1
     except Exception as exc:  # noqa: BLE001  (torchrun's own failures: report them, exit non-zero)
         import traceback  # noqa: PLC0415
 

@@ -16,7 +16,10 @@ from pathlib import Path
 
 from nbgpu.launch.config import LaunchConfig
 
-__all__ = ["agent_argv"]
+__all__ = ["MANUAL_JOIN_TIMEOUT_S", "agent_argv"]
+
+# Nodes started by hand (a cell on each) can take minutes to all arrive: torchrun's default.
+MANUAL_JOIN_TIMEOUT_S = 600.0
 
 
 def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> list[str]:
@@ -32,6 +35,7 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
             name=config.name,
             python=sys.executable,
             options=config.slurm,
+            join_timeout_s=config.rdzv_timeout_s,
         )
     argv = [sys.executable, "-m", "nbgpu.launch.agent", str(run_dir / "result.json"), "--"]
     if config.nnodes == 1:
@@ -45,6 +49,7 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
             "--rdzv-backend", "c10d", "--rdzv-endpoint", str(config.rdzv_endpoint),
             # Every node's cell must use the same id: the run's name is what they share.
             "--rdzv-id", f"nbgpu-{config.name}",
+            "--rdzv-conf", f"join_timeout={config.rdzv_timeout_s or MANUAL_JOIN_TIMEOUT_S:g}",
         ]  # fmt: skip
         if config.node_rank is not None:
             rendezvous += ["--node-rank", str(config.node_rank)]

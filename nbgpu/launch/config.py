@@ -91,6 +91,7 @@ class LaunchConfig:
     slurm: SlurmOptions | None = None  # through SLURM: one agent per node, started by srun
     node_rank: int | None = None  # without SLURM: this node's rank (--node-rank)
     rdzv_endpoint: str | None = None  # without SLURM: HOST:PORT every node meets at
+    rdzv_timeout_s: float | None = None  # several nodes: how long they wait for each other
 
     @property
     def world_size(self) -> int:
@@ -139,6 +140,16 @@ class LaunchConfig:
     def _check_nodes(self) -> None:
         if self.nnodes < 1:
             raise UserInputError(f"--nodes {self.nnodes}: expected a whole number >= 1")
+        if self.rdzv_timeout_s is not None:
+            if self.nnodes == 1:
+                raise UserInputError(
+                    "--rdzv-timeout is how long several nodes wait for each other: give "
+                    "--nodes N too"
+                )
+            if not self.rdzv_timeout_s >= 1:
+                raise UserInputError(
+                    f"--rdzv-timeout {self.rdzv_timeout_s!r}: expected seconds >= 1 (e.g. 300)"
+                )
         if self.keep and self.nnodes > 1:
             raise UserInputError(
                 "--keep with several nodes: warm jobs run on one node for now (drop --keep, "

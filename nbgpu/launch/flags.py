@@ -107,6 +107,9 @@ FLAGS: tuple[Flag, ...] = (
          "assigns it)", {"type": int, "default": None, "metavar": "R"}),
     Flag(("--rdzv-endpoint",), "without SLURM: HOST:PORT where every node's ranks meet "
          "(torchrun's c10d rendezvous)", {"default": None, "metavar": "HOST:PORT"}),
+    Flag(("--rdzv-timeout",), "with --nodes: seconds the nodes wait for each other at the "
+         "rendezvous (default 120 with --slurm, 600 without)",
+         {"type": float, "default": None, "metavar": "S"}),
     Flag(("--gpus",), "physical GPUs to use (sets CUDA_VISIBLE_DEVICES); unknown or unhealthy "
          "GPUs are refused with the reason", {"default": None, "metavar": "0,1,3"}),
     Flag(("--plan",), "take GPUs, nproc and port from a plan",
@@ -220,6 +223,7 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
         "slurm": _slurm_options(args),
         "node_rank": args.node_rank,
         "rdzv_endpoint": args.rdzv_endpoint,
+        "rdzv_timeout_s": args.rdzv_timeout,
     }
 
 

@@ -233,6 +233,7 @@ def prepare(
     slurm: SlurmOptions | None = None,
     node_rank: int | None = None,
     rdzv_endpoint: str | None = None,
+    rdzv_timeout_s: float | None = None,
     face: str = "notebook",
 ) -> Prepared:
     """Validate everything and decide nproc and GPUs; starts nothing.
@@ -305,6 +306,7 @@ def prepare(
         slurm=slurm,
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
+        rdzv_timeout_s=rdzv_timeout_s,
     )
     return Prepared(config=config, notes=tuple(notes))
 

@@ -66,6 +66,10 @@ def read_agent_result(run_dir: Path) -> dict[str, Any]:
         "signal": next((r["signal"] for r in results if r.get("signal")), None),
         "agent_exit_code": 0 if all(c == 0 for c in codes) else next((c for c in codes if c), 1),
         "nodes": len(results),
+        "error": next((r["error"] for r in results if r.get("error")), None),
+        "rendezvous_timeout_s": next(
+            (r["rendezvous_timeout_s"] for r in results if r.get("rendezvous_timeout_s")), None
+        ),
     }
 
 

@@ -18,6 +18,7 @@ from nbgpu._render import Result, Table, fix_html, simulated_label
 from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.outcomes import RankOutcome
+from nbgpu.launch.rdzv_timeout import rendezvous_timeout_words
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
@@ -92,6 +93,11 @@ class RunView(Result):
             head += f": {who} failed first ({self._rank_state(rc)})"
             if rc.error:
                 head += f": {rc.error.splitlines()[0][:300]}"
+        elif self.state == "failed" and self.agent_result.get("rendezvous_timeout_s"):
+            waited = float(self.agent_result["rendezvous_timeout_s"])
+            head += f": {rendezvous_timeout_words(self.dir, self.config, waited)}"
+            if self.agent_result.get("slurm_error"):
+                head += f"; SLURM says {self.agent_result['slurm_error']}"
         elif self.state == "failed" and self.agent_result.get("slurm_error"):
             head += f": SLURM says {self.agent_result['slurm_error']}"
         elif self.state == "failed" and self.agent_result.get("error"):

@@ -127,6 +127,7 @@ def srun_argv(
     name: str,
     python: str,
     options: SlurmOptions,
+    join_timeout_s: float | None = None,
 ) -> list[str]:
     """The ``srun`` command that starts one agent per node."""
     argv = [
@@ -139,7 +140,7 @@ def srun_argv(
     argv += request_args(options)
     argv += [
         python, "-m", "nbgpu.launch.slurm_node", str(run_dir), str(nodes), str(nproc),
-        run_id, str(JOIN_TIMEOUT_S),
+        run_id, f"{join_timeout_s or JOIN_TIMEOUT_S:g}",
     ]  # fmt: skip
     return argv
 

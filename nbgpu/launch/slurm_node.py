@@ -48,6 +48,18 @@ def _node_address(name: str) -> str:
     return socket.gethostname()
 
 
+def _hostnames(nodelist: str) -> list[str]:
+    """SLURM's compressed node list ("n[1-2]") as names, through SLURM's own expansion."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True, text=True, timeout=20, check=False,
+        ).stdout.split()  # fmt: skip
+        if out:
+            return out
+    return [nodelist]
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
@@ -66,6 +78,9 @@ def _publish(run_dir: Path, name: str) -> dict[str, object]:
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "step_id": os.environ.get("SLURM_STEP_ID"),
         "nodes": os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST"),
+        "node_names": _hostnames(
+            os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or name
+        ),
     }
     tmp = run_dir / ".rdzv.json.tmp"
     tmp.write_text(json.dumps(rdzv), encoding="utf-8")
@@ -114,6 +129,8 @@ def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never re
     rdzv = _publish(run_dir, name) if node == 0 else _await(run_dir)
     os.environ["NBGPU_NODE"] = name  # each rank writes it next to its log (node/rank labels)
     _take_planned_gpus(name)
+    # Which nodes got as far as their agent: a rendezvous that times out names the others.
+    (run_dir / f"node{node}.started").write_text(name, encoding="utf-8")
     # The agent dies with this step's slurmstepd (our parent), as it would with a kernel.
     os.environ["NBGPU_LAUNCHER_PID"] = str(os.getppid())
     os.environ["TORCHELASTIC_ERROR_FILE"] = str(run_dir / f"agent-error-node{node}.json")

@@ -132,6 +132,10 @@ PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscr
         self.stop()
         raise RuntimeError(f"SLURM test cluster: {what} did not come up\n{logs}")
 
+    def slurmd(self, node: str) -> subprocess.Popen[bytes]:
+        """The slurmd daemon of *node* (started after munged and slurmctld, n1 then n2)."""
+        return self.procs[2 + ("n1", "n2").index(node)]
+
     def squeue(self) -> list[str]:
         out = subprocess.run(
             ["squeue", "-h", "-o", "%i %j %T"], env=self.env, capture_output=True, text=True,
