@@ -44,6 +44,7 @@ from nbgpu.launch.outcomes import (
 from nbgpu.launch.procs import RUN_ID_ENV, StopReport, run_processes, stop_processes
 from nbgpu.launch.registry import ports_in_use, register
 from nbgpu.launch.run_view import RunView
+from nbgpu.launch.slurm_queue import QueueWatch
 from nbgpu.launch.streams import LineSink, LogTail, ScreenWriter
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ class Run(RunView):
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self.notices = RunNotices(config.world_size)  # one-line messages, each shown once
+        self.queue: QueueWatch | None = None  # a SLURM job while it waits in the queue
         self.thread: threading.Thread | None = None
         self.warm: WarmState | None = None  # a warm job's ranks between cells (--keep)
 
@@ -177,6 +179,8 @@ class Run(RunView):
                 preexec_fn=_die_with_launcher if cfg.slurm is not None else None,  # noqa: PLW1509  (prctl only, no locks)
             )
         self.state = "running"
+        if cfg.slurm is not None:
+            self.queue = QueueWatch(self.dir, self._agent_env())
         world = range(cfg.world_size)
         self._tails = {r: LogTail(rundir.rank_log(self.dir, r)) for r in world}
         register(self)
@@ -248,6 +252,9 @@ class Run(RunView):
     def take_notices(self) -> list[str]:
         """Messages not shown yet: retention, a lost parent-death guarantee, a full disk."""
         # A lost guarantee is also recorded in run.json.
+        if self.queue is not None:
+            for line in self.queue.poll():
+                self.notices.add(line)
         return self.notices.take(on_guarantee_lost=self._write_meta)
 
     # -- while running -------------------------------------------------------------

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
+from nbgpu.launch.slurm_queue import refusal
 
 __all__ = [
     "JOIN_TIMEOUT_S",
@@ -163,6 +164,9 @@ def request_args(options: SlurmOptions) -> list[str]:
 
 def srun_error(run_dir: Path) -> str | None:
     """SLURM's own reason when ``srun`` refused or lost the job (its last error line)."""
+    refused = refusal(run_dir)  # a job cancelled because it would never leave the queue
+    if refused is not None:
+        return refused
     try:
         with (run_dir / "agent.log").open("rb") as log:
             log.seek(0, 2)

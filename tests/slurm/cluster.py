@@ -80,6 +80,7 @@ KillWait=5
 NodeName=n1 NodeAddr=127.0.0.1 Port={n1} CPUs=2 RealMemory=2000 State=UNKNOWN
 NodeName=n2 NodeAddr=127.0.0.1 Port={n2} CPUs=2 RealMemory=2000 State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=grant Nodes=n1,n2 AllowAccounts=physics State=UP OverSubscribe=YES
 """,
             encoding="utf-8",
         )
