@@ -5,9 +5,11 @@ real files and the real classes:
 
 1. one poll of every rank's log (``LogTail.poll``: a read on each file, as the follow
    loop does 20 times a second) while every rank has written one new line;
-2. what one tick of the screen writer sends when every rank printed one line in that
-   tick (``ScreenWriter``: over the byte budget, each rank is cut to a count and its
-   newest line), against the 200 kB/s budget that keeps Jupyter under its rate limit.
+2. what one tick of the screen writer sends when every rank printed five lines in that
+   tick, against the 200 kB/s budget that keeps Jupyter under its rate limit: over the
+   budget each rank is cut to a count and its newest line (the anchor, measured in the
+   same run), and beyond 64 ranks the per-node view sends a line per node, beyond 64
+   nodes one line for the job.
 
     .venv/bin/python bench/bench_scale.py
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nbgpu.launch import streams
 from nbgpu.launch.streams import LogTail, ScreenWriter
 
 LINE = "step 1200 loss=0.4312 lr=3.0e-04 tokens/s=91234 mem=61.2G " * 2 + "\n"
@@ -50,7 +53,19 @@ def poll_cost(ranks: int, rounds: int = 20) -> float:
     return statistics.median(times)
 
 
-def tick_bytes(ranks: int) -> int:
+def tick_bytes(ranks: int, *, per_rank_only: bool = False) -> int:
+    """Bytes of one busy tick; ``per_rank_only``: as before the per-node view (a line per
+    rank however many ranks there are), the anchor in the same run."""
+    saved = streams.MAX_CUT_LINES
+    if per_rank_only:
+        streams.MAX_CUT_LINES = 10**9
+    try:
+        return _tick_bytes(ranks)
+    finally:
+        streams.MAX_CUT_LINES = saved
+
+
+def _tick_bytes(ranks: int) -> int:
     sent: list[str] = []
     writer = ScreenWriter(sent.append)
     writer._budget.tokens = 0  # a tick in the middle of a busy run: the budget is spent
@@ -61,13 +76,17 @@ def tick_bytes(ranks: int) -> int:
 
 
 def main() -> None:
-    print("| ranks (nodes x 8) | one poll of every log | screen bytes in one busy tick |")
-    print("|---|---:|---:|")
+    print("| ranks (nodes x 8) | one poll of every log | busy tick, a line per rank | "
+          "busy tick, per-node view | ratio |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|")
     for ranks in (16, 128, 512, 4096):
         cost = poll_cost(ranks)
-        sent = tick_bytes(ranks)
+        before = tick_bytes(ranks, per_rank_only=True)
+        after = tick_bytes(ranks)
         print(f"| {ranks} ({ranks // 8} nodes) | {cost:.2f} ms ({cost * 20 / 10:.1f} % of a core "
-              f"at 20 Hz) | {sent / 1000:.0f} kB (budget 20 kB per 0.1 s tick) |")  # fmt: skip
+              f"at 20 Hz) | {before / 1000:.1f} kB | {after / 1000:.1f} kB | "
+              f"{after / before:.3f} |")  # fmt: skip
+    print("budget: 20 kB per 0.1 s tick (200 kB/s)")
 
 
 if __name__ == "__main__":

@@ -136,6 +136,14 @@ class _Budget:
         return self.tokens
 
 
+# Over the budget, at most this many lines a tick: a line per rank up to it, then a line
+# per node, then one line for the job (64 lines of ~220 bytes, ten ticks a second, stay
+# under the 200 kB/s budget).
+MAX_CUT_LINES = 64
+# When the run ends, the last lines of at most this many ranks that the budget held back.
+MAX_FINAL_TAILS = 16
+
+
 class ScreenWriter:
     """Prefixed, coalesced, budgeted output for a notebook cell or a terminal.
 
@@ -221,7 +229,7 @@ class ScreenWriter:
                 pieces.extend(f"{prefix}{self._clip(line, self._max_line)}\n" for line in lines)
                 self._remember(label, lines, shown_last=len(lines))
                 self.lines_shown += len(lines)
-        else:
+        elif len(pending) <= MAX_CUT_LINES:
             for label, lines in pending.items():
                 prefix = self._prefix(label)
                 held = len(lines) - 1
@@ -231,6 +239,8 @@ class ScreenWriter:
                 self._remember(label, lines, shown_last=1)
                 self.lines_shown += 1
                 self.lines_not_shown += held
+        else:
+            pieces.extend(self._by_node(pending))
         text = self._erase_status() + "".join(pieces)
         if self._status:
             text += self._status
@@ -238,6 +248,38 @@ class ScreenWriter:
         self._budget.tokens -= len(text)  # may go below zero: the next ticks wait it out
         self._write(text)
         self.writes += 1
+
+    def _by_node(self, pending: dict[str, list[str]]) -> list[str]:
+        """Too many ranks for a line each: a line per node, or one for the whole job.
+
+        A label ``n17/rank136`` belongs to node ``n17``; each node's line says how many of
+        its ranks printed, how many lines the screen skips, and its newest line.
+        """
+        nodes: dict[str, list[str]] = {}
+        for label in pending:
+            nodes.setdefault(label.split("/", 1)[0] if "/" in label else "", []).append(label)
+        total = sum(map(len, pending.values()))
+        for label, lines in pending.items():
+            self._remember(label, lines, shown_last=0)
+        self.lines_not_shown += total
+        if len(nodes) > MAX_CUT_LINES or "" in nodes:
+            newest = next(reversed(pending))
+            line = self._clip(pending[newest][-1], self._newest_chars)
+            return [
+                f"{self._prefix('nbgpu')}{len(pending)} ranks on {len(nodes)} node(s) printed "
+                f"{total} lines (output rate limit: every line is in its rank's log); "
+                f"newest, {newest}: {line}\n"
+            ]
+        pieces = []
+        for node, labels in nodes.items():
+            count = sum(len(pending[label]) for label in labels)
+            newest = labels[-1]
+            line = self._clip(pending[newest][-1], self._newest_chars)
+            pieces.append(
+                f"{self._prefix(node)}{len(labels)} ranks, {count} lines not shown; newest, "
+                f"{newest.split('/', 1)[1]}: {line}\n"
+            )
+        return pieces
 
     def _remember(self, label: str, lines: list[str], *, shown_last: int) -> None:
         recent = self._recent.setdefault(label, deque(maxlen=self._tail_lines))
@@ -251,6 +293,9 @@ class ScreenWriter:
         self._status = ""
         self.flush()
         pieces: list[str] = [self._erase_status()] if self._status_shown else []
+        behind = [label for label, recent in self._recent.items() if any(not s for _l, s in recent)]
+        for label in behind[MAX_FINAL_TAILS:]:
+            self._recent[label].clear()  # kept on disk; the screen names how many
         for label, recent in self._recent.items():
             unseen = [line for line, shown in recent if not shown]
             if not unseen:
@@ -263,6 +308,11 @@ class ScreenWriter:
             pieces.extend(f"{prefix}{self._clip(line, self._max_line)}\n" for line in tail)
             self.lines_not_shown -= len(unseen)
             self.lines_shown += len(unseen)
+        if len(behind) > MAX_FINAL_TAILS:
+            pieces.append(
+                f"{self._prefix('nbgpu')}… {len(behind) - MAX_FINAL_TAILS} more ranks have lines "
+                f"not shown here; every rank's complete log: {log_hint}\n"
+            )
         if pieces:
             self._write("".join(pieces))
             self.writes += 1

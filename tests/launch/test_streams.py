@@ -110,3 +110,47 @@ def test_colour_prefixes_differ_per_rank():
     assert first.startswith("\x1b[")
     assert second.startswith("\x1b[")
     assert first.split("m", 1)[0] != second.split("m", 1)[0]
+
+
+def _busy_tick(ranks, per_node=8, lines=5):
+    sent = []
+    writer = ScreenWriter(sent.append)
+    writer._budget.tokens = 0  # mid-run: the budget is spent
+    for r in range(ranks):
+        writer.add(f"n{r // per_node}/rank{r}", [f"rank {r} step {i}" for i in range(lines)])
+    writer.flush()
+    return writer, "".join(sent)
+
+
+def test_over_the_budget_a_few_ranks_still_get_a_line_each():
+    _writer, text = _busy_tick(16)
+    assert text.count("\n") == 32  # a count line and the newest line per rank
+    assert "[n1/rank15] rank 15 step 4" in text
+
+
+def test_many_ranks_over_the_budget_get_a_line_per_node():
+    writer, text = _busy_tick(128)
+    lines = text.splitlines()
+    assert len(lines) == 16
+    assert lines[3] == "[n3] 8 ranks, 40 lines not shown; newest, rank31: rank 31 step 4"
+    assert writer.lines_not_shown == 128 * 5
+
+
+def test_more_nodes_than_lines_get_one_line_for_the_job():
+    _writer, text = _busy_tick(4096)
+    assert text == (
+        "[nbgpu] 4096 ranks on 512 node(s) printed 20480 lines (output rate limit: every "
+        "line is in its rank's log); newest, n511/rank4095: rank 4095 step 4\n"
+    )
+
+
+def test_the_end_shows_the_last_lines_of_a_few_ranks_and_counts_the_rest():
+    writer, _text = _busy_tick(128)
+    sent = []
+    writer._write = sent.append
+    writer.finish("/runs/big")
+    text = "".join(sent)
+    assert text.count("… last lines (complete log: /runs/big):") == 16
+    assert text.endswith(
+        "[nbgpu] … 112 more ranks have lines not shown here; every rank's complete log: /runs/big\n"
+    )
