@@ -265,11 +265,12 @@ class ScreenWriter:
         if len(nodes) > MAX_CUT_LINES or "" in nodes:
             newest = next(reversed(pending))
             line = self._clip(pending[newest][-1], self._newest_chars)
-            return [
+            summary = (
                 f"{self._prefix('nbgpu')}{len(pending)} ranks on {len(nodes)} node(s) printed "
                 f"{total} lines (output rate limit: every line is in its rank's log); "
                 f"newest, {newest}: {line}\n"
-            ]
+            )
+            return [summary]
         pieces = []
         for node, labels in nodes.items():
             count = sum(len(pending[label]) for label in labels)
