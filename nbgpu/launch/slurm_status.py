@@ -98,14 +98,21 @@ def cluster_status(
     options: SlurmOptions,
     environ: Mapping[str, str],
     probe: bool = False,
+    wait_s: int = 60,
 ) -> ClusterStatus:
-    """Ask every node of the allocation (or *nodes* nodes of a fresh one) for its GPUs."""
+    """Ask every node of the allocation (or *nodes* nodes of a fresh one) for its GPUs.
+
+    Outside an allocation the look waits at most *wait_s* for nodes (``srun
+    --immediate``): on a full cluster it says so in SLURM's words instead of queueing.
+    """
     from nbgpu.launch.slurm import check_request, request_args  # noqa: PLC0415
 
     job = environ.get("SLURM_JOB_ID")
     count = nodes or int(environ.get("SLURM_JOB_NUM_NODES") or 0) or 1
     check_request(count, options, environ)
     argv = ["srun", "--nodes", str(count), "--ntasks-per-node", "1", "--job-name", "nbgpu-status"]
+    if not job:
+        argv += [f"--immediate={wait_s}"]
     argv += [*request_args(options), sys.executable, "-m", "nbgpu.launch.slurm_status"]
     argv += ["--probe"] if probe else []
     try:

@@ -10,9 +10,11 @@ import time
 
 import pytest
 
+from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
 from nbgpu.launch.launcher import torchrun
 from nbgpu.launch.run import RunFailed
+from nbgpu.launch.slurm_status import cluster_status
 from tests.slurm.test_slurm_runs import Screen, nothing_left
 
 pytestmark = pytest.mark.slow
@@ -54,6 +56,9 @@ def test_a_job_waiting_for_nodes_says_so_and_its_timeout_leaves_nothing_queued(e
         run = failure.value.run
         assert run.state == "timed_out"
         assert "is queued: " in screen.text
+        # A look at the nodes does not queue behind the holder: it says SLURM's words.
+        with pytest.raises(UserInputError, match=r"--slurm: 0 of 2 nodes answered; srun says"):
+            cluster_status(nodes=2, options=SlurmOptions(), environ=env, wait_s=2)
         deadline = time.time() + 30
         while time.time() < deadline and len(slurm_cluster.squeue()) > 1:
             time.sleep(0.2)
