@@ -250,7 +250,8 @@ class Run(RunView):
                 raise
 
     def take_notices(self) -> list[str]:
-        """Messages not shown yet: retention, a lost parent-death guarantee, a full disk."""
+        """Messages not shown yet: retention, a lost parent-death guarantee, a full disk,
+        a SLURM job waiting in the queue (and why)."""
         # A lost guarantee is also recorded in run.json.
         if self.queue is not None:
             for line in self.queue.poll():
