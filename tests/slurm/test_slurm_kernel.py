@@ -1,11 +1,13 @@
 """``%%torchrun --slurm`` in a real Jupyter kernel on the two-node test cluster."""
 
 import re
+import time
 
 import pytest
 
 from tests.notebook.test_kernel_e2e import _execute, started_kernel
 from tests.slurm.test_slurm_plan import write_cluster_file
+from tests.slurm.test_slurm_runs import processes_of
 
 pytestmark = pytest.mark.slow
 
@@ -88,4 +90,35 @@ def test_plan_across_the_nodes_then_launch_the_plan(planning_kernel, slurm_clust
     # What the plan decided cannot be changed on the way: one line.
     out, _ = _execute(client, "%%torchrun --plan p --nodes 3\nx=1")
     assert "UsageError: --nodes 3: the plan is for 2 node(s) (n1,n2)" in out
+    assert not slurm_cluster.squeue()
+
+
+def test_gpu_stop_cancels_a_background_run_on_every_node(slurm_kernel, slurm_cluster):
+    client = slurm_kernel
+    assert _execute(client, "%load_ext nbgpu")[1] is None
+    out, error = _execute(
+        client,
+        "%%torchrun --slurm --nodes 2 --nproc-per-node 1 --bg --name kbg\n"
+        "import time\nprint('up', flush=True)\ntime.sleep(300)\n",
+        timeout=60,
+    )
+    assert error is None, out
+    # Wait until both nodes' ranks run, then stop the run from another cell.
+    out, error = _execute(
+        client,
+        "import time, nbgpu\nrun = nbgpu.runs()['kbg']\ndeadline = time.time() + 90\n"
+        "while len(list(run.dir.glob('rank*.node'))) < 2 and time.time() < deadline:\n"
+        "    time.sleep(0.2)\nprint('ranks up', len(list(run.dir.glob('rank*.node'))))\n",
+        timeout=120,
+    )
+    assert "ranks up 2" in out, (out, error)
+    out, error = _execute(client, "%gpu_stop kbg", timeout=90)
+    assert error is None, out
+    out, _ = _execute(client, "print(nbgpu.runs()['kbg'].state, run.run_id)")
+    state, run_id = out.split()
+    assert state == "stopped"
+    deadline = time.time() + 30
+    while (processes_of(run_id) or slurm_cluster.squeue()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not processes_of(run_id)
     assert not slurm_cluster.squeue()
