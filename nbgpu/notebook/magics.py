@@ -244,6 +244,11 @@ def _plan_widget(namespace: dict[str, Any], args: Any) -> None:
 
     if not widgets_available():
         raise UsageError("%gpu_plan --widget needs ipywidgets; without it use the flags")
+    if args.slurm or args.nodes is not None or args.nproc_per_node is not None:
+        raise UsageError(
+            "%gpu_plan --widget plans one box; across nodes drop --widget "
+            "(p = %gpu_plan --slurm --nproc-per-node P ...)"
+        )
     initial = {
         "allocation": getattr(args, "allocation", None) or "",
         "global_batch": getattr(args, "batch", None) or 0,

@@ -1,10 +1,13 @@
 """%gpu_plan in a real IPython InteractiveShell: sweeps on a shared box, launch scripts."""
 
+import json
 from pathlib import Path
 
 import pytest
+from IPython.core.error import UsageError
 
-from nbgpu.plan import ScalePlan, SweepPlan
+from nbgpu.devices.inventory import take_inventory
+from nbgpu.plan import NodesPlan, ScalePlan, SweepPlan
 
 VAGEN = Path(__file__).parents[1] / "plan" / "configs" / "vagen_2gpu.sh"
 
@@ -38,3 +41,17 @@ def test_scale_a_launch_script_and_write_it(ip, tmp_path):
     assert result.written_to == str(out)
     assert "trainer.n_gpus_per_node=$N_GPUS" in out.read_text()
     assert "N_GPUS=${N_GPUS:-8}" in out.read_text()
+
+
+def test_a_plan_across_a_cluster_file(ip, tmp_path):
+    nodes = [
+        {"node": n, **take_inventory({"NBGPU_SIMULATE": s}, scan_device_files=False).to_dict()}
+        for n, s in (("n1", "2xA40,busy=0"), ("n2", "2xA40"))
+    ]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"source": "allocation 5", "nodes": nodes}))
+    plan = ip.run_line_magic("gpu_plan", f"--fleet {path} --batch 4")
+    assert isinstance(plan, NodesPlan)
+    assert plan.node_gpus == {"n2": "0,1"}  # n1 has one usable GPU: one node of 2 ranks
+    with pytest.raises(UsageError, match="--widget plans one box; across nodes drop --widget"):
+        ip.run_line_magic("gpu_plan", "--slurm --widget")
