@@ -5,7 +5,9 @@ here) by the run's id in their environment, and in SLURM's queue.
 """
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -258,3 +260,21 @@ def test_a_node_that_is_down_is_named_before_anything_queues(env, slurm_cluster)
         while not slurm_cluster._nodes_idle() and time.time() < deadline:
             time.sleep(0.2)
     assert slurm_cluster._nodes_idle()
+
+
+def test_a_controller_that_does_not_answer_is_one_line_in_slurms_words(
+    env, slurm_cluster, tmp_path
+):
+    # The same cluster's config with the controller's port moved where nothing listens.
+    conf = Path(env["SLURM_CONF"]).read_text()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    moved = tmp_path / "slurm.conf"
+    moved.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={closed}", conf))
+    began = time.monotonic()
+    with pytest.raises(UserInputError, match=r"^SLURM is not reachable here: sinfo says '.+'$"):
+        torchrun("print(1)", 1, nnodes=2, slurm=SlurmOptions(),
+                 environ={**env, "SLURM_CONF": str(moved)})  # fmt: skip
+    assert time.monotonic() - began < 60
+    assert not slurm_cluster.squeue()
