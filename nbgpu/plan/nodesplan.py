@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, ClassVar
 
-from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, wrap
+from nbgpu._render import Result, Table, fix_html, fmt_bytes, wrap
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import BatchCheck
@@ -188,7 +188,7 @@ class NodesPlan(Result):
         parts.append(notes_html(self.problems, self.warnings))
         if self.alternatives:
             items = "".join(
-                f"<li>{fix_html(self._alternative_head(a))}{fixes_html(())}</li>"
+                f"<li>{fix_html(self._alternative_head(a))}</li>"
                 for a in self.alternatives
             )
             parts.append(f"<div>alternatives:<ol>{items}</ol></div>")
