@@ -70,7 +70,9 @@ def test_a_plan_that_is_not_ready_is_not_launched():
 
 def test_each_node_takes_its_own_gpus(monkeypatch):
     monkeypatch.setenv("NBGPU_NODE_GPUS", json.dumps({"n1": "1,2", "n2": "0,1"}))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # Set through monkeypatch first, so what the function writes is undone after the test.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unset-by-the-test")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
     slurm_node._take_planned_gpus("n2")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
