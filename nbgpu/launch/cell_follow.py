@@ -108,7 +108,7 @@ def follow_cell(
         except KeyboardInterrupt:
             # A second interrupt while waiting for the ranks: end the job, now.
             run.stop("interrupted", first_signal=signal.SIGINT)
-        for label, lines in run.poll_lines():
+        for label, lines in run.poll_lines(every=True):
             writer.add(label, _without_marks(lines))
         if run.agent_done or run.stop_reason is not None:
             run.end_warm()

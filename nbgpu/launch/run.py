@@ -45,7 +45,7 @@ from nbgpu.launch.procs import RUN_ID_ENV, StopReport, run_processes, stop_proce
 from nbgpu.launch.registry import ports_in_use, register
 from nbgpu.launch.run_view import RunView
 from nbgpu.launch.slurm_queue import QueueWatch
-from nbgpu.launch.streams import LineSink, LogTail, ScreenWriter
+from nbgpu.launch.streams import LineSink, LogTail, ScreenWriter, in_turn
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
@@ -113,6 +113,7 @@ class Run(RunView):
         self.agent_result: dict[str, Any] = {}
         self.writer: LineSink | None = None
         self._tails: dict[int, LogTail] = {}
+        self._poll_cursor = 0  # where the next poll starts when the logs take turns
         self._nodes: dict[int, str] = {}  # rank -> its node's name (several nodes only)
         self._memory: MemoryFollower | None = None  # made on first use
         self._lock = threading.Lock()
@@ -260,9 +261,19 @@ class Run(RunView):
 
     # -- while running -------------------------------------------------------------
 
-    def poll_lines(self) -> list[tuple[str, list[str]]]:
+    def poll_lines(self, *, every: bool = False) -> list[tuple[str, list[str]]]:
+        """New lines of the ranks' logs; beyond 256 ranks the logs take turns (``every``:
+        read them all, as before a cell's result)."""
+        ranks = list(self._tails)
+        turn: list[int]
+        if every:
+            turn = list(range(len(ranks)))
+        else:
+            turn, self._poll_cursor = in_turn(len(ranks), self._poll_cursor)
         out = []
-        for rank, tail in self._tails.items():
+        for index in turn:
+            rank = ranks[index]
+            tail = self._tails[rank]
             lines = tail.poll()
             if lines:
                 if self.first_output_at is None:

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["LineSink", "LogTail", "ScreenWriter", "color_prefix"]
+__all__ = ["MAX_LOGS_PER_POLL", "LineSink", "LogTail", "ScreenWriter", "color_prefix", "in_turn"]
+
+# At most this many rank logs are read in one poll (20 polls a second). Beyond it the logs
+# take turns: 4096 ranks' logs are each read every 16 polls (0.8 s), and a poll costs what
+# 256 reads cost instead of 4096 (about 10 ms here; on a shared filesystem each read is a
+# round trip). The final drain reads every log.
+MAX_LOGS_PER_POLL = 256
 
 READ_CHUNK = 1 << 16
 MAX_READ_PER_POLL = 8 << 20  # bound one poll's work; the rest is read next tick
@@ -107,6 +113,13 @@ class LogTail:
             os.close(self._fd)
             self._fd = None
         return lines
+
+
+def in_turn(count: int, cursor: int, limit: int = MAX_LOGS_PER_POLL) -> tuple[list[int], int]:
+    """Which of *count* logs to read this poll, from *cursor* on; and the next cursor."""
+    if count <= limit:
+        return list(range(count)), 0
+    return [(cursor + i) % count for i in range(limit)], (cursor + limit) % count
 
 
 def _resolve_cr(line: str) -> str:

@@ -188,8 +188,7 @@ class NodesPlan(Result):
         parts.append(notes_html(self.problems, self.warnings))
         if self.alternatives:
             items = "".join(
-                f"<li>{fix_html(self._alternative_head(a))}</li>"
-                for a in self.alternatives
+                f"<li>{fix_html(self._alternative_head(a))}</li>" for a in self.alternatives
             )
             parts.append(f"<div>alternatives:<ol>{items}</ol></div>")
         return "".join(parts)

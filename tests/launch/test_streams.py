@@ -2,7 +2,7 @@
 
 import time
 
-from nbgpu.launch.streams import LogTail, ScreenWriter
+from nbgpu.launch.streams import LogTail, ScreenWriter, in_turn
 
 
 def append(path, data: bytes):
@@ -154,3 +154,15 @@ def test_the_end_shows_the_last_lines_of_a_few_ranks_and_counts_the_rest():
     assert text.endswith(
         "[nbgpu] … 112 more ranks have lines not shown here; every rank's complete log: /runs/big\n"
     )
+
+
+def test_logs_take_turns_beyond_the_limit():
+    assert in_turn(8, 0) == (list(range(8)), 0)
+    first, cursor = in_turn(600, 0)
+    assert (first[0], first[-1], cursor) == (0, 255, 256)
+    second, cursor = in_turn(600, cursor)
+    assert (second[0], second[-1], cursor) == (256, 511, 512)
+    third, cursor = in_turn(600, cursor)
+    assert third[:88] == list(range(512, 600))
+    assert third[88:] == list(range(168))  # wraps around: every log is read in turn
+    assert cursor == 168
