@@ -4,8 +4,9 @@ For 16, 128, 512 and 4096 ranks (2, 16, 64 and 512 nodes of 8 GPUs), measured he
 real files and the real classes:
 
 1. one poll of the rank logs (``LogTail.poll``: a read on each file, 20 times a second)
-   while every rank has written one new line: every log each poll (the anchor, as the
-   follow loop did), and at most 256 a poll, the logs taking turns (as it does now);
+   while every rank has written one new line: every log each poll on descriptors kept
+   open (the anchor, as the follow loop did), and as it does now: at most 256 a poll, the
+   logs taking turns, each opened for its read beyond 256 ranks;
 2. what one tick of the screen writer sends when every rank printed five lines in that
    tick, against the 200 kB/s budget that keeps Jupyter under its rate limit: over the
    budget each rank is cut to a count and its newest line (the anchor, measured in the
@@ -26,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nbgpu.launch import streams
-from nbgpu.launch.streams import LogTail, ScreenWriter, in_turn
+from nbgpu.launch.streams import MAX_LOGS_PER_POLL, LogTail, ScreenWriter, in_turn
 
 LINE = "step 1200 loss=0.4312 lr=3.0e-04 tokens/s=91234 mem=61.2G " * 2 + "\n"
 
@@ -38,7 +39,9 @@ def poll_cost(ranks: int, rounds: int = 20, *, in_turns: bool = False) -> float:
         paths = [Path(tmp) / f"rank{r}.log" for r in range(ranks)]
         for path in paths:
             path.write_text("")
-        tails = [LogTail(p) for p in paths]
+        # As the follow loop does now: beyond 256 ranks no descriptor is kept per rank.
+        keep_open = not in_turns or ranks <= MAX_LOGS_PER_POLL
+        tails = [LogTail(p, keep_open=keep_open) for p in paths]
         handles = [p.open("a", encoding="utf-8") for p in paths]
         times = []
         cursor = 0

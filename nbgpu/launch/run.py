@@ -45,7 +45,7 @@ from nbgpu.launch.procs import RUN_ID_ENV, StopReport, run_processes, stop_proce
 from nbgpu.launch.registry import ports_in_use, register
 from nbgpu.launch.run_view import RunView
 from nbgpu.launch.slurm_queue import QueueWatch
-from nbgpu.launch.streams import LineSink, LogTail, ScreenWriter, in_turn
+from nbgpu.launch.streams import MAX_LOGS_PER_POLL, LineSink, LogTail, ScreenWriter, in_turn
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
@@ -183,7 +183,8 @@ class Run(RunView):
         if cfg.slurm is not None:
             self.queue = QueueWatch(self.dir, self._agent_env())
         world = range(cfg.world_size)
-        self._tails = {r: LogTail(rundir.rank_log(self.dir, r)) for r in world}
+        few = cfg.world_size <= MAX_LOGS_PER_POLL  # many ranks: no descriptor held per rank
+        self._tails = {r: LogTail(rundir.rank_log(self.dir, r), keep_open=few) for r in world}
         register(self)
         return self
 

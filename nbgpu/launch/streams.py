@@ -54,10 +54,17 @@ class LineSink(Protocol):
 
 
 class LogTail:
-    """Follow one growing log file; return completed lines and the live partial line."""
+    """Follow one growing log file; return completed lines and the live partial line.
 
-    def __init__(self, path: Path) -> None:
+    ``keep_open=False`` opens the file for each poll and closes it after: a job of
+    thousands of ranks would otherwise hold a descriptor per rank in the kernel, beyond
+    the usual limit of 1024 (and on NFS a fresh open is what shows other nodes' writes).
+    """
+
+    def __init__(self, path: Path, *, keep_open: bool = True) -> None:
         self.path = path
+        self.keep_open = keep_open
+        self._offset = 0  # bytes read so far: where a reopened file is read from
         self._fd: int | None = None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # text after the last newline
@@ -70,7 +77,14 @@ class LogTail:
                 self._fd = os.open(self.path, os.O_RDONLY)
             except FileNotFoundError:
                 return False
+            if self._offset:
+                os.lseek(self._fd, self._offset, os.SEEK_SET)
         return True
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def poll(self) -> list[str]:
         """New completed lines (without newline), progress (``\\r``) already resolved."""
@@ -78,12 +92,17 @@ class LogTail:
             return []
         chunks = []
         total = 0
-        while total < MAX_READ_PER_POLL:
-            data = os.read(self._fd, READ_CHUNK)
-            if not data:
-                break
-            chunks.append(data)
-            total += len(data)
+        try:
+            while total < MAX_READ_PER_POLL:
+                data = os.read(self._fd, READ_CHUNK)
+                if not data:
+                    break
+                chunks.append(data)
+                total += len(data)
+        finally:
+            self._offset += total
+            if not self.keep_open:
+                self._release()
         if not chunks:
             return []
         self.bytes_read += total
@@ -109,9 +128,7 @@ class LogTail:
         if tail:
             lines.append(_resolve_cr(tail))
             self.lines_read += 1
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._release()
         return lines
 
 

@@ -166,3 +166,18 @@ def test_logs_take_turns_beyond_the_limit():
     assert third[:88] == list(range(512, 600))
     assert third[88:] == list(range(168))  # wraps around: every log is read in turn
     assert cursor == 168
+
+
+def test_a_tail_that_does_not_keep_its_file_open_reads_on_where_it_stopped(tmp_path):
+    path = tmp_path / "rank0.log"
+    path.write_text("one\ntw")
+    tail = LogTail(path, keep_open=False)
+    assert tail.poll() == ["one"]
+    assert tail._fd is None  # no descriptor between polls
+    with path.open("a") as log:
+        log.write("o\nthree\n")
+    assert tail.poll() == ["two", "three"]
+    assert tail._fd is None
+    with path.open("a") as log:
+        log.write("four")
+    assert tail.close() == ["four"]
