@@ -49,15 +49,14 @@ def _node_address(name: str) -> str:
 
 
 def _hostnames(nodelist: str) -> list[str]:
-    """SLURM's compressed node list ("n[1-2]") as names, through SLURM's own expansion."""
+    """SLURM's compressed node list ("n[1-2]") as names, through SLURM's own expansion
+    (empty when it cannot: the kernel then counts the nodes instead of naming them)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(
+        return subprocess.run(
             ["scontrol", "show", "hostnames", nodelist],
             capture_output=True, text=True, timeout=20, check=False,
         ).stdout.split()  # fmt: skip
-        if out:
-            return out
-    return [nodelist]
+    return []
 
 
 def _free_port(host: str) -> int:
