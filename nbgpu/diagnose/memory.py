@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import FoundCause
-    from nbgpu.profile.report import MemoryReport
+    from nbgpu.profile.report import MemoryReport, NodePeak
 
 __all__ = ["memory_details", "with_memory_details"]
 
@@ -70,7 +70,11 @@ def import_storm(report: MemoryReport) -> str | None:
     transient = 0
     settled = 0
     tops = []
-    for rank in report.ranks:
+    # Over several nodes, the node that peaked: its ranks shared its memory.
+    on_node = [
+        r for r in report.ranks if peak.node is None or report.nodes.get(r.label) == peak.node
+    ]
+    for rank in on_node:
         span = next((p for p in rank.phases if p.name == "imports" and p.depth == 0), None)
         if span is None:
             return None
@@ -87,10 +91,10 @@ def import_storm(report: MemoryReport) -> str | None:
         later = [v for t, v in report.host_series(rank) if t + report.origin > ended_at]
         settled += max([end, *later])
     if len(tops) > len(
-        [r for r in report.ranks if any(p.name == "imports" and p.end for p in r.phases)]
+        [r for r in on_node if any(p.name == "imports" and p.end for p in r.phases)]
     ):
         return (
-            f"every rank was in 'imports' at once when the node peaked at "
+            f"{_every(peak)} was in 'imports' at once when the node peaked at "
             f"{_gib(peak.total_bytes)} ({len(peak.phases)} ranks, each up to {_gib(max(tops))} "
             "while importing): with --serial-imports one rank imports at a time, so one "
             "import's transient is held instead of all of them (measured from these records)"
@@ -99,12 +103,16 @@ def import_storm(report: MemoryReport) -> str | None:
     if serial >= peak.total_bytes:
         return None
     return (
-        f"every rank was in 'imports' at once when the node peaked at {_gib(peak.total_bytes)} "
+        f"{_every(peak)} was in 'imports' at once when the node peaked at {_gib(peak.total_bytes)} "
         f"({len(peak.phases)} ranks): each import rose up to {_gib(transient)} above where it "
         f"settled; with --serial-imports (one rank at a time) the peak would be about "
         f"{_gib(serial)} (every rank at its most after importing, plus one import's "
         "transient), measured from these records"
     )
+
+
+def _every(peak: NodePeak) -> str:
+    return f"every rank of node {peak.node}" if peak.node else "every rank"
 
 
 def with_memory_details(

@@ -296,7 +296,9 @@ class Run(RunView):
         if self._memory is None:
             from nbgpu.profile.live import MemoryFollower  # noqa: PLC0415
 
-            self._memory = MemoryFollower(self.dir, self.config.world_size)
+            self._memory = MemoryFollower(
+                self.dir, self.config.world_size, several_nodes=self.config.nnodes > 1
+            )
         if not self._memory.due():
             return None
         line: str | None = self._memory.summary()

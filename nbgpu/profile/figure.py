@@ -77,20 +77,28 @@ def draw(report: MemoryReport, *, title: str | None = None) -> Any:  # noqa: PLR
                 fontsize=9,
                 fontweight="bold",
             )
-    node = report.node_series()
-    if len(ranks) > 1 and node:
+    # One node: the sum of all ranks. Several: a sum per node (each node's memory is its
+    # own), the highest one annotated with its name.
+    names: list[str | None] = [*report.node_names] or [None]
+    sums = [(name, report.node_series(name)) for name in names]
+    for name, node in sums:
+        if len(ranks) < 2 or not node:
+            continue
         xs = [s[0] for s in node]
         ys = [s[1] / _GIB for s in node]
-        host.step(
-            xs, ys, where="post", color="black", linewidth=2.2, label="node: all ranks (Σ PSS)"
-        )
-        peak = report.node_peak()
-        if peak is not None:
+        label = f"node {name}: its ranks (Σ PSS)" if name else "node: all ranks (Σ PSS)"
+        style = {"color": "black"} if name is None else {"linestyle": "-."}
+        host.step(xs, ys, where="post", linewidth=2.2, label=label, **style)
+    peak = report.node_peak() if len(ranks) > 1 else None
+    if peak is not None:
+        xs = [s[0] for _name, node in sums for s in node]
+        if xs:
             peak_seen = max(peak_seen, peak.total_bytes / _GIB)
             where = f" · all in '{peak.all_in}'" if peak.all_in else ""
-            right = peak.t_s > 0.6 * (xs[-1] or 1)
+            on = f" ({peak.node})" if peak.node else ""
+            right = peak.t_s > 0.6 * (max(xs) or 1)
             host.annotate(
-                f"node peak {peak.total_bytes / _GIB:.2f} GiB{where}",
+                f"node peak{on} {peak.total_bytes / _GIB:.2f} GiB{where}",
                 (peak.t_s, peak.total_bytes / _GIB),
                 textcoords="offset points",
                 xytext=(-8 if right else 8, 4),

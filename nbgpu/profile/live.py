@@ -31,6 +31,8 @@ class RankLive:
     open: dict[int, str] = field(default_factory=dict)  # phase id -> name, in start order
     closed: bool = False
     points: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=3000))
+    node: str | None = None  # over several nodes: where the rank runs (rank{R}.node)
+    mem_total: int | None = None  # its node's MemTotal, from its first record
 
     @property
     def phase(self) -> str | None:
@@ -52,8 +54,9 @@ class RankLive:
 class MemoryFollower:
     """Incremental reader of a run directory's memory records."""
 
-    def __init__(self, run_dir: Path, nproc: int) -> None:
+    def __init__(self, run_dir: Path, nproc: int, *, several_nodes: bool = False) -> None:
         self.run_dir = Path(run_dir)
+        self.several_nodes = several_nodes  # ranks on other machines: sums per node
         self.ranks = {r: RankLive(f"rank{r}") for r in range(nproc)}
         self.mem_total = procmem.node_memory().total_bytes
         self.started = time.time()
@@ -80,6 +83,8 @@ class MemoryFollower:
 
     def _take(self, live: RankLive, record: dict[str, Any]) -> None:
         kind = record.get("k")
+        if kind == "proc" and isinstance(record.get("mem_total"), int):
+            live.mem_total = record["mem_total"]
         if kind == "begin" and isinstance(record.get("id"), int):
             live.open[record["id"]] = str(record.get("phase"))
         elif kind == "end":
@@ -95,19 +100,52 @@ class MemoryFollower:
             if isinstance(value, int) and isinstance(record.get("t"), int | float):
                 live.points.append((float(record["t"]), value))
 
+    def _read_nodes(self) -> None:
+        for rank, live in self.ranks.items():
+            if live.node is None:
+                try:
+                    live.node = (self.run_dir / f"rank{rank}.node").read_text("utf-8").strip()
+                except OSError:
+                    continue
+
     def summary(self) -> str | None:
-        """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``."""
+        """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``.
+
+        Over several nodes each node's own sum against its own memory (the busiest ones
+        first, at most three), never a sum across machines.
+        """
         self.poll()
         alive = [r for r in self.ranks.values() if r.last and not r.closed]
         if not alive:
             return None
-        total = sum(r.host_bytes or 0 for r in alive)
+        if self.several_nodes:
+            self._read_nodes()
+        by_node: dict[str | None, list[RankLive]] = {}
+        for live in alive:
+            by_node.setdefault(live.node if self.several_nodes else None, []).append(live)
+        sums = sorted(
+            (
+                (sum(r.host_bytes or 0 for r in ranks), name, ranks)
+                for name, ranks in by_node.items()
+            ),
+            key=lambda item: -item[0],
+        )
         top = max(alive, key=lambda r: r.host_bytes or 0)
-        node = f"{total / _GIB:.1f}"
-        if self.mem_total:
-            node += f"/{self.mem_total / _GIB:.1f}"
-        line = f"mem: node {node} GiB (Σ PSS of {len(alive)} ranks)"
-        line += f" · max {top.label}: {(top.host_bytes or 0) / _GIB:.1f} GiB"
+        if len(sums) == 1:
+            total, _name, ranks = sums[0]
+            mem_total = self.mem_total if not self.several_nodes else ranks[0].mem_total
+            node = f"{total / _GIB:.1f}" + (f"/{mem_total / _GIB:.1f}" if mem_total else "")
+            line = f"mem: node {node} GiB (Σ PSS of {len(alive)} ranks)"
+        else:
+            each = [
+                f"{name} {total / _GIB:.1f}"
+                + (f"/{ranks[0].mem_total / _GIB:.1f}" if ranks[0].mem_total else "")
+                for total, name, ranks in sums[:3]
+            ]
+            more = f" +{len(sums) - 3} nodes" if len(sums) > 3 else ""
+            line = f"mem: {', '.join(each)}{more} GiB (Σ PSS per node)"
+        where = f" on {top.node}" if self.several_nodes and top.node else ""
+        line += f" · max {top.label}{where}: {(top.host_bytes or 0) / _GIB:.1f} GiB"
         if top.phase:
             line += f" in '{top.phase}'"
         avail = top.last.get("avail")

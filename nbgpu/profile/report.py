@@ -43,6 +43,7 @@ class NodePeak:
     total_bytes: int  # sum of every rank's PSS (RSS where PSS is unknown)
     phases: dict[str, str | None]  # rank label -> the phase it was in
     available_bytes: int | None  # the node's MemAvailable nearest that moment
+    node: str | None = None  # over several nodes: the node that peaked highest
 
     @property
     def all_in(self) -> str | None:
@@ -79,8 +80,19 @@ class MemoryReport(Result):
     mem_limit_bytes: int | None = None
     simulated: str | None = None
     notes: tuple[str, ...] = field(default=())
+    # Over several nodes, each rank's node (rank label -> node name): sums are per node.
+    nodes: dict[str, str] = field(default_factory=dict)
 
     FRAME_COLUMNS = FRAME_COLUMNS
+
+    @property
+    def node_names(self) -> list[str]:
+        """The nodes of a run over several nodes, in rank order; empty on one node."""
+        names = list(dict.fromkeys(self.nodes.get(r.label, "") for r in self.ranks))
+        return names if len(names) > 1 else []
+
+    def _on(self, node: str | None) -> list[RankRecords]:
+        return [r for r in self.ranks if node is None or self.nodes.get(r.label) == node]
 
     # -- derived -----------------------------------------------------------------
 
@@ -113,14 +125,15 @@ class MemoryReport(Result):
             (p["t"] - t0, v) for p, v in zip(pts, _host_values(pts), strict=True) if v is not None
         ]
 
-    def node_series(self) -> list[tuple[float, int]]:
+    def node_series(self, node: str | None = None) -> list[tuple[float, int]]:
         """(seconds, the ranks' summed host memory) at every recorded moment of any rank.
 
         Each rank counts with its newest value from its first record to its last, so a
         rank that died stops counting there; PSS where known (shared pages once), else RSS.
+        *node*: only that node's ranks (a run over several nodes); None: every rank.
         """
         events: list[tuple[float, int, str, int | None]] = []
-        for rank in self.ranks:
+        for rank in self._on(node):
             pts = self.points(rank)
             for order, (p, value) in enumerate(zip(pts, _host_values(pts), strict=True)):
                 events.append((float(p["t"]), order, rank.label, value))
@@ -142,27 +155,35 @@ class MemoryReport(Result):
                 out.append((t - t0, total))
         return out
 
-    def phases_at(self, t_s: float) -> dict[str, str | None]:
-        """The phase each living rank was in, *t_s* seconds after the start."""
+    def phases_at(self, t_s: float, node: str | None = None) -> dict[str, str | None]:
+        """The phase each living rank (of *node*, if given) was in, *t_s* s after the start."""
         t = self.origin + t_s
         out: dict[str, str | None] = {}
-        for rank in self.ranks:
+        for rank in self._on(node):
             pts = self.points(rank)
             if pts and pts[0]["t"] <= t <= pts[-1]["t"]:
                 out[rank.label] = rank.phase_at(t)
         return out
 
     def node_peak(self) -> NodePeak | None:
-        series = self.node_series()
+        """The highest the ranks of one node summed to (over several nodes: the highest
+        node's, named): what that node's memory had to hold at once."""
+        names: list[str | None] = [*self.node_names] or [None]
+        peaks = [self._peak_of(node) for node in names]
+        found = [p for p in peaks if p is not None]
+        return max(found, key=lambda p: p.total_bytes) if found else None
+
+    def _peak_of(self, node: str | None) -> NodePeak | None:
+        series = self.node_series(node)
         if not series:
             return None
         t, total = max(series, key=lambda item: item[1])
-        avail = self._available_near(self.origin + t)
-        return NodePeak(t, total, self.phases_at(t), avail)
+        avail = self._available_near(self.origin + t, node)
+        return NodePeak(t, total, self.phases_at(t, node), avail, node)
 
-    def _available_near(self, t: float) -> int | None:
+    def _available_near(self, t: float, node: str | None = None) -> int | None:
         best: tuple[float, int] | None = None
-        for rank in self.ranks:
+        for rank in self._on(node):
             for p in self.points(rank):
                 if isinstance(p.get("avail"), int):
                     gap = abs(p["t"] - t)
@@ -263,7 +284,11 @@ class MemoryReport(Result):
         peak = self.node_peak()
         if peak is not None and len(self.ranks) > 1:
             where = peak.all_in
-            line = f"node peak: {fmt_bytes(peak.total_bytes)} summed over {len(peak.phases)} ranks at {peak.t_s:.1f} s"
+            on = f" on {peak.node}" if peak.node else ""
+            line = (
+                f"node peak{on}: {fmt_bytes(peak.total_bytes)} summed over {len(peak.phases)} "
+                f"ranks at {peak.t_s:.1f} s"
+            )
             if where:
                 line += f", every rank in '{where}'"
             if peak.available_bytes is not None:
@@ -358,7 +383,9 @@ class MemoryReport(Result):
                 "total_bytes": peak.total_bytes,
                 "phases": peak.phases,
                 "available_bytes": peak.available_bytes,
+                "node": peak.node,
             },
+            "nodes": dict(self.nodes),
             "died_in": {r.label: r.died_in.path for r in self.ranks if r.died_in is not None},
             "findings": self.findings(),
             "notes": list(self.notes),
@@ -407,6 +434,7 @@ def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryRep
         notes.append(why)
     totals = [int(r.proc["mem_total"]) for r in ranks if isinstance(r.proc.get("mem_total"), int)]
     return MemoryReport(
+        nodes=_rank_nodes(directory, ranks),
         source=label or f"run '{meta.get('name') or directory.name}'",
         ranks=ranks,
         mem_total_bytes=max(totals) if totals else None,
@@ -414,6 +442,21 @@ def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryRep
         simulated=meta.get("simulated") or None,
         notes=tuple(notes),
     )
+
+
+def _rank_nodes(directory: Path, ranks: Sequence[RankRecords]) -> dict[str, str]:
+    """Each rank's node, from the ``rank{R}.node`` a rank over several nodes writes."""
+    out = {}
+    for rank in ranks:
+        if rank.rank is None:
+            continue
+        try:
+            name = (directory / f"rank{rank.rank}.node").read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if name:
+            out[rank.label] = name
+    return out
 
 
 def report_from_recorder(recorder: Any, *, label: str = "this process") -> MemoryReport:

@@ -47,7 +47,9 @@ def one_at_a_time(
         )
     env = _env(environ)
     who = f"[rank {rank(env) if _in_job(env) else 0}]"
-    path = _lock_dir(env) / f"{name}.{socket.gethostname()}.lock"
+    # The node's name: SLURM's for ranks nbgpu started there (NBGPU_NODE), else the host's.
+    node = env.get("NBGPU_NODE") or socket.gethostname()
+    path = _lock_dir(env) / f"{name}.{node}.lock"
     lock = FileLock(str(path))
     asked = time.monotonic()
     try:

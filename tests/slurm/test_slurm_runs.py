@@ -278,3 +278,21 @@ def test_a_controller_that_does_not_answer_is_one_line_in_slurms_words(
                  environ={**env, "SLURM_CONF": str(moved)})  # fmt: skip
     assert time.monotonic() - began < 60
     assert not slurm_cluster.squeue()
+
+
+def test_memory_and_serial_imports_are_per_node(env, slurm_cluster):
+    code = "import json, os\nblob = bytearray(64 << 20)\nprint('held', len(blob))\n"
+    run = torchrun(code, 2, nnodes=2, slurm=SlurmOptions(), environ=env, write=Screen(),
+                   serial_imports=True, mem_sample=0.05)  # fmt: skip
+    assert run.state == "succeeded"
+    # Each node's ranks take turns among themselves only: one lock per node.
+    assert sorted(p.name for p in run.dir.glob("imports.*.lock")) == [
+        "imports.n1.lock",
+        "imports.n2.lock",
+    ]
+    report = run.memory
+    assert sorted(report.node_names) == ["n1", "n2"]
+    peak = report.node_peak()
+    assert peak.node in ("n1", "n2")
+    assert len(peak.phases) <= 2  # a node's own ranks, never all four
+    assert nothing_left(run, slurm_cluster)
