@@ -218,13 +218,13 @@ def build_nodes_plan(
             )
         )
     world = nodes * per_node
+    by_name = {n.name: n for n in every}
     for node in chosen:
+        given = {g.nvml_index for g in node.gpus}
         warnings.extend(
             Issue("gpu_caveat", f"node {node.node}: {reason}")
-            for n in every
-            if n.name == node.node
-            for c in n.pool[:per_node]
-            if c.grade > 0
+            for c in by_name[node.node].pool
+            if c.nvml_index in given and c.grade > 0
             for reason in c.reasons
         )
     mixed = _mixed_sizes(chosen)

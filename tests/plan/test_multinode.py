@@ -141,3 +141,14 @@ def test_a_node_without_gpus_is_left_out_with_its_reason():
     p = nbgpu.plan.nodes({"n1": "2xA40", "n2": "no-driver"}, nodes=2, nproc_per_node=2)
     assert not p.ok
     assert "n2: 0 of 0 GPUs usable, 2 needed" in p.problems[0].message
+
+
+def test_a_shared_gpu_given_to_the_job_is_a_warning_naming_its_node():
+    p = nbgpu.plan.nodes({"n1": "4xA40,procs=1", "n2": "4xA40"}, nodes=2, nproc_per_node=4)
+    assert p.ok
+    caveats = [w.message for w in p.warnings if w.code == "gpu_caveat"]
+    assert caveats == ["node n1: GPU 0 is shared with 1 other process(es) using 512.0 MiB"]
+    # With room to spare, the shared GPU is left for its other user.
+    roomy = nbgpu.plan.nodes({"n1": "4xA40,procs=1", "n2": "4xA40"}, nodes=2, nproc_per_node=3)
+    assert roomy.node_gpus == {"n1": "1,2,3", "n2": "0,1,2"}
+    assert not [w for w in roomy.warnings if w.code == "gpu_caveat"]
