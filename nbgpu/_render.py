@@ -26,6 +26,7 @@ __all__ = [
     "memory_bar_html",
     "shorten",
     "simulated_label",
+    "title_html",
     "wrap",
 ]
 
@@ -223,6 +224,14 @@ STYLE = (
 def simulated_label(fleet: str) -> str:
     """How simulated output names its fleet, everywhere: ``SIMULATED fleet 'NAME'``."""
     return f"SIMULATED fleet '{fleet}'"
+
+
+def title_html(title: str, *, simulated: bool) -> str:
+    """A result's title as escaped HTML, its word SIMULATED marked as the stylesheet says."""
+    text = html.escape(title)
+    if simulated:
+        text = text.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+    return text
 
 
 class Result:

@@ -21,6 +21,7 @@ from nbgpu._render import (
     fixes_html,
     fmt_bytes,
     memory_bar_html,
+    title_html,
     wrap,
 )
 from nbgpu.devices.environment import DIST_VARS, environment_findings
@@ -174,9 +175,9 @@ class DoctorReport(Result):
 
     def html_body(self) -> str:
         inv = self.inventory
-        head = escape(inv._header().replace("nbgpu status", "nbgpu doctor"))
-        if inv.simulated:
-            head = head.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+        head = title_html(
+            inv._header().replace("nbgpu status", "nbgpu doctor"), simulated=inv.simulated
+        )
         parts = [f"<b>{head}</b>", "<div>" + escape(" ".join(self._summary_lines())) + "</div>"]
         if inv.gpus:
             parts.append(self._health_table().html())

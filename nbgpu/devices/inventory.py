@@ -27,6 +27,7 @@ from nbgpu._render import (
     fmt_opt,
     fmt_used_total,
     memory_bar_html,
+    title_html,
     wrap,
 )
 from nbgpu.devices import holders as holders_mod
@@ -272,9 +273,7 @@ class Inventory(Result):
 
     def html_body(self) -> str:
         parts = []
-        title = escape(self._header())
-        if self.simulated:
-            title = title.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+        title = title_html(self._header(), simulated=self.simulated)
         parts.append(f"<b>{title}</b>")
         if self.simulated and self.fleet_description:
             parts.append(f"<div><i>{escape(self.fleet_description)}</i></div>")

@@ -72,8 +72,9 @@ class QueueWatch:
         if self.done:
             return []
         self._read_srun()
-        if self.done or self.job is None or (self.run_dir / "rdzv.json").exists():
-            self.done = self.done or (self.run_dir / "rdzv.json").exists()
+        if (self.run_dir / "rdzv.json").exists():  # the first node runs: the job started
+            self.done = True
+        if self.done or self.job is None:
             return []
         now = time.monotonic()
         if now < self._next_check:

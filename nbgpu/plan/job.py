@@ -16,6 +16,7 @@ from typing import Any
 
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, parse_allocation
+from nbgpu.plan.batch import BatchCheck, check_batch
 from nbgpu.plan.memory import (
     OPTIMIZERS,
     STRATEGIES,
@@ -25,7 +26,7 @@ from nbgpu.plan.memory import (
 )
 from nbgpu.plan.ports import DEFAULT_BASE_PORT, MAX_PORT
 
-__all__ = ["Job", "JobRequest", "make_job", "parse_divisors", "parse_gpu_list"]
+__all__ = ["Job", "JobRequest", "check_job_batch", "make_job", "parse_divisors", "parse_gpu_list"]
 
 GpuList = Sequence[int] | str | int | None
 Divisors = Mapping[str, int] | Sequence[int] | str | None
@@ -235,4 +236,17 @@ def make_job(request: JobRequest) -> Job:
         seq_len=seq_len,
         activation_checkpointing=bool(request.activation_checkpointing),
         max_micro_auto=auto,
+    )
+
+
+def check_job_batch(job: Job, data_parallel: int) -> BatchCheck:
+    """The job's batch keywords checked for *data_parallel* ranks."""
+    return check_batch(
+        data_parallel,
+        global_batch=job.global_batch,
+        micro_batch=job.micro_batch,
+        grad_accum=job.grad_accum,
+        max_micro_batch=job.max_micro_batch,
+        divisors=job.divisors,
+        step_divisors=job.step_divisors,
     )

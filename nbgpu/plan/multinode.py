@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 
 from nbgpu.errors import UserInputError
 from nbgpu.plan.assign import assign, order_pool
-from nbgpu.plan.batch import BatchCheck, check_batch
+from nbgpu.plan.batch import BatchCheck
 from nbgpu.plan.candidates import Candidate
-from nbgpu.plan.job import Job
+from nbgpu.plan.job import Job, check_job_batch
 from nbgpu.plan.memcheck import auto_max_micro, free_bytes, memory_check, memory_issues
 from nbgpu.plan.nodesplan import NodeGpus, NodeLeftOut, NodesAlternative, NodesPlan
 from nbgpu.plan.result import ExcludedGpu, Issue, MemoryCheck, PlannedGpu, RolePlan
@@ -102,15 +102,7 @@ def _trainer(world: int, gpus: Sequence[PlannedGpu]) -> RolePlan:
 def _batch(job: Job, world: int) -> BatchCheck | None:
     if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
         return None
-    return check_batch(
-        world,
-        global_batch=job.global_batch,
-        micro_batch=job.micro_batch,
-        grad_accum=job.grad_accum,
-        max_micro_batch=job.max_micro_batch,
-        divisors=job.divisors,
-        step_divisors=job.step_divisors,
-    )
+    return check_job_batch(job, world)
 
 
 def _memory(

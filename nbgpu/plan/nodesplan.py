@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from html import escape
 from typing import Any, ClassVar
 
-from nbgpu._render import Result, Table, fix_html, fmt_bytes, wrap
+from nbgpu._render import Result, Table, fix_html, fmt_bytes, title_html, wrap
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import BatchCheck
@@ -180,9 +179,7 @@ class NodesPlan(Result):
         return "\n".join(lines)
 
     def html_body(self) -> str:
-        title = escape(self._title())
-        if self.simulated:
-            title = title.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+        title = title_html(self._title(), simulated=self.simulated)
         parts = [f"<b>{title}</b>", self._table().html()]
         parts.append("".join(f"<div>{fix_html(line)}</div>" for line in self._footer()))
         parts.append(notes_html(self.problems, self.warnings))

@@ -22,10 +22,10 @@ from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
 from nbgpu.plan.alternatives import alternatives_for
 from nbgpu.plan.assign import assign, order_pool
-from nbgpu.plan.batch import BatchCheck, check_batch
+from nbgpu.plan.batch import BatchCheck
 from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.colocate import colocation_issues, own_gpus, shared_groups
-from nbgpu.plan.job import Job
+from nbgpu.plan.job import Job, check_job_batch
 from nbgpu.plan.memcheck import auto_max_micro, memory_check, memory_issues
 from nbgpu.plan.planresult import Plan
 from nbgpu.plan.ports import PortChecker, pick_ports
@@ -119,15 +119,7 @@ def _batch(allocation: Allocation, job: Job, warnings: list[Issue]) -> BatchChec
                 f"({len(trainers)} training roles)",
             )
         )
-    return check_batch(
-        trainers[0].data_parallel,
-        global_batch=job.global_batch,
-        micro_batch=job.micro_batch,
-        grad_accum=job.grad_accum,
-        max_micro_batch=job.max_micro_batch,
-        divisors=job.divisors,
-        step_divisors=job.step_divisors,
-    )
+    return check_job_batch(job, trainers[0].data_parallel)
 
 
 def _batch_issue(check: BatchCheck, role: str) -> Issue:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, ClassVar
 
-from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, wrap
+from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, title_html, wrap
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import BatchCheck
@@ -230,9 +230,7 @@ class Plan(Result):
         return "\n".join(lines)
 
     def html_body(self) -> str:
-        title = escape(self._title())
-        if self.simulated:
-            title = title.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+        title = title_html(self._title(), simulated=self.simulated)
         parts = [f"<b>{title}</b>", self._role_table().html()]
         if self.roles and any(r.gpus for r in self.roles):
             uuids = Table(["role", "cuda", "GPU", "UUID", "name", "free"])

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table
+from nbgpu._render import Result, Table, title_html
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
@@ -120,9 +120,7 @@ class SweepPlan(Result):
         return "\n".join(lines)
 
     def html_body(self) -> str:
-        title = escape(self._title())
-        if self.simulated:
-            title = title.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
+        title = title_html(self._title(), simulated=self.simulated)
         parts = [f"<b>{title}</b>", self._table().html()]
         if self.excluded:
             left = "; ".join(f"GPU {e.nvml_index} ({e.health})" for e in self.excluded)
