@@ -22,3 +22,12 @@ def slurm_cluster(tmp_path_factory):
     cluster = Cluster(tmp_path_factory.mktemp("slurm", numbered=True)).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def env(slurm_cluster, tmp_path):
+    """The cluster's client environment with a private runs directory, no simulated GPUs."""
+    out = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
+    out.pop("NBGPU_SIMULATE", None)
+    out.pop("CUDA_VISIBLE_DEVICES", None)
+    return out

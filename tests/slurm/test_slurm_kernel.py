@@ -13,9 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def slurm_kernel(slurm_cluster, tmp_path):
-    env = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-    env.pop("NBGPU_SIMULATE", None)
+def slurm_kernel(env, tmp_path):
     for _km, client in started_kernel(env, tmp_path):
         yield client
 
@@ -58,10 +56,9 @@ def test_the_magic_runs_two_nodes_and_names_the_failing_one(slurm_kernel, slurm_
 
 
 @pytest.fixture
-def planning_kernel(slurm_cluster, tmp_path):
-    env = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-    env["NBGPU_SIMULATE"] = str(write_cluster_file(tmp_path))
-    for _km, client in started_kernel(env, tmp_path):
+def planning_kernel(env, tmp_path):
+    simulated = {**env, "NBGPU_SIMULATE": str(write_cluster_file(tmp_path))}
+    for _km, client in started_kernel(simulated, tmp_path):
         yield client
 
 

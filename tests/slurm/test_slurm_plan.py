@@ -43,11 +43,9 @@ def write_cluster_file(tmp_path):
 
 
 @pytest.fixture
-def env(slurm_cluster, tmp_path):
-    out = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-    out["NBGPU_SIMULATE"] = str(write_cluster_file(tmp_path))
-    out.pop("CUDA_VISIBLE_DEVICES", None)
-    return out
+def env(env, tmp_path):
+    """The cluster's environment, each node playing its own simulated GPUs."""
+    return {**env, "NBGPU_SIMULATE": str(write_cluster_file(tmp_path))}
 
 
 def test_each_node_reports_its_own_gpus_and_the_plan_avoids_their_bad_ones(env, slurm_cluster):

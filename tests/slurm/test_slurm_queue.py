@@ -20,13 +20,6 @@ from tests.slurm.test_slurm_runs import Screen, nothing_left
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def env(slurm_cluster, tmp_path):
-    out = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-    out.pop("NBGPU_SIMULATE", None)
-    return out
-
-
 def test_a_job_the_partition_will_never_start_is_cancelled_in_slurms_words(env, slurm_cluster):
     screen = Screen()
     began = time.monotonic()

@@ -14,13 +14,6 @@ from tests.slurm.test_slurm_runs import Screen, nothing_left
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def env(slurm_cluster, tmp_path):
-    out = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-    out.pop("NBGPU_SIMULATE", None)
-    return out
-
-
 def test_a_node_whose_slurmd_hangs_never_starts_its_agent(env, slurm_cluster):
     slurmd = slurm_cluster.slurmd("n2")
     os.kill(slurmd.pid, signal.SIGSTOP)  # n2 takes the job but cannot start anything

@@ -33,14 +33,6 @@ HELLO = (
 )
 
 
-@pytest.fixture
-def env(slurm_cluster, tmp_path):
-    out = {**slurm_cluster.env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")}
-    out.pop("NBGPU_SIMULATE", None)
-    out.pop("CUDA_VISIBLE_DEVICES", None)
-    return out
-
-
 class Screen:
     def __init__(self):
         self.writes = []
