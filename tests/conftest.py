@@ -65,3 +65,42 @@ def sigint_raises() -> Iterator[None]:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+# -- the checkout stays clean ------------------------------------------------------
+# A test that writes into the repository (a job's output file, a run directory, a
+# notebook's checkpoint) leaves litter a later `git add -A` commits. The session lists
+# the untracked, not ignored files before and after, and fails on any new one.
+
+
+def _untracked() -> set[str] | None:
+    import subprocess  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    root = str(Path(__file__).resolve().parent.parent)
+    try:
+        out = subprocess.run(
+            ["git", "-C", root, "ls-files", "--others", "--exclude-standard"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None  # not a git checkout (an sdist): nothing to compare
+    return set(out.splitlines())
+
+
+_UNTRACKED_BEFORE: set[str] | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:  # noqa: ARG001
+    global _UNTRACKED_BEFORE  # noqa: PLW0603  (one value per session, set once)
+    _UNTRACKED_BEFORE = _untracked()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:  # noqa: ARG001
+    after = _untracked()
+    if _UNTRACKED_BEFORE is None or after is None:
+        return
+    left = sorted(after - _UNTRACKED_BEFORE)
+    if left:
+        print(f"\ntests left files in the checkout: {', '.join(left)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -35,10 +35,14 @@ def test_a_job_the_partition_will_never_start_is_cancelled_in_slurms_words(env, 
     assert nothing_left(run, slurm_cluster)
 
 
-def test_a_job_waiting_for_nodes_says_so_and_its_timeout_leaves_nothing_queued(env, slurm_cluster):
+def test_a_job_waiting_for_nodes_says_so_and_its_timeout_leaves_nothing_queued(
+    env, slurm_cluster, tmp_path
+):
     # Another user's job holds both nodes whole: ours waits for resources.
     holder = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "--exclusive", "-J", "others", "--wrap", "sleep 120"],
+        ["sbatch", "--parsable", "-N2", "--exclusive", "-J", "others", "--wrap", "sleep 120",
+         # sbatch writes slurm-<id>.out into the directory it runs in: keep it out of the checkout
+         "--output", str(tmp_path / "others-%j.out")],
         env=env, capture_output=True, text=True, timeout=30, check=True,
     ).stdout.strip()  # fmt: skip
     try:
