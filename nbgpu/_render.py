@@ -1,8 +1,16 @@
-"""Plain rendering helpers shared by every result object: tables and sizes.
+"""Each result says its content once; this module renders it as text and as HTML.
 
-Results render themselves as text (terminals, nbval, 80 columns) and HTML (notebooks)
-through ``_repr_mimebundle_``; both come from the same :class:`Table`, so they never
-disagree. Pure standard library: no IPython, no pandas.
+A result's :meth:`Result.content` is a list of blocks (:class:`Title`, :class:`Line`,
+:class:`Table`, :class:`Problems`, :class:`Bullets`, :class:`Pre`, :class:`Figure`,
+:class:`Section`, :class:`Blank`). :func:`to_text` draws them for terminals, nbval and
+80 columns; :func:`to_html` for notebooks. The HTML carries its colours in inline
+``style`` attributes only: JupyterLab and Notebook strip ``<style>`` blocks from
+untrusted output (every notebook a colleague sends, every tutorial opened fresh),
+GitHub and nbviewer drop them too, and an inline style also beats the front ends' own
+table rules without ``!important``. Colours are hex values, a form JupyterLab's
+sanitizer keeps in untrusted output.
+
+Pure standard library: no IPython, no pandas (``to_frame`` imports it when asked).
 """
 
 from __future__ import annotations
@@ -14,9 +22,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbgpu.problems import Problem
+
 __all__ = [
+    "COLOURS",
+    "ROOT_STYLE",
+    "ROW_BACKGROUNDS",
+    "Blank",
+    "Block",
+    "Bullets",
+    "Cell",
+    "Figure",
+    "Line",
+    "Pre",
+    "Problems",
     "Result",
+    "Section",
     "Table",
+    "Title",
     "code_html",
     "fix_html",
     "fixes_html",
@@ -27,6 +50,8 @@ __all__ = [
     "shorten",
     "simulated_label",
     "title_html",
+    "to_html",
+    "to_text",
     "wrap",
 ]
 
@@ -121,7 +146,7 @@ def memory_bar_html(used: int | None, total: int | None) -> str | None:
     filled = round(share * _BAR_CELLS)
     if used and not filled:
         filled = 1  # a GPU with anything on it never looks empty
-    colour = "#c62828" if share >= 0.9 else "#ef6c00" if share >= 0.6 else "#2e7d32"
+    colour = "#c62828" if share >= 0.9 else "#ef6c00" if share >= 0.6 else COLOURS["ok"]
     bar = (
         f'<span style="font-family:monospace;color:{colour}" title="{share:.0%} used">'
         f"{'█' * filled}</span>"
@@ -130,36 +155,83 @@ def memory_bar_html(used: int | None, total: int | None) -> str | None:
     return f"{bar} {html.escape(fmt_used_total(used, total))}"
 
 
-# JupyterLab right-aligns output table cells with
-# `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td` (specificity 0,2,1), which beats
-# a plain `.nbgpu td` (0,1,1) wherever our <style> sits; VS Code and nbviewer bring
-# their own table styles, and GitHub drops <style> altogether. An inline style beats
-# every stylesheet rule (none of them uses !important), so names, states, paths and
-# code lines start at the left edge everywhere.
-_LEFT = ' style="text-align:left"'
+# -- colours: inline, hex (see the module docstring) ----------------------------------
+
+#: Text colour per severity (problem bullets, a cell's own level, a line's level).
+COLOURS = {"ok": "#2e7d32", "info": "#546e7a", "warn": "#9a7d0a", "bad": "#c0392b"}
+#: Row background per severity: translucent, so light and dark themes both read.
+ROW_BACKGROUNDS = {"warn": "#b5890026", "bad": "#dc322f26"}
+SIMULATED_COLOUR = "#6c71c4"
+ROOT_STYLE = "font-family:monospace;font-size:12px"
+_TABLE_STYLE = "border-collapse:collapse;margin:4px 0"
+_CELL_STYLE = "padding:2px 8px;text-align:left;border-bottom:1px solid #dddddd"
+_PRE_STYLE = "margin:2px 0;white-space:pre-wrap"
+
+
+def _colour(level: str) -> str:
+    colour = COLOURS.get(level)
+    return f' style="color:{colour}"' if colour and level != "ok" else ""
+
+
+def title_html(title: str, *, simulated: bool) -> str:
+    """A result's title as escaped HTML, its word SIMULATED marked (inline colour)."""
+    text = html.escape(title)
+    if simulated:
+        text = text.replace(
+            "SIMULATED",
+            f'<span class="nbgpu-sim" style="color:{SIMULATED_COLOUR};font-weight:bold">'
+            "SIMULATED</span>",
+        )
+    return text
+
+
+def simulated_label(fleet: str) -> str:
+    """How simulated output names its fleet, everywhere: ``SIMULATED fleet 'NAME'``."""
+    return f"SIMULATED fleet '{fleet}'"
+
+
+# -- tables ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A table cell with its own severity (coloured in HTML) or a memory bar.
+
+    *bar* is ``(used_bytes, total_bytes)``: HTML draws the bar beside the figures,
+    text shows *text*.
+    """
+
+    text: str
+    level: str = ""
+    bar: tuple[int | None, int | None] | None = None
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass
 class Table:
-    """Rows of cells rendered as aligned text or an HTML table."""
+    """Rows of cells rendered as aligned text or an HTML table.
+
+    A row's *level* colours its background in HTML; a :class:`Cell` colours one
+    cell or draws a memory bar. A header carries its unit in its text
+    (``"GPU mem"`` cells say ``22.5 GiB``; a bare number column says ``[GiB]``).
+    """
 
     headers: Sequence[str]
     rows: list[Sequence[str]] = field(default_factory=list)
     title: str | None = None
-    # Per-row CSS class for HTML ("ok", "warn", "bad"); text shows no colour.
+    # Per-row severity for HTML ("ok", "warn", "bad"); text shows no colour.
     row_levels: list[str] = field(default_factory=list)
     # The column to shorten first when the table is too wide (free text, e.g. a command).
     flex: int | None = None
+    # Per-row {column: Cell} for cells with their own severity or a bar.
+    cells: list[dict[int, Cell]] = field(default_factory=list)
 
-    # Per-row {column: raw HTML} shown instead of the escaped text (a memory bar).
-    html_cells: list[dict[int, str]] = field(default_factory=list)
-
-    def add(
-        self, *cells: object, level: str = "", html_cells: dict[int, str] | None = None
-    ) -> None:
-        self.rows.append([str(c) for c in cells])
+    def add(self, *values: object, level: str = "") -> None:
+        self.rows.append([str(v) for v in values])
         self.row_levels.append(level)
-        self.html_cells.append(html_cells or {})
+        self.cells.append({i: v for i, v in enumerate(values) if isinstance(v, Cell)})
 
     def text(self, max_width: int = 80) -> str:
         widths = [len(h) for h in self.headers]
@@ -190,65 +262,251 @@ class Table:
             lines.append("  ".join(cells).rstrip())
         return "\n".join(lines)
 
+    def _cell_html(self, r: int, i: int, text: str, background: str) -> str:
+        style = _CELL_STYLE + background
+        cell = self.cells[r].get(i)
+        if cell is not None and cell.bar is not None:
+            body = memory_bar_html(*cell.bar) or html.escape(text)
+        else:
+            body = html.escape(text)
+        if cell is not None and cell.level in COLOURS and cell.level != "ok":
+            style += f";color:{COLOURS[cell.level]};font-weight:bold"
+        return f'<td style="{style}">{body}</td>'
+
     def html(self) -> str:
-        head = "".join(f"<th{_LEFT}>{html.escape(h)}</th>" for h in self.headers)
+        head = "".join(f'<th style="{_CELL_STYLE}">{html.escape(h)}</th>' for h in self.headers)
         body = []
-        for row, level, raw in zip(self.rows, self.row_levels, self.html_cells, strict=True):
+        for r, (row, level) in enumerate(zip(self.rows, self.row_levels, strict=True)):
+            colour = ROW_BACKGROUNDS.get(level)
+            background = f";background-color:{colour}" if colour else ""
             cls = f' class="nbgpu-{level}"' if level else ""
-            cells = "".join(
-                f"<td{_LEFT}>{raw[i] if i in raw else html.escape(c)}</td>"
-                for i, c in enumerate(row)
-            )
+            cells = "".join(self._cell_html(r, i, c, background) for i, c in enumerate(row))
             body.append(f"<tr{cls}>{cells}</tr>")
-        caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
+        caption = (
+            f'<caption style="text-align:left">{html.escape(self.title)}</caption>'
+            if self.title
+            else ""
+        )
         return (
-            f'<table class="nbgpu-table">{caption}<thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table>"
+            f'<table class="nbgpu-table" style="{_TABLE_STYLE}">{caption}'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
         )
 
 
-# Selectors carry two classes and an element (0,2,2): more specific than JupyterLab's
-# rendered-HTML table rules (at most 0,2,1), so our margins and padding win there too.
-STYLE = (
-    "<style>.nbgpu{font-family:var(--jp-code-font-family,monospace);font-size:12px}"
-    "div.nbgpu table.nbgpu-table{border-collapse:collapse;margin:4px 0;table-layout:auto}"
-    "div.nbgpu table.nbgpu-table th,div.nbgpu table.nbgpu-table td"
-    "{padding:2px 8px;text-align:left;border-bottom:1px solid #ddd}"
-    "div.nbgpu tr.nbgpu-bad td{background:rgba(220,50,47,.15)}"
-    "div.nbgpu tr.nbgpu-warn td{background:rgba(181,137,0,.15)}"
-    ".nbgpu .nbgpu-sim{color:#6c71c4;font-weight:bold}"
-    ".nbgpu li.bad{color:#c0392b}.nbgpu li.warn{color:#9a7d0a}</style>"
-)
+# -- the other blocks ----------------------------------------------------------------
 
 
-def simulated_label(fleet: str) -> str:
-    """How simulated output names its fleet, everywhere: ``SIMULATED fleet 'NAME'``."""
-    return f"SIMULATED fleet '{fleet}'"
+@dataclass(frozen=True)
+class Title:
+    """A result's headline; in HTML bold, its word SIMULATED marked when *simulated*."""
+
+    text: str
+    simulated: bool = False
 
 
-def title_html(title: str, *, simulated: bool) -> str:
-    """A result's title as escaped HTML, its word SIMULATED marked as the stylesheet says."""
-    text = html.escape(title)
-    if simulated:
-        text = text.replace("SIMULATED", '<span class="nbgpu-sim">SIMULATED</span>')
-    return text
+@dataclass(frozen=True)
+class Line:
+    """One sentence: ``indent + label: text`` wrapped at 80 columns, hanging under it.
+
+    *level* colours it in HTML; *wrap* False keeps a preformatted line as it is.
+    """
+
+    text: str
+    label: str = ""
+    level: str = ""
+    wrap: bool = True
+    indent: str = ""
+
+
+@dataclass(frozen=True)
+class Blank:
+    """An empty line between parts of the text (HTML separates blocks by itself)."""
+
+
+@dataclass(frozen=True)
+class Bullets:
+    """Items under an optional title: fixes, steps, notes.
+
+    Text: each item wrapped behind *marker* (``"  - "``, ``"    -> "``; numbered
+    ``"  1. "`` when *ordered*). HTML: a list, items coloured by *level*.
+    """
+
+    items: Sequence[str]
+    title: str = ""
+    ordered: bool = False
+    marker: str = "  - "
+    level: str = ""
+
+
+@dataclass(frozen=True)
+class Problems:
+    """Problems with their fixes, as the doctor lists them.
+
+    Text: ``[FIX] subject: message`` then ``    -> fix`` per fix; HTML: one bullet
+    per problem coloured by its severity, its fixes nested.
+    """
+
+    items: Sequence[Problem]
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class Pre:
+    """Text shown exactly (log lines, a traceback, a stack)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A picture for notebooks (SVG markup or base64 PNG); *alt* is what text shows."""
+
+    alt: str
+    svg: str = ""
+    png_base64: str = ""
+
+
+@dataclass(frozen=True)
+class Section:
+    """Blocks that belong together (one cause of a failure); HTML rules them at the left."""
+
+    blocks: Sequence[Block]
+    level: str = ""
+
+
+#: Anything a result's content may hold.
+Block = Title | Line | Blank | Bullets | Problems | Pre | Figure | Section | Table
+
+_TAGS = {"bad": "[FIX]", "warn": "[WARN]", "info": "[info]", "ok": "[ok]"}
+
+
+def _problem_text(problem: Problem) -> list[str]:
+    message = problem.message
+    if not message.startswith(problem.subject):
+        message = f"{problem.subject}: {message}"
+    lines = [wrap(message, f"{_TAGS[problem.severity]} ".ljust(7))]
+    lines.extend(wrap(fix, "    -> ") for fix in problem.fixes)
+    return lines
+
+
+def _block_text(block: Block, width: int) -> list[str]:
+    if isinstance(block, Title):
+        return [block.text]
+    if isinstance(block, Line):
+        prefix = block.indent + (f"{block.label}: " if block.label else "")
+        if not block.wrap:
+            return [prefix + block.text]
+        return [wrap(block.text, prefix, width)]
+    if isinstance(block, Blank):
+        return [""]
+    if isinstance(block, Bullets):
+        lines = [block.title] if block.title else []
+        for i, item in enumerate(block.items, 1):
+            marker = f"  {i}. " if block.ordered else block.marker
+            lines.append(wrap(item, marker, width))
+        return lines
+    if isinstance(block, Problems):
+        lines = [block.title] if block.title else []
+        for problem in block.items:
+            lines.extend(_problem_text(problem))
+        return lines
+    if isinstance(block, Pre):
+        return [block.text]
+    if isinstance(block, Figure):
+        return [block.alt] if block.alt else []
+    if isinstance(block, Section):
+        return [line for inner in block.blocks for line in _block_text(inner, width)]
+    return [block.text(width)]
+
+
+def to_text(blocks: Sequence[Block], width: int = 80) -> str:
+    """The blocks as terminal text, one after the other."""
+    return "\n".join(line for block in blocks for line in _block_text(block, width))
+
+
+def _list_html(items: Sequence[str], *, ordered: bool = False, level: str = "") -> str:
+    tag = "ol" if ordered else "ul"
+    colour = _colour(level)
+    body = "".join(f"<li{colour}>{fix_html(item)}</li>" for item in items)
+    return f'<{tag} style="margin:2px 0">{body}</{tag}>'
+
+
+def _block_html(block: Block) -> str:
+    if isinstance(block, Title):
+        return f"<div><b>{title_html(block.text, simulated=block.simulated)}</b></div>"
+    if isinstance(block, Line):
+        label = f"<b>{html.escape(block.label)}:</b> " if block.label else ""
+        text = fix_html(block.text) if block.wrap else html.escape(block.text)
+        return f"<div{_colour(block.level)}>{label}{text}</div>"
+    if isinstance(block, Blank):
+        return ""
+    if isinstance(block, Bullets):
+        title = f"<div>{html.escape(block.title)}</div>" if block.title else ""
+        if not block.items:
+            return title
+        return title + _list_html(block.items, ordered=block.ordered, level=block.level)
+    if isinstance(block, Problems):
+        title = f"<div>{html.escape(block.title)}</div>" if block.title else ""
+        items = "".join(
+            f"<li{_colour(p.severity)}><b>{html.escape(p.subject)}</b>: {fix_html(p.message)}"
+            f"{_list_html(p.fixes) if p.fixes else ''}</li>"
+            for p in block.items
+        )
+        return f'{title}<ul style="margin:2px 0">{items}</ul>' if items else title
+    if isinstance(block, Pre):
+        return f'<pre style="{_PRE_STYLE}">{html.escape(block.text)}</pre>'
+    if isinstance(block, Figure):
+        alt = html.escape(block.alt, quote=True)
+        if block.png_base64:
+            return f'<img alt="{alt}" src="data:image/png;base64,{block.png_base64}"/>'
+        return block.svg
+    if isinstance(block, Section):
+        colour = COLOURS.get(block.level, "#bdbdbd")
+        inner = "".join(_block_html(b) for b in block.blocks)
+        return (
+            f'<div style="border-left:3px solid {colour};padding-left:6px;margin:4px 0">'
+            f"{inner}</div>"
+        )
+    return block.html()
+
+
+def to_html(blocks: Sequence[Block]) -> str:
+    """The blocks as one HTML fragment, styled inline (no ``<style>`` block)."""
+    body = "".join(map(_block_html, blocks))
+    return f'<div class="nbgpu" style="{ROOT_STYLE}">{body}</div>'
+
+
+# -- the result mixin -------------------------------------------------------------------
 
 
 class Result:
     """Mixin for result objects: text, HTML, JSON and pandas from one definition.
 
-    Subclasses implement ``text()``, ``html_body()`` and ``to_dict()``; rows for
-    ``to_frame()`` come from ``records()``.
+    Subclasses say their content once in ``content()``; text and HTML are drawn from
+    it. ``to_dict()`` defaults to the dataclass's own fields (``_serial.to_data``);
+    rows for ``to_frame()`` come from ``records()``.
     """
 
-    def text(self) -> str:  # pragma: no cover - abstract
+    def content(self) -> Sequence[Block]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def html_body(self) -> str:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def text(self) -> str:
+        return to_text(self.content())
 
-    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def html(self) -> str:
+        if type(self).content is Result.content:  # not yet converted: its own HTML body
+            return f'<div class="nbgpu" style="{ROOT_STYLE}">{self.html_body()}</div>'
+        return to_html(self.content())
+
+    def html_body(self) -> str:
+        """The HTML without its outer frame (a result nested in another's HTML)."""
+        return "".join(map(_block_html, self.content()))
+
+    def to_dict(self) -> dict[str, Any]:
+        from nbgpu._serial import to_data  # noqa: PLC0415  (only for JSON)
+
+        data: dict[str, Any] = to_data(self)
+        return data
 
     def records(self) -> list[dict[str, Any]]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -284,9 +542,6 @@ class Result:
             frame.index.name = simulated_label(fleet)
             frame.attrs["nbgpu_simulated"] = fleet
         return frame
-
-    def html(self) -> str:
-        return f'{STYLE}<div class="nbgpu">{self.html_body()}</div>'
 
     def _repr_mimebundle_(
         self,

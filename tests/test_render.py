@@ -10,7 +10,22 @@ import pytest
 from nbconvert import HTMLExporter
 
 import nbgpu
-from nbgpu._render import STYLE, Table, fix_html, fixes_html, memory_bar_html
+from nbgpu._render import (
+    COLOURS,
+    ROW_BACKGROUNDS,
+    Bullets,
+    Cell,
+    Line,
+    Problems,
+    Table,
+    Title,
+    fix_html,
+    fixes_html,
+    memory_bar_html,
+    to_html,
+    to_text,
+)
+from nbgpu.problems import Problem
 
 
 def test_fix_html_shows_backticks_as_code_and_escapes_the_rest():
@@ -43,9 +58,7 @@ def test_every_table_cell_is_left_aligned_inline():
     parser = _Cells()
     parser.feed(table.html())
     assert len(parser.cells) == 4
-    assert all(cell.get("style") == "text-align:left" for cell in parser.cells)
-    # The stylesheet's own table rules outrank Lab's (0,2,2 > 0,2,1).
-    assert "div.nbgpu table.nbgpu-table td" in STYLE
+    assert all("text-align:left" in (cell.get("style") or "") for cell in parser.cells)
 
 
 @pytest.fixture(autouse=True)
@@ -126,3 +139,62 @@ def test_status_and_doctor_html_show_memory_bars_that_nbconvert_keeps(sim_env):
     exported, _ = HTMLExporter().from_notebook_node(notebook)
     assert "████</span>" in exported
     assert "░░░░░░</span> 28.3/79.6 GiB" in exported
+
+
+# -- one content, inline styles ------------------------------------------------------
+
+
+class _Styled(HTMLParser):
+    """Every element's tag, attributes and text, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, dict(attrs)))
+
+
+def test_content_renders_text_and_inline_styled_html_from_the_same_blocks():
+    table = Table(["GPU", "health"])
+    table.add(0, Cell("BUSY", level="bad"), level="bad")
+    table.add(1, "ok")
+    blocks = [
+        Title("nbgpu x — SIMULATED fleet 'f'", simulated=True),
+        table,
+        Line("use `nbgpu clean`", label="Fix"),
+        Problems([Problem("bad", "busy", "GPU 0", "held by a dead pid", ("`nbgpu clean`",))]),
+        Bullets(["one", "two"], ordered=True),
+    ]
+    text = to_text(blocks)
+    assert text.splitlines()[0] == "nbgpu x — SIMULATED fleet 'f'"
+    assert "0    BUSY" in text
+    assert "Fix: use `nbgpu clean`" in text
+    assert "[FIX]  GPU 0: held by a dead pid\n    -> `nbgpu clean`" in text
+    assert "  1. one\n  2. two" in text
+    page = to_html(blocks)
+    assert "<style" not in page
+    parser = _Styled()
+    parser.feed(page)
+    styles = [(tag, attrs.get("style") or "") for tag, attrs in parser.elements]
+    sim = [s for tag, s in styles if tag == "span" and "font-weight:bold" in s]
+    assert sim, "SIMULATED is marked with an inline style"
+    bad_cells = [s for tag, s in styles if tag == "td" and ROW_BACKGROUNDS["bad"] in s]
+    assert len(bad_cells) == 2  # the busy row, each of its cells
+    assert any(COLOURS["bad"] in s for tag, s in styles if tag == "li")
+    assert "<code>nbgpu clean</code>" in page
+
+
+def test_doctor_html_on_an_untrusted_page_keeps_its_colours():
+    # Untrusted output loses every <style> block: the colours must live on the elements.
+    report = nbgpu.doctor(probe=True)
+    page = report.html()
+    assert "<style" not in page
+    parser = _Styled()
+    parser.feed(page)
+    busy_rows = [
+        attrs for tag, attrs in parser.elements
+        if tag == "td" and ROW_BACKGROUNDS["bad"] in (attrs.get("style") or "")
+    ]  # fmt: skip
+    assert busy_rows, "GPU 0's row is marked bad inline"
+    assert report.text() in str(report)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from nbgpu._serial import to_data
-from nbgpu.devices.findings import Finding
 from nbgpu.devices.fleet import (
     FLEET_FORMAT,
     GPU_FAULTS,
@@ -24,6 +23,7 @@ from nbgpu.devices.fleet import (
     SimProcess,
 )
 from nbgpu.devices.model import Gpu, GpuProcess
+from nbgpu.problems import Problem
 
 if TYPE_CHECKING:
     from nbgpu.devices.fleet import GpuFault, ProcessState
@@ -117,7 +117,7 @@ def fleet_gpu(gpu: Gpu) -> SimGpu:
     )
 
 
-def _gpu_dict(gpu: Gpu, findings: tuple[Finding, ...]) -> dict[str, Any]:
+def _gpu_dict(gpu: Gpu, findings: tuple[Problem, ...]) -> dict[str, Any]:
     data: dict[str, Any] = to_data(fleet_gpu(gpu))
     unread = [n for n in (*_SHARED_DEFAULTED, "uuid", "pci_bus_id") if getattr(gpu, n) is None]
     for name in (*unread, *_NOT_READ_HERE):

@@ -11,23 +11,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from html import escape
 from typing import Any
 
-from nbgpu._render import (
-    Result,
-    Table,
-    fix_html,
-    fixes_html,
-    fmt_bytes,
-    memory_bar_html,
-    title_html,
-    wrap,
-)
+from nbgpu._render import Blank, Block, Line, Problems, Result, Title
 from nbgpu.devices.environment import DIST_VARS, environment_findings
-from nbgpu.devices.findings import SEVERITY_ORDER, Finding, gpu_health
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.faces import launch_hint
+from nbgpu.problems import SEVERITY_ORDER, Problem, worst
 
 __all__ = ["DoctorReport", "run_doctor"]
 
@@ -78,7 +68,7 @@ class DoctorReport(Result):
     FRAME_COLUMNS = ("severity", "code", "subject", "message", "fixes")
 
     inventory: Inventory
-    findings: tuple[Finding, ...]  # machine-wide and per-GPU, worst first
+    findings: tuple[Problem, ...]  # machine-wide and per-GPU, worst first
     environment: Mapping[str, str | None]
     recommendation: str | None
 
@@ -91,9 +81,7 @@ class DoctorReport(Result):
 
     @property
     def worst(self) -> str:
-        return max(
-            (f.severity for f in self.findings), key=SEVERITY_ORDER.__getitem__, default="ok"
-        )
+        return worst(self.findings)
 
     def _summary_lines(self) -> list[str]:
         inv = self.inventory
@@ -117,27 +105,6 @@ class DoctorReport(Result):
             line = line.replace("; probe: ", ")\n  probe: ").removesuffix(")")
         return [line]
 
-    def _health_table(self) -> Table:
-        table = Table(["GPU", "health", "probe", "processes", "memory used"])
-        inv = self.inventory
-        for gpu, findings in zip(inv.gpus, inv.findings, strict=True):
-            health, level = gpu_health(gpu, findings)
-            probe = inv.probe.for_nvml_index(gpu.nvml_index) if inv.probe else None
-            probe_text = "-" if probe is None else probe.outcome
-            if probe is not None and probe.outcome != "ok":
-                level = "bad"
-            bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes)
-            table.add(
-                gpu.nvml_index,
-                health,
-                probe_text,
-                len(gpu.processes),
-                fmt_bytes(gpu.memory_used_bytes),
-                level=level,
-                html_cells={4: bar} if bar else None,
-            )
-        return table
-
     def _env_line(self) -> str:
         set_vars = [f"{k}={v}" for k, v in self.environment.items() if v is not None]
         unset = [k for k, v in self.environment.items() if v is None]
@@ -146,54 +113,22 @@ class DoctorReport(Result):
             parts.append(" ".join(set_vars))
         if unset:
             parts.append(("unset: " if set_vars else "all unset: ") + " ".join(unset))
-        return "Distributed environment: " + "; ".join(parts)
+        return "; ".join(parts)
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         inv = self.inventory
-        head = inv._header().replace("nbgpu status", "nbgpu doctor")
-        lines = [head, *self._summary_lines(), ""]
-        if inv.gpus:
-            lines.append(inv._gpu_table().text())
-            procs = inv._process_table()
-            if procs.rows:
-                lines.extend(["", procs.text()])
-            lines.append("")
-        lines.append(wrap(self._env_line(), "", 80).replace("\n", "\n  "))
-        vis = inv._visible_lines()
-        if vis:
-            lines.extend(vis)
-        lines.append("")
-        lines.append("Findings:")
-        for f in self.findings:
-            tag = {"bad": "[FIX]", "warn": "[WARN]", "info": "[info]", "ok": "[ok]"}[f.severity]
-            text = f.message if f.message.startswith(f.subject) else f"{f.subject}: {f.message}"
-            lines.append(wrap(text, f"{tag} ".ljust(7)))
-            lines.extend(wrap(fix, "    -> ") for fix in f.fixes)
-        if self.recommendation:
-            lines.extend(["", wrap(self.recommendation, "Recommendation: ")])
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        inv = self.inventory
-        head = title_html(
-            inv._header().replace("nbgpu status", "nbgpu doctor"), simulated=inv.simulated
-        )
-        parts = [f"<b>{head}</b>", "<div>" + escape(" ".join(self._summary_lines())) + "</div>"]
-        if inv.gpus:
-            parts.append(self._health_table().html())
-            procs = inv._process_table()
-            if procs.rows:
-                parts.append(procs.html())
-        parts.append(f"<div><code>{escape(self._env_line())}</code></div>")
-        items = [
-            f'<li class="{f.severity}"><b>{escape(f.subject)}</b>: {fix_html(f.message)}'
-            f"{fixes_html(f.fixes)}</li>"
-            for f in self.findings
+        blocks: list[Block] = [
+            Title(inv.headline("nbgpu doctor"), simulated=inv.simulated),
+            *(Line(line, wrap=False) for line in self._summary_lines()),
+            Blank(),
         ]
-        parts.append(f"<ul>{''.join(items)}</ul>")
+        if inv.gpus:
+            blocks += [inv.gpu_table(), *inv.details(), Blank()]
+        blocks.append(Line(self._env_line(), label="Distributed environment"))
+        blocks += [Blank(), Problems(self.findings, title="Findings:")]
         if self.recommendation:
-            parts.append(f"<p><b>Recommendation:</b> {fix_html(self.recommendation)}</p>")
-        return "".join(parts)
+            blocks += [Blank(), Line(self.recommendation, label="Recommendation")]
+        return blocks
 
     def records(self) -> list[dict[str, Any]]:
         return [f.to_dict() for f in self.findings]
@@ -209,13 +144,13 @@ class DoctorReport(Result):
         }
 
 
-def _nvml_finding(inventory: Inventory) -> Finding:
+def _nvml_finding(inventory: Inventory) -> Problem:
     code = inventory.nvml_error_code
     if code is not None and code in _NVML_FIXES:
         message, fixes = _NVML_FIXES[code]
-        return Finding("bad", "nvml_unavailable", "driver", message, fixes)
+        return Problem("bad", "nvml_unavailable", "driver", message, fixes)
     if code == 999 and inventory.container.in_container:
-        return Finding(
+        return Problem(
             "bad",
             "nvml_unavailable",
             "driver",
@@ -224,7 +159,7 @@ def _nvml_finding(inventory: Inventory) -> Finding:
             "daemon-reload; nvidia-container-toolkit issue 48).",
             ("recreate the container", "on the host, check `nvidia-smi` works"),
         )
-    return Finding(
+    return Problem(
         "bad",
         "nvml_unavailable",
         "driver",
@@ -233,14 +168,14 @@ def _nvml_finding(inventory: Inventory) -> Finding:
     )
 
 
-def _probe_findings(inventory: Inventory) -> list[Finding]:
+def _probe_findings(inventory: Inventory) -> list[Problem]:
     probe = inventory.probe
     if probe is None:
         return []
-    out: list[Finding] = []
+    out: list[Problem] = []
     if probe.timed_out:
         out.append(
-            Finding(
+            Problem(
                 "bad",
                 "probe_timeout",
                 "driver",
@@ -250,7 +185,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
         )
     elif probe.init_error and not inventory.nvml_error:
         out.append(
-            Finding("bad", "cuda_init", "driver", f"CUDA could not initialise: {probe.init_error}")
+            Problem("bad", "cuda_init", "driver", f"CUDA could not initialise: {probe.init_error}")
         )
     for r in probe.results:
         if r.outcome == "ok":
@@ -265,7 +200,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
         error = f"{r.message} ({r.error_name or 'CUDA error'} {r.cuda_error})"
         if explained:
             out.append(
-                Finding(
+                Problem(
                     "bad",
                     f"probe_{r.outcome}",
                     where,
@@ -275,7 +210,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
             )
         else:
             out.append(
-                Finding(
+                Problem(
                     "bad",
                     f"probe_{r.outcome}",
                     where,
@@ -293,7 +228,7 @@ def _probe_findings(inventory: Inventory) -> list[Finding]:
     return out
 
 
-def _recommend(inventory: Inventory, findings: list[Finding], face: str) -> str | None:
+def _recommend(inventory: Inventory, findings: list[Problem], face: str) -> str | None:
     if inventory.nvml_error or not inventory.gpus:
         return None
     visible = inventory.visible.devices if inventory.visible is not None else ()
@@ -324,12 +259,12 @@ def run_doctor(
     """Inventory + probe + environment checks → one report (``nbgpu.doctor()``)."""
     env = dict(os.environ) if environ is None else dict(environ)
     inventory = take_inventory(env, probe=probe, probe_timeout_s=probe_timeout_s)
-    findings: list[Finding] = []
+    findings: list[Problem] = []
     if inventory.nvml_error:
         findings.append(_nvml_finding(inventory))
     elif not inventory.gpus:
         findings.append(
-            Finding(
+            Problem(
                 "bad",
                 "no_gpu",
                 "driver",
@@ -343,7 +278,7 @@ def run_doctor(
     findings.extend(environment_findings(inventory, env, nproc=nproc, face=face))
     if inventory.container.in_container and not inventory.container.host_pid_namespace:
         findings.append(
-            Finding(
+            Problem(
                 "info",
                 "container",
                 "environment",
@@ -354,7 +289,7 @@ def run_doctor(
         )
     if not any(f.severity in ("bad", "warn") for f in findings):
         findings.append(
-            Finding("ok", "healthy", "machine", f"All {len(inventory.gpus)} GPUs look healthy.")
+            Problem("ok", "healthy", "machine", f"All {len(inventory.gpus)} GPUs look healthy.")
         )
     findings.sort(key=lambda f: -SEVERITY_ORDER[f.severity])
     environment = {k: env.get(k) for k in DIST_VARS}

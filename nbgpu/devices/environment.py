@@ -3,7 +3,7 @@
 ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``NPROC_PER_NODE``, ``MASTER_ADDR`` /
 ``MASTER_PORT`` and ``CUDA_VISIBLE_DEVICES`` as the doctor finds them: a number of ranks
 the GPUs cannot hold, a rank beyond the world, a port already taken (one socket bind
-tells), a setting that hides every GPU. Each problem is a doctor's :class:`Finding`.
+tells), a setting that hides every GPU. Each problem is a doctor's :class:`Problem`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from nbgpu.devices.findings import Finding
 from nbgpu.faces import launch_hint
+from nbgpu.problems import Problem
 
 if TYPE_CHECKING:  # the inventory is only read here
     from nbgpu.devices.inventory import Inventory
@@ -32,7 +32,7 @@ DIST_VARS = (
 )
 
 
-def _int_env(environ: Mapping[str, str], key: str, out: list[Finding]) -> int | None:
+def _int_env(environ: Mapping[str, str], key: str, out: list[Problem]) -> int | None:
     raw = environ.get(key)
     if raw is None or raw == "":
         return None
@@ -40,7 +40,7 @@ def _int_env(environ: Mapping[str, str], key: str, out: list[Finding]) -> int | 
         value = int(raw)
     except ValueError:
         out.append(
-            Finding(
+            Problem(
                 "bad",
                 "bad_env",
                 "environment",
@@ -50,7 +50,7 @@ def _int_env(environ: Mapping[str, str], key: str, out: list[Finding]) -> int | 
         )
         return None
     if value < 0:
-        out.append(Finding("bad", "bad_env", "environment", f"{key}={value} is negative."))
+        out.append(Problem("bad", "bad_env", "environment", f"{key}={value} is negative."))
         return None
     return value
 
@@ -72,9 +72,9 @@ def environment_findings(
     *,
     nproc: int | None = None,
     face: str = "notebook",
-) -> list[Finding]:
+) -> list[Problem]:
     """Findings about the launch environment against the visible, healthy GPUs."""
-    out: list[Finding] = []
+    out: list[Problem] = []
     if inventory.nvml_error:
         return out
     visible = inventory.visible.devices if inventory.visible is not None else ()
@@ -83,12 +83,12 @@ def environment_findings(
     healthy_visible = [d for d in visible if d.nvml_index in healthy]
     if inventory.visible is not None:
         out.extend(
-            Finding("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", problem)
+            Problem("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", problem)
             for problem in inventory.visible.problems
         )
     if inventory.gpus and n_visible == 0:
         out.append(
-            Finding(
+            Problem(
                 "bad",
                 "nothing_visible",
                 "CUDA_VISIBLE_DEVICES",
@@ -101,7 +101,7 @@ def environment_findings(
     source = "nproc" if nproc is not None else "NPROC_PER_NODE"
     if wanted is not None and wanted > n_visible:
         out.append(
-            Finding(
+            Problem(
                 "bad",
                 "nproc_exceeds_gpus",
                 "environment",
@@ -119,7 +119,7 @@ def environment_findings(
         )
     elif wanted is not None and wanted > len(healthy_visible):
         out.append(
-            Finding(
+            Problem(
                 "warn",
                 "nproc_exceeds_healthy",
                 "environment",
@@ -131,7 +131,7 @@ def environment_findings(
     local_rank = _int_env(environ, "LOCAL_RANK", out)
     if local_rank is not None and local_rank >= n_visible:
         out.append(
-            Finding(
+            Problem(
                 "bad",
                 "local_rank_exceeds_gpus",
                 "environment",
@@ -144,7 +144,7 @@ def environment_findings(
     world = _int_env(environ, "WORLD_SIZE", out)
     if rank is not None and world is not None and rank >= world:
         out.append(
-            Finding(
+            Problem(
                 "bad",
                 "rank_exceeds_world",
                 "environment",
@@ -155,7 +155,7 @@ def environment_findings(
     if port_text:
         if not port_text.isdigit() or not 0 < int(port_text) < 65536:
             out.append(
-                Finding(
+                Problem(
                     "bad",
                     "bad_env",
                     "environment",
@@ -166,7 +166,7 @@ def environment_findings(
             environ.get("MASTER_ADDR", "127.0.0.1"), int(port_text)
         ):
             out.append(
-                Finding(
+                Problem(
                     "warn",
                     "port_in_use",
                     "environment",

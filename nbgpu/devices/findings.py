@@ -1,6 +1,6 @@
 """The doctor's findings on one GPU, and the GPU's health word in the status table.
 
-Each rule looks at one GPU (or one process holding it) and may give a :class:`Finding`:
+Each rule looks at one GPU (or one process holding it) and may give a :class:`Problem`:
 a severity, a sentence that names the GPU, pid and mode involved, and concrete fixes.
 :func:`assess_gpu` runs the table of rules; :func:`gpu_health` condenses the findings to
 the short word of the status and doctor tables ("BUSY: dead holder", "in use", "ok").
@@ -14,34 +14,13 @@ from dataclasses import dataclass
 
 from nbgpu._render import fmt_bytes
 from nbgpu.devices.model import Gpu, GpuProcess
+from nbgpu.problems import SEVERITY_ORDER, Problem
 
-__all__ = ["SEVERITY_ORDER", "Finding", "assess_gpu", "gpu_health"]
-
-SEVERITY_ORDER = {"ok": 0, "info": 1, "warn": 2, "bad": 3}
+__all__ = ["assess_gpu", "gpu_health"]
 MIB = 1024 * 1024
 # Real drivers keep a few hundred MiB per context that no process is charged for;
 # only a remainder well above that is worth a warning.
 GHOST_THRESHOLD_BYTES = 1024 * MIB
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing the doctor wants the user to know."""
-
-    severity: str  # ok | info | warn | bad
-    code: str  # stable id, e.g. "exclusive_dead_holder"
-    subject: str  # "GPU 0", "environment", "driver"
-    message: str
-    fixes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "severity": self.severity,
-            "code": self.code,
-            "subject": self.subject,
-            "message": self.message,
-            "fixes": list(self.fixes),
-        }
 
 
 @dataclass(frozen=True)
@@ -83,8 +62,8 @@ class _Seen:
             "%%torchrun leaves unhealthy GPUs out by itself)"
         )
 
-    def finding(self, severity: str, code: str, message: str, *fixes: str) -> Finding:
-        return Finding(severity, code, self.subject, message, fixes)
+    def finding(self, severity: str, code: str, message: str, *fixes: str) -> Problem:
+        return Problem(severity, code, self.subject, message, fixes)
 
 
 def _who(proc: GpuProcess) -> str:
@@ -107,7 +86,7 @@ def _recorded(proc: GpuProcess) -> str:
 # The first rule that matches is the only finding: nothing else about the GPU is known.
 
 
-def _lost(g: _Seen) -> Finding | None:
+def _lost(g: _Seen) -> Problem | None:
     if g.gpu.error != "lost":
         return None
     return g.finding(
@@ -121,7 +100,7 @@ def _lost(g: _Seen) -> Finding | None:
     )
 
 
-def _no_permission(g: _Seen) -> Finding | None:
+def _no_permission(g: _Seen) -> Problem | None:
     if g.gpu.error != "no_permission":
         return None
     return g.finding(
@@ -136,19 +115,19 @@ def _no_permission(g: _Seen) -> Finding | None:
     )
 
 
-def _nvml_error(g: _Seen) -> Finding | None:
+def _nvml_error(g: _Seen) -> Problem | None:
     if g.gpu.error is None:
         return None
     return g.finding("bad", "nvml_error", f"NVML could not read GPU {g.i}: {g.gpu.error}")
 
 
-_UNREADABLE: tuple[Callable[[_Seen], Finding | None], ...] = (_lost, _no_permission, _nvml_error)
+_UNREADABLE: tuple[Callable[[_Seen], Problem | None], ...] = (_lost, _no_permission, _nvml_error)
 
 
 # ------------------------------------------------------- one rule per holder state
 
 
-def _dead_holder(g: _Seen, proc: GpuProcess) -> Finding | None:
+def _dead_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
     i = g.i
     if g.exclusive:
         return g.finding(
@@ -175,7 +154,7 @@ def _dead_holder(g: _Seen, proc: GpuProcess) -> Finding | None:
     )
 
 
-def _zombie_holder(g: _Seen, proc: GpuProcess) -> Finding | None:
+def _zombie_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
     parent = proc.holder.ppid if proc.holder else None
     parent_text = f" (parent pid {parent})" if parent else ""
     return g.finding(
@@ -190,7 +169,7 @@ def _zombie_holder(g: _Seen, proc: GpuProcess) -> Finding | None:
     )
 
 
-def _other_namespace_holder(g: _Seen, proc: GpuProcess) -> Finding | None:
+def _other_namespace_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
     return g.finding(
         "warn",
         "other_namespace_holder",
@@ -203,7 +182,7 @@ def _other_namespace_holder(g: _Seen, proc: GpuProcess) -> Finding | None:
     )
 
 
-def _exclusive_busy(g: _Seen, proc: GpuProcess) -> Finding | None:
+def _exclusive_busy(g: _Seen, proc: GpuProcess) -> Problem | None:
     if not g.exclusive:
         return None
     return g.finding(
@@ -216,7 +195,7 @@ def _exclusive_busy(g: _Seen, proc: GpuProcess) -> Finding | None:
     )
 
 
-_BY_HOLDER_STATE: dict[str, Callable[[_Seen, GpuProcess], Finding | None]] = {
+_BY_HOLDER_STATE: dict[str, Callable[[_Seen, GpuProcess], Problem | None]] = {
     "dead": _dead_holder,
     "zombie": _zombie_holder,
     "other_namespace": _other_namespace_holder,
@@ -226,7 +205,7 @@ _BY_HOLDER_STATE: dict[str, Callable[[_Seen, GpuProcess], Finding | None]] = {
 }
 
 
-def _holders(g: _Seen) -> Iterator[Finding]:
+def _holders(g: _Seen) -> Iterator[Problem]:
     for proc in g.gpu.processes:
         rule = _BY_HOLDER_STATE.get(proc.state)
         found = rule(g, proc) if rule else None
@@ -237,7 +216,7 @@ def _holders(g: _Seen) -> Iterator[Finding]:
 # ------------------------------------------------------------- one rule per GPU fact
 
 
-def _exclusive_mode(g: _Seen) -> Iterator[Finding]:
+def _exclusive_mode(g: _Seen) -> Iterator[Problem]:
     if g.exclusive and not g.gpu.processes:
         yield g.finding(
             "info",
@@ -247,7 +226,7 @@ def _exclusive_mode(g: _Seen) -> Iterator[Finding]:
         )
 
 
-def _prohibited(g: _Seen) -> Iterator[Finding]:
+def _prohibited(g: _Seen) -> Iterator[Problem]:
     if g.gpu.compute_mode == "prohibited":
         yield g.finding(
             "bad",
@@ -258,7 +237,7 @@ def _prohibited(g: _Seen) -> Iterator[Finding]:
         )
 
 
-def _remapped_rows(g: _Seen) -> Iterator[Finding]:
+def _remapped_rows(g: _Seen) -> Iterator[Problem]:
     rows = g.gpu.remapped_rows
     if rows is not None and rows.failure:
         yield g.finding(
@@ -279,7 +258,7 @@ def _remapped_rows(g: _Seen) -> Iterator[Finding]:
         )
 
 
-def _retired_pages(g: _Seen) -> Iterator[Finding]:
+def _retired_pages(g: _Seen) -> Iterator[Problem]:
     if g.gpu.retired_pages_pending:
         yield g.finding(
             "bad",
@@ -289,7 +268,7 @@ def _retired_pages(g: _Seen) -> Iterator[Finding]:
         )
 
 
-def _ecc_errors(g: _Seen) -> Iterator[Finding]:
+def _ecc_errors(g: _Seen) -> Iterator[Problem]:
     if g.gpu.ecc_uncorrected_volatile:
         yield g.finding(
             "warn",
@@ -300,7 +279,7 @@ def _ecc_errors(g: _Seen) -> Iterator[Finding]:
         )
 
 
-def _ghost_memory(g: _Seen) -> Iterator[Finding]:
+def _ghost_memory(g: _Seen) -> Iterator[Problem]:
     ghost = g.gpu.ghost_bytes
     if (
         ghost is not None
@@ -317,7 +296,7 @@ def _ghost_memory(g: _Seen) -> Iterator[Finding]:
         )
 
 
-def _wedged(g: _Seen) -> Iterator[Finding]:
+def _wedged(g: _Seen) -> Iterator[Problem]:
     gpu = g.gpu
     if gpu.utilization_gpu_pct == 100 and not gpu.processes and not gpu.memory_used_bytes:
         yield g.finding(
@@ -329,7 +308,7 @@ def _wedged(g: _Seen) -> Iterator[Finding]:
         )
 
 
-def _mig(g: _Seen) -> Iterator[Finding]:
+def _mig(g: _Seen) -> Iterator[Problem]:
     if g.gpu.mig_enabled:
         yield g.finding(
             "info",
@@ -339,7 +318,7 @@ def _mig(g: _Seen) -> Iterator[Finding]:
         )
 
 
-def _memory_full(g: _Seen) -> Iterator[Finding]:
+def _memory_full(g: _Seen) -> Iterator[Problem]:
     total, used = g.gpu.memory_total_bytes, g.gpu.memory_used_bytes
     if total and used is not None and used > 0.9 * total:
         yield g.finding(
@@ -351,7 +330,7 @@ def _memory_full(g: _Seen) -> Iterator[Finding]:
 
 
 # In this order: findings of equal severity keep it (the sort below is stable).
-_RULES: tuple[Callable[[_Seen], Iterator[Finding]], ...] = (
+_RULES: tuple[Callable[[_Seen], Iterator[Problem]], ...] = (
     _holders,
     _exclusive_mode,
     _prohibited,
@@ -365,7 +344,7 @@ _RULES: tuple[Callable[[_Seen], Iterator[Finding]], ...] = (
 )
 
 
-def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Finding, ...]:
+def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Problem, ...]:
     """All findings for one GPU, worst first."""
     seen = _Seen(gpu, gpu_count)
     for rule in _UNREADABLE:
@@ -397,7 +376,7 @@ _HEALTH = {
 }
 
 
-def gpu_health(gpu: Gpu, findings: tuple[Finding, ...]) -> tuple[str, str]:
+def gpu_health(gpu: Gpu, findings: tuple[Problem, ...]) -> tuple[str, str]:
     """(health word, level) for the status and doctor tables: the worst finding's word."""
     for finding in findings:
         if finding.severity in ("bad", "warn") and finding.code in _HEALTH:

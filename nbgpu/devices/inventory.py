@@ -16,27 +16,29 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from html import escape
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import (
+    Blank,
+    Block,
+    Cell,
+    Line,
+    Pre,
     Result,
     Table,
-    fix_html,
+    Title,
     fmt_bytes,
     fmt_opt,
     fmt_used_total,
-    memory_bar_html,
-    title_html,
-    wrap,
 )
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
-from nbgpu.devices.findings import Finding, assess_gpu, gpu_health
+from nbgpu.devices.findings import assess_gpu, gpu_health
 from nbgpu.devices.holders import ContainerInfo, HolderInfo
 from nbgpu.devices.model import Gpu
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.errors import NvmlError
+from nbgpu.problems import Problem
 
 if TYPE_CHECKING:  # the probe module loads only for --probe
     from nbgpu.devices.health import ProbeReport
@@ -65,7 +67,7 @@ class Inventory(Result):
     nvml_error: str | None  # set when NVML is unusable; then gpus is empty
     nvml_error_code: int | None
     gpus: tuple[Gpu, ...]
-    findings: tuple[tuple[Finding, ...], ...]  # per GPU, same order as gpus
+    findings: tuple[tuple[Problem, ...], ...]  # per GPU, same order as gpus
     container: ContainerInfo
     visible: VisibleMap | None
     visible_value: str | None  # the CUDA_VISIBLE_DEVICES string that was resolved
@@ -112,12 +114,12 @@ class Inventory(Result):
     def simulated_fleet(self) -> str | None:
         return (self.fleet_name or "simulated") if self.simulated else None
 
-    def _header(self) -> str:
+    def headline(self, command: str = "nbgpu status") -> str:
         if self.simulated:
             source = f"SIMULATED fleet '{self.fleet_name}'"
         else:
             source = f"host {self.hostname}"
-        parts = [f"nbgpu status — {source}"]
+        parts = [f"{command} — {source}"]
         if self.driver_version:
             parts.append(f"driver {self.driver_version}")
         if self.cuda_version_text:
@@ -127,7 +129,7 @@ class Inventory(Result):
             line = parts[0] + "\n  " + " · ".join(parts[1:])
         return line
 
-    def _gpu_table(self) -> Table:
+    def gpu_table(self) -> Table:
         table = Table(["GPU", "name", "memory", "util", "temp", "power", "mode", "health"])
         for gpu, findings in zip(self.gpus, self.findings, strict=True):
             health, level = gpu_health(gpu, findings)
@@ -153,22 +155,20 @@ class Inventory(Result):
             }.get(gpu.compute_mode or "", fmt_opt(gpu.compute_mode))
             if gpu.mig_enabled:
                 mode += " MIG"
-            bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes)
             table.add(
                 gpu.nvml_index,
                 name,
-                mem,
+                Cell(mem, bar=(gpu.memory_used_bytes, gpu.memory_total_bytes)),
                 fmt_opt(gpu.utilization_gpu_pct, "%"),
                 fmt_opt(gpu.temperature_c, "C"),
                 power,
                 mode,
                 health,
                 level=level,
-                html_cells={2: bar} if bar else None,
             )
         return table
 
-    def _process_table(self) -> Table:
+    def process_table(self) -> Table:
         table = Table(
             ["GPU", "pid", "user", "state", "up", "GPU mem", "its CUDA_VISIBLE_DEVICES", "command"],
             flex=7,
@@ -208,7 +208,7 @@ class Inventory(Result):
             )
         return table
 
-    def _visible_lines(self) -> list[str]:
+    def visible_lines(self) -> list[str]:
         if self.visible is None:
             return []
         origin = "--env" if self.visible_is_override else "this environment"
@@ -244,56 +244,33 @@ class Inventory(Result):
             notes.append(("bad", f"probe: {self.probe.init_error}"))
         return notes
 
-    def text(self) -> str:
-        lines = [self._header()]
-        if self.simulated and self.fleet_description:
-            lines.append(wrap(f"({self.fleet_description})", "  "))
-        if self.nvml_error:
-            lines.append(f"NVML unavailable: {self.nvml_error}")
-            lines.append("Run `nbgpu doctor` for what to do.")
-            return "\n".join(lines)
-        if not self.gpus:
-            lines.append("No GPU found.")
-        else:
-            lines.append(self._gpu_table().text())
-        procs = self._process_table()
+    def details(self) -> list[Block]:
+        """What follows the GPU table: holders, the CUDA mapping (the doctor shows them too)."""
+        blocks: list[Block] = []
+        procs = self.process_table()
         if procs.rows:
-            lines.append("")
-            lines.append(procs.text())
-        vis = self._visible_lines()
-        if vis:
-            lines.append("")
-            lines.extend(vis)
-        notes = self._notes()
-        if notes:
-            lines.append("")
-            marks = {"bad": "!! ", "warn": "!  ", "info": "-  "}
-            lines.extend(wrap(msg, marks.get(sev, "-  ")) for sev, msg in notes)
-        return "\n".join(lines)
+            blocks += [Blank(), procs]
+        visible = self.visible_lines()
+        if visible:
+            blocks += [Blank(), Pre("\n".join(visible))]
+        return blocks
 
-    def html_body(self) -> str:
-        parts = []
-        title = title_html(self._header(), simulated=self.simulated)
-        parts.append(f"<b>{title}</b>")
+    def content(self) -> list[Block]:
+        blocks: list[Block] = [Title(self.headline(), simulated=self.simulated)]
         if self.simulated and self.fleet_description:
-            parts.append(f"<div><i>{escape(self.fleet_description)}</i></div>")
+            blocks.append(Line(f"({self.fleet_description})", indent="  "))
         if self.nvml_error:
-            parts.append(
-                f"<p>NVML unavailable: {escape(self.nvml_error)}. Run <code>%gpu_doctor</code>.</p>"
-            )
-            return "".join(parts)
-        parts.append(self._gpu_table().html())
-        procs = self._process_table()
-        if procs.rows:
-            parts.append(procs.html())
-        vis = self._visible_lines()
-        if vis:
-            parts.append("<pre>" + escape("\n".join(vis)) + "</pre>")
+            blocks.append(Line(f"NVML unavailable: {self.nvml_error}", level="bad"))
+            blocks.append(Line("Run `nbgpu doctor` (`%gpu_doctor` in a notebook) for what to do."))
+            return blocks
+        blocks.append(self.gpu_table() if self.gpus else Line("No GPU found."))
+        blocks += self.details()
         notes = self._notes()
         if notes:
-            items = "".join(f'<li class="{sev}">{fix_html(msg)}</li>' for sev, msg in notes)
-            parts.append(f"<ul>{items}</ul>")
-        return "".join(parts)
+            marks = {"bad": "!! ", "warn": "!  ", "info": "-  "}
+            blocks.append(Blank())
+            blocks += [Line(msg, indent=marks.get(sev, "-  "), level=sev) for sev, msg in notes]
+        return blocks
 
     # -- data --------------------------------------------------------------------
 

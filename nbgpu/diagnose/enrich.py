@@ -22,9 +22,9 @@ from nbgpu.diagnose.report import FoundCause
 from nbgpu.diagnose.sources import RunInfo
 
 if TYPE_CHECKING:
-    from nbgpu.devices.findings import Finding
     from nbgpu.devices.inventory import Inventory
     from nbgpu.devices.model import Gpu
+    from nbgpu.problems import Problem
 
 __all__ = ["describe_inventory", "enrich", "gpu_for_rank"]
 
@@ -89,7 +89,7 @@ def gpu_for_rank(
     return None
 
 
-def _gpu(inventory: Inventory, index: int) -> tuple[Gpu | None, tuple[Finding, ...]]:
+def _gpu(inventory: Inventory, index: int) -> tuple[Gpu | None, tuple[Problem, ...]]:
     for gpu, findings in zip(inventory.gpus, inventory.findings, strict=False):
         if gpu.nvml_index == index:
             return gpu, tuple(findings)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbgpu._render import STYLE
+from nbgpu._render import ROOT_STYLE
 
 __all__ = [
     "RECORD_TAIL_LINES",
@@ -195,7 +195,7 @@ def live_text(run: Any) -> str:
 def live_html(run: Any) -> str:
     """The HTML stand-in of a live panel, for renderers without widgets (GitHub, nbviewer)."""
     return (
-        f'{STYLE}<div class="nbgpu"><b>{html.escape(run._headline())}</b>'
+        f'<div class="nbgpu" style="{ROOT_STYLE}"><b>{html.escape(run._headline())}</b>'
         f"<div>{html.escape(_LIVE_NOTE)}; logs: <code>{html.escape(str(run.dir))}</code></div></div>"
     )
 
@@ -253,7 +253,7 @@ def record_html(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, 
     # The record opens with the headline already; the summary need not repeat it.
     sections.append(summary.removeprefix(headline))
     sections.extend(html_part for _, html_part in extra)
-    return f'{STYLE}<div class="nbgpu nbgpu-record">{"".join(sections)}</div>'
+    return f'<div class="nbgpu nbgpu-record" style="{ROOT_STYLE}">{"".join(sections)}</div>'
 
 
 def record_text(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, str]] = ()) -> str:

@@ -1,0 +1,53 @@
+"""One problem with its fixes: what the doctor finds, a plan warns of, an estimate
+flags and a diagnosis names.
+
+Every layer reports trouble with this one type, so a problem reads, renders and
+serialises the same wherever it appears (``%gpu_doctor``, ``%gpu_plan``,
+``%gpu_diagnose``, ``nbgpu.estimate``). Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["SEVERITIES", "SEVERITY_ORDER", "Problem", "Severity", "worst"]
+
+Severity = Literal["ok", "info", "warn", "bad"]
+#: Mildest first; a report sorts and colours by this.
+SEVERITIES: tuple[Severity, ...] = ("ok", "info", "warn", "bad")
+SEVERITY_ORDER: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something the user should know, where, and what to do about it.
+
+    ``code`` is a stable identifier scripts may match on (``exclusive_dead_holder``);
+    ``subject`` says where (``GPU 0``, ``environment``, ``role trainer``); ``message``
+    and ``fixes`` are sentences in which `backticked` spans are commands.
+    """
+
+    severity: str  # one of SEVERITIES (checked: files and callers pass plain words)
+    code: str
+    subject: str
+    message: str
+    fixes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITY_ORDER:
+            raise ValueError(f"severity = {self.severity!r}; expected one of {SEVERITIES}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "severity": self.severity,
+            "code": self.code,
+            "subject": self.subject,
+            "message": self.message,
+            "fixes": list(self.fixes),
+        }
+
+
+def worst(problems: tuple[Problem, ...] | list[Problem]) -> str:
+    """The most severe severity among *problems*; ``ok`` when there are none."""
+    return max((p.severity for p in problems), key=SEVERITY_ORDER.__getitem__, default="ok")
