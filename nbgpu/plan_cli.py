@@ -214,7 +214,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         common["seq_len"] = args.seq_len
         common["activation_checkpointing"] = args.checkpointing
     if args.scale is not None:
-        from nbgpu.rank import parse_size  # noqa: PLC0415
+        from nbgpu.sizes import parse_size  # noqa: PLC0415
 
         result = planning.scale(
             args.scale,
@@ -227,7 +227,9 @@ def plan_from_args(args: argparse.Namespace) -> Any:
             max_model_len=args.max_model_len,
             precision=args.precision,
             inventory=args.fleet,
-            gpu_memory_bytes=None if args.gpu_memory is None else parse_size(args.gpu_memory),
+            gpu_memory_bytes=None
+            if args.gpu_memory is None
+            else parse_size(args.gpu_memory, "--gpu-memory "),
         )
         return result if args.output is None else result.save(args.output)
     if args.diff or args.yaml or args.overrides or args.output:

@@ -350,7 +350,7 @@ def test_one_at_a_time_waits_for_another_process(tmp_path, capsys):
         ("60G", 60 * 2**30),
         ("512M", 512 * 2**20),
         ("1.5GiB", 3 * 2**29),
-        ("2 GB", 2 * 2**30),
+        ("2 GB", 2 * 10**9),
         ("1t", 2**40),
         ("4096", 4096),
         (4096, 4096),
@@ -365,7 +365,7 @@ def test_parse_size_names_garbage_and_the_accepted_form(size):
     with pytest.raises(UserInputError) as info:
         nr.parse_size(size)
     assert repr(size) in str(info.value)
-    assert "e.g. 60G or 512M" in str(info.value)
+    assert "e.g. 80G, 80GiB, 80GB or 512M" in str(info.value)
 
 
 def test_a_limit_below_the_current_address_space_is_refused_before_it_bites():

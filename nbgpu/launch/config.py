@@ -16,6 +16,7 @@ from typing import Any
 
 from nbgpu._backends import BACKENDS
 from nbgpu.errors import UserInputError
+from nbgpu.sizes import parse_size as _parse_size
 
 __all__ = [
     "BACKENDS",
@@ -35,11 +36,8 @@ _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$", re.I
 
 
 def parse_size(value: str | int) -> int:
-    """Bytes from ``60G`` / ``512M`` / an int: the ranks' own reading, so both agree."""
-    # Imported on use: nbgpu.rank is not needed to declare or check the other flags.
-    from nbgpu.rank import parse_size as read_size  # noqa: PLC0415
-
-    return read_size(value)
+    """Bytes from ``--mem-limit`` as written: the ranks' own reading, so both agree."""
+    return _parse_size(value, "--mem-limit ")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from nbgpu._render import Result, Table, fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.launch.procs import RUN_ID_ENV
 from nbgpu.launch.rundir import runs_root
-from nbgpu.rank import parse_size
+from nbgpu.sizes import parse_size
 
 __all__ = [
     "BUDGET_ENV",

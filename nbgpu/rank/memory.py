@@ -1,4 +1,4 @@
-"""A per-rank cap on address space (``--mem-limit``) and the one reading of ``60G``.
+"""A per-rank cap on address space (``--mem-limit``).
 
 Standard library only; ``resource`` is imported when a cap is set.
 """
@@ -6,37 +6,17 @@ Standard library only; ``resource`` is imported when a cap is set.
 from __future__ import annotations
 
 import contextlib
-import re
 from pathlib import Path
 
 from nbgpu.errors import UserInputError
+from nbgpu.sizes import parse_size as _parse_size
 
 __all__ = ["parse_size", "set_memory_limit"]
 
-_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
-_SIZE_FORM = "bytes, or a number with K, M, G or T (powers of 1024), e.g. 60G or 512M"
-
 
 def parse_size(size: int | str) -> int:
-    """Bytes from ``60G``, ``512M``, ``1.5GiB`` or a plain number of bytes.
-
-    Suffixes K, M, G, T are powers of 1024 (``KB``/``KiB`` alike), as ``ulimit`` and
-    ``--mem-limit`` mean them.
-    """
-    if isinstance(size, bool) or not isinstance(size, int | str):
-        raise UserInputError(f"memory limit {size!r} is not a size; expected {_SIZE_FORM}")
-    if isinstance(size, int):
-        number, unit = float(size), ""
-    else:
-        m = _SIZE.fullmatch(size.strip())
-        if m is None:
-            raise UserInputError(f"memory limit {size!r} is not a size; expected {_SIZE_FORM}")
-        number, unit = float(m.group(1)), m.group(2).upper()
-    scale = 1024 ** " KMGT".index(unit or " ")
-    value = int(number * scale)
-    if value <= 0:
-        raise UserInputError(f"memory limit {size!r} is not above zero; expected {_SIZE_FORM}")
-    return value
+    """Bytes from a memory limit as written (``60G``, ``80GB``; :mod:`nbgpu.sizes`)."""
+    return _parse_size(size, "memory limit ")
 
 
 def set_memory_limit(size: int | str) -> int:

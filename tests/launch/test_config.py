@@ -25,7 +25,7 @@ def test_sizes(text, expected):
 
 @pytest.mark.parametrize("text", ["lots", "-5G", "0", "G", "5X", 0])
 def test_bad_sizes(text):
-    with pytest.raises(UserInputError, match="memory limit"):
+    with pytest.raises(UserInputError, match="--mem-limit"):
         parse_size(text)
 
 

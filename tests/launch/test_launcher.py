@@ -65,7 +65,7 @@ def test_no_gpu_needs_an_explicit_number(sim_env):
 def test_bad_values(sim_env, tmp_path):
     with pytest.raises(UserInputError, match="nproc 0"):
         prepare(code=CELL, nproc=0, environ=sim_env)
-    with pytest.raises(UserInputError, match="memory limit 'big'"):
+    with pytest.raises(UserInputError, match="--mem-limit 'big'"):
         prepare(code=CELL, nproc=1, mem_limit="big", environ=sim_env)
     with pytest.raises(UserInputError, match="run name 'bad name'"):
         prepare(code=CELL, nproc=1, name="bad name", environ=sim_env)

@@ -100,7 +100,7 @@ def test_background_run_and_gpu_stop(ip, capsys):
         ("2 --gpus 8", "x = 1\n", "GPU 8 does not exist"),
         ("7", "x = 1\n", "nproc 7 but 4 GPUs are visible"),
         ("2", "   \n", "the cell is empty"),
-        ("2 --mem-limit lots", "x = 1\n", "memory limit 'lots'"),
+        ("2 --mem-limit lots", "x = 1\n", "--mem-limit 'lots'"),
         ("2 --all-ranks", "x = 1\n", "--all-ranks needs --pull NAME"),
     ],
 )

@@ -1,0 +1,50 @@
+"""Sizes as users write them: one parser, one meaning of every unit.
+
+``GiB``/``Gi``/``G`` are powers of 1024 (what ``ulimit``, SLURM's ``--mem=80G``,
+``free -g`` and nvidia-smi's MiB mean); ``GB`` is a power of 1000 (what SI, disk
+vendors and Hugging Face's ``max_memory="80GB"`` mean). So ``80G`` is 80 GiB and
+``80GB`` is 74.5 GiB, in ``--mem-limit``, ``nbgpu.estimate(budget=)``,
+``plan --gpu-memory`` and ``--keep-bytes`` alike, and every answer that repeats a size
+prints its unit. Standard library only: ranks use it too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from nbgpu.errors import UserInputError
+
+__all__ = ["SIZE_FORM", "parse_size"]
+
+SIZE_FORM = (
+    "a size in bytes, or with a unit: K/M/G/T or KiB/MiB/GiB/TiB (powers of 1024), "
+    "KB/MB/GB/TB (powers of 1000), e.g. 80G, 80GiB, 80GB or 512M"
+)
+
+_UNITS: dict[str, int] = {"": 1, "b": 1}
+for _power, _prefix in enumerate("kmgt", 1):
+    _UNITS[_prefix] = _UNITS[f"{_prefix}i"] = _UNITS[f"{_prefix}ib"] = 1024**_power
+    _UNITS[f"{_prefix}b"] = 1000**_power
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?(?:[eE]\+?\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(value: object, label: str = "size ") -> int:
+    """Bytes from ``80G``, ``80GiB``, ``80GB``, ``"4096"`` or a whole number of bytes.
+
+    *label* starts the one-line error (``"--mem-limit "``, ``"budget="``), which
+    names the value and :data:`SIZE_FORM`.
+    """
+    size: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        # A float is a byte count only when whole (80e9); 1.5 bytes is a mistake.
+        if math.isfinite(value) and float(value).is_integer():
+            size = float(value)
+    elif isinstance(value, str):
+        m = _SIZE.fullmatch(value)
+        if m and m.group(2).lower() in _UNITS:
+            size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if size is None or size < 1:
+        raise UserInputError(f"{label}{value!r}: expected {SIZE_FORM}")
+    return int(size)
