@@ -95,8 +95,7 @@ def import_storm(ranks: int, base: Path) -> list[str]:
 def sampling_overhead(rounds: int, steps: int) -> list[str]:
     import torch  # noqa: PLC0415
 
-    from nbgpu.profile.recorder import Recorder  # noqa: PLC0415
-    from nbgpu.profile.sampler import Sampler  # noqa: PLC0415
+    from nbgpu.profile.recorder import Recorder, Sampler  # noqa: PLC0415
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
