@@ -2,7 +2,7 @@
 
 import json
 
-from nbgpu.diagnose.memory import memory_details
+from nbgpu.diagnose.enrich import memory_details
 from nbgpu.profile.report import memory_report
 from nbgpu.profile.timeline import import_storm
 
