@@ -25,7 +25,6 @@ _PHASE_COLORS = (
     "#8dd3c7", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5", "#bc80bd",
     "#ccebc5", "#ffed6f",
 )  # fmt: skip
-_STANDARD = ("start", "imports", "wait-imports", "init", "run", "exit")
 
 
 def _phase_colors(report: MemoryTimeline) -> dict[str, str]:

@@ -287,9 +287,6 @@ class Recorder:
                 self._fold(opened, snap)
         self._emit({"k": "s", **snap})
 
-    def open_phases(self) -> list[str]:
-        return [p.name for p in self._stack]
-
     # -- lifetime ------------------------------------------------------------------
 
     def start_sampling(self) -> None:
