@@ -49,7 +49,7 @@ nr.print0("all ranks imported", flush=True)
 
 def import_storm(ranks: int, base: Path) -> list[str]:
     import nbgpu  # noqa: PLC0415
-    from nbgpu.diagnose.memory import import_storm as storm_line  # noqa: PLC0415
+    from nbgpu.profile.timeline import import_storm as storm_line  # noqa: PLC0415
 
     (base / "heavymod.py").write_text(HEAVY_MODULE)
     env = {**os.environ, "NBGPU_RUNS_DIR": str(base / "runs"), "PYTHONPATH": str(base)}
@@ -95,8 +95,7 @@ def import_storm(ranks: int, base: Path) -> list[str]:
 def sampling_overhead(rounds: int, steps: int) -> list[str]:
     import torch  # noqa: PLC0415
 
-    from nbgpu.profile.recorder import Recorder  # noqa: PLC0415
-    from nbgpu.profile.sampler import Sampler  # noqa: PLC0415
+    from nbgpu.profile.recorder import Recorder, Sampler  # noqa: PLC0415
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -153,7 +153,7 @@ FORBIDDEN = {
     "plan": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
     # diagnose may read nbgpu.profile's records (memory at the failure), nothing else of it.
     "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
-                 "nbgpu.profile.phases", "nbgpu.profile.recorder", "nbgpu.profile.sampler",
+                 "nbgpu.profile.phases", "nbgpu.profile.recorder",
                  "nbgpu.profile.live",
                  "nbgpu.profile.figure"),
     "launch": ("nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),

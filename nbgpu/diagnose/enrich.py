@@ -1,33 +1,44 @@
-"""This machine's facts, added to a found cause: which physical GPU a rank used and what holds it.
+"""Facts from outside the logs, added to the root cause: this machine's GPUs, the run's
+own records of its GPUs and memory, the node a rank ran on.
 
 With an ``Inventory`` (``nbgpu.status()``, live or simulated) a found cause can say
 "rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held by dead pid 4242" and give
 the exact fix (``nbgpu clean``, ``%%torchrun --gpus 1,2,3``). A rank's GPU comes from
 run.json (``gpus``, else ``cuda_visible_devices``, mapped exactly as CUDA maps it by
 ``nbgpu.devices.visible``), else from the inventory's own CUDA_VISIBLE_DEVICES view.
+For a ``host_oom`` or ``cuda_oom`` root cause in a run directory with
+``mem-rank*.jsonl``: the phase each failed rank died in, the node's ``MemAvailable``
+at the last sample, and the measured case for ``--serial-imports`` when every rank
+was importing at the node's peak (``nbgpu.profile.timeline.import_storm``).
 
 The inventory is used through its attributes only: importing ``nbgpu.devices.inventory``
-would pull psutil into the diagnose layer. Imports the standard library and the pure
-``nbgpu.devices.visible``; never pynvml, psutil, torch or IPython.
+would pull psutil into the diagnose layer. Imports the standard library, the pure
+``nbgpu.devices.visible`` and profile's reading side; never pynvml, psutil, torch or
+IPython. Never raises on bad memory records: a diagnosis must not fail on its extras.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.diagnose.report import FoundCause
 from nbgpu.diagnose.sources import RunInfo
+from nbgpu.profile.report import memory_report
+from nbgpu.profile.timeline import MemoryTimeline, import_storm
 
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
     from nbgpu.devices.model import Gpu
     from nbgpu.problems import Problem
 
-__all__ = ["describe_inventory", "enrich", "gpu_for_rank"]
+__all__ = ["add_facts", "describe_inventory", "gpu_for_rank", "memory_details"]
 
+_GPU_CAUSES = ("cuda_busy", "cuda_oom", "illegal_access", "device_assert", "gpu_lost")
+_OOM = ("host_oom", "cuda_oom")
 _HOLDER_CODES = (
     "exclusive_dead_holder",
     "zombie_holder",
@@ -247,12 +258,11 @@ _ENRICHERS = {
 }
 
 
-def enrich(
+def _inventory_facts(
     causes: Sequence[FoundCause], run: RunInfo | None, inventory: Inventory
 ) -> tuple[FoundCause, ...]:
-    """The causes with this machine's facts added to the root cause."""
     out = list(causes)
-    if not out or inventory is None or not out[0].root:
+    if not out or not out[0].root:
         return tuple(out)
     enricher = _ENRICHERS.get(out[0].cause)
     if enricher is None:
@@ -268,3 +278,65 @@ def enrich(
         )
         out[0] = replace(root, details=(*root.details, *details), fixes=(*fixes, *generic))
     return tuple(out)
+
+
+def _gib(value: float) -> str:
+    return f"{value / _GIB:.2f} GiB"
+
+
+def memory_details(run_dir: Path) -> tuple[str, ...]:
+    """Lines to add to an OOM cause (empty without memory records)."""
+    try:
+        report = memory_report(run_dir)
+    except Exception:  # noqa: BLE001  (a diagnosis must never fail on its extras)
+        return ()
+    if not report.ranks:
+        return ()
+    lines = [f"{label} died in phase '{path}' (memory records)" for label, path in report.deaths()]
+    last = _last_sample(report)
+    if last is not None:
+        label, sample = last
+        avail = sample.get("avail")
+        if isinstance(avail, int):
+            total = f" of {_gib(report.mem_total_bytes)}" if report.mem_total_bytes else ""
+            phase = next(r for r in report.ranks if r.label == label).phase_at(sample["t"])
+            where = f", {label} in '{phase}'" if phase else ""
+            lines.append(f"node MemAvailable at the last sample: {_gib(avail)}{total}{where}")
+    storm = import_storm(report)
+    if storm:
+        lines.append(storm)
+    return tuple(lines)
+
+
+def _last_sample(report: MemoryTimeline) -> tuple[str, dict[str, Any]] | None:
+    best: tuple[str, dict[str, Any]] | None = None
+    for rank in report.ranks:
+        for point in report.points(rank)[-1:]:
+            if best is None or point["t"] > best[1]["t"]:
+                best = (rank.label, point)
+    return best
+
+
+def add_facts(
+    causes: tuple[FoundCause, ...], run: RunInfo | None, inventory: Inventory | None
+) -> tuple[FoundCause, ...]:
+    """The causes found, with what the logs do not say added to the root cause."""
+    root = causes[0] if causes and causes[0].root else None
+    if inventory is not None:
+        causes = _inventory_facts(causes, run, inventory)
+    elif root is not None and root.cause in _GPU_CAUSES and root.first_rank is not None:
+        where = gpu_for_rank(root.first_rank, run, None)
+        if where is not None:
+            line = f"rank {root.first_rank} ran on cuda:{where[0]} = physical GPU {where[1]} (run.json)"
+            causes = (replace(root, details=(*root.details, line)), *causes[1:])
+    if run is not None and causes and causes[0].root and causes[0].cause in _OOM:
+        extra = memory_details(run.path)
+        if extra:
+            causes = (replace(causes[0], details=(*causes[0].details, *extra)), *causes[1:])
+    if run is not None and run.nodes:
+        # A run over several nodes: each cause names where its first rank ran.
+        causes = tuple(
+            replace(c, first_node=run.nodes.get(c.first_rank)) if c.first_rank is not None else c
+            for c in causes
+        )
+    return causes

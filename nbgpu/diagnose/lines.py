@@ -38,9 +38,6 @@ class Stamp:
     kind: str
     seconds: float
 
-    def comparable(self, other: Stamp | None) -> bool:
-        return other is not None and other.kind == self.kind
-
 
 @dataclass(frozen=True)
 class ParsedLine:

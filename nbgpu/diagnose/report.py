@@ -1,25 +1,30 @@
 """The results: :class:`Diagnosis` (what ``nbgpu.diagnose`` returns) and its :class:`FoundCause` s.
 
-Frozen dataclasses rendered through :class:`nbgpu._render.Result`: text for terminals and
-nbval (80 columns), HTML for notebooks, ``to_dict()``/``to_json()`` and ``to_frame()``.
-A found cause names a cause id from the catalog, how sure we are, the failing ranks, the
-evidence lines (file and line number), the explanation and the fixes; the diagnosis
-orders them root cause first and adds a per-rank table.
+Each says its content once (``content()``), drawn by :mod:`nbgpu._render` as 80-column
+text and inline-styled HTML; JSON comes from the fields (``to_dict()``/``to_json()``),
+rows from ``records()`` (``to_frame()``). A found cause names a cause id from the
+catalog, how sure we are, the failing ranks, the evidence lines (file and line number),
+the explanation and the fixes; as the problem every layer reports it is
+:attr:`FoundCause.problem`. The diagnosis orders the causes root first and adds a
+per-rank table.
 
-Imports only the standard library and ``nbgpu._render``.
+Imports only the standard library, ``nbgpu._render`` and ``nbgpu.problems``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from html import escape
+import textwrap
+from dataclasses import dataclass
 from typing import Any
 
-from nbgpu._render import Result, Table, fix_html, fixes_html, shorten, wrap
+from nbgpu._render import Blank, Block, Bullets, Line, Pre, Result, Section, Table, Title, shorten
+from nbgpu.problems import Problem
 
 __all__ = ["Diagnosis", "Evidence", "FoundCause", "RankSummary", "SourceSummary"]
 
-STATUSES = ("failure", "no_failure", "empty", "no_logs")
+_HEADS = {"root": "ROOT CAUSE", "consequence": "CONSEQUENCE", "also": "ALSO"}
+_BRIEF_HEADS = {"root": "root cause", "consequence": "consequence", "also": "also seen"}
+_SEVERITIES = {"root": "bad", "consequence": "warn", "also": "warn"}
 
 
 def _ranks_text(ranks: tuple[int, ...]) -> str:
@@ -44,7 +49,17 @@ class Evidence:
         return self.source if self.lineno is None else f"{self.source}:{self.lineno}"
 
     def to_dict(self) -> dict[str, Any]:
+        # The JSON key is "line" (scripts parse it); the field says what it holds.
         return {"source": self.source, "line": self.lineno, "rank": self.rank, "text": self.text}
+
+    def lines(self, indent: str, max_lines: int) -> str:
+        """Where, then the log line wrapped under it in at most *max_lines* lines."""
+        inner = indent + "  "
+        width = 80 - len(inner)
+        lines = textwrap.wrap(self.text, width, break_on_hyphens=False) or [""]
+        if len(lines) > max_lines:
+            lines = [*lines[: max_lines - 1], shorten(lines[max_lines - 1], width - 1) + "…"]
+        return "\n".join([indent + self.where, *(inner + line for line in lines)])
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,7 @@ class FoundCause(Result):
     cause: str  # catalog id: cuda_busy, cuda_oom, ..., unknown
     title: str
     role: str  # root | consequence | also
-    confidence: float  # 0..1: how sure we are that this cause explains the failure
+    confidence: float  # 0..1, rounded to 3 places: how sure we are that it explains the failure
     ranks: tuple[int, ...]  # ranks showing this cause
     first_rank: int | None  # the rank that failed first with it
     evidence: tuple[Evidence, ...]
@@ -72,102 +87,72 @@ class FoundCause(Result):
         node = f" on node {self.first_node}" if self.first_node else ""
         return f"rank {self.first_rank}{node}"
 
+    @property
+    def problem(self) -> Problem:
+        """This cause as the problem doctor, plan and estimate report too: code = cause id,
+        subject = the rank that failed first (else the ranks showing it), the fixes."""
+        subject = self._first() if self.first_rank is not None else _ranks_text(self.ranks)
+        return Problem(
+            _SEVERITIES[self.role],
+            self.cause,
+            subject or "run",
+            f"{self.title}: {self.explanation}",
+            self.fixes,
+        )
+
     def summary(self) -> str:
         """One line: cause, rank, confidence."""
         where = f" on {self._first()}" if self.first_rank is not None else ""
         return f"{self.title} ({self.cause}){where}, confidence {self.confidence:.2f}"
 
-    def text(self) -> str:
-        head = {"root": "ROOT CAUSE", "consequence": "CONSEQUENCE", "also": "ALSO"}[self.role]
-        lines = [_fill(f"{head}: {self.title} [{self.cause}]", "", "  ")]
+    def content(self) -> list[Block]:
+        """The full account (the root cause's): who, why, evidence, specifics, fixes."""
         who = _ranks_text(self.ranks)
-        if self.first_rank is not None and self.role == "root":
+        if self.first_rank is not None and self.root:
             who = f"{self._first()} failed first" + (f" ({who})" if len(self.ranks) > 1 else "")
-        lines.append(f"  {who + ' · ' if who else ''}confidence {self.confidence:.2f}")
-        lines.append(wrap(self.explanation, "  "))
-        if self.evidence:
-            lines.append("  evidence:")
-            for e in self.evidence:
-                lines.append(f"    {e.where}")
-                lines.append(_wrapped_text(e.text, "      ", 3))
-        if self.traceback:
-            lines.append("  traceback (first failing rank):")
-            lines.extend(shorten(f"    {t}", 80) for t in self.traceback)
-        if self.details:
-            lines.append("  specifics:")
-            lines.extend(wrap(d, "    ") for d in self.details)
-        if self.fixes:
-            lines.append("  fix:")
-            lines.extend(wrap(f, "    - ") for f in self.fixes)
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        level = {"root": "bad", "consequence": "warn", "also": "warn"}[self.role]
-        parts = [
-            (
-                f'<div class="nbgpu-finding"><b class="{level}">{escape(self.role.upper())}: '
-                f"{escape(self.title)}</b> <code>{escape(self.cause)}</code> · confidence "
-                f"{self.confidence:.2f}"
-            )
+        level = _SEVERITIES[self.role]
+        blocks: list[Block] = [
+            Line(f"{self.title} [{self.cause}]", label=_HEADS[self.role], level=level),
+            Line(f"{who + ' · ' if who else ''}confidence {self.confidence:.2f}", indent="  "),
+            Line(self.explanation, indent="  "),
         ]
-        who = _ranks_text(self.ranks)
-        if self.first_rank is not None and self.role == "root":
-            who = f"{self._first()} failed first" + (f" ({who})" if len(self.ranks) > 1 else "")
-        if who:
-            parts.append(f"<div>{escape(who)}</div>")
-        parts.append(f"<p>{fix_html(self.explanation)}</p>")
         if self.evidence:
-            table = Table(["where", "line"])
-            for e in self.evidence:
-                table.add(e.where, e.text)
-            parts.append(table.html())
+            blocks.append(Line("evidence:", indent="  "))
+            blocks.append(Pre("\n".join(e.lines("    ", 3) for e in self.evidence)))
         if self.traceback:
-            parts.append("<pre>" + escape("\n".join(self.traceback)) + "</pre>")
+            blocks.append(Line("traceback (first failing rank):", indent="  "))
+            blocks.append(Pre("\n".join(shorten(f"    {t}", 80) for t in self.traceback)))
         if self.details:
-            parts.append(fixes_html(self.details))
+            blocks.append(Bullets(self.details, title="  specifics:", marker="    "))
         if self.fixes:
-            parts.append("<b>fix:</b>" + fixes_html(self.fixes))
-        parts.append("</div>")
-        return "".join(parts)
+            blocks.append(Bullets(self.fixes, title="  fix:", marker="    - "))
+        return [Section(blocks, level=level)]
+
+    def brief(self) -> Section:
+        """Two or three lines, for a cause beside the root (the root gets the detail)."""
+        who = _ranks_text(self.ranks)
+        head = f"{self.title} [{self.cause}]" + (f" on {who}" if who else "")
+        level = _SEVERITIES[self.role]
+        blocks: list[Block] = [
+            Line(f"{head} · confidence {self.confidence:.2f}", label=_BRIEF_HEADS[self.role])
+        ]
+        if self.evidence:
+            blocks.append(Pre(self.evidence[0].lines("  ", 1)))
+        return Section(blocks, level=level)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "cause": self.cause,
-            "title": self.title,
-            "role": self.role,
-            "confidence": round(self.confidence, 3),
-            "ranks": list(self.ranks),
-            "first_rank": self.first_rank,
-            "first_node": self.first_node,
-            "evidence": [e.to_dict() for e in self.evidence],
-            "explanation": self.explanation,
-            "fixes": list(self.fixes),
-            "details": list(self.details),
-            "traceback": list(self.traceback),
-        }
+        return {**super().to_dict(), "evidence": [e.to_dict() for e in self.evidence]}
 
     def records(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "cause": self.cause,
-                "role": self.role,
-                "confidence": round(self.confidence, 3),
-                "first_rank": self.first_rank,
-                "ranks": ",".join(map(str, self.ranks)),
-                "where": e.where,
-                "line": e.text,
-            }
-            for e in self.evidence
-        ] or [
-            {
-                "cause": self.cause,
-                "role": self.role,
-                "confidence": round(self.confidence, 3),
-                "first_rank": self.first_rank,
-                "ranks": ",".join(map(str, self.ranks)),
-                "where": None,
-                "line": None,
-            }
+        row = {
+            "cause": self.cause,
+            "role": self.role,
+            "confidence": self.confidence,
+            "first_rank": self.first_rank,
+            "ranks": ",".join(map(str, self.ranks)),
+        }
+        return [{**row, "where": e.where, "line": e.text} for e in self.evidence] or [
+            {**row, "where": None, "line": None}
         ]
 
 
@@ -181,15 +166,6 @@ class RankSummary:
     cause: str | None
     role: str  # root | secondary | failed | ok | unknown
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "cause": self.cause,
-            "role": self.role,
-        }
-
 
 @dataclass(frozen=True)
 class SourceSummary:
@@ -200,13 +176,12 @@ class SourceSummary:
     bytes: int
     rank: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "lines": self.lines, "bytes": self.bytes, "rank": self.rank}
-
 
 @dataclass(frozen=True)
 class Diagnosis(Result):
     """What ``nbgpu.diagnose()`` returns: the root cause first, then what followed from it."""
+
+    JSON_EXTRAS = ("cause", "headline")
 
     status: str  # failure | no_failure | empty | no_logs
     input: str  # what was diagnosed: a path, "<text>", "run 'name' (dir)"
@@ -217,12 +192,16 @@ class Diagnosis(Result):
     world_size: int | None = None
     inventory: str | None = None  # "simulated fleet 'busy-gpu0'", "host gpu7" when one was used
     elapsed_ms: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def findings(self) -> tuple[FoundCause, ...]:
         """The causes, under the name ``to_dict()`` keeps for them (``"findings"``)."""
         return self.causes
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """Each cause as a :class:`~nbgpu.problems.Problem`, root first."""
+        return tuple(c.problem for c in self.causes)
 
     @property
     def root(self) -> FoundCause | None:
@@ -279,88 +258,26 @@ class Diagnosis(Result):
             )
         return table
 
-    def text(self) -> str:
-        lines = [self._header()]
+    def content(self) -> list[Block]:
+        blocks: list[Block] = [Title(self._header())]
         if self.inventory:
-            lines.append(f"  (GPU facts from {self.inventory})")
+            blocks.append(Line(f"(GPU facts from {self.inventory})", indent="  ", wrap=False))
         if self.root is None:
-            lines.append(self.headline)
+            blocks.append(Line(self.headline))
         for found in self.causes:
-            lines.append("")
-            lines.append(found.text() if found.root else _short(found))
+            blocks += [Blank(), *(found.content() if found.root else [found.brief()])]
         if len(self.ranks) > 1 or any(r.role != "ok" for r in self.ranks):
-            lines.append("")
-            lines.append(self._rank_table().text())
+            blocks += [Blank(), self._rank_table()]
         if self.notes:
-            lines.append("")
-            lines.extend(wrap(n, "note: ") for n in self.notes)
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        parts = [f"<b>{escape(self._header())}</b>"]
-        if self.inventory:
-            parts.append(f"<div><i>GPU facts from {escape(self.inventory)}</i></div>")
-        if self.root is None:
-            parts.append(f"<p>{fix_html(self.headline)}</p>")
-        parts.extend(c.html_body() for c in self.causes)
-        if self.ranks:
-            parts.append(self._rank_table().html())
-        if self.notes:
-            parts.append(fixes_html(self.notes))
-        return "".join(parts)
+            blocks += [Blank(), Bullets(self.notes, marker="note: ")]
+        return blocks
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "cause": self.cause,
-            "headline": self.headline,
-            "input": self.input,
-            "world_size": self.world_size,
-            "findings": [c.to_dict() for c in self.causes],
-            "ranks": [r.to_dict() for r in self.ranks],
-            "sources": [s.to_dict() for s in self.sources],
-            "notes": list(self.notes),
-            "inventory": self.inventory,
-            "elapsed_ms": round(self.elapsed_ms, 1),
-        }
+        data = super().to_dict()
+        del data["causes"]
+        data["findings"] = [c.to_dict() for c in self.causes]  # the key scripts parse
+        data["elapsed_ms"] = round(self.elapsed_ms, 1)
+        return data
 
     def records(self) -> list[dict[str, Any]]:
         return [row for c in self.causes for row in c.records()]
-
-
-def _fill(text: str, first: str, rest: str) -> str:
-    import textwrap  # noqa: PLC0415  (rendering only)
-
-    return textwrap.fill(
-        text, 80, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
-    )
-
-
-def _wrapped_text(text: str, indent: str, max_lines: int) -> str:
-    """A log line wrapped under its location, at most ``max_lines`` lines."""
-    import textwrap  # noqa: PLC0415  (rendering only)
-
-    lines = textwrap.wrap(text, 80 - len(indent), break_on_hyphens=False) or [""]
-    if len(lines) > max_lines:
-        lines = [*lines[: max_lines - 1], shorten(lines[max_lines - 1], 80 - len(indent) - 1) + "…"]
-    return "\n".join(indent + line for line in lines)
-
-
-def _short(found: FoundCause) -> str:
-    """Causes other than the root in two or three lines: the reader needs the root cause's detail."""
-    who = _ranks_text(found.ranks)
-    head = {"consequence": "consequence", "also": "also seen"}.get(found.role, found.role)
-    lines = [
-        _fill(
-            f"{head}: {found.title} [{found.cause}]"
-            + (f" on {who}" if who else "")
-            + f" · confidence {found.confidence:.2f}",
-            "",
-            "  ",
-        )
-    ]
-    if found.evidence:
-        e = found.evidence[0]
-        lines.append(f"  {e.where}")
-        lines.append(_wrapped_text(e.text, "    ", 1))
-    return "\n".join(lines)

@@ -5,7 +5,9 @@ is unknown) with the node's sum of all ranks and the machine's memory and
 ``--mem-limit`` as lines; GPU memory per rank (allocated) when any rank used CUDA; and
 one bar per rank showing its phases, the phase a rank died in marked with a cross.
 Built on ``matplotlib.figure.Figure`` (no pyplot state, no backend switch), so it
-renders the same in a kernel, a terminal (``--png``) and a saved notebook.
+renders the same in a kernel, a terminal (``--png``) and a saved notebook. It draws a
+:class:`~nbgpu.profile.timeline.MemoryTimeline` (the report is one, and shows the
+figure as its own: no import back).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nbgpu.profile.report import MemoryReport
+    from nbgpu.profile.timeline import MemoryTimeline
 
 __all__ = ["draw", "png_bytes"]
 
@@ -23,10 +25,9 @@ _PHASE_COLORS = (
     "#8dd3c7", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5", "#bc80bd",
     "#ccebc5", "#ffed6f",
 )  # fmt: skip
-_STANDARD = ("start", "imports", "wait-imports", "init", "run", "exit")
 
 
-def _phase_colors(report: MemoryReport) -> dict[str, str]:
+def _phase_colors(report: MemoryTimeline) -> dict[str, str]:
     names = []
     for rank in report.ranks:
         for span in sorted(rank.phases, key=lambda s: s.start_t):
@@ -35,7 +36,7 @@ def _phase_colors(report: MemoryReport) -> dict[str, str]:
     return {n: _PHASE_COLORS[i % len(_PHASE_COLORS)] for i, n in enumerate(names)}
 
 
-def draw(report: MemoryReport, *, title: str | None = None) -> Any:  # noqa: PLR0915  (one figure, top to bottom)
+def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: PLR0915  (one figure, top to bottom)
     from matplotlib.figure import Figure  # noqa: PLC0415
 
     ranks = [r for r in report.ranks if r.samples or r.phases]
@@ -162,7 +163,7 @@ def _limit_line(  # noqa: PLR0917  (private; the line's look in one call)
         )
 
 
-def _bands(ax: Any, report: MemoryReport, colors: dict[str, str], *, labels: bool = True) -> None:
+def _bands(ax: Any, report: MemoryTimeline, colors: dict[str, str], *, labels: bool = True) -> None:
     """Shade the top-level phases of the first rank with records, labelled on top."""
     first = next((r for r in report.ranks if r.phases), None)
     if first is None:

@@ -160,7 +160,3 @@ class MemoryFollower:
             return False
         self._last_poll = now
         return True
-
-    def size_on_disk(self) -> int:
-        paths = [self.run_dir / f"mem-rank{rank}.jsonl" for rank in self.ranks]
-        return sum(p.stat().st_size for p in paths if p.is_file())

@@ -3,8 +3,10 @@
 The :class:`Recorder` behind ``nbgpu.phase``: one ``os.write`` per record on an
 ``O_APPEND`` descriptor, so a rank killed by the OOM killer leaves every phase it entered
 and its last samples on disk, and nothing is shared between ranks (no lock, no fsync).
-A sampling thread folds host RSS/USS/PSS (and CUDA figures once the process uses CUDA)
-into the open phases' peaks. Standard library only at import time.
+A sampling thread (:class:`Sampler`) folds host RSS/USS/PSS (and CUDA figures once the
+process uses CUDA) into the open phases' peaks; the training thread never waits for it:
+a sample reads /proc and appends one line on the sampler's own thread, sharing only
+this process's short lock around the phase stack. Standard library only at import time.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from nbgpu.profile import procmem
 
-__all__ = ["DEFAULT_SAMPLE_S", "Recorder", "records_file"]
+__all__ = ["DEFAULT_SAMPLE_S", "Recorder", "Sampler", "records_file"]
 
 DEFAULT_SAMPLE_S = 0.1
 PSS_EVERY_S = 1.0  # samples read USS/PSS (smaps_rollup) at most this often; RSS every time
@@ -52,6 +54,32 @@ class _Open:
     gpu_peak_at_start: int | None = None
 
 
+class Sampler(threading.Thread):
+    """One daemon thread per process: a sample each interval, until stopped or exit."""
+
+    def __init__(self, target: Recorder, interval_s: float) -> None:
+        super().__init__(name="nbgpu-mem-sampler", daemon=True)
+        self._target = target
+        self._interval = interval_s
+        self._stopped = threading.Event()
+        self.count = 0
+        self.cpu_s = 0.0  # this thread's own CPU time: what sampling costs the process
+
+    def run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                self._target.sample()
+            except Exception:  # noqa: BLE001  (profiling must never break the rank)
+                return
+            self.count += 1
+            self.cpu_s = time.thread_time()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=2.0)
+
+
 @dataclass
 class Recorder:
     """One process's phase stack and record sink (file, or memory when ``path`` is None)."""
@@ -68,7 +96,7 @@ class Recorder:
         self._stack: list[_Open] = []
         self._next_id = 0
         self._lock = threading.Lock()  # this process's threads only; never across ranks
-        self._sampler: Any = None
+        self._sampler: Sampler | None = None
         self._samples_taken = 0
         self._next_full = 0.0  # perf_counter time of the next USS/PSS reading
         self.hwm_reset_problem: str | None = None
@@ -259,15 +287,10 @@ class Recorder:
                 self._fold(opened, snap)
         self._emit({"k": "s", **snap})
 
-    def open_phases(self) -> list[str]:
-        return [p.name for p in self._stack]
-
     # -- lifetime ------------------------------------------------------------------
 
     def start_sampling(self) -> None:
         if self.sample_s > 0 and self._sampler is None:
-            from nbgpu.profile.sampler import Sampler  # noqa: PLC0415
-
             self._sampler = Sampler(self, self.sample_s)
             self._sampler.start()
 

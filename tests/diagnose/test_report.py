@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from nbgpu.diagnose import Diagnosis, FoundCause, diagnose
+from nbgpu.problems import Problem
 
 TEXT = (
     "[rank3]: <script>alert(1)</script>\n"
@@ -39,6 +40,7 @@ def test_html_is_escaped_and_complete() -> None:
     bundle = diagnose(TEXT)._repr_mimebundle_()
     html = bundle["text/html"]
     assert "<script>" not in html
+    assert "<style" not in html  # colours inline: untrusted notebooks keep them
     assert "batch_divisibility" in html
     assert "<table" in html
     assert bundle["text/plain"].startswith("nbgpu diagnose")
@@ -65,7 +67,19 @@ def test_dict_json_and_frame() -> None:
     assert finding.to_dict()["fixes"] == list(finding.fixes)
     assert finding.summary().startswith("Batch (or parallel size)")
     assert "evidence:" in finding.text()
-    assert "<p>" in finding.html()
+    html = finding.html()
+    assert "border-left:3px solid #c0392b" in html  # a root cause is ruled red, inline
+    assert "<code>%gpu_plan</code>" in html
+
+
+def test_each_cause_is_a_problem_with_its_fixes() -> None:
+    result = diagnose(TEXT)
+    root, consequence = result.problems
+    assert isinstance(root, Problem)
+    assert (root.severity, root.code, root.subject) == ("bad", "batch_divisibility", "rank 3")
+    assert root.fixes == result.root.fixes
+    assert root.message.startswith("Batch (or parallel size) not divisible by the ranks: ")
+    assert (consequence.severity, consequence.code) == ("warn", "nccl_timeout")
 
 
 def test_no_failure_renders_plainly() -> None:

@@ -156,3 +156,12 @@ def test_the_figure_renders_a_png(tmp_path):
     png = memory_report(tmp_path).png()
     assert png.startswith(b"\x89PNG")
     assert len(png) > 10_000
+    # Drawn in, the figure is part of the report's content: an image in its HTML
+    # (inline, no <style>), a line naming it in text; the plain report draws nothing.
+    report = memory_report(tmp_path)
+    drawn = report.with_figure()
+    assert 'src="data:image/png;base64,iVBOR' in drawn.html()
+    assert "<style" not in drawn.html()
+    assert "figure: memory of run" in drawn.text()
+    assert "<img" not in report.html()
+    assert drawn.text().replace(drawn.text().splitlines()[1] + "\n", "") == report.text()

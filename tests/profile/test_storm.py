@@ -2,8 +2,9 @@
 
 import json
 
-from nbgpu.diagnose.memory import import_storm, memory_details
+from nbgpu.diagnose.enrich import memory_details
 from nbgpu.profile.report import memory_report
+from nbgpu.profile.timeline import import_storm
 
 GIB = 1024**3
 MIB = 1024**2
