@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from nbgpu._serial import to_data
-from nbgpu.devices.fleet import (
+from nbgpu.devices.model import Gpu, GpuProcess
+from nbgpu.devices.sim.fleet import (
     FLEET_FORMAT,
     GPU_FAULTS,
     INIT_ERRORS,
@@ -22,12 +23,11 @@ from nbgpu.devices.fleet import (
     SimGpu,
     SimProcess,
 )
-from nbgpu.devices.model import Gpu, GpuProcess
 from nbgpu.problems import Problem
 
 if TYPE_CHECKING:
-    from nbgpu.devices.fleet import GpuFault, ProcessState
     from nbgpu.devices.inventory import Inventory
+    from nbgpu.devices.sim.fleet import GpuFault, ProcessState
 
 __all__ = ["capture_document", "fleet_gpu"]
 

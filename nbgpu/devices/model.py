@@ -1,12 +1,14 @@
 """The inventory's data types: what nbgpu knows about GPUs and who holds them.
 
 A GPU's MIG instances and row-remapping counters are the same types in the simulated
-fleet (``fleet.py``), whose file a capture of this inventory writes.
+fleet (``sim/fleet.py``), whose file a capture of this inventory writes; several nodes'
+captures make a cluster file (:func:`cluster_nodes`).
 
 Frozen dataclasses with units in field names; ``None`` means "not reported" (NVML
 said NotSupported, or the capability does not exist on this model) — never a magic
 string. ``nvml.py`` fills the hardware fields, ``inventory.py`` adds holders and
-findings. This module imports only the standard library and ``holders``' types.
+findings. This module imports only the standard library, ``nbgpu.errors`` and
+``holders``' types.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from nbgpu.errors import FleetSpecError
+
 if TYPE_CHECKING:  # holders imports psutil; the types module stays light
     from nbgpu.devices.holders import HolderInfo
 
-__all__ = ["Gpu", "GpuProcess", "MigDevice", "RemappedRows"]
+__all__ = ["Gpu", "GpuProcess", "MigDevice", "RemappedRows", "cluster_nodes", "is_cluster"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +107,27 @@ class Gpu:
         if any(b is None for b in attributed):
             return None
         return max(0, self.memory_used_bytes - sum(b or 0 for b in attributed))
+
+
+def is_cluster(data: object) -> bool:
+    """Whether a decoded JSON document is a cluster file (one capture per node, under
+    ``"nodes"``: what ``nbgpu status --slurm --json`` writes)."""
+    return (
+        isinstance(data, dict) and "nbgpu_fleet" not in data and isinstance(data.get("nodes"), list)
+    )
+
+
+def cluster_nodes(data: object, where: str) -> dict[str, dict[str, object]]:
+    """A cluster file's documents by node name, in the file's order."""
+    if not is_cluster(data):
+        raise FleetSpecError(
+            f"{where} is not a cluster file (write one with `nbgpu status --slurm --json`)"
+        )
+    out: dict[str, dict[str, object]] = {}
+    for i, entry in enumerate(data["nodes"]):  # type: ignore[index]
+        if not isinstance(entry, dict) or not isinstance(entry.get("node"), str):
+            raise FleetSpecError(f"{where}: nodes[{i}] has no node name")
+        out[entry["node"]] = entry
+    if not out:
+        raise FleetSpecError(f"{where}: the cluster file lists no node")
+    return out

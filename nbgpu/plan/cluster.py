@@ -41,7 +41,7 @@ _EXPECTED = (
 
 def cluster_candidates(cluster: Any) -> ClusterCandidates:
     """(node → its GPUs as candidates, where they came from, simulated?)."""
-    from nbgpu.devices.fleet_source import cluster_nodes, is_cluster  # noqa: PLC0415
+    from nbgpu.devices.model import cluster_nodes, is_cluster  # noqa: PLC0415
 
     if hasattr(cluster, "to_dict") and hasattr(cluster, "nodes"):
         cluster = cluster.to_dict()  # a ClusterStatus
@@ -70,8 +70,8 @@ def cluster_candidates(cluster: Any) -> ClusterCandidates:
 
 
 def _replayed(data: Mapping[str, Any], path: Path, source: str) -> ClusterCandidates:
-    from nbgpu.devices.fleet_source import cluster_nodes  # noqa: PLC0415
     from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+    from nbgpu.devices.model import cluster_nodes  # noqa: PLC0415
 
     try:
         documents = cluster_nodes(data, f"cluster file {source!r}")

@@ -3,12 +3,10 @@ from typing import get_args
 
 import pytest
 
-from nbgpu.devices import fleet as module
-from nbgpu.devices.fleet import Fleet, fleet_from_dict
-from nbgpu.devices.fleet_source import load_fleet
-from nbgpu.devices.fleetspec import FICTIONAL_PID_BASE, MODELS, parse_spec
 from nbgpu.devices.inventory import take_inventory
-from nbgpu.devices.scenarios import SCENARIOS
+from nbgpu.devices.sim import fleet as module
+from nbgpu.devices.sim.fleet import MODELS, SCENARIOS, Fleet, fleet_from_dict
+from nbgpu.devices.sim.spec import FICTIONAL_PID_BASE, load_fleet, parse_spec
 from nbgpu.errors import FleetSpecError
 
 MIB = 1024 * 1024

@@ -22,13 +22,12 @@ import psutil
 import pytest
 
 from nbgpu.devices.cuda_driver import CudaDriver
-from nbgpu.devices.fleet_source import load_fleet
-from nbgpu.devices.fleetspec import parse_spec
 from nbgpu.devices.health import ProbeReport, probe_devices
 from nbgpu.devices.health import child as health_child
 from nbgpu.devices.health import probe as health_probe
 from nbgpu.devices.health.report import OUTCOMES, outcome_for
-from nbgpu.devices.simulate_cuda import SimulatedCudaLibrary
+from nbgpu.devices.sim.cuda import SimulatedCudaLibrary
+from nbgpu.devices.sim.spec import load_fleet, parse_spec
 from nbgpu.errors import FleetSpecError, UserInputError
 
 BUSY = "CUDA-capable device(s) is/are busy or unavailable"
@@ -261,7 +260,7 @@ def test_real_driver_path_without_a_driver_is_a_clean_outcome():
 
 def test_probe_module_imports_nothing_heavy():
     code = (
-        "import sys, nbgpu.devices.health.child, nbgpu.devices.simulate_cuda\n"
+        "import sys, nbgpu.devices.health.child, nbgpu.devices.sim.cuda\n"
         "print(sorted({'torch', 'pynvml', 'psutil', 'IPython'} & set(sys.modules)))"
     )
     out = subprocess.run(

@@ -11,10 +11,10 @@ import pytest
 from nbgpu._serial import to_data
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices.findings import gpu_health
-from nbgpu.devices.fleet import SimGpu
-from nbgpu.devices.fleet_source import load_fleet
 from nbgpu.devices.inventory import take_inventory
 from nbgpu.devices.model import Gpu
+from nbgpu.devices.sim.fleet import SimGpu
+from nbgpu.devices.sim.spec import load_fleet
 
 
 def inv(spec, base, **kw):

@@ -4,8 +4,8 @@ import pynvml  # noqa: TID251  (the test proves pynvml's own wrappers run on the
 import pytest
 
 from nbgpu.devices import nvml
-from nbgpu.devices.scenarios import SCENARIOS
-from nbgpu.devices.simulate import FakeNvmlLibrary
+from nbgpu.devices.sim.fleet import SCENARIOS
+from nbgpu.devices.sim.nvml import FakeNvmlLibrary
 from nbgpu.errors import NvmlUnavailable
 from tests.conftest import real_nvml_present
 

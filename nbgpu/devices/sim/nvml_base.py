@@ -3,8 +3,8 @@
 pynvml looks each symbol up by name: unknown names answer ``NOT_SUPPORTED`` unless the
 fleet removed them (an old driver), so :class:`FakeLibraryBase` dispatches by name. Here
 too: initialisation (and its scenario failures), the driver's versions, device counts
-and handles, names, UUIDs, PCI and compute capability. ``simulate_device.py`` adds the
-sensors, ``simulate.py`` MIG and processes. Never imports pynvml, psutil or IPython.
+and handles, names, UUIDs, PCI and compute capability. ``nvml.py`` adds the sensors,
+modes, MIG and processes. Never imports pynvml, psutil or IPython.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbgpu.devices.fleet import INIT_ERRORS, Fleet, SimGpu
+from nbgpu.devices.sim.fleet import INIT_ERRORS, Fleet, SimGpu
 
 __all__ = [
     "ERROR_STRINGS",
