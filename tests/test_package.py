@@ -232,7 +232,6 @@ SIM_SEAMS = {
     "devices/nvml.py": "the fake NVML library, when NBGPU_SIMULATE names a fleet",
     "devices/health/child.py": "the fake CUDA driver, in the probe's child",
     "rank/device.py": "what CUDA answers a simulated rank",
-    "devices/capture.py": "the fleet model an inventory is written in",
 }
 
 
@@ -252,8 +251,6 @@ def test_the_simulation_is_imported_only_at_its_seams():
         assert rel in SIM_SEAMS, (
             f"{rel} imports {sorted(sim)}; only the seams may ({sorted(SIM_SEAMS)})"
         )
-        if rel == "devices/capture.py":
-            continue
         top = [
             n
             for n in ast.parse(path.read_text()).body

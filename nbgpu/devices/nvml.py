@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pynvml  # noqa: TID251  (this is the one allowed importer)
 
-from nbgpu.devices.model import Gpu, GpuProcess, MigDevice, RemappedRows
+from nbgpu.devices.model import Gpu, GpuProcess, MigDevice, ObservedProcess, RemappedRows
 from nbgpu.devices.sim import simulated_node, simulation_source
 from nbgpu.errors import GpuLostError, NvmlError, NvmlPermissionError, NvmlUnavailable
 
 if TYPE_CHECKING:  # the simulation loads only when a fleet is asked for
-    from nbgpu.devices.sim.fleet import Fleet, ObservedProcess
+    from nbgpu.devices.sim.fleet import Fleet
 
 __all__ = ["Backend", "SystemSnapshot", "activate", "read_system", "reset"]
 

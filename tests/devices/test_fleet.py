@@ -3,6 +3,7 @@ from typing import get_args
 
 import pytest
 
+from nbgpu.devices import model
 from nbgpu.devices.inventory import take_inventory
 from nbgpu.devices.sim import fleet as module
 from nbgpu.devices.sim.fleet import MODELS, SCENARIOS, Fleet, fleet_from_dict
@@ -192,9 +193,7 @@ def test_every_scenario_survives_the_fleet_file_round_trip(name):
 
 def test_the_fleet_words_are_the_simulators_words():
     assert set(get_args(module.ComputeMode)) == set(module.COMPUTE_MODES)
-    assert set(get_args(module.InitError)) == set(module.INIT_ERRORS)
-    assert set(get_args(module.ProcessState)) == set(module.OBSERVED_STATES)
-    assert set(get_args(module.GpuFault)) == set(module.GPU_FAULTS)
+    assert set(get_args(model.InitError)) == set(model.INIT_ERRORS)
 
 
 def _cluster_file(tmp_path):

@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from nbgpu._render import Result, Table
+from nbgpu._serial import from_data
 from nbgpu.devices.cuda_errors import LIBCUDA_SONAME
+from nbgpu.errors import UserInputError
 
 __all__ = [
     "INIT_OUTCOMES",
@@ -219,6 +221,18 @@ class ProbeReport(Result):
         doc = _renamed(asdict(self), "init_outcome", "init_verdict")
         doc["results"] = [_result_dict(r) for r in self.results]
         return doc
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "probe JSON") -> ProbeReport:
+        """The report :meth:`to_dict` wrote (a capture's ``probe``)."""
+        if not isinstance(data, dict):
+            raise UserInputError(f"{where}: probe is not an object")
+        doc = _renamed(data, "init_verdict", "init_outcome")
+        results = doc.get("results") or []
+        doc["results"] = [
+            _renamed(r, "verdict", "outcome") if isinstance(r, dict) else r for r in results
+        ]
+        return from_data(cls, doc, where="probe", prefix=where)
 
     def records(self) -> list[dict[str, Any]]:
         return [_result_dict(r) for r in self.results]

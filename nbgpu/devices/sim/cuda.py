@@ -47,8 +47,9 @@ from nbgpu.devices.cuda_errors import (
     CUDA_SUCCESS,
     LIBCUDA_SONAME,
 )
+from nbgpu.devices.model import MigDevice
 from nbgpu.devices.sim import simulated_node
-from nbgpu.devices.sim.fleet import Fleet, MigDevice, SimGpu
+from nbgpu.devices.sim.fleet import Fleet, SimGpu
 from nbgpu.devices.sim.spec import load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 

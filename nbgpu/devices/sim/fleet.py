@@ -24,29 +24,27 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nbgpu._serial import from_data, to_data
-from nbgpu.devices.model import MigDevice, RemappedRows
+from nbgpu.devices.model import (
+    FLEET_FORMAT,
+    GpuFault,
+    InitError,
+    MigDevice,
+    ProcessRecord,
+    RemappedRows,
+)
 from nbgpu.errors import FleetSpecError
 
 __all__ = [
     "COMPUTE_MODES",
     "FLEETS_DIR",
-    "FLEET_FORMAT",
-    "INIT_ERRORS",
     "MIG_1G_BYTES",
     "MODELS",
     "OLD_DRIVER_MISSING",
     "SCENARIOS",
     "ComputeMode",
     "Fleet",
-    "GpuFault",
     "GpuModel",
-    "InitError",
-    "MigDevice",
-    "ObservedProcess",
-    "ProcessState",
-    "RemappedRows",
     "SimGpu",
-    "SimProcess",
     "bus_id_for",
     "fleet_from_dict",
     "scenario",
@@ -54,7 +52,6 @@ __all__ = [
     "uuid_for",
 ]
 
-FLEET_FORMAT = 1
 MIB = 1024 * 1024
 
 #: NVML compute modes, by the names nbgpu uses everywhere (value = NVML constant).
@@ -65,56 +62,8 @@ COMPUTE_MODES: Mapping[str, int] = {
     "exclusive_process": 3,
 }
 
-#: How NVML initialisation can fail, by name, with NVML's return code.
-INIT_ERRORS: Mapping[str, int] = {
-    "no_permission": 4,
-    "driver_not_loaded": 9,
-    "library_not_found": 12,
-    "lib_rm_version_mismatch": 18,
-    "unknown": 999,
-}
-
-#: The words a fleet file may use for each of these (read by their type: ``_serial.py``).
+#: The words a fleet file may use for a compute mode (read by their type: ``_serial.py``).
 ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
-GpuFault = Literal["lost", "no_permission"]
-InitError = Literal[
-    "no_permission", "driver_not_loaded", "library_not_found", "lib_rm_version_mismatch", "unknown"
-]
-ProcessState = Literal[
-    "running", "sleeping", "disk-sleep", "stopped", "zombie", "dead", "other_namespace"
-]
-
-#: Process states an ``observed`` record may carry.
-OBSERVED_STATES = frozenset(
-    {"running", "sleeping", "disk-sleep", "stopped", "zombie", "dead", "other_namespace"}
-)
-
-GPU_FAULTS = frozenset({"lost", "no_permission"})
-
-
-@dataclass(frozen=True)
-class ObservedProcess:
-    """What was seen of a process where the fleet was captured (not looked up here)."""
-
-    state: ProcessState
-    user: str | None = None
-    command: str | None = None
-    visible_devices: str | None = None  # its CUDA_VISIBLE_DEVICES, if it was readable
-    start_time: float | None = None  # seconds since the epoch
-
-
-@dataclass(frozen=True)
-class SimProcess:
-    """A process that NVML reports on a GPU."""
-
-    pid: int
-    used_bytes: int | None = None  # None: NVML cannot tell (MIG without privileges, WDDM)
-    kind: Literal["compute", "graphics"] = "compute"
-    observed: ObservedProcess | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.pid, bool) or self.pid <= 0:
-            raise ValueError(f"pid = {self.pid}; expected a positive pid")
 
 
 @dataclass(frozen=True)
@@ -143,7 +92,7 @@ class SimGpu:
     compute_capability: tuple[int, int] = (8, 0)
     pci_device_id: int = 0
     fault: GpuFault | None = None  # NVML fails on this handle
-    processes: tuple[SimProcess, ...] = ()
+    processes: tuple[ProcessRecord, ...] = ()
     # What creating a CUDA context on this GPU returns (CUDA driver error code).
     # None means "derive it": busy (46) when exclusive and held, or prohibited.
     cuda_error: int | None = None
@@ -312,7 +261,13 @@ def _with_position_defaults(gpu: dict[str, Any], position: int) -> dict[str, Any
         "uuid": uuid_for(f"json/{position}"),
         "pci_bus_id": bus_id_for(position),
     }
-    return {**gpu, **{k: v for k, v in defaults.items() if gpu.get(k) is None}}
+    # A capture writes null for what NVML could not read (a lost GPU's name and size).
+    unread = {"name": "Unknown GPU", "memory_total_bytes": 0}
+    return {
+        **gpu,
+        **{k: v for k, v in defaults.items() if gpu.get(k) is None},
+        **{k: v for k, v in unread.items() if k in gpu and gpu[k] is None},
+    }
 
 
 def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:

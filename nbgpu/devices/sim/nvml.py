@@ -27,7 +27,8 @@ import math
 import time
 from typing import Any
 
-from nbgpu.devices.sim.fleet import COMPUTE_MODES, SimGpu, SimProcess
+from nbgpu.devices.model import ProcessRecord
+from nbgpu.devices.sim.fleet import COMPUTE_MODES, SimGpu
 from nbgpu.devices.sim.nvml_base import (
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
@@ -265,7 +266,7 @@ class FakeNvmlLibrary(FakeLibraryBase):
             return code
         procs = [p for p in h.gpu.processes if p.kind == kind] if h.mig is None else []
         if kind == "compute" and h.mig is None:
-            procs += [SimProcess(r.pid, r.rss_bytes) for r in self._ranks(h.gpu)]
+            procs += [ProcessRecord(r.pid, r.rss_bytes) for r in self._ranks(h.gpu)]
         count = target(count_ref)
         if not procs:
             count.value = 0

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbgpu.devices.sim.fleet import INIT_ERRORS, Fleet, SimGpu
+from nbgpu.devices.model import INIT_ERRORS
+from nbgpu.devices.sim.fleet import Fleet, SimGpu
 
 __all__ = [
     "ERROR_STRINGS",

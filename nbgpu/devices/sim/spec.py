@@ -22,9 +22,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
-from nbgpu.devices.model import cluster_nodes, is_cluster
-from nbgpu.devices.sim.fleet import (
+from nbgpu.devices.model import (
     INIT_ERRORS,
+    InitError,
+    MigDevice,
+    ObservedProcess,
+    ProcessRecord,
+    ProcessState,
+    RemappedRows,
+    cluster_nodes,
+    is_cluster,
+)
+from nbgpu.devices.sim.fleet import (
     MIB,
     MIG_1G_BYTES,
     MODELS,
@@ -33,13 +42,7 @@ from nbgpu.devices.sim.fleet import (
     ComputeMode,
     Fleet,
     GpuModel,
-    InitError,
-    MigDevice,
-    ObservedProcess,
-    ProcessState,
-    RemappedRows,
     SimGpu,
-    SimProcess,
     bus_id_for,
     fleet_from_dict,
     scenario,
@@ -241,7 +244,7 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
             }
             state = states[key]
             for idx in _indices(key, value, count):
-                holder = SimProcess(
+                holder = ProcessRecord(
                     pid=next_pid,
                     used_bytes=min(29000 * MIB, gpus[idx].memory_total_bytes // 2),
                     observed=ObservedProcess(
@@ -268,7 +271,7 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
                         f"fleet spec: holder={item!r}; expected holder=GPU:PID such as holder=0:1234"
                     )
                 (idx,) = _indices("holder", gpu_text, count)
-                proc = SimProcess(pid=int(pid_text), used_bytes=1024 * MIB)
+                proc = ProcessRecord(pid=int(pid_text), used_bytes=1024 * MIB)
                 gpus[idx] = replace(gpus[idx], processes=(*gpus[idx].processes, proc))
         elif key == "lost":
             for idx in _indices(key, value, count):
@@ -299,7 +302,7 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
                 raise FleetSpecError(f"fleet spec: procs={value!r}; expected a whole number")
             for n in range(int(value)):
                 idx = n % count
-                proc = SimProcess(
+                proc = ProcessRecord(
                     pid=next_pid,
                     used_bytes=(512 + 64 * n) * MIB,
                     observed=ObservedProcess(
