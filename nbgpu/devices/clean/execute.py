@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import psutil
 
 from nbgpu._deadline import wait_gone
-from nbgpu.devices.clean.plan import CleanCandidate, CleanPlan, wrap_line
-from nbgpu.devices.holders import PrettyPrinter
+from nbgpu._render import Block, Line, Result
+from nbgpu.devices.clean.plan import CleanCandidate, CleanPlan, wrapped
 from nbgpu.errors import UserInputError
 
 __all__ = ["CleanOutcome", "CleanReport", "execute_clean"]
@@ -39,7 +39,7 @@ class CleanOutcome:
 
 
 @dataclass(frozen=True)
-class CleanReport:
+class CleanReport(Result):
     """The plan, whether it was carried out, and each candidate's outcome."""
 
     plan: CleanPlan
@@ -52,22 +52,23 @@ class CleanReport:
         """True when no candidate's outcome is a failure."""
         return not any(o.result.startswith("failed") for o in self.outcomes)
 
-    def text(self) -> str:
-        lines = [self.plan.text()]
+    def content(self) -> list[Block]:
+        blocks = self.plan.content()
         if not self.plan.candidates:
-            lines.append("Nothing to stop.")
-        elif self.dry_run:
-            lines.append("Dry run: nothing was signalled.")
-        elif not self.confirmed:
-            lines.append("Not confirmed: nothing was signalled.")
-        else:
-            lines.append("Outcome:")
-            for o in self.outcomes:
-                lines.extend(wrap_line(f"pid {o.pid}: {o.result}", indent="  "))
-        return "\n".join(lines)
-
-    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:  # noqa: ARG002  (IPython's signature)
-        p.text(self.text())
+            return [*blocks, Line("Nothing to stop.")]
+        if self.dry_run or not self.confirmed:
+            why = "Dry run" if self.dry_run else "Not confirmed"
+            return [*blocks, Line(f"{why}: nothing was signalled.")]
+        return [
+            *blocks,
+            Line("Outcome:"),
+            *(
+                wrapped(
+                    f"pid {o.pid}: {o.result}", "  ", "bad" if o.result.startswith("failed") else ""
+                )
+                for o in self.outcomes
+            ),
+        ]
 
 
 # --------------------------------------------------------------------------- executing

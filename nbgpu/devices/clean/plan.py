@@ -15,18 +15,18 @@ from dataclasses import dataclass
 
 import psutil
 
-from nbgpu.devices.holders import HolderInfo, PrettyPrinter, describe_pid
+from nbgpu._render import Block, Line, Result, Section, Title
+from nbgpu.devices.holders import HolderInfo, describe_pid
 
-__all__ = ["CleanCandidate", "CleanPlan", "Skipped", "plan_clean", "wrap_line"]
+__all__ = ["CleanCandidate", "CleanPlan", "Skipped", "plan_clean", "wrapped"]
 
 _WIDTH = 80
-_INDENT = " " * 6
 
 
-def wrap_line(text: str, indent: str = _INDENT) -> list[str]:
-    return textwrap.wrap(
-        text, width=_WIDTH, initial_indent=indent, subsequent_indent=indent + "  "
-    ) or [indent]
+def wrapped(text: str, indent: str = " " * 6, level: str = "") -> Line:
+    """A sentence under its holder's line, continued two columns further in."""
+    lines = textwrap.wrap(text, _WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    return Line("\n".join(lines) or indent, wrap=False, level=level)
 
 
 def _clip(text: str, width: int) -> str:
@@ -70,36 +70,39 @@ class Skipped:
 
 
 @dataclass(frozen=True)
-class CleanPlan:
+class CleanPlan(Result):
     """What :func:`execute_clean` would stop, and what it leaves alone and why."""
 
     candidates: tuple[CleanCandidate, ...]
     skipped: tuple[Skipped, ...]
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         """The listing shown before anything is signalled; fits 80 columns."""
         if not self.candidates and not self.skipped:
-            return "nbgpu clean: no process holds a GPU or a /dev/nvidia* file."
-        lines = [
-            (
+            return [Title("nbgpu clean: no process holds a GPU or a /dev/nvidia* file.")]
+        blocks: list[Block] = [
+            Title(
                 f"nbgpu clean: {len(self.candidates)} stale process(es) of yours to stop, "
                 f"{len(self.skipped)} left alone."
             )
         ]
-        if self.candidates:
-            lines.append("To stop (SIGTERM, then SIGKILL if still running):")
-            for c in self.candidates:
-                lines.append(_head_line(c.holder, c.gpus))
-                lines.extend(wrap_line(c.reason))
-        if self.skipped:
-            lines.append("Left alone:")
-            for s in self.skipped:
-                lines.append(_head_line(s.holder, s.gpus))
-                lines.extend(wrap_line(s.reason))
-        return "\n".join(lines)
-
-    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:  # noqa: ARG002  (IPython's signature)
-        p.text(self.text())
+        for title, group, level in (
+            ("To stop (SIGTERM, then SIGKILL if still running):", self.candidates, "warn"),
+            ("Left alone:", self.skipped, ""),
+        ):
+            if group:
+                blocks.append(Line(title, wrap=False))
+            blocks += [
+                Section(
+                    [
+                        Line(_head_line(h.holder, h.gpus), wrap=False),
+                        wrapped(h.reason),
+                    ],
+                    level=level,
+                )
+                for h in group
+            ]
+        return blocks
 
 
 # --------------------------------------------------------------------------- planning

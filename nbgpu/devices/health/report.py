@@ -7,13 +7,11 @@ Standard library and ``nbgpu._render`` only: no processes, no driver.
 
 from __future__ import annotations
 
-import html
-import textwrap
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from nbgpu._render import Result, Table
+from nbgpu._render import Block, Bullets, Result, Table, Title
 from nbgpu._serial import from_data
 from nbgpu.devices.cuda_errors import LIBCUDA_SONAME
 from nbgpu.errors import UserInputError
@@ -155,9 +153,9 @@ class ProbeReport(Result):
     def for_cuda_index(self, cuda_index: int) -> ProbeResult | None:
         return next((r for r in self.results if r.cuda_index == cuda_index), None)
 
-    def _title(self, *, label_simulated: bool = True) -> str:
+    def _title(self) -> str:
         parts = ["CUDA probe"]
-        if self.simulated and label_simulated:
+        if self.simulated:
             parts.append("SIMULATED")
         if self.driver_version:
             major, minor = self.driver_version // 1000, (self.driver_version % 1000) // 10
@@ -167,8 +165,8 @@ class ProbeReport(Result):
         parts.append(f"{self.elapsed_ms / 1000:.2f} s")
         return " · ".join(parts)
 
-    def _table(self, title: str | None) -> Table:
-        table = Table(["cuda", "GPU", "name", "outcome", "detail"], title=title)
+    def _table(self) -> Table:
+        table = Table(["cuda", "GPU", "name", "outcome", "detail"])
         for r in self.results:
             detail = (
                 f"context in {_ms(r.elapsed_ms)}" if r.ok else f"{r.error_name or r.cuda_error}"
@@ -200,22 +198,12 @@ class ProbeReport(Result):
             lines.append(_sentences(f"{where}: {code}: {r.message}", OUTCOMES.get(r.outcome, "")))
         return lines
 
-    def text(self) -> str:
-        wrap = textwrap.TextWrapper(80, initial_indent="! ", subsequent_indent="  ")
-        wrap.break_on_hyphens = False  # keep UUIDs and error names whole
-        notes = [wrap.fill(n) for n in self.notes()]
-        if self.init_error is not None:
-            return "\n".join([self._title(), *notes])
-        return "\n".join([self._table(self._title()).text(), *notes])
-
-    def html_body(self) -> str:
-        # The simulation label is styled in HTML, so it is not repeated in the title.
-        label = '<span class="nbgpu-sim">SIMULATED</span> ' if self.simulated else ""
-        title = f"<div>{label}{html.escape(self._title(label_simulated=False))}</div>"
-        items = "".join(f'<li class="bad">{html.escape(n)}</li>' for n in self.notes())
-        notes = f"<ul>{items}</ul>" if items else ""
-        table = "" if self.init_error is not None else self._table(None).html()
-        return f"{title}{table}{notes}"
+    def content(self) -> list[Block]:
+        blocks: list[Block] = [Title(self._title(), simulated=self.simulated)]
+        if self.init_error is None:
+            blocks.append(self._table())
+        # One sentence per problem; UUIDs and error names are never broken.
+        return [*blocks, Bullets(self.notes(), marker="! ", level="bad")]
 
     def to_dict(self) -> dict[str, Any]:
         doc = _renamed(asdict(self), "init_outcome", "init_verdict")

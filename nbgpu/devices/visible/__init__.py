@@ -23,11 +23,11 @@ psutil, torch or IPython.
 from __future__ import annotations
 
 import re
-import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nbgpu._render import Block, Bullets, Line, Result
 from nbgpu.devices.visible.entries import Bad, Target, resolve_entry, short_uuid
 from nbgpu.errors import VisibleDevicesError
 
@@ -77,7 +77,7 @@ class VisibleDevice:
 
 
 @dataclass(frozen=True)
-class VisibleMap:
+class VisibleMap(Result):
     """The logical CUDA devices a process with a given environment sees."""
 
     raw: str | None  # the CUDA_VISIBLE_DEVICES value (None = unset)
@@ -97,35 +97,20 @@ class VisibleMap:
         """The first logical ordinal that uses physical GPU ``nvml_index``, if any."""
         return next((d.cuda_index for d in self.devices if d.nvml_index == nvml_index), None)
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         """Readable at 80 columns: one line per logical device, then the problems."""
         setting = f"{self.key}={self.raw!r}" if self.raw is not None else f"{self.key} unset"
-        lines = [f"{setting}, order {self.order}"]
+        blocks: list[Block] = [Line(f"{setting}, order {self.order}", wrap=False)]
         for d in self.devices:
             instance = f" {short_uuid(d.mig_uuid)}" if d.mig_uuid else ""
-            lines.append(
-                f"cuda:{d.cuda_index} -> GPU {d.nvml_index}{instance} ({short_uuid(d.uuid)})"
-            )
+            where = f"GPU {d.nvml_index}{instance} ({short_uuid(d.uuid)})"
+            blocks.append(Line(f"cuda:{d.cuda_index} -> {where}", wrap=False))
         if not self.devices:
-            lines.append("CUDA sees no GPU")
+            blocks.append(Line("CUDA sees no GPU", wrap=False))
         if self.stopped_at is not None:
-            lines.append(f"CUDA stops reading at entry {self.stopped_at!r}")
-        # Keep UUIDs whole: a wrapped UUID cannot be copied back into the environment.
-        wrap = textwrap.TextWrapper(
-            width=80,
-            initial_indent="! ",
-            subsequent_indent="  ",
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
-        lines.extend(wrap.fill(p) for p in self.problems)
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.text()
-
-    def _repr_pretty_(self, p: Any, _cycle: bool) -> None:  # IPython passes both positionally
-        p.text(self.text())
+            blocks.append(Line(f"CUDA stops reading at entry {self.stopped_at!r}", wrap=False))
+        # Wrapped at spaces only: a broken UUID cannot be copied back into the environment.
+        return [*blocks, Bullets(self.problems, marker="! ", level="warn")]
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
