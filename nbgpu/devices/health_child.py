@@ -1,4 +1,4 @@
-"""The probe's child process: ``python -m nbgpu.devices.health.child``.
+"""The probe's child process: ``python -m nbgpu.devices.health_child``.
 
 It loads the driver (the real ``libcuda.so.1``, or the simulated fleet's library when
 ``NBGPU_SIMULATE`` is set), creates and at once releases the primary context of each
@@ -147,7 +147,7 @@ def _die_with_parent() -> None:
 
 
 def _child_main() -> int:
-    """``python -m nbgpu.devices.health.child``: probe, print one JSON document on stdout."""
+    """``python -m nbgpu.devices.health_child``: probe, print one JSON document on stdout."""
     _die_with_parent()
     doc = _probe_in_process(os.environ)
     sys.stdout.write(json.dumps(doc) + "\n")
