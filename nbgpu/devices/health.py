@@ -174,9 +174,6 @@ class ProbeReport(Result):
         """The first result on physical GPU ``nvml_index`` (None: not probed or not matched)."""
         return next((r for r in self.results if r.nvml_index == nvml_index), None)
 
-    def for_cuda_index(self, cuda_index: int) -> ProbeResult | None:
-        return next((r for r in self.results if r.cuda_index == cuda_index), None)
-
     def _title(self) -> str:
         parts = ["CUDA probe"]
         if self.simulated:

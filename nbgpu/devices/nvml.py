@@ -54,13 +54,6 @@ class Backend:
 
     simulated: bool
     fleet: Fleet | None
-    source: str | None  # the NBGPU_SIMULATE value
-
-    @property
-    def label(self) -> str:
-        if not self.simulated or self.fleet is None:
-            return "NVML"
-        return f"simulated fleet '{self.fleet.name}'"
 
     # What NVML itself cannot say. On hardware the process table and the inventory
     # answer; a simulated fleet answers from its file, so callers never ask which it is.
@@ -162,7 +155,7 @@ def _select(environ: Mapping[str, str]) -> Backend:
         _install(library)
         _state.update(
             key=(source, node),
-            backend=Backend(simulated=fleet is not None, fleet=fleet, source=source),
+            backend=Backend(simulated=fleet is not None, fleet=fleet),
             library=library,
             initialised=False,
         )

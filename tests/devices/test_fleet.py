@@ -83,7 +83,7 @@ def test_driver_options_and_old_driver():
         ("4xA40,mig=0", "does not support MIG"),
         ("4xA40,init=boom", "init='boom'"),
         ("4xA40,holder=0", "expected holder=GPU:PID"),
-        ("4xA40,used=0:lots", "is not a size"),
+        ("4xA40,used=0:lots", "used=0:'lots': expected a size"),
         ("4xA40,cuda=twelve", "cuda='twelve'"),
     ],
 )

@@ -49,7 +49,8 @@ from nbgpu.devices.sim.fleet import (
     scenario_key,
     uuid_for,
 )
-from nbgpu.errors import FleetSpecError
+from nbgpu.errors import FleetSpecError, UserInputError
+from nbgpu.sizes import parse_size
 
 __all__ = ["FICTIONAL_PID_BASE", "apply_options", "load_fleet", "parse_spec"]
 
@@ -160,16 +161,6 @@ def _indices(key: str, value: str, count: int) -> list[int]:
             )
         out.append(idx)
     return out
-
-
-def _size_bytes(text: str) -> int:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?", text.strip(), re.IGNORECASE)
-    if not m:
-        raise FleetSpecError(f"fleet spec: {text!r} is not a size; expected e.g. 29000MiB or 28GiB")
-    number = float(m.group(1))
-    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
-    scale = {"": 1, "K": 1024, "M": MIB, "G": 1024 * MIB, "T": 1024 * 1024 * MIB}[unit]
-    return int(number * scale)
 
 
 def parse_spec(spec: str) -> Fleet:
@@ -314,7 +305,11 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
         elif key == "used":
             gpu_text, _, size_text = value.partition(":")
             (idx,) = _indices("used", gpu_text, count)
-            gpus[idx] = replace(gpus[idx], memory_used_bytes=_size_bytes(size_text))
+            try:  # nbgpu's one size parser: 20G and 20GiB are 20 GiB, 20GB is 20·10⁹
+                used = parse_size(size_text, f"fleet spec: used={gpu_text}:")
+            except UserInputError as exc:
+                raise FleetSpecError(str(exc)) from None
+            gpus[idx] = replace(gpus[idx], memory_used_bytes=used)
         elif key == "driver":
             if not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
                 raise FleetSpecError(f"fleet spec: driver={value!r}; expected e.g. 550.163.01")
