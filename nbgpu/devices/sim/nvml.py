@@ -39,6 +39,7 @@ from nbgpu.devices.sim.nvml_base import (
     SUCCESS,
     FakeLibraryBase,
     Handle,
+    device_number,
     store,
     target,
     write_pointer,
@@ -113,12 +114,7 @@ class FakeNvmlLibrary(FakeLibraryBase):
         util.memory = max(h.gpu.utilization_memory_pct, round(60 * load))
         return SUCCESS
 
-    def _nvmlDeviceGetTemperature(self, handle: Any, _sensor: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        store(ref, h.gpu.temperature_c)
-        return SUCCESS
+    _nvmlDeviceGetTemperature = device_number(lambda h: h.gpu.temperature_c)
 
     def _nvmlDeviceGetTemperatureV(self, handle: Any, ref: Any) -> int:
         # The versioned call newer tools (nvitop) prefer; same reading, struct out.
@@ -128,54 +124,19 @@ class FakeNvmlLibrary(FakeLibraryBase):
         target(ref).temperature = h.gpu.temperature_c
         return SUCCESS
 
-    def _nvmlDeviceGetPerformanceState(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        busy = h.gpu.utilization_gpu_pct > 0 or bool(h.gpu.processes)
-        store(ref, 0 if busy else 8)  # P0 under load, P8 idle, as real boards report
-        return SUCCESS
-
-    def _nvmlDeviceGetPowerUsage(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        store(ref, round(h.gpu.power_w * 1000))
-        return SUCCESS
-
-    def _nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        store(ref, round(h.gpu.power_limit_w * 1000))
-        return SUCCESS
-
+    # P0 under load, P8 idle, as real boards report.
+    _nvmlDeviceGetPerformanceState = device_number(
+        lambda h: 0 if h.gpu.utilization_gpu_pct > 0 or h.gpu.processes else 8
+    )
+    _nvmlDeviceGetPowerUsage = device_number(lambda h: round(h.gpu.power_w * 1000))
+    _nvmlDeviceGetEnforcedPowerLimit = device_number(lambda h: round(h.gpu.power_limit_w * 1000))
     _nvmlDeviceGetPowerManagementLimit = _nvmlDeviceGetEnforcedPowerLimit
-
-    def _nvmlDeviceGetComputeMode(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        store(ref, COMPUTE_MODES[h.gpu.compute_mode])
-        return SUCCESS
-
-    def _nvmlDeviceGetPersistenceMode(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        store(ref, 1 if h.gpu.persistence_mode else 0)
-        return SUCCESS
+    _nvmlDeviceGetComputeMode = device_number(lambda h: COMPUTE_MODES[h.gpu.compute_mode])
+    _nvmlDeviceGetPersistenceMode = device_number(lambda h: int(h.gpu.persistence_mode))
 
     # -- health ------------------------------------------------------------------
 
-    def _nvmlDeviceGetTotalEccErrors(self, handle: Any, _kind: Any, _counter: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        if h.gpu.ecc_uncorrected_volatile is None:
-            return NOT_SUPPORTED
-        store(ref, h.gpu.ecc_uncorrected_volatile)
-        return SUCCESS
+    _nvmlDeviceGetTotalEccErrors = device_number(lambda h: h.gpu.ecc_uncorrected_volatile)
 
     def _nvmlDeviceGetRemappedRows(
         self, handle: Any, corr: Any, unc: Any, pending: Any, failure: Any
@@ -192,14 +153,9 @@ class FakeNvmlLibrary(FakeLibraryBase):
         store(failure, int(rows.failure))
         return SUCCESS
 
-    def _nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        if h.gpu.retired_pages_pending is None:
-            return NOT_SUPPORTED
-        store(ref, int(h.gpu.retired_pages_pending))
-        return SUCCESS
+    _nvmlDeviceGetRetiredPagesPendingStatus = device_number(
+        lambda h: None if h.gpu.retired_pages_pending is None else int(h.gpu.retired_pages_pending)
+    )
 
     # -- MIG -----------------------------------------------------------------------
 
@@ -213,14 +169,9 @@ class FakeNvmlLibrary(FakeLibraryBase):
         store(pending, int(h.gpu.mig_enabled))
         return SUCCESS
 
-    def _nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        if h.gpu.mig_enabled is None:
-            return NOT_SUPPORTED
-        store(ref, len(h.gpu.mig_devices))
-        return SUCCESS
+    _nvmlDeviceGetMaxMigDeviceCount = device_number(
+        lambda h: None if h.gpu.mig_enabled is None else len(h.gpu.mig_devices)
+    )
 
     def _nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, ref: Any) -> int:
         code, h = self._device(handle)
@@ -233,12 +184,7 @@ class FakeNvmlLibrary(FakeLibraryBase):
                 return SUCCESS
         return NOT_FOUND
 
-    def _nvmlDeviceIsMigDeviceHandle(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        store(ref, int(h.mig is not None))
-        return SUCCESS
+    _nvmlDeviceIsMigDeviceHandle = device_number(lambda h: int(h.mig is not None))
 
     def _nvmlDeviceGetGpuInstanceId(self, handle: Any, ref: Any) -> int:
         code, h = self._device(handle)

@@ -33,6 +33,7 @@ __all__ = [
     "FakeLibraryBase",
     "Handle",
     "address_of",
+    "device_number",
     "store",
     "target",
     "write_pointer",
@@ -109,6 +110,23 @@ class Handle:
     @property
     def address(self) -> int:
         return ctypes.addressof(self.token)
+
+
+def device_number(read: Callable[[Handle], int | None]) -> Callable[..., int]:
+    """An NVML getter of one number about a device, written through its last argument
+    (``nvmlDeviceGetX(handle, [...,] ref)``); None from *read*: NOT_SUPPORTED."""
+
+    def query(self: FakeLibraryBase, handle: Any, *args: Any) -> int:
+        code, h = self._device(handle)
+        if h is None:
+            return code
+        value = read(h)
+        if value is None:
+            return NOT_SUPPORTED
+        store(args[-1], value)
+        return SUCCESS
+
+    return query
 
 
 class FakeLibraryBase:
@@ -257,12 +275,7 @@ class FakeLibraryBase:
                 return SUCCESS
         return NOT_FOUND
 
-    def _nvmlDeviceGetIndex(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        store(ref, h.gpu.index)
-        return SUCCESS
+    _nvmlDeviceGetIndex = device_number(lambda h: h.gpu.index)
 
     # -- identity ----------------------------------------------------------------
 
