@@ -2,7 +2,7 @@
 
     python bench/with_fleet.py [--trace] SPEC -- TOOL [ARGS...]
 
-Installs ``nbgpu.devices.simulate.FakeNvmlLibrary(load_fleet(SPEC))`` as
+Installs ``nbgpu.devices.sim.nvml.FakeNvmlLibrary(load_fleet(SPEC))`` as
 ``pynvml.nvmlLib`` *before* the tool imports or initialises NVML, then runs the
 tool's console entry point in this process with ``sys.argv`` set, exactly as its
 ``bin/`` script would. pynvml only loads ``libnvidia-ml.so.1`` while ``nvmlLib`` is
@@ -27,8 +27,8 @@ from typing import Any
 
 import pynvml  # noqa: TID251  (the shim's whole job is to patch pynvml)
 
-from nbgpu.devices.fleet_source import load_fleet
-from nbgpu.devices.simulate import FakeNvmlLibrary
+from nbgpu.devices.sim.nvml import FakeNvmlLibrary
+from nbgpu.devices.sim.spec import load_fleet
 
 USAGE = "usage: with_fleet.py [--trace] SPEC -- {gpustat|nvitop|none} [ARGS...]"
 MISSING = "missing"  # the fake does not export the symbol (pynvml: FunctionNotFound)

@@ -266,7 +266,7 @@ def _is_cluster_file(fleet: str | None) -> bool:
     import json  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from nbgpu.devices.fleet_source import is_cluster  # noqa: PLC0415
+    from nbgpu.devices.model import is_cluster  # noqa: PLC0415
 
     try:
         return is_cluster(json.loads(Path(fleet).expanduser().read_text(encoding="utf-8")))

@@ -184,7 +184,7 @@ STDLIB_ONLY = (
     "_backends.py",
     "_deadline.py",
     "_lineage.py",
-    "devices/simenv.py",
+    "devices/sim/__init__.py",
     "devices/cuda_errors.py",
     "launch/channel.py",
     "launch/slurm_node.py",
@@ -219,9 +219,44 @@ def test_process_level_helpers_import_the_standard_library_only():
 
 def test_the_cuda_driver_and_its_simulation_do_not_import_each_other():
     driver = _nbgpu_imports(PACKAGE / "devices" / "cuda_driver.py")
-    simulation = _nbgpu_imports(PACKAGE / "devices" / "simulate_cuda.py")
-    assert not {m for m in driver if m.startswith("nbgpu.devices.simulate")}
+    simulation = _nbgpu_imports(PACKAGE / "devices" / "sim" / "cuda.py")
+    assert not {m for m in driver if m.startswith("nbgpu.devices.sim")}
     assert not {m for m in simulation if m.startswith("nbgpu.devices.cuda_driver")}
+
+
+# The simulation is fenced in devices/sim/: outside it, only these seams import its modules,
+# and only inside the function a simulation calls (never at module top). The package's own
+# module, nbgpu.devices.sim, is the switch (NBGPU_SIMULATE, standard library only): anyone
+# may read it.
+SIM_SEAMS = {
+    "devices/nvml.py": "the fake NVML library, when NBGPU_SIMULATE names a fleet",
+    "devices/health_child.py": "the fake CUDA driver, in the probe's child",
+    "rank/device.py": "what CUDA answers a simulated rank",
+}
+
+
+def test_the_simulation_is_imported_only_at_its_seams():
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    for name, path in paths.items():
+        rel = str(path.relative_to(PACKAGE))
+        if name.startswith("nbgpu.devices.sim"):
+            continue
+        sim = {
+            m
+            for m in _nbgpu_runtime_imports(path, set(paths))
+            if m.startswith("nbgpu.devices.sim.")
+        }
+        if not sim:
+            continue
+        assert rel in SIM_SEAMS, (
+            f"{rel} imports {sorted(sim)}; only the seams may ({sorted(SIM_SEAMS)})"
+        )
+        top = [
+            n
+            for n in ast.parse(path.read_text()).body
+            if isinstance(n, ast.Import | ast.ImportFrom)
+        ]
+        assert not [ast.unparse(n) for n in top if "nbgpu.devices.sim." in ast.unparse(n)], rel
 
 
 def test_a_real_rank_never_loads_the_simulation():
@@ -229,7 +264,7 @@ def test_a_real_rank_never_loads_the_simulation():
     # NBGPU_SIMULATE; importing it (and asking for the device on CPU) loads none of it.
     script = (
         "import sys, nbgpu.rank\n"
-        "sim = ('fleet', 'simulate', 'simulate_cuda', 'simulate_rank', 'cuda_driver', 'nvml')\n"
+        "sim = ('sim.fleet', 'sim.nvml', 'sim.cuda', 'sim.ranks', 'cuda_driver', 'nvml')\n"
         "print(sorted(m for m in sim if 'nbgpu.devices.' + m in sys.modules))"
     )
     env = {k: v for k, v in os.environ.items() if k != "NBGPU_SIMULATE"}

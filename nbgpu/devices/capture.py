@@ -1,153 +1,224 @@
-"""An inventory written as a fleet file (``nbgpu status --json > pod.json``).
+"""An inventory as a file (``nbgpu status --json > pod.json``), and back.
 
-The document is the simulator's own fleet format: each GPU is converted to the fleet
-model (:func:`fleet_gpu`) and written by the model's type-driven writer, so ``fleet.py``
-reads it back with the same types. Beyond the model it keeps what was observed here:
-each holder's state, user, command and ``CUDA_VISIBLE_DEVICES`` (as the process's
-``observed`` record), the findings, the probe, the container.
-``NBGPU_SIMULATE=pod.json`` replays it. Pure data; never touches NVML.
+The file is the simulator's fleet format, so ``NBGPU_SIMULATE=pod.json`` replays the
+box: each GPU under its NVML ``index`` (every field as read; null: not read here), a GPU
+NVML cannot read as its ``fault``, each process as a :class:`~nbgpu.devices.model.ProcessRecord`
+whose ``observed`` record says what was seen of its holder. Beyond the fleet it keeps
+what was observed here: each GPU's findings, the ``CUDA_VISIBLE_DEVICES`` mapping, the
+open ``/dev/nvidia*`` files, the probe, the container. :func:`capture_fields` reads it
+all back as it was, without the simulator: holders as recorded, findings as found.
+
+It works on the inventory's fields by name (:func:`capture_document` takes them,
+:func:`capture_fields` gives them), so ``inventory.py`` imports this module and never
+the other way round. Pure data: no NVML, no process lookups.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal, cast
 
-from nbgpu._serial import to_data
-from nbgpu.devices.fleet import (
+from nbgpu._serial import from_data, to_data
+from nbgpu.devices.findings import assess_gpu
+from nbgpu.devices.holders import ContainerInfo, HolderInfo, recorded_holder
+from nbgpu.devices.model import (
     FLEET_FORMAT,
     GPU_FAULTS,
     INIT_ERRORS,
     OBSERVED_STATES,
+    Gpu,
+    GpuProcess,
     ObservedProcess,
-    SimGpu,
-    SimProcess,
+    ProcessRecord,
+    ProcessState,
 )
-from nbgpu.devices.model import Gpu, GpuProcess
+from nbgpu.devices.visible import FASTEST_FIRST, VisibleMap
+from nbgpu.errors import UserInputError
 from nbgpu.problems import Problem
 
-if TYPE_CHECKING:
-    from nbgpu.devices.fleet import GpuFault, ProcessState
-    from nbgpu.devices.inventory import Inventory
+__all__ = ["capture_document", "capture_fields", "is_capture", "observed_holder"]
 
-__all__ = ["capture_document", "fleet_gpu"]
+_INIT_ERROR_NAMES = {code: name for name, code in INIT_ERRORS.items()}
+# Written as the inventory holds them.
+_COPIED = (
+    "hostname",
+    "taken_at",
+    "simulated",
+    "driver_version",
+    "cuda_driver_version",
+    "nvml_version",
+)
 
-_CODE_TO_INIT_ERROR = {code: name for name, code in INIT_ERRORS.items()}
+
+def is_capture(data: object) -> bool:
+    """Whether a decoded JSON document is an inventory's capture (not a fleet by hand)."""
+    return isinstance(data, dict) and "taken_at" in data
 
 
-def capture_document(inventory: Inventory) -> dict[str, Any]:
-    """An inventory as a fleet file: what NVML said here, and what was observed of each
-    holder, so the simulator can replay this machine (``nbgpu status --json``)."""
+def capture_document(inventory: dict[str, Any]) -> dict[str, Any]:
+    """The file of an inventory, given its fields by name."""
+    i = inventory
+    v: VisibleMap | None = i["visible"]
+    code = i["nvml_error_code"]
+    fd_holders: dict[int, HolderInfo] = i["device_file_holders"]
     return {
         "nbgpu_fleet": FLEET_FORMAT,
-        "name": inventory.fleet_name if inventory.simulated else inventory.hostname,
-        "description": inventory.fleet_description or f"captured on {inventory.hostname}",
-        "hostname": inventory.hostname,
-        "taken_at": inventory.taken_at,
-        "simulated": inventory.simulated,
-        "driver_version": inventory.driver_version,
-        "cuda_driver_version": inventory.cuda_driver_version,
-        "nvml_version": inventory.nvml_version,
-        "init_error": _CODE_TO_INIT_ERROR.get(inventory.nvml_error_code or -1)
-        if inventory.nvml_error
+        "name": i["fleet_name"] if i["simulated"] else i["hostname"],
+        "description": i["fleet_description"] or f"captured on {i['hostname']}",
+        **{k: i[k] for k in _COPIED},
+        "init_error": _INIT_ERROR_NAMES.get(code if code is not None else -1)
+        if i["nvml_error"]
         else None,
-        "nvml_error": inventory.nvml_error,
-        "container": {
-            "in_container": inventory.container.in_container,
-            "host_pid_namespace": inventory.container.host_pid_namespace,
-            "reason": inventory.container.reason,
-        },
+        "nvml_error": i["nvml_error"],
+        "container": to_data(i["container"]),
         "visible_devices": None
-        if inventory.visible is None
+        if v is None
         else {
-            "value": inventory.visible_value,
-            "devices": [
-                {"cuda_index": d.cuda_index, "nvml_index": d.nvml_index, "uuid": d.uuid}
-                for d in inventory.visible.devices
-            ],
-            "problems": list(inventory.visible.problems),
+            "value": v.raw,
+            "override": i["visible_is_override"],
+            **{k: to_data(getattr(v, k)) for k in ("order", "devices", "stopped_at", "problems")},
         },
         "gpus": [
-            _gpu_dict(g, fs) for g, fs in zip(inventory.gpus, inventory.findings, strict=True)
+            {**_gpu_document(g), "findings": to_data(fs)}
+            for g, fs in zip(i["gpus"], i["findings"], strict=True)
         ],
-        "probe": None if inventory.probe is None else inventory.probe.to_dict(),
+        "device_files": [
+            {"pid": pid, "paths": list(paths), "observed": to_data(_observed(fd_holders.get(pid)))}
+            for pid, paths in sorted(i["device_files"].items())
+        ],
+        "probe": None if i["probe"] is None else i["probe"].to_dict(),
     }
 
 
-# Fields the inventory and the fleet model share, by name. A nullable one means the same
-# in both ("None: not supported"); the others are unread here when None, written null,
-# and read back as the model's default.
-_SHARED_NULLABLE = (
-    "memory_used_bytes",
-    "mig_enabled",
-    "ecc_uncorrected_volatile",
-    "remapped_rows",
-    "retired_pages_pending",
-)
-_SHARED_DEFAULTED = (
-    "memory_reserved_bytes",
-    "utilization_gpu_pct",
-    "utilization_memory_pct",
-    "temperature_c",
-    "power_w",
-    "power_limit_w",
-    "compute_mode",
-    "persistence_mode",
-    "compute_capability",
-)
-_NOT_READ_HERE = ("pci_device_id",)  # the inventory does not ask NVML for it
-
-
-def fleet_gpu(gpu: Gpu) -> SimGpu:
-    """An inventory GPU in the fleet model: what NVML answered, the model's defaults
-    where it did not (``_gpu_dict`` writes those as null)."""
-    answered = {name: getattr(gpu, name) for name in _SHARED_NULLABLE}
-    answered.update(
-        (name, getattr(gpu, name)) for name in _SHARED_DEFAULTED if getattr(gpu, name) is not None
+def capture_fields(data: Any, where: str = "inventory JSON") -> dict[str, Any]:
+    """An inventory's fields from its file; every mistake one ``UserInputError`` line
+    naming *where* and the field (``gpus[1].processes[0].pid``)."""
+    if not is_capture(data):
+        raise UserInputError(f"{where}: not a capture (write one with `nbgpu status --json`)")
+    doc = from_data(_Document, data, prefix=where)
+    gpus = tuple(_gpu(g, f"gpus[{n}]", where) for n, g in enumerate(doc.gpus))
+    findings = tuple(
+        from_data(_Findings, g, where=f"gpus[{n}]", prefix=where).findings
+        if "findings" in g
+        else assess_gpu(gpu, len(gpus))  # a capture from before findings were written
+        for n, (g, gpu) in enumerate(zip(doc.gpus, gpus, strict=True))
     )
-    return SimGpu(
-        index=gpu.nvml_index,
-        name=gpu.name or "Unknown GPU",
-        uuid=gpu.uuid or "",
-        pci_bus_id=gpu.pci_bus_id or "",
-        memory_total_bytes=gpu.memory_total_bytes or 0,
-        mig_devices=gpu.mig_devices,
-        fault=cast("GpuFault", gpu.error) if gpu.error in GPU_FAULTS else None,
-        processes=tuple(_fleet_process(p) for p in gpu.processes),
-        **answered,
+    seen = doc.visible_devices
+    if isinstance(seen, dict):  # older captures lack the order and where CUDA stopped
+        seen = {"order": FASTEST_FIRST, "stopped_at": None, **seen, "raw": seen.get("value")}
+    visible = (
+        None if seen is None else from_data(VisibleMap, seen, where="visible_devices", prefix=where)
     )
+    probe = None
+    if doc.probe is not None:
+        from nbgpu.devices.health import ProbeReport  # noqa: PLC0415  (a probed capture only)
 
-
-def _gpu_dict(gpu: Gpu, findings: tuple[Problem, ...]) -> dict[str, Any]:
-    data: dict[str, Any] = to_data(fleet_gpu(gpu))
-    unread = [n for n in (*_SHARED_DEFAULTED, "uuid", "pci_bus_id") if getattr(gpu, n) is None]
-    for name in (*unread, *_NOT_READ_HERE):
-        data[name] = None  # not read here: the reader fills the default (or the position's)
+        probe = ProbeReport.from_dict(doc.probe, where=where)
     return {
-        **data,
-        # What the inventory saw beyond the model: kept for people reading the file.
-        "memory_free_bytes": gpu.memory_free_bytes,
-        "error": gpu.error,
-        "unsupported": list(gpu.unsupported),
-        "fallbacks": list(gpu.fallbacks),
-        "findings": [f.to_dict() for f in findings],
+        **{k: getattr(doc, k) for k in (*_COPIED, "container", "nvml_error")},
+        "fleet_name": doc.name if doc.simulated else None,
+        "fleet_description": doc.description if doc.simulated else None,
+        "nvml_error_code": INIT_ERRORS.get(doc.init_error or "") if doc.nvml_error else None,
+        "gpus": gpus,
+        "findings": findings,
+        "visible": visible,
+        "visible_value": None if visible is None else visible.raw,
+        "visible_is_override": isinstance(seen, dict) and seen.get("override") is True,
+        "device_files": {f.pid: f.paths for f in doc.device_files},
+        "device_file_holders": {
+            f.pid: observed_holder(f.pid, f.observed)
+            for f in doc.device_files
+            if f.observed is not None
+        },
+        "probe": probe,
     }
 
 
-def _fleet_process(proc: GpuProcess) -> SimProcess:
-    h = proc.holder
-    observed = None
-    if h is not None:
-        state = h.state if h.state in ("dead", "zombie", "other_namespace") else h.status
-        observed = ObservedProcess(
-            state=cast("ProcessState", state if state in OBSERVED_STATES else "running"),
-            user=h.user,
-            command=h.command,
-            visible_devices=h.visible_devices,
-            start_time=h.start_time,
-        )
-    return SimProcess(
-        pid=proc.pid,
-        used_bytes=proc.used_bytes,
-        kind="graphics" if proc.kind == "graphics" else "compute",
-        observed=observed,
+def _observed(holder: HolderInfo | None) -> ObservedProcess | None:
+    """What a capture records of a holder: its state where it was taken, who, what."""
+    if holder is None:
+        return None
+    h = holder
+    state = h.state if h.state in ("dead", "zombie", "other_namespace") else h.status
+    return ObservedProcess(
+        state=cast("ProcessState", state if state in OBSERVED_STATES else "running"),
+        user=h.user,
+        command=h.command,
+        visible_devices=h.visible_devices,
+        start_time=h.start_time,
     )
+
+
+def observed_holder(pid: int, observed: ObservedProcess) -> HolderInfo:
+    """The holder a capture (or a fleet file) recorded: never looked up on this machine."""
+    o = observed
+    return recorded_holder(pid, o.state, o.user, o.command, o.visible_devices, o.start_time)
+
+
+def _gpu_document(gpu: Gpu) -> dict[str, Any]:
+    data = {f.name: to_data(getattr(gpu, f.name)) for f in fields(gpu)}
+    data["index"] = data.pop("nvml_index")
+    data["fault"] = gpu.error if gpu.error in GPU_FAULTS else None
+    kinds: dict[str, Literal["compute", "graphics"]] = {"graphics": "graphics"}
+    data["processes"] = [
+        to_data(
+            ProcessRecord(p.pid, p.used_bytes, kinds.get(p.kind, "compute"), _observed(p.holder))
+        )
+        for p in gpu.processes
+    ]
+    return data
+
+
+def _gpu(data: Any, where: str, prefix: str) -> Gpu:
+    if not isinstance(data, dict):
+        raise UserInputError(f"{prefix}: {where} is not an object")
+    error = data.get("error", data.get("fault"))
+    gpu = from_data(
+        Gpu, {**data, "nvml_index": data.get("index"), "error": error, "processes": []},
+        where=where, prefix=prefix,
+    )  # fmt: skip
+    records = from_data(
+        _Processes, {"processes": data.get("processes") or []}, where=where, prefix=prefix
+    )
+    return replace(gpu, processes=tuple(
+        GpuProcess(r.pid, r.used_bytes, r.kind, None if r.observed is None else observed_holder(r.pid, r.observed))
+        for r in records.processes
+    ))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Processes:
+    processes: tuple[ProcessRecord, ...]
+
+
+@dataclass(frozen=True)
+class _Findings:
+    findings: tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class _DeviceFile:
+    pid: int
+    paths: tuple[str, ...]
+    observed: ObservedProcess | None = None
+
+
+@dataclass(frozen=True)
+class _Document:
+    """A capture's top level, checked by its types."""
+
+    taken_at: float
+    hostname: str
+    container: ContainerInfo
+    name: str | None = None
+    description: str | None = None
+    simulated: bool = False
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+    nvml_version: str | None = None
+    init_error: str | None = None
+    nvml_error: str | None = None
+    gpus: tuple[Any, ...] = ()  # each read by _gpu
+    visible_devices: Any = None  # read as a VisibleMap
+    device_files: tuple[_DeviceFile, ...] = ()
+    probe: Any = None  # read by ProbeReport.from_dict

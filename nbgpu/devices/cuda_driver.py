@@ -9,7 +9,7 @@ the probe needs: ``cuInit``, ``cuDriverGetVersion``, ``cuDeviceGetCount``, ``cuD
 
 :class:`CudaDriver` makes C-shaped calls (ctypes objects, ``byref`` out-parameters,
 ``CUresult`` ints) on a library object: the real ``ctypes.CDLL("libcuda.so.1")`` or the
-fake of ``simulate_cuda.py`` (the probe's child picks one). Error codes and their words
+fake of ``sim/cuda.py`` (the probe's child picks one). Error codes and their words
 live in ``cuda_errors.py``, shared with the simulation without importing it.
 
 Loading this module never touches the driver, but *calling* it creates CUDA contexts, which

@@ -1,6 +1,6 @@
 """CUDA's error codes and their words: the driver's, the runtime's and torch's.
 
-The real driver binding (``cuda_driver.py``), its simulation (``simulate_cuda.py``), the
+The real driver binding (``cuda_driver.py``), its simulation (``sim/cuda.py``), the
 probe and ``nbgpu.rank`` all speak these codes; keeping them here lets each of those
 import the words without importing the others. Standard library only (ranks import it).
 """

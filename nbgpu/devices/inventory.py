@@ -3,19 +3,23 @@
 ``take_inventory()`` joins NVML's view (``nvml.py``) with the OS's view of each
 holder pid (``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``),
 per-GPU findings and health (``findings.py``) and, opt-in, the active CUDA probe
-(``health.py``, in a subprocess). The result renders as text, HTML, JSON — the JSON
-is a fleet file the simulator accepts — and a pandas frame.
+(``health.py``, in a subprocess). The result renders as text, HTML and a pandas frame,
+and serialises itself: :meth:`Inventory.to_dict` writes a capture (``nbgpu status
+--json``, a fleet file the simulator replays: ``capture.py``), :meth:`Inventory.from_dict`
+reads it back; :func:`saved_inventory` reads such a file.
 
 Never imports IPython, ipywidgets, matplotlib or torch; pandas only in ``to_frame``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import (
@@ -33,6 +37,7 @@ from nbgpu._render import (
 )
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
+from nbgpu.devices.capture import capture_document, capture_fields, is_capture, observed_holder
 from nbgpu.devices.findings import assess_gpu, gpu_health
 from nbgpu.devices.holders import ContainerInfo, HolderInfo
 from nbgpu.devices.model import Gpu
@@ -43,7 +48,7 @@ from nbgpu.problems import Problem
 if TYPE_CHECKING:  # the probe module loads only for --probe
     from nbgpu.devices.health import ProbeReport
 
-__all__ = ["Inventory", "take_inventory"]
+__all__ = ["Inventory", "saved_inventory", "take_inventory"]
 
 
 @dataclass(frozen=True)
@@ -61,17 +66,17 @@ class Inventory(Result):
     simulated: bool
     fleet_name: str | None
     fleet_description: str | None
-    driver_version: str | None
-    cuda_driver_version: int | None  # NVML's integer, 12040 = CUDA 12.4
-    nvml_version: str | None
-    nvml_error: str | None  # set when NVML is unusable; then gpus is empty
-    nvml_error_code: int | None
-    gpus: tuple[Gpu, ...]
-    findings: tuple[tuple[Problem, ...], ...]  # per GPU, same order as gpus
     container: ContainerInfo
-    visible: VisibleMap | None
-    visible_value: str | None  # the CUDA_VISIBLE_DEVICES string that was resolved
-    visible_is_override: bool  # True when the user passed --env, not the environment
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None  # NVML's integer, 12040 = CUDA 12.4
+    nvml_version: str | None = None
+    nvml_error: str | None = None  # set when NVML is unusable; then gpus is empty
+    nvml_error_code: int | None = None
+    gpus: tuple[Gpu, ...] = ()
+    findings: tuple[tuple[Problem, ...], ...] = ()  # per GPU, same order as gpus
+    visible: VisibleMap | None = None
+    visible_value: str | None = None  # the CUDA_VISIBLE_DEVICES string that was resolved
+    visible_is_override: bool = False  # True when the user passed --env, not the environment
     device_files: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     # Who those /dev/nvidia* holders are, looked up when the snapshot was taken.
     device_file_holders: Mapping[int, HolderInfo] = field(default_factory=dict)
@@ -275,36 +280,31 @@ class Inventory(Result):
     # -- data --------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
-        rows = []
-        for gpu, findings in zip(self.gpus, self.findings, strict=True):
-            health, _ = gpu_health(gpu, findings)
-            rows.append(
-                {
-                    "nvml_index": gpu.nvml_index,
-                    "name": gpu.name,
-                    "uuid": gpu.uuid,
-                    "pci_bus_id": gpu.pci_bus_id,
-                    "memory_total_bytes": gpu.memory_total_bytes,
-                    "memory_used_bytes": gpu.memory_used_bytes,
-                    "memory_free_bytes": gpu.memory_free_bytes,
-                    "utilization_gpu_pct": gpu.utilization_gpu_pct,
-                    "temperature_c": gpu.temperature_c,
-                    "power_w": gpu.power_w,
-                    "power_limit_w": gpu.power_limit_w,
-                    "compute_mode": gpu.compute_mode,
-                    "processes": len(gpu.processes),
-                    "health": health,
-                    "error": gpu.error,
-                    "simulated": self.simulated,
-                }
-            )
-        return rows
+        return [
+            {
+                **{c: getattr(gpu, c) for c in _GPU_COLUMNS},
+                "processes": len(gpu.processes),
+                "health": gpu_health(gpu, findings)[0],
+                "error": gpu.error,
+                "simulated": self.simulated,
+            }
+            for gpu, findings in zip(self.gpus, self.findings, strict=True)
+        ]
 
     def to_dict(self) -> dict[str, Any]:
-        """A fleet document (``nbgpu_fleet``) plus what was observed here."""
-        from nbgpu.devices.capture import capture_document  # noqa: PLC0415  (only for JSON)
+        """A capture (``capture.py``): the fleet file (``nbgpu_fleet``) the simulator
+        replays, plus what was observed here; :meth:`from_dict` reads it back."""
+        return capture_document(vars(self))
 
-        return capture_document(self)
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "inventory JSON") -> Inventory:
+        """The inventory :meth:`to_dict` wrote (a ``nbgpu status --json`` file), as it was
+        taken: holders as recorded there, findings as found there. Every mistake is one
+        ``UserInputError`` line naming *where* and the field."""
+        return cls(**capture_fields(data, where))
+
+
+_GPU_COLUMNS = Inventory.FRAME_COLUMNS[:12]
 
 
 def _age(start_time: float | None, now: float) -> str:
@@ -318,12 +318,25 @@ def _age(start_time: float | None, now: float) -> str:
     return f"{seconds:.0f}s"
 
 
+def saved_inventory(source: str) -> Inventory | None:
+    """The inventory a ``nbgpu status --json`` file holds, read back; None when *source*
+    is not such a file (a spec, a named fleet, a fleet file written by hand, a missing
+    file: those are for the simulator, which says what is wrong with them)."""
+    if not source.strip().endswith(".json"):
+        return None
+    try:
+        data = json.loads(Path(source.strip()).expanduser().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not is_capture(data):
+        return None
+    return Inventory.from_dict(data, where=f"inventory file {source.strip()!r}")
+
+
 def _holder_for(pid: int, backend: nvml.Backend, container: ContainerInfo) -> HolderInfo:
-    o = backend.recorded_process(pid)
-    if o is not None:  # what a capture recorded (a fleet file): this host cannot look it up
-        return holders_mod.recorded_holder(
-            pid, o.state, o.user, o.command, o.visible_devices, o.start_time
-        )
+    observed = backend.recorded_process(pid)
+    if observed is not None:  # what a capture recorded (a fleet file): not looked up here
+        return observed_holder(pid, observed)
     return holders_mod.describe_pid(pid, container=container)
 
 
@@ -364,32 +377,21 @@ def take_inventory(
             simulated=backend.simulated,
             fleet_name=backend.fleet_name,
             fleet_description=backend.fleet_description,
-            driver_version=None,
-            cuda_driver_version=None,
-            nvml_version=None,
+            container=container,
             nvml_error=str(exc),
             nvml_error_code=exc.code,
-            gpus=(),
-            findings=(),
-            container=container,
-            visible=None,
-            visible_value=None,
-            visible_is_override=False,
             probe=_probe(env, [], probe_timeout_s) if probe else None,
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
-    gpus = []
-    for gpu in snap.gpus:
-        procs = tuple(
-            replace(p, holder=_holder_for(p.pid, snap.backend, container)) for p in gpu.processes
-        )
-        gpus.append(replace(gpu, processes=procs))
-    findings = tuple(assess_gpu(g, snap.device_count) for g in gpus)
-    override = visible_devices is not None
+    gpus = [
+        replace(g, processes=tuple(
+            replace(p, holder=_holder_for(p.pid, snap.backend, container)) for p in g.processes
+        ))
+        for g in snap.gpus
+    ]  # fmt: skip
     cvd_env = dict(env)
-    if override:
-        cvd_env["CUDA_VISIBLE_DEVICES"] = visible_devices or ""
-    visible = resolve_visible(gpu_identities([g for g in gpus if g.ok]), cvd_env)
+    if visible_devices is not None:
+        cvd_env["CUDA_VISIBLE_DEVICES"] = visible_devices
     device_files: dict[int, tuple[str, ...]] = {}
     if scan_device_files:
         listed = {p.pid for g in gpus for p in g.processes}
@@ -404,17 +406,15 @@ def take_inventory(
         simulated=snap.backend.simulated,
         fleet_name=snap.backend.fleet_name,
         fleet_description=snap.backend.fleet_description,
+        container=container,
         driver_version=snap.driver_version,
         cuda_driver_version=snap.cuda_driver_version,
         nvml_version=snap.nvml_version,
-        nvml_error=None,
-        nvml_error_code=None,
         gpus=tuple(gpus),
-        findings=findings,
-        container=container,
-        visible=visible,
+        findings=tuple(assess_gpu(g, snap.device_count) for g in gpus),
+        visible=resolve_visible(gpu_identities([g for g in gpus if g.ok]), cvd_env),
         visible_value=cvd_env.get("CUDA_VISIBLE_DEVICES"),
-        visible_is_override=override,
+        visible_is_override=visible_devices is not None,
         device_files=device_files,
         device_file_holders={
             pid: holders_mod.describe_pid(pid, container=container) for pid in device_files

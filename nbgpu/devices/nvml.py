@@ -1,7 +1,8 @@
 """The one module that imports pynvml (ruff's banned-api rule enforces it).
 
 It owns: choosing the library (the real ``libnvidia-ml.so.1``, or the simulated one
-when ``NBGPU_SIMULATE`` is set), lazy initialisation, mapping NVML errors to nbgpu's
+when ``NBGPU_SIMULATE`` is set: the seam where ``devices/sim/`` is imported, and only
+then), lazy initialisation, mapping NVML errors to nbgpu's
 exception tree, per-capability NotSupported handling, fallbacks for old drivers that
 lack ``_v2``/``_v3`` symbols, and reading one snapshot of every GPU into
 :mod:`nbgpu.devices.model` types. No pynvml object leaves this module.
@@ -17,16 +18,16 @@ import ctypes
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pynvml  # noqa: TID251  (this is the one allowed importer)
 
-from nbgpu.devices.fleet import Fleet, ObservedProcess
-from nbgpu.devices.fleet_source import load_fleet
-from nbgpu.devices.model import Gpu, GpuProcess, MigDevice, RemappedRows
-from nbgpu.devices.simenv import simulated_node, simulation_source
-from nbgpu.devices.simulate import FakeNvmlLibrary
+from nbgpu.devices.model import Gpu, GpuProcess, MigDevice, ObservedProcess, RemappedRows
+from nbgpu.devices.sim import simulated_node, simulation_source
 from nbgpu.errors import GpuLostError, NvmlError, NvmlPermissionError, NvmlUnavailable
+
+if TYPE_CHECKING:  # the simulation loads only when a fleet is asked for
+    from nbgpu.devices.sim.fleet import Fleet
 
 __all__ = ["Backend", "SystemSnapshot", "activate", "read_system", "reset"]
 
@@ -53,13 +54,6 @@ class Backend:
 
     simulated: bool
     fleet: Fleet | None
-    source: str | None  # the NBGPU_SIMULATE value
-
-    @property
-    def label(self) -> str:
-        if not self.simulated or self.fleet is None:
-            return "NVML"
-        return f"simulated fleet '{self.fleet.name}'"
 
     # What NVML itself cannot say. On hardware the process table and the inventory
     # answer; a simulated fleet answers from its file, so callers never ask which it is.
@@ -157,17 +151,25 @@ def _select(environ: Mapping[str, str]) -> Backend:
         if _state["initialised"]:
             with contextlib.suppress(pynvml.NVMLError):  # old library may be unusable
                 pynvml.nvmlShutdown()
-        fleet = load_fleet(source, node=node) if source else None
-        library = FakeNvmlLibrary(fleet) if fleet is not None else None
+        fleet, library = _simulated_library(source, node) if source else (None, None)
         _install(library)
         _state.update(
             key=(source, node),
-            backend=Backend(simulated=fleet is not None, fleet=fleet, source=source),
+            backend=Backend(simulated=fleet is not None, fleet=fleet),
             library=library,
             initialised=False,
         )
     backend: Backend = _state["backend"]
     return backend
+
+
+def _simulated_library(source: str, node: str | None) -> tuple[Fleet, Any]:
+    # The seam: the fake library and its fleet are imported here, for a simulation only.
+    from nbgpu.devices.sim.nvml import FakeNvmlLibrary  # noqa: PLC0415
+    from nbgpu.devices.sim.spec import load_fleet  # noqa: PLC0415
+
+    fleet = load_fleet(source, node=node)
+    return fleet, FakeNvmlLibrary(fleet)
 
 
 def activate(environ: Mapping[str, str]) -> Backend:

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from nbgpu.devices.simenv import simulation_source
+from nbgpu.devices.sim import simulation_source
 from nbgpu.errors import UserInputError
 
 __all__ = [

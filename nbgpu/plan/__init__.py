@@ -97,7 +97,11 @@ __all__ = [
 
 def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | None) -> Inventory:
     # Imported here: the inventory pulls in pynvml and psutil, planning itself needs neither.
-    from nbgpu.devices.inventory import Inventory, take_inventory  # noqa: PLC0415
+    from nbgpu.devices.inventory import (  # noqa: PLC0415
+        Inventory,
+        saved_inventory,
+        take_inventory,
+    )
 
     if isinstance(inventory, Inventory):
         return inventory
@@ -108,6 +112,9 @@ def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | No
                 f"inventory={inventory!r}: expected an Inventory (nbgpu.status()), a fleet "
                 "spec such as '4xA40,busy=0', a scenario such as 'busy-gpu0', or a fleet .json"
             )
+        saved = saved_inventory(inventory)  # `nbgpu status --json`'s file: read, not replayed
+        if saved is not None:
+            return saved
         env["NBGPU_SIMULATE"] = inventory
     return take_inventory(env, scan_device_files=False)
 

@@ -20,13 +20,13 @@ dict. ``is_main()`` and ``print0()`` treat a process outside any job as the sing
 0; the other job queries raise a one-line ``UserInputError`` there.
 
 Layout (one idea per module): ``job`` (rank, sizes, ``print0``) · ``device`` (the real
-CUDA path; the simulated one is ``nbgpu.devices.simulate_rank``, imported only under
+CUDA path; the simulated one is ``nbgpu.devices.sim.ranks``, imported only under
 ``NBGPU_SIMULATE``) · ``group`` (the process group) · ``serial`` (``one_at_a_time``) ·
 ``memory`` (``set_memory_limit``, ``parse_size``).
 
 Importing this package is cheap: it must never import torch at module level (torch is
 imported inside the functions that need it), and never IPython, pynvml or psutil at all.
-At import it reads only ``nbgpu.devices.simenv`` and ``nbgpu.devices.cuda_errors``
+At import it reads only ``nbgpu.devices.sim`` and ``nbgpu.devices.cuda_errors``
 (standard library only); the fleet and the fake driver load only under simulation;
 ``init`` records the memory phase ``init`` through ``nbgpu.profile.phases`` (standard
 library only); nothing else of nbgpu.

@@ -2,7 +2,7 @@
 
 An ordinal past the visible devices fails with torch's own "invalid device ordinal" text
 before CUDA is touched, plus one ``[nbgpu]`` line. Under ``NBGPU_SIMULATE`` the answer
-comes from ``nbgpu.devices.simulate_rank`` through one call, imported only then: a real
+comes from ``nbgpu.devices.sim.ranks`` through one call, imported only then: a real
 rank never loads the simulation. torch is imported inside the functions only.
 """
 
@@ -18,7 +18,7 @@ from nbgpu.devices.cuda_errors import (
     torch_cuda_message,
     visible_setting,
 )
-from nbgpu.devices.simenv import simulation_source
+from nbgpu.devices.sim import simulation_source
 from nbgpu.rank.job import _env, _in_job, _write, local_rank
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def _simulated_device(source: str, ordinal: int, env: Mapping[str, str]) -> torc
     import torch  # noqa: PLC0415
 
     # Imported here: only simulated ranks load the fleet and the fake driver.
-    from nbgpu.devices.simulate_rank import simulated_device  # noqa: PLC0415
+    from nbgpu.devices.sim.ranks import simulated_device  # noqa: PLC0415
 
     answer = simulated_device(source, ordinal, env)
     if answer.cuda_error is not None:

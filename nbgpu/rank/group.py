@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from datetime import timedelta
 
 from nbgpu._backends import BACKENDS
-from nbgpu.devices.simenv import simulation_source
+from nbgpu.devices.sim import simulation_source
 from nbgpu.errors import UserInputError
 from nbgpu.rank.device import _announce, device
 from nbgpu.rank.job import _env, _in_job, rank, world_size

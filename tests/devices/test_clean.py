@@ -19,9 +19,8 @@ import psutil
 import pytest
 
 from nbgpu.devices.clean import (
-    CleanCandidate,
+    CleanEntry,
     CleanPlan,
-    Skipped,
     execute_clean,
     plan_clean,
 )
@@ -49,12 +48,12 @@ def running(proc: psutil.Process) -> bool:
     return not exited(proc)
 
 
-def only_candidate(plan: CleanPlan) -> CleanCandidate:
+def only_candidate(plan: CleanPlan) -> CleanEntry:
     assert len(plan.candidates) == 1, plan.text()
     return plan.candidates[0]
 
 
-def only_skipped(plan: CleanPlan) -> Skipped:
+def only_skipped(plan: CleanPlan) -> CleanEntry:
     assert not plan.candidates, plan.text()
     assert len(plan.skipped) == 1, plan.text()
     return plan.skipped[0]
@@ -196,7 +195,7 @@ def test_pid_reuse_is_caught_by_the_start_time_recheck(spawn):
     holder = describe_pid(orphan.pid)
     # The plan was made for an older process that had this pid: same pid, other start.
     earlier = dataclasses.replace(holder, start_time=holder.start_time - 1000.0)
-    plan = CleanPlan((CleanCandidate(earlier, (0,), "orphaned (test)"),), ())
+    plan = CleanPlan((CleanEntry(earlier, (0,), "orphaned (test)"),), ())
     report = execute_clean(plan, confirm=None, grace_s=0.5)
     (outcome,) = report.outcomes
     assert outcome.result.startswith(f"failed: pid {orphan.pid} is now a different process")
@@ -208,7 +207,7 @@ def test_pid_reuse_is_caught_by_the_start_time_recheck(spawn):
 def test_owner_change_is_caught_by_the_uid_recheck(spawn):
     orphan = spawn.orphan("sleep 60")
     holder = dataclasses.replace(describe_pid(orphan.pid), uid=os.getuid() + 1)
-    plan = CleanPlan((CleanCandidate(holder, (0,), "orphaned (test)"),), ())
+    plan = CleanPlan((CleanEntry(holder, (0,), "orphaned (test)"),), ())
     (outcome,) = execute_clean(plan, confirm=None, grace_s=0.5).outcomes
     assert outcome.result == (
         f"failed: pid {orphan.pid} now belongs to uid {os.getuid()}, "
@@ -353,12 +352,10 @@ def _holder(pid: int, **fields: object) -> HolderInfo:
 def test_plan_and_report_text_fit_80_columns():
     plan = CleanPlan(
         candidates=(
-            CleanCandidate(_holder(4242), (0, 1, 2, 3), "orphaned " + "very long reason " * 12),
-            CleanCandidate(
-                _holder(4243, command=None), (), "holds /dev/nvidia0", ("/dev/nvidia0",)
-            ),
+            CleanEntry(_holder(4242), (0, 1, 2, 3), "orphaned " + "very long reason " * 12),
+            CleanEntry(_holder(4243, command=None), (), "holds /dev/nvidia0", ("/dev/nvidia0",)),
         ),
-        skipped=(Skipped(_holder(4_194_305, user=None), (5,), "already gone: " + "x " * 60),),
+        skipped=(CleanEntry(_holder(4_194_305, user=None), (5,), "already gone: " + "x " * 60),),
     )
     text = plan.text()
     assert (

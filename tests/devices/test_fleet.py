@@ -3,12 +3,11 @@ from typing import get_args
 
 import pytest
 
-from nbgpu.devices import fleet as module
-from nbgpu.devices.fleet import Fleet, fleet_from_dict
-from nbgpu.devices.fleet_source import load_fleet
-from nbgpu.devices.fleetspec import FICTIONAL_PID_BASE, MODELS, parse_spec
+from nbgpu.devices import model
 from nbgpu.devices.inventory import take_inventory
-from nbgpu.devices.scenarios import SCENARIOS
+from nbgpu.devices.sim import fleet as module
+from nbgpu.devices.sim.fleet import MODELS, SCENARIOS, Fleet, fleet_from_dict
+from nbgpu.devices.sim.spec import FICTIONAL_PID_BASE, load_fleet, parse_spec
 from nbgpu.errors import FleetSpecError
 
 MIB = 1024 * 1024
@@ -84,7 +83,7 @@ def test_driver_options_and_old_driver():
         ("4xA40,mig=0", "does not support MIG"),
         ("4xA40,init=boom", "init='boom'"),
         ("4xA40,holder=0", "expected holder=GPU:PID"),
-        ("4xA40,used=0:lots", "is not a size"),
+        ("4xA40,used=0:lots", "used=0:'lots': expected a size"),
         ("4xA40,cuda=twelve", "cuda='twelve'"),
     ],
 )
@@ -194,9 +193,7 @@ def test_every_scenario_survives_the_fleet_file_round_trip(name):
 
 def test_the_fleet_words_are_the_simulators_words():
     assert set(get_args(module.ComputeMode)) == set(module.COMPUTE_MODES)
-    assert set(get_args(module.InitError)) == set(module.INIT_ERRORS)
-    assert set(get_args(module.ProcessState)) == set(module.OBSERVED_STATES)
-    assert set(get_args(module.GpuFault)) == set(module.GPU_FAULTS)
+    assert set(get_args(model.InitError)) == set(model.INIT_ERRORS)
 
 
 def _cluster_file(tmp_path):

@@ -1,6 +1,6 @@
 """The active CUDA probe: real probe subprocesses against simulated fleets, no GPU.
 
-Most tests run ``probe_devices`` end to end (a real ``python -m nbgpu.devices.health.child`` child
+Most tests run ``probe_devices`` end to end (a real ``python -m nbgpu.devices.health_child`` child
 loading the simulated libcuda); a few drive the fake library in-process to check what the
 probe did call, and the process tests prove no child survives a timeout or an interrupt.
 """
@@ -21,14 +21,12 @@ from dataclasses import replace
 import psutil
 import pytest
 
+from nbgpu.devices import health as health_probe
+from nbgpu.devices import health_child
 from nbgpu.devices.cuda_driver import CudaDriver
-from nbgpu.devices.fleet_source import load_fleet
-from nbgpu.devices.fleetspec import parse_spec
-from nbgpu.devices.health import ProbeReport, probe_devices
-from nbgpu.devices.health import child as health_child
-from nbgpu.devices.health import probe as health_probe
-from nbgpu.devices.health.report import OUTCOMES, outcome_for
-from nbgpu.devices.simulate_cuda import SimulatedCudaLibrary
+from nbgpu.devices.health import OUTCOMES, ProbeReport, outcome_for, probe_devices
+from nbgpu.devices.sim.cuda import SimulatedCudaLibrary
+from nbgpu.devices.sim.spec import load_fleet, parse_spec
 from nbgpu.errors import FleetSpecError, UserInputError
 
 BUSY = "CUDA-capable device(s) is/are busy or unavailable"
@@ -261,7 +259,7 @@ def test_real_driver_path_without_a_driver_is_a_clean_outcome():
 
 def test_probe_module_imports_nothing_heavy():
     code = (
-        "import sys, nbgpu.devices.health.child, nbgpu.devices.simulate_cuda\n"
+        "import sys, nbgpu.devices.health_child, nbgpu.devices.sim.cuda\n"
         "print(sorted({'torch', 'pynvml', 'psutil', 'IPython'} & set(sys.modules)))"
     )
     out = subprocess.run(
@@ -361,7 +359,7 @@ def test_probe_process_dies_with_a_sigkilled_parent(tmp_path):
     pidfile = tmp_path / "pid"
     child = (
         "import os, time\n"
-        "from nbgpu.devices.health.child import _die_with_parent\n"
+        "from nbgpu.devices.health_child import _die_with_parent\n"
         "_die_with_parent()\n"
         f"open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
         f"os.replace({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\n"

@@ -11,10 +11,11 @@ import pytest
 from nbgpu._serial import to_data
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices.findings import gpu_health
-from nbgpu.devices.fleet import SimGpu
-from nbgpu.devices.fleet_source import load_fleet
-from nbgpu.devices.inventory import take_inventory
+from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.model import Gpu
+from nbgpu.devices.sim.fleet import SimGpu
+from nbgpu.devices.sim.spec import load_fleet
+from nbgpu.errors import UserInputError
 
 
 def inv(spec, base, **kw):
@@ -198,3 +199,71 @@ def test_a_capture_says_what_the_inventory_read_for_every_shared_field(sim_env, 
         for name in shared - {"processes", "name", "memory_total_bytes"}:
             assert written[name] == to_data(getattr(gpu, name)), (gpu.nvml_index, name)
         assert [p["pid"] for p in written["processes"]] == [p.pid for p in gpu.processes]
+
+
+@pytest.mark.parametrize(
+    "spec", ["busy-gpu0,procs=3", "4xA40,lost=2", "mig", "zombie-holder", "no-driver"]
+)
+def test_an_inventory_reads_back_what_it_wrote(sim_env, spec):
+    first = inv(spec, sim_env, visible_devices="1,0")
+    again = Inventory.from_dict(json.loads(first.to_json()))
+    assert again.to_dict() == first.to_dict()
+    assert again.text() == first.text()
+    assert again.findings == first.findings
+    assert again.visible == first.visible
+    assert again.visible_is_override == first.visible_is_override == (first.visible is not None)
+
+
+def test_a_capture_from_before_the_cuda_order_was_written_still_reads(sim_env):
+    data = json.loads(inv("busy-gpu0", sim_env).to_json())
+    for key in ("order", "stopped_at", "override"):
+        del data["visible_devices"][key]
+    del data["device_files"]
+    for gpu in data["gpus"]:
+        del gpu["findings"]  # derived: found again by the same rules
+    again = Inventory.from_dict(data)
+    assert again.visible.order == "FASTEST_FIRST"
+    assert codes(again, 0)[0] == "exclusive_dead_holder"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.pop("taken_at"), "inventory JSON: not a capture"),
+        (lambda d: d.update(hostname=3), "hostname = 3 is not a string"),
+        (
+            lambda d: d["gpus"][1].update(memory_total_bytes="big"),
+            "gpus[1].memory_total_bytes = 'big' is not a whole number",
+        ),
+        (lambda d: d["gpus"][0]["processes"][0].update(pid=-3), "gpus[0].processes[0].pid = -3"),
+        (
+            lambda d: d["gpus"][0]["processes"][0]["observed"].update(state="sleepy"),
+            "gpus[0].processes[0].observed.state = 'sleepy'",
+        ),
+        (lambda d: d["gpus"][2]["findings"].append({"severity": "dire"}), "gpus[2].findings[0]"),
+        (lambda d: d["visible_devices"].update(devices=7), "visible_devices.devices = 7"),
+    ],
+)
+def test_a_wrong_capture_names_the_field(sim_env, change, message):
+    data = json.loads(inv("busy-gpu0", sim_env).to_json())
+    change(data)
+    with pytest.raises(UserInputError) as info:
+        Inventory.from_dict(data)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_saved_inventory_is_read_not_replayed_through_the_fake_library(sim_env, tmp_path):
+    # A plan from `nbgpu status --json`'s file reads the file: no simulated NVML library.
+    path = tmp_path / "pod.json"
+    path.write_text(inv("busy-gpu0", sim_env).to_json())
+    script = (
+        "import sys, nbgpu\n"
+        f"p = nbgpu.plan('d2', inventory={str(path)!r})\n"
+        "print(p.roles[0].cuda_visible_devices, 'nbgpu.devices.sim.nvml' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=sim_env,
+        check=True,
+    )  # fmt: skip
+    assert out.stdout.split() == ["1,2", "False"]

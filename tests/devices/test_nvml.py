@@ -4,8 +4,8 @@ import pynvml  # noqa: TID251  (the test proves pynvml's own wrappers run on the
 import pytest
 
 from nbgpu.devices import nvml
-from nbgpu.devices.scenarios import SCENARIOS
-from nbgpu.devices.simulate import FakeNvmlLibrary
+from nbgpu.devices.sim.fleet import SCENARIOS
+from nbgpu.devices.sim.nvml import FakeNvmlLibrary
 from nbgpu.errors import NvmlUnavailable
 from tests.conftest import real_nvml_present
 
@@ -147,7 +147,7 @@ def test_the_backend_answers_what_nvml_cannot_without_being_asked_which_it_is():
     assert simulated.recorded_process(1) is None
     assert simulated.nvml_index_by_uuid()[simulated.fleet.gpus[2].uuid] == 2
     assert simulated.fleet_name == "busy-gpu0"
-    hardware = nvml.Backend(simulated=False, fleet=None, source=None)
+    hardware = nvml.Backend(simulated=False, fleet=None)
     assert hardware.recorded_process(held.pid) is None
     assert hardware.nvml_index_by_uuid() == {}
     assert hardware.fleet_name is None

@@ -7,9 +7,9 @@ import time
 import pytest
 
 from nbgpu.devices import watch
-from nbgpu.devices.fleet import FleetSpecError
-from nbgpu.devices.fleetspec import parse_spec
-from nbgpu.devices.simulate import FakeNvmlLibrary
+from nbgpu.devices.sim.fleet import FleetSpecError
+from nbgpu.devices.sim.nvml import FakeNvmlLibrary
+from nbgpu.devices.sim.spec import parse_spec
 from nbgpu.devices.watch import Watcher, parse_watch_options
 from nbgpu.errors import UserInputError
 
@@ -36,7 +36,7 @@ def test_load_profile_moves_utilisation_and_memory(monkeypatch):
     assert fleet.load_period_s == 60
     lib = FakeNvmlLibrary(fleet)
     clock = [lib._born]
-    monkeypatch.setattr("nbgpu.devices.simulate_device.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("nbgpu.devices.sim.nvml.time.monotonic", lambda: clock[0])
     first = lib._load(fleet.gpus[0])
     clock[0] += 15  # a quarter cycle later
     second = lib._load(fleet.gpus[0])

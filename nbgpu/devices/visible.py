@@ -16,19 +16,18 @@ It answers as CUDA does (the CUDA env-var docs, PyTorch's ``_parse_visible_devic
 Everything CUDA would do silently is said in ``VisibleMap.problems``; ``strict=True`` turns a
 mistake that hides a device the user named into a one-line ``VisibleDevicesError``.
 
-Pure functions, no I/O. Imports only the standard library and ``nbgpu.errors``; never pynvml,
-psutil, torch or IPython.
+Pure functions, no I/O. Imports only the standard library, ``nbgpu.errors`` and the
+renderer; never pynvml, psutil, torch or IPython.
 """
 
 from __future__ import annotations
 
 import re
-import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nbgpu.devices.visible.entries import Bad, Target, resolve_entry, short_uuid
+from nbgpu._render import Block, Bullets, Line, Result
 from nbgpu.errors import VisibleDevicesError
 
 __all__ = [
@@ -48,6 +47,10 @@ PCI_BUS_ID = "PCI_BUS_ID"
 #: The values CUDA accepts in ``CUDA_DEVICE_ORDER``; the first is its default.
 ORDERS = (FASTEST_FIRST, PCI_BUS_ID)
 
+# strtoul: optional sign, leading decimal digits, and whatever follows (which CUDA ignores).
+_ORDINAL = re.compile(r"([+-]?)(\d+)(.*)", re.DOTALL)
+_HEX = re.compile(r"[0-9a-fA-F-]+")
+_LEGACY_MIG = re.compile(r"MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)")
 _PCI = re.compile(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])")
 
 
@@ -77,7 +80,7 @@ class VisibleDevice:
 
 
 @dataclass(frozen=True)
-class VisibleMap:
+class VisibleMap(Result):
     """The logical CUDA devices a process with a given environment sees."""
 
     raw: str | None  # the CUDA_VISIBLE_DEVICES value (None = unset)
@@ -97,35 +100,45 @@ class VisibleMap:
         """The first logical ordinal that uses physical GPU ``nvml_index``, if any."""
         return next((d.cuda_index for d in self.devices if d.nvml_index == nvml_index), None)
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         """Readable at 80 columns: one line per logical device, then the problems."""
         setting = f"{self.key}={self.raw!r}" if self.raw is not None else f"{self.key} unset"
-        lines = [f"{setting}, order {self.order}"]
+        blocks: list[Block] = [Line(f"{setting}, order {self.order}", wrap=False)]
         for d in self.devices:
-            instance = f" {short_uuid(d.mig_uuid)}" if d.mig_uuid else ""
-            lines.append(
-                f"cuda:{d.cuda_index} -> GPU {d.nvml_index}{instance} ({short_uuid(d.uuid)})"
-            )
+            instance = f" {_short_uuid(d.mig_uuid)}" if d.mig_uuid else ""
+            where = f"GPU {d.nvml_index}{instance} ({_short_uuid(d.uuid)})"
+            blocks.append(Line(f"cuda:{d.cuda_index} -> {where}", wrap=False))
         if not self.devices:
-            lines.append("CUDA sees no GPU")
+            blocks.append(Line("CUDA sees no GPU", wrap=False))
         if self.stopped_at is not None:
-            lines.append(f"CUDA stops reading at entry {self.stopped_at!r}")
-        # Keep UUIDs whole: a wrapped UUID cannot be copied back into the environment.
-        wrap = textwrap.TextWrapper(
-            width=80,
-            initial_indent="! ",
-            subsequent_indent="  ",
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
-        lines.extend(wrap.fill(p) for p in self.problems)
-        return "\n".join(lines)
+            blocks.append(Line(f"CUDA stops reading at entry {self.stopped_at!r}", wrap=False))
+        # Wrapped at spaces only: a broken UUID cannot be copied back into the environment.
+        return [*blocks, Bullets(self.problems, marker="! ", level="warn")]
 
-    def __str__(self) -> str:
-        return self.text()
 
-    def _repr_pretty_(self, p: Any, _cycle: bool) -> None:  # IPython passes both positionally
-        p.text(self.text())
+@dataclass(frozen=True)
+class _Target:
+    """What one entry resolves to: a whole GPU, or one MIG instance on it."""
+
+    gpu: GpuIdentity
+    mig_uuid: str | None = None
+
+    @property
+    def key(self) -> tuple[int, str | None]:
+        return (self.gpu.nvml_index, self.mig_uuid)
+
+    def describe(self) -> str:
+        if self.mig_uuid:
+            return f"MIG instance {_short_uuid(self.mig_uuid)} of GPU {self.gpu.nvml_index}"
+        return f"GPU {self.gpu.nvml_index}"
+
+
+@dataclass(frozen=True)
+class _Bad:
+    """Why CUDA rejects an entry, and what it would have accepted."""
+
+    reason: str
+    accepted: str
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
@@ -173,7 +186,7 @@ def resolve_visible(
         if strict:
             raise VisibleDevicesError(message)
 
-    chosen: list[tuple[str | None, Target]] = []  # (entry text, target); entry None = unset
+    chosen: list[tuple[str | None, _Target]] = []  # (entry text, target); entry None = unset
     stopped_at = None
     used_indices = raw is None
     if raw is None:
@@ -182,8 +195,8 @@ def resolve_visible(
     elif raw.strip():
         entries = [e.strip() for e in raw.split(",")]
         for pos, entry in enumerate(entries):
-            found, by_index = resolve_entry(entry, gpus, slots, f"{key}={raw!r}", problems)
-            if isinstance(found, Bad):
+            found, by_index = _resolve_entry(entry, gpus, slots, f"{key}={raw!r}", problems)
+            if isinstance(found, _Bad):
                 stopped_at = entry
                 line = f"{key}={raw!r}: entry {entry!r} {found.reason} ({found.accepted})"
                 hidden = [e for e in entries[pos + 1 :] if e]
@@ -251,14 +264,14 @@ def _cuda_order(gpus: Sequence[GpuIdentity], order: str) -> list[GpuIdentity]:
     )
 
 
-def _index_slots(ordered: Sequence[GpuIdentity]) -> list[Target]:
+def _index_slots(ordered: Sequence[GpuIdentity]) -> list[_Target]:
     """What integer entries index into.
 
     Observed by datadog on CUDA 12.4: GPUs without MIG come first, then each MIG-enabled GPU
     as its first MIG instance; a MIG-enabled GPU without instances is not listed at all.
     """
-    whole = [Target(g) for g in ordered if not g.mig_enabled]
-    mig = [Target(g, g.mig_uuids[0]) for g in ordered if g.mig_enabled and g.mig_uuids]
+    whole = [_Target(g) for g in ordered if not g.mig_enabled]
+    mig = [_Target(g, g.mig_uuids[0]) for g in ordered if g.mig_enabled and g.mig_uuids]
     return whole + mig
 
 
@@ -269,7 +282,7 @@ def _mig_numbering(gpus: Sequence[GpuIdentity]) -> list[str]:
         if g.mig_enabled and g.mig_uuids:
             notes.append(
                 f"GPU {g.nvml_index} has MIG enabled: CUDA sees only its first MIG instance, "
-                f"{short_uuid(g.mig_uuids[0])}"
+                f"{_short_uuid(g.mig_uuids[0])}"
             )
         elif g.mig_enabled:
             notes.append(f"GPU {g.nvml_index} has MIG enabled but no MIG instance: CUDA skips it")
@@ -277,12 +290,12 @@ def _mig_numbering(gpus: Sequence[GpuIdentity]) -> list[str]:
 
 
 def _one_mig_instance(
-    chosen: list[tuple[str | None, Target]],
+    chosen: list[tuple[str | None, _Target]],
     key: str,
     raw: str | None,
     problems: list[str],
     fail: Callable[[str], None],
-) -> list[tuple[str | None, Target]]:
+) -> list[tuple[str | None, _Target]]:
     """CUDA enumerates a single MIG instance, and then no other device (datadog, CUDA 12.4)."""
     first = next((i for i, (_, t) in enumerate(chosen) if t.mig_uuid), None)
     if first is None or len(chosen) == 1:
@@ -319,3 +332,136 @@ def _heuristic_warning(gpus: Sequence[GpuIdentity]) -> list[str]:
         "indices follow nvidia-smi"
     )
     return [warning]
+
+
+# -- one entry, as CUDA reads it: an index, a UUID, a MIG device ----------------------
+
+
+def _accepted(count: int) -> str:
+    if count == 0:
+        return "this machine has no GPU CUDA can use"
+    if count == 1:
+        return "index 0 or a GPU UUID"
+    return f"indices 0-{count - 1} or GPU UUIDs"
+
+
+def _resolve_entry(
+    entry: str,
+    gpus: Sequence[GpuIdentity],
+    slots: Sequence[_Target],
+    setting: str,
+    problems: list[str],
+) -> tuple[_Target | _Bad, bool]:
+    """Resolve one entry; the flag says it was read as an index (so CUDA order matters)."""
+    if not entry:
+        return _Bad("is empty", _accepted(len(slots))), False
+    if entry.startswith("MIG-GPU-"):
+        return _legacy_mig(entry, gpus), False
+    if entry.startswith("MIG-"):
+        return _mig(entry, gpus), False
+    if entry.startswith("GPU-"):
+        return _by_uuid(entry, entry, gpus, setting, problems), False
+    number = _ORDINAL.fullmatch(entry)
+    if number is not None and not number.group(3):
+        return _by_index(entry, number, slots, setting, problems), True
+    # A UUID without its "GPU-" prefix; plain digits were taken as an index above.
+    if _HEX.fullmatch(entry) and any(g.uuid.startswith("GPU-" + entry) for g in gpus):
+        return _by_uuid(entry, "GPU-" + entry, gpus, setting, problems), False
+    if number is not None:
+        index = int(number.group(1) + number.group(2))
+        problems.append(
+            f"{setting}: entry {entry!r} is read as index {index}: CUDA ignores everything "
+            "after the leading digits"
+        )
+        return _by_index(entry, number, slots, setting, problems), True
+    return _Bad("is neither a GPU index nor a GPU UUID", _accepted(len(slots))), False
+
+
+def _by_index(
+    entry: str, number: re.Match[str], slots: Sequence[_Target], setting: str, problems: list[str]
+) -> _Target | _Bad:
+    index = int(number.group(1) + number.group(2))  # "-0" is 0, as strtoul reads it
+    if index < 0:
+        return _Bad("is negative", _accepted(len(slots)))
+    if index >= len(slots):
+        return _Bad("is not a GPU on this machine", _accepted(len(slots)))
+    slot = slots[index]
+    if slot.mig_uuid:
+        problems.append(
+            f"{setting}: entry {entry!r} is {slot.describe()}: CUDA numbers MIG-enabled GPUs "
+            "after the others, each as its first MIG instance"
+        )
+    return slot
+
+
+def _known(uuids: Sequence[str]) -> str:
+    shown = ", ".join(_short_uuid(u) for u in uuids[:8])
+    return f"{shown}, ..." if len(uuids) > 8 else shown or "see nvidia-smi -L"
+
+
+def _by_uuid(
+    entry: str, prefix: str, gpus: Sequence[GpuIdentity], setting: str, problems: list[str]
+) -> _Target | _Bad:
+    matches = [g for g in gpus if g.uuid.startswith(prefix)]
+    if not matches:
+        return _Bad("matches no GPU UUID on this machine", _known([g.uuid for g in gpus]))
+    if len(matches) > 1:
+        which = " and ".join(f"GPU {g.nvml_index}" for g in matches)
+        return _Bad(f"is ambiguous: it starts the UUIDs of {which}", "a longer, unique UUID prefix")
+    gpu = matches[0]
+    if not gpu.mig_enabled:
+        return _Target(gpu)
+    if not gpu.mig_uuids:
+        return _Bad(
+            f"names GPU {gpu.nvml_index}, which has MIG enabled but no MIG instance",
+            "create a MIG instance, or disable MIG on it",
+        )
+    problems.append(
+        f"{setting}: entry {entry!r} names GPU {gpu.nvml_index}, which has MIG enabled: CUDA "
+        f"uses its first MIG instance, {_short_uuid(gpu.mig_uuids[0])}"
+    )
+    return _Target(gpu, gpu.mig_uuids[0])
+
+
+def _mig(entry: str, gpus: Sequence[GpuIdentity]) -> _Target | _Bad:
+    instances = [(g, m) for g in gpus if g.mig_enabled for m in g.mig_uuids]
+    matches = [(g, m) for g, m in instances if m.startswith(entry)]
+    if not matches:
+        return _Bad("matches no MIG instance on this machine", _known([m for _, m in instances]))
+    if len(matches) > 1:
+        which = ", ".join(_short_uuid(m) for _, m in matches)
+        return _Bad(f"is ambiguous: it starts {which}", "a longer, unique MIG UUID prefix")
+    return _Target(*matches[0])
+
+
+def _legacy_mig(entry: str, gpus: Sequence[GpuIdentity]) -> _Target | _Bad:
+    m = _LEGACY_MIG.fullmatch(entry)
+    if m is None:
+        return _Bad("is not a MIG device", "MIG-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>")
+    parents = [g for g in gpus if g.uuid.startswith(m.group(1))]
+    if len(parents) != 1:
+        found = "no GPU" if not parents else f"{len(parents)} GPUs"
+        return _Bad(f"names {found} on this machine", _known([g.uuid for g in gpus]))
+    gpu, ids = parents[0], (int(m.group(2)), int(m.group(3)))
+    if not gpu.mig_enabled:
+        return _Bad(
+            f"names GPU {gpu.nvml_index}, which does not have MIG enabled",
+            f"its GPU UUID, {_short_uuid(gpu.uuid)}",
+        )
+    if not gpu.mig_instance_ids:
+        # The fleet did not say which instance has which GI/CI: trust the entry as written.
+        return _Target(gpu, f"MIG-{gpu.uuid}/{ids[0]}/{ids[1]}")
+    for mig_uuid, instance in zip(gpu.mig_uuids, gpu.mig_instance_ids, strict=False):
+        if instance == ids:
+            return _Target(gpu, mig_uuid)
+    existing = ", ".join(f"{gi}/{ci}" for gi, ci in gpu.mig_instance_ids)
+    return _Bad(f"names no MIG instance of GPU {gpu.nvml_index}", f"GI/CI {existing}")
+
+
+def _short_uuid(uuid: str) -> str:
+    """``GPU-1d0c23ba-38ae-...`` -> ``GPU-1d0c23ba``; legacy MIG ids keep their ``/gi/ci``."""
+    if uuid.startswith("MIG-GPU-"):
+        head, _, instance = uuid.partition("/")
+        return f"MIG-{_short_uuid(head[4:])}/{instance}"
+    kind, _, rest = uuid.partition("-")
+    return f"{kind}-{rest.split('-')[0]}" if rest else uuid

@@ -1,137 +1,117 @@
-"""The compact fleet spec: ``4xA40``, ``8xH100,busy=0,load=60``, ``1xA100,mig=0``.
+"""What ``NBGPU_SIMULATE`` names, as a fleet: a spec, a named fleet, a fleet or cluster file.
 
-A count and a GPU model from the table of real captures (memory, power, compute
-capability), then options that inject each failure mode the simulator knows. Pure:
-builds a :class:`~nbgpu.devices.fleet.Fleet`; never touches NVML or processes.
+The compact spec (``4xA40``, ``8xH100,busy=0,load=60``, ``1xA100,mig=0``) is a count and a
+GPU model from the table of real captures (memory, power, compute capability), then
+options that inject each failure mode the simulator knows; a named fleet takes the same
+options (``busy-gpu0,procs=8``). A cluster file (what ``nbgpu status --slurm --json``
+writes: one fleet per node under ``"nodes"``) is a fleet per node: each process plays the
+node it is told it is on (``node``, from :func:`nbgpu.devices.sim.simulated_node`), so
+every SLURM node of a test cluster on one machine sees its own GPUs.
+
+Each mistake is one ``FleetSpecError`` line naming the value and what is accepted. Reads
+the one file named; never touches NVML or processes.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import uuid as uuidlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import cast
 
-from nbgpu.devices.fleet import (
+from nbgpu.devices.model import (
     INIT_ERRORS,
-    MIB,
-    ComputeMode,
-    Fleet,
     InitError,
     MigDevice,
     ObservedProcess,
+    ProcessRecord,
     ProcessState,
     RemappedRows,
+    cluster_nodes,
+    is_cluster,
+)
+from nbgpu.devices.sim.fleet import (
+    MIB,
+    MIG_1G_BYTES,
+    MODELS,
+    OLD_DRIVER_MISSING,
+    SCENARIOS,
+    ComputeMode,
+    Fleet,
+    GpuModel,
     SimGpu,
-    SimProcess,
     bus_id_for,
+    fleet_from_dict,
+    scenario,
+    scenario_key,
     uuid_for,
 )
-from nbgpu.errors import FleetSpecError
+from nbgpu.errors import FleetSpecError, UserInputError
+from nbgpu.sizes import parse_size
 
-__all__ = [
-    "FICTIONAL_PID_BASE",
-    "MIG_1G_BYTES",
-    "MODELS",
-    "OLD_DRIVER_MISSING",
-    "GpuModel",
-    "apply_options",
-    "parse_spec",
-]
-
-# NVML symbols that drivers before R470-ish do not export; pynvml then raises
-# FunctionNotFound and nbgpu must fall back to the unversioned calls.
-OLD_DRIVER_MISSING = (
-    "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetComputeRunningProcesses_v2",
-    "nvmlDeviceGetGraphicsRunningProcesses_v3",
-    "nvmlDeviceGetGraphicsRunningProcesses_v2",
-    "nvmlDeviceGetMemoryInfo_v2",
-    "nvmlDeviceGetPciInfo_v3",
-    "nvmlDeviceGetRemappedRows",
-    "nvmlDeviceGetMigMode",
-)
+__all__ = ["FICTIONAL_PID_BASE", "apply_options", "load_fleet", "parse_spec"]
 
 
-@dataclass(frozen=True)
-class GpuModel:
-    """Facts about one GPU model, from real captures (reference/nvidia.md §9.1)."""
+def load_fleet(source: str, *, cwd: Path | None = None, node: str | None = None) -> Fleet:
+    """Resolve ``NBGPU_SIMULATE``: a scenario name, a ``.json`` path, or a spec.
 
-    name: str
-    memory_total_bytes: int
-    memory_reserved_bytes: int
-    power_limit_w: float
-    idle_power_w: float
-    idle_temperature_c: int
-    compute_capability: tuple[int, int]
-    pci_device_id: int
-    mig_capable: bool = False
-    remapped_rows: bool = False  # Ampere datacenter and newer report row remapping
-
-
-MODELS: Mapping[str, GpuModel] = {
-    "A40": GpuModel("NVIDIA A40", 46068 * MIB, 0, 300.0, 31.0, 38, (8, 6), 0x223510DE),
-    "A100": GpuModel(
-        "NVIDIA A100-SXM4-40GB",
-        40960 * MIB,
-        518 * MIB,
-        400.0,
-        49.7,
-        33,
-        (8, 0),
-        0x20B010DE,
-        mig_capable=True,
-        remapped_rows=True,
-    ),
-    "A100-80GB": GpuModel(
-        "NVIDIA A100-SXM4-80GB",
-        81920 * MIB,
-        518 * MIB,
-        400.0,
-        52.0,
-        34,
-        (8, 0),
-        0x20B210DE,
-        mig_capable=True,
-        remapped_rows=True,
-    ),
-    "H100": GpuModel(
-        "NVIDIA H100 80GB HBM3",
-        81559 * MIB,
-        480 * MIB,
-        700.0,
-        68.9,
-        29,
-        (9, 0),
-        0x233010DE,
-        mig_capable=True,
-        remapped_rows=True,
-    ),
-    "H200": GpuModel(
-        "NVIDIA H200",
-        143771 * MIB,
-        480 * MIB,
-        700.0,
-        75.0,
-        30,
-        (9, 0),
-        0x233510DE,
-        mig_capable=True,
-        remapped_rows=True,
-    ),
-    "L40S": GpuModel("NVIDIA L40S", 46068 * MIB, 0, 350.0, 28.0, 33, (8, 9), 0x26B910DE),
-    "T4": GpuModel("Tesla T4", 15360 * MIB, 0, 70.0, 10.0, 37, (7, 5), 0x1EB810DE),
-    "A10G": GpuModel("NVIDIA A10G", 23028 * MIB, 0, 300.0, 25.0, 30, (8, 6), 0x223710DE),
-    "RTX4090": GpuModel(
-        "NVIDIA GeForce RTX 4090", 24564 * MIB, 0, 450.0, 21.5, 35, (8, 9), 0x268410DE
-    ),
-    "V100": GpuModel("Tesla V100-SXM2-16GB", 16152 * MIB, 0, 300.0, 40.0, 35, (7, 0), 0x1DB110DE),
-}
+    *node*: the node this process plays, for a cluster file (one fleet per node).
+    """
+    text = source.strip()
+    if scenario_key(text) is not None:
+        return scenario(text)
+    head, _, extra = text.partition(",")
+    key = scenario_key(head)
+    if key is not None:
+        # A scenario with more options: "busy-gpu0,procs=8" adds them to the scenario.
+        options = [part.strip() for part in extra.split(",")]
+        return replace(apply_options(scenario(key), options, spec=text), name=text)
+    path = Path(text).expanduser()
+    if cwd is not None and not path.is_absolute():
+        path = cwd / path
+    try:
+        is_file = path.is_file()
+    except OSError:  # a long spec is not a valid file name (ENAMETOOLONG)
+        is_file = False
+    if text.endswith(".json") or is_file:
+        return _fleet_file(path, text, node)
+    try:
+        return parse_spec(text)
+    except FleetSpecError as exc:
+        if "," not in text and "x" not in text.lower():
+            raise FleetSpecError(
+                f"NBGPU_SIMULATE={text!r} is not a scenario, a fleet file or a spec; scenarios: "
+                f"{', '.join(SCENARIOS)}"
+            ) from None
+        raise exc from None
 
 
-# A100-40GB 1g.5gb profile: 4864 MiB each, at most 7 (NVIDIA MIG user guide, table 12).
-MIG_1G_BYTES = 4864 * MIB
+def _fleet_file(path: Path, text: str, node: str | None) -> Fleet:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FleetSpecError(f"fleet file {text!r} does not exist") from None
+    except OSError as exc:
+        raise FleetSpecError(f"fleet file {text!r} cannot be read: {exc.strerror}") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise FleetSpecError(
+            f"fleet file {text!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
+            f"{exc.msg})"
+        ) from None
+    if not is_cluster(data):
+        return fleet_from_dict(data, default_name=path.name)
+    nodes = cluster_nodes(data, f"fleet file {text!r}")
+    if node not in nodes:
+        raise FleetSpecError(
+            f"fleet file {text!r} describes nodes {', '.join(nodes)}; this process is on "
+            f"{node!r} (SLURMD_NODENAME, NBGPU_NODE or the host name)"
+        )
+    return fleet_from_dict(nodes[node], default_name=f"{path.name}:{node}")
 
 
 def _make_gpu(model_key: str, model: GpuModel, index: int) -> SimGpu:
@@ -181,16 +161,6 @@ def _indices(key: str, value: str, count: int) -> list[int]:
             )
         out.append(idx)
     return out
-
-
-def _size_bytes(text: str) -> int:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?", text.strip(), re.IGNORECASE)
-    if not m:
-        raise FleetSpecError(f"fleet spec: {text!r} is not a size; expected e.g. 29000MiB or 28GiB")
-    number = float(m.group(1))
-    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
-    scale = {"": 1, "K": 1024, "M": MIB, "G": 1024 * MIB, "T": 1024 * 1024 * MIB}[unit]
-    return int(number * scale)
 
 
 def parse_spec(spec: str) -> Fleet:
@@ -265,7 +235,7 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
             }
             state = states[key]
             for idx in _indices(key, value, count):
-                holder = SimProcess(
+                holder = ProcessRecord(
                     pid=next_pid,
                     used_bytes=min(29000 * MIB, gpus[idx].memory_total_bytes // 2),
                     observed=ObservedProcess(
@@ -292,7 +262,7 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
                         f"fleet spec: holder={item!r}; expected holder=GPU:PID such as holder=0:1234"
                     )
                 (idx,) = _indices("holder", gpu_text, count)
-                proc = SimProcess(pid=int(pid_text), used_bytes=1024 * MIB)
+                proc = ProcessRecord(pid=int(pid_text), used_bytes=1024 * MIB)
                 gpus[idx] = replace(gpus[idx], processes=(*gpus[idx].processes, proc))
         elif key == "lost":
             for idx in _indices(key, value, count):
@@ -323,7 +293,7 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
                 raise FleetSpecError(f"fleet spec: procs={value!r}; expected a whole number")
             for n in range(int(value)):
                 idx = n % count
-                proc = SimProcess(
+                proc = ProcessRecord(
                     pid=next_pid,
                     used_bytes=(512 + 64 * n) * MIB,
                     observed=ObservedProcess(
@@ -335,7 +305,11 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
         elif key == "used":
             gpu_text, _, size_text = value.partition(":")
             (idx,) = _indices("used", gpu_text, count)
-            gpus[idx] = replace(gpus[idx], memory_used_bytes=_size_bytes(size_text))
+            try:  # nbgpu's one size parser: 20G and 20GiB are 20 GiB, 20GB is 20·10⁹
+                used = parse_size(size_text, f"fleet spec: used={gpu_text}:")
+            except UserInputError as exc:
+                raise FleetSpecError(str(exc)) from None
+            gpus[idx] = replace(gpus[idx], memory_used_bytes=used)
         elif key == "driver":
             if not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
                 raise FleetSpecError(f"fleet spec: driver={value!r}; expected e.g. 550.163.01")

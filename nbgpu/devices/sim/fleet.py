@@ -1,9 +1,10 @@
 """Fleets: a GPU box described as data, for the simulator and for offline planning.
 
 A fleet is what ``nbgpu status --json`` writes on a real machine, and what
-``NBGPU_SIMULATE`` accepts: a JSON file, a named scenario (``busy-gpu0``), or a short
-spec such as ``4xA40,busy=0``. The simulated NVML library (``simulate.py``) serves a
-fleet through the real pynvml wrappers.
+``NBGPU_SIMULATE`` accepts: a JSON file, a named fleet (``busy-gpu0``: one file each in
+``fleets/``, the same format, read by the same reader), or a short spec such as
+``4xA40,busy=0`` (``spec.py``, built from the GPU models here: facts from real captures).
+The fake NVML library (``nvml.py``) serves a fleet through the real pynvml wrappers.
 
 A process listed on a simulated GPU is either *live* (no ``observed`` record: its pid
 is looked up on this machine, so tests can stand real processes in as holders) or
@@ -19,32 +20,38 @@ import json
 import uuid as uuidlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from nbgpu._serial import from_data, to_data
-from nbgpu.devices.model import MigDevice, RemappedRows
+from nbgpu.devices.model import (
+    FLEET_FORMAT,
+    GpuFault,
+    InitError,
+    MigDevice,
+    ProcessRecord,
+    RemappedRows,
+)
 from nbgpu.errors import FleetSpecError
 
 __all__ = [
     "COMPUTE_MODES",
-    "FLEET_FORMAT",
-    "INIT_ERRORS",
+    "FLEETS_DIR",
+    "MIG_1G_BYTES",
+    "MODELS",
+    "OLD_DRIVER_MISSING",
+    "SCENARIOS",
     "ComputeMode",
     "Fleet",
-    "GpuFault",
-    "InitError",
-    "MigDevice",
-    "ObservedProcess",
-    "ProcessState",
-    "RemappedRows",
+    "GpuModel",
     "SimGpu",
-    "SimProcess",
     "bus_id_for",
     "fleet_from_dict",
+    "scenario",
+    "scenario_key",
     "uuid_for",
 ]
 
-FLEET_FORMAT = 1
 MIB = 1024 * 1024
 
 #: NVML compute modes, by the names nbgpu uses everywhere (value = NVML constant).
@@ -55,56 +62,8 @@ COMPUTE_MODES: Mapping[str, int] = {
     "exclusive_process": 3,
 }
 
-#: How NVML initialisation can fail, by name, with NVML's return code.
-INIT_ERRORS: Mapping[str, int] = {
-    "no_permission": 4,
-    "driver_not_loaded": 9,
-    "library_not_found": 12,
-    "lib_rm_version_mismatch": 18,
-    "unknown": 999,
-}
-
-#: The words a fleet file may use for each of these (read by their type: ``_serial.py``).
+#: The words a fleet file may use for a compute mode (read by their type: ``_serial.py``).
 ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
-GpuFault = Literal["lost", "no_permission"]
-InitError = Literal[
-    "no_permission", "driver_not_loaded", "library_not_found", "lib_rm_version_mismatch", "unknown"
-]
-ProcessState = Literal[
-    "running", "sleeping", "disk-sleep", "stopped", "zombie", "dead", "other_namespace"
-]
-
-#: Process states an ``observed`` record may carry.
-OBSERVED_STATES = frozenset(
-    {"running", "sleeping", "disk-sleep", "stopped", "zombie", "dead", "other_namespace"}
-)
-
-GPU_FAULTS = frozenset({"lost", "no_permission"})
-
-
-@dataclass(frozen=True)
-class ObservedProcess:
-    """What was seen of a process where the fleet was captured (not looked up here)."""
-
-    state: ProcessState
-    user: str | None = None
-    command: str | None = None
-    visible_devices: str | None = None  # its CUDA_VISIBLE_DEVICES, if it was readable
-    start_time: float | None = None  # seconds since the epoch
-
-
-@dataclass(frozen=True)
-class SimProcess:
-    """A process that NVML reports on a GPU."""
-
-    pid: int
-    used_bytes: int | None = None  # None: NVML cannot tell (MIG without privileges, WDDM)
-    kind: Literal["compute", "graphics"] = "compute"
-    observed: ObservedProcess | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.pid, bool) or self.pid <= 0:
-            raise ValueError(f"pid = {self.pid}; expected a positive pid")
 
 
 @dataclass(frozen=True)
@@ -133,7 +92,7 @@ class SimGpu:
     compute_capability: tuple[int, int] = (8, 0)
     pci_device_id: int = 0
     fault: GpuFault | None = None  # NVML fails on this handle
-    processes: tuple[SimProcess, ...] = ()
+    processes: tuple[ProcessRecord, ...] = ()
     # What creating a CUDA context on this GPU returns (CUDA driver error code).
     # None means "derive it": busy (46) when exclusive and held, or prohibited.
     cuda_error: int | None = None
@@ -182,6 +141,102 @@ class Fleet:
         return json.dumps(self.to_dict(), indent=indent)
 
 
+# --------------------------------------------------------------------------- GPU models
+
+# NVML symbols that drivers before R470-ish do not export; pynvml then raises
+# FunctionNotFound and nbgpu must fall back to the unversioned calls.
+OLD_DRIVER_MISSING = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetMigMode",
+)
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """Facts about one GPU model, from real captures (reference/nvidia.md §9.1)."""
+
+    name: str
+    memory_total_bytes: int
+    memory_reserved_bytes: int
+    power_limit_w: float
+    idle_power_w: float
+    idle_temperature_c: int
+    compute_capability: tuple[int, int]
+    pci_device_id: int
+    mig_capable: bool = False
+    remapped_rows: bool = False  # Ampere datacenter and newer report row remapping
+
+
+MODELS: Mapping[str, GpuModel] = {
+    "A40": GpuModel("NVIDIA A40", 46068 * MIB, 0, 300.0, 31.0, 38, (8, 6), 0x223510DE),
+    "A100": GpuModel(
+        "NVIDIA A100-SXM4-40GB",
+        40960 * MIB,
+        518 * MIB,
+        400.0,
+        49.7,
+        33,
+        (8, 0),
+        0x20B010DE,
+        mig_capable=True,
+        remapped_rows=True,
+    ),
+    "A100-80GB": GpuModel(
+        "NVIDIA A100-SXM4-80GB",
+        81920 * MIB,
+        518 * MIB,
+        400.0,
+        52.0,
+        34,
+        (8, 0),
+        0x20B210DE,
+        mig_capable=True,
+        remapped_rows=True,
+    ),
+    "H100": GpuModel(
+        "NVIDIA H100 80GB HBM3",
+        81559 * MIB,
+        480 * MIB,
+        700.0,
+        68.9,
+        29,
+        (9, 0),
+        0x233010DE,
+        mig_capable=True,
+        remapped_rows=True,
+    ),
+    "H200": GpuModel(
+        "NVIDIA H200",
+        143771 * MIB,
+        480 * MIB,
+        700.0,
+        75.0,
+        30,
+        (9, 0),
+        0x233510DE,
+        mig_capable=True,
+        remapped_rows=True,
+    ),
+    "L40S": GpuModel("NVIDIA L40S", 46068 * MIB, 0, 350.0, 28.0, 33, (8, 9), 0x26B910DE),
+    "T4": GpuModel("Tesla T4", 15360 * MIB, 0, 70.0, 10.0, 37, (7, 5), 0x1EB810DE),
+    "A10G": GpuModel("NVIDIA A10G", 23028 * MIB, 0, 300.0, 25.0, 30, (8, 6), 0x223710DE),
+    "RTX4090": GpuModel(
+        "NVIDIA GeForce RTX 4090", 24564 * MIB, 0, 450.0, 21.5, 35, (8, 9), 0x268410DE
+    ),
+    "V100": GpuModel("Tesla V100-SXM2-16GB", 16152 * MIB, 0, 300.0, 40.0, 35, (7, 0), 0x1DB110DE),
+}
+
+
+# A100-40GB 1g.5gb profile: 4864 MiB each, at most 7 (NVIDIA MIG user guide, table 12).
+MIG_1G_BYTES = 4864 * MIB
+
+
 # --------------------------------------------------------------------------- spec
 
 
@@ -206,7 +261,13 @@ def _with_position_defaults(gpu: dict[str, Any], position: int) -> dict[str, Any
         "uuid": uuid_for(f"json/{position}"),
         "pci_bus_id": bus_id_for(position),
     }
-    return {**gpu, **{k: v for k, v in defaults.items() if gpu.get(k) is None}}
+    # A capture writes null for what NVML could not read (a lost GPU's name and size).
+    unread = {"name": "Unknown GPU", "memory_total_bytes": 0}
+    return {
+        **gpu,
+        **{k: v for k, v in defaults.items() if gpu.get(k) is None},
+        **{k: v for k, v in unread.items() if k in gpu and gpu[k] is None},
+    }
 
 
 def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
@@ -232,3 +293,24 @@ def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
     return from_data(
         Fleet, {"name": default_name, **data}, prefix="fleet JSON", error=FleetSpecError
     )
+
+
+# --------------------------------------------------------------------------- named fleets
+
+FLEETS_DIR = Path(__file__).with_name("fleets")
+
+#: The named fleets, from the files (their descriptions are read with the fleet).
+SCENARIOS: tuple[str, ...] = tuple(sorted(p.stem for p in FLEETS_DIR.glob("*.json")))
+
+
+def scenario_key(name: str) -> str | None:
+    """The named fleet a name means, or None."""
+    return name if name in SCENARIOS else None
+
+
+def scenario(name: str) -> Fleet:
+    """The named fleet (a file of ``fleets/``)."""
+    if scenario_key(name) is None:
+        raise FleetSpecError(f"{name!r} is not a scenario; scenarios: {', '.join(SCENARIOS)}")
+    path = FLEETS_DIR / f"{name}.json"
+    return fleet_from_dict(json.loads(path.read_text(encoding="utf-8")), default_name=name)

@@ -3,8 +3,8 @@
 pynvml looks each symbol up by name: unknown names answer ``NOT_SUPPORTED`` unless the
 fleet removed them (an old driver), so :class:`FakeLibraryBase` dispatches by name. Here
 too: initialisation (and its scenario failures), the driver's versions, device counts
-and handles, names, UUIDs, PCI and compute capability. ``simulate_device.py`` adds the
-sensors, ``simulate.py`` MIG and processes. Never imports pynvml, psutil or IPython.
+and handles, names, UUIDs, PCI and compute capability. ``nvml.py`` adds the sensors,
+modes, MIG and processes. Never imports pynvml, psutil or IPython.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbgpu.devices.fleet import INIT_ERRORS, Fleet, SimGpu
+from nbgpu.devices.model import INIT_ERRORS
+from nbgpu.devices.sim.fleet import Fleet, SimGpu
 
 __all__ = [
     "ERROR_STRINGS",
@@ -32,6 +33,7 @@ __all__ = [
     "FakeLibraryBase",
     "Handle",
     "address_of",
+    "device_number",
     "store",
     "target",
     "write_pointer",
@@ -108,6 +110,23 @@ class Handle:
     @property
     def address(self) -> int:
         return ctypes.addressof(self.token)
+
+
+def device_number(read: Callable[[Handle], int | None]) -> Callable[..., int]:
+    """An NVML getter of one number about a device, written through its last argument
+    (``nvmlDeviceGetX(handle, [...,] ref)``); None from *read*: NOT_SUPPORTED."""
+
+    def query(self: FakeLibraryBase, handle: Any, *args: Any) -> int:
+        code, h = self._device(handle)
+        if h is None:
+            return code
+        value = read(h)
+        if value is None:
+            return NOT_SUPPORTED
+        store(args[-1], value)
+        return SUCCESS
+
+    return query
 
 
 class FakeLibraryBase:
@@ -256,12 +275,7 @@ class FakeLibraryBase:
                 return SUCCESS
         return NOT_FOUND
 
-    def _nvmlDeviceGetIndex(self, handle: Any, ref: Any) -> int:
-        code, h = self._device(handle)
-        if h is None:
-            return code
-        store(ref, h.gpu.index)
-        return SUCCESS
+    _nvmlDeviceGetIndex = device_number(lambda h: h.gpu.index)
 
     # -- identity ----------------------------------------------------------------
 

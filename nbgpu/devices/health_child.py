@@ -1,4 +1,4 @@
-"""The probe's child process: ``python -m nbgpu.devices.health.child``.
+"""The probe's child process: ``python -m nbgpu.devices.health_child``.
 
 It loads the driver (the real ``libcuda.so.1``, or the simulated fleet's library when
 ``NBGPU_SIMULATE`` is set), creates and at once releases the primary context of each
@@ -22,7 +22,7 @@ from typing import Any
 from nbgpu._lineage import die_with_parent
 from nbgpu.devices.cuda_driver import CudaCallError, CudaDriver
 from nbgpu.devices.cuda_errors import LIBCUDA_SONAME
-from nbgpu.devices.simenv import simulation_source
+from nbgpu.devices.sim import simulation_source
 from nbgpu.errors import UserInputError
 
 __all__ = ["DOC_FORMAT", "PARENT_ENV", "PROGRESS", "load_cuda_library"]
@@ -51,7 +51,7 @@ def load_cuda_library(environ: Mapping[str, str]) -> object:
     if source is None:
         return ctypes.CDLL(LIBCUDA_SONAME)
     # Imported here: the fleet and CUDA_VISIBLE_DEVICES machinery is only needed simulated.
-    from nbgpu.devices.simulate_cuda import load_simulated_cuda  # noqa: PLC0415
+    from nbgpu.devices.sim.cuda import load_simulated_cuda  # noqa: PLC0415
 
     return load_simulated_cuda(source, environ)
 
@@ -147,7 +147,7 @@ def _die_with_parent() -> None:
 
 
 def _child_main() -> int:
-    """``python -m nbgpu.devices.health.child``: probe, print one JSON document on stdout."""
+    """``python -m nbgpu.devices.health_child``: probe, print one JSON document on stdout."""
     _die_with_parent()
     doc = _probe_in_process(os.environ)
     sys.stdout.write(json.dumps(doc) + "\n")

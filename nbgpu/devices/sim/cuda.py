@@ -1,4 +1,4 @@
-"""A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.fleet.Fleet`.
+"""A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.fleet.Fleet`.
 
 :class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")``: its functions
 have the driver's names (``cuInit``, ``cuDeviceGet``, ``cuDevicePrimaryCtxRetain``, ...) and
@@ -47,9 +47,10 @@ from nbgpu.devices.cuda_errors import (
     CUDA_SUCCESS,
     LIBCUDA_SONAME,
 )
-from nbgpu.devices.fleet import Fleet, MigDevice, SimGpu
-from nbgpu.devices.fleet_source import load_fleet
-from nbgpu.devices.simenv import simulated_node
+from nbgpu.devices.model import MigDevice
+from nbgpu.devices.sim import simulated_node
+from nbgpu.devices.sim.fleet import Fleet, SimGpu
+from nbgpu.devices.sim.spec import load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
 __all__ = ["INIT_CUDA_ERRORS", "SimulatedCudaLibrary", "load_simulated_cuda"]
