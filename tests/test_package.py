@@ -150,7 +150,12 @@ def _nbgpu_imports(path: Path) -> set[str]:
 FORBIDDEN = {
     "devices": ("nbgpu.launch", "nbgpu.plan", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
                 "nbgpu.api", "nbgpu.rank", "nbgpu.profile"),
-    "plan": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
+    # plan/, estimate/ and scale/ are pure: devices/ and the top-level helpers only;
+    # plan uses estimate and scale, scale uses estimate, estimate neither.
+    "plan": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
+             "nbgpu.rank", "nbgpu.profile", "nbgpu.plan_cli"),
+    "estimate": ("nbgpu.plan", "nbgpu.scale", "nbgpu.launch", "nbgpu.diagnose",
+                 "nbgpu.notebook", "nbgpu.cli", "nbgpu.api", "nbgpu.rank", "nbgpu.profile"),
     # diagnose may read nbgpu.profile's records (memory at the failure), nothing else of it.
     "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
                  "nbgpu.profile.phases", "nbgpu.profile.recorder", "nbgpu.profile.sampler",
@@ -161,6 +166,9 @@ FORBIDDEN = {
     "profile": ("nbgpu.launch", "nbgpu.plan", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
                 "nbgpu.api", "nbgpu.rank"),
 }  # fmt: skip
+# Estimation and rescaling are planning too: no layer below the faces imports them.
+for _layer in ("devices", "diagnose", "launch", "profile"):
+    FORBIDDEN[_layer] += ("nbgpu.estimate", "nbgpu.scale")
 
 
 def test_layers_import_one_way():

@@ -42,6 +42,7 @@ from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nbgpu.errors import UserInputError
+from nbgpu.estimate import lookup_model, model_shape
 from nbgpu.plan import ports as _ports
 from nbgpu.plan.assign import order_pool
 from nbgpu.plan.batch import BatchCheck, BatchOption, Split
@@ -49,8 +50,6 @@ from nbgpu.plan.candidates import Candidate, candidates_from_inventory
 from nbgpu.plan.configfile import load_config, read_config, rescaled_text
 from nbgpu.plan.files import read_text
 from nbgpu.plan.job import GpuList, JobRequest, make_job
-from nbgpu.plan.memory import model_shape
-from nbgpu.plan.models import lookup_model
 from nbgpu.plan.multinode import build_nodes_plan
 from nbgpu.plan.nodesplan import NodesPlan, nodes_plan_from_dict
 from nbgpu.plan.planner import build_plan

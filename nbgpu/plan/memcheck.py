@@ -13,10 +13,10 @@ from typing import Any
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
+from nbgpu.estimate.estimator import estimate_memory
+from nbgpu.estimate.formulas import STRATEGIES, model_states
 from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.estimate import estimate_memory
 from nbgpu.plan.job import Job
-from nbgpu.plan.memory import STRATEGIES, model_states
 from nbgpu.plan.result import (
     Issue,
     MemoryCheck,

@@ -4,7 +4,7 @@ import pytest
 
 import nbgpu.plan
 from nbgpu.errors import UserInputError
-from nbgpu.plan.estimate import estimate
+from nbgpu.estimate import estimate
 
 from .conftest import all_free
 

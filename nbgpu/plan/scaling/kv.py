@@ -13,15 +13,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu._render import fmt_bytes
-from nbgpu.plan.memory import (
-    PRECISIONS,
-    ModelShape,
-    kv_bytes_per_token,
-    model_shape,
-    normalize_precision,
-    weight_bytes,
-)
-from nbgpu.plan.models import find_model
+from nbgpu.estimate.builtin_models import find_model
+from nbgpu.estimate.formulas import PRECISIONS, normalize_precision, weight_bytes
+from nbgpu.estimate.shapes import ModelShape, kv_bytes_per_token, model_shape
 from nbgpu.plan.result import Issue
 from nbgpu.plan.scaling.entries import Entry, find_entry
 from nbgpu.plan.scaling.rules import ScaleContext

@@ -13,9 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.plan.memory import (
-    ModelShape,
-)
+from nbgpu.estimate.shapes import ModelShape
 from nbgpu.plan.result import Issue
 from nbgpu.plan.scaling.entries import Entry, find_entry, int_of
 

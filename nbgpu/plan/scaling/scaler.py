@@ -14,9 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.plan.memory import (
-    ModelShape,
-)
+from nbgpu.estimate.shapes import ModelShape
 from nbgpu.plan.result import Issue
 from nbgpu.plan.scaling.checks import check_start_up
 from nbgpu.plan.scaling.entries import (

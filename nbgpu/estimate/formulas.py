@@ -1,5 +1,31 @@
-"""The analytic terms: model states by ZeRO stage, activations, per-sample buffers
-(logits, KV cache) and the reserves (CUDA context, NCCL, DDP buckets, fragmentation).
+"""Memory formulas: bytes per GPU for model states, inference weights and the KV cache.
+
+The byte accounting is stated, not hidden (``reference/memory.md`` §5a shows ±25 % between
+tools for the same model). Per parameter, before sharding:
+
+==========  =============  =============  ==========================================
+precision   parameters     gradients      optimizer state
+==========  =============  =============  ==========================================
+bf16/fp16   2 B            2 B            AdamW 12 B (fp32 master 4 + m 4 + v 4);
+                                          SGD 8 B (fp32 master 4 + momentum 4)
+fp32        4 B            4 B            AdamW 8 B (m 4 + v 4); SGD 4 B (momentum)
+==========  =============  =============  ==========================================
+
+So mixed-precision AdamW is the ZeRO paper's 16 B/param (K = 12). Per GPU, with data-parallel
+degree N, P/G/K the three columns and Ψ the parameters this GPU's model-parallel shard
+holds (Ψ = params / (tensor × pipeline degree)):
+
+- ``ddp``:             (P + G + K) Ψ           (everything replicated)
+- ``zero1``:           (P + G) Ψ + K Ψ / N     (optimizer state sharded)
+- ``zero2``:           P Ψ + (G + K) Ψ / N     (gradients too)
+- ``zero3``/``fsdp``:  (P + G + K) Ψ / N       (parameters too; FSDP full shard)
+
+Inference weights are P Ψ. KV cache per token (memory.md §5c) is
+``2 · layers · ceil(kv_heads / tp) · head_dim · dtype_bytes`` bytes on each GPU.
+:func:`analytic_terms` adds activations (Korthikanti et al.), logits and loss, and the
+reserves the allocator never sees (CUDA context, NCCL buffers, DDP buckets, gathered
+FSDP layers, fragmentation), each a :class:`~nbgpu.estimate.result.Term` with its
+formula and source.
 
 Pure arithmetic on a model shape and a layout; never imports torch.
 """
@@ -7,33 +33,221 @@ Pure arithmetic on a model shape and a layout; never imports torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nbgpu._render import fmt_bytes
-from nbgpu.plan.estimate.terms import (
-    CUDA_CONTEXT_BYTES,
-    NCCL_BYTES_PER_GROUP,
-    SRC_ACT,
-    SRC_CTX,
-    SRC_DDP,
-    SRC_FRAG,
-    SRC_KV,
-    SRC_LOGITS,
-    SRC_NCCL,
-    SRC_ZERO,
-    Term,
+from nbgpu.errors import UserInputError
+from nbgpu.estimate.builtin_models import ModelConfig
+from nbgpu.estimate.result import Term
+from nbgpu.estimate.shapes import ModelShape
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "FRAGMENTATION",
+    "NCCL_BYTES_PER_GROUP",
+    "OPTIMIZERS",
+    "PER_SAMPLE",
+    "PRECISIONS",
+    "ROLES",
+    "STRATEGIES",
+    "ByteAccounting",
+    "Layout",
+    "ModelStates",
+    "analytic_terms",
+    "byte_accounting",
+    "model_states",
+    "normalize_precision",
+    "weight_bytes",
+]
+
+GiB = 1024**3
+#: CUDA context per process: 287 MB lazy vs 667 MB eager loading (PyTorch PR #86509);
+#: "~400MB with lazy loading" (issue #109888). Mid-range of the 0.3-0.6 GB reported across drivers.
+CUDA_CONTEXT_BYTES = GiB // 2
+#: NCCL buffers per communicator: 544/688 MB measured on 4×A100 (NCCL issue #964);
+#: budget 0.5-1 GiB per communicator. A planning heuristic, stated as such.
+NCCL_BYTES_PER_GROUP = 3 * GiB // 4
+#: Fragmentation margin on the allocator's share (reserved - allocated):
+#: plan 5-10 %; Lightning's finder keeps 5 %, accelerate's 10 %.
+FRAGMENTATION = 0.05
+
+ROLES = ("train", "inference")
+
+SRC_ZERO = "Rajbhandari et al., ZeRO (SC'20, arXiv 1910.02054) §5a"
+SRC_ACT = "Korthikanti et al. (MLSys'23, arXiv 2205.05198) §4"
+SRC_KV = "2·L·kv_heads·head_dim·bytes per token (vLLM's KV page size)"
+SRC_LOGITS = (
+    "logits b·s·V in 16 bit plus fp32 copies for the loss, and the fp32 "
+    "logits gradient of the backward pass (traced)"
 )
-from nbgpu.plan.memory import (
-    PRECISIONS,
-    ModelShape,
-    model_states,
-)
-from nbgpu.plan.models import ModelConfig
+SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (lazy vs eager module loading)"
+SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
+SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
+SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
 
-__all__ = ["Layout", "analytic_terms"]
+# Which terms scale with the micro batch (the rest is fixed per GPU).
+PER_SAMPLE = frozenset({"activations", "logits/loss", "KV cache"})
+
+#: Bytes of one value of each training/inference precision.
+PRECISIONS: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: Sharding strategies and what each shards, for messages.
+STRATEGIES: Mapping[str, str] = {
+    "ddp": "nothing sharded",
+    "zero1": "optimizer state sharded",
+    "zero2": "optimizer state and gradients sharded",
+    "zero3": "parameters, gradients and optimizer state sharded",
+    "fsdp": "full shard, counted as ZeRO-3",
+}
+OPTIMIZERS = ("adamw", "adam", "sgd")
+
+_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
+                  "float": "fp32"}  # fmt: skip
 
 
-# -------------------------------------------------------------------------- formulas
+@dataclass(frozen=True)
+class ByteAccounting:
+    """Bytes per parameter, before any sharding."""
+
+    precision: str
+    optimizer: str
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def text(self) -> str:
+        if self.precision == "fp32":
+            states = "m 4 + v 4" if self.optimizer != "sgd" else "momentum 4"
+        else:
+            states = "fp32 master 4 + m 4 + v 4" if self.optimizer != "sgd" else "master 4 + mom. 4"
+        name = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
+        return (
+            f"{self.precision} params {self.param_bytes} B + grads {self.grad_bytes} B + "
+            f"{name} {self.optimizer_bytes} B ({states}) = {self.total} B/param"
+        )
+
+
+def normalize_precision(precision: str) -> str:
+    key = str(precision).strip().lower()
+    key = _DTYPE_ALIASES.get(key.removeprefix("torch."), key)
+    if key not in PRECISIONS:
+        raise UserInputError(
+            f"precision={precision!r}: expected one of {', '.join(PRECISIONS)} "
+            "(or bfloat16, float16, float32)"
+        )
+    return key
+
+
+def byte_accounting(precision: str = "bf16", optimizer: str = "adamw") -> ByteAccounting:
+    """The per-parameter bytes nbgpu uses for *precision* and *optimizer* (see module doc)."""
+    prec = normalize_precision(precision)
+    opt = str(optimizer).strip().lower()
+    if opt not in OPTIMIZERS:
+        raise UserInputError(f"optimizer={optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
+    value = PRECISIONS[prec]
+    if prec == "fp32":
+        states = 4 if opt == "sgd" else 8
+    else:
+        states = 8 if opt == "sgd" else 12  # fp32 master copy + fp32 moments
+    return ByteAccounting(prec, opt, value, value, states)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model-state bytes on one GPU of a training role."""
+
+    parameters: int
+    strategy: str
+    data_parallel: int
+    model_parallel: int  # tensor × pipeline degree: Ψ is divided by it first
+    accounting: ByteAccounting
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def formula(self) -> str:
+        a = self.accounting
+        p, g, k = a.param_bytes, a.grad_bytes, a.optimizer_bytes
+        n = self.data_parallel
+        shard = "Ψ" if self.model_parallel == 1 else f"Ψ/{self.model_parallel}"
+        text = {
+            "ddp": f"({p}+{g}+{k})·{shard}",
+            "zero1": f"({p}+{g})·{shard} + {k}·{shard}/{n}",
+            "zero2": f"{p}·{shard} + ({g}+{k})·{shard}/{n}",
+            "zero3": f"({p}+{g}+{k})·{shard}/{n}",
+            "fsdp": f"({p}+{g}+{k})·{shard}/{n}",
+        }[self.strategy]
+        return f"{self.strategy}: {text}"
+
+
+def _check_count(label: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserInputError(f"{label} {value!r}: expected a whole number >= 1")
+
+
+def model_states(
+    parameters: int,
+    *,
+    strategy: str = "ddp",
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    data_parallel: int = 1,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> ModelStates:
+    """Per-GPU parameter, gradient and optimizer bytes (ZeRO paper formulas)."""
+    _check_count("parameter count", parameters)
+    for label, value in (
+        ("data-parallel degree", data_parallel),
+        ("tensor-parallel degree", tensor_parallel),
+        ("pipeline-parallel degree", pipeline_parallel),
+    ):
+        _check_count(label, value)
+    strat = str(strategy).strip().lower()
+    if strat not in STRATEGIES:
+        raise UserInputError(f"strategy={strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    acc = byte_accounting(precision, optimizer)
+    shard = parameters / (tensor_parallel * pipeline_parallel)
+    n = data_parallel
+    p, g, k = acc.param_bytes * shard, acc.grad_bytes * shard, acc.optimizer_bytes * shard
+    if strat in ("zero1", "zero2", "zero3", "fsdp"):
+        k /= n
+    if strat in ("zero2", "zero3", "fsdp"):
+        g /= n
+    if strat in ("zero3", "fsdp"):
+        p /= n
+    return ModelStates(
+        parameters=parameters,
+        strategy=strat,
+        data_parallel=n,
+        model_parallel=tensor_parallel * pipeline_parallel,
+        accounting=acc,
+        params_bytes=math.ceil(p),
+        grads_bytes=math.ceil(g),
+        optimizer_bytes=math.ceil(k),
+    )
+
+
+def weight_bytes(
+    parameters: int, precision: str = "bf16", tensor_parallel: int = 1, pipeline_parallel: int = 1
+) -> int:
+    """Inference weights on one GPU: P·Ψ with Ψ split over tensor × pipeline."""
+    _check_count("parameter count", parameters)
+    size = PRECISIONS[normalize_precision(precision)]
+    return math.ceil(size * parameters / (tensor_parallel * pipeline_parallel))
+
+
+# ------------------------------------------------------------------ the analytic terms
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Built-in model shapes and the HF config.json reader (nbgpu/plan/models.py)."""
+"""Built-in model shapes and the HF config.json reader (nbgpu/estimate/builtin_models.py, shapes.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from nbgpu.errors import UserInputError
-from nbgpu.plan.hfconfig import read_hf_config, resolve_model_config
-from nbgpu.plan.models import (
+from nbgpu.estimate.builtin_models import (
     BUILTIN_MODELS,
     find_model,
     lookup_model,
 )
+from nbgpu.estimate.shapes import read_hf_config, resolve_model_config
 
 # Parameter counts as the model cards / papers publish them (billions, rounded as published).
 PUBLISHED = {

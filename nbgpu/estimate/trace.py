@@ -20,7 +20,7 @@ Pitfalls handled (memory.md §3 and PyTorch issues):
 
 **Measured**: the same step run for real on the CPU (``measure.py``).
 
-Imports torch at module level: only :mod:`nbgpu.plan.estimate` imports this, and only when
+Imports torch at module level: only :mod:`nbgpu.estimate.estimator` imports this, and only when
 it is given a module. Never imports IPython, pynvml or the inventory, and never moves a
 tensor to a GPU.
 """
@@ -39,10 +39,10 @@ from torch import nn
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
-from nbgpu.plan.estimate.terms import Term
+from nbgpu.estimate.result import Term
 
 if TYPE_CHECKING:
-    from nbgpu.plan.estimate.formulas import Layout
+    from nbgpu.estimate.formulas import Layout
 
 __all__ = [
     "TracedPeak",
@@ -287,7 +287,7 @@ def trace_terms(
     example_input: Any,
     loss_fn: Callable[..., torch.Tensor] | None,
 ) -> tuple[tuple[Term, ...], str]:
-    """Traced per-GPU terms for :func:`nbgpu.plan.estimate.estimate_memory`, and a note."""
+    """Traced per-GPU terms for :func:`nbgpu.estimate.estimate_memory`, and a note."""
 
     if layout.role != "train":
         return (), "traced: not tried (the traced step is a training step; analytic used)"

@@ -10,8 +10,7 @@ import pytest
 import nbgpu
 import nbgpu.plan
 from nbgpu.errors import UserInputError
-from nbgpu.plan.estimate import estimate, estimate_memory, largest_micro_batch
-from nbgpu.plan.models import lookup_model
+from nbgpu.estimate import estimate, estimate_memory, largest_micro_batch, lookup_model
 
 GB = 10**9
 

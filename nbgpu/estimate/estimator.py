@@ -1,21 +1,21 @@
 """Per-GPU memory of a training or inference process, term by term, with formulas and sources.
 
-``estimate()`` answers "how many bytes will each GPU need" before anything runs:
+``estimate_memory()`` (``nbgpu.estimate(...)``) answers "how many bytes will each GPU need" before anything runs:
 
-- **analytic** terms, always: model states from :mod:`nbgpu.plan.memory` (the ZeRO paper's
+- **analytic** terms, always: model states from :mod:`nbgpu.estimate.formulas` (the ZeRO paper's
   formulas), activations after Korthikanti et al. (with and without checkpointing), logits
   and loss, the KV cache, and the per-process reserves the PyTorch allocator never sees
   (CUDA context, NCCL buffers, DDP gradient buckets) plus a fragmentation margin;
 - **traced** terms, for a live ``torch.nn.Module``: one forward + backward + optimizer step
-  under fake tensors (:mod:`nbgpu.plan.trace`), so the activations are your module's, not a
+  under fake tensors (:mod:`nbgpu.estimate.trace`), so the activations are your module's, not a
   formula's. When tracing fails the analytic answer stands, with the reason.
 
 Activations, logits and the KV cache grow linearly with the micro batch and everything
 else does not, so the largest micro batch that fits a budget is one division
 (:func:`largest_micro_batch`): no out-of-memory trials.
 
-Pure arithmetic: imports ``memory``, ``models``, ``_render`` and ``errors``; ``trace`` (and
-with it torch) only when a module is given.
+Pure arithmetic: imports ``formulas``, ``shapes``, ``_render``, ``sizes`` and ``errors``;
+never torch, except ``trace`` (and with it torch) when a module is given.
 """
 
 from __future__ import annotations
@@ -27,36 +27,32 @@ from typing import Any
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
-from nbgpu.plan.estimate.formulas import Layout, analytic_terms
-from nbgpu.plan.estimate.inputs import parse_bytes, whole_number
-from nbgpu.plan.estimate.terms import (
-    CUDA_CONTEXT_BYTES,
+from nbgpu.estimate.formulas import (
     FRAGMENTATION,
-    NCCL_BYTES_PER_GROUP,
     PER_SAMPLE,
     ROLES,
-    MemoryEstimate,
-    Term,
-)
-from nbgpu.plan.memory import (
     STRATEGIES,
-    ModelShape,
-    model_shape,
+    Layout,
+    analytic_terms,
     normalize_precision,
 )
+from nbgpu.estimate.result import MemoryEstimate, Term
+from nbgpu.estimate.shapes import ModelShape, model_shape
+from nbgpu.sizes import parse_size
 
-__all__ = [
-    "CUDA_CONTEXT_BYTES",
-    "FRAGMENTATION",
-    "NCCL_BYTES_PER_GROUP",
-    "MemoryEstimate",
-    "Term",
-    "analytic_terms",
-    "estimate",
-    "estimate_memory",
-    "largest_micro_batch",
-    "parse_bytes",
-]
+__all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes", "whole_number"]
+
+
+def whole_number(label: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserInputError(f"{label}={value!r}: expected a whole number >= {minimum}")
+    return value
+
+
+def parse_bytes(value: Any, label: str = "budget") -> int:
+    """A byte budget as written (``80e9``, ``"80GB"``, ``"24GiB"``; :mod:`nbgpu.sizes`)."""
+    return parse_size(value, f"{label}=")
+
 
 # ------------------------------------------------------------------------ the estimate
 
@@ -174,7 +170,17 @@ def estimate_memory(
     trace: bool | None = None,
     foreach: bool = True,
 ) -> MemoryEstimate:
-    """Per-GPU memory for *model*; see :func:`nbgpu.estimate` for the arguments."""
+    """Per-GPU memory of *model* in named terms, each with its formula and source.
+
+    *model*: a parameter count (``7.5e9``, ``"7B"``), a built-in name
+    (``"Qwen/Qwen2.5-7B-Instruct"``), an HF ``config.json`` (path or dict) or a live
+    ``torch.nn.Module`` (traced with fake tensors; pass ``example_input=``, a batch with
+    the batch in dim 0, unless it is a token model and ``seq_len`` is given).
+    ``precision`` (bf16, fp16, fp32), ``optimizer`` (adamw, adam, sgd), ``strategy``
+    (ddp, zero1, zero2, zero3, fsdp), ``role`` ("train" or "inference"), ``kv_tokens``
+    (inference: KV-cache tokens per GPU), ``budget`` (bytes or "80GB": adds the largest
+    micro batch within it).
+    """
     if micro_batch is None:
         micro_batch = _batch_size(example_input) or 1
     lay = _layout(
@@ -205,7 +211,7 @@ def estimate_memory(
     if trace and not module:
         note = "traced: not tried (tracing needs a live torch.nn.Module; analytic used)"
     elif trace:
-        from nbgpu.plan.trace import trace_terms  # noqa: PLC0415  (imports torch)
+        from nbgpu.estimate.trace import trace_terms  # noqa: PLC0415  (imports torch)
 
         traced, note = trace_terms(
             model,
@@ -338,51 +344,18 @@ def largest_micro_batch(
     return replace(final, max_micro_batch=best, notes=(*final.notes, note))
 
 
-class _Estimate:
-    """``nbgpu.estimate(...)``, ``nbgpu.estimate.compare(...)``, ``.largest_micro_batch``."""
+def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
+    """One real CPU step of *module* on *batch*: measured peak beside both estimates."""
+    from nbgpu.estimate.measure import compare_step  # noqa: PLC0415  (imports torch)
 
-    def __call__(self, model: Any, **kwargs: Any) -> MemoryEstimate:
-        """Per-GPU memory of *model* in named terms, each with its formula and source.
-
-        *model*: a parameter count (``7.5e9``, ``"7B"``), a built-in name
-        (``"Qwen/Qwen2.5-7B-Instruct"``), an HF ``config.json`` (path or dict) or a live
-        ``torch.nn.Module`` (traced with fake tensors; pass ``example_input=``, a batch with
-        the batch in dim 0, unless it is a token model and ``seq_len`` is given).
-        Keywords: ``precision`` (bf16, fp16, fp32), ``optimizer`` (adamw, adam, sgd),
-        ``strategy`` (ddp, zero1, zero2, zero3, fsdp), ``world_size``, ``micro_batch``,
-        ``seq_len``, ``tensor_parallel``, ``pipeline_parallel``,
-        ``activation_checkpointing``, ``role`` ("train" or "inference"),
-        ``flash_attention`` (default True), ``gradient_as_bucket_view``, ``fragmentation``,
-        ``kv_tokens`` (inference: KV-cache tokens per GPU), ``budget`` (bytes or "80GB":
-        adds the largest micro batch within it), ``loss_fn``, ``trace``.
-        """
-        return estimate_memory(model, **kwargs)
-
-    @staticmethod
-    def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
-        """One real CPU step of *module* on *batch*: measured peak beside both estimates."""
-        from nbgpu.plan.measure import compare_step  # noqa: PLC0415  (imports torch)
-
-        optimizer = kwargs.pop("optimizer", "adamw")
-        loss_fn = kwargs.pop("loss_fn", None)
-        analytic = estimate_memory(
-            module,
-            optimizer=optimizer,
-            precision=kwargs.pop("precision", "fp32"),
-            trace=False,
-            example_input=batch,  # the analytic micro batch is the batch's dim 0
-            **kwargs,
-        )
-        return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)
-
-    @staticmethod
-    def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimate:
-        """See :func:`largest_micro_batch`."""
-        return largest_micro_batch(model, budget, **kwargs)
-
-    def __repr__(self) -> str:
-        return "<nbgpu.estimate: per-GPU memory estimates (call it; .compare(module, batch))>"
-
-
-#: The public ``nbgpu.estimate``.
-estimate = _Estimate()
+    optimizer = kwargs.pop("optimizer", "adamw")
+    loss_fn = kwargs.pop("loss_fn", None)
+    analytic = estimate_memory(
+        module,
+        optimizer=optimizer,
+        precision=kwargs.pop("precision", "fp32"),
+        trace=False,
+        example_input=batch,  # the analytic micro batch is the batch's dim 0
+        **kwargs,
+    )
+    return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)

@@ -19,7 +19,7 @@ from torch import nn
 
 from nbgpu._render import Result, Table, fmt_bytes
 from nbgpu.errors import UserInputError
-from nbgpu.plan.trace import (
+from nbgpu.estimate.trace import (
     TOOL,
     failure_reason,
     make_optimizer,
@@ -30,7 +30,7 @@ from nbgpu.plan.trace import (
 )
 
 if TYPE_CHECKING:
-    from nbgpu.plan.estimate.terms import MemoryEstimate
+    from nbgpu.estimate.result import MemoryEstimate
 
 
 __all__ = ["StepComparison", "compare_step", "measure_step"]

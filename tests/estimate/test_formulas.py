@@ -1,13 +1,8 @@
 import pytest
 
 from nbgpu.errors import UserInputError
-from nbgpu.plan.memory import (
-    byte_accounting,
-    kv_bytes_per_token,
-    model_shape,
-    model_states,
-    weight_bytes,
-)
+from nbgpu.estimate.formulas import byte_accounting, model_states, weight_bytes
+from nbgpu.estimate.shapes import kv_bytes_per_token, model_shape
 
 GIB = 2**30
 LLAMA3_8B = {
