@@ -7,7 +7,7 @@ each model's published ``config.json`` on the Hugging Face Hub (the source of ea
 named above its rows). Parameter counts are computed from the shape
 (:attr:`ModelConfig.parameters`) and tested against the counts the model cards publish.
 
-Public API (stable: ``plan/scaling/`` uses it):
+Public API (stable: ``scale/`` uses it):
 
 - :func:`lookup_model` - a built-in shape by repo name (case-insensitive, ``org/`` optional),
   or a :class:`~nbgpu.errors.UserInputError` naming close matches;

@@ -47,8 +47,6 @@ from nbgpu.plan import ports as _ports
 from nbgpu.plan.assign import order_pool
 from nbgpu.plan.batch import BatchCheck, BatchOption, Split
 from nbgpu.plan.candidates import Candidate, candidates_from_inventory
-from nbgpu.plan.configfile import load_config, read_config, rescaled_text
-from nbgpu.plan.files import read_text
 from nbgpu.plan.job import GpuList, JobRequest, make_job
 from nbgpu.plan.multinode import build_nodes_plan
 from nbgpu.plan.nodesplan import NodesPlan, nodes_plan_from_dict
@@ -63,8 +61,9 @@ from nbgpu.plan.result import (
     PlannedGpu,
     RolePlan,
 )
-from nbgpu.plan.scaling import KvCheck, ScalePlan, ScaleStep, builtin_shape, scale_config
 from nbgpu.plan.sweep import SweepPlan, build_sweep, sweep_from_dict
+from nbgpu.scale import KvCheck, ScalePlan, ScaleStep, builtin_shape, scale_config
+from nbgpu.scale.files import load_config, read_config, read_text, rescaled_text
 
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
@@ -314,7 +313,7 @@ def scale(
     per-GPU work (global batches grow with the GPUs), ``"keep"`` keeps global batches and
     checks them. ``tensor_parallel``: ``"keep"`` (more engines), ``"scale"`` (bigger
     engines) or a number. ``rules`` maps your own keys to a rule (see
-    ``nbgpu.plan.scaling.RULES``). With ``model`` (an HF config dict) and a GPU size
+    ``nbgpu.scale.RULES``). With ``model`` (an HF config dict) and a GPU size
     (``inventory`` or ``gpu_memory_bytes``) the KV cache per GPU is checked. Unlike
     :func:`plan`, no inventory is taken unless ``inventory`` is given: configs are often
     scaled for another box.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.plan.candidates import Candidate, candidates_from_inventory
-from nbgpu.plan.files import read_text, write_text
+from nbgpu.scale.files import read_text, write_text
 
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory

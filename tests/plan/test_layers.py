@@ -11,8 +11,9 @@ from pathlib import Path
 
 import nbgpu.estimate
 import nbgpu.plan
+import nbgpu.scale
 
-PACKAGES = ("nbgpu.plan", "nbgpu.estimate")
+PACKAGES = ("nbgpu.plan", "nbgpu.estimate", "nbgpu.scale")
 MODULES = sorted(
     [*PACKAGES]
     + [
@@ -67,7 +68,7 @@ def test_only_ports_binds_sockets_and_only_files_reads_files():
         if "socket" in _imports(_path(module)):
             assert module == "nbgpu.plan.ports", module
         # shapes.py reads the one HF config.json a user names (read_hf_config).
-        if module not in ("nbgpu.plan.files", "nbgpu.estimate.shapes"):
+        if module not in ("nbgpu.scale.files", "nbgpu.estimate.shapes"):
             assert ".read_text(" not in source, module
             assert "open(" not in source, module
 

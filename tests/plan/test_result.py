@@ -89,7 +89,8 @@ def test_text_fits_80_columns_and_labels_simulation(busy_gpu0_plan):
 
 def test_html_and_frame(busy_gpu0_plan):
     html = busy_gpu0_plan.alternatives[0].plan._repr_mimebundle_()["text/html"]
-    assert 'class="nbgpu-sim"' in html and ">SIMULATED</span>" in html
+    assert 'class="nbgpu-sim"' in html
+    assert ">SIMULATED</span>" in html
     assert "GPU-" in html  # UUIDs are shown in the notebook
     frame = busy_gpu0_plan.alternatives[0].plan.to_frame()
     assert list(frame["nvml_index"]) == [1, 2, 3]

@@ -16,25 +16,26 @@ from typing import Any
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.shapes import ModelShape
 from nbgpu.plan.result import Issue
-from nbgpu.plan.scaling.checks import check_start_up
-from nbgpu.plan.scaling.entries import (
+from nbgpu.scale.kv import kv_check, named_model
+from nbgpu.scale.result import ScalePlan, ScaleStep
+from nbgpu.scale.rules import (
+    ScaleContext,
+    batch_divisor,
+    check_start_up,
+    rules_for,
+    scale_global,
+    scale_tensor_parallel,
+)
+from nbgpu.scale.values import (
     Entry,
     device_count,
     entries_of,
     find_entry,
     int_of,
+    override_text,
+    parse_overrides,
     set_value,
 )
-from nbgpu.plan.scaling.kv import kv_check, named_model
-from nbgpu.plan.scaling.result import ScalePlan, ScaleStep
-from nbgpu.plan.scaling.rules import (
-    ScaleContext,
-    batch_divisor,
-    rules_for,
-    scale_global,
-    scale_tensor_parallel,
-)
-from nbgpu.plan.values import override_text, parse_overrides
 
 __all__ = ["scale_config"]
 

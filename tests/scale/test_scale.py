@@ -7,7 +7,7 @@ import pytest
 
 import nbgpu.plan
 from nbgpu.errors import UserInputError
-from nbgpu.plan.scaling import KV_RESERVE_BYTES
+from nbgpu.scale import KV_RESERVE_BYTES
 
 # A 2-GPU VAGEN run as it was hand-tuned, in verl's key layout.
 TWO_GPU = {

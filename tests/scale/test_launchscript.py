@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 import nbgpu.plan
 from nbgpu.cli import main
 from nbgpu.errors import UserInputError
-from nbgpu.plan.launchscript import read_script
-from nbgpu.plan.scriptedit import rewrite_script
+from nbgpu.scale.files import rewrite_script
+from nbgpu.scale.script import read_script
 
 CONFIGS = Path(__file__).parent / "configs"
 VAGEN = CONFIGS / "vagen_2gpu.sh"

@@ -13,7 +13,7 @@ verl and VAGEN users keep a run as a shell script::
 :func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or
 accelerate program word) and the variables the script sets, and resolves ``$VAR``,
 ``${VAR}`` and ``${VAR:-default}`` the way bash would with those variables unset in the
-environment. :func:`~nbgpu.plan.scriptedit.rewrite_script` changes values in the text itself: a literal where it
+environment. :func:`~nbgpu.scale.files.rewrite_script` changes values in the text itself: a literal where it
 is written (inside its quotes), a ``$VAR`` through the assignment of ``VAR`` (or the default
 of ``${VAR:-4}``), so layout, comments, quoting and line continuations stay as they were.
 A value computed from several parts (``"${A}_${B}"``, ``$((N*2))``) is replaced by the new
@@ -33,8 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.plan.shellarith import arithmetic
-from nbgpu.plan.values import parse_value
+from nbgpu.scale.values import arithmetic, parse_value
 
 __all__ = [
     "NAME",
@@ -53,7 +52,7 @@ _PROGRAMS = re.compile(
 )
 _WRAPPERS = frozenset({"env", "nohup", "exec", "time", "nice", "stdbuf", "srun", "command"})
 _SEPARATORS = (";", "&&", "||", "|", "&")
-#: Environment variables that belong to the config (``rule`` devices in ``scaling/``).
+#: Environment variables that belong to the config (``rule`` devices in ``rules.py``).
 CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
 

@@ -1,7 +1,7 @@
 """The result of scaling a config: each step explained, the plan with its diff,
 overrides, rescaled file text and JSON.
 
-Pure rendering over values; never reads files (``configfile.py`` writes them).
+Pure rendering over values; never reads files (``files.py`` writes them).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from typing import Any
 
 from nbgpu._render import Result, Table, wrap
 from nbgpu.plan.result import Issue, notes_html, notes_text
-from nbgpu.plan.scaling.kv import KvCheck
-from nbgpu.plan.values import override_text, short_text
-from nbgpu.plan.yamldoc import dump_yaml
+from nbgpu.scale.kv import KvCheck
+from nbgpu.scale.values import override_text, short_text
 
 __all__ = ["ScalePlan", "ScaleStep"]
 
@@ -76,6 +75,8 @@ class ScalePlan(Result):
             return self.new_text
         if isinstance(self.config, list):
             return "\n".join(self.config) + "\n"
+        from nbgpu.scale.yamldoc import dump_yaml  # noqa: PLC0415  (ruamel: only when asked)
+
         return dump_yaml(self.config)
 
     def to_text(self) -> str:
@@ -87,7 +88,7 @@ class ScalePlan(Result):
 
         Returns the plan with ``written_to`` set, so its text says where the file went.
         """
-        from nbgpu.plan.files import write_text  # noqa: PLC0415  (the one module doing I/O)
+        from nbgpu.scale.files import write_text  # noqa: PLC0415  (YAML and scripts: heavy)
 
         write_text(path, self.to_text(), like=self.source)
         return replace(self, written_to=os.fspath(path))
@@ -103,6 +104,8 @@ class ScalePlan(Result):
         elif isinstance(self.config, list):
             old, new = self.original, self.config
         else:
+            from nbgpu.scale.yamldoc import dump_yaml  # noqa: PLC0415
+
             old = dump_yaml(self.original).splitlines()
             new = dump_yaml(self.config).splitlines()
         lines = difflib.unified_diff(

@@ -17,15 +17,14 @@ from nbgpu.estimate.builtin_models import find_model
 from nbgpu.estimate.formulas import PRECISIONS, normalize_precision, weight_bytes
 from nbgpu.estimate.shapes import ModelShape, kv_bytes_per_token, model_shape
 from nbgpu.plan.result import Issue
-from nbgpu.plan.scaling.entries import Entry, find_entry
-from nbgpu.plan.scaling.rules import ScaleContext
+from nbgpu.scale.rules import ScaleContext
+from nbgpu.scale.values import Entry, config_model_len, find_entry
 
 __all__ = [
     "GIB",
     "KV_RESERVE_BYTES",
     "KvCheck",
     "builtin_shape",
-    "config_model_len",
     "kv_check",
     "named_model",
 ]
@@ -82,22 +81,6 @@ class KvCheck:
             f" = {fmt_bytes(self.budget_bytes)} at {fmt_bytes(self.bytes_per_token)}/token "
             f"(tp {self.tensor_parallel}) = {self.capacity_tokens:,} tokens"
         )
-
-
-def config_model_len(entries: Sequence[Entry], value: Any) -> int | None:
-    explicit = find_entry(entries, "max_model_len")
-    if explicit is not None and isinstance(value(explicit), int):
-        return int(value(explicit))
-    for prompt_key, response_key in (
-        ("max_prompt_length", "max_response_length"),
-        ("prompt_length", "response_length"),
-    ):
-        p, r = find_entry(entries, prompt_key), find_entry(entries, response_key)
-        if p is not None and r is not None:
-            pv, rv = value(p), value(r)
-            if isinstance(pv, int) and isinstance(rv, int):
-                return pv + rv
-    return None
 
 
 def kv_check(

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import nbgpu.plan
 from nbgpu.errors import UserInputError
-from nbgpu.plan.yamldoc import load_yaml, rewrite_yaml, to_plain
+from nbgpu.scale.yamldoc import load_yaml, rewrite_yaml, to_plain
 
 CONFIGS = Path(__file__).parent / "configs"
 PPO = CONFIGS / "ppo_2gpu.yaml"

@@ -30,15 +30,22 @@ batch per GPU; mini ≤ train batch; the rollout world divisible by the tensor-p
 ``max_num_seqs`` and ≥ the maximum model length. With a model and a GPU size, the KV cache
 each GPU can hold is checked with ``reference/memory.md`` §5c's formula.
 
-Pure: works on plain data; never reads files (``files.py`` does) nor imports the inventory,
-sockets or processes. The rescaled text of a file in its own layout (YAML, JSON or launch
-script) is ``configfile.py``'s.
+Modules: ``values`` (a config as entries; value text; bash arithmetic) · ``rules`` (the
+rules and verl's start-up checks) · ``kv`` (the KV-cache check) · ``scaler`` · ``result``
+(:class:`ScalePlan`) · ``files`` (a file read by its form and rewritten in its own layout)
+· ``script`` (reading a launch script) · ``yamldoc`` (ruamel.yaml). ``nbgpu.plan.scale()``
+is the face: it reads the file and the inventory, then calls :func:`scale_config`.
+
+This package only re-exports, from modules that work on plain data: importing it (or
+:class:`ScalePlan`) never loads ruamel.yaml or the shell lexer (``files``, ``script`` and
+``yamldoc`` are imported when a file is read or written), the inventory, sockets or
+processes.
 """
 
-from nbgpu.plan.scaling.kv import KV_RESERVE_BYTES, KvCheck, builtin_shape
-from nbgpu.plan.scaling.result import ScalePlan, ScaleStep
-from nbgpu.plan.scaling.rules import RULES
-from nbgpu.plan.scaling.scaler import scale_config
+from nbgpu.scale.kv import KV_RESERVE_BYTES, KvCheck, builtin_shape
+from nbgpu.scale.result import ScalePlan, ScaleStep
+from nbgpu.scale.rules import RULES
+from nbgpu.scale.scaler import scale_config
 
 __all__ = [
     "KV_RESERVE_BYTES",
