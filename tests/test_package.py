@@ -121,6 +121,27 @@ print(json.dumps({{"added": added, "heavy": heavy, "cells": added_cells, "left":
     assert result["again"] == result["added"]
 
 
+def test_planning_results_load_no_yaml_or_shell_parser():
+    # The faces of plan/, estimate/ and scale/ re-export from light modules: a result type
+    # (what launch, the notebook and plan files need) comes without ruamel.yaml, the
+    # launch-script lexer, torch or the inventory.
+    script = (
+        "import json, sys\n"
+        "from nbgpu.plan.result import Plan\n"
+        "from nbgpu.plan import NodesPlan, SweepPlan\n"
+        "from nbgpu.scale import ScalePlan\n"
+        "from nbgpu.estimate import MemoryEstimate\n"
+        "light = ('ruamel', 'torch', 'pynvml', 'psutil', 'pandas')\n"
+        "parsers = ('nbgpu.scale.script', 'nbgpu.scale.yamldoc', 'nbgpu.devices.inventory')\n"
+        "print(json.dumps(sorted(m for m in sys.modules\n"
+        "                        if m.split('.')[0] in light or m in parsers)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == []
+
+
 def test_python_dash_m_runs_the_cli():
     out = subprocess.run(
         [sys.executable, "-m", "nbgpu", "-h"],

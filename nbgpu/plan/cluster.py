@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import FleetSpecError, UserInputError
-from nbgpu.plan.candidates import Candidate, candidates_from_inventory
+from nbgpu.plan.placement import Candidate, candidates_from_inventory
 from nbgpu.scale.files import read_text, write_text
 
 if TYPE_CHECKING:

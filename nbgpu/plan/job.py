@@ -19,7 +19,7 @@ from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, normalize_precision
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.plan.allocation import Allocation, parse_allocation
 from nbgpu.plan.batch import BatchCheck, check_batch
-from nbgpu.plan.ports import DEFAULT_BASE_PORT, MAX_PORT
+from nbgpu.plan.placement import DEFAULT_BASE_PORT, MAX_PORT
 
 __all__ = ["Job", "JobRequest", "check_job_batch", "make_job", "parse_divisors", "parse_gpu_list"]
 

@@ -1,8 +1,15 @@
 """Each role's per-GPU memory checked against its smallest GPU, term by term.
 
-The estimate (``estimate/``) at the role's micro batch, what is free on each GPU, the
-largest micro batch that fits when asked for ``auto``, and the problems and warnings
-that follow. Pure arithmetic; never reads files nor imports torch.
+The estimate (:mod:`nbgpu.estimate`) at the role's micro batch, what is free on each GPU,
+the largest micro batch that fits when asked for ``auto``, and the problems and warnings
+that follow. Colocated roles (AReaL's ``|``: ``sglang:d4|fsdp:d4`` starts the engine and
+the trainer on the same four GPUs, alternating generate and train) hold every role's
+memory at once unless the engine releases its memory while the trainer steps (SGLang's
+and vLLM's sleep/offload modes), so the engine's memory fraction (SGLang
+``mem_fraction_static``, vLLM ``gpu_memory_utilization``) must leave room for the
+trainer: :func:`colocation_issues` says so for every group and checks the sum.
+
+Pure arithmetic; never reads files nor imports torch.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from nbgpu.plan.result import (
 
 __all__ = [
     "auto_max_micro",
+    "colocation_issues",
     "estimate_role",
     "free_bytes",
     "largest_micro",
@@ -180,3 +188,51 @@ def auto_max_micro(roles: Sequence[RolePlan], job: Job, warnings: list[Issue]) -
         )
     )
     return replace(job, max_micro_batch=largest)
+
+
+def colocation_issues(
+    roles: Sequence[RolePlan],
+    memory: Sequence[MemoryCheck],
+    problems: list[Issue],
+    warnings: list[Issue],
+) -> None:
+    """What sharing GPUs means for memory, per colocated group; a problem if the sum won't fit."""
+    checks = {m.role: m for m in memory}
+    for anchor in roles:
+        group = [anchor, *(r for r in roles if r.colocated_with == anchor.name)]
+        if len(group) < 2 or not anchor.gpus:
+            continue
+        names = " and ".join(r.name for r in group)
+        gpus = anchor.cuda_visible_devices
+        engines = [r.name for r in group if r.kind == "inference"]
+        fraction = (
+            f"; {', '.join(engines)}'s memory fraction (SGLang mem_fraction_static, vLLM "
+            "gpu_memory_utilization) must leave room for the trainer, or the engine must "
+            "release its memory while training steps"
+            if engines
+            else ""
+        )
+        warnings.append(
+            Issue(
+                "colocated",
+                f"{names} share GPUs {gpus} (colocated): each GPU holds the memory of every "
+                f"role at once{fraction}",
+            )
+        )
+        known = [checks[r.name] for r in group if r.name in checks]
+        if len(known) < len(group):
+            continue
+        need = sum(c.needed_bytes for c in known)
+        have = min(
+            (c.available_bytes for c in known if c.available_bytes is not None), default=None
+        )
+        if have is not None and need > have:
+            parts = " + ".join(f"{c.role} {fmt_bytes(c.needed_bytes)}" for c in known)
+            problems.append(
+                Issue(
+                    "memory",
+                    f"colocated {names} need {parts} = {fmt_bytes(need)} per GPU together, but "
+                    f"GPU {known[0].deciding_gpu} has {fmt_bytes(have)} free",
+                    ("'+' instead of '|' gives each role GPUs of its own",),
+                )
+            )

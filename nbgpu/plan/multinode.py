@@ -2,7 +2,7 @@
 
 torchrun starts the same number of ranks on every node (``--nproc-per-node P``), so a
 node is usable for a job of *P* ranks per node when it has *P* usable GPUs. The planner
-takes each node's :class:`~nbgpu.plan.candidates.Candidate` GPUs (the same sorting of
+takes each node's :class:`~nbgpu.plan.placement.Candidate` GPUs (the same sorting of
 findings as on one box), keeps the nodes that can hold *P* ranks (clean ones first), and
 checks the batch and the memory for the whole world of ``nodes × P`` ranks: ZeRO and
 FSDP shard over all of them, and every rank holds the same micro batch, so the smallest
@@ -23,12 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nbgpu.errors import UserInputError
-from nbgpu.plan.assign import assign, order_pool
 from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.job import Job, check_job_batch
 from nbgpu.plan.memcheck import auto_max_micro, free_bytes, memory_check, memory_issues
 from nbgpu.plan.nodesplan import NodeGpus, NodeLeftOut, NodesAlternative, NodesPlan
+from nbgpu.plan.placement import Candidate, assign, order_pool
 from nbgpu.plan.result import ExcludedGpu, Issue, MemoryCheck, PlannedGpu, RolePlan
 
 __all__ = ["build_nodes_plan", "default_shape"]

@@ -6,7 +6,9 @@ splits) and ``estimate`` (every memory term per GPU, and the largest micro batch
 fits the smallest GPU of a role), and turns their findings into problems,
 warnings and alternatives. An unusable GPU is never given a role: it is listed in
 ``excluded`` with its reason, and when the job cannot be placed without it the plan offers
-a smaller allocation (with a valid batch) and the steps that free the GPU.
+a smaller allocation (with a valid batch) and the steps that free the GPU: the same shape
+on fewer data-parallel replicas (biggest training role first, inference last), the
+nearest global batch the new data-parallel size divides, or the recoverable GPUs freed.
 
 Pure: the only outside call is the injected ``is_free`` port check. Never imports the
 inventory module, sockets, files, psutil or IPython.
@@ -14,30 +16,42 @@ inventory module, sockets, files, psutil or IPython.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
-from nbgpu.plan.alternatives import alternatives_for
-from nbgpu.plan.assign import assign, order_pool
 from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.candidates import Candidate
-from nbgpu.plan.colocate import colocation_issues, own_gpus, shared_groups
 from nbgpu.plan.job import Job, check_job_batch
-from nbgpu.plan.memcheck import auto_max_micro, memory_check, memory_issues
-from nbgpu.plan.planresult import Plan
-from nbgpu.plan.ports import PortChecker, pick_ports
+from nbgpu.plan.memcheck import auto_max_micro, colocation_issues, memory_check, memory_issues
+from nbgpu.plan.placement import (
+    Candidate,
+    PortChecker,
+    assign,
+    order_pool,
+    own_gpus,
+    pick_ports,
+    shared_groups,
+)
 from nbgpu.plan.result import (
+    Alternative,
     ExcludedGpu,
     Issue,
     MemoryCheck,
+    Plan,
     PlannedGpu,
     RolePlan,
 )
 
-__all__ = ["build_plan", "gpu_span", "resolve_allocation"]
+__all__ = [
+    "alternatives_for",
+    "build_plan",
+    "gpu_span",
+    "nearest_batch",
+    "resolve_allocation",
+    "smaller_allocation",
+]
 
 
 def gpu_span(indices: Sequence[int]) -> str:
@@ -286,7 +300,92 @@ def build_plan(
                 candidates, changed, fleet=fleet, simulated=simulated, is_free=is_free,
                 taken_ports=taken_ports, alternatives=False,
             ),
-            batch_of=lambda alloc, changed: _batch(alloc, changed, []),
         )  # fmt: skip
         plan = replace(plan, alternatives=alts)
     return plan
+
+
+# ------------------------------------------------------------------ alternatives
+
+
+def smaller_allocation(allocation: Allocation, usable: int) -> Allocation | None:
+    # Shrink the data-parallel degree, biggest training role first, inference last: the
+    # job keeps its shape (tensor/pipeline degrees) and only runs on fewer replicas.
+    if allocation.colocated:
+        return None  # colocated roles shrink together; the user picks the new shape
+    order = sorted(allocation.roles, key=lambda r: (r.kind != "train", -r.gpu_count))
+    alloc = allocation
+    for spec in order:
+        current = next(r for r in alloc.roles if r.name == spec.name)
+        room = usable - (alloc.gpu_count - current.gpu_count)
+        per_replica = current.world_size // current.data_parallel
+        degree = min(current.data_parallel, room // per_replica)
+        if degree >= 1:
+            alloc = alloc.with_data_parallel(spec.name, degree)
+        if alloc.gpu_count <= usable:
+            return alloc
+    return None
+
+
+def nearest_batch(check: BatchCheck) -> int | None:
+    if check.global_batch is None or not check.nearest:
+        return None
+    wanted = check.global_batch
+    return min((abs(o.global_batch - wanted), o.global_batch) for o in check.nearest)[1]
+
+
+def alternatives_for(
+    job: Job,
+    *,
+    allocation: Allocation,
+    usable: int,
+    excluded: list[ExcludedGpu],
+    required_bad: list[int],
+    sub_plan: Callable[[Job], Plan],
+) -> tuple[Alternative, ...]:
+    """Plans that would work: *sub_plan* plans a changed job (without alternatives of its own)."""
+    out = []
+    keep_require = tuple(i for i in job.require if i not in required_bad)
+
+    smaller = smaller_allocation(allocation, usable) if allocation.gpu_count > usable else None
+    if smaller is not None:
+        alt_job = replace(job, allocation=smaller, num_gpus=None, require=keep_require)
+        note = ""
+        batch = _batch(smaller, alt_job, [])
+        if batch is not None and not batch.ok:
+            new_batch = nearest_batch(batch)
+            if new_batch is not None:
+                alt_job = replace(alt_job, global_batch=new_batch)
+                note = f", global batch {new_batch} instead of {job.global_batch}"
+        alt = sub_plan(alt_job)
+        gpus = " | ".join(r.cuda_visible_devices for r in alt.roles if r.gpus)
+        out.append(
+            Alternative(
+                title=f"{smaller.text} on GPUs {gpus}{note}",
+                reason=f"fits the {usable} usable GPUs with the same per-role shape",
+                plan=alt,
+            )
+        )
+    elif required_bad and allocation.gpu_count <= usable:
+        alt = sub_plan(replace(job, require=keep_require))
+        out.append(
+            Alternative(
+                title=f"leave GPU {','.join(map(str, required_bad))} out of require",
+                reason="the other usable GPUs can take its place",
+                plan=alt,
+            )
+        )
+    recoverable = [e for e in excluded if e.recoverable]
+    if recoverable:
+        fixes: list[str] = []
+        for e in recoverable:
+            fixes.extend(f for f in e.fixes[:2] if f not in fixes)
+        ids = ",".join(str(e.nvml_index) for e in recoverable)
+        out.append(
+            Alternative(
+                title=f"free GPU {ids} first, then plan again",
+                reason="; ".join(f"GPU {e.nvml_index}: {e.health}" for e in recoverable),
+                fixes=tuple(fixes),
+            )
+        )
+    return tuple(out)

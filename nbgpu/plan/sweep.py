@@ -26,18 +26,17 @@ from nbgpu._render import Result, Table, title_html
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
-from nbgpu.plan.assign import assign, order_pool
-from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.job import Job
+from nbgpu.plan.placement import Candidate, PortChecker, assign, order_pool
 from nbgpu.plan.planner import build_plan, gpu_span
-from nbgpu.plan.planresult import Plan, plan_from_dict
-from nbgpu.plan.ports import PortChecker
 from nbgpu.plan.result import (
     ExcludedGpu,
     Issue,
+    Plan,
     fit_title,
     notes_html,
     notes_text,
+    plan_from_dict,
 )
 
 __all__ = ["SWEEP_FORMAT", "SweepPlan", "build_sweep", "sweep_from_dict"]

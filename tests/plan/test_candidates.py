@@ -2,7 +2,7 @@ import os
 from dataclasses import replace
 
 from nbgpu.devices.health import ProbeReport, ProbeResult
-from nbgpu.plan.candidates import candidates_from_inventory
+from nbgpu.plan.placement import candidates_from_inventory
 
 
 def _by_index(inv):

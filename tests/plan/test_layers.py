@@ -66,7 +66,7 @@ def test_only_ports_binds_sockets_and_only_files_reads_files():
     for module in MODULES:
         source = _path(module).read_text()
         if "socket" in _imports(_path(module)):
-            assert module == "nbgpu.plan.ports", module
+            assert module == "nbgpu.plan.placement", module
         # shapes.py reads the one HF config.json a user names (read_hf_config).
         if module not in ("nbgpu.scale.files", "nbgpu.estimate.shapes"):
             assert ".read_text(" not in source, module
