@@ -35,7 +35,6 @@ from nbgpu.plan.nodesplan import NodesPlan
 from nbgpu.plan.result import (
     Alternative,
     ExcludedGpu,
-    Issue,
     MemoryCheck,
     MemoryLine,
     Plan,
@@ -53,7 +52,6 @@ __all__ = [
     "BatchCheck",
     "BatchOption",
     "ExcludedGpu",
-    "Issue",
     "KvCheck",
     "MemoryCheck",
     "MemoryLine",

@@ -35,8 +35,9 @@ from nbgpu.plan.placement import (
     port_is_free as _port_is_free,
 )
 from nbgpu.plan.planner import build_plan
-from nbgpu.plan.result import Issue, Plan, plan_from_dict
+from nbgpu.plan.result import Plan, plan_from_dict
 from nbgpu.plan.sweep import SweepPlan, build_sweep, sweep_from_dict
+from nbgpu.problems import Problem
 from nbgpu.scale import ScalePlan, builtin_shape, scale_config
 from nbgpu.scale.files import load_config, read_config, read_text, rescaled_text
 
@@ -272,7 +273,7 @@ def scale(
         config = text_source.data
     shape = None if model is None else _scale_model(model)
     devices = None
-    problems: list[Issue] = []
+    problems: list[Problem] = []
     if inventory is not None:
         snapshot = _snapshot(inventory, environ)
         candidates = _candidates(snapshot)
@@ -283,8 +284,10 @@ def scale(
         if to_gpus > len(devices):
             left = "; ".join(f"GPU {c.nvml_index}: {c.health}" for c in candidates if not c.usable)
             problems.append(
-                Issue(
+                Problem(
+                    "bad",
                     "not_enough_gpus",
+                    "GPUs",
                     f"{to_gpus} GPUs asked for but {len(devices)} are usable"
                     + (f" ({left})" if left else ""),
                 )
@@ -318,7 +321,8 @@ def scale(
         form=text_source.form,
         original_text=text_source.text,
         new_text=new_text,
-        warnings=result.warnings + tuple(Issue("script", note) for note in notes),
+        warnings=result.warnings
+        + tuple(Problem("warn", "script", "script", note) for note in notes),
     )
 
 

@@ -20,8 +20,17 @@ from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.plan.allocation import Allocation, parse_allocation
 from nbgpu.plan.batch import BatchCheck, check_batch
 from nbgpu.plan.placement import DEFAULT_BASE_PORT, MAX_PORT
+from nbgpu.problems import Problem
 
-__all__ = ["Job", "JobRequest", "check_job_batch", "make_job", "parse_divisors", "parse_gpu_list"]
+__all__ = [
+    "Job",
+    "JobRequest",
+    "batch_problem",
+    "check_job_batch",
+    "make_job",
+    "parse_divisors",
+    "parse_gpu_list",
+]
 
 GpuList = Sequence[int] | str | int | None
 Divisors = Mapping[str, int] | Sequence[int] | str | None
@@ -245,3 +254,12 @@ def check_job_batch(job: Job, data_parallel: int) -> BatchCheck:
         divisors=job.divisors,
         step_divisors=job.step_divisors,
     )
+
+
+def batch_problem(check: BatchCheck, subject: str) -> Problem:
+    """A batch that does not work, as a problem whose fixes are the nearest valid batches."""
+    fixes = tuple(
+        f"global_batch={o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
+        for o in check.nearest
+    )
+    return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)

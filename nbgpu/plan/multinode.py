@@ -24,11 +24,12 @@ from dataclasses import dataclass, replace
 
 from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.job import Job, check_job_batch
-from nbgpu.plan.memcheck import auto_max_micro, free_bytes, memory_check, memory_issues
+from nbgpu.plan.job import Job, batch_problem, check_job_batch
+from nbgpu.plan.memcheck import auto_max_micro, free_bytes, memory_check, memory_problems
 from nbgpu.plan.nodesplan import NodeGpus, NodeLeftOut, NodesAlternative, NodesPlan
-from nbgpu.plan.placement import Candidate, assign, order_pool
-from nbgpu.plan.result import ExcludedGpu, Issue, MemoryCheck, PlannedGpu, RolePlan
+from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool
+from nbgpu.plan.result import MemoryCheck, PlannedGpu, RolePlan
+from nbgpu.problems import Problem
 
 __all__ = ["build_nodes_plan", "default_shape"]
 
@@ -70,14 +71,6 @@ def default_shape(capacities: Sequence[int], nodes: int | None) -> tuple[int, in
     return best
 
 
-def _excluded(node: _Node) -> tuple[ExcludedGpu, ...]:
-    return tuple(
-        ExcludedGpu(c.nvml_index, c.uuid, c.health, c.reasons, c.fixes, c.recoverable)
-        for c in node.candidates
-        if not c.usable
-    )
-
-
 def _shortfall(node: _Node, per_node: int) -> str:
     out = f"{node.capacity} of {len(node.candidates)} GPUs usable, {per_node} needed"
     bad = [f"GPU {c.nvml_index}: {c.health}" for c in node.candidates if not c.usable]
@@ -110,8 +103,8 @@ def _memory(
     world: int,
     batch: BatchCheck | None,
     *,
-    problems: list[Issue],
-    warnings: list[Issue],
+    problems: list[Problem],
+    warnings: list[Problem],
 ) -> tuple[Job, tuple[MemoryCheck, ...], str | None]:
     """The memory check on the node whose smallest free GPU is the smallest of all."""
     if job.model is None or not chosen:
@@ -125,18 +118,21 @@ def _memory(
     role = _trainer(world, deciding.gpus)
     job = auto_max_micro([role], job, warnings)
     check = memory_check(role, job, batch)
-    found: list[Issue] = []
-    memory_issues(check, role, job, found, warnings)
-    problems.extend(replace(i, message=f"node {deciding.node}: {i.message}") for i in found)
+    found: list[Problem] = []
+    memory_problems(check, role, job, found, warnings)
+    node = f"node {deciding.node}"
+    problems.extend(replace(p, subject=node, message=f"{node}: {p.message}") for p in found)
     return job, (check,), deciding.node
 
 
-def _mixed_sizes(chosen: Sequence[NodeGpus]) -> Issue | None:
+def _mixed_sizes(chosen: Sequence[NodeGpus]) -> Problem | None:
     sizes = {(n.node, g.memory_total_bytes) for n in chosen for g in n.gpus}
     if len({size for _, size in sizes}) < 2:
         return None
-    return Issue(
+    return Problem(
+        "warn",
         "mixed_gpus",
+        "nodes",
         "the nodes' GPUs differ in size: every rank holds the same micro batch, so the "
         "smallest decides; the memory check uses it",
     )
@@ -180,7 +176,9 @@ def build_nodes_plan(
     )
     picked = {n.name for n in fits[:nodes]}
     chosen = tuple(
-        NodeGpus(n.name, _chosen_gpus(n, per_node), _excluded(n)) for n in every if n.name in picked
+        NodeGpus(n.name, _chosen_gpus(n, per_node), excluded_gpus(n.candidates))
+        for n in every
+        if n.name in picked
     )
     left_out = tuple(
         NodeLeftOut(n.name, _shortfall(n, per_node))
@@ -189,19 +187,21 @@ def build_nodes_plan(
         for n in every
         if n.name not in picked
     )
-    problems: list[Issue] = []
-    warnings: list[Issue] = []
+    problems: list[Problem] = []
+    warnings: list[Problem] = []
     if len(chosen) < nodes or nproc_per_node < 1:
         short = [f"{n.node}: {n.reason}" for n in left_out if not n.reason.startswith("not ")]
         fixes = [
-            f"on {n.name}: {c.fixes[0]}"
+            f"on {n.name}: {c.problems[0].fixes[0]}"
             for n in every
             for c in n.candidates
-            if not c.usable and c.recoverable and c.fixes
+            if not c.usable and c.recoverable and c.problems and c.problems[0].fixes
         ]
         problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "not_enough_nodes",
+                f"{nodes} node(s) × {per_node} GPUs",
                 f"{nodes} node(s) × {per_node} GPUs needs {nodes} node(s) with {per_node} usable "
                 f"GPUs each; {len(fits)} of the {len(every)} node(s) do"
                 + (f" ({'; '.join(short)})" if short else ""),
@@ -213,21 +213,17 @@ def build_nodes_plan(
     for node in chosen:
         given = {g.nvml_index for g in node.gpus}
         warnings.extend(
-            Issue("gpu_caveat", f"node {node.node}: {reason}")
+            Problem("warn", "gpu_caveat", f"node {node.node}", f"node {node.node}: {p.message}")
             for c in by_name[node.node].pool
             if c.nvml_index in given and c.grade > 0
-            for reason in c.reasons
+            for p in c.problems
         )
     mixed = _mixed_sizes(chosen)
     if mixed is not None:
         warnings.append(mixed)
     batch = _batch(job, world)
     if batch is not None and not batch.ok:
-        nearest = tuple(
-            f"global_batch={o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
-            for o in batch.nearest
-        )
-        problems.append(Issue("batch", f"{world} ranks: {batch.reason}", nearest))
+        problems.append(batch_problem(batch, f"{world} ranks"))
     job, memory, memory_node = _memory(
         chosen, job, world, batch, problems=problems, warnings=warnings
     )

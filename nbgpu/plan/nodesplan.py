@@ -17,7 +17,15 @@ from nbgpu._render import Result, Table, fix_html, fmt_bytes, title_html, wrap
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.result import ExcludedGpu, Issue, MemoryCheck, PlannedGpu, notes_html, notes_text
+from nbgpu.plan.result import (
+    ExcludedGpu,
+    MemoryCheck,
+    PlannedGpu,
+    notes_html,
+    notes_text,
+    upgrade_plan_data,
+)
+from nbgpu.problems import Problem
 
 __all__ = [
     "NODES_PLAN_FORMAT",
@@ -82,8 +90,8 @@ class NodesPlan(Result):
     left_out: tuple[NodeLeftOut, ...]
     job_nodes: int  # the nodes the job runs on
     nproc_per_node: int
-    problems: tuple[Issue, ...]
-    warnings: tuple[Issue, ...]
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
     batch: BatchCheck | None
     memory: tuple[MemoryCheck, ...]
     memory_node: str | None
@@ -222,4 +230,4 @@ def nodes_plan_from_dict(data: Any) -> NodesPlan:
             f"plan JSON: nbgpu_nodes_plan = {json.dumps(got)}; expected {NODES_PLAN_FORMAT} "
             "(write one with `nbgpu plan --slurm ... --json > plan.json`)"
         )
-    return from_data(NodesPlan, data, prefix="plan JSON")
+    return from_data(NodesPlan, upgrade_plan_data(data), prefix="plan JSON")

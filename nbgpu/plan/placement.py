@@ -1,8 +1,8 @@
 """Which GPUs a plan may use, which ones each role gets, and which ports.
 
 **Candidates.** A :class:`Candidate` is one GPU seen from the planner: usable or not, a *grade* (0: idle
-and clean; 1: usable with caveats, for example shared with another process), the reasons
-and the fixes the doctor gave. The finding rules stay in ``devices/findings.py``; this
+and clean; 1: usable with caveats, for example shared with another process), and the
+doctor's problems that decide it (with their fixes). The finding rules stay in ``devices/findings.py``; this
 module only sorts their findings into "may be given a role" and "may not":
 
 - never usable: NVML cannot read the GPU (lost, no permission), a *bad* finding (busy with a
@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, TypeVar
 from nbgpu._render import fmt_bytes
 from nbgpu.devices.findings import gpu_health
 from nbgpu.plan.allocation import Allocation, RoleSpec
+from nbgpu.plan.result import ExcludedGpu
+from nbgpu.problems import Problem
 
 if TYPE_CHECKING:  # the inventory module pulls in psutil; planning only reads its data
     from nbgpu.devices.inventory import Inventory
@@ -51,6 +53,7 @@ __all__ = [
     "PortChecker",
     "assign",
     "candidates_from_inventory",
+    "excluded_gpus",
     "order_pool",
     "own_gpus",
     "pick_ports",
@@ -80,8 +83,7 @@ class Candidate:
     usable: bool
     grade: int  # 0 clean, 1 usable with caveats, 2 unusable
     health: str  # the GPU's health, as the status table says it: "ok", "BUSY: dead holder"
-    reasons: tuple[str, ...] = ()  # why unusable, or the caveats of a usable GPU
-    fixes: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()  # why unusable, or the caveats of a usable GPU
     recoverable: bool = False  # unusable only until a holder is freed or the GPU reset
     other_processes: int = 0  # processes of other jobs running on it now
     utilization_pct: int | None = None  # GPU utilisation when the snapshot was taken
@@ -119,36 +121,47 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
         blocking = [f for f in findings if f.severity == "bad" or f.code in _BLOCKING_WARNINGS]
         probe = failed_probe.get(gpu.nvml_index)
         usable, recoverable = False, False
-        fixes: tuple[str, ...] = ()
+        where = f"GPU {gpu.nvml_index}"
+        problems: tuple[Problem, ...]
         if blocking or not gpu.ok:
-            reasons = tuple(f.message for f in blocking) or (f"NVML error: {gpu.error}",)
-            fixes = tuple(fix for f in blocking for fix in f.fixes)
+            problems = tuple(blocking) or (
+                Problem("bad", "nvml_error", where, f"NVML error: {gpu.error}"),
+            )
             recoverable = gpu.ok and all(f.code in _RECOVERABLE for f in blocking)
         elif probe is not None:
             health = f"probe: {probe.outcome}"
-            reasons = (
-                f"GPU {gpu.nvml_index} failed the CUDA probe ({probe.outcome}): {probe.message}",
+            problems = (
+                Problem(
+                    "bad",
+                    f"probe_{probe.outcome}",
+                    where,
+                    f"{where} failed the CUDA probe ({probe.outcome}): {probe.message}",
+                    ("`nbgpu doctor` names the holder and the fix",),
+                ),
             )
-            fixes = ("`nbgpu doctor` names the holder and the fix",)
             recoverable = probe.outcome == "busy"
         elif gpu.mig_enabled:
             health = "MIG mode"
-            why = (
-                f"GPU {gpu.nvml_index} is in MIG mode: a process sees one MIG instance, not the "
-                "whole GPU, and plans assign whole GPUs"
+            problems = (
+                Problem(
+                    "bad",
+                    "mig_mode",
+                    where,
+                    f"{where} is in MIG mode: a process sees one MIG instance, not the whole "
+                    "GPU, and plans assign whole GPUs",
+                    (f"`sudo nvidia-smi -i {gpu.nvml_index} -mig 0` when it is idle",),
+                ),
             )
-            reasons = (why,)
-            fixes = (f"`sudo nvidia-smi -i {gpu.nvml_index} -mig 0` when it is idle",)
         else:
             usable = True
-            caveats = [f.message for f in findings if f.severity == "warn"]
-            if gpu.processes and not caveats:
+            problems = tuple(f for f in findings if f.severity == "warn")
+            if gpu.processes and not problems:
                 used = sum(p.used_bytes or 0 for p in gpu.processes)
-                caveats.append(
-                    f"GPU {gpu.nvml_index} is shared with {len(gpu.processes)} other "
-                    f"process(es) using {fmt_bytes(used)}"
+                message = (
+                    f"{where} is shared with {len(gpu.processes)} other process(es) using "
+                    f"{fmt_bytes(used)}"
                 )
-            reasons = tuple(caveats)
+                problems = (Problem("warn", "shared", where, message),)
         out.append(
             Candidate(
                 nvml_index=gpu.nvml_index,
@@ -157,15 +170,28 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
                 memory_total_bytes=gpu.memory_total_bytes,
                 memory_free_bytes=gpu.memory_free_bytes,
                 usable=usable,
-                grade=(1 if reasons else 0) if usable else 2,
+                grade=(1 if problems else 0) if usable else 2,
                 health=health,
-                reasons=reasons,
-                fixes=fixes,
+                problems=problems,
                 recoverable=recoverable,
                 other_processes=sum(1 for p in gpu.processes if p.state not in _NOT_RUNNING),
                 utilization_pct=gpu.utilization_gpu_pct,
             )
         )
+    return tuple(out)
+
+
+def excluded_gpus(
+    candidates: Sequence[Candidate], exclude: Sequence[int] = ()
+) -> tuple[ExcludedGpu, ...]:
+    """The GPUs a plan leaves out: excluded by request, or unusable (with their problems)."""
+    out = []
+    for c in candidates:
+        if c.nvml_index in exclude:
+            request = Problem("info", "excluded", f"GPU {c.nvml_index}", "excluded by request")
+            out.append(ExcludedGpu(c.nvml_index, c.uuid, "excluded", (request,)))
+        elif not c.usable:
+            out.append(ExcludedGpu(c.nvml_index, c.uuid, c.health, c.problems, c.recoverable))
     return tuple(out)
 
 

@@ -23,12 +23,13 @@ from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
 from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.job import Job, check_job_batch
-from nbgpu.plan.memcheck import auto_max_micro, colocation_issues, memory_check, memory_issues
+from nbgpu.plan.job import Job, batch_problem, check_job_batch
+from nbgpu.plan.memcheck import auto_max_micro, colocation_problems, memory_check, memory_problems
 from nbgpu.plan.placement import (
     Candidate,
     PortChecker,
     assign,
+    excluded_gpus,
     order_pool,
     own_gpus,
     pick_ports,
@@ -37,12 +38,12 @@ from nbgpu.plan.placement import (
 from nbgpu.plan.result import (
     Alternative,
     ExcludedGpu,
-    Issue,
     MemoryCheck,
     Plan,
     PlannedGpu,
     RolePlan,
 )
+from nbgpu.problems import Problem
 
 __all__ = [
     "alternatives_for",
@@ -68,18 +69,6 @@ def resolve_allocation(job: Job, usable: int) -> Allocation:
         return job.allocation
     count = job.num_gpus or len(job.require) or max(1, usable)
     return Allocation((RoleSpec("train", "train", None, count),))
-
-
-def _excluded(candidates: Sequence[Candidate], exclude: Sequence[int]) -> list[ExcludedGpu]:
-    out = []
-    for c in candidates:
-        if c.nvml_index in exclude:
-            out.append(ExcludedGpu(c.nvml_index, c.uuid, "excluded", ("excluded by request",)))
-        elif not c.usable:
-            out.append(
-                ExcludedGpu(c.nvml_index, c.uuid, c.health, c.reasons, c.fixes, c.recoverable)
-            )
-    return out
 
 
 def _role_plans(
@@ -117,18 +106,24 @@ def _role_plans(
     return tuple(roles)
 
 
-def _batch(allocation: Allocation, job: Job, warnings: list[Issue]) -> BatchCheck | None:
+def _batch(allocation: Allocation, job: Job, warnings: list[Problem]) -> BatchCheck | None:
     asked = (job.global_batch, job.micro_batch, job.grad_accum)
     trainers = allocation.train_roles
     if not any(v is not None for v in asked):
         return None
     if not trainers:
-        warnings.append(Issue("batch_unchecked", "no training role: the batch was not checked"))
+        warnings.append(
+            Problem(
+                "warn", "batch_unchecked", "batch", "no training role: the batch was not checked"
+            )
+        )
         return None
     if len(trainers) > 1:
         warnings.append(
-            Issue(
+            Problem(
+                "warn",
                 "batch_first_trainer",
+                "batch",
                 f"the batch was checked for role {trainers[0].name} only "
                 f"({len(trainers)} training roles)",
             )
@@ -136,15 +131,7 @@ def _batch(allocation: Allocation, job: Job, warnings: list[Issue]) -> BatchChec
     return check_job_batch(job, trainers[0].data_parallel)
 
 
-def _batch_issue(check: BatchCheck, role: str) -> Issue:
-    fixes = tuple(
-        f"global_batch={o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
-        for o in check.nearest
-    )
-    return Issue("batch", f"role {role}: {check.reason}", fixes)
-
-
-def _mixed_warning(role: RolePlan) -> Issue | None:
+def _mixed_warning(role: RolePlan) -> Problem | None:
     sizes = {g.memory_total_bytes for g in role.gpus}
     if len(sizes) < 2:
         return None
@@ -155,8 +142,10 @@ def _mixed_warning(role: RolePlan) -> Issue | None:
         if role.kind == "train"
         else "tensor-parallel shards are equal"
     )
-    return Issue(
+    return Problem(
+        "warn",
         "mixed_gpus",
+        f"role {role.name}",
         f"role {role.name} mixes GPU sizes ({listing}): {why}, so the smallest "
         f"(GPU {smallest.nvml_index}) decides what fits; the memory check uses it",
     )
@@ -166,8 +155,8 @@ def _role_checks(
     roles: Sequence[RolePlan],
     by_index: dict[int, Candidate],
     job: Job,
-    problems: list[Issue],
-    warnings: list[Issue],
+    problems: list[Problem],
+    warnings: list[Problem],
     *,
     batch: BatchCheck | None = None,
 ) -> list[MemoryCheck]:
@@ -180,7 +169,10 @@ def _role_checks(
             cand = by_index[gpu.nvml_index]
             if cand.grade > 0:
                 warnings.extend(
-                    Issue("gpu_caveat", f"role {role.name}: {reason}") for reason in cand.reasons
+                    Problem(
+                        "warn", "gpu_caveat", f"role {role.name}", f"role {role.name}: {p.message}"
+                    )
+                    for p in cand.problems
                 )
         mixed = _mixed_warning(role)
         if mixed is not None:
@@ -188,7 +180,7 @@ def _role_checks(
         if job.model is not None:
             check = memory_check(role, job, batch)
             memory.append(check)
-            memory_issues(check, role, job, problems, warnings)
+            memory_problems(check, role, job, problems, warnings)
     return memory
 
 
@@ -227,17 +219,19 @@ def build_plan(
             f"{allocation.gpu_count} GPUs but this box has {len(candidates)} (GPUs {span}); "
             f"use at most {len(candidates)}"
         )
-    problems: list[Issue] = []
-    warnings: list[Issue] = []
-    excluded = _excluded(candidates, job.exclude)
+    problems: list[Problem] = []
+    warnings: list[Problem] = []
+    excluded = excluded_gpus(candidates, job.exclude)
     required_bad = [i for i in job.require if not by_index[i].usable]
     for i in required_bad:
         c = by_index[i]
         problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "required_gpu_unusable",
-                f"GPU {i} is required but unusable ({c.health}): {c.reasons[0]}",
-                c.fixes[:2],
+                f"GPU {i}",
+                f"GPU {i} is required but unusable ({c.health}): {c.problems[0].message}",
+                tuple(fix for p in c.problems for fix in p.fixes)[:2],
             )
         )
     require_ok = [i for i in job.require if i not in required_bad]
@@ -249,8 +243,10 @@ def build_plan(
     if groups is None:
         left_out = "; ".join(f"GPU {e.nvml_index}: {e.health}" for e in excluded)
         problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "not_enough_gpus",
+                allocation.text,
                 f"{allocation.text} needs {allocation.gpu_count} GPUs but only {len(usable)} of "
                 f"{len(candidates)} are usable" + (f" ({left_out})" if left_out else ""),
             )
@@ -262,8 +258,10 @@ def build_plan(
         )
         if len(ports) < len(allocation.roles):
             problems.append(
-                Issue(
+                Problem(
+                    "bad",
                     "no_free_port",
+                    "ports",
                     f"found {len(ports)} free ports from {job.base_port} for "
                     f"{len(allocation.roles)} roles",
                     ("pass another base_port=",),
@@ -273,15 +271,15 @@ def build_plan(
     job = auto_max_micro(roles, job, warnings)
     batch = _batch(allocation, job, warnings)
     if batch is not None and not batch.ok:
-        problems.append(_batch_issue(batch, allocation.train_roles[0].name))
+        problems.append(batch_problem(batch, f"role {allocation.train_roles[0].name}"))
     memory = _role_checks(roles, by_index, job, problems, warnings, batch=batch)
-    colocation_issues(roles, memory, problems, warnings)
+    colocation_problems(roles, memory, problems, warnings)
     plan = Plan(
         allocation=allocation.text,
         roles=roles,
         problems=tuple(problems),
         warnings=tuple(warnings),
-        excluded=tuple(excluded),
+        excluded=excluded,
         batch=batch,
         memory=tuple(memory),
         alternatives=(),
@@ -339,7 +337,7 @@ def alternatives_for(
     *,
     allocation: Allocation,
     usable: int,
-    excluded: list[ExcludedGpu],
+    excluded: Sequence[ExcludedGpu],
     required_bad: list[int],
     sub_plan: Callable[[Job], Plan],
 ) -> tuple[Alternative, ...]:

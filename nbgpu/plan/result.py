@@ -21,12 +21,12 @@ from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import degrees_text
 from nbgpu.plan.batch import BatchCheck
+from nbgpu.problems import Problem
 
 __all__ = [
     "PLAN_FORMAT",
     "Alternative",
     "ExcludedGpu",
-    "Issue",
     "MemoryCheck",
     "MemoryLine",
     "Plan",
@@ -36,6 +36,7 @@ __all__ = [
     "notes_html",
     "notes_text",
     "plan_from_dict",
+    "upgrade_plan_data",
 ]
 
 #: The address every role's rendezvous uses: plans are for one node.
@@ -45,24 +46,18 @@ TIGHT_SHARE = 0.8
 
 
 @dataclass(frozen=True)
-class Issue:
-    """A problem (blocks the plan) or a warning, with its reason and what to do."""
-
-    code: str  # stable id: "not_enough_gpus", "batch", "memory", "gpu_unusable", ...
-    message: str  # the reason, one sentence naming the values involved
-    fixes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class ExcludedGpu:
-    """A GPU the plan does not use, and why."""
+    """A GPU the plan does not use, and why: the doctor's problems with it, and their fixes."""
 
     nvml_index: int
     uuid: str | None
     health: str  # short, as in the status table: "BUSY: dead holder", "excluded"
-    reasons: tuple[str, ...]
-    fixes: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()
     recoverable: bool = False  # usable again once its holder is freed or it is reset
+
+    @property
+    def fixes(self) -> tuple[str, ...]:
+        return tuple(fix for p in self.problems for fix in p.fixes)
 
 
 @dataclass(frozen=True)
@@ -211,7 +206,7 @@ def fit_title(title: str) -> str:
     return f"{head}\n  on {tail}"
 
 
-def notes_text(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> list[str]:
+def notes_text(problems: tuple[Problem, ...], warnings: tuple[Problem, ...]) -> list[str]:
     lines = []
     for mark, issues in (("!! ", problems), ("!  ", warnings)):
         for issue in issues:
@@ -220,7 +215,7 @@ def notes_text(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> list
     return lines
 
 
-def notes_html(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> str:
+def notes_html(problems: tuple[Problem, ...], warnings: tuple[Problem, ...]) -> str:
     """Problems and warnings as one list, each issue's fixes a sub-list under it."""
     items = []
     for level, issues in (("bad", problems), ("warn", warnings)):
@@ -257,7 +252,7 @@ class Plan(Result):
       (the variables to set, including ``CUDA_DEVICE_ORDER``).
     - ``cuda_visible_devices``: all roles' GPUs in role order, for launchers that take
       one list and split it by position (AReaL): logical device 0 is the first role's.
-    - ``problems`` (blocking) and ``warnings``: each an ``Issue`` with ``code``,
+    - ``problems`` (blocking) and ``warnings``: each a ``nbgpu.problems.Problem`` with ``code``,
       ``message`` (the reason) and ``fixes``.
 
     Also: ``excluded`` (GPUs left out, and why), ``batch`` (divisibility, nearest valid
@@ -269,8 +264,8 @@ class Plan(Result):
 
     allocation: str  # canonical allocation: "sglang.d1t1p1+d3t1p1"
     roles: tuple[RolePlan, ...]
-    problems: tuple[Issue, ...]
-    warnings: tuple[Issue, ...]
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
     excluded: tuple[ExcludedGpu, ...]
     batch: BatchCheck | None
     memory: tuple[MemoryCheck, ...]
@@ -358,7 +353,10 @@ class Plan(Result):
 
     def _excluded_lines(self) -> list[str]:
         return [
-            wrap(f"GPU {e.nvml_index} ({e.health}): {e.reasons[0] if e.reasons else ''}", "  ")
+            wrap(
+                f"GPU {e.nvml_index} ({e.health}): {e.problems[0].message if e.problems else ''}",
+                "  ",
+            )
             for e in self.excluded
         ]
 
@@ -449,7 +447,7 @@ class Plan(Result):
             parts.append(uuids.html())
         if self.excluded:
             items = "".join(
-                f"<li>GPU {e.nvml_index} ({escape(e.health)}): {fix_html(' '.join(e.reasons))}"
+                f"<li>GPU {e.nvml_index} ({escape(e.health)}): {fix_html(' '.join(p.message for p in e.problems))}"
                 f"{fixes_html(e.fixes)}</li>"
                 for e in self.excluded
             )
@@ -509,16 +507,30 @@ def plan_from_dict(data: Any) -> Plan:
             f"plan JSON: nbgpu_plan = {json.dumps(fmt)}; expected {PLAN_FORMAT} "
             "(write one with `nbgpu plan ... --json > plan.json`)"
         )
-    return from_data(Plan, _health_named(data), prefix="plan JSON")
+    return from_data(Plan, upgrade_plan_data(data), prefix="plan JSON")
 
 
-def _health_named(data: Any) -> Any:
-    """Plan files written before 0.1 called a left-out GPU's health "verdict": read them too."""
+_SEVERITY_OF = {"problems": "bad", "warnings": "warn"}
+
+
+def upgrade_plan_data(data: Any, key: str = "") -> Any:
+    """Plan files of earlier versions, read as today's: a left-out GPU's health was called
+    "verdict" (before 0.1) and its problems "reasons" and "fixes"; problems and warnings
+    had neither severity nor subject."""
     if isinstance(data, list):
-        return [_health_named(item) for item in data]
+        return [upgrade_plan_data(item, key) for item in data]
     if not isinstance(data, dict):
         return data
-    out = {key: _health_named(value) for key, value in data.items()}
-    if "verdict" in out and "health" not in out and "nvml_index" in out:
+    out = {k: upgrade_plan_data(v, k) for k, v in data.items()}
+    if "nvml_index" in out and "verdict" in out and "health" not in out:
         out["health"] = out.pop("verdict")
+    if "nvml_index" in out and "reasons" in out and "problems" not in out:
+        where, fixes = f"GPU {out['nvml_index']}", out.pop("fixes", [])
+        out["problems"] = [
+            {"severity": "bad", "code": "unusable", "subject": where, "message": reason,
+             "fixes": fixes if n == 0 else []}
+            for n, reason in enumerate(out.pop("reasons"))
+        ]  # fmt: skip
+    if key in _SEVERITY_OF and "message" in out and "severity" not in out:
+        out = {"severity": _SEVERITY_OF[key], "subject": "plan", **out}
     return out

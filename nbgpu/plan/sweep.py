@@ -27,17 +27,18 @@ from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
 from nbgpu.plan.job import Job
-from nbgpu.plan.placement import Candidate, PortChecker, assign, order_pool
+from nbgpu.plan.placement import Candidate, PortChecker, assign, excluded_gpus, order_pool
 from nbgpu.plan.planner import build_plan, gpu_span
 from nbgpu.plan.result import (
     ExcludedGpu,
-    Issue,
     Plan,
     fit_title,
     notes_html,
     notes_text,
     plan_from_dict,
+    upgrade_plan_data,
 )
+from nbgpu.problems import Problem
 
 __all__ = ["SWEEP_FORMAT", "SweepPlan", "build_sweep", "sweep_from_dict"]
 
@@ -53,8 +54,8 @@ class SweepPlan(Result):
     gpus_per_run: int
     allocation: str  # of each run
     excluded: tuple[ExcludedGpu, ...]
-    problems: tuple[Issue, ...]
-    warnings: tuple[Issue, ...]
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
     fleet: str
     simulated: bool
     share: bool = False  # runs may be placed on GPUs other jobs are using
@@ -89,7 +90,7 @@ class SweepPlan(Result):
             )
         return table
 
-    def _issues(self) -> tuple[tuple[Issue, ...], tuple[Issue, ...]]:
+    def _issues(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
         # Every run carries the same batch verdict: say it once.
         problems = list(self.problems)
         warnings = list(self.warnings)
@@ -165,20 +166,22 @@ def _in_use_text(cands: Sequence[Candidate]) -> str:
 
 def _mark_in_use(
     plans: list[Plan], by_index: dict[int, Candidate], requested: int | None
-) -> list[Issue]:
+) -> list[Problem]:
     """Runs on GPUs other jobs use are not ready; one sweep-level problem says how many fit."""
     shared: list[tuple[int, list[Candidate]]] = []
     for n, plan in enumerate(plans):
         busy = [by_index[i] for r in plan.roles for i in r.nvml_indices if by_index[i].in_use]
         if busy:
             shared.append((n, busy))
-            issue = Issue(
+            problem = Problem(
+                "bad",
                 IN_USE,
+                plan.name or f"run{n}",
                 f"{plan.name}: its GPUs run other jobs ({_in_use_text(busy)}); the run would "
                 "share their compute and memory",
                 ("share=True",),
             )
-            plans[n] = replace(plan, problems=(*plan.problems, issue))
+            plans[n] = replace(plan, problems=(*plan.problems, problem))
     if not shared:
         return []
     names = ", ".join(plans[n].name or f"run{n}" for n, _ in shared)
@@ -188,8 +191,10 @@ def _mark_in_use(
     fit_now = sum(1 for p in plans if p.ok)
     fixes = (f"runs={fit_now}",) if fit_now else ()
     return [
-        Issue(
+        Problem(
+            "bad",
             IN_USE,
+            "sweep",
             f"{fit_now} of {requested or len(plans)} runs fit on free GPUs now; {names} would "
             f"share GPUs with other jobs ({_in_use_text(busy_all)}), their compute and "
             "memory: wait for those jobs, or share",
@@ -206,7 +211,7 @@ def sweep_from_dict(data: Any) -> SweepPlan:
     if not isinstance(runs, list):
         raise UserInputError("sweep JSON: top level has no list 'runs'")
     rest = {k: v for k, v in data.items() if k != "runs"}
-    skeleton = from_data(SweepPlan, {**rest, "runs": []}, prefix="sweep JSON")
+    skeleton = from_data(SweepPlan, upgrade_plan_data({**rest, "runs": []}), prefix="sweep JSON")
     return replace(skeleton, runs=tuple(plan_from_dict(r) for r in runs))
 
 
@@ -262,22 +267,18 @@ def build_sweep(
         )
     scope = [c for c in candidates if (not pool or c.nvml_index in pool)]
     considered = [c for c in scope if c.nvml_index not in job.exclude]
-    excluded = tuple(
-        ExcludedGpu(c.nvml_index, c.uuid, "excluded", ("excluded by request",))
-        if c.nvml_index in job.exclude
-        else ExcludedGpu(c.nvml_index, c.uuid, c.health, c.reasons, c.fixes, c.recoverable)
-        for c in scope
-        if c.nvml_index in job.exclude or not c.usable
-    )
+    excluded = excluded_gpus(scope, job.exclude)
     ordered = order_pool(considered)
-    warnings: list[Issue] = []
+    warnings: list[Problem] = []
     if runs is None and not share:
         in_use = [c for c in ordered if c.in_use]
         if in_use:
             ordered = [c for c in ordered if not c.in_use]
             warnings.append(
-                Issue(
+                Problem(
+                    "warn",
                     IN_USE,
+                    "sweep",
                     f"left out, in use by other jobs: {_in_use_text(in_use)}; runs there "
                     "would share their compute and memory",
                     ("share=True",),
@@ -292,8 +293,10 @@ def build_sweep(
         if job.allocation is None and runs and len(ordered) // runs >= 1:
             fixes.append(f"gpus_per_run={len(ordered) // runs}")
         problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "not_enough_gpus",
+                "sweep",
                 f"{runs or 1} runs × {per_run} GPUs need {(runs or 1) * per_run} usable GPUs; "
                 f"{len(ordered)} usable" + (f" ({left_out})" if left_out else ""),
                 tuple(fixes),

@@ -16,7 +16,7 @@ from nbgpu._render import fmt_bytes
 from nbgpu.estimate.builtin_models import find_model
 from nbgpu.estimate.formulas import PRECISIONS, normalize_precision, weight_bytes
 from nbgpu.estimate.shapes import ModelShape, kv_bytes_per_token, model_shape
-from nbgpu.plan.result import Issue
+from nbgpu.problems import Problem
 from nbgpu.scale.rules import ScaleContext
 from nbgpu.scale.values import Entry, config_model_len, find_entry
 
@@ -99,8 +99,10 @@ def kv_check(
     fraction_entry = next((e for e in entries if rules.get(e.dotted) == "memory_fraction"), None)
     if fraction_entry is not None and ctx.model is None and ctx.model_name is not None:
         ctx.warnings.append(
-            Issue(
+            Problem(
+                "warn",
                 "kv_unchecked",
+                "KV cache",
                 f"KV cache not checked: the config's model {ctx.model_name!r} is not among "
                 "nbgpu's built-in model shapes; pass model= its config.json (path or dict)",
             )
@@ -109,8 +111,10 @@ def kv_check(
     if fraction_entry is None or ctx.model is None or not ctx.model.has_kv_shape:
         if fraction_entry is not None:
             ctx.warnings.append(
-                Issue(
+                Problem(
+                    "warn",
                     "kv_unchecked",
+                    "KV cache",
                     "KV cache not checked: pass model= as an HF config dict (layers, KV heads, "
                     "head_dim) and a GPU size (inventory= or gpu_memory_bytes=)",
                 )
@@ -118,8 +122,10 @@ def kv_check(
         return None
     if gpu_memory_bytes is None:
         ctx.warnings.append(
-            Issue(
+            Problem(
+                "warn",
                 "kv_unchecked",
+                "KV cache",
                 "KV cache not checked: pass inventory= or gpu_memory_bytes= for the GPU size",
             )
         )
@@ -148,8 +154,10 @@ def kv_check(
     if check.budget_bytes <= 0:
         need = check.fraction_for(model_len or 1)
         ctx.problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "kv_cache",
+                key,
                 f"{key} {fraction} of {fmt_bytes(gpu_memory_bytes)} holds the weights "
                 f"({fmt_bytes(check.weights_bytes)}) and the reserve but no KV cache",
                 (f"{key.rsplit('.', 1)[-1]}={need}",),
@@ -157,8 +165,10 @@ def kv_check(
         )
     elif model_len is not None and check.capacity_tokens < model_len:
         ctx.problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "kv_cache",
+                key,
                 f"the KV cache holds {check.capacity_tokens:,} tokens per GPU, less than one "
                 f"sequence of {model_len:,}: the engine refuses to start",
                 (f"{key.rsplit('.', 1)[-1]}={check.fraction_for(model_len)}",),
@@ -167,8 +177,10 @@ def kv_check(
     elif check.needed_tokens is not None and check.capacity_tokens < check.needed_tokens:
         full = check.capacity_tokens // (model_len or 1)
         ctx.warnings.append(
-            Issue(
+            Problem(
+                "warn",
                 "kv_cache",
+                key,
                 f"the KV cache holds {check.capacity_tokens:,} tokens = {full} full-length "
                 f"sequences, fewer than max_num_seqs {check.max_num_seqs}: the engine will "
                 "queue or preempt sequences",

@@ -13,7 +13,8 @@ from html import escape
 from typing import Any
 
 from nbgpu._render import Result, Table, wrap
-from nbgpu.plan.result import Issue, notes_html, notes_text
+from nbgpu.plan.result import notes_html, notes_text
+from nbgpu.problems import Problem
 from nbgpu.scale.kv import KvCheck
 from nbgpu.scale.values import override_text, short_text
 
@@ -50,8 +51,8 @@ class ScalePlan(Result):
     from_gpus: int
     to_gpus: int
     steps: tuple[ScaleStep, ...]
-    problems: tuple[Issue, ...]
-    warnings: tuple[Issue, ...]
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
     kv: KvCheck | None
     config: Any = field(compare=False)
     original: Any = field(compare=False)

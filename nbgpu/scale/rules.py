@@ -17,7 +17,7 @@ from typing import Any
 
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.shapes import ModelShape
-from nbgpu.plan.result import Issue
+from nbgpu.problems import Problem
 from nbgpu.scale.values import Entry, config_model_len, find_entry, int_of
 
 __all__ = [
@@ -101,8 +101,8 @@ class ScaleContext:
     sp: int  # ulysses sequence parallel size
     nnodes: int
     model: ModelShape | None
-    problems: list[Issue]
-    warnings: list[Issue]
+    problems: list[Problem]
+    warnings: list[Problem]
     model_name: str | None = None  # the model the config names, when model= was not given
 
 
@@ -131,8 +131,10 @@ def scale_global(entry: Entry, entries: Sequence[Entry], ctx: ScaleContext) -> t
         lower = max(step, old // step * step)
         upper = (old // step + 1) * step
         ctx.problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "batch",
+                entry.dotted,
                 f"{entry.dotted}={old} is not valid on {ctx.to_gpus} GPUs: it must be a multiple "
                 f"of {step}" + (f" (× rollout.n={ctx.n})" if ctx.n > 1 else ""),
                 tuple(f"{entry.leaf}={v}" for v in sorted({lower, upper})),
@@ -194,8 +196,10 @@ def check_start_up(
     train_value = ints.get(train.dotted) if train is not None else None
     if train_value is not None and (train_value * ctx.n) % world:
         ctx.problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "batch",
+                "train_batch_size",
                 f"train_batch_size {train_value} × rollout.n {ctx.n} is not divisible by "
                 f"{world} GPUs (verl: real_train_batch_size % n_gpus == 0)",
             )
@@ -206,8 +210,10 @@ def check_start_up(
         mini = ints[e.dotted]
         if train_value is not None and mini > train_value:
             ctx.problems.append(
-                Issue(
+                Problem(
+                    "bad",
                     "batch",
+                    e.dotted,
                     f"{e.dotted} {mini} is larger than train_batch_size {train_value} "
                     "(verl asserts train_batch_size >= ppo_mini_batch_size)",
                 )
@@ -217,16 +223,20 @@ def check_start_up(
         micro = ints.get(micro_entry.dotted) if micro_entry is not None else None
         if per_gpu < 1:
             ctx.problems.append(
-                Issue(
+                Problem(
+                    "bad",
                     "batch",
+                    e.dotted,
                     f"{e.dotted} {mini} × n {ctx.n} ÷ {dp} data-parallel GPUs = 0 per GPU "
                     "(verl: ppo_mini_batch_size must stay > 0 after normalisation)",
                 )
             )
         elif micro and per_gpu % micro:
             ctx.problems.append(
-                Issue(
+                Problem(
+                    "bad",
                     "batch",
+                    e.dotted,
                     f"{e.dotted} gives {per_gpu} per GPU, not divisible by "
                     f"ppo_micro_batch_size_per_gpu {micro}",
                 )
@@ -237,8 +247,10 @@ def check_start_up(
         if rule == "tensor_parallel" and isinstance(v, int) and v >= 1:
             if world % v:
                 ctx.problems.append(
-                    Issue(
+                    Problem(
+                        "bad",
                         "tensor_parallel",
+                        e.dotted,
                         f"{e.dotted} {v} does not divide {world} GPUs: the rollout world size "
                         "must be a multiple of the tensor-parallel size",
                     )
@@ -246,20 +258,29 @@ def check_start_up(
             heads = ctx.model.num_attention_heads if ctx.model is not None else None
             if heads is not None and heads % v:
                 ctx.problems.append(
-                    Issue(
+                    Problem(
+                        "bad",
                         "tensor_parallel",
+                        e.dotted,
                         f"{e.dotted} {v} does not divide the model's {heads} attention heads "
                         "(vLLM requires it)",
                     )
                 )
         if rule == "memory_fraction" and isinstance(v, int | float) and not 0 < v <= 1:
             ctx.problems.append(
-                Issue("memory_fraction", f"{e.dotted} {v} is not a fraction in (0, 1]")
+                Problem(
+                    "bad",
+                    "memory_fraction",
+                    e.dotted,
+                    f"{e.dotted} {v} is not a fraction in (0, 1]",
+                )
             )
         if rule == "gpu_count" and isinstance(v, int) and v * ctx.nnodes != ctx.to_gpus:
             ctx.problems.append(
-                Issue(
+                Problem(
+                    "bad",
                     "gpu_count",
+                    e.dotted,
                     f"{e.dotted} {v} × nnodes {ctx.nnodes} ≠ {ctx.to_gpus} GPUs",
                 )
             )
@@ -271,8 +292,10 @@ def check_start_up(
         seqs = value(seqs_entry) if seqs_entry is not None else None
         if isinstance(seqs, int) and tokens < seqs:
             ctx.problems.append(
-                Issue(
+                Problem(
+                    "bad",
                     "engine",
+                    e.dotted,
                     f"{e.dotted} {tokens} < max_num_seqs {seqs} (vLLM requires "
                     "max_num_batched_tokens >= max_num_seqs)",
                 )
@@ -280,8 +303,10 @@ def check_start_up(
         model_len = config_model_len(entries, value)
         if model_len is not None and tokens < model_len:
             ctx.problems.append(
-                Issue(
+                Problem(
+                    "bad",
                     "engine",
+                    e.dotted,
                     f"{e.dotted} {tokens} < the maximum model length {model_len} (prompt + "
                     "response): verl refuses it with chunked prefill, vLLM without",
                     (f"max_num_batched_tokens={model_len}",),

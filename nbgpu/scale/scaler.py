@@ -15,7 +15,7 @@ from typing import Any
 
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.shapes import ModelShape
-from nbgpu.plan.result import Issue
+from nbgpu.problems import Problem
 from nbgpu.scale.kv import kv_check, named_model
 from nbgpu.scale.result import ScalePlan, ScaleStep
 from nbgpu.scale.rules import (
@@ -160,8 +160,8 @@ def scale_config(
     devices: Sequence[int] | None = None,
     gpu_memory_bytes: int | None = None,
     source: str | None = None,
-    extra_problems: Sequence[Issue] = (),
-    extra_warnings: Sequence[Issue] = (),
+    extra_problems: Sequence[Problem] = (),
+    extra_warnings: Sequence[Problem] = (),
 ) -> ScalePlan:
     """Rescale *config* (a mapping, or ``key=value`` overrides) to *to_gpus* GPUs."""
     original: Any
