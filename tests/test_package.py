@@ -177,8 +177,8 @@ FORBIDDEN = {
              "nbgpu.rank", "nbgpu.profile", "nbgpu.plan_cli"),
     "estimate": ("nbgpu.plan", "nbgpu.scale", "nbgpu.launch", "nbgpu.diagnose",
                  "nbgpu.notebook", "nbgpu.cli", "nbgpu.api", "nbgpu.rank", "nbgpu.profile"),
-    "scale": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
-              "nbgpu.rank", "nbgpu.profile"),
+    "scale": ("nbgpu.plan", "nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
+              "nbgpu.api", "nbgpu.rank", "nbgpu.profile"),
     # diagnose may read nbgpu.profile's records (memory at the failure), nothing else of it.
     "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
                  "nbgpu.profile.phases", "nbgpu.profile.recorder", "nbgpu.profile.sampler",

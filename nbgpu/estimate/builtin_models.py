@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
@@ -84,9 +84,6 @@ class ModelConfig:
         """KV-cache bytes per token on one GPU (memory.md §5c), KV heads split over TP."""
         heads = -(-self.num_kv_heads // max(1, tensor_parallel))
         return 2 * self.num_layers * heads * self.head_dim * dtype_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "parameters": self.parameters}
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The fields as a HF ``config.json`` spells them (what older readers expect)."""

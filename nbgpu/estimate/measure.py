@@ -12,12 +12,12 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from nbgpu._render import Result, Table, fmt_bytes
+from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.trace import (
     TOOL,
@@ -84,6 +84,7 @@ class StepComparison(Result):
     analytic_bytes: int | None  # model states + activations formulas (None: no shape)
     trace_note: str
     measure_seconds: float
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("methods",)
     FRAME_COLUMNS = ("method", "bytes", "error_vs_measured")
 
     def _error(self, value: int | None) -> float | None:
@@ -112,30 +113,13 @@ class StepComparison(Result):
             )
         return table
 
-    def text(self) -> str:
+    @property
+    def methods(self) -> list[dict[str, Any]]:
+        return self.records()
+
+    def content(self) -> list[Block]:
         head = f"one training step of {self.model}, batch {self.batch_shape}"
-        return "\n".join([head, self._table().text(), self.trace_note])
-
-    def html_body(self) -> str:
-        import html  # noqa: PLC0415
-
-        head = f"one training step of {self.model}, batch {self.batch_shape}"
-        return (
-            f"<b>{html.escape(head)}</b>{self._table().html()}"
-            f"<div>{html.escape(self.trace_note)}</div>"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "batch_shape": self.batch_shape,
-            "measured_bytes": self.measured_bytes,
-            "traced_bytes": self.traced_bytes,
-            "analytic_bytes": self.analytic_bytes,
-            "trace_note": self.trace_note,
-            "measure_seconds": self.measure_seconds,
-            "methods": self.records(),
-        }
+        return [Title(head), self._table(), Line(self.trace_note)]
 
 
 def _shape_text(batch: Any) -> str:

@@ -8,9 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from nbgpu._render import Result, Table, fmt_bytes, wrap
+from nbgpu._render import (
+    Block,
+    Bullets,
+    Figure,
+    Line,
+    Result,
+    Table,
+    Title,
+    fmt_bytes,
+    to_text,
+    wrap,
+)
 
 __all__ = ["MemoryEstimate", "Term"]
 
@@ -24,15 +35,6 @@ class Term:
     formula: str
     source: str
     kind: str  # "model states", "activations", "reserve", "margin"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "bytes_per_gpu": self.bytes_per_gpu,
-            "formula": self.formula,
-            "source": self.source,
-            "kind": self.kind,
-        }
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class MemoryEstimate(Result):
     budget_bytes: int | None = None
     max_micro_batch: int | None = None  # the largest micro batch within budget_bytes
     notes: tuple[str, ...] = ()
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = (
+        "method", "analytic_bytes", "traced_bytes", "total_bytes", "fits",
+    )  # fmt: skip
     FRAME_COLUMNS = ("term", "kind", "analytic_bytes", "traced_bytes", "formula", "source")
 
     # --------------------------------------------------------------- totals
@@ -107,14 +112,15 @@ class MemoryEstimate(Result):
         every = [t.source for t in (*self.terms, *self.traced_terms)]
         return {src: n for n, src in enumerate(dict.fromkeys(every), 1)}
 
-    def _table(self, marks: bool = False) -> Table:
+    def _table(self) -> Table:
         traced = {t.name: t for t in self.traced_terms}
         numbers = self._sources()
         headers = ["term", "analytic"] + (["traced"] if traced else []) + ["formula"]
         table = Table(headers, flex=len(headers) - 1)
         for t in self.terms:
-            name = f"{t.name} [{numbers[t.source]}]" if marks else t.name
-            cells = [name, fmt_bytes(t.bytes_per_gpu) if t.bytes_per_gpu is not None else "?"]
+            cells = [f"{t.name} [{numbers[t.source]}]", fmt_bytes(t.bytes_per_gpu)]
+            if t.bytes_per_gpu is None:
+                cells[1] = "?"
             if traced:
                 other = traced.get(t.name)
                 cells.append("-" if other is None else fmt_bytes(other.bytes_per_gpu))
@@ -122,7 +128,7 @@ class MemoryEstimate(Result):
             table.add(*cells, level="warn" if t.bytes_per_gpu is None else "")
         for name, t in traced.items():  # traced-only terms (temporaries)
             if self.term(name) is None:
-                label = f"{name} [{numbers[t.source]}]" if marks else name
+                label = f"{name} [{numbers[t.source]}]"
                 table.add(label, "-", fmt_bytes(t.bytes_per_gpu), t.formula)
         total = ["total per GPU", fmt_bytes(self.analytic_bytes)]
         if traced:
@@ -172,27 +178,17 @@ class MemoryEstimate(Result):
         return lines
 
     def text(self) -> str:
-        out = [wrap(self._heading(), "")]
-        out.append(self._table(marks=True).text(max_width=100))
-        out.extend(wrap(line, "") for line in self._footer())
-        out.append("sources:")
-        out.extend(wrap(src, f"  [{n}] ", width=100) for src, n in self._sources().items())
-        return "\n".join(out)
+        return to_text(self.content(), width=100)  # formulas and sources are long
 
-    def html_body(self) -> str:
-        import html  # noqa: PLC0415  (stdlib, only for this view)
-
-        table = self._table()
-        # The HTML view has room for the source of every term.
-        sources = {t.name: t.source for t in (*self.terms, *self.traced_terms)}
-        head = [*list(table.headers), "source"]
-        wide = Table(head)
-        for row, level in zip(table.rows, table.row_levels, strict=True):
-            wide.add(*row, sources.get(row[0], ""), level=level)
-        foot = "".join(f"<li>{html.escape(line)}</li>" for line in self._footer())
-        return f"<b>{html.escape(self._heading())}</b>{self._bar_html()}{wide.html()}" + (
-            f"<ul>{foot}</ul>" if foot else ""
-        )
+    def content(self) -> list[Block]:
+        sources = [f"[{n}] {src}" for src, n in self._sources().items()]
+        return [
+            Title(wrap(self._heading(), "")),
+            Figure(alt="", svg=self._bar_html()),  # the terms as one stacked bar
+            self._table(),
+            *(Line(line) for line in self._footer()),
+            Bullets(sources, title="sources:", marker="  "),
+        ]
 
     def _bar_html(self) -> str:
         """One stacked bar of the answer's terms against the budget (static HTML)."""
@@ -227,34 +223,6 @@ class MemoryEstimate(Result):
             f'background:#eee;margin:4px 0;font-size:0">{"".join(parts)}{marker}</div>'
             f"<div>{legend}</div>"
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "parameters": self.parameters,
-            "role": self.role,
-            "precision": self.precision,
-            "optimizer": self.optimizer,
-            "strategy": self.strategy,
-            "world_size": self.world_size,
-            "data_parallel": self.data_parallel,
-            "tensor_parallel": self.tensor_parallel,
-            "pipeline_parallel": self.pipeline_parallel,
-            "micro_batch": self.micro_batch,
-            "seq_len": self.seq_len,
-            "activation_checkpointing": self.activation_checkpointing,
-            "method": self.method,
-            "analytic_bytes": self.analytic_bytes,
-            "traced_bytes": self.traced_bytes,
-            "total_bytes": self.total_bytes,
-            "terms": [t.to_dict() for t in self.terms],
-            "traced_terms": [t.to_dict() for t in self.traced_terms],
-            "trace_note": self.trace_note,
-            "budget_bytes": self.budget_bytes,
-            "fits": self.fits,
-            "max_micro_batch": self.max_micro_batch,
-            "notes": list(self.notes),
-        }
 
     def records(self) -> list[dict[str, Any]]:
         traced = {t.name: t for t in self.traced_terms}

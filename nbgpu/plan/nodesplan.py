@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from nbgpu._render import Result, Table, fix_html, fmt_bytes, title_html, wrap
+from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes, to_text
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import BatchCheck
@@ -21,8 +21,8 @@ from nbgpu.plan.result import (
     ExcludedGpu,
     MemoryCheck,
     PlannedGpu,
-    notes_html,
-    notes_text,
+    alternative_blocks,
+    problem_blocks,
     upgrade_plan_data,
 )
 from nbgpu.problems import Problem
@@ -70,6 +70,15 @@ class NodesAlternative:
     title: str
     reason: str
     plan: NodesPlan | None = None
+
+    @property
+    def status(self) -> str:
+        if self.plan is None:
+            return ""
+        if self.plan.ok:
+            return " — ready"
+        first = self.plan.problems[0].message if self.plan.problems else "not ready"
+        return f" — also blocked ({first})"
 
 
 @dataclass(frozen=True)
@@ -122,12 +131,6 @@ class NodesPlan(Result):
 
     # -- rendering ---------------------------------------------------------------
 
-    def _title(self) -> str:
-        shape = f"{self.job_nodes} node(s) × {self.nproc_per_node} GPUs"
-        sim = "SIMULATED " if self.simulated else ""
-        verdict = "ready" if self.ok else "NOT READY"
-        return f"nbgpu plan — {shape} on {sim}{self.source} · {verdict}"
-
     def _table(self) -> Table:
         table = Table(["node", "GPUs (CUDA_VISIBLE_DEVICES)", "ranks", "GPU", "left out"])
         for n in self.nodes:
@@ -138,65 +141,55 @@ class NodesPlan(Result):
             table.add(left.node, "-", 0, "-", left.reason, level="warn")
         return table
 
-    def _footer(self) -> list[str]:
-        lines = [f"world: {self.world_size} ranks ({self.job_nodes} × {self.nproc_per_node})"]
+    def _footer(self) -> list[Block]:
+        lines: list[Block] = [
+            Line(
+                f"{self.world_size} ranks ({self.job_nodes} × {self.nproc_per_node})", label="world"
+            )
+        ]
         if self.batch is not None and self.batch.ok:
-            lines.append(f"batch: {self.batch.summary}")
+            lines.append(Line(self.batch.summary, label="batch"))
         for m in self.memory:
             fits = {True: "fits", False: "does NOT fit", None: "not compared"}[m.fits]
             free = "" if m.available_bytes is None else f" free {fmt_bytes(m.available_bytes)}"
             lines.append(
-                f"memory per GPU: {fmt_bytes(m.needed_bytes)}, {fits} on node {self.memory_node} "
-                f"GPU {m.deciding_gpu}{free} (the smallest of the job)"
+                Line(
+                    f"{fmt_bytes(m.needed_bytes)}, {fits} on node {self.memory_node} GPU "
+                    f"{m.deciding_gpu}{free} (the smallest of the job)",
+                    label="memory per GPU",
+                )
             )
-            lines.append(wrap(m.accounting, "  "))
+            lines.append(Line(m.accounting, indent="  "))
             if m.max_micro_batch is not None:
-                lines.append(f"largest micro batch: {m.max_micro_batch} (computed, no trials)")
+                lines.append(Line(f"{m.max_micro_batch} (computed, no trials)",
+                                  label="largest micro batch"))  # fmt: skip
         if not self.memory and self.nodes:
-            lines.append("memory: not checked (pass model= to compare with free memory)")
+            lines.append(Line("not checked (pass model= to compare with free memory)",
+                              label="memory"))  # fmt: skip
         if self.ok:
             lines.append(
-                wrap(
-                    f"launch: %%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist "
+                Line(
+                    f"%%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist "
                     f"{self.nodelist}; each node sets its own CUDA_VISIBLE_DEVICES); the "
                     "rendezvous port is picked on the first node when the job starts",
-                    "",
+                    label="launch",
                 )
             )
         return lines
 
-    @staticmethod
-    def _alternative_head(alt: NodesAlternative) -> str:
-        status = ""
-        if alt.plan is not None and alt.plan.ok:
-            status = " — ready"
-        elif alt.plan is not None:
-            first = alt.plan.problems[0].message if alt.plan.problems else "not ready"
-            status = f" — also blocked ({first})"
-        return f"{alt.title}{status}: {alt.reason}"
-
     def text(self) -> str:
-        lines = [self._title(), self._table().text(max_width=120), *self._footer()]
-        notes = notes_text(self.problems, self.warnings)
-        if notes:
-            lines += ["", *notes]
-        if self.alternatives:
-            lines.append("alternatives:")
-            lines += [wrap(self._alternative_head(a), f"  {i}. ") for i, a in
-                      enumerate(self.alternatives, 1)]  # fmt: skip
-        return "\n".join(lines)
+        return to_text(self.content(), width=120)  # the table's "left out" reasons are long
 
-    def html_body(self) -> str:
-        title = title_html(self._title(), simulated=self.simulated)
-        parts = [f"<b>{title}</b>", self._table().html()]
-        parts.append("".join(f"<div>{fix_html(line)}</div>" for line in self._footer()))
-        parts.append(notes_html(self.problems, self.warnings))
-        if self.alternatives:
-            items = "".join(
-                f"<li>{fix_html(self._alternative_head(a))}</li>" for a in self.alternatives
-            )
-            parts.append(f"<div>alternatives:<ol>{items}</ol></div>")
-        return "".join(parts)
+    def content(self) -> list[Block]:
+        shape = f"{self.job_nodes} node(s) × {self.nproc_per_node} GPUs"
+        sim = "SIMULATED " if self.simulated else ""
+        verdict = "ready" if self.ok else "NOT READY"
+        title = f"nbgpu plan — {shape} on {sim}{self.source} · {verdict}"
+        blocks: list[Block] = [Title(title, simulated=self.simulated), self._table(),
+                               *self._footer()]  # fmt: skip
+        blocks += problem_blocks(self.problems, self.warnings)
+        return blocks + alternative_blocks([(f"{a.title}{a.status}: {a.reason}", ())
+                                            for a in self.alternatives])  # fmt: skip
 
     # -- data --------------------------------------------------------------------
 

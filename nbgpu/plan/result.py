@@ -12,11 +12,23 @@ the inventory, sockets or files.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from html import escape
 from typing import Any, ClassVar
 
-from nbgpu._render import Result, Table, fix_html, fixes_html, fmt_bytes, title_html, wrap
+from nbgpu._render import (
+    Blank,
+    Block,
+    Bullets,
+    Line,
+    Problems,
+    Result,
+    Section,
+    Table,
+    Title,
+    fmt_bytes,
+    simulated_label,
+)
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import degrees_text
@@ -32,10 +44,11 @@ __all__ = [
     "Plan",
     "PlannedGpu",
     "RolePlan",
+    "alternative_blocks",
     "fit_title",
-    "notes_html",
-    "notes_text",
     "plan_from_dict",
+    "plan_title",
+    "problem_blocks",
     "upgrade_plan_data",
 ]
 
@@ -54,6 +67,13 @@ class ExcludedGpu:
     health: str  # short, as in the status table: "BUSY: dead holder", "excluded"
     problems: tuple[Problem, ...] = ()
     recoverable: bool = False  # usable again once its holder is freed or it is reset
+
+    # Plan files before the problems had these two keys; scripts may still read them.
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("reasons", "fixes")
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(p.message for p in self.problems)
 
     @property
     def fixes(self) -> tuple[str, ...]:
@@ -206,23 +226,30 @@ def fit_title(title: str) -> str:
     return f"{head}\n  on {tail}"
 
 
-def notes_text(problems: tuple[Problem, ...], warnings: tuple[Problem, ...]) -> list[str]:
-    lines = []
-    for mark, issues in (("!! ", problems), ("!  ", warnings)):
-        for issue in issues:
-            lines.append(wrap(issue.message, mark))
-            lines.extend(wrap(fix, "     fix: ") for fix in issue.fixes)
-    return lines
+def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -> Title:
+    """``nbgpu plan — WHAT on SIMULATED fleet 'F' · ready``: every plan's headline."""
+    source = simulated_label(fleet) if simulated else f"host {fleet}"
+    verdict = "ready" if ok else "NOT READY"
+    return Title(fit_title(f"nbgpu {kind} — {what} on {source} · {verdict}"), simulated=simulated)
 
 
-def notes_html(problems: tuple[Problem, ...], warnings: tuple[Problem, ...]) -> str:
-    """Problems and warnings as one list, each issue's fixes a sub-list under it."""
-    items = []
-    for level, issues in (("bad", problems), ("warn", warnings)):
-        for issue in issues:
-            sub = fixes_html(issue.fixes)
-            items.append(f'<li class="{level}">{fix_html(issue.message)}{sub}</li>')
-    return f"<ul>{''.join(items)}</ul>" if items else ""
+def problem_blocks(*problems: Sequence[Problem]) -> list[Block]:
+    """Problems and warnings, each with its fixes, after a blank line (nothing when none)."""
+    every = [p for group in problems for p in group]
+    return [Blank(), Problems(every)] if every else []
+
+
+def alternative_blocks(alternatives: Sequence[tuple[str, Sequence[str]]]) -> list[Block]:
+    """What would work instead, numbered once, each with its steps nested under it."""
+    if not alternatives:
+        return []
+    return [
+        Line("alternatives:"),
+        *(
+            Section([Line(f"{n}. {head}", indent="  "), Bullets(steps, marker="       ")])
+            for n, (head, steps) in enumerate(alternatives, 1)
+        ),
+    ]
 
 
 PLAN_FORMAT = 1
@@ -236,6 +263,12 @@ class Alternative:
     reason: str
     fixes: tuple[str, ...] = ()
     plan: Plan | None = None
+
+    @property
+    def status(self) -> str:
+        if self.plan is None:
+            return ""
+        return " — ready" if self.plan.ok else " — also blocked"
 
 
 @dataclass(frozen=True)
@@ -296,24 +329,21 @@ class Plan(Result):
 
     # -- rendering ---------------------------------------------------------------
 
-    def _title(self) -> str:
-        source = f"SIMULATED fleet '{self.fleet}'" if self.simulated else f"host {self.fleet}"
-        run = f"{self.name}: " if self.name else ""
-        verdict = "ready" if self.ok else "NOT READY"
-        return f"nbgpu plan — {run}{self.allocation} on {source} · {verdict}"
-
     def _role_table(self) -> Table:
         table = Table(["role", "kind", "degrees", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port"])
         for r in self.roles:
-            table.add(
-                r.name,
-                r.kind,
-                r.degrees,
-                r.cuda_visible_devices or "-",
-                r.nproc_per_node,
-                "-" if r.master_port is None else r.master_port,
-                level="" if r.gpus else "bad",
-            )
+            port = "-" if r.master_port is None else r.master_port
+            table.add(r.name, r.kind, r.degrees, r.cuda_visible_devices or "-", r.nproc_per_node,
+                      port, level="" if r.gpus else "bad")  # fmt: skip
+        return table
+
+    def _gpu_table(self) -> Table:
+        table = Table(["role", "cuda", "GPU", "name", "free", "UUID"], flex=5)
+        for r in self.roles:
+            for g in r.gpus:
+                name = (g.name or "-").replace("NVIDIA ", "")
+                table.add(r.name, g.cuda_index, g.nvml_index, name,
+                          fmt_bytes(g.memory_free_bytes), g.uuid or "-")  # fmt: skip
         return table
 
     def _memory_table(self) -> Table:
@@ -334,131 +364,74 @@ class Plan(Result):
             table.add(m.role, "total", fmt_bytes(m.needed_bytes), f"{fits}: {free}", level=level)
         return table
 
-    def _memory_lines(self) -> list[str]:
-        lines = []
+    def _memory_lines(self) -> list[Block]:
+        lines: list[Block] = [Line(m.accounting, label=f"memory {m.role}") for m in self.memory]
         for m in self.memory:
             if len(m.gpu_free) > 1:
                 each = ", ".join(f"GPU {i} {fmt_bytes(b)}" for i, b in m.gpu_free)
-                lines.append(wrap(f"free memory {m.role}: {each} (the smallest decides)", ""))
+                lines.append(Line(f"{each} (the smallest decides)", label=f"free memory {m.role}"))
             if m.max_micro_batch is not None:
                 lines.append(
-                    wrap(
-                        f"largest micro batch {m.role}: {m.max_micro_batch} within GPU "
-                        f"{m.deciding_gpu}'s free memory (computed from the estimate, no "
-                        "trials)",
-                        "",
+                    Line(
+                        f"{m.max_micro_batch} within GPU {m.deciding_gpu}'s free memory "
+                        "(computed from the estimate, no trials)",
+                        label=f"largest micro batch {m.role}",
                     )
                 )
-        return lines
-
-    def _excluded_lines(self) -> list[str]:
-        return [
-            wrap(
-                f"GPU {e.nvml_index} ({e.health}): {e.problems[0].message if e.problems else ''}",
-                "  ",
+        if any(m.not_estimated for m in self.memory):
+            lines.append(
+                Line(
+                    "memory terms marked ? need the model's shape (a name such as "
+                    "'Qwen/Qwen2.5-7B-Instruct' or an HF config.json) and seq_len",
+                    indent="  ",
+                )
             )
-            for e in self.excluded
-        ]
-
-    @staticmethod
-    def _alternative_head(alt: Alternative) -> str:
-        status = ""
-        if alt.plan is not None:
-            status = " — ready" if alt.plan.ok else " — also blocked"
-        return f"{alt.title}{status}: {alt.reason}"
-
-    def _alternative_lines(self) -> list[str]:
-        lines = []
-        for n, alt in enumerate(self.alternatives, 1):
-            lines.append(wrap(self._alternative_head(alt), f"  {n}. "))
-            lines.extend(wrap(fix, "       ") for fix in alt.fixes)
         return lines
 
-    def _alternatives_html(self) -> str:
-        # One numbered item per alternative; its steps are a sub-list of that item.
-        items = "".join(
-            f"<li>{fix_html(self._alternative_head(alt))}{fixes_html(alt.fixes)}</li>"
-            for alt in self.alternatives
-        )
-        return f"<div>alternatives:<ol>{items}</ol></div>"
-
-    def _footer(self) -> list[str]:
-        lines = []
+    def _footer(self) -> list[Block]:
+        lines: list[Block] = []
         if self.batch is not None and self.batch.ok:
-            lines.append(f"batch: {self.batch.summary}")
+            lines.append(Line(self.batch.summary, label="batch"))
         if self.memory:
-            lines.extend(wrap(f"memory {m.role}: {m.accounting}", "") for m in self.memory)
-            lines.extend(self._memory_lines())
-            if any(m.not_estimated for m in self.memory):
-                lines.append(
-                    wrap(
-                        "memory terms marked ? need the model's shape (a name such as "
-                        "'Qwen/Qwen2.5-7B-Instruct' or an HF config.json) and seq_len",
-                        "  ",
-                    )
-                )
+            lines += self._memory_lines()
         elif self.roles and self.roles[0].gpus:
-            lines.append("memory: not checked (pass model= to compare with free memory)")
+            lines.append(Line("not checked (pass model= to compare with free memory)",
+                              label="memory"))  # fmt: skip
         if self.cuda_visible_devices and len(self.roles) > 1:
             first = self.roles[0]
             lines.append(
-                wrap(
-                    f"one-list form: CUDA_VISIBLE_DEVICES={self.cuda_visible_devices} "
-                    f"(logical device 0 = GPU {first.nvml_indices[0]}, role {first.name})",
-                    "",
+                Line(
+                    f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices} (logical device 0 = GPU "
+                    f"{first.nvml_indices[0]}, role {first.name})",
+                    label="one-list form",
                 )
             )
         if any(r.gpus for r in self.roles):
-            lines.append("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
+            lines.append(
+                Line("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
+            )
         return lines
 
-    def text(self) -> str:
-        lines = [fit_title(self._title()), self._role_table().text()]
+    def content(self) -> list[Block]:
+        run = f"{self.name}: " if self.name else ""
+        blocks: list[Block] = [
+            plan_title("plan", f"{run}{self.allocation}", self.fleet, simulated=self.simulated,
+                       ok=self.ok),
+            self._role_table(),
+        ]  # fmt: skip
+        if any(r.gpus for r in self.roles):
+            blocks.append(self._gpu_table())
         if self.excluded:
-            lines.append("left out:")
-            lines.extend(self._excluded_lines())
-        lines.extend(self._footer())
+            left = [f"GPU {e.nvml_index} ({e.health}): " + " ".join(p.message for p in e.problems)
+                    for e in self.excluded]  # fmt: skip
+            blocks.append(Bullets(left, title="left out:", marker="  "))
+        blocks += self._footer()
         if self.memory:
-            lines.append(self._memory_table().text())
-        notes = notes_text(self.problems, self.warnings)
-        if notes:
-            lines.append("")
-            lines.extend(notes)
-        if self.alternatives:
-            lines.append("alternatives:")
-            lines.extend(self._alternative_lines())
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        title = title_html(self._title(), simulated=self.simulated)
-        parts = [f"<b>{title}</b>", self._role_table().html()]
-        if self.roles and any(r.gpus for r in self.roles):
-            uuids = Table(["role", "cuda", "GPU", "UUID", "name", "free"])
-            for r in self.roles:
-                for g in r.gpus:
-                    uuids.add(
-                        r.name,
-                        g.cuda_index,
-                        g.nvml_index,
-                        g.uuid or "-",
-                        (g.name or "-").replace("NVIDIA ", ""),
-                        fmt_bytes(g.memory_free_bytes),
-                    )
-            parts.append(uuids.html())
-        if self.excluded:
-            items = "".join(
-                f"<li>GPU {e.nvml_index} ({escape(e.health)}): {fix_html(' '.join(p.message for p in e.problems))}"
-                f"{fixes_html(e.fixes)}</li>"
-                for e in self.excluded
-            )
-            parts.append(f"<div>left out:<ul>{items}</ul></div>")
-        parts.append("".join(f"<div>{fix_html(line)}</div>" for line in self._footer()))
-        if self.memory:
-            parts.append(self._memory_table().html())
-        parts.append(notes_html(self.problems, self.warnings))
-        if self.alternatives:
-            parts.append(self._alternatives_html())
-        return "".join(parts)
+            blocks.append(self._memory_table())
+        blocks += problem_blocks(self.problems, self.warnings)
+        return blocks + alternative_blocks(
+            [(f"{a.title}{a.status}: {a.reason}", a.fixes) for a in self.alternatives]
+        )
 
     # -- data --------------------------------------------------------------------
 

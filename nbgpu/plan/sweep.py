@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table, title_html
+from nbgpu._render import Block, Line, Result, Table
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
@@ -32,10 +31,9 @@ from nbgpu.plan.planner import build_plan, gpu_span
 from nbgpu.plan.result import (
     ExcludedGpu,
     Plan,
-    fit_title,
-    notes_html,
-    notes_text,
     plan_from_dict,
+    plan_title,
+    problem_blocks,
     upgrade_plan_data,
 )
 from nbgpu.problems import Problem
@@ -69,14 +67,6 @@ class SweepPlan(Result):
         """How many of the planned runs can start now."""
         return sum(1 for r in self.runs if r.ok)
 
-    def _title(self) -> str:
-        source = f"SIMULATED fleet '{self.fleet}'" if self.simulated else f"host {self.fleet}"
-        verdict = "ready" if self.ok else "NOT READY"
-        return (
-            f"nbgpu plan sweep — {len(self.runs)} runs × {self.gpus_per_run} GPUs "
-            f"({self.allocation}) on {source} · {verdict}"
-        )
-
     def _table(self) -> Table:
         table = Table(["run", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port", "ready"])
         for run in self.runs:
@@ -90,7 +80,7 @@ class SweepPlan(Result):
             )
         return table
 
-    def _issues(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
+    def _problems(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
         # Every run carries the same batch verdict: say it once.
         problems = list(self.problems)
         warnings = list(self.warnings)
@@ -105,28 +95,18 @@ class SweepPlan(Result):
             )
         return tuple(problems), tuple(warnings)
 
-    def text(self) -> str:
-        lines = [fit_title(self._title()), self._table().text()]
-        if self.excluded:
-            lines.append(
-                "left out: " + "; ".join(f"GPU {e.nvml_index} ({e.health})" for e in self.excluded)
-            )
-        if self.runs:
-            lines.append("each run is a Plan: sweep.runs[i] (env, ports and GPUs per role)")
-        notes = notes_text(*self._issues())
-        if notes:
-            lines.append("")
-            lines.extend(notes)
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        title = title_html(self._title(), simulated=self.simulated)
-        parts = [f"<b>{title}</b>", self._table().html()]
+    def content(self) -> list[Block]:
+        what = f"{len(self.runs)} runs × {self.gpus_per_run} GPUs ({self.allocation})"
+        blocks: list[Block] = [
+            plan_title("plan sweep", what, self.fleet, simulated=self.simulated, ok=self.ok),
+            self._table(),
+        ]
         if self.excluded:
             left = "; ".join(f"GPU {e.nvml_index} ({e.health})" for e in self.excluded)
-            parts.append(f"<div>left out: {escape(left)}</div>")
-        parts.append(notes_html(*self._issues()))
-        return "".join(parts)
+            blocks.append(Line(left, label="left out"))
+        if self.runs:
+            blocks.append(Line("each run is a Plan: sweep.runs[i] (env, ports and GPUs per role)"))
+        return blocks + problem_blocks(*self._problems())
 
     def records(self) -> list[dict[str, Any]]:
         return [row for run in self.runs for row in run.records()]

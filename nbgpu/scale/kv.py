@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from nbgpu._render import fmt_bytes
 from nbgpu.estimate.builtin_models import find_model
@@ -21,7 +21,6 @@ from nbgpu.scale.rules import ScaleContext
 from nbgpu.scale.values import Entry, config_model_len, find_entry
 
 __all__ = [
-    "GIB",
     "KV_RESERVE_BYTES",
     "KvCheck",
     "builtin_shape",
@@ -30,11 +29,10 @@ __all__ = [
 ]
 
 
-GIB = 1024**3
 #: Per-GPU bytes inside the engine's memory fraction that are neither weights nor KV cache:
 #: the profile run's activations, CUDA graphs and non-torch allocations such as NCCL
 #: (memory.md §5c/§5d). A planning heuristic, stated in every KV check.
-KV_RESERVE_BYTES = 1 * GIB
+KV_RESERVE_BYTES = 2**30
 
 
 @dataclass(frozen=True)
@@ -50,6 +48,8 @@ class KvCheck:
     max_model_len: int | None
     max_num_seqs: int | None
     model: str | None = None  # where the model's shape came from, e.g. a built-in name
+
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("budget_bytes", "capacity_tokens")
 
     @property
     def budget_bytes(self) -> int:

@@ -9,11 +9,10 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass, field, replace
-from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table, wrap
-from nbgpu.plan.result import notes_html, notes_text
+from nbgpu._render import Blank, Block, Line, Problems, Result, Title
+from nbgpu._serial import to_data
 from nbgpu.problems import Problem
 from nbgpu.scale.kv import KvCheck
 from nbgpu.scale.values import override_text, short_text
@@ -118,48 +117,23 @@ class ScalePlan(Result):
         )
         return "\n".join(lines) + "\n"
 
-    def _title(self) -> str:
+    def content(self) -> list[Block]:
         verdict = "ready" if self.ok else "NOT READY"
         src = f" {self.source}" if self.source else ""
-        return f"nbgpu plan scale{src}: {self.from_gpus} → {self.to_gpus} GPUs · {verdict}"
-
-    def _table(self) -> Table:
-        table = Table(["key", "old", "new", "why"])
+        blocks: list[Block] = [
+            Title(f"nbgpu plan scale{src}: {self.from_gpus} → {self.to_gpus} GPUs · {verdict}")
+        ]
         for s in self.steps:
-            table.add(
-                s.key.rsplit(".", 1)[-1],
-                short_text(s.old),
-                short_text(s.new),
-                s.reason,
-                level="warn" if s.changed else "",
-            )
-        return table
-
-    def text(self) -> str:
-        lines = [self._title()]
-        for s in self.steps:
-            mark = "*" if s.changed else " "
-            lines.append(wrap(f"{s.key}: {short_text(s.old)} → {short_text(s.new)}", f"{mark} "))
-            lines.append(wrap(s.reason, "      "))
+            change = f"{s.key}: {short_text(s.old)} → {short_text(s.new)}"
+            blocks.append(Line(change, indent="* " if s.changed else "  ",
+                               level="warn" if s.changed else ""))  # fmt: skip
+            blocks.append(Line(s.reason, indent="      "))
         if self.kv is not None:
-            lines.append(wrap(self.kv.text, ""))
+            blocks.append(Line(self.kv.text))
         if self.written_to is not None:
-            lines.append(wrap(f"new config written to {self.written_to}", ""))
-        notes = notes_text(self.problems, self.warnings)
-        if notes:
-            lines.append("")
-            lines.extend(notes)
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        parts = [f"<b>{escape(self._title())}</b>", self._table().html()]
-        if self.kv is not None:
-            parts.append(f"<div>{escape(self.kv.text)}</div>")
-        if self.written_to is not None:
-            parts.append(f"<div>new config written to <code>{escape(self.written_to)}</code></div>")
-        parts.append(notes_html(self.problems, self.warnings))
-        parts.append(f"<pre>{escape(self.diff())}</pre>")
-        return "".join(parts)
+            blocks.append(Line(f"new config written to {self.written_to}"))
+        every = (*self.problems, *self.warnings)
+        return blocks + ([Blank(), Problems(every)] if every else [])
 
     def records(self) -> list[dict[str, Any]]:
         return [
@@ -175,22 +149,8 @@ class ScalePlan(Result):
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "from_gpus": self.from_gpus,
-            "to_gpus": self.to_gpus,
-            "ok": self.ok,
-            "source": self.source,
-            "form": self.form,
-            "written_to": self.written_to,
-            "steps": self.records(),
-            "problems": [p.__dict__ for p in self.problems],
-            "warnings": [w.__dict__ for w in self.warnings],
-            "kv": None
-            if self.kv is None
-            else {
-                **self.kv.__dict__,
-                "budget_bytes": self.kv.budget_bytes,
-                "capacity_tokens": self.kv.capacity_tokens,
-            },
-            "config": self.config,
-        }
+        # The file's own text is what to_text() and diff() are for; steps say what changed.
+        data: dict[str, Any] = {**to_data(self), "ok": self.ok, "steps": self.records()}
+        for text in ("original", "original_text", "new_text"):
+            del data[text]
+        return data
