@@ -13,7 +13,7 @@ functions (``api.py``: input checked, inventory taken, files read) and result ty
 the pure modules: ``job`` (the job keywords, checked once) · ``allocation`` · ``batch`` ·
 ``placement`` (usable GPUs, which each role gets, ports) · ``planner`` (the plan and its
 alternatives) · ``memcheck`` (memory per role, colocated roles) · ``result`` (the
-``Plan`` and its parts) · ``sweep`` · ``multinode``, ``nodesplan``, ``cluster`` (one job
+``Plan`` and its parts) · ``sweep`` · ``multinode``, ``cluster`` (one job
 across nodes). Memory formulas are
 :mod:`nbgpu.estimate`'s, config rescaling :mod:`nbgpu.scale`'s. Importing this package
 or a result type loads no YAML or shell parser, and never imports IPython, pynvml or
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from nbgpu.errors import UserInputError
 from nbgpu.plan.api import nodes, plan, plan_from_json, scale, sweep
 from nbgpu.plan.batch import BatchCheck, BatchOption, Split
-from nbgpu.plan.nodesplan import NodesPlan
+from nbgpu.plan.multinode import NodesPlan
 from nbgpu.plan.result import (
     Alternative,
     ExcludedGpu,

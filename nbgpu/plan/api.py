@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from nbgpu._serial import from_data
 from nbgpu.errors import UserInputError
 from nbgpu.estimate import lookup_model, model_shape
 from nbgpu.plan.job import GpuList, JobRequest, make_job
-from nbgpu.plan.multinode import build_nodes_plan
-from nbgpu.plan.nodesplan import NodesPlan, nodes_plan_from_dict
+from nbgpu.plan.multinode import NodesPlan, build_nodes_plan
 from nbgpu.plan.placement import (
     Candidate,
     PortChecker,
@@ -35,8 +35,8 @@ from nbgpu.plan.placement import (
     port_is_free as _port_is_free,
 )
 from nbgpu.plan.planner import build_plan
-from nbgpu.plan.result import Plan, plan_from_dict
-from nbgpu.plan.sweep import SweepPlan, build_sweep, sweep_from_dict
+from nbgpu.plan.result import PLAN_FILE_FORMAT, Plan
+from nbgpu.plan.sweep import SweepPlan, build_sweep
 from nbgpu.problems import Problem
 from nbgpu.scale import ScalePlan, builtin_shape, scale_config
 from nbgpu.scale.files import load_config, read_config, read_text, rescaled_text
@@ -44,7 +44,7 @@ from nbgpu.scale.files import load_config, read_config, read_text, rescaled_text
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
 
-__all__ = ["nodes", "plan", "plan_from_json", "scale", "sweep"]
+__all__ = ["nodes", "plan", "plan_from_json", "scale", "sweep", "upgrade_plan_data"]
 
 
 def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | None) -> Inventory:
@@ -56,6 +56,7 @@ def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | No
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = TypeVar("P", Plan, SweepPlan, NodesPlan)
 
 
 def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
@@ -347,9 +348,9 @@ def plan_from_json(
     if isinstance(data, dict) and "nbgpu_nodes_plan" in data:
         if run is not None:
             raise UserInputError(f"run={run!r}: {where} is a plan across nodes, not a sweep")
-        return nodes_plan_from_dict(data)
+        return _plan_file(data, NodesPlan, "nbgpu_nodes_plan")
     if isinstance(data, dict) and "nbgpu_sweep" in data:
-        swept = sweep_from_dict(data)
+        swept = _plan_file(data, SweepPlan, "nbgpu_sweep")
         names = [r.name for r in swept.runs]
         if run is None:
             raise UserInputError(
@@ -364,4 +365,48 @@ def plan_from_json(
         )
     if run is not None:
         raise UserInputError(f"run={run!r}: {where} is a single plan, not a sweep")
-    return plan_from_dict(data)
+    return _plan_file(data, Plan, "nbgpu_plan")
+
+
+def _plan_file(data: Any, kind: type[P], key: str) -> P:
+    """The *kind* of plan in *data*, its format key checked; older versions read as today's."""
+    got = data.get(key) if isinstance(data, dict) else None
+    if got != PLAN_FILE_FORMAT:
+        raise UserInputError(
+            f"plan JSON: {key} = {json.dumps(got)}; expected {PLAN_FILE_FORMAT} "
+            "(write one with `nbgpu plan ... --json > plan.json`)"
+        )
+    data = upgrade_plan_data(data)
+    if kind is not SweepPlan:
+        return from_data(kind, data, prefix="plan JSON")
+    runs = data.get("runs")
+    if not isinstance(runs, list):
+        raise UserInputError("sweep JSON: top level has no list 'runs'")
+    swept = from_data(kind, {**data, "runs": []}, prefix="sweep JSON")
+    return replace(swept, runs=tuple(_plan_file(r, Plan, "nbgpu_plan") for r in runs))
+
+
+_SEVERITY_OF = {"problems": "bad", "warnings": "warn"}
+
+
+def upgrade_plan_data(data: Any, key: str = "") -> Any:
+    """Plan files of earlier versions, read as today's: a left-out GPU's health was called
+    "verdict" (before 0.1) and its problems "reasons" and "fixes"; problems and warnings
+    had neither severity nor subject."""
+    if isinstance(data, list):
+        return [upgrade_plan_data(item, key) for item in data]
+    if not isinstance(data, dict):
+        return data
+    out = {k: upgrade_plan_data(v, k) for k, v in data.items()}
+    if "nvml_index" in out and "verdict" in out and "health" not in out:
+        out["health"] = out.pop("verdict")
+    if "nvml_index" in out and "reasons" in out and "problems" not in out:
+        where, fixes = f"GPU {out['nvml_index']}", out.pop("fixes", [])
+        out["problems"] = [
+            {"severity": "bad", "code": "unusable", "subject": where, "message": reason,
+             "fixes": fixes if n == 0 else []}
+            for n, reason in enumerate(out.pop("reasons"))
+        ]  # fmt: skip
+    if key in _SEVERITY_OF and "message" in out and "severity" not in out:
+        out = {"severity": _SEVERITY_OF[key], "subject": "plan", **out}
+    return out

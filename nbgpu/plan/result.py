@@ -1,7 +1,7 @@
 """What a plan is: roles on physical GPUs, with ports, problems, warnings and alternatives.
 
-A :class:`Plan` is data, frozen, JSON round-trippable (:func:`plan_from_dict`: a plan
-file, ``nbgpu plan --json``, for ``nbgpu run --plan``), and renders as text, HTML and a
+A :class:`Plan` is data, frozen, JSON round-trippable (a plan file, ``nbgpu plan
+--json``, for ``nbgpu run --plan``; ``api.plan_from_json`` reads it), and renders as text, HTML and a
 pandas frame through the ``Result`` mixin. Launchers read the fields documented on
 :class:`Plan` and :class:`RolePlan`; everything else is for people.
 
@@ -11,7 +11,6 @@ the inventory, sockets or files.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -29,14 +28,13 @@ from nbgpu._render import (
     fmt_bytes,
     simulated_label,
 )
-from nbgpu._serial import from_data, to_data
-from nbgpu.errors import UserInputError
+from nbgpu._serial import to_data
 from nbgpu.plan.allocation import degrees_text
 from nbgpu.plan.batch import BatchCheck
 from nbgpu.problems import Problem
 
 __all__ = [
-    "PLAN_FORMAT",
+    "PLAN_FILE_FORMAT",
     "Alternative",
     "ExcludedGpu",
     "MemoryCheck",
@@ -46,10 +44,8 @@ __all__ = [
     "RolePlan",
     "alternative_blocks",
     "fit_title",
-    "plan_from_dict",
     "plan_title",
     "problem_blocks",
-    "upgrade_plan_data",
 ]
 
 #: The address every role's rendezvous uses: plans are for one node.
@@ -252,7 +248,8 @@ def alternative_blocks(alternatives: Sequence[tuple[str, Sequence[str]]]) -> lis
     ]
 
 
-PLAN_FORMAT = 1
+#: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
+PLAN_FILE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -467,43 +464,4 @@ class Plan(Result):
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = to_data(self)
-        return {"nbgpu_plan": PLAN_FORMAT, **data}
-
-
-def plan_from_dict(data: Any) -> Plan:
-    """Rebuild a :class:`Plan` from ``Plan.to_dict()`` (or its JSON, decoded)."""
-    if not isinstance(data, dict):
-        raise UserInputError("plan JSON: the top level is not an object")
-    fmt = data.get("nbgpu_plan")
-    if fmt != PLAN_FORMAT:
-        raise UserInputError(
-            f"plan JSON: nbgpu_plan = {json.dumps(fmt)}; expected {PLAN_FORMAT} "
-            "(write one with `nbgpu plan ... --json > plan.json`)"
-        )
-    return from_data(Plan, upgrade_plan_data(data), prefix="plan JSON")
-
-
-_SEVERITY_OF = {"problems": "bad", "warnings": "warn"}
-
-
-def upgrade_plan_data(data: Any, key: str = "") -> Any:
-    """Plan files of earlier versions, read as today's: a left-out GPU's health was called
-    "verdict" (before 0.1) and its problems "reasons" and "fixes"; problems and warnings
-    had neither severity nor subject."""
-    if isinstance(data, list):
-        return [upgrade_plan_data(item, key) for item in data]
-    if not isinstance(data, dict):
-        return data
-    out = {k: upgrade_plan_data(v, k) for k, v in data.items()}
-    if "nvml_index" in out and "verdict" in out and "health" not in out:
-        out["health"] = out.pop("verdict")
-    if "nvml_index" in out and "reasons" in out and "problems" not in out:
-        where, fixes = f"GPU {out['nvml_index']}", out.pop("fixes", [])
-        out["problems"] = [
-            {"severity": "bad", "code": "unusable", "subject": where, "message": reason,
-             "fixes": fixes if n == 0 else []}
-            for n, reason in enumerate(out.pop("reasons"))
-        ]  # fmt: skip
-    if key in _SEVERITY_OF and "message" in out and "severity" not in out:
-        out = {"severity": _SEVERITY_OF[key], "subject": "plan", **out}
-    return out
+        return {"nbgpu_plan": PLAN_FILE_FORMAT, **data}

@@ -22,25 +22,22 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu._render import Block, Line, Result, Table
-from nbgpu._serial import from_data, to_data
+from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
 from nbgpu.plan.job import Job
 from nbgpu.plan.placement import Candidate, PortChecker, assign, excluded_gpus, order_pool
 from nbgpu.plan.planner import build_plan, gpu_span
 from nbgpu.plan.result import (
+    PLAN_FILE_FORMAT,
     ExcludedGpu,
     Plan,
-    plan_from_dict,
     plan_title,
     problem_blocks,
-    upgrade_plan_data,
 )
 from nbgpu.problems import Problem
 
-__all__ = ["SWEEP_FORMAT", "SweepPlan", "build_sweep", "sweep_from_dict"]
-
-SWEEP_FORMAT = 1
+__all__ = ["SweepPlan", "build_sweep"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +114,7 @@ class SweepPlan(Result):
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = to_data(self)
         data["runs"] = [run.to_dict() for run in self.runs]
-        return {"nbgpu_sweep": SWEEP_FORMAT, "ok": self.ok, **data}
+        return {"nbgpu_sweep": PLAN_FILE_FORMAT, "ok": self.ok, **data}
 
 
 IN_USE = "gpus_in_use"
@@ -181,18 +178,6 @@ def _mark_in_use(
             (*fixes, "share=True"),
         )
     ]
-
-
-def sweep_from_dict(data: Any) -> SweepPlan:
-    """Rebuild a :class:`SweepPlan` from ``SweepPlan.to_dict()``."""
-    if not isinstance(data, dict) or data.get("nbgpu_sweep") != SWEEP_FORMAT:
-        raise UserInputError(f"sweep JSON: expected an object with nbgpu_sweep = {SWEEP_FORMAT}")
-    runs = data.get("runs")
-    if not isinstance(runs, list):
-        raise UserInputError("sweep JSON: top level has no list 'runs'")
-    rest = {k: v for k, v in data.items() if k != "runs"}
-    skeleton = from_data(SweepPlan, upgrade_plan_data({**rest, "runs": []}), prefix="sweep JSON")
-    return replace(skeleton, runs=tuple(plan_from_dict(r) for r in runs))
 
 
 def build_sweep(
