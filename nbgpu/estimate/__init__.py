@@ -21,8 +21,13 @@ import types
 
 from nbgpu.estimate.builtin_models import ModelConfig, lookup_model
 from nbgpu.estimate.estimator import compare, estimate_memory, largest_micro_batch, parse_bytes
-from nbgpu.estimate.formulas import CUDA_CONTEXT_BYTES, FRAGMENTATION, NCCL_BYTES_PER_GROUP
-from nbgpu.estimate.result import MemoryEstimate, Term
+from nbgpu.estimate.result import (
+    CUDA_CONTEXT_BYTES,
+    FRAGMENTATION,
+    NCCL_BYTES_PER_GROUP,
+    MemoryEstimate,
+    Term,
+)
 from nbgpu.estimate.shapes import ModelShape, model_shape
 
 __all__ = [

@@ -28,15 +28,13 @@ from typing import Any
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import (
-    FRAGMENTATION,
-    PER_SAMPLE,
-    ROLES,
+    OPTIMIZERS,
     STRATEGIES,
     Layout,
     analytic_terms,
     normalize_precision,
 )
-from nbgpu.estimate.result import MemoryEstimate, Term
+from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, MemoryEstimate, Term
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.sizes import parse_size
 
@@ -55,68 +53,6 @@ def parse_bytes(value: Any, label: str = "budget") -> int:
 
 
 # ------------------------------------------------------------------------ the estimate
-
-
-def _layout(
-    *,
-    role: str,
-    precision: str,
-    optimizer: str,
-    strategy: str,
-    world_size: int,
-    micro_batch: int,
-    seq_len: int | None,
-    tensor_parallel: int,
-    pipeline_parallel: int,
-    activation_checkpointing: bool,
-    flash_attention: bool,
-    gradient_as_bucket_view: bool,
-    fragmentation: float,
-    kv_tokens: int | None,
-    foreach: bool = True,
-) -> Layout:
-    role_key = str(role).strip().lower()
-    if role_key not in ROLES:
-        raise UserInputError(f"role={role!r}: expected one of {', '.join(ROLES)}")
-    strat = str(strategy).strip().lower()
-    if strat not in STRATEGIES:
-        raise UserInputError(f"strategy={strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    opt = str(optimizer).strip().lower()
-    if opt not in ("adamw", "adam", "sgd"):
-        raise UserInputError(f"optimizer={optimizer!r}: expected one of adamw, adam, sgd")
-    whole_number("world_size", world_size)
-    whole_number("micro_batch", micro_batch)
-    whole_number("tensor_parallel", tensor_parallel)
-    whole_number("pipeline_parallel", pipeline_parallel)
-    if seq_len is not None:
-        whole_number("seq_len", seq_len)
-    if kv_tokens is not None:
-        whole_number("kv_tokens", kv_tokens)
-    if world_size % (tensor_parallel * pipeline_parallel):
-        raise UserInputError(
-            f"world_size={world_size} is not a multiple of tensor_parallel × pipeline_parallel "
-            f"= {tensor_parallel * pipeline_parallel}; expected world = dp × tp × pp"
-        )
-    if not 0 <= fragmentation < 1:
-        raise UserInputError(f"fragmentation={fragmentation!r}: expected a fraction in [0, 1)")
-    return Layout(
-        role=role_key,
-        precision=normalize_precision(precision),
-        optimizer=opt,
-        strategy=strat,
-        world_size=world_size,
-        data_parallel=world_size // (tensor_parallel * pipeline_parallel),
-        tp=tensor_parallel,
-        pp=pipeline_parallel,
-        micro_batch=micro_batch,
-        seq_len=seq_len,
-        checkpointing=bool(activation_checkpointing),
-        flash_attention=bool(flash_attention),
-        gradient_as_bucket_view=bool(gradient_as_bucket_view),
-        fragmentation=float(fragmentation),
-        kv_tokens=kv_tokens,
-        foreach=bool(foreach),
-    )
 
 
 def _batch_size(example: Any) -> int | None:
@@ -183,22 +119,42 @@ def estimate_memory(
     """
     if micro_batch is None:
         micro_batch = _batch_size(example_input) or 1
-    lay = _layout(
-        role=role,
-        precision=precision,
-        optimizer=optimizer,
-        strategy=strategy,
+    words = {"role": (role, ROLES), "strategy": (strategy, STRATEGIES),
+             "optimizer": (optimizer, OPTIMIZERS)}  # fmt: skip
+    for label, (value, choices) in words.items():
+        if str(value).strip().lower() not in choices:
+            raise UserInputError(f"{label}={value!r}: expected one of {', '.join(choices)}")
+    counts = {"world_size": world_size, "micro_batch": micro_batch, "seq_len": seq_len,
+              "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
+              "kv_tokens": kv_tokens}  # fmt: skip
+    for label, count in counts.items():
+        if count is not None or label in ("world_size", "tensor_parallel", "pipeline_parallel"):
+            whole_number(label, count)
+    model_parallel = tensor_parallel * pipeline_parallel
+    if world_size % model_parallel:
+        raise UserInputError(
+            f"world_size={world_size} is not a multiple of tensor_parallel × pipeline_parallel "
+            f"= {model_parallel}; expected world = dp × tp × pp"
+        )
+    if not 0 <= fragmentation < 1:
+        raise UserInputError(f"fragmentation={fragmentation!r}: expected a fraction in [0, 1)")
+    lay = Layout(
+        role=str(role).strip().lower(),
+        precision=normalize_precision(precision),
+        optimizer=str(optimizer).strip().lower(),
+        strategy=str(strategy).strip().lower(),
         world_size=world_size,
+        data_parallel=world_size // model_parallel,
+        tp=tensor_parallel,
+        pp=pipeline_parallel,
         micro_batch=micro_batch,
         seq_len=seq_len,
-        tensor_parallel=tensor_parallel,
-        pipeline_parallel=pipeline_parallel,
-        activation_checkpointing=activation_checkpointing,
-        flash_attention=flash_attention,
-        gradient_as_bucket_view=gradient_as_bucket_view,
-        fragmentation=fragmentation,
+        checkpointing=bool(activation_checkpointing),
+        flash_attention=bool(flash_attention),
+        gradient_as_bucket_view=bool(gradient_as_bucket_view),
+        fragmentation=float(fragmentation),
         kv_tokens=kv_tokens,
-        foreach=foreach,
+        foreach=bool(foreach),
     )
     shape = model_shape(model)
     budget_bytes = None if budget is None else parse_bytes(budget)
@@ -213,13 +169,8 @@ def estimate_memory(
     elif trace:
         from nbgpu.estimate.trace import trace_terms  # noqa: PLC0415  (imports torch)
 
-        traced, note = trace_terms(
-            model,
-            analytic=terms,
-            layout=lay,
-            example_input=example_input,
-            loss_fn=loss_fn,
-        )
+        traced, note = trace_terms(model, analytic=terms, layout=lay,
+                                   example_input=example_input, loss_fn=loss_fn)  # fmt: skip
     result = MemoryEstimate(
         model=_describe(model, shape),
         parameters=shape.parameters,

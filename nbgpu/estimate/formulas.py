@@ -39,17 +39,24 @@ from dataclasses import dataclass
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.builtin_models import ModelConfig
-from nbgpu.estimate.result import Term
+from nbgpu.estimate.result import (
+    CUDA_CONTEXT_BYTES,
+    NCCL_BYTES_PER_GROUP,
+    SRC_ACT,
+    SRC_CTX,
+    SRC_DDP,
+    SRC_FRAG,
+    SRC_KV,
+    SRC_LOGITS,
+    SRC_NCCL,
+    SRC_ZERO,
+    Term,
+)
 from nbgpu.estimate.shapes import ModelShape
 
 __all__ = [
-    "CUDA_CONTEXT_BYTES",
-    "FRAGMENTATION",
-    "NCCL_BYTES_PER_GROUP",
     "OPTIMIZERS",
-    "PER_SAMPLE",
     "PRECISIONS",
-    "ROLES",
     "STRATEGIES",
     "ByteAccounting",
     "Layout",
@@ -60,34 +67,6 @@ __all__ = [
     "normalize_precision",
     "weight_bytes",
 ]
-
-GiB = 1024**3
-#: CUDA context per process: 287 MB lazy vs 667 MB eager loading (PyTorch PR #86509);
-#: "~400MB with lazy loading" (issue #109888). Mid-range of the 0.3-0.6 GB reported across drivers.
-CUDA_CONTEXT_BYTES = GiB // 2
-#: NCCL buffers per communicator: 544/688 MB measured on 4×A100 (NCCL issue #964);
-#: budget 0.5-1 GiB per communicator. A planning heuristic, stated as such.
-NCCL_BYTES_PER_GROUP = 3 * GiB // 4
-#: Fragmentation margin on the allocator's share (reserved - allocated):
-#: plan 5-10 %; Lightning's finder keeps 5 %, accelerate's 10 %.
-FRAGMENTATION = 0.05
-
-ROLES = ("train", "inference")
-
-SRC_ZERO = "Rajbhandari et al., ZeRO (SC'20, arXiv 1910.02054) §5a"
-SRC_ACT = "Korthikanti et al. (MLSys'23, arXiv 2205.05198) §4"
-SRC_KV = "2·L·kv_heads·head_dim·bytes per token (vLLM's KV page size)"
-SRC_LOGITS = (
-    "logits b·s·V in 16 bit plus fp32 copies for the loss, and the fp32 "
-    "logits gradient of the backward pass (traced)"
-)
-SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (lazy vs eager module loading)"
-SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
-SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
-SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
-
-# Which terms scale with the micro batch (the rest is fixed per GPU).
-PER_SAMPLE = frozenset({"activations", "logits/loss", "KV cache"})
 
 #: Bytes of one value of each training/inference precision.
 PRECISIONS: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}

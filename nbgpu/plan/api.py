@@ -44,15 +44,26 @@ from nbgpu.scale.files import load_config, read_config, read_text, rescaled_text
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
 
-__all__ = ["nodes", "plan", "plan_from_json", "scale", "sweep", "upgrade_plan_data"]
+__all__ = ["nodes", "plan", "plan_from_json", "scale", "sweep"]
 
 
-def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | None) -> Inventory:
-    # The one snapshot function stays in the package's __init__ (it becomes the inventory's
-    # own JSON reading there); imported here when planning needs it.
-    from nbgpu.plan import _snapshot as snapshot  # noqa: PLC0415
+def _gpus(
+    inventory: Inventory | str | None, environ: Mapping[str, str] | None
+) -> tuple[tuple[Candidate, ...], str, bool]:
+    """(the snapshot's GPUs as candidates, the fleet or host name, simulated?)."""
+    # The snapshot itself stays in the package's __init__ (it becomes the inventory's own
+    # JSON reading there); imported here, when planning needs it.
+    from nbgpu.plan import _snapshot  # noqa: PLC0415
 
-    return snapshot(inventory, environ)
+    snapshot = _snapshot(inventory, environ)
+    if snapshot.nvml_error:
+        raise UserInputError(
+            f"the inventory has no GPU (NVML: {snapshot.nvml_error}); plan for another box "
+            "with inventory='pod.json' (from `nbgpu status --json`) or a spec such as '4xA40'"
+        )
+    if snapshot.simulated:
+        return candidates_from_inventory(snapshot), snapshot.fleet_name or "simulated", True
+    return candidates_from_inventory(snapshot), snapshot.hostname, False
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,21 +91,6 @@ def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
         return func
 
     return decorate
-
-
-def _candidates(inventory: Inventory) -> tuple[Candidate, ...]:
-    if inventory.nvml_error:
-        raise UserInputError(
-            f"the inventory has no GPU (NVML: {inventory.nvml_error}); plan for another box "
-            "with inventory='pod.json' (from `nbgpu status --json`) or a spec such as '4xA40'"
-        )
-    return candidates_from_inventory(inventory)
-
-
-def _fleet(inventory: Inventory) -> tuple[str, bool]:
-    if inventory.simulated:
-        return inventory.fleet_name or "simulated", True
-    return inventory.hostname, False
 
 
 def _model(model: Any) -> Any:
@@ -143,10 +139,9 @@ def plan(
     """
     request = JobRequest.from_keywords("nbgpu.plan()", {"allocation": allocation, **job})
     job_ = make_job(replace(request, model=_model(request.model)))
-    snapshot = _snapshot(inventory, environ)
-    fleet, simulated = _fleet(snapshot)
+    candidates, fleet, simulated = _gpus(inventory, environ)
     return build_plan(
-        _candidates(snapshot),
+        candidates,
         job_,
         fleet=fleet,
         simulated=simulated,
@@ -185,10 +180,9 @@ def sweep(
     request = JobRequest.from_keywords("nbgpu.sweep()", job, but=("num_gpus", "require"))
     job_ = make_job(replace(request, model=_model(request.model)))
     pool = parse_gpu_list(gpus, "gpus")
-    snapshot = _snapshot(inventory, environ)
-    fleet, simulated = _fleet(snapshot)
+    candidates, fleet, simulated = _gpus(inventory, environ)
     return build_sweep(
-        _candidates(snapshot),
+        candidates,
         job_,
         runs=runs,
         gpus_per_run=gpus_per_run,
@@ -276,8 +270,7 @@ def scale(
     devices = None
     problems: list[Problem] = []
     if inventory is not None:
-        snapshot = _snapshot(inventory, environ)
-        candidates = _candidates(snapshot)
+        candidates, _, _ = _gpus(inventory, environ)
         pool = order_pool(candidates)
         devices = [c.nvml_index for c in pool]
         if to_gpus is None:
@@ -376,7 +369,7 @@ def _plan_file(data: Any, kind: type[P], key: str) -> P:
             f"plan JSON: {key} = {json.dumps(got)}; expected {PLAN_FILE_FORMAT} "
             "(write one with `nbgpu plan ... --json > plan.json`)"
         )
-    data = upgrade_plan_data(data)
+    data = _upgraded(data)
     if kind is not SweepPlan:
         return from_data(kind, data, prefix="plan JSON")
     runs = data.get("runs")
@@ -389,15 +382,15 @@ def _plan_file(data: Any, kind: type[P], key: str) -> P:
 _SEVERITY_OF = {"problems": "bad", "warnings": "warn"}
 
 
-def upgrade_plan_data(data: Any, key: str = "") -> Any:
+def _upgraded(data: Any, key: str = "") -> Any:
     """Plan files of earlier versions, read as today's: a left-out GPU's health was called
     "verdict" (before 0.1) and its problems "reasons" and "fixes"; problems and warnings
     had neither severity nor subject."""
     if isinstance(data, list):
-        return [upgrade_plan_data(item, key) for item in data]
+        return [_upgraded(item, key) for item in data]
     if not isinstance(data, dict):
         return data
-    out = {k: upgrade_plan_data(v, k) for k, v in data.items()}
+    out = {k: _upgraded(v, k) for k, v in data.items()}
     if "nvml_index" in out and "verdict" in out and "health" not in out:
         out["health"] = out.pop("verdict")
     if "nvml_index" in out and "reasons" in out and "problems" not in out:

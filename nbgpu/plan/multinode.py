@@ -33,7 +33,7 @@ from nbgpu.errors import UserInputError
 from nbgpu.plan.batch import BatchCheck
 from nbgpu.plan.job import Job, batch_problem, check_job_batch
 from nbgpu.plan.memcheck import auto_max_micro, free_bytes, memory_check, memory_problems
-from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool
+from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
 from nbgpu.plan.result import (
     PLAN_FILE_FORMAT,
     ExcludedGpu,
@@ -279,22 +279,12 @@ def _shortfall(node: _Node, per_node: int) -> str:
 
 def _chosen_gpus(node: _Node, per_node: int) -> tuple[PlannedGpu, ...]:
     groups = assign(list(node.pool), [per_node], keep_order=False)
-    members = groups[0] if groups else list(node.pool[:per_node])
-    return tuple(
-        PlannedGpu(k, c.nvml_index, c.uuid, c.name, c.memory_total_bytes, c.memory_free_bytes)
-        for k, c in enumerate(members)
-    )
+    return planned_gpus(groups[0] if groups else node.pool[:per_node])
 
 
 def _trainer(world: int, gpus: Sequence[PlannedGpu]) -> RolePlan:
     """The job as one data-parallel training role over every rank of every node."""
     return RolePlan("train", "train", None, world, 1, 1, tuple(gpus), None)
-
-
-def _batch(job: Job, world: int) -> BatchCheck | None:
-    if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
-        return None
-    return check_job_batch(job, world)
 
 
 def _memory(
@@ -421,7 +411,7 @@ def build_nodes_plan(
     mixed = _mixed_sizes(chosen)
     if mixed is not None:
         warnings.append(mixed)
-    batch = _batch(job, world)
+    batch = check_job_batch(job, world)
     if batch is not None and not batch.ok:
         problems.append(batch_problem(batch, f"{world} ranks"))
     job, memory, memory_node = _memory(
@@ -481,7 +471,7 @@ def _alternatives(
     for count, ranks, reason in shapes:
         note = ""
         alt_job = job
-        batch = _batch(job, count * ranks)
+        batch = check_job_batch(job, count * ranks)
         if batch is not None and not batch.ok and batch.nearest:
             new = min(batch.nearest, key=lambda o: abs(o.global_batch - (job.global_batch or 0)))
             alt_job = replace(job, global_batch=new.global_batch)

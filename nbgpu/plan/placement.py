@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, TypeVar
 from nbgpu._render import fmt_bytes
 from nbgpu.devices.findings import gpu_health
 from nbgpu.plan.allocation import Allocation, RoleSpec
-from nbgpu.plan.result import ExcludedGpu
+from nbgpu.plan.result import ExcludedGpu, PlannedGpu
 from nbgpu.problems import Problem
 
 if TYPE_CHECKING:  # the inventory module pulls in psutil; planning only reads its data
@@ -57,6 +57,7 @@ __all__ = [
     "order_pool",
     "own_gpus",
     "pick_ports",
+    "planned_gpus",
     "port_is_free",
     "shared_groups",
 ]
@@ -193,6 +194,14 @@ def excluded_gpus(
         elif not c.usable:
             out.append(ExcludedGpu(c.nvml_index, c.uuid, c.health, c.problems, c.recoverable))
     return tuple(out)
+
+
+def planned_gpus(members: Sequence[Candidate]) -> tuple[PlannedGpu, ...]:
+    """The GPUs given to a role (or a node's ranks), in ``cuda:k`` order."""
+    return tuple(
+        PlannedGpu(k, c.nvml_index, c.uuid, c.name, c.memory_total_bytes, c.memory_free_bytes)
+        for k, c in enumerate(members)
+    )
 
 
 # ------------------------------------------------------------------- assignment

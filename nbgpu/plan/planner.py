@@ -33,6 +33,7 @@ from nbgpu.plan.placement import (
     order_pool,
     own_gpus,
     pick_ports,
+    planned_gpus,
     shared_groups,
 )
 from nbgpu.plan.result import (
@@ -40,7 +41,6 @@ from nbgpu.plan.result import (
     ExcludedGpu,
     MemoryCheck,
     Plan,
-    PlannedGpu,
     RolePlan,
 )
 from nbgpu.problems import Problem
@@ -77,17 +77,7 @@ def _role_plans(
     roles = []
     for n, spec in enumerate(allocation.roles):
         members = groups[n] if groups is not None else []
-        gpus = tuple(
-            PlannedGpu(
-                cuda_index=k,
-                nvml_index=c.nvml_index,
-                uuid=c.uuid,
-                name=c.name,
-                memory_total_bytes=c.memory_total_bytes,
-                memory_free_bytes=c.memory_free_bytes,
-            )
-            for k, c in enumerate(members)
-        )
+        gpus = planned_gpus(members)
         roles.append(
             RolePlan(
                 name=spec.name,
@@ -107,9 +97,8 @@ def _role_plans(
 
 
 def _batch(allocation: Allocation, job: Job, warnings: list[Problem]) -> BatchCheck | None:
-    asked = (job.global_batch, job.micro_batch, job.grad_accum)
     trainers = allocation.train_roles
-    if not any(v is not None for v in asked):
+    if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
         return None
     if not trainers:
         warnings.append(
