@@ -1,24 +1,17 @@
 """One training job across several nodes: which nodes, which GPUs on each, checked.
 
-torchrun starts the same number of ranks on every node (``--nproc-per-node P``), so a
-node is usable for a job of *P* ranks per node when it has *P* usable GPUs. The planner
-takes each node's :class:`~nbgpu.plan.placement.Candidate` GPUs (the same sorting of
-findings as on one box), keeps the nodes that can hold *P* ranks (clean ones first), and
-checks the batch and the memory for the whole world of ``nodes × P`` ranks: ZeRO and
-FSDP shard over all of them, and every rank holds the same micro batch, so the smallest
-free GPU of any chosen node decides what fits.
+torchrun starts the same number of ranks *P* on every node, so a node can take the job
+when it has *P* usable GPUs (the one-box sorting of findings). The planner keeps such
+nodes, clean ones first, and checks the batch and the memory for the whole world of
+``nodes × P`` ranks: ZeRO and FSDP shard over all of them, and the smallest free GPU of
+any chosen node decides what fits. Without *P*: the most ranks per node that still give
+the most ranks in total; without *nodes*: every node that can hold *P*. A job that does
+not fit names each node that falls short and offers fewer nodes or fewer ranks per node,
+batch checked again. The rendezvous port is picked on the first node when the job starts.
 
-Defaults: without *P*, the largest number of ranks per node that still gives the most
-ranks in total; without *nodes*, every node that can hold *P* ranks. When the job does
-not fit, the plan names each node that falls short and why, and offers what does fit:
-fewer nodes, fewer ranks per node, each with its batch checked again.
-
-Ports are not planned here: the rendezvous port is chosen on the first node when the job
-starts (a free port there, not here). The result, :class:`NodesPlan`, is frozen data,
-JSON round-trippable; launchers read ``ok``, ``nodelist``,
-``nproc_per_node`` and ``node_gpus`` (``%%torchrun --plan p`` and ``nbgpu run --slurm
---plan FILE`` start the job on exactly these nodes, each with its own
-``CUDA_VISIBLE_DEVICES``). Pure: never reads an inventory, files or sockets.
+:class:`NodesPlan` is frozen, JSON round-trippable data; launchers read ``ok``,
+``nodelist``, ``nproc_per_node`` and ``node_gpus`` (``%%torchrun --plan p``, ``nbgpu run
+--slurm --plan FILE``). Pure: never reads an inventory, files or sockets.
 """
 
 from __future__ import annotations
@@ -211,20 +204,11 @@ class NodesPlan(Result):
 
     def records(self) -> list[dict[str, Any]]:
         return [
-            {
-                "node": n.node,
-                "cuda_index": g.cuda_index,
-                "nvml_index": g.nvml_index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "memory_total_bytes": g.memory_total_bytes,
-                "memory_free_bytes": g.memory_free_bytes,
-                "cuda_visible_devices": n.cuda_visible_devices,
-                "ok": self.ok,
-            }
+            {"node": n.node, **to_data(g), "cuda_visible_devices": n.cuda_visible_devices,
+             "ok": self.ok}
             for n in self.nodes
             for g in n.gpus
-        ]
+        ]  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = to_data(self)
@@ -315,19 +299,6 @@ def _memory(
     return job, (check,), deciding.node
 
 
-def _mixed_sizes(chosen: Sequence[NodeGpus]) -> Problem | None:
-    sizes = {(n.node, g.memory_total_bytes) for n in chosen for g in n.gpus}
-    if len({size for _, size in sizes}) < 2:
-        return None
-    return Problem(
-        "warn",
-        "mixed_gpus",
-        "nodes",
-        "the nodes' GPUs differ in size: every rank holds the same micro batch, so the "
-        "smallest decides; the memory check uses it",
-    )
-
-
 def build_nodes_plan(
     node_candidates: Mapping[str, Sequence[Candidate]],
     job: Job,
@@ -408,9 +379,10 @@ def build_nodes_plan(
             if c.nvml_index in given and c.grade > 0
             for p in c.problems
         )
-    mixed = _mixed_sizes(chosen)
-    if mixed is not None:
-        warnings.append(mixed)
+    if len({g.memory_total_bytes for n in chosen for g in n.gpus}) > 1:
+        why = "every rank holds the same micro batch, so the smallest decides"
+        message = f"the nodes' GPUs differ in size: {why}; the memory check uses it"
+        warnings.append(Problem("warn", "mixed_gpus", "nodes", message))
     batch = check_job_batch(job, world)
     if batch is not None and not batch.ok:
         problems.append(batch_problem(batch, f"{world} ranks"))

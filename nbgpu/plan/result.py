@@ -435,31 +435,13 @@ class Plan(Result):
     def records(self) -> list[dict[str, Any]]:
         rows = []
         for r in self.roles:
-            base = {
-                "plan": self.name,
-                "role": r.name,
-                "kind": r.kind,
-                "degrees": r.degrees,
-                "nproc_per_node": r.nproc_per_node,
-                "master_port": r.master_port,
-                "cuda_visible_devices": r.cuda_visible_devices,
-                "ok": self.ok,
-                "simulated": self.simulated,
-            }
+            base = {"plan": self.name, "role": r.name, "kind": r.kind, "degrees": r.degrees,
+                    "nproc_per_node": r.nproc_per_node, "master_port": r.master_port,
+                    "cuda_visible_devices": r.cuda_visible_devices, "ok": self.ok,
+                    "simulated": self.simulated}  # fmt: skip
             if not r.gpus:
                 rows.append({**base, "cuda_index": None, "nvml_index": None, "uuid": None})
-            rows.extend(
-                {
-                    **base,
-                    "cuda_index": g.cuda_index,
-                    "nvml_index": g.nvml_index,
-                    "uuid": g.uuid,
-                    "name": g.name,
-                    "memory_total_bytes": g.memory_total_bytes,
-                    "memory_free_bytes": g.memory_free_bytes,
-                }
-                for g in r.gpus
-            )
+            rows.extend({**base, **to_data(g)} for g in r.gpus)
         return rows
 
     def to_dict(self) -> dict[str, Any]:
