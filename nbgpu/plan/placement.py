@@ -94,18 +94,6 @@ class Candidate:
         """Other jobs run on it: a run placed here shares its compute and memory."""
         return self.other_processes > 0
 
-    @property
-    def available_bytes(self) -> int | None:
-        """Memory a new process can have: free if known, else total."""
-        if self.memory_free_bytes is not None:
-            return self.memory_free_bytes
-        return self.memory_total_bytes
-
-    @property
-    def label(self) -> str:
-        name = (self.name or "GPU").replace("NVIDIA ", "")
-        return f"GPU {self.nvml_index} ({name}, {fmt_bytes(self.memory_total_bytes)})"
-
 
 def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
     """Every GPU of the snapshot, in NVML order, sorted into usable or not."""
