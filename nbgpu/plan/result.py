@@ -43,7 +43,6 @@ __all__ = [
     "PlannedGpu",
     "RolePlan",
     "alternative_blocks",
-    "fit_title",
     "plan_title",
     "problem_blocks",
 ]
@@ -214,19 +213,15 @@ class MemoryCheck:
         )
 
 
-def fit_title(title: str) -> str:
-    """A title for 80 columns: a long fleet spec goes on its own line."""
-    if len(title) <= 80 or " on " not in title:
-        return title
-    head, _, tail = title.partition(" on ")
-    return f"{head}\n  on {tail}"
-
-
 def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -> Title:
-    """``nbgpu plan — WHAT on SIMULATED fleet 'F' · ready``: every plan's headline."""
+    """``nbgpu plan — WHAT on SIMULATED fleet 'F' · ready``: every plan's headline; a long
+    fleet spec goes on its own line (80 columns)."""
     source = simulated_label(fleet) if simulated else f"host {fleet}"
-    verdict = "ready" if ok else "NOT READY"
-    return Title(fit_title(f"nbgpu {kind} — {what} on {source} · {verdict}"), simulated=simulated)
+    title = f"nbgpu {kind} — {what} on {source} · {'ready' if ok else 'NOT READY'}"
+    if len(title) > 80:
+        head, _, tail = title.partition(" on ")
+        title = f"{head}\n  on {tail}"
+    return Title(title, simulated=simulated)
 
 
 def problem_blocks(*problems: Sequence[Problem]) -> list[Block]:
