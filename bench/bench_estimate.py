@@ -38,14 +38,14 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
-from nbgpu.plan.estimate import (  # noqa: E402
+from nbgpu.estimate import (  # noqa: E402
     CUDA_CONTEXT_BYTES,
     estimate,
     largest_micro_batch,
 )
-from nbgpu.plan.measure import measure_step  # noqa: E402
-from nbgpu.plan.trace import trace_step  # noqa: E402
-from tests.plan.toy_models import TinyGPT, TinyLlama, cases  # noqa: E402
+from nbgpu.estimate.measure import measure_step  # noqa: E402
+from nbgpu.estimate.trace import trace_step  # noqa: E402
+from tests.estimate.toy_models import TinyGPT, TinyLlama, cases  # noqa: E402
 
 GB = 10**9
 GiB = 2**30
@@ -269,7 +269,7 @@ def _lightning_search(
 
 
 def _fits(model_fn: Any, batch: torch.Tensor, budget: int) -> bool:
-    from nbgpu.plan.trace import run_step  # noqa: PLC0415
+    from nbgpu.estimate.trace import run_step  # noqa: PLC0415
 
     model = model_fn()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)

@@ -42,15 +42,14 @@ _LAZY = {
     "runs": "nbgpu.launch.registry",
     "plan": "nbgpu.plan",  # a callable module: nbgpu.plan(...), nbgpu.plan.sweep(...)
     "diagnose": "nbgpu.diagnose",  # a callable module: nbgpu.diagnose(run_or_path)
-    "estimate": "nbgpu.plan.estimate",  # nbgpu.estimate(...), nbgpu.estimate.compare(...)
+    "estimate": "nbgpu.estimate",  # nbgpu.estimate(...), nbgpu.estimate.compare(...)
 }
 
 if TYPE_CHECKING:
-    from nbgpu import diagnose, errors, plan
+    from nbgpu import diagnose, errors, estimate, plan
     from nbgpu.api import clean, doctor, memory, status
     from nbgpu.launch.launcher import torchrun
     from nbgpu.launch.registry import runs
-    from nbgpu.plan.estimate import estimate
     from nbgpu.profile.phases import phase
 else:
     from nbgpu import errors  # light: the exception tree only

@@ -431,6 +431,13 @@ def _list_html(items: Sequence[str], *, ordered: bool = False, level: str = "") 
     return f'<{tag} style="margin:2px 0">{body}</{tag}>'
 
 
+def _subject_html(problem: Problem) -> str:
+    # As in text: a message that starts with its subject ("GPU 0 is ...") says it once.
+    if problem.message.startswith(problem.subject):
+        return ""
+    return f"<b>{html.escape(problem.subject)}</b>: "
+
+
 def _block_html(block: Block) -> str:
     if isinstance(block, Title):
         return f"<div><b>{title_html(block.text, simulated=block.simulated)}</b></div>"
@@ -448,7 +455,7 @@ def _block_html(block: Block) -> str:
     if isinstance(block, Problems):
         title = f"<div>{html.escape(block.title)}</div>" if block.title else ""
         items = "".join(
-            f"<li{_colour(p.severity)}><b>{html.escape(p.subject)}</b>: {fix_html(p.message)}"
+            f"<li{_colour(p.severity)}>{_subject_html(p)}{fix_html(p.message)}"
             f"{_list_html(p.fixes) if p.fixes else ''}</li>"
             for p in block.items
         )

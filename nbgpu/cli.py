@@ -79,7 +79,8 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    from nbgpu.plan.estimate import estimate, largest_micro_batch  # noqa: PLC0415
+    from nbgpu.estimate import estimate_memory as estimate  # noqa: PLC0415
+    from nbgpu.estimate import largest_micro_batch  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {
         "strategy": args.strategy,

@@ -34,162 +34,49 @@ def _max_micro(value: str | None) -> int | str | None:
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "allocation",
-        nargs="?",
-        default=None,
-        help="roles: 'sglang.d1t1p1+d3t1p1', 'd4t1p1' or 'inference:1,train:3'",
-    )
-    p.add_argument(
-        "--fleet",
-        default=None,
-        metavar="SPEC|FILE",
-        help="plan for this fleet (spec, scenario or status JSON) instead of here",
-    )
-    p.add_argument(
-        "--slurm",
-        action="store_true",
-        help="plan across the SLURM allocation's nodes (each node's GPUs, seen there)",
-    )
-    p.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        metavar="N",
-        help="nodes for the job (with --slurm or a cluster --fleet; default: all that fit)",
-    )
-    p.add_argument(
-        "--nproc-per-node",
-        type=int,
-        default=None,
-        metavar="P",
-        help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)",
-    )
-    p.add_argument("--partition", default=None, metavar="P", help="with --slurm")
-    p.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs for the job")
-    p.add_argument("--require", default=None, metavar="0,1", help="GPUs that must be used")
-    p.add_argument("--exclude", default=None, metavar="0", help="GPUs never to use")
-    p.add_argument("--batch", type=int, default=None, metavar="N", help="global batch size")
-    p.add_argument("--micro", type=int, default=None, metavar="N", help="micro batch per GPU")
-    p.add_argument("--accum", type=int, default=None, metavar="N", help="gradient accumulation")
-    p.add_argument(
-        "--max-micro",
-        default=None,
-        metavar="N|auto",
-        help="largest micro batch per GPU; auto: computed from --model and --seq-len",
-    )
-    p.add_argument(
-        "--divisor",
-        action="append",
-        default=[],
-        metavar="NAME=K",
-        help="the global batch must divide by K (e.g. group=8); repeatable",
-    )
-    p.add_argument(
-        "--step-divisor",
-        action="append",
-        default=[],
-        metavar="NAME=K",
-        help="ranks x micro batch must divide by K (TRL num_generations)",
-    )
-    p.add_argument(
-        "--model",
-        default=None,
-        metavar="7B|NAME|config.json",
-        help="parameter count, model name (Qwen/Qwen2.5-7B-Instruct) or HF config: memory check",
-    )
-    p.add_argument(
-        "--seq-len",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tokens per sample: adds activations, logits and KV cache to the memory check",
-    )
-    p.add_argument(
-        "--checkpointing",
-        action="store_true",
-        help="count activations with full activation checkpointing",
-    )
-    p.add_argument("--precision", default=None, help="bf16 (default), fp16 or fp32")
-    p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
-    p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
-    p.add_argument(
-        "--base-port",
-        type=int,
-        default=29500,
-        metavar="P",
-        help="first port to try for the rendezvous",
-    )
-    p.add_argument(
-        "--sweep",
-        type=int,
-        default=None,
-        metavar="RUNS",
-        help="split the box into RUNS disjoint runs (distinct ports)",
-    )
-    p.add_argument("--per-run", type=int, default=None, metavar="K", help="GPUs per sweep run")
-    p.add_argument(
-        "--share",
-        action="store_true",
-        help="with --sweep: runs may use GPUs that other jobs are using",
-    )
-    p.add_argument(
-        "--scale",
-        default=None,
-        metavar="CONFIG",
-        help="rescale a YAML/JSON config or a launch script of Hydra overrides to --to GPUs",
-    )
-    p.add_argument("--to", type=int, default=None, metavar="N", help="with --scale: GPUs after")
-    p.add_argument(
-        "--output",
-        "-o",
-        default=None,
-        metavar="FILE",
-        help="with --scale: write the rescaled config (same form and layout) to FILE",
-    )
-    p.add_argument(
-        "--from",
-        dest="from_gpus",
-        type=int,
-        default=None,
-        metavar="N",
-        help="with --scale: GPUs before (default: read from the config)",
-    )
-    p.add_argument(
-        "--keep-batch",
-        action="store_true",
-        help="with --scale: keep global batch sizes (default: scale them)",
-    )
-    p.add_argument(
-        "--tp", default="keep", metavar="keep|scale|N", help="with --scale: tensor-parallel size"
-    )
-    p.add_argument(
-        "--rule",
-        action="append",
-        default=[],
-        metavar="KEY=RULE",
-        help="with --scale: how to treat a key (scale, keep, per_gpu...)",
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        metavar="N",
-        help="with --scale: sequence length for the KV-cache check",
-    )
-    p.add_argument(
-        "--gpu-memory",
-        default=None,
-        metavar="SIZE",
-        help="with --scale: memory per GPU, e.g. 48G (default: from the fleet)",
-    )
+    a = p.add_argument
+    n: dict[str, Any] = {"type": int, "default": None}  # a whole number, unset by default
+    # fmt: off
+    a("allocation", nargs="?", default=None, help="roles: 'sglang.d1t1p1+d3t1p1', 'd4t1p1' or 'inference:1,train:3'")
+    a("--fleet", default=None, metavar="SPEC|FILE", help="plan for this fleet (spec, scenario or status JSON) instead of here")
+    a("--slurm", action="store_true", help="plan across the SLURM allocation's nodes (each node's GPUs, seen there)")
+    a("--nodes", **n, metavar="N", help="nodes for the job (with --slurm or a cluster --fleet; default: all that fit)")
+    a("--nproc-per-node", **n, metavar="P", help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)")
+    a("--partition", default=None, metavar="P", help="with --slurm")
+    a("--gpus", **n, metavar="N", help="GPUs for the job")
+    a("--require", default=None, metavar="0,1", help="GPUs that must be used")
+    a("--exclude", default=None, metavar="0", help="GPUs never to use")
+    a("--batch", **n, metavar="N", help="global batch size")
+    a("--micro", **n, metavar="N", help="micro batch per GPU")
+    a("--accum", **n, metavar="N", help="gradient accumulation")
+    a("--max-micro", default=None, metavar="N|auto", help="largest micro batch per GPU; auto: computed from --model and --seq-len")
+    a("--divisor", action="append", default=[], metavar="NAME=K", help="the global batch must divide by K (e.g. group=8); repeatable")
+    a("--step-divisor", action="append", default=[], metavar="NAME=K", help="ranks x micro batch must divide by K (TRL num_generations)")
+    a("--model", default=None, metavar="7B|NAME|config.json", help="parameter count, model name (Qwen/Qwen2.5-7B-Instruct) or HF config: memory check")
+    a("--seq-len", **n, metavar="N", help="tokens per sample: adds activations, logits and KV cache to the memory check")
+    a("--checkpointing", action="store_true", help="count activations with full activation checkpointing")
+    a("--precision", default=None, help="bf16 (default), fp16 or fp32")
+    a("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
+    a("--optimizer", default="adamw", help="adamw, adam or sgd")
+    a("--base-port", type=int, default=29500, metavar="P", help="first port to try for the rendezvous")
+    a("--sweep", **n, metavar="RUNS", help="split the box into RUNS disjoint runs (distinct ports)")
+    a("--per-run", **n, metavar="K", help="GPUs per sweep run")
+    a("--share", action="store_true", help="with --sweep: runs may use GPUs that other jobs are using")
+    a("--scale", default=None, metavar="CONFIG", help="rescale a YAML/JSON config or a launch script of Hydra overrides to --to GPUs")
+    a("--to", **n, metavar="N", help="with --scale: GPUs after")
+    a("--output", "-o", default=None, metavar="FILE", help="with --scale: write the rescaled config (same form and layout) to FILE")
+    a("--from", dest="from_gpus", **n, metavar="N", help="with --scale: GPUs before (default: read from the config)")
+    a("--keep-batch", action="store_true", help="with --scale: keep global batch sizes (default: scale them)")
+    a("--tp", default="keep", metavar="keep|scale|N", help="with --scale: tensor-parallel size")
+    a("--rule", action="append", default=[], metavar="KEY=RULE", help="with --scale: how to treat a key (scale, keep, per_gpu...)")
+    a("--max-model-len", **n, metavar="N", help="with --scale: sequence length for the KV-cache check")
+    a("--gpu-memory", default=None, metavar="SIZE", help="with --scale: memory per GPU, e.g. 48G (default: from the fleet)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON (plan files for --plan)")
     out.add_argument("--diff", action="store_true", help="with --scale: a unified diff")
     out.add_argument("--yaml", action="store_true", help="with --scale: the new YAML")
-    out.add_argument(
-        "--overrides", action="store_true", help="with --scale: Hydra key=value overrides"
-    )
+    out.add_argument("--overrides", action="store_true", help="with --scale: Hydra key=value overrides")
+    # fmt: on
 
 
 def plan_from_args(args: argparse.Namespace) -> Any:

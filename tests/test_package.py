@@ -121,6 +121,27 @@ print(json.dumps({{"added": added, "heavy": heavy, "cells": added_cells, "left":
     assert result["again"] == result["added"]
 
 
+def test_planning_results_load_no_yaml_or_shell_parser():
+    # The faces of plan/, estimate/ and scale/ re-export from light modules: a result type
+    # (what launch, the notebook and plan files need) comes without ruamel.yaml, the
+    # launch-script lexer, torch or the inventory.
+    script = (
+        "import json, sys\n"
+        "from nbgpu.plan.result import Plan\n"
+        "from nbgpu.plan import NodesPlan, SweepPlan\n"
+        "from nbgpu.scale import ScalePlan\n"
+        "from nbgpu.estimate import MemoryEstimate\n"
+        "light = ('ruamel', 'torch', 'pynvml', 'psutil', 'pandas')\n"
+        "parsers = ('nbgpu.scale.script', 'nbgpu.scale.yamldoc', 'nbgpu.devices.inventory')\n"
+        "print(json.dumps(sorted(m for m in sys.modules\n"
+        "                        if m.split('.')[0] in light or m in parsers)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == []
+
+
 def test_python_dash_m_runs_the_cli():
     out = subprocess.run(
         [sys.executable, "-m", "nbgpu", "-h"],
@@ -150,7 +171,14 @@ def _nbgpu_imports(path: Path) -> set[str]:
 FORBIDDEN = {
     "devices": ("nbgpu.launch", "nbgpu.plan", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
                 "nbgpu.api", "nbgpu.rank", "nbgpu.profile"),
-    "plan": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
+    # plan/, estimate/ and scale/ are pure: devices/ and the top-level helpers only;
+    # plan uses estimate and scale, scale uses estimate, estimate neither.
+    "plan": ("nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
+             "nbgpu.rank", "nbgpu.profile", "nbgpu.plan_cli"),
+    "estimate": ("nbgpu.plan", "nbgpu.scale", "nbgpu.launch", "nbgpu.diagnose",
+                 "nbgpu.notebook", "nbgpu.cli", "nbgpu.api", "nbgpu.rank", "nbgpu.profile"),
+    "scale": ("nbgpu.plan", "nbgpu.launch", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
+              "nbgpu.api", "nbgpu.rank", "nbgpu.profile"),
     # diagnose may read nbgpu.profile's records (memory at the failure), nothing else of it.
     "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
                  "nbgpu.profile.phases", "nbgpu.profile.recorder",
@@ -161,6 +189,9 @@ FORBIDDEN = {
     "profile": ("nbgpu.launch", "nbgpu.plan", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
                 "nbgpu.api", "nbgpu.rank"),
 }  # fmt: skip
+# Estimation and rescaling are planning too: no layer below the faces imports them.
+for _layer in ("devices", "diagnose", "launch", "profile"):
+    FORBIDDEN[_layer] += ("nbgpu.estimate", "nbgpu.scale")
 
 
 def test_layers_import_one_way():

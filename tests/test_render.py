@@ -70,13 +70,16 @@ def busy_gpu0(monkeypatch):
 def test_plan_alternatives_numbered_once_with_their_steps_nested():
     plan = nbgpu.plan("sglang.d1t1p1+d3t1p1", global_batch=8)
     body = plan.html_body()
-    alternatives = body[body.index("alternatives:<ol>") :]
-    ol = alternatives[: alternatives.index("</ol></div>") + 5]
-    # One top-level item per alternative: the fix steps are a sub-list, not items.
-    top_level = re.sub(r"<ul>.*?</ul>", "", ol)
-    assert top_level.count("<li>") == len(plan.alternatives) == 2
-    assert not re.search(r"<li>\s*\d+\.", ol), "numbered twice"
-    assert "<code>sudo nvidia-smi --gpu-reset -i 0</code>" in ol
+    alternatives = body[body.index("<div>alternatives:</div>") :]
+    # One section per alternative, its number written once; its fix steps are a list
+    # inside that section, not alternatives of their own.
+    sections = alternatives.split('<div style="border-left')[1:]
+    assert len(sections) == len(plan.alternatives) == 2
+    for n, section in enumerate(sections, 1):
+        assert re.search(rf">{n}\. ", section)
+    assert not re.search(r"<li[^>]*>\s*\d+\.", alternatives), "numbered twice"
+    steps = sections[1][sections[1].index("<ul") :]
+    assert "<code>sudo nvidia-smi --gpu-reset -i 0</code>" in steps
     assert "`" not in body
     # The batch fix of the problems list renders the same way.
     assert "global_batch=6" in body

@@ -13,7 +13,7 @@ from nbgpu.errors import UserInputError
 from nbgpu.launch.launcher import prepare
 from nbgpu.sizes import parse_size
 
-CONFIG = Path(__file__).parent / "plan" / "configs" / "vagen_2gpu.sh"
+CONFIG = Path(__file__).parent / "scale" / "configs" / "vagen_2gpu.sh"
 # G and GiB are powers of 1024 (ulimit, SLURM --mem, nvidia-smi); GB powers of 1000 (SI, HF).
 MEANS = {"80GB": 80 * 10**9, "80GiB": 80 * 2**30, "80G": 80 * 2**30}
 

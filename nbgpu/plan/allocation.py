@@ -396,20 +396,6 @@ def _same_world(first: RoleSpec, role: RoleSpec) -> str:
 
 
 def _short(role: RoleSpec) -> str:
-    return _dims(
-        {
-            k: v
-            for k, v in zip(
-                "dtpce",
-                (
-                    role.data_parallel,
-                    role.tensor_parallel,
-                    role.pipeline_parallel,
-                    role.context_parallel,
-                    role.expert_parallel,
-                ),
-                strict=True,
-            )
-            if v > 1
-        }
-    )
+    values = (role.data_parallel, role.tensor_parallel, role.pipeline_parallel,
+              role.context_parallel, role.expert_parallel)  # fmt: skip
+    return _dims({k: v for k, v in zip("dtpce", values, strict=True) if v > 1})

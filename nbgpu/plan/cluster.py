@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import FleetSpecError, UserInputError
-from nbgpu.plan.candidates import Candidate, candidates_from_inventory
-from nbgpu.plan.files import read_text
+from nbgpu.plan.placement import Candidate, candidates_from_inventory
+from nbgpu.scale.files import read_text
 
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory

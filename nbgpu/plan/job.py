@@ -15,18 +15,22 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from nbgpu.errors import UserInputError
+from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, normalize_precision
+from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.plan.allocation import Allocation, parse_allocation
 from nbgpu.plan.batch import BatchCheck, check_batch
-from nbgpu.plan.memory import (
-    OPTIMIZERS,
-    STRATEGIES,
-    ModelShape,
-    model_shape,
-    normalize_precision,
-)
-from nbgpu.plan.ports import DEFAULT_BASE_PORT, MAX_PORT
+from nbgpu.plan.placement import DEFAULT_BASE_PORT, MAX_PORT
+from nbgpu.problems import Problem
 
-__all__ = ["Job", "JobRequest", "check_job_batch", "make_job", "parse_divisors", "parse_gpu_list"]
+__all__ = [
+    "Job",
+    "JobRequest",
+    "batch_problem",
+    "check_job_batch",
+    "make_job",
+    "parse_divisors",
+    "parse_gpu_list",
+]
 
 GpuList = Sequence[int] | str | int | None
 Divisors = Mapping[str, int] | Sequence[int] | str | None
@@ -159,29 +163,19 @@ class JobRequest:
 
 def make_job(request: JobRequest) -> Job:
     """Validate everything the user gave; each mistake is one ``UserInputError`` line."""
-    allocation, num_gpus, model, seq_len = (
-        request.allocation,
-        request.num_gpus,
-        request.model,
-        request.seq_len,
-    )
-    global_batch, micro_batch, grad_accum = (
-        request.global_batch,
-        request.micro_batch,
-        request.grad_accum,
-    )
-    max_micro_batch, base_port = request.max_micro_batch, request.base_port
-    parsed = None if allocation is None else parse_allocation(allocation)
+    r = request
+    max_micro_batch, num_gpus, base_port = r.max_micro_batch, r.num_gpus, r.base_port
+    parsed = None if r.allocation is None else parse_allocation(r.allocation)
     _positive("num_gpus", num_gpus)
     if parsed is not None and num_gpus is not None and parsed.gpu_count != num_gpus:
         raise UserInputError(
-            f"allocation {allocation!r} uses {parsed.gpu_count} GPUs "
-            f"({' + '.join(r.degrees for r in parsed.roles)}) but num_gpus={num_gpus}; "
+            f"allocation {r.allocation!r} uses {parsed.gpu_count} GPUs "
+            f"({' + '.join(role.degrees for role in parsed.roles)}) but num_gpus={num_gpus}; "
             "the world sizes d × t × p × c of the parts must add up to the GPU count "
             "(colocated parts add none)"
         )
-    required = parse_gpu_list(request.require, "require")
-    excluded = parse_gpu_list(request.exclude, "exclude")
+    required = parse_gpu_list(r.require, "require")
+    excluded = parse_gpu_list(r.exclude, "exclude")
     both = sorted(set(required) & set(excluded))
     if both:
         raise UserInputError(
@@ -200,20 +194,15 @@ def make_job(request: JobRequest) -> Job:
                 f"max_micro_batch={max_micro_batch!r}: expected a whole number >= 1 or 'auto'"
             )
         max_micro_batch = int(max_micro_batch)
-    if auto and (model is None or seq_len is None):
+    if auto and (r.model is None or r.seq_len is None):
         raise UserInputError(
             "max_micro_batch='auto' needs model= (a name such as 'Qwen/Qwen2.5-7B-Instruct' or "
             "an HF config.json) and seq_len= to compute what fits"
         )
     max_micro = None if auto or isinstance(max_micro_batch, str) else max_micro_batch
-    for label, value in (
-        ("global_batch", global_batch),
-        ("micro_batch", micro_batch),
-        ("grad_accum", grad_accum),
-        ("max_micro_batch", max_micro),
-        ("seq_len", seq_len),
-    ):
-        _positive(label, value)
+    for label in ("global_batch", "micro_batch", "grad_accum", "seq_len"):
+        _positive(label, getattr(r, label))
+    _positive("max_micro_batch", max_micro)
     if not 1 <= base_port <= MAX_PORT or isinstance(base_port, bool):
         raise UserInputError(f"base_port={base_port!r}: expected a TCP port 1..{MAX_PORT}")
     return Job(
@@ -221,26 +210,28 @@ def make_job(request: JobRequest) -> Job:
         num_gpus=num_gpus,
         require=required,
         exclude=excluded,
-        global_batch=global_batch,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
+        global_batch=r.global_batch,
+        micro_batch=r.micro_batch,
+        grad_accum=r.grad_accum,
         max_micro_batch=max_micro,
-        divisors=parse_divisors(request.divisors, "divisors"),
-        step_divisors=parse_divisors(request.step_divisors, "step_divisors"),
-        model=None if model is None else model_shape(model),
-        precision=normalize_precision(request.precision),
-        strategy=_choice("strategy", request.strategy, tuple(STRATEGIES)),
-        optimizer=_choice("optimizer", request.optimizer, OPTIMIZERS),
+        divisors=parse_divisors(r.divisors, "divisors"),
+        step_divisors=parse_divisors(r.step_divisors, "step_divisors"),
+        model=None if r.model is None else model_shape(r.model),
+        precision=normalize_precision(r.precision),
+        strategy=_choice("strategy", r.strategy, tuple(STRATEGIES)),
+        optimizer=_choice("optimizer", r.optimizer, OPTIMIZERS),
         base_port=base_port,
-        name=request.name,
-        seq_len=seq_len,
-        activation_checkpointing=bool(request.activation_checkpointing),
+        name=r.name,
+        seq_len=r.seq_len,
+        activation_checkpointing=bool(r.activation_checkpointing),
         max_micro_auto=auto,
     )
 
 
-def check_job_batch(job: Job, data_parallel: int) -> BatchCheck:
-    """The job's batch keywords checked for *data_parallel* ranks."""
+def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
+    """The job's batch keywords checked for *data_parallel* ranks (None: it gave none)."""
+    if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
+        return None
     return check_batch(
         data_parallel,
         global_batch=job.global_batch,
@@ -250,3 +241,12 @@ def check_job_batch(job: Job, data_parallel: int) -> BatchCheck:
         divisors=job.divisors,
         step_divisors=job.step_divisors,
     )
+
+
+def batch_problem(check: BatchCheck, subject: str) -> Problem:
+    """A batch that does not work, as a problem whose fixes are the nearest valid batches."""
+    fixes = tuple(
+        f"global_batch={o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
+        for o in check.nearest
+    )
+    return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)

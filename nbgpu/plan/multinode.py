@@ -1,37 +1,221 @@
-"""Planning one training job across several nodes: which nodes, which GPUs on each.
+"""One training job across several nodes: which nodes, which GPUs on each, checked.
 
-torchrun starts the same number of ranks on every node (``--nproc-per-node P``), so a
-node is usable for a job of *P* ranks per node when it has *P* usable GPUs. The planner
-takes each node's :class:`~nbgpu.plan.candidates.Candidate` GPUs (the same sorting of
-findings as on one box), keeps the nodes that can hold *P* ranks (clean ones first), and
-checks the batch and the memory for the whole world of ``nodes × P`` ranks: ZeRO and
-FSDP shard over all of them, and every rank holds the same micro batch, so the smallest
-free GPU of any chosen node decides what fits.
+torchrun starts the same number of ranks *P* on every node, so a node can take the job
+when it has *P* usable GPUs (the one-box sorting of findings). The planner keeps such
+nodes, clean ones first, and checks the batch and the memory for the whole world of
+``nodes × P`` ranks: ZeRO and FSDP shard over all of them, and the smallest free GPU of
+any chosen node decides what fits. Without *P*: the most ranks per node that still give
+the most ranks in total; without *nodes*: every node that can hold *P*. A job that does
+not fit names each node that falls short and offers fewer nodes or fewer ranks per node,
+batch checked again. The rendezvous port is picked on the first node when the job starts.
 
-Defaults: without *P*, the largest number of ranks per node that still gives the most
-ranks in total; without *nodes*, every node that can hold *P* ranks. When the job does
-not fit, the plan names each node that falls short and why, and offers what does fit:
-fewer nodes, fewer ranks per node, each with its batch checked again.
-
-Ports are not planned here: the rendezvous port is chosen on the first node when the job
-starts (a free port there, not here). Pure: never reads an inventory, files or sockets.
+:class:`NodesPlan` is frozen, JSON round-trippable data; launchers read ``ok``,
+``nodelist``, ``nproc_per_node`` and ``node_gpus`` (``%%torchrun --plan p``, ``nbgpu run
+--slurm --plan FILE``). Pure: never reads an inventory, files or sockets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
+from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes, to_text
+from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
-from nbgpu.plan.assign import assign, order_pool
 from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.candidates import Candidate
-from nbgpu.plan.job import Job, check_job_batch
-from nbgpu.plan.memcheck import auto_max_micro, free_bytes, memory_check, memory_issues
-from nbgpu.plan.nodesplan import NodeGpus, NodeLeftOut, NodesAlternative, NodesPlan
-from nbgpu.plan.result import ExcludedGpu, Issue, MemoryCheck, PlannedGpu, RolePlan
+from nbgpu.plan.job import Job, batch_problem, check_job_batch
+from nbgpu.plan.memcheck import auto_max_micro, free_bytes, memory_check, memory_problems
+from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
+from nbgpu.plan.result import (
+    PLAN_FILE_FORMAT,
+    ExcludedGpu,
+    MemoryCheck,
+    PlannedGpu,
+    RolePlan,
+    alternative_blocks,
+    problem_blocks,
+)
+from nbgpu.problems import Problem
 
-__all__ = ["build_nodes_plan", "default_shape"]
+__all__ = [
+    "NodeGpus",
+    "NodeLeftOut",
+    "NodesAlternative",
+    "NodesPlan",
+    "build_nodes_plan",
+    "default_shape",
+]
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """One node of the job: the GPUs its ranks get (in ``cuda:k`` order), those left out."""
+
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("cuda_visible_devices",)
+
+    node: str
+    gpus: tuple[PlannedGpu, ...]
+    excluded: tuple[ExcludedGpu, ...] = ()
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        """NVML indices in order (valid with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``)."""
+        return ",".join(str(g.nvml_index) for g in self.gpus)
+
+
+@dataclass(frozen=True)
+class NodeLeftOut:
+    """A node the job does not use, and why."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodesAlternative:
+    """Another shape that fits when this plan cannot run."""
+
+    title: str
+    reason: str
+    plan: NodesPlan | None = None
+
+    @property
+    def status(self) -> str:
+        if self.plan is None:
+            return ""
+        if self.plan.ok:
+            return " — ready"
+        first = self.plan.problems[0].message if self.plan.problems else "not ready"
+        return f" — also blocked ({first})"
+
+
+@dataclass(frozen=True)
+class NodesPlan(Result):
+    """One training job on several nodes: which nodes, which GPUs on each, checked.
+
+    What launchers read: ``ok``; ``nodelist`` (the nodes, for ``srun --nodelist``);
+    ``nproc_per_node``; ``node_gpus`` (node → ``CUDA_VISIBLE_DEVICES``). Also
+    ``world_size``, ``left_out`` (nodes not used, and why), ``batch`` (checked for every
+    rank of every node), ``memory`` (on ``memory_node``, whose smallest free GPU is the
+    smallest of the job), ``problems``, ``warnings`` and ``alternatives``.
+    """
+
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("ok", "nodelist", "world_size", "node_gpus")
+    FRAME_COLUMNS = ("node", "cuda_index", "nvml_index", "uuid")
+
+    nodes: tuple[NodeGpus, ...]  # the nodes placed (fewer than job_nodes when not ready)
+    left_out: tuple[NodeLeftOut, ...]
+    job_nodes: int  # the nodes the job runs on
+    nproc_per_node: int
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
+    batch: BatchCheck | None
+    memory: tuple[MemoryCheck, ...]
+    memory_node: str | None
+    alternatives: tuple[NodesAlternative, ...]
+    source: str  # where the nodes' inventories came from: "allocation 17", a file
+    simulated: bool
+    asked_nodes: int | None = None
+    asked_nproc_per_node: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def world_size(self) -> int:
+        return self.job_nodes * self.nproc_per_node
+
+    @property
+    def nodelist(self) -> str:
+        return ",".join(n.node for n in self.nodes)
+
+    @property
+    def node_gpus(self) -> dict[str, str]:
+        return {n.node: n.cuda_visible_devices for n in self.nodes}
+
+    def simulated_fleet(self) -> str | None:
+        return self.source if self.simulated else None
+
+    # -- rendering ---------------------------------------------------------------
+
+    def _table(self) -> Table:
+        table = Table(["node", "GPUs (CUDA_VISIBLE_DEVICES)", "ranks", "GPU", "left out"])
+        for n in self.nodes:
+            names = sorted({(g.name or "?").replace("NVIDIA ", "") for g in n.gpus})
+            out = "; ".join(f"GPU {e.nvml_index}: {e.health}" for e in n.excluded)
+            table.add(n.node, n.cuda_visible_devices, len(n.gpus), "/".join(names), out or "-")
+        for left in self.left_out:
+            table.add(left.node, "-", 0, "-", left.reason, level="warn")
+        return table
+
+    def _footer(self) -> list[Block]:
+        lines: list[Block] = [
+            Line(
+                f"{self.world_size} ranks ({self.job_nodes} × {self.nproc_per_node})", label="world"
+            )
+        ]
+        if self.batch is not None and self.batch.ok:
+            lines.append(Line(self.batch.summary, label="batch"))
+        for m in self.memory:
+            fits = {True: "fits", False: "does NOT fit", None: "not compared"}[m.fits]
+            free = "" if m.available_bytes is None else f" free {fmt_bytes(m.available_bytes)}"
+            lines.append(
+                Line(
+                    f"{fmt_bytes(m.needed_bytes)}, {fits} on node {self.memory_node} GPU "
+                    f"{m.deciding_gpu}{free} (the smallest of the job)",
+                    label="memory per GPU",
+                )
+            )
+            lines.append(Line(m.accounting, indent="  "))
+            if m.max_micro_batch is not None:
+                lines.append(Line(f"{m.max_micro_batch} (computed, no trials)",
+                                  label="largest micro batch"))  # fmt: skip
+        if not self.memory and self.nodes:
+            lines.append(Line("not checked (pass model= to compare with free memory)",
+                              label="memory"))  # fmt: skip
+        if self.ok:
+            lines.append(
+                Line(
+                    f"%%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist "
+                    f"{self.nodelist}; each node sets its own CUDA_VISIBLE_DEVICES); the "
+                    "rendezvous port is picked on the first node when the job starts",
+                    label="launch",
+                )
+            )
+        return lines
+
+    def text(self) -> str:
+        return to_text(self.content(), width=120)  # the table's "left out" reasons are long
+
+    def content(self) -> list[Block]:
+        shape = f"{self.job_nodes} node(s) × {self.nproc_per_node} GPUs"
+        sim = "SIMULATED " if self.simulated else ""
+        verdict = "ready" if self.ok else "NOT READY"
+        title = f"nbgpu plan — {shape} on {sim}{self.source} · {verdict}"
+        blocks: list[Block] = [Title(title, simulated=self.simulated), self._table(),
+                               *self._footer()]  # fmt: skip
+        blocks += problem_blocks(self.problems, self.warnings)
+        return blocks + alternative_blocks([(f"{a.title}{a.status}: {a.reason}", ())
+                                            for a in self.alternatives])  # fmt: skip
+
+    # -- data --------------------------------------------------------------------
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            {"node": n.node, **to_data(g), "cuda_visible_devices": n.cuda_visible_devices,
+             "ok": self.ok}
+            for n in self.nodes
+            for g in n.gpus
+        ]  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = to_data(self)
+        return {"nbgpu_nodes_plan": PLAN_FILE_FORMAT, **data}
+
+
+# ------------------------------------------------------------------ the planner
 
 
 @dataclass(frozen=True)
@@ -71,14 +255,6 @@ def default_shape(capacities: Sequence[int], nodes: int | None) -> tuple[int, in
     return best
 
 
-def _excluded(node: _Node) -> tuple[ExcludedGpu, ...]:
-    return tuple(
-        ExcludedGpu(c.nvml_index, c.uuid, c.health, c.reasons, c.fixes, c.recoverable)
-        for c in node.candidates
-        if not c.usable
-    )
-
-
 def _shortfall(node: _Node, per_node: int) -> str:
     out = f"{node.capacity} of {len(node.candidates)} GPUs usable, {per_node} needed"
     bad = [f"GPU {c.nvml_index}: {c.health}" for c in node.candidates if not c.usable]
@@ -87,22 +263,12 @@ def _shortfall(node: _Node, per_node: int) -> str:
 
 def _chosen_gpus(node: _Node, per_node: int) -> tuple[PlannedGpu, ...]:
     groups = assign(list(node.pool), [per_node], keep_order=False)
-    members = groups[0] if groups else list(node.pool[:per_node])
-    return tuple(
-        PlannedGpu(k, c.nvml_index, c.uuid, c.name, c.memory_total_bytes, c.memory_free_bytes)
-        for k, c in enumerate(members)
-    )
+    return planned_gpus(groups[0] if groups else node.pool[:per_node])
 
 
 def _trainer(world: int, gpus: Sequence[PlannedGpu]) -> RolePlan:
     """The job as one data-parallel training role over every rank of every node."""
     return RolePlan("train", "train", None, world, 1, 1, tuple(gpus), None)
-
-
-def _batch(job: Job, world: int) -> BatchCheck | None:
-    if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
-        return None
-    return check_job_batch(job, world)
 
 
 def _memory(
@@ -111,8 +277,8 @@ def _memory(
     world: int,
     batch: BatchCheck | None,
     *,
-    problems: list[Issue],
-    warnings: list[Issue],
+    problems: list[Problem],
+    warnings: list[Problem],
 ) -> tuple[Job, tuple[MemoryCheck, ...], str | None]:
     """The memory check on the node whose smallest free GPU is the smallest of all."""
     if job.model is None or not chosen:
@@ -126,21 +292,11 @@ def _memory(
     role = _trainer(world, deciding.gpus)
     job = auto_max_micro([role], job, warnings)
     check = memory_check(role, job, batch)
-    found: list[Issue] = []
-    memory_issues(check, role, job, found, warnings)
-    problems.extend(replace(i, message=f"node {deciding.node}: {i.message}") for i in found)
+    found: list[Problem] = []
+    memory_problems(check, role, job, found, warnings)
+    node = f"node {deciding.node}"
+    problems.extend(replace(p, subject=node, message=f"{node}: {p.message}") for p in found)
     return job, (check,), deciding.node
-
-
-def _mixed_sizes(chosen: Sequence[NodeGpus]) -> Issue | None:
-    sizes = {(n.node, g.memory_total_bytes) for n in chosen for g in n.gpus}
-    if len({size for _, size in sizes}) < 2:
-        return None
-    return Issue(
-        "mixed_gpus",
-        "the nodes' GPUs differ in size: every rank holds the same micro batch, so the "
-        "smallest decides; the memory check uses it",
-    )
 
 
 def build_nodes_plan(
@@ -181,7 +337,9 @@ def build_nodes_plan(
     )
     picked = {n.name for n in fits[:nodes]}
     chosen = tuple(
-        NodeGpus(n.name, _chosen_gpus(n, per_node), _excluded(n)) for n in every if n.name in picked
+        NodeGpus(n.name, _chosen_gpus(n, per_node), excluded_gpus(n.candidates))
+        for n in every
+        if n.name in picked
     )
     left_out = tuple(
         NodeLeftOut(n.name, _shortfall(n, per_node))
@@ -190,19 +348,21 @@ def build_nodes_plan(
         for n in every
         if n.name not in picked
     )
-    problems: list[Issue] = []
-    warnings: list[Issue] = []
+    problems: list[Problem] = []
+    warnings: list[Problem] = []
     if len(chosen) < nodes or nproc_per_node < 1:
         short = [f"{n.node}: {n.reason}" for n in left_out if not n.reason.startswith("not ")]
         fixes = [
-            f"on {n.name}: {c.fixes[0]}"
+            f"on {n.name}: {c.problems[0].fixes[0]}"
             for n in every
             for c in n.candidates
-            if not c.usable and c.recoverable and c.fixes
+            if not c.usable and c.recoverable and c.problems and c.problems[0].fixes
         ]
         problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "not_enough_nodes",
+                f"{nodes} node(s) × {per_node} GPUs",
                 f"{nodes} node(s) × {per_node} GPUs needs {nodes} node(s) with {per_node} usable "
                 f"GPUs each; {len(fits)} of the {len(every)} node(s) do"
                 + (f" ({'; '.join(short)})" if short else ""),
@@ -214,21 +374,18 @@ def build_nodes_plan(
     for node in chosen:
         given = {g.nvml_index for g in node.gpus}
         warnings.extend(
-            Issue("gpu_caveat", f"node {node.node}: {reason}")
+            Problem("warn", "gpu_caveat", f"node {node.node}", f"node {node.node}: {p.message}")
             for c in by_name[node.node].pool
             if c.nvml_index in given and c.grade > 0
-            for reason in c.reasons
+            for p in c.problems
         )
-    mixed = _mixed_sizes(chosen)
-    if mixed is not None:
-        warnings.append(mixed)
-    batch = _batch(job, world)
+    if len({g.memory_total_bytes for n in chosen for g in n.gpus}) > 1:
+        why = "every rank holds the same micro batch, so the smallest decides"
+        message = f"the nodes' GPUs differ in size: {why}; the memory check uses it"
+        warnings.append(Problem("warn", "mixed_gpus", "nodes", message))
+    batch = check_job_batch(job, world)
     if batch is not None and not batch.ok:
-        nearest = tuple(
-            f"global_batch={o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
-            for o in batch.nearest
-        )
-        problems.append(Issue("batch", f"{world} ranks: {batch.reason}", nearest))
+        problems.append(batch_problem(batch, f"{world} ranks"))
     job, memory, memory_node = _memory(
         chosen, job, world, batch, problems=problems, warnings=warnings
     )
@@ -286,7 +443,7 @@ def _alternatives(
     for count, ranks, reason in shapes:
         note = ""
         alt_job = job
-        batch = _batch(job, count * ranks)
+        batch = check_job_batch(job, count * ranks)
         if batch is not None and not batch.ok and batch.nearest:
             new = min(batch.nearest, key=lambda o: abs(o.global_batch - (job.global_batch or 0)))
             alt_job = replace(job, global_batch=new.global_batch)

@@ -6,7 +6,9 @@ splits) and ``estimate`` (every memory term per GPU, and the largest micro batch
 fits the smallest GPU of a role), and turns their findings into problems,
 warnings and alternatives. An unusable GPU is never given a role: it is listed in
 ``excluded`` with its reason, and when the job cannot be placed without it the plan offers
-a smaller allocation (with a valid batch) and the steps that free the GPU.
+a smaller allocation (with a valid batch) and the steps that free the GPU: the same shape
+on fewer data-parallel replicas (biggest training role first, inference last), the
+nearest global batch the new data-parallel size divides, or the recoverable GPUs freed.
 
 Pure: the only outside call is the injected ``is_free`` port check. Never imports the
 inventory module, sockets, files, psutil or IPython.
@@ -14,30 +16,43 @@ inventory module, sockets, files, psutil or IPython.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
-from nbgpu.plan.alternatives import alternatives_for
-from nbgpu.plan.assign import assign, order_pool
 from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.candidates import Candidate
-from nbgpu.plan.colocate import colocation_issues, own_gpus, shared_groups
-from nbgpu.plan.job import Job, check_job_batch
-from nbgpu.plan.memcheck import auto_max_micro, memory_check, memory_issues
-from nbgpu.plan.planresult import Plan
-from nbgpu.plan.ports import PortChecker, pick_ports
+from nbgpu.plan.job import Job, batch_problem, check_job_batch
+from nbgpu.plan.memcheck import auto_max_micro, colocation_problems, memory_check, memory_problems
+from nbgpu.plan.placement import (
+    Candidate,
+    PortChecker,
+    assign,
+    excluded_gpus,
+    order_pool,
+    own_gpus,
+    pick_ports,
+    planned_gpus,
+    shared_groups,
+)
 from nbgpu.plan.result import (
+    Alternative,
     ExcludedGpu,
-    Issue,
     MemoryCheck,
-    PlannedGpu,
+    Plan,
     RolePlan,
 )
+from nbgpu.problems import Problem
 
-__all__ = ["build_plan", "gpu_span", "resolve_allocation"]
+__all__ = [
+    "alternatives_for",
+    "build_plan",
+    "gpu_span",
+    "nearest_batch",
+    "resolve_allocation",
+    "smaller_allocation",
+]
 
 
 def gpu_span(indices: Sequence[int]) -> str:
@@ -56,35 +71,13 @@ def resolve_allocation(job: Job, usable: int) -> Allocation:
     return Allocation((RoleSpec("train", "train", None, count),))
 
 
-def _excluded(candidates: Sequence[Candidate], exclude: Sequence[int]) -> list[ExcludedGpu]:
-    out = []
-    for c in candidates:
-        if c.nvml_index in exclude:
-            out.append(ExcludedGpu(c.nvml_index, c.uuid, "excluded", ("excluded by request",)))
-        elif not c.usable:
-            out.append(
-                ExcludedGpu(c.nvml_index, c.uuid, c.health, c.reasons, c.fixes, c.recoverable)
-            )
-    return out
-
-
 def _role_plans(
     allocation: Allocation, groups: list[list[Candidate]] | None, ports: Sequence[int]
 ) -> tuple[RolePlan, ...]:
     roles = []
     for n, spec in enumerate(allocation.roles):
         members = groups[n] if groups is not None else []
-        gpus = tuple(
-            PlannedGpu(
-                cuda_index=k,
-                nvml_index=c.nvml_index,
-                uuid=c.uuid,
-                name=c.name,
-                memory_total_bytes=c.memory_total_bytes,
-                memory_free_bytes=c.memory_free_bytes,
-            )
-            for k, c in enumerate(members)
-        )
+        gpus = planned_gpus(members)
         roles.append(
             RolePlan(
                 name=spec.name,
@@ -103,18 +96,23 @@ def _role_plans(
     return tuple(roles)
 
 
-def _batch(allocation: Allocation, job: Job, warnings: list[Issue]) -> BatchCheck | None:
-    asked = (job.global_batch, job.micro_batch, job.grad_accum)
+def _batch(allocation: Allocation, job: Job, warnings: list[Problem]) -> BatchCheck | None:
     trainers = allocation.train_roles
-    if not any(v is not None for v in asked):
+    if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
         return None
     if not trainers:
-        warnings.append(Issue("batch_unchecked", "no training role: the batch was not checked"))
+        warnings.append(
+            Problem(
+                "warn", "batch_unchecked", "batch", "no training role: the batch was not checked"
+            )
+        )
         return None
     if len(trainers) > 1:
         warnings.append(
-            Issue(
+            Problem(
+                "warn",
                 "batch_first_trainer",
+                "batch",
                 f"the batch was checked for role {trainers[0].name} only "
                 f"({len(trainers)} training roles)",
             )
@@ -122,15 +120,7 @@ def _batch(allocation: Allocation, job: Job, warnings: list[Issue]) -> BatchChec
     return check_job_batch(job, trainers[0].data_parallel)
 
 
-def _batch_issue(check: BatchCheck, role: str) -> Issue:
-    fixes = tuple(
-        f"global_batch={o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
-        for o in check.nearest
-    )
-    return Issue("batch", f"role {role}: {check.reason}", fixes)
-
-
-def _mixed_warning(role: RolePlan) -> Issue | None:
+def _mixed_warning(role: RolePlan) -> Problem | None:
     sizes = {g.memory_total_bytes for g in role.gpus}
     if len(sizes) < 2:
         return None
@@ -141,8 +131,10 @@ def _mixed_warning(role: RolePlan) -> Issue | None:
         if role.kind == "train"
         else "tensor-parallel shards are equal"
     )
-    return Issue(
+    return Problem(
+        "warn",
         "mixed_gpus",
+        f"role {role.name}",
         f"role {role.name} mixes GPU sizes ({listing}): {why}, so the smallest "
         f"(GPU {smallest.nvml_index}) decides what fits; the memory check uses it",
     )
@@ -152,8 +144,8 @@ def _role_checks(
     roles: Sequence[RolePlan],
     by_index: dict[int, Candidate],
     job: Job,
-    problems: list[Issue],
-    warnings: list[Issue],
+    problems: list[Problem],
+    warnings: list[Problem],
     *,
     batch: BatchCheck | None = None,
 ) -> list[MemoryCheck]:
@@ -166,7 +158,10 @@ def _role_checks(
             cand = by_index[gpu.nvml_index]
             if cand.grade > 0:
                 warnings.extend(
-                    Issue("gpu_caveat", f"role {role.name}: {reason}") for reason in cand.reasons
+                    Problem(
+                        "warn", "gpu_caveat", f"role {role.name}", f"role {role.name}: {p.message}"
+                    )
+                    for p in cand.problems
                 )
         mixed = _mixed_warning(role)
         if mixed is not None:
@@ -174,7 +169,7 @@ def _role_checks(
         if job.model is not None:
             check = memory_check(role, job, batch)
             memory.append(check)
-            memory_issues(check, role, job, problems, warnings)
+            memory_problems(check, role, job, problems, warnings)
     return memory
 
 
@@ -213,17 +208,19 @@ def build_plan(
             f"{allocation.gpu_count} GPUs but this box has {len(candidates)} (GPUs {span}); "
             f"use at most {len(candidates)}"
         )
-    problems: list[Issue] = []
-    warnings: list[Issue] = []
-    excluded = _excluded(candidates, job.exclude)
+    problems: list[Problem] = []
+    warnings: list[Problem] = []
+    excluded = excluded_gpus(candidates, job.exclude)
     required_bad = [i for i in job.require if not by_index[i].usable]
     for i in required_bad:
         c = by_index[i]
         problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "required_gpu_unusable",
-                f"GPU {i} is required but unusable ({c.health}): {c.reasons[0]}",
-                c.fixes[:2],
+                f"GPU {i}",
+                f"GPU {i} is required but unusable ({c.health}): {c.problems[0].message}",
+                tuple(fix for p in c.problems for fix in p.fixes)[:2],
             )
         )
     require_ok = [i for i in job.require if i not in required_bad]
@@ -235,8 +232,10 @@ def build_plan(
     if groups is None:
         left_out = "; ".join(f"GPU {e.nvml_index}: {e.health}" for e in excluded)
         problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "not_enough_gpus",
+                allocation.text,
                 f"{allocation.text} needs {allocation.gpu_count} GPUs but only {len(usable)} of "
                 f"{len(candidates)} are usable" + (f" ({left_out})" if left_out else ""),
             )
@@ -248,8 +247,10 @@ def build_plan(
         )
         if len(ports) < len(allocation.roles):
             problems.append(
-                Issue(
+                Problem(
+                    "bad",
                     "no_free_port",
+                    "ports",
                     f"found {len(ports)} free ports from {job.base_port} for "
                     f"{len(allocation.roles)} roles",
                     ("pass another base_port=",),
@@ -259,15 +260,15 @@ def build_plan(
     job = auto_max_micro(roles, job, warnings)
     batch = _batch(allocation, job, warnings)
     if batch is not None and not batch.ok:
-        problems.append(_batch_issue(batch, allocation.train_roles[0].name))
+        problems.append(batch_problem(batch, f"role {allocation.train_roles[0].name}"))
     memory = _role_checks(roles, by_index, job, problems, warnings, batch=batch)
-    colocation_issues(roles, memory, problems, warnings)
+    colocation_problems(roles, memory, problems, warnings)
     plan = Plan(
         allocation=allocation.text,
         roles=roles,
         problems=tuple(problems),
         warnings=tuple(warnings),
-        excluded=tuple(excluded),
+        excluded=excluded,
         batch=batch,
         memory=tuple(memory),
         alternatives=(),
@@ -286,7 +287,92 @@ def build_plan(
                 candidates, changed, fleet=fleet, simulated=simulated, is_free=is_free,
                 taken_ports=taken_ports, alternatives=False,
             ),
-            batch_of=lambda alloc, changed: _batch(alloc, changed, []),
         )  # fmt: skip
         plan = replace(plan, alternatives=alts)
     return plan
+
+
+# ------------------------------------------------------------------ alternatives
+
+
+def smaller_allocation(allocation: Allocation, usable: int) -> Allocation | None:
+    # Shrink the data-parallel degree, biggest training role first, inference last: the
+    # job keeps its shape (tensor/pipeline degrees) and only runs on fewer replicas.
+    if allocation.colocated:
+        return None  # colocated roles shrink together; the user picks the new shape
+    order = sorted(allocation.roles, key=lambda r: (r.kind != "train", -r.gpu_count))
+    alloc = allocation
+    for spec in order:
+        current = next(r for r in alloc.roles if r.name == spec.name)
+        room = usable - (alloc.gpu_count - current.gpu_count)
+        per_replica = current.world_size // current.data_parallel
+        degree = min(current.data_parallel, room // per_replica)
+        if degree >= 1:
+            alloc = alloc.with_data_parallel(spec.name, degree)
+        if alloc.gpu_count <= usable:
+            return alloc
+    return None
+
+
+def nearest_batch(check: BatchCheck) -> int | None:
+    if check.global_batch is None or not check.nearest:
+        return None
+    wanted = check.global_batch
+    return min((abs(o.global_batch - wanted), o.global_batch) for o in check.nearest)[1]
+
+
+def alternatives_for(
+    job: Job,
+    *,
+    allocation: Allocation,
+    usable: int,
+    excluded: Sequence[ExcludedGpu],
+    required_bad: list[int],
+    sub_plan: Callable[[Job], Plan],
+) -> tuple[Alternative, ...]:
+    """Plans that would work: *sub_plan* plans a changed job (without alternatives of its own)."""
+    out = []
+    keep_require = tuple(i for i in job.require if i not in required_bad)
+
+    smaller = smaller_allocation(allocation, usable) if allocation.gpu_count > usable else None
+    if smaller is not None:
+        alt_job = replace(job, allocation=smaller, num_gpus=None, require=keep_require)
+        note = ""
+        batch = _batch(smaller, alt_job, [])
+        if batch is not None and not batch.ok:
+            new_batch = nearest_batch(batch)
+            if new_batch is not None:
+                alt_job = replace(alt_job, global_batch=new_batch)
+                note = f", global batch {new_batch} instead of {job.global_batch}"
+        alt = sub_plan(alt_job)
+        gpus = " | ".join(r.cuda_visible_devices for r in alt.roles if r.gpus)
+        out.append(
+            Alternative(
+                title=f"{smaller.text} on GPUs {gpus}{note}",
+                reason=f"fits the {usable} usable GPUs with the same per-role shape",
+                plan=alt,
+            )
+        )
+    elif required_bad and allocation.gpu_count <= usable:
+        alt = sub_plan(replace(job, require=keep_require))
+        out.append(
+            Alternative(
+                title=f"leave GPU {','.join(map(str, required_bad))} out of require",
+                reason="the other usable GPUs can take its place",
+                plan=alt,
+            )
+        )
+    recoverable = [e for e in excluded if e.recoverable]
+    if recoverable:
+        fixes: list[str] = []
+        for e in recoverable:
+            fixes.extend(f for f in e.fixes[:2] if f not in fixes)
+        ids = ",".join(str(e.nvml_index) for e in recoverable)
+        out.append(
+            Alternative(
+                title=f"free GPU {ids} first, then plan again",
+                reason="; ".join(f"GPU {e.nvml_index}: {e.health}" for e in recoverable),
+                fixes=tuple(fixes),
+            )
+        )
+    return tuple(out)

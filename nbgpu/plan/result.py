@@ -1,31 +1,50 @@
 """What a plan is: roles on physical GPUs, with ports, problems, warnings and alternatives.
 
-A :class:`Plan` is data, frozen, JSON round-trippable (:func:`plan_from_dict`), and renders
-as text, HTML and a pandas frame through the ``Result`` mixin. Launchers read the fields
-documented on :class:`Plan` and :class:`RolePlan`; everything else is for people.
+A :class:`Plan` is data, frozen, JSON round-trippable (a plan file, ``nbgpu plan
+--json``, for ``nbgpu run --plan``; ``api.plan_from_json`` reads it), and renders as text, HTML and a
+pandas frame through the ``Result`` mixin. Launchers read the fields documented on
+:class:`Plan` and :class:`RolePlan`; everything else is for people.
 
-Pure: imports the result helpers of ``nbgpu._render``, ``serial`` and ``batch``; never the
-inventory, sockets or files.
+Pure: imports the result helpers of ``nbgpu._render``, ``_serial`` and ``batch``; never
+the inventory, sockets or files.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from nbgpu._render import fix_html, fixes_html, wrap
+from nbgpu._render import (
+    Blank,
+    Block,
+    Bullets,
+    Line,
+    Problems,
+    Result,
+    Section,
+    Table,
+    Title,
+    fmt_bytes,
+    simulated_label,
+)
+from nbgpu._serial import to_data
 from nbgpu.plan.allocation import degrees_text
+from nbgpu.plan.batch import BatchCheck
+from nbgpu.problems import Problem
 
 __all__ = [
+    "PLAN_FILE_FORMAT",
+    "Alternative",
     "ExcludedGpu",
-    "Issue",
     "MemoryCheck",
     "MemoryLine",
+    "Plan",
     "PlannedGpu",
     "RolePlan",
-    "fit_title",
-    "notes_html",
-    "notes_text",
+    "alternative_blocks",
+    "plan_title",
+    "problem_blocks",
 ]
 
 #: The address every role's rendezvous uses: plans are for one node.
@@ -35,24 +54,25 @@ TIGHT_SHARE = 0.8
 
 
 @dataclass(frozen=True)
-class Issue:
-    """A problem (blocks the plan) or a warning, with its reason and what to do."""
-
-    code: str  # stable id: "not_enough_gpus", "batch", "memory", "gpu_unusable", ...
-    message: str  # the reason, one sentence naming the values involved
-    fixes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class ExcludedGpu:
-    """A GPU the plan does not use, and why."""
+    """A GPU the plan does not use, and why: the doctor's problems with it, and their fixes."""
 
     nvml_index: int
     uuid: str | None
     health: str  # short, as in the status table: "BUSY: dead holder", "excluded"
-    reasons: tuple[str, ...]
-    fixes: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()
     recoverable: bool = False  # usable again once its holder is freed or it is reset
+
+    # Plan files before the problems had these two keys; scripts may still read them.
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("reasons", "fixes")
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(p.message for p in self.problems)
+
+    @property
+    def fixes(self) -> tuple[str, ...]:
+        return tuple(fix for p in self.problems for fix in p.fixes)
 
 
 @dataclass(frozen=True)
@@ -193,28 +213,232 @@ class MemoryCheck:
         )
 
 
-def fit_title(title: str) -> str:
-    """A title for 80 columns: a long fleet spec goes on its own line."""
-    if len(title) <= 80 or " on " not in title:
-        return title
-    head, _, tail = title.partition(" on ")
-    return f"{head}\n  on {tail}"
+def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -> Title:
+    """``nbgpu plan — WHAT on SIMULATED fleet 'F' · ready``: every plan's headline; a long
+    fleet spec goes on its own line (80 columns)."""
+    source = simulated_label(fleet) if simulated else f"host {fleet}"
+    title = f"nbgpu {kind} — {what} on {source} · {'ready' if ok else 'NOT READY'}"
+    if len(title) > 80:
+        head, _, tail = title.partition(" on ")
+        title = f"{head}\n  on {tail}"
+    return Title(title, simulated=simulated)
 
 
-def notes_text(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> list[str]:
-    lines = []
-    for mark, issues in (("!! ", problems), ("!  ", warnings)):
-        for issue in issues:
-            lines.append(wrap(issue.message, mark))
-            lines.extend(wrap(fix, "     fix: ") for fix in issue.fixes)
-    return lines
+def problem_blocks(*problems: Sequence[Problem]) -> list[Block]:
+    """Problems and warnings, each with its fixes, after a blank line (nothing when none)."""
+    every = [p for group in problems for p in group]
+    return [Blank(), Problems(every)] if every else []
 
 
-def notes_html(problems: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> str:
-    """Problems and warnings as one list, each issue's fixes a sub-list under it."""
-    items = []
-    for level, issues in (("bad", problems), ("warn", warnings)):
-        for issue in issues:
-            sub = fixes_html(issue.fixes)
-            items.append(f'<li class="{level}">{fix_html(issue.message)}{sub}</li>')
-    return f"<ul>{''.join(items)}</ul>" if items else ""
+def alternative_blocks(alternatives: Sequence[tuple[str, Sequence[str]]]) -> list[Block]:
+    """What would work instead, numbered once, each with its steps nested under it."""
+    if not alternatives:
+        return []
+    return [
+        Line("alternatives:"),
+        *(
+            Section([Line(f"{n}. {head}", indent="  "), Bullets(steps, marker="       ")])
+            for n, (head, steps) in enumerate(alternatives, 1)
+        ),
+    ]
+
+
+#: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
+PLAN_FILE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """Another way to run the job when this plan cannot: a ready plan, or steps first."""
+
+    title: str
+    reason: str
+    fixes: tuple[str, ...] = ()
+    plan: Plan | None = None
+
+    @property
+    def status(self) -> str:
+        if self.plan is None:
+            return ""
+        return " — ready" if self.plan.ok else " — also blocked"
+
+
+@dataclass(frozen=True)
+class Plan(Result):
+    """A launchable answer: which GPUs each role gets, in what order, on which port.
+
+    What launchers read (``%%torchrun --plan p``, ``nbgpu run --plan FILE``):
+
+    - ``ok``: no blocking problem; launch only then.
+    - ``roles``: per role ``name``, ``kind``, ``gpus`` (each with ``nvml_index``, ``uuid``
+      and ``cuda_index``, the logical order), ``nvml_indices``, ``uuids``,
+      ``cuda_visible_devices`` (NVML indices in order; valid with
+      ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), ``nproc_per_node``, ``master_port`` and ``env``
+      (the variables to set, including ``CUDA_DEVICE_ORDER``).
+    - ``cuda_visible_devices``: all roles' GPUs in role order, for launchers that take
+      one list and split it by position (AReaL): logical device 0 is the first role's.
+    - ``problems`` (blocking) and ``warnings``: each a ``nbgpu.problems.Problem`` with ``code``,
+      ``message`` (the reason) and ``fixes``.
+
+    Also: ``excluded`` (GPUs left out, and why), ``batch`` (divisibility, nearest valid
+    values, micro/accumulation splits), ``memory`` (per-GPU model states versus free
+    memory), ``alternatives`` (ready plans or steps when this one cannot run).
+    """
+
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("ok", "cuda_visible_devices")
+
+    allocation: str  # canonical allocation: "sglang.d1t1p1+d3t1p1"
+    roles: tuple[RolePlan, ...]
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
+    excluded: tuple[ExcludedGpu, ...]
+    batch: BatchCheck | None
+    memory: tuple[MemoryCheck, ...]
+    alternatives: tuple[Alternative, ...]
+    fleet: str  # where the inventory came from: host name or fleet name
+    simulated: bool
+    name: str | None = None  # a sweep's run name ("run0")
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def simulated_fleet(self) -> str | None:
+        return self.fleet if self.simulated else None
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        # A colocated role runs on GPUs already listed: each GPU appears once.
+        return ",".join(
+            r.cuda_visible_devices for r in self.roles if r.gpus and r.colocated_with is None
+        )
+
+    def role(self, name: str) -> RolePlan:
+        for role in self.roles:
+            if role.name == name:
+                return role
+        raise KeyError(f"{name!r}: roles are {', '.join(r.name for r in self.roles)}")
+
+    # -- rendering ---------------------------------------------------------------
+
+    def _role_table(self) -> Table:
+        table = Table(["role", "kind", "degrees", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port"])
+        for r in self.roles:
+            port = "-" if r.master_port is None else r.master_port
+            table.add(r.name, r.kind, r.degrees, r.cuda_visible_devices or "-", r.nproc_per_node,
+                      port, level="" if r.gpus else "bad")  # fmt: skip
+        return table
+
+    def _gpu_table(self) -> Table:
+        table = Table(["role", "cuda", "GPU", "name", "free", "UUID"], flex=5)
+        for r in self.roles:
+            for g in r.gpus:
+                name = (g.name or "-").replace("NVIDIA ", "")
+                table.add(r.name, g.cuda_index, g.nvml_index, name,
+                          fmt_bytes(g.memory_free_bytes), g.uuid or "-")  # fmt: skip
+        return table
+
+    def _memory_table(self) -> Table:
+        table = Table(["role", "term", "per GPU", "formula"], flex=3)
+        for m in self.memory:
+            for line in m.lines:
+                table.add(m.role, line.component, fmt_bytes(line.bytes_per_gpu), line.formula)
+            for missing in m.not_estimated:
+                name, _, why = missing.partition(" (")
+                table.add(m.role, name, "?", why.rstrip(")"), level="warn")
+            free = (
+                "free: ?"
+                if m.available_bytes is None
+                else f"free {fmt_bytes(m.available_bytes)} on GPU {m.deciding_gpu}"
+            )
+            fits = {True: "fits", False: "does NOT fit", None: "not compared"}[m.fits]
+            level = "bad" if m.fits is False else ("warn" if m.tight else "")
+            table.add(m.role, "total", fmt_bytes(m.needed_bytes), f"{fits}: {free}", level=level)
+        return table
+
+    def _memory_lines(self) -> list[Block]:
+        lines: list[Block] = [Line(m.accounting, label=f"memory {m.role}") for m in self.memory]
+        for m in self.memory:
+            if len(m.gpu_free) > 1:
+                each = ", ".join(f"GPU {i} {fmt_bytes(b)}" for i, b in m.gpu_free)
+                lines.append(Line(f"{each} (the smallest decides)", label=f"free memory {m.role}"))
+            if m.max_micro_batch is not None:
+                lines.append(
+                    Line(
+                        f"{m.max_micro_batch} within GPU {m.deciding_gpu}'s free memory "
+                        "(computed from the estimate, no trials)",
+                        label=f"largest micro batch {m.role}",
+                    )
+                )
+        if any(m.not_estimated for m in self.memory):
+            lines.append(
+                Line(
+                    "memory terms marked ? need the model's shape (a name such as "
+                    "'Qwen/Qwen2.5-7B-Instruct' or an HF config.json) and seq_len",
+                    indent="  ",
+                )
+            )
+        return lines
+
+    def _footer(self) -> list[Block]:
+        lines: list[Block] = []
+        if self.batch is not None and self.batch.ok:
+            lines.append(Line(self.batch.summary, label="batch"))
+        if self.memory:
+            lines += self._memory_lines()
+        elif self.roles and self.roles[0].gpus:
+            lines.append(Line("not checked (pass model= to compare with free memory)",
+                              label="memory"))  # fmt: skip
+        if self.cuda_visible_devices and len(self.roles) > 1:
+            first = self.roles[0]
+            lines.append(
+                Line(
+                    f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices} (logical device 0 = GPU "
+                    f"{first.nvml_indices[0]}, role {first.name})",
+                    label="one-list form",
+                )
+            )
+        if any(r.gpus for r in self.roles):
+            lines.append(
+                Line("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
+            )
+        return lines
+
+    def content(self) -> list[Block]:
+        run = f"{self.name}: " if self.name else ""
+        blocks: list[Block] = [
+            plan_title("plan", f"{run}{self.allocation}", self.fleet, simulated=self.simulated,
+                       ok=self.ok),
+            self._role_table(),
+        ]  # fmt: skip
+        if any(r.gpus for r in self.roles):
+            blocks.append(self._gpu_table())
+        if self.excluded:
+            left = [f"GPU {e.nvml_index} ({e.health}): " + " ".join(p.message for p in e.problems)
+                    for e in self.excluded]  # fmt: skip
+            blocks.append(Bullets(left, title="left out:", marker="  "))
+        blocks += self._footer()
+        if self.memory:
+            blocks.append(self._memory_table())
+        blocks += problem_blocks(self.problems, self.warnings)
+        return blocks + alternative_blocks(
+            [(f"{a.title}{a.status}: {a.reason}", a.fixes) for a in self.alternatives]
+        )
+
+    # -- data --------------------------------------------------------------------
+
+    def records(self) -> list[dict[str, Any]]:
+        rows = []
+        for r in self.roles:
+            base = {"plan": self.name, "role": r.name, "kind": r.kind, "degrees": r.degrees,
+                    "nproc_per_node": r.nproc_per_node, "master_port": r.master_port,
+                    "cuda_visible_devices": r.cuda_visible_devices, "ok": self.ok,
+                    "simulated": self.simulated}  # fmt: skip
+            if not r.gpus:
+                rows.append({**base, "cuda_index": None, "nvml_index": None, "uuid": None})
+            rows.extend({**base, **to_data(g)} for g in r.gpus)
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = to_data(self)
+        return {"nbgpu_plan": PLAN_FILE_FORMAT, **data}

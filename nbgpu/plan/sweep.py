@@ -19,30 +19,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table, title_html
-from nbgpu._serial import from_data, to_data
+from nbgpu._render import Block, Line, Result, Table
+from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
-from nbgpu.plan.assign import assign, order_pool
-from nbgpu.plan.candidates import Candidate
 from nbgpu.plan.job import Job
+from nbgpu.plan.placement import Candidate, PortChecker, assign, excluded_gpus, order_pool
 from nbgpu.plan.planner import build_plan, gpu_span
-from nbgpu.plan.planresult import Plan, plan_from_dict
-from nbgpu.plan.ports import PortChecker
 from nbgpu.plan.result import (
+    PLAN_FILE_FORMAT,
     ExcludedGpu,
-    Issue,
-    fit_title,
-    notes_html,
-    notes_text,
+    Plan,
+    plan_title,
+    problem_blocks,
 )
+from nbgpu.problems import Problem
 
-__all__ = ["SWEEP_FORMAT", "SweepPlan", "build_sweep", "sweep_from_dict"]
-
-SWEEP_FORMAT = 1
+__all__ = ["SweepPlan", "build_sweep"]
 
 
 @dataclass(frozen=True)
@@ -54,8 +49,8 @@ class SweepPlan(Result):
     gpus_per_run: int
     allocation: str  # of each run
     excluded: tuple[ExcludedGpu, ...]
-    problems: tuple[Issue, ...]
-    warnings: tuple[Issue, ...]
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
     fleet: str
     simulated: bool
     share: bool = False  # runs may be placed on GPUs other jobs are using
@@ -68,14 +63,6 @@ class SweepPlan(Result):
     def runs_ready(self) -> int:
         """How many of the planned runs can start now."""
         return sum(1 for r in self.runs if r.ok)
-
-    def _title(self) -> str:
-        source = f"SIMULATED fleet '{self.fleet}'" if self.simulated else f"host {self.fleet}"
-        verdict = "ready" if self.ok else "NOT READY"
-        return (
-            f"nbgpu plan sweep — {len(self.runs)} runs × {self.gpus_per_run} GPUs "
-            f"({self.allocation}) on {source} · {verdict}"
-        )
 
     def _table(self) -> Table:
         table = Table(["run", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port", "ready"])
@@ -90,7 +77,7 @@ class SweepPlan(Result):
             )
         return table
 
-    def _issues(self) -> tuple[tuple[Issue, ...], tuple[Issue, ...]]:
+    def _problems(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
         # Every run carries the same batch verdict: say it once.
         problems = list(self.problems)
         warnings = list(self.warnings)
@@ -105,28 +92,18 @@ class SweepPlan(Result):
             )
         return tuple(problems), tuple(warnings)
 
-    def text(self) -> str:
-        lines = [fit_title(self._title()), self._table().text()]
-        if self.excluded:
-            lines.append(
-                "left out: " + "; ".join(f"GPU {e.nvml_index} ({e.health})" for e in self.excluded)
-            )
-        if self.runs:
-            lines.append("each run is a Plan: sweep.runs[i] (env, ports and GPUs per role)")
-        notes = notes_text(*self._issues())
-        if notes:
-            lines.append("")
-            lines.extend(notes)
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        title = title_html(self._title(), simulated=self.simulated)
-        parts = [f"<b>{title}</b>", self._table().html()]
+    def content(self) -> list[Block]:
+        what = f"{len(self.runs)} runs × {self.gpus_per_run} GPUs ({self.allocation})"
+        blocks: list[Block] = [
+            plan_title("plan sweep", what, self.fleet, simulated=self.simulated, ok=self.ok),
+            self._table(),
+        ]
         if self.excluded:
             left = "; ".join(f"GPU {e.nvml_index} ({e.health})" for e in self.excluded)
-            parts.append(f"<div>left out: {escape(left)}</div>")
-        parts.append(notes_html(*self._issues()))
-        return "".join(parts)
+            blocks.append(Line(left, label="left out"))
+        if self.runs:
+            blocks.append(Line("each run is a Plan: sweep.runs[i] (env, ports and GPUs per role)"))
+        return blocks + problem_blocks(*self._problems())
 
     def records(self) -> list[dict[str, Any]]:
         return [row for run in self.runs for row in run.records()]
@@ -137,7 +114,7 @@ class SweepPlan(Result):
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = to_data(self)
         data["runs"] = [run.to_dict() for run in self.runs]
-        return {"nbgpu_sweep": SWEEP_FORMAT, "ok": self.ok, **data}
+        return {"nbgpu_sweep": PLAN_FILE_FORMAT, "ok": self.ok, **data}
 
 
 IN_USE = "gpus_in_use"
@@ -166,20 +143,22 @@ def _in_use_text(cands: Sequence[Candidate]) -> str:
 
 def _mark_in_use(
     plans: list[Plan], by_index: dict[int, Candidate], requested: int | None
-) -> list[Issue]:
+) -> list[Problem]:
     """Runs on GPUs other jobs use are not ready; one sweep-level problem says how many fit."""
     shared: list[tuple[int, list[Candidate]]] = []
     for n, plan in enumerate(plans):
         busy = [by_index[i] for r in plan.roles for i in r.nvml_indices if by_index[i].in_use]
         if busy:
             shared.append((n, busy))
-            issue = Issue(
+            problem = Problem(
+                "bad",
                 IN_USE,
+                plan.name or f"run{n}",
                 f"{plan.name}: its GPUs run other jobs ({_in_use_text(busy)}); the run would "
                 "share their compute and memory",
                 ("share=True",),
             )
-            plans[n] = replace(plan, problems=(*plan.problems, issue))
+            plans[n] = replace(plan, problems=(*plan.problems, problem))
     if not shared:
         return []
     names = ", ".join(plans[n].name or f"run{n}" for n, _ in shared)
@@ -189,26 +168,16 @@ def _mark_in_use(
     fit_now = sum(1 for p in plans if p.ok)
     fixes = (f"runs={fit_now}",) if fit_now else ()
     return [
-        Issue(
+        Problem(
+            "bad",
             IN_USE,
+            "sweep",
             f"{fit_now} of {requested or len(plans)} runs fit on free GPUs now; {names} would "
             f"share GPUs with other jobs ({_in_use_text(busy_all)}), their compute and "
             "memory: wait for those jobs, or share",
             (*fixes, "share=True"),
         )
     ]
-
-
-def sweep_from_dict(data: Any) -> SweepPlan:
-    """Rebuild a :class:`SweepPlan` from ``SweepPlan.to_dict()``."""
-    if not isinstance(data, dict) or data.get("nbgpu_sweep") != SWEEP_FORMAT:
-        raise UserInputError(f"sweep JSON: expected an object with nbgpu_sweep = {SWEEP_FORMAT}")
-    runs = data.get("runs")
-    if not isinstance(runs, list):
-        raise UserInputError("sweep JSON: top level has no list 'runs'")
-    rest = {k: v for k, v in data.items() if k != "runs"}
-    skeleton = from_data(SweepPlan, {**rest, "runs": []}, prefix="sweep JSON")
-    return replace(skeleton, runs=tuple(plan_from_dict(r) for r in runs))
 
 
 def build_sweep(
@@ -263,22 +232,18 @@ def build_sweep(
         )
     scope = [c for c in candidates if (not pool or c.nvml_index in pool)]
     considered = [c for c in scope if c.nvml_index not in job.exclude]
-    excluded = tuple(
-        ExcludedGpu(c.nvml_index, c.uuid, "excluded", ("excluded by request",))
-        if c.nvml_index in job.exclude
-        else ExcludedGpu(c.nvml_index, c.uuid, c.health, c.reasons, c.fixes, c.recoverable)
-        for c in scope
-        if c.nvml_index in job.exclude or not c.usable
-    )
+    excluded = excluded_gpus(scope, job.exclude)
     ordered = order_pool(considered)
-    warnings: list[Issue] = []
+    warnings: list[Problem] = []
     if runs is None and not share:
         in_use = [c for c in ordered if c.in_use]
         if in_use:
             ordered = [c for c in ordered if not c.in_use]
             warnings.append(
-                Issue(
+                Problem(
+                    "warn",
                     IN_USE,
+                    "sweep",
                     f"left out, in use by other jobs: {_in_use_text(in_use)}; runs there "
                     "would share their compute and memory",
                     ("share=True",),
@@ -293,8 +258,10 @@ def build_sweep(
         if job.allocation is None and runs and len(ordered) // runs >= 1:
             fixes.append(f"gpus_per_run={len(ordered) // runs}")
         problems.append(
-            Issue(
+            Problem(
+                "bad",
                 "not_enough_gpus",
+                "sweep",
                 f"{runs or 1} runs × {per_run} GPUs need {(runs or 1) * per_run} usable GPUs; "
                 f"{len(ordered)} usable" + (f" ({left_out})" if left_out else ""),
                 tuple(fixes),

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from nbgpu.devices.inventory import take_inventory
 from nbgpu.plan import NodesPlan, ScalePlan, SweepPlan
 
-VAGEN = Path(__file__).parents[1] / "plan" / "configs" / "vagen_2gpu.sh"
+VAGEN = Path(__file__).parents[1] / "scale" / "configs" / "vagen_2gpu.sh"
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@ import os
 from dataclasses import replace
 
 from nbgpu.devices.health import ProbeReport, ProbeResult
-from nbgpu.plan.candidates import candidates_from_inventory
+from nbgpu.plan.placement import candidates_from_inventory
 
 
 def _by_index(inv):
@@ -14,8 +14,8 @@ def test_busy_gpu0_busy_gpu_is_unusable_and_recoverable(inventory):
     busy = cands[0]
     assert not busy.usable
     assert busy.recoverable
-    assert "busy or unavailable" in busy.reasons[0]
-    assert any("gpu-reset" in f for f in busy.fixes)
+    assert "busy or unavailable" in busy.problems[0].message
+    assert any("gpu-reset" in f for p in busy.problems for f in p.fixes)
     assert all(cands[i].usable and cands[i].grade == 0 for i in (1, 2, 3))
 
 
@@ -31,7 +31,7 @@ def test_warnings_leave_a_gpu_usable_with_caveats(inventory):
     cands = _by_index(inventory("other-namespace"))
     assert cands[0].usable
     assert cands[0].grade == 1
-    assert "not in this PID namespace" in cands[0].reasons[0]
+    assert "not in this PID namespace" in cands[0].problems[0].message
 
 
 def test_exclusive_gpu_held_by_a_live_process_is_unusable(inventory):

@@ -1,4 +1,4 @@
-"""plan/ is pure: what each module may import, what it must say about itself."""
+"""plan/, estimate/ and scale/ are pure: what each module may import, what it says of itself."""
 
 import ast
 import importlib
@@ -9,11 +9,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbgpu.estimate
 import nbgpu.plan
+import nbgpu.scale
 
-PACKAGE = Path(nbgpu.plan.__file__).parent
+PACKAGES = ("nbgpu.plan", "nbgpu.estimate", "nbgpu.scale")
 MODULES = sorted(
-    ["nbgpu.plan"] + [m.name for m in pkgutil.walk_packages([str(PACKAGE)], prefix="nbgpu.plan.")]
+    [*PACKAGES]
+    + [
+        m.name
+        for package in PACKAGES
+        for m in pkgutil.walk_packages(
+            [str(Path(importlib.import_module(package).__file__).parent)], prefix=f"{package}."
+        )
+    ]
 )
 NEVER = {"IPython", "ipywidgets", "matplotlib", "pynvml", "psutil", "subprocess", "torch"}
 
@@ -32,9 +41,10 @@ def _path(module: str) -> Path:
     return Path(importlib.import_module(module).__file__)
 
 
-# trace.py runs a fake-tensor step: the one plan module that imports torch. Only
-# estimate.py may import it, inside the function that traces a module (tested below).
-ALLOWED = {"nbgpu.plan.trace": {"torch"}, "nbgpu.plan.measure": {"torch"}}
+# trace.py runs a fake-tensor step and measure.py a real CPU one: the modules that import
+# torch. Others import them inside the function that needs them only (tested below).
+TORCH = ("nbgpu.estimate.trace", "nbgpu.estimate.measure")
+ALLOWED = {module: {"torch"} for module in TORCH}
 
 
 def test_no_plan_module_imports_processes_hardware_or_notebook_code():
@@ -45,20 +55,20 @@ def test_no_plan_module_imports_processes_hardware_or_notebook_code():
 
 def test_trace_is_imported_lazily_only():
     for module in MODULES:
-        if module in ("nbgpu.plan.trace", "nbgpu.plan.measure"):
+        if module in TORCH:
             continue
         tree = ast.parse(_path(module).read_text())
         top = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module]
-        assert all(n.module != "nbgpu.plan.trace" for n in top), module
+        assert all(n.module not in TORCH for n in top), module
 
 
 def test_only_ports_binds_sockets_and_only_files_reads_files():
     for module in MODULES:
         source = _path(module).read_text()
         if "socket" in _imports(_path(module)):
-            assert module == "nbgpu.plan.ports", module
-        # hfconfig.py reads the one HF config.json a user names (read_hf_config).
-        if module not in ("nbgpu.plan.files", "nbgpu.plan.hfconfig"):
+            assert module == "nbgpu.plan.placement", module
+        # shapes.py reads the one HF config.json a user names (read_hf_config).
+        if module not in ("nbgpu.scale.files", "nbgpu.estimate.shapes"):
             assert ".read_text(" not in source, module
             assert "open(" not in source, module
 
@@ -83,15 +93,16 @@ def test_all_lists_every_public_definition():
         assert public <= set(mod.__all__), f"{module}: {public - set(mod.__all__)}"
 
 
-def test_the_package_itself_is_callable():
+def test_the_packages_themselves_are_callable():
     assert type(nbgpu.plan).__name__ == "_CallablePlanModule"
-    assert nbgpu.plan.__call__ is not None
     assert inspect.signature(type(nbgpu.plan).__call__) == inspect.signature(nbgpu.plan.plan)
+    call = type(nbgpu.estimate).__call__
+    assert inspect.signature(call) == inspect.signature(nbgpu.estimate.estimate_memory)
 
 
 def test_importing_plan_stays_light():
     script = (
-        "import json, sys, nbgpu.plan, nbgpu.plan.estimate, nbgpu.plan.models; "
+        "import json, sys, nbgpu.plan, nbgpu.estimate; "
         "print(json.dumps([m for m in ('torch', 'pynvml', 'psutil', 'pandas', 'IPython') "
         "if m in sys.modules]))"
     )

@@ -4,7 +4,7 @@ import pytest
 
 import nbgpu.plan
 from nbgpu.errors import UserInputError
-from nbgpu.plan.estimate import estimate
+from nbgpu.estimate import estimate
 
 from .conftest import all_free
 
@@ -32,7 +32,7 @@ def test_busy_gpu0_busy_gpu0_and_batch_8_on_3_trainers(inventory):
     assert "global_batch=9" in p.problems[1].fixes[1]
     # GPU 0 is never given out silently: it is listed with its reason.
     assert [e.nvml_index for e in p.excluded] == [0]
-    assert "busy or unavailable" in p.excluded[0].reasons[0]
+    assert "busy or unavailable" in p.excluded[0].problems[0].message
     assert all(not r.gpus for r in p.roles)
     smaller, free_first = p.alternatives
     assert smaller.plan is not None

@@ -1,6 +1,6 @@
 import socket
 
-from nbgpu.plan.ports import pick_ports, port_is_free
+from nbgpu.plan.placement import pick_ports, port_is_free
 
 
 def test_pick_ports_skips_taken_and_busy_ports():

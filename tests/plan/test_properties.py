@@ -14,7 +14,7 @@ import nbgpu.plan
 from nbgpu.devices.inventory import take_inventory
 from nbgpu.errors import UserInputError
 from nbgpu.plan import Plan, plan_from_json
-from nbgpu.plan.candidates import candidates_from_inventory
+from nbgpu.plan.placement import candidates_from_inventory
 
 ENV = {
     k: v

@@ -89,7 +89,8 @@ def test_text_fits_80_columns_and_labels_simulation(busy_gpu0_plan):
 
 def test_html_and_frame(busy_gpu0_plan):
     html = busy_gpu0_plan.alternatives[0].plan._repr_mimebundle_()["text/html"]
-    assert '<span class="nbgpu-sim">SIMULATED</span>' in html
+    assert 'class="nbgpu-sim"' in html
+    assert ">SIMULATED</span>" in html
     assert "GPU-" in html  # UUIDs are shown in the notebook
     frame = busy_gpu0_plan.alternatives[0].plan.to_frame()
     assert list(frame["nvml_index"]) == [1, 2, 3]
@@ -101,3 +102,33 @@ def test_plan_files_that_say_verdict_still_load(busy_gpu0_plan):
     text = busy_gpu0_plan.to_json().replace('"health":', '"verdict":')
     assert '"verdict":' in text
     assert plan_from_json(text) == busy_gpu0_plan
+
+
+def _older(data):
+    """A plan file as 0.1 wrote it: issues without severity or subject, reasons and fixes."""
+    if isinstance(data, list):
+        return [_older(item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    out = {key: _older(value) for key, value in data.items()}
+    if "nvml_index" in out and "problems" in out:
+        problems = out.pop("problems")
+        out["reasons"] = [p["message"] for p in problems]
+        out["fixes"] = [fix for p in problems for fix in p["fixes"]]
+    if "severity" in out and "code" in out:
+        out = {key: out[key] for key in ("code", "message", "fixes")}
+    return out
+
+
+def test_plan_files_with_issues_and_reasons_still_load(busy_gpu0_plan):
+    old = json.dumps(_older(json.loads(busy_gpu0_plan.to_json())))
+    assert '"reasons":' in old
+    assert '"severity":' not in old
+    again = plan_from_json(old)
+    assert [(p.code, p.message, p.fixes) for p in again.problems] == [
+        (p.code, p.message, p.fixes) for p in busy_gpu0_plan.problems
+    ]
+    assert {p.severity for p in again.problems} == {"bad"}
+    assert again.excluded[0].problems[0].message == busy_gpu0_plan.excluded[0].problems[0].message
+    assert again.excluded[0].fixes == busy_gpu0_plan.excluded[0].fixes
+    assert again.roles == busy_gpu0_plan.roles

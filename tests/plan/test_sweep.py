@@ -96,7 +96,7 @@ def test_runs_with_an_allocation_and_a_pool(inventory):
 def test_batch_is_checked_per_run(inventory):
     s = sweep(inventory("shared-sweeps"), 2, 3, global_batch=8)
     assert not s.ok
-    assert "fix: global_batch=6" in s.text()
+    assert "-> global_batch=6" in s.text()
     assert s.text().count("not divisible by 3") == 1  # said once, not per run
 
 

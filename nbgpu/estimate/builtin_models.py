@@ -1,0 +1,387 @@
+"""Shapes of common open models: the built-in table and the lookup by name.
+
+So ``nbgpu.estimate("Qwen/Qwen2.5-7B-Instruct")`` and the KV-cache check of rollout engines
+work offline: the fields the memory formulas need (hidden size, layers, attention and KV
+heads, head dim, MLP width, vocabulary, tied embeddings, experts, context) are copied from
+each model's published ``config.json`` on the Hugging Face Hub (the source of each family is
+named above its rows). Parameter counts are computed from the shape
+(:attr:`ModelConfig.parameters`) and tested against the counts the model cards publish.
+
+Public API (stable: ``scale/`` uses it):
+
+- :func:`lookup_model` - a built-in shape by repo name (case-insensitive, ``org/`` optional),
+  or a :class:`~nbgpu.errors.UserInputError` naming close matches;
+- :func:`find_model` - the same, ``None`` when unknown;
+- :data:`BUILTIN_MODELS` - every built-in shape by canonical repo name.
+
+Reading a ``config.json`` is ``hfconfig.py``'s. Imports nothing of nbgpu but ``errors``;
+never torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nbgpu.errors import UserInputError
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "ModelConfig",
+    "find_model",
+    "lookup_model",
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture fields of a decoder-only transformer that memory depends on."""
+
+    name: str  # HF repo id ("Qwen/Qwen2.5-7B-Instruct"), or where a config was read from
+    family: str  # "llama", "qwen2", "mistral", "mixtral", or the config's model_type
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_context: int | None  # max_position_embeddings; None when the config omits it
+    num_experts: int = 1  # MoE: experts per layer (each a full MLP)
+    experts_per_token: int = 1  # MoE: experts each token is routed to
+    attention_bias: bool = False  # Qwen2: q/k/v projections carry biases
+    gated_mlp: bool = True  # SwiGLU (3 matrices) rather than a 2-matrix MLP
+    dtype: str | None = None  # torch_dtype as published: bf16 / fp16 / fp32
+    declared_parameters: int | None = None  # an explicit count in the config, if any
+
+    @property
+    def parameters(self) -> int:
+        """Parameters of the shape: embeddings, attention, MLP (all experts), norms, head."""
+        if self.declared_parameters is not None:
+            return self.declared_parameters
+        h, hd = self.hidden_size, self.head_dim
+        q_out, kv_out = self.num_attention_heads * hd, self.num_kv_heads * hd
+        attention = h * q_out + 2 * h * kv_out + q_out * h
+        if self.attention_bias:
+            attention += q_out + 2 * kv_out
+        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size * self.num_experts
+        router = h * self.num_experts if self.num_experts > 1 else 0
+        per_layer = attention + mlp + router + 2 * h  # two RMSNorm weights
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + h  # + final norm
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token passes through (MoE: only its routed experts)."""
+        unused = self.num_experts - self.experts_per_token
+        mlp_one = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        return self.parameters - self.num_layers * unused * mlp_one
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2, tensor_parallel: int = 1) -> int:
+        """KV-cache bytes per token on one GPU (memory.md §5c), KV heads split over TP."""
+        heads = -(-self.num_kv_heads // max(1, tensor_parallel))
+        return 2 * self.num_layers * heads * self.head_dim * dtype_bytes
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The fields as a HF ``config.json`` spells them (what older readers expect)."""
+        out: dict[str, Any] = {
+            "model_type": self.family,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "num_parameters": self.parameters,
+        }
+        if self.max_context is not None:
+            out["max_position_embeddings"] = self.max_context
+        if self.num_experts > 1:
+            out["num_local_experts"] = self.num_experts
+            out["num_experts_per_tok"] = self.experts_per_token
+        if self.dtype is not None:
+            out["torch_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[
+                self.dtype
+            ]
+        return out
+
+
+# ------------------------------------------------------------------------- built-in table
+
+
+def _shape(  # noqa: PLR0917 - one table row per call reads best positionally
+    family: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab: int,
+    *,
+    tied: bool,
+    context: int | None,
+    head_dim: int | None = None,
+    experts: int = 1,
+    top_k: int = 1,
+    bias: bool = False,
+) -> ModelConfig:
+    return ModelConfig(
+        name="",
+        family=family,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim if head_dim is not None else hidden // heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        max_context=context,
+        num_experts=experts,
+        experts_per_token=top_k,
+        attention_bias=bias,
+        dtype="bf16",
+    )
+
+
+# Each row: repo names sharing one shape (base and instruct releases differ only in
+# weights, and in a few cases in max_position_embeddings, which is then a row of its own).
+_ROWS: tuple[tuple[tuple[str, ...], ModelConfig], ...] = (
+    # Llama 2 - huggingface.co/meta-llama/Llama-2-{7b,13b,70b}-hf/blob/main/config.json
+    # (published as float16).
+    (
+        ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf"),
+        replace(
+            _shape("llama", 4096, 32, 32, 32, 11008, 32000, tied=False, context=4096),
+            dtype="fp16",
+        ),
+    ),
+    (
+        ("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b-chat-hf"),
+        replace(
+            _shape("llama", 5120, 40, 40, 40, 13824, 32000, tied=False, context=4096),
+            dtype="fp16",
+        ),
+    ),
+    (
+        ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf"),
+        replace(
+            _shape("llama", 8192, 80, 64, 8, 28672, 32000, tied=False, context=4096),
+            dtype="fp16",
+        ),
+    ),
+    # Llama 3 - huggingface.co/meta-llama/Meta-Llama-3-{8B,70B}/blob/main/config.json
+    (
+        ("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct"),
+        _shape("llama", 4096, 32, 32, 8, 14336, 128256, tied=False, context=8192),
+    ),
+    (
+        ("meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct"),
+        _shape("llama", 8192, 80, 64, 8, 28672, 128256, tied=False, context=8192),
+    ),
+    # Llama 3.1 / 3.3 - huggingface.co/meta-llama/Llama-3.1-{8B,70B,405B}/blob/main/config.json,
+    # huggingface.co/meta-llama/Llama-3.3-70B-Instruct/blob/main/config.json
+    (
+        (
+            "meta-llama/Llama-3.1-8B",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "meta-llama/Meta-Llama-3.1-8B",
+            "meta-llama/Meta-Llama-3.1-8B-Instruct",
+        ),
+        _shape("llama", 4096, 32, 32, 8, 14336, 128256, tied=False, context=131072),
+    ),
+    (
+        (
+            "meta-llama/Llama-3.1-70B",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "meta-llama/Meta-Llama-3.1-70B",
+            "meta-llama/Meta-Llama-3.1-70B-Instruct",
+            "meta-llama/Llama-3.3-70B-Instruct",
+        ),
+        _shape("llama", 8192, 80, 64, 8, 28672, 128256, tied=False, context=131072),
+    ),
+    (
+        (
+            "meta-llama/Llama-3.1-405B",
+            "meta-llama/Llama-3.1-405B-Instruct",
+            "meta-llama/Meta-Llama-3.1-405B",
+            "meta-llama/Meta-Llama-3.1-405B-Instruct",
+        ),
+        _shape("llama", 16384, 126, 128, 8, 53248, 128256, tied=False, context=131072),
+    ),
+    # Llama 3.2 (text) - huggingface.co/meta-llama/Llama-3.2-{1B,3B}/blob/main/config.json
+    (
+        ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"),
+        _shape("llama", 2048, 16, 32, 8, 8192, 128256, tied=True, context=131072, head_dim=64),
+    ),
+    (
+        ("meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.2-3B-Instruct"),
+        _shape("llama", 3072, 28, 24, 8, 8192, 128256, tied=True, context=131072, head_dim=128),
+    ),
+    # Qwen2 - huggingface.co/Qwen/Qwen2-{0.5B,1.5B,7B,72B}/blob/main/config.json
+    (
+        ("Qwen/Qwen2-0.5B", "Qwen/Qwen2-0.5B-Instruct"),
+        _shape("qwen2", 896, 24, 14, 2, 4864, 151936, tied=True, context=131072, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2-1.5B", "Qwen/Qwen2-1.5B-Instruct"),
+        _shape("qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True, context=131072, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2-7B",),
+        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=131072, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2-7B-Instruct",),
+        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=32768, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2-72B",),
+        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=131072, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2-72B-Instruct",),
+        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=32768, bias=True),
+    ),
+    # Qwen2.5 - huggingface.co/Qwen/Qwen2.5-{0.5B..72B}[-Instruct]/blob/main/config.json
+    (
+        ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct"),
+        _shape("qwen2", 896, 24, 14, 2, 4864, 151936, tied=True, context=32768, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct"),
+        _shape("qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True, context=32768, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-3B-Instruct"),
+        _shape("qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True, context=32768, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-7B",),
+        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=131072, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-7B-Instruct",),
+        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=32768, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-14B",),
+        _shape("qwen2", 5120, 48, 40, 8, 13824, 152064, tied=False, context=131072, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-14B-Instruct",),
+        _shape("qwen2", 5120, 48, 40, 8, 13824, 152064, tied=False, context=32768, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-32B",),
+        _shape("qwen2", 5120, 64, 40, 8, 27648, 152064, tied=False, context=131072, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-32B-Instruct",),
+        _shape("qwen2", 5120, 64, 40, 8, 27648, 152064, tied=False, context=32768, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-72B",),
+        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=131072, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-72B-Instruct",),
+        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=32768, bias=True),
+    ),
+    # Qwen2.5-VL, language model only (the vision tower is not counted) -
+    # huggingface.co/Qwen/Qwen2.5-VL-{3B,7B,72B}-Instruct/blob/main/config.json
+    (
+        ("Qwen/Qwen2.5-VL-3B-Instruct",),
+        _shape("qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True, context=128000, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-VL-7B-Instruct",),
+        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=128000, bias=True),
+    ),
+    (
+        ("Qwen/Qwen2.5-VL-72B-Instruct",),
+        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=128000, bias=True),
+    ),
+    # Mistral - huggingface.co/mistralai/Mistral-7B-v0.1, Mistral-7B-Instruct-v0.2,
+    # Mistral-7B-v0.3, Mistral-Nemo-Base-2407 /blob/main/config.json
+    (
+        ("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1"),
+        _shape("mistral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768),
+    ),
+    (
+        ("mistralai/Mistral-7B-Instruct-v0.2",),
+        _shape("mistral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768),
+    ),
+    (
+        ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"),
+        _shape("mistral", 4096, 32, 32, 8, 14336, 32768, tied=False, context=32768),
+    ),
+    (
+        ("mistralai/Mistral-Nemo-Base-2407", "mistralai/Mistral-Nemo-Instruct-2407"),
+        _shape(
+            "mistral", 5120, 40, 32, 8, 14336, 131072, tied=False, context=1024000, head_dim=128
+        ),
+    ),
+    # Mixtral - huggingface.co/mistralai/Mixtral-8x7B-v0.1 and Mixtral-8x22B-v0.1
+    # /blob/main/config.json (8 experts per layer, 2 per token)
+    (
+        ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+        _shape(
+            "mixtral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768, experts=8, top_k=2
+        ),
+    ),
+    (
+        ("mistralai/Mixtral-8x22B-v0.1", "mistralai/Mixtral-8x22B-Instruct-v0.1"),
+        _shape(
+            "mixtral", 6144, 56, 48, 8, 16384, 32768, tied=False, context=65536, experts=8, top_k=2
+        ),
+    ),
+)
+
+
+def _build_table() -> dict[str, ModelConfig]:
+    table: dict[str, ModelConfig] = {}
+    for names, shape in _ROWS:
+        for name in names:
+            table[name] = replace(shape, name=name)
+    return table
+
+
+#: Every built-in shape, by canonical Hugging Face repo name.
+BUILTIN_MODELS: Mapping[str, ModelConfig] = _build_table()
+
+# Lookup keys: the full id and the bare repo name, both lower case.
+_BY_KEY: dict[str, ModelConfig] = {}
+for _name, _cfg in BUILTIN_MODELS.items():
+    _BY_KEY[_name.lower()] = _cfg
+    _BY_KEY.setdefault(_name.split("/", 1)[1].lower(), _cfg)
+
+
+def find_model(name: str) -> ModelConfig | None:
+    """The built-in shape for a HF repo name (case-insensitive, ``org/`` optional), or None."""
+    key = str(name).strip().lower()
+    hit = _BY_KEY.get(key)
+    if hit is None and "/" in key:
+        # A different org (a fine-tune re-upload) with a known repo name keeps the shape.
+        hit = _BY_KEY.get(key.rsplit("/", 1)[1])
+    return hit
+
+
+def lookup_model(name: str) -> ModelConfig:
+    """Like :func:`find_model`, but an unknown name is a one-line ``UserInputError``."""
+    hit = find_model(name)
+    if hit is not None:
+        return hit
+    bare = sorted({n.split("/", 1)[1] for n in BUILTIN_MODELS})
+    key = str(name).strip().rsplit("/", 1)[-1]
+    close = difflib.get_close_matches(key, bare, n=3, cutoff=0.6)
+    hint = f"close: {', '.join(close)}; " if close else ""
+    raise UserInputError(
+        f"model {name!r} is not a built-in shape ({hint}built in: Llama 2/3/3.1/3.2/3.3, "
+        "Qwen2/2.5/2.5-VL, Mistral, Mixtral); pass the model's config.json path or dict"
+    )

@@ -1,0 +1,312 @@
+"""Per-GPU memory of a training or inference process, term by term, with formulas and sources.
+
+``estimate_memory()`` (``nbgpu.estimate(...)``) answers "how many bytes will each GPU need" before anything runs:
+
+- **analytic** terms, always: model states from :mod:`nbgpu.estimate.formulas` (the ZeRO paper's
+  formulas), activations after Korthikanti et al. (with and without checkpointing), logits
+  and loss, the KV cache, and the per-process reserves the PyTorch allocator never sees
+  (CUDA context, NCCL buffers, DDP gradient buckets) plus a fragmentation margin;
+- **traced** terms, for a live ``torch.nn.Module``: one forward + backward + optimizer step
+  under fake tensors (:mod:`nbgpu.estimate.trace`), so the activations are your module's, not a
+  formula's. When tracing fails the analytic answer stands, with the reason.
+
+Activations, logits and the KV cache grow linearly with the micro batch and everything
+else does not, so the largest micro batch that fits a budget is one division
+(:func:`largest_micro_batch`): no out-of-memory trials.
+
+Pure arithmetic: imports ``formulas``, ``shapes``, ``_render``, ``sizes`` and ``errors``;
+never torch, except ``trace`` (and with it torch) when a module is given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from nbgpu._render import fmt_bytes
+from nbgpu.errors import UserInputError
+from nbgpu.estimate.formulas import (
+    OPTIMIZERS,
+    STRATEGIES,
+    Layout,
+    analytic_terms,
+    normalize_precision,
+)
+from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, MemoryEstimate, Term
+from nbgpu.estimate.shapes import ModelShape, model_shape
+from nbgpu.sizes import parse_size
+
+__all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes", "whole_number"]
+
+
+def whole_number(label: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserInputError(f"{label}={value!r}: expected a whole number >= {minimum}")
+    return value
+
+
+def parse_bytes(value: Any, label: str = "budget") -> int:
+    """A byte budget as written (``80e9``, ``"80GB"``, ``"24GiB"``; :mod:`nbgpu.sizes`)."""
+    return parse_size(value, f"{label}=")
+
+
+# ------------------------------------------------------------------------ the estimate
+
+
+def _batch_size(example: Any) -> int | None:
+    """Dim 0 of the first tensor-like leaf of an example batch (None: no batch given)."""
+    if isinstance(example, Mapping):
+        example = next(iter(example.values()), None)
+    if isinstance(example, tuple | list):
+        example = example[0] if example else None
+    shape = getattr(example, "shape", None)
+    if shape is None or len(shape) == 0:
+        return None
+    return int(shape[0])
+
+
+def _is_module(model: Any) -> bool:
+    return callable(getattr(model, "parameters", None)) and callable(
+        getattr(model, "forward", None)
+    )
+
+
+def _describe(model: Any, shape: ModelShape) -> str:
+    if shape.config is not None and shape.source not in ("torch module", "HF config"):
+        return shape.config.name
+    if shape.source == "torch module":
+        return f"{type(model).__name__} module"
+    if shape.source == "parameter count":
+        return f"{shape.parameters / 1e9:.3g}B parameters"
+    return shape.source
+
+
+def estimate_memory(
+    model: Any,
+    *,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    strategy: str = "ddp",
+    world_size: int = 1,
+    micro_batch: int | None = None,
+    seq_len: int | None = None,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    activation_checkpointing: bool = False,
+    role: str = "train",
+    flash_attention: bool = True,
+    gradient_as_bucket_view: bool = False,
+    fragmentation: float = FRAGMENTATION,
+    kv_tokens: int | None = None,
+    budget: Any = None,
+    example_input: Any = None,
+    loss_fn: Any = None,
+    trace: bool | None = None,
+    foreach: bool = True,
+) -> MemoryEstimate:
+    """Per-GPU memory of *model* in named terms, each with its formula and source.
+
+    *model*: a parameter count (``7.5e9``, ``"7B"``), a built-in name
+    (``"Qwen/Qwen2.5-7B-Instruct"``), an HF ``config.json`` (path or dict) or a live
+    ``torch.nn.Module`` (traced with fake tensors; pass ``example_input=``, a batch with
+    the batch in dim 0, unless it is a token model and ``seq_len`` is given).
+    ``precision`` (bf16, fp16, fp32), ``optimizer`` (adamw, adam, sgd), ``strategy``
+    (ddp, zero1, zero2, zero3, fsdp), ``role`` ("train" or "inference"), ``kv_tokens``
+    (inference: KV-cache tokens per GPU), ``budget`` (bytes or "80GB": adds the largest
+    micro batch within it).
+    """
+    if micro_batch is None:
+        micro_batch = _batch_size(example_input) or 1
+    words = {"role": (role, ROLES), "strategy": (strategy, STRATEGIES),
+             "optimizer": (optimizer, OPTIMIZERS)}  # fmt: skip
+    for label, (value, choices) in words.items():
+        if str(value).strip().lower() not in choices:
+            raise UserInputError(f"{label}={value!r}: expected one of {', '.join(choices)}")
+    counts = {"world_size": world_size, "micro_batch": micro_batch, "seq_len": seq_len,
+              "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
+              "kv_tokens": kv_tokens}  # fmt: skip
+    for label, count in counts.items():
+        if count is not None or label in ("world_size", "tensor_parallel", "pipeline_parallel"):
+            whole_number(label, count)
+    model_parallel = tensor_parallel * pipeline_parallel
+    if world_size % model_parallel:
+        raise UserInputError(
+            f"world_size={world_size} is not a multiple of tensor_parallel × pipeline_parallel "
+            f"= {model_parallel}; expected world = dp × tp × pp"
+        )
+    if not 0 <= fragmentation < 1:
+        raise UserInputError(f"fragmentation={fragmentation!r}: expected a fraction in [0, 1)")
+    lay = Layout(
+        role=str(role).strip().lower(),
+        precision=normalize_precision(precision),
+        optimizer=str(optimizer).strip().lower(),
+        strategy=str(strategy).strip().lower(),
+        world_size=world_size,
+        data_parallel=world_size // model_parallel,
+        tp=tensor_parallel,
+        pp=pipeline_parallel,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        checkpointing=bool(activation_checkpointing),
+        flash_attention=bool(flash_attention),
+        gradient_as_bucket_view=bool(gradient_as_bucket_view),
+        fragmentation=float(fragmentation),
+        kv_tokens=kv_tokens,
+        foreach=bool(foreach),
+    )
+    shape = model_shape(model)
+    budget_bytes = None if budget is None else parse_bytes(budget)
+    terms = analytic_terms(shape, lay)
+    traced: tuple[Term, ...] = ()
+    note = ""
+    module = _is_module(model)
+    if trace is None:
+        trace = module
+    if trace and not module:
+        note = "traced: not tried (tracing needs a live torch.nn.Module; analytic used)"
+    elif trace:
+        from nbgpu.estimate.trace import trace_terms  # noqa: PLC0415  (imports torch)
+
+        traced, note = trace_terms(model, analytic=terms, layout=lay,
+                                   example_input=example_input, loss_fn=loss_fn)  # fmt: skip
+    result = MemoryEstimate(
+        model=_describe(model, shape),
+        parameters=shape.parameters,
+        role=lay.role,
+        precision=lay.precision,
+        optimizer=lay.optimizer,
+        strategy=lay.strategy,
+        world_size=lay.world_size,
+        data_parallel=lay.data_parallel,
+        tensor_parallel=lay.tp,
+        pipeline_parallel=lay.pp,
+        micro_batch=lay.micro_batch,
+        seq_len=lay.seq_len,
+        activation_checkpointing=lay.checkpointing,
+        terms=terms,
+        traced_terms=traced,
+        trace_note=note,
+        budget_bytes=budget_bytes,
+    )
+    if budget_bytes is not None:
+        fixed = result.total_bytes - _per_sample_total(result)
+        if fixed > budget_bytes:
+            weights = result.term("weights")
+            raise UserInputError(
+                f"budget={fmt_bytes(budget_bytes)} per GPU is smaller than what "
+                f"{'training' if lay.role == 'train' else 'serving'} needs before any sample "
+                f"({fmt_bytes(fixed)}: weights "
+                f"{fmt_bytes(weights.bytes_per_gpu if weights else None)}, optimizer and "
+                "reserves); expected a budget above that, more GPUs or a sharded strategy"
+            )
+        result = replace(result, max_micro_batch=_solve_micro(result, budget_bytes, lay))
+    return result
+
+
+def _per_sample_total(est: MemoryEstimate) -> int:
+    """Bytes that scale with the micro batch, plus the margin's share of them."""
+    terms = est.traced_terms or est.terms
+    per = sum(t.bytes_per_gpu or 0 for t in terms if t.name in PER_SAMPLE)
+    if est.traced_terms:
+        return per
+    frag = est.term("fragmentation")
+    tensors = sum(
+        t.bytes_per_gpu or 0 for t in est.terms if t.kind in ("model states", "activations", "kv")
+    )
+    if frag is not None and frag.bytes_per_gpu and tensors:
+        per += round(frag.bytes_per_gpu * per / tensors)
+    return per
+
+
+def _solve_micro(est: MemoryEstimate, budget: int, lay: Layout) -> int | None:
+    """Largest micro batch with total ≤ budget: memory is affine in the micro batch."""
+    per_sample = _per_sample_total(est) / lay.micro_batch
+    if per_sample <= 0:
+        return None  # nothing scales with the batch in what we could compute
+    fixed = est.total_bytes - per_sample * lay.micro_batch
+    return max(0, math.floor((budget - fixed) / per_sample))
+
+
+def largest_micro_batch(
+    model: Any,
+    budget: Any,
+    **kwargs: Any,
+) -> MemoryEstimate:
+    """The estimate at the largest micro batch that fits *budget* (bytes, or per-GPU list).
+
+    *budget* may be a list of per-GPU free bytes (heterogeneous GPUs): the smallest decides,
+    since data-parallel ranks run the same micro batch. Computed, never tried on hardware:
+    analytic memory is affine in the micro batch, so one estimate gives the answer; a traced
+    module is traced at b and 2b for the slope, then checked (and nudged by one) with fake
+    traces, still without a single real step.
+    """
+    if isinstance(budget, list | tuple):
+        if not budget:
+            raise UserInputError("budget=[]: expected at least one GPU's free bytes")
+        budget = min(parse_bytes(b, "budget") for b in budget)
+    kwargs.setdefault("micro_batch", 1)
+    first = estimate_memory(model, budget=budget, **kwargs)
+    evaluations = 1
+    best: int | None
+    if first.traced_terms:
+        b0 = first.micro_batch
+        second = estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": 2 * b0})
+        evaluations += 1
+        slope = (second.total_bytes - first.total_bytes) / b0
+        best = None
+        if slope > 0:
+            fixed = first.total_bytes - slope * b0
+            best = max(0, math.floor(((first.budget_bytes or 0) - fixed) / slope))
+    else:
+        best = first.max_micro_batch
+    if best is None:
+        raise UserInputError(
+            "largest micro batch: nothing in this estimate grows with the batch; pass seq_len "
+            "and a model with a shape (a name, an HF config.json or a module)"
+        )
+    if best < 1:
+        raise UserInputError(
+            f"budget={fmt_bytes(first.budget_bytes)} per GPU holds no sample: micro_batch="
+            f"{first.micro_batch} needs {fmt_bytes(first.total_bytes)}; expected a larger "
+            "budget, activation checkpointing or a shorter seq_len"
+        )
+
+    def at(micro: int) -> MemoryEstimate:
+        nonlocal evaluations
+        evaluations += 1
+        return estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": micro})
+
+    final = at(best)
+    # A trace is close to, not exactly, affine (the peak can move between the forward
+    # pass and the optimizer step): step down until it fits, then up while it still does.
+    while final.fits is False and best > 1:
+        best -= 1
+        final = at(best)
+    if first.traced_terms:
+        for _ in range(8):
+            above = at(best + 1)
+            if not above.fits:
+                break
+            best, final = best + 1, above
+    how = "fake-tensor traces" if first.traced_terms else "analytic evaluations"
+    note = f"largest micro batch found with {evaluations} {how}, 0 real steps"
+    return replace(final, max_micro_batch=best, notes=(*final.notes, note))
+
+
+def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
+    """One real CPU step of *module* on *batch*: measured peak beside both estimates."""
+    from nbgpu.estimate.measure import compare_step  # noqa: PLC0415  (imports torch)
+
+    optimizer = kwargs.pop("optimizer", "adamw")
+    loss_fn = kwargs.pop("loss_fn", None)
+    analytic = estimate_memory(
+        module,
+        optimizer=optimizer,
+        precision=kwargs.pop("precision", "fp32"),
+        trace=False,
+        example_input=batch,  # the analytic micro batch is the batch's dim 0
+        **kwargs,
+    )
+    return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)

@@ -1,0 +1,290 @@
+"""An estimate's named terms and the estimate itself: analytic and traced, side by side.
+
+Each term carries its bytes per GPU, the formula and its source; the sourced figures the
+formulas use are here too. Pure data and rendering; never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from nbgpu._render import (
+    Block,
+    Bullets,
+    Figure,
+    Line,
+    Result,
+    Table,
+    Title,
+    fmt_bytes,
+    to_text,
+    wrap,
+)
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "FRAGMENTATION",
+    "NCCL_BYTES_PER_GROUP",
+    "PER_SAMPLE",
+    "ROLES",
+    "MemoryEstimate",
+    "Term",
+]
+
+GiB = 1024**3
+#: CUDA context per process: 287 MB lazy vs 667 MB eager loading (PyTorch PR #86509);
+#: "~400MB with lazy loading" (issue #109888). Mid-range of the 0.3-0.6 GB reported across drivers.
+CUDA_CONTEXT_BYTES = GiB // 2
+#: NCCL buffers per communicator: 544/688 MB measured on 4×A100 (NCCL issue #964);
+#: budget 0.5-1 GiB per communicator. A planning heuristic, stated as such.
+NCCL_BYTES_PER_GROUP = 3 * GiB // 4
+#: Fragmentation margin on the allocator's share (reserved - allocated):
+#: plan 5-10 %; Lightning's finder keeps 5 %, accelerate's 10 %.
+FRAGMENTATION = 0.05
+
+ROLES = ("train", "inference")
+
+SRC_ZERO = "Rajbhandari et al., ZeRO (SC'20, arXiv 1910.02054) §5a"
+SRC_ACT = "Korthikanti et al. (MLSys'23, arXiv 2205.05198) §4"
+SRC_KV = "2·L·kv_heads·head_dim·bytes per token (vLLM's KV page size)"
+SRC_LOGITS = (
+    "logits b·s·V in 16 bit plus fp32 copies for the loss, and the fp32 "
+    "logits gradient of the backward pass (traced)"
+)
+SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (lazy vs eager module loading)"
+SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
+SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
+SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
+
+# Which terms scale with the micro batch (the rest is fixed per GPU).
+PER_SAMPLE = frozenset({"activations", "logits/loss", "KV cache"})
+
+
+@dataclass(frozen=True)
+class Term:
+    """One named part of per-GPU memory; ``bytes_per_gpu`` None: not computable here."""
+
+    name: str
+    bytes_per_gpu: int | None
+    formula: str
+    source: str
+    kind: str  # "model states", "activations", "reserve", "margin"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate(Result):
+    """Per-GPU bytes, analytic and (for a module) traced, side by side."""
+
+    model: str  # how the model was given: "7.5B parameters", "Qwen/Qwen2.5-7B-Instruct"
+    parameters: int
+    role: str
+    precision: str
+    optimizer: str
+    strategy: str
+    world_size: int
+    data_parallel: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    micro_batch: int
+    seq_len: int | None
+    activation_checkpointing: bool
+    terms: tuple[Term, ...]  # analytic
+    traced_terms: tuple[Term, ...] = ()  # empty: not traced
+    trace_note: str = ""  # which tool traced, or why tracing failed / was not tried
+    budget_bytes: int | None = None
+    max_micro_batch: int | None = None  # the largest micro batch within budget_bytes
+    notes: tuple[str, ...] = ()
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = (
+        "method", "analytic_bytes", "traced_bytes", "total_bytes", "fits",
+    )  # fmt: skip
+    FRAME_COLUMNS = ("term", "kind", "analytic_bytes", "traced_bytes", "formula", "source")
+
+    # --------------------------------------------------------------- totals
+    @staticmethod
+    def _sum(terms: Sequence[Term]) -> int:
+        return sum(t.bytes_per_gpu or 0 for t in terms)
+
+    @property
+    def analytic_bytes(self) -> int:
+        return self._sum(self.terms)
+
+    @property
+    def traced_bytes(self) -> int | None:
+        return self._sum(self.traced_terms) if self.traced_terms else None
+
+    @property
+    def total_bytes(self) -> int:
+        """The answer: traced when a trace succeeded, else analytic."""
+        traced = self.traced_bytes
+        return traced if traced is not None else self.analytic_bytes
+
+    @property
+    def method(self) -> str:
+        return "traced" if self.traced_terms else "analytic"
+
+    @property
+    def model_state_bytes(self) -> int:
+        return self._sum([t for t in self.terms if t.kind == "model states"])
+
+    @property
+    def uncounted(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.terms if t.bytes_per_gpu is None)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.budget_bytes is None else self.total_bytes <= self.budget_bytes
+
+    def term(self, name: str, traced: bool = False) -> Term | None:
+        for t in self.traced_terms if traced else self.terms:
+            if t.name == name:
+                return t
+        return None
+
+    # --------------------------------------------------------------- views
+    def _sources(self) -> dict[str, int]:
+        """Each distinct source, numbered for the text view's ``[n]`` marks."""
+        every = [t.source for t in (*self.terms, *self.traced_terms)]
+        return {src: n for n, src in enumerate(dict.fromkeys(every), 1)}
+
+    def _table(self) -> Table:
+        traced = {t.name: t for t in self.traced_terms}
+        numbers = self._sources()
+        headers = ["term", "analytic"] + (["traced"] if traced else []) + ["formula"]
+        table = Table(headers, flex=len(headers) - 1)
+        for t in self.terms:
+            cells = [f"{t.name} [{numbers[t.source]}]", fmt_bytes(t.bytes_per_gpu)]
+            if t.bytes_per_gpu is None:
+                cells[1] = "?"
+            if traced:
+                other = traced.get(t.name)
+                cells.append("-" if other is None else fmt_bytes(other.bytes_per_gpu))
+            cells.append(t.formula)
+            table.add(*cells, level="warn" if t.bytes_per_gpu is None else "")
+        for name, t in traced.items():  # traced-only terms (temporaries)
+            if self.term(name) is None:
+                label = f"{name} [{numbers[t.source]}]"
+                table.add(label, "-", fmt_bytes(t.bytes_per_gpu), t.formula)
+        total = ["total per GPU", fmt_bytes(self.analytic_bytes)]
+        if traced:
+            total.append(fmt_bytes(self.traced_bytes))
+        table.add(*total, "", level="bad" if self.fits is False else "")
+        return table
+
+    def _heading(self) -> str:
+        par = f"{self.strategy}, " if self.role == "train" else ""
+        par += f"world size {self.world_size}"
+        if self.tensor_parallel > 1 or self.pipeline_parallel > 1:
+            par += f" (dp {self.data_parallel} × tp {self.tensor_parallel} × pp "
+            par += f"{self.pipeline_parallel})"
+        seq = f" × seq {self.seq_len}" if self.seq_len else ""
+        ckpt = ", activation checkpointing" if self.activation_checkpointing else ""
+        return (
+            f"memory estimate ({self.method}): {self.model} ({self.parameters:,} parameters), "
+            f"{self.role}, {self.precision}"
+            f"{' ' + self.optimizer if self.role == 'train' else ''}, {par}, micro batch "
+            f"{self.micro_batch}{seq}{ckpt}"
+        )
+
+    def _footer(self) -> list[str]:
+        lines = []
+        if self.budget_bytes is not None:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(
+                f"budget {fmt_bytes(self.budget_bytes)} per GPU: {fmt_bytes(self.total_bytes)} "
+                f"{verdict}"
+            )
+        if self.max_micro_batch is not None:
+            lines.append(f"largest micro batch within the budget: {self.max_micro_batch}")
+        if self.trace_note:
+            lines.append(self.trace_note)
+        if self.traced_terms:
+            lines.append(
+                "traced column: bytes per MemTracker category at the step's peak moment "
+                "(memory that is free at that moment, e.g. gradients set to None, shows 0)"
+            )
+        if self.uncounted:
+            lines.append(
+                "analytic terms not computable without the model's shape or seq_len: "
+                + ", ".join(self.uncounted)
+                + " (pass a model name or an HF config.json, and seq_len)"
+            )
+        lines.extend(self.notes)
+        return lines
+
+    def text(self) -> str:
+        return to_text(self.content(), width=100)  # formulas and sources are long
+
+    def content(self) -> list[Block]:
+        sources = [f"[{n}] {src}" for src, n in self._sources().items()]
+        return [
+            Title(wrap(self._heading(), "")),
+            Figure(alt="", svg=self._bar_html()),  # the terms as one stacked bar
+            self._table(),
+            *(Line(line) for line in self._footer()),
+            Bullets(sources, title="sources:", marker="  "),
+        ]
+
+    def _bar_html(self) -> str:
+        """One stacked bar of the answer's terms against the budget (static HTML)."""
+        import html  # noqa: PLC0415
+
+        terms = [t for t in (self.traced_terms or self.terms) if t.bytes_per_gpu]
+        scale = max(self.total_bytes, self.budget_bytes or 0) or 1
+        colours = {"model states": "#4e79a7", "activations": "#f28e2b", "kv": "#59a14f"}
+        colours |= {"reserve": "#9c755f", "margin": "#bab0ac"}
+        parts = []
+        for t in terms:
+            width = 100 * (t.bytes_per_gpu or 0) / scale
+            label = html.escape(f"{t.name}: {fmt_bytes(t.bytes_per_gpu)}")
+            parts.append(
+                f'<div title="{label}" style="display:inline-block;height:14px;'
+                f'width:{width:.2f}%;background:{colours.get(t.kind, "#888")}"></div>'
+            )
+        marker = ""
+        if self.budget_bytes:
+            left = 100 * self.budget_bytes / scale
+            marker = (
+                f'<div title="budget {fmt_bytes(self.budget_bytes)}" style="position:absolute;'
+                f'top:0;left:{left:.2f}%;height:14px;border-left:2px solid #c0392b"></div>'
+            )
+        legend = " ".join(
+            f'<span style="color:{c}">&#9632;</span> {html.escape(k)}' for k, c in colours.items()
+        )
+        if self.budget_bytes:
+            legend += ' <span style="color:#c0392b">|</span> budget'
+        return (
+            '<div style="position:relative;width:100%;max-width:640px;white-space:nowrap;'
+            f'background:#eee;margin:4px 0;font-size:0">{"".join(parts)}{marker}</div>'
+            f"<div>{legend}</div>"
+        )
+
+    def records(self) -> list[dict[str, Any]]:
+        traced = {t.name: t for t in self.traced_terms}
+        rows = []
+        for t in self.terms:
+            other = traced.get(t.name)
+            rows.append(
+                {
+                    "term": t.name,
+                    "kind": t.kind,
+                    "analytic_bytes": t.bytes_per_gpu,
+                    "traced_bytes": None if other is None else other.bytes_per_gpu,
+                    "formula": t.formula,
+                    "source": t.source,
+                }
+            )
+        for name, t in traced.items():
+            if self.term(name) is None:
+                rows.append(
+                    {
+                        "term": name,
+                        "kind": t.kind,
+                        "analytic_bytes": None,
+                        "traced_bytes": t.bytes_per_gpu,
+                        "formula": t.formula,
+                        "source": t.source,
+                    }
+                )
+        return rows

@@ -1,0 +1,425 @@
+"""The planning functions users call: ``nbgpu.plan()``, ``.sweep()``, ``.nodes()``, ``.scale()``
+and ``.plan_from_json()``.
+
+They check the input once (one ``UserInputError`` line per mistake), take the inventory
+snapshot (``inventory=`` an ``Inventory``, a fleet spec / scenario / fleet JSON path, or
+``None`` for this machine), read config and plan files, and hand plain data to the pure
+modules: ``planner`` (one box), ``sweep`` (disjoint runs), ``multinode`` (one job across
+nodes), :mod:`nbgpu.scale` (a config rescaled). The only module of ``plan/`` that takes
+an inventory or reads files; never imports IPython, pynvml or psutil directly (the
+inventory module, which does, is imported when a snapshot is taken).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from nbgpu._serial import from_data
+from nbgpu.errors import UserInputError
+from nbgpu.estimate import lookup_model, model_shape
+from nbgpu.plan.job import GpuList, JobRequest, make_job
+from nbgpu.plan.multinode import NodesPlan, build_nodes_plan
+from nbgpu.plan.placement import (
+    Candidate,
+    PortChecker,
+    candidates_from_inventory,
+    order_pool,
+)
+from nbgpu.plan.placement import (
+    port_is_free as _port_is_free,
+)
+from nbgpu.plan.planner import build_plan
+from nbgpu.plan.result import PLAN_FILE_FORMAT, Plan
+from nbgpu.plan.sweep import SweepPlan, build_sweep
+from nbgpu.problems import Problem
+from nbgpu.scale import ScalePlan, builtin_shape, scale_config
+from nbgpu.scale.files import load_config, read_config, read_text, rescaled_text
+
+if TYPE_CHECKING:
+    from nbgpu.devices.inventory import Inventory
+
+__all__ = ["nodes", "plan", "plan_from_json", "scale", "sweep"]
+
+
+def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | None) -> Inventory:
+    # Imported here: the inventory pulls in pynvml and psutil, planning itself needs neither.
+    from nbgpu.devices.inventory import (  # noqa: PLC0415
+        Inventory,
+        saved_inventory,
+        take_inventory,
+    )
+
+    if isinstance(inventory, Inventory):
+        return inventory
+    env = dict(os.environ if environ is None else environ)
+    if inventory is not None:
+        if not isinstance(inventory, str) or not inventory.strip():
+            raise UserInputError(
+                f"inventory={inventory!r}: expected an Inventory (nbgpu.status()), a fleet "
+                "spec such as '4xA40,busy=0', a scenario such as 'busy-gpu0', or a fleet .json"
+            )
+        saved = saved_inventory(inventory)  # `nbgpu status --json`'s file: read, not replayed
+        if saved is not None:
+            return saved
+        env["NBGPU_SIMULATE"] = inventory
+    return take_inventory(env, scan_device_files=False)
+
+
+def _gpus(
+    inventory: Inventory | str | None, environ: Mapping[str, str] | None
+) -> tuple[tuple[Candidate, ...], str, bool]:
+    """(the snapshot's GPUs as candidates, the fleet or host name, simulated?)."""
+    snapshot = _snapshot(inventory, environ)
+    if snapshot.nvml_error:
+        raise UserInputError(
+            f"the inventory has no GPU (NVML: {snapshot.nvml_error}); plan for another box "
+            "with inventory='pod.json' (from `nbgpu status --json`) or a spec such as '4xA40'"
+        )
+    if snapshot.simulated:
+        return candidates_from_inventory(snapshot), snapshot.fleet_name or "simulated", True
+    return candidates_from_inventory(snapshot), snapshot.hostname, False
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+P = TypeVar("P", Plan, SweepPlan, NodesPlan)
+
+
+def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Show the :class:`JobRequest` fields in the signature of a function taking ``**job``.
+
+    The keywords are declared once, on the dataclass; ``help(nbgpu.plan)``, IPython's
+    ``?`` and editors that read ``__signature__`` still list each of them.
+    """
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        own = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+        names = {p.name for p in own}
+        extra = [
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                              annotation=f.type)
+            for f in fields(JobRequest)
+            if f.name not in names and f.name not in but
+        ]  # fmt: skip
+        func.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
+        return func
+
+    return decorate
+
+
+def _model(model: Any) -> Any:
+    """A path to an HF ``config.json`` (or YAML) is read here; other forms pass through."""
+    if isinstance(model, os.PathLike) or (
+        isinstance(model, str) and model.endswith((".json", ".yaml", ".yml"))
+    ):
+        return load_config(model)
+    return model
+
+
+def _scale_model(model: Any) -> Any:
+    """A model for the KV check: a built-in name (``Qwen/Qwen2.5-VL-3B-Instruct``) or as plan()."""
+    if isinstance(model, str) and not model.endswith((".json", ".yaml", ".yml")):
+        shape = builtin_shape(model)
+        if shape is not None:
+            return shape
+        if "/" in model or "-" in model:
+            lookup_model(model)  # not a size such as "7B": one line naming close matches
+    return model_shape(_model(model))
+
+
+@_takes_job_keywords()
+def plan(
+    allocation: str | None = None,
+    *,
+    inventory: Inventory | str | None = None,
+    port_is_free: PortChecker | None = None,
+    environ: Mapping[str, str] | None = None,
+    **job: Any,
+) -> Plan:
+    """Place a job's roles on healthy GPUs and check its batch and memory.
+
+    ``allocation``: ``"sglang.d1t1p1+d3t1p1"`` (AReaL), ``"inference:1,train:3"``, or None
+    for one training role on ``num_gpus`` GPUs (default: every usable GPU).
+    ``require``/``exclude``: GPUs (NVML indices) that must / must not be used; required ones
+    come first, in the order given. ``global_batch``, ``micro_batch``, ``grad_accum``,
+    ``max_micro_batch``: checked against the first training role's data-parallel size;
+    ``divisors`` must divide the global batch, ``step_divisors`` the ranks × micro batch
+    (TRL GRPO's ``num_generations``). ``model`` (a parameter count, ``"7B"``, an HF config
+    dict or its ``config.json`` path, a built-in name such as ``"Qwen/Qwen2.5-7B-Instruct"``,
+    or a torch module) with ``precision``/``strategy``/``optimizer`` adds a per-GPU
+    memory check of every term (:func:`nbgpu.estimate`); ``seq_len`` adds activations, logits
+    and the KV cache, and ``max_micro_batch="auto"`` computes the largest micro batch the
+    smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test (tests pass a function).
+    """
+    request = JobRequest.from_keywords("nbgpu.plan()", {"allocation": allocation, **job})
+    job_ = make_job(replace(request, model=_model(request.model)))
+    candidates, fleet, simulated = _gpus(inventory, environ)
+    return build_plan(
+        candidates,
+        job_,
+        fleet=fleet,
+        simulated=simulated,
+        is_free=port_is_free or _port_is_free,
+    )
+
+
+@_takes_job_keywords(but=("num_gpus", "require"))
+def sweep(
+    runs: int | None = None,
+    gpus_per_run: int | None = None,
+    *,
+    gpus: GpuList = None,
+    inventory: Inventory | str | None = None,
+    port_is_free: PortChecker | None = None,
+    environ: Mapping[str, str] | None = None,
+    share: bool = False,
+    **job: Any,
+) -> SweepPlan:
+    """Split the usable GPUs into *runs* disjoint sets with distinct free ports.
+
+    Each run is a full :class:`Plan` (``sweep.runs[i]``) of ``gpus_per_run`` GPUs (default
+    1), or of ``allocation`` when given. ``runs=None`` plans as many runs as fit. ``gpus``
+    limits the sweep to these GPUs. Batch and model arguments are checked per run, as in
+    :func:`plan`. A run on GPUs that other jobs are using is not ready (it would share
+    their compute and memory) unless ``share=True``; the sweep says how many runs fit now.
+    """
+    from nbgpu.plan.job import parse_gpu_list  # noqa: PLC0415  (a helper, not API)
+
+    for taken in ("num_gpus", "require"):
+        if taken in job:
+            raise UserInputError(
+                f"nbgpu.sweep(): {taken}= is not a keyword it takes; a sweep's GPUs are "
+                "gpus_per_run= per run, from gpus= (default: every usable GPU)"
+            )
+    request = JobRequest.from_keywords("nbgpu.sweep()", job, but=("num_gpus", "require"))
+    job_ = make_job(replace(request, model=_model(request.model)))
+    pool = parse_gpu_list(gpus, "gpus")
+    candidates, fleet, simulated = _gpus(inventory, environ)
+    return build_sweep(
+        candidates,
+        job_,
+        runs=runs,
+        gpus_per_run=gpus_per_run,
+        pool=pool,
+        fleet=fleet,
+        simulated=simulated,
+        is_free=port_is_free or _port_is_free,
+        share=share,
+    )
+
+
+@_takes_job_keywords(but=("allocation", "num_gpus", "require", "exclude", "base_port"))
+def nodes(
+    cluster: Any,
+    *,
+    nodes: int | None = None,
+    nproc_per_node: int | None = None,
+    **job: Any,
+) -> NodesPlan:
+    """Plan one training job across a cluster's nodes: which nodes, which GPUs on each.
+
+    ``cluster``: ``%gpu_status --slurm``'s result (``nbgpu status --slurm --json``'s file),
+    or a mapping of node names to fleets (``{"n1": "4xA40,busy=0", "n2": "4xA40"}``).
+    ``nodes`` (default: every node that can hold the ranks) × ``nproc_per_node`` ranks
+    (default: the most a node count allows); each chosen node must have that many usable
+    GPUs. Batch and model keywords are those of :func:`plan`, checked for the whole world
+    of ``nodes × nproc_per_node`` ranks. ``%%torchrun --plan p`` launches the result.
+    """
+    from nbgpu.plan.cluster import cluster_candidates  # noqa: PLC0415
+
+    but = ("allocation", "num_gpus", "require", "exclude", "base_port")
+    request = JobRequest.from_keywords("nbgpu.plan.nodes()", job, but=but)
+    job_ = make_job(replace(request, model=_model(request.model)))
+    node_candidates, source, simulated = cluster_candidates(cluster)
+    return build_nodes_plan(
+        node_candidates,
+        job_,
+        nodes=nodes,
+        nproc_per_node=nproc_per_node,
+        source=source,
+        simulated=simulated,
+    )
+
+
+def scale(
+    config: Mapping[str, Any] | str | os.PathLike[str] | Sequence[str],
+    *,
+    to_gpus: int | None = None,
+    from_gpus: int | None = None,
+    batch: str = "scale",
+    tensor_parallel: str | int = "keep",
+    rules: Mapping[str, str] | None = None,
+    model: Any = None,
+    max_model_len: int | None = None,
+    precision: str | None = None,
+    inventory: Inventory | str | None = None,
+    gpu_memory_bytes: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ScalePlan:
+    """Rescale a training config (dict, YAML/JSON file, launch script, or ``key=value`` overrides).
+
+    A file (YAML, JSON, or a shell script that runs ``python3 -m verl.trainer.main_ppo
+    key=value ...``) comes back as ``to_text()``: the same file with only the changed values
+    rewritten (comments, order, quoting, ``$VAR`` references and line continuations kept);
+    ``save(path)`` writes it.
+
+    ``to_gpus`` defaults to the usable GPUs of ``inventory``. ``batch="scale"`` keeps the
+    per-GPU work (global batches grow with the GPUs), ``"keep"`` keeps global batches and
+    checks them. ``tensor_parallel``: ``"keep"`` (more engines), ``"scale"`` (bigger
+    engines) or a number. ``rules`` maps your own keys to a rule (see
+    ``nbgpu.scale.RULES``). With ``model`` (an HF config dict) and a GPU size
+    (``inventory`` or ``gpu_memory_bytes``) the KV cache per GPU is checked. Unlike
+    :func:`plan`, no inventory is taken unless ``inventory`` is given: configs are often
+    scaled for another box.
+    """
+    source = None
+    text_source = None
+    if isinstance(config, str | os.PathLike):
+        source = os.fspath(config)
+        text_source = read_config(read_text(config, "config"), source)
+        if not isinstance(text_source.data, Mapping):
+            raise UserInputError(f"config {source!r} is not a mapping of keys to values")
+        config = text_source.data
+    shape = None if model is None else _scale_model(model)
+    devices = None
+    problems: list[Problem] = []
+    if inventory is not None:
+        candidates, _, _ = _gpus(inventory, environ)
+        pool = order_pool(candidates)
+        devices = [c.nvml_index for c in pool]
+        if to_gpus is None:
+            to_gpus = len(devices)
+        if to_gpus > len(devices):
+            left = "; ".join(f"GPU {c.nvml_index}: {c.health}" for c in candidates if not c.usable)
+            problems.append(
+                Problem(
+                    "bad",
+                    "not_enough_gpus",
+                    "GPUs",
+                    f"{to_gpus} GPUs asked for but {len(devices)} are usable"
+                    + (f" ({left})" if left else ""),
+                )
+            )
+        chosen = pool[:to_gpus] or list(candidates)
+        if gpu_memory_bytes is None:
+            sizes = [c.memory_total_bytes for c in chosen if c.memory_total_bytes]
+            gpu_memory_bytes = min(sizes) if sizes else None
+    if to_gpus is None:
+        raise UserInputError("scale: pass to_gpus=N (or inventory= to use its usable GPUs)")
+    result = scale_config(
+        config,
+        to_gpus=to_gpus,
+        from_gpus=from_gpus,
+        batch=batch,
+        tensor_parallel=tensor_parallel,
+        rules=rules,
+        model=shape,
+        max_model_len=max_model_len,
+        precision=precision,
+        devices=devices,
+        gpu_memory_bytes=gpu_memory_bytes,
+        source=source,
+        extra_problems=problems,
+    )
+    if text_source is None:
+        return result
+    new_text, notes = rescaled_text(text_source, result)
+    return dataclasses.replace(
+        result,
+        form=text_source.form,
+        original_text=text_source.text,
+        new_text=new_text,
+        warnings=result.warnings
+        + tuple(Problem("warn", "script", "script", note) for note in notes),
+    )
+
+
+def plan_from_json(
+    source: str | os.PathLike[str], *, run: int | str | None = None
+) -> Plan | NodesPlan:
+    """Load a plan written by ``Plan.to_json()`` (JSON text or a file path).
+
+    A sweep file (``SweepPlan.to_json()``) needs ``run``: its index or name (``"run2"``).
+    """
+    text = source if isinstance(source, str) and source.lstrip().startswith("{") else None
+    where = "plan JSON"
+    if text is None:
+        where = f"plan file {os.fspath(source)!r}"
+        text = read_text(source, "plan file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserInputError(
+            f"{where} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    if isinstance(data, dict) and "nbgpu_nodes_plan" in data:
+        if run is not None:
+            raise UserInputError(f"run={run!r}: {where} is a plan across nodes, not a sweep")
+        return _plan_file(data, NodesPlan, "nbgpu_nodes_plan")
+    if isinstance(data, dict) and "nbgpu_sweep" in data:
+        swept = _plan_file(data, SweepPlan, "nbgpu_sweep")
+        names = [r.name for r in swept.runs]
+        if run is None:
+            raise UserInputError(
+                f"{where} is a sweep of {len(names)} runs; pass run=0..{len(names) - 1} or a name"
+            )
+        if isinstance(run, int) and not isinstance(run, bool) and 0 <= run < len(names):
+            return swept.runs[run]
+        if run in names:
+            return swept.runs[names.index(run)]
+        raise UserInputError(
+            f"run={run!r}: the sweep has runs 0..{len(names) - 1} ({', '.join(map(str, names))})"
+        )
+    if run is not None:
+        raise UserInputError(f"run={run!r}: {where} is a single plan, not a sweep")
+    return _plan_file(data, Plan, "nbgpu_plan")
+
+
+def _plan_file(data: Any, kind: type[P], key: str) -> P:
+    """The *kind* of plan in *data*, its format key checked; older versions read as today's."""
+    got = data.get(key) if isinstance(data, dict) else None
+    if got != PLAN_FILE_FORMAT:
+        raise UserInputError(
+            f"plan JSON: {key} = {json.dumps(got)}; expected {PLAN_FILE_FORMAT} "
+            "(write one with `nbgpu plan ... --json > plan.json`)"
+        )
+    data = _upgraded(data)
+    if kind is not SweepPlan:
+        return from_data(kind, data, prefix="plan JSON")
+    runs = data.get("runs")
+    if not isinstance(runs, list):
+        raise UserInputError("sweep JSON: top level has no list 'runs'")
+    swept = from_data(kind, {**data, "runs": []}, prefix="sweep JSON")
+    return replace(swept, runs=tuple(_plan_file(r, Plan, "nbgpu_plan") for r in runs))
+
+
+_SEVERITY_OF = {"problems": "bad", "warnings": "warn"}
+
+
+def _upgraded(data: Any, key: str = "") -> Any:
+    """Plan files of earlier versions, read as today's: a left-out GPU's health was called
+    "verdict" (before 0.1) and its problems "reasons" and "fixes"; problems and warnings
+    had neither severity nor subject."""
+    if isinstance(data, list):
+        return [_upgraded(item, key) for item in data]
+    if not isinstance(data, dict):
+        return data
+    out = {k: _upgraded(v, k) for k, v in data.items()}
+    if "nvml_index" in out and "verdict" in out and "health" not in out:
+        out["health"] = out.pop("verdict")
+    if "nvml_index" in out and "reasons" in out and "problems" not in out:
+        where, fixes = f"GPU {out['nvml_index']}", out.pop("fixes", [])
+        out["problems"] = [
+            {"severity": "bad", "code": "unusable", "subject": where, "message": reason,
+             "fixes": fixes if n == 0 else []}
+            for n, reason in enumerate(out.pop("reasons"))
+        ]  # fmt: skip
+    if key in _SEVERITY_OF and "message" in out and "severity" not in out:
+        out = {"severity": _SEVERITY_OF[key], "subject": "plan", **out}
+    return out

@@ -1,0 +1,307 @@
+"""Which GPUs a plan may use, which ones each role gets, and which ports.
+
+**Candidates.** A :class:`Candidate` is one GPU seen from the planner: usable or not, a *grade* (0: idle
+and clean; 1: usable with caveats, for example shared with another process), and the
+doctor's problems that decide it (with their fixes). The finding rules stay in ``devices/findings.py``; this
+module only sorts their findings into "may be given a role" and "may not":
+
+- never usable: NVML cannot read the GPU (lost, no permission), a *bad* finding (busy with a
+  dead holder in exclusive mode, prohibited, reset required ...), an exclusive-mode GPU
+  held by a live process (CUDA refuses a second context), a failed CUDA probe, MIG mode
+  (a process sees one instance, not the GPU);
+- usable with caveats: every *warn* finding, and other processes sharing the GPU.
+
+**Assignment** (:func:`assign`), in order of importance: only usable candidates are ever
+given out; GPUs the user requires come first, in the order given (a hand workaround such
+as ``3,2,1,0``); otherwise clean GPUs before ones with caveats, then by NVML index (the
+first role, which owns logical device 0, gets the best GPU); a role gets GPUs of one model
+and memory size when the box allows it (data-parallel ranks share one micro batch, so on
+a mixed set the smallest GPU decides). Colocated roles (AReaL's ``|``) get the GPUs of the
+role they share with (:func:`shared_groups`).
+
+**Ports** (:func:`pick_ports`): distinct free TCP ports, asked of an injected
+``port_is_free`` so plans are deterministic under test. :func:`port_is_free` is the one
+place in ``plan/`` that touches the system: it binds a socket and lets it go. A port free
+now can be taken before the job starts (hand-started sweep runs often all use 12345):
+distinct ports per plan stop *our* runs from colliding; the launcher re-checks at start.
+
+Reads an ``Inventory`` snapshot, importing its type only for checking; never pynvml,
+psutil or files.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from nbgpu._render import fmt_bytes
+from nbgpu.devices.findings import gpu_health
+from nbgpu.plan.allocation import Allocation, RoleSpec
+from nbgpu.plan.result import ExcludedGpu, PlannedGpu
+from nbgpu.problems import Problem
+
+if TYPE_CHECKING:  # the inventory module pulls in psutil; planning only reads its data
+    from nbgpu.devices.inventory import Inventory
+
+__all__ = [
+    "DEFAULT_BASE_PORT",
+    "MAX_PORT",
+    "Candidate",
+    "PortChecker",
+    "assign",
+    "candidates_from_inventory",
+    "excluded_gpus",
+    "order_pool",
+    "own_gpus",
+    "pick_ports",
+    "planned_gpus",
+    "port_is_free",
+    "shared_groups",
+]
+
+# A warn-level finding that still makes context creation fail: exclusive mode, live holder.
+_BLOCKING_WARNINGS = frozenset({"exclusive_busy"})
+# Unusable because of a holder or a mode: freeing the holder or a reset brings it back.
+# Holders that keep memory but run nothing: not another job at work on the GPU.
+_NOT_RUNNING = frozenset({"zombie", "dead"})
+_RECOVERABLE = frozenset(
+    {"exclusive_dead_holder", "zombie_holder", "exclusive_busy", "prohibited", "reset_required"}
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One GPU as the planner sees it."""
+
+    nvml_index: int
+    uuid: str | None
+    name: str | None
+    memory_total_bytes: int | None
+    memory_free_bytes: int | None
+    usable: bool
+    grade: int  # 0 clean, 1 usable with caveats, 2 unusable
+    health: str  # the GPU's health, as the status table says it: "ok", "BUSY: dead holder"
+    problems: tuple[Problem, ...] = ()  # why unusable, or the caveats of a usable GPU
+    recoverable: bool = False  # unusable only until a holder is freed or the GPU reset
+    other_processes: int = 0  # processes of other jobs running on it now
+    utilization_pct: int | None = None  # GPU utilisation when the snapshot was taken
+
+    @property
+    def in_use(self) -> bool:
+        """Other jobs run on it: a run placed here shares its compute and memory."""
+        return self.other_processes > 0
+
+
+def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
+    """Every GPU of the snapshot, in NVML order, sorted into usable or not."""
+    failed_probe = {}
+    if inventory.probe is not None:
+        failed_probe = {
+            r.nvml_index: r
+            for r in inventory.probe.results
+            if r.outcome != "ok" and r.nvml_index is not None
+        }
+    out = []
+    for gpu, findings in zip(inventory.gpus, inventory.findings, strict=True):
+        health, _ = gpu_health(gpu, findings)
+        blocking = [f for f in findings if f.severity == "bad" or f.code in _BLOCKING_WARNINGS]
+        probe = failed_probe.get(gpu.nvml_index)
+        usable, recoverable = False, False
+        where = f"GPU {gpu.nvml_index}"
+        problems: tuple[Problem, ...]
+        if blocking or not gpu.ok:
+            problems = tuple(blocking) or (
+                Problem("bad", "nvml_error", where, f"NVML error: {gpu.error}"),
+            )
+            recoverable = gpu.ok and all(f.code in _RECOVERABLE for f in blocking)
+        elif probe is not None:
+            health = f"probe: {probe.outcome}"
+            problems = (
+                Problem(
+                    "bad",
+                    f"probe_{probe.outcome}",
+                    where,
+                    f"{where} failed the CUDA probe ({probe.outcome}): {probe.message}",
+                    ("`nbgpu doctor` names the holder and the fix",),
+                ),
+            )
+            recoverable = probe.outcome == "busy"
+        elif gpu.mig_enabled:
+            health = "MIG mode"
+            problems = (
+                Problem(
+                    "bad",
+                    "mig_mode",
+                    where,
+                    f"{where} is in MIG mode: a process sees one MIG instance, not the whole "
+                    "GPU, and plans assign whole GPUs",
+                    (f"`sudo nvidia-smi -i {gpu.nvml_index} -mig 0` when it is idle",),
+                ),
+            )
+        else:
+            usable = True
+            problems = tuple(f for f in findings if f.severity == "warn")
+            if gpu.processes and not problems:
+                used = sum(p.used_bytes or 0 for p in gpu.processes)
+                message = (
+                    f"{where} is shared with {len(gpu.processes)} other process(es) using "
+                    f"{fmt_bytes(used)}"
+                )
+                problems = (Problem("warn", "shared", where, message),)
+        out.append(
+            Candidate(
+                nvml_index=gpu.nvml_index,
+                uuid=gpu.uuid,
+                name=gpu.name,
+                memory_total_bytes=gpu.memory_total_bytes,
+                memory_free_bytes=gpu.memory_free_bytes,
+                usable=usable,
+                grade=(1 if problems else 0) if usable else 2,
+                health=health,
+                problems=problems,
+                recoverable=recoverable,
+                other_processes=sum(1 for p in gpu.processes if p.state not in _NOT_RUNNING),
+                utilization_pct=gpu.utilization_gpu_pct,
+            )
+        )
+    return tuple(out)
+
+
+def excluded_gpus(
+    candidates: Sequence[Candidate], exclude: Sequence[int] = ()
+) -> tuple[ExcludedGpu, ...]:
+    """The GPUs a plan leaves out: excluded by request, or unusable (with their problems)."""
+    out = []
+    for c in candidates:
+        if c.nvml_index in exclude:
+            request = Problem("info", "excluded", f"GPU {c.nvml_index}", "excluded by request")
+            out.append(ExcludedGpu(c.nvml_index, c.uuid, "excluded", (request,)))
+        elif not c.usable:
+            out.append(ExcludedGpu(c.nvml_index, c.uuid, c.health, c.problems, c.recoverable))
+    return tuple(out)
+
+
+def planned_gpus(members: Sequence[Candidate]) -> tuple[PlannedGpu, ...]:
+    """The GPUs given to a role (or a node's ranks), in ``cuda:k`` order."""
+    return tuple(
+        PlannedGpu(k, c.nvml_index, c.uuid, c.name, c.memory_total_bytes, c.memory_free_bytes)
+        for k, c in enumerate(members)
+    )
+
+
+# ------------------------------------------------------------------- assignment
+
+
+def order_pool(candidates: Sequence[Candidate], require: Sequence[int] = ()) -> list[Candidate]:
+    """Usable candidates in the order they should be handed out."""
+    usable = {c.nvml_index: c for c in candidates if c.usable}
+    first = [usable[i] for i in require if i in usable]
+    rest = sorted(
+        (c for c in usable.values() if c.nvml_index not in require),
+        key=lambda c: (c.grade, c.nvml_index),
+    )
+    return first + rest
+
+
+def _memory_class(c: Candidate) -> tuple[int, str]:
+    return (c.memory_total_bytes or 0, c.name or "")
+
+
+def _pick(remaining: list[Candidate], count: int) -> list[Candidate]:
+    groups: dict[tuple[int, str], list[Candidate]] = {}
+    for c in remaining:
+        groups.setdefault(_memory_class(c), []).append(c)
+    # Among classes that can hold the whole role, take the one whose best GPU comes first.
+    whole = [members[:count] for members in groups.values() if len(members) >= count]
+    if whole:
+        return min(whole, key=lambda g: (g[0].grade, remaining.index(g[0])))
+    return remaining[:count]
+
+
+def assign(
+    pool: Sequence[Candidate], counts: Sequence[int], *, keep_order: bool = False
+) -> list[list[Candidate]] | None:
+    """Disjoint GPU lists, one per count, or None if the pool is too small.
+
+    ``keep_order`` hands GPUs out strictly in pool order (required GPUs given by the
+    user); otherwise each role prefers a set of identical GPUs.
+    """
+    if sum(counts) > len(pool):
+        return None
+    remaining = list(pool)
+    out = []
+    for count in counts:
+        chosen = remaining[:count] if keep_order else _pick(remaining, count)
+        out.append(chosen)
+        taken = {c.nvml_index for c in chosen}
+        remaining = [c for c in remaining if c.nvml_index not in taken]
+    return out
+
+
+T = TypeVar("T")
+
+
+def own_gpus(allocation: Allocation) -> list[RoleSpec]:
+    """The roles that get GPUs of their own (all but the colocated ones)."""
+    return [r for r in allocation.roles if r.colocated_with is None]
+
+
+def shared_groups(allocation: Allocation, groups: list[list[T]] | None) -> list[list[T]] | None:
+    """One GPU list per role: a colocated role gets the list of the role it shares with."""
+    if groups is None:
+        return None
+    by_name: dict[str, list[T]] = {}
+    out: list[list[T]] = []
+    own = iter(groups)
+    for role in allocation.roles:
+        members = by_name[role.colocated_with] if role.colocated_with else next(own)
+        by_name[role.name] = members
+        out.append(list(members))
+    return out
+
+
+# ------------------------------------------------------------------------ ports
+
+#: torchrun's own default MASTER_PORT; plans count up from it.
+DEFAULT_BASE_PORT = 29500
+MAX_PORT = 65535
+# How far past the base port to look before giving up: a box with a thousand ports taken
+# in a row has a problem a plan cannot solve.
+SCAN_LIMIT = 1000
+
+PortChecker = Callable[[int], bool]
+
+
+def port_is_free(port: int) -> bool:
+    """True if a TCP socket can bind *port* on the loopback address right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            # EACCES (privileged port) is as unusable as EADDRINUSE for a job.
+            return exc.errno not in (errno.EADDRINUSE, errno.EACCES)
+    return True
+
+
+def pick_ports(
+    count: int,
+    *,
+    base_port: int = DEFAULT_BASE_PORT,
+    taken: Iterable[int] = (),
+    is_free: PortChecker = port_is_free,
+) -> tuple[int, ...]:
+    """*count* distinct ports from *base_port* upward that are free and not in *taken*.
+
+    Returns fewer when the scan limit or port 65535 is reached first; the caller says so.
+    """
+    avoid = set(taken)
+    found: list[int] = []
+    port = base_port
+    while len(found) < count and port <= min(MAX_PORT, base_port + SCAN_LIMIT):
+        if port not in avoid and is_free(port):
+            found.append(port)
+        port += 1
+    return tuple(found)

@@ -1,0 +1,239 @@
+"""A config as its file holds it (YAML, JSON or a launch script), and the same file rescaled.
+
+``scaler.py`` works on data; the user works on a file with comments, a key order, quotes
+and line continuations. :func:`read_config` keeps the file's text next to its data, and
+:func:`rescaled_text` writes the new values back into that text and nowhere else, in the
+file's own form: YAML through ruamel.yaml's round trip (``yamldoc.py``), a launch script
+by editing each value where bash reads it (:func:`rewrite_script`: a literal in place, a
+``$VAR`` at its assignment when every reader of it moves together, else the key gets its
+own literal, with a note), JSON with the file's indentation and key order.
+
+:func:`read_text` and :func:`write_text` are the one place planning opens files (a config,
+a plan file, a cluster file): every failure is one ``UserInputError`` line naming the file.
+Never imports the inventory, sockets or processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nbgpu.errors import UserInputError
+from nbgpu.scale.values import value_text
+
+# The shell lexer and ruamel.yaml load when a config is read, not with read_text (plan
+# files, cluster files) or this module.
+if TYPE_CHECKING:
+    from nbgpu.scale.result import ScalePlan
+    from nbgpu.scale.script import LaunchScript, ScriptValue
+
+__all__ = [
+    "ConfigSource",
+    "load_config",
+    "read_config",
+    "read_text",
+    "rescaled_text",
+    "rewrite_script",
+    "write_text",
+]
+
+
+def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
+    p = Path(path).expanduser()
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserInputError(f"{what} {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise UserInputError(f"{what} {str(path)!r} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UserInputError(f"{what} {str(path)!r} cannot be read: {reason}") from None
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, like: str | None = None) -> None:
+    """Write *text* to *path*; a script keeps the permissions of the one it came from."""
+    p = Path(path).expanduser()
+    try:
+        p.write_text(text, encoding="utf-8")
+        if like is not None and Path(like).exists():
+            p.chmod(Path(like).stat().st_mode & 0o777)
+    except OSError as exc:
+        raise UserInputError(f"cannot write {str(path)!r}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """A config file: its form, its text and its data."""
+
+    form: str  # "yaml" | "json" | "script"
+    name: str
+    text: str
+    data: Any
+    script: LaunchScript | None = None
+
+
+def read_config(text: str, name: str) -> ConfigSource:
+    """Read a config's text by its form (a ``.json`` name, a shell script, else YAML)."""
+    from nbgpu.scale.script import looks_like_script, read_script  # noqa: PLC0415
+    from nbgpu.scale.yamldoc import load_yaml, to_plain  # noqa: PLC0415
+
+    where = f"config {name!r}"
+    if name.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserInputError(
+                f"{where} is not valid JSON (line {exc.lineno}: {exc.msg})"
+            ) from None
+        return ConfigSource("json", name, text, data)
+    if looks_like_script(text, name):
+        script = read_script(text, where)
+        return ConfigSource("script", name, text, script.config(), script)
+    return ConfigSource("yaml", name, text, to_plain(load_yaml(text, where)))
+
+
+def _json_indent(text: str) -> int | None:
+    m = re.search(r"\n([ \t]+)\"", text)
+    return len(m.group(1).expandtabs()) if m else None
+
+
+def rescaled_text(source: ConfigSource, plan: ScalePlan) -> tuple[str, list[str]]:
+    """The file with the plan's new values; and notes on expressions a script had to lose."""
+
+    if source.form == "yaml":
+        from nbgpu.scale.yamldoc import rewrite_yaml  # noqa: PLC0415
+
+        changes: Mapping[tuple[Any, ...], Any] = {s.path: s.new for s in plan.changes}
+        return rewrite_yaml(source.text, changes, f"config {source.name!r}"), []
+    if source.form == "json":
+        end = "\n" if source.text.endswith("\n") else ""
+        return json.dumps(
+            plan.config, indent=_json_indent(source.text), ensure_ascii=False
+        ) + end, []
+    if source.script is None:  # a script is always read with its LaunchScript
+        raise TypeError(f"{source.name}: a script without its reading")
+    changed = {str(s.path[0]): value_text(s.new) for s in plan.changes}
+    kept = {str(s.path[0]): value_text(s.new) for s in plan.steps if not s.changed}
+    return rewrite_script(source.script, changed, kept)
+
+
+def load_config(path: str | os.PathLike[str]) -> Any:
+    """A YAML or JSON config file as plain data (dicts, lists, scalars)."""
+    return read_config(read_text(path, "config"), os.fspath(path)).data
+
+
+# ------------------------------------------------------------- launch scripts
+
+
+@dataclass(frozen=True)
+class _Edit:
+    start: int
+    end: int
+    text: str
+    key: str
+
+
+def _edit_for(script: LaunchScript, value: ScriptValue, new: str, depth: int = 0) -> _Edit | None:
+    """Where to write *new* so that *value* becomes it, or None (an expression)."""
+    parts = value.parts
+    if not parts or (len(parts) == 1 and parts[0].kind == "literal"):
+        start, end = (parts[0].start, parts[0].end) if parts else (value.start, value.end)
+        return _Edit(start, end, new, "")
+    if len(parts) == 1 and parts[0].kind == "var" and depth < 20:
+        part = parts[0]
+        assigned = script.variable(part.text, value.at)
+        if assigned is not None:
+            return _edit_for(script, assigned.value, new, depth + 1)
+        if part.default is not None:
+            start, end, _ = part.default
+            return _Edit(start, end, new, "")
+    return None
+
+
+def _value_of_key(script: LaunchScript, key: str) -> ScriptValue | None:
+    if key in script.overrides:
+        return script.overrides[key]
+    assigned = script.variable(key, script.command_at + 1)
+    return None if assigned is None else assigned.value
+
+
+def _variables_read(value: ScriptValue) -> set[str]:
+    from nbgpu.scale.script import NAME  # noqa: PLC0415
+
+    names = {p.text for p in value.parts if p.kind == "var"}
+    for p in value.parts:
+        if p.kind == "arith":
+            names.update(NAME.findall(p.text))
+    return names
+
+
+def _variable_at(script: LaunchScript, position: int) -> str | None:
+    """The variable whose assignment holds *position*, if any."""
+    for a in script.assignments:
+        if a.value.start <= position < max(a.value.end, a.value.start + 1):
+            return a.name
+    return None
+
+
+def _apply(text: str, edits: list[_Edit]) -> str:
+    for edit in sorted(edits, key=lambda e: e.start, reverse=True):
+        text = text[: edit.start] + edit.text + text[edit.end :]
+    return text
+
+
+def rewrite_script(
+    script: LaunchScript, changes: Mapping[str, str], unchanged: Mapping[str, str] | None = None
+) -> tuple[str, list[str]]:
+    """The script with *changes* (key → new value text); and notes about what else moved.
+
+    Keys are overrides as read (or ``CUDA_VISIBLE_DEVICES``). A value is changed where it is
+    written: its literal, the assignment of the variable it reads, the default of
+    ``${VAR:-4}``. Then the new script is read again, and every key of *changes* and of
+    *unchanged* (key → the value it must keep) that does not come out as intended (an
+    expression, or a variable shared with a key that needs another value) gets its own
+    literal in place of what it had, with a note.
+    """
+    from nbgpu.scale.script import read_script  # noqa: PLC0415
+
+    targets = {**(unchanged or {}), **changes}
+    edits: dict[tuple[int, int], _Edit] = {}
+    for key, new in changes.items():
+        value = _value_of_key(script, key)
+        edit = None if value is None else _edit_for(script, value, new)
+        if edit is None:
+            continue
+        if (edit.start, edit.end) in edits and edits[(edit.start, edit.end)].text != new:
+            continue  # another key already moves this variable; pinned below
+        edits[(edit.start, edit.end)] = _Edit(edit.start, edit.end, new, key)
+    text = _apply(script.text, list(edits.values()))
+    again = read_script(text)
+    pins: list[_Edit] = []
+    notes: list[str] = []
+    for key, new in targets.items():
+        value = _value_of_key(again, key)
+        if value is None or again.resolve(value, split=key in again.overrides) == new:
+            continue
+        written = text[value.start : value.end]
+        pins.append(_Edit(value.start, value.end, new, key))
+        read = _variables_read(value)
+        movers = [
+            e.key for e in edits.values() if e.key != key and _variable_at(script, e.start) in read
+        ]
+        if key in changes and not movers:
+            notes.append(
+                f"{key} (line {value.line}): the expression {written} was replaced by the value "
+                f"{new}"
+            )
+        else:
+            notes.append(
+                f"{key} (line {value.line}): {written} is shared with "
+                f"{', '.join(movers) or 'other keys'}, which change it; {key} now has its own "
+                f"value {new}"
+            )
+    return _apply(text, pins), notes

@@ -1,0 +1,432 @@
+"""Launch scripts of Hydra overrides, read and rewritten in place.
+
+verl and VAGEN users keep a run as a shell script::
+
+    N_GPUS=${N_GPUS:-4}
+    MODEL=Qwen/Qwen2.5-VL-3B-Instruct   # the policy
+    CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m verl.trainer.main_ppo \\
+        data.train_batch_size=128 \\
+        actor_rollout_ref.model.path=$MODEL \\
+        trainer.n_gpus_per_node=${N_GPUS} \\
+        "$@"
+
+:func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or
+accelerate program word) and the variables the script sets, and resolves ``$VAR``,
+``${VAR}`` and ``${VAR:-default}`` the way bash would with those variables unset in the
+environment. :func:`~nbgpu.scale.files.rewrite_script` changes values in the text itself: a literal where it
+is written (inside its quotes), a ``$VAR`` through the assignment of ``VAR`` (or the default
+of ``${VAR:-4}``), so layout, comments, quoting and line continuations stay as they were.
+A value computed from several parts (``"${A}_${B}"``, ``$((N*2))``) is replaced by the new
+literal, and the caller is told so.
+
+The shell grammar read here is the part such scripts use: words, single and double quotes,
+backslash escapes and line continuations, ``#`` comments, ``;``/``&&``/``||``/``|``/``&``
+between commands, assignments before a command and ``export``. Nothing is executed.
+
+Pure: text in, text out; never reads files (``files.py`` does).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from nbgpu.errors import UserInputError
+from nbgpu.scale.values import arithmetic, parse_value
+
+__all__ = [
+    "NAME",
+    "LaunchScript",
+    "ScriptValue",
+    "looks_like_script",
+    "read_script",
+]
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
+# Hydra override keys: a dotted path, optionally prefixed with + (add), ++ (force) or ~ (delete).
+_OVERRIDE = re.compile(r"^(\+{1,2}|~)?([A-Za-z_][\w@/-]*(?:\.[\w@/-]+)*)=")
+_PROGRAMS = re.compile(
+    r"^(?:.*/)?(?:python[0-9.]*|torchrun|accelerate|deepspeed|ray|uv|.*\.py)$", re.IGNORECASE
+)
+_WRAPPERS = frozenset({"env", "nohup", "exec", "time", "nice", "stdbuf", "srun", "command"})
+_SEPARATORS = (";", "&&", "||", "|", "&")
+#: Environment variables that belong to the config (``rule`` devices in ``rules.py``).
+CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One piece of a word: a literal, or a variable reference."""
+
+    kind: str  # "literal" | "var" | "arith" ($((...))) | "complex" ($(cmd), $@, ...)
+    text: str  # the literal text / the variable name / the raw expression
+    start: int  # span in the script of the editable text (literal) or the whole part
+    end: int
+    default: tuple[int, int, str] | None = None  # ${V:-default}: its span and its text
+    quoted: bool = False  # inside double quotes: bash does not split what it expands to
+
+
+@dataclass(frozen=True)
+class ScriptValue:
+    """A value as written in the script: its raw span, its parts, and what it resolves to."""
+
+    start: int  # the value's span in the script (after ``key=``)
+    end: int
+    parts: tuple[_Part, ...]
+    line: int  # 1-based, for messages
+    at: int  # where its word starts: variables are read as assigned before this point
+
+
+@dataclass(frozen=True)
+class _Assignment:
+    name: str
+    value: ScriptValue
+    position: int
+
+
+@dataclass
+class LaunchScript:
+    """A launch script: its text, its overrides and the variables it sets."""
+
+    text: str
+    overrides: dict[str, ScriptValue] = field(default_factory=dict)  # key as written → value
+    assignments: list[_Assignment] = field(default_factory=list)
+    command_at: int = 0  # where the (last) training command starts
+
+    def variable(self, name: str, before: int) -> _Assignment | None:
+        """The last assignment of *name* before *before* (bash reads top to bottom)."""
+        found = None
+        for a in self.assignments:
+            if a.name == name and a.position < before:
+                found = a
+        return found
+
+    def resolve(self, value: ScriptValue, depth: int = 0, *, split: bool = True) -> str | None:
+        """The text bash would pass (variables the script does not set: their default or None).
+
+        ``split``: the value is a command's argument, where bash splits an unquoted expansion
+        at spaces; an assignment's value is never split.
+        """
+        out = []
+        for part in value.parts:
+            if part.kind == "literal":
+                out.append(part.text)
+            elif part.kind == "var" and depth < 20:
+                assigned = self.variable(part.text, value.at)
+                if assigned is not None:
+                    text = self.resolve(assigned.value, depth + 1, split=False)
+                elif part.default is not None:
+                    text = part.default[2]
+                else:
+                    text = None
+                if text is None:
+                    return None
+                if split and not part.quoted and (text != text.strip() or len(text.split()) > 1):
+                    # Unquoted, bash splits the expansion: this word ends at the first space.
+                    fields = text.split()
+                    if text[:1].isspace() and out:
+                        return "".join(out)
+                    return "".join(out) + (fields[0] if fields else "")
+                out.append(text)
+            elif part.kind == "arith" and depth < 20:
+                number = arithmetic(part.text, lambda name: self._number(name, value, depth))
+                if number is None:
+                    return None
+                out.append(str(number))
+            else:
+                return None
+        return "".join(out)
+
+    def _number(self, name: str, value: ScriptValue, depth: int) -> int | None:
+        assigned = self.variable(name, value.at)
+        text = None if assigned is None else self.resolve(assigned.value, depth + 1, split=False)
+        try:
+            return None if text is None else int(text)
+        except ValueError:
+            return None
+
+    def config(self) -> dict[str, Any]:
+        """Overrides (and CUDA_VISIBLE_DEVICES) as a flat ``key → value`` mapping, typed."""
+
+        out: dict[str, Any] = {}
+        for name in sorted(CONFIG_VARIABLES):
+            assigned = self.variable(name, self.command_at + 1)
+            if assigned is not None:
+                text = self.resolve(assigned.value, split=False)
+                out[name] = parse_value(text) if text is not None else _raw(self, assigned.value)
+        for key, value in self.overrides.items():
+            text = self.resolve(value)
+            out[key] = parse_value(text) if text is not None else _raw(self, value)
+        return out
+
+
+def _raw(script: LaunchScript, value: ScriptValue) -> str:
+    return script.text[value.start : value.end]
+
+
+def looks_like_script(text: str, name: str = "") -> bool:
+    """A shell script rather than YAML/JSON: by its name, its shebang or its commands."""
+    if name.endswith((".sh", ".bash")):
+        return True
+    if text.startswith("#!"):
+        return True
+    return bool(re.search(r"^\s*(?:\S+=\S*\s+)*python[0-9.]*\s+.*\\$", text, re.MULTILINE))
+
+
+# ----------------------------------------------------------------------- the lexer
+
+
+@dataclass
+class _Word:
+    start: int
+    end: int
+    parts: list[_Part]
+    line: int
+
+
+class _Lexer:
+    """Splits a script into commands of words, keeping every span."""
+
+    def __init__(self, text: str, where: str) -> None:
+        self.text = text
+        self.where = where
+        self.i = 0
+
+    def line_of(self, pos: int) -> int:
+        return self.text.count("\n", 0, pos) + 1
+
+    def commands(self) -> list[list[_Word]]:
+        commands: list[list[_Word]] = []
+        current: list[_Word] = []
+        text = self.text
+        while self.i < len(text):
+            c = text[self.i]
+            if c == "\\" and text.startswith("\n", self.i + 1):
+                self.i += 2  # a line continuation: the command goes on
+            elif c in " \t\r":
+                self.i += 1
+            elif c == "\n":
+                self.i += 1
+                if current:
+                    commands.append(current)
+                    current = []
+            elif c == "#":
+                end = text.find("\n", self.i)
+                self.i = len(text) if end < 0 else end
+            elif any(text.startswith(s, self.i) for s in _SEPARATORS):
+                sep = next(s for s in _SEPARATORS if text.startswith(s, self.i))
+                self.i += len(sep)
+                if current:
+                    commands.append(current)
+                    current = []
+            else:
+                current.append(self.word())
+        if current:
+            commands.append(current)
+        return commands
+
+    def word(self) -> _Word:
+        text = self.text
+        start = self.i
+        parts: list[_Part] = []
+        while self.i < len(text):
+            c = text[self.i]
+            if c in " \t\r\n;|&":
+                break
+            if c == "\\":
+                if text.startswith("\n", self.i + 1):
+                    self.i += 2  # a continuation inside a word: bash joins the two halves
+                    continue
+                parts.append(_Part("literal", text[self.i + 1 : self.i + 2], self.i, self.i + 2))
+                self.i += 2
+            elif c == "'":
+                end = text.find("'", self.i + 1)
+                if end < 0:
+                    self._unclosed("'", start)
+                parts.append(_Part("literal", text[self.i + 1 : end], self.i + 1, end))
+                self.i = end + 1
+            elif c == '"':
+                self.i += 1
+                parts.extend(self._double_quoted(start))
+            elif c == "$":
+                parts.append(self._dollar())
+            else:
+                begin = self.i
+                while self.i < len(text) and text[self.i] not in " \t\r\n;|&\\'\"$":
+                    self.i += 1
+                parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+        return _Word(start, self.i, _merge(parts), self.line_of(start))
+
+    def _double_quoted(self, word_start: int) -> list[_Part]:
+        text = self.text
+        parts: list[_Part] = []
+        begin = self.i
+        while True:
+            if self.i >= len(text):
+                self._unclosed('"', word_start)
+            c = text[self.i]
+            if c == '"':
+                if self.i > begin:
+                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+                self.i += 1
+                return parts
+            if c == "$":
+                if self.i > begin:
+                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+                parts.append(replace(self._dollar(), quoted=True))
+                begin = self.i
+            elif c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '"\\$`':
+                if self.i > begin:
+                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+                parts.append(_Part("literal", text[self.i + 1], self.i, self.i + 2))
+                self.i += 2
+                begin = self.i
+            else:
+                self.i += 1
+
+    def _dollar(self) -> _Part:
+        text = self.text
+        start = self.i
+        nxt = text[self.i + 1 : self.i + 2]
+        if nxt == "{":
+            end = _matching(text, self.i + 1, "{", "}")
+            if end < 0:
+                self._unclosed("${", start)
+            inner = text[self.i + 2 : end]
+            self.i = end + 1
+            m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])(.*))?", inner, re.DOTALL)
+            if m is None:
+                return _Part("complex", text[start : self.i], start, self.i)
+            default = None
+            if m.group(2) is not None:
+                d_start = self.i - 1 - len(m.group(3))
+                default_text = m.group(3)
+                if "$" in default_text or "'" in default_text or '"' in default_text:
+                    return _Part("complex", text[start : self.i], start, self.i)
+                default = (d_start, self.i - 1, default_text)
+            return _Part("var", m.group(1), start, self.i, default)
+        if nxt == "(":
+            end = _matching(text, self.i + 1, "(", ")")
+            if end < 0:
+                self._unclosed("$(", start)
+            self.i = end + 1
+            inner = text[start + 3 : end - 1]
+            if text.startswith("$((", start) and text[end - 1] == ")":
+                return _Part("arith", inner, start, self.i)
+            return _Part("complex", text[start : self.i], start, self.i)
+        m = NAME.match(text, self.i + 1)
+        if m is not None:
+            self.i = m.end()
+            return _Part("var", m.group(0), start, self.i)
+        # $@, $1, $$ ...: positional and special parameters, resolved at run time only.
+        self.i += 2 if nxt else 1
+        return _Part("complex", text[start : self.i], start, self.i)
+
+    def _unclosed(self, what: str, start: int) -> None:
+        raise UserInputError(
+            f"{self.where}: line {self.line_of(start)}: {what} is not closed; expected a shell "
+            "script such as `python3 -m verl.trainer.main_ppo key=value \\` lines"
+        )
+
+
+def _matching(text: str, i: int, opening: str, closing: str) -> int:
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == opening:
+            depth += 1
+        elif text[j] == closing:
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def _merge(parts: list[_Part]) -> list[_Part]:
+    """Join adjacent literals written contiguously (one span to edit)."""
+    out: list[_Part] = []
+    for p in parts:
+        last = out[-1] if out else None
+        if last is not None and last.kind == p.kind == "literal" and last.end == p.start:
+            out[-1] = _Part("literal", last.text + p.text, last.start, p.end)
+        else:
+            out.append(p)
+    return out
+
+
+def _equals(word: _Word) -> tuple[str, int] | None:
+    """The ``key=`` text a word starts with (quotes removed) and where its ``=`` is written."""
+    first = word.parts[0] if word.parts else None
+    if first is None or first.kind != "literal" or "=" not in first.text:
+        return None
+    if first.end - first.start != len(first.text):
+        return None  # an escaped character before "=": not a key anyone writes
+    cut = first.text.index("=")
+    return first.text[: cut + 1], first.start + cut
+
+
+def _value_of(text: str, word: _Word, eq: int) -> ScriptValue:
+    """The value of ``key=value`` (*eq*: the position of ``=``)."""
+    parts: list[_Part] = []
+    for part in word.parts:
+        if part.end <= eq:
+            continue
+        if part.kind == "literal" and part.start <= eq < part.end:
+            # The literal holding "=" has no escapes (see _equals): offsets map one to one.
+            rest = part.text[eq + 1 - part.start :]
+            if rest:
+                parts.append(_Part("literal", rest, eq + 1, part.end))
+            continue
+        parts.append(part)
+    end = word.end
+    # 'key=value' quoted as a whole: the value ends inside the closing quote.
+    if text[word.start] in "'\"" and text[word.end - 1] == text[word.start]:
+        end -= 1
+    return ScriptValue(eq + 1, end, tuple(parts), word.line, word.start)
+
+
+def read_script(text: str, where: str = "script") -> LaunchScript:
+    """Find the overrides and assignments of a launch script."""
+    script = LaunchScript(text)
+    for command in _Lexer(text, where).commands():
+        i = 0
+        exported = command[0].parts and command[0].parts[0].text in ("export", "declare", "local")
+        if exported and len(command[0].parts) == 1:
+            i = 1
+        while i < len(command):
+            word = command[i]
+            raw = text[word.start : word.end]
+            m = _ASSIGNMENT.match(raw)
+            if m is None or not word.parts or word.parts[0].kind != "literal":
+                break
+            value = _value_of(text, word, word.start + m.end() - 1)
+            script.assignments.append(_Assignment(m.group(1), value, word.start))
+            i += 1
+        if exported or i >= len(command):
+            continue
+        while i < len(command) and text[command[i].start : command[i].end] in _WRAPPERS:
+            i += 1
+        if i >= len(command):
+            continue
+        program = text[command[i].start : command[i].end]
+        if not _PROGRAMS.match(program):
+            continue
+        found = False
+        for word in command[i + 1 :]:
+            equals = _equals(word)
+            m = _OVERRIDE.match(equals[0]) if equals is not None else None
+            if m is None or equals is None:
+                continue
+            found = True
+            key = (m.group(1) or "") + m.group(2)
+            script.overrides.pop(key, None)  # the last one wins, as in Hydra
+            script.overrides[key] = _value_of(text, word, equals[1])
+        if found:
+            script.command_at = command[0].start
+    if not script.overrides:
+        raise UserInputError(
+            f"{where}: no Hydra overrides found; expected a command such as "
+            "`python3 -m verl.trainer.main_ppo data.train_batch_size=128 ...`"
+        )
+    return script

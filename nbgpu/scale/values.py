@@ -1,0 +1,220 @@
+"""A config's values: flat entries found by their last name, typed override text, bash
+arithmetic.
+
+Nested YAML, flat ``a.b.c`` keys and Hydra overrides all become the same :class:`Entry`
+list, so the rules match a key by its last name anywhere in the config. A value reads as
+YAML would type it (``parse_value``), prints as a config or a command line writes it
+(``value_text``, ``override_text``); a launch script's ``$((...))`` is evaluated over
+whole numbers by Python's ``ast`` (``arithmetic``). Pure text; never reads files nor
+executes code.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nbgpu.errors import UserInputError
+
+__all__ = [
+    "Entry",
+    "arithmetic",
+    "config_model_len",
+    "device_count",
+    "entries_of",
+    "find_entry",
+    "int_of",
+    "override_text",
+    "parse_overrides",
+    "parse_value",
+    "set_value",
+    "short_text",
+    "value_text",
+]
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: tuple[Any, ...]  # keys into the nested structure
+    dotted: str  # "a.b.c" without Hydra's +/~ prefixes
+    value: Any
+
+    @property
+    def leaf(self) -> str:
+        return self.dotted.rsplit(".", 1)[-1]
+
+    @property
+    def parent(self) -> str:
+        return self.dotted.rpartition(".")[0]
+
+
+def entries_of(config: Mapping[str, Any]) -> list[Entry]:
+    out: list[Entry] = []
+
+    def walk(node: Mapping[str, Any], path: tuple[Any, ...]) -> None:
+        for key, value in node.items():
+            here = (*path, key)
+            if isinstance(value, Mapping) and value:
+                walk(value, here)
+            else:
+                dotted = ".".join(str(k).lstrip("+~") for k in here)
+                out.append(Entry(here, dotted, value))
+
+    walk(config, ())
+    return out
+
+
+def set_value(config: Any, path: tuple[Any, ...], value: Any) -> None:
+    node = config
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+
+
+def find_entry(entries: Sequence[Entry], suffix: str) -> Entry | None:
+    for e in entries:
+        if e.dotted == suffix or e.dotted.endswith("." + suffix):
+            return e
+    return None
+
+
+def int_of(entry: Entry | None, default: int) -> int:
+    if entry is None:
+        return default
+    value = entry.value
+    return (
+        value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+    )
+
+
+def device_count(value: Any) -> int | None:
+    if isinstance(value, str):
+        return len([v for v in value.split(",") if v.strip()]) or None
+    if isinstance(value, list | tuple):
+        return len(value) or None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return 1
+    return None
+
+
+def config_model_len(entries: Sequence[Entry], value: Any) -> int | None:
+    explicit = find_entry(entries, "max_model_len")
+    if explicit is not None and isinstance(value(explicit), int):
+        return int(value(explicit))
+    for prompt_key, response_key in (
+        ("max_prompt_length", "max_response_length"),
+        ("prompt_length", "response_length"),
+    ):
+        p, r = find_entry(entries, prompt_key), find_entry(entries, response_key)
+        if p is not None and r is not None:
+            pv, rv = value(p), value(r)
+            if isinstance(pv, int) and isinstance(rv, int):
+                return pv + rv
+    return None
+
+
+# ------------------------------------------------------------------------ value text
+
+
+def value_text(value: Any) -> str:
+    """A value as written in a config or a command line: ``4``, ``0.34``, ``true``, ``[0,1]``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(value_text(v) for v in value) + "]"
+    return str(value)
+
+
+def short_text(value: Any) -> str:
+    text = value_text(value).replace(",", ", ") if isinstance(value, list | tuple) else None
+    text = text or value_text(value)
+    return text if len(text) <= 24 else text[:23] + "…"
+
+
+# Hydra reads a bare comma as a sweep (a=1,2) and these characters as its grammar.
+_HYDRA_SPECIAL = re.compile(r"[,\s'\"\\()\[\]{}:=]")
+
+
+def override_text(value: Any) -> str:
+    if isinstance(value, str) and _HYDRA_SPECIAL.search(value):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return value_text(value)
+
+
+def parse_value(text: str) -> Any:
+    """An override or shell value typed as YAML would type it (``4`` → int, ``0.3`` → float)."""
+    raw = text.strip()
+    if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
+        return raw[1:-1]
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("null", "none", "~"):
+        return None
+    if re.fullmatch(r"[-+]?\d+", raw):
+        return int(raw)
+    if re.fullmatch(r"[-+]?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?", raw):
+        return float(raw)
+    if raw.startswith("[") and raw.endswith("]"):
+        return [parse_value(v) for v in raw[1:-1].split(",") if v.strip()]
+    return raw
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Hydra-style ``key.path=value`` strings → a flat dict (values typed like YAML)."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise UserInputError(
+                f"override {item!r}: expected key=value such as data.train_batch_size=4"
+            )
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+# ------------------------------------------------------------------ bash arithmetic
+
+_ARITH_OPS: Mapping[type, Callable[[int, int], int]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    # bash divides whole numbers, truncating toward zero
+    ast.Div: lambda a, b: int(a / b),
+    ast.FloorDiv: lambda a, b: int(a / b),
+    ast.Mod: lambda a, b: a - b * int(a / b),
+}
+
+
+def arithmetic(expression: str, lookup: Callable[[str], int | None]) -> int | None:
+    """bash's ``$(( ))`` on whole numbers (+ - * / %, parentheses, variables), or None."""
+    plain = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", r"\1", expression)
+    try:
+        tree = ast.parse(plain.strip(), mode="eval")
+    except SyntaxError:
+        return None
+
+    def walk(node: ast.AST) -> int | None:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name):
+            return lookup(node.id)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            inner = walk(node.operand)
+            return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
+            left, right = walk(node.left), walk(node.right)
+            if left is None or right is None:
+                return None
+            if right == 0 and isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod):
+                return None
+            return _ARITH_OPS[type(node.op)](left, right)
+        return None
+
+    return walk(tree.body)

@@ -1,0 +1,228 @@
+"""nbgpu.estimate: analytic terms, formulas and sources, largest micro batch, bad input."""
+
+from __future__ import annotations
+
+import json
+from html import escape
+
+import pytest
+
+import nbgpu
+import nbgpu.plan
+from nbgpu.errors import UserInputError
+from nbgpu.estimate import estimate, estimate_memory, largest_micro_batch, lookup_model
+
+GB = 10**9
+
+
+@pytest.mark.parametrize(
+    ("strategy", "published_gb"),
+    [("ddp", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9)],
+)
+def test_zero_paper_worked_example(strategy: str, published_gb: float) -> None:
+    # Rajbhandari et al. §5a: 7.5B parameters, mixed-precision Adam (K = 12), N_d = 64.
+    est = estimate(7.5e9, precision="fp16", optimizer="adam", strategy=strategy, world_size=64)
+    assert round(est.model_state_bytes / GB, 1) == published_gb
+
+
+def test_nbgpu_estimate_is_the_public_callable() -> None:
+    assert nbgpu.estimate is estimate
+    assert callable(nbgpu.estimate.compare)
+    assert estimate("7B").parameters == 7 * 10**9
+
+
+def _gpt_like(h: int = 1024, a: int = 16, layers: int = 24) -> dict[str, object]:
+    # A non-gated GELU MLP of width 4h with full multi-head attention: the paper's model.
+    return {
+        "model_type": "gpt2",
+        "hidden_size": h,
+        "num_hidden_layers": layers,
+        "num_attention_heads": a,
+        "intermediate_size": 4 * h,
+        "vocab_size": 50257,
+        "activation_function": "gelu_new",
+    }
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_activations_reproduce_korthikanti(tp: int) -> None:
+    s, b, h, a, layers = 2048, 4, 1024, 16, 24
+    est = estimate(
+        _gpt_like(h, a, layers),
+        seq_len=s,
+        micro_batch=b,
+        flash_attention=False,
+        tensor_parallel=tp,
+        world_size=tp,
+    )
+    # MLSys'23 eq. (2): sbh(10 + 24/t + 5as/(ht)) bytes per layer, 16-bit activations.
+    expected = layers * s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    term = est.term("activations")
+    assert term is not None
+    assert term.bytes_per_gpu == pytest.approx(expected, rel=1e-9)
+    assert "Korthikanti" in term.source
+
+
+def test_checkpointing_keeps_layer_inputs_and_one_layer() -> None:
+    s, b, h, a, layers = 1024, 2, 1024, 16, 24
+    full = estimate(_gpt_like(h, a, layers), seq_len=s, micro_batch=b, flash_attention=False)
+    ckpt = estimate(
+        _gpt_like(h, a, layers),
+        seq_len=s,
+        micro_batch=b,
+        flash_attention=False,
+        activation_checkpointing=True,
+    )
+    one_layer = s * b * h * (34 + 5 * a * s / h)
+    assert ckpt.term("activations").bytes_per_gpu == pytest.approx(
+        layers * 2 * s * b * h + one_layer
+    )
+    assert full.term("activations").bytes_per_gpu == pytest.approx(layers * one_layer)
+
+
+def test_kv_cache_llama3_8b_is_1_gib_per_8192_tokens() -> None:
+    est = estimate("meta-llama/Meta-Llama-3-8B", role="inference", micro_batch=1, seq_len=8192)
+    assert est.term("KV cache").bytes_per_gpu == 2**30
+    assert est.term("gradients") is None  # serving holds no gradients
+
+
+def test_every_term_carries_formula_and_source_in_every_view() -> None:
+    est = estimate(
+        "Qwen/Qwen2.5-7B-Instruct", strategy="zero2", world_size=8, micro_batch=4, seq_len=4096
+    )
+    names = [t.name for t in est.terms]
+    for expected in (
+        "weights",
+        "gradients",
+        "optimizer states",
+        "activations",
+        "logits/loss",
+        "CUDA context",
+        "NCCL buffers",
+        "fragmentation",
+    ):
+        assert expected in names
+    data = json.loads(est.to_json())
+    assert all(t["formula"] and t["source"] for t in data["terms"])
+    assert data["total_bytes"] == sum(t["bytes_per_gpu"] for t in data["terms"])
+    text, html = est.text(), est.html()
+    for t in est.terms:
+        assert t.formula[:20] in text
+        assert escape(t.source.split(";")[0], quote=False) in html
+    assert "Rajbhandari" in text
+    assert "Korthikanti" in text
+    assert 'title="activations: ' in html  # the stacked bar, static HTML
+    frame = est.to_frame()
+    assert list(frame.columns) == list(est.FRAME_COLUMNS)
+    assert len(frame) == len(est.terms)
+
+
+def test_ddp_buckets_follow_gradient_as_bucket_view() -> None:
+    with_copy = estimate("1B", world_size=2)
+    view = estimate("1B", world_size=2, gradient_as_bucket_view=True)
+    assert with_copy.term("DDP gradient buckets").bytes_per_gpu == 2 * 10**9
+    assert view.term("DDP gradient buckets").bytes_per_gpu == 0
+    assert estimate("1B", world_size=1).term("NCCL buffers").bytes_per_gpu == 0
+
+
+def test_a_parameter_count_says_what_it_cannot_compute() -> None:
+    est = estimate("7B", seq_len=4096)
+    assert est.term("activations").bytes_per_gpu is None
+    assert "activations" in est.uncounted
+    assert "not computable without the model's shape" in est.text()
+
+
+def test_largest_micro_batch_is_computed_and_the_smallest_gpu_decides() -> None:
+    kwargs = {"strategy": "zero3", "world_size": 8, "seq_len": 4096}
+    kwargs["activation_checkpointing"] = True
+    best = largest_micro_batch("meta-llama/Llama-3.1-8B", ["80GB", "40GB", "80GB"], **kwargs)
+    n = best.max_micro_batch
+    assert n is not None
+    assert n >= 1
+    assert best.micro_batch == n
+    assert best.fits
+    over = estimate_memory("meta-llama/Llama-3.1-8B", micro_batch=n + 1, budget="40GB", **kwargs)
+    assert over.fits is False
+    bigger = largest_micro_batch("meta-llama/Llama-3.1-8B", "80GB", **kwargs)
+    assert bigger.max_micro_batch > n
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"precision": "fp8"}, ["precision='fp8'", "bf16"]),
+        ({"strategy": "zero4"}, ["strategy='zero4'", "zero3"]),
+        ({"optimizer": "lion"}, ["optimizer='lion'", "adamw"]),
+        ({"micro_batch": 0}, ["micro_batch=0", ">= 1"]),
+        ({"world_size": -2}, ["world_size=-2", ">= 1"]),
+        ({"seq_len": 0}, ["seq_len=0"]),
+        ({"role": "serve"}, ["role='serve'", "inference"]),
+        ({"budget": "lots"}, ["budget='lots'", "80GB"]),
+        ({"world_size": 6, "tensor_parallel": 4}, ["world_size=6", "dp × tp × pp"]),
+        ({"budget": "10GB"}, ["budget=9.3 GiB", "smaller than"]),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_value(kwargs: dict, words: list[str]) -> None:
+    with pytest.raises(UserInputError) as info:
+        estimate("7B", **kwargs)
+    text = str(info.value)
+    assert "\n" not in text
+    for word in words:
+        assert word in text
+
+
+@pytest.mark.parametrize("model", ["-7B", "0", "seven", 0, -5])
+def test_bad_model_sizes(model: object) -> None:
+    with pytest.raises(UserInputError):
+        estimate(model)
+
+
+def test_hf_config_missing_fields_named() -> None:
+    with pytest.raises(UserInputError, match="lacks num_hidden_layers, vocab_size"):
+        estimate({"hidden_size": 64, "num_attention_heads": 4})
+
+
+def test_builtin_config_equals_its_config_json(tmp_path) -> None:
+    cfg = lookup_model("Qwen2.5-0.5B")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg.to_hf_dict()))
+    by_name = estimate("Qwen/Qwen2.5-0.5B", seq_len=512, micro_batch=2)
+    by_file = estimate(str(path), seq_len=512, micro_batch=2)
+    assert by_name.analytic_bytes == by_file.analytic_bytes
+
+
+def test_a_budget_that_holds_no_sample_is_one_clear_line() -> None:
+    with pytest.raises(UserInputError, match="holds no sample"):
+        largest_micro_batch(
+            "meta-llama/Llama-3.1-8B", "40GB", strategy="zero3", world_size=8, seq_len=4096
+        )
+
+
+ROLLOUT = {
+    "CUDA_VISIBLE_DEVICES": "0,1",
+    "actor_rollout_ref": {
+        "rollout": {
+            "tensor_model_parallel_size": 2,
+            "gpu_memory_utilization": 0.34,
+            "max_num_batched_tokens": 1800,
+        },
+    },
+}
+
+
+def test_scale_kv_check_takes_a_builtin_name_offline(sim_env) -> None:
+    config = lookup_model("Qwen2.5-VL-3B-Instruct").to_hf_dict()
+    del config["num_parameters"]
+    by_dict = nbgpu.plan.scale(
+        ROLLOUT, inventory="4xA40", model=config, max_model_len=1800, environ=sim_env
+    )
+    by_name = nbgpu.plan.scale(
+        ROLLOUT,
+        inventory="4xA40",
+        model="Qwen/Qwen2.5-VL-3B-Instruct",
+        max_model_len=1800,
+        environ=sim_env,
+    )
+    assert by_name.kv is not None
+    assert by_name.kv.bytes_per_token == by_dict.kv.bytes_per_token
+    assert by_name.kv.weights_bytes == pytest.approx(by_dict.kv.weights_bytes, rel=0.01)
