@@ -156,7 +156,11 @@ FORBIDDEN = {
                  "nbgpu.profile.phases", "nbgpu.profile.recorder", "nbgpu.profile.sampler",
                  "nbgpu.profile.live",
                  "nbgpu.profile.figure"),
-    "launch": ("nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
+    # launch watches the ranks from the kernel; what runs inside them is rank/'s alone.
+    "launch": ("nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api", "nbgpu.rank"),
+    # rank/ runs inside child processes: it never imports the kernel's side of a run.
+    "rank": ("nbgpu.launch", "nbgpu.plan", "nbgpu.estimate", "nbgpu.scale", "nbgpu.diagnose",
+             "nbgpu.notebook", "nbgpu.cli", "nbgpu.api"),
     # profile records inside ranks and reports runs; it knows neither launching nor faces.
     "profile": ("nbgpu.launch", "nbgpu.plan", "nbgpu.diagnose", "nbgpu.notebook", "nbgpu.cli",
                 "nbgpu.api", "nbgpu.rank"),
@@ -168,14 +172,11 @@ def test_layers_import_one_way():
         for path in (PACKAGE / layer).rglob("*.py"):
             bad = {m for m in _nbgpu_imports(path) if m.startswith(banned)}
             assert not bad, f"{path.relative_to(PACKAGE)} imports {sorted(bad)}"
-    worker_profile = {m for m in _nbgpu_imports(PACKAGE / "launch" / "worker.py") if "profile" in m}
+    worker_profile = {m for m in _nbgpu_imports(PACKAGE / "rank" / "worker.py") if "profile" in m}
     # Ranks record through the light modules only (standard library at import time).
     assert worker_profile <= {"nbgpu.profile.phases", "nbgpu.profile.phases.configure",
                               "nbgpu.profile.recorder",
                               "nbgpu.profile.recorder.Recorder"}  # fmt: skip
-    for path in (PACKAGE / "rank").rglob("*.py"):
-        rank_imports = _nbgpu_imports(path)
-        assert not {m for m in rank_imports if m.startswith(("nbgpu.launch", "nbgpu.notebook"))}
 
 
 # Modules every process imports early (ranks, the probe's child, torchrun's agent): the
@@ -187,16 +188,13 @@ STDLIB_ONLY = (
     "devices/simenv.py",
     "devices/cuda_errors.py",
     "launch/channel.py",
-    "launch/slurm_node.py",
+    "rank/slurm_node.py",
 )
 
 # What a rank runs before the user's code (cold and warm): no third-party import, and of
-# nbgpu only the recording side of profile/, the cell channel and rank helpers.
-RANK_SIDE = ("launch/worker.py", "launch/rank_code.py", "launch/warm_rank.py")
-RANK_SIDE_NBGPU = (
-    "nbgpu._lineage", "nbgpu.profile.phases", "nbgpu.profile.recorder", "nbgpu.rank",
-    "nbgpu.launch.rank_code", "nbgpu.launch.channel", "nbgpu.launch.warm_rank",
-)  # fmt: skip
+# nbgpu only the recording side of profile/ and rank/ itself.
+RANK_SIDE = ("rank/worker.py", "rank/usercode.py")
+RANK_SIDE_NBGPU = ("nbgpu._lineage", "nbgpu.profile.phases", "nbgpu.profile.recorder", "nbgpu.rank")
 
 
 def test_rank_side_modules_stay_light():
@@ -278,3 +276,14 @@ def test_the_import_graph_has_no_circles():
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def test_the_kernel_and_its_ranks_use_the_same_words():
+    # rank/ never imports launch/ (nor the reverse): each side names what crosses the
+    # process boundary itself, and this ties the two names together.
+    from nbgpu.launch.nodes_plan import NODE_GPUS_ENV  # noqa: PLC0415
+    from nbgpu.launch.stacks import STACKS_SIGNAL  # noqa: PLC0415
+    from nbgpu.rank import slurm_node, worker  # noqa: PLC0415
+
+    assert worker._STACKS_SIGNAL == STACKS_SIGNAL
+    assert slurm_node._NODE_GPUS_ENV == NODE_GPUS_ENV

@@ -1,12 +1,12 @@
 """The command that starts a run's agents: one local torchrun, or one per node.
 
-- One node: nbgpu's wrapped torchrun (``agent.py``) with a static rendezvous on
+- One node: nbgpu's wrapped torchrun (``nbgpu.rank.agent``) with a static rendezvous on
   loopback and a port nobody holds.
 - Several nodes without SLURM (``--nnodes N --rdzv-endpoint HOST:PORT [--node-rank R]``):
   the same agent with torchrun's c10d rendezvous; the user starts the same cell on every
   node, and each run's ranks meet at the endpoint.
 - SLURM (``--slurm --nodes N``): ``srun`` with one task per node, each task finding the
-  c10d rendezvous on the step's first node (``slurm_node.py``).
+  c10d rendezvous on the step's first node (``nbgpu.rank.slurm_node``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
             options=config.slurm,
             join_timeout_s=config.rdzv_timeout_s,
         )
-    argv = [sys.executable, "-m", "nbgpu.launch.agent", str(run_dir / "result.json"), "--"]
+    argv = [sys.executable, "-m", "nbgpu.rank.agent", str(run_dir / "result.json"), "--"]
     if config.nnodes == 1:
         rendezvous = [
             "--nnodes", "1", "--node-rank", "0",
@@ -59,5 +59,5 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
         "--nproc-per-node", str(config.nproc),
         "--max-restarts", "0",
         "--log-dir", str(run_dir / "torchelastic"),
-        "--module", "nbgpu.launch.worker",
+        "--module", "nbgpu.rank.worker",
     ]  # fmt: skip

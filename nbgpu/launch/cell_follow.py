@@ -51,6 +51,7 @@ class _Cell:
         message = {
             "op": "cell",
             "cell": self.number,
+            "mark": f"{CELL_MARK}{self.number} ####",
             "source": self.request.code,
             "filename": str(path),
             "push": dict(self.request.push),

@@ -1,4 +1,4 @@
-"""The private channel that carries a warm job's cells to its ranks and their answers back.
+"""The kernel's end of the private channel that carries a warm job's cells to its ranks.
 
 One Unix socket, created by the kernel in its own 0700 directory (the run directory,
 or a private ``mkdtemp`` when that path is too long for a socket address); each rank
@@ -6,8 +6,8 @@ connects once and says hello with the run's secret token. The kernel also checks
 peer's user id (``SO_PEERCRED``): only the user's own processes get in, nothing listens
 on a network interface, and the pickles below never cross anything else.
 
-A message is a pickled dict behind an 8-byte length. Standard library only: ranks
-import this before any user code.
+A message is a pickled dict behind an 8-byte length. The ranks' end is
+``nbgpu.rank.usercode`` (``serve``). Standard library only.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CELL_MARK", "CellServer", "connect", "receive", "send", "socket_path"]
+__all__ = ["CELL_MARK", "CellServer", "socket_path"]
 
 _HEADER = struct.Struct("!Q")
 # A socket address holds 108 bytes on Linux (less elsewhere): keep a margin.
 _MAX_SOCKET_PATH = 100
 _MAX_HELLO = 4096
-#: How a rank's log marks where a warm cell begins: ``#### nbgpu cell 3 ####``.
+#: How a rank's log marks where a warm cell begins: ``#### nbgpu cell 3 ####`` (the rank
+#: prints the line the cell's message carries).
 CELL_MARK = "#### nbgpu cell "
 
 
@@ -41,47 +42,6 @@ def socket_path(run_dir: Path) -> Path:
         return inside
     # mkdtemp makes the directory 0700 for this user, like the run directory.
     return Path(tempfile.mkdtemp(prefix="nbgpu-")) / "cells.sock"
-
-
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEADER.pack(len(body)) + body)
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
-    chunks = []
-    while size:
-        chunk = sock.recv(min(size, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def receive(sock: socket.socket) -> dict[str, Any] | None:
-    """The next message, waiting for it; None when the other side has gone."""
-    header = _read_exactly(sock, _HEADER.size)
-    if header is None:
-        return None
-    body = _read_exactly(sock, _HEADER.unpack(header)[0])
-    if body is None:
-        return None
-    message: dict[str, Any] = pickle.loads(body)  # noqa: S301  (our private channel only)
-    return message
-
-
-def connect(path: str, token: str, hello: dict[str, Any]) -> socket.socket:
-    """A rank's end: connect and introduce itself with the job's token.
-
-    The hello is JSON, not a pickle: the kernel never unpickles a byte from a peer
-    before it has shown the token.
-    """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-    body = json.dumps({"op": "hello", "token": token, **hello}).encode()
-    sock.sendall(_HEADER.pack(len(body)) + body)
-    return sock
 
 
 def _hello(body: bytes) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 The plan chose the nodes and each node's GPUs: the run asks SLURM for exactly those
 nodes (``srun --nodelist``) and each node's agent takes its own GPUs from
-``NBGPU_NODE_GPUS`` before torchrun starts the ranks (``slurm_node.py``). What the user
+``NBGPU_NODE_GPUS`` before torchrun starts the ranks (``nbgpu.rank.slurm_node``). What the user
 also typed must agree with the plan; each disagreement is one line. Launch never imports
 ``plan/``: the plan is read through the fields below.
 """
@@ -16,9 +16,11 @@ from typing import Protocol, TypeGuard
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
-from nbgpu.launch.slurm_node import NODE_GPUS_ENV
 
-__all__ = ["NodesLaunchPlan", "is_nodes_plan", "take_nodes_plan"]
+__all__ = ["NODE_GPUS_ENV", "NodesLaunchPlan", "is_nodes_plan", "take_nodes_plan"]
+
+#: A plan's GPUs per node as JSON; each node takes its own entry (``nbgpu.rank.slurm_node``).
+NODE_GPUS_ENV = "NBGPU_NODE_GPUS"
 
 
 class _Problem(Protocol):

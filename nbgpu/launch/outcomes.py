@@ -1,6 +1,6 @@
 """What each rank of a finished run did: exit codes, signals, error files, pulled values.
 
-Read from what the wrapped agent (``agent.py``) and torchrun leave in the run
+Read from what the wrapped agent (``nbgpu.rank.agent``) and torchrun leave in the run
 directory: ``result.json`` (per-rank exit codes and signals), each rank's torchelastic
 error file (the exception line, its traceback and a sub-second clock), and the values
 ranks wrote for ``--pull``. Which rank failed *first* is the diagnosis' answer
@@ -138,7 +138,7 @@ class Pulled:
 
 
 def add_pulled(pulled: Pulled, rank: int, payload: dict[str, Any]) -> None:
-    """Fold one rank's pull payload (``rank_code.pull_payload``) into *pulled*."""
+    """Fold one rank's pull payload (``nbgpu.rank.usercode.pull_payload``) into *pulled*."""
     values: dict[str, Any] = {}
     for name, blob in payload["values"].items():
         try:

@@ -1,7 +1,7 @@
 """A Run: one torchrun job's processes, from start to collected outcomes.
 
 ``Run.start()`` writes the run directory (cell, bootstrap spec, pushed values),
-picks a free port, and starts the wrapped torchrun agent (``agent.py``) in its own
+picks a free port, and starts the wrapped torchrun agent (``nbgpu.rank.agent``) in its own
 session with the workers' environment; ``poll_lines()`` reads what the ranks wrote
 (``follow.py`` loops over it); ``stop()`` ends the whole process tree against one
 deadline; ``finish()`` collects per-rank outcomes (``outcomes.py``) and, for a failed

@@ -1,7 +1,7 @@
 """Multi-node runs through SLURM: the ``srun`` command, the checks before it, ``scancel``.
 
 A run with ``--slurm`` starts ``srun`` where a single-node run starts its agent: one task
-per node (``--ntasks-per-node 1``), each running ``slurm_node.py``, which finds the c10d
+per node (``--ntasks-per-node 1``), each running ``nbgpu.rank.slurm_node``, which finds the c10d
 rendezvous and becomes torchrun's agent on its node. Inside an allocation (the kernel's
 environment has ``SLURM_JOB_ID``) ``srun`` starts a step in it; otherwise it requests an
 allocation for the run (named ``nbgpu-<run>``) that ends with the step, so nothing stays
@@ -140,7 +140,7 @@ def srun_argv(
     ]  # fmt: skip
     argv += request_args(options)
     argv += [
-        python, "-m", "nbgpu.launch.slurm_node", str(run_dir), str(nodes), str(nproc),
+        python, "-m", "nbgpu.rank.slurm_node", str(run_dir), str(nodes), str(nproc),
         run_id, f"{join_timeout_s or JOIN_TIMEOUT_S:g}",
     ]  # fmt: skip
     return argv

@@ -1,7 +1,7 @@
 """Every rank's Python stack at once, without ptrace: for runs that hang.
 
 Each rank registers the standard library's ``faulthandler`` on ``STACKS_SIGNAL``
-before any user code (``worker.py``), dumping every thread's Python stack into
+before any user code (``nbgpu.rank.worker``), dumping every thread's Python stack into
 ``stacks-rank{N}.txt`` in the run directory, and announces itself in
 ``stacks-rank{N}.pid``. :func:`rank_stacks` signals each announced rank (after
 checking that the pid still carries the run's id, so a reused pid is never

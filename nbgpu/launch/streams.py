@@ -1,6 +1,6 @@
 """Streaming rank output: follow log files, decode safely, coalesce for the screen.
 
-Each rank writes straight into its own log file (see ``worker.py``), so the disk
+Each rank writes straight into its own log file (see ``nbgpu.rank.worker``), so the disk
 copy is complete whatever happens on screen. :class:`LogTail` follows one file:
 bytes until there are no more, an incremental UTF-8 decoder (a character split
 across two reads stays intact), ``\\r`` handled as a terminal would (a progress bar

@@ -2,7 +2,7 @@
 
 A warm job is a :class:`~nbgpu.launch.run.Run` started with ``keep``: torchrun starts
 the ranks as for any run, and they wait on the job's private channel for cells
-(``warm_rank.py``). :class:`WarmState` (``run.warm``) knows which cell each rank is
+(``nbgpu.rank.usercode``). :class:`WarmState` (``run.warm``) knows which cell each rank is
 in, interrupts a cell on every rank, ends the job gracefully (the ranks leave their
 loop and exit normally, finalizers included), and watches it between cells: a rank
 that dies while the job is idle, or an idle timeout, ends the job as a failed or
