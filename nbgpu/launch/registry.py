@@ -11,10 +11,9 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from html import escape
 from typing import TYPE_CHECKING, Any
 
-from nbgpu._render import Result, Table
+from nbgpu._render import Block, Line, Result, Table, to_text
 from nbgpu.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -24,6 +23,7 @@ __all__ = [
     "RUNS",
     "RunsTable",
     "StopSummary",
+    "Stopped",
     "check_name_free",
     "ports_in_use",
     "register",
@@ -158,27 +158,23 @@ class RunsTable(Result):
             )
         return table
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         if not self.entries:
-            return "No runs in this kernel yet (start one with %%torchrun N)."
+            return [Line("No runs in this kernel yet (start one with %%torchrun N).", wrap=False)]
         hints = [
-            f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name} shows "
-            "every rank's stack"
+            Line(
+                f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name} "
+                "shows every rank's stack",
+                level="warn",
+                wrap=False,
+            )
             for run in self.entries
             if silent_ranks(run)
         ]
-        return "\n".join([self._table().text(max_width=120), *hints])
+        return [self._table(), *hints]
 
-    def html_body(self) -> str:
-        if not self.entries:
-            return f"<p>{escape(self.text())}</p>"
-        hints = "".join(
-            f'<p class="warn">{escape(run.name)}: ranks silent for a while (a hang?): '
-            f"<code>%gpu_stacks {escape(run.name)}</code> shows every rank's stack</p>"
-            for run in self.entries
-            if silent_ranks(run)
-        )
-        return self._table().html() + hints
+    def text(self) -> str:
+        return to_text(self.content(), width=120)  # a row per run: wider than 80 columns
 
     def records(self) -> list[dict[str, Any]]:
         return [
@@ -195,37 +191,39 @@ def runs_table() -> RunsTable:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """One run that was stopped: how many processes took a signal, SIGKILL, or survived."""
+
+    name: str
+    signalled: int
+    killed: int
+    survivors: tuple[int, ...]
+
+    def sentence(self) -> str:
+        if self.signalled or self.killed or self.survivors:
+            line = f"stopped '{self.name}': {self.signalled} processes signalled"
+        else:
+            line = f"stopped '{self.name}': every process exited when asked"
+        if self.killed:
+            line += f", {self.killed} needed SIGKILL"
+        if self.survivors:
+            line += f"; STILL ALIVE: {', '.join(map(str, self.survivors))}"
+        return line
+
+
+@dataclass(frozen=True)
 class StopSummary(Result):
-    stopped: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # name, signalled, killed, survivors
+    stopped: tuple[Stopped, ...]
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         if not self.stopped:
-            return "Nothing was running."
-        lines = []
-        for name, signalled, killed, survivors in self.stopped:
-            line = (
-                f"stopped '{name}': {signalled} processes signalled"
-                if signalled or killed or survivors
-                else f"stopped '{name}': every process exited when asked"
-            )
-            if killed:
-                line += f", {killed} needed SIGKILL"
-            if survivors:
-                line += f"; STILL ALIVE: {', '.join(map(str, survivors))}"
-            lines.append(line)
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        return "<br>".join(escape(line) for line in self.text().splitlines())
-
-    def records(self) -> list[dict[str, Any]]:
+            return [Line("Nothing was running.", wrap=False)]
         return [
-            {"name": n, "signalled": s, "killed": k, "survivors": list(v)}
-            for n, s, k, v in self.stopped
+            Line(s.sentence(), level="bad" if s.survivors else "", wrap=False) for s in self.stopped
         ]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"stopped": self.records()}
+    def records(self) -> list[dict[str, Any]]:
+        return list(self.to_dict()["stopped"])
 
 
 def stop_runs(name: str | None) -> StopSummary:
@@ -234,10 +232,10 @@ def stop_runs(name: str | None) -> StopSummary:
         known = ", ".join(RUNS) or "none yet"
         raise UserInputError(f"no run named {name!r} (runs: {known})")
     targets = [RUNS[name]] if name is not None else [r for r in RUNS.values() if not r.done]
-    out: list[tuple[str, int, int, tuple[int, ...]]] = []
+    out: list[Stopped] = []
     for run in targets:
         if run.done:
-            out.append((run.name, 0, 0, ()))
+            out.append(Stopped(run.name, 0, 0, ()))
             continue
         report = run.stop("stopped")
         if run.thread is not None:
@@ -246,5 +244,5 @@ def stop_runs(name: str | None) -> StopSummary:
             run.end_warm()
         else:
             run.finish()
-        out.append((run.name, report.signalled, report.escalated_to_kill, report.survivors))
+        out.append(Stopped(run.name, report.signalled, report.escalated_to_kill, report.survivors))
     return StopSummary(tuple(out))

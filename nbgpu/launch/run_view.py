@@ -9,12 +9,12 @@ traceback is.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
-from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbgpu._render import Result, Table, fix_html, simulated_label
+from nbgpu._render import Block, Bullets, Line, Result, Table, Title, simulated_label, to_text
 from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.outcomes import RankOutcome
@@ -118,13 +118,7 @@ class RunView(Result):
                 f"diagnosis failed: {self.diagnosis_error} (the first failing rank above comes "
                 f"from {how} alone; `nbgpu diagnose {self.dir}` retries)"
             )
-        root = None if self.diagnosis is None else self.diagnosis.root
-        if self.diagnosis is not None and root is not None and self.diagnosis.cause != "unknown":
-            # The diagnosis leads: the cause in plain words, then the fixes it did not
-            # already name in its headline.
-            headline = self.diagnosis.headline
-            lines.append(f"cause: {headline}")
-            lines.extend(f"  fix: {fix}" for fix in root.fixes[:3] if fix not in headline)
+        lines.extend(to_text(self._cause(), width=sys.maxsize).splitlines())
         rc = self.root_cause
         if rc is not None and rc.traceback:
             if output_shown:
@@ -135,6 +129,18 @@ class RunView(Result):
                 lines.extend("  " + line for line in tb[-8:])
         lines.append(f"logs: {self.dir}  (details: the exception's .run attribute)")
         return lines
+
+    def _cause(self) -> list[Block]:
+        """The diagnosis in plain words, then the fixes its headline does not name already."""
+        diagnosis = self.diagnosis
+        if diagnosis is None or diagnosis.root is None or diagnosis.cause in ("unknown", "none"):
+            return []
+        headline = diagnosis.headline
+        fixes = [fix for fix in diagnosis.root.fixes[:3] if fix not in headline]
+        return [
+            Line(headline, label="cause", level="bad"),
+            *(Line(fix, label="fix", indent="  ") for fix in fixes),
+        ]
 
     def _table(self) -> Table:
         table = Table(["rank", "state", "pid", "error", "log"])
@@ -196,33 +202,25 @@ class RunView(Result):
     def simulated_fleet(self) -> str | None:
         return self.environ.get("NBGPU_SIMULATE") or None
 
-    def text(self) -> str:
-        lines = [self._headline()]
-        if self.ranks:
-            lines.append(self._table().text())
-        if self.state not in ("succeeded", "running", "created"):
-            lines.append(self.failure_summary())
-        if self.diagnosis_error is not None:
-            lines.append(f"diagnosis failed: {self.diagnosis_error}")
-        lines.extend(f"! {p}" for p in self.pull_problems)
-        if self.diagnosis is not None and self.diagnosis.cause not in ("unknown", "none"):
-            lines.append(f"cause: {self.diagnosis.headline}")
-        lines.append(f"logs: {self.dir}")
-        return "\n".join(lines)
+    def content(self) -> list[Block]:
+        fleet = self.simulated_fleet()
+        return [Title(self._headline(), simulated=bool(fleet)), *self.summary_blocks()]
 
-    def html_body(self) -> str:
-        parts = [f"<b>{escape(self._headline())}</b>"]
-        if self.ranks:
-            parts.append(self._table().html())
+    def summary_blocks(self) -> list[Block]:
+        """Everything below the headline (a saved record opens with its own headline)."""
+        blocks: list[Block] = [self._table()] if self.ranks else []
         if self.state not in ("succeeded", "running", "created"):
-            parts.append(f"<p>{fix_html(self.failure_summary())}</p>")
+            level = "bad" if self.state in ("failed", "timed_out") else "warn"
+            blocks.append(Line(self.failure_summary(), level=level, wrap=False))
         if self.diagnosis_error is not None:
-            parts.append(f'<p class="warn">diagnosis failed: {escape(self.diagnosis_error)}</p>')
-        parts.extend(f'<p class="warn">{escape(p)}</p>' for p in self.pull_problems)
-        if self.diagnosis is not None:
-            parts.append(self.diagnosis.html_body())
-        parts.append(f"<div>logs: <code>{escape(str(self.dir))}</code></div>")
-        return "".join(parts)
+            blocks.append(
+                Line(f"diagnosis failed: {self.diagnosis_error}", level="warn", wrap=False)
+            )
+        if self.pull_problems:
+            blocks.append(Bullets(self.pull_problems, marker="! ", level="warn"))
+        blocks += self._cause()
+        blocks.append(Line(str(self.dir), label="logs", wrap=False))
+        return blocks
 
     def records(self) -> list[dict[str, Any]]:
         return [

@@ -19,11 +19,10 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbgpu._render import Result, fmt_bytes
+from nbgpu._render import Block, Line, Result, fmt_bytes
 from nbgpu.errors import NbgpuError, UserInputError
 from nbgpu.launch.channel import CellServer
 
@@ -76,11 +75,8 @@ class CellResult(Result):
             parts.append(f"{which} {status}{detail}")
         return f"{head}: " + "; ".join(parts)
 
-    def text(self) -> str:
-        return self.summary()
-
-    def html_body(self) -> str:
-        return f"<p>{escape(self.summary())}</p>"
+    def content(self) -> list[Block]:
+        return [Line(self.summary(), level="" if self.ok else "bad", wrap=False)]
 
     def records(self) -> list[dict[str, Any]]:
         return [
