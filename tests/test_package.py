@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import nbgpu
-from tests.runtime_imports import runtime_imports
 
 PACKAGE = Path(nbgpu.__file__).parent
 HEAVY = ("torch", "pynvml", "pandas", "matplotlib", "ipywidgets")
@@ -243,16 +242,25 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _nbgpu_runtime_imports(path: Path, modules: set[str]) -> set[str]:
-    """The nbgpu modules *path* needs when it runs."""
+def _nbgpu_modules_imported(path: Path, modules: set[str]) -> set[str]:
+    """The nbgpu modules *path* imports: every import, lazy and ``TYPE_CHECKING`` ones too
+    (an annotation that needs the other module is a real knot)."""
     found = set()
-    for imported in runtime_imports(path):
+    for imported in _nbgpu_imports(path):
         module = imported
         while module and module not in modules:  # `from pkg import x`: x may be a module
             module = module.rpartition(".")[0]
-        if module.startswith("nbgpu"):
+        if module:
             found.add(module)
     return found
+
+
+# Circles being untied on other branches of issue 20 (devices/, profile/); delete each
+# entry once its branch is merged.
+UNTIED_ELSEWHERE = (
+    {"nbgpu.devices.capture", "nbgpu.devices.inventory"},
+    {"nbgpu.profile.figure", "nbgpu.profile.report"},
+)
 
 
 def test_the_import_graph_has_no_circles():
@@ -260,9 +268,15 @@ def test_the_import_graph_has_no_circles():
     # other. A package's own __init__ is not counted as a dependency of its modules.
     paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = {
-        name: {d for d in _nbgpu_runtime_imports(path, set(paths)) if d != name and not name.startswith(d + ".")}
+        name: {
+            d
+            for d in _nbgpu_modules_imported(path, set(paths))
+            if d != name
+            and not name.startswith(d + ".")
+            and not any({name, d} <= pair for pair in UNTIED_ELSEWHERE)
+        }
         for name, path in paths.items()
-    }  # fmt: skip
+    }
     done: set[str] = set()
 
     def visit(name: str, trail: list[str]) -> None:

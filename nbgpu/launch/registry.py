@@ -1,32 +1,26 @@
-"""This process's runs: the registry, its exit hook, a table (``%gpu_runs``), stopping.
+"""This process's runs as the faces ask for them: ``nbgpu.runs()``, a table
+(``%gpu_runs``: silent ranks marked), stopping by name (``%gpu_stop``).
 
-A run registers itself when it starts; a kernel that shuts down cleanly stops its
-runs in order (parent-death signals cover the unclean exits). Never imports IPython.
+Each run enters itself in :data:`~nbgpu.launch.run.RUNS` when it starts. Never imports
+IPython.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbgpu._render import Block, Line, Result, Table, to_text
 from nbgpu.errors import UserInputError
-
-if TYPE_CHECKING:
-    from nbgpu.launch.run import Run
+from nbgpu.launch.run import RUNS, Run
+from nbgpu.launch.warm import span
 
 __all__ = [
-    "RUNS",
     "RunsTable",
     "StopSummary",
     "Stopped",
-    "check_name_free",
-    "ports_in_use",
-    "register",
     "runs",
     "runs_table",
     "silent_ranks",
@@ -37,54 +31,13 @@ SILENT_ENV = "NBGPU_SILENT_AFTER"
 SILENT_AFTER_S = 120.0  # a rank quiet this long is marked (a hang shows up as silence)
 
 
-#: Runs started by this process (this kernel), by name.
-RUNS: dict[str, Run] = {}
-_EXIT_HOOK: list[bool] = []
-
-
-def register(run: Run) -> None:
-    """Keep *run* (by name) and make sure this process stops its runs when it exits."""
-    RUNS[run.name] = run
-    if not _EXIT_HOOK:
-        _EXIT_HOOK.append(True)
-        atexit.register(_stop_running, "kernel shutdown")
-
-
-def _stop_running(reason: str) -> None:
-    for run in list(RUNS.values()):
-        if not run.done and not run.agent_done:
-            with contextlib.suppress(Exception):
-                run.stop(reason, grace_s=2.0)
-
-
-def ports_in_use() -> set[int]:
-    """Rendezvous ports of this process's running runs (a new run must not take one)."""
-    return {r.port for r in RUNS.values() if r.port is not None and r.state == "running"}
-
-
-def check_name_free(name: str) -> str:
-    existing = RUNS.get(name)
-    if existing is not None and not existing.done:
-        raise UserInputError(
-            f"--name {name!r}: a run with this name is still running (%gpu_stop {name})"
-        )
-    return name
-
-
 def runs() -> dict[str, Run]:
     """The runs started by this process (this kernel), by name."""
     return dict(RUNS)
 
 
 def _age(run: Run) -> str:
-    if run.started_at is None:
-        return "-"
-    seconds = time.time() - run.started_at
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return "-" if run.started_at is None else span(time.time() - run.started_at)
 
 
 def _silent_after_s() -> float:
@@ -119,11 +72,7 @@ def _quiet_cell(run: Run) -> str:
         return "-"
     ranks = ",".join(str(r) for r, _s in quiet)
     longest = max(s for _r, s in quiet)
-    return f"rank {ranks} silent {_span(longest)}"
-
-
-def _span(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    return f"rank {ranks} silent {span(longest)}"
 
 
 @dataclass(frozen=True)
@@ -237,12 +186,6 @@ def stop_runs(name: str | None) -> StopSummary:
         if run.done:
             out.append(Stopped(run.name, 0, 0, ()))
             continue
-        report = run.stop("stopped")
-        if run.thread is not None:
-            run.thread.join(timeout=10)  # the follower collects the outcome
-        elif run.warm is not None:
-            run.end_warm()
-        else:
-            run.finish()
+        report = run.end("stopped")
         out.append(Stopped(run.name, report.signalled, report.escalated_to_kill, report.survivors))
     return StopSummary(tuple(out))

@@ -1,36 +1,41 @@
 """How a run reads: headline, per-rank table, failure summary, text, HTML and JSON.
 
-A mixin of :class:`~nbgpu.launch.run.Run`: pure rendering over the run's state, no
-processes. The failure report says each thing once: the summary (the rank that
-failed first, as the diagnosis decided), the cause and its fixes, then where the
-traceback is.
+The base class of :class:`~nbgpu.launch.run.Run`: pure rendering over the run's state
+(``run.json`` and the memory report included), no processes. The failure report says
+each thing once: the summary (the rank that failed first, as the diagnosis decided),
+the cause and its fixes, then where the traceback is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Block, Bullets, Line, Result, Table, Title, simulated_label, to_text
+from nbgpu.errors import NbgpuError
 from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
+from nbgpu.launch.notices import RunNotices
 from nbgpu.launch.outcomes import RankOutcome
 from nbgpu.launch.rdzv_timeout import rendezvous_timeout_words
+from nbgpu.launch.warm import WarmState
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
-    from nbgpu.launch.warm import WarmState
+    from nbgpu.profile.report import MemoryReport
 
-__all__ = ["RunView"]
+__all__ = ["RunFailed", "RunView"]
 
 
 class RunView(Result):
     """The rendering half of a Run (the attributes below are the Run's)."""
 
     name: str
+    run_id: str
     state: str
     config: LaunchConfig
     dir: Path
@@ -47,6 +52,8 @@ class RunView(Result):
     pulled: dict[str, Any]
     pull_problems: list[str]
     warm: WarmState | None
+    agent: subprocess.Popen[bytes] | None
+    notices: RunNotices
     _nodes: dict[int, str]  # rank -> its node's name, read once (several nodes only)
 
     @property
@@ -60,6 +67,52 @@ class RunView(Result):
         out = {f"rank{r}": rundir.rank_log(self.dir, r) for r in range(self.config.world_size)}
         out["agent"] = rundir.agent_log(self.dir)
         return out
+
+    @property
+    def memory(self) -> MemoryReport:
+        """Memory by phase and rank (a report: ``.to_frame()``, ``.figure()``); also live."""
+        from nbgpu.profile.report import memory_report  # noqa: PLC0415
+
+        return memory_report(self.dir, label=f"run '{self.name}'")
+
+    def meta(self) -> dict[str, Any]:
+        """What ``run.json`` says of the run (retention, stacks and diagnose read it)."""
+        cfg = self.config
+        return {
+            "name": self.name,
+            "run_id": self.run_id,
+            "nproc": cfg.nproc,
+            "nnodes": cfg.nnodes,
+            "slurm": cfg.slurm is not None,
+            "gpus": None if cfg.gpus is None else ",".join(str(g) for g in cfg.gpus),
+            "cuda_visible_devices": cfg.cuda_visible_devices
+            if cfg.cuda_visible_devices is not None
+            else self.environ.get("CUDA_VISIBLE_DEVICES"),
+            "master_port": self.port,
+            "simulated": self.environ.get("NBGPU_SIMULATE"),
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "state": self.state,
+            "stop_reason": self.stop_reason,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "local_rank": r.rank,
+                    "exit_code": r.exit_code,
+                    "signal": r.signal,
+                    "pid": r.pid,
+                    "ended_at": r.failed_at,
+                }
+                for r in self.ranks
+            ],
+            "agent_exit_code": self.agent.returncode if self.agent else None,
+            "parent_death_signal": self.notices.guarantee_record(),
+            # A warm job: the cell it ended in and where that cell starts in each rank's
+            # log, so a diagnosis reads that cell, not an earlier cell's caught error.
+            "warm": None
+            if self.warm is None
+            else {"cell": self.warm.cells, "log_offsets": self.warm.log_offsets},
+        }
 
     def _rank_state(self, r: RankOutcome) -> str:
         if r.exit_code == 0:
@@ -261,3 +314,20 @@ class RunView(Result):
                 "ended_reason": self.warm.ended_reason,
             },
         }
+
+
+class RunFailed(NbgpuError):
+    """A run ended without success; ``.run`` has every detail (ranks, logs, root cause).
+
+    ``output_shown``: the ranks' output was streamed where this failure is shown, so the
+    report does not repeat the traceback.
+    """
+
+    def __init__(self, run: RunView, *, output_shown: bool = False) -> None:
+        super().__init__(run.failure_summary())
+        self.run = run
+        self.output_shown = output_shown
+
+    def _render_traceback_(self) -> list[str]:
+        # A short, readable failure in the notebook instead of a chained traceback wall.
+        return self.run.failure_lines(output_shown=self.output_shown)

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch import cell_follow
+from nbgpu.launch import warm
 from nbgpu.launch.launcher import torchrun
 from nbgpu.launch.run import RunFailed
 from nbgpu.launch.warm import CellFailed
@@ -166,7 +166,7 @@ def test_interrupt_keeps_the_ranks_and_their_state(env):
 
 @pytest.mark.usefixtures("sigint_raises")
 def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, monkeypatch):
-    monkeypatch.setattr(cell_follow, "INTERRUPT_WAIT_S", 2.0)
+    monkeypatch.setattr(warm, "INTERRUPT_WAIT_S", 2.0)
     job, screen = start(env, "stuck", "import os\nimport nbgpu.rank\nnbgpu.rank.init(timeout_s=6)\n"
                         "rank = int(os.environ['RANK'])\n")  # fmt: skip
     try:
@@ -370,7 +370,7 @@ def test_a_rank_killed_between_cells_ends_the_job_and_the_next_cell_says_how(env
 
 @pytest.mark.usefixtures("sigint_raises")
 def test_a_second_interrupt_while_waiting_ends_the_job(env, monkeypatch):
-    monkeypatch.setattr(cell_follow, "INTERRUPT_WAIT_S", 60.0)
+    monkeypatch.setattr(warm, "INTERRUPT_WAIT_S", 60.0)
     job, screen = start(env, "twice", "import os\nimport nbgpu.rank\nnbgpu.rank.init()\n"
                         "rank = int(os.environ['RANK'])\n")  # fmt: skip
     timers = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (1.5, 3.0)]
