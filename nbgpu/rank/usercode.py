@@ -6,8 +6,9 @@ starts at the user's first frame; torchelastic's error file is written the way
 ``@record`` writes it; pulled variables are pickled one by one so one bad value does
 not hide the others.
 
-A warm job's rank connects to the job's private channel (the kernel's end is
-``nbgpu.launch.channel``) and waits. For each cell it marks the boundary in its log (the
+A warm job's rank connects to the job's private channel (a ``multiprocessing``
+Client with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``)
+and waits. For each cell it marks the boundary in its log (the
 line the kernel sends), says it started, loads pushed values, runs the code as memory
 phases ``cell N imports`` and ``cell N``, and answers with how the cell ended and the
 pulled values. An exception is a failed cell, not a dead rank: the traceback goes to
@@ -29,18 +30,19 @@ import os
 import pickle
 import runpy
 import signal
-import socket
-import struct
 import sys
 import time
 import traceback
 import types
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbgpu.profile.recorder import Recorder
 from nbgpu.rank.serial import one_at_a_time
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 __all__ = [
     "pull_payload",
@@ -238,49 +240,7 @@ def run_once(
 
 # -- a warm job: cells from the kernel's channel ------------------------------------------
 
-_HEADER = struct.Struct("!Q")  # the channel's frame: an 8-byte length, then the body
 _in_cell = [False]  # whether SIGINT means KeyboardInterrupt right now
-
-
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEADER.pack(len(body)) + body)
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
-    chunks = []
-    while size:
-        chunk = sock.recv(min(size, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def _receive(sock: socket.socket) -> dict[str, Any] | None:
-    """The next message, waiting for it; None when the kernel has gone."""
-    header = _read_exactly(sock, _HEADER.size)
-    if header is None:
-        return None
-    body = _read_exactly(sock, _HEADER.unpack(header)[0])
-    if body is None:
-        return None
-    message: dict[str, Any] = pickle.loads(body)  # noqa: S301  (our private channel only)
-    return message
-
-
-def _connect(path: str, token: str, hello: dict[str, Any]) -> socket.socket:
-    """Connect and introduce this rank with the job's token.
-
-    The hello is JSON, not a pickle: the kernel never unpickles a byte from a peer
-    before it has shown the token.
-    """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-    body = json.dumps({"op": "hello", "token": token, **hello}).encode()
-    sock.sendall(_HEADER.pack(len(body)) + body)
-    return sock
 
 
 def _on_interrupt(_signum: int, _frame: FrameType | None) -> None:
@@ -290,42 +250,47 @@ def _on_interrupt(_signum: int, _frame: FrameType | None) -> None:
 
 def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, rank: int) -> int:
     """Run cells until the kernel says stop or goes away; the rank's exit code (0)."""
-    sock = _connect(spec["channel"], spec["token"], {"rank": rank, "pid": os.getpid()})
+    # Only warm jobs' ranks pay for this import.
+    from multiprocessing.connection import Client  # noqa: PLC0415
+
+    # Both ends prove they hold the job's token before anything is unpickled.
+    conn = Client(spec["channel"], family="AF_UNIX", authkey=spec["token"].encode())
+    conn.send({"op": "hello", "rank": rank, "pid": os.getpid()})
     signal.signal(signal.SIGINT, _on_interrupt)
     try:
         while True:
-            message = _receive(sock)
-            if message is None or message.get("op") == "stop":
+            message = conn.recv()
+            if message.get("op") == "stop":
                 return 0
             if message.get("op") != "cell":
                 continue
             number = int(message["cell"])
             try:
-                answer = _run_cell(message, namespace, rec, sock, rank)
+                answer = _run_cell(message, namespace, rec, conn, rank)
             except KeyboardInterrupt:
                 # Landed after the cell's code, before its answer: still an interrupted cell.
                 answer = {"op": "done", "cell": number, "status": "interrupted",
                           "error": "KeyboardInterrupt"}  # fmt: skip
             sys.stdout.flush()
             sys.stderr.flush()
-            _send(sock, answer)
-    except OSError:
-        return 0  # the kernel's end closed mid-message: it is gone, and so is the job
+            conn.send(answer)
+    except (EOFError, OSError):
+        return 0  # the kernel hung up (mid-message too): it is gone, and so is the job
     finally:
-        sock.close()
+        conn.close()
 
 
 def _run_cell(
     message: dict[str, Any],
     namespace: dict[str, Any],
     rec: Recorder,
-    sock: socket.socket,
+    conn: Connection,
     rank: int,
 ) -> dict[str, Any]:
     number = int(message["cell"])
     filename = str(message["filename"])
     print(message["mark"], flush=True)  # the log's cell boundary, as the kernel reads it
-    _send(sock, {"op": "started", "cell": number})
+    conn.send({"op": "started", "cell": number})
     status, error = "ok", None
     _in_cell[0] = True
     try:
