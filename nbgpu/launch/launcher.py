@@ -35,9 +35,9 @@ from nbgpu.launch.config import (
     start_only,
 )
 from nbgpu.launch.execute import WarmJob, execute, execute_cell, prepare_cell, to_screen
-from nbgpu.launch.nodes_plan import NodesLaunchPlan, is_nodes_plan, take_nodes_plan
 from nbgpu.launch.run import RUNS, Run
 from nbgpu.launch.rundir import check_name
+from nbgpu.launch.slurm import NodesLaunchPlan, is_nodes_plan, take_nodes_plan
 from nbgpu.launch.warm import CellResult
 from nbgpu.profile.phases import parse_sample_interval
 

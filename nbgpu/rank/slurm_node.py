@@ -32,7 +32,7 @@ __all__ = ["main"]
 _WAIT_FOR_FIRST_NODE_S = 120.0
 #: A plan's GPUs per node as JSON, ``{"n1": "1,2", "n2": "0,1"}``: each node takes its own
 #: entry as ``CUDA_VISIBLE_DEVICES`` (``%%torchrun --plan p`` with a plan across nodes;
-#: the kernel sets it in ``nbgpu.launch.nodes_plan``).
+#: the kernel sets it in ``nbgpu.launch.slurm``).
 _NODE_GPUS_ENV = "NBGPU_NODE_GPUS"
 
 
