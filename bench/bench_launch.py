@@ -91,8 +91,8 @@ def hello():
 
 # Compiled into the harness's private bytecode cache before anything is timed.
 PRIME = (
-    "import torch, torch.distributed.run, nbgpu.cli, nbgpu.launch.run, nbgpu.launch.agent, "
-    "nbgpu.launch.worker, nbgpu.launch.launcher, nbgpu.notebook.launch_magics, ipykernel.kernelapp, "
+    "import torch, torch.distributed.run, nbgpu.cli, nbgpu.launch.run, nbgpu.rank.agent, "
+    "nbgpu.rank.worker, nbgpu.launch.launcher, nbgpu.notebook.launch_magics, ipykernel.kernelapp, "
     "jupyter_client"
 )
 

@@ -2,7 +2,7 @@
 
 ``launch/`` owns processes. It may import ``devices/`` (to validate GPUs) and the
 standard library, psutil and filelock; never IPython, ipywidgets or matplotlib (the
-notebook face renders), and torch only inside the agent and rank processes.
+notebook face renders), and never torch: what runs inside the agent and the ranks is ``nbgpu.rank``.
 """
 
 __all__: list[str] = []

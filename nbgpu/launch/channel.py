@@ -1,36 +1,41 @@
-"""The private channel that carries a warm job's cells to its ranks and their answers back.
+"""The kernel's end of the private channel that carries a warm job's cells to its ranks.
 
 One Unix socket, created by the kernel in its own 0700 directory (the run directory,
-or a private ``mkdtemp`` when that path is too long for a socket address); each rank
-connects once and says hello with the run's secret token. The kernel also checks the
-peer's user id (``SO_PEERCRED``): only the user's own processes get in, nothing listens
-on a network interface, and the pickles below never cross anything else.
+or a private ``mkdtemp`` when that path is too long for a socket address). The kernel
+first checks the peer's user id (``SO_PEERCRED``): a process of another user is hung up
+on before a byte is read. Then ``multiprocessing.connection`` does the rest: both ends
+prove they hold the job's secret token (its authkey: an HMAC challenge each way, no
+pickle before it), and messages are pickled dicts, framed by the library. Each rank
+then says which rank it is. Nothing listens on a network interface.
 
-A message is a pickled dict behind an 8-byte length. Standard library only: ranks
-import this before any user code.
+The ranks' end is ``nbgpu.rank.usercode`` (``serve``, a ``multiprocessing`` Client).
+Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import pickle
-import select
 import shutil
 import socket
 import struct
 import tempfile
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CELL_MARK", "CellServer", "connect", "receive", "send", "socket_path"]
+__all__ = ["CELL_MARK", "CellServer", "socket_path"]
 
-_HEADER = struct.Struct("!Q")
 # A socket address holds 108 bytes on Linux (less elsewhere): keep a margin.
 _MAX_SOCKET_PATH = 100
-_MAX_HELLO = 4096
-#: How a rank's log marks where a warm cell begins: ``#### nbgpu cell 3 ####``.
+# A peer that connects must answer the challenge and introduce itself within this
+# (our ranks do at once); a silent one is hung up on instead of blocking the kernel.
+_HANDSHAKE_S = 2
+# How long a rank may stall in the middle of one message before it counts as gone.
+_MESSAGE_S = 60
+#: How a rank's log marks where a warm cell begins: ``#### nbgpu cell 3 ####`` (the rank
+#: prints the line the cell's message carries).
 CELL_MARK = "#### nbgpu cell "
 
 
@@ -43,90 +48,18 @@ def socket_path(run_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix="nbgpu-")) / "cells.sock"
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEADER.pack(len(body)) + body)
+def _receive_timeout(sock: socket.socket, seconds: int) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", seconds, 0))
 
 
-def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
-    chunks = []
-    while size:
-        chunk = sock.recv(min(size, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def receive(sock: socket.socket) -> dict[str, Any] | None:
-    """The next message, waiting for it; None when the other side has gone."""
-    header = _read_exactly(sock, _HEADER.size)
-    if header is None:
-        return None
-    body = _read_exactly(sock, _HEADER.unpack(header)[0])
-    if body is None:
-        return None
-    message: dict[str, Any] = pickle.loads(body)  # noqa: S301  (our private channel only)
-    return message
-
-
-def connect(path: str, token: str, hello: dict[str, Any]) -> socket.socket:
-    """A rank's end: connect and introduce itself with the job's token.
-
-    The hello is JSON, not a pickle: the kernel never unpickles a byte from a peer
-    before it has shown the token.
-    """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-    body = json.dumps({"op": "hello", "token": token, **hello}).encode()
-    sock.sendall(_HEADER.pack(len(body)) + body)
-    return sock
-
-
-def _hello(body: bytes) -> dict[str, Any]:
+def _handshake(conn: Connection, authkey: bytes) -> Any:
+    """The peer's hello, once both ends proved they hold the token; None otherwise."""
     try:
-        hello = json.loads(body)
-    except ValueError:
-        return {}
-    return hello if isinstance(hello, dict) else {}
-
-
-class _Peer:
-    """One rank's connection and the bytes of its next message, read as they come."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = bytearray()
-        self.rank: int | None = None  # known once it has said hello
-        self.pid = 0
-
-    def messages(self) -> tuple[list[dict[str, Any]], bool]:
-        """Complete messages now readable, and whether the rank has hung up."""
-        try:
-            data = self.sock.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
-            return [], False
-        except OSError:
-            return [], True
-        self.buffer += data
-        return self.frames(), not data
-
-    def frames(self) -> list[dict[str, Any]]:
-        """The whole messages in the buffer; before the hello, only the hello (as JSON)."""
-        out = []
-        while len(self.buffer) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self.buffer)
-            if self.rank is None and size > _MAX_HELLO:
-                return [{}]  # not one of our ranks: an empty hello gets it hung up on
-            if len(self.buffer) < _HEADER.size + size:
-                break
-            body = bytes(self.buffer[_HEADER.size : _HEADER.size + size])
-            del self.buffer[: _HEADER.size + size]
-            if self.rank is None:
-                return [_hello(body)]  # what follows waits for the token check
-            out.append(pickle.loads(body))  # noqa: S301  (a rank that showed the token)
-        return out
+        deliver_challenge(conn, authkey)  # it proves it has the token...
+        answer_challenge(conn, authkey)  # ...and so do we
+        return conn.recv()
+    except (AuthenticationError, EOFError, OSError):
+        return None
 
 
 class CellServer:
@@ -134,7 +67,7 @@ class CellServer:
 
     def __init__(self, run_dir: Path, token: str) -> None:
         self.path = socket_path(run_dir)
-        self._token = token
+        self._authkey = token.encode()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o077)  # the socket file itself: this user only
         try:
@@ -143,8 +76,8 @@ class CellServer:
             os.umask(old_umask)
         self._listener.listen(64)
         self._listener.setblocking(False)  # noqa: FBT003  (socket API)
-        self._pending: list[_Peer] = []  # connected, not yet introduced
-        self.ranks: dict[int, _Peer] = {}
+        self.ranks: dict[int, Connection] = {}
+        self._pids: dict[int, int] = {}
         self.gone: set[int] = set()  # ranks whose connection closed
         self.closed = False
 
@@ -152,100 +85,75 @@ class CellServer:
         """``(rank, message)`` pairs that arrived within *timeout_s* (returns on the first)."""
         if self.closed:
             return []
-        watched = [self._listener, *(p.sock for p in self._pending), *(
-            p.sock for r, p in self.ranks.items() if r not in self.gone)]  # fmt: skip
+        live = {conn: rank for rank, conn in self.ranks.items() if rank not in self.gone}
         try:
-            ready, _, _ = select.select(watched, [], [], max(timeout_s, 0.0))
+            ready = wait([self._listener, *live], timeout=max(timeout_s, 0.0))
         except InterruptedError:
             return []
         out: list[tuple[int, dict[str, Any]]] = []
-        for sock in ready:
-            if sock is self._listener:
+        for item in ready:
+            if item is self._listener:
                 self._accept()
-                continue
-            peer = self._peer(sock)
-            if peer is None:
-                continue
-            messages, closed = peer.messages()
-            if peer.rank is None:
-                if not self._introduce(peer, messages, closed):
-                    continue
-                messages = peer.frames()  # anything it sent right after its hello
-            rank = peer.rank
-            if rank is None:
-                continue
-            out.extend((rank, m) for m in messages)
-            if closed:
-                self.gone.add(rank)
+            elif isinstance(item, Connection):
+                self._read(live[item], item, out)
         return out
 
-    def _peer(self, sock: socket.socket) -> _Peer | None:
-        for peer in (*self._pending, *self.ranks.values()):
-            if peer.sock is sock:
-                return peer
-        return None
+    def _read(self, rank: int, conn: Connection, out: list[tuple[int, dict[str, Any]]]) -> None:
+        """Every whole message *rank* has sent so far (at least one: it was readable)."""
+        try:
+            out.append((rank, conn.recv()))
+            while conn.poll():
+                out.append((rank, conn.recv()))
+        except (EOFError, OSError):
+            self.gone.add(rank)
 
     def _accept(self) -> None:
-        with contextlib.suppress(BlockingIOError, InterruptedError):
+        try:
             sock, _ = self._listener.accept()
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _pid, uid, _gid = struct.unpack("3i", creds)
-            if uid != os.getuid():
-                sock.close()  # not this user's process: never read a byte from it
-                return
-            sock.setblocking(False)  # noqa: FBT003  (socket API)
-            self._pending.append(_Peer(sock))
-
-    def _introduce(self, peer: _Peer, messages: list[dict[str, Any]], closed: bool) -> bool:
-        """Whether *peer* is now a known rank (a wrong hello is hung up on)."""
-        hello = messages[0] if messages else None
-        if hello is None and not closed:
-            return False  # the hello has not arrived whole yet
-        self._pending.remove(peer)
-        rank = hello.get("rank") if hello else None
-        if (
-            hello is None
-            or hello.get("op") != "hello"
-            or hello.get("token") != self._token
-            or not isinstance(rank, int)
-        ):
-            peer.sock.close()
-            return False
-        peer.rank = rank
-        peer.pid = int(hello.get("pid") or 0)
-        self.ranks[rank] = peer
-        return True
+        except (BlockingIOError, InterruptedError):
+            return
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            sock.close()  # not this user's process: never read a byte from it
+            return
+        sock.setblocking(True)  # noqa: FBT003  (socket API)
+        _receive_timeout(sock, _HANDSHAKE_S)
+        conn = Connection(sock.detach())
+        hello = _handshake(conn, self._authkey)
+        rank = hello.get("rank") if isinstance(hello, dict) else None
+        if not isinstance(hello, dict) or hello.get("op") != "hello" or not isinstance(rank, int):
+            conn.close()  # not one of our ranks (or not in time): hung up on
+            return
+        with socket.socket(fileno=os.dup(conn.fileno())) as same:
+            _receive_timeout(same, _MESSAGE_S)
+        self.ranks[rank] = conn
+        self._pids[rank] = int(hello.get("pid") or 0)
 
     def pids(self) -> dict[int, int]:
         """Each introduced rank's pid, as it said in its hello."""
-        return {rank: peer.pid for rank, peer in self.ranks.items()}
+        return dict(self._pids)
 
     def send(self, ranks: list[int], message: dict[str, Any]) -> list[int]:
         """Send one message to *ranks*; the ranks it could not reach."""
-        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        frame = _HEADER.pack(len(body)) + body
         unreachable = []
         for rank in ranks:
-            peer = self.ranks.get(rank)
-            if peer is None or rank in self.gone:
+            conn = self.ranks.get(rank)
+            if conn is None or rank in self.gone:
                 unreachable.append(rank)
                 continue
             try:
-                peer.sock.setblocking(True)  # noqa: FBT003  (a large push waits for the rank)
-                peer.sock.sendall(frame)
+                conn.send(message)  # a large push waits for the rank to take it
             except OSError:
                 self.gone.add(rank)
                 unreachable.append(rank)
-            finally:
-                with contextlib.suppress(OSError):
-                    peer.sock.setblocking(False)  # noqa: FBT003  (socket API)
         return unreachable
 
     def close(self) -> None:
         self.closed = True
-        for peer in (*self._pending, *self.ranks.values()):
+        for conn in self.ranks.values():
             with contextlib.suppress(OSError):
-                peer.sock.close()
+                conn.close()
         with contextlib.suppress(OSError):
             self._listener.close()
         with contextlib.suppress(OSError):

@@ -20,6 +20,7 @@ from nbgpu.sizes import parse_size as _parse_size
 
 __all__ = [
     "BACKENDS",
+    "CELL_OPTIONS",
     "CellRequest",
     "LaunchConfig",
     "Prepared",
@@ -29,6 +30,7 @@ __all__ = [
     "parse_nproc",
     "parse_size",
     "pickle_pushed",
+    "start_only",
 ]
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -211,6 +213,26 @@ class CellRequest:
             timeout_s=config.timeout_s,
             quiet=config.quiet,
         )
+
+
+#: What may differ from one cell of a warm job to the next (keyword -> its flag).
+CELL_OPTIONS = {
+    "push": "--push",
+    "pull": "--pull",
+    "pull_all_ranks": "--all-ranks",
+    "script_args": "-- ARGS",
+    "timeout_s": "--timeout",
+    "quiet": "--quiet",
+}
+
+
+def start_only(flag: str, name: str) -> UserInputError:
+    """The one-line refusal of a flag that only applies when a job starts."""
+    return UserInputError(
+        f"{flag} with --on {name}: {flag} only applies when a job starts, and '{name}' is "
+        f"already running; with --on a cell accepts only "
+        f"{', '.join(sorted(set(CELL_OPTIONS.values())))} (or start a new job)"
+    )
 
 
 def parse_nproc(text: str) -> int:

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.config import BACKENDS, SlurmOptions, parse_env_pairs, parse_nproc
+from nbgpu.launch.config import (
+    BACKENDS,
+    SlurmOptions,
+    parse_env_pairs,
+    parse_nproc,
+    start_only,
+)
 
 __all__ = [
     "FLAGS",
@@ -252,8 +258,6 @@ def _slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
 
 def check_cell_flags(args: argparse.Namespace) -> None:
     """With ``--on``: refuse flags that only apply when a job starts (one line)."""
-    from nbgpu.launch.warmjob import start_only  # noqa: PLC0415  (warm cells only)
-
     for flag in FLAGS:
         if NOTEBOOK in flag.faces and not flag.per_cell and flag.given(args):
             raise start_only(flag.shown, args.on)

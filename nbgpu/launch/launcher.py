@@ -25,20 +25,20 @@ from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.errors import UserInputError
 from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (
+    CELL_OPTIONS,
     LaunchConfig,
     Prepared,
     SlurmOptions,
     parse_gpu_list,
     parse_size,
     pickle_pushed,
+    start_only,
 )
-from nbgpu.launch.execute import execute, execute_cell, to_screen
-from nbgpu.launch.nodes_plan import NodesLaunchPlan, is_nodes_plan, take_nodes_plan
-from nbgpu.launch.registry import RUNS, check_name_free
-from nbgpu.launch.run import Run
+from nbgpu.launch.execute import WarmJob, execute, execute_cell, prepare_cell, to_screen
+from nbgpu.launch.run import RUNS, Run
 from nbgpu.launch.rundir import check_name
+from nbgpu.launch.slurm import NodesLaunchPlan, is_nodes_plan, take_nodes_plan
 from nbgpu.launch.warm import CellResult
-from nbgpu.launch.warmjob import CELL_OPTIONS, WarmJob, prepare_cell, start_only
 from nbgpu.profile.phases import parse_sample_interval
 
 __all__ = ["LaunchPlan", "PlanProblem", "PlanRole", "prepare", "torchrun"]
@@ -91,7 +91,13 @@ def _unhealthy_reason(
 
 def _unique_name(requested: str | None, script: Path | None) -> str:
     if requested:
-        return check_name_free(check_name(requested))
+        existing = RUNS.get(check_name(requested))
+        if existing is not None and not existing.done:
+            raise UserInputError(
+                f"--name {requested!r}: a run with this name is still running "
+                f"(%gpu_stop {requested})"
+            )
+        return requested
     base = script.stem if script is not None else "cell"
     base = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in base)[:40] or "run"
     n = 1

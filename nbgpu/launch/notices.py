@@ -95,7 +95,7 @@ class RunNotices:
     def _disk_full_notice(self) -> str | None:
         """One line, the first time the disk under the run directory is found full.
 
-        Ranks drop their output instead of failing (``worker.py``); this says which
+        Ranks drop their output instead of failing (``nbgpu.rank.worker``); this says which
         logs are incomplete and from when. A rank's own marker gives its exact time;
         the disk's free space, checked each tick, catches a disk too full for markers.
         """

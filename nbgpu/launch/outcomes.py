@@ -1,6 +1,6 @@
 """What each rank of a finished run did: exit codes, signals, error files, pulled values.
 
-Read from what the wrapped agent (``agent.py``) and torchrun leave in the run
+Read from what the wrapped agent (``nbgpu.rank.agent``) and torchrun leave in the run
 directory: ``result.json`` (per-rank exit codes and signals), each rank's torchelastic
 error file (the exception line, its traceback and a sub-second clock), and the values
 ranks wrote for ``--pull``. Which rank failed *first* is the diagnosis' answer
@@ -14,17 +14,21 @@ import contextlib
 import json
 import pickle
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbgpu.launch import rundir
+
+if TYPE_CHECKING:
+    from nbgpu.diagnose.report import Diagnosis
 
 __all__ = [
     "Pulled",
     "RankOutcome",
     "collect_pulled",
+    "diagnose_failure",
     "first_failure_without_diagnosis",
     "rank_outcomes",
     "read_agent_result",
@@ -138,7 +142,7 @@ class Pulled:
 
 
 def add_pulled(pulled: Pulled, rank: int, payload: dict[str, Any]) -> None:
-    """Fold one rank's pull payload (``rank_code.pull_payload``) into *pulled*."""
+    """Fold one rank's pull payload (``nbgpu.rank.usercode.pull_payload``) into *pulled*."""
     values: dict[str, Any] = {}
     for name, blob in payload["values"].items():
         try:
@@ -177,3 +181,23 @@ def first_failure_without_diagnosis(ranks: Sequence[RankOutcome]) -> RankOutcome
         return (int(stopped), r.failed_at or float("inf"), r.rank)
 
     return min(failed, key=weight) if failed else None
+
+
+def diagnose_failure(
+    run_dir: Path, environ: Mapping[str, str], name: str, ranks: Sequence[RankOutcome]
+) -> tuple[Diagnosis | None, str | None, RankOutcome | None]:
+    """A failed run's diagnosis (with this machine's GPUs as context), why the diagnosis
+    itself failed if it did, and the rank that failed first (the diagnosis decides)."""
+    try:
+        from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+        from nbgpu.diagnose import diagnose  # noqa: PLC0415
+
+        inventory = take_inventory(environ, scan_device_files=False)
+        diagnosis = diagnose(run_dir, inventory=inventory, name=name)
+    except Exception as exc:  # noqa: BLE001  (a diagnosis must never hide the failure itself)
+        # ...nor hide its own failure: the summary says it failed and why.
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        return None, error, first_failure_without_diagnosis(ranks)
+    root = next((r for r in ranks if r.rank == diagnosis.failed_rank), None)
+    return diagnosis, None, root

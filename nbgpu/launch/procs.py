@@ -1,5 +1,7 @@
 """Process trees: find every process of a run and stop them all against one deadline.
 
+(And a free port for a run's rendezvous.)
+
 torchrun puts each worker in its own session, so killing the agent's process
 group does not reach them, and a SIGKILLed agent orphans them. nbgpu therefore
 finds a run's processes two ways — the agent's descendants, and any process of
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +23,22 @@ from pathlib import Path
 import psutil
 
 from nbgpu._deadline import wait_gone
+from nbgpu.errors import NbgpuError
 
-__all__ = ["StopReport", "run_processes", "stop_processes"]
+__all__ = ["StopReport", "free_port", "run_processes", "stop_processes"]
 
 RUN_ID_ENV = "NBGPU_RUN_ID"
+
+
+def free_port(taken: set[int] | None = None) -> int:
+    """A TCP port nobody listens on now (the kernel picks; we skip ports our runs hold)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if not taken or port not in taken:
+            return port
+    raise NbgpuError("no free TCP port found for the rendezvous")
 
 
 def _has_run_id(pid: int, run_id: str) -> bool:

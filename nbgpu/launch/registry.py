@@ -1,32 +1,26 @@
-"""This process's runs: the registry, its exit hook, a table (``%gpu_runs``), stopping.
+"""This process's runs as the faces ask for them: ``nbgpu.runs()``, a table
+(``%gpu_runs``: silent ranks marked), stopping by name (``%gpu_stop``).
 
-A run registers itself when it starts; a kernel that shuts down cleanly stops its
-runs in order (parent-death signals cover the unclean exits). Never imports IPython.
+Each run enters itself in :data:`~nbgpu.launch.run.RUNS` when it starts. Never imports
+IPython.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import time
 from dataclasses import dataclass
-from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nbgpu._render import Result, Table
+from nbgpu._render import Block, Line, Result, Table, to_text
 from nbgpu.errors import UserInputError
-
-if TYPE_CHECKING:
-    from nbgpu.launch.run import Run
+from nbgpu.launch.run import RUNS, Run
+from nbgpu.launch.warm import span
 
 __all__ = [
-    "RUNS",
     "RunsTable",
     "StopSummary",
-    "check_name_free",
-    "ports_in_use",
-    "register",
+    "Stopped",
     "runs",
     "runs_table",
     "silent_ranks",
@@ -37,54 +31,13 @@ SILENT_ENV = "NBGPU_SILENT_AFTER"
 SILENT_AFTER_S = 120.0  # a rank quiet this long is marked (a hang shows up as silence)
 
 
-#: Runs started by this process (this kernel), by name.
-RUNS: dict[str, Run] = {}
-_EXIT_HOOK: list[bool] = []
-
-
-def register(run: Run) -> None:
-    """Keep *run* (by name) and make sure this process stops its runs when it exits."""
-    RUNS[run.name] = run
-    if not _EXIT_HOOK:
-        _EXIT_HOOK.append(True)
-        atexit.register(_stop_running, "kernel shutdown")
-
-
-def _stop_running(reason: str) -> None:
-    for run in list(RUNS.values()):
-        if not run.done and not run.agent_done:
-            with contextlib.suppress(Exception):
-                run.stop(reason, grace_s=2.0)
-
-
-def ports_in_use() -> set[int]:
-    """Rendezvous ports of this process's running runs (a new run must not take one)."""
-    return {r.port for r in RUNS.values() if r.port is not None and r.state == "running"}
-
-
-def check_name_free(name: str) -> str:
-    existing = RUNS.get(name)
-    if existing is not None and not existing.done:
-        raise UserInputError(
-            f"--name {name!r}: a run with this name is still running (%gpu_stop {name})"
-        )
-    return name
-
-
 def runs() -> dict[str, Run]:
     """The runs started by this process (this kernel), by name."""
     return dict(RUNS)
 
 
 def _age(run: Run) -> str:
-    if run.started_at is None:
-        return "-"
-    seconds = time.time() - run.started_at
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return "-" if run.started_at is None else span(time.time() - run.started_at)
 
 
 def _silent_after_s() -> float:
@@ -119,11 +72,7 @@ def _quiet_cell(run: Run) -> str:
         return "-"
     ranks = ",".join(str(r) for r, _s in quiet)
     longest = max(s for _r, s in quiet)
-    return f"rank {ranks} silent {_span(longest)}"
-
-
-def _span(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    return f"rank {ranks} silent {span(longest)}"
 
 
 @dataclass(frozen=True)
@@ -158,27 +107,23 @@ class RunsTable(Result):
             )
         return table
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         if not self.entries:
-            return "No runs in this kernel yet (start one with %%torchrun N)."
+            return [Line("No runs in this kernel yet (start one with %%torchrun N).", wrap=False)]
         hints = [
-            f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name} shows "
-            "every rank's stack"
+            Line(
+                f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name} "
+                "shows every rank's stack",
+                level="warn",
+                wrap=False,
+            )
             for run in self.entries
             if silent_ranks(run)
         ]
-        return "\n".join([self._table().text(max_width=120), *hints])
+        return [self._table(), *hints]
 
-    def html_body(self) -> str:
-        if not self.entries:
-            return f"<p>{escape(self.text())}</p>"
-        hints = "".join(
-            f'<p class="warn">{escape(run.name)}: ranks silent for a while (a hang?): '
-            f"<code>%gpu_stacks {escape(run.name)}</code> shows every rank's stack</p>"
-            for run in self.entries
-            if silent_ranks(run)
-        )
-        return self._table().html() + hints
+    def text(self) -> str:
+        return to_text(self.content(), width=120)  # a row per run: wider than 80 columns
 
     def records(self) -> list[dict[str, Any]]:
         return [
@@ -195,37 +140,39 @@ def runs_table() -> RunsTable:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """One run that was stopped: how many processes took a signal, SIGKILL, or survived."""
+
+    name: str
+    signalled: int
+    killed: int
+    survivors: tuple[int, ...]
+
+    def sentence(self) -> str:
+        if self.signalled or self.killed or self.survivors:
+            line = f"stopped '{self.name}': {self.signalled} processes signalled"
+        else:
+            line = f"stopped '{self.name}': every process exited when asked"
+        if self.killed:
+            line += f", {self.killed} needed SIGKILL"
+        if self.survivors:
+            line += f"; STILL ALIVE: {', '.join(map(str, self.survivors))}"
+        return line
+
+
+@dataclass(frozen=True)
 class StopSummary(Result):
-    stopped: tuple[tuple[str, int, int, tuple[int, ...]], ...]  # name, signalled, killed, survivors
+    stopped: tuple[Stopped, ...]
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         if not self.stopped:
-            return "Nothing was running."
-        lines = []
-        for name, signalled, killed, survivors in self.stopped:
-            line = (
-                f"stopped '{name}': {signalled} processes signalled"
-                if signalled or killed or survivors
-                else f"stopped '{name}': every process exited when asked"
-            )
-            if killed:
-                line += f", {killed} needed SIGKILL"
-            if survivors:
-                line += f"; STILL ALIVE: {', '.join(map(str, survivors))}"
-            lines.append(line)
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        return "<br>".join(escape(line) for line in self.text().splitlines())
-
-    def records(self) -> list[dict[str, Any]]:
+            return [Line("Nothing was running.", wrap=False)]
         return [
-            {"name": n, "signalled": s, "killed": k, "survivors": list(v)}
-            for n, s, k, v in self.stopped
+            Line(s.sentence(), level="bad" if s.survivors else "", wrap=False) for s in self.stopped
         ]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"stopped": self.records()}
+    def records(self) -> list[dict[str, Any]]:
+        return list(self.to_dict()["stopped"])
 
 
 def stop_runs(name: str | None) -> StopSummary:
@@ -234,17 +181,11 @@ def stop_runs(name: str | None) -> StopSummary:
         known = ", ".join(RUNS) or "none yet"
         raise UserInputError(f"no run named {name!r} (runs: {known})")
     targets = [RUNS[name]] if name is not None else [r for r in RUNS.values() if not r.done]
-    out: list[tuple[str, int, int, tuple[int, ...]]] = []
+    out: list[Stopped] = []
     for run in targets:
         if run.done:
-            out.append((run.name, 0, 0, ()))
+            out.append(Stopped(run.name, 0, 0, ()))
             continue
-        report = run.stop("stopped")
-        if run.thread is not None:
-            run.thread.join(timeout=10)  # the follower collects the outcome
-        elif run.warm is not None:
-            run.end_warm()
-        else:
-            run.finish()
-        out.append((run.name, report.signalled, report.escalated_to_kill, report.survivors))
+        report = run.end("stopped")
+        out.append(Stopped(run.name, report.signalled, report.escalated_to_kill, report.survivors))
     return StopSummary(tuple(out))

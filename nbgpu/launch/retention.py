@@ -23,13 +23,12 @@ import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from nbgpu._render import Result, Table, fmt_bytes
+from nbgpu._render import Block, Line, Result, Table, fmt_bytes, to_text
 from nbgpu.errors import UserInputError
 from nbgpu.launch.procs import RUN_ID_ENV
 from nbgpu.launch.rundir import runs_root
@@ -171,14 +170,13 @@ class RunDirsTable(Result):
             table.add(e.path.name, e.state, started, fmt_bytes(e.size_bytes))
         return table
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         total = sum(e.size_bytes for e in self.entries)
         head = f"{len(self.entries)} run directories in {self.root} ({fmt_bytes(total)})"
-        return head if not self.entries else head + "\n" + self._table().text(max_width=120)
+        return [Line(head, wrap=False), *([self._table()] if self.entries else [])]
 
-    def html_body(self) -> str:
-        head = escape(self.text().splitlines()[0])
-        return f"<p>{head}</p>" + (self._table().html() if self.entries else "")
+    def text(self) -> str:
+        return to_text(self.content(), width=120)  # paths and dates: wider than 80 columns
 
     def records(self) -> list[dict[str, Any]]:
         return [
@@ -256,25 +254,20 @@ class PruneReport(Result):
     def freed_bytes(self) -> int:
         return sum(size for _name, size in self.removed)
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         head = (
             f"runs in {self.root}: removed {len(self.removed)} "
             f"({fmt_bytes(self.freed_bytes)}), kept {self.kept_runs} "
             f"({fmt_bytes(self.kept_bytes)}); policy: {self.policy.describe()}"
         )
-        lines = [head]
-        lines.extend(f"  removed {name} ({fmt_bytes(size)})" for name, size in self.removed)
-        lines.extend(f"  left alone {name}: {why}" for name, why in self.protected)
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
+        if not self.removed and not self.protected:
+            return [Line(head, wrap=False)]
         table = Table(["run directory", "action", "size / reason"])
         for name, size in self.removed:
             table.add(name, "removed", fmt_bytes(size))
         for name, why in self.protected:
             table.add(name, "left alone", why, level="warn")
-        first = escape(self.text().splitlines()[0])
-        return f"<p>{first}</p>" + (table.html() if self.removed or self.protected else "")
+        return [Line(head, wrap=False), table]
 
     def records(self) -> list[dict[str, Any]]:
         return [{"run_dir": n, "action": "removed", "bytes": s} for n, s in self.removed] + [

@@ -1,36 +1,48 @@
 """How a run reads: headline, per-rank table, failure summary, text, HTML and JSON.
 
-A mixin of :class:`~nbgpu.launch.run.Run`: pure rendering over the run's state, no
-processes. The failure report says each thing once: the summary (the rank that
-failed first, as the diagnosis decided), the cause and its fixes, then where the
-traceback is.
+The base class of :class:`~nbgpu.launch.run.Run`: pure rendering over the run's state
+(``run.json`` and the memory report included), no processes. The failure report says
+each thing once: the summary (the rank that failed first, as the diagnosis decided),
+the cause and its fixes, then where the traceback is.
+
+A rendezvous that timed out says how long the nodes waited and who never came
+(torchrun's own ``RendezvousTimeoutError`` carries no message). Over SLURM every node that
+got as far as its agent left ``node{N}.started`` in the run directory and the first node
+listed the step's nodes in ``rdzv.json``, so the nodes that never started their agent
+can be named. Started by hand (``--rdzv-endpoint``), the other nodes are cells someone
+has to run: the words say which command, with the same name (the rendezvous id).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import time
-from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbgpu._render import Result, Table, fix_html, simulated_label
+from nbgpu._render import Block, Bullets, Line, Result, Table, Title, simulated_label, to_text
+from nbgpu.errors import NbgpuError
 from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
+from nbgpu.launch.notices import RunNotices
 from nbgpu.launch.outcomes import RankOutcome
-from nbgpu.launch.rdzv_timeout import rendezvous_timeout_words
+from nbgpu.launch.warm import WarmState
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
-    from nbgpu.launch.warm import WarmState
+    from nbgpu.profile.report import MemoryReport
 
-__all__ = ["RunView"]
+__all__ = ["RunFailed", "RunView", "rendezvous_timeout_words"]
 
 
 class RunView(Result):
     """The rendering half of a Run (the attributes below are the Run's)."""
 
     name: str
+    run_id: str
     state: str
     config: LaunchConfig
     dir: Path
@@ -47,6 +59,8 @@ class RunView(Result):
     pulled: dict[str, Any]
     pull_problems: list[str]
     warm: WarmState | None
+    agent: subprocess.Popen[bytes] | None
+    notices: RunNotices
     _nodes: dict[int, str]  # rank -> its node's name, read once (several nodes only)
 
     @property
@@ -60,6 +74,52 @@ class RunView(Result):
         out = {f"rank{r}": rundir.rank_log(self.dir, r) for r in range(self.config.world_size)}
         out["agent"] = rundir.agent_log(self.dir)
         return out
+
+    @property
+    def memory(self) -> MemoryReport:
+        """Memory by phase and rank (a report: ``.to_frame()``, ``.figure()``); also live."""
+        from nbgpu.profile.report import memory_report  # noqa: PLC0415
+
+        return memory_report(self.dir, label=f"run '{self.name}'")
+
+    def meta(self) -> dict[str, Any]:
+        """What ``run.json`` says of the run (retention, stacks and diagnose read it)."""
+        cfg = self.config
+        return {
+            "name": self.name,
+            "run_id": self.run_id,
+            "nproc": cfg.nproc,
+            "nnodes": cfg.nnodes,
+            "slurm": cfg.slurm is not None,
+            "gpus": None if cfg.gpus is None else ",".join(str(g) for g in cfg.gpus),
+            "cuda_visible_devices": cfg.cuda_visible_devices
+            if cfg.cuda_visible_devices is not None
+            else self.environ.get("CUDA_VISIBLE_DEVICES"),
+            "master_port": self.port,
+            "simulated": self.environ.get("NBGPU_SIMULATE"),
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "state": self.state,
+            "stop_reason": self.stop_reason,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "local_rank": r.rank,
+                    "exit_code": r.exit_code,
+                    "signal": r.signal,
+                    "pid": r.pid,
+                    "ended_at": r.failed_at,
+                }
+                for r in self.ranks
+            ],
+            "agent_exit_code": self.agent.returncode if self.agent else None,
+            "parent_death_signal": self.notices.guarantee_record(),
+            # A warm job: the cell it ended in and where that cell starts in each rank's
+            # log, so a diagnosis reads that cell, not an earlier cell's caught error.
+            "warm": None
+            if self.warm is None
+            else {"cell": self.warm.cells, "log_offsets": self.warm.log_offsets},
+        }
 
     def _rank_state(self, r: RankOutcome) -> str:
         if r.exit_code == 0:
@@ -118,13 +178,7 @@ class RunView(Result):
                 f"diagnosis failed: {self.diagnosis_error} (the first failing rank above comes "
                 f"from {how} alone; `nbgpu diagnose {self.dir}` retries)"
             )
-        root = None if self.diagnosis is None else self.diagnosis.root
-        if self.diagnosis is not None and root is not None and self.diagnosis.cause != "unknown":
-            # The diagnosis leads: the cause in plain words, then the fixes it did not
-            # already name in its headline.
-            headline = self.diagnosis.headline
-            lines.append(f"cause: {headline}")
-            lines.extend(f"  fix: {fix}" for fix in root.fixes[:3] if fix not in headline)
+        lines.extend(to_text(self._cause(), width=sys.maxsize).splitlines())
         rc = self.root_cause
         if rc is not None and rc.traceback:
             if output_shown:
@@ -135,6 +189,18 @@ class RunView(Result):
                 lines.extend("  " + line for line in tb[-8:])
         lines.append(f"logs: {self.dir}  (details: the exception's .run attribute)")
         return lines
+
+    def _cause(self) -> list[Block]:
+        """The diagnosis in plain words, then the fixes its headline does not name already."""
+        diagnosis = self.diagnosis
+        if diagnosis is None or diagnosis.root is None or diagnosis.cause in ("unknown", "none"):
+            return []
+        headline = diagnosis.headline
+        fixes = [fix for fix in diagnosis.root.fixes[:3] if fix not in headline]
+        return [
+            Line(headline, label="cause", level="bad"),
+            *(Line(fix, label="fix", indent="  ") for fix in fixes),
+        ]
 
     def _table(self) -> Table:
         table = Table(["rank", "state", "pid", "error", "log"])
@@ -196,33 +262,25 @@ class RunView(Result):
     def simulated_fleet(self) -> str | None:
         return self.environ.get("NBGPU_SIMULATE") or None
 
-    def text(self) -> str:
-        lines = [self._headline()]
-        if self.ranks:
-            lines.append(self._table().text())
-        if self.state not in ("succeeded", "running", "created"):
-            lines.append(self.failure_summary())
-        if self.diagnosis_error is not None:
-            lines.append(f"diagnosis failed: {self.diagnosis_error}")
-        lines.extend(f"! {p}" for p in self.pull_problems)
-        if self.diagnosis is not None and self.diagnosis.cause not in ("unknown", "none"):
-            lines.append(f"cause: {self.diagnosis.headline}")
-        lines.append(f"logs: {self.dir}")
-        return "\n".join(lines)
+    def content(self) -> list[Block]:
+        fleet = self.simulated_fleet()
+        return [Title(self._headline(), simulated=bool(fleet)), *self.summary_blocks()]
 
-    def html_body(self) -> str:
-        parts = [f"<b>{escape(self._headline())}</b>"]
-        if self.ranks:
-            parts.append(self._table().html())
+    def summary_blocks(self) -> list[Block]:
+        """Everything below the headline (a saved record opens with its own headline)."""
+        blocks: list[Block] = [self._table()] if self.ranks else []
         if self.state not in ("succeeded", "running", "created"):
-            parts.append(f"<p>{fix_html(self.failure_summary())}</p>")
+            level = "bad" if self.state in ("failed", "timed_out") else "warn"
+            blocks.append(Line(self.failure_summary(), level=level, wrap=False))
         if self.diagnosis_error is not None:
-            parts.append(f'<p class="warn">diagnosis failed: {escape(self.diagnosis_error)}</p>')
-        parts.extend(f'<p class="warn">{escape(p)}</p>' for p in self.pull_problems)
-        if self.diagnosis is not None:
-            parts.append(self.diagnosis.html_body())
-        parts.append(f"<div>logs: <code>{escape(str(self.dir))}</code></div>")
-        return "".join(parts)
+            blocks.append(
+                Line(f"diagnosis failed: {self.diagnosis_error}", level="warn", wrap=False)
+            )
+        if self.pull_problems:
+            blocks.append(Bullets(self.pull_problems, marker="! ", level="warn"))
+        blocks += self._cause()
+        blocks.append(Line(str(self.dir), label="logs", wrap=False))
+        return blocks
 
     def records(self) -> list[dict[str, Any]]:
         return [
@@ -263,3 +321,67 @@ class RunView(Result):
                 "ended_reason": self.warm.ended_reason,
             },
         }
+
+
+class RunFailed(NbgpuError):
+    """A run ended without success; ``.run`` has every detail (ranks, logs, root cause).
+
+    ``output_shown``: the ranks' output was streamed where this failure is shown, so the
+    report does not repeat the traceback.
+    """
+
+    def __init__(self, run: RunView, *, output_shown: bool = False) -> None:
+        super().__init__(run.failure_summary())
+        self.run = run
+        self.output_shown = output_shown
+
+    def _render_traceback_(self) -> list[str]:
+        # A short, readable failure in the notebook instead of a chained traceback wall.
+        return self.run.failure_lines(output_shown=self.output_shown)
+
+
+# -- a rendezvous that timed out --------------------------------------------------------
+
+
+def _started(run_dir: Path) -> list[str]:
+    names = []
+    for path in sorted(run_dir.glob("node*.started")):
+        with contextlib.suppress(OSError):
+            names.append(path.read_text(encoding="utf-8").strip())
+    return names
+
+
+def _step_nodes(run_dir: Path) -> list[str]:
+    with contextlib.suppress(OSError, ValueError):
+        names = json.loads((run_dir / "rdzv.json").read_text(encoding="utf-8")).get("node_names")
+        if isinstance(names, list):
+            return [str(n) for n in names]
+    return []
+
+
+def rendezvous_timeout_words(run_dir: Path, config: LaunchConfig, waited_s: float) -> str:
+    """One clause for the failure summary, e.g. "node n2 never started its agent ..."."""
+    within = f"the {config.nnodes} nodes did not meet within {waited_s:g} s (--rdzv-timeout)"
+    if config.slurm is not None:
+        started = _started(run_dir)
+        missing = [n for n in _step_nodes(run_dir) if n not in started]
+        if missing:
+            which = "node " + missing[0] if len(missing) == 1 else "nodes " + ", ".join(missing)
+            verb = "its" if len(missing) == 1 else "their"
+            return (
+                f"{within}: SLURM gave the job {which} but it never started {verb} agent "
+                f"(started: {', '.join(started) or 'none'}); check it with `scontrol show node` "
+                "and its slurmd log, or exclude it (--slurm-arg=--exclude=NODE)"
+            )
+        return f"{within}: {len(started)} of {config.nnodes} nodes started their agent"
+    ranks = ""
+    if config.node_rank is not None:
+        others = [str(r) for r in range(config.nnodes) if r != config.node_rank]
+        ranks = f" and --node-rank {others[0]}" if len(others) == 1 else (
+            f" and --node-rank {others[0]}..{others[-1]} (not {config.node_rank})"
+        )  # fmt: skip
+    return (
+        f"{within}: the other nodes never joined at {config.rdzv_endpoint}; run the same cell on "
+        f"each of them with --nodes {config.nnodes} --rdzv-endpoint {config.rdzv_endpoint} "
+        f"--name {config.name}{ranks} (the name is the rendezvous id)"
+    )

@@ -3,19 +3,25 @@
 Default location: ``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs`` (usually
 ``~/.cache/nbgpu/runs``). Each run gets ``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``, created
 private (0700): logs can hold secrets and tokens. Runs are kept after they end so
-their logs can be read and diagnosed. Standard library only.
+their logs can be read and diagnosed. What a run starts from (``bootstrap.json``, the
+cell, pushed values) and what it says of itself (``run.json``) are written here.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import pickle
 import re
 import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from nbgpu.errors import UserInputError
+from nbgpu.launch.config import LaunchConfig
 
 __all__ = [
     "RUNS_DIR_ENV",
@@ -25,6 +31,8 @@ __all__ = [
     "rank_log",
     "rank_node",
     "runs_root",
+    "write_bootstrap",
+    "write_meta",
 ]
 
 RUNS_DIR_ENV = "NBGPU_RUNS_DIR"
@@ -80,3 +88,40 @@ def error_file(run_dir: Path, rank: int) -> Path:
 
 def agent_log(run_dir: Path) -> Path:
     return run_dir / "agent.log"
+
+
+def write_bootstrap(run_dir: Path, config: LaunchConfig, channel: tuple[str, str] | None) -> None:
+    """What every rank reads before the user's code (``nbgpu.rank.worker``).
+
+    *channel* (a warm job's socket path and token): the ranks take every cell, the
+    first one too, from the channel; otherwise the cell or script, and pushed values.
+    """
+    spec: dict[str, Any] = {
+        "serial_imports": config.serial_imports,
+        "mem_limit_bytes": config.mem_limit_bytes,
+        "mem_sample_s": config.mem_sample_s,
+        "pull": list(config.pull),
+        "pull_all_ranks": config.pull_all_ranks,
+        "script_args": list(config.script_args),
+    }
+    if channel is not None:
+        spec.update(keep=True, channel=channel[0], token=channel[1])
+    elif config.code is not None:
+        cell = run_dir / "cell.py"
+        cell.write_text(config.code, encoding="utf-8")
+        spec["cell"] = str(cell)
+    elif config.script is not None:
+        spec["script"] = str(config.script.resolve())
+    (run_dir / "bootstrap.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    if config.push and channel is None:
+        (run_dir / "push.pkl").write_bytes(pickle.dumps(dict(config.push)))
+
+
+def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """``run.json``: what the run says of itself (retention, stacks and diagnose read it)."""
+    try:
+        (run_dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    except OSError as exc:
+        # A full disk must not turn a finished run into a crash of the launcher.
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise

@@ -18,10 +18,9 @@ import sys
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from html import escape
 from typing import Any
 
-from nbgpu._render import Result, Table, fmt_used_total
+from nbgpu._render import Block, Line, Result, Table, Title, fmt_used_total, to_text
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
 
@@ -74,16 +73,16 @@ class ClusterStatus(Result):
         gpus = sum(len(n.health) for n in self.nodes)
         return f"nbgpu status --slurm · {len(self.nodes)} nodes · {gpus} GPUs · {self.source}"
 
-    def text(self) -> str:
+    def content(self) -> list[Block]:
         notes = [
-            f"{n.node}: {n.document['nvml_error']}"
+            Line(f"{n.node}: {n.document['nvml_error']}", level="bad", wrap=False)
             for n in self.nodes
             if n.document.get("nvml_error")
         ]
-        return "\n".join([self._headline(), self._table().text(max_width=120), *notes])
+        return [Title(self._headline()), self._table(), *notes]
 
-    def html_body(self) -> str:
-        return f"<b>{escape(self._headline())}</b>{self._table().html()}"
+    def text(self) -> str:
+        return to_text(self.content(), width=120)  # a row per GPU: wider than 80 columns
 
     def to_dict(self) -> dict[str, Any]:
         return {

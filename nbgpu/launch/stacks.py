@@ -1,7 +1,7 @@
 """Every rank's Python stack at once, without ptrace: for runs that hang.
 
 Each rank registers the standard library's ``faulthandler`` on ``STACKS_SIGNAL``
-before any user code (``worker.py``), dumping every thread's Python stack into
+before any user code (``nbgpu.rank.worker``), dumping every thread's Python stack into
 ``stacks-rank{N}.txt`` in the run directory, and announces itself in
 ``stacks-rank{N}.pid``. :func:`rank_stacks` signals each announced rank (after
 checking that the pid still carries the run's id, so a reused pid is never
@@ -22,13 +22,13 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from nbgpu._render import Result
+from nbgpu._render import Block, Line, Pre, Result, Title
+from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
 from nbgpu.launch.procs import RUN_ID_ENV
 from nbgpu.launch.rundir import runs_root
@@ -68,25 +68,25 @@ class RunStacks(Result):
     def complete(self) -> bool:
         return bool(self.ranks) and all(r.state == "dumped" for r in self.ranks)
 
-    def text(self) -> str:
-        lines = [f"stacks of {self.run_dir.name} ({len(self.ranks)} ranks)"]
+    def content(self) -> list[Block]:
+        blocks: list[Block] = [Title(f"stacks of {self.run_dir.name} ({len(self.ranks)} ranks)")]
         for r in self.ranks:
-            lines.append(f"── rank {r.rank} (pid {r.pid or '-'}): {r.state}")
-            lines.extend("   " + line for line in r.python.rstrip().splitlines())
-            if r.native:
-                lines.extend("   " + line for line in r.native.rstrip().splitlines())
+            blocks.append(
+                Line(
+                    f"── rank {r.rank} (pid {r.pid or '-'}): {r.state}",
+                    level="" if r.state == "dumped" else "warn",
+                    wrap=False,
+                )
+            )
+            dump = [*r.python.rstrip().splitlines(), *r.native.rstrip().splitlines()]
+            if dump:
+                blocks.append(Pre("\n".join("   " + line for line in dump)))
         if self.native_note:
-            lines.append(self.native_note)
-        return "\n".join(lines)
-
-    def html_body(self) -> str:
-        return f"<pre>{escape(self.text())}</pre>"
+            blocks.append(Line(self.native_note, wrap=False))
+        return blocks
 
     def records(self) -> list[dict[str, Any]]:
-        return [
-            {"rank": r.rank, "pid": r.pid, "state": r.state, "python": r.python, "native": r.native}
-            for r in self.ranks
-        ]
+        return [to_data(r) for r in self.ranks]
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_dir": str(self.run_dir), "ranks": self.records(), "native": self.native_note}

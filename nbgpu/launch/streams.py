@@ -1,6 +1,6 @@
 """Streaming rank output: follow log files, decode safely, coalesce for the screen.
 
-Each rank writes straight into its own log file (see ``worker.py``), so the disk
+Each rank writes straight into its own log file (see ``nbgpu.rank.worker``), so the disk
 copy is complete whatever happens on screen. :class:`LogTail` follows one file:
 bytes until there are no more, an incremental UTF-8 decoder (a character split
 across two reads stays intact), ``\\r`` handled as a terminal would (a progress bar
@@ -18,12 +18,20 @@ import codecs
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["MAX_LOGS_PER_POLL", "LineSink", "LogTail", "ScreenWriter", "color_prefix", "in_turn"]
+__all__ = [
+    "MAX_LOGS_PER_POLL",
+    "LineSink",
+    "LogTail",
+    "RankLogs",
+    "ScreenWriter",
+    "color_prefix",
+    "in_turn",
+]
 
 # At most this many rank logs are read in one poll (20 polls a second). Beyond it the logs
 # take turns: 4096 ranks' logs are each read every 16 polls (0.8 s), and a poll costs what
@@ -137,6 +145,44 @@ def in_turn(count: int, cursor: int, limit: int = MAX_LOGS_PER_POLL) -> tuple[li
     if count <= limit:
         return list(range(count)), 0
     return [(cursor + i) % count for i in range(limit)], (cursor + limit) % count
+
+
+class RankLogs:
+    """Every rank's log of one run, followed: new lines by rank.
+
+    Beyond :data:`MAX_LOGS_PER_POLL` ranks the logs take turns and no descriptor is held
+    per log. Lines starting with *skip* (a warm job's cell marks) are not shown.
+    """
+
+    def __init__(self, paths: dict[int, Path], *, skip: str | None = None) -> None:
+        few = len(paths) <= MAX_LOGS_PER_POLL
+        self._tails = {rank: LogTail(path, keep_open=few) for rank, path in paths.items()}
+        self._cursor = 0  # where the next poll starts when the logs take turns
+        self._skip = skip
+        self.first_output_at: float | None = None
+
+    def poll(self, *, every: bool = False) -> list[tuple[int, list[str]]]:
+        """New lines, by rank (``every``: read every log, not this poll's turn)."""
+        ranks = list(self._tails)
+        turn = list(range(len(ranks)))
+        if not every:
+            turn, self._cursor = in_turn(len(ranks), self._cursor)
+        return self._shown((ranks[i], self._tails[ranks[i]].poll()) for i in turn)
+
+    def drain(self) -> list[tuple[int, list[str]]]:
+        """The last lines of every log (a final line without newline too); closes them."""
+        return self._shown((rank, tail.close()) for rank, tail in self._tails.items())
+
+    def _shown(self, polled: Iterable[tuple[int, list[str]]]) -> list[tuple[int, list[str]]]:
+        out = []
+        skip = self._skip
+        for rank, lines in polled:
+            shown = lines if skip is None else [ln for ln in lines if not ln.startswith(skip)]
+            if shown:
+                if self.first_output_at is None:
+                    self.first_output_at = time.time()
+                out.append((rank, shown))
+        return out
 
 
 def _resolve_cr(line: str) -> str:

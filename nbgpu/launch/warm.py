@@ -1,12 +1,13 @@
-"""The kernel's side of a warm job: its ranks between cells, and how it ends.
+"""The kernel's side of a warm job: its ranks between and during cells.
 
 A warm job is a :class:`~nbgpu.launch.run.Run` started with ``keep``: torchrun starts
 the ranks as for any run, and they wait on the job's private channel for cells
-(``warm_rank.py``). :class:`WarmState` (``run.warm``) knows which cell each rank is
-in, interrupts a cell on every rank, ends the job gracefully (the ranks leave their
-loop and exit normally, finalizers included), and watches it between cells: a rank
-that dies while the job is idle, or an idle timeout, ends the job as a failed or
-stopped run, never leaving a process behind.
+(``nbgpu.rank.usercode``). The run owns a :class:`WarmState` (``run.warm``): which cell
+each rank is in, how long the job has been idle, interrupting ranks, asking idle ranks
+to leave their loop. A :class:`Cell` is one cell in flight: sent to every rank once
+all have connected, their answers heard as they come, interrupted on request, read as
+a :class:`CellResult`. Neither knows the run: the run's follow loop drives the cell,
+and the run's idle watchdog ends a job whose ranks died or that sat idle too long.
 
 Never imports IPython; the faces render :class:`CellResult`.
 """
@@ -19,20 +20,21 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nbgpu._render import Result, fmt_bytes
-from nbgpu.errors import NbgpuError, UserInputError
-from nbgpu.launch.channel import CellServer
+from nbgpu._render import Block, Line, Result, fmt_bytes
+from nbgpu.errors import NbgpuError
+from nbgpu.launch.channel import CELL_MARK, CellServer
+from nbgpu.launch.config import CellRequest
+from nbgpu.launch.outcomes import Pulled, add_pulled
+from nbgpu.launch.rundir import rank_log
 
-if TYPE_CHECKING:
-    from nbgpu.launch.run import Run
-
-__all__ = ["CellFailed", "CellResult", "WarmState"]
+__all__ = ["INTERRUPT_WAIT_S", "Cell", "CellFailed", "CellResult", "WarmState", "span"]
 
 WATCH_S = 0.5  # how often an idle job is checked (rank deaths, idle timeout)
+INTERRUPT_WAIT_S = 5.0  # how long interrupted ranks get to answer before we say so
+DEATH_WAIT_S = 10.0  # a rank hung up: time for torchrun to notice and end the job
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,8 @@ class CellResult(Result):
             parts.append(f"{which} {status}{detail}")
         return f"{head}: " + "; ".join(parts)
 
-    def text(self) -> str:
-        return self.summary()
-
-    def html_body(self) -> str:
-        return f"<p>{escape(self.summary())}</p>"
+    def content(self) -> list[Block]:
+        return [Line(self.summary(), level="" if self.ok else "bad", wrap=False)]
 
     def records(self) -> list[dict[str, Any]]:
         return [
@@ -130,9 +129,9 @@ class CellFailed(NbgpuError):
 class WarmState:
     """The ranks of a warm job between and during cells (``run.warm``)."""
 
-    def __init__(self, run: Run, server: CellServer, idle_timeout_s: float | None) -> None:
-        self.run = run
+    def __init__(self, server: CellServer, nproc: int, idle_timeout_s: float | None) -> None:
         self.server = server
+        self.nproc = nproc
         self.idle_timeout_s = idle_timeout_s
         self.cells = 0  # cells sent so far; the next one is cells + 1
         self.busy: dict[int, int] = {}  # rank -> the cell it has not answered yet
@@ -142,12 +141,6 @@ class WarmState:
         self.ended_reason: str | None = None
         self.last: CellResult | None = None  # the latest cell's result (a panel records it)
         self.log_offsets: dict[int, int] = {}  # each rank log's size when the cell began
-        self._watchdog = threading.Thread(
-            target=self._watch, name=f"nbgpu-warm-{run.name}", daemon=True
-        )
-        self._watchdog.start()
-
-    # -- what the faces ask ------------------------------------------------------------
 
     @property
     def in_cell(self) -> bool:
@@ -155,7 +148,12 @@ class WarmState:
 
     @property
     def idle_s(self) -> float | None:
-        return None if self.busy or self.run.done else time.time() - self.idle_since
+        """Seconds since the last cell ended (None in a cell, or once the job is over)."""
+        return None if self.busy or self.server.closed else time.time() - self.idle_since
+
+    def idle_too_long(self) -> bool:
+        idle = self.idle_s
+        return self.idle_timeout_s is not None and idle is not None and idle >= self.idle_timeout_s
 
     def pids(self) -> dict[int, int]:
         return self.server.pids()
@@ -171,63 +169,30 @@ class WarmState:
     def describe(self) -> str:
         """One phrase for ``%gpu_runs``: idle time, cells, memory, idle timeout."""
         if self.busy:
-            cell = max(self.busy.values())
-            return f"warm, cell {cell} running"
-        idle = self.idle_s or 0.0
-        text = f"warm, idle {_span(idle)}, {self.cells} cells"
+            return f"warm, cell {max(self.busy.values())} running"
+        text = f"warm, idle {span(self.idle_s or 0.0)}, {self.cells} cells"
         rss = self.resident_bytes()
         if rss is not None:
             text += f", {fmt_bytes(rss)} RSS"
         if self.idle_timeout_s is not None:
-            text += f", stops after {_span(self.idle_timeout_s)} idle"
-        else:
-            text += ", no idle timeout"
-        return text
-
-    def check_usable(self, flag: str) -> None:
-        """Refuse a new cell on a job that has ended or is still in one (one line)."""
-        name = self.run.name
-        self.catch_up()
-        if self.run.done or self.run.agent_done:
-            why = self.run.state.replace("_", " ")
-            if self.run.state == "failed":
-                # Died between cells: say how, since no cell was there to show it.
-                why = self.run.failure_summary().removeprefix(f"run '{name}' ")
-                why += f"; %gpu_diagnose {name}"
-            elif self.ended_reason:
-                why += f": {self.ended_reason}"
-            raise UserInputError(
-                f"{flag} {name}: the job has ended ({why}); start a new one with "
-                f"%%torchrun N --keep --name {name}"
-            )
-        if self.busy:
-            ranks = ",".join(str(r) for r in sorted(self.busy))
-            cell = max(self.busy.values())
-            raise UserInputError(
-                f"{flag} {name}: rank {ranks} is still in cell {cell} (it did not answer the "
-                f"interrupt): wait for it, see %gpu_stacks {name}, or end the job with "
-                f"%gpu_stop {name}"
-            )
-
-    # -- a cell's bookkeeping ---------------------------------------------------------
+            return text + f", stops after {span(self.idle_timeout_s)} idle"
+        return text + ", no idle timeout"
 
     def catch_up(self) -> None:
         """Read answers that came after their cell was given up on (a rank left a
         collective at last): a rank that answered is free again."""
-        if not self.busy or self.run.done or self.run.agent_done:
-            return  # nothing owed, or nobody left to answer (the channel is closed)
+        if not self.busy or self.server.closed:
+            return  # nothing owed, or nobody left to answer
         for rank, message in self.server.poll(0):
             if message.get("op") == "done":
                 self.answered(rank, int(message.get("cell") or 0))
 
-    def begin_cell(self) -> int:
+    def begin_cell(self, run_dir: Path) -> int:
         self.cells += 1
         self.started = set()
         self.last = None
-        self.log_offsets = {
-            rank: _size(self.run.logs[f"rank{rank}"]) for rank in range(self.run.config.nproc)
-        }
-        self.busy = dict.fromkeys(range(self.run.config.nproc), self.cells)
+        self.log_offsets = {rank: _size(rank_log(run_dir, rank)) for rank in range(self.nproc)}
+        self.busy = dict.fromkeys(range(self.nproc), self.cells)
         return self.cells
 
     def answered(self, rank: int, cell: int) -> None:
@@ -245,44 +210,116 @@ class WarmState:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGINT)
 
-    # -- the end -------------------------------------------------------------------------
-
-    def stop_gracefully(self, grace_s: float) -> bool:
-        """Ask idle ranks to leave their loop and exit; whether the agent exited in time."""
-        if self.busy or self.run.agent is None:
+    def ask_to_stop(self) -> bool:
+        """Ask idle ranks to leave their loop and exit normally; whether they were asked."""
+        if self.busy:
             return False
         self.server.send(sorted(self.server.ranks), {"op": "stop"})
-        with contextlib.suppress(Exception):
-            self.run.agent.wait(timeout=grace_s)
-        return self.run.agent_done
+        return True
 
     def close(self) -> None:
         self.server.close()
 
-    def _watch(self) -> None:
-        """Between cells: a job whose ranks died, or that sat idle too long, ends."""
-        run = self.run
-        while not run.done:
-            time.sleep(WATCH_S)
-            if run.agent is None or not self.lock.acquire(blocking=False):
-                continue  # not started yet, or a cell is running (its follower watches)
-            try:
-                if run.agent_done:
-                    self.ended_reason = "a rank died while the job was idle"
-                    run.end_warm()
-                    return
-                idle = self.idle_s
-                if (
-                    self.idle_timeout_s is not None
-                    and idle is not None
-                    and idle >= self.idle_timeout_s
-                ):
-                    self.ended_reason = f"idle for {_span(idle)} (--idle-timeout)"
-                    run.stop("idle_timeout")
-                    run.end_warm()
-                    return
-            finally:
-                self.lock.release()
+
+class Cell:
+    """One cell in flight: sent to every rank, their answers so far, an interrupt."""
+
+    def __init__(
+        self, warm: WarmState, request: CellRequest, run_dir: Path, *, serial_imports: bool
+    ) -> None:
+        self.warm, self.request, self.run_dir = warm, request, run_dir
+        self.serial_imports = serial_imports
+        self.number = 0
+        self.sent = False
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.interrupted_at: float | None = None
+        self.gone_at: float | None = None  # when a rank hung up
+        self.started = time.time()
+
+    def step(self, wait_s: float) -> None:
+        """Send the cell once every rank has connected; hear answers (waiting up to
+        *wait_s*: an answer wakes the follow loop at once)."""
+        if not self.sent and len(self.warm.server.ranks) == self.warm.nproc:
+            self._send()
+        for rank, message in self.warm.server.poll(wait_s):
+            self._hear(rank, message)
+        if self.warm.server.gone and self.gone_at is None:
+            self.gone_at = time.monotonic()  # torchrun is about to end the job
+
+    def _send(self) -> None:
+        self.number = self.warm.begin_cell(self.run_dir)
+        path = self.run_dir / f"cell{self.number}.py"  # tracebacks show the cell's lines
+        path.write_text(self.request.code, encoding="utf-8")
+        message = {
+            "op": "cell",
+            "cell": self.number,
+            "mark": f"{CELL_MARK}{self.number} ####",
+            "source": self.request.code,
+            "filename": str(path),
+            "push": dict(self.request.push),
+            "pull": list(self.request.pull),
+            "pull_all_ranks": self.request.pull_all_ranks,
+            "script_args": list(self.request.script_args),
+            "serial_imports": self.serial_imports,
+        }
+        self.warm.server.send(list(range(self.warm.nproc)), message)
+        self.sent = True
+
+    def _hear(self, rank: int, message: dict[str, Any]) -> None:
+        cell = message.get("cell")
+        if message.get("op") == "started" and cell == self.number:
+            self.warm.started.add(rank)
+            if self.interrupted_at is not None:
+                self.warm.interrupt([rank])  # it began after the interrupt went out
+        elif message.get("op") == "done":
+            self.warm.answered(rank, int(cell or 0))
+            if cell == self.number:
+                self.answers[rank] = message
+
+    def interrupt(self) -> None:
+        if self.interrupted_at is None:
+            self.interrupted_at = time.monotonic()
+            self.warm.interrupt(sorted(self.warm.started - set(self.answers)))
+
+    @property
+    def all_answered(self) -> bool:
+        return self.sent and len(self.answers) == self.warm.nproc
+
+    def over(self) -> bool:
+        """Every rank answered, or the interrupted ranks had their time to."""
+        return self.all_answered or (
+            self.interrupted_at is not None
+            and time.monotonic() - self.interrupted_at > INTERRUPT_WAIT_S
+        )
+
+    def ranks_died(self) -> bool:
+        """A rank hung up long ago, and torchrun has not ended the job by itself."""
+        return self.gone_at is not None and time.monotonic() - self.gone_at > DEATH_WAIT_S
+
+    def result(self, run_name: str) -> CellResult:
+        statuses: dict[int, str] = {}
+        errors: dict[int, str] = {}
+        pulled = Pulled()
+        for rank in range(self.warm.nproc):
+            answer = self.answers.get(rank)
+            if answer is None:
+                statuses[rank] = "no answer"
+                continue
+            statuses[rank] = str(answer.get("status"))
+            if answer.get("error"):
+                errors[rank] = str(answer["error"])
+            if answer.get("pulled") is not None:
+                add_pulled(pulled, rank, answer["pulled"])
+        return CellResult(
+            run_name=run_name,
+            number=self.number,
+            statuses=statuses,
+            errors=errors,
+            duration_s=time.time() - self.started,
+            pulled=pulled.values,
+            pulled_all=pulled.every_rank,
+            pull_problems=pulled.problems,
+        )
 
 
 def _size(path: Path) -> int:
@@ -292,7 +329,8 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
+    """A duration in the unit a person would say: ``45 s``, ``12 min``, ``3.5 h``."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

@@ -10,8 +10,9 @@ cell's result and the job's configuration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from html import escape
 from typing import TYPE_CHECKING
+
+from nbgpu._render import Block, Line
 
 if TYPE_CHECKING:
     from nbgpu.launch.run import Run
@@ -70,11 +71,6 @@ class CellView:
             f"cell, %gpu_stop {self.name} ends the job"
         )
 
-    def text(self) -> str:
-        return "\n".join([self._headline(), self.result.summary(), self._kept()])
-
-    def html_body(self) -> str:
-        return (
-            f"<b>{escape(self._headline())}</b><p>{escape(self.result.summary())}</p>"
-            f"<p>{escape(self._kept())}</p>"
-        )
+    def summary_blocks(self) -> list[Block]:
+        """What the record shows below its headline: how the cell ended, what is kept."""
+        return [*self.result.content(), Line(self._kept(), wrap=False)]

@@ -163,8 +163,7 @@ class LaunchMagics(Magics):
 
     def _run_on(self, args: Namespace, cell: str, script_args: list[str]) -> CellResult | None:
         """``%%torchrun --on NAME``: the cell on a warm job's ranks."""
-        from nbgpu.launch.execute import execute_cell  # noqa: PLC0415
-        from nbgpu.launch.warmjob import prepare_cell  # noqa: PLC0415
+        from nbgpu.launch.execute import execute_cell, prepare_cell  # noqa: PLC0415
 
         try:
             options, pushed = self._options(args)

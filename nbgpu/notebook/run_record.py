@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbgpu._render import ROOT_STYLE
+from nbgpu._render import ROOT_STYLE, to_html, to_text
 
 __all__ = [
     "RECORD_TAIL_LINES",
@@ -248,17 +248,14 @@ def record_html(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, 
             f"{html.escape(state)} · {html.escape(_tail_heading(tail))}</summary>"
             f"{scroll_box(body)}</details>"
         )
-    summary = run.html_body()
-    headline = f"<b>{html.escape(run._headline())}</b>"
     # The record opens with the headline already; the summary need not repeat it.
-    sections.append(summary.removeprefix(headline))
+    sections.append(to_html(run.summary_blocks()))
     sections.extend(html_part for _, html_part in extra)
     return f'<div class="nbgpu nbgpu-record" style="{ROOT_STYLE}">{"".join(sections)}</div>'
 
 
 def record_text(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, str]] = ()) -> str:
-    summary = run.text().split("\n")
-    lines = [summary[0], badges_text(run)]
+    lines = [run._headline(), badges_text(run)]
     for tail in tails:
         lines.append(f"--- {tail.label}: {_tail_heading(tail)}")
         note = tail.earlier_note()
@@ -266,7 +263,7 @@ def record_text(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, 
             lines.append(f"… {note}")
         lines.extend(strip_ansi(line) for line in tail.lines)
     lines.append("---")
-    lines.extend(summary[1:])
+    lines.extend(to_text(run.summary_blocks()).splitlines())
     lines.extend(text_part for text_part, _ in extra)
     return "\n".join(lines)
 

@@ -22,7 +22,10 @@ dict. ``is_main()`` and ``print0()`` treat a process outside any job as the sing
 Layout (one idea per module): ``job`` (rank, sizes, ``print0``) · ``device`` (the real
 CUDA path; the simulated one is ``nbgpu.devices.sim.ranks``, imported only under
 ``NBGPU_SIMULATE``) · ``group`` (the process group) · ``serial`` (``one_at_a_time``) ·
-``memory`` (``set_memory_limit``, ``parse_size``).
+``memory`` (``set_memory_limit``, ``parse_size``). The rest of every child process nbgpu
+starts lives here too, imported by none of the above: ``agent`` (torchrun, wrapped) ·
+``worker`` (every rank's entry point) · ``usercode`` (the user's code, once or cell by
+cell) · ``slurm_node`` (a SLURM node's first process). None of it imports ``launch/``.
 
 Importing this package is cheap: it must never import torch at module level (torch is
 imported inside the functions that need it), and never IPython, pynvml or psutil at all.

@@ -10,7 +10,6 @@ import subprocess
 
 import pytest
 
-from nbgpu.launch.follow import follow
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.run import Run
 from nbgpu.launch.streams import ScreenWriter
@@ -54,7 +53,7 @@ def test_full_disk_never_kills_a_rank_and_is_said_once(sim_env, tmp_path, small_
     prepared = prepare(code=FLOOD_THEN_FINISH, nproc=2, environ=env, env={"OUT_DIR": str(out)})
     run = Run(prepared.config, environ=env).start()
     shown = []
-    follow(run, ScreenWriter(shown.append))
+    run.follow(ScreenWriter(shown.append))
     text = "".join(shown)
     assert sorted(p.name for p in out.iterdir()) == ["finished0", "finished1"]
     assert run.state == "succeeded", text[-2000:]

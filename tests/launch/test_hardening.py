@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from nbgpu.launch.follow import follow
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.run import Run
 from nbgpu.launch.streams import ScreenWriter
@@ -26,7 +25,7 @@ def run_to_end(code, environ, **options):
     prepared = prepare(code=code, nproc=options.pop("nproc", 2), environ=environ, **options)
     run = Run(prepared.config, environ=environ).start()
     shown = []
-    follow(run, ScreenWriter(shown.append))
+    run.follow(ScreenWriter(shown.append))
     return run, "".join(shown)
 
 

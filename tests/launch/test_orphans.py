@@ -12,7 +12,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nbgpu.launch.follow import follow
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.run import Run
 from nbgpu.launch.streams import ScreenWriter
@@ -65,7 +64,7 @@ def test_agent_sigkill_leaves_no_child_of_any_rank(env):
     assert wait_until(lambda: len(tagged(run.run_id)) >= 9, 120), tagged(run.run_id)
     os.kill(run.agent.pid, signal.SIGKILL)
     shown = []
-    follow(run, ScreenWriter(shown.append))
+    run.follow(ScreenWriter(shown.append))
     assert wait_until(lambda: not tagged(run.run_id), 15), [
         (p, psutil.Process(p).cmdline()) for p in tagged(run.run_id)
     ]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from nbgpu.launch.config import LaunchConfig, SlurmOptions
-from nbgpu.launch.rdzv_timeout import rendezvous_timeout_words
+from nbgpu.launch.run_view import rendezvous_timeout_words
 from nbgpu.launch.slurm_queue import _never_starts
 
 

@@ -10,7 +10,6 @@ import pytest
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch import retention
-from nbgpu.launch.follow import follow
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.retention import RetentionPolicy, prune
 from nbgpu.launch.run import Run
@@ -131,7 +130,7 @@ def test_new_runs_prune_and_say_so_once(env, tmp_path, monkeypatch):
     for _ in range(2):
         prepared = prepare(code="print('hi')\n", nproc=1, environ=env)
         run = Run(prepared.config, environ=env).start()
-        follow(run, ScreenWriter(shown.append))
+        run.follow(ScreenWriter(shown.append))
         assert run.state == "succeeded"
     text = "".join(shown)
     assert text.count("old run directories") == 1, text

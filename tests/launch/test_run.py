@@ -17,7 +17,6 @@ import torch.distributed as dist
 import nbgpu.diagnose
 from nbgpu.diagnose import diagnose
 from nbgpu.launch.config import LaunchConfig
-from nbgpu.launch.follow import follow
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.procs import run_processes
 from nbgpu.launch.run import Run, leftover_processes
@@ -76,7 +75,7 @@ def test_success_streams_logs_and_pulls(env):
     )
     run = start(code, env, push={"cfg": {"tag": "pushed-ok"}}, pull=["result"])
     screen = Screen()
-    follow(run, ScreenWriter(screen.write))
+    run.follow(ScreenWriter(screen.write))
     assert run.state == "succeeded", run.text()
     assert "[rank0] rank 0 of 2 sum 3 pushed-ok" in screen.text
     assert "[rank1] rank 1 of 2 sum 3 pushed-ok" in screen.text
@@ -105,7 +104,7 @@ def test_crash_names_first_rank_and_keeps_its_last_words(env):
     )
     run = start(code, env)
     screen = Screen()
-    follow(run, ScreenWriter(screen.write))
+    run.follow(ScreenWriter(screen.write))
     assert run.state == "failed"
     assert run.root_cause is not None
     assert run.root_cause.rank == 1
@@ -125,7 +124,7 @@ def test_exception_root_cause_beats_ranks_stopped_after_it(env):
         "time.sleep(60)\n"
     )
     run = start(code, env)
-    follow(run, ScreenWriter(lambda _t: None))
+    run.follow(ScreenWriter(lambda _t: None))
     assert run.root_cause.rank == 0
     assert run.root_cause.error == "ValueError: bad batch on rank 0"
     assert "cell.py" in run.root_cause.traceback
@@ -138,7 +137,7 @@ def test_exception_root_cause_beats_ranks_stopped_after_it(env):
 def test_timeout_stops_everything(env):
     run = start("import time\nprint('ready', flush=True)\ntime.sleep(120)\n", env, timeout_s=6)
     started = time.time()
-    follow(run, ScreenWriter(lambda _t: None))
+    run.follow(ScreenWriter(lambda _t: None))
     assert run.state == "timed_out"
     assert time.time() - started < 6 + 8
     assert run.stop_report is not None
@@ -153,7 +152,7 @@ def test_interrupt_stops_the_whole_tree(env):
     pids = [p.pid for p in run_processes(run.run_id, run.agent.pid)]
     assert len(pids) >= 3  # the agent and both ranks were running when interrupted
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
-    follow(run, ScreenWriter(lambda _t: None))
+    run.follow(ScreenWriter(lambda _t: None))
     assert run.state == "interrupted"
     assert_all_gone(run, pids)
 
@@ -173,7 +172,7 @@ def test_agent_killed_with_sigkill_takes_its_workers(env):
         p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
     ]
     assert survivors == []
-    follow(run, ScreenWriter(lambda _t: None))
+    run.follow(ScreenWriter(lambda _t: None))
     assert run.state == "failed"
 
 
@@ -181,7 +180,7 @@ def test_failed_run_is_diagnosed_with_the_inventory(env):
     # busy-gpu0 forced onto its busy GPU 0: rank 0 fails with CUDA's own busy error.
     env = {**env, "NBGPU_SIMULATE": "busy-gpu0"}
     run = start("import nbgpu.rank as R\nR.init()\n", env, gpus="0,1", force=True)
-    follow(run, ScreenWriter(lambda _t: None))
+    run.follow(ScreenWriter(lambda _t: None))
     assert run.state == "failed"
     assert run.root_cause.rank == 0
     assert run.diagnosis.cause == "cuda_busy"
@@ -230,7 +229,7 @@ def test_one_root_cause_rank_everywhere_for_a_backend_torch_lacks(env, tmp_path)
     script = tmp_path / "ddp_tutorial.py"
     script.write_text(DDP_TUTORIAL)
     run = start(None, env, script=script)
-    follow(run, ScreenWriter(lambda _t: None))
+    run.follow(ScreenWriter(lambda _t: None))
     assert run.state == "failed"
     assert run.diagnosis.cause == "backend_unavailable"
     again = diagnose(run.dir)
@@ -248,7 +247,7 @@ def test_a_failing_diagnosis_is_said_with_the_runs_own_root_cause(env, monkeypat
     monkeypatch.setattr(nbgpu.diagnose, "diagnose", broken)
     code = "import os, time\nif os.environ['RANK'] == '1':\n    raise ValueError('bad rank 1')\ntime.sleep(60)\n"
     run = start(code, env)
-    follow(run, ScreenWriter(lambda _t: None))
+    run.follow(ScreenWriter(lambda _t: None))
     assert run.state == "failed"
     assert run.diagnosis is None
     assert run.diagnosis_error == "RuntimeError: catalog exploded"
@@ -265,7 +264,7 @@ def test_a_failing_diagnosis_is_said_with_the_runs_own_root_cause(env, monkeypat
 def test_failure_report_says_each_thing_once(env):
     env = {**env, "NBGPU_SIMULATE": "busy-gpu0"}
     run = start("import nbgpu.rank as R\nR.init()\n", env, gpus="0,1", force=True)
-    follow(run, ScreenWriter(lambda _t: None))
+    run.follow(ScreenWriter(lambda _t: None))
     assert run.diagnosis.cause == "cuda_busy"
     for shown in (False, True):
         lines = run.failure_lines(output_shown=shown)

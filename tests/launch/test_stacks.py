@@ -9,7 +9,6 @@ import time
 import psutil
 import pytest
 
-from nbgpu.launch.follow import follow
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.registry import runs_table, silent_ranks
 from nbgpu.launch.run import Run, leftover_processes
@@ -101,5 +100,5 @@ def test_rank_hung_in_a_gloo_collective_is_found_in_the_stacks(env, monkeypatch)
         assert "stuck_in_collective" in stopped.ranks[1].python
     finally:
         run.stop("stopped")
-        follow(run, ScreenWriter(lambda _t: None))
+        run.follow(ScreenWriter(lambda _t: None))
     assert leftover_processes(run) == []

@@ -4,6 +4,7 @@ Every test ends by proving, from every process on the machine (by the run's id i
 their environment, not nbgpu's bookkeeping), that nothing of the job is left.
 """
 
+import contextlib
 import os
 import signal
 import socket
@@ -18,7 +19,7 @@ import psutil
 import pytest
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch import cell_follow
+from nbgpu.launch import warm
 from nbgpu.launch.launcher import torchrun
 from nbgpu.launch.run import RunFailed
 from nbgpu.launch.warm import CellFailed
@@ -166,7 +167,7 @@ def test_interrupt_keeps_the_ranks_and_their_state(env):
 
 @pytest.mark.usefixtures("sigint_raises")
 def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, monkeypatch):
-    monkeypatch.setattr(cell_follow, "INTERRUPT_WAIT_S", 2.0)
+    monkeypatch.setattr(warm, "INTERRUPT_WAIT_S", 2.0)
     job, screen = start(env, "stuck", "import os\nimport nbgpu.rank\nnbgpu.rank.init(timeout_s=6)\n"
                         "rank = int(os.environ['RANK'])\n")  # fmt: skip
     try:
@@ -232,14 +233,24 @@ def test_the_channel_is_private(env):
         path = job.run.warm.server.path
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0
-        # Connecting without the job's token gets nothing and is hung up on.
+        # Connecting without the job's token gets a random challenge, the refusal and
+        # the hang-up: nothing of the job.
         intruder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         intruder.connect(str(path))
         intruder.sendall(b"\0" * 8)
         intruder.settimeout(5)
         torchrun("pass", on="private", write=Screen())  # the server reads meanwhile
-        assert intruder.recv(1) == b""
+        received = b""
+        with contextlib.suppress(ConnectionResetError):  # hung up on, its bytes unread
+            while chunk := intruder.recv(4096):
+                received += chunk
         intruder.close()
+        frames = []
+        while len(received) >= 4 and len(received) >= 4 + int.from_bytes(received[:4], "big"):
+            size = int.from_bytes(received[:4], "big")
+            frames.append(received[4 : 4 + size])
+            received = received[4 + size :]
+        assert all(f.startswith(b"#CHALLENGE#") or f == b"#FAILURE#" for f in frames), frames
         # Nothing of the job listens on a network interface but torchrun's own store.
         pids = set(job.run.warm.pids().values())
         for conn in psutil.net_connections(kind="inet"):
@@ -370,7 +381,7 @@ def test_a_rank_killed_between_cells_ends_the_job_and_the_next_cell_says_how(env
 
 @pytest.mark.usefixtures("sigint_raises")
 def test_a_second_interrupt_while_waiting_ends_the_job(env, monkeypatch):
-    monkeypatch.setattr(cell_follow, "INTERRUPT_WAIT_S", 60.0)
+    monkeypatch.setattr(warm, "INTERRUPT_WAIT_S", 60.0)
     job, screen = start(env, "twice", "import os\nimport nbgpu.rank\nnbgpu.rank.init()\n"
                         "rank = int(os.environ['RANK'])\n")  # fmt: skip
     timers = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (1.5, 3.0)]

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 import nbgpu
-from nbgpu.launch.follow import follow
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.run import Run, RunFailed
 from nbgpu.launch.streams import ScreenWriter
@@ -119,7 +118,7 @@ def test_live_memory_line_is_refreshed_in_place_and_erased_at_the_end(env):
     prepared = prepare(code=code, nproc=2, environ=env)
     run = Run(prepared.config, environ=env).start()
     writer = ScreenWriter(chunks.append, live_status=True)
-    follow(run, writer)
+    run.follow(writer)
     assert run.state == "succeeded"
     text = "".join(chunks)
     assert "mem: node " in text

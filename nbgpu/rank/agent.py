@@ -1,4 +1,4 @@
-"""The torchrun agent, wrapped: ``python -m nbgpu.launch.agent RESULT.json -- <torchrun args>``.
+"""The torchrun agent, wrapped: ``python -m nbgpu.rank.agent RESULT.json -- <torchrun args>``.
 
 It is torchrun (``torch.distributed.run``), keeping what torchrun leaves for its
 users when a rank fails (the ChildFailedError traceback and "Root Cause" banner in
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nbgpu._lineage import die_with_parent
-from nbgpu.launch.worker import note_lost_guarantee
+from nbgpu.rank.worker import note_lost_guarantee
 
 __all__ = ["main"]
 
@@ -114,7 +114,7 @@ def _join_timeout(rdzv_conf: str) -> float:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] != "--":
-        print("usage: python -m nbgpu.launch.agent RESULT.json -- <torchrun args>", file=sys.stderr)
+        print("usage: python -m nbgpu.rank.agent RESULT.json -- <torchrun args>", file=sys.stderr)
         return 2
     result_path = Path(argv[0])
     _die_with_parent()

@@ -1,4 +1,4 @@
-"""The entry point of every rank: ``torchrun -m nbgpu.launch.worker``.
+"""The entry point of every rank: ``torchrun -m nbgpu.rank.worker``.
 
 In this order, before any user code: die with the torchrun agent (parent-death
 signal, with a check for the race where the agent is already gone); send this rank's
@@ -26,14 +26,14 @@ import pickle
 import signal
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
 from nbgpu._lineage import die_with_parent
-from nbgpu.launch.rank_code import pull_payload, run_code, user_traceback, write_error_file
 from nbgpu.profile.phases import configure
 from nbgpu.profile.recorder import Recorder
+from nbgpu.rank.memory import set_memory_limit
+from nbgpu.rank.usercode import pull_payload, run_once, serve, user_traceback, write_error_file
 
 __all__ = ["main"]
 
@@ -115,7 +115,7 @@ def _redirect_output(log_path: Path, marker: Path) -> None:
     sys.stderr = _tolerant_stream(2, marker)
 
 
-_STACKS_SIGNAL = signal.SIGRTMIN + 3  # nbgpu.launch.stacks.STACKS_SIGNAL (stdlib only here)
+_STACKS_SIGNAL = signal.SIGRTMIN + 3  # what nbgpu.launch.stacks sends (a test ties the two)
 _stack_files: list[Any] = []  # kept open for the life of the rank
 
 
@@ -132,16 +132,6 @@ def _register_stack_dumps(run_dir: Path, rank: int) -> None:
         (run_dir / f"stacks-rank{rank}.pid").write_text(str(os.getpid()), encoding="utf-8")
     except (OSError, RuntimeError, ValueError):
         pass  # no stacks on request; the run itself is unaffected
-
-
-def _script_namespace(script: str) -> dict[str, Any]:
-    """A fresh ``__main__`` module for a script, as ``python script.py`` would make it."""
-    module = types.ModuleType("__main__")
-    module.__file__ = script
-    module.__dict__["__builtins__"] = __builtins__
-    sys.modules["__main__"] = module  # pickling classes the script defines finds them
-    sys.path.insert(0, str(Path(script).resolve().parent))
-    return module.__dict__
 
 
 def _pull(spec: dict[str, Any], namespace: dict[str, Any], run_dir: Path, rank: int) -> None:
@@ -172,51 +162,6 @@ def _recorder(run_dir: Path, spec: dict[str, Any]) -> Recorder:
     )
 
 
-def _run_once(
-    spec: dict[str, Any],
-    namespace: dict[str, Any],
-    rec: Recorder,
-    start_phase: int,
-    error_path: str,
-) -> tuple[int, dict[str, Any]]:
-    """A cold run: the cell or script, once; the rank's exit code and namespace."""
-    run_dir = Path(os.environ["NBGPU_RUN_DIR"])
-    try:
-        push = run_dir / "push.pkl"
-        pushed = {}
-        if push.exists():
-            for name, blob in pickle.loads(push.read_bytes()).items():  # noqa: S301  (our own file, 0700 dir)
-                pushed[name] = pickle.loads(blob)  # noqa: S301
-        if spec.get("script"):
-            filename = spec["script"]
-            namespace = _script_namespace(filename)
-        else:
-            filename = spec["cell"]
-            namespace["__file__"] = filename
-        sys.argv = [filename, *spec.get("script_args", [])]  # %%torchrun ... -- args
-        namespace.update(pushed)
-        source = Path(filename).read_text(encoding="utf-8")
-        run_code(
-            source,
-            filename,
-            namespace,
-            rec,
-            serial_imports=bool(spec.get("serial_imports")),
-            open_phase=start_phase,
-        )
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if exc.code not in (None, 0) and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-        return code, namespace
-    except BaseException as exc:  # noqa: BLE001  (a rank must report every failure, then exit)
-        formatted = user_traceback(exc)
-        sys.stderr.write(formatted)
-        write_error_file(error_path, exc, formatted)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1, namespace
-    return 0, namespace
-
-
 def main() -> int:
     run_dir = Path(os.environ["NBGPU_RUN_DIR"])
     rank = int(os.environ.get("RANK", "0"))
@@ -239,8 +184,6 @@ def main() -> int:
     # every stop would wait for SIGKILL. The sampler's last record is at most one
     # sampling interval old.
     if spec.get("mem_limit_bytes"):
-        from nbgpu.rank import set_memory_limit  # noqa: PLC0415  (only with --mem-limit)
-
         set_memory_limit(int(spec["mem_limit_bytes"]))
     error_path = os.environ.get("TORCHELASTIC_ERROR_FILE") or str(
         run_dir / f"error-rank{rank}.json"
@@ -248,12 +191,10 @@ def main() -> int:
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     if spec.get("keep"):
         # A warm job: cells come over the private channel until the kernel says stop.
-        from nbgpu.launch.warm_rank import serve  # noqa: PLC0415  (only in warm jobs)
-
         rec.end(start_phase)
         code = serve(spec, namespace, rec, rank=rank)
     else:
-        code, namespace = _run_once(spec, namespace, rec, start_phase, error_path)
+        code, namespace = run_once(spec, namespace, rec, start_phase, error_path)
     exit_phase = rec.begin("exit")
     try:
         if code == 0 and not spec.get("keep"):

@@ -1,12 +1,12 @@
 """One node of a SLURM job: find the rendezvous, then become torchrun's agent.
 
-``srun`` starts ``python -m nbgpu.launch.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S``
+``srun`` starts ``python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S``
 once per node. The first node of the step (``SLURM_NODEID`` 0) picks the rendezvous: its
 own address as SLURM knows it (``NodeAddr``) and a port free there, written to
 ``rdzv.json`` in the run directory, with the job and step ids the kernel needs to cancel
 them. The other nodes wait for that file. A run from a plan across nodes gives each node
 its own GPUs (``NBGPU_NODE_GPUS``). Every node then replaces itself with nbgpu's
-torchrun agent (``agent.py``) using torchrun's c10d rendezvous, so a node's signals from
+torchrun agent (``nbgpu.rank.agent``) using torchrun's c10d rendezvous, so a node's signals from
 SLURM reach torchrun directly.
 
 The run directory must be on a filesystem every node sees (a home or scratch directory
@@ -27,12 +27,13 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["NODE_GPUS_ENV", "main"]
+__all__ = ["main"]
 
 _WAIT_FOR_FIRST_NODE_S = 120.0
 #: A plan's GPUs per node as JSON, ``{"n1": "1,2", "n2": "0,1"}``: each node takes its own
-#: entry as ``CUDA_VISIBLE_DEVICES`` (``%%torchrun --plan p`` with a plan across nodes).
-NODE_GPUS_ENV = "NBGPU_NODE_GPUS"
+#: entry as ``CUDA_VISIBLE_DEVICES`` (``%%torchrun --plan p`` with a plan across nodes;
+#: the kernel sets it in ``nbgpu.launch.slurm``).
+_NODE_GPUS_ENV = "NBGPU_NODE_GPUS"
 
 
 def _node_address(name: str) -> str:
@@ -103,14 +104,14 @@ def _await(run_dir: Path) -> dict[str, object]:
 
 def _take_planned_gpus(name: str) -> None:
     """This node's GPUs from a plan across nodes, when the run has one."""
-    planned = os.environ.pop(NODE_GPUS_ENV, None)
+    planned = os.environ.pop(_NODE_GPUS_ENV, None)
     if planned is None:
         return
     try:
         devices = json.loads(planned)[name]
     except (ValueError, KeyError, TypeError):
         raise SystemExit(
-            f"nbgpu: the plan names no GPUs for node {name!r} ({NODE_GPUS_ENV}={planned}); "
+            f"nbgpu: the plan names no GPUs for node {name!r} ({_NODE_GPUS_ENV}={planned}); "
             "plan again with %gpu_plan --slurm"
         ) from None
     os.environ["CUDA_VISIBLE_DEVICES"] = str(devices)
@@ -119,7 +120,7 @@ def _take_planned_gpus(name: str) -> None:
 
 def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never returns)
     if len(argv) != 5:
-        print("usage: python -m nbgpu.launch.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S",
+        print("usage: python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S",
               file=sys.stderr)  # fmt: skip
         return 2
     run_dir, nnodes, nproc, run_id, join_s = Path(argv[0]), argv[1], argv[2], argv[3], argv[4]
@@ -134,14 +135,14 @@ def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never re
     os.environ["NBGPU_LAUNCHER_PID"] = str(os.getppid())
     os.environ["TORCHELASTIC_ERROR_FILE"] = str(run_dir / f"agent-error-node{node}.json")
     agent = [
-        sys.executable, "-m", "nbgpu.launch.agent", str(run_dir / f"result-node{node}.json"),
+        sys.executable, "-m", "nbgpu.rank.agent", str(run_dir / f"result-node{node}.json"),
         "--",
         "--nnodes", nnodes, "--nproc-per-node", nproc,
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rdzv['host']}:{rdzv['port']}",
         "--rdzv-id", run_id, "--rdzv-conf", f"join_timeout={join_s}",
         "--max-restarts", "0",
         "--log-dir", str(run_dir / "torchelastic" / f"node{node}"),
-        "--module", "nbgpu.launch.worker",
+        "--module", "nbgpu.rank.worker",
     ]  # fmt: skip
     sys.stdout.flush()
     os.execv(sys.executable, agent)  # noqa: S606  (our own interpreter, no shell)

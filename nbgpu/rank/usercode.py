@@ -1,0 +1,326 @@
+"""The user's code inside a rank: once (a cold run), or cell after cell (a warm job).
+
+The code is compiled as its leading import block and the rest, each a recorded memory
+phase (``--serial-imports`` takes the first one rank at a time); a failure's traceback
+starts at the user's first frame; torchelastic's error file is written the way
+``@record`` writes it; pulled variables are pickled one by one so one bad value does
+not hide the others.
+
+A warm job's rank connects to the job's private channel (a ``multiprocessing``
+Client with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``)
+and waits. For each cell it marks the boundary in its log (the
+line the kernel sends), says it started, loads pushed values, runs the code as memory
+phases ``cell N imports`` and ``cell N``, and answers with how the cell ended and the
+pulled values. An exception is a failed cell, not a dead rank: the traceback goes to
+the log and the rank waits for the next cell, its globals, process group and CUDA
+context intact. SIGINT interrupts a running cell only (KeyboardInterrupt in the user's
+code, like a kernel); between cells it is ignored, so a late interrupt never kills a
+rank. The kernel saying ``stop``, or hanging up (it died), ends the loop: the rank then
+exits normally and its finalizers run.
+
+Runs inside rank processes only: standard library (and nbgpu's recording side).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import os
+import pickle
+import runpy
+import signal
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from nbgpu.profile.recorder import Recorder
+from nbgpu.rank.serial import one_at_a_time
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+__all__ = [
+    "pull_payload",
+    "run_code",
+    "run_once",
+    "serve",
+    "user_traceback",
+    "write_error_file",
+]
+
+_OURS = str(Path(__file__).parent)  # nbgpu/rank: the worker, this module
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback from the user's first frame on: nbgpu's and runpy's frames are noise."""
+    tb = exc.__traceback__
+    while (
+        tb is not None
+        and tb.tb_next is not None
+        and (
+            tb.tb_frame.f_code.co_filename.startswith(_OURS)
+            or tb.tb_frame.f_code.co_filename == runpy.__file__
+        )
+    ):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def write_error_file(path: str, exc: BaseException, formatted: str) -> None:
+    # The exact structure torch's ErrorHandler.record_exception writes, plus a finer
+    # timestamp of our own: whole seconds cannot order ranks that fail together.
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {
+                "py_callstack": formatted,
+                "timestamp": str(int(time.time())),
+                "nbgpu_time": repr(time.time()),
+            },
+        }
+    }
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps(data), encoding="utf-8")
+
+
+def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any, int]:
+    """Compile the code as (leading import block, rest), keeping line numbers; the
+    block's statement count."""
+    tree = ast.parse(source, filename)
+    cut = 0
+    for node in tree.body:
+        is_docstring = (
+            cut == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        )
+        if isinstance(node, ast.Import | ast.ImportFrom) or is_docstring:
+            cut += 1
+        else:
+            break
+    head = ast.Module(body=tree.body[:cut], type_ignores=[])
+    tail = ast.Module(body=tree.body[cut:], type_ignores=[])
+    return compile(head, filename, "exec"), compile(tail, filename, "exec"), cut
+
+
+def run_code(
+    source: str,
+    filename: str,
+    namespace: dict[str, Any],
+    rec: Recorder,
+    *,
+    serial_imports: bool,
+    open_phase: int | None = None,
+    phases: tuple[str, str] = ("imports", "run"),
+    empty_imports_phase: bool = True,
+) -> None:
+    """Run code as its leading import block, then the rest, each a recorded phase.
+
+    The same split for cells, scripts and warm cells, so ``--serial-imports`` serialises
+    a script's leading imports exactly like a cell's, and a phase name means one thing.
+    *open_phase* (the rank's ``start``) ends once the code compiled. Without
+    *empty_imports_phase*, code with no leading imports records no imports phase.
+    """
+    head, tail, imports = _split_leading_imports(source, filename)
+    imports_phase, run_phase = phases
+    if open_phase is not None:
+        rec.end(open_phase)
+    if imports or empty_imports_phase:
+        _run_imports(rec, imports_phase, head, namespace, serial=serial_imports)
+    _phase_exec(rec, run_phase, tail, namespace)
+
+
+def _run_imports(
+    rec: Recorder, phase: str, code: Any, namespace: dict[str, Any], *, serial: bool
+) -> None:
+    if not serial:
+        _phase_exec(rec, phase, code, namespace)
+        return
+    waiting = rec.begin("wait-imports")
+    with one_at_a_time("imports"):
+        rec.end(waiting)
+        _phase_exec(rec, phase, code, namespace)
+
+
+def _phase_exec(rec: Recorder, name: str, code: Any, namespace: dict[str, Any]) -> None:
+    phase_id = rec.begin(name)
+    try:
+        exec(code, namespace)  # noqa: S102  (running the user's own code is the point)
+    except BaseException as exc:
+        rec.end(phase_id, error=f"{type(exc).__name__}: {exc}"[:300])
+        raise
+    rec.end(phase_id)
+
+
+def _pickle_or_reason(value: Any) -> tuple[bytes | None, str]:
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), ""
+    except Exception as exc:  # noqa: BLE001  (any pickling failure is reported, not fatal)
+        return None, f"{type(value).__name__} cannot be pickled ({exc})"
+
+
+def pull_payload(names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
+    """The pulled variables, each pickled on its own: values, missing names, reasons."""
+    payload: dict[str, Any] = {
+        "values": {},
+        "missing": [n for n in names if n not in namespace],
+        "errors": {},
+    }
+    for name in names:
+        if name not in namespace:
+            continue
+        blob, problem = _pickle_or_reason(namespace[name])
+        if blob is not None:
+            payload["values"][name] = blob
+        else:
+            payload["errors"][name] = problem
+    return payload
+
+
+# -- a cold run: the cell or the script, once ---------------------------------------------
+
+
+def _script_namespace(script: str) -> dict[str, Any]:
+    """A fresh ``__main__`` module for a script, as ``python script.py`` would make it."""
+    module = types.ModuleType("__main__")
+    module.__file__ = script
+    module.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = module  # pickling classes the script defines finds them
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    return module.__dict__
+
+
+def run_once(
+    spec: dict[str, Any],
+    namespace: dict[str, Any],
+    rec: Recorder,
+    start_phase: int,
+    error_path: str,
+) -> tuple[int, dict[str, Any]]:
+    """A cold run: the cell or script, once; the rank's exit code and namespace."""
+    run_dir = Path(os.environ["NBGPU_RUN_DIR"])
+    try:
+        push = run_dir / "push.pkl"
+        pushed = {}
+        if push.exists():
+            for name, blob in pickle.loads(push.read_bytes()).items():  # noqa: S301  (our own file, 0700 dir)
+                pushed[name] = pickle.loads(blob)  # noqa: S301
+        if spec.get("script"):
+            filename = spec["script"]
+            namespace = _script_namespace(filename)
+        else:
+            filename = spec["cell"]
+            namespace["__file__"] = filename
+        sys.argv = [filename, *spec.get("script_args", [])]  # %%torchrun ... -- args
+        namespace.update(pushed)
+        source = Path(filename).read_text(encoding="utf-8")
+        run_code(
+            source,
+            filename,
+            namespace,
+            rec,
+            serial_imports=bool(spec.get("serial_imports")),
+            open_phase=start_phase,
+        )
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code not in (None, 0) and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        return code, namespace
+    except BaseException as exc:  # noqa: BLE001  (a rank must report every failure, then exit)
+        formatted = user_traceback(exc)
+        sys.stderr.write(formatted)
+        write_error_file(error_path, exc, formatted)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1, namespace
+    return 0, namespace
+
+
+# -- a warm job: cells from the kernel's channel ------------------------------------------
+
+_in_cell = [False]  # whether SIGINT means KeyboardInterrupt right now
+
+
+def _on_interrupt(_signum: int, _frame: FrameType | None) -> None:
+    if _in_cell[0]:
+        raise KeyboardInterrupt
+
+
+def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, rank: int) -> int:
+    """Run cells until the kernel says stop or goes away; the rank's exit code (0)."""
+    # Only warm jobs' ranks pay for this import.
+    from multiprocessing.connection import Client  # noqa: PLC0415
+
+    # Both ends prove they hold the job's token before anything is unpickled.
+    conn = Client(spec["channel"], family="AF_UNIX", authkey=spec["token"].encode())
+    conn.send({"op": "hello", "rank": rank, "pid": os.getpid()})
+    signal.signal(signal.SIGINT, _on_interrupt)
+    try:
+        while True:
+            message = conn.recv()
+            if message.get("op") == "stop":
+                return 0
+            if message.get("op") != "cell":
+                continue
+            number = int(message["cell"])
+            try:
+                answer = _run_cell(message, namespace, rec, conn, rank)
+            except KeyboardInterrupt:
+                # Landed after the cell's code, before its answer: still an interrupted cell.
+                answer = {"op": "done", "cell": number, "status": "interrupted",
+                          "error": "KeyboardInterrupt"}  # fmt: skip
+            sys.stdout.flush()
+            sys.stderr.flush()
+            conn.send(answer)
+    except (EOFError, OSError):
+        return 0  # the kernel hung up (mid-message too): it is gone, and so is the job
+    finally:
+        conn.close()
+
+
+def _run_cell(
+    message: dict[str, Any],
+    namespace: dict[str, Any],
+    rec: Recorder,
+    conn: Connection,
+    rank: int,
+) -> dict[str, Any]:
+    number = int(message["cell"])
+    filename = str(message["filename"])
+    print(message["mark"], flush=True)  # the log's cell boundary, as the kernel reads it
+    conn.send({"op": "started", "cell": number})
+    status, error = "ok", None
+    _in_cell[0] = True
+    try:
+        for name, blob in (message.get("push") or {}).items():
+            namespace[name] = pickle.loads(blob)  # noqa: S301  (from our private channel)
+        namespace["__file__"] = filename
+        sys.argv = [filename, *message.get("script_args", [])]
+        run_code(
+            message["source"],
+            filename,
+            namespace,
+            rec,
+            serial_imports=bool(message.get("serial_imports")),
+            phases=(f"cell {number} imports", f"cell {number}"),
+            empty_imports_phase=False,
+        )
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            status, error = "error", f"SystemExit: {exc.code}"
+            print(f"SystemExit: {exc.code}", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        status, error = "interrupted", "KeyboardInterrupt"
+        sys.stderr.write(user_traceback(exc))
+    except BaseException as exc:  # noqa: BLE001  (a cell's failure is reported; the rank stays)
+        status, error = "error", f"{type(exc).__name__}: {exc}"
+        sys.stderr.write(user_traceback(exc))
+    finally:
+        _in_cell[0] = False
+    answer: dict[str, Any] = {"op": "done", "cell": number, "status": status, "error": error}
+    names = list(message.get("pull") or [])
+    if status == "ok" and names and (rank == 0 or message.get("pull_all_ranks")):
+        answer["pulled"] = pull_payload(names, namespace)
+    return answer
