@@ -271,7 +271,7 @@ def test_the_simulation_is_imported_only_at_its_seams():
             continue
         sim = {
             m
-            for m in _nbgpu_runtime_imports(path, set(paths))
+            for m in _nbgpu_modules_imported(path, set(paths))
             if m.startswith("nbgpu.devices.sim.")
         }
         if not sim:
@@ -321,14 +321,6 @@ def _nbgpu_modules_imported(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
-# Circles being untied on other branches of issue 20 (devices/, profile/); delete each
-# entry once its branch is merged.
-UNTIED_ELSEWHERE = (
-    {"nbgpu.devices.capture", "nbgpu.devices.inventory"},
-    {"nbgpu.profile.figure", "nbgpu.profile.report"},
-)
-
-
 def test_the_import_graph_has_no_circles():
     # A circle means two modules that cannot be understood (or split) one without the
     # other. A package's own __init__ is not counted as a dependency of its modules.
@@ -337,9 +329,7 @@ def test_the_import_graph_has_no_circles():
         name: {
             d
             for d in _nbgpu_modules_imported(path, set(paths))
-            if d != name
-            and not name.startswith(d + ".")
-            and not any({name, d} <= pair for pair in UNTIED_ELSEWHERE)
+            if d != name and not name.startswith(d + ".")
         }
         for name, path in paths.items()
     }

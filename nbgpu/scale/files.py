@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbgpu.errors import UserInputError
 from nbgpu.scale.values import value_text
@@ -29,11 +29,11 @@ from nbgpu.scale.values import value_text
 # The shell lexer and ruamel.yaml load when a config is read, not with read_text (plan
 # files, cluster files) or this module.
 if TYPE_CHECKING:
-    from nbgpu.scale.result import ScalePlan
     from nbgpu.scale.script import LaunchScript, ScriptValue
 
 __all__ = [
     "ConfigSource",
+    "Rescaled",
     "load_config",
     "read_config",
     "read_text",
@@ -103,7 +103,18 @@ def _json_indent(text: str) -> int | None:
     return len(m.group(1).expandtabs()) if m else None
 
 
-def rescaled_text(source: ConfigSource, plan: ScalePlan) -> tuple[str, list[str]]:
+class Rescaled(Protocol):
+    """What rewriting needs of a scale plan (the plan's module saves through this one)."""
+
+    @property
+    def config(self) -> Any: ...
+    @property
+    def steps(self) -> tuple[Any, ...]: ...
+    @property
+    def changes(self) -> tuple[Any, ...]: ...
+
+
+def rescaled_text(source: ConfigSource, plan: Rescaled) -> tuple[str, list[str]]:
     """The file with the plan's new values; and notes on expressions a script had to lose."""
 
     if source.form == "yaml":
