@@ -40,9 +40,7 @@ __all__ = [
     "Section",
     "Table",
     "Title",
-    "code_html",
     "fix_html",
-    "fixes_html",
     "fmt_bytes",
     "fmt_opt",
     "fmt_used_total",
@@ -107,18 +105,6 @@ def fix_html(text: str) -> str:
     in ``%gpu_doctor``, ``%gpu_plan``, ``%gpu_diagnose`` and a failed run's summary.
     """
     return _CODE_SPAN.sub(lambda m: f"<code>{m.group(1)}</code>", html.escape(text, quote=False))
-
-
-def fixes_html(fixes: Sequence[str], *, ordered: bool = False) -> str:
-    """A list of fixes (or steps, *ordered*) as one HTML list; empty for no fixes."""
-    if not fixes:
-        return ""
-    tag = "ol" if ordered else "ul"
-    return f"<{tag}>" + "".join(f"<li>{fix_html(f)}</li>" for f in fixes) + f"</{tag}>"
-
-
-#: The name older code knows :func:`fix_html` by.
-code_html = fix_html
 
 
 def fmt_opt(value: object, suffix: str = "") -> str:
@@ -501,8 +487,6 @@ class Result:
         return to_text(self.content())
 
     def html(self) -> str:
-        if type(self).content is Result.content:  # not yet converted: its own HTML body
-            return f'<div class="nbgpu" style="{ROOT_STYLE}">{self.html_body()}</div>'
         return to_html(self.content())
 
     def html_body(self) -> str:

@@ -20,7 +20,6 @@ from nbgpu._render import (
     Table,
     Title,
     fix_html,
-    fixes_html,
     memory_bar_html,
     to_html,
     to_text,
@@ -33,11 +32,6 @@ def test_fix_html_shows_backticks_as_code_and_escapes_the_rest():
     # An unpaired backtick is text, never an unclosed <code>.
     assert fix_html("it's `odd") == "it's `odd"
     assert fix_html("`a` and `b<c>`") == "<code>a</code> and <code>b&lt;c&gt;</code>"
-
-
-def test_fixes_html_is_one_list():
-    assert fixes_html([]) == ""
-    assert fixes_html(["`x`", "y"], ordered=True) == "<ol><li><code>x</code></li><li>y</li></ol>"
 
 
 class _Cells(HTMLParser):

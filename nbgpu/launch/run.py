@@ -284,6 +284,8 @@ class Run(RunView):
             if not warm.lock.acquire(blocking=False):
                 continue  # a cell is running: its follower watches
             try:
+                if self.stop_reason is not None:
+                    return  # being stopped (%gpu_stop, exit): the stop says why, not a death
                 if self.agent_done:
                     warm.ended_reason = "a rank died while the job was idle"
                 elif warm.idle_too_long():
