@@ -13,11 +13,11 @@ the steps and the bad-input answers (empty input, binary data, a directory witho
 logs, no failure); the steps live in their modules.
 
 Layout (one idea per module): ``catalog`` (causes, patterns, fixes: data) · ``lines``
-(prefixes, ranks, timestamps) · ``window`` (streaming bytes to the lines worth reading) ·
-``scan`` (hits, exits, tracebacks of one source) · ``sources`` (strings, files, run
-directories, run.json, error files) · ``rootcause`` (which rank failed first and why) ·
-``specifics`` (numbers from the log turned into advice) · ``enrich`` (what the logs do
-not say: this machine's GPUs, the run's memory records) · ``report`` (the results).
+(streaming bytes to the lines worth reading; prefixes, ranks, timestamps) · ``scan``
+(hits, exits, tracebacks of one source) · ``sources`` (strings, files, run directories,
+run.json, error files) · ``rootcause`` (which rank failed first and why) · ``enrich``
+(the numbers in the log turned into advice; what the logs do not say: this machine's
+GPUs, the run's memory records) · ``report`` (the results).
 
 Maps logs and torchelastic error files to causes and fixes; reads files (streaming) and
 takes an optional inventory object (passed in, never taken here). Never imports IPython,
@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu.diagnose.catalog import CATALOG, CAUSE_IDS, UNKNOWN, Cause, Pattern, cause
 from nbgpu.diagnose.enrich import add_facts, describe_inventory
+from nbgpu.diagnose.lines import WindowScanner
 from nbgpu.diagnose.report import Diagnosis, Evidence, FoundCause, RankSummary, SourceSummary
 from nbgpu.diagnose.rootcause import rank_failures
 from nbgpu.diagnose.scan import SourceScan
 from nbgpu.diagnose.sources import Inputs, LogInput, chunks, resolve
-from nbgpu.diagnose.window import WindowScanner
 from nbgpu.errors import UserInputError
 
 if TYPE_CHECKING:

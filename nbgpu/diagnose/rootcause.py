@@ -26,11 +26,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from nbgpu.diagnose.catalog import UNKNOWN, Cause, cause
+from nbgpu.diagnose.enrich import specifics
 from nbgpu.diagnose.lines import Stamp
 from nbgpu.diagnose.report import Evidence, FoundCause, RankSummary
 from nbgpu.diagnose.scan import SECONDARY_ID, ExceptionLine, ExitRecord, Hit, SourceScan
 from nbgpu.diagnose.sources import ErrorRecord, RunInfo
-from nbgpu.diagnose.specifics import specifics
 
 __all__ = ["Ranking", "rank_failures"]
 
