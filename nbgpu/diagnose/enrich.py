@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.diagnose.report import FoundCause
 from nbgpu.diagnose.sources import RunInfo
+from nbgpu.profile.records import gib, import_storm
 from nbgpu.profile.report import memory_report
-from nbgpu.profile.timeline import import_storm
 
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
@@ -383,10 +383,6 @@ _ENRICHERS = {
 
 
 # -- the run's memory records ------------------------------------------------------------
-
-
-def gib(value: float) -> str:
-    return f"{value / 1024**3:.2f} GiB"
 
 
 def memory_details(run_dir: Path) -> tuple[str, ...]:

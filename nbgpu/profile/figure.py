@@ -6,7 +6,7 @@ is unknown) with the node's sum of all ranks and the machine's memory and
 one bar per rank showing its phases, the phase a rank died in marked with a cross.
 Built on ``matplotlib.figure.Figure`` (no pyplot state, no backend switch), so it
 renders the same in a kernel, a terminal (``--png``) and a saved notebook. It draws a
-:class:`~nbgpu.profile.timeline.MemoryTimeline` (the report is one, and shows the
+:class:`~nbgpu.profile.records.MemoryTimeline` (the report is one, and shows the
 figure as its own: no import back).
 """
 
@@ -16,7 +16,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nbgpu.profile.timeline import MemoryTimeline
+    from nbgpu.profile.records import MemoryTimeline, RankRecords
 
 __all__ = ["draw", "png_bytes"]
 
@@ -28,11 +28,8 @@ _PHASE_COLORS = (
 
 
 def _phase_colors(report: MemoryTimeline) -> dict[str, str]:
-    names = []
-    for rank in report.ranks:
-        for span in sorted(rank.phases, key=lambda s: s.start_t):
-            if span.name not in names:
-                names.append(span.name)
+    spans = (s for r in report.ranks for s in sorted(r.phases, key=lambda s: s.start_t))
+    names = dict.fromkeys(s.name for s in spans)
     return {n: _PHASE_COLORS[i % len(_PHASE_COLORS)] for i, n in enumerate(names)}
 
 
@@ -172,7 +169,7 @@ def _bands(ax: Any, report: MemoryTimeline, colors: dict[str, str], *, labels: b
     for span in first.phases:
         if span.depth:
             continue
-        end = span.end_t if span.end_t is not None else (first.last_t or span.start_t)
+        end = first.span_end(span)
         ax.axvspan(
             span.start_t - t0, end - t0, color=colors.get(span.name, "#ddd"), alpha=0.18, lw=0
         )
@@ -190,13 +187,13 @@ def _bands(ax: Any, report: MemoryTimeline, colors: dict[str, str], *, labels: b
             )
 
 
-def _gantt(ax: Any, ranks: list[Any], t0: float, colors: dict[str, str]) -> None:
+def _gantt(ax: Any, ranks: list[RankRecords], t0: float, colors: dict[str, str]) -> None:
     ax.set_yticks(range(len(ranks)), [r.label for r in ranks], fontsize=8)
     ax.set_ylim(len(ranks) - 0.5, -0.5)
     seen: dict[str, Any] = {}
     for row, rank in enumerate(ranks):
         for span in rank.phases:
-            end = span.end_t if span.end_t is not None else (rank.last_t or span.start_t)
+            end = rank.span_end(span)
             height = 0.8 if span.depth == 0 else 0.4
             bar = ax.broken_barh(
                 [(span.start_t - t0, max(end - span.start_t, 1e-3))],
