@@ -29,14 +29,8 @@ from datetime import datetime, timezone
 
 from nbgpu.diagnose.catalog import TRIGGERS
 
-__all__ = [
-    "MAX_LINE_BYTES",
-    "ParsedLine",
-    "Stamp",
-    "WindowScanner",
-    "parse_line",
-    "parse_stamp_text",
-]
+__all__ = ["MAX_LINE_BYTES", "ParsedLine", "Stamp", "WindowScanner", "parse_line",
+           "parse_stamp_text"]  # fmt: skip
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # [rank3]: / [default3]: / [rank3]:[E1206 ...] - torch >= 2.2 and torchrun --tee.
@@ -68,29 +62,29 @@ class ParsedLine:
     body: str  # the message without launcher prefixes
 
 
-def _iso(m: re.Match[str]) -> Stamp | None:
+def _stamp(
+    kind: str, fields: tuple[int, int, int, int, int, int], frac: str | None
+) -> Stamp | None:
     try:
-        year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
-        frac = float("0." + m.group(7)) if m.group(7) else 0.0
-        moment = datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
+        moment = datetime(*fields, tzinfo=timezone.utc)
     except ValueError:
         return None
-    return Stamp("iso", moment.timestamp() + frac)
+    return Stamp(kind, moment.timestamp() + (float("0." + frac) if frac else 0.0))
+
+
+def _iso(m: re.Match[str]) -> Stamp | None:
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    return _stamp("iso", (year, month, day, hour, minute, second), m.group(7))
 
 
 def _glog(m: re.Match[str]) -> Stamp | None:
     month, day = int(m.group(2)[:-2]), int(m.group(2)[-2:])
     hour, minute, second = (int(m.group(i)) for i in range(3, 6))
-    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
+    if second > 60:
         return None
-    frac = float("0." + m.group(6)) if m.group(6) else 0.0
     # No year in glog stamps: seconds since the start of a fixed leap year keep order
     # within one run (which never spans a new year in practice).
-    try:
-        moment = datetime(2000, month, day, hour, minute, min(second, 59), tzinfo=timezone.utc)
-    except ValueError:
-        return None
-    return Stamp("glog", moment.timestamp() + frac)
+    return _stamp("glog", (2000, month, day, hour, minute, min(second, 59)), m.group(6))
 
 
 def parse_stamp_text(text: str) -> Stamp | None:

@@ -38,11 +38,8 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
 
     ranks = [r for r in report.ranks if r.samples or r.phases]
     gpu = report.has_gpu
-    heights = (
-        [3.0, 1.8, 0.35 * max(len(ranks), 1) + 0.4]
-        if gpu
-        else [3.0, 0.35 * max(len(ranks), 1) + 0.4]
-    )
+    bars_height = 0.35 * max(len(ranks), 1) + 0.4
+    heights = [3.0, 1.8, bars_height] if gpu else [3.0, bars_height]
     fig = Figure(figsize=(10, sum(heights) + 0.9), layout="constrained")
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     host, bars = axes[0], axes[-1]
@@ -63,18 +60,9 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
         died = rank.died_in
         if died is not None and xs:
             host.plot([xs[-1]], [ys[-1]], marker="X", markersize=11, color="#c0392b", zorder=5)
-            # Near the right edge the label goes to the left of the cross, inside the axes.
             late = xs[-1] > 0.6 * max(report_end, 1e-9)
-            host.annotate(
-                f"{rank.label} died in '{died.path}'",
-                (xs[-1], ys[-1]),
-                textcoords="offset points",
-                xytext=(-8 if late else 6, 6),
-                ha="right" if late else "left",
-                color="#c0392b",
-                fontsize=9,
-                fontweight="bold",
-            )
+            text = f"{rank.label} died in '{died.path}'"
+            _label(host, text, (xs[-1], ys[-1]), (-8 if late else 6, 6), color="#c0392b")
     # One node: the sum of all ranks. Several: a sum per node (each node's memory is its
     # own), the highest one annotated with its name.
     names: list[str | None] = [*report.node_names] or [None]
@@ -95,16 +83,9 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
             where = f" · all in '{peak.all_in}'" if peak.all_in else ""
             on = f" ({peak.node})" if peak.node else ""
             right = peak.t_s > 0.6 * (max(xs) or 1)
-            host.annotate(
-                f"node peak{on} {peak.total_bytes / _GIB:.2f} GiB{where}",
-                (peak.t_s, peak.total_bytes / _GIB),
-                textcoords="offset points",
-                xytext=(-8 if right else 8, 4),
-                ha="right" if right else "left",
-                fontsize=9,
-                fontweight="bold",
-                va="bottom",
-            )
+            text = f"node peak{on} {peak.total_bytes / _GIB:.2f} GiB{where}"
+            xy = (peak.t_s, peak.total_bytes / _GIB)
+            _label(host, text, xy, (-8 if right else 8, 4), va="bottom")
     top = max(peak_seen * 1.25, 0.1)
     _limit_line(host, report.mem_total_bytes, "machine memory", "#c0392b", "--", top)
     _limit_line(host, report.mem_limit_bytes, "--mem-limit (per rank)", "#d35400", ":", top)
@@ -136,6 +117,16 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
         heading += f"  · SIMULATED fleet '{report.simulated}'"
     fig.suptitle(heading, fontsize=11)
     return fig
+
+
+def _label(
+    ax: Any, text: str, xy: tuple[float, float], offset: tuple[int, int], **style: Any
+) -> None:
+    """Bold text beside a point; near the right edge (offset to the left) it ends there,
+    so it stays inside the axes."""
+    ha = "right" if offset[0] < 0 else "left"
+    ax.annotate(text, xy, textcoords="offset points", xytext=offset, ha=ha, fontsize=9,
+                fontweight="bold", **style)  # fmt: skip
 
 
 def _limit_line(  # noqa: PLR0917  (private; the line's look in one call)
