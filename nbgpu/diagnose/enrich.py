@@ -193,12 +193,8 @@ def specifics(
     elif cause_id == "device_assert" and (m := _ASSERTION.search(text)):
         found = f"the failed kernel assertion: {m.group(1)}"
     else:
-        by_text = {
-            "nccl_timeout": _timeout,
-            "cuda_oom": _oom_numbers,
-            "port_in_use": _port,
-            "driver": _driver_version,
-        }
+        by_text = {"nccl_timeout": _timeout, "cuda_oom": _oom_numbers, "port_in_use": _port,
+                   "driver": _driver_version}  # fmt: skip
         found = by_text[cause_id](text) if cause_id in by_text else None
     return (found,) if found else ()
 
@@ -209,12 +205,8 @@ _GPU_CAUSES = ("cuda_busy", "cuda_oom", "illegal_access", "device_assert", "gpu_
 _OOM = ("host_oom", "cuda_oom")
 _STALE = {"exclusive_dead_holder", "zombie_holder", "dead_holder"}
 _BLOCKED = {*_STALE, "exclusive_busy", "prohibited", "other_namespace_holder"}
-_MODES = {
-    "exclusive_process": "exclusive-process",
-    "exclusive_thread": "exclusive-thread",
-    "prohibited": "prohibited",
-    "default": "default mode",
-}
+_MODES = {"exclusive_process": "exclusive-process", "exclusive_thread": "exclusive-thread",
+          "prohibited": "prohibited", "default": "default mode"}  # fmt: skip
 # Commands a concrete fix names with this machine's values; the generic fix naming the
 # same command with placeholder values is then dropped.
 _REFINED = ("nbgpu clean", "--gpus")
@@ -373,13 +365,8 @@ def _driver(_found: FoundCause, _run: RunInfo | None, inventory: Inventory) -> F
     return ([f"NVML on this machine: {error}"], []) if error else ([], [])
 
 
-_ENRICHERS = {
-    "cuda_busy": _busy,
-    "invalid_ordinal": _ordinal,
-    "cuda_oom": _oom,
-    "gpu_lost": _lost,
-    "driver": _driver,
-}
+_ENRICHERS = {"cuda_busy": _busy, "invalid_ordinal": _ordinal, "cuda_oom": _oom, "gpu_lost": _lost,
+              "driver": _driver}  # fmt: skip
 
 
 # -- the run's memory records ------------------------------------------------------------

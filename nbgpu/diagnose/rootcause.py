@@ -35,11 +35,8 @@ from nbgpu.diagnose.sources import ErrorRecord, RunInfo
 
 __all__ = ["Ranking", "rank_failures"]
 
-_SIGNAL_CAUSES = {
-    "SIGKILL": ("host_oom", 0.55),
-    "SIGSEGV": ("segfault", 0.8),
-    "SIGBUS": ("host_oom", 0.5),
-}
+_SIGNAL_CAUSES = {"SIGKILL": ("host_oom", 0.55), "SIGSEGV": ("segfault", 0.8),
+                  "SIGBUS": ("host_oom", 0.5)}  # fmt: skip
 _CODE_SIGNALS = {-9: "SIGKILL", -11: "SIGSEGV", -7: "SIGBUS", -15: "SIGTERM", -6: "SIGABRT",
                  137: "SIGKILL", 139: "SIGSEGV"}  # fmt: skip
 _CLOCKS = ("epoch", "iso", "glog")
@@ -75,20 +72,12 @@ class _Rank:
 
     def stamps(self) -> dict[str, float]:
         """The earliest moment this rank showed trouble, per clock."""
+        stamps = [h.stamp for h in self.hits] + [x.stamp for x in self.exits]
+        stamps += [self.error.stamp] if self.error is not None else []
+        stamps += [self.ended] if self.exit_code not in (None, 0) else []
         found: dict[str, float] = {}
-
-        def add(stamp: Stamp | None) -> None:
-            if stamp is not None and (stamp.kind not in found or stamp.seconds < found[stamp.kind]):
-                found[stamp.kind] = stamp.seconds
-
-        if self.exit_code not in (None, 0):
-            add(self.ended)
-        if self.error is not None:
-            add(self.error.stamp)
-        for h in self.hits:
-            add(h.stamp)
-        for x in self.exits:
-            add(x.stamp)
+        for stamp in (s for s in stamps if s is not None):
+            found[stamp.kind] = min(stamp.seconds, found.get(stamp.kind, stamp.seconds))
         return found
 
 

@@ -40,25 +40,11 @@ _BANNER_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\
 _BANNER_RANK = re.compile(r"(\d+)\s*\(local_rank:\s*(\d+)\)")
 _BANNER_EXIT = re.compile(r"(-?\d+)\s*\(pid:\s*(\d+)\)(?:\s*\((SIG\w+)\))?")
 _SIGNAL_TEXT = re.compile(r"Signal (\d+) \((SIG\w+)\)")
-_SIGNALS: dict[int | None, str] = {
-    -2: "SIGINT",
-    -6: "SIGABRT",
-    -7: "SIGBUS",
-    -9: "SIGKILL",
-    -11: "SIGSEGV",
-    -15: "SIGTERM",
-}
-_LAUNCHER_EXCEPTIONS = frozenset(
-    {
-        "ChildFailedError",
-        "CalledProcessError",
-        "ProcessRaisedException",
-        "ProcessExitedException",
-        "SignalException",
-        "KeyboardInterrupt",
-        "SystemExit",
-    }
-)
+_SIGNALS: dict[int | None, str] = {-2: "SIGINT", -6: "SIGABRT", -7: "SIGBUS", -9: "SIGKILL",
+                                   -11: "SIGSEGV", -15: "SIGTERM"}  # fmt: skip
+_LAUNCHER_EXCEPTIONS = frozenset({"ChildFailedError", "CalledProcessError", "ProcessRaisedException",
+                                  "ProcessExitedException", "SignalException", "KeyboardInterrupt",
+                                  "SystemExit"})  # fmt: skip
 
 
 @dataclass

@@ -286,12 +286,9 @@ def _looks_like_text(value: str) -> bool:
 
 
 def _rank_from_path(path: Path, root: Path) -> int | None:
-    m = _RANK_LOG.match(path.name)
-    if m:
+    m = _RANK_LOG.match(path.name) or _ERROR_FILE.match(path.name)
+    if m and m.group(1):
         return int(m.group(1))
-    e = _ERROR_FILE.match(path.name)
-    if e and e.group(1):
-        return int(e.group(1))
     # torchelastic --log-dir: <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log
     if (
         path.parent != root

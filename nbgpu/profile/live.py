@@ -23,6 +23,11 @@ __all__ = ["MemoryFollower"]
 _GIB = 1024**3
 
 
+def _of(used: int, total: int | None) -> str:
+    """``3.1/23.5`` (GiB), or ``3.1`` without the total."""
+    return f"{used / _GIB:.1f}" + (f"/{total / _GIB:.1f}" if total else "")
+
+
 @dataclass
 class RankLive:
     label: str
@@ -104,25 +109,15 @@ class MemoryFollower:
         by_node: dict[str | None, list[RankLive]] = {}
         for live in alive:
             by_node.setdefault(live.node if self.several_nodes else None, []).append(live)
-        sums = sorted(
-            (
-                (sum(r.host_bytes or 0 for r in ranks), name, ranks)
-                for name, ranks in by_node.items()
-            ),
-            key=lambda item: -item[0],
-        )
+        sums = [(sum(r.host_bytes or 0 for r in rs), name, rs) for name, rs in by_node.items()]
+        sums.sort(key=lambda item: -item[0])
         top = max(alive, key=lambda r: r.host_bytes or 0)
         if len(sums) == 1:
             total, _name, ranks = sums[0]
             mem_total = self.mem_total if not self.several_nodes else ranks[0].mem_total
-            node = f"{total / _GIB:.1f}" + (f"/{mem_total / _GIB:.1f}" if mem_total else "")
-            line = f"mem: node {node} GiB (Σ PSS of {len(alive)} ranks)"
+            line = f"mem: node {_of(total, mem_total)} GiB (Σ PSS of {len(alive)} ranks)"
         else:
-            each = [
-                f"{name} {total / _GIB:.1f}"
-                + (f"/{ranks[0].mem_total / _GIB:.1f}" if ranks[0].mem_total else "")
-                for total, name, ranks in sums[:3]
-            ]
+            each = [f"{name} {_of(total, ranks[0].mem_total)}" for total, name, ranks in sums[:3]]
             more = f" +{len(sums) - 3} nodes" if len(sums) > 3 else ""
             line = f"mem: {', '.join(each)}{more} GiB (Σ PSS per node)"
         where = f" on {top.node}" if self.several_nodes and top.node else ""

@@ -8,19 +8,14 @@ Each process has one :class:`~nbgpu.profile.recorder.Recorder`. Inside a rank la
 by nbgpu it appends to ``mem-rank{N}.jsonl`` in the run directory (``NBGPU_RUN_DIR``;
 ``NBGPU_MEM_DIR`` for other jobs), crash-safe (a slow disk delays a record by the page
 cache's write, never by a flush). Outside any run (the notebook kernel, a plain script)
-records are kept in memory: ``nbgpu.phase.report()`` shows them.
-
-Each phase records host RSS/USS/PSS at its start and end, its peak (the sampler's
-maximum, and the kernel's ``VmHWM`` reset at the phase's start where allowed), the
-node's ``MemAvailable``, and CUDA allocator figures when the process already uses CUDA
-(plus NVML's per-process used memory there). Standard library only at import time.
+records are kept in memory: ``nbgpu.phase.report()`` shows them. Each phase records
+memory at its start and end and its peak (see the recorder). Standard library only.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -128,7 +123,6 @@ class Phase:
         self.name = _check_name(name)
         self._recorder = recorder_
         self._id: int | None = None
-        self.started_at: float | None = None
 
     def start(self) -> Phase:
         if self._id is not None:
@@ -136,7 +130,6 @@ class Phase:
         rec = self._recorder or recorder()
         self._recorder = rec
         self._id = rec.begin(self.name)
-        self.started_at = time.time()
         return self
 
     def stop(self, *, error: str | None = None) -> None:
