@@ -49,7 +49,7 @@ nr.print0("all ranks imported", flush=True)
 
 def import_storm(ranks: int, base: Path) -> list[str]:
     import nbgpu  # noqa: PLC0415
-    from nbgpu.profile.timeline import import_storm as storm_line  # noqa: PLC0415
+    from nbgpu.profile.records import import_storm as storm_line  # noqa: PLC0415
 
     (base / "heavymod.py").write_text(HEAVY_MODULE)
     env = {**os.environ, "NBGPU_RUNS_DIR": str(base / "runs"), "PYTHONPATH": str(base)}

@@ -17,18 +17,9 @@ corpus). Imports only the standard library.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-__all__ = [
-    "CATALOG",
-    "CAUSE_IDS",
-    "SECONDARY",
-    "TRIGGERS",
-    "UNKNOWN",
-    "Cause",
-    "Pattern",
-    "cause",
-]
+__all__ = ["CATALOG", "CAUSE_IDS", "SECONDARY", "TRIGGERS", "UNKNOWN", "Cause", "Pattern", "cause"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +56,6 @@ class Cause:
     # Causes that are usually the echo of another rank's failure (collective timeouts,
     # NCCL errors) rank below any primary cause, whatever their timing.
     secondary: bool = False
-    links: tuple[str, ...] = field(default=())
 
     def match(self, lowered: str, text: str) -> Pattern | None:
         """The first pattern matching ``text`` (``lowered`` is its lower-case copy)."""
@@ -77,6 +67,8 @@ class Cause:
         return None
 
 
+# Laid out by hand, one row per pattern: the table reads down, not across wrapped calls.
+# fmt: off
 CATALOG: tuple[Cause, ...] = (
     Cause(
         id="cuda_busy",
@@ -88,16 +80,12 @@ CATALOG: tuple[Cause, ...] = (
             "job were mapped to the same exclusive GPU."
         ),
         fixes=(
-            (
-                "`%gpu_doctor` (`nbgpu doctor`) names the GPU, its compute mode and the process "
-                "holding it"
-            ),
+            ("`%gpu_doctor` (`nbgpu doctor`) names the GPU, its compute mode and the process "
+             "holding it"),
             "free a GPU held by your own stale process: `nbgpu clean` (`%gpu_clean`)",
             "leave the GPU out of the job: `%%torchrun --gpus 1,2,3` (`nbgpu run --gpus 1,2,3`)",
-            (
-                "in exclusive-process mode give every rank its own GPU (use LOCAL_RANK, or "
-                "`nbgpu.rank.device()`, for `torch.cuda.set_device`)"
-            ),
+            ("in exclusive-process mode give every rank its own GPU (use LOCAL_RANK, or "
+             "`nbgpu.rank.device()`, for `torch.cuda.set_device`)"),
         ),
         patterns=(
             _p(r"busy or unavailable", 0.95, "busy-or-unavailable"),
@@ -119,15 +107,11 @@ CATALOG: tuple[Cause, ...] = (
             "of set_device(LOCAL_RANK) on a second node."
         ),
         fixes=(
-            (
-                "let nbgpu size the job from the healthy GPUs: `%%torchrun` with no count, or "
-                "`%%torchrun N` with N no larger than `%gpu_status` shows"
-            ),
+            ("let nbgpu size the job from the healthy GPUs: `%%torchrun` with no count, or "
+             "`%%torchrun N` with N no larger than `%gpu_status` shows"),
             "pick the GPUs explicitly: `%%torchrun --gpus 0,1` (one rank per listed GPU)",
-            (
-                "select the device with LOCAL_RANK, not RANK: `torch.cuda.set_device(int(os.environ"
-                "['LOCAL_RANK']))` or `nbgpu.rank.device()`"
-            ),
+            ("select the device with LOCAL_RANK, not RANK: `torch.cuda.set_device(int(os.environ"
+             "['LOCAL_RANK']))` or `nbgpu.rank.device()`"),
         ),
         patterns=(
             _p(r"invalid device ordinal", 0.95, "invalid-device-ordinal"),
@@ -137,14 +121,7 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"Invalid device id", 0.8, "invalid-device-id"),
             _p(r"Duplicate GPU detected", 0.9, "nccl-duplicate-gpu"),
         ),
-        keywords=(
-            "ordinal",
-            "invaliddevice",
-            "invalid_device",
-            "101",
-            "device id",
-            "duplicate gpu",
-        ),
+        keywords=("ordinal", "invaliddevice", "invalid_device", "101", "device id", "duplicate gpu"),
         priority=80,
     ),
     Cause(
@@ -157,14 +134,10 @@ CATALOG: tuple[Cause, ...] = (
             "part of it."
         ),
         fixes=(
-            (
-                "lower the per-GPU micro batch (keep the global batch with gradient accumulation) "
-                "or the sequence length; enable activation checkpointing"
-            ),
-            (
-                "`%gpu_plan --model 7B --strategy zero2` shows the model states per GPU before "
-                "the next launch"
-            ),
+            ("lower the per-GPU micro batch (keep the global batch with gradient accumulation) "
+             "or the sequence length; enable activation checkpointing"),
+            ("`%gpu_plan --model 7B --strategy zero2` shows the model states per GPU before "
+             "the next launch"),
             "against fragmentation: `%%torchrun --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`",
             "check that nothing else uses the GPU: `%gpu_status`",
         ),
@@ -178,14 +151,7 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"RESOURCE_EXHAUSTED: Out of memory", 0.85, "xla-oom"),
             _p(r"CUBLAS_STATUS_ALLOC_FAILED", 0.8, "cublas-alloc"),
         ),
-        keywords=(
-            "out of memory",
-            "outofmemory",
-            "out_of_memory",
-            "memoryallocation",
-            "calloc",
-            "alloc_failed",
-        ),
+        keywords=("out of memory", "outofmemory", "out_of_memory", "memoryallocation", "calloc", "alloc_failed"),
         priority=75,
     ),
     Cause(
@@ -199,42 +165,22 @@ CATALOG: tuple[Cause, ...] = (
             "checkpoints at once multiply the peak."
         ),
         fixes=(
-            (
-                "load one rank at a time: `%%torchrun --serial-imports` (heavy imports and "
-                "checkpoint loading under a cross-rank lock)"
-            ),
+            ("load one rank at a time: `%%torchrun --serial-imports` (heavy imports and "
+             "checkpoint loading under a cross-rank lock)"),
             "cap each rank so one fails cleanly instead of the whole box: `%%torchrun --mem-limit 60G`",
-            (
-                "fewer DataLoader workers, memory-mapped datasets, load weights with mmap=True; "
-                "for shared-memory errors raise the container's --shm-size"
-            ),
+            ("fewer DataLoader workers, memory-mapped datasets, load weights with mmap=True; "
+             "for shared-memory errors raise the container's --shm-size"),
             "confirm with the kernel log: `dmesg -T | grep -i -E 'killed process|oom'`",
         ),
         patterns=(
-            _p(
-                r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:|oom_reaper",
-                0.95,
-                "kernel-oom-killer",
-            ),
+            _p(r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:|oom_reaper", 0.95, "kernel-oom-killer"),
             _p(r"Memory cgroup out of memory", 0.95, "cgroup-oom"),
             _p(r"std::bad_alloc", 0.85, "bad-alloc"),
             _p(r"(?<![\w.])MemoryError\b|Cannot allocate memory|\[Errno 12\]", 0.85, "enomem"),
-            _p(
-                r"out of shared memory|shared memory limit|insufficient shared memory|No space left on device.{0,40}/dev/shm",
-                0.85,
-                "shm",
-            ),
+            _p(r"out of shared memory|shared memory limit|insufficient shared memory|No space left on device.{0,40}/dev/shm", 0.85, "shm"),
             _p(r"killed by signal: (?:Killed|Bus error)", 0.75, "dataloader-killed"),
-            _p(
-                r"Signal 9 \(SIGKILL\)|<Signals\.SIGKILL: 9>|terminated with signal SIGKILL",
-                0.6,
-                "sigkill",
-            ),
-            _p(
-                r"exitcode\s*:?\s*-9\b|exit (?:code|status) 137\b|return code =? ?-9\b",
-                0.6,
-                "exit-minus-9",
-            ),
+            _p(r"Signal 9 \(SIGKILL\)|<Signals\.SIGKILL: 9>|terminated with signal SIGKILL", 0.6, "sigkill"),
+            _p(r"exitcode\s*:?\s*-9\b|exit (?:code|status) 137\b|return code =? ?-9\b", 0.6, "exit-minus-9"),
             # The shell prints "Killed" where the cursor is: on a line of its own, after
             # a job number, or glued to a progress bar that had no newline ("...it/s]").
             _p(r"(?:^|\d\s+|:\s+|[\]|\r])Killed(?:\s+\S.*)?$", 0.65, "shell-killed"),
@@ -252,35 +198,21 @@ CATALOG: tuple[Cause, ...] = (
             "batch, a slow checkpoint save). The rank that failed first is the one to read."
         ),
         fixes=(
-            (
-                "read the rank that failed or stopped printing first (its log ends earliest); "
-                "a rank that is still in a long step makes the others time out"
-            ),
-            (
-                "make every rank run the same collectives in the same order (no collective "
-                "inside `if rank == 0`; drop_last=True for uneven data)"
-            ),
-            (
-                "more detail on the next run: `%%torchrun --env NCCL_DEBUG=INFO "
-                "--env TORCH_NCCL_TRACE_BUFFER_SIZE=2000`"
-            ),
+            ("read the rank that failed or stopped printing first (its log ends earliest); "
+             "a rank that is still in a long step makes the others time out"),
+            ("make every rank run the same collectives in the same order (no collective "
+             "inside `if rank == 0`; drop_last=True for uneven data)"),
+            ("more detail on the next run: `%%torchrun --env NCCL_DEBUG=INFO "
+             "--env TORCH_NCCL_TRACE_BUFFER_SIZE=2000`"),
             "only for legitimately slow steps, raise `timeout=` in `init_process_group`",
         ),
         patterns=(
             _p(r"Watchdog caught collective operation timeout", 0.9, "watchdog-timeout"),
             _p(r"ran for \d+ milliseconds before timing out", 0.9, "ran-for-ms"),
             _p(r"Heartbeat monitor timed out|watchdog got stuck", 0.8, "heartbeat"),
-            _p(
-                r"dump signal due to a collective timeout|collective operation timeout",
-                0.85,
-                "collective-timeout",
-            ),
+            _p(r"dump signal due to a collective timeout|collective operation timeout", 0.85, "collective-timeout"),
             _p(r"Timed out waiting \d+ms for (?:recv|send) operation", 0.8, "gloo-timeout"),
-            _p(
-                r"NCCL timeout|Some NCCL operations have failed or timed out",
-                0.6,
-                "nccl-failed-or-timed-out",
-            ),
+            _p(r"NCCL timeout|Some NCCL operations have failed or timed out", 0.6, "nccl-failed-or-timed-out"),
         ),
         keywords=("timeout", "timing out", "timed out", "watchdog"),
         priority=20,
@@ -297,35 +229,17 @@ CATALOG: tuple[Cause, ...] = (
         ),
         fixes=(
             "rerun with `%%torchrun --env NCCL_DEBUG=INFO` and read the first `NCCL WARN` line",
-            (
-                "pick the network interface: `--env NCCL_SOCKET_IFNAME=eth0` (multi-node), or "
-                "`--env NCCL_IB_DISABLE=1` without InfiniBand"
-            ),
-            (
-                "inside one box, if P2P is broken: `--env NCCL_P2P_DISABLE=1`; in containers give "
-                "/dev/shm room (`--shm-size`)"
-            ),
+            ("pick the network interface: `--env NCCL_SOCKET_IFNAME=eth0` (multi-node), or "
+             "`--env NCCL_IB_DISABLE=1` without InfiniBand"),
+            ("inside one box, if P2P is broken: `--env NCCL_P2P_DISABLE=1`; in containers give "
+             "/dev/shm room (`--shm-size`)"),
             "`%gpu_doctor` checks the GPUs the ranks run on",
         ),
         patterns=(
-            _p(
-                r"remote process exited or there was a network error",
-                0.5,
-                "peer-exited",
-                consequence=True,
-            ),
-            _p(
-                r"NCCL communicator was aborted|ProcessGroupNCCL is aborted",
-                0.4,
-                "aborted",
-                consequence=True,
-            ),
+            _p(r"remote process exited or there was a network error", 0.5, "peer-exited", consequence=True),
+            _p(r"NCCL communicator was aborted|ProcessGroupNCCL is aborted", 0.4, "aborted", consequence=True),
             _p(r"NCCL error", 0.85, "nccl-error"),
-            _p(
-                r"nccl(?:System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument|Remote)Error",
-                0.85,
-                "nccl-result",
-            ),
+            _p(r"nccl(?:System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument|Remote)Error", 0.85, "nccl-result"),
             _p(r"unhandled (?:system|cuda) error", 0.8, "unhandled-error"),
             _p(r"NCCL WARN", 0.7, "nccl-warn"),
             _p(r"DistBackendError", 0.7, "dist-backend-error"),
@@ -344,10 +258,8 @@ CATALOG: tuple[Cause, ...] = (
             "the default), or the port is privileged (< 1024)."
         ),
         fixes=(
-            (
-                "let nbgpu pick a free port: `%%torchrun` chooses one unless you pass "
-                "`--master-port`; concurrent runs from `%gpu_plan` get distinct ports"
-            ),
+            ("let nbgpu pick a free port: `%%torchrun` chooses one unless you pass "
+             "`--master-port`; concurrent runs from `%gpu_plan` get distinct ports"),
             "or set a different one: `%%torchrun --master-port 29611` (`nbgpu run --master-port 29611`)",
             "stop your stale run holding it: `%gpu_runs` lists runs, `nbgpu clean` stops stale ones",
         ),
@@ -368,10 +280,8 @@ CATALOG: tuple[Cause, ...] = (
             "different --rdzv-id values."
         ),
         fixes=(
-            (
-                "check that every node can reach the master's host:port (`nc -zv HOST PORT`) and "
-                "that all nodes use the same --rdzv-id and --nnodes"
-            ),
+            ("check that every node can reach the master's host:port (`nc -zv HOST PORT`) and "
+             "that all nodes use the same --rdzv-id and --nnodes"),
             "on one node, let nbgpu run standalone: `%%torchrun 4` (local rendezvous)",
         ),
         patterns=(
@@ -380,11 +290,7 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"connect\(\) timed out|Timed out waiting for clients", 0.85, "connect-timeout"),
             _p(r"store based barrier", 0.8, "store-barrier"),
             _p(r"DistStoreError|TCPStore.{0,80}(?:timed out|failed|refused)", 0.75, "store-error"),
-            _p(
-                r"client socket.{0,80}(?:Connection refused|failed to connect)",
-                0.75,
-                "client-refused",
-            ),
+            _p(r"client socket.{0,80}(?:Connection refused|failed to connect)", 0.75, "client-refused"),
         ),
         keywords=("rendezvous", "client socket", "timed out", "store"),
         priority=40,
@@ -399,42 +305,23 @@ CATALOG: tuple[Cause, ...] = (
             "Changing the number of GPUs changes which sizes are valid."
         ),
         fixes=(
-            (
-                "use a batch size that is a multiple of world size x micro batch "
-                "(`%gpu_plan` / `nbgpu.plan(...)` lists the valid ones for a GPU count)"
-            ),
+            ("use a batch size that is a multiple of world size x micro batch "
+             "(`%gpu_plan` / `nbgpu.plan(...)` lists the valid ones for a GPU count)"),
             "or change the number of training ranks to a divisor of the batch size",
-            (
-                "DeepSpeed: set train_batch_size = micro_batch_per_gpu x gradient_accumulation x world_size, "
-                "or leave train_batch_size to 'auto'"
-            ),
+            ("DeepSpeed: set train_batch_size = micro_batch_per_gpu x gradient_accumulation x world_size, "
+             "or leave train_batch_size to 'auto'"),
         ),
         patterns=(
             _p(r"train_batch_size is not equal to micro_batch_per_gpu", 0.95, "deepspeed-batch"),
-            _p(
-                r"batch[ _]?size.{0,60}(?:must|should) be (?:divisible|a multiple)",
-                0.95,
-                "batch-must-divide",
-            ),
-            _p(
-                r"(?:must|should) be divisible by|is not divisible by|not evenly divisible",
-                0.85,
-                "not-divisible",
-            ),
+            _p(r"batch[ _]?size.{0,60}(?:must|should) be (?:divisible|a multiple)", 0.95, "batch-must-divide"),
+            _p(r"(?:must|should) be divisible by|is not divisible by|not evenly divisible", 0.85, "not-divisible"),
             _p(r"only support equal chunk", 0.85, "equal-chunk"),
             _p(r"Micro batch size per gpu: 0", 0.85, "micro-batch-zero"),
             _p(r"batch[ _-]?size.{0,60}(?:must be|not) (?:a )?multiple of", 0.9, "batch-multiple"),
             # A bare "assert batch_size % world_size == 0" shows only in the traceback's code line.
             _p(r"assert .{0,40}batch.{0,40}%", 0.75, "batch-assert-code"),
         ),
-        keywords=(
-            "divisible",
-            "equal chunk",
-            "micro_batch",
-            "micro batch",
-            "multiple of",
-            "assert",
-        ),
+        keywords=("divisible", "equal chunk", "micro_batch", "micro batch", "multiple of", "assert"),
         priority=75,
     ),
     Cause(
@@ -447,18 +334,12 @@ CATALOG: tuple[Cause, ...] = (
             "forked child once the parent initialised it."
         ),
         fixes=(
-            (
-                "launch with `%%torchrun`: it starts fresh processes (no fork), so CUDA state in "
-                "the notebook kernel does not matter"
-            ),
-            (
-                "with fork-based launchers, do not touch torch.cuda in any cell before the launch "
-                "(restart the kernel)"
-            ),
-            (
-                "keep CUDA out of DataLoader workers, or use "
-                "`multiprocessing_context='spawn'` / `torch.multiprocessing.set_start_method('spawn')`"
-            ),
+            ("launch with `%%torchrun`: it starts fresh processes (no fork), so CUDA state in "
+             "the notebook kernel does not matter"),
+            ("with fork-based launchers, do not touch torch.cuda in any cell before the launch "
+             "(restart the kernel)"),
+            ("keep CUDA out of DataLoader workers, or use "
+             "`multiprocessing_context='spawn'` / `torch.multiprocessing.set_start_method('spawn')`"),
         ),
         patterns=(
             _p(r"Cannot re-initialize CUDA in forked subprocess", 0.95, "reinit-forked"),
@@ -466,13 +347,7 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"re-initialize CUDA", 0.85, "reinit"),
             _p(r"CUDA error: initialization error|cudaErrorInitializationError", 0.6, "init-error"),
         ),
-        keywords=(
-            "re-initialize",
-            "initialized before",
-            "spawn",
-            "initialization error",
-            "initializationerror",
-        ),
+        keywords=("re-initialize", "initialized before", "spawn", "initialization error", "initializationerror"),
         priority=85,
     ),
     Cause(
@@ -486,59 +361,26 @@ CATALOG: tuple[Cause, ...] = (
         ),
         fixes=(
             "`%gpu_doctor` (`nbgpu doctor`) checks the driver, NVML and what CUDA sees",
-            (
-                "install a torch build for the driver's CUDA version (`nvidia-smi` shows the "
-                "highest CUDA the driver supports), or upgrade the driver"
-            ),
-            (
-                "after a driver upgrade, reboot (or reload the nvidia kernel modules); in a "
-                "container, run with the NVIDIA runtime (`--gpus all`)"
-            ),
+            ("install a torch build for the driver's CUDA version (`nvidia-smi` shows the "
+             "highest CUDA the driver supports), or upgrade the driver"),
+            ("after a driver upgrade, reboot (or reload the nvidia kernel modules); in a "
+             "container, run with the NVIDIA runtime (`--gpus all`)"),
         ),
         patterns=(
             _p(r"Found no NVIDIA driver", 0.95, "no-driver"),
             _p(r"NVIDIA driver on your system is too old", 0.95, "driver-too-old"),
-            _p(
-                r"driver version is insufficient|cudaErrorInsufficientDriver|cuda runtime error \(35\)",
-                0.95,
-                "insufficient-driver",
-            ),
+            _p(r"driver version is insufficient|cudaErrorInsufficientDriver|cuda runtime error \(35\)", 0.95, "insufficient-driver"),
             _p(r"Driver/library version mismatch|Failed to initialize NVML", 0.9, "nvml-mismatch"),
             _p(r"couldn't communicate with the NVIDIA driver", 0.9, "nvidia-smi-driver"),
-            _p(
-                r"no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE|cudaErrorNoDevice",
-                0.85,
-                "no-device",
-            ),
-            _p(
-                r"no kernel image is available for execution on the device", 0.85, "no-kernel-image"
-            ),
-            _p(
-                r"unsupported display driver / cuda driver combination|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-                0.9,
-                "driver-mismatch",
-            ),
+            _p(r"no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE|cudaErrorNoDevice", 0.85, "no-device"),
+            _p(r"no kernel image is available for execution on the device", 0.85, "no-kernel-image"),
+            _p(r"unsupported display driver / cuda driver combination|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", 0.9, "driver-mismatch"),
             _p(r"Torch not compiled with CUDA enabled", 0.8, "cpu-torch"),
             # CUDA errors 802/804: fabric manager missing, forward-compat libs on unsupported GPUs.
-            _p(
-                r"forward compatibility was attempted on non supported HW|cudaErrorCompatNotSupportedOnDevice"
-                r"|Error 80[234]\b|system not yet initialized",
-                0.85,
-                "cuda-compat",
-            ),
+            _p(r"forward compatibility was attempted on non supported HW|cudaErrorCompatNotSupportedOnDevice"
+               r"|Error 80[234]\b|system not yet initialized", 0.85, "cuda-compat"),
         ),
-        keywords=(
-            "compatib",
-            "error 80",
-            "not yet initialized",
-            "driver",
-            "nvml",
-            "cuda-capable device is",
-            "no_device",
-            "nodevice",
-            "kernel image",
-            "compiled with cuda",
-        ),
+        keywords=("compatib", "error 80", "not yet initialized", "driver", "nvml", "cuda-capable device is", "no_device", "nodevice", "kernel image", "compiled with cuda"),
         priority=85,
     ),
     Cause(
@@ -551,23 +393,15 @@ CATALOG: tuple[Cause, ...] = (
             "so the Python line in the traceback may not be the one at fault."
         ),
         fixes=(
-            (
-                "find the exact line: `%%torchrun --env CUDA_LAUNCH_BLOCKING=1` (or run one batch "
-                "on CPU, where the same bug raises a clear IndexError)"
-            ),
-            (
-                "check label and token ranges against num_classes / vocab size (and the "
-                "tokenizer matching the model)"
-            ),
+            ("find the exact line: `%%torchrun --env CUDA_LAUNCH_BLOCKING=1` (or run one batch "
+             "on CPU, where the same bug raises a clear IndexError)"),
+            ("check label and token ranges against num_classes / vocab size (and the "
+             "tokenizer matching the model)"),
         ),
         patterns=(
             _p(r"device-side assert(?:ion)? triggered", 0.95, "device-side-assert"),
             _p(r"Assertion `.+` failed", 0.9, "kernel-assertion"),
-            _p(
-                r"cudaErrorAssert|CUDA_ERROR_ASSERT|cuda runtime error \(59\)",
-                0.9,
-                "cuda-assert-name",
-            ),
+            _p(r"cudaErrorAssert|CUDA_ERROR_ASSERT|cuda runtime error \(59\)", 0.9, "cuda-assert-name"),
         ),
         keywords=("assert",),
         priority=90,
@@ -584,22 +418,14 @@ CATALOG: tuple[Cause, ...] = (
         ),
         fixes=(
             "localise it: `%%torchrun --env CUDA_LAUNCH_BLOCKING=1` (or `compute-sanitizer python ...`)",
-            (
-                "rebuild or update extensions (flash-attn, apex, custom ops) against the installed "
-                "torch and CUDA"
-            ),
-            (
-                "if it happens on one GPU only, probe it: `nbgpu status --probe`, and exclude it "
-                "with `%%torchrun --gpus ...`"
-            ),
+            ("rebuild or update extensions (flash-attn, apex, custom ops) against the installed "
+             "torch and CUDA"),
+            ("if it happens on one GPU only, probe it: `nbgpu status --probe`, and exclude it "
+             "with `%%torchrun --gpus ...`"),
         ),
         patterns=(
             _p(r"illegal memory access", 0.95, "illegal-memory-access"),
-            _p(
-                r"cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|cuda runtime error \(77\)|Cuda failure 700",
-                0.95,
-                "illegal-address-name",
-            ),
+            _p(r"cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS|cuda runtime error \(77\)|Cuda failure 700", 0.95, "illegal-address-name"),
             _p(r"misaligned address|illegal instruction was encountered", 0.85, "misaligned"),
             _p(r"unspecified launch failure|cudaErrorLaunchFailure", 0.6, "launch-failure"),
         ),
@@ -617,28 +443,16 @@ CATALOG: tuple[Cause, ...] = (
             "communication."
         ),
         fixes=(
-            (
-                'on CPU use gloo: `init_process_group(backend="gloo")`, or let '
-                "`nbgpu.rank.init()` pick gloo on CPU and nccl on GPUs"
-            ),
-            (
-                "on a GPU machine install the CUDA build of torch (`pip install torch "
-                "--index-url https://download.pytorch.org/whl/cu128`) and check "
-                "`torch.distributed.is_nccl_available()`"
-            ),
+            ('on CPU use gloo: `init_process_group(backend="gloo")`, or let '
+             "`nbgpu.rank.init()` pick gloo on CPU and nccl on GPUs"),
+            ("on a GPU machine install the CUDA build of torch (`pip install torch "
+             "--index-url https://download.pytorch.org/whl/cu128`) and check "
+             "`torch.distributed.is_nccl_available()`"),
         ),
         patterns=(
-            _p(
-                r"Distributed package doesn't have (?:NCCL|MPI|UCC|Gloo) built in",
-                0.95,
-                "not-built-in",
-            ),
+            _p(r"Distributed package doesn't have (?:NCCL|MPI|UCC|Gloo) built in", 0.95, "not-built-in"),
             _p(r"ProcessGroupNCCL is only supported with GPUs", 0.9, "nccl-needs-gpus"),
-            _p(
-                r"Invalid backend: '?\w+'?|Unknown c10d backend type|Unknown backend type \w+",
-                0.8,
-                "invalid-backend",
-            ),
+            _p(r"Invalid backend: '?\w+'?|Unknown c10d backend type|Unknown backend type \w+", 0.8, "invalid-backend"),
         ),
         keywords=("built in", "only supported with gpus", "backend"),
         priority=75,
@@ -660,11 +474,7 @@ CATALOG: tuple[Cause, ...] = (
         patterns=(
             _p(r"Segmentation fault|segmentation fault", 0.9, "segmentation-fault"),
             _p(r"SIGSEGV|Signal 11\b", 0.85, "sigsegv"),
-            _p(
-                r"exitcode\s*:?\s*-11\b|exit (?:code|status) 139\b|return code =? ?-11\b",
-                0.85,
-                "exit-minus-11",
-            ),
+            _p(r"exitcode\s*:?\s*-11\b|exit (?:code|status) 139\b|return code =? ?-11\b", 0.85, "exit-minus-11"),
         ),
         keywords=("segmentation", "sigsegv", "signal 11", "-11", "139"),
         priority=65,
@@ -679,14 +489,10 @@ CATALOG: tuple[Cause, ...] = (
             "power/cooling is failing."
         ),
         fixes=(
-            (
-                "`%gpu_doctor` shows which GPU is lost; the kernel log names it: "
-                "`sudo dmesg -T | grep -i xid`"
-            ),
-            (
-                "reboot (or `sudo nvidia-smi --gpu-reset -i N` when idle); meanwhile leave it out: "
-                "`%%torchrun --gpus ...` with the healthy GPUs"
-            ),
+            ("`%gpu_doctor` shows which GPU is lost; the kernel log names it: "
+             "`sudo dmesg -T | grep -i xid`"),
+            ("reboot (or `sudo nvidia-smi --gpu-reset -i N` when idle); meanwhile leave it out: "
+             "`%%torchrun --gpus ...` with the healthy GPUs"),
             "if it recurs, drain the node and ask the provider for a replacement (RMA)",
         ),
         patterns=(
@@ -699,16 +505,7 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"NVRM: Xid", 0.7, "xid"),
             _p(r"CUDA error: unknown error|CUDA_ERROR_UNKNOWN", 0.5, "cuda-unknown"),
         ),
-        keywords=(
-            "bus",
-            "lost",
-            "xid",
-            "ecc",
-            "device handle",
-            "reset",
-            "unknown error",
-            "cuda_error_unknown",
-        ),
+        keywords=("bus", "lost", "xid", "ecc", "device handle", "reset", "unknown error", "cuda_error_unknown"),
         priority=95,
     ),
 )
@@ -724,10 +521,8 @@ UNKNOWN = Cause(
     fixes=(
         "read the root-cause traceback above (the first failing rank's own error)",
         "`%gpu_doctor` rules out the GPUs and the launch environment",
-        (
-            "wrap the entry point with torch's `@record` (nbgpu's launcher does) so every rank "
-            "writes an error file with its traceback"
-        ),
+        ("wrap the entry point with torch's `@record` (nbgpu's launcher does) so every rank "
+         "writes an error file with its traceback"),
     ),
     patterns=(),
     keywords=(),
@@ -736,27 +531,13 @@ UNKNOWN = Cause(
 
 #: Lines that mark a rank as a casualty of another rank's failure.
 SECONDARY: tuple[Pattern, ...] = (
-    _p(
-        r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe",
-        0.5,
-        "peer-gone",
-        consequence=True,
-    ),
-    _p(
-        r"closing signal SIGTERM|Received \d+ death signal|got signal: 15|Signal 15 \(SIGTERM\)",
-        0.5,
-        "sigterm",
-        consequence=True,
-    ),
+    _p(r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", 0.5, "peer-gone", consequence=True),
+    _p(r"closing signal SIGTERM|Received \d+ death signal|got signal: 15|Signal 15 \(SIGTERM\)", 0.5, "sigterm", consequence=True),
     _p(r"exitcode\s*:?\s*-15\b|SignalException", 0.5, "terminated", consequence=True),
-    _p(
-        r"Fatal Python error: Aborted|Signal 6 \(SIGABRT\)|exitcode\s*:?\s*-6\b",
-        0.4,
-        "aborted",
-        consequence=True,
-    ),
+    _p(r"Fatal Python error: Aborted|Signal 6 \(SIGABRT\)|exitcode\s*:?\s*-6\b", 0.4, "aborted", consequence=True),
     _p(r"taking the entire process down", 0.4, "nccl-teardown", consequence=True),
 )
+# fmt: on
 
 CAUSE_IDS: tuple[str, ...] = (*(c.id for c in CATALOG), UNKNOWN.id)
 _BY_ID = {c.id: c for c in (*CATALOG, UNKNOWN)}

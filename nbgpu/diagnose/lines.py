@@ -1,21 +1,36 @@
-"""One log line: which rank wrote it, when, and what it says without the launcher's prefix.
+"""Log lines: which ones are worth reading, and what each one says.
 
-Launchers and libraries decorate lines in many ways; this module undoes the common ones:
+:class:`WindowScanner` streams raw bytes in any chunking. A training log is mostly
+progress bars and loss lines, and decoding and matching every one of them costs seconds
+per hundred megabytes: the scanner finds the catalog's trigger strings with
+``bytes.find`` (C speed) and hands over only the lines within a window around each hit -
+a few before (the head of a banner or traceback) and more after (the traceback body, a
+message continued on the next line). Line numbers count ``\\n`` as editors do; a ``\\r``
+progress bar stays one line. Memory is bounded: one chunk, a short tail of previous
+lines, and a cap on any single line (a megabyte without a newline is cut, its matching
+pieces kept). ``full=True`` hands over every line (small inputs, tests).
+
+:func:`parse_line` undoes the decorations launchers and libraries put on a line:
 torchrun's ``--tee`` prefix (``[default3]:``) and torch's rank prefix (``[rank3]:``), glog
 headers (``E0227 17:39:41.510000 293816 api.py:732]``), NCCL's ``host:pid:tid [3] NCCL``,
-bracketed ISO timestamps, ANSI colours. A timestamp is kept with its *kind*: glog stamps
-have no year, so they are only compared with other glog stamps.
+bracketed ISO timestamps, ANSI colours. A timestamp keeps its *kind*: glog stamps have
+no year, so they are only compared with other glog stamps.
 
-Pure functions over strings; imports only the standard library.
+Imports only the standard library and the catalog's trigger list.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-__all__ = ["ParsedLine", "Stamp", "parse_line", "parse_stamp_text", "strip_ansi"]
+from nbgpu.diagnose.catalog import TRIGGERS
+
+__all__ = ["MAX_LINE_BYTES", "ParsedLine", "Stamp", "WindowScanner", "parse_line",
+           "parse_stamp_text"]  # fmt: skip
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # [rank3]: / [default3]: / [rank3]:[E1206 ...] - torch >= 2.2 and torchrun --tee.
@@ -47,33 +62,29 @@ class ParsedLine:
     body: str  # the message without launcher prefixes
 
 
-def strip_ansi(text: str) -> str:
-    return _ANSI.sub("", text) if "\x1b" in text else text
+def _stamp(
+    kind: str, fields: tuple[int, int, int, int, int, int], frac: str | None
+) -> Stamp | None:
+    try:
+        moment = datetime(*fields, tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return Stamp(kind, moment.timestamp() + (float("0." + frac) if frac else 0.0))
 
 
 def _iso(m: re.Match[str]) -> Stamp | None:
-    try:
-        year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
-        frac = float("0." + m.group(7)) if m.group(7) else 0.0
-        moment = datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
-    except ValueError:
-        return None
-    return Stamp("iso", moment.timestamp() + frac)
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    return _stamp("iso", (year, month, day, hour, minute, second), m.group(7))
 
 
 def _glog(m: re.Match[str]) -> Stamp | None:
     month, day = int(m.group(2)[:-2]), int(m.group(2)[-2:])
     hour, minute, second = (int(m.group(i)) for i in range(3, 6))
-    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
+    if second > 60:
         return None
-    frac = float("0." + m.group(6)) if m.group(6) else 0.0
     # No year in glog stamps: seconds since the start of a fixed leap year keep order
     # within one run (which never spans a new year in practice).
-    try:
-        moment = datetime(2000, month, day, hour, minute, min(second, 59), tzinfo=timezone.utc)
-    except ValueError:
-        return None
-    return Stamp("glog", moment.timestamp() + frac)
+    return _stamp("glog", (2000, month, day, hour, minute, min(second, 59)), m.group(6))
 
 
 def parse_stamp_text(text: str) -> Stamp | None:
@@ -84,7 +95,9 @@ def parse_stamp_text(text: str) -> Stamp | None:
 
 def parse_line(text: str, default_rank: int | None = None) -> ParsedLine:
     """Split a decoded line into rank, timestamp and body."""
-    text = strip_ansi(text).rstrip("\r\n")
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    text = text.rstrip("\r\n")
     body = text
     rank = default_rank
     prefixed = False
@@ -121,3 +134,198 @@ def parse_line(text: str, default_rank: int | None = None) -> ParsedLine:
         if r:
             rank = int(r.group(1))
     return ParsedLine(rank, local_rank, stamp, body)
+
+
+# -- which lines to read --------------------------------------------------------
+
+#: Longest piece of one line handed over; longer lines keep their matching pieces.
+MAX_LINE_BYTES = 16 * 1024
+# A "line" this long without a newline is cut (binary data, a tqdm bar rewritten with
+# \r for hours); the part after the cut keeps the same line number.
+_MAX_CARRY = 1024 * 1024
+
+# A trigger's harmless continuation: "NCCL" starting "NCCL INFO" is progress chatter.
+_CHATTER: dict[bytes, bytes] = {b"NCCL": b"NCCL INFO"}
+
+
+class WindowScanner:
+    """Feed bytes with :meth:`feed`, finish with :meth:`close`; ``emit(lineno, line)`` gets lines."""
+
+    def __init__(
+        self,
+        emit: Callable[[int, bytes], None],
+        *,
+        before: int = 12,
+        after: int = 40,
+        full: bool = False,
+        first_line: int = 1,
+    ) -> None:
+        self._emit = emit
+        self._before = before
+        self._after = after
+        self._full = full
+        self._carry = b""
+        self._next = first_line  # line number of the first line of the next region
+        self._tail: deque[tuple[int, bytes]] = deque(maxlen=before)
+        self._emitted = first_line - 1  # highest line number handed over
+        self._after_until = 0  # lines up to here must be handed over (look-ahead)
+        self.bytes_read = 0
+        self.lines = 0
+
+    # -- input -------------------------------------------------------------------
+
+    def feed(self, data: bytes | bytearray) -> None:
+        """More bytes; ``data`` may be a buffer the caller reuses (nothing keeps it)."""
+        if not data:
+            return
+        self.bytes_read += len(data)
+        first = data.find(b"\n")
+        if first < 0:
+            self._carry += bytes(data)
+        else:
+            start = 0
+            if self._carry:
+                # Complete the pending line on its own: gluing it to the chunk would copy
+                # the whole chunk.
+                self._region(self._carry + bytes(data[: first + 1]), 0, None)
+                start = first + 1
+            last = data.rfind(b"\n")
+            if last >= start:
+                self._region(data, start, last + 1)
+            self._carry = bytes(data[last + 1 :])
+        if len(self._carry) > _MAX_CARRY:
+            self._long_piece(self._carry)
+            self._carry = self._carry[-MAX_LINE_BYTES:]
+
+    def close(self) -> None:
+        """Hand over the last line (one without a final newline)."""
+        if self._carry:
+            carry, self._carry = self._carry, b""
+            self._region(carry + b"\n", 0, None)
+        self.lines = self._next - 1
+
+    # -- internals -----------------------------------------------------------------
+
+    def _hits(self, buf: bytes | bytearray, start: int = 0, stop: int | None = None) -> list[int]:
+        """Offsets of trigger strings in ``buf[start:stop]``, at most one per line per trigger.
+
+        ``NCCL_DEBUG=INFO`` prints an ``NCCL INFO`` line for every channel, ring and
+        collective: up to every fifth line of a log. Those lines are chatter unless another
+        trigger (an error, a warning, a signal) is on them too, which that trigger finds
+        by itself; counting them as hits would open a window on every line.
+        """
+        stop = len(buf) if stop is None else stop
+        found: list[int] = []
+        for key in TRIGGERS:
+            chatter = _CHATTER.get(key)
+            pos = buf.find(key, start, stop)
+            while pos != -1:
+                if chatter is None or not buf.startswith(chatter, pos):
+                    found.append(pos)
+                end = buf.find(b"\n", pos, stop)
+                if end == -1:
+                    break
+                pos = buf.find(key, end + 1, stop)
+        return found
+
+    def _hand_over(self, lineno: int, line: bytes) -> None:
+        if lineno <= self._emitted:
+            return
+        self._emitted = lineno
+        if len(line) > MAX_LINE_BYTES:
+            line = self._trim(line)
+        self._emit(lineno, line)
+
+    def _trim(self, line: bytes) -> bytes:
+        # A huge line is usually a \r progress bar: keep the pieces that matter.
+        pieces = [p for p in line.split(b"\r") if any(k in p for k in TRIGGERS)]
+        if not pieces:
+            pieces = [line.rsplit(b"\r", 1)[-1]]
+        return b"\r".join(p[-MAX_LINE_BYTES // 4 :] for p in pieces[-4:])
+
+    def _long_piece(self, piece: bytes) -> None:
+        # Part of a line that never ends: hand over its matching pieces now, under the
+        # line number the line will have, so memory stays bounded.
+        if self._full or self._hits(piece):
+            self._emit(self._next, self._trim(piece))
+
+    def _region(self, buf: bytes | bytearray, start: int, stop: int | None) -> None:
+        """Complete lines ``buf[start:stop]`` (the slice ends with a newline)."""
+        stop = len(buf) if stop is None else stop
+        first = self._next
+        count = buf.count(b"\n", start, stop)
+        self._next += count
+        if self._full:
+            for i, line in enumerate(bytes(buf[start:stop]).split(b"\n")[:-1]):
+                self._hand_over(first + i, line)
+            return
+        hits = self._hits(buf, start, stop)
+        if hits or self._after_until >= first:
+            self._windows(buf, start, stop, first, hits)
+        self._remember_tail(buf, start, stop, first, count)
+
+    def _windows(
+        self, buf: bytes | bytearray, start: int, stop: int, first: int, hits: list[int]
+    ) -> None:
+        """Hand over the lines around each hit, walking from the hit instead of splitting."""
+        if self._after_until >= first:
+            self._forward(buf, start, stop, first, self._after_until)
+        hits.sort()
+        index, previous = 0, start
+        for pos in hits:
+            index += buf.count(b"\n", previous, pos)
+            previous = pos
+            lineno = first + index
+            if lineno + self._after <= self._emitted:
+                continue
+            line_start = buf.rfind(b"\n", start, pos) + 1 or start
+            self._backward(buf, start, line_start, lineno)
+            self._forward(buf, line_start, stop, lineno, lineno + self._after)
+            self._after_until = max(self._after_until, lineno + self._after)
+
+    def _backward(self, buf: bytes | bytearray, start: int, line_start: int, lineno: int) -> None:
+        """The ``before`` lines above line ``lineno`` (which starts at ``line_start``)."""
+        lowest = max(lineno - self._before, self._emitted + 1)
+        spans: list[tuple[int, int, int]] = []
+        pos, number = line_start, lineno
+        while number > lowest and pos > start:
+            begin = buf.rfind(b"\n", start, pos - 1) + 1 or start
+            number -= 1
+            spans.append((number, begin, pos - 1))
+            pos = begin
+        if number > lowest:  # reaches into the previous region: its tail
+            for tail_lineno, line in list(self._tail):
+                if lowest <= tail_lineno < number:
+                    self._hand_over(tail_lineno, line)
+        for number, begin, end in reversed(spans):
+            self._hand_over(number, bytes(buf[begin:end]))
+
+    def _forward(
+        self, buf: bytes | bytearray, pos: int, stop: int, lineno: int, until: int
+    ) -> None:
+        """Lines ``lineno`` .. ``until`` starting at ``pos`` (within this region)."""
+        while lineno <= until and pos < stop:
+            end = buf.find(b"\n", pos, stop)
+            if end == -1:
+                end = stop
+            if lineno > self._emitted:
+                self._hand_over(lineno, bytes(buf[pos:end]))
+            lineno += 1
+            pos = end + 1
+
+    def _remember_tail(
+        self, buf: bytes | bytearray, start: int, stop: int, first: int, count: int
+    ) -> None:
+        # Keep the last few lines of an uninteresting region: the next region's hit may
+        # need them (a banner's "rank"/"exitcode" lines come before its "error_file").
+        self._tail.clear()
+        end = stop - 1  # the final newline
+        keep: list[tuple[int, bytes]] = []
+        lineno = first + count - 1
+        while len(keep) < self._before and end >= start and lineno >= first:
+            begin = max(buf.rfind(b"\n", start, end) + 1, start)
+            keep.append((lineno, bytes(buf[max(begin, end - MAX_LINE_BYTES) : end])))
+            lineno -= 1
+            end = begin - 1
+        for item in reversed(keep):
+            self._tail.append(item)

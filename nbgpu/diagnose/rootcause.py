@@ -24,30 +24,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nbgpu.diagnose.catalog import UNKNOWN, Cause, cause
+from nbgpu.diagnose.enrich import specifics
 from nbgpu.diagnose.lines import Stamp
 from nbgpu.diagnose.report import Evidence, FoundCause, RankSummary
 from nbgpu.diagnose.scan import SECONDARY_ID, ExceptionLine, ExitRecord, Hit, SourceScan
 from nbgpu.diagnose.sources import ErrorRecord, RunInfo
-from nbgpu.diagnose.specifics import specifics
 
 __all__ = ["Ranking", "rank_failures"]
 
-_SIGNAL_CAUSES = {
-    "SIGKILL": ("host_oom", 0.55),
-    "SIGSEGV": ("segfault", 0.8),
-    "SIGBUS": ("host_oom", 0.5),
-}
-_CODE_SIGNALS = {
-    -9: "SIGKILL",
-    -11: "SIGSEGV",
-    -7: "SIGBUS",
-    -15: "SIGTERM",
-    -6: "SIGABRT",
-    137: "SIGKILL",
-    139: "SIGSEGV",
-}
+_SIGNAL_CAUSES = {"SIGKILL": ("host_oom", 0.55), "SIGSEGV": ("segfault", 0.8),
+                  "SIGBUS": ("host_oom", 0.5)}  # fmt: skip
+_CODE_SIGNALS = {-9: "SIGKILL", -11: "SIGSEGV", -7: "SIGBUS", -15: "SIGTERM", -6: "SIGABRT",
+                 137: "SIGKILL", 139: "SIGSEGV"}  # fmt: skip
 _CLOCKS = ("epoch", "iso", "glog")
 _LAST = 10**12  # order of a rank's cause that no log line supports (exit code or signal only)
 
@@ -81,20 +72,12 @@ class _Rank:
 
     def stamps(self) -> dict[str, float]:
         """The earliest moment this rank showed trouble, per clock."""
+        stamps = [h.stamp for h in self.hits] + [x.stamp for x in self.exits]
+        stamps += [self.error.stamp] if self.error is not None else []
+        stamps += [self.ended] if self.exit_code not in (None, 0) else []
         found: dict[str, float] = {}
-
-        def add(stamp: Stamp | None) -> None:
-            if stamp is not None and (stamp.kind not in found or stamp.seconds < found[stamp.kind]):
-                found[stamp.kind] = stamp.seconds
-
-        if self.exit_code not in (None, 0):
-            add(self.ended)
-        if self.error is not None:
-            add(self.error.stamp)
-        for h in self.hits:
-            add(h.stamp)
-        for x in self.exits:
-            add(x.stamp)
+        for stamp in (s for s in stamps if s is not None):
+            found[stamp.kind] = min(stamp.seconds, found.get(stamp.kind, stamp.seconds))
         return found
 
 
@@ -128,16 +111,18 @@ def _collect(
     single_node = run is None or (run.nnodes or 1) == 1
 
     def state(rank: int | None) -> _Rank:
-        if rank not in states:
-            states[rank] = _Rank(rank)
-        return states[rank]
+        return states.setdefault(rank, _Rank(rank))
 
-    at_exit: dict[tuple[str, int | None], int] = {}
-    for scan in scans:
-        for ex in scan.exits:
-            rank = ex.rank if ex.rank is not None else (ex.local_rank if single_node else None)
-            if rank is not None:
-                at_exit[(ex.source, ex.lineno)] = rank
+    def exit_rank(ex: ExitRecord) -> int | None:
+        # One node: the local rank torchrun names is the global rank.
+        return ex.rank if ex.rank is not None or not single_node else ex.local_rank
+
+    at_exit = {
+        (ex.source, ex.lineno): rank
+        for scan in scans
+        for ex in scan.exits
+        if (rank := exit_rank(ex)) is not None
+    }
     for scan in scans:
         for hit in scan.hits:
             rank = hit.rank
@@ -149,10 +134,7 @@ def _collect(
         for exc in scan.exceptions:
             state(exc.rank).exceptions.append(exc)
         for ex in scan.exits:
-            rank = ex.rank
-            if rank is None and ex.local_rank is not None and single_node:
-                rank = ex.local_rank  # one node: local rank == global rank
-            s = state(rank)
+            s = state(exit_rank(ex))
             s.exits.append(ex)
             s.banner_root = s.banner_root or ex.root
             if s.exit_code is None:
@@ -306,8 +288,20 @@ def _unknown_evidence(v: _RankCause) -> tuple[Evidence, ...]:
     return ()
 
 
-def _ranks_of(hits: Iterable[Hit]) -> tuple[int, ...]:
-    return tuple(sorted({h.rank for h in hits if h.rank is not None}))
+def _ranks(ranks: Iterable[int | None]) -> tuple[int, ...]:
+    return tuple(sorted({r for r in ranks if r is not None}))
+
+
+def _found(c: Cause, role: str, confidence: float, **fields: Any) -> FoundCause:
+    return FoundCause(
+        cause=c.id,
+        title=c.title,
+        role=role,
+        confidence=round(confidence, 3),
+        explanation=c.explanation,
+        fixes=c.fixes,
+        **fields,
+    )
 
 
 def rank_failures(
@@ -355,28 +349,16 @@ def rank_failures(
         )
     root_hits = [h for s in states.values() for h in s.hits if h.cause == root.cause.id]
     evidence = _evidence([h for h in root_hits if h.rank == root_rank] + root_hits, max_evidence)
-    if root.cause is UNKNOWN or not evidence:
-        evidence = evidence or _unknown_evidence(root)
-    ranks = tuple(
-        sorted(
-            {
-                v.state.rank
-                for v in rank_causes
-                if v.cause is root.cause and v.state.rank is not None
-            }
-        )
-    )
+    evidence = evidence or _unknown_evidence(root)
+    ranks = _ranks(v.state.rank for v in rank_causes if v.cause is root.cause)
     found = [
-        FoundCause(
-            cause=root.cause.id,
-            title=root.cause.title,
-            role="root",
-            confidence=round(confidence, 3),
+        _found(
+            root.cause,
+            "root",
+            confidence,
             ranks=ranks,
             first_rank=root_rank,
             evidence=evidence,
-            explanation=root.cause.explanation,
-            fixes=root.cause.fixes,
             details=specifics(
                 root.cause.id,
                 [h.joined for h in sorted(root_hits, key=lambda h: h.order)[:max_evidence]],
@@ -407,16 +389,13 @@ def _others(
         role = "consequence" if consequence else "also"
         base = max(h.confidence for h in hits)
         out.append(
-            FoundCause(
-                cause=cause_id,
-                title=c.title,
-                role=role,
-                confidence=round(base * (0.4 if consequence else 0.6), 3),
-                ranks=_ranks_of(hits),
+            _found(
+                c,
+                role,
+                base * (0.4 if consequence else 0.6),
+                ranks=_ranks(h.rank for h in hits),
                 first_rank=None,
                 evidence=_evidence(hits, max_evidence),
-                explanation=c.explanation,
-                fixes=c.fixes,
             )
         )
     out.sort(key=lambda f: (f.role != "also", -f.confidence))

@@ -5,9 +5,8 @@ a pasted string, the call stack of an error file) and keeps, within fixed bounds
 ranking needs: the first few :class:`Hit` objects per cause and rank, torchrun's
 ``ChildFailedError`` banner and ``failed (exitcode: N) local_rank: R`` lines as
 :class:`ExitRecord` objects, and the exception lines with the traceback above them.
-Nothing here decides the root cause (``rootcause.py`` does).
-
-Imports only the standard library and the catalog/line helpers.
+Nothing here decides the root cause (``rootcause.py`` does). Imports only the standard
+library and the catalog/line helpers.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from nbgpu.diagnose.catalog import CATALOG, SECONDARY, Pattern
+from nbgpu.diagnose.catalog import CATALOG, SECONDARY, Cause, Pattern
 from nbgpu.diagnose.lines import Stamp, parse_line, parse_stamp_text
 
 __all__ = ["ExceptionLine", "ExitRecord", "Hit", "SourceScan"]
@@ -41,17 +40,11 @@ _BANNER_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\
 _BANNER_RANK = re.compile(r"(\d+)\s*\(local_rank:\s*(\d+)\)")
 _BANNER_EXIT = re.compile(r"(-?\d+)\s*\(pid:\s*(\d+)\)(?:\s*\((SIG\w+)\))?")
 _SIGNAL_TEXT = re.compile(r"Signal (\d+) \((SIG\w+)\)")
-_LAUNCHER_EXCEPTIONS = frozenset(
-    {
-        "ChildFailedError",
-        "CalledProcessError",
-        "ProcessRaisedException",
-        "ProcessExitedException",
-        "SignalException",
-        "KeyboardInterrupt",
-        "SystemExit",
-    }
-)
+_SIGNALS: dict[int | None, str] = {-2: "SIGINT", -6: "SIGABRT", -7: "SIGBUS", -9: "SIGKILL",
+                                   -11: "SIGSEGV", -15: "SIGTERM"}  # fmt: skip
+_LAUNCHER_EXCEPTIONS = frozenset({"ChildFailedError", "CalledProcessError", "ProcessRaisedException",
+                                  "ProcessExitedException", "SignalException", "KeyboardInterrupt",
+                                  "SystemExit"})  # fmt: skip
 
 
 @dataclass
@@ -59,7 +52,6 @@ class Hit:
     """A line that matched a catalog pattern (or a secondary marker)."""
 
     cause: str
-    pattern: str
     confidence: float
     consequence: bool
     source: str
@@ -85,13 +77,10 @@ class ExitRecord:
     local_rank: int | None
     exit_code: int | None
     signal: str | None
-    pid: int | None
     stamp: Stamp | None
     source: str
     lineno: int | None
     root: bool = False  # listed under "Root Cause (first observed failure)"
-    error_file: str | None = None
-    message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +92,6 @@ class ExceptionLine:
     rank: int | None
     source: str
     lineno: int | None
-    stamp: Stamp | None
     order: int
     traceback: tuple[str, ...]
 
@@ -125,10 +113,8 @@ class _Where:
 
 @dataclass
 class _Traceback:
-    lineno: int | None
     lines: deque[str]
-    head: list[str]
-    last: int | None
+    last: int | None  # line number of the last line taken
 
 
 class SourceScan:
@@ -141,15 +127,12 @@ class SourceScan:
         self.default_rank = default_rank
         self._counter = counter
         self.hits: list[Hit] = []
-        self.hit_counts: dict[str, int] = {}
         self.exits: list[ExitRecord] = []
         self.exceptions: list[ExceptionLine] = []
         self.ranks_seen: set[int] = set()
-        self.first_stamp: Stamp | None = None
-        self.last_stamp: Stamp | None = None
         self.lines_seen = 0
         self._kept: dict[tuple[str, int | None], int] = {}
-        self._pending: list[tuple[Hit, int]] = []
+        self._pending: list[Hit] = []  # hits still taking the lines after them
         self._tracebacks: dict[int | None, _Traceback] = {}
         self._banner_root = False
         self._entry: dict[str, object] | None = None
@@ -183,29 +166,23 @@ class SourceScan:
             rank = self._entry_rank if self._entry_rank is not None else entry_rank
         if rank is not None:
             self.ranks_seen.add(rank)
-        if line.stamp is not None:
-            if self.first_stamp is None:
-                self.first_stamp = line.stamp
-            self.last_stamp = line.stamp
-        self._feed_context(body)
+        for hit in self._pending:
+            hit.context.append(body.strip()[:_TEXT_CHARS])
+        self._pending = [h for h in self._pending if len(h.context) < _CONTEXT_LINES]
         if not body.strip():
             return
         where = _Where(lineno, rank, line.local_rank, line.stamp)
-        lowered = body.lower()
-        matched = False
-        for cause in CATALOG:
-            pattern = cause.match(lowered, body)
-            if pattern is not None:
-                matched = True
-                self._keep(cause.id, pattern, body, where)
-        if not matched:
+        matches = list(_matches(body))
+        for cause, pattern in matches:
+            self._keep(cause.id, pattern, body, where)
+        if not matches:
             self._wrapped(body, where)
         for pattern in SECONDARY:
             if pattern.regex.search(body):
                 self._keep(SECONDARY_ID, pattern, body, where)
                 break
         self._agent_lines(lineno, body, line.stamp)
-        self._python(lineno, body, rank, line.stamp)
+        self._python(lineno, body, rank)
 
     def _wrapped(self, body: str, where: _Where) -> None:
         """Match an exception message that a terminal or rich wrapped over several lines."""
@@ -217,13 +194,10 @@ class SourceScan:
             return
         first, joined, left = waiting
         joined = f"{joined} {body.strip()}"
-        lowered = joined.lower()
-        for cause in CATALOG:
-            pattern = cause.match(lowered, joined)
-            if pattern is not None:
-                self._keep(cause.id, pattern, joined, first)
-                return
-        if left > 1:
+        match = next(_matches(joined), None)
+        if match is not None:
+            self._keep(match[0].id, match[1], joined, first)
+        elif left > 1:
             self._unmatched = (first, joined, left - 1)
 
     def finish(self) -> None:
@@ -234,7 +208,6 @@ class SourceScan:
     # -- hits ----------------------------------------------------------------------
 
     def _keep(self, cause_id: str, pattern: Pattern, body: str, where: _Where) -> None:
-        self.hit_counts[cause_id] = self.hit_counts.get(cause_id, 0) + 1
         key = (cause_id, where.rank)
         kept = self._kept.get(key, 0)
         if kept >= _HITS_PER_KEY:
@@ -242,7 +215,6 @@ class SourceScan:
         self._kept[key] = kept + 1
         hit = Hit(
             cause=cause_id,
-            pattern=pattern.name,
             confidence=pattern.confidence,
             consequence=pattern.consequence,
             source=self.name,
@@ -254,17 +226,7 @@ class SourceScan:
             order=next(self._counter),
         )
         self.hits.append(hit)
-        self._pending.append((hit, _CONTEXT_LINES))
-
-    def _feed_context(self, body: str) -> None:
-        if not self._pending:
-            return
-        still = []
-        for hit, left in self._pending:
-            hit.context.append(body.strip()[:_TEXT_CHARS])
-            if left > 1:
-                still.append((hit, left - 1))
-        self._pending = still
+        self._pending.append(hit)
 
     # -- torchrun's reports --------------------------------------------------------------
 
@@ -312,79 +274,41 @@ class SourceScan:
         self._entry_rank = None
         if not entry or ("rank" not in entry and "exitcode" not in entry):
             return
-        rank = local = pid = code = None
-        signal = None
         r = _BANNER_RANK.search(str(entry.get("rank", "")))
-        if r:
-            rank, local = int(r.group(1)), int(r.group(2))
         e = _BANNER_EXIT.search(str(entry.get("exitcode", "")))
-        if e:
-            code, pid = int(e.group(1)), int(e.group(2))
-            signal = e.group(3)
-        message = str(entry.get("traceback", "")) or None
-        s = _SIGNAL_TEXT.search(message or "")
-        if s and signal is None:
-            signal = s.group(2)
-        error_file = str(entry.get("error_file", "")) or None
-        if error_file in ("<N/A>", "<NONE>"):
-            error_file = None
+        s = _SIGNAL_TEXT.search(str(entry.get("traceback", "")))
         lineno = entry.get("lineno")
         self.exits.append(
             ExitRecord(
-                rank=rank,
-                local_rank=local,
-                exit_code=code,
-                signal=signal,
-                pid=pid,
+                rank=int(r.group(1)) if r else None,
+                local_rank=int(r.group(2)) if r else None,
+                exit_code=int(e.group(1)) if e else None,
+                signal=(e.group(3) if e else None) or (s.group(2) if s else None),
                 stamp=parse_stamp_text(str(entry.get("time", ""))),
                 source=self.name,
                 lineno=lineno if isinstance(lineno, int) else None,
                 root=bool(entry.get("root")),
-                error_file=error_file,
-                message=message,
             )
         )
 
     def _agent_lines(self, lineno: int | None, body: str, stamp: Stamp | None) -> None:
-        if "exitcode" in body:
-            m = _AGENT_FAILED.search(body)
-            if m:
-                code = int(m.group(1))
-                self.exits.append(
-                    ExitRecord(
-                        None,
-                        int(m.group(2)),
-                        code,
-                        _signal_name(code),
-                        int(m.group(3)),
-                        stamp,
-                        self.name,
-                        lineno,
-                    )
-                )
-        elif "terminated with" in body:
-            m = _SPAWN_SIGNAL.search(body)
-            if m:
-                spawn_code = int(m.group(3)) if m.group(3) else None
-                self.exits.append(
-                    ExitRecord(
-                        int(m.group(1)),
-                        int(m.group(1)),
-                        spawn_code,
-                        m.group(2) or _signal_name(spawn_code),
-                        None,
-                        stamp,
-                        self.name,
-                        lineno,
-                    )
-                )
+        if "exitcode" in body and (m := _AGENT_FAILED.search(body)):
+            code = int(m.group(1))
+            signal = _SIGNALS.get(code)
+            self.exits.append(
+                ExitRecord(None, int(m.group(2)), code, signal, stamp, self.name, lineno)
+            )
+        elif "terminated with" in body and (m := _SPAWN_SIGNAL.search(body)):
+            rank, spawn_code = int(m.group(1)), int(m.group(3)) if m.group(3) else None
+            signal = m.group(2) or _SIGNALS.get(spawn_code)
+            self.exits.append(ExitRecord(rank, rank, spawn_code, signal, stamp, self.name, lineno))
 
     # -- Python tracebacks -------------------------------------------------------------
 
-    def _python(self, lineno: int | None, body: str, rank: int | None, stamp: Stamp | None) -> None:
+    def _python(self, lineno: int | None, body: str, rank: int | None) -> None:
         if "Traceback (most recent call last)" in body:
-            self._tracebacks[rank] = _Traceback(lineno, deque(maxlen=_TRACEBACK_LINES), [], lineno)
-            self._tracebacks[rank].lines.append(body.strip())
+            lines = deque([body.strip()], maxlen=_TRACEBACK_LINES)
+            self._tracebacks[rank] = _Traceback(lines, lineno)
             return
         text = body.strip()
         if text.startswith("traceback :"):
@@ -406,27 +330,16 @@ class SourceScan:
         if len(self.exceptions) >= _MAX_EXCEPTIONS:
             self.exceptions.pop(_MAX_EXCEPTIONS // 2)  # keep the first and the latest ones
         exc_name = m.group(1) if m.re is _EXCEPTION else "UsageError"
+        order = next(self._counter)
         self.exceptions.append(
-            ExceptionLine(
-                exc_name,
-                text[:_TEXT_CHARS],
-                rank,
-                self.name,
-                lineno,
-                stamp,
-                next(self._counter),
-                frames,
-            )
+            ExceptionLine(exc_name, text[:_TEXT_CHARS], rank, self.name, lineno, order, frames)
         )
 
 
-def _signal_name(code: int | None) -> str | None:
-    names = {
-        -9: "SIGKILL",
-        -11: "SIGSEGV",
-        -15: "SIGTERM",
-        -6: "SIGABRT",
-        -7: "SIGBUS",
-        -2: "SIGINT",
-    }
-    return names.get(code) if code is not None else None
+def _matches(text: str) -> Iterator[tuple[Cause, Pattern]]:
+    """The catalog's causes ``text`` matches, each with its first matching pattern."""
+    lowered = text.lower()
+    for cause in CATALOG:
+        pattern = cause.match(lowered, text)
+        if pattern is not None:
+            yield cause, pattern

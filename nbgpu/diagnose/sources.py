@@ -4,10 +4,11 @@
 with the rank it belongs to, when its name says so), torchelastic error files, and the
 launcher's ``run.json``. The run directory layout is nbgpu's launcher's::
 
-    <rundir>/run.json           name, nproc, nnodes, gpus, cuda_visible_devices, master_port,
-                                started_at, ended_at, agent_exit_code, and per rank: rank,
-                                local_rank, exit_code, signal, pid, ended_at
+    <rundir>/run.json           name, nproc, nnodes, gpus, cuda_visible_devices,
+                                agent_exit_code, warm (cell, log_offsets), and per rank:
+                                rank, local_rank, exit_code, signal, ended_at
     <rundir>/rank{N}.log        rank N's stdout and stderr, raw bytes
+    <rundir>/rank{N}.node       over several nodes: the node rank N ran on
     <rundir>/error-rank{N}.json the error file torch's ``@record`` writes for rank N
     <rundir>/agent.log          torchrun's output; on failure its ChildFailedError banner
 
@@ -15,9 +16,8 @@ Any other directory is searched (a few levels deep) for ``*.log``, ``*.txt``, ``
 ``*.err`` and torchelastic's ``error.json`` files; torchelastic's ``--log-dir`` layout
 (``attempt_0/<local_rank>/stdout.log``) gives each file its rank. Files are read in
 chunks, never whole. A missing path is a one-line ``UserInputError``; a malformed
-run.json or error file becomes a note, never an exception.
-
-Imports only the standard library and ``nbgpu.errors``.
+run.json or error file becomes a note, never an exception. Imports only the standard
+library, ``nbgpu.errors`` and ``lines.Stamp``.
 """
 
 from __future__ import annotations
@@ -35,20 +35,10 @@ from typing import IO, Any
 from nbgpu.diagnose.lines import Stamp
 from nbgpu.errors import UserInputError
 
-__all__ = [
-    "CHUNK_BYTES",
-    "ErrorRecord",
-    "Inputs",
-    "LogInput",
-    "RankExit",
-    "RunInfo",
-    "chunks",
-    "load_error_file",
-    "load_run_json",
-    "resolve",
-]
+__all__ = ["ErrorRecord", "Inputs", "LogInput", "RunInfo", "chunks", "load_error_file",
+           "load_run_json", "resolve"]  # fmt: skip
 
-CHUNK_BYTES = 1024 * 1024
+_CHUNK_BYTES = 1024 * 1024
 _LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
 _MAX_FILES = 2000
 _MAX_DEPTH = 4
@@ -78,7 +68,6 @@ class RankExit:
     local_rank: int | None
     exit_code: int | None
     signal: str | None
-    pid: int | None
     ended_at: Stamp | None
 
 
@@ -92,7 +81,6 @@ class RunInfo:
     nnodes: int | None
     gpus: tuple[int, ...] | None  # physical GPUs the run was given, in rank order
     cuda_visible_devices: str | None
-    master_port: int | None
     ranks: tuple[RankExit, ...]
     agent_exit_code: int | None
     cell: int | None = None  # a warm job: the cell it was in (or had run last) when it ended
@@ -101,9 +89,7 @@ class RunInfo:
 
     @property
     def world_size(self) -> int | None:
-        if self.nproc is None:
-            return None
-        return self.nproc * (self.nnodes or 1)
+        return None if self.nproc is None else self.nproc * (self.nnodes or 1)
 
 
 @dataclass(frozen=True)
@@ -133,7 +119,7 @@ class Inputs:
 # -- reading -------------------------------------------------------------------------
 
 
-def chunks(log: LogInput, size: int = CHUNK_BYTES) -> Iterator[bytes | bytearray]:
+def chunks(log: LogInput, size: int = _CHUNK_BYTES) -> Iterator[bytes | bytearray]:
     """The log's bytes in chunks; text streams are encoded as UTF-8.
 
     A file's chunks share one buffer: use each before asking for the next.
@@ -163,24 +149,19 @@ def chunks(log: LogInput, size: int = CHUNK_BYTES) -> Iterator[bytes | bytearray
 
 def _epoch(value: object) -> Stamp | None:
     """A run.json / error-file time: epoch seconds (number or digits) or ISO text."""
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
-    if isinstance(value, (int, float)):
+    try:
         return Stamp("epoch", float(value))
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            return Stamp("epoch", float(text))
-        except ValueError:
-            pass
-        try:
-            moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("_", "T"))
-        except ValueError:
-            return None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)
-        return Stamp("epoch", moment.timestamp())
-    return None
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00").replace("_", "T"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return Stamp("epoch", moment.timestamp())
 
 
 def _int(value: object) -> int | None:
@@ -203,34 +184,40 @@ def _gpus(value: object) -> tuple[int, ...] | None:
     return None
 
 
-def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
-    """Parse ``run.json``; anything malformed becomes a note."""
+_UNREADABLE = object()
+
+
+def _load_json(path: Path, notes: list[str], unreadable: str) -> object:
+    """The JSON in ``path``, or ``_UNREADABLE`` and a note (``unreadable`` is its text)."""
     try:
         if path.stat().st_size > _MAX_JSON_BYTES:
             notes.append(f"{path.name}: larger than 8 MiB, ignored")
-            return None
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+            return _UNREADABLE
+        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except (OSError, ValueError) as exc:
-        notes.append(f"{path.name}: unreadable ({exc.__class__.__name__}), ignored")
+        notes.append(unreadable.format(name=path.name, error=exc.__class__.__name__))
+        return _UNREADABLE
+
+
+def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
+    """Parse ``run.json``; anything malformed becomes a note."""
+    data = _load_json(path, notes, "{name}: unreadable ({error}), ignored")
+    if data is _UNREADABLE:
         return None
     if not isinstance(data, dict):
         notes.append(f"{path.name}: expected a JSON object, ignored")
         return None
-    ranks = []
-    for item in data.get("ranks") or []:
-        if not isinstance(item, dict) or _int(item.get("rank")) is None:
-            continue
-        signal = item.get("signal")
-        ranks.append(
-            RankExit(
-                rank=_int(item.get("rank")) or 0,
-                local_rank=_int(item.get("local_rank")),
-                exit_code=_int(item.get("exit_code")),
-                signal=signal if isinstance(signal, str) and signal else None,
-                pid=_int(item.get("pid")),
-                ended_at=_epoch(item.get("ended_at")),
-            )
+    ranks = [
+        RankExit(
+            rank=rank,
+            local_rank=_int(item.get("local_rank")),
+            exit_code=_int(item.get("exit_code")),
+            signal=(item.get("signal") or None) if isinstance(item.get("signal"), str) else None,
+            ended_at=_epoch(item.get("ended_at")),
         )
+        for item in data.get("ranks") or []
+        if isinstance(item, dict) and (rank := _int(item.get("rank"))) is not None
+    ]
     cvd = data.get("cuda_visible_devices")
     name = data.get("name")
     warm = data.get("warm")
@@ -244,7 +231,6 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
         nnodes=_int(data.get("nnodes")),
         gpus=_gpus(data.get("gpus")),
         cuda_visible_devices=cvd if isinstance(cvd, str) else None,
-        master_port=_int(data.get("master_port")),
         ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
         agent_exit_code=_int(data.get("agent_exit_code")),
         cell=_int(warm.get("cell")),
@@ -258,13 +244,8 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
 
 def load_error_file(path: Path, rank: int | None, notes: list[str]) -> ErrorRecord | None:
     """Parse a torchelastic error file (both the dict and the newer string ``message``)."""
-    try:
-        if path.stat().st_size > _MAX_JSON_BYTES:
-            notes.append(f"{path.name}: larger than 8 MiB, ignored")
-            return None
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, ValueError) as exc:
-        notes.append(f"{path.name}: not a readable error file ({exc.__class__.__name__})")
+    data = _load_json(path, notes, "{name}: not a readable error file ({error})")
+    if data is _UNREADABLE:
         return None
     if not isinstance(data, dict) or "message" not in data:
         notes.append(f"{path.name}: no 'message' field; not a torchelastic error file")
@@ -305,12 +286,9 @@ def _looks_like_text(value: str) -> bool:
 
 
 def _rank_from_path(path: Path, root: Path) -> int | None:
-    m = _RANK_LOG.match(path.name)
-    if m:
+    m = _RANK_LOG.match(path.name) or _ERROR_FILE.match(path.name)
+    if m and m.group(1):
         return int(m.group(1))
-    e = _ERROR_FILE.match(path.name)
-    if e and e.group(1):
-        return int(e.group(1))
     # torchelastic --log-dir: <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log
     if (
         path.parent != root
@@ -341,7 +319,6 @@ def _directory(root: Path) -> Inputs:
     inputs = Inputs(kind="dir", label=str(root))
     run_json = root / "run.json"
     if run_json.is_file():
-        inputs.kind = "run"
         inputs.run = load_run_json(run_json, inputs.notes)
         if inputs.run and inputs.run.name:
             inputs.label = f"run '{inputs.run.name}' ({root})"
@@ -370,16 +347,13 @@ def _directory(root: Path) -> Inputs:
             f"a warm job: the rank logs are read from the start of cell {inputs.run.cell}, the "
             "cell it ended in (the earlier cells' output is above it in the same logs)"
         )
-    if inputs.kind != "run" and any(_RANK_LOG.match(log.name) for log in inputs.logs):
+    if run_json.is_file() or any(_RANK_LOG.match(log.name) for log in inputs.logs):
         inputs.kind = "run"
     return inputs
 
 
 def resolve(source: object, *, name: str | None = None) -> Inputs:
     """What to read for ``source``; raises ``UserInputError`` for a path that does not exist."""
-    if isinstance(source, bytes | bytearray):
-        label = name or "<text>"
-        return Inputs(kind="text", label=label, logs=[LogInput(label, data=bytes(source))])
     if isinstance(source, str) and source == "-":
         import sys  # noqa: PLC0415  (only this input needs it)
 
@@ -387,13 +361,12 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
         return Inputs(
             kind="stream", label="<stdin>", logs=[LogInput(name or "<stdin>", stream=stream)]
         )
-    if isinstance(source, str) and _looks_like_text(source):
+    if isinstance(source, bytes | bytearray) or (
+        isinstance(source, str) and _looks_like_text(source)
+    ):
+        data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else source
         label = name or "<text>"
-        return Inputs(
-            kind="text",
-            label=label,
-            logs=[LogInput(label, data=source.encode("utf-8", "surrogateescape"))],
-        )
+        return Inputs(kind="text", label=label, logs=[LogInput(label, data=bytes(data))])
     if hasattr(source, "read") and not isinstance(source, str | os.PathLike):
         label = name or str(getattr(source, "name", "<stream>"))
         return Inputs(kind="stream", label=label, logs=[LogInput(label, stream=source)])  # type: ignore[arg-type]  # duck-typed stream

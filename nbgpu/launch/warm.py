@@ -160,7 +160,7 @@ class WarmState:
 
     def resident_bytes(self) -> int | None:
         """The ranks' resident memory now, summed (None when none could be read)."""
-        from nbgpu.profile.procmem import resident_bytes  # noqa: PLC0415
+        from nbgpu.profile.recorder import resident_bytes  # noqa: PLC0415
 
         sizes = [resident_bytes(pid) for pid in self.pids().values() if pid]
         known = [s for s in sizes if s is not None]

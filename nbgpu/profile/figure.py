@@ -6,7 +6,7 @@ is unknown) with the node's sum of all ranks and the machine's memory and
 one bar per rank showing its phases, the phase a rank died in marked with a cross.
 Built on ``matplotlib.figure.Figure`` (no pyplot state, no backend switch), so it
 renders the same in a kernel, a terminal (``--png``) and a saved notebook. It draws a
-:class:`~nbgpu.profile.timeline.MemoryTimeline` (the report is one, and shows the
+:class:`~nbgpu.profile.records.MemoryTimeline` (the report is one, and shows the
 figure as its own: no import back).
 """
 
@@ -16,7 +16,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nbgpu.profile.timeline import MemoryTimeline
+    from nbgpu.profile.records import MemoryTimeline, RankRecords
 
 __all__ = ["draw", "png_bytes"]
 
@@ -28,11 +28,8 @@ _PHASE_COLORS = (
 
 
 def _phase_colors(report: MemoryTimeline) -> dict[str, str]:
-    names = []
-    for rank in report.ranks:
-        for span in sorted(rank.phases, key=lambda s: s.start_t):
-            if span.name not in names:
-                names.append(span.name)
+    spans = (s for r in report.ranks for s in sorted(r.phases, key=lambda s: s.start_t))
+    names = dict.fromkeys(s.name for s in spans)
     return {n: _PHASE_COLORS[i % len(_PHASE_COLORS)] for i, n in enumerate(names)}
 
 
@@ -41,11 +38,8 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
 
     ranks = [r for r in report.ranks if r.samples or r.phases]
     gpu = report.has_gpu
-    heights = (
-        [3.0, 1.8, 0.35 * max(len(ranks), 1) + 0.4]
-        if gpu
-        else [3.0, 0.35 * max(len(ranks), 1) + 0.4]
-    )
+    bars_height = 0.35 * max(len(ranks), 1) + 0.4
+    heights = [3.0, 1.8, bars_height] if gpu else [3.0, bars_height]
     fig = Figure(figsize=(10, sum(heights) + 0.9), layout="constrained")
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     host, bars = axes[0], axes[-1]
@@ -66,18 +60,9 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
         died = rank.died_in
         if died is not None and xs:
             host.plot([xs[-1]], [ys[-1]], marker="X", markersize=11, color="#c0392b", zorder=5)
-            # Near the right edge the label goes to the left of the cross, inside the axes.
             late = xs[-1] > 0.6 * max(report_end, 1e-9)
-            host.annotate(
-                f"{rank.label} died in '{died.path}'",
-                (xs[-1], ys[-1]),
-                textcoords="offset points",
-                xytext=(-8 if late else 6, 6),
-                ha="right" if late else "left",
-                color="#c0392b",
-                fontsize=9,
-                fontweight="bold",
-            )
+            text = f"{rank.label} died in '{died.path}'"
+            _label(host, text, (xs[-1], ys[-1]), (-8 if late else 6, 6), color="#c0392b")
     # One node: the sum of all ranks. Several: a sum per node (each node's memory is its
     # own), the highest one annotated with its name.
     names: list[str | None] = [*report.node_names] or [None]
@@ -98,16 +83,9 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
             where = f" · all in '{peak.all_in}'" if peak.all_in else ""
             on = f" ({peak.node})" if peak.node else ""
             right = peak.t_s > 0.6 * (max(xs) or 1)
-            host.annotate(
-                f"node peak{on} {peak.total_bytes / _GIB:.2f} GiB{where}",
-                (peak.t_s, peak.total_bytes / _GIB),
-                textcoords="offset points",
-                xytext=(-8 if right else 8, 4),
-                ha="right" if right else "left",
-                fontsize=9,
-                fontweight="bold",
-                va="bottom",
-            )
+            text = f"node peak{on} {peak.total_bytes / _GIB:.2f} GiB{where}"
+            xy = (peak.t_s, peak.total_bytes / _GIB)
+            _label(host, text, xy, (-8 if right else 8, 4), va="bottom")
     top = max(peak_seen * 1.25, 0.1)
     _limit_line(host, report.mem_total_bytes, "machine memory", "#c0392b", "--", top)
     _limit_line(host, report.mem_limit_bytes, "--mem-limit (per rank)", "#d35400", ":", top)
@@ -141,6 +119,16 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
     return fig
 
 
+def _label(
+    ax: Any, text: str, xy: tuple[float, float], offset: tuple[int, int], **style: Any
+) -> None:
+    """Bold text beside a point; near the right edge (offset to the left) it ends there,
+    so it stays inside the axes."""
+    ha = "right" if offset[0] < 0 else "left"
+    ax.annotate(text, xy, textcoords="offset points", xytext=offset, ha=ha, fontsize=9,
+                fontweight="bold", **style)  # fmt: skip
+
+
 def _limit_line(  # noqa: PLR0917  (private; the line's look in one call)
     ax: Any, value: int | None, label: str, color: str, style: str, top: float
 ) -> None:
@@ -172,7 +160,7 @@ def _bands(ax: Any, report: MemoryTimeline, colors: dict[str, str], *, labels: b
     for span in first.phases:
         if span.depth:
             continue
-        end = span.end_t if span.end_t is not None else (first.last_t or span.start_t)
+        end = first.span_end(span)
         ax.axvspan(
             span.start_t - t0, end - t0, color=colors.get(span.name, "#ddd"), alpha=0.18, lw=0
         )
@@ -190,13 +178,13 @@ def _bands(ax: Any, report: MemoryTimeline, colors: dict[str, str], *, labels: b
             )
 
 
-def _gantt(ax: Any, ranks: list[Any], t0: float, colors: dict[str, str]) -> None:
+def _gantt(ax: Any, ranks: list[RankRecords], t0: float, colors: dict[str, str]) -> None:
     ax.set_yticks(range(len(ranks)), [r.label for r in ranks], fontsize=8)
     ax.set_ylim(len(ranks) - 0.5, -0.5)
     seen: dict[str, Any] = {}
     for row, rank in enumerate(ranks):
         for span in rank.phases:
-            end = span.end_t if span.end_t is not None else (rank.last_t or span.start_t)
+            end = rank.span_end(span)
             height = 0.8 if span.depth == 0 else 0.4
             bar = ax.broken_barh(
                 [(span.start_t - t0, max(end - span.start_t, 1e-3))],

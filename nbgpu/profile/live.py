@@ -15,11 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbgpu.profile import procmem
+from nbgpu.profile.recorder import node_memory
+from nbgpu.profile.records import Base, host_value, read_node
 
-__all__ = ["MemoryFollower", "RankLive"]
+__all__ = ["MemoryFollower"]
 
 _GIB = 1024**3
+
+
+def _of(used: int, total: int | None) -> str:
+    """``3.1/23.5`` (GiB), or ``3.1`` without the total."""
+    return f"{used / _GIB:.1f}" + (f"/{total / _GIB:.1f}" if total else "")
 
 
 @dataclass
@@ -33,22 +39,12 @@ class RankLive:
     points: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=3000))
     node: str | None = None  # over several nodes: where the rank runs (rank{R}.node)
     mem_total: int | None = None  # its node's MemTotal, from its first record
+    host_bytes: int | None = None  # its host memory at the last reading (records.host_value)
+    base: Base = None
 
     @property
     def phase(self) -> str | None:
         return list(self.open.values())[-1] if self.open else None
-
-    base: tuple[int, int] | None = None  # (pss, rss) of the last full reading
-
-    @property
-    def host_bytes(self) -> int | None:
-        """PSS; between full readings the last PSS moved by the change in RSS."""
-        pss, rss = self.last.get("pss"), self.last.get("rss")
-        if isinstance(pss, int):
-            return pss
-        if isinstance(rss, int) and self.base is not None:
-            return max(0, self.base[0] + rss - self.base[1])
-        return rss if isinstance(rss, int) else None
 
 
 class MemoryFollower:
@@ -58,8 +54,7 @@ class MemoryFollower:
         self.run_dir = Path(run_dir)
         self.several_nodes = several_nodes  # ranks on other machines: sums per node
         self.ranks = {r: RankLive(f"rank{r}") for r in range(nproc)}
-        self.mem_total = procmem.node_memory().total_bytes
-        self.started = time.time()
+        self.mem_total = node_memory().total_bytes
         self._last_poll = 0.0
 
     def poll(self) -> None:
@@ -94,19 +89,9 @@ class MemoryFollower:
             return
         if "rss" in record:
             live.last = record
-            if isinstance(record.get("pss"), int) and isinstance(record.get("rss"), int):
-                live.base = (record["pss"], record["rss"])
-            value = live.host_bytes
-            if isinstance(value, int) and isinstance(record.get("t"), int | float):
-                live.points.append((float(record["t"]), value))
-
-    def _read_nodes(self) -> None:
-        for rank, live in self.ranks.items():
-            if live.node is None:
-                try:
-                    live.node = (self.run_dir / f"rank{rank}.node").read_text("utf-8").strip()
-                except OSError:
-                    continue
+            live.host_bytes, live.base = host_value(record, live.base)
+            if live.host_bytes is not None and isinstance(record.get("t"), int | float):
+                live.points.append((float(record["t"]), live.host_bytes))
 
     def summary(self) -> str | None:
         """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``.
@@ -119,29 +104,20 @@ class MemoryFollower:
         if not alive:
             return None
         if self.several_nodes:
-            self._read_nodes()
+            for rank, live in self.ranks.items():
+                live.node = live.node if live.node is not None else read_node(self.run_dir, rank)
         by_node: dict[str | None, list[RankLive]] = {}
         for live in alive:
             by_node.setdefault(live.node if self.several_nodes else None, []).append(live)
-        sums = sorted(
-            (
-                (sum(r.host_bytes or 0 for r in ranks), name, ranks)
-                for name, ranks in by_node.items()
-            ),
-            key=lambda item: -item[0],
-        )
+        sums = [(sum(r.host_bytes or 0 for r in rs), name, rs) for name, rs in by_node.items()]
+        sums.sort(key=lambda item: -item[0])
         top = max(alive, key=lambda r: r.host_bytes or 0)
         if len(sums) == 1:
             total, _name, ranks = sums[0]
             mem_total = self.mem_total if not self.several_nodes else ranks[0].mem_total
-            node = f"{total / _GIB:.1f}" + (f"/{mem_total / _GIB:.1f}" if mem_total else "")
-            line = f"mem: node {node} GiB (Σ PSS of {len(alive)} ranks)"
+            line = f"mem: node {_of(total, mem_total)} GiB (Σ PSS of {len(alive)} ranks)"
         else:
-            each = [
-                f"{name} {total / _GIB:.1f}"
-                + (f"/{ranks[0].mem_total / _GIB:.1f}" if ranks[0].mem_total else "")
-                for total, name, ranks in sums[:3]
-            ]
+            each = [f"{name} {_of(total, ranks[0].mem_total)}" for total, name, ranks in sums[:3]]
             more = f" +{len(sums) - 3} nodes" if len(sums) > 3 else ""
             line = f"mem: {', '.join(each)}{more} GiB (Σ PSS per node)"
         where = f" on {top.node}" if self.several_nodes and top.node else ""

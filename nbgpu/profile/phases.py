@@ -4,25 +4,18 @@
         model = build()
     nbgpu.phase.mark("POST-MODEL")    # a point in time, like the MEM: prints it replaces
 
-Each process has one :class:`~nbgpu.profile.recorder.Recorder`. Inside a rank launched by nbgpu it appends to
-``mem-rank{N}.jsonl`` in the run directory (``NBGPU_RUN_DIR``; ``NBGPU_MEM_DIR`` for
-other jobs): one ``os.write`` per record on an ``O_APPEND`` descriptor, so a rank killed
-by the OOM killer leaves every phase it entered and its last samples on disk, and
-nothing is shared between ranks (no lock, no fsync: a slow disk delays a record by
-the page cache's write, never by a flush). Outside any run (the notebook kernel, a
-plain script) records are kept in memory: ``nbgpu.phase.report()`` shows them.
-
-Each phase records host RSS/USS/PSS at its start and end, its peak (the sampler's
-maximum, and the kernel's ``VmHWM`` reset at the phase's start where allowed), the
-node's ``MemAvailable``, and CUDA allocator figures when the process already uses CUDA
-(plus NVML's per-process used memory there). Standard library only at import time.
+Each process has one :class:`~nbgpu.profile.recorder.Recorder`. Inside a rank launched
+by nbgpu it appends to ``mem-rank{N}.jsonl`` in the run directory (``NBGPU_RUN_DIR``;
+``NBGPU_MEM_DIR`` for other jobs), crash-safe (a slow disk delays a record by the page
+cache's write, never by a flush). Outside any run (the notebook kernel, a plain script)
+records are kept in memory: ``nbgpu.phase.report()`` shows them. Each phase records
+memory at its start and end and its peak (see the recorder). Standard library only.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -34,18 +27,10 @@ from nbgpu.profile.recorder import DEFAULT_SAMPLE_S, Recorder, records_file
 if TYPE_CHECKING:
     from nbgpu.profile.report import MemoryReport
 
-__all__ = [
-    "MEM_DIR_ENV",
-    "SAMPLE_ENV",
-    "Phase",
-    "configure",
-    "parse_sample_interval",
-    "phase",
-    "recorder",
-]
+__all__ = ["Phase", "configure", "parse_sample_interval", "phase", "recorder"]
 
-MEM_DIR_ENV = "NBGPU_MEM_DIR"
-SAMPLE_ENV = "NBGPU_MEM_SAMPLE"
+_MEM_DIR_ENV = "NBGPU_MEM_DIR"
+_SAMPLE_ENV = "NBGPU_MEM_SAMPLE"
 _RUN_DIR_ENV = "NBGPU_RUN_DIR"
 
 
@@ -109,17 +94,16 @@ def recorder(environ: Mapping[str, str] | None = None) -> Recorder:
     if _RECORDER:
         return _RECORDER[0]
     env = os.environ if environ is None else environ
-    where = env.get(MEM_DIR_ENV) or env.get(_RUN_DIR_ENV)
+    where = env.get(_MEM_DIR_ENV) or env.get(_RUN_DIR_ENV)
     try:
-        sample_s = parse_sample_interval(env.get(SAMPLE_ENV, DEFAULT_SAMPLE_S))
+        sample_s = parse_sample_interval(env.get(_SAMPLE_ENV, DEFAULT_SAMPLE_S))
     except UserInputError:
         sample_s = DEFAULT_SAMPLE_S
+    identity = _identity(env)
+    path = records_file(Path(where), identity["rank"]) if where else None
     with _SETUP:
         if not _RECORDER:
-            _RECORDER.append(
-                Recorder(None if not where else records_file(Path(where), _identity(env)["rank"]),
-                         _identity(env), sample_s)
-            )  # fmt: skip
+            _RECORDER.append(Recorder(path, identity, sample_s))
     rec = _RECORDER[0]
     if rec.path is not None:
         rec.start_sampling()  # in memory only (a kernel, a plain script): sampling on request
@@ -139,7 +123,6 @@ class Phase:
         self.name = _check_name(name)
         self._recorder = recorder_
         self._id: int | None = None
-        self.started_at: float | None = None
 
     def start(self) -> Phase:
         if self._id is not None:
@@ -147,7 +130,6 @@ class Phase:
         rec = self._recorder or recorder()
         self._recorder = rec
         self._id = rec.begin(self.name)
-        self.started_at = time.time()
         return self
 
     def stop(self, *, error: str | None = None) -> None:

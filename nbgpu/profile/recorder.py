@@ -1,12 +1,23 @@
-"""One process's phase stack and its record sink: crash-safe JSON lines, or memory.
+"""One process's memory, read from /proc, and its phase stack recorded as crash-safe JSON lines.
 
 The :class:`Recorder` behind ``nbgpu.phase``: one ``os.write`` per record on an
 ``O_APPEND`` descriptor, so a rank killed by the OOM killer leaves every phase it entered
 and its last samples on disk, and nothing is shared between ranks (no lock, no fsync).
-A sampling thread (:class:`Sampler`) folds host RSS/USS/PSS (and CUDA figures once the
+A sampling thread (:class:`Sampler`) folds host memory (and CUDA figures once the
 process uses CUDA) into the open phases' peaks; the training thread never waits for it:
 a sample reads /proc and appends one line on the sampler's own thread, sharing only
-this process's short lock around the phase stack. Standard library only at import time.
+this process's short lock around the phase stack.
+
+The readings: RSS, and from ``/proc/PID/smaps_rollup`` USS (private pages: what the
+process frees on exit) and PSS (shared pages divided among the sharers: the figure that
+sums across ranks without counting torch's libraries eight times); the kernel's
+high-water mark ``VmHWM`` and its reset through ``/proc/self/clear_refs``, which some
+kernels and containers refuse (then the reason is returned, never a guess); the node's
+``MemTotal`` and ``MemAvailable``; the caching allocator's figures, only when ``torch``
+is already imported *and* CUDA already initialised here: the profiler must never create
+a CUDA context (hundreds of MiB per GPU, and a busy GPU would fail).
+
+Standard library only at import time (this runs inside every rank, every 100 ms).
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -22,9 +34,153 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbgpu.profile import procmem
+__all__ = ["DEFAULT_SAMPLE_S", "CudaMemory", "NodeMemory", "ProcessMemory", "Recorder",
+           "Sampler", "cuda_memory", "node_memory", "peak_rss", "process_memory",
+           "process_start_time", "records_file", "reset_peak_rss", "resident_bytes"]  # fmt: skip
 
-__all__ = ["DEFAULT_SAMPLE_S", "Recorder", "Sampler", "records_file"]
+# -- readings --------------------------------------------------------------------
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    rss_bytes: int | None
+    uss_bytes: int | None  # None: no smaps_rollup (reason in `why`)
+    pss_bytes: int | None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    total_bytes: int | None
+    available_bytes: int | None
+
+
+@dataclass(frozen=True)
+class CudaMemory:
+    device: int
+    allocated_bytes: int
+    reserved_bytes: int
+    peak_allocated_bytes: int
+
+
+def _kib_fields(text: str, wanted: tuple[str, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in wanted:
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * 1024
+    return out
+
+
+def _read(path: str) -> str | None:
+    # One open and read per file: these run 10 times a second in every rank.
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:  # noqa: PTH123
+            return handle.read()
+    except OSError:
+        return None
+
+
+_ROLLUP = ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Private_Hugetlb")
+
+
+def process_memory(pid: int | str = "self") -> ProcessMemory:
+    """RSS, USS and PSS of one process (``self`` by default)."""
+    rollup = _read(f"/proc/{pid}/smaps_rollup")
+    if rollup is not None:
+        f = _kib_fields(rollup, _ROLLUP)
+        if "Rss" in f and "Pss" in f:
+            uss = f.get("Private_Clean", 0) + f.get("Private_Dirty", 0)
+            uss += f.get("Private_Hugetlb", 0)
+            return ProcessMemory(f["Rss"], uss, f["Pss"])
+    rss = resident_bytes(pid)
+    if rss is not None:
+        why = "no /proc/PID/smaps_rollup (Linux < 4.14 or not permitted): no USS/PSS"
+        return ProcessMemory(rss, None, None, why)
+    return ProcessMemory(None, None, None, f"/proc/{pid} is not readable")
+
+
+def resident_bytes(pid: int | str = "self") -> int | None:
+    """RSS alone from ``/proc/PID/statm``: constant time, unlike smaps_rollup's page walk."""
+    statm = _read(f"/proc/{pid}/statm")
+    parts = statm.split() if statm else []
+    return int(parts[1]) * _PAGE if len(parts) > 1 and parts[1].isdigit() else None
+
+
+def peak_rss(pid: int | str = "self") -> int | None:
+    """``VmHWM``: the most resident memory since start or the last reset."""
+    status = _read(f"/proc/{pid}/status")
+    if status is None:
+        return None
+    return _kib_fields(status, ("VmHWM",)).get("VmHWM")
+
+
+def reset_peak_rss() -> str | None:
+    """Reset this process's ``VmHWM``; None when done, else why it could not be."""
+    try:
+        fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
+    except OSError as exc:
+        return (
+            f"VmHWM cannot be reset here (/proc/self/clear_refs: {exc.strerror}): peak since start"
+        )
+    try:
+        os.write(fd, b"5")
+    except OSError as exc:
+        return f"VmHWM cannot be reset here (clear_refs: {exc.strerror}): peak since start"
+    finally:
+        os.close(fd)
+    return None
+
+
+def process_start_time(pid: int | str = "self") -> float | None:
+    """When a process started: places 'start' before Python ran, and tells a reused pid
+    from the process that wrote the records."""
+    stat, system = _read(f"/proc/{pid}/stat"), _read("/proc/stat")
+    if stat is None or system is None:
+        return None
+    try:
+        fields = stat.rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1]) for line in system.splitlines() if line.startswith("btime")
+        )
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (ValueError, IndexError, StopIteration):
+        return None
+
+
+def node_memory() -> NodeMemory:
+    meminfo = _read("/proc/meminfo")
+    if meminfo is None:
+        return NodeMemory(None, None)
+    f = _kib_fields(meminfo, ("MemTotal", "MemAvailable"))
+    return NodeMemory(f.get("MemTotal"), f.get("MemAvailable"))
+
+
+def cuda_memory() -> tuple[CudaMemory | None, str]:
+    """The current device's allocator figures, or None and why there are none.
+
+    Reads only what exists: never imports torch, never initialises CUDA.
+    """
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        return None, "torch not imported in this process"
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return None, "CUDA not initialised in this process"
+        device = int(cuda.current_device())
+        allocated, reserved = cuda.memory_allocated(device), cuda.memory_reserved(device)
+        peak = cuda.max_memory_allocated(device)
+        return CudaMemory(device, int(allocated), int(reserved), int(peak)), ""
+    except Exception as exc:  # noqa: BLE001  (a broken CUDA must not break the rank)
+        return None, f"CUDA figures unavailable ({type(exc).__name__})"
+
+
+# -- recording ------------------------------------------------------------------
 
 DEFAULT_SAMPLE_S = 0.1
 PSS_EVERY_S = 1.0  # samples read USS/PSS (smaps_rollup) at most this often; RSS every time
@@ -46,7 +202,6 @@ class _Open:
     id: int
     name: str
     parent: int | None
-    started: float
     peak_rss: int = 0
     peak_pss: int = 0
     hwm: int = 0  # VmHWM folded in before a nested phase reset it
@@ -97,7 +252,6 @@ class Recorder:
         self._next_id = 0
         self._lock = threading.Lock()  # this process's threads only; never across ranks
         self._sampler: Sampler | None = None
-        self._samples_taken = 0
         self._next_full = 0.0  # perf_counter time of the next USS/PSS reading
         self.hwm_reset_problem: str | None = None
         if self.path is not None:
@@ -105,15 +259,15 @@ class Recorder:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             except OSError as exc:
                 self.write_error = f"{self.path}: {exc.strerror}"
-        node = procmem.node_memory()
-        own = procmem.process_memory()
+        node = node_memory()
+        own = process_memory()
         self._emit(
             {
                 "k": "proc",
                 "t": time.time(),
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
-                "process_started": _process_start_time(),
+                "process_started": process_start_time(),
                 "mem_total": node.total_bytes,
                 "sample_s": self.sample_s,
                 "mem_why": own.why or None,
@@ -140,15 +294,13 @@ class Recorder:
                 os.close(self._fd)
             self._fd = None
 
-    def _snapshot(self, *, full: bool | None = None) -> dict[str, Any]:
-        """Memory now; USS/PSS when *full* (None: when the reading budget allows)."""
-        node = procmem.node_memory()
+    def _snapshot(self) -> dict[str, Any]:
+        """Memory now: RSS every time (constant cost), USS/PSS when the budget allows."""
+        node = node_memory()
         out: dict[str, Any] = {"t": time.time()}
         started = time.perf_counter()
-        if full is None:
-            full = started >= self._next_full
-        if full:
-            own = procmem.process_memory()
+        if started >= self._next_full:
+            own = process_memory()
             out.update(rss=own.rss_bytes, uss=own.uss_bytes, pss=own.pss_bytes)
             # smaps_rollup costs more the bigger the process (5 ms in a training torch
             # process here): read it at most once a second, and less often when it is
@@ -157,16 +309,12 @@ class Recorder:
             cost = time.perf_counter() - started
             self._next_full = started + max(PSS_EVERY_S, cost / PSS_CPU_SHARE)
         else:
-            out["rss"] = procmem.resident_bytes()
+            out["rss"] = resident_bytes()
         out["avail"] = node.available_bytes
-        cuda, _why = procmem.cuda_memory()
+        cuda, _why = cuda_memory()
         if cuda is not None:
-            out.update(
-                gpu=cuda.device,
-                gpu_alloc=cuda.allocated_bytes,
-                gpu_reserved=cuda.reserved_bytes,
-                gpu_max=cuda.peak_allocated_bytes,
-            )
+            out.update(gpu=cuda.device, gpu_alloc=cuda.allocated_bytes,
+                       gpu_reserved=cuda.reserved_bytes, gpu_max=cuda.peak_allocated_bytes)  # fmt: skip
         return out
 
     # -- phases --------------------------------------------------------------------
@@ -176,17 +324,16 @@ class Recorder:
         with self._lock:
             # Resetting VmHWM for this phase would lose the enclosing phases' peak so far:
             # fold it into them first.
-            current_hwm = procmem.peak_rss() or 0
+            current_hwm = peak_rss() or 0
             for outer in self._stack:
                 outer.hwm = max(outer.hwm, current_hwm)
-            problem = procmem.reset_peak_rss()
+            problem = reset_peak_rss()
             if problem and self.hwm_reset_problem is None:
                 self.hwm_reset_problem = problem
             opened = _Open(
                 id=self._next_id,
                 name=name,
                 parent=self._stack[-1].id if self._stack else None,
-                started=snap["t"],
                 peak_rss=snap["rss"] or 0,
                 peak_pss=snap.get("pss") or 0,
                 gpu_peak=snap.get("gpu_alloc", 0),
@@ -194,16 +341,9 @@ class Recorder:
             )
             self._next_id += 1
             self._stack.append(opened)
-        self._emit(
-            {
-                "k": "begin",
-                "id": opened.id,
-                "phase": name,
-                "parent": opened.parent,
-                "depth": len(self._stack) - 1,
-                **snap,
-            }
-        )
+        depth = len(self._stack) - 1
+        self._emit({"k": "begin", "id": opened.id, "phase": name, "parent": opened.parent,
+                    "depth": depth, **snap})  # fmt: skip
         return opened.id
 
     def end(self, phase_id: int, *, error: str | None = None) -> None:
@@ -215,7 +355,7 @@ class Recorder:
             closing = self._stack.pop(index)
             inner = [p.name for p in self._stack[index:]]
             self._fold(closing, snap)
-            hwm_now = procmem.peak_rss()
+            hwm_now = peak_rss()
             for outer in self._stack:
                 outer.hwm = max(outer.hwm, hwm_now or 0)
         record: dict[str, Any] = {
@@ -261,25 +401,16 @@ class Recorder:
 
     def mark(self, name: str) -> None:
         snap = self._snapshot()
-        self._emit({"k": "mark", "name": name, "phase": self.current(), **snap})
-
-    def current(self) -> str | None:
-        stack = self._stack
-        return stack[-1].name if stack else None
+        phase = self._stack[-1].name if self._stack else None
+        self._emit({"k": "mark", "name": name, "phase": phase, **snap})
 
     def sample(self) -> None:
-        """One timeline point; also raises the running peaks of every open phase.
-
-        RSS every time (constant cost); USS/PSS at most once a second: smaps_rollup walks
-        every page of the process, milliseconds for a large one, too dear at 10 Hz.
-        """
-        self._samples_taken += 1
+        """One timeline point; also raises the running peaks of every open phase."""
         snap = self._snapshot()
-        full = "pss" in snap
-        if full:
+        if "pss" in snap:
             # The high-water mark since the innermost phase began: the peak a sampler
             # between two ticks can miss, kept for a phase the process may die in.
-            snap["hwm"] = procmem.peak_rss()
+            snap["hwm"] = peak_rss()
             if self.hwm_reset_problem:
                 snap["hwm_why"] = self.hwm_reset_problem
         with self._lock:
@@ -306,20 +437,6 @@ class Recorder:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
-
-
-def _process_start_time() -> float | None:
-    """When this process started (from /proc), to place 'start' before Python ran."""
-    try:
-        fields = Path("/proc/self/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text(encoding="ascii").splitlines()
-            if line.startswith("btime")
-        )
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def _nvml_used_by(pid: int) -> tuple[int | None, str]:

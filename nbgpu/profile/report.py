@@ -3,7 +3,7 @@
 :func:`memory_report` reads a run directory's ``mem-rank{N}.jsonl`` files;
 :func:`report_from_recorder` turns this process's in-memory records into the same
 report (the notebook kernel's ``%%gpu_phase`` cells). A :class:`MemoryReport` is a
-:class:`~nbgpu.profile.timeline.MemoryTimeline` (the numbers) that says its content
+:class:`~nbgpu.profile.records.MemoryTimeline` (the numbers) that says its content
 once: a phase x rank table of peaks, what stands out, why a column is empty, and its
 figure when drawn in (:meth:`MemoryReport.with_figure`). It converts with
 ``to_frame()`` (pandas, indexed by phase and rank) and ``to_dict()``, and draws itself
@@ -22,17 +22,15 @@ from typing import Any
 from nbgpu._render import Block, Bullets, Figure, Line, Result, Table, Title, fmt_bytes
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
-from nbgpu.profile.records import RankRecords, read_records, read_run_dir
-from nbgpu.profile.timeline import MemoryTimeline
+from nbgpu.profile.records import (
+    FRAME_COLUMNS,
+    MemoryTimeline,
+    read_node,
+    read_records,
+    read_run_dir,
+)
 
 __all__ = ["MemoryReport", "memory_report", "report_from_recorder"]
-
-FRAME_COLUMNS = (
-    "phase", "rank", "status", "start_s", "duration_s", "rss_start_bytes", "rss_end_bytes",
-    "peak_rss_bytes", "uss_end_bytes", "pss_end_bytes", "peak_pss_bytes",
-    "mem_available_end_bytes", "gpu_allocated_end_bytes", "gpu_reserved_end_bytes",
-    "gpu_peak_allocated_bytes", "nvml_used_bytes",
-)  # fmt: skip
 
 
 def _gib(value: float | None) -> str:
@@ -124,11 +122,60 @@ class MemoryReport(MemoryTimeline, Result):
             "phases": self.records(),
             "node_peak": to_data(self.node_peak()),
             "nodes": dict(self.nodes),
-            "died_in": {r.label: r.died_in.path for r in self.ranks if r.died_in is not None},
+            "died_in": dict(self.deaths()),
             "findings": self.findings(),
             "notes": list(self.notes),
             "empty_because": self.why_empty(),
         }
+
+    def why_empty(self) -> list[str]:
+        """Why columns are empty, once each (no USS/PSS, no VmHWM reset, no GPU figures)."""
+        out: list[str] = []
+        for rank in self.ranks:
+            if rank.proc.get("mem_why"):
+                out.append(str(rank.proc["mem_why"]))
+            for end in (span.end for span in rank.phases if span.end):
+                if end.get("hwm_why"):
+                    out.append(str(end["hwm_why"]))
+                if end.get("nvml_why"):
+                    out.append(f"NVML per-process memory: {end['nvml_why']}")
+        if any(p.end is not None and "pss" not in p.end for r in self.ranks for p in r.phases):
+            out.append(
+                "USS/PSS are read at most once a second (their page walk is costly): phases "
+                "that ended in between show RSS only"
+            )
+        if self.ranks and not self.has_gpu:
+            fleet = (
+                f" (simulated fleet '{self.simulated}': ranks run on CPU)" if self.simulated else ""
+            )
+            out.append(f"no GPU figures: no rank initialised CUDA{fleet}")
+        return list(dict.fromkeys(out))
+
+    def deaths(self) -> list[tuple[str, str]]:
+        """(rank label, phase path) of each rank that died inside a phase."""
+        return [(r.label, r.died_in.path) for r in self.ranks if r.died_in is not None]
+
+    def findings(self) -> list[str]:
+        """What a reader should see first: deaths, the node's peak, the import storm."""
+        out = [f"{label} died in '{path}'" for label, path in self.deaths()]
+        peak = self.node_peak()
+        if peak is not None and len(self.ranks) > 1:
+            on = f" on {peak.node}" if peak.node else ""
+            line = (
+                f"node peak{on}: {fmt_bytes(peak.total_bytes)} summed over {len(peak.phases)} "
+                f"ranks at {peak.t_s:.1f} s"
+            )
+            if peak.all_in:
+                line += f", every rank in '{peak.all_in}'"
+            if peak.available_bytes is not None:
+                line += f"; MemAvailable then {fmt_bytes(peak.available_bytes)}"
+            out.append(line)
+        return out
+
+    def phase_names(self) -> list[str]:
+        """Every phase path, in the order the ranks first entered them."""
+        spans = (s for r in self.ranks for s in sorted(r.phases, key=lambda s: s.start_t))
+        return list(dict.fromkeys(s.path for s in spans))
 
     def figure(self, *, title: str | None = None) -> Any:
         """A matplotlib Figure: ranks over time, phases as bands, the node's total."""
@@ -178,8 +225,14 @@ def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryRep
         )
         notes.append(why)
     totals = [int(r.proc["mem_total"]) for r in ranks if isinstance(r.proc.get("mem_total"), int)]
+    # Over several nodes each rank wrote the node it ran on.
+    nodes = {
+        r.label: node
+        for r in ranks
+        if r.rank is not None and (node := read_node(directory, r.rank))
+    }
     return MemoryReport(
-        nodes=_rank_nodes(directory, ranks),
+        nodes=nodes,
         source=label or f"run '{meta.get('name') or directory.name}'",
         ranks=ranks,
         mem_total_bytes=max(totals) if totals else None,
@@ -187,21 +240,6 @@ def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryRep
         simulated=meta.get("simulated") or None,
         notes=tuple(notes),
     )
-
-
-def _rank_nodes(directory: Path, ranks: Sequence[RankRecords]) -> dict[str, str]:
-    """Each rank's node, from the ``rank{R}.node`` a rank over several nodes writes."""
-    out = {}
-    for rank in ranks:
-        if rank.rank is None:
-            continue
-        try:
-            name = (directory / f"rank{rank.rank}.node").read_text(encoding="utf-8").strip()
-        except OSError:
-            continue
-        if name:
-            out[rank.label] = name
-    return out
 
 
 def report_from_recorder(recorder: Any, *, label: str = "this process") -> MemoryReport:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from nbgpu.diagnose.window import MAX_LINE_BYTES, WindowScanner
+from nbgpu.diagnose.lines import MAX_LINE_BYTES, WindowScanner
 
 
 def _collect(data: bytes, *, full: bool, pieces: list[int]) -> dict[int, bytes]:

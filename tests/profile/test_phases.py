@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nbgpu.errors import UserInputError
-from nbgpu.profile import procmem
+from nbgpu.profile import recorder as procmem
 from nbgpu.profile.phases import Phase, parse_sample_interval
 from nbgpu.profile.recorder import Recorder
 from nbgpu.profile.records import read_file

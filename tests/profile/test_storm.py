@@ -3,8 +3,8 @@
 import json
 
 from nbgpu.diagnose.enrich import memory_details
+from nbgpu.profile.records import import_storm
 from nbgpu.profile.report import memory_report
-from nbgpu.profile.timeline import import_storm
 
 GIB = 1024**3
 MIB = 1024**2
