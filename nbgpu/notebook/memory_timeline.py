@@ -1,9 +1,9 @@
-"""The live memory timeline inside a run panel: one line per rank and the node's total.
+"""The live memory timeline on a run panel's face: one line per rank and the node's total.
 
-Drawn as a small inline SVG in an ``ipywidgets.HTML`` (no matplotlib in the refresh
-loop: a redraw costs microseconds, not a PNG render per second), refreshed at most once a
-second from the ranks' memory records (:class:`nbgpu.profile.live.MemoryFollower`).
-The full figure is ``%gpu_memory NAME`` once the run is over.
+Drawn as a small inline SVG (no matplotlib in the refresh loop: a redraw costs
+microseconds, not a PNG render per second), read at most once a second from the ranks'
+memory records (:class:`nbgpu.profile.live.MemoryFollower`). The full figure is
+``%gpu_memory NAME`` once the run is over.
 """
 
 from __future__ import annotations
@@ -64,16 +64,14 @@ def _sum_series(series: dict[str, list[tuple[float, int]]]) -> list[tuple[float,
 
 
 class MemoryTimeline:
-    """An HTML widget showing a running job's memory; call :meth:`refresh` often."""
+    """A running job's memory as HTML (:attr:`html`); call :meth:`refresh` often."""
 
     def __init__(self, run: Any) -> None:
-        import ipywidgets as w  # noqa: PLC0415
-
         from nbgpu.profile.live import MemoryFollower  # noqa: PLC0415
 
         self.run = run
         self.follower = MemoryFollower(run.dir, run.config.world_size)
-        self.widget = w.HTML(timeline_svg({}, ""))
+        self.html = timeline_svg({}, "")
         self._last = 0.0
         self.updates = 0
 
@@ -84,11 +82,11 @@ class MemoryTimeline:
         self._last = now
         summary = self.follower.summary() or ""
         series = {r.label: list(r.points) for r in self.follower.ranks.values() if r.points}
-        self.widget.value = timeline_svg(series, summary)
+        self.html = timeline_svg(series, summary)
         self.updates += 1
 
     def record(self) -> tuple[str, str]:
         """(text, html) of the final timeline, for the run's static record."""
         self.refresh(force=True)
         summary = self.follower.summary() or "no memory records (sampling off?)"
-        return f"memory: {summary}", str(self.widget.value)
+        return f"memory: {summary}", self.html

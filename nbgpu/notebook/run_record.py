@@ -1,15 +1,14 @@
-"""The static record of a run: what a saved notebook keeps of its live view.
+"""What a run's face shows: live (the picked rank's newest lines) and once it ended.
 
-A widget lives in the kernel: once the notebook is saved and reopened (or shown on
-GitHub, nbviewer, or converted with nbconvert) its model is gone, and JupyterLab shows
-"Error displaying widget: model not found" where the run panel was. So when a run
-ends, its live view is replaced, through the same display handle, by this record: the
-run's headline, a state badge per rank, each rank's last lines (and how many earlier
-lines only its ``rank{N}.log`` holds, with the path), and the run's summary (ranks
-table, failure summary, diagnosis), as HTML and as text.
+The live face and the record are the two states of a run's
+:class:`~nbgpu.notebook.live.LiveView`: both are static HTML and text, so a notebook
+saved at any moment holds a readable picture. The record has the run's headline, a
+state badge per rank, each rank's last lines (and how many earlier lines only its
+``rank{N}.log`` holds, with the path), and the run's summary (ranks table, failure
+summary, diagnosis).
 
 Pure rendering over a :class:`~nbgpu.launch.run.Run` (duck-typed) and the tails that
-the live view kept; no IPython, no ipywidgets.
+the view kept; no IPython, no ipywidgets.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import html
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,10 +53,6 @@ _COLORS = {
     "failed": "#c0392b",
     "stopped": "#7f8c8d",
 }
-
-#: A part a face adds to the record, e.g. a memory timeline's summary: a callable
-#: returning (text, html), called once when the run has ended.
-RecordPart = Callable[[], tuple[str, str]]
 
 
 def strip_ansi(text: str) -> str:
@@ -184,20 +179,38 @@ def badges_text(run: Any) -> str:
 # -- the record -------------------------------------------------------------------------
 
 
-_LIVE_NOTE = "live view of the run; the notebook keeps a record of every rank once it ends"
+def live_text(run: Any, tail: RankTail | None, last: int = 10) -> str:
+    """The plain-text face of a live panel: headline, badges, the shown rank's newest lines."""
+    lines = [run._headline(), badges_text(run)]
+    if tail is not None:
+        lines.append(f"--- {tail.label}: {_tail_heading(tail)}")
+        lines.extend(strip_ansi(line) for line in tail.lines[-last:])
+    return "\n".join(lines)
 
 
-def live_text(run: Any) -> str:
-    """The plain-text stand-in of a live panel (what a notebook saved mid-run shows)."""
-    return f"{run._headline()}\n({_LIVE_NOTE}; logs: {run.dir})"
-
-
-def live_html(run: Any) -> str:
-    """The HTML stand-in of a live panel, for renderers without widgets (GitHub, nbviewer)."""
-    return (
-        f'<div class="nbgpu" style="{ROOT_STYLE}"><b>{html.escape(run._headline())}</b>'
-        f"<div>{html.escape(_LIVE_NOTE)}; logs: <code>{html.escape(str(run.dir))}</code></div></div>"
-    )
+def live_html(
+    run: Any, tail: RankTail | None, memory: str, height: str, note: str | None = None
+) -> str:
+    """The HTML face of a live panel: what it shows while the run lives, and what a
+    notebook saved meanwhile keeps."""
+    parts = [
+        f"<b>{html.escape(run._headline())}</b>",
+        f"<div>{badges_html(run)}</div>",
+        f'<div style="font-size:11px">logs: <code>{html.escape(str(run.dir))}</code></div>',
+    ]
+    if note:
+        parts.append(f'<div style="font-size:11px">{html.escape(note)}</div>')
+    if tail is not None:
+        text = "\n".join(tail.lines)
+        earlier = tail.earlier_note()
+        if earlier:
+            text = f"… {earlier}\n{text}"
+        parts.append(
+            f'<div style="font-size:11px">{html.escape(tail.label)} · {_tail_heading(tail)}</div>'
+        )
+        parts.append(scroll_box(text, height))
+    parts.append(memory)
+    return f'<div class="nbgpu" style="{ROOT_STYLE}">{"".join(parts)}</div>'
 
 
 def scroll_box(text: str, height: str = "16em") -> str:
@@ -272,11 +285,11 @@ def record_text(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, 
 
 
 def record_bundle(
-    run: Any, tails: Iterable[RankTail], parts: Iterable[RecordPart] = ()
+    run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, str]] = ()
 ) -> dict[str, str]:
     """text/plain and text/html of the record, for ``display(..., raw=True)``."""
     tails = list(tails)
-    extra = [part() for part in parts]
+    extra = list(extra)
     return {
         "text/plain": record_text(run, tails, extra),
         "text/html": record_html(run, tails, extra),

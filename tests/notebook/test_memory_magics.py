@@ -93,7 +93,7 @@ def test_panel_timeline_draws_each_rank_and_the_summary(tmp_path):
     run = SimpleNamespace(dir=tmp_path, config=SimpleNamespace(nproc=2, world_size=2), done=False)
     timeline = MemoryTimeline(run)
     timeline.refresh()
-    html = timeline.widget.value
+    html = timeline.html
     assert html.count("<polyline") == 3  # two ranks and their sum
     assert "in &#x27;imports&#x27;" in html
     timeline.refresh()  # within the second: no new message to the frontend
