@@ -12,6 +12,9 @@ Chromium; the browser tests in ``tests/browser/test_saved_form.py`` keep it true
   the cursor), so a static copy cannot ride along in the widget's own output.
 - Display updates reach the page that saw the display; a page opened later shows the
   output as it was saved. Updates sent while the kernel shuts down still reach an open page.
+- Untrusted notebooks keep inline ``style`` attributes but strip inline ``<svg>`` (its
+  labels are left as a jumble of text); an ``<img>`` with an SVG data URI stays
+  (:func:`svg_img`).
 
 So a live view is two outputs. The *face* is ``text/html`` and ``text/plain`` only,
 behind a display handle, redrawn at most every ``interval_s`` (the last change always
@@ -24,13 +27,15 @@ the kernel exits, so a page reopened meanwhile finds them instead of an error.
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
+import html
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Bundle", "LiveView"]
+__all__ = ["Bundle", "LiveView", "svg_img"]
 
 Bundle = dict[str, str]
 #: What controls leave behind: nothing to read, nothing that can fail to render.
@@ -124,6 +129,12 @@ class LiveView:
             self._send(final if final is not None else self._face())
         with contextlib.suppress(ValueError):
             _VIEWS.remove(self)
+
+
+def svg_img(svg: str, alt: str) -> str:
+    """*svg* as an image in HTML that every front end keeps (see the module docstring)."""
+    data = base64.b64encode(svg.encode()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/svg+xml;base64,{data}">'
 
 
 def _end_all() -> None:

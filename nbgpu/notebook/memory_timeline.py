@@ -12,6 +12,8 @@ import html
 import time
 from typing import Any
 
+from nbgpu.notebook.live import svg_img
+
 __all__ = ["MemoryTimeline", "timeline_svg"]
 
 REFRESH_S = 1.0
@@ -22,7 +24,8 @@ _GIB = 1024**3
 def timeline_svg(
     series: dict[str, list[tuple[float, int]]], summary: str, *, width: int = 560, height: int = 120
 ) -> str:
-    """Per-rank lines (seconds, bytes) and their sum, with the summary line under them."""
+    """Per-rank lines (seconds, bytes) and their sum, with the summary line under them
+    (an image: untrusted notebooks strip inline SVG)."""
     points = [p for pts in series.values() for p in pts]
     if not points:
         return f'<div style="font-size:11px;color:#666">{html.escape(summary or "memory: waiting for the first samples…")}</div>'
@@ -36,7 +39,8 @@ def timeline_svg(
             f"{(t - t0) / t1 * (width - 40) + 36:.1f},{height - 14 - v / top * (height - 24):.1f}"
         )
 
-    parts = [f'<svg width="{width}" height="{height}" style="font:10px sans-serif">']
+    head = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+    parts = [f'{head} font-family="sans-serif" font-size="10">']
     parts.append(f'<text x="2" y="12">{top / _GIB:.1f} GiB</text>')
     parts.append(f'<text x="2" y="{height - 16}">0</text>')
     parts.append(f'<text x="{width - 60}" y="{height - 2}">{t1:.0f} s</text>')
@@ -50,7 +54,9 @@ def timeline_svg(
     line = " ".join(xy(t, v) for t, v in total)
     parts.append(f'<polyline fill="none" stroke="black" stroke-width="2" points="{line}"/>')
     parts.append("</svg>")
-    return "".join(parts) + f'<div style="font-size:11px">{html.escape(summary)}</div>'
+    return svg_img("".join(parts), "memory per rank") + (
+        f'<div style="font-size:11px">{html.escape(summary)}</div>'
+    )
 
 
 def _sum_series(series: dict[str, list[tuple[float, int]]]) -> list[tuple[float, int]]:

@@ -27,6 +27,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from nbgpu._render import ROOT_STYLE, memory_bar_html, simulated_label, title_html
 from nbgpu.errors import UserInputError
+from nbgpu.notebook.live import LiveView, svg_img
 from nbgpu.notebook.usage import print_help
 
 __all__ = ["Dashboard", "WatchMagics", "chart_svg", "dashboard_html"]
@@ -46,7 +47,10 @@ def chart_svg(samples: list[Any], metric: str, title: str, width: int = 420) -> 
     height, left, top = 110, 30, 16
     plot_w, plot_h = width - left - 8, height - top - 18
     if not samples:
-        return f'<svg width="{width}" height="{height}"><text x="4" y="12">{title}</text></svg>'
+        return (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+            f'<text x="4" y="12">{html.escape(title)}</text></svg>'
+        )
     t0, t1 = samples[0].at, samples[-1].at
     span = max(t1 - t0, 1e-9)
     lines: dict[int, list[str]] = {}
@@ -66,7 +70,6 @@ def chart_svg(samples: list[Any], metric: str, title: str, width: int = 420) -> 
         f'<text x="{left}" y="11" font-weight="bold">{html.escape(title)}</text>',
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
         f'<text x="2" y="{top + 8}">100</text><text x="14" y="{top + plot_h}">0</text>',
-        f'<text x="{left}" y="{height - 3}">{len(samples)} samples, {span:.0f} s</text>',
     ]
     for index, points in sorted(lines.items()):
         colour = _COLOURS[index % len(_COLOURS)]
@@ -131,6 +134,7 @@ def _headline(samples: list[Any], state: str) -> str:
     parts = ["nbgpu watch", state]
     if last is not None:
         parts.append(time.strftime("%H:%M:%S", time.localtime(last.at)))
+        parts.append(f"{len(samples)} samples over {last.at - samples[0].at:.0f} s")
         if last.simulated:
             parts.append(simulated_label(last.simulated))
         if last.note:
@@ -145,8 +149,9 @@ def dashboard_html(samples: list[Any], state: str) -> str:
     if samples:
         body += (
             '<div style="display:flex;flex-wrap:wrap;gap:8px">'
-            f"{chart_svg(samples, 'util', 'utilisation %')}"
-            f"{chart_svg(samples, 'memory', 'memory used %')}</div>{_table_html(samples[-1])}"
+            f"{svg_img(chart_svg(samples, 'util', 'utilisation %'), 'utilisation %')}"
+            f"{svg_img(chart_svg(samples, 'memory', 'memory used %'), 'memory used %')}"
+            f"</div>{_table_html(samples[-1])}"
         )
     return f'<div class="nbgpu" style="{ROOT_STYLE}">{body}</div>'
 
@@ -191,7 +196,6 @@ class Dashboard:
 
     def __init__(self, interval_s: float, history: int, *, widgets: bool) -> None:
         from nbgpu.devices.watch import Watcher  # noqa: PLC0415
-        from nbgpu.notebook.live import LiveView  # noqa: PLC0415
 
         self.widgets = widgets
         self.watcher = Watcher(

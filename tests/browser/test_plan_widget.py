@@ -27,6 +27,7 @@ def test_plan_widget_reacts_to_a_control_change(lab, lab_page, shots_dir):
     allocation = page.locator(".widget-text input").first
     allocation.fill("sglang.d1t1p1+d2t1p1")
     allocation.press("Enter")
+
     def face() -> str:
         return page.locator(".jp-OutputArea-output").last.text_content() or ""
 
