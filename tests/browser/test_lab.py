@@ -366,8 +366,10 @@ def test_tutorials_stored_outputs_render_clean(lab, lab_page, shots_dir, tutoria
     _assert_outputs_clean(text)
     aligns = _cell_text_align(lab_page.page)
     assert set(aligns) <= {"left"}, sorted(set(aligns))
-    # Every figure stored in the tutorial is drawn as an image: decoded, not broken.
-    stored = tutorial.read_text(encoding="utf-8").count('"image/png"')
+    # Every figure stored in the tutorial is drawn as an image: decoded, not broken
+    # (PNG outputs, and the SVG images of run panels' memory timelines).
+    source = tutorial.read_text(encoding="utf-8")
+    stored = source.count('"image/png"') + source.count("data:image/svg+xml;base64,")
     images = lab_page.page.locator(".jp-OutputArea-output img")
     assert images.count() == stored
     for i in range(stored):
