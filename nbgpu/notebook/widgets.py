@@ -13,18 +13,25 @@ ipywidgets is imported here only.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from dataclasses import dataclass
+from html import escape
+from typing import TYPE_CHECKING, Any
 
 from nbgpu.notebook.live import Bundle, LiveView
 from nbgpu.notebook.run_record import (
     RECORD_TAIL_LINES,
+    MemoryTimeline,
     Tails,
     live_html,
     live_text,
     record_bundle,
 )
 
-__all__ = ["RunPanel", "widgets_available"]
+if TYPE_CHECKING:
+    from nbgpu.launch.run import Run
+    from nbgpu.launch.warm import CellResult
+
+__all__ = ["CellView", "RunPanel", "widgets_available"]
 
 REFRESH_S = 0.25
 #: Height of the rank's scroll area: the panel stays this size however much a rank prints.
@@ -48,8 +55,6 @@ class RunPanel:
 
     def __init__(self, run: Any, *, tail_lines: int = 200, stoppable: bool = True) -> None:
         import ipywidgets as w  # noqa: PLC0415
-
-        from nbgpu.notebook.memory_timeline import MemoryTimeline  # noqa: PLC0415
 
         self.run = run
         self.tails = Tails(run.logs, keep=tail_lines)
@@ -105,8 +110,6 @@ class RunPanel:
             # cell's result is set before its finish()): the face becomes the record.
             subject: Any = self.run
             if cell_over and warm is not None and warm.last is not None:
-                from nbgpu.notebook.cell_record import CellView  # noqa: PLC0415
-
                 subject = CellView(self.run, warm.last)
             self.stop_button.disabled = True
             self.record = record_bundle(
@@ -118,3 +121,68 @@ class RunPanel:
         self.stop_button.disabled = True
         self.stop_button.description = "Stopping…"
         threading.Thread(target=self.run.stop, args=("stopped",), daemon=True).start()
+
+
+# -- a warm cell, read like a finished run --------------------------------------------
+# A warm cell ends while its job goes on, so the record is of the *cell*: which cell, how
+# it ended on each rank, how long it took, and that the ranks are kept.
+
+
+@dataclass(frozen=True)
+class _CellRank:
+    rank: int
+    status: str  # ok | error | interrupted | no answer
+
+
+class CellView:
+    """What the record functions read of a run, answered for one warm cell."""
+
+    def __init__(self, run: Run, result: CellResult) -> None:
+        self._run = run
+        self.result = result
+        self.name = run.name
+        self.config = run.config
+        self.dir = run.dir
+        self.done = True
+        self.root_cause = None
+        if result.ok:
+            self.state, self.stop_reason = "succeeded", None
+        elif result.interrupted:
+            self.state, self.stop_reason = "interrupted", "interrupted"
+        else:
+            self.state, self.stop_reason = "failed", None
+        self.ranks = tuple(_CellRank(r, s) for r, s in sorted(result.statuses.items()))
+
+    def _rank_state(self, r: _CellRank) -> str:
+        return r.status
+
+    def rank_gpu(self, rank: int) -> str | None:
+        return self._run.rank_gpu(rank)
+
+    def _headline(self) -> str:
+        words = {"succeeded": "ok", "failed": "failed", "interrupted": "interrupted"}
+        parts = [
+            f"run '{self.name}'",
+            f"cell {self.result.number}",
+            words[self.state],
+            f"{self.config.nproc} ranks",
+        ]
+        if self.config.cuda_visible_devices:
+            parts.append(self._run.gpu_assignment())
+        parts.append(f"{self.result.duration_s:.2f} s")
+        return " · ".join(parts)
+
+    def _kept(self) -> str:
+        return (
+            f"the ranks and their state are kept: %%torchrun --on {self.name} runs the next "
+            f"cell, %gpu_stop {self.name} ends the job"
+        )
+
+    def text(self) -> str:
+        return "\n".join([self._headline(), self.result.summary(), self._kept()])
+
+    def html_body(self) -> str:
+        return (
+            f"<b>{escape(self._headline())}</b><p>{escape(self.result.summary())}</p>"
+            f"<p>{escape(self._kept())}</p>"
+        )

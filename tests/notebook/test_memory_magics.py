@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 from IPython.core.error import UsageError
 
-from nbgpu.notebook.memory_timeline import MemoryTimeline
+from nbgpu.notebook.run_record import MemoryTimeline
 from nbgpu.profile import phases
 from nbgpu.profile.phases import Phase
 from nbgpu.profile.recorder import Recorder
