@@ -151,7 +151,9 @@ class HeadlessClient(NotebookClient):
     def __init__(self, nb: Any, *, out: Any, **kwargs: Any) -> None:
         # Errors are judged here, per cell: nbclient would let a UsageError that
         # arrives only on stderr through when a cell allows errors.
-        super().__init__(nb, allow_errors=True, **kwargs)
+        # No widget state in the notebook's metadata: every live view leaves static
+        # outputs (nbgpu.notebook.live), and state nobody can use only grows the file.
+        super().__init__(nb, allow_errors=True, store_widget_state=False, **kwargs)
         self.out = out
         self._reply: dict[str, Any] | None = None
         self.on_cell_executed = self._remember_reply
@@ -273,6 +275,7 @@ def run_notebook(
         for cell in nb.cells:
             if cell.cell_type == "code":
                 cell.outputs = _as_a_front_end_saves(cell.outputs)
+        nb.metadata.pop("widgets", None)  # widget state from an older run
         nbformat.write(nb, path)
         out.write(f"\nwrote {path}\n")
     out.write(f"\n== {path}: {client.code_cells_executed} code cells ran without error\n")

@@ -7,8 +7,9 @@ plan's own HTML), or the one-line reason an input is refused, shown as an invali
 The current plan is kept in the user's namespace under ``--name`` (default ``p``), so the
 launch line the widget shows, ``%%torchrun --plan p --role train``, launches exactly what
 is on screen; the Copy button puts that line on the clipboard (in front ends that allow
-it; the line is also in a text box to copy by hand). When the widget is closed, or the
-notebook is saved, the last plan stays as a static record (HTML and text).
+it; the line is also in a text box to copy by hand). The widget is a
+:class:`~nbgpu.notebook.live.LiveView`: the controls above, the plan and its launch line
+as the static face below, so a saved notebook keeps the last plan (HTML and text).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from nbgpu._render import COLOURS, ROOT_STYLE
 from nbgpu.errors import NbgpuError
 
 __all__ = ["PlanWidget", "plan_inputs"]
@@ -68,14 +70,13 @@ class PlanWidget:
             "model": w.Text(value=start["model"], continuous_update=False, description="model", placeholder="7B or Qwen/Qwen2.5-7B-Instruct", style=style),
         }  # fmt: skip
         self.status = w.HTML()
-        self.view = w.HTML()
         self.launch = w.Text(description="launch", layout=w.Layout(width="300px"))
         self.copy_button = w.Button(description="Copy", icon="copy", tooltip="copy the launch line")
         self.copy_out = w.Output()
         self.copy_button.on_click(lambda _b: self.copy())
         for control in self.controls.values():
             control.observe(lambda _c: self.update(), names="value")
-        left = w.VBox(
+        self.box = w.VBox(
             [
                 *self.controls.values(),
                 w.HBox([self.launch, self.copy_button]),
@@ -83,26 +84,18 @@ class PlanWidget:
                 self.copy_out,
             ]
         )
-        self.box = w.HBox([left, self.view])
         self.plan: Any = None
         self.error: str | None = None
         self.updates = 0
-        self.handle: Any = None  # set by show(): the display the record follows
+        self.view: Any = None  # set by show()
         self.update()
 
     def show(self) -> PlanWidget:
-        """Display the widget; the same output carries the static record of the last plan."""
-        from IPython.display import display  # noqa: PLC0415
+        """Display the controls, and under them the plan as the view's face."""
+        from nbgpu.notebook.live import LiveView  # noqa: PLC0415
 
-        self.handle = display(self._bundle(), raw=True, display_id=True)
+        self.view = LiveView(self.record, controls=self.box, interval_s=0.1)
         return self
-
-    def _bundle(self) -> dict[str, Any]:
-        bundle = dict(self.box._repr_mimebundle_())
-        # Text fields update on Enter or leaving the field, so redrawing this output
-        # never takes the cursor away mid-word.
-        bundle.update(self.record())
-        return bundle
 
     def values(self) -> dict[str, Any]:
         return {key: control.value for key, control in self.controls.items()}
@@ -118,6 +111,8 @@ class PlanWidget:
             self.status.value = f'<b style="color:#c62828">invalid: {html.escape(self.error)}</b>'
             self.launch.value = ""
             self.updates += 1
+            if self.view is not None:
+                self.view.refresh()
             return
         self.plan, self.error = plan, None
         self.namespace[self.name] = plan
@@ -126,11 +121,10 @@ class PlanWidget:
         self.status.value = (
             f'<b style="color:{colour}">{state}</b> · kept as <code>{self.name}</code>'
         )
-        self.view.value = plan.html_body()
         self.launch.value = self.launch_line()
         self.updates += 1
-        if self.handle is not None:
-            self.handle.update(self._bundle(), raw=True)
+        if self.view is not None:
+            self.view.refresh()
 
     def launch_line(self) -> str:
         if self.plan is None:
@@ -148,11 +142,16 @@ class PlanWidget:
             display(Javascript(f"navigator.clipboard && navigator.clipboard.writeText({line!r});"))
 
     def record(self) -> dict[str, str]:
-        """The static record of the last plan (what a saved notebook shows)."""
+        """The face: the plan on screen and its launch line (what a saved notebook shows)."""
         if self.plan is None:
             text = f"nbgpu plan widget: invalid: {self.error}"
-            return {"text/plain": text, "text/html": f"<b>{html.escape(text)}</b>"}
+            body = f'<b style="color:{COLOURS["bad"]}">{html.escape(text)}</b>'
+            return {"text/plain": text, "text/html": f'<div style="{ROOT_STYLE}">{body}</div>'}
+        line = html.escape(self.launch_line())
         return {
             "text/plain": f"{self.plan.text()}\nlaunch: {self.launch_line()}",
-            "text/html": f"{self.plan.html_body()}<div>launch: <code>{html.escape(self.launch_line())}</code></div>",
+            "text/html": (
+                f'<div class="nbgpu" style="{ROOT_STYLE}">{self.plan.html_body()}'
+                f"<div>launch: <code>{line}</code></div></div>"
+            ),
         }

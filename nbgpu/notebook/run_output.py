@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,25 +28,34 @@ BACKGROUND_REFRESH_S = 0.25  # display updates count against Jupyter's message r
 class _BackgroundView:
     """A bounded live tail of a background run, kept in the cell that started it.
 
-    Once the run ends, the same display shows the run's static record (each rank's
-    last lines, the badges, the summary), as HTML and text, so a saved notebook keeps it.
+    A :class:`~nbgpu.notebook.live.LiveView` without controls: its face is the run's
+    headline, the node's memory and the newest lines; once the run ends, the run's
+    record (each rank's last lines, the badges, the summary) as HTML and text.
     """
 
     def __init__(self, run: Run, *, keep_tails: bool = True) -> None:
-        from IPython.display import Pretty, display  # noqa: PLC0415
-
+        from nbgpu.notebook.live import LiveView  # noqa: PLC0415
         from nbgpu.notebook.run_record import RECORD_TAIL_LINES, Tails  # noqa: PLC0415
 
-        self._pretty = Pretty
+        self.run = run
         self._lines: deque[str] = deque(maxlen=40)
         self._lock = threading.Lock()
-        self._last = 0.0
-        self._recorded = False
         self.record: dict[str, str] | None = None  # the static record, once the run ended
         # --quiet: the record keeps the summary only, no rank output.
         self.tails = Tails(run.logs if keep_tails else {}, keep=RECORD_TAIL_LINES)
-        self._memory: str | None = None  # the node's memory line, refreshed at most 1/s
-        self.handle = display(Pretty(f"[nbgpu] run '{run.name}' starting…"), display_id=True)
+        self._memory: str | None = None  # the node's memory line
+        self.view = LiveView(self._face, interval_s=BACKGROUND_REFRESH_S)
+
+    def _face(self) -> dict[str, str]:
+        run = self.run
+        with self._lock:
+            body = "\n".join(self._lines)
+        head = run._headline()
+        if not run.done:
+            self._memory = run.memory_status() or self._memory
+            if self._memory:
+                head += f"\n{self._memory}"
+        return {"text/plain": f"{head}\n{body}" if body else head}
 
     def write(self, text: str) -> object:
         from nbgpu.notebook.run_record import strip_ansi  # noqa: PLC0415
@@ -57,25 +65,12 @@ class _BackgroundView:
         return None
 
     def tick(self, run: Run) -> None:
-        if run.done:
-            if not self._recorded:
-                from nbgpu.notebook.run_record import record_bundle  # noqa: PLC0415
+        if run.done and self.record is None:
+            from nbgpu.notebook.run_record import record_bundle  # noqa: PLC0415
 
-                self._recorded = True
-                self.record = record_bundle(run, self.tails.all())
-                self.handle.update(self.record, raw=True)
-            return
-        now = time.monotonic()
-        if now - self._last < BACKGROUND_REFRESH_S:
-            return
-        self._last = now
-        with self._lock:
-            body = "\n".join(self._lines)
-        self._memory = run.memory_status() or self._memory
-        head = run._headline()
-        if self._memory and not run.done:
-            head += f"\n{self._memory}"
-        self.handle.update(self._pretty(f"{head}\n{body}" if body else head))
+            self.record = record_bundle(run, self.tails.all())
+            self.view.end(self.record)
+        self.view.refresh()
 
 
 def background_output(run: Run, view: str, *, quiet: bool) -> Output:

@@ -1,15 +1,14 @@
-"""The static record of a run: what a saved notebook keeps of its live view.
+"""What a run's face shows: live (the picked rank's newest lines) and once it ended.
 
-A widget lives in the kernel: once the notebook is saved and reopened (or shown on
-GitHub, nbviewer, or converted with nbconvert) its model is gone, and JupyterLab shows
-"Error displaying widget: model not found" where the run panel was. So when a run
-ends, its live view is replaced, through the same display handle, by this record: the
-run's headline, a state badge per rank, each rank's last lines (and how many earlier
-lines only its ``rank{N}.log`` holds, with the path), and the run's summary (ranks
-table, failure summary, diagnosis), as HTML and as text.
+The live face and the record are the two states of a run's
+:class:`~nbgpu.notebook.live.LiveView`: both are static HTML and text, so a notebook
+saved at any moment holds a readable picture. The record has the run's headline, a
+state badge per rank, each rank's last lines (and how many earlier lines only its
+``rank{N}.log`` holds, with the path), the run's summary (ranks table, failure
+summary, diagnosis) and the ranks' memory over time.
 
 Pure rendering over a :class:`~nbgpu.launch.run.Run` (duck-typed) and the tails that
-the live view kept; no IPython, no ipywidgets.
+the view kept; no IPython, no ipywidgets.
 """
 
 from __future__ import annotations
@@ -17,16 +16,19 @@ from __future__ import annotations
 import html
 import re
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nbgpu._render import ROOT_STYLE, to_html, to_text
+from nbgpu.notebook.live import svg_img
 
 __all__ = [
     "RECORD_TAIL_LINES",
+    "MemoryTimeline",
     "RankTail",
     "Tails",
     "TeeToTails",
@@ -40,6 +42,7 @@ __all__ = [
     "record_text",
     "scroll_box",
     "strip_ansi",
+    "timeline_svg",
 ]
 
 #: Lines per rank a saved notebook keeps (the panel shows more; the log has all).
@@ -54,10 +57,6 @@ _COLORS = {
     "failed": "#c0392b",
     "stopped": "#7f8c8d",
 }
-
-#: A part a face adds to the record, e.g. a memory timeline's summary: a callable
-#: returning (text, html), called once when the run has ended.
-RecordPart = Callable[[], tuple[str, str]]
 
 
 def strip_ansi(text: str) -> str:
@@ -184,20 +183,38 @@ def badges_text(run: Any) -> str:
 # -- the record -------------------------------------------------------------------------
 
 
-_LIVE_NOTE = "live view of the run; the notebook keeps a record of every rank once it ends"
+def live_text(run: Any, tail: RankTail | None, last: int = 10) -> str:
+    """The plain-text face of a live panel: headline, badges, the shown rank's newest lines."""
+    lines = [run._headline(), badges_text(run)]
+    if tail is not None:
+        lines.append(f"--- {tail.label}: {_tail_heading(tail)}")
+        lines.extend(strip_ansi(line) for line in tail.lines[-last:])
+    return "\n".join(lines)
 
 
-def live_text(run: Any) -> str:
-    """The plain-text stand-in of a live panel (what a notebook saved mid-run shows)."""
-    return f"{run._headline()}\n({_LIVE_NOTE}; logs: {run.dir})"
-
-
-def live_html(run: Any) -> str:
-    """The HTML stand-in of a live panel, for renderers without widgets (GitHub, nbviewer)."""
-    return (
-        f'<div class="nbgpu" style="{ROOT_STYLE}"><b>{html.escape(run._headline())}</b>'
-        f"<div>{html.escape(_LIVE_NOTE)}; logs: <code>{html.escape(str(run.dir))}</code></div></div>"
-    )
+def live_html(
+    run: Any, tail: RankTail | None, memory: str, height: str, note: str | None = None
+) -> str:
+    """The HTML face of a live panel: what it shows while the run lives, and what a
+    notebook saved meanwhile keeps."""
+    parts = [
+        f"<b>{html.escape(run._headline())}</b>",
+        f"<div>{badges_html(run)}</div>",
+        f'<div style="font-size:11px">logs: <code>{html.escape(str(run.dir))}</code></div>',
+    ]
+    if note:
+        parts.append(f'<div style="font-size:11px">{html.escape(note)}</div>')
+    if tail is not None:
+        text = "\n".join(tail.lines)
+        earlier = tail.earlier_note()
+        if earlier:
+            text = f"… {earlier}\n{text}"
+        parts.append(
+            f'<div style="font-size:11px">{html.escape(tail.label)} · {_tail_heading(tail)}</div>'
+        )
+        parts.append(scroll_box(text, height))
+    parts.append(memory)
+    return f'<div class="nbgpu" style="{ROOT_STYLE}">{"".join(parts)}</div>'
 
 
 def scroll_box(text: str, height: str = "16em") -> str:
@@ -269,12 +286,109 @@ def record_text(run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, 
 
 
 def record_bundle(
-    run: Any, tails: Iterable[RankTail], parts: Iterable[RecordPart] = ()
+    run: Any, tails: Iterable[RankTail], extra: Iterable[tuple[str, str]] = ()
 ) -> dict[str, str]:
     """text/plain and text/html of the record, for ``display(..., raw=True)``."""
     tails = list(tails)
-    extra = [part() for part in parts]
+    extra = list(extra)
     return {
         "text/plain": record_text(run, tails, extra),
         "text/html": record_html(run, tails, extra),
     }
+
+
+# -- the memory timeline ----------------------------------------------------------------
+# One line per rank and the node's total, drawn as a small SVG image (no matplotlib in the
+# refresh loop: a redraw costs microseconds), read at most once a second from the ranks'
+# memory records (:class:`nbgpu.profile.live.MemoryFollower`). The full figure is
+# ``%gpu_memory NAME`` once the run is over.
+
+MEMORY_REFRESH_S = 1.0
+_LINE_COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+)
+_GIB = 1024**3
+
+
+def timeline_svg(
+    series: dict[str, list[tuple[float, int]]], summary: str, *, width: int = 560, height: int = 120
+) -> str:
+    """Per-rank lines (seconds, bytes) and their sum, with the summary line under them
+    (an image: untrusted notebooks strip inline SVG)."""
+    points = [p for pts in series.values() for p in pts]
+    if not points:
+        return f'<div style="font-size:11px;color:#666">{html.escape(summary or "memory: waiting for the first samples…")}</div>'
+    t0 = min(t for t, _ in points)
+    t1 = max(max(t for t, _ in points) - t0, 1.0)
+    total = _sum_series(series)
+    top = max(*(v for _, v in total), 1) * 1.15
+
+    def xy(t: float, v: int) -> str:
+        return (
+            f"{(t - t0) / t1 * (width - 40) + 36:.1f},{height - 14 - v / top * (height - 24):.1f}"
+        )
+
+    head = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+    parts = [f'{head} font-family="sans-serif" font-size="10">']
+    parts.append(f'<text x="2" y="12">{top / _GIB:.1f} GiB</text>')
+    parts.append(f'<text x="2" y="{height - 16}">0</text>')
+    parts.append(f'<text x="{width - 60}" y="{height - 2}">{t1:.0f} s</text>')
+    for i, (label, pts) in enumerate(series.items()):
+        color = _LINE_COLOURS[i % len(_LINE_COLOURS)]
+        line = " ".join(xy(t, v) for t, v in pts)
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.2" points="{line}"/>')
+        parts.append(
+            f'<text x="{40 + 52 * i}" y="{height - 2}" fill="{color}">{html.escape(label)}</text>'
+        )
+    line = " ".join(xy(t, v) for t, v in total)
+    parts.append(f'<polyline fill="none" stroke="black" stroke-width="2" points="{line}"/>')
+    parts.append("</svg>")
+    return svg_img("".join(parts), "memory per rank") + (
+        f'<div style="font-size:11px">{html.escape(summary)}</div>'
+    )
+
+
+def _sum_series(series: dict[str, list[tuple[float, int]]]) -> list[tuple[float, int]]:
+    events = sorted((t, label, v) for label, pts in series.items() for t, v in pts)
+    current: dict[str, int] = {}
+    out = []
+    for t, label, v in events:
+        current[label] = v
+        out.append((t, sum(current.values())))
+    return out
+
+
+class MemoryTimeline:
+    """A running job's memory as HTML (:attr:`html`); call :meth:`refresh` often."""
+
+    def __init__(self, run: Any) -> None:
+        from nbgpu.profile.live import MemoryFollower  # noqa: PLC0415
+
+        self.run = run
+        self.follower = MemoryFollower(run.dir, run.config.world_size)
+        self.html = timeline_svg({}, "")
+        self._last = 0.0
+        self.updates = 0
+
+    def refresh(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < MEMORY_REFRESH_S:
+            return
+        self._last = now
+        summary = self.follower.summary() or ""
+        series = {r.label: list(r.points) for r in self.follower.ranks.values() if r.points}
+        self.html = timeline_svg(series, summary)
+        self.updates += 1
+
+    def record(self) -> tuple[str, str]:
+        """(text, html) of the final timeline, for the run's static record."""
+        self.refresh(force=True)
+        summary = self.follower.summary() or "no memory records (sampling off?)"
+        return f"memory: {summary}", self.html

@@ -1,23 +1,21 @@
-"""``%gpu_watch``: a live GPU dashboard in the cell's output, and its static record.
+"""``%gpu_watch``: a live GPU dashboard in the cell's output.
 
 The sampling lives in :mod:`nbgpu.devices.watch` (a background thread, bounded
 history); this face draws it: utilisation and memory of every GPU over time as SVG
 lines, a table with a memory bar, temperature, power and the processes on each GPU
 with the holders' states (a dead holder in red, the kernel's own process and the
-ranks of nbgpu runs named), and Pause / Stop buttons. Where widgets do not render, a
-text view is refreshed through a display handle. When the dashboard stops, its output
-becomes a static record (HTML and text): a saved notebook shows the last picture, not
-"Error displaying widget".
+ranks of nbgpu runs named), and Pause / Stop buttons. The dashboard is a
+:class:`~nbgpu.notebook.live.LiveView`: its face is static HTML redrawn on each
+sample, so a notebook saved while it runs, or after it stopped, keeps the last picture.
 
 Sampling stops with the Stop button, ``%gpu_watch --stop``, the kernel's end, or when the
 front end no longer shows the dashboard (its output cleared, the notebook closed): the
-widget counts its views, and a dashboard nobody sees for a few seconds stops. The text
-view has no such count; it stops with ``--stop`` or the kernel.
+controls count their views, and a dashboard nobody sees for a few seconds stops. The
+text view has no such count; it stops with ``--stop`` or the kernel.
 """
 
 from __future__ import annotations
 
-import atexit
 import html
 import threading
 import time
@@ -27,8 +25,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from nbgpu._render import memory_bar_html
+from nbgpu._render import ROOT_STYLE, memory_bar_html, simulated_label, title_html
 from nbgpu.errors import UserInputError
+from nbgpu.notebook.live import LiveView, svg_img
 from nbgpu.notebook.usage import print_help
 
 __all__ = ["Dashboard", "WatchMagics", "chart_svg", "dashboard_html"]
@@ -48,7 +47,10 @@ def chart_svg(samples: list[Any], metric: str, title: str, width: int = 420) -> 
     height, left, top = 110, 30, 16
     plot_w, plot_h = width - left - 8, height - top - 18
     if not samples:
-        return f'<svg width="{width}" height="{height}"><text x="4" y="12">{title}</text></svg>'
+        return (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+            f'<text x="4" y="12">{html.escape(title)}</text></svg>'
+        )
     t0, t1 = samples[0].at, samples[-1].at
     span = max(t1 - t0, 1e-9)
     lines: dict[int, list[str]] = {}
@@ -68,7 +70,6 @@ def chart_svg(samples: list[Any], metric: str, title: str, width: int = 420) -> 
         f'<text x="{left}" y="11" font-weight="bold">{html.escape(title)}</text>',
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
         f'<text x="2" y="{top + 8}">100</text><text x="14" y="{top + plot_h}">0</text>',
-        f'<text x="{left}" y="{height - 3}">{len(samples)} samples, {span:.0f} s</text>',
     ]
     for index, points in sorted(lines.items()):
         colour = _COLOURS[index % len(_COLOURS)]
@@ -133,23 +134,26 @@ def _headline(samples: list[Any], state: str) -> str:
     parts = ["nbgpu watch", state]
     if last is not None:
         parts.append(time.strftime("%H:%M:%S", time.localtime(last.at)))
+        parts.append(f"{len(samples)} samples over {last.at - samples[0].at:.0f} s")
         if last.simulated:
-            parts.append(f"SIMULATED fleet '{last.simulated}'")
+            parts.append(simulated_label(last.simulated))
         if last.note:
             parts.append(last.note)
     return " · ".join(parts)
 
 
 def dashboard_html(samples: list[Any], state: str) -> str:
-    """The whole dashboard as static HTML (the live view and the saved record)."""
-    if not samples:
-        return f"<b>{html.escape(_headline(samples, state))}</b>"
-    return (
-        f"<div><b>{html.escape(_headline(samples, state))}</b></div>"
-        f'<div style="display:flex;flex-wrap:wrap;gap:8px">'
-        f"{chart_svg(samples, 'util', 'utilisation %')}{chart_svg(samples, 'memory', 'memory used %')}"
-        f"</div>{_table_html(samples[-1])}"
-    )
+    """The whole dashboard as static HTML, styled inline (the face, live and stopped)."""
+    title = title_html(_headline(samples, state), simulated=bool(samples and samples[-1].simulated))
+    body = f"<div><b>{title}</b></div>"
+    if samples:
+        body += (
+            '<div style="display:flex;flex-wrap:wrap;gap:8px">'
+            f"{svg_img(chart_svg(samples, 'util', 'utilisation %'), 'utilisation %')}"
+            f"{svg_img(chart_svg(samples, 'memory', 'memory used %'), 'memory used %')}"
+            f"</div>{_table_html(samples[-1])}"
+        )
+    return f'<div class="nbgpu" style="{ROOT_STYLE}">{body}</div>'
 
 
 def dashboard_text(samples: list[Any], state: str) -> str:
@@ -191,11 +195,8 @@ class Dashboard:
     """The live view of one :class:`~nbgpu.devices.watch.Watcher`."""
 
     def __init__(self, interval_s: float, history: int, *, widgets: bool) -> None:
-        from IPython.display import display  # noqa: PLC0415
-
         from nbgpu.devices.watch import Watcher  # noqa: PLC0415
 
-        self._lock = threading.Lock()
         self.widgets = widgets
         self.watcher = Watcher(
             interval_s=interval_s,
@@ -203,35 +204,24 @@ class Dashboard:
             label_pid=_label_run_rank,
             on_sample=lambda _s: self.refresh(),
         )
-        self.updates = 0
         self.cleared = False  # stopped because no view of it was left
-        self.body: Any = None
+        self.controls: Any = None
         if widgets:
             import ipywidgets as w  # noqa: PLC0415
 
-            self.body = w.HTML(dashboard_html([], "starting"))
-            # The front end counts the views it shows; when the output is cleared (or the
-            # notebook closed) the count drops to 0 and, unless a view comes back soon
-            # (a re-render), sampling stops: nothing samples for a view nobody has.
-            self.body._view_count = 0
-            self.body.observe(self._on_views, names="_view_count")
-            self._orphan_timer: threading.Timer | None = None
             self.pause_button = w.ToggleButton(description="Pause", icon="pause")
             self.stop_button = w.Button(description="Stop", icon="stop")
             self.pause_button.observe(self._on_pause, names="value")
             self.stop_button.on_click(lambda _b: self.stop())
-            self.box = w.VBox([w.HBox([self.pause_button, self.stop_button]), self.body])
-            bundle = dict(self.box._repr_mimebundle_())
-            # Where the widget does not render (a saved notebook, GitHub), this shows.
-            bundle["text/plain"] = dashboard_text([], "live (widgets)")
-            bundle["text/html"] = dashboard_html([], "live (widgets)")
-            self.handle = display(bundle, raw=True, display_id=True)
-        else:
-            self.handle = display(
-                {"text/plain": dashboard_text([], "starting")}, raw=True, display_id=True
-            )
+            self.controls = w.HBox([self.pause_button, self.stop_button])
+            # The front end counts the views it shows; when the output is cleared (or the
+            # notebook closed) the count drops to 0 and, unless a view comes back soon
+            # (a re-render), sampling stops: nothing samples for a view nobody has.
+            self.controls._view_count = 0
+            self.controls.observe(self._on_views, names="_view_count")
+            self._orphan_timer: threading.Timer | None = None
+        self.view = LiveView(self._face, controls=self.controls, interval_s=0.1, on_exit=self.stop)
         DASHBOARDS.append(self)
-        _stop_at_exit_once()
 
     @property
     def state(self) -> str:
@@ -241,6 +231,18 @@ class Dashboard:
             return "stopped"
         return "paused" if self.watcher.paused else f"live, every {self.watcher.interval_s:g} s"
 
+    @property
+    def updates(self) -> int:
+        return self.view.updates
+
+    def _face(self, *, final: bool = False) -> dict[str, str]:
+        samples = list(self.watcher.samples)
+        state = self.state if samples or final else "starting"
+        face = {"text/plain": dashboard_text(samples, state)}
+        if self.widgets or final:  # --view text draws text while it lives
+            face["text/html"] = dashboard_html(samples, state)
+        return face
+
     def start(self) -> Dashboard:
         self.watcher.sample_now()  # the first picture at once, not after one interval
         self.refresh()
@@ -248,16 +250,9 @@ class Dashboard:
         return self
 
     def refresh(self) -> None:
-        with self._lock:
-            samples = list(self.watcher.samples)
-            state = self.state
-            if self.widgets:
-                self.body.value = dashboard_html(samples, state)
-            else:
-                self.handle.update({"text/plain": dashboard_text(samples, state)}, raw=True)
-            self.updates += 1
+        self.view.refresh()
         if self.watcher.error:
-            self._record()
+            self.view.end(self._face(final=True))
 
     def _on_views(self, change: dict[str, Any]) -> None:
         if self._orphan_timer is not None:
@@ -269,8 +264,8 @@ class Dashboard:
             self._orphan_timer.start()
 
     def _stop_if_unseen(self) -> None:
-        if self.body._view_count == 0 and not self.watcher.stopped:
-            self.watcher.stop()
+        if self.controls._view_count == 0 and not self.watcher.stopped:
+            self.stop()
             self.cleared = True
 
     def _on_pause(self, change: dict[str, Any]) -> None:
@@ -284,36 +279,9 @@ class Dashboard:
 
     def stop(self) -> None:
         self.watcher.stop()
-        self._record()
-
-    def _record(self) -> None:
-        # The static record replaces the live view in the same output.
-        samples = list(self.watcher.samples)
-        state = self.state
-        self.handle.update(
-            {
-                "text/plain": dashboard_text(samples, state),
-                "text/html": dashboard_html(samples, state),
-            },
-            raw=True,
-        )
         if self.widgets:
-            self.box.close()
-
-
-_exit_hook_installed = False
-
-
-def _stop_all() -> None:
-    for dashboard in DASHBOARDS:
-        dashboard.watcher.stop(timeout_s=1.0)
-
-
-def _stop_at_exit_once() -> None:
-    global _exit_hook_installed  # noqa: PLW0603  (one hook per process)
-    if not _exit_hook_installed:
-        atexit.register(_stop_all)
-        _exit_hook_installed = True
+            self.pause_button.disabled = self.stop_button.disabled = True
+        self.view.end(self._face(final=True))
 
 
 @magics_class

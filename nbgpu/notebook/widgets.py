@@ -1,42 +1,40 @@
-"""A per-rank run panel for widget frontends: tabs, state badges, a Stop button.
+"""A run's live panel for widget front ends: a Stop button and a rank picker over its face.
 
-One tab per rank holds a bounded tail of its output in a fixed-height scroll area
-that follows the newest line (the full log is on disk, and the tab says how many
-earlier lines only the log has); a badge row shows each rank's state and GPU; Stop
-ends the run. Updates are throttled (at most 4 per second) and each one *replaces* a
-tab's text instead of appending (``Output.append_stdout`` re-sends the whole widget on
-every call, and Jupyter's server drops messages above ~1000/s).
-
-The panel is shown through a display handle. When the run ends, the handle's output
-is replaced by the run's static record (:mod:`nbgpu.notebook.run_record`, HTML and
-text): a saved notebook then shows every rank's tail, the badges and the summary
-instead of "Error displaying widget: model not found", and a finished run shows no
-Stop button that could not do anything. ipywidgets is imported here only.
+The panel is a :class:`~nbgpu.notebook.live.LiveView`. Its face (static HTML, redrawn
+at most 4 times a second) shows the headline, a state badge per rank, the picked rank's
+newest lines in a fixed-height box that follows the newest line (the full log is on
+disk, and the box says how many earlier lines only the log has), and the ranks'
+memory. The controls are the Stop button (background runs) and the rank picker. When
+the run (or a warm cell) ends, the face becomes the run's record
+(:mod:`nbgpu.notebook.run_record`): every rank's last lines, the badges, the summary.
+ipywidgets is imported here only.
 """
 
 from __future__ import annotations
 
-import html
 import threading
-import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from nbgpu._render import Block, Line
+from nbgpu.notebook.live import Bundle, LiveView
 from nbgpu.notebook.run_record import (
     RECORD_TAIL_LINES,
-    RecordPart,
+    MemoryTimeline,
     Tails,
-    badges_html,
     live_html,
     live_text,
     record_bundle,
-    scroll_box,
-    strip_ansi,
 )
 
-__all__ = ["RunPanel", "widgets_available"]
+if TYPE_CHECKING:
+    from nbgpu.launch.run import Run
+    from nbgpu.launch.warm import CellResult
+
+__all__ = ["CellView", "RunPanel", "widgets_available"]
 
 REFRESH_S = 0.25
-#: Height of a rank's scroll area: the panel stays this size however much a rank prints.
+#: Height of the rank's scroll area: the panel stays this size however much a rank prints.
 SCROLL_HEIGHT = "20em"
 FOREGROUND_NOTE = (
     "foreground run: stop it with the notebook's interrupt button (■); "
@@ -53,132 +51,133 @@ def widgets_available() -> bool:
 
 
 class RunPanel:
-    """The live view of one run; implements the writer interface ``follow`` uses.
-
-    Other faces add to it with :meth:`add_section` (a widget under the tabs while the
-    run is live, and what the saved record keeps of it once it ends).
-    """
+    """The live view of one run; implements the writer interface ``follow`` uses."""
 
     def __init__(self, run: Any, *, tail_lines: int = 200, stoppable: bool = True) -> None:
         import ipywidgets as w  # noqa: PLC0415
-        from IPython.display import display  # noqa: PLC0415
 
         self.run = run
         self.tails = Tails(run.logs, keep=tail_lines)
-        self._dirty: set[str] = set()
-        self._dirty_lock = threading.Lock()
-        self._last = 0.0
-        self._recorded = False
-        self._record_parts: list[RecordPart] = []
-        self.record: dict[str, str] | None = None  # the static record, once the run ended
-        self.writes = 0
-        self.title = w.HTML()
-        self.badges = w.HTML()
+        self.record: Bundle | None = None  # the static record, once the run ended
+        # A foreground run keeps the kernel busy, so a click would only arrive afterwards:
+        # there the notebook's interrupt button is the stop button, and the face says so.
+        self.note = None if stoppable else FOREGROUND_NOTE
         self.stop_button = w.Button(
             description="Stop",
             button_style="danger",
             icon="stop",
             tooltip="stop every process of this run: SIGTERM, then SIGKILL",
+            layout=w.Layout(display=None if stoppable else "none"),
         )
         self.stop_button.on_click(self._on_stop)
-        self.stop_note = w.HTML()
-        # A foreground run keeps the kernel busy, so a click would only arrive afterwards:
-        # there the notebook's interrupt button is the stop button, and the panel says so
-        # instead of showing a button that cannot work.
-        self._stoppable = stoppable
-        if not stoppable:
-            self.stop_button.layout.display = "none"
-            self.stop_note.value = (
-                f'<span style="font-size:11px">{html.escape(FOREGROUND_NOTE)}</span>'
-            )
-        # HTML rather than Output widgets: the scroll box is ours (fixed height, opens at
-        # the newest line), and one value replaces a tab's text in one bounded message.
-        self.outputs = {label: w.HTML(scroll_box("", SCROLL_HEIGHT)) for label in self.tails.labels}
-        self.tabs = w.Tab(children=list(self.outputs.values()))
-        for i, label in enumerate(self.outputs):
-            self.tabs.set_title(i, label)
-        self.box = w.VBox(
-            [w.HBox([self.title, self.stop_button, self.stop_note]), self.badges, self.tabs]
+        labels = self.tails.labels
+        self.ranks = w.ToggleButtons(
+            options=labels, value=labels[0] if labels else None, style={"button_width": "auto"}
         )
-        self._refresh_header()
-        bundle = dict(self.box._repr_mimebundle_())
-        # What a notebook saved mid-run shows where widgets do not render, instead of
-        # the widget's repr (JupyterLab itself prefers the widget while it lives).
-        bundle["text/plain"] = live_text(run)
-        bundle["text/html"] = live_html(run)
-        self.handle = display(bundle, raw=True, display_id=True)
-        from nbgpu.notebook.memory_timeline import MemoryTimeline  # noqa: PLC0415
-
-        # The ranks' memory, refreshed at most 1/s; its last picture joins the saved record.
+        # The ranks' memory, read at most 1/s; its last picture joins the record.
         self.memory = MemoryTimeline(run)
-        self.add_section(self.memory.widget, record=self.memory.record)
+        self.view = LiveView(
+            self._face, controls=w.HBox([self.stop_button, self.ranks]), interval_s=REFRESH_S
+        )
+        self.ranks.observe(lambda _change: self.view.refresh(force=True), names="value")
 
-    def add_section(self, widget: Any, record: RecordPart | None = None) -> None:
-        """Show *widget* under the tabs; *record* gives its (text, html) for the record."""
-        self.box.children = (*self.box.children, widget)
-        if record is not None:
-            self._record_parts.append(record)
+    def _face(self) -> Bundle:
+        run = self.run
+        self.memory.refresh(force=run.done)
+        label = self.ranks.value
+        tail = self.tails.tail(label) if label else None
+        return {
+            "text/plain": live_text(run, tail),
+            "text/html": live_html(run, tail, self.memory.html, SCROLL_HEIGHT, self.note),
+        }
 
     # -- the writer interface (add / flush / finish) ----------------------------------
 
     def add(self, label: str, lines: list[str]) -> None:
-        if self.tails.extend(label, lines):
-            with self._dirty_lock:
-                self._dirty.add(label)
+        self.tails.extend(label, lines)
 
     def flush(self) -> None:
-        now = time.monotonic()
-        if now - self._last < REFRESH_S:
-            return
-        self._last = now
-        self._render()
+        self.view.refresh()
 
     def finish(self, log_hint: str) -> None:  # noqa: ARG002  (the record shows the log dir)
-        self._render()
         warm = self.run.warm
         cell_over = warm is not None and not self.run.done and warm.last is not None
-        if (self.run.done or cell_over) and not self._recorded:
+        if not (self.run.done or cell_over):
+            self.view.refresh(force=True)
+            return
+        if self.record is None:
             # The outcome is known (follow() calls this again after run.finish(); a warm
-            # cell's result is set before its finish()): swap the live panel for the
-            # record a saved notebook keeps.
-            self._recorded = True
+            # cell's result is set before its finish()): the face becomes the record.
             subject: Any = self.run
             if cell_over and warm is not None and warm.last is not None:
-                from nbgpu.notebook.cell_record import CellView  # noqa: PLC0415
-
                 subject = CellView(self.run, warm.last)
+            self.stop_button.disabled = True
             self.record = record_bundle(
-                subject, self.tails.all(RECORD_TAIL_LINES), self._record_parts
+                subject, self.tails.all(RECORD_TAIL_LINES), [self.memory.record()]
             )
-            self.handle.update(self.record, raw=True)
-
-    # -- rendering -----------------------------------------------------------------
-
-    def _render(self) -> None:
-        with self._dirty_lock:
-            dirty = sorted(self._dirty)
-            self._dirty.clear()
-        for label in dirty:
-            tail = self.tails.tail(label)
-            note = tail.earlier_note()
-            text = "\n".join(tail.lines)
-            if note:
-                text = f"… {note}\n{text}"
-            # Replacing the value sends one bounded message, not the whole history.
-            self.outputs[label].value = scroll_box(text, SCROLL_HEIGHT)
-            self.writes += 1
-        self._refresh_header()
-        self.memory.refresh(force=self.run.done)
-
-    def _refresh_header(self) -> None:
-        run = self.run
-        self.title.value = f"<b>{html.escape(strip_ansi(run._headline()))}</b>"
-        self.stop_button.disabled = run.done or not self._stoppable
-        self.badges.value = badges_html(run) + (
-            f'<div style="font-size:11px">logs: <code>{html.escape(str(run.dir))}</code></div>'
-        )
+            self.view.end(self.record)
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True
         self.stop_button.description = "Stopping…"
         threading.Thread(target=self.run.stop, args=("stopped",), daemon=True).start()
+
+
+# -- a warm cell, read like a finished run --------------------------------------------
+# A warm cell ends while its job goes on, so the record is of the *cell*: which cell, how
+# it ended on each rank, how long it took, and that the ranks are kept.
+
+
+@dataclass(frozen=True)
+class _CellRank:
+    rank: int
+    status: str  # ok | error | interrupted | no answer
+
+
+class CellView:
+    """What the record functions read of a run, answered for one warm cell."""
+
+    def __init__(self, run: Run, result: CellResult) -> None:
+        self._run = run
+        self.result = result
+        self.name = run.name
+        self.config = run.config
+        self.dir = run.dir
+        self.done = True
+        self.root_cause = None
+        if result.ok:
+            self.state, self.stop_reason = "succeeded", None
+        elif result.interrupted:
+            self.state, self.stop_reason = "interrupted", "interrupted"
+        else:
+            self.state, self.stop_reason = "failed", None
+        self.ranks = tuple(_CellRank(r, s) for r, s in sorted(result.statuses.items()))
+
+    def _rank_state(self, r: _CellRank) -> str:
+        return r.status
+
+    def rank_gpu(self, rank: int) -> str | None:
+        return self._run.rank_gpu(rank)
+
+    def _headline(self) -> str:
+        words = {"succeeded": "ok", "failed": "failed", "interrupted": "interrupted"}
+        parts = [
+            f"run '{self.name}'",
+            f"cell {self.result.number}",
+            words[self.state],
+            f"{self.config.nproc} ranks",
+        ]
+        if self.config.cuda_visible_devices:
+            parts.append(self._run.gpu_assignment())
+        parts.append(f"{self.result.duration_s:.2f} s")
+        return " · ".join(parts)
+
+    def _kept(self) -> str:
+        return (
+            f"the ranks and their state are kept: %%torchrun --on {self.name} runs the next "
+            f"cell, %gpu_stop {self.name} ends the job"
+        )
+
+    def summary_blocks(self) -> list[Block]:
+        """What the record shows below its headline: how the cell ended, what is kept."""
+        return [*self.result.content(), Line(self._kept(), wrap=False)]

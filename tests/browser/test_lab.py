@@ -70,7 +70,7 @@ time.sleep(300)
 """
 # Click to stopped badge: measured ~1 s here (bench/RESULTS.md); generous for a loaded box.
 STOP_BOUND_S = 30.0
-# The panel's scroll areas are 18em high: header, badges, tab bar and one scroll area.
+# The face's scroll area is 20em high: headline, badges, log path, one tail, the memory line.
 PANEL_MAX_PX = 600
 STOPPED_BADGES = r"rank0( · GPU \\S+)?: (stopped|killed).*rank1( · GPU \\S+)?: (stopped|killed)"
 
@@ -146,15 +146,13 @@ def _lines_in_log(path: Path) -> int:
         return 0
 
 
-# The rank panel's geometry: the cell's output height, and for the visible tab's scroll
-# area whether its content ends at the area's bottom edge (it follows the newest line).
+# The rank panel's geometry: the face's height, and for the rank's scroll area whether
+# its content ends at the area's bottom edge (it follows the newest line).
 _PANEL_JS = """(name) => {
   const out = Array.from(document.querySelectorAll('.jp-OutputArea-output'))
-    .find(n => n.querySelector('.widget-tab') && n.textContent.includes("run '" + name + "'"));
+    .find(n => n.querySelector('.nbgpu-scroll') && n.textContent.includes("run '" + name + "'"));
   if (!out) return null;
-  const area = Array.from(out.querySelectorAll('.nbgpu-scroll'))
-    .find(n => n.offsetParent !== null);
-  if (!area) return null;
+  const area = out.querySelector('.nbgpu-scroll');
   const inner = area.firstElementChild;
   return {
     height: out.getBoundingClientRect().height,
@@ -163,6 +161,8 @@ _PANEL_JS = """(name) => {
     text: area.textContent,
   };
 }"""
+# The rank picker of a live panel (the controls above its face).
+RANK_PICKER = ".jp-OutputArea-output .widget-toggle-buttons"
 
 
 def test_stop_click_to_stopped_badge_while_ranks_stream(lab, lab_page, shots_dir):
@@ -176,9 +176,9 @@ def test_stop_click_to_stopped_badge_while_ranks_stream(lab, lab_page, shots_dir
     lab_page.wait_for_cells(timeout_s=60)  # a background cell returns at once
     page = lab_page.page
 
-    panel = page.locator(".jp-OutputArea-output .widget-tab")
-    panel.wait_for(state="visible")
-    assert panel.locator(".lm-TabBar-tabLabel").all_text_contents() == ["rank0", "rank1"]
+    picker = page.locator(RANK_PICKER)
+    picker.wait_for(state="visible")
+    assert picker.locator("button").all_text_contents() == ["rank0", "rank1"]
     stop = page.locator(".jp-OutputArea-output button.widget-button", has_text="Stop")
     # Stop a run that is really up and streaming: the agent and both ranks, each with
     # a few thousand lines out, far more than a tab keeps.
@@ -192,12 +192,19 @@ def test_stop_click_to_stopped_badge_while_ranks_stream(lab, lab_page, shots_dir
             (g := page.evaluate(_PANEL_JS, name)) and "earlier lines only in" in g["text"] and g
         ),
         30,
-        "the rank0 tab to say which lines are only in its log",
+        "the rank0 tail to say which lines are only in its log",
     )
     assert geometry["height"] < PANEL_MAX_PX, geometry["height"]
-    assert geometry["scrolls"], "the tab should scroll, it holds 200 lines"
-    assert abs(geometry["gap"]) <= 2, f"the tab is not at its newest line: {geometry['gap']} px"
+    assert geometry["scrolls"], "the tail should scroll, it holds 200 lines"
+    assert abs(geometry["gap"]) <= 2, f"the tail is not at its newest line: {geometry['gap']} px"
     assert f"{logs[0]}" in geometry["text"]
+    # Picking rank1 shows its lines at once.
+    picker.locator("button", has_text="rank1").click()
+    wait_until(
+        lambda: (g := page.evaluate(_PANEL_JS, name)) and f"{logs[1]}" in g["text"],
+        10,
+        "the face to show rank1's tail",
+    )
     assert stop.is_enabled()
     print(f"screenshot: {lab_page.screenshot(shots_dir / 'bg-streaming.png')}")
 
@@ -222,6 +229,7 @@ def test_stop_click_to_stopped_badge_while_ranks_stream(lab, lab_page, shots_dir
     assert left == [], describe(left)
     # The live panel gave way to the run's record: no Stop button left on a finished run.
     assert stop.count() == 0
+    assert page.locator(RANK_PICKER).count() == 0
     text = lab_page.outputs_text()
     assert f"run '{name}' · stopped" in text
     assert "earlier lines only in" in text
@@ -277,7 +285,7 @@ def test_saved_notebook_keeps_a_readable_record(lab, lab_page, browser, shots_di
     page = lab_page.page
     # The background panels are replaced by their records once the runs end.
     wait_until(
-        lambda: page.locator(".jp-OutputArea-output .widget-tab").count() == 0,
+        lambda: page.locator(RANK_PICKER).count() == 0,
         60,
         "every live panel to give way to its run's record",
     )
@@ -358,8 +366,10 @@ def test_tutorials_stored_outputs_render_clean(lab, lab_page, shots_dir, tutoria
     _assert_outputs_clean(text)
     aligns = _cell_text_align(lab_page.page)
     assert set(aligns) <= {"left"}, sorted(set(aligns))
-    # Every figure stored in the tutorial is drawn as an image: decoded, not broken.
-    stored = tutorial.read_text(encoding="utf-8").count('"image/png"')
+    # Every figure stored in the tutorial is drawn as an image: decoded, not broken
+    # (PNG outputs, and the SVG images of run panels' memory timelines).
+    source = tutorial.read_text(encoding="utf-8")
+    stored = source.count('"image/png"') + source.count("data:image/svg+xml;base64,")
     images = lab_page.page.locator(".jp-OutputArea-output img")
     assert images.count() == stored
     for i in range(stored):

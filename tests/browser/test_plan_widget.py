@@ -1,5 +1,5 @@
 """%gpu_plan --widget in a real JupyterLab (headless Chromium): changing a control redraws
-the plan, and the launch line follows."""
+the plan (the static face under the controls), and the launch line follows."""
 
 from __future__ import annotations
 
@@ -27,13 +27,16 @@ def test_plan_widget_reacts_to_a_control_change(lab, lab_page, shots_dir):
     allocation = page.locator(".widget-text input").first
     allocation.fill("sglang.d1t1p1+d2t1p1")
     allocation.press("Enter")
+
+    def face() -> str:
+        return page.locator(".jp-OutputArea-output").last.text_content() or ""
+
     wait_until(
-        lambda: (
-            "ready · kept as p" in (page.locator(".jp-OutputArea-output").last.text_content() or "")
-        ),
+        lambda: "sglang.d1t1p1+d2t1p1" in face() and "NOT READY" not in face(),
         30,
         "the plan to follow the new allocation",
     )
+    assert "ready · kept as p" in lab_page.outputs_text()
     values = page.eval_on_selector_all(".widget-text input", "els => els.map(e => e.value)")
     assert "%%torchrun --plan p --role train" in values, values
     text = lab_page.outputs_text()

@@ -25,7 +25,7 @@ def test_dashboard_updates_and_stop_ends_sampling(lab, lab_page, shots_dir):
     lab_page.run_all()
     lab_page.wait_for_cells(timeout_s=60)
     page = lab_page.page
-    chart = page.locator(".jp-OutputArea-output svg polyline").first
+    chart = page.locator(".jp-OutputArea-output img[alt='utilisation %']").first
     chart.wait_for(state="visible", timeout=30_000)
 
     def samples_drawn() -> int:
@@ -77,7 +77,7 @@ def test_clearing_the_output_stops_the_dashboard(lab, lab_page):
     lab_page.run_all()
     lab_page.wait_for_cells(timeout_s=60)
     page = lab_page.page
-    page.locator(".jp-OutputArea-output svg polyline").first.wait_for(state="visible")
+    page.locator(".jp-OutputArea-output img[alt='utilisation %']").first.wait_for(state="visible")
     # Edit > Clear Outputs of All Cells, as a user would.
     page.get_by_role("menuitem", name="Edit").click()
     page.get_by_text("Clear Outputs of All Cells").click()

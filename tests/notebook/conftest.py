@@ -6,6 +6,8 @@ is ``os.environ``, so the launching shell's GPU and torchrun variables are remov
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,3 +34,9 @@ def ip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fleet: str) -> Iterator[
     yield shell
     shell.run_line_magic("gpu_stop", "--all")
     shell.run_line_magic("unload_ext", "nbgpu")
+
+
+def svg_images(page: str) -> str:
+    """The SVG of every ``<img>`` data URI in *page* (faces draw their charts so)."""
+    found = re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", page)
+    return "".join(base64.b64decode(data).decode() for data in found)

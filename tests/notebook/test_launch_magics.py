@@ -155,29 +155,35 @@ def test_background_widget_panel_tracks_ranks_and_stops(ip):
             time.sleep(0.05)
         panel = run.writer
         time.sleep(0.6)  # let the panel refresh (at most 4 Hz)
-        assert [panel.tabs.get_title(i) for i in range(2)] == ["rank0", "rank1"]
-        tab = panel.outputs["rank1"].value
-        assert "rank says hi 1" in tab
-        # The tab is bounded (200 lines) and says where the earlier lines are.
-        assert f"… 101 earlier lines only in {run.logs['rank1']}\nrank 1 line 101\n" in tab
-        assert "rank 1 line 100\n" not in tab
-        assert "max-height:20em;overflow:auto" in tab
-        assert "rank0 · GPU 1: running" in panel.badges.value
-        assert "rank1 · GPU 2: running" in panel.badges.value
+        assert panel.ranks.options == ("rank0", "rank1")
+        panel.ranks.value = "rank1"  # the face follows the picked rank at once
+        face = panel.view.shown["text/html"]
+        assert "rank says hi 1" in face
+        # The tail is bounded (200 lines) and says where the earlier lines are.
+        assert f"… 101 earlier lines only in {run.logs['rank1']}\nrank 1 line 101\n" in face
+        assert "rank 1 line 100\n" not in face
+        assert "max-height:20em;overflow:auto" in face
+        assert "rank0 · GPU 1: running" in face
+        assert "rank1 · GPU 2: running" in face
         panel.stop_button.click()
         run.thread.join(timeout=20)
     assert run.state == "stopped"
     assert panel.stop_button.disabled
     assert leftover_processes(run) == []
-    # First the widget, whose plain-text stand-in is readable (not a VBox repr); then
-    # the same display replaced by the static record once the run ended.
-    first, last = shown.outputs[0], shown.outputs[-1]
-    assert "application/vnd.jupyter.widget-view+json" in first.data
-    assert first.data["text/plain"].startswith("run 'paneled' · running")
-    assert "VBox" not in first.data["text/plain"]
-    assert "run &#x27;paneled&#x27; · running" in first.data["text/html"]
+    # Two outputs: the controls (a widget, nothing else to read), then the face, static
+    # HTML and text from the start; once the run ended the controls are emptied and the
+    # face is the record. No output a saved notebook keeps needs the widget's model.
+    controls, face = shown.outputs[0], shown.outputs[1]
+    assert "application/vnd.jupyter.widget-view+json" in controls.data
+    assert controls.data["text/plain"] == ""
+    assert "application/vnd.jupyter.widget-view+json" not in face.data
+    assert face.data["text/plain"].startswith("run 'paneled' · running")
+    assert "run &#x27;paneled&#x27; · running" in face.data["text/html"]
+    updates = shown.outputs[2:]
+    assert all("application/vnd.jupyter.widget-view+json" not in o.data for o in updates)
+    assert {"text/plain": ""} in [o.data for o in updates]  # the controls, emptied
+    last = shown.outputs[-1]
     assert last.data == panel.record
-    assert "application/vnd.jupyter.widget-view+json" not in last.data
     record_text, record_html = last.data["text/plain"], last.data["text/html"]
     for rank in (0, 1):
         assert f"rank says hi {rank}" in record_text
@@ -200,11 +206,11 @@ def test_foreground_widget_view_on_request(ip, capsys):
         )
     panel = run.writer
     assert run.state == "succeeded"
-    assert "hello 1" in panel.outputs["rank1"].value
     # The interrupt button stops foreground runs: no dead Stop button, a note instead.
     assert panel.stop_button.layout.display == "none"
-    assert "interrupt button" in panel.stop_note.value
-    assert "rank0 · GPU 1: ok" in panel.badges.value
+    live_face = shown.outputs[1].data["text/html"]
+    assert "interrupt button" in live_face
+    assert "rank0 · GPU 1: ok" in panel.record["text/html"]
     assert "[rank0]" not in capsys.readouterr().out  # the text went to the panel
     assert shown.outputs[-1].data == panel.record
     assert "hello 1" in panel.record["text/plain"]

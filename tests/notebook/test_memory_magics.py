@@ -5,11 +5,12 @@ from types import SimpleNamespace
 import pytest
 from IPython.core.error import UsageError
 
-from nbgpu.notebook.memory_timeline import MemoryTimeline
+from nbgpu.notebook.run_record import MemoryTimeline
 from nbgpu.profile import phases
 from nbgpu.profile.phases import Phase
 from nbgpu.profile.recorder import Recorder
 from nbgpu.profile.report import MemoryReport
+from tests.notebook.conftest import svg_images
 
 
 @pytest.fixture
@@ -93,8 +94,9 @@ def test_panel_timeline_draws_each_rank_and_the_summary(tmp_path):
     run = SimpleNamespace(dir=tmp_path, config=SimpleNamespace(nproc=2, world_size=2), done=False)
     timeline = MemoryTimeline(run)
     timeline.refresh()
-    html = timeline.widget.value
-    assert html.count("<polyline") == 3  # two ranks and their sum
+    html = timeline.html
+    assert svg_images(html).count("<polyline") == 3  # two ranks and their sum
+    assert "<svg" not in html  # an image: untrusted notebooks strip inline SVG
     assert "in &#x27;imports&#x27;" in html
     timeline.refresh()  # within the second: no new message to the frontend
     assert timeline.updates == 1

@@ -3,6 +3,8 @@ invalid state, never a traceback; the launch line launches what is on screen."""
 
 from __future__ import annotations
 
+from IPython.utils.capture import capture_output
+
 from nbgpu.notebook.plan_widget import PlanWidget, plan_inputs
 
 
@@ -61,7 +63,14 @@ def test_impossible_combination_is_an_invalid_state_not_a_traceback(monkeypatch)
 
 
 def test_magic_opens_the_widget_with_the_flags_as_first_values(ip):
-    assert ip.run_line_magic("gpu_plan", "d3 --batch 6 --widget") is None
+    with capture_output() as shown:
+        assert ip.run_line_magic("gpu_plan", "d3 --batch 6 --widget") is None
     plan = ip.user_ns["p"]
     assert plan.ok
     assert plan.roles[0].nproc_per_node == 3
+    # The controls, then the plan as static HTML: what a saved notebook keeps.
+    controls, face = (o.data for o in shown.outputs)
+    assert "application/vnd.jupyter.widget-view+json" in controls
+    assert "application/vnd.jupyter.widget-view+json" not in face
+    assert "launch: %%torchrun --plan p --role train" in face["text/plain"]
+    assert "<style" not in face["text/html"]

@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 from nbgpu.devices.watch import Watcher
 from nbgpu.notebook import watch
 from nbgpu.notebook.watch import chart_svg, dashboard_html, dashboard_text
+from tests.notebook.conftest import svg_images
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def test_live_view_updates_and_stop_ends_the_thread(ip, view):
     samples = list(dashboard.watcher.samples)
     assert len({tuple(g.utilization_pct for g in s.gpus) for s in samples}) > 1
     if view == "widgets":
-        assert "<polyline" in dashboard.body.value  # the chart is drawn live
+        assert "<polyline" in svg_images(dashboard.view.shown["text/html"])  # drawn live
         dashboard.pause_button.value = True
         assert dashboard.watcher.paused
         dashboard.pause_button.value = False
@@ -80,7 +81,9 @@ def test_static_record_shows_the_dead_holder_in_red(sim_env):
     w.sample_now()
     samples = list(w.samples)
     page = dashboard_html(samples, "stopped")
-    assert "SIMULATED fleet &#x27;busy-gpu0&#x27;" in page
+    assert 'class="nbgpu-sim" style="color:#6c71c4;font-weight:bold">SIMULATED</span>' in page
+    assert "fleet &#x27;busy-gpu0&#x27;" in page
+    assert "<style" not in page
     assert "color:#c62828;font-weight:bold" in page  # GPU 0's dead holder
     assert "(dead)" in page
     assert "█" in page  # memory bars
@@ -95,12 +98,12 @@ def test_a_dashboard_nobody_sees_stops_sampling(ip, monkeypatch):
     ip.run_line_magic("gpu_watch", "--view widgets --interval 0.2 --history 20")
     dashboard = watch.DASHBOARDS[-1]
     # The front end reports its views: one shown, then a re-render (0 and back)...
-    dashboard.body._view_count = 1
-    dashboard.body._view_count = 0
-    dashboard.body._view_count = 1
+    dashboard.controls._view_count = 1
+    dashboard.controls._view_count = 0
+    dashboard.controls._view_count = 1
     time.sleep(0.5)
     assert dashboard.watcher.alive  # a re-render is not a cleared output
     # ...then the output is cleared: no view comes back.
-    dashboard.body._view_count = 0
+    dashboard.controls._view_count = 0
     _wait(lambda: not dashboard.watcher.alive)
     assert dashboard.cleared
