@@ -19,10 +19,23 @@ import html
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+# Tables are a block like the others; their own module for size, re-exported here.
+from nbgpu._table import (
+    COLOURS,
+    ROW_BACKGROUNDS,
+    Cell,
+    Table,
+    memory_bar_html,
+    shorten,
+)
 from nbgpu.problems import Problem
+
+# Sizes as we print them live with sizes as users write them; re-exported here for the
+# result modules that format a table's cells.
+from nbgpu.sizes import fmt_bytes, fmt_used_total
 
 __all__ = [
     "COLOURS",
@@ -52,30 +65,6 @@ __all__ = [
     "to_text",
     "wrap",
 ]
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def fmt_bytes(value: int | None) -> str:
-    """1073741824 → '1.0 GiB'; None → '-'. Binary units, as nvidia-smi's MiB."""
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in _UNITS:
-        if abs(size) < 1024 or unit == _UNITS[-1]:
-            return f"{size:.0f} {unit}" if unit in ("B", "KiB") else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def fmt_used_total(used: int | None, total: int | None) -> str:
-    """Used and total in the total's unit: '22.5/45.0 GiB' (fits a narrow column)."""
-    if total is None:
-        return fmt_bytes(used)
-    number, unit = fmt_bytes(total).split()
-    scale = 1024 ** _UNITS.index(unit)
-    used_text = "-" if used is None else f"{used / scale:.1f}"
-    return f"{used_text}/{number} {unit}"
 
 
 def wrap(text: str, prefix: str, width: int = 80) -> str:
@@ -111,46 +100,8 @@ def fmt_opt(value: object, suffix: str = "") -> str:
     return "-" if value is None else f"{value}{suffix}"
 
 
-def shorten(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(1, width - 1)] + "…"
-
-
-_BAR_CELLS = 10
-
-
-def memory_bar_html(used: int | None, total: int | None) -> str | None:
-    """A memory bar for an HTML table cell: ``█████░░░░░ 28.3/79.6 GiB``.
-
-    Block characters, not SVG or CSS widths: GitHub's notebook view strips styles and
-    inline SVG, nbconvert and every notebook front end keep text, so the picture
-    survives everywhere the table does. The colour (a span style) is a bonus where
-    styles are kept. None when the figures are unknown.
-    """
-    if used is None or not total:
-        return None
-    share = max(0.0, min(1.0, used / total))
-    filled = round(share * _BAR_CELLS)
-    if used and not filled:
-        filled = 1  # a GPU with anything on it never looks empty
-    colour = "#c62828" if share >= 0.9 else "#ef6c00" if share >= 0.6 else COLOURS["ok"]
-    bar = (
-        f'<span style="font-family:monospace;color:{colour}" title="{share:.0%} used">'
-        f"{'█' * filled}</span>"
-        f'<span style="font-family:monospace;color:#bdbdbd">{"░" * (_BAR_CELLS - filled)}</span>'
-    )
-    return f"{bar} {html.escape(fmt_used_total(used, total))}"
-
-
-# -- colours: inline, hex (see the module docstring) ----------------------------------
-
-#: Text colour per severity (problem bullets, a cell's own level, a line's level).
-COLOURS = {"ok": "#2e7d32", "info": "#546e7a", "warn": "#9a7d0a", "bad": "#c0392b"}
-#: Row background per severity: translucent, so light and dark themes both read.
-ROW_BACKGROUNDS = {"warn": "#b5890026", "bad": "#dc322f26"}
 SIMULATED_COLOUR = "#6c71c4"
 ROOT_STYLE = "font-family:monospace;font-size:12px"
-_TABLE_STYLE = "border-collapse:collapse;margin:4px 0"
-_CELL_STYLE = "padding:2px 8px;text-align:left;border-bottom:1px solid #dddddd"
 _PRE_STYLE = "margin:2px 0;white-space:pre-wrap"
 
 
@@ -174,109 +125,6 @@ def title_html(title: str, *, simulated: bool) -> str:
 def simulated_label(fleet: str) -> str:
     """How simulated output names its fleet, everywhere: ``SIMULATED fleet 'NAME'``."""
     return f"SIMULATED fleet '{fleet}'"
-
-
-# -- tables ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cell:
-    """A table cell with its own severity (coloured in HTML) or a memory bar.
-
-    *bar* is ``(used_bytes, total_bytes)``: HTML draws the bar beside the figures,
-    text shows *text*.
-    """
-
-    text: str
-    level: str = ""
-    bar: tuple[int | None, int | None] | None = None
-
-    def __str__(self) -> str:
-        return self.text
-
-
-@dataclass
-class Table:
-    """Rows of cells rendered as aligned text or an HTML table.
-
-    A row's *level* colours its background in HTML; a :class:`Cell` colours one
-    cell or draws a memory bar. A header carries its unit in its text
-    (``"GPU mem"`` cells say ``22.5 GiB``; a bare number column says ``[GiB]``).
-    """
-
-    headers: Sequence[str]
-    rows: list[Sequence[str]] = field(default_factory=list)
-    title: str | None = None
-    # Per-row severity for HTML ("ok", "warn", "bad"); text shows no colour.
-    row_levels: list[str] = field(default_factory=list)
-    # The column to shorten first when the table is too wide (free text, e.g. a command).
-    flex: int | None = None
-    # Per-row {column: Cell} for cells with their own severity or a bar.
-    cells: list[dict[int, Cell]] = field(default_factory=list)
-
-    def add(self, *values: object, level: str = "") -> None:
-        self.rows.append([str(v) for v in values])
-        self.row_levels.append(level)
-        self.cells.append({i: v for i, v in enumerate(values) if isinstance(v, Cell)})
-
-    def text(self, max_width: int = 80) -> str:
-        widths = [len(h) for h in self.headers]
-        for row in self.rows:
-            for i, cell in enumerate(row):
-                widths[i] = max(widths[i], len(cell))
-        total = sum(widths) + 2 * (len(widths) - 1)
-        if self.flex is not None and total > max_width:
-            # Free text gives way first, down to a readable minimum.
-            cut = min(total - max_width, max(0, widths[self.flex] - 12))
-            widths[self.flex] -= cut
-            total -= cut
-        # Then squeeze the widest column until the table fits the terminal.
-        while total > max_width and max(widths) > 8:
-            widest = widths.index(max(widths))
-            widths[widest] -= 1
-            total -= 1
-        lines = []
-        if self.title:
-            lines.append(self.title)
-        lines.append(
-            "  ".join(
-                shorten(h, w).ljust(w) for h, w in zip(self.headers, widths, strict=True)
-            ).rstrip()
-        )
-        for row in self.rows:
-            cells = [shorten(c, w).ljust(w) for c, w in zip(row, widths, strict=True)]
-            lines.append("  ".join(cells).rstrip())
-        return "\n".join(lines)
-
-    def _cell_html(self, r: int, i: int, text: str, background: str) -> str:
-        style = _CELL_STYLE + background
-        cell = self.cells[r].get(i)
-        if cell is not None and cell.bar is not None:
-            body = memory_bar_html(*cell.bar) or html.escape(text)
-        else:
-            body = html.escape(text)
-        if cell is not None and cell.level in COLOURS and cell.level != "ok":
-            style += f";color:{COLOURS[cell.level]};font-weight:bold"
-        return f'<td style="{style}">{body}</td>'
-
-    def html(self) -> str:
-        head = "".join(f'<th style="{_CELL_STYLE}">{html.escape(h)}</th>' for h in self.headers)
-        body = []
-        for r, (row, level) in enumerate(zip(self.rows, self.row_levels, strict=True)):
-            colour = ROW_BACKGROUNDS.get(level)
-            background = f";background-color:{colour}" if colour else ""
-            cls = f' class="nbgpu-{level}"' if level else ""
-            cells = "".join(self._cell_html(r, i, c, background) for i, c in enumerate(row))
-            body.append(f"<tr{cls}>{cells}</tr>")
-        caption = (
-            f'<caption style="text-align:left">{html.escape(self.title)}</caption>'
-            if self.title
-            else ""
-        )
-        return (
-            f'<table class="nbgpu-table" style="{_TABLE_STYLE}">{caption}'
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-        )
 
 
 # -- the other blocks ----------------------------------------------------------------

@@ -1,11 +1,12 @@
-"""Sizes as users write them: one parser, one meaning of every unit.
+"""Sizes as users write them and as we print them: one meaning of every unit.
 
 ``GiB``/``Gi``/``G`` are powers of 1024 (what ``ulimit``, SLURM's ``--mem=80G``,
 ``free -g`` and nvidia-smi's MiB mean); ``GB`` is a power of 1000 (what SI, disk
 vendors and Hugging Face's ``max_memory="80GB"`` mean). So ``80G`` is 80 GiB and
 ``80GB`` is 74.5 GiB, in ``--mem-limit``, ``nbgpu.estimate(budget=)``,
 ``plan --gpu-memory`` and ``--keep-bytes`` alike, and every answer that repeats a size
-prints its unit. Standard library only: ranks use it too.
+prints its unit (:func:`fmt_bytes`: binary units, as nvidia-smi's MiB). Standard
+library only: ranks use it too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["SIZE_FORM", "parse_size"]
+__all__ = ["SIZE_FORM", "fmt_bytes", "fmt_used_total", "parse_size"]
 
 SIZE_FORM = (
     "a size in bytes, or with a unit: K/M/G/T or KiB/MiB/GiB/TiB (powers of 1024), "
@@ -48,3 +49,28 @@ def parse_size(value: object, label: str = "size ") -> int:
     if size is None or size < 1:
         raise UserInputError(f"{label}{value!r}: expected {SIZE_FORM}")
     return int(size)
+
+
+_PRINTED_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def fmt_bytes(value: int | None) -> str:
+    """1073741824 → '1.0 GiB'; None → '-'. Binary units, as nvidia-smi's MiB."""
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in _PRINTED_UNITS:
+        if abs(size) < 1024 or unit == _PRINTED_UNITS[-1]:
+            return f"{size:.0f} {unit}" if unit in ("B", "KiB") else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def fmt_used_total(used: int | None, total: int | None) -> str:
+    """Used and total in the total's unit: '22.5/45.0 GiB' (fits a narrow column)."""
+    if total is None:
+        return fmt_bytes(used)
+    number, unit = fmt_bytes(total).split()
+    scale = 1024 ** _PRINTED_UNITS.index(unit)
+    used_text = "-" if used is None else f"{used / scale:.1f}"
+    return f"{used_text}/{number} {unit}"
