@@ -31,9 +31,9 @@ batch per GPU; mini ≤ train batch; the rollout world divisible by the tensor-p
 each GPU can hold is checked with ``reference/memory.md`` §5c's formula.
 
 Modules: ``values`` (a config as entries; value text; bash arithmetic) · ``rules`` (the
-rules and verl's start-up checks) · ``kv`` (the KV-cache check) · ``scaler`` · ``result``
-(:class:`ScalePlan`) · ``files`` (a file read by its form and rewritten in its own layout)
-· ``script`` (reading a launch script) · ``yamldoc`` (ruamel.yaml). ``nbgpu.plan.scale()``
+rules, verl's start-up checks and the KV-cache check) · ``scaler`` (:func:`scale_config`
+and :class:`ScalePlan`) · ``files`` (a file read by its form and rewritten in its own
+layout) · ``script`` (reading a launch script) · ``yamldoc`` (ruamel.yaml). ``nbgpu.plan.scale()``
 is the face: it reads the file and the inventory, then calls :func:`scale_config`.
 
 This package only re-exports, from modules that work on plain data: importing it (or
@@ -42,10 +42,8 @@ This package only re-exports, from modules that work on plain data: importing it
 processes.
 """
 
-from nbgpu.scale.kv import KV_RESERVE_BYTES, KvCheck, builtin_shape
-from nbgpu.scale.result import ScalePlan, ScaleStep
-from nbgpu.scale.rules import RULES
-from nbgpu.scale.scaler import scale_config
+from nbgpu.scale.rules import KV_RESERVE_BYTES, RULES, KvCheck, builtin_shape
+from nbgpu.scale.scaler import ScalePlan, ScaleStep, scale_config
 
 __all__ = [
     "KV_RESERVE_BYTES",

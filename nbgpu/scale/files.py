@@ -29,7 +29,7 @@ from nbgpu.scale.values import value_text
 # The shell lexer and ruamel.yaml load when a config is read, not with read_text (plan
 # files, cluster files) or this module.
 if TYPE_CHECKING:
-    from nbgpu.scale.result import ScalePlan
+    from nbgpu.scale.scaler import ScalePlan
     from nbgpu.scale.script import LaunchScript, ScriptValue
 
 __all__ = [

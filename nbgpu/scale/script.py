@@ -13,11 +13,8 @@ verl and VAGEN users keep a run as a shell script::
 :func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or
 accelerate program word) and the variables the script sets, and resolves ``$VAR``,
 ``${VAR}`` and ``${VAR:-default}`` the way bash would with those variables unset in the
-environment. :func:`~nbgpu.scale.files.rewrite_script` changes values in the text itself: a literal where it
-is written (inside its quotes), a ``$VAR`` through the assignment of ``VAR`` (or the default
-of ``${VAR:-4}``), so layout, comments, quoting and line continuations stay as they were.
-A value computed from several parts (``"${A}_${B}"``, ``$((N*2))``) is replaced by the new
-literal, and the caller is told so.
+environment; every value keeps its spans, so :func:`~nbgpu.scale.files.rewrite_script`
+can change it where it is written.
 
 The shell grammar read here is the part such scripts use: words, single and double quotes,
 backslash escapes and line continuations, ``#`` comments, ``;``/``&&``/``||``/``|``/``&``
@@ -97,11 +94,8 @@ class LaunchScript:
 
     def variable(self, name: str, before: int) -> _Assignment | None:
         """The last assignment of *name* before *before* (bash reads top to bottom)."""
-        found = None
-        for a in self.assignments:
-            if a.name == name and a.position < before:
-                found = a
-        return found
+        earlier = (a for a in reversed(self.assignments) if a.name == name and a.position < before)
+        return next(earlier, None)
 
     def resolve(self, value: ScriptValue, depth: int = 0, *, split: bool = True) -> str | None:
         """The text bash would pass (variables the script does not set: their default or None).
@@ -267,19 +261,17 @@ class _Lexer:
             if self.i >= len(text):
                 self._unclosed('"', word_start)
             c = text[self.i]
+            escape = c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '"\\$`'
+            special = c in '"$' or escape
+            if special and self.i > begin:  # the literal text before it
+                parts.append(_Part("literal", text[begin : self.i], begin, self.i))
             if c == '"':
-                if self.i > begin:
-                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
                 self.i += 1
                 return parts
             if c == "$":
-                if self.i > begin:
-                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
                 parts.append(replace(self._dollar(), quoted=True))
                 begin = self.i
-            elif c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '"\\$`':
-                if self.i > begin:
-                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+            elif escape:
                 parts.append(_Part("literal", text[self.i + 1], self.i, self.i + 2))
                 self.i += 2
                 begin = self.i
