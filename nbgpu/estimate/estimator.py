@@ -1,21 +1,13 @@
 """Per-GPU memory of a training or inference process, term by term, with formulas and sources.
 
-``estimate_memory()`` (``nbgpu.estimate(...)``) answers "how many bytes will each GPU need" before anything runs:
-
-- **analytic** terms, always: model states from :mod:`nbgpu.estimate.formulas` (the ZeRO paper's
-  formulas), activations after Korthikanti et al. (with and without checkpointing), logits
-  and loss, the KV cache, and the per-process reserves the PyTorch allocator never sees
-  (CUDA context, NCCL buffers, DDP gradient buckets) plus a fragmentation margin;
-- **traced** terms, for a live ``torch.nn.Module``: one forward + backward + optimizer step
-  under fake tensors (:mod:`nbgpu.estimate.trace`), so the activations are your module's, not a
-  formula's. When tracing fails the analytic answer stands, with the reason.
-
-Activations, logits and the KV cache grow linearly with the micro batch and everything
-else does not, so the largest micro batch that fits a budget is one division
-(:func:`largest_micro_batch`): no out-of-memory trials.
-
-Pure arithmetic: imports ``formulas``, ``shapes``, ``_render``, ``sizes`` and ``errors``;
-never torch, except ``trace`` (and with it torch) when a module is given.
+``estimate_memory()`` (``nbgpu.estimate(...)``) answers "how many bytes will each GPU need"
+before anything runs: **analytic** terms always (:mod:`~nbgpu.estimate.formulas`), and for a
+live ``torch.nn.Module`` **traced** ones, from one step under fake tensors
+(:mod:`~nbgpu.estimate.trace`), so the activations are your module's, not a formula's; when
+tracing fails the analytic answer stands, with the reason. Activations, logits and the KV
+cache grow linearly with the micro batch and everything else does not, so the largest micro
+batch that fits a budget is one division (:func:`largest_micro_batch`): no out-of-memory
+trials. Pure arithmetic; never imports torch, except ``trace`` when a module is given.
 """
 
 from __future__ import annotations
@@ -38,13 +30,7 @@ from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, MemoryEstima
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.sizes import parse_size
 
-__all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes", "whole_number"]
-
-
-def whole_number(label: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UserInputError(f"{label}={value!r}: expected a whole number >= {minimum}")
-    return value
+__all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes"]
 
 
 def parse_bytes(value: Any, label: str = "budget") -> int:
@@ -128,8 +114,10 @@ def estimate_memory(
               "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
               "kv_tokens": kv_tokens}  # fmt: skip
     for label, count in counts.items():
-        if count is not None or label in ("world_size", "tensor_parallel", "pipeline_parallel"):
-            whole_number(label, count)
+        if count is None and label in ("micro_batch", "seq_len", "kv_tokens"):
+            continue
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise UserInputError(f"{label}={count!r}: expected a whole number >= 1")
     model_parallel = tensor_parallel * pipeline_parallel
     if world_size % model_parallel:
         raise UserInputError(
@@ -297,7 +285,7 @@ def largest_micro_batch(
 
 def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
     """One real CPU step of *module* on *batch*: measured peak beside both estimates."""
-    from nbgpu.estimate.measure import compare_step  # noqa: PLC0415  (imports torch)
+    from nbgpu.estimate.trace import compare_step  # noqa: PLC0415  (imports torch)
 
     optimizer = kwargs.pop("optimizer", "adamw")
     loss_fn = kwargs.pop("loss_fn", None)

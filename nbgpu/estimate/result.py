@@ -262,29 +262,12 @@ class MemoryEstimate(Result):
 
     def records(self) -> list[dict[str, Any]]:
         traced = {t.name: t for t in self.traced_terms}
+        only_traced = [t for name, t in traced.items() if self.term(name) is None]
         rows = []
-        for t in self.terms:
-            other = traced.get(t.name)
-            rows.append(
-                {
-                    "term": t.name,
-                    "kind": t.kind,
-                    "analytic_bytes": t.bytes_per_gpu,
-                    "traced_bytes": None if other is None else other.bytes_per_gpu,
-                    "formula": t.formula,
-                    "source": t.source,
-                }
-            )
-        for name, t in traced.items():
-            if self.term(name) is None:
-                rows.append(
-                    {
-                        "term": name,
-                        "kind": t.kind,
-                        "analytic_bytes": None,
-                        "traced_bytes": t.bytes_per_gpu,
-                        "formula": t.formula,
-                        "source": t.source,
-                    }
-                )
+        for t in (*self.terms, *only_traced):
+            analytic, other = self.term(t.name), traced.get(t.name)
+            rows.append({"term": t.name, "kind": t.kind,
+                         "analytic_bytes": None if analytic is None else analytic.bytes_per_gpu,
+                         "traced_bytes": None if other is None else other.bytes_per_gpu,
+                         "formula": t.formula, "source": t.source})  # fmt: skip
         return rows

@@ -19,9 +19,8 @@ from typing import Any, ClassVar
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
-from nbgpu.estimate.builtin_models import find_model
 from nbgpu.estimate.formulas import PRECISIONS, normalize_precision, weight_bytes
-from nbgpu.estimate.shapes import ModelShape, kv_bytes_per_token, model_shape
+from nbgpu.estimate.shapes import ModelShape, find_model, kv_bytes_per_token, model_shape
 from nbgpu.problems import Problem
 from nbgpu.scale.values import Entry, config_model_len, find_entry, int_of
 
