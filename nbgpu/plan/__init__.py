@@ -26,7 +26,7 @@ import sys
 import types
 
 from nbgpu.plan.api import nodes, plan, plan_from_json, scale, sweep
-from nbgpu.plan.batch import BatchCheck, BatchOption, Split
+from nbgpu.plan.job import BatchCheck, BatchOption, Split
 from nbgpu.plan.multinode import NodesPlan
 from nbgpu.plan.result import (
     Alternative,

@@ -23,8 +23,7 @@ from typing import Any, ClassVar
 from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes, to_text
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
-from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.job import Job, batch_problem, check_job_batch
+from nbgpu.plan.job import BatchCheck, Job, batch_problem, check_job_batch
 from nbgpu.plan.memcheck import auto_max_micro, free_bytes, memory_check, memory_problems
 from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
 from nbgpu.plan.result import (

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, TypeVar
 from nbgpu._render import fmt_bytes
 from nbgpu.devices.findings import gpu_health
 from nbgpu.plan.allocation import Allocation, RoleSpec
+from nbgpu.plan.job import DEFAULT_BASE_PORT, MAX_PORT
 from nbgpu.plan.result import ExcludedGpu, PlannedGpu
 from nbgpu.problems import Problem
 
@@ -47,8 +48,6 @@ if TYPE_CHECKING:  # the inventory module pulls in psutil; planning only reads i
     from nbgpu.devices.inventory import Inventory
 
 __all__ = [
-    "DEFAULT_BASE_PORT",
-    "MAX_PORT",
     "Candidate",
     "PortChecker",
     "assign",
@@ -265,9 +264,6 @@ def shared_groups(allocation: Allocation, groups: list[list[T]] | None) -> list[
 
 # ------------------------------------------------------------------------ ports
 
-#: torchrun's own default MASTER_PORT; plans count up from it.
-DEFAULT_BASE_PORT = 29500
-MAX_PORT = 65535
 # How far past the base port to look before giving up: a box with a thousand ports taken
 # in a row has a problem a plan cannot solve.
 SCAN_LIMIT = 1000

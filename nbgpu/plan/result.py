@@ -30,7 +30,7 @@ from nbgpu._render import (
 )
 from nbgpu._serial import to_data
 from nbgpu.plan.allocation import degrees_text
-from nbgpu.plan.batch import BatchCheck
+from nbgpu.plan.job import BatchCheck
 from nbgpu.problems import Problem
 
 __all__ = [
