@@ -207,6 +207,10 @@ class MemoryCheck:
         return self.needed_bytes <= self.available_bytes
 
     @property
+    def verdict(self) -> str:
+        return {True: "fits", False: "does NOT fit", None: "not compared"}[self.fits]
+
+    @property
     def tight(self) -> bool:
         return bool(self.available_bytes) and (
             self.needed_bytes > TIGHT_SHARE * (self.available_bytes or 0)
@@ -351,9 +355,10 @@ class Plan(Result):
                 if m.available_bytes is None
                 else f"free {fmt_bytes(m.available_bytes)} on GPU {m.deciding_gpu}"
             )
-            fits = {True: "fits", False: "does NOT fit", None: "not compared"}[m.fits]
             level = "bad" if m.fits is False else ("warn" if m.tight else "")
-            table.add(m.role, "total", fmt_bytes(m.needed_bytes), f"{fits}: {free}", level=level)
+            table.add(
+                m.role, "total", fmt_bytes(m.needed_bytes), f"{m.verdict}: {free}", level=level
+            )
         return table
 
     def _memory_lines(self) -> list[Block]:
