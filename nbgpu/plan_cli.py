@@ -103,21 +103,15 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     if args.scale is not None:
         from nbgpu.sizes import parse_size  # noqa: PLC0415
 
+        memory = args.gpu_memory
         result = planning.scale(
-            args.scale,
-            to_gpus=args.to,
-            from_gpus=args.from_gpus,
+            args.scale, to_gpus=args.to, from_gpus=args.from_gpus,
             batch="keep" if args.keep_batch else "scale",
             tensor_parallel=int(args.tp) if args.tp.isdigit() else args.tp,
-            rules=_pairs(args.rule, "--rule") or None,
-            model=args.model,
-            max_model_len=args.max_model_len,
-            precision=args.precision,
-            inventory=args.fleet,
-            gpu_memory_bytes=None
-            if args.gpu_memory is None
-            else parse_size(args.gpu_memory, "--gpu-memory "),
-        )
+            rules=_pairs(args.rule, "--rule") or None, model=args.model,
+            max_model_len=args.max_model_len, precision=args.precision, inventory=args.fleet,
+            gpu_memory_bytes=None if memory is None else parse_size(memory, "--gpu-memory "),
+        )  # fmt: skip
         return result if args.output is None else result.save(args.output)
     if args.diff or args.yaml or args.overrides or args.output:
         raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
@@ -133,14 +127,8 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     if args.share and args.sweep is None:
         raise UserInputError("--share goes with --sweep RUNS (runs on GPUs other jobs use)")
     if args.sweep is not None:
-        return planning.sweep(
-            args.sweep,
-            args.per_run,
-            allocation=args.allocation,
-            exclude=args.exclude,
-            share=args.share,
-            **common,
-        )
+        return planning.sweep(args.sweep, args.per_run, allocation=args.allocation,
+                              exclude=args.exclude, share=args.share, **common)  # fmt: skip
     return planning.plan(
         args.allocation, num_gpus=args.gpus, require=args.require, exclude=args.exclude, **common
     )

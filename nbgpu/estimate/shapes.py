@@ -131,6 +131,7 @@ def _shape(  # noqa: PLR0917 - one table row per call reads best positionally
     experts: int = 1,
     top_k: int = 1,
     bias: bool = False,
+    dtype: str = "bf16",
 ) -> ModelConfig:
     return ModelConfig(
         name="",
@@ -147,203 +148,106 @@ def _shape(  # noqa: PLR0917 - one table row per call reads best positionally
         num_experts=experts,
         experts_per_token=top_k,
         attention_bias=bias,
-        dtype="bf16",
+        dtype=dtype,
     )
 
 
 # Each row: repo names sharing one shape (base and instruct releases differ only in
 # weights, and in a few cases in max_position_embeddings, which is then a row of its own).
+# fmt: off
 _ROWS: tuple[tuple[tuple[str, ...], ModelConfig], ...] = (
     # Llama 2 - huggingface.co/meta-llama/Llama-2-{7b,13b,70b}-hf/blob/main/config.json
     # (published as float16).
-    (
-        ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf"),
-        replace(
-            _shape("llama", 4096, 32, 32, 32, 11008, 32000, tied=False, context=4096),
-            dtype="fp16",
-        ),
-    ),
-    (
-        ("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b-chat-hf"),
-        replace(
-            _shape("llama", 5120, 40, 40, 40, 13824, 32000, tied=False, context=4096),
-            dtype="fp16",
-        ),
-    ),
-    (
-        ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf"),
-        replace(
-            _shape("llama", 8192, 80, 64, 8, 28672, 32000, tied=False, context=4096),
-            dtype="fp16",
-        ),
-    ),
+    (("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf"),
+     _shape("llama", 4096, 32, 32, 32, 11008, 32000, tied=False, context=4096, dtype="fp16")),
+    (("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b-chat-hf"),
+     _shape("llama", 5120, 40, 40, 40, 13824, 32000, tied=False, context=4096, dtype="fp16")),
+    (("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf"),
+     _shape("llama", 8192, 80, 64, 8, 28672, 32000, tied=False, context=4096, dtype="fp16")),
     # Llama 3 - huggingface.co/meta-llama/Meta-Llama-3-{8B,70B}/blob/main/config.json
-    (
-        ("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct"),
-        _shape("llama", 4096, 32, 32, 8, 14336, 128256, tied=False, context=8192),
-    ),
-    (
-        ("meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct"),
-        _shape("llama", 8192, 80, 64, 8, 28672, 128256, tied=False, context=8192),
-    ),
+    (("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct"),
+     _shape("llama", 4096, 32, 32, 8, 14336, 128256, tied=False, context=8192)),
+    (("meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B-Instruct"),
+     _shape("llama", 8192, 80, 64, 8, 28672, 128256, tied=False, context=8192)),
     # Llama 3.1 / 3.3 - huggingface.co/meta-llama/Llama-3.1-{8B,70B,405B}/blob/main/config.json,
     # huggingface.co/meta-llama/Llama-3.3-70B-Instruct/blob/main/config.json
-    (
-        (
-            "meta-llama/Llama-3.1-8B",
-            "meta-llama/Llama-3.1-8B-Instruct",
-            "meta-llama/Meta-Llama-3.1-8B",
-            "meta-llama/Meta-Llama-3.1-8B-Instruct",
-        ),
-        _shape("llama", 4096, 32, 32, 8, 14336, 128256, tied=False, context=131072),
-    ),
-    (
-        (
-            "meta-llama/Llama-3.1-70B",
-            "meta-llama/Llama-3.1-70B-Instruct",
-            "meta-llama/Meta-Llama-3.1-70B",
-            "meta-llama/Meta-Llama-3.1-70B-Instruct",
-            "meta-llama/Llama-3.3-70B-Instruct",
-        ),
-        _shape("llama", 8192, 80, 64, 8, 28672, 128256, tied=False, context=131072),
-    ),
-    (
-        (
-            "meta-llama/Llama-3.1-405B",
-            "meta-llama/Llama-3.1-405B-Instruct",
-            "meta-llama/Meta-Llama-3.1-405B",
-            "meta-llama/Meta-Llama-3.1-405B-Instruct",
-        ),
-        _shape("llama", 16384, 126, 128, 8, 53248, 128256, tied=False, context=131072),
-    ),
+    (("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct",
+      "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct"),
+     _shape("llama", 4096, 32, 32, 8, 14336, 128256, tied=False, context=131072)),
+    (("meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct",
+      "meta-llama/Meta-Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B-Instruct",
+      "meta-llama/Llama-3.3-70B-Instruct"),
+     _shape("llama", 8192, 80, 64, 8, 28672, 128256, tied=False, context=131072)),
+    (("meta-llama/Llama-3.1-405B", "meta-llama/Llama-3.1-405B-Instruct",
+      "meta-llama/Meta-Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B-Instruct"),
+     _shape("llama", 16384, 126, 128, 8, 53248, 128256, tied=False, context=131072)),
     # Llama 3.2 (text) - huggingface.co/meta-llama/Llama-3.2-{1B,3B}/blob/main/config.json
-    (
-        ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"),
-        _shape("llama", 2048, 16, 32, 8, 8192, 128256, tied=True, context=131072, head_dim=64),
-    ),
-    (
-        ("meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.2-3B-Instruct"),
-        _shape("llama", 3072, 28, 24, 8, 8192, 128256, tied=True, context=131072, head_dim=128),
-    ),
+    (("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"),
+     _shape("llama", 2048, 16, 32, 8, 8192, 128256, tied=True, context=131072, head_dim=64)),
+    (("meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.2-3B-Instruct"),
+     _shape("llama", 3072, 28, 24, 8, 8192, 128256, tied=True, context=131072, head_dim=128)),
     # Qwen2 - huggingface.co/Qwen/Qwen2-{0.5B,1.5B,7B,72B}/blob/main/config.json
-    (
-        ("Qwen/Qwen2-0.5B", "Qwen/Qwen2-0.5B-Instruct"),
-        _shape("qwen2", 896, 24, 14, 2, 4864, 151936, tied=True, context=131072, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2-1.5B", "Qwen/Qwen2-1.5B-Instruct"),
-        _shape("qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True, context=131072, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2-7B",),
-        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=131072, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2-7B-Instruct",),
-        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=32768, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2-72B",),
-        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=131072, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2-72B-Instruct",),
-        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=32768, bias=True),
-    ),
+    (("Qwen/Qwen2-0.5B", "Qwen/Qwen2-0.5B-Instruct"),
+     _shape("qwen2", 896, 24, 14, 2, 4864, 151936, tied=True, context=131072, bias=True)),
+    (("Qwen/Qwen2-1.5B", "Qwen/Qwen2-1.5B-Instruct"),
+     _shape("qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True, context=131072, bias=True)),
+    (("Qwen/Qwen2-7B",),
+     _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=131072, bias=True)),
+    (("Qwen/Qwen2-7B-Instruct",),
+     _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=32768, bias=True)),
+    (("Qwen/Qwen2-72B",),
+     _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=131072, bias=True)),
+    (("Qwen/Qwen2-72B-Instruct",),
+     _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=32768, bias=True)),
     # Qwen2.5 - huggingface.co/Qwen/Qwen2.5-{0.5B..72B}[-Instruct]/blob/main/config.json
-    (
-        ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct"),
-        _shape("qwen2", 896, 24, 14, 2, 4864, 151936, tied=True, context=32768, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct"),
-        _shape("qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True, context=32768, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-3B-Instruct"),
-        _shape("qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True, context=32768, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-7B",),
-        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=131072, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-7B-Instruct",),
-        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=32768, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-14B",),
-        _shape("qwen2", 5120, 48, 40, 8, 13824, 152064, tied=False, context=131072, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-14B-Instruct",),
-        _shape("qwen2", 5120, 48, 40, 8, 13824, 152064, tied=False, context=32768, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-32B",),
-        _shape("qwen2", 5120, 64, 40, 8, 27648, 152064, tied=False, context=131072, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-32B-Instruct",),
-        _shape("qwen2", 5120, 64, 40, 8, 27648, 152064, tied=False, context=32768, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-72B",),
-        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=131072, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-72B-Instruct",),
-        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=32768, bias=True),
-    ),
+    (("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct"),
+     _shape("qwen2", 896, 24, 14, 2, 4864, 151936, tied=True, context=32768, bias=True)),
+    (("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct"),
+     _shape("qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True, context=32768, bias=True)),
+    (("Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-3B-Instruct"),
+     _shape("qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True, context=32768, bias=True)),
+    (("Qwen/Qwen2.5-7B",),
+     _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=131072, bias=True)),
+    (("Qwen/Qwen2.5-7B-Instruct",),
+     _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=32768, bias=True)),
+    (("Qwen/Qwen2.5-14B",),
+     _shape("qwen2", 5120, 48, 40, 8, 13824, 152064, tied=False, context=131072, bias=True)),
+    (("Qwen/Qwen2.5-14B-Instruct",),
+     _shape("qwen2", 5120, 48, 40, 8, 13824, 152064, tied=False, context=32768, bias=True)),
+    (("Qwen/Qwen2.5-32B",),
+     _shape("qwen2", 5120, 64, 40, 8, 27648, 152064, tied=False, context=131072, bias=True)),
+    (("Qwen/Qwen2.5-32B-Instruct",),
+     _shape("qwen2", 5120, 64, 40, 8, 27648, 152064, tied=False, context=32768, bias=True)),
+    (("Qwen/Qwen2.5-72B",),
+     _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=131072, bias=True)),
+    (("Qwen/Qwen2.5-72B-Instruct",),
+     _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=32768, bias=True)),
     # Qwen2.5-VL, language model only (the vision tower is not counted) -
     # huggingface.co/Qwen/Qwen2.5-VL-{3B,7B,72B}-Instruct/blob/main/config.json
-    (
-        ("Qwen/Qwen2.5-VL-3B-Instruct",),
-        _shape("qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True, context=128000, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-VL-7B-Instruct",),
-        _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=128000, bias=True),
-    ),
-    (
-        ("Qwen/Qwen2.5-VL-72B-Instruct",),
-        _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=128000, bias=True),
-    ),
+    (("Qwen/Qwen2.5-VL-3B-Instruct",),
+     _shape("qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True, context=128000, bias=True)),
+    (("Qwen/Qwen2.5-VL-7B-Instruct",),
+     _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=128000, bias=True)),
+    (("Qwen/Qwen2.5-VL-72B-Instruct",),
+     _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=128000, bias=True)),
     # Mistral - huggingface.co/mistralai/Mistral-7B-v0.1, Mistral-7B-Instruct-v0.2,
     # Mistral-7B-v0.3, Mistral-Nemo-Base-2407 /blob/main/config.json
-    (
-        ("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1"),
-        _shape("mistral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768),
-    ),
-    (
-        ("mistralai/Mistral-7B-Instruct-v0.2",),
-        _shape("mistral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768),
-    ),
-    (
-        ("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"),
-        _shape("mistral", 4096, 32, 32, 8, 14336, 32768, tied=False, context=32768),
-    ),
-    (
-        ("mistralai/Mistral-Nemo-Base-2407", "mistralai/Mistral-Nemo-Instruct-2407"),
-        _shape(
-            "mistral", 5120, 40, 32, 8, 14336, 131072, tied=False, context=1024000, head_dim=128
-        ),
-    ),
+    (("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1"),
+     _shape("mistral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768)),
+    (("mistralai/Mistral-7B-Instruct-v0.2",),
+     _shape("mistral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768)),
+    (("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"),
+     _shape("mistral", 4096, 32, 32, 8, 14336, 32768, tied=False, context=32768)),
+    (("mistralai/Mistral-Nemo-Base-2407", "mistralai/Mistral-Nemo-Instruct-2407"),
+     _shape("mistral", 5120, 40, 32, 8, 14336, 131072, tied=False, context=1024000, head_dim=128)),
     # Mixtral - huggingface.co/mistralai/Mixtral-8x7B-v0.1 and Mixtral-8x22B-v0.1
     # /blob/main/config.json (8 experts per layer, 2 per token)
-    (
-        ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
-        _shape(
-            "mixtral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768, experts=8, top_k=2
-        ),
-    ),
-    (
-        ("mistralai/Mixtral-8x22B-v0.1", "mistralai/Mixtral-8x22B-Instruct-v0.1"),
-        _shape(
-            "mixtral", 6144, 56, 48, 8, 16384, 32768, tied=False, context=65536, experts=8, top_k=2
-        ),
-    ),
+    (("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+     _shape("mixtral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768, experts=8, top_k=2)),
+    (("mistralai/Mixtral-8x22B-v0.1", "mistralai/Mixtral-8x22B-Instruct-v0.1"),
+     _shape("mixtral", 6144, 56, 48, 8, 16384, 32768, tied=False, context=65536, experts=8, top_k=2)),
 )
+# fmt: on
 
 
 def _build_table() -> dict[str, ModelConfig]:

@@ -1,21 +1,14 @@
 """The job a plan is made for, validated once with one-line errors, and its batch arithmetic.
 
-Every user-facing value (allocation, GPU lists, batch sizes, divisors, model, precision,
-strategy, optimizer, ports) is checked here and becomes a frozen :class:`Job`; the planner
-below it never sees raw input. Values that only make sense against an inventory (a GPU
-index that does not exist, more GPUs than the box has) are checked by the planner.
-
-**Batches.** The rule is llm-analysis's (``reference/memory.md`` §6): ``global = micro ×
-accum × dp``, so the global batch must be divisible by the data-parallel size; the micro
-batch is the largest divisor of ``global / dp`` that the caller allows, the rest is
-gradient accumulation. On top of that, ``divisors`` divide the global batch (a group size
-that whole groups must fill: AReaL's GRPO ``group_size``) and ``step_divisors`` divide
-``dp × micro``, the samples one step sees across all ranks (TRL's GRPO raises unless
-``num_processes × per_device_train_batch_size`` is divisible by ``num_generations``). An
-invalid batch gets the reason and the nearest valid values below and above, each with its
-(micro, accumulation) splits: batch 8 on 3 trainers → 6 or 9.
-
-Pure: never imports the inventory, sockets or files.
+Every user-facing value is checked here and becomes a frozen :class:`Job`; the planner
+never sees raw input (values that need an inventory, such as a GPU index, it checks).
+**Batches** follow llm-analysis (``reference/memory.md`` §6): ``global = micro × accum ×
+dp``; the micro batch is the largest divisor of ``global / dp`` allowed, the rest is
+accumulation. ``divisors`` divide the global batch (AReaL's GRPO ``group_size``),
+``step_divisors`` divide ``dp × micro``, the samples of one step (TRL's GRPO
+``num_generations``). An invalid batch gets the reason and the nearest valid values below
+and above, with their splits: batch 8 on 3 trainers → 6 or 9. Pure: never imports the
+inventory, sockets or files.
 """
 
 from __future__ import annotations
@@ -44,7 +37,6 @@ __all__ = [
     "check_job_batch",
     "make_job",
     "nearest_batch",
-    "parse_divisors",
     "parse_gpu_list",
     "splits_for",
     "whole_number",
@@ -112,7 +104,7 @@ def parse_gpu_list(value: GpuList, label: str) -> tuple[int, ...]:
     return tuple(items)
 
 
-def parse_divisors(value: Divisors, label: str) -> tuple[tuple[str, int], ...]:
+def _parse_divisors(value: Divisors, label: str) -> tuple[tuple[str, int], ...]:
     """``{"num_generations": 8}``, ``[8]`` or ``"num_generations=8,4"`` → named pairs."""
     if value is None:
         return ()
@@ -226,26 +218,17 @@ def make_job(request: JobRequest) -> Job:
     if not 1 <= r.base_port <= MAX_PORT or isinstance(r.base_port, bool):
         raise UserInputError(f"base_port={r.base_port!r}: expected a TCP port 1..{MAX_PORT}")
     return Job(
-        allocation=parsed,
-        num_gpus=num_gpus,
-        require=required,
-        exclude=excluded,
-        global_batch=r.global_batch,
-        micro_batch=r.micro_batch,
-        grad_accum=r.grad_accum,
-        max_micro_batch=max_micro,
-        divisors=parse_divisors(r.divisors, "divisors"),
-        step_divisors=parse_divisors(r.step_divisors, "step_divisors"),
+        allocation=parsed, num_gpus=num_gpus, require=required, exclude=excluded,
+        global_batch=r.global_batch, micro_batch=r.micro_batch, grad_accum=r.grad_accum,
+        max_micro_batch=max_micro, divisors=_parse_divisors(r.divisors, "divisors"),
+        step_divisors=_parse_divisors(r.step_divisors, "step_divisors"),
         model=None if r.model is None else model_shape(r.model),
         precision=normalize_precision(r.precision),
         strategy=_choice("strategy", r.strategy, tuple(STRATEGIES)),
-        optimizer=_choice("optimizer", r.optimizer, OPTIMIZERS),
-        base_port=r.base_port,
-        name=r.name,
-        seq_len=r.seq_len,
-        activation_checkpointing=bool(r.activation_checkpointing),
+        optimizer=_choice("optimizer", r.optimizer, OPTIMIZERS), base_port=r.base_port,
+        name=r.name, seq_len=r.seq_len, activation_checkpointing=bool(r.activation_checkpointing),
         max_micro_auto=auto,
-    )
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- batches
