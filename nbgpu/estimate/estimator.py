@@ -54,9 +54,7 @@ def _batch_size(example: Any) -> int | None:
 
 
 def _is_module(model: Any) -> bool:
-    return callable(getattr(model, "parameters", None)) and callable(
-        getattr(model, "forward", None)
-    )
+    return all(callable(getattr(model, name, None)) for name in ("parameters", "forward"))
 
 
 def _describe(model: Any, shape: ModelShape) -> str:
@@ -127,23 +125,14 @@ def estimate_memory(
     if not 0 <= fragmentation < 1:
         raise UserInputError(f"fragmentation={fragmentation!r}: expected a fraction in [0, 1)")
     lay = Layout(
-        role=str(role).strip().lower(),
-        precision=normalize_precision(precision),
-        optimizer=str(optimizer).strip().lower(),
-        strategy=str(strategy).strip().lower(),
-        world_size=world_size,
-        data_parallel=world_size // model_parallel,
-        tp=tensor_parallel,
-        pp=pipeline_parallel,
-        micro_batch=micro_batch,
-        seq_len=seq_len,
-        checkpointing=bool(activation_checkpointing),
-        flash_attention=bool(flash_attention),
+        role=str(role).strip().lower(), precision=normalize_precision(precision),
+        optimizer=str(optimizer).strip().lower(), strategy=str(strategy).strip().lower(),
+        world_size=world_size, data_parallel=world_size // model_parallel,
+        tp=tensor_parallel, pp=pipeline_parallel, micro_batch=micro_batch, seq_len=seq_len,
+        checkpointing=bool(activation_checkpointing), flash_attention=bool(flash_attention),
         gradient_as_bucket_view=bool(gradient_as_bucket_view),
-        fragmentation=float(fragmentation),
-        kv_tokens=kv_tokens,
-        foreach=bool(foreach),
-    )
+        fragmentation=float(fragmentation), kv_tokens=kv_tokens, foreach=bool(foreach),
+    )  # fmt: skip
     shape = model_shape(model)
     budget_bytes = None if budget is None else parse_bytes(budget)
     terms = analytic_terms(shape, lay)
@@ -160,24 +149,13 @@ def estimate_memory(
         traced, note = trace_terms(model, analytic=terms, layout=lay,
                                    example_input=example_input, loss_fn=loss_fn)  # fmt: skip
     result = MemoryEstimate(
-        model=_describe(model, shape),
-        parameters=shape.parameters,
-        role=lay.role,
-        precision=lay.precision,
-        optimizer=lay.optimizer,
-        strategy=lay.strategy,
-        world_size=lay.world_size,
-        data_parallel=lay.data_parallel,
-        tensor_parallel=lay.tp,
-        pipeline_parallel=lay.pp,
-        micro_batch=lay.micro_batch,
-        seq_len=lay.seq_len,
-        activation_checkpointing=lay.checkpointing,
-        terms=terms,
-        traced_terms=traced,
-        trace_note=note,
-        budget_bytes=budget_bytes,
-    )
+        model=_describe(model, shape), parameters=shape.parameters, role=lay.role,
+        precision=lay.precision, optimizer=lay.optimizer, strategy=lay.strategy,
+        world_size=lay.world_size, data_parallel=lay.data_parallel, tensor_parallel=lay.tp,
+        pipeline_parallel=lay.pp, micro_batch=lay.micro_batch, seq_len=lay.seq_len,
+        activation_checkpointing=lay.checkpointing, terms=terms, traced_terms=traced,
+        trace_note=note, budget_bytes=budget_bytes,
+    )  # fmt: skip
     if budget_bytes is not None:
         fixed = result.total_bytes - _per_sample_total(result)
         if fixed > budget_bytes:

@@ -246,14 +246,9 @@ def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         return [Term("weights", weights, formula, "weights at the serving precision",
                      "model states")]  # fmt: skip
     states = model_states(
-        shape.parameters,
-        strategy=lay.strategy,
-        precision=lay.precision,
-        optimizer=lay.optimizer,
-        data_parallel=lay.data_parallel,
-        tensor_parallel=lay.tp,
-        pipeline_parallel=lay.pp,
-    )
+        shape.parameters, strategy=lay.strategy, precision=lay.precision, optimizer=lay.optimizer,
+        data_parallel=lay.data_parallel, tensor_parallel=lay.tp, pipeline_parallel=lay.pp,
+    )  # fmt: skip
     acc = states.accounting
     psi = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
     parts = (

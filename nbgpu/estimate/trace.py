@@ -271,16 +271,11 @@ def trace_terms(
         return (), "traced: not tried (the traced step is a training step; analytic used)"
     try:
         example = _example(module, example_input, layout.micro_batch, layout.seq_len)
+        # foreach=True is PyTorch's default on CUDA, which is what the estimate is for.
         peak = trace_step(
-            module,
-            example,
-            micro_batch=layout.micro_batch,
-            optimizer=layout.optimizer,
-            precision=layout.precision,
-            loss_fn=loss_fn,
-            # True: PyTorch's default on CUDA, which is what the estimate is for.
-            foreach=layout.foreach,
-        )
+            module, example, micro_batch=layout.micro_batch, optimizer=layout.optimizer,
+            precision=layout.precision, loss_fn=loss_fn, foreach=layout.foreach,
+        )  # fmt: skip
     except UserInputError:
         raise
     except Exception as exc:  # noqa: BLE001  (any failure of the user's code: say why)
@@ -445,9 +440,6 @@ def compare_step(
     return StepComparison(
         model=f"{type(module).__name__} ({parameters:,} parameters)",
         batch_shape=", ".join(str(list(t.shape)) for t in tensors) or "-",
-        measured_bytes=measured,
-        traced_bytes=traced,
-        analytic_bytes=analytic,
-        trace_note=note,
-        measure_seconds=seconds,
-    )
+        measured_bytes=measured, traced_bytes=traced, analytic_bytes=analytic,
+        trace_note=note, measure_seconds=seconds,
+    )  # fmt: skip

@@ -23,12 +23,7 @@ from nbgpu.errors import UserInputError
 from nbgpu.estimate.estimator import estimate_memory
 from nbgpu.estimate.formulas import STRATEGIES, model_states
 from nbgpu.plan.job import BatchCheck, Job
-from nbgpu.plan.result import (
-    MemoryCheck,
-    MemoryLine,
-    PlannedGpu,
-    RolePlan,
-)
+from nbgpu.plan.result import MemoryCheck, MemoryLine, PlannedGpu, RolePlan
 from nbgpu.problems import Problem
 
 __all__ = [
@@ -43,20 +38,15 @@ __all__ = [
 
 def _estimate(role: RolePlan, job: Job, micro_batch: int, budget: int | None = None) -> Any:
     assert job.model is not None  # noqa: S101  (callers check)
+    train = role.kind == "train"
     return estimate_memory(
-        job.model,
-        role="train" if role.kind == "train" else "inference",
-        precision=job.precision,
-        optimizer=job.optimizer,
-        strategy=job.strategy if role.kind == "train" else "ddp",
+        job.model, role="train" if train else "inference", precision=job.precision,
+        optimizer=job.optimizer, strategy=job.strategy if train else "ddp",
         world_size=role.data_parallel * role.tensor_parallel * role.pipeline_parallel,
-        micro_batch=micro_batch,
-        seq_len=job.seq_len,
-        tensor_parallel=role.tensor_parallel,
+        micro_batch=micro_batch, seq_len=job.seq_len, tensor_parallel=role.tensor_parallel,
         pipeline_parallel=role.pipeline_parallel,
-        activation_checkpointing=job.activation_checkpointing,
-        budget=budget,
-    )
+        activation_checkpointing=job.activation_checkpointing, budget=budget,
+    )  # fmt: skip
 
 
 def free_bytes(gpu: PlannedGpu) -> int | None:
@@ -91,14 +81,10 @@ def memory_check(role: RolePlan, job: Job, batch: BatchCheck | None = None) -> M
     params = f"Ψ = {job.model.parameters:,}"
     if role.kind == "train":
         states = model_states(
-            job.model.parameters,
-            strategy=job.strategy,
-            precision=job.precision,
-            optimizer=job.optimizer,
-            data_parallel=role.data_parallel,
-            tensor_parallel=role.tensor_parallel,
-            pipeline_parallel=role.pipeline_parallel,
-        )
+            job.model.parameters, strategy=job.strategy, precision=job.precision,
+            optimizer=job.optimizer, data_parallel=role.data_parallel,
+            tensor_parallel=role.tensor_parallel, pipeline_parallel=role.pipeline_parallel,
+        )  # fmt: skip
         accounting = f"{states.accounting.text}; {states.formula} with {params} parameters; {what}"
     else:
         accounting = f"{job.precision} weights with {params}; {what}"
@@ -108,16 +94,11 @@ def memory_check(role: RolePlan, job: Job, batch: BatchCheck | None = None) -> M
     if role.kind == "train" and available is not None and job.seq_len is not None:
         largest = _largest_micro(role, job, available)
     return MemoryCheck(
-        role=role.name,
-        lines=lines,
-        accounting=accounting,
-        available_bytes=available,
-        deciding_gpu=None if smallest is None else smallest.nvml_index,
-        not_estimated=missing,
-        gpu_free=tuple((g.nvml_index, free_bytes(g)) for g in role.gpus),
-        micro_batch=micro,
+        role=role.name, lines=lines, accounting=accounting, available_bytes=available,
+        deciding_gpu=None if smallest is None else smallest.nvml_index, not_estimated=missing,
+        gpu_free=tuple((g.nvml_index, free_bytes(g)) for g in role.gpus), micro_batch=micro,
         max_micro_batch=largest,
-    )
+    )  # fmt: skip
 
 
 def memory_problems(

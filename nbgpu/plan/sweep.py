@@ -28,13 +28,7 @@ from nbgpu.plan.allocation import Allocation, RoleSpec
 from nbgpu.plan.job import Job, whole_number
 from nbgpu.plan.placement import Candidate, PortChecker, assign, excluded_gpus, order_pool
 from nbgpu.plan.planner import NO_GPU, build_plan, check_known, gpu_span
-from nbgpu.plan.result import (
-    PLAN_FILE_FORMAT,
-    ExcludedGpu,
-    Plan,
-    plan_title,
-    problem_blocks,
-)
+from nbgpu.plan.result import PLAN_FILE_FORMAT, ExcludedGpu, Plan, plan_title, problem_blocks
 from nbgpu.problems import Problem
 
 __all__ = ["SweepPlan", "build_sweep"]

@@ -32,13 +32,7 @@ from typing import Any
 from nbgpu.errors import UserInputError
 from nbgpu.scale.values import arithmetic, parse_value
 
-__all__ = [
-    "NAME",
-    "LaunchScript",
-    "ScriptValue",
-    "looks_like_script",
-    "read_script",
-]
+__all__ = ["NAME", "LaunchScript", "ScriptValue", "looks_like_script", "read_script"]
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
