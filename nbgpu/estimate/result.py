@@ -137,10 +137,8 @@ class MemoryEstimate(Result):
         return None if self.budget_bytes is None else self.total_bytes <= self.budget_bytes
 
     def term(self, name: str, traced: bool = False) -> Term | None:
-        for t in self.traced_terms if traced else self.terms:
-            if t.name == name:
-                return t
-        return None
+        return next((t for t in (self.traced_terms if traced else self.terms) if t.name == name),
+                    None)  # fmt: skip
 
     # --------------------------------------------------------------- views
     def _sources(self) -> dict[str, int]:
@@ -190,11 +188,8 @@ class MemoryEstimate(Result):
     def _footer(self) -> list[str]:
         lines = []
         if self.budget_bytes is not None:
-            verdict = "fits" if self.fits else "does NOT fit"
-            lines.append(
-                f"budget {fmt_bytes(self.budget_bytes)} per GPU: {fmt_bytes(self.total_bytes)} "
-                f"{verdict}"
-            )
+            verdict = f"{fmt_bytes(self.total_bytes)} {'fits' if self.fits else 'does NOT fit'}"
+            lines.append(f"budget {fmt_bytes(self.budget_bytes)} per GPU: {verdict}")
         if self.max_micro_batch is not None:
             lines.append(f"largest micro batch within the budget: {self.max_micro_batch}")
         if self.trace_note:
@@ -205,11 +200,9 @@ class MemoryEstimate(Result):
                 "(memory that is free at that moment, e.g. gradients set to None, shows 0)"
             )
         if self.uncounted:
-            lines.append(
-                "analytic terms not computable without the model's shape or seq_len: "
-                + ", ".join(self.uncounted)
-                + " (pass a model name or an HF config.json, and seq_len)"
-            )
+            missing = ", ".join(self.uncounted)
+            lines.append(f"analytic terms not computable without the model's shape or seq_len: "
+                         f"{missing} (pass a model name or an HF config.json, and seq_len)")  # fmt: skip
         lines.extend(self.notes)
         return lines
 

@@ -86,11 +86,8 @@ _NOT_NODES = ("allocation", "num_gpus", "require", "exclude", "base_port")
 
 
 def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """Show the :class:`JobRequest` fields in the signature of a function taking ``**job``.
-
-    The keywords are declared once, on the dataclass; ``help(nbgpu.plan)``, IPython's
-    ``?`` and editors that read ``__signature__`` still list each of them.
-    """
+    """Show the :class:`JobRequest` fields (declared once, there) in the signature of a
+    function taking ``**job``, for ``help(nbgpu.plan)``, IPython's ``?`` and editors."""
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)

@@ -8,10 +8,7 @@ any chosen node decides what fits. Without *P*: the most ranks per node that sti
 the most ranks in total; without *nodes*: every node that can hold *P*. A job that does
 not fit names each node that falls short and offers fewer nodes or fewer ranks per node,
 batch checked again. The rendezvous port is picked on the first node when the job starts.
-
-:class:`NodesPlan` is frozen, JSON round-trippable data; launchers read ``ok``,
-``nodelist``, ``nproc_per_node`` and ``node_gpus`` (``%%torchrun --plan p``, ``nbgpu run
---slurm --plan FILE``). Pure: never reads an inventory, files or sockets.
+Pure: never reads an inventory, files or sockets.
 """
 
 from __future__ import annotations
@@ -214,8 +211,7 @@ class NodesPlan(Result):
         ]  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = to_data(self)
-        return {"nbgpu_nodes_plan": PLAN_FILE_FORMAT, **data}
+        return {"nbgpu_nodes_plan": PLAN_FILE_FORMAT, **to_data(self)}
 
 
 # ------------------------------------------------------------------ the planner

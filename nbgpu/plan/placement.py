@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from nbgpu._render import fmt_bytes
 from nbgpu.devices.findings import gpu_health
-from nbgpu.plan.allocation import Allocation, RoleSpec
+from nbgpu.plan.allocation import Allocation
 from nbgpu.plan.job import DEFAULT_BASE_PORT, MAX_PORT
 from nbgpu.plan.result import ExcludedGpu, PlannedGpu
 from nbgpu.problems import Problem
@@ -51,7 +51,6 @@ __all__ = [
     "candidates_from_inventory",
     "excluded_gpus",
     "order_pool",
-    "own_gpus",
     "pick_ports",
     "planned_gpus",
     "port_is_free",
@@ -215,11 +214,6 @@ def assign(
 
 
 T = TypeVar("T")
-
-
-def own_gpus(allocation: Allocation) -> list[RoleSpec]:
-    """The roles that get GPUs of their own (all but the colocated ones)."""
-    return [r for r in allocation.roles if r.colocated_with is None]
 
 
 def shared_groups(allocation: Allocation, groups: list[list[T]] | None) -> list[list[T]] | None:

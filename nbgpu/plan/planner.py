@@ -28,7 +28,6 @@ from nbgpu.plan.placement import (
     assign,
     excluded_gpus,
     order_pool,
-    own_gpus,
     pick_ports,
     planned_gpus,
     shared_groups,
@@ -100,13 +99,11 @@ def _mixed_warning(role: RolePlan) -> Problem | None:
     why = (
         "data-parallel ranks share one micro batch" if train else "tensor-parallel shards are equal"
     )
-    return Problem(
-        "warn",
-        "mixed_gpus",
-        f"role {role.name}",
+    message = (
         f"role {role.name} mixes GPU sizes ({listing}): {why}, so the smallest "
-        f"(GPU {smallest.nvml_index}) decides what fits; the memory check uses it",
+        f"(GPU {smallest.nvml_index}) decides what fits; the memory check uses it"
     )
+    return Problem("warn", "mixed_gpus", f"role {role.name}", message)
 
 
 def _role_checks(
@@ -170,7 +167,7 @@ def build_plan(
         problems.append(Problem("bad", "required_gpu_unusable", f"GPU {i}", message, fixes))
     require_ok = [i for i in job.require if i not in required_bad]
     pool = order_pool(considered, require_ok)
-    counts = [r.gpu_count for r in own_gpus(allocation)]
+    counts = [r.gpu_count for r in allocation.roles if r.colocated_with is None]
     groups = shared_groups(allocation, assign(pool, counts, keep_order=bool(require_ok)))
     ports: tuple[int, ...] = ()
     if groups is None:

@@ -416,5 +416,4 @@ class Plan(Result):
         return rows
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = to_data(self)
-        return {"nbgpu_plan": PLAN_FILE_FORMAT, **data}
+        return {"nbgpu_plan": PLAN_FILE_FORMAT, **to_data(self)}

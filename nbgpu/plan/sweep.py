@@ -61,14 +61,11 @@ class SweepPlan(Result):
     def _table(self) -> Table:
         table = Table(["run", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port", "ready"])
         for run in self.runs:
-            table.add(
-                run.name,
-                " | ".join(r.cuda_visible_devices for r in run.roles),
-                "+".join(str(r.nproc_per_node) for r in run.roles),
-                ",".join(str(r.master_port) for r in run.roles),
-                "yes" if run.ok else _not_ready(run),
-                level="" if run.ok else "bad",
-            )
+            gpus = " | ".join(r.cuda_visible_devices for r in run.roles)
+            nproc = "+".join(str(r.nproc_per_node) for r in run.roles)
+            ports = ",".join(str(r.master_port) for r in run.roles)
+            ready = "yes" if run.ok else _not_ready(run)
+            table.add(run.name, gpus, nproc, ports, ready, level="" if run.ok else "bad")
         return table
 
     def _problems(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
@@ -79,11 +76,8 @@ class SweepPlan(Result):
             # The sweep says once which runs share GPUs in use; each run's copy is for launch.
             problems.extend(p for p in run.problems if p not in problems and p.code != IN_USE)
             in_use = any(p.code == IN_USE for p in run.problems)
-            warnings.extend(
-                w
-                for w in run.warnings
-                if w not in warnings and not (in_use and "is shared with" in w.message)
-            )
+            warnings.extend(w for w in run.warnings if w not in warnings
+                            and not (in_use and "is shared with" in w.message))  # fmt: skip
         return tuple(problems), tuple(warnings)
 
     def content(self) -> list[Block]:
@@ -144,34 +138,24 @@ def _mark_in_use(
         busy = [by_index[i] for r in plan.roles for i in r.nvml_indices if by_index[i].in_use]
         if busy:
             shared.append((n, busy))
-            problem = Problem(
-                "bad",
-                IN_USE,
-                plan.name or f"run{n}",
+            message = (
                 f"{plan.name}: its GPUs run other jobs ({_in_use_text(busy)}); the run would "
-                "share their compute and memory",
-                ("share=True",),
+                "share their compute and memory"
             )
+            problem = Problem("bad", IN_USE, plan.name or f"run{n}", message, ("share=True",))
             plans[n] = replace(plan, problems=(*plan.problems, problem))
     if not shared:
         return []
     names = ", ".join(plans[n].name or f"run{n}" for n, _ in shared)
-    busy_all = sorted(
-        {c.nvml_index: c for _, cs in shared for c in cs}.values(), key=lambda c: c.nvml_index
-    )
+    busy_all = {c.nvml_index: c for _, cs in shared for c in cs}
     fit_now = sum(1 for p in plans if p.ok)
     fixes = (f"runs={fit_now}",) if fit_now else ()
-    return [
-        Problem(
-            "bad",
-            IN_USE,
-            "sweep",
-            f"{fit_now} of {requested or len(plans)} runs fit on free GPUs now; {names} would "
-            f"share GPUs with other jobs ({_in_use_text(busy_all)}), their compute and "
-            "memory: wait for those jobs, or share",
-            (*fixes, "share=True"),
-        )
-    ]
+    message = (
+        f"{fit_now} of {requested or len(plans)} runs fit on free GPUs now; {names} would share "
+        f"GPUs with other jobs ({_in_use_text([busy_all[i] for i in sorted(busy_all)])}), their "
+        "compute and memory: wait for those jobs, or share"
+    )
+    return [Problem("bad", IN_USE, "sweep", message, (*fixes, "share=True"))]
 
 
 def build_sweep(

@@ -54,20 +54,16 @@ RULES: Mapping[str, str] = {
 
 # verl / VAGEN names (the last part of the key) and their rules.
 _LEAVES: Mapping[str, str] = {
-    "train_batch_size": "global_batch",
-    "ppo_mini_batch_size": "global_batch",
-    "ppo_micro_batch_size": "global_batch",
-    "log_prob_micro_batch_size": "global_batch",
-    "ppo_micro_batch_size_per_gpu": "per_gpu",
-    "log_prob_micro_batch_size_per_gpu": "per_gpu",
-    "micro_batch_size_per_gpu": "per_gpu",
+    **dict.fromkeys(("train_batch_size", "ppo_mini_batch_size", "ppo_micro_batch_size",
+                     "log_prob_micro_batch_size"), "global_batch"),
+    **dict.fromkeys(("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu",
+                     "micro_batch_size_per_gpu"), "per_gpu"),
+    **dict.fromkeys(("max_num_seqs", "max_num_batched_tokens"), "per_engine"),
     "tensor_model_parallel_size": "tensor_parallel",
     "gpu_memory_utilization": "memory_fraction",
-    "max_num_seqs": "per_engine",
-    "max_num_batched_tokens": "per_engine",
     "n_gpus_per_node": "gpu_count",
     "cuda_visible_devices": "devices",
-}
+}  # fmt: skip
 
 
 # ------------------------------------------------------------------------ the rules
