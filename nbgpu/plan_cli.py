@@ -7,7 +7,9 @@ calls :mod:`nbgpu.plan`; results are returned for the face to print or display.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from nbgpu.errors import UserInputError
@@ -138,9 +140,6 @@ def _is_cluster_file(fleet: str | None) -> bool:
     """Whether --fleet names what `nbgpu status --slurm --json` writes (fleets per node)."""
     if fleet is None or not fleet.endswith(".json"):
         return False
-    import json  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
     from nbgpu.devices.model import is_cluster  # noqa: PLC0415
 
     try:
@@ -192,12 +191,7 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
 
 def render_plan_output(result: Any, args: argparse.Namespace) -> str | None:
     """The text a face prints for --json/--diff/--yaml/--overrides (None: show the result)."""
-    if args.json:
-        return str(result.to_json())
-    if args.diff:
-        return str(result.diff())
-    if args.yaml:
-        return str(result.to_yaml())
-    if args.overrides:
-        return "\n".join(result.to_overrides())
-    return None
+    for flag, method in (("json", "to_json"), ("diff", "diff"), ("yaml", "to_yaml")):
+        if getattr(args, flag):
+            return str(getattr(result, method)())
+    return "\n".join(result.to_overrides()) if args.overrides else None

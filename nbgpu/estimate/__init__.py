@@ -6,12 +6,10 @@
     nbgpu.estimate.compare(module, batch)      # one real CPU step beside both estimates
 
 This package is callable: ``nbgpu.estimate(...)`` is :func:`estimate_memory`. Its modules:
-``shapes`` (what a model is to the formulas: a count, a name, a config.json, a module; the
-shapes of common open models), ``formulas`` (ZeRO model states, activations, KV cache,
-reserves), ``result`` (:class:`MemoryEstimate`), ``estimator`` (the estimate and the
-largest micro batch), ``trace`` (a fake-tensor step and a real CPU one: the one module
-that imports torch, and only when given a module). This face only re-exports; it never
-imports torch, files or the inventory.
+``shapes`` (a model as the formulas see it; common open models) · ``formulas`` ·
+``result`` (:class:`MemoryEstimate`) · ``estimator`` · ``trace`` (a fake-tensor step and a
+real CPU one: the one module that imports torch, when given a module). This face only
+re-exports; it never imports torch, files or the inventory.
 """
 
 from __future__ import annotations

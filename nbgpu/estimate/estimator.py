@@ -48,9 +48,7 @@ def _batch_size(example: Any) -> int | None:
     if isinstance(example, tuple | list):
         example = example[0] if example else None
     shape = getattr(example, "shape", None)
-    if shape is None or len(shape) == 0:
-        return None
-    return int(shape[0])
+    return int(shape[0]) if shape is not None and len(shape) else None
 
 
 def _is_module(model: Any) -> bool:

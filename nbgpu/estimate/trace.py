@@ -82,14 +82,6 @@ def _default_loss(output: Any, _batch: Any = None) -> torch.Tensor:
     return output.float().square().mean()
 
 
-def _call(module: nn.Module, batch: Any) -> Any:
-    if isinstance(batch, Mapping):
-        return module(**batch)
-    if isinstance(batch, tuple | list):
-        return module(*batch)
-    return module(batch)
-
-
 def run_step(
     module: nn.Module,
     batch: Any,
@@ -97,7 +89,10 @@ def run_step(
     loss_fn: Callable[..., torch.Tensor] | None,
 ) -> None:
     """One training step; the optimizer's first step creates its state, as in real runs."""
-    output = _call(module, batch)
+    if isinstance(batch, Mapping):
+        output = module(**batch)
+    else:
+        output = module(*batch) if isinstance(batch, tuple | list) else module(batch)
     loss = (loss_fn or _default_loss)(output, batch)
     # torch types Tensor.backward without annotations.
     loss.backward()  # type: ignore[no-untyped-call]

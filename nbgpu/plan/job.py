@@ -253,6 +253,10 @@ class BatchOption:
     global_batch: int
     splits: tuple[Split, ...]
 
+    @property
+    def text(self) -> str:
+        return f"{self.global_batch} ({', '.join(s.text for s in self.splits[:2])})"
+
 
 @dataclass(frozen=True)
 class BatchCheck:
@@ -290,9 +294,7 @@ class BatchCheck:
     def advice(self) -> str:
         if not self.nearest:
             return "no valid global batch found near it"
-        options = [f"{o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
-                   for o in self.nearest]  # fmt: skip
-        return "nearest valid: " + " or ".join(options)
+        return "nearest valid: " + " or ".join(o.text for o in self.nearest)
 
 
 def _named(divisors: Sequence[tuple[str, int]]) -> str:
@@ -440,10 +442,7 @@ def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
 
 def batch_problem(check: BatchCheck, subject: str) -> Problem:
     """A batch that does not work, as a problem whose fixes are the nearest valid batches."""
-    fixes = tuple(
-        f"global_batch={o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
-        for o in check.nearest
-    )
+    fixes = tuple(f"global_batch={o.text}" for o in check.nearest)
     return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)
 
 

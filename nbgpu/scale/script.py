@@ -42,7 +42,7 @@ _PROGRAMS = re.compile(
     r"^(?:.*/)?(?:python[0-9.]*|torchrun|accelerate|deepspeed|ray|uv|.*\.py)$", re.IGNORECASE
 )
 _WRAPPERS = frozenset({"env", "nohup", "exec", "time", "nice", "stdbuf", "srun", "command"})
-_SEPARATORS = (";", "&&", "||", "|", "&")
+_SEPARATORS = ("\n", ";", "&&", "||", "|", "&")  # the ends of a command
 #: Environment variables that belong to the config (``rule`` devices in ``rules.py``).
 CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
@@ -195,17 +195,11 @@ class _Lexer:
                 self.i += 2  # a line continuation: the command goes on
             elif c in " \t\r":
                 self.i += 1
-            elif c == "\n":
-                self.i += 1
-                if current:
-                    commands.append(current)
-                    current = []
             elif c == "#":
                 end = text.find("\n", self.i)
                 self.i = len(text) if end < 0 else end
-            elif any(text.startswith(s, self.i) for s in _SEPARATORS):
-                sep = next(s for s in _SEPARATORS if text.startswith(s, self.i))
-                self.i += len(sep)
+            elif text.startswith(_SEPARATORS, self.i):
+                self.i += len(next(s for s in _SEPARATORS if text.startswith(s, self.i)))
                 if current:
                     commands.append(current)
                     current = []
