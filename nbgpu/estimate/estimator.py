@@ -265,12 +265,7 @@ def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
 
     optimizer = kwargs.pop("optimizer", "adamw")
     loss_fn = kwargs.pop("loss_fn", None)
-    analytic = estimate_memory(
-        module,
-        optimizer=optimizer,
-        precision=kwargs.pop("precision", "fp32"),
-        trace=False,
-        example_input=batch,  # the analytic micro batch is the batch's dim 0
-        **kwargs,
-    )
+    # The analytic micro batch is the batch's dim 0.
+    analytic = estimate_memory(module, optimizer=optimizer, trace=False, example_input=batch,
+                               precision=kwargs.pop("precision", "fp32"), **kwargs)  # fmt: skip
     return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)

@@ -280,27 +280,21 @@ def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[in
     qkv = 2 * s * b * h + 4 * s * b * kv_width  # Q, K, V saved for the attention product
     attn_out = 2 * s * b * h
     mlp = (8 if cfg.gated_mlp else 4) * s * b * cfg.intermediate_size
-    if lay.flash_attention:
-        scores = 4 * a * s * b  # fp32 logsumexp per head and token
-        scores_text = "4·a·s·b (flash)"
-    else:
-        scores = 5 * a * s * s * b
-        scores_text = "5·a·s²·b"
+    # Flash attention keeps a fp32 logsumexp per head and token instead of the scores.
+    flash = (4 * a * s * b, "4·a·s·b (flash)")
+    scores, scores_text = flash if lay.flash_attention else (5 * a * s * s * b, "5·a·s²·b")
     per_layer = replicated + (qkv + attn_out + mlp + scores) / t
     layers = cfg.num_layers  # 1F1B: the first stage holds p micro batches × L/p layers
     mlp_text = f"{'8' if cfg.gated_mlp else '4'}·s·b·I"
     tp_text = f"/{t}" if t > 1 else ""
+    layer = f"[10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + {mlp_text} + {scores_text}){tp_text}]"
     if lay.checkpointing:
         # Full recompute: each layer keeps its 16-bit input; one layer's activations are
         # rebuilt at a time during the backward pass.
         total = layers * 2 * s * b * h / t + per_layer
-        formula = (
-            f"L·2·s·b·h{tp_text} + one layer [10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + "
-            f"{mlp_text} + {scores_text}){tp_text}] (full recompute)"
-        )
+        formula = f"L·2·s·b·h{tp_text} + one layer {layer} (full recompute)"
     else:
-        total = layers * per_layer
-        formula = f"L·[10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + {mlp_text} + {scores_text}){tp_text}]"
+        total, formula = layers * per_layer, f"L·{layer}"
     return math.ceil(total * scale), formula
 
 

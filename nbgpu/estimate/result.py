@@ -147,23 +147,18 @@ class MemoryEstimate(Result):
         return {src: n for n, src in enumerate(dict.fromkeys(every), 1)}
 
     def _table(self) -> Table:
-        traced = {t.name: t for t in self.traced_terms}
-        numbers = self._sources()
+        traced, numbers = bool(self.traced_terms), self._sources()
         headers = ["term", "analytic"] + (["traced"] if traced else []) + ["formula"]
         table = Table(headers, flex=len(headers) - 1)
-        for t in self.terms:
-            cells = [f"{t.name} [{numbers[t.source]}]", fmt_bytes(t.bytes_per_gpu)]
-            if t.bytes_per_gpu is None:
-                cells[1] = "?"
+        for row in self.records():  # analytic terms, then traced-only ones (temporaries)
+            analytic = "?" if row["analytic_bytes"] is None else fmt_bytes(row["analytic_bytes"])
+            if self.term(row["term"]) is None:
+                analytic = "-"
+            cells = [f"{row['term']} [{numbers[row['source']]}]", analytic]
             if traced:
-                other = traced.get(t.name)
-                cells.append("-" if other is None else fmt_bytes(other.bytes_per_gpu))
-            cells.append(t.formula)
-            table.add(*cells, level="warn" if t.bytes_per_gpu is None else "")
-        for name, t in traced.items():  # traced-only terms (temporaries)
-            if self.term(name) is None:
-                label = f"{name} [{numbers[t.source]}]"
-                table.add(label, "-", fmt_bytes(t.bytes_per_gpu), t.formula)
+                other = row["traced_bytes"]
+                cells.append("-" if other is None else fmt_bytes(other))
+            table.add(*cells, row["formula"], level="warn" if analytic == "?" else "")
         total = ["total per GPU", fmt_bytes(self.analytic_bytes)]
         if traced:
             total.append(fmt_bytes(self.traced_bytes))

@@ -239,16 +239,15 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 def _failure_reason(exc: BaseException) -> str:
     name = type(exc).__name__
     first = (str(exc).strip().splitlines() or [""])[0]
-    hints = {
+    unsupported = "an operator without a fake (meta) kernel, e.g. a custom CUDA op"
+    what = {
         "DataDependentOutputException": "data-dependent control flow (a Python branch on a "
         "tensor's value)",
         "DynamicOutputShapeException": "an output whose shape depends on tensor values",
-        "UnsupportedOperatorException": "an operator without a fake (meta) kernel, e.g. a "
-        "custom CUDA op",
-    }
-    what = hints.get(name)
+        "UnsupportedOperatorException": unsupported,
+    }.get(name)
     if what is None and ("fake impl" in first or "meta kernel" in first.lower()):
-        what = hints["UnsupportedOperatorException"]
+        what = unsupported
     return f"{what}: {name}" if what else f"{name}: {first[:160]}"
 
 

@@ -2,15 +2,11 @@
 and ``.plan_from_json()``.
 
 They check the input once (one ``UserInputError`` line per mistake), take the inventory
-snapshot (``inventory=`` an ``Inventory``, a fleet spec / scenario / fleet JSON path, or
-``None`` for this machine) or each node's (a cluster: what ``nbgpu status --slurm --json``
-writes, ``%gpu_status --slurm``'s result, or node names mapped to fleets), read config and
-plan files, and hand plain data to the pure modules: ``planner`` (one box), ``sweep``
-(disjoint runs), ``multinode`` (one job across nodes), :mod:`nbgpu.scale` (a config
-rescaled). A saved inventory is read back as the inventory it is, so its GPUs keep the
-findings, health and holders they had where it was taken. The only module of ``plan/``
-that takes an inventory or reads files; never imports IPython, pynvml or psutil directly
-(the inventory module, which does, is imported when a snapshot is taken).
+snapshot, or each node's for a cluster, read config and plan files, and hand plain data to
+the pure modules. A saved inventory is read back as the inventory it is, so its GPUs keep
+the findings, health and holders they had where it was taken. The only module of
+``plan/`` that takes an inventory or reads files; never imports IPython, pynvml or psutil
+directly (the inventory module, which does, is imported when a snapshot is taken).
 """
 
 from __future__ import annotations
@@ -263,17 +259,16 @@ def scale(
         candidates, _, _ = _gpus(inventory, environ)
         pool = order_pool(candidates)
         devices = [c.nvml_index for c in pool]
-        if to_gpus is None:
-            to_gpus = len(devices)
+        to_gpus = len(devices) if to_gpus is None else to_gpus
         if to_gpus > len(devices):
             left = "; ".join(f"GPU {c.nvml_index}: {c.health}" for c in candidates if not c.usable)
             message = f"{to_gpus} GPUs asked for but {len(devices)} are usable"
             message += f" ({left})" if left else ""
             problems.append(Problem("bad", "not_enough_gpus", "GPUs", message))
-        chosen = pool[:to_gpus] or list(candidates)
-        if gpu_memory_bytes is None:
-            sizes = [c.memory_total_bytes for c in chosen if c.memory_total_bytes]
-            gpu_memory_bytes = min(sizes) if sizes else None
+        if gpu_memory_bytes is None:  # the smallest GPU the config will run on
+            chosen = pool[:to_gpus] or candidates
+            gpu_memory_bytes = min((c.memory_total_bytes for c in chosen if c.memory_total_bytes),
+                                   default=None)  # fmt: skip
     if to_gpus is None:
         raise UserInputError("scale: pass to_gpus=N (or inventory= to use its usable GPUs)")
     result = scale_config(

@@ -168,18 +168,17 @@ def colocation_problems(
         if len(group) < 2 or not anchor.gpus:
             continue
         names = " and ".join(r.name for r in group)
-        engines = [r.name for r in group if r.kind == "inference"]
-        fraction = (
-            f"; {', '.join(engines)}'s memory fraction (SGLang mem_fraction_static, vLLM "
-            "gpu_memory_utilization) must leave room for the trainer, or the engine must "
-            "release its memory while training steps"
-            if engines
-            else ""
-        )
+        engines = ", ".join(r.name for r in group if r.kind == "inference")
         message = (
             f"{names} share GPUs {anchor.cuda_visible_devices} (colocated): each GPU holds the "
-            f"memory of every role at once{fraction}"
+            "memory of every role at once"
         )
+        if engines:
+            message += (
+                f"; {engines}'s memory fraction (SGLang mem_fraction_static, vLLM "
+                "gpu_memory_utilization) must leave room for the trainer, or the engine must "
+                "release its memory while training steps"
+            )
         warnings.append(Problem("warn", "colocated", names, message))
         known = [checks[r.name] for r in group if r.name in checks]
         have = min(

@@ -228,9 +228,9 @@ class _Node:
         return len(self.pool)
 
     def cleanliness(self, count: int) -> tuple[int, int]:
-        """(caveats among the *count* GPUs it would give, its unusable GPUs): (0, 0) is a
-        node with nothing wrong. A node with a lost or held GPU comes after one without:
-        what broke one GPU (a fault, a stuck job) can still touch its neighbours."""
+        """(caveats among the *count* GPUs it would give, its unusable GPUs): a node with a
+        lost or held GPU comes after one without, since what broke one GPU (a fault, a stuck
+        job) can still touch its neighbours."""
         return sum(c.grade for c in self.pool[:count]), len(self.candidates) - self.capacity
 
     def shortfall(self, per_node: int) -> str:

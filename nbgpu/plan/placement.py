@@ -178,14 +178,10 @@ def order_pool(candidates: Sequence[Candidate], require: Sequence[int] = ()) -> 
     return first + rest
 
 
-def _memory_class(c: Candidate) -> tuple[int, str]:
-    return (c.memory_total_bytes or 0, c.name or "")
-
-
 def _pick(remaining: list[Candidate], count: int) -> list[Candidate]:
-    groups: dict[tuple[int, str], list[Candidate]] = {}
+    groups: dict[tuple[int, str], list[Candidate]] = {}  # GPUs alike: same memory and model
     for c in remaining:
-        groups.setdefault(_memory_class(c), []).append(c)
+        groups.setdefault((c.memory_total_bytes or 0, c.name or ""), []).append(c)
     # Among classes that can hold the whole role, take the one whose best GPU comes first.
     whole = [members[:count] for members in groups.values() if len(members) >= count]
     if whole:

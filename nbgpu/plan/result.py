@@ -243,9 +243,7 @@ class Alternative:
 
     @property
     def status(self) -> str:
-        if self.plan is None:
-            return ""
-        return " — ready" if self.plan.ok else " — also blocked"
+        return "" if self.plan is None else (" — ready" if self.plan.ok else " — also blocked")
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ class SweepPlan(Result):
             gpus = " | ".join(r.cuda_visible_devices for r in run.roles)
             nproc = "+".join(str(r.nproc_per_node) for r in run.roles)
             ports = ",".join(str(r.master_port) for r in run.roles)
-            ready = "yes" if run.ok else _not_ready(run)
+            only_in_use = {p.code for p in run.problems} == {IN_USE}
+            ready = "yes" if run.ok else ("NO: GPUs in use" if only_in_use else "NO")
             table.add(run.name, gpus, nproc, ports, ready, level="" if run.ok else "bad")
         return table
 
@@ -106,11 +107,6 @@ class SweepPlan(Result):
 
 
 IN_USE = "gpus_in_use"
-
-
-def _not_ready(run: Plan) -> str:
-    codes = {p.code for p in run.problems}
-    return "NO: GPUs in use" if codes == {IN_USE} else "NO"
 
 
 def _in_use_text(cands: Sequence[Candidate]) -> str:

@@ -2,11 +2,9 @@
 arithmetic.
 
 Nested YAML, flat ``a.b.c`` keys and Hydra overrides all become the same :class:`Entry`
-list, so the rules match a key by its last name anywhere in the config. A value reads as
-YAML would type it (``parse_value``), prints as a config or a command line writes it
-(``value_text``, ``override_text``); a launch script's ``$((...))`` is evaluated over
-whole numbers by Python's ``ast`` (``arithmetic``). Pure text; never reads files nor
-executes code.
+list, so the rules match a key by its last name anywhere in the config. A launch script's
+``$((...))`` is evaluated over whole numbers by Python's ``ast``. Pure text; never reads
+files nor executes code.
 """
 
 from __future__ import annotations
