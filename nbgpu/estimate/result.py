@@ -195,9 +195,10 @@ class MemoryEstimate(Result):
                 "(memory that is free at that moment, e.g. gradients set to None, shows 0)"
             )
         if self.uncounted:
+            how = "pass a model name or an HF config.json, and seq_len"
             missing = ", ".join(self.uncounted)
             lines.append(f"analytic terms not computable without the model's shape or seq_len: "
-                         f"{missing} (pass a model name or an HF config.json, and seq_len)")  # fmt: skip
+                         f"{missing} ({how})")  # fmt: skip
         lines.extend(self.notes)
         return lines
 

@@ -315,18 +315,15 @@ def splits_for(
         return ()
     per_rank = global_batch // data_parallel
     small = [i for i in range(1, math.isqrt(per_rank) + 1) if per_rank % i == 0]
-    found = []
-    for micro in sorted({*small, *(per_rank // i for i in small)}, reverse=True):
-        accum = per_rank // micro
-        if (micro_batch is not None and micro != micro_batch) or (
-            grad_accum is not None and accum != grad_accum
-        ):
-            continue
-        if max_micro_batch is not None and micro > max_micro_batch:
-            continue
-        if not any((data_parallel * micro) % k for _, k in step_divisors):
-            found.append(Split(micro, accum))
-    return tuple(found)
+    micros = sorted({*small, *(per_rank // i for i in small)}, reverse=True)
+    return tuple(
+        Split(micro, per_rank // micro)
+        for micro in micros
+        if micro_batch in (None, micro)
+        and grad_accum in (None, per_rank // micro)
+        and (max_micro_batch is None or micro <= max_micro_batch)
+        and not any((data_parallel * micro) % k for _, k in step_divisors)
+    )
 
 
 def _invalid_reason(check: BatchCheck, splits: Callable[..., tuple[Split, ...]]) -> str | None:

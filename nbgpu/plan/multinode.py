@@ -333,8 +333,9 @@ def build_nodes_plan(
     problems: list[Problem] = []
     if len(chosen) < nodes or nproc_per_node < 1:
         short = [f"{n.node}: {n.reason}" for n in left_out if not n.reason.startswith("not ")]
-        fixes = [f"on {n.name}: {c.problems[0].fixes[0]}" for n in every for c in n.candidates
-                 if not c.usable and c.recoverable and c.problems and c.problems[0].fixes]  # fmt: skip
+        held = [(n, c) for n in every for c in n.candidates if not c.usable and c.recoverable]
+        fixes = [f"on {n.name}: {c.problems[0].fixes[0]}" for n, c in held
+                 if c.problems and c.problems[0].fixes]  # fmt: skip
         shape = f"{nodes} node(s) × {per_node} GPUs"
         message = (
             f"{shape} needs {nodes} node(s) with {per_node} usable GPUs each; {len(fits)} of "
