@@ -43,8 +43,7 @@ from nbgpu.estimate import (  # noqa: E402
     estimate,
     largest_micro_batch,
 )
-from nbgpu.estimate.measure import measure_step  # noqa: E402
-from nbgpu.estimate.trace import trace_step  # noqa: E402
+from nbgpu.estimate.trace import measure_step, trace_step  # noqa: E402
 from tests.estimate.toy_models import TinyGPT, TinyLlama, cases  # noqa: E402
 
 GB = 10**9

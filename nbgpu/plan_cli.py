@@ -7,7 +7,9 @@ calls :mod:`nbgpu.plan`; results are returned for the face to print or display.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from nbgpu.errors import UserInputError
@@ -103,21 +105,15 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     if args.scale is not None:
         from nbgpu.sizes import parse_size  # noqa: PLC0415
 
+        memory = args.gpu_memory
         result = planning.scale(
-            args.scale,
-            to_gpus=args.to,
-            from_gpus=args.from_gpus,
+            args.scale, to_gpus=args.to, from_gpus=args.from_gpus,
             batch="keep" if args.keep_batch else "scale",
             tensor_parallel=int(args.tp) if args.tp.isdigit() else args.tp,
-            rules=_pairs(args.rule, "--rule") or None,
-            model=args.model,
-            max_model_len=args.max_model_len,
-            precision=args.precision,
-            inventory=args.fleet,
-            gpu_memory_bytes=None
-            if args.gpu_memory is None
-            else parse_size(args.gpu_memory, "--gpu-memory "),
-        )
+            rules=_pairs(args.rule, "--rule") or None, model=args.model,
+            max_model_len=args.max_model_len, precision=args.precision, inventory=args.fleet,
+            gpu_memory_bytes=None if memory is None else parse_size(memory, "--gpu-memory "),
+        )  # fmt: skip
         return result if args.output is None else result.save(args.output)
     if args.diff or args.yaml or args.overrides or args.output:
         raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
@@ -133,14 +129,8 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     if args.share and args.sweep is None:
         raise UserInputError("--share goes with --sweep RUNS (runs on GPUs other jobs use)")
     if args.sweep is not None:
-        return planning.sweep(
-            args.sweep,
-            args.per_run,
-            allocation=args.allocation,
-            exclude=args.exclude,
-            share=args.share,
-            **common,
-        )
+        return planning.sweep(args.sweep, args.per_run, allocation=args.allocation,
+                              exclude=args.exclude, share=args.share, **common)  # fmt: skip
     return planning.plan(
         args.allocation, num_gpus=args.gpus, require=args.require, exclude=args.exclude, **common
     )
@@ -150,9 +140,6 @@ def _is_cluster_file(fleet: str | None) -> bool:
     """Whether --fleet names what `nbgpu status --slurm --json` writes (fleets per node)."""
     if fleet is None or not fleet.endswith(".json"):
         return False
-    import json  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
     from nbgpu.devices.model import is_cluster  # noqa: PLC0415
 
     try:
@@ -204,12 +191,7 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
 
 def render_plan_output(result: Any, args: argparse.Namespace) -> str | None:
     """The text a face prints for --json/--diff/--yaml/--overrides (None: show the result)."""
-    if args.json:
-        return str(result.to_json())
-    if args.diff:
-        return str(result.diff())
-    if args.yaml:
-        return str(result.to_yaml())
-    if args.overrides:
-        return "\n".join(result.to_overrides())
-    return None
+    for flag, method in (("json", "to_json"), ("diff", "diff"), ("yaml", "to_yaml")):
+        if getattr(args, flag):
+            return str(getattr(result, method)())
+    return "\n".join(result.to_overrides()) if args.overrides else None

@@ -6,12 +6,10 @@
     nbgpu.estimate.compare(module, batch)      # one real CPU step beside both estimates
 
 This package is callable: ``nbgpu.estimate(...)`` is :func:`estimate_memory`. Its modules:
-``shapes`` (what a model is to the formulas: a count, a name, a config.json, a module),
-``builtin_models`` (the shapes of common open models), ``formulas`` (ZeRO model states,
-activations, KV cache, reserves), ``result`` (:class:`MemoryEstimate`), ``estimator``
-(the estimate and the largest micro batch), ``trace`` and ``measure`` (a fake-tensor and
-a real CPU step: the only modules that import torch, and only when given a module).
-This face only re-exports; it never imports torch, files or the inventory.
+``shapes`` (a model as the formulas see it; common open models) · ``formulas`` ·
+``result`` (:class:`MemoryEstimate`) · ``estimator`` · ``trace`` (a fake-tensor step and a
+real CPU one: the one module that imports torch, when given a module). This face only
+re-exports; it never imports torch, files or the inventory.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from __future__ import annotations
 import sys
 import types
 
-from nbgpu.estimate.builtin_models import ModelConfig, lookup_model
 from nbgpu.estimate.estimator import compare, estimate_memory, largest_micro_batch, parse_bytes
 from nbgpu.estimate.result import (
     CUDA_CONTEXT_BYTES,
@@ -28,7 +25,7 @@ from nbgpu.estimate.result import (
     MemoryEstimate,
     Term,
 )
-from nbgpu.estimate.shapes import ModelShape, model_shape
+from nbgpu.estimate.shapes import ModelConfig, ModelShape, lookup_model, model_shape
 
 __all__ = [
     "CUDA_CONTEXT_BYTES",

@@ -1,21 +1,13 @@
 """Per-GPU memory of a training or inference process, term by term, with formulas and sources.
 
-``estimate_memory()`` (``nbgpu.estimate(...)``) answers "how many bytes will each GPU need" before anything runs:
-
-- **analytic** terms, always: model states from :mod:`nbgpu.estimate.formulas` (the ZeRO paper's
-  formulas), activations after Korthikanti et al. (with and without checkpointing), logits
-  and loss, the KV cache, and the per-process reserves the PyTorch allocator never sees
-  (CUDA context, NCCL buffers, DDP gradient buckets) plus a fragmentation margin;
-- **traced** terms, for a live ``torch.nn.Module``: one forward + backward + optimizer step
-  under fake tensors (:mod:`nbgpu.estimate.trace`), so the activations are your module's, not a
-  formula's. When tracing fails the analytic answer stands, with the reason.
-
-Activations, logits and the KV cache grow linearly with the micro batch and everything
-else does not, so the largest micro batch that fits a budget is one division
-(:func:`largest_micro_batch`): no out-of-memory trials.
-
-Pure arithmetic: imports ``formulas``, ``shapes``, ``_render``, ``sizes`` and ``errors``;
-never torch, except ``trace`` (and with it torch) when a module is given.
+``estimate_memory()`` (``nbgpu.estimate(...)``) answers "how many bytes will each GPU need"
+before anything runs: **analytic** terms always (:mod:`~nbgpu.estimate.formulas`), and for a
+live ``torch.nn.Module`` **traced** ones, from one step under fake tensors
+(:mod:`~nbgpu.estimate.trace`), so the activations are your module's, not a formula's; when
+tracing fails the analytic answer stands, with the reason. Activations, logits and the KV
+cache grow linearly with the micro batch and everything else does not, so the largest micro
+batch that fits a budget is one division (:func:`largest_micro_batch`): no out-of-memory
+trials. Pure arithmetic; never imports torch, except ``trace`` when a module is given.
 """
 
 from __future__ import annotations
@@ -38,13 +30,7 @@ from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, MemoryEstima
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.sizes import parse_size
 
-__all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes", "whole_number"]
-
-
-def whole_number(label: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UserInputError(f"{label}={value!r}: expected a whole number >= {minimum}")
-    return value
+__all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes"]
 
 
 def parse_bytes(value: Any, label: str = "budget") -> int:
@@ -62,15 +48,11 @@ def _batch_size(example: Any) -> int | None:
     if isinstance(example, tuple | list):
         example = example[0] if example else None
     shape = getattr(example, "shape", None)
-    if shape is None or len(shape) == 0:
-        return None
-    return int(shape[0])
+    return int(shape[0]) if shape is not None and len(shape) else None
 
 
 def _is_module(model: Any) -> bool:
-    return callable(getattr(model, "parameters", None)) and callable(
-        getattr(model, "forward", None)
-    )
+    return all(callable(getattr(model, name, None)) for name in ("parameters", "forward"))
 
 
 def _describe(model: Any, shape: ModelShape) -> str:
@@ -128,8 +110,10 @@ def estimate_memory(
               "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
               "kv_tokens": kv_tokens}  # fmt: skip
     for label, count in counts.items():
-        if count is not None or label in ("world_size", "tensor_parallel", "pipeline_parallel"):
-            whole_number(label, count)
+        if count is None and label in ("micro_batch", "seq_len", "kv_tokens"):
+            continue
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise UserInputError(f"{label}={count!r}: expected a whole number >= 1")
     model_parallel = tensor_parallel * pipeline_parallel
     if world_size % model_parallel:
         raise UserInputError(
@@ -139,23 +123,14 @@ def estimate_memory(
     if not 0 <= fragmentation < 1:
         raise UserInputError(f"fragmentation={fragmentation!r}: expected a fraction in [0, 1)")
     lay = Layout(
-        role=str(role).strip().lower(),
-        precision=normalize_precision(precision),
-        optimizer=str(optimizer).strip().lower(),
-        strategy=str(strategy).strip().lower(),
-        world_size=world_size,
-        data_parallel=world_size // model_parallel,
-        tp=tensor_parallel,
-        pp=pipeline_parallel,
-        micro_batch=micro_batch,
-        seq_len=seq_len,
-        checkpointing=bool(activation_checkpointing),
-        flash_attention=bool(flash_attention),
+        role=str(role).strip().lower(), precision=normalize_precision(precision),
+        optimizer=str(optimizer).strip().lower(), strategy=str(strategy).strip().lower(),
+        world_size=world_size, data_parallel=world_size // model_parallel,
+        tp=tensor_parallel, pp=pipeline_parallel, micro_batch=micro_batch, seq_len=seq_len,
+        checkpointing=bool(activation_checkpointing), flash_attention=bool(flash_attention),
         gradient_as_bucket_view=bool(gradient_as_bucket_view),
-        fragmentation=float(fragmentation),
-        kv_tokens=kv_tokens,
-        foreach=bool(foreach),
-    )
+        fragmentation=float(fragmentation), kv_tokens=kv_tokens, foreach=bool(foreach),
+    )  # fmt: skip
     shape = model_shape(model)
     budget_bytes = None if budget is None else parse_bytes(budget)
     terms = analytic_terms(shape, lay)
@@ -172,24 +147,13 @@ def estimate_memory(
         traced, note = trace_terms(model, analytic=terms, layout=lay,
                                    example_input=example_input, loss_fn=loss_fn)  # fmt: skip
     result = MemoryEstimate(
-        model=_describe(model, shape),
-        parameters=shape.parameters,
-        role=lay.role,
-        precision=lay.precision,
-        optimizer=lay.optimizer,
-        strategy=lay.strategy,
-        world_size=lay.world_size,
-        data_parallel=lay.data_parallel,
-        tensor_parallel=lay.tp,
-        pipeline_parallel=lay.pp,
-        micro_batch=lay.micro_batch,
-        seq_len=lay.seq_len,
-        activation_checkpointing=lay.checkpointing,
-        terms=terms,
-        traced_terms=traced,
-        trace_note=note,
-        budget_bytes=budget_bytes,
-    )
+        model=_describe(model, shape), parameters=shape.parameters, role=lay.role,
+        precision=lay.precision, optimizer=lay.optimizer, strategy=lay.strategy,
+        world_size=lay.world_size, data_parallel=lay.data_parallel, tensor_parallel=lay.tp,
+        pipeline_parallel=lay.pp, micro_batch=lay.micro_batch, seq_len=lay.seq_len,
+        activation_checkpointing=lay.checkpointing, terms=terms, traced_terms=traced,
+        trace_note=note, budget_bytes=budget_bytes,
+    )  # fmt: skip
     if budget_bytes is not None:
         fixed = result.total_bytes - _per_sample_total(result)
         if fixed > budget_bytes:
@@ -297,16 +261,11 @@ def largest_micro_batch(
 
 def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
     """One real CPU step of *module* on *batch*: measured peak beside both estimates."""
-    from nbgpu.estimate.measure import compare_step  # noqa: PLC0415  (imports torch)
+    from nbgpu.estimate.trace import compare_step  # noqa: PLC0415  (imports torch)
 
     optimizer = kwargs.pop("optimizer", "adamw")
     loss_fn = kwargs.pop("loss_fn", None)
-    analytic = estimate_memory(
-        module,
-        optimizer=optimizer,
-        precision=kwargs.pop("precision", "fp32"),
-        trace=False,
-        example_input=batch,  # the analytic micro batch is the batch's dim 0
-        **kwargs,
-    )
+    # The analytic micro batch is the batch's dim 0.
+    analytic = estimate_memory(module, optimizer=optimizer, trace=False, example_input=batch,
+                               precision=kwargs.pop("precision", "fp32"), **kwargs)  # fmt: skip
     return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)

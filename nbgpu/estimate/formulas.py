@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
-from nbgpu.estimate.builtin_models import ModelConfig
 from nbgpu.estimate.result import (
     CUDA_CONTEXT_BYTES,
     NCCL_BYTES_PER_GROUP,
@@ -52,7 +51,7 @@ from nbgpu.estimate.result import (
     SRC_ZERO,
     Term,
 )
-from nbgpu.estimate.shapes import ModelShape
+from nbgpu.estimate.shapes import ModelConfig, ModelShape
 
 __all__ = [
     "OPTIMIZERS",
@@ -70,13 +69,14 @@ __all__ = [
 
 #: Bytes of one value of each training/inference precision.
 PRECISIONS: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
-#: Sharding strategies and what each shards, for messages.
-STRATEGIES: Mapping[str, str] = {
-    "ddp": "nothing sharded",
-    "zero1": "optimizer state sharded",
-    "zero2": "optimizer state and gradients sharded",
-    "zero3": "parameters, gradients and optimizer state sharded",
-    "fsdp": "full shard, counted as ZeRO-3",
+#: Sharding strategies and what each shards over the data-parallel ranks: (parameters,
+#: gradients, optimizer state). FSDP's full shard is counted as ZeRO-3.
+STRATEGIES: Mapping[str, tuple[bool, bool, bool]] = {
+    "ddp": (False, False, False),
+    "zero1": (False, False, True),
+    "zero2": (False, True, True),
+    "zero3": (True, True, True),
+    "fsdp": (True, True, True),
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
 
@@ -160,12 +160,11 @@ class ModelStates:
         n = self.data_parallel
         shard = "Ψ" if self.model_parallel == 1 else f"Ψ/{self.model_parallel}"
         text = {
-            "ddp": f"({p}+{g}+{k})·{shard}",
-            "zero1": f"({p}+{g})·{shard} + {k}·{shard}/{n}",
-            "zero2": f"{p}·{shard} + ({g}+{k})·{shard}/{n}",
-            "zero3": f"({p}+{g}+{k})·{shard}/{n}",
-            "fsdp": f"({p}+{g}+{k})·{shard}/{n}",
-        }[self.strategy]
+            (False, False, False): f"({p}+{g}+{k})·{shard}",
+            (False, False, True): f"({p}+{g})·{shard} + {k}·{shard}/{n}",
+            (False, True, True): f"{p}·{shard} + ({g}+{k})·{shard}/{n}",
+            (True, True, True): f"({p}+{g}+{k})·{shard}/{n}",
+        }[STRATEGIES[self.strategy]]
         return f"{self.strategy}: {text}"
 
 
@@ -185,8 +184,8 @@ def model_states(
     pipeline_parallel: int = 1,
 ) -> ModelStates:
     """Per-GPU parameter, gradient and optimizer bytes (ZeRO paper formulas)."""
-    _check_count("parameter count", parameters)
     for label, value in (
+        ("parameter count", parameters),
         ("data-parallel degree", data_parallel),
         ("tensor-parallel degree", tensor_parallel),
         ("pipeline-parallel degree", pipeline_parallel),
@@ -197,24 +196,14 @@ def model_states(
         raise UserInputError(f"strategy={strategy!r}: expected one of {', '.join(STRATEGIES)}")
     acc = byte_accounting(precision, optimizer)
     shard = parameters / (tensor_parallel * pipeline_parallel)
-    n = data_parallel
-    p, g, k = acc.param_bytes * shard, acc.grad_bytes * shard, acc.optimizer_bytes * shard
-    if strat in ("zero1", "zero2", "zero3", "fsdp"):
-        k /= n
-    if strat in ("zero2", "zero3", "fsdp"):
-        g /= n
-    if strat in ("zero3", "fsdp"):
-        p /= n
-    return ModelStates(
-        parameters=parameters,
-        strategy=strat,
-        data_parallel=n,
-        model_parallel=tensor_parallel * pipeline_parallel,
-        accounting=acc,
-        params_bytes=math.ceil(p),
-        grads_bytes=math.ceil(g),
-        optimizer_bytes=math.ceil(k),
+    p, g, k = (
+        math.ceil(per * shard / (data_parallel if sharded else 1))
+        for per, sharded in zip(
+            (acc.param_bytes, acc.grad_bytes, acc.optimizer_bytes), STRATEGIES[strat], strict=True
+        )
     )
+    return ModelStates(parameters, strat, data_parallel, tensor_parallel * pipeline_parallel,
+                       acc, p, g, k)  # fmt: skip
 
 
 def weight_bytes(
@@ -251,56 +240,27 @@ class Layout:
 
 def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
     if lay.role == "inference":
-        size = PRECISIONS[lay.precision]
-        shard = lay.tp * lay.pp
-        return [
-            Term(
-                "weights",
-                math.ceil(size * shape.parameters / shard),
-                f"{size} B × Ψ" + (f" / (tp·pp = {shard})" if shard > 1 else ""),
-                "weights at the serving precision",
-                "model states",
-            )
-        ]
+        size, shard = PRECISIONS[lay.precision], lay.tp * lay.pp
+        formula = f"{size} B × Ψ" + (f" / (tp·pp = {shard})" if shard > 1 else "")
+        weights = weight_bytes(shape.parameters, lay.precision, lay.tp, lay.pp)
+        return [Term("weights", weights, formula, "weights at the serving precision",
+                     "model states")]  # fmt: skip
     states = model_states(
-        shape.parameters,
-        strategy=lay.strategy,
-        precision=lay.precision,
-        optimizer=lay.optimizer,
-        data_parallel=lay.data_parallel,
-        tensor_parallel=lay.tp,
-        pipeline_parallel=lay.pp,
-    )
+        shape.parameters, strategy=lay.strategy, precision=lay.precision, optimizer=lay.optimizer,
+        data_parallel=lay.data_parallel, tensor_parallel=lay.tp, pipeline_parallel=lay.pp,
+    )  # fmt: skip
     acc = states.accounting
     psi = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
-    n = lay.data_parallel
-    p_sh = lay.strategy in ("zero3", "fsdp")
-    g_sh = lay.strategy in ("zero2", "zero3", "fsdp")
-    k_sh = lay.strategy != "ddp"
-    src = f"{SRC_ZERO}; {acc.text}"
+    parts = (
+        ("weights", states.params_bytes, acc.param_bytes),
+        ("gradients", states.grads_bytes, acc.grad_bytes),
+        ("optimizer states", states.optimizer_bytes, acc.optimizer_bytes),
+    )
     return [
-        Term(
-            "weights",
-            states.params_bytes,
-            f"{acc.param_bytes} B × {psi}" + (f" / {n}" if p_sh else ""),
-            src,
-            "model states",
-        ),
-        Term(
-            "gradients",
-            states.grads_bytes,
-            f"{acc.grad_bytes} B × {psi}" + (f" / {n}" if g_sh else ""),
-            src,
-            "model states",
-        ),
-        Term(
-            "optimizer states",
-            states.optimizer_bytes,
-            f"{acc.optimizer_bytes} B × {psi}" + (f" / {n}" if k_sh else ""),
-            src,
-            "model states",
-        ),
-    ]
+        Term(name, size, f"{per} B × {psi}" + (f" / {lay.data_parallel}" if sharded else ""),
+             f"{SRC_ZERO}; {acc.text}", "model states")
+        for (name, size, per), sharded in zip(parts, STRATEGIES[lay.strategy], strict=True)
+    ]  # fmt: skip
 
 
 def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[int, str]:
@@ -320,27 +280,21 @@ def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[in
     qkv = 2 * s * b * h + 4 * s * b * kv_width  # Q, K, V saved for the attention product
     attn_out = 2 * s * b * h
     mlp = (8 if cfg.gated_mlp else 4) * s * b * cfg.intermediate_size
-    if lay.flash_attention:
-        scores = 4 * a * s * b  # fp32 logsumexp per head and token
-        scores_text = "4·a·s·b (flash)"
-    else:
-        scores = 5 * a * s * s * b
-        scores_text = "5·a·s²·b"
+    # Flash attention keeps a fp32 logsumexp per head and token instead of the scores.
+    flash = (4 * a * s * b, "4·a·s·b (flash)")
+    scores, scores_text = flash if lay.flash_attention else (5 * a * s * s * b, "5·a·s²·b")
     per_layer = replicated + (qkv + attn_out + mlp + scores) / t
     layers = cfg.num_layers  # 1F1B: the first stage holds p micro batches × L/p layers
     mlp_text = f"{'8' if cfg.gated_mlp else '4'}·s·b·I"
     tp_text = f"/{t}" if t > 1 else ""
+    layer = f"[10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + {mlp_text} + {scores_text}){tp_text}]"
     if lay.checkpointing:
         # Full recompute: each layer keeps its 16-bit input; one layer's activations are
         # rebuilt at a time during the backward pass.
         total = layers * 2 * s * b * h / t + per_layer
-        formula = (
-            f"L·2·s·b·h{tp_text} + one layer [10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + "
-            f"{mlp_text} + {scores_text}){tp_text}] (full recompute)"
-        )
+        formula = f"L·2·s·b·h{tp_text} + one layer {layer} (full recompute)"
     else:
-        total = layers * per_layer
-        formula = f"L·[10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + {mlp_text} + {scores_text}){tp_text}]"
+        total, formula = layers * per_layer, f"L·{layer}"
     return math.ceil(total * scale), formula
 
 
@@ -361,31 +315,18 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         # gradient of the logits being formed (the last seen in traces, bench §7.5).
         per = (PRECISIONS[lay.precision] + 12) if lay.precision != "fp32" else 12
         logits = math.ceil(b * s * cfg.vocab_size * per / lay.tp)
-        terms.append(
-            Term(
-                "logits/loss",
-                logits,
-                f"b·s·V·{per} B" + (f" / {lay.tp}" if lay.tp > 1 else ""),
-                SRC_LOGITS,
-                "activations",
-            )
-        )
-        return terms
+        formula = f"b·s·V·{per} B" + (f" / {lay.tp}" if lay.tp > 1 else "")
+        return [*terms, Term("logits/loss", logits, formula, SRC_LOGITS, "activations")]
     # inference
-    if not shape.has_kv_shape:
-        terms.append(Term("KV cache", None, "needs layers, KV heads, head dim", SRC_KV, "kv"))
-        return terms
-    assert shape.num_layers is not None  # noqa: S101  (has_kv_shape)
-    assert shape.num_kv_heads is not None  # noqa: S101
-    assert shape.head_dim is not None  # noqa: S101
+    if cfg is None:
+        return [Term("KV cache", None, "needs layers, KV heads, head dim", SRC_KV, "kv")]
     tokens = lay.kv_tokens if lay.kv_tokens is not None else b * (s or 0)
-    heads = math.ceil(shape.num_kv_heads / lay.tp)
-    layers = math.ceil(shape.num_layers / lay.pp)
     size = PRECISIONS[lay.precision]
-    per_token = 2 * layers * heads * shape.head_dim * size
+    heads, layers = math.ceil(cfg.num_kv_heads / lay.tp), math.ceil(cfg.num_layers / lay.pp)
+    per_token = 2 * layers * heads * cfg.head_dim * size
     formula = f"2·L·⌈kv/t⌉·hd·{size} B = {fmt_bytes(per_token)}/token × {tokens:,} tokens"
     terms.append(Term("KV cache", per_token * tokens, formula, SRC_KV, "kv"))
-    if cfg is not None and s is not None:
+    if s is not None:
         # Prefill of one micro batch: the largest transient is the MLP's intermediate.
         transient = b * s * (cfg.hidden_size * 4 + cfg.intermediate_size * 2 * 2) // lay.tp
         terms.append(
@@ -401,30 +342,16 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
 
 
 def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Term]:
-    terms = [
-        Term(
-            "CUDA context",
-            CUDA_CONTEXT_BYTES,
-            "0.5 GiB per process (0.3-0.6 GiB with lazy loading)",
-            SRC_CTX,
-            "reserve",
-        )
-    ]
-    groups = [
-        name
-        for name, degree in (("dp", lay.data_parallel), ("tp", lay.tp), ("pp", lay.pp))
-        if degree > 1
-    ]
-    terms.append(
-        Term(
-            "NCCL buffers",
-            NCCL_BYTES_PER_GROUP * len(groups),
-            f"0.75 GiB × {len(groups)} communicator(s)"
-            + (f" ({', '.join(groups)})" if groups else " (one process: none)"),
-            SRC_NCCL,
-            "reserve",
-        )
+    degrees = (("dp", lay.data_parallel), ("tp", lay.tp), ("pp", lay.pp))
+    groups = [name for name, degree in degrees if degree > 1]
+    nccl = f"0.75 GiB × {len(groups)} communicator(s)" + (
+        f" ({', '.join(groups)})" if groups else " (one process: none)"
     )
+    terms = [
+        Term("CUDA context", CUDA_CONTEXT_BYTES,
+             "0.5 GiB per process (0.3-0.6 GiB with lazy loading)", SRC_CTX, "reserve"),
+        Term("NCCL buffers", NCCL_BYTES_PER_GROUP * len(groups), nccl, SRC_NCCL, "reserve"),
+    ]  # fmt: skip
     if lay.role == "train" and lay.strategy == "ddp" and lay.data_parallel > 1:
         size = 0
         formula = "0 (gradient_as_bucket_view=True: buckets are the gradients)"
@@ -436,25 +363,12 @@ def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Te
         cfg = shape.config
         layer_params = (shape.parameters - cfg.vocab_size * cfg.hidden_size) / cfg.num_layers
         size = math.ceil(2 * 2 * PRECISIONS[lay.precision] * layer_params / (lay.tp * lay.pp))
-        terms.append(
-            Term(
-                "gathered layers",
-                size,
-                "2 layers (current + prefetched) × unsharded params and grads",
-                "FSDP2 FSDPMemTracker categories",
-                "reserve",
-            )
-        )
-    terms.append(
-        Term(
-            "fragmentation",
-            math.ceil(lay.fragmentation * tensor_bytes),
-            f"{lay.fragmentation:.0%} of the allocator's tensors",
-            SRC_FRAG,
-            "margin",
-        )
-    )
-    return terms
+        gathered = "2 layers (current + prefetched) × unsharded params and grads"
+        terms.append(Term("gathered layers", size, gathered, "FSDP2 FSDPMemTracker categories",
+                          "reserve"))  # fmt: skip
+    margin = f"{lay.fragmentation:.0%} of the allocator's tensors"
+    fragmentation = math.ceil(lay.fragmentation * tensor_bytes)
+    return [*terms, Term("fragmentation", fragmentation, margin, SRC_FRAG, "margin")]
 
 
 def analytic_terms(shape: ModelShape, lay: Layout) -> tuple[Term, ...]:

@@ -137,10 +137,8 @@ class MemoryEstimate(Result):
         return None if self.budget_bytes is None else self.total_bytes <= self.budget_bytes
 
     def term(self, name: str, traced: bool = False) -> Term | None:
-        for t in self.traced_terms if traced else self.terms:
-            if t.name == name:
-                return t
-        return None
+        return next((t for t in (self.traced_terms if traced else self.terms) if t.name == name),
+                    None)  # fmt: skip
 
     # --------------------------------------------------------------- views
     def _sources(self) -> dict[str, int]:
@@ -149,23 +147,18 @@ class MemoryEstimate(Result):
         return {src: n for n, src in enumerate(dict.fromkeys(every), 1)}
 
     def _table(self) -> Table:
-        traced = {t.name: t for t in self.traced_terms}
-        numbers = self._sources()
+        traced, numbers = bool(self.traced_terms), self._sources()
         headers = ["term", "analytic"] + (["traced"] if traced else []) + ["formula"]
         table = Table(headers, flex=len(headers) - 1)
-        for t in self.terms:
-            cells = [f"{t.name} [{numbers[t.source]}]", fmt_bytes(t.bytes_per_gpu)]
-            if t.bytes_per_gpu is None:
-                cells[1] = "?"
+        for row in self.records():  # analytic terms, then traced-only ones (temporaries)
+            analytic = "?" if row["analytic_bytes"] is None else fmt_bytes(row["analytic_bytes"])
+            if self.term(row["term"]) is None:
+                analytic = "-"
+            cells = [f"{row['term']} [{numbers[row['source']]}]", analytic]
             if traced:
-                other = traced.get(t.name)
-                cells.append("-" if other is None else fmt_bytes(other.bytes_per_gpu))
-            cells.append(t.formula)
-            table.add(*cells, level="warn" if t.bytes_per_gpu is None else "")
-        for name, t in traced.items():  # traced-only terms (temporaries)
-            if self.term(name) is None:
-                label = f"{name} [{numbers[t.source]}]"
-                table.add(label, "-", fmt_bytes(t.bytes_per_gpu), t.formula)
+                other = row["traced_bytes"]
+                cells.append("-" if other is None else fmt_bytes(other))
+            table.add(*cells, row["formula"], level="warn" if analytic == "?" else "")
         total = ["total per GPU", fmt_bytes(self.analytic_bytes)]
         if traced:
             total.append(fmt_bytes(self.traced_bytes))
@@ -190,11 +183,8 @@ class MemoryEstimate(Result):
     def _footer(self) -> list[str]:
         lines = []
         if self.budget_bytes is not None:
-            verdict = "fits" if self.fits else "does NOT fit"
-            lines.append(
-                f"budget {fmt_bytes(self.budget_bytes)} per GPU: {fmt_bytes(self.total_bytes)} "
-                f"{verdict}"
-            )
+            verdict = f"{fmt_bytes(self.total_bytes)} {'fits' if self.fits else 'does NOT fit'}"
+            lines.append(f"budget {fmt_bytes(self.budget_bytes)} per GPU: {verdict}")
         if self.max_micro_batch is not None:
             lines.append(f"largest micro batch within the budget: {self.max_micro_batch}")
         if self.trace_note:
@@ -205,11 +195,10 @@ class MemoryEstimate(Result):
                 "(memory that is free at that moment, e.g. gradients set to None, shows 0)"
             )
         if self.uncounted:
-            lines.append(
-                "analytic terms not computable without the model's shape or seq_len: "
-                + ", ".join(self.uncounted)
-                + " (pass a model name or an HF config.json, and seq_len)"
-            )
+            how = "pass a model name or an HF config.json, and seq_len"
+            missing = ", ".join(self.uncounted)
+            lines.append(f"analytic terms not computable without the model's shape or seq_len: "
+                         f"{missing} ({how})")  # fmt: skip
         lines.extend(self.notes)
         return lines
 
@@ -262,29 +251,12 @@ class MemoryEstimate(Result):
 
     def records(self) -> list[dict[str, Any]]:
         traced = {t.name: t for t in self.traced_terms}
+        only_traced = [t for name, t in traced.items() if self.term(name) is None]
         rows = []
-        for t in self.terms:
-            other = traced.get(t.name)
-            rows.append(
-                {
-                    "term": t.name,
-                    "kind": t.kind,
-                    "analytic_bytes": t.bytes_per_gpu,
-                    "traced_bytes": None if other is None else other.bytes_per_gpu,
-                    "formula": t.formula,
-                    "source": t.source,
-                }
-            )
-        for name, t in traced.items():
-            if self.term(name) is None:
-                rows.append(
-                    {
-                        "term": name,
-                        "kind": t.kind,
-                        "analytic_bytes": None,
-                        "traced_bytes": t.bytes_per_gpu,
-                        "formula": t.formula,
-                        "source": t.source,
-                    }
-                )
+        for t in (*self.terms, *only_traced):
+            analytic, other = self.term(t.name), traced.get(t.name)
+            rows.append({"term": t.name, "kind": t.kind,
+                         "analytic_bytes": None if analytic is None else analytic.bytes_per_gpu,
+                         "traced_bytes": None if other is None else other.bytes_per_gpu,
+                         "formula": t.formula, "source": t.source})  # fmt: skip
         return rows

@@ -1,28 +1,23 @@
 """Traced and measured memory of one training step of a live ``torch.nn.Module``.
 
-**Traced** (:func:`trace_terms`): a structural copy of the module whose parameters and
-buffers are *fake tensors* (``torch._subclasses.FakeTensorMode``: shapes, dtypes and
-storages without bytes) runs one forward + backward + optimizer step under PyTorch's own
-tracker, ``torch.distributed._tools.mem_tracker.MemTracker`` (parameters, buffers,
-gradients, activations, temporaries, optimizer state at the peak). Nothing real is
-allocated, so a 100M-parameter model traces in seconds on a laptop CPU.
+**Traced** (:func:`trace_terms`): a copy of the module whose parameters and buffers are
+*fake tensors* (``FakeTensorMode``: shapes and dtypes without bytes) runs one forward +
+backward + optimizer step under PyTorch's own ``MemTracker``, which reports parameters,
+buffers, gradients, activations, temporaries and optimizer state at the peak. Nothing real
+is allocated, so a 100M-parameter model traces in seconds on a laptop CPU. Pitfalls
+(memory.md §3): the copy is ``deepcopy(module, memo)`` with every real tensor mapped to its
+fake twin (``deepcopy`` under fake mode would re-use real storage); dtypes change *after*
+fakeifying, so no real bf16 copy is made; fake tensors stay on the CPU device (a CPU build
+lacks fake CUDA backward kernels); ``foreach`` is chosen explicitly, since PyTorch picks it
+on CUDA only and it holds whole-list temporaries at the peak.
 
-Pitfalls handled (memory.md §3 and PyTorch issues):
+**Measured** (:func:`measure_step`, :func:`compare_step`): the same step run for real on
+the CPU under ``torch.profiler`` with ``profile_memory=True``, whose memory timeline (the
+c10 CPU allocator's own allocation and free events) gives the peak of live tensor bytes.
 
-- the copy is built with ``deepcopy(module, memo)`` where the memo maps every real parameter
-  and buffer to its fake twin: ``deepcopy`` under fake mode would try to re-use real storage;
-- dtype conversion happens *after* fakeifying (``fake.to(bf16)``), so no real bf16 copy is
-  ever made;
-- fake tensors stay on the CPU device: a CPU build has no fake CUDA backward for several
-  ops, and device-dependent defaults would differ anyway;
-- optimizers: ``foreach`` is chosen explicitly (PyTorch picks foreach on CUDA, the per-tensor
-  loop on CPU): the foreach path holds whole-list temporaries at the step's peak.
-
-**Measured**: the same step run for real on the CPU (``measure.py``).
-
-Imports torch at module level: only :mod:`nbgpu.estimate.estimator` imports this, and only when
-it is given a module. Never imports IPython, pynvml or the inventory, and never moves a
-tensor to a GPU.
+Imports torch at module level: only :mod:`nbgpu.estimate.estimator` imports this, and only
+when it is given a module. Never imports IPython, pynvml or the inventory, and never moves
+a tensor to a GPU.
 """
 
 from __future__ import annotations
@@ -30,28 +25,29 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from nbgpu._render import fmt_bytes
+from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes
 from nbgpu.errors import UserInputError
+from nbgpu.estimate.formulas import STRATEGIES
 from nbgpu.estimate.result import Term
 
 if TYPE_CHECKING:
     from nbgpu.estimate.formulas import Layout
+    from nbgpu.estimate.result import MemoryEstimate
 
 __all__ = [
+    "StepComparison",
     "TracedPeak",
-    "default_loss",
-    "failure_reason",
-    "make_optimizer",
+    "compare_step",
+    "measure_step",
     "run_step",
-    "tensor_bytes",
-    "tensors_in",
     "trace_step",
     "trace_terms",
 ]
@@ -63,7 +59,7 @@ TOOL = "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode"
 # -------------------------------------------------------------------------- the step
 
 
-def make_optimizer(name: str, params: Any, foreach: bool) -> torch.optim.Optimizer:
+def _make_optimizer(name: str, params: Any, foreach: bool) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)
     if name == "adam":
@@ -71,7 +67,7 @@ def make_optimizer(name: str, params: Any, foreach: bool) -> torch.optim.Optimiz
     return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
 
 
-def default_loss(output: Any, _batch: Any = None) -> torch.Tensor:
+def _default_loss(output: Any, _batch: Any = None) -> torch.Tensor:
     """The loss of a step whose output has no ``loss``: mean square in fp32."""
     if hasattr(output, "loss") and output.loss is not None:
         return output.loss  # type: ignore[no-any-return]
@@ -86,14 +82,6 @@ def default_loss(output: Any, _batch: Any = None) -> torch.Tensor:
     return output.float().square().mean()
 
 
-def _call(module: nn.Module, batch: Any) -> Any:
-    if isinstance(batch, Mapping):
-        return module(**batch)
-    if isinstance(batch, tuple | list):
-        return module(*batch)
-    return module(batch)
-
-
 def run_step(
     module: nn.Module,
     batch: Any,
@@ -101,8 +89,11 @@ def run_step(
     loss_fn: Callable[..., torch.Tensor] | None,
 ) -> None:
     """One training step; the optimizer's first step creates its state, as in real runs."""
-    output = _call(module, batch)
-    loss = (loss_fn or default_loss)(output, batch)
+    if isinstance(batch, Mapping):
+        output = module(**batch)
+    else:
+        output = module(*batch) if isinstance(batch, tuple | list) else module(batch)
+    loss = (loss_fn or _default_loss)(output, batch)
     # torch types Tensor.backward without annotations.
     loss.backward()  # type: ignore[no-untyped-call]
     optimizer.step()
@@ -112,17 +103,20 @@ def run_step(
 # ----------------------------------------------------------------------- the inputs
 
 
-def _resize(value: Any, micro_batch: int | None, make: Callable[..., torch.Tensor]) -> Any:
-    """The example batch with dim 0 set to *micro_batch*, made by *make* (fake or real)."""
+def _fake_batch(value: Any, micro_batch: int | None, mode: Any, dtype: torch.dtype | None) -> Any:
+    """The example batch as fake tensors, dim 0 set to *micro_batch*, floats in *dtype*."""
     if isinstance(value, torch.Tensor):
         shape = list(value.shape)
         if micro_batch is not None and shape:
             shape[0] = micro_batch
-        return make(shape, value.dtype)
+        with mode:
+            if value.dtype.is_floating_point:
+                return torch.empty(shape, dtype=dtype or value.dtype)
+            return torch.zeros(shape, dtype=value.dtype)
     if isinstance(value, Mapping):
-        return {k: _resize(v, micro_batch, make) for k, v in value.items()}
+        return {k: _fake_batch(v, micro_batch, mode, dtype) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return type(value)(_resize(v, micro_batch, make) for v in value)
+        return type(value)(_fake_batch(v, micro_batch, mode, dtype) for v in value)
     return value
 
 
@@ -137,16 +131,6 @@ def _example(module: nn.Module, example_input: Any, micro_batch: int, seq_len: i
         f"tracing {type(module).__name__} needs example_input= (a tensor, tuple or dict with "
         "the batch in dim 0), or seq_len= for a token model with config.vocab_size"
     )
-
-
-def _fake_factory(mode: Any, dtype: torch.dtype | None) -> Callable[..., torch.Tensor]:
-    def make(shape: Sequence[int], like: torch.dtype) -> torch.Tensor:
-        with mode:
-            if like.is_floating_point:
-                return torch.empty(shape, dtype=dtype or like)
-            return torch.zeros(shape, dtype=like)
-
-    return make
 
 
 # ----------------------------------------------------------------------------- trace
@@ -167,15 +151,9 @@ class TracedPeak:
 
     @property
     def total(self) -> int:
-        return (
-            self.parameters
-            + self.buffers
-            + self.gradients
-            + self.activations
-            + self.temporaries
-            + self.optimizer
-            + self.other
-        )
+        parts = (self.parameters, self.buffers, self.gradients, self.activations,
+                 self.temporaries, self.optimizer, self.other)  # fmt: skip
+        return sum(parts)
 
 
 def _fake_twin(tensor: torch.Tensor, mode: Any, dtype: torch.dtype | None) -> torch.Tensor:
@@ -220,9 +198,9 @@ def trace_step(
     dtype = None if precision is None else _DTYPES[precision]
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     fake_module = _fake_module(module, mode, dtype)
-    batch = _resize(example_input, micro_batch, _fake_factory(mode, dtype))
+    batch = _fake_batch(example_input, micro_batch, mode, dtype)
     with mode:
-        opt = make_optimizer(optimizer, fake_module.parameters(), foreach)
+        opt = _make_optimizer(optimizer, fake_module.parameters(), foreach)
         # Step 1 creates the optimizer state; step 2, the steady state every later step
         # repeats (state live through the forward pass), is the one tracked.
         run_step(fake_module, batch, opt, loss_fn)
@@ -231,51 +209,45 @@ def trace_step(
         with tracker:
             run_step(fake_module, batch, opt, loss_fn)
         snap = tracker.get_tracker_snapshot("peak")
-    by_kind: dict[Any, int] = {}
+    by_kind: Counter[Any] = Counter()
     for per_device in snap.values():
-        for key, value in per_device.items():
-            by_kind[key] = by_kind.get(key, 0) + value
-    inputs = sum(tensor_bytes(t) for t in tensors_in(batch))
+        by_kind.update(per_device)
+    # The batch was made outside the tracker: it is live for the whole step.
+    inputs = sum(_tensor_bytes(t) for t in _tensors_in(batch))
+    ref = _MemRefType
     return TracedPeak(
-        parameters=by_kind.get(_MemRefType.PARAM, 0),
-        buffers=by_kind.get(_MemRefType.BUFFER, 0),
-        gradients=by_kind.get(_MemRefType.GRAD, 0),
-        activations=by_kind.get(_MemRefType.ACT, 0),
-        temporaries=by_kind.get(_MemRefType.TEMP, 0),
-        optimizer=by_kind.get(_MemRefType.OPT, 0),
-        # The batch was made outside the tracker: it is live for the whole step.
-        other=by_kind.get(_MemRefType.OTH, 0) + inputs,
-        seconds=time.perf_counter() - start,
-    )
+        parameters=by_kind[ref.PARAM], buffers=by_kind[ref.BUFFER], gradients=by_kind[ref.GRAD],
+        activations=by_kind[ref.ACT], temporaries=by_kind[ref.TEMP], optimizer=by_kind[ref.OPT],
+        other=by_kind[ref.OTH] + inputs, seconds=time.perf_counter() - start,
+    )  # fmt: skip
 
 
-def tensors_in(value: Any) -> list[torch.Tensor]:
+def _tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, Mapping):
-        return [t for v in value.values() for t in tensors_in(v)]
+        return [t for v in value.values() for t in _tensors_in(v)]
     if isinstance(value, tuple | list):
-        return [t for v in value for t in tensors_in(v)]
+        return [t for v in value for t in _tensors_in(v)]
     return []
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
+def _tensor_bytes(t: torch.Tensor) -> int:
     return int(t.numel() * t.element_size())
 
 
-def failure_reason(exc: BaseException) -> str:
+def _failure_reason(exc: BaseException) -> str:
     name = type(exc).__name__
     first = (str(exc).strip().splitlines() or [""])[0]
-    hints = {
+    unsupported = "an operator without a fake (meta) kernel, e.g. a custom CUDA op"
+    what = {
         "DataDependentOutputException": "data-dependent control flow (a Python branch on a "
         "tensor's value)",
         "DynamicOutputShapeException": "an output whose shape depends on tensor values",
-        "UnsupportedOperatorException": "an operator without a fake (meta) kernel, e.g. a "
-        "custom CUDA op",
-    }
-    what = hints.get(name)
+        "UnsupportedOperatorException": unsupported,
+    }.get(name)
     if what is None and ("fake impl" in first or "meta kernel" in first.lower()):
-        what = hints["UnsupportedOperatorException"]
+        what = unsupported
     return f"{what}: {name}" if what else f"{name}: {first[:160]}"
 
 
@@ -293,65 +265,36 @@ def trace_terms(
         return (), "traced: not tried (the traced step is a training step; analytic used)"
     try:
         example = _example(module, example_input, layout.micro_batch, layout.seq_len)
+        # foreach=True is PyTorch's default on CUDA, which is what the estimate is for.
         peak = trace_step(
-            module,
-            example,
-            micro_batch=layout.micro_batch,
-            optimizer=layout.optimizer,
-            precision=layout.precision,
-            loss_fn=loss_fn,
-            # True: PyTorch's default on CUDA, which is what the estimate is for.
-            foreach=layout.foreach,
-        )
+            module, example, micro_batch=layout.micro_batch, optimizer=layout.optimizer,
+            precision=layout.precision, loss_fn=loss_fn, foreach=layout.foreach,
+        )  # fmt: skip
     except UserInputError:
         raise
     except Exception as exc:  # noqa: BLE001  (any failure of the user's code: say why)
-        return (), f"traced: failed ({failure_reason(exc)}); the analytic estimate is the answer"
-    n, mp = layout.data_parallel, layout.tp * layout.pp
-    shard_p = n if layout.strategy in ("zero3", "fsdp") else 1
-    shard_g = n if layout.strategy in ("zero2", "zero3", "fsdp") else 1
-    shard_k = n if layout.strategy != "ddp" else 1
+        return (), f"traced: failed ({_failure_reason(exc)}); the analytic estimate is the answer"
+    n, mp, tp = layout.data_parallel, layout.tp * layout.pp, layout.tp
     loop = "foreach" if layout.foreach else "per-tensor"
     src = f"traced: {TOOL} (steady-state step, {loop} optimizer)"
     split = f" / {mp}" if mp > 1 else ""
-    terms: list[Term] = [
-        Term(
-            "weights",
-            math.ceil((peak.parameters + peak.buffers) / (mp * shard_p)),
-            f"traced params + buffers{split}" + (f" / {n}" if shard_p > 1 else ""),
-            src,
-            "model states",
-        ),
-        Term(
-            "gradients",
-            math.ceil(peak.gradients / (mp * shard_g)),
-            f"traced .grad at the peak{split}" + (f" / {n}" if shard_g > 1 else ""),
-            src,
-            "model states",
-        ),
-        Term(
-            "optimizer states",
-            math.ceil(peak.optimizer / (mp * shard_k)),
-            f"traced {layout.optimizer} state{split}" + (f" / {n}" if shard_k > 1 else ""),
-            src,
-            "model states",
-        ),
-        Term(
-            "activations",
-            math.ceil((peak.activations + peak.other) / layout.tp),
-            "traced saved tensors, logits/loss and the batch"
-            + (f" / {layout.tp}" if layout.tp > 1 else ""),
-            src,
-            "activations",
-        ),
-        Term(
-            "temporaries",
-            math.ceil(peak.temporaries / layout.tp),
-            "traced transient buffers live at the peak",
-            src,
-            "activations",
-        ),
-    ]
+    states = (
+        ("weights", peak.parameters + peak.buffers, "traced params + buffers"),
+        ("gradients", peak.gradients, "traced .grad at the peak"),
+        ("optimizer states", peak.optimizer, f"traced {layout.optimizer} state"),
+    )
+    terms = [
+        Term(name, math.ceil(size / (mp * (n if sharded else 1))),
+             f"{what}{split}" + (f" / {n}" if sharded and n > 1 else ""), src, "model states")
+        for (name, size, what), sharded in zip(states, STRATEGIES[layout.strategy], strict=True)
+    ]  # fmt: skip
+    terms += [
+        Term("activations", math.ceil((peak.activations + peak.other) / tp),
+             "traced saved tensors, logits/loss and the batch" + (f" / {tp}" if tp > 1 else ""),
+             src, "activations"),
+        Term("temporaries", math.ceil(peak.temporaries / tp),
+             "traced transient buffers live at the peak", src, "activations"),
+    ]  # fmt: skip
     tensors = sum(t.bytes_per_gpu or 0 for t in terms)
     for t in analytic:
         if t.kind == "reserve":
@@ -363,3 +306,134 @@ def trace_terms(
         f"{fmt_bytes(peak.total)} on one process before sharding); reserves are analytic"
     )
     return tuple(terms), note
+
+
+# ------------------------------------------------------------------- measured
+
+
+def measure_step(
+    module: nn.Module,
+    batch: Any,
+    *,
+    optimizer: str = "adamw",
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    foreach: bool = False,
+) -> int:
+    """Peak live tensor bytes of one real CPU training step (the allocator's own events).
+
+    Like :func:`trace_step`, the second step is measured (the first creates the optimizer
+    state); parameters, optimizer state and the batch exist before it and count. Runs on a
+    deep copy, so *module* is not trained.
+    """
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+    from torch.profiler._memory_profiler import Action  # noqa: PLC0415
+
+    work = copy.deepcopy(module)
+    opt = _make_optimizer(optimizer, work.parameters(), foreach)
+    run_step(work, batch, opt, loss_fn)  # creates the optimizer state, as in trace_step
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        run_step(work, batch, opt, loss_fn)
+    current = peak = 0
+    for _, action, _, size in prof._memory_profile().timeline:
+        if action in (Action.PREEXISTING, Action.CREATE):
+            current += size
+        elif action == Action.DESTROY:
+            current -= size
+        peak = max(peak, current)
+    # Tensors the step never touched (frozen parameters, unused buffers) are still live.
+    touched = {id(p) for p in work.parameters() if p.requires_grad}
+    idle = sum(_tensor_bytes(p) for p in work.parameters() if id(p) not in touched)
+    return peak + idle
+
+
+@dataclass(frozen=True)
+class StepComparison(Result):
+    """Measured peak tensor bytes of one real CPU step beside the traced and analytic ones."""
+
+    model: str
+    batch_shape: str
+    measured_bytes: int
+    traced_bytes: int | None
+    analytic_bytes: int | None  # model states + activations formulas (None: no shape)
+    trace_note: str
+    measure_seconds: float
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("methods",)
+    FRAME_COLUMNS = ("method", "bytes", "error_vs_measured")
+
+    def _error(self, value: int | None) -> float | None:
+        if value is None or not self.measured_bytes:
+            return None
+        return (value - self.measured_bytes) / self.measured_bytes
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            {"method": m, "bytes": v, "error_vs_measured": self._error(v)}
+            for m, v in (
+                ("measured (CPU step, profiler)", self.measured_bytes),
+                ("traced (fake tensors)", self.traced_bytes),
+                ("analytic (formulas)", self.analytic_bytes),
+            )
+        ]
+
+    def _table(self) -> Table:
+        table = Table(["method", "peak tensor bytes", "vs measured"])
+        for r in self.records():
+            err = r["error_vs_measured"]
+            table.add(
+                r["method"],
+                fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
+                "-" if err is None else f"{err:+.1%}",
+            )
+        return table
+
+    @property
+    def methods(self) -> list[dict[str, Any]]:
+        return self.records()
+
+    def content(self) -> list[Block]:
+        head = f"one training step of {self.model}, batch {self.batch_shape}"
+        return [Title(head), self._table(), Line(self.trace_note)]
+
+
+def compare_step(
+    module: nn.Module,
+    batch: Any,
+    *,
+    optimizer: str = "adamw",
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    estimate: MemoryEstimate | None = None,
+) -> StepComparison:
+    """Run one real CPU step of *module* on *batch*; measured beside traced and analytic."""
+    if not isinstance(module, nn.Module):
+        raise UserInputError(
+            f"compare needs a torch.nn.Module, got {type(module).__name__}; "
+            "nbgpu.estimate(...) takes counts, names and configs"
+        )
+    tensors = _tensors_in(batch)
+    if not tensors:
+        raise UserInputError("batch: expected a tensor, or a tuple/dict of tensors")
+    traced: int | None = None
+    try:
+        # Same step as measured: CPU defaults (per-tensor optimizer loop), module dtype.
+        peak = trace_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, foreach=False)
+        traced = peak.total
+        note = f"traced with {TOOL} in {peak.seconds:.2f} s"
+    except Exception as exc:  # noqa: BLE001
+        note = f"traced: failed ({_failure_reason(exc)})"
+    start = time.perf_counter()
+    measured = measure_step(module, batch, optimizer=optimizer, loss_fn=loss_fn)
+    seconds = time.perf_counter() - start
+    analytic = None
+    if estimate is not None:
+        kinds = ("model states", "activations")
+        analytic = sum(t.bytes_per_gpu or 0 for t in estimate.terms if t.kind in kinds)
+    note += f"; measured with torch.profiler (profile_memory) in {seconds:.2f} s"
+    parameters = sum(p.numel() for p in module.parameters())
+    return StepComparison(
+        model=f"{type(module).__name__} ({parameters:,} parameters)",
+        batch_shape=", ".join(str(list(t.shape)) for t in tensors) or "-",
+        measured_bytes=measured, traced_bytes=traced, analytic_bytes=analytic,
+        trace_note=note, measure_seconds=seconds,
+    )  # fmt: skip

@@ -9,15 +9,12 @@
     print(c.diff()); print(c.to_yaml())
 
 This package is callable: ``nbgpu.plan(...)`` is :func:`plan`. It re-exports the public
-functions (``api.py``: input checked, inventory taken, files read) and result types;
-the pure modules: ``job`` (the job keywords, checked once) · ``allocation`` · ``batch`` ·
-``placement`` (usable GPUs, which each role gets, ports) · ``planner`` (the plan and its
-alternatives) · ``memcheck`` (memory per role, colocated roles) · ``result`` (the
-``Plan`` and its parts) · ``sweep`` · ``multinode``, ``cluster`` (one job
-across nodes). Memory formulas are
-:mod:`nbgpu.estimate`'s, config rescaling :mod:`nbgpu.scale`'s. Importing this package
-or a result type loads no YAML or shell parser, and never imports IPython, pynvml or
-psutil (the inventory is imported when a snapshot is taken).
+functions (``api.py``: input checked, inventory taken, files read) and result types of the
+pure modules: ``job`` (the job keywords and batch arithmetic) · ``allocation`` ·
+``placement`` · ``planner`` · ``memcheck`` · ``result`` (the ``Plan``) · ``sweep`` ·
+``multinode``. Memory formulas are :mod:`nbgpu.estimate`'s, config rescaling
+:mod:`nbgpu.scale`'s. Importing it or a result type loads no YAML or shell parser, and never
+imports IPython, pynvml or psutil (the inventory is imported when a snapshot is taken).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import sys
 import types
 
 from nbgpu.plan.api import nodes, plan, plan_from_json, scale, sweep
-from nbgpu.plan.batch import BatchCheck, BatchOption, Split
+from nbgpu.plan.job import BatchCheck, BatchOption, Split
 from nbgpu.plan.multinode import NodesPlan
 from nbgpu.plan.result import (
     Alternative,
@@ -65,11 +62,7 @@ __all__ = [
 
 
 class _CallablePlanModule(types.ModuleType):
-    """The ``nbgpu.plan`` module itself: calling it is :func:`plan`.
-
-    ``nbgpu.plan(...)`` plans; ``nbgpu.plan.sweep(...)``, ``nbgpu.plan.scale(...)`` and the
-    result types are its attributes, like any module's.
-    """
+    """The ``nbgpu.plan`` module itself: calling it is :func:`plan`."""
 
     __call__ = staticmethod(plan)
 

@@ -34,42 +34,15 @@ from dataclasses import dataclass, replace
 
 from nbgpu.errors import UserInputError
 
-__all__ = [
-    "INFERENCE_BACKENDS",
-    "TRAIN_BACKENDS",
-    "Allocation",
-    "RoleSpec",
-    "degrees_text",
-    "parse_allocation",
-]
+__all__ = ["Allocation", "Degrees", "RoleSpec", "parse_allocation"]
 
-#: Backends (AReaL part prefixes) and role names that mean "an inference server".
-INFERENCE_BACKENDS = frozenset({"sglang", "vllm", "trtllm", "tgi", "lmdeploy", "mock"})
-#: AReaL's training backends, and the dimensions each one plans (its reference's tables).
-TRAIN_BACKENDS = {"fsdp": "dtc", "megatron": "dtpce", "archon": "dtpce"}
+# Backends (AReaL part prefixes) and role names that mean "an inference server".
+_INFERENCE_BACKENDS = frozenset({"sglang", "vllm", "trtllm", "tgi", "lmdeploy", "mock"})
+_INFERENCE_NAMES = _INFERENCE_BACKENDS | {"inference", "infer", "rollout", "gen", "generation",
+                                          "generator", "server", "serve"}  # fmt: skip
+# AReaL's training backends, and the dimensions each one plans (its reference's tables).
+_TRAIN_BACKENDS = {"fsdp": "dtc", "megatron": "dtpce", "archon": "dtpce"}
 _INFERENCE_DIMS = "dtp"
-
-
-def degrees_text(data: int, tensor: int, pipeline: int, context: int = 1, expert: int = 1) -> str:
-    """``d4t2p1`` (plus ``c``/``e`` only when used): how plans and reports name a part."""
-    text = f"d{data}t{tensor}p{pipeline}"
-    if context > 1:
-        text += f"c{context}"
-    if expert > 1:
-        text += f"e{expert}"
-    return text
-
-
-_INFERENCE_NAMES = INFERENCE_BACKENDS | {
-    "inference",
-    "infer",
-    "rollout",
-    "gen",
-    "generation",
-    "generator",
-    "server",
-    "serve",
-}
 
 _FORMS = (
     "expected [backend:]dims parts joined by '+' (separate GPUs) or '|' (shared GPUs), "
@@ -80,17 +53,38 @@ _ROLES_FORM = re.compile(r"^\s*[A-Za-z_][\w-]*\s*:\s*\d+\s*(?:,\s*[A-Za-z_][\w-]
 _PART = re.compile(r"^(?:([A-Za-z_][\w-]*)?(?:\[([A-Za-z_]\w*)\])?[.:])?((?:[dtmpceDTMPCE]\d+)+)$")
 _MOE = re.compile(r"^([A-Za-z_][\w-]*)?(?:\[([A-Za-z_]\w*)\])?:\(?attn:(\w+)\|ffn:(\w+)\)?$")
 _DEGREE = re.compile(r"([dtmpceDTMPCE])(\d+)")
-_DEGREE_NAMES = {
-    "d": "data-parallel",
-    "t": "tensor-parallel",
-    "p": "pipeline-parallel",
-    "c": "context-parallel",
-    "e": "expert-parallel",
-}
+_DEGREE_NAMES = {"d": "data-parallel", "t": "tensor-parallel", "p": "pipeline-parallel",
+                 "c": "context-parallel", "e": "expert-parallel"}  # fmt: skip
+
+
+class Degrees:
+    """The parallel degrees of a role, as a request (:class:`RoleSpec`) or a plan's role."""
+
+    data_parallel: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    context_parallel: int  # splits each sequence: counts in the world size
+    expert_parallel: int  # places MoE experts inside the same GPUs: does not count
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the role's processes span: d × t × p × c (AReaL's world size)."""
+        per_replica = self.tensor_parallel * self.pipeline_parallel * self.context_parallel
+        return self.data_parallel * per_replica
+
+    @property
+    def degrees(self) -> str:
+        """``d4t2p1`` (plus ``c``/``e`` only when used): how plans and reports name a part."""
+        text = f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
+        if self.context_parallel > 1:
+            text += f"c{self.context_parallel}"
+        if self.expert_parallel > 1:
+            text += f"e{self.expert_parallel}"
+        return text
 
 
 @dataclass(frozen=True)
-class RoleSpec:
+class RoleSpec(Degrees):
     """One role of a job as the user asked for it (no GPUs chosen yet)."""
 
     name: str  # unique in the allocation: "sglang", "train", "inference"
@@ -99,34 +93,14 @@ class RoleSpec:
     data_parallel: int
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
-    context_parallel: int = 1  # splits each sequence: counts in the world size
-    expert_parallel: int = 1  # places MoE experts inside the same GPUs: does not count
+    context_parallel: int = 1
+    expert_parallel: int = 1
     colocated_with: str | None = None  # the role whose GPUs this one shares ('|')
-
-    @property
-    def world_size(self) -> int:
-        """GPUs the role's processes span: d × t × p × c (AReaL's world size)."""
-        return (
-            self.data_parallel
-            * self.tensor_parallel
-            * self.pipeline_parallel
-            * self.context_parallel
-        )
 
     @property
     def gpu_count(self) -> int:
         """GPUs of its own: its world size, or 0 when it shares another role's GPUs."""
         return 0 if self.colocated_with is not None else self.world_size
-
-    @property
-    def degrees(self) -> str:
-        return degrees_text(
-            self.data_parallel,
-            self.tensor_parallel,
-            self.pipeline_parallel,
-            self.context_parallel,
-            self.expert_parallel,
-        )
 
 
 @dataclass(frozen=True)
@@ -165,11 +139,10 @@ class Allocation:
 
     def with_data_parallel(self, name: str, data_parallel: int) -> Allocation:
         """The same allocation with role *name* at another data-parallel degree."""
-        return Allocation(
-            tuple(
-                replace(r, data_parallel=data_parallel) if r.name == name else r for r in self.roles
-            )
+        roles = (
+            replace(r, data_parallel=data_parallel) if r.name == name else r for r in self.roles
         )
+        return Allocation(tuple(roles))
 
 
 def _default_name(backend: str | None) -> str:
@@ -194,30 +167,21 @@ def _unique(names: list[str]) -> list[str]:
 
 
 def _parse_roles(text: str) -> Allocation:
-    names: list[str] = []
-    counts: list[int] = []
-    for item in text.split(","):
-        name, _, number = item.partition(":")
-        names.append(name.strip())
-        counts.append(int(number))
-    lowered = [n.lower() for n in names]
-    for name in names:
+    items = (item.partition(":") for item in text.split(","))
+    pairs = [(name.strip(), int(number)) for name, _, number in items]
+    lowered = [name.lower() for name, _ in pairs]
+    for name, _ in pairs:
         if lowered.count(name.lower()) > 1:
             raise UserInputError(
                 f"roles {text!r}: role {name!r} is listed twice; give each role once "
                 "with its GPU count, e.g. 'inference:1,train:3'"
             )
-    for name, count in zip(names, counts, strict=True):
+    for name, count in pairs:
         if count < 1:
             raise UserInputError(
                 f"roles {text!r}: {name}:{count} has no GPU; every role needs at least 1"
             )
-    return Allocation(
-        tuple(
-            RoleSpec(name, _kind_of(name), None, count)
-            for name, count in zip(names, counts, strict=True)
-        )
-    )
+    return Allocation(tuple(RoleSpec(name, _kind_of(name), None, count) for name, count in pairs))
 
 
 def _degrees(text: str, part: str, degree_text: str) -> dict[str, int]:
@@ -259,7 +223,7 @@ def _check_backend(text: str, part: str, backend: str | None, degrees: dict[str,
     """What AReaL's backends plan: refuse the rest with the nearest form that works."""
     used = {k for k, v in degrees.items() if v > 1}
     name = (backend or "").lower()
-    if name in INFERENCE_BACKENDS:
+    if name in _INFERENCE_BACKENDS:
         bad = sorted(used - set(_INFERENCE_DIMS), key="dtpce".index)
         if bad:
             kept = {k: v for k, v in degrees.items() if k in _INFERENCE_DIMS}
@@ -268,7 +232,7 @@ def _check_backend(text: str, part: str, backend: str | None, degrees: dict[str,
                 f"{_listing(bad)} {'is a training dimension' if len(bad) == 1 else 'are training dimensions'} "
                 f"in AReaL; nearest form: '{backend}:{_dims(kept)}'"
             )
-    allowed = TRAIN_BACKENDS.get(name)
+    allowed = _TRAIN_BACKENDS.get(name)
     if allowed is not None:
         bad = sorted(used - set(allowed), key="dtpce".index)
         if bad:

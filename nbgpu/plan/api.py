@@ -2,38 +2,30 @@
 and ``.plan_from_json()``.
 
 They check the input once (one ``UserInputError`` line per mistake), take the inventory
-snapshot (``inventory=`` an ``Inventory``, a fleet spec / scenario / fleet JSON path, or
-``None`` for this machine), read config and plan files, and hand plain data to the pure
-modules: ``planner`` (one box), ``sweep`` (disjoint runs), ``multinode`` (one job across
-nodes), :mod:`nbgpu.scale` (a config rescaled). The only module of ``plan/`` that takes
-an inventory or reads files; never imports IPython, pynvml or psutil directly (the
-inventory module, which does, is imported when a snapshot is taken).
+snapshot, or each node's for a cluster, read config and plan files, and hand plain data to
+the pure modules. A saved inventory is read back as the inventory it is, so its GPUs keep
+the findings, health and holders they had where it was taken. The only module of
+``plan/`` that takes an inventory or reads files; never imports IPython, pynvml or psutil
+directly (the inventory module, which does, is imported when a snapshot is taken).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nbgpu._serial import from_data
-from nbgpu.errors import UserInputError
+from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.estimate import lookup_model, model_shape
-from nbgpu.plan.job import GpuList, JobRequest, make_job
+from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list
 from nbgpu.plan.multinode import NodesPlan, build_nodes_plan
-from nbgpu.plan.placement import (
-    Candidate,
-    PortChecker,
-    candidates_from_inventory,
-    order_pool,
-)
-from nbgpu.plan.placement import (
-    port_is_free as _port_is_free,
-)
+from nbgpu.plan.placement import Candidate, PortChecker, candidates_from_inventory, order_pool
+from nbgpu.plan.placement import port_is_free as _port_is_free
 from nbgpu.plan.planner import build_plan
 from nbgpu.plan.result import PLAN_FILE_FORMAT, Plan
 from nbgpu.plan.sweep import SweepPlan, build_sweep
@@ -49,11 +41,7 @@ __all__ = ["nodes", "plan", "plan_from_json", "scale", "sweep"]
 
 def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | None) -> Inventory:
     # Imported here: the inventory pulls in pynvml and psutil, planning itself needs neither.
-    from nbgpu.devices.inventory import (  # noqa: PLC0415
-        Inventory,
-        saved_inventory,
-        take_inventory,
-    )
+    from nbgpu.devices.inventory import Inventory, saved_inventory, take_inventory  # noqa: PLC0415
 
     if isinstance(inventory, Inventory):
         return inventory
@@ -88,14 +76,14 @@ def _gpus(
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = TypeVar("P", Plan, SweepPlan, NodesPlan)
+# The job keywords a sweep and a plan across nodes do not take (they choose those themselves).
+_NOT_SWEEP = ("num_gpus", "require")
+_NOT_NODES = ("allocation", "num_gpus", "require", "exclude", "base_port")
 
 
 def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """Show the :class:`JobRequest` fields in the signature of a function taking ``**job``.
-
-    The keywords are declared once, on the dataclass; ``help(nbgpu.plan)``, IPython's
-    ``?`` and editors that read ``__signature__`` still list each of them.
-    """
+    """Show the :class:`JobRequest` fields (declared once, there) in the signature of a
+    function taking ``**job``, for ``help(nbgpu.plan)``, IPython's ``?`` and editors."""
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
@@ -120,6 +108,11 @@ def _model(model: Any) -> Any:
     ):
         return load_config(model)
     return model
+
+
+def _job(where: str, keywords: Mapping[str, Any], but: tuple[str, ...] = ()) -> Job:
+    request = JobRequest.from_keywords(where, keywords, but=but)
+    return make_job(replace(request, model=_model(request.model)))
 
 
 def _scale_model(model: Any) -> Any:
@@ -157,19 +150,13 @@ def plan(
     and the KV cache, and ``max_micro_batch="auto"`` computes the largest micro batch the
     smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test (tests pass a function).
     """
-    request = JobRequest.from_keywords("nbgpu.plan()", {"allocation": allocation, **job})
-    job_ = make_job(replace(request, model=_model(request.model)))
+    job_ = _job("nbgpu.plan()", {"allocation": allocation, **job})
     candidates, fleet, simulated = _gpus(inventory, environ)
-    return build_plan(
-        candidates,
-        job_,
-        fleet=fleet,
-        simulated=simulated,
-        is_free=port_is_free or _port_is_free,
-    )
+    return build_plan(candidates, job_, fleet=fleet, simulated=simulated,
+                      is_free=port_is_free or _port_is_free)  # fmt: skip
 
 
-@_takes_job_keywords(but=("num_gpus", "require"))
+@_takes_job_keywords(but=_NOT_SWEEP)
 def sweep(
     runs: int | None = None,
     gpus_per_run: int | None = None,
@@ -189,32 +176,21 @@ def sweep(
     :func:`plan`. A run on GPUs that other jobs are using is not ready (it would share
     their compute and memory) unless ``share=True``; the sweep says how many runs fit now.
     """
-    from nbgpu.plan.job import parse_gpu_list  # noqa: PLC0415  (a helper, not API)
-
-    for taken in ("num_gpus", "require"):
+    for taken in _NOT_SWEEP:
         if taken in job:
             raise UserInputError(
                 f"nbgpu.sweep(): {taken}= is not a keyword it takes; a sweep's GPUs are "
                 "gpus_per_run= per run, from gpus= (default: every usable GPU)"
             )
-    request = JobRequest.from_keywords("nbgpu.sweep()", job, but=("num_gpus", "require"))
-    job_ = make_job(replace(request, model=_model(request.model)))
+    job_ = _job("nbgpu.sweep()", job, but=_NOT_SWEEP)
     pool = parse_gpu_list(gpus, "gpus")
     candidates, fleet, simulated = _gpus(inventory, environ)
-    return build_sweep(
-        candidates,
-        job_,
-        runs=runs,
-        gpus_per_run=gpus_per_run,
-        pool=pool,
-        fleet=fleet,
-        simulated=simulated,
-        is_free=port_is_free or _port_is_free,
-        share=share,
-    )
+    return build_sweep(candidates, job_, runs=runs, gpus_per_run=gpus_per_run, pool=pool,
+                       fleet=fleet, simulated=simulated, is_free=port_is_free or _port_is_free,
+                       share=share)  # fmt: skip
 
 
-@_takes_job_keywords(but=("allocation", "num_gpus", "require", "exclude", "base_port"))
+@_takes_job_keywords(but=_NOT_NODES)
 def nodes(
     cluster: Any,
     *,
@@ -231,20 +207,10 @@ def nodes(
     GPUs. Batch and model keywords are those of :func:`plan`, checked for the whole world
     of ``nodes × nproc_per_node`` ranks. ``%%torchrun --plan p`` launches the result.
     """
-    from nbgpu.plan.cluster import cluster_candidates  # noqa: PLC0415
-
-    but = ("allocation", "num_gpus", "require", "exclude", "base_port")
-    request = JobRequest.from_keywords("nbgpu.plan.nodes()", job, but=but)
-    job_ = make_job(replace(request, model=_model(request.model)))
-    node_candidates, source, simulated = cluster_candidates(cluster)
-    return build_nodes_plan(
-        node_candidates,
-        job_,
-        nodes=nodes,
-        nproc_per_node=nproc_per_node,
-        source=source,
-        simulated=simulated,
-    )
+    job_ = _job("nbgpu.plan.nodes()", job, but=_NOT_NODES)
+    node_candidates, source, simulated = _cluster(cluster)
+    return build_nodes_plan(node_candidates, job_, nodes=nodes, nproc_per_node=nproc_per_node,
+                            source=source, simulated=simulated)  # fmt: skip
 
 
 def scale(
@@ -293,51 +259,90 @@ def scale(
         candidates, _, _ = _gpus(inventory, environ)
         pool = order_pool(candidates)
         devices = [c.nvml_index for c in pool]
-        if to_gpus is None:
-            to_gpus = len(devices)
+        to_gpus = len(devices) if to_gpus is None else to_gpus
         if to_gpus > len(devices):
             left = "; ".join(f"GPU {c.nvml_index}: {c.health}" for c in candidates if not c.usable)
-            problems.append(
-                Problem(
-                    "bad",
-                    "not_enough_gpus",
-                    "GPUs",
-                    f"{to_gpus} GPUs asked for but {len(devices)} are usable"
-                    + (f" ({left})" if left else ""),
-                )
-            )
-        chosen = pool[:to_gpus] or list(candidates)
-        if gpu_memory_bytes is None:
-            sizes = [c.memory_total_bytes for c in chosen if c.memory_total_bytes]
-            gpu_memory_bytes = min(sizes) if sizes else None
+            message = f"{to_gpus} GPUs asked for but {len(devices)} are usable"
+            message += f" ({left})" if left else ""
+            problems.append(Problem("bad", "not_enough_gpus", "GPUs", message))
+        if gpu_memory_bytes is None:  # the smallest GPU the config will run on
+            chosen = pool[:to_gpus] or candidates
+            gpu_memory_bytes = min((c.memory_total_bytes for c in chosen if c.memory_total_bytes),
+                                   default=None)  # fmt: skip
     if to_gpus is None:
         raise UserInputError("scale: pass to_gpus=N (or inventory= to use its usable GPUs)")
     result = scale_config(
-        config,
-        to_gpus=to_gpus,
-        from_gpus=from_gpus,
-        batch=batch,
-        tensor_parallel=tensor_parallel,
-        rules=rules,
-        model=shape,
-        max_model_len=max_model_len,
-        precision=precision,
-        devices=devices,
-        gpu_memory_bytes=gpu_memory_bytes,
-        source=source,
+        config, to_gpus=to_gpus, from_gpus=from_gpus, batch=batch,
+        tensor_parallel=tensor_parallel, rules=rules, model=shape, max_model_len=max_model_len,
+        precision=precision, devices=devices, gpu_memory_bytes=gpu_memory_bytes, source=source,
         extra_problems=problems,
-    )
+    )  # fmt: skip
     if text_source is None:
         return result
     new_text, notes = rescaled_text(text_source, result)
-    return dataclasses.replace(
-        result,
-        form=text_source.form,
-        original_text=text_source.text,
-        new_text=new_text,
-        warnings=result.warnings
-        + tuple(Problem("warn", "script", "script", note) for note in notes),
-    )
+    notes_ = tuple(Problem("warn", "script", "script", note) for note in notes)
+    return replace(result, form=text_source.form, original_text=text_source.text,
+                   new_text=new_text, warnings=result.warnings + notes_)  # fmt: skip
+
+
+_CLUSTER_FORMS = (
+    "expected a cluster: %gpu_status --slurm's result, the JSON file `nbgpu status --slurm "
+    "--json` writes, or a mapping of node names to fleets such as {'n1': '4xA40', 'n2': "
+    "'4xA40,busy=0'}"
+)
+
+
+def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
+    """(node → its GPUs as candidates, where they came from, simulated?)."""
+    from nbgpu.devices.inventory import Inventory, saved_inventory, take_inventory  # noqa: PLC0415
+    from nbgpu.devices.model import cluster_nodes, is_cluster  # noqa: PLC0415
+
+    if hasattr(cluster, "to_dict") and hasattr(cluster, "nodes"):
+        cluster = cluster.to_dict()  # a ClusterStatus
+    where, source = "the cluster", "the cluster"
+    if isinstance(cluster, str | os.PathLike):
+        path, name = Path(cluster).expanduser(), f"cluster file {os.fspath(cluster)!r}"
+        text = read_text(path, "cluster file")
+        try:
+            cluster = json.loads(text)
+        except ValueError as exc:
+            raise UserInputError(f"{name}: not JSON ({exc})") from None
+        if not is_cluster(cluster):
+            raise UserInputError(f"{name}: {_CLUSTER_FORMS}")
+        where, source = f"cluster file {path.name!r}", path.name
+    inventories: dict[str, Inventory] = {}
+    if isinstance(cluster, Mapping) and is_cluster(cluster):
+        try:
+            documents = cluster_nodes(dict(cluster), where)
+        except FleetSpecError as exc:
+            raise UserInputError(str(exc)) from None
+        for node, document in documents.items():
+            inventories[node] = Inventory.from_dict(document, where=f"{where}, node {node}")
+        simulated = any(inventory.simulated for inventory in inventories.values())
+        source = str(cluster.get("source") or source)
+    elif isinstance(cluster, Mapping) and cluster:  # nodes described by their fleets
+        for node, fleet in cluster.items():
+            if not isinstance(node, str) or not node:
+                raise UserInputError(f"cluster: node name {node!r}: {_CLUSTER_FORMS}")
+            if isinstance(fleet, Inventory):
+                inventories[node] = fleet
+                continue
+            if not isinstance(fleet, str) or not fleet.strip():
+                raise UserInputError(f"cluster: node {node!r} = {fleet!r}: {_CLUSTER_FORMS}")
+            try:  # a capture is read; anything else is simulated
+                inventories[node] = saved_inventory(fleet) or take_inventory(
+                    {"NBGPU_SIMULATE": fleet}, scan_device_files=False
+                )
+            except FleetSpecError as exc:
+                raise UserInputError(f"node {node}: {exc}") from None
+        simulated = all(not isinstance(f, Inventory) or f.simulated for f in cluster.values())
+        source = f"{len(inventories)} described node(s)"
+    else:
+        raise UserInputError(f"cluster={type(cluster).__name__}: {_CLUSTER_FORMS}")
+    # A node without a GPU has none to give; the plan says so for that node.
+    candidates = {node: () if inventory.nvml_error else candidates_from_inventory(inventory)
+                  for node, inventory in inventories.items()}  # fmt: skip
+    return candidates, source, simulated
 
 
 def plan_from_json(

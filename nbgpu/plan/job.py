@@ -1,36 +1,52 @@
-"""The job description a plan is made for, validated once, with one-line errors.
+"""The job a plan is made for, validated once with one-line errors, and its batch arithmetic.
 
-Every user-facing value (allocation, GPU lists, batch sizes, divisors, model, precision,
-strategy, optimizer, ports) is checked here and becomes a frozen :class:`Job`; the planner
-below it never sees raw input. Values that only make sense against an inventory (a GPU
-index that does not exist, more GPUs than the box has) are checked by the planner.
-
-Pure: imports ``allocation``, ``memory``, ``ports`` constants and ``nbgpu.errors``.
+Every user-facing value is checked here and becomes a frozen :class:`Job`; the planner
+never sees raw input (values that need an inventory, such as a GPU index, it checks).
+**Batches** follow llm-analysis (``reference/memory.md`` §6): ``global = micro × accum ×
+dp``; the micro batch is the largest divisor of ``global / dp`` allowed, the rest is
+accumulation. ``divisors`` divide the global batch (AReaL's GRPO ``group_size``),
+``step_divisors`` divide ``dp × micro``, the samples of one step (TRL's GRPO
+``num_generations``). An invalid batch gets the reason and the nearest valid values below
+and above, with their splits: batch 8 on 3 trainers → 6 or 9. Pure: never imports the
+inventory, sockets or files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, normalize_precision
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.plan.allocation import Allocation, parse_allocation
-from nbgpu.plan.batch import BatchCheck, check_batch
-from nbgpu.plan.placement import DEFAULT_BASE_PORT, MAX_PORT
 from nbgpu.problems import Problem
 
 __all__ = [
+    "DEFAULT_BASE_PORT",
+    "MAX_PORT",
+    "BatchCheck",
+    "BatchOption",
     "Job",
     "JobRequest",
+    "Split",
     "batch_problem",
+    "check_batch",
     "check_job_batch",
     "make_job",
-    "parse_divisors",
+    "nearest_batch",
     "parse_gpu_list",
+    "splits_for",
+    "whole_number",
 ]
+
+#: torchrun's own default MASTER_PORT; plans count up from it.
+DEFAULT_BASE_PORT = 29500
+MAX_PORT = 65535
+# How many splits a result lists; more is noise (they are all divisors of global/dp).
+MAX_SPLITS = 4
 
 GpuList = Sequence[int] | str | int | None
 Divisors = Mapping[str, int] | Sequence[int] | str | None
@@ -61,6 +77,13 @@ class Job:
     max_micro_auto: bool = False  # max_micro_batch="auto": the largest that fits, computed
 
 
+def whole_number(label: str, value: Any) -> Any:
+    """*value* if it is None or a whole number >= 1; otherwise one line naming *label*."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise UserInputError(f"{label}={value!r}: expected a whole number >= 1")
+    return value
+
+
 def parse_gpu_list(value: GpuList, label: str) -> tuple[int, ...]:
     """``"1,2,3"`` or ``[1, 2, 3]`` → ``(1, 2, 3)``; order kept, repeats rejected."""
     if value is None:
@@ -71,10 +94,8 @@ def parse_gpu_list(value: GpuList, label: str) -> tuple[int, ...]:
         if not all(v.isdigit() for v in items):
             raise UserInputError(f"{label}={value!r}: {form}")
         items = [int(v) for v in items]
-    elif isinstance(value, int):  # a bool lands here too and is refused below
-        items = [value]
-    else:
-        items = list(value)
+    else:  # a bool lands in [value] too and is refused below
+        items = [value] if isinstance(value, int) else list(value)
     for item in items:
         if isinstance(item, bool) or not isinstance(item, int) or item < 0:
             raise UserInputError(f"{label}={value!r}: {item!r} is not a GPU index; {form}")
@@ -83,7 +104,7 @@ def parse_gpu_list(value: GpuList, label: str) -> tuple[int, ...]:
     return tuple(items)
 
 
-def parse_divisors(value: Divisors, label: str) -> tuple[tuple[str, int], ...]:
+def _parse_divisors(value: Divisors, label: str) -> tuple[tuple[str, int], ...]:
     """``{"num_generations": 8}``, ``[8]`` or ``"num_generations=8,4"`` → named pairs."""
     if value is None:
         return ()
@@ -105,14 +126,6 @@ def parse_divisors(value: Divisors, label: str) -> tuple[tuple[str, int], ...]:
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
             raise UserInputError(f"{label}: {name}={number!r} is not a whole number >= 1; {form}")
     return tuple(pairs)
-
-
-def _positive(label: str, value: int | None) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserInputError(f"{label}={value!r}: expected a whole number >= 1")
-    return value
 
 
 def _choice(label: str, value: str, choices: Sequence[str]) -> str:
@@ -164,9 +177,8 @@ class JobRequest:
 def make_job(request: JobRequest) -> Job:
     """Validate everything the user gave; each mistake is one ``UserInputError`` line."""
     r = request
-    max_micro_batch, num_gpus, base_port = r.max_micro_batch, r.num_gpus, r.base_port
     parsed = None if r.allocation is None else parse_allocation(r.allocation)
-    _positive("num_gpus", num_gpus)
+    num_gpus = whole_number("num_gpus", r.num_gpus)
     if parsed is not None and num_gpus is not None and parsed.gpu_count != num_gpus:
         raise UserInputError(
             f"allocation {r.allocation!r} uses {parsed.gpu_count} GPUs "
@@ -187,66 +199,256 @@ def make_job(request: JobRequest) -> Job:
             f"require={','.join(map(str, required))} lists {len(required)} GPUs but the job "
             f"uses {total}; the degrees must multiply to the GPU count"
         )
-    auto = isinstance(max_micro_batch, str) and max_micro_batch.strip().lower() == "auto"
-    if isinstance(max_micro_batch, str) and not auto:
-        if not max_micro_batch.strip().isdigit():
+    max_micro = r.max_micro_batch
+    auto = isinstance(max_micro, str) and max_micro.strip().lower() == "auto"
+    if isinstance(max_micro, str) and not auto:
+        if not max_micro.strip().isdigit():
             raise UserInputError(
-                f"max_micro_batch={max_micro_batch!r}: expected a whole number >= 1 or 'auto'"
+                f"max_micro_batch={max_micro!r}: expected a whole number >= 1 or 'auto'"
             )
-        max_micro_batch = int(max_micro_batch)
+        max_micro = int(max_micro)
     if auto and (r.model is None or r.seq_len is None):
         raise UserInputError(
             "max_micro_batch='auto' needs model= (a name such as 'Qwen/Qwen2.5-7B-Instruct' or "
             "an HF config.json) and seq_len= to compute what fits"
         )
-    max_micro = None if auto or isinstance(max_micro_batch, str) else max_micro_batch
     for label in ("global_batch", "micro_batch", "grad_accum", "seq_len"):
-        _positive(label, getattr(r, label))
-    _positive("max_micro_batch", max_micro)
-    if not 1 <= base_port <= MAX_PORT or isinstance(base_port, bool):
-        raise UserInputError(f"base_port={base_port!r}: expected a TCP port 1..{MAX_PORT}")
+        whole_number(label, getattr(r, label))
+    max_micro = whole_number("max_micro_batch", None if auto else max_micro)
+    if not 1 <= r.base_port <= MAX_PORT or isinstance(r.base_port, bool):
+        raise UserInputError(f"base_port={r.base_port!r}: expected a TCP port 1..{MAX_PORT}")
     return Job(
-        allocation=parsed,
-        num_gpus=num_gpus,
-        require=required,
-        exclude=excluded,
-        global_batch=r.global_batch,
-        micro_batch=r.micro_batch,
-        grad_accum=r.grad_accum,
-        max_micro_batch=max_micro,
-        divisors=parse_divisors(r.divisors, "divisors"),
-        step_divisors=parse_divisors(r.step_divisors, "step_divisors"),
+        allocation=parsed, num_gpus=num_gpus, require=required, exclude=excluded,
+        global_batch=r.global_batch, micro_batch=r.micro_batch, grad_accum=r.grad_accum,
+        max_micro_batch=max_micro, divisors=_parse_divisors(r.divisors, "divisors"),
+        step_divisors=_parse_divisors(r.step_divisors, "step_divisors"),
         model=None if r.model is None else model_shape(r.model),
         precision=normalize_precision(r.precision),
         strategy=_choice("strategy", r.strategy, tuple(STRATEGIES)),
-        optimizer=_choice("optimizer", r.optimizer, OPTIMIZERS),
-        base_port=base_port,
-        name=r.name,
-        seq_len=r.seq_len,
-        activation_checkpointing=bool(r.activation_checkpointing),
+        optimizer=_choice("optimizer", r.optimizer, OPTIMIZERS), base_port=r.base_port,
+        name=r.name, seq_len=r.seq_len, activation_checkpointing=bool(r.activation_checkpointing),
         max_micro_auto=auto,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------- batches
+
+
+@dataclass(frozen=True)
+class Split:
+    """One way to reach the global batch: ``micro_batch`` per rank × ``grad_accum`` steps."""
+
+    micro_batch: int
+    grad_accum: int
+
+    @property
+    def text(self) -> str:
+        return f"micro {self.micro_batch} × accum {self.grad_accum}"
+
+
+@dataclass(frozen=True)
+class BatchOption:
+    """A valid global batch and how it can be split (best first: largest micro batch)."""
+
+    global_batch: int
+    splits: tuple[Split, ...]
+
+    @property
+    def text(self) -> str:
+        return f"{self.global_batch} ({', '.join(s.text for s in self.splits[:2])})"
+
+
+@dataclass(frozen=True)
+class BatchCheck:
+    """What a batch configuration gives for ``data_parallel`` ranks (and whether it works)."""
+
+    data_parallel: int
+    global_batch: int | None  # as given, or derived from micro × accum × dp
+    micro_batch: int | None  # as given, or the best split's when the batch is valid
+    grad_accum: int | None
+    divisors: tuple[tuple[str, int], ...] = ()
+    step_divisors: tuple[tuple[str, int], ...] = ()
+    max_micro_batch: int | None = None
+    reason: str | None = None  # why the batch is invalid; None when valid
+    splits: tuple[Split, ...] = ()  # for global_batch, when valid
+    nearest: tuple[BatchOption, ...] = ()  # nearest valid batches below/above, when invalid
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    @property
+    def summary(self) -> str:
+        """One line for a plan: what runs, or why not and what to use instead."""
+        if self.global_batch is None:
+            return f"micro batch {self.micro_batch} per rank on {self.data_parallel} ranks"
+        if not self.ok:
+            return f"{self.reason}; {self.advice}"
+        split = f"{self.data_parallel} ranks × micro {self.micro_batch} × accum {self.grad_accum}"
+        others = [f"{s.micro_batch}×{s.grad_accum}" for s in self.splits
+                  if s.micro_batch != self.micro_batch]  # fmt: skip
+        more = f" (also {', '.join(others)})" if others else ""
+        return f"global batch {self.global_batch} = {split}{more}"
+
+    @property
+    def advice(self) -> str:
+        if not self.nearest:
+            return "no valid global batch found near it"
+        return "nearest valid: " + " or ".join(o.text for o in self.nearest)
+
+
+def _named(divisors: Sequence[tuple[str, int]]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in divisors)
+
+
+def splits_for(
+    global_batch: int,
+    data_parallel: int,
+    *,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    max_micro_batch: int | None = None,
+    step_divisors: Sequence[tuple[str, int]] = (),
+) -> tuple[Split, ...]:
+    """Every (micro, accum) that reaches *global_batch* under the constraints, micro first."""
+    if global_batch % data_parallel:
+        return ()
+    per_rank = global_batch // data_parallel
+    small = [i for i in range(1, math.isqrt(per_rank) + 1) if per_rank % i == 0]
+    micros = sorted({*small, *(per_rank // i for i in small)}, reverse=True)
+    return tuple(
+        Split(micro, per_rank // micro)
+        for micro in micros
+        if micro_batch in (None, micro)
+        and grad_accum in (None, per_rank // micro)
+        and (max_micro_batch is None or micro <= max_micro_batch)
+        and not any((data_parallel * micro) % k for _, k in step_divisors)
     )
+
+
+def _invalid_reason(check: BatchCheck, splits: Callable[..., tuple[Split, ...]]) -> str | None:
+    """Why *check*'s global batch does not work (``splits(g, steps)``: its splits), or None."""
+    g, dp = check.global_batch or 0, check.data_parallel
+    micro, accum = check.micro_batch, check.grad_accum
+    if g % dp:
+        return f"global batch {g} is not divisible by {dp} data-parallel ranks"
+    bad = [(n, k) for n, k in check.divisors if g % k]
+    if bad:
+        return f"global batch {g} is not divisible by {_named(bad)}"
+    per_rank = g // dp
+    if micro is not None and accum is not None:
+        if micro * accum != per_rank:
+            return (
+                f"global batch {g} ≠ {dp} ranks × micro {micro} × accum {accum} = "
+                f"{dp * micro * accum}"
+            )
+    elif micro is not None and per_rank % micro:
+        return f"global batch {g} gives {per_rank} per rank, not divisible by micro batch {micro}"
+    elif accum is not None and per_rank % accum:
+        return (
+            f"global batch {g} gives {per_rank} per rank, not divisible by {accum} accumulation "
+            "steps"
+        )
+    if not splits(g, ()):
+        return (
+            f"global batch {g} needs a micro batch above the maximum {check.max_micro_batch} "
+            "with these settings"
+        )
+    if micro is not None:
+        bad = [(n, k) for n, k in check.step_divisors if (dp * micro) % k]
+        if bad:
+            return f"{dp} ranks × micro {micro} = {dp * micro} is not divisible by {_named(bad)}"
+    if not splits(g, check.step_divisors):
+        return (
+            f"global batch {g}: no micro batch makes {dp} ranks × micro divisible by "
+            f"{_named(check.step_divisors)}"
+        )
+    return None
+
+
+def check_batch(
+    data_parallel: int,
+    *,
+    global_batch: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    max_micro_batch: int | None = None,
+    divisors: Sequence[tuple[str, int]] = (),
+    step_divisors: Sequence[tuple[str, int]] = (),
+) -> BatchCheck:
+    """Validate a batch configuration; raises ``UserInputError`` for values ≤ 0."""
+    for label, value in (
+        ("data-parallel size", data_parallel),
+        ("global batch", global_batch),
+        ("micro batch", micro_batch),
+        ("gradient accumulation", grad_accum),
+        ("max micro batch", max_micro_batch),
+        *((f"divisor {n}", k) for n, k in (*divisors, *step_divisors)),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise UserInputError(f"{label} {value!r}: expected a whole number >= 1")
+        if value is not None and value < 1:
+            raise UserInputError(f"{label} {value}: expected a whole number >= 1")
+    if global_batch is None and micro_batch is not None and grad_accum is not None:
+        global_batch = data_parallel * micro_batch * grad_accum
+    base = BatchCheck(data_parallel, global_batch, micro_batch, grad_accum, tuple(divisors),
+                      tuple(step_divisors), max_micro_batch)  # fmt: skip
+
+    def splits(candidate: int, steps: Sequence[tuple[str, int]] = step_divisors) -> Any:
+        return splits_for(candidate, data_parallel, micro_batch=micro_batch,
+                          grad_accum=grad_accum, max_micro_batch=max_micro_batch,
+                          step_divisors=steps)  # fmt: skip
+
+    if global_batch is None:
+        # Only a micro batch (or nothing): the step divisors are all that can be checked.
+        bad = [(n, k) for n, k in step_divisors if micro_batch and data_parallel * micro_batch % k]
+        if bad:
+            why = f"{data_parallel} ranks × micro {micro_batch} is not divisible by {_named(bad)}"
+            return replace(base, reason=why)
+        return base
+    reason = _invalid_reason(base, splits)
+    if reason is None:
+        found = splits(global_batch)
+        return replace(base, micro_batch=found[0].micro_batch, grad_accum=found[0].grad_accum,
+                       splits=found[:MAX_SPLITS])  # fmt: skip
+    # Valid batches repeat with this period (every multiple of it is valid when the micro
+    # batch is free), so a valid value above any batch lies within one period of it.
+    period = math.lcm(data_parallel, *(k for _, k in divisors))
+    for _, k in step_divisors:
+        period = math.lcm(period, data_parallel * k // math.gcd(data_parallel, k))
+    span = period * (micro_batch or 1) * (grad_accum or 1) + data_parallel
+    nearest = []
+    below = range(global_batch - 1, max(0, global_batch - span - 1), -1)
+    for candidates in (below, range(global_batch + 1, global_batch + span + 1)):
+        for candidate in candidates:
+            found = () if any(candidate % k for _, k in divisors) else splits(candidate)
+            if found:
+                nearest.append(BatchOption(candidate, found[:MAX_SPLITS]))
+                break
+    return replace(base, reason=reason, nearest=tuple(nearest))
 
 
 def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
     """The job's batch keywords checked for *data_parallel* ranks (None: it gave none)."""
     if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
         return None
-    return check_batch(
-        data_parallel,
-        global_batch=job.global_batch,
-        micro_batch=job.micro_batch,
-        grad_accum=job.grad_accum,
-        max_micro_batch=job.max_micro_batch,
-        divisors=job.divisors,
-        step_divisors=job.step_divisors,
-    )
+    return check_batch(data_parallel, global_batch=job.global_batch, micro_batch=job.micro_batch,
+                       grad_accum=job.grad_accum, max_micro_batch=job.max_micro_batch,
+                       divisors=job.divisors, step_divisors=job.step_divisors)  # fmt: skip
 
 
 def batch_problem(check: BatchCheck, subject: str) -> Problem:
     """A batch that does not work, as a problem whose fixes are the nearest valid batches."""
-    fixes = tuple(
-        f"global_batch={o.global_batch} ({', '.join(s.text for s in o.splits[:2])})"
-        for o in check.nearest
-    )
+    fixes = tuple(f"global_batch={o.text}" for o in check.nearest)
     return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)
+
+
+def nearest_batch(job: Job, data_parallel: int | None) -> tuple[Job, str]:
+    """*job* with its global batch moved to the nearest one *data_parallel* ranks can run,
+    and a note saying so (the job as it is when its batch works or nothing is near)."""
+    check = None if data_parallel is None else check_job_batch(job, data_parallel)
+    if check is None or check.ok or check.global_batch is None or not check.nearest:
+        return job, ""
+    wanted = check.global_batch
+    new = min((abs(o.global_batch - wanted), o.global_batch) for o in check.nearest)[1]
+    return replace(job, global_batch=new), f", global batch {new} instead of {job.global_batch}"

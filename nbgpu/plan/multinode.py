@@ -8,10 +8,7 @@ any chosen node decides what fits. Without *P*: the most ranks per node that sti
 the most ranks in total; without *nodes*: every node that can hold *P*. A job that does
 not fit names each node that falls short and offers fewer nodes or fewer ranks per node,
 batch checked again. The rendezvous port is picked on the first node when the job starts.
-
-:class:`NodesPlan` is frozen, JSON round-trippable data; launchers read ``ok``,
-``nodelist``, ``nproc_per_node`` and ``node_gpus`` (``%%torchrun --plan p``, ``nbgpu run
---slurm --plan FILE``). Pure: never reads an inventory, files or sockets.
+Pure: never reads an inventory, files or sockets.
 """
 
 from __future__ import annotations
@@ -23,10 +20,23 @@ from typing import Any, ClassVar
 from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes, to_text
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
-from nbgpu.plan.batch import BatchCheck
-from nbgpu.plan.job import Job, batch_problem, check_job_batch
-from nbgpu.plan.memcheck import auto_max_micro, free_bytes, memory_check, memory_problems
+from nbgpu.plan.job import (
+    BatchCheck,
+    Job,
+    batch_problem,
+    check_job_batch,
+    nearest_batch,
+    whole_number,
+)
+from nbgpu.plan.memcheck import (
+    auto_max_micro,
+    free_bytes,
+    memory_check,
+    memory_problems,
+    smallest_free,
+)
 from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
+from nbgpu.plan.planner import caveats
 from nbgpu.plan.result import (
     PLAN_FILE_FORMAT,
     ExcludedGpu,
@@ -151,23 +161,15 @@ class NodesPlan(Result):
         return table
 
     def _footer(self) -> list[Block]:
-        lines: list[Block] = [
-            Line(
-                f"{self.world_size} ranks ({self.job_nodes} × {self.nproc_per_node})", label="world"
-            )
-        ]
+        world = f"{self.world_size} ranks ({self.job_nodes} × {self.nproc_per_node})"
+        lines: list[Block] = [Line(world, label="world")]
         if self.batch is not None and self.batch.ok:
             lines.append(Line(self.batch.summary, label="batch"))
         for m in self.memory:
-            fits = {True: "fits", False: "does NOT fit", None: "not compared"}[m.fits]
             free = "" if m.available_bytes is None else f" free {fmt_bytes(m.available_bytes)}"
-            lines.append(
-                Line(
-                    f"{fmt_bytes(m.needed_bytes)}, {fits} on node {self.memory_node} GPU "
-                    f"{m.deciding_gpu}{free} (the smallest of the job)",
-                    label="memory per GPU",
-                )
-            )
+            where = f"{m.verdict} on node {self.memory_node} GPU {m.deciding_gpu}{free}"
+            lines.append(Line(f"{fmt_bytes(m.needed_bytes)}, {where} (the smallest of the job)",
+                              label="memory per GPU"))  # fmt: skip
             lines.append(Line(m.accounting, indent="  "))
             if m.max_micro_batch is not None:
                 lines.append(Line(f"{m.max_micro_batch} (computed, no trials)",
@@ -176,14 +178,12 @@ class NodesPlan(Result):
             lines.append(Line("not checked (pass model= to compare with free memory)",
                               label="memory"))  # fmt: skip
         if self.ok:
-            lines.append(
-                Line(
-                    f"%%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist "
-                    f"{self.nodelist}; each node sets its own CUDA_VISIBLE_DEVICES); the "
-                    "rendezvous port is picked on the first node when the job starts",
-                    label="launch",
-                )
+            launch = (
+                f"%%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist {self.nodelist}; "
+                "each node sets its own CUDA_VISIBLE_DEVICES); the rendezvous port is picked on "
+                "the first node when the job starts"
             )
+            lines.append(Line(launch, label="launch"))
         return lines
 
     def text(self) -> str:
@@ -211,8 +211,7 @@ class NodesPlan(Result):
         ]  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = to_data(self)
-        return {"nbgpu_nodes_plan": PLAN_FILE_FORMAT, **data}
+        return {"nbgpu_nodes_plan": PLAN_FILE_FORMAT, **to_data(self)}
 
 
 # ------------------------------------------------------------------ the planner
@@ -229,10 +228,15 @@ class _Node:
         return len(self.pool)
 
     def cleanliness(self, count: int) -> tuple[int, int]:
-        """(caveats among the *count* GPUs it would give, its unusable GPUs): (0, 0) is a
-        node with nothing wrong. A node with a lost or held GPU comes after one without:
-        what broke one GPU (a fault, a stuck job) can still touch its neighbours."""
+        """(caveats among the *count* GPUs it would give, its unusable GPUs): a node with a
+        lost or held GPU comes after one without, since what broke one GPU (a fault, a stuck
+        job) can still touch its neighbours."""
         return sum(c.grade for c in self.pool[:count]), len(self.candidates) - self.capacity
+
+    def shortfall(self, per_node: int) -> str:
+        out = f"{self.capacity} of {len(self.candidates)} GPUs usable, {per_node} needed"
+        bad = [f"GPU {c.nvml_index}: {c.health}" for c in self.candidates if not c.usable]
+        return out + (f" ({'; '.join(bad)})" if bad else "")
 
 
 def default_shape(capacities: Sequence[int], nodes: int | None) -> tuple[int, int]:
@@ -246,29 +250,11 @@ def default_shape(capacities: Sequence[int], nodes: int | None) -> tuple[int, in
     if nodes is not None:
         return nodes, ordered[nodes - 1] if nodes <= len(ordered) else 0
     best = (0, 0)
-    for per_node in sorted(set(ordered), reverse=True):
-        if per_node == 0:
-            continue
+    for per_node in sorted(set(ordered) - {0}, reverse=True):
         count = sum(1 for c in ordered if c >= per_node)
         if count * per_node > best[0] * best[1]:
             best = (count, per_node)
     return best
-
-
-def _shortfall(node: _Node, per_node: int) -> str:
-    out = f"{node.capacity} of {len(node.candidates)} GPUs usable, {per_node} needed"
-    bad = [f"GPU {c.nvml_index}: {c.health}" for c in node.candidates if not c.usable]
-    return out + (f" ({'; '.join(bad)})" if bad else "")
-
-
-def _chosen_gpus(node: _Node, per_node: int) -> tuple[PlannedGpu, ...]:
-    groups = assign(list(node.pool), [per_node], keep_order=False)
-    return planned_gpus(groups[0] if groups else node.pool[:per_node])
-
-
-def _trainer(world: int, gpus: Sequence[PlannedGpu]) -> RolePlan:
-    """The job as one data-parallel training role over every rank of every node."""
-    return RolePlan("train", "train", None, world, 1, 1, tuple(gpus), None)
 
 
 def _memory(
@@ -285,11 +271,12 @@ def _memory(
         return job, (), None
 
     def tightest(node: NodeGpus) -> int:
-        known = [b for b in map(free_bytes, node.gpus) if b is not None]
-        return min(known) if known else 2**63
+        smallest = smallest_free(node.gpus)
+        return 2**63 if smallest is None else free_bytes(smallest) or 0
 
     deciding = min(chosen, key=tightest)
-    role = _trainer(world, deciding.gpus)
+    # The job as one data-parallel training role over every rank of every node.
+    role = RolePlan("train", "train", None, world, 1, 1, deciding.gpus, None)
     job = auto_max_micro([role], job, warnings)
     check = memory_check(role, job, batch)
     found: list[Problem] = []
@@ -312,73 +299,52 @@ def build_nodes_plan(
     """Place one training job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs."""
     if not node_candidates:
         raise UserInputError("the cluster has no node to plan on")
-    for label, value in (("nodes", nodes), ("nproc_per_node", nproc_per_node)):
-        if value is not None and (isinstance(value, bool) or value < 1):
-            raise UserInputError(f"{label}={value!r}: expected a whole number >= 1")
-    every = [
-        _Node(name, tuple(cands), tuple(order_pool(cands)))
-        for name, cands in node_candidates.items()
-    ]
+    asked_nodes = whole_number("nodes", nodes)
+    asked_per_node = whole_number("nproc_per_node", nproc_per_node)
+    every = [_Node(name, tuple(c), tuple(order_pool(c))) for name, c in node_candidates.items()]
     if nodes is not None and nodes > len(every):
         raise UserInputError(
             f"nodes={nodes}: the cluster has {len(every)} node(s) "
             f"({', '.join(n.name for n in every)}); ask for at most {len(every)}"
         )
-    asked_nodes, asked_per_node = nodes, nproc_per_node
+    capacities = [n.capacity for n in every]
     if nproc_per_node is None:
-        shape_nodes, nproc_per_node = default_shape([n.capacity for n in every], nodes)
+        shape_nodes, nproc_per_node = default_shape(capacities, nodes)
         nodes = nodes or shape_nodes or None
     if nodes is None:
-        nodes = max(1, sum(1 for n in every if n.capacity >= nproc_per_node))
+        nodes = max(1, sum(1 for c in capacities if c >= nproc_per_node))
     per_node = max(1, nproc_per_node)
-    fits = sorted(
-        (n for n in every if n.capacity >= per_node),
-        key=lambda n: (n.cleanliness(per_node), every.index(n)),
-    )
+    fits = sorted((n for n in every if n.capacity >= per_node),
+                  key=lambda n: (n.cleanliness(per_node), every.index(n)))  # fmt: skip
     picked = {n.name for n in fits[:nodes]}
-    chosen = tuple(
-        NodeGpus(n.name, _chosen_gpus(n, per_node), excluded_gpus(n.candidates))
-        for n in every
-        if n.name in picked
-    )
-    left_out = tuple(
-        NodeLeftOut(n.name, _shortfall(n, per_node))
-        if n.capacity < per_node
-        else NodeLeftOut(n.name, f"not needed: {nodes} node(s) asked for")
-        for n in every
-        if n.name not in picked
-    )
+    chosen, left_out, warnings = [], [], []
+    for n in every:
+        if n.name not in picked:
+            why = (
+                n.shortfall(per_node)
+                if n.capacity < per_node
+                else (f"not needed: {nodes} node(s) asked for")
+            )
+            left_out.append(NodeLeftOut(n.name, why))
+            continue
+        given = (assign(list(n.pool), [per_node]) or [list(n.pool[:per_node])])[0]
+        chosen.append(NodeGpus(n.name, planned_gpus(given), excluded_gpus(n.candidates)))
+        warnings += caveats(f"node {n.name}", given)
     problems: list[Problem] = []
-    warnings: list[Problem] = []
     if len(chosen) < nodes or nproc_per_node < 1:
         short = [f"{n.node}: {n.reason}" for n in left_out if not n.reason.startswith("not ")]
-        fixes = [
-            f"on {n.name}: {c.problems[0].fixes[0]}"
-            for n in every
-            for c in n.candidates
-            if not c.usable and c.recoverable and c.problems and c.problems[0].fixes
-        ]
+        held = [(n, c) for n in every for c in n.candidates if not c.usable and c.recoverable]
+        fixes = [f"on {n.name}: {c.problems[0].fixes[0]}" for n, c in held
+                 if c.problems and c.problems[0].fixes]  # fmt: skip
+        shape = f"{nodes} node(s) × {per_node} GPUs"
+        message = (
+            f"{shape} needs {nodes} node(s) with {per_node} usable GPUs each; {len(fits)} of "
+            f"the {len(every)} node(s) do" + (f" ({'; '.join(short)})" if short else "")
+        )
         problems.append(
-            Problem(
-                "bad",
-                "not_enough_nodes",
-                f"{nodes} node(s) × {per_node} GPUs",
-                f"{nodes} node(s) × {per_node} GPUs needs {nodes} node(s) with {per_node} usable "
-                f"GPUs each; {len(fits)} of the {len(every)} node(s) do"
-                + (f" ({'; '.join(short)})" if short else ""),
-                tuple(dict.fromkeys(fixes)),
-            )
+            Problem("bad", "not_enough_nodes", shape, message, tuple(dict.fromkeys(fixes)))
         )
     world = nodes * per_node
-    by_name = {n.name: n for n in every}
-    for node in chosen:
-        given = {g.nvml_index for g in node.gpus}
-        warnings.extend(
-            Problem("warn", "gpu_caveat", f"node {node.node}", f"node {node.node}: {p.message}")
-            for c in by_name[node.node].pool
-            if c.nvml_index in given and c.grade > 0
-            for p in c.problems
-        )
     if len({g.memory_total_bytes for n in chosen for g in n.gpus}) > 1:
         why = "every rank holds the same micro batch, so the smallest decides"
         message = f"the nodes' GPUs differ in size: {why}; the memory check uses it"
@@ -389,34 +355,13 @@ def build_nodes_plan(
     job, memory, memory_node = _memory(
         chosen, job, world, batch, problems=problems, warnings=warnings
     )
-    plan = NodesPlan(
-        nodes=chosen,
-        left_out=left_out,
-        job_nodes=nodes,
-        nproc_per_node=per_node,
-        problems=tuple(problems),
-        warnings=tuple(warnings),
-        batch=batch,
-        memory=memory,
-        memory_node=memory_node,
-        alternatives=(),
-        source=source,
-        simulated=simulated,
-        asked_nodes=asked_nodes,
-        asked_nproc_per_node=asked_per_node,
-    )
+    plan = NodesPlan(tuple(chosen), tuple(left_out), nodes, per_node, tuple(problems),
+                     tuple(warnings), batch, memory, memory_node, (), source, simulated,
+                     asked_nodes, asked_per_node)  # fmt: skip
     if alternatives and problems:
-        plan = replace(
-            plan,
-            alternatives=_alternatives(
-                node_candidates,
-                job,
-                plan,
-                capacities=[n.capacity for n in every],
-                source=source,
-                simulated=simulated,
-            ),
-        )
+        alts = _alternatives(node_candidates, job, plan, capacities=capacities, source=source,
+                             simulated=simulated)  # fmt: skip
+        plan = replace(plan, alternatives=alts)
     return plan
 
 
@@ -430,8 +375,7 @@ def _alternatives(
     simulated: bool,
 ) -> tuple[NodesAlternative, ...]:
     """Shapes that fit the usable GPUs: fewer nodes, or fewer ranks on each."""
-    wanted_nodes = plan.job_nodes
-    per_node = plan.nproc_per_node
+    wanted_nodes, per_node = plan.job_nodes, plan.nproc_per_node
     shapes = []
     full = sum(1 for c in capacities if c >= per_node)
     if 0 < full < wanted_nodes:
@@ -441,17 +385,9 @@ def _alternatives(
         shapes.append((wanted_nodes, fewer, f"{fewer} rank(s) on each of {wanted_nodes} nodes"))
     out = []
     for count, ranks, reason in shapes:
-        note = ""
-        alt_job = job
-        batch = check_job_batch(job, count * ranks)
-        if batch is not None and not batch.ok and batch.nearest:
-            new = min(batch.nearest, key=lambda o: abs(o.global_batch - (job.global_batch or 0)))
-            alt_job = replace(job, global_batch=new.global_batch)
-            note = f", global batch {new.global_batch} instead of {job.global_batch}"
-        alt = build_nodes_plan(
-            node_candidates, alt_job, nodes=count, nproc_per_node=ranks, source=source,
-            simulated=simulated, alternatives=False,
-        )  # fmt: skip
+        alt_job, note = nearest_batch(job, count * ranks)
+        alt = build_nodes_plan(node_candidates, alt_job, nodes=count, nproc_per_node=ranks,
+                               source=source, simulated=simulated, alternatives=False)  # fmt: skip
         title = f"{count} node(s) × {ranks} GPUs ({', '.join(n.node for n in alt.nodes)}){note}"
         out.append(NodesAlternative(title, f"fits {reason}", plan=alt))
     return tuple(out)

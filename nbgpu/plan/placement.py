@@ -1,15 +1,12 @@
 """Which GPUs a plan may use, which ones each role gets, and which ports.
 
-**Candidates.** A :class:`Candidate` is one GPU seen from the planner: usable or not, a *grade* (0: idle
-and clean; 1: usable with caveats, for example shared with another process), and the
-doctor's problems that decide it (with their fixes). The finding rules stay in ``devices/findings.py``; this
-module only sorts their findings into "may be given a role" and "may not":
-
-- never usable: NVML cannot read the GPU (lost, no permission), a *bad* finding (busy with a
-  dead holder in exclusive mode, prohibited, reset required ...), an exclusive-mode GPU
-  held by a live process (CUDA refuses a second context), a failed CUDA probe, MIG mode
-  (a process sees one instance, not the GPU);
-- usable with caveats: every *warn* finding, and other processes sharing the GPU.
+**Candidates.** A :class:`Candidate` is one GPU seen from the planner: usable or not, a
+*grade* (0: idle and clean; 1: usable with caveats, such as another process sharing it),
+and the doctor's problems that decide it (the finding rules stay in
+``devices/findings.py``). Never usable: NVML cannot read the GPU, a *bad* finding (dead
+holder in exclusive mode, prohibited, reset required ...), an exclusive-mode GPU held by a
+live process (CUDA refuses a second context), a failed CUDA probe, MIG mode (a process
+sees one instance, not the GPU). Usable with caveats: every *warn* finding.
 
 **Assignment** (:func:`assign`), in order of importance: only usable candidates are ever
 given out; GPUs the user requires come first, in the order given (a hand workaround such
@@ -39,7 +36,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from nbgpu._render import fmt_bytes
 from nbgpu.devices.findings import gpu_health
-from nbgpu.plan.allocation import Allocation, RoleSpec
+from nbgpu.plan.allocation import Allocation
+from nbgpu.plan.job import DEFAULT_BASE_PORT, MAX_PORT
 from nbgpu.plan.result import ExcludedGpu, PlannedGpu
 from nbgpu.problems import Problem
 
@@ -47,15 +45,12 @@ if TYPE_CHECKING:  # the inventory module pulls in psutil; planning only reads i
     from nbgpu.devices.inventory import Inventory
 
 __all__ = [
-    "DEFAULT_BASE_PORT",
-    "MAX_PORT",
     "Candidate",
     "PortChecker",
     "assign",
     "candidates_from_inventory",
     "excluded_gpus",
     "order_pool",
-    "own_gpus",
     "pick_ports",
     "planned_gpus",
     "port_is_free",
@@ -64,9 +59,9 @@ __all__ = [
 
 # A warn-level finding that still makes context creation fail: exclusive mode, live holder.
 _BLOCKING_WARNINGS = frozenset({"exclusive_busy"})
-# Unusable because of a holder or a mode: freeing the holder or a reset brings it back.
 # Holders that keep memory but run nothing: not another job at work on the GPU.
 _NOT_RUNNING = frozenset({"zombie", "dead"})
+# Unusable because of a holder or a mode: freeing the holder or a reset brings it back.
 _RECOVERABLE = frozenset(
     {"exclusive_dead_holder", "zombie_holder", "exclusive_busy", "prohibited", "reset_required"}
 )
@@ -97,13 +92,10 @@ class Candidate:
 
 def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
     """Every GPU of the snapshot, in NVML order, sorted into usable or not."""
-    failed_probe = {}
-    if inventory.probe is not None:
-        failed_probe = {
-            r.nvml_index: r
-            for r in inventory.probe.results
-            if r.outcome != "ok" and r.nvml_index is not None
-        }
+    results = inventory.probe.results if inventory.probe is not None else ()
+    failed_probe = {
+        r.nvml_index: r for r in results if r.outcome != "ok" and r.nvml_index is not None
+    }
     out = []
     for gpu, findings in zip(inventory.gpus, inventory.findings, strict=True):
         health, _ = gpu_health(gpu, findings)
@@ -113,34 +105,23 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
         where = f"GPU {gpu.nvml_index}"
         problems: tuple[Problem, ...]
         if blocking or not gpu.ok:
-            problems = tuple(blocking) or (
-                Problem("bad", "nvml_error", where, f"NVML error: {gpu.error}"),
-            )
+            unread = Problem("bad", "nvml_error", where, f"NVML error: {gpu.error}")
+            problems = tuple(blocking) or (unread,)
             recoverable = gpu.ok and all(f.code in _RECOVERABLE for f in blocking)
         elif probe is not None:
             health = f"probe: {probe.outcome}"
-            problems = (
-                Problem(
-                    "bad",
-                    f"probe_{probe.outcome}",
-                    where,
-                    f"{where} failed the CUDA probe ({probe.outcome}): {probe.message}",
-                    ("`nbgpu doctor` names the holder and the fix",),
-                ),
-            )
+            message = f"{where} failed the CUDA probe ({probe.outcome}): {probe.message}"
+            fix = "`nbgpu doctor` names the holder and the fix"
+            problems = (Problem("bad", f"probe_{probe.outcome}", where, message, (fix,)),)
             recoverable = probe.outcome == "busy"
         elif gpu.mig_enabled:
             health = "MIG mode"
-            problems = (
-                Problem(
-                    "bad",
-                    "mig_mode",
-                    where,
-                    f"{where} is in MIG mode: a process sees one MIG instance, not the whole "
-                    "GPU, and plans assign whole GPUs",
-                    (f"`sudo nvidia-smi -i {gpu.nvml_index} -mig 0` when it is idle",),
-                ),
+            message = (
+                f"{where} is in MIG mode: a process sees one MIG instance, not the whole GPU, "
+                "and plans assign whole GPUs"
             )
+            fix = f"`sudo nvidia-smi -i {gpu.nvml_index} -mig 0` when it is idle"
+            problems = (Problem("bad", "mig_mode", where, message, (fix,)),)
         else:
             usable = True
             problems = tuple(f for f in findings if f.severity == "warn")
@@ -151,22 +132,13 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
                     f"{fmt_bytes(used)}"
                 )
                 problems = (Problem("warn", "shared", where, message),)
-        out.append(
-            Candidate(
-                nvml_index=gpu.nvml_index,
-                uuid=gpu.uuid,
-                name=gpu.name,
-                memory_total_bytes=gpu.memory_total_bytes,
-                memory_free_bytes=gpu.memory_free_bytes,
-                usable=usable,
-                grade=(1 if problems else 0) if usable else 2,
-                health=health,
-                problems=problems,
-                recoverable=recoverable,
-                other_processes=sum(1 for p in gpu.processes if p.state not in _NOT_RUNNING),
-                utilization_pct=gpu.utilization_gpu_pct,
-            )
-        )
+        out.append(Candidate(
+            nvml_index=gpu.nvml_index, uuid=gpu.uuid, name=gpu.name,
+            memory_total_bytes=gpu.memory_total_bytes, memory_free_bytes=gpu.memory_free_bytes,
+            usable=usable, grade=(1 if problems else 0) if usable else 2, health=health,
+            problems=problems, recoverable=recoverable, utilization_pct=gpu.utilization_gpu_pct,
+            other_processes=sum(1 for p in gpu.processes if p.state not in _NOT_RUNNING),
+        ))  # fmt: skip
     return tuple(out)
 
 
@@ -206,14 +178,10 @@ def order_pool(candidates: Sequence[Candidate], require: Sequence[int] = ()) -> 
     return first + rest
 
 
-def _memory_class(c: Candidate) -> tuple[int, str]:
-    return (c.memory_total_bytes or 0, c.name or "")
-
-
 def _pick(remaining: list[Candidate], count: int) -> list[Candidate]:
-    groups: dict[tuple[int, str], list[Candidate]] = {}
+    groups: dict[tuple[int, str], list[Candidate]] = {}  # GPUs alike: same memory and model
     for c in remaining:
-        groups.setdefault(_memory_class(c), []).append(c)
+        groups.setdefault((c.memory_total_bytes or 0, c.name or ""), []).append(c)
     # Among classes that can hold the whole role, take the one whose best GPU comes first.
     whole = [members[:count] for members in groups.values() if len(members) >= count]
     if whole:
@@ -244,11 +212,6 @@ def assign(
 T = TypeVar("T")
 
 
-def own_gpus(allocation: Allocation) -> list[RoleSpec]:
-    """The roles that get GPUs of their own (all but the colocated ones)."""
-    return [r for r in allocation.roles if r.colocated_with is None]
-
-
 def shared_groups(allocation: Allocation, groups: list[list[T]] | None) -> list[list[T]] | None:
     """One GPU list per role: a colocated role gets the list of the role it shares with."""
     if groups is None:
@@ -265,9 +228,6 @@ def shared_groups(allocation: Allocation, groups: list[list[T]] | None) -> list[
 
 # ------------------------------------------------------------------------ ports
 
-#: torchrun's own default MASTER_PORT; plans count up from it.
-DEFAULT_BASE_PORT = 29500
-MAX_PORT = 65535
 # How far past the base port to look before giving up: a box with a thousand ports taken
 # in a row has a problem a plan cannot solve.
 SCAN_LIMIT = 1000

@@ -1,12 +1,10 @@
 """What a plan is: roles on physical GPUs, with ports, problems, warnings and alternatives.
 
-A :class:`Plan` is data, frozen, JSON round-trippable (a plan file, ``nbgpu plan
---json``, for ``nbgpu run --plan``; ``api.plan_from_json`` reads it), and renders as text, HTML and a
+A :class:`Plan` is data, frozen, JSON round-trippable (a plan file, ``nbgpu plan --json``,
+for ``nbgpu run --plan``; ``api.plan_from_json`` reads it), and renders as text, HTML and a
 pandas frame through the ``Result`` mixin. Launchers read the fields documented on
-:class:`Plan` and :class:`RolePlan`; everything else is for people.
-
-Pure: imports the result helpers of ``nbgpu._render``, ``_serial`` and ``batch``; never
-the inventory, sockets or files.
+:class:`Plan` and :class:`RolePlan`; everything else is for people. Pure: never imports the
+inventory, sockets or files.
 """
 
 from __future__ import annotations
@@ -29,8 +27,8 @@ from nbgpu._render import (
     simulated_label,
 )
 from nbgpu._serial import to_data
-from nbgpu.plan.allocation import degrees_text
-from nbgpu.plan.batch import BatchCheck
+from nbgpu.plan.allocation import Degrees
+from nbgpu.plan.job import BatchCheck
 from nbgpu.problems import Problem
 
 __all__ = [
@@ -88,7 +86,7 @@ class PlannedGpu:
 
 
 @dataclass(frozen=True)
-class RolePlan:
+class RolePlan(Degrees):
     """One role: which physical GPUs in which order, how many processes, which port.
 
     ``gpus`` is in logical order: ``gpus[k]`` is ``cuda:k`` inside the role's processes.
@@ -123,22 +121,7 @@ class RolePlan:
 
     @property
     def nproc_per_node(self) -> int:
-        return (
-            self.data_parallel
-            * self.tensor_parallel
-            * self.pipeline_parallel
-            * self.context_parallel
-        )
-
-    @property
-    def degrees(self) -> str:
-        return degrees_text(
-            self.data_parallel,
-            self.tensor_parallel,
-            self.pipeline_parallel,
-            self.context_parallel,
-            self.expert_parallel,
-        )
+        return self.world_size
 
     @property
     def nvml_indices(self) -> tuple[int, ...]:
@@ -202,15 +185,17 @@ class MemoryCheck:
 
     @property
     def fits(self) -> bool | None:
-        if self.available_bytes is None:
-            return None
-        return self.needed_bytes <= self.available_bytes
+        available = self.available_bytes
+        return None if available is None else self.needed_bytes <= available
+
+    @property
+    def verdict(self) -> str:
+        return {True: "fits", False: "does NOT fit", None: "not compared"}[self.fits]
 
     @property
     def tight(self) -> bool:
-        return bool(self.available_bytes) and (
-            self.needed_bytes > TIGHT_SHARE * (self.available_bytes or 0)
-        )
+        available = self.available_bytes or 0
+        return bool(available) and self.needed_bytes > TIGHT_SHARE * available
 
 
 def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -> Title:
@@ -258,9 +243,7 @@ class Alternative:
 
     @property
     def status(self) -> str:
-        if self.plan is None:
-            return ""
-        return " — ready" if self.plan.ok else " — also blocked"
+        return "" if self.plan is None else (" — ready" if self.plan.ok else " — also blocked")
 
 
 @dataclass(frozen=True)
@@ -346,14 +329,11 @@ class Plan(Result):
             for missing in m.not_estimated:
                 name, _, why = missing.partition(" (")
                 table.add(m.role, name, "?", why.rstrip(")"), level="warn")
-            free = (
-                "free: ?"
-                if m.available_bytes is None
-                else f"free {fmt_bytes(m.available_bytes)} on GPU {m.deciding_gpu}"
-            )
-            fits = {True: "fits", False: "does NOT fit", None: "not compared"}[m.fits]
+            free = f"free {fmt_bytes(m.available_bytes)} on GPU {m.deciding_gpu}"
+            free = "free: ?" if m.available_bytes is None else free
             level = "bad" if m.fits is False else ("warn" if m.tight else "")
-            table.add(m.role, "total", fmt_bytes(m.needed_bytes), f"{fits}: {free}", level=level)
+            needed = fmt_bytes(m.needed_bytes)
+            table.add(m.role, "total", needed, f"{m.verdict}: {free}", level=level)
         return table
 
     def _memory_lines(self) -> list[Block]:
@@ -363,21 +343,17 @@ class Plan(Result):
                 each = ", ".join(f"GPU {i} {fmt_bytes(b)}" for i, b in m.gpu_free)
                 lines.append(Line(f"{each} (the smallest decides)", label=f"free memory {m.role}"))
             if m.max_micro_batch is not None:
-                lines.append(
-                    Line(
-                        f"{m.max_micro_batch} within GPU {m.deciding_gpu}'s free memory "
-                        "(computed from the estimate, no trials)",
-                        label=f"largest micro batch {m.role}",
-                    )
+                largest = (
+                    f"{m.max_micro_batch} within GPU {m.deciding_gpu}'s free memory (computed "
+                    "from the estimate, no trials)"
                 )
+                lines.append(Line(largest, label=f"largest micro batch {m.role}"))
         if any(m.not_estimated for m in self.memory):
-            lines.append(
-                Line(
-                    "memory terms marked ? need the model's shape (a name such as "
-                    "'Qwen/Qwen2.5-7B-Instruct' or an HF config.json) and seq_len",
-                    indent="  ",
-                )
+            shape = (
+                "memory terms marked ? need the model's shape (a name such as "
+                "'Qwen/Qwen2.5-7B-Instruct' or an HF config.json) and seq_len"
             )
+            lines.append(Line(shape, indent="  "))
         return lines
 
     def _footer(self) -> list[Block]:
@@ -391,13 +367,11 @@ class Plan(Result):
                               label="memory"))  # fmt: skip
         if self.cuda_visible_devices and len(self.roles) > 1:
             first = self.roles[0]
-            lines.append(
-                Line(
-                    f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices} (logical device 0 = GPU "
-                    f"{first.nvml_indices[0]}, role {first.name})",
-                    label="one-list form",
-                )
+            one_list = (
+                f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices} (logical device 0 = GPU "
+                f"{first.nvml_indices[0]}, role {first.name})"
             )
+            lines.append(Line(one_list, label="one-list form"))
         if any(r.gpus for r in self.roles):
             lines.append(
                 Line("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
@@ -440,5 +414,4 @@ class Plan(Result):
         return rows
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = to_data(self)
-        return {"nbgpu_plan": PLAN_FILE_FORMAT, **data}
+        return {"nbgpu_plan": PLAN_FILE_FORMAT, **to_data(self)}

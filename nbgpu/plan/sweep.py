@@ -25,16 +25,10 @@ from nbgpu._render import Block, Line, Result, Table
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
-from nbgpu.plan.job import Job
+from nbgpu.plan.job import Job, whole_number
 from nbgpu.plan.placement import Candidate, PortChecker, assign, excluded_gpus, order_pool
-from nbgpu.plan.planner import build_plan, gpu_span
-from nbgpu.plan.result import (
-    PLAN_FILE_FORMAT,
-    ExcludedGpu,
-    Plan,
-    plan_title,
-    problem_blocks,
-)
+from nbgpu.plan.planner import NO_GPU, build_plan, check_known, gpu_span
+from nbgpu.plan.result import PLAN_FILE_FORMAT, ExcludedGpu, Plan, plan_title, problem_blocks
 from nbgpu.problems import Problem
 
 __all__ = ["SweepPlan", "build_sweep"]
@@ -67,14 +61,12 @@ class SweepPlan(Result):
     def _table(self) -> Table:
         table = Table(["run", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port", "ready"])
         for run in self.runs:
-            table.add(
-                run.name,
-                " | ".join(r.cuda_visible_devices for r in run.roles),
-                "+".join(str(r.nproc_per_node) for r in run.roles),
-                ",".join(str(r.master_port) for r in run.roles),
-                "yes" if run.ok else _not_ready(run),
-                level="" if run.ok else "bad",
-            )
+            gpus = " | ".join(r.cuda_visible_devices for r in run.roles)
+            nproc = "+".join(str(r.nproc_per_node) for r in run.roles)
+            ports = ",".join(str(r.master_port) for r in run.roles)
+            only_in_use = {p.code for p in run.problems} == {IN_USE}
+            ready = "yes" if run.ok else ("NO: GPUs in use" if only_in_use else "NO")
+            table.add(run.name, gpus, nproc, ports, ready, level="" if run.ok else "bad")
         return table
 
     def _problems(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
@@ -85,11 +77,8 @@ class SweepPlan(Result):
             # The sweep says once which runs share GPUs in use; each run's copy is for launch.
             problems.extend(p for p in run.problems if p not in problems and p.code != IN_USE)
             in_use = any(p.code == IN_USE for p in run.problems)
-            warnings.extend(
-                w
-                for w in run.warnings
-                if w not in warnings and not (in_use and "is shared with" in w.message)
-            )
+            warnings.extend(w for w in run.warnings if w not in warnings
+                            and not (in_use and "is shared with" in w.message))  # fmt: skip
         return tuple(problems), tuple(warnings)
 
     def content(self) -> list[Block]:
@@ -120,11 +109,6 @@ class SweepPlan(Result):
 IN_USE = "gpus_in_use"
 
 
-def _not_ready(run: Plan) -> str:
-    codes = {p.code for p in run.problems}
-    return "NO: GPUs in use" if codes == {IN_USE} else "NO"
-
-
 def _in_use_text(cands: Sequence[Candidate]) -> str:
     """``GPUs 0-3: 1 process each, 97% busy``: GPUs alike are said together."""
     groups: dict[tuple[int, int | None], list[int]] = {}
@@ -150,34 +134,24 @@ def _mark_in_use(
         busy = [by_index[i] for r in plan.roles for i in r.nvml_indices if by_index[i].in_use]
         if busy:
             shared.append((n, busy))
-            problem = Problem(
-                "bad",
-                IN_USE,
-                plan.name or f"run{n}",
+            message = (
                 f"{plan.name}: its GPUs run other jobs ({_in_use_text(busy)}); the run would "
-                "share their compute and memory",
-                ("share=True",),
+                "share their compute and memory"
             )
+            problem = Problem("bad", IN_USE, plan.name or f"run{n}", message, ("share=True",))
             plans[n] = replace(plan, problems=(*plan.problems, problem))
     if not shared:
         return []
     names = ", ".join(plans[n].name or f"run{n}" for n, _ in shared)
-    busy_all = sorted(
-        {c.nvml_index: c for _, cs in shared for c in cs}.values(), key=lambda c: c.nvml_index
-    )
+    busy_all = {c.nvml_index: c for _, cs in shared for c in cs}
     fit_now = sum(1 for p in plans if p.ok)
     fixes = (f"runs={fit_now}",) if fit_now else ()
-    return [
-        Problem(
-            "bad",
-            IN_USE,
-            "sweep",
-            f"{fit_now} of {requested or len(plans)} runs fit on free GPUs now; {names} would "
-            f"share GPUs with other jobs ({_in_use_text(busy_all)}), their compute and "
-            "memory: wait for those jobs, or share",
-            (*fixes, "share=True"),
-        )
-    ]
+    message = (
+        f"{fit_now} of {requested or len(plans)} runs fit on free GPUs now; {names} would share "
+        f"GPUs with other jobs ({_in_use_text([busy_all[i] for i in sorted(busy_all)])}), their "
+        "compute and memory: wait for those jobs, or share"
+    )
+    return [Problem("bad", IN_USE, "sweep", message, (*fixes, "share=True"))]
 
 
 def build_sweep(
@@ -197,17 +171,10 @@ def build_sweep(
     ``share``: runs may go on GPUs other jobs are using (otherwise such runs are not ready,
     and ``runs=None`` leaves those GPUs out).
     """
-    if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
-        raise UserInputError(f"runs={runs!r}: expected a whole number >= 1")
-    if gpus_per_run is not None and (
-        isinstance(gpus_per_run, bool) or not isinstance(gpus_per_run, int) or gpus_per_run < 1
-    ):
-        raise UserInputError(f"gpus_per_run={gpus_per_run!r}: expected a whole number >= 1")
+    whole_number("runs", runs)
+    whole_number("gpus_per_run", gpus_per_run)
     if not candidates:
-        raise UserInputError(
-            "the inventory has no GPU to plan on; plan for another box with a fleet: "
-            "inventory='pod.json' (from `nbgpu status --json`) or a spec such as '8xH100'"
-        )
+        raise UserInputError(NO_GPU.format(example="8xH100"))
     allocation = job.allocation
     if allocation is None:
         allocation = Allocation((RoleSpec("train", "train", None, gpus_per_run or 1),))
@@ -218,84 +185,49 @@ def build_sweep(
         )
     per_run = allocation.gpu_count
     by_index = {c.nvml_index: c for c in candidates}
-    span = gpu_span(list(by_index))
-    for label, values in (("gpus", pool), ("exclude", job.exclude)):
-        for i in values:
-            if i not in by_index:
-                raise UserInputError(f"{label}: GPU {i} does not exist; this box has GPUs {span}")
+    check_known(by_index, (("gpus", pool), ("exclude", job.exclude)), hint=False)
     wanted = runs or 1
     if wanted * per_run > len(candidates):
         raise UserInputError(
             f"{wanted} runs × {per_run} GPUs need {wanted * per_run} GPUs but this box has "
-            f"{len(candidates)} (GPUs {span}); use runs={max(1, len(candidates) // per_run)} "
-            f"or fewer GPUs per run"
+            f"{len(candidates)} (GPUs {gpu_span(list(by_index))}); use "
+            f"runs={max(1, len(candidates) // per_run)} or fewer GPUs per run"
         )
     scope = [c for c in candidates if (not pool or c.nvml_index in pool)]
-    considered = [c for c in scope if c.nvml_index not in job.exclude]
     excluded = excluded_gpus(scope, job.exclude)
-    ordered = order_pool(considered)
+    ordered = order_pool([c for c in scope if c.nvml_index not in job.exclude])
     warnings: list[Problem] = []
-    if runs is None and not share:
-        in_use = [c for c in ordered if c.in_use]
-        if in_use:
-            ordered = [c for c in ordered if not c.in_use]
-            warnings.append(
-                Problem(
-                    "warn",
-                    IN_USE,
-                    "sweep",
-                    f"left out, in use by other jobs: {_in_use_text(in_use)}; runs there "
-                    "would share their compute and memory",
-                    ("share=True",),
-                )
-            )
+    in_use = [c for c in ordered if c.in_use] if runs is None and not share else []
+    if in_use:
+        ordered = [c for c in ordered if not c.in_use]
+        message = (
+            f"left out, in use by other jobs: {_in_use_text(in_use)}; runs there would share "
+            "their compute and memory"
+        )
+        warnings.append(Problem("warn", IN_USE, "sweep", message, ("share=True",)))
     fit = len(ordered) // per_run
     count = fit if runs is None else min(runs, fit)
     problems = []
-    if count < (runs or 1):
+    if count < wanted:
         left_out = "; ".join(f"GPU {e.nvml_index}: {e.health}" for e in excluded)
         fixes = [f"runs={fit}"] if fit else []
         if job.allocation is None and runs and len(ordered) // runs >= 1:
             fixes.append(f"gpus_per_run={len(ordered) // runs}")
-        problems.append(
-            Problem(
-                "bad",
-                "not_enough_gpus",
-                "sweep",
-                f"{runs or 1} runs × {per_run} GPUs need {(runs or 1) * per_run} usable GPUs; "
-                f"{len(ordered)} usable" + (f" ({left_out})" if left_out else ""),
-                tuple(fixes),
-            )
+        message = (
+            f"{wanted} runs × {per_run} GPUs need {wanted * per_run} usable GPUs; "
+            f"{len(ordered)} usable" + (f" ({left_out})" if left_out else "")
         )
-    groups = assign(ordered, [per_run] * count) or []
+        problems.append(Problem("bad", "not_enough_gpus", "sweep", message, tuple(fixes)))
     plans: list[Plan] = []
     taken: list[int] = []
-    for n, group in enumerate(groups):
-        run_job = replace(
-            job, allocation=allocation, num_gpus=None, require=(), exclude=(), name=f"run{n}"
-        )
-        plan = build_plan(
-            group,
-            run_job,
-            fleet=fleet,
-            simulated=simulated,
-            is_free=is_free,
-            taken_ports=taken,
-            alternatives=False,
-        )
+    for n, group in enumerate(assign(ordered, [per_run] * count) or []):
+        run_job = replace(job, allocation=allocation, num_gpus=None, require=(), exclude=(),
+                          name=f"run{n}")  # fmt: skip
+        plan = build_plan(group, run_job, fleet=fleet, simulated=simulated, is_free=is_free,
+                          taken_ports=taken, alternatives=False)  # fmt: skip
         taken.extend(r.master_port for r in plan.roles if r.master_port is not None)
         plans.append(plan)
     if not share:
         problems.extend(_mark_in_use(plans, {c.nvml_index: c for c in ordered}, runs))
-    return SweepPlan(
-        runs=tuple(plans),
-        requested_runs=runs,
-        gpus_per_run=per_run,
-        allocation=allocation.text,
-        excluded=excluded,
-        problems=tuple(problems),
-        warnings=tuple(warnings),
-        fleet=fleet,
-        simulated=simulated,
-        share=share,
-    )
+    return SweepPlan(tuple(plans), runs, per_run, allocation.text, excluded, tuple(problems),
+                     tuple(warnings), fleet, simulated, share)  # fmt: skip

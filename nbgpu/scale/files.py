@@ -86,12 +86,11 @@ def read_config(text: str, name: str) -> ConfigSource:
     where = f"config {name!r}"
     if name.endswith(".json"):
         try:
-            data = json.loads(text)
+            return ConfigSource("json", name, text, json.loads(text))
         except json.JSONDecodeError as exc:
             raise UserInputError(
                 f"{where} is not valid JSON (line {exc.lineno}: {exc.msg})"
             ) from None
-        return ConfigSource("json", name, text, data)
     if looks_like_script(text, name):
         script = read_script(text, where)
         return ConfigSource("script", name, text, script.config(), script)
@@ -116,7 +115,6 @@ class Rescaled(Protocol):
 
 def rescaled_text(source: ConfigSource, plan: Rescaled) -> tuple[str, list[str]]:
     """The file with the plan's new values; and notes on expressions a script had to lose."""
-
     if source.form == "yaml":
         from nbgpu.scale.yamldoc import rewrite_yaml  # noqa: PLC0415
 
@@ -124,9 +122,8 @@ def rescaled_text(source: ConfigSource, plan: Rescaled) -> tuple[str, list[str]]
         return rewrite_yaml(source.text, changes, f"config {source.name!r}"), []
     if source.form == "json":
         end = "\n" if source.text.endswith("\n") else ""
-        return json.dumps(
-            plan.config, indent=_json_indent(source.text), ensure_ascii=False
-        ) + end, []
+        indent = _json_indent(source.text)
+        return json.dumps(plan.config, indent=indent, ensure_ascii=False) + end, []
     if source.script is None:  # a script is always read with its LaunchScript
         raise TypeError(f"{source.name}: a script without its reading")
     changed = {str(s.path[0]): value_text(s.new) for s in plan.changes}
@@ -150,20 +147,21 @@ class _Edit:
     key: str
 
 
-def _edit_for(script: LaunchScript, value: ScriptValue, new: str, depth: int = 0) -> _Edit | None:
-    """Where to write *new* so that *value* becomes it, or None (an expression)."""
+def _edit_for(
+    script: LaunchScript, value: ScriptValue, new: str, key: str, depth: int = 0
+) -> _Edit | None:
+    """Where to write *new* so that *value* (of *key*) becomes it, or None (an expression)."""
     parts = value.parts
     if not parts or (len(parts) == 1 and parts[0].kind == "literal"):
         start, end = (parts[0].start, parts[0].end) if parts else (value.start, value.end)
-        return _Edit(start, end, new, "")
+        return _Edit(start, end, new, key)
     if len(parts) == 1 and parts[0].kind == "var" and depth < 20:
         part = parts[0]
         assigned = script.variable(part.text, value.at)
         if assigned is not None:
-            return _edit_for(script, assigned.value, new, depth + 1)
+            return _edit_for(script, assigned.value, new, key, depth + 1)
         if part.default is not None:
-            start, end, _ = part.default
-            return _Edit(start, end, new, "")
+            return _Edit(part.default[0], part.default[1], new, key)
     return None
 
 
@@ -186,10 +184,9 @@ def _variables_read(value: ScriptValue) -> set[str]:
 
 def _variable_at(script: LaunchScript, position: int) -> str | None:
     """The variable whose assignment holds *position*, if any."""
-    for a in script.assignments:
-        if a.value.start <= position < max(a.value.end, a.value.start + 1):
-            return a.name
-    return None
+    holds = (a.name for a in script.assignments
+             if a.value.start <= position < max(a.value.end, a.value.start + 1))  # fmt: skip
+    return next(holds, None)
 
 
 def _apply(text: str, edits: list[_Edit]) -> str:
@@ -216,12 +213,12 @@ def rewrite_script(
     edits: dict[tuple[int, int], _Edit] = {}
     for key, new in changes.items():
         value = _value_of_key(script, key)
-        edit = None if value is None else _edit_for(script, value, new)
+        edit = None if value is None else _edit_for(script, value, new, key)
         if edit is None:
             continue
         if (edit.start, edit.end) in edits and edits[(edit.start, edit.end)].text != new:
             continue  # another key already moves this variable; pinned below
-        edits[(edit.start, edit.end)] = _Edit(edit.start, edit.end, new, key)
+        edits[(edit.start, edit.end)] = edit
     text = _apply(script.text, list(edits.values()))
     again = read_script(text)
     pins: list[_Edit] = []
@@ -233,18 +230,12 @@ def rewrite_script(
         written = text[value.start : value.end]
         pins.append(_Edit(value.start, value.end, new, key))
         read = _variables_read(value)
-        movers = [
-            e.key for e in edits.values() if e.key != key and _variable_at(script, e.start) in read
-        ]
+        movers = [e.key for e in edits.values()
+                  if e.key != key and _variable_at(script, e.start) in read]  # fmt: skip
+        where = f"{key} (line {value.line})"
         if key in changes and not movers:
-            notes.append(
-                f"{key} (line {value.line}): the expression {written} was replaced by the value "
-                f"{new}"
-            )
+            notes.append(f"{where}: the expression {written} was replaced by the value {new}")
         else:
-            notes.append(
-                f"{key} (line {value.line}): {written} is shared with "
-                f"{', '.join(movers) or 'other keys'}, which change it; {key} now has its own "
-                f"value {new}"
-            )
+            notes.append(f"{where}: {written} is shared with {', '.join(movers) or 'other keys'}, "
+                         f"which change it; {key} now has its own value {new}")  # fmt: skip
     return _apply(text, pins), notes

@@ -4,27 +4,36 @@ the checks verl and vLLM make at start, run on the scaled values before anything
 A global batch scales with the GPU count and moves to the nearest valid value; a
 tensor-parallel size is kept, scaled or set. Then: batch divisibility by the GPU count
 and the micro batch, mini <= train batch, the rollout world by the tensor-parallel size,
-token budgets. Pure arithmetic; never reads files.
+token budgets, and whether each inference engine's memory fraction holds the model and
+the KV cache its sequences need (``reference/memory.md`` §5c). Pure arithmetic; never
+reads files.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
+from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
-from nbgpu.estimate.shapes import ModelShape
+from nbgpu.estimate.formulas import PRECISIONS, normalize_precision, weight_bytes
+from nbgpu.estimate.shapes import ModelShape, find_model, kv_bytes_per_token, model_shape
 from nbgpu.problems import Problem
 from nbgpu.scale.values import Entry, config_model_len, find_entry, int_of
 
 __all__ = [
+    "KV_RESERVE_BYTES",
     "RULES",
+    "KvCheck",
     "ScaleContext",
     "batch_divisor",
+    "builtin_shape",
     "check_start_up",
+    "kv_check",
+    "named_model",
     "rules_for",
     "scale_global",
     "scale_tensor_parallel",
@@ -45,20 +54,16 @@ RULES: Mapping[str, str] = {
 
 # verl / VAGEN names (the last part of the key) and their rules.
 _LEAVES: Mapping[str, str] = {
-    "train_batch_size": "global_batch",
-    "ppo_mini_batch_size": "global_batch",
-    "ppo_micro_batch_size": "global_batch",
-    "log_prob_micro_batch_size": "global_batch",
-    "ppo_micro_batch_size_per_gpu": "per_gpu",
-    "log_prob_micro_batch_size_per_gpu": "per_gpu",
-    "micro_batch_size_per_gpu": "per_gpu",
+    **dict.fromkeys(("train_batch_size", "ppo_mini_batch_size", "ppo_micro_batch_size",
+                     "log_prob_micro_batch_size"), "global_batch"),
+    **dict.fromkeys(("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu",
+                     "micro_batch_size_per_gpu"), "per_gpu"),
+    **dict.fromkeys(("max_num_seqs", "max_num_batched_tokens"), "per_engine"),
     "tensor_model_parallel_size": "tensor_parallel",
     "gpu_memory_utilization": "memory_fraction",
-    "max_num_seqs": "per_engine",
-    "max_num_batched_tokens": "per_engine",
     "n_gpus_per_node": "gpu_count",
     "cuda_visible_devices": "devices",
-}
+}  # fmt: skip
 
 
 # ------------------------------------------------------------------------ the rules
@@ -80,15 +85,8 @@ def rules_for(entries: Sequence[Entry], rules: Mapping[str, str]) -> dict[str, s
                 f"rules: unknown key {key!r}: the config has no such key (it has {known}{more}); "
                 "name a key as written in the config, or its last part"
             )
-        for e in matched:
-            out[e.dotted] = rule
+        out.update((e.dotted, rule) for e in matched)
     return out
-
-
-def _nearest_multiple(target: Fraction, step: int) -> int:
-    low = max(step, math.floor(target / step) * step)
-    high = max(step, math.ceil(target / step) * step)
-    return low if abs(target - low) <= abs(high - target) else high
 
 
 @dataclass
@@ -105,17 +103,20 @@ class ScaleContext:
     warnings: list[Problem]
     model_name: str | None = None  # the model the config names, when model= was not given
 
+    def bad(self, code: str, subject: str, message: str, *fixes: str) -> None:
+        self.problems.append(Problem("bad", code, subject, message, fixes))
+
+    def warn(self, code: str, subject: str, message: str, *fixes: str) -> None:
+        self.warnings.append(Problem("warn", code, subject, message, fixes))
+
 
 def batch_divisor(entry: Entry, entries: Sequence[Entry], ctx: ScaleContext, world: int) -> int:
     """The step every valid value of this global-batch key is a multiple of (verl's rules)."""
     dp = max(1, world // ctx.sp)
     if entry.leaf == "ppo_mini_batch_size":
-        micro = int_of(find_entry(entries, f"{entry.parent}.ppo_micro_batch_size_per_gpu"), 1)
-        need = dp * micro
-    elif entry.leaf == "train_batch_size":
-        need = world
+        need = dp * int_of(find_entry(entries, f"{entry.parent}.ppo_micro_batch_size_per_gpu"), 1)
     else:
-        need = dp
+        need = world if entry.leaf == "train_batch_size" else dp
     # value × n must be a multiple of need.
     return need // math.gcd(need, ctx.n)
 
@@ -128,33 +129,27 @@ def scale_global(entry: Entry, entries: Sequence[Entry], ctx: ScaleContext) -> t
     if ctx.batch == "keep":
         if old % step == 0:
             return old, f"kept (batch='keep'): a multiple of {step}, valid on {ctx.to_gpus} GPUs"
-        lower = max(step, old // step * step)
-        upper = (old // step + 1) * step
-        ctx.problems.append(
-            Problem(
-                "bad",
-                "batch",
-                entry.dotted,
-                f"{entry.dotted}={old} is not valid on {ctx.to_gpus} GPUs: it must be a multiple "
-                f"of {step}" + (f" (× rollout.n={ctx.n})" if ctx.n > 1 else ""),
-                tuple(f"{entry.leaf}={v}" for v in sorted({lower, upper})),
-            )
-        )
+        lower, upper = max(step, old // step * step), (old // step + 1) * step
+        n = f" (× rollout.n={ctx.n})" if ctx.n > 1 else ""
+        message = f"{entry.dotted}={old} is not valid on {ctx.to_gpus} GPUs: it must be a "
+        ctx.bad("batch", entry.dotted, f"{message}multiple of {step}{n}",
+                *(f"{entry.leaf}={v}" for v in sorted({lower, upper})))  # fmt: skip
         return old, "kept (batch='keep')"
     target = old * ctx.factor
-    new = _nearest_multiple(target, step)
-    why = f"× {ctx.to_gpus}/{ctx.from_gpus} GPUs: the per-GPU share stays the same"
-    if new != target:
-        shown = float(target) if target.denominator != 1 else int(target)
-        why = f"{old} × {ctx.to_gpus}/{ctx.from_gpus} = {shown} → {new}, the nearest multiple of {step}"
-    return new, why
+    low = max(step, math.floor(target / step) * step)
+    high = max(step, math.ceil(target / step) * step)
+    new = low if abs(target - low) <= abs(high - target) else high
+    if new == target:
+        return new, f"× {ctx.to_gpus}/{ctx.from_gpus} GPUs: the per-GPU share stays the same"
+    shown = float(target) if target.denominator != 1 else int(target)
+    why = f"{old} × {ctx.to_gpus}/{ctx.from_gpus} = {shown} → {new}, the nearest multiple"
+    return new, f"{why} of {step}"
 
 
 def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) -> tuple[Any, str]:
     old = entry.value
     if not isinstance(old, int) or isinstance(old, bool) or old < 1:
         return old, "not a whole number: left as is"
-    world = ctx.to_gpus // max(1, ctx.nnodes)
     if isinstance(policy, int):
         return policy, f"set to {policy} (tensor_parallel={policy})"
     if policy == "keep":
@@ -164,18 +159,12 @@ def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) ->
             f"kept: the model already fits on {old} GPUs; {ctx.to_gpus} GPUs run {what} "
             "(tensor_parallel='scale' makes one larger engine instead)"
         )
-    target = old * ctx.factor
+    world = ctx.to_gpus // max(1, ctx.nnodes)
     heads = ctx.model.num_attention_heads if ctx.model is not None else None
-    options = [
-        t
-        for t in range(1, world + 1)
-        if world % t == 0 and t <= target and (heads is None or heads % t == 0)
-    ]
-    new = max(options) if options else old
-    return (
-        new,
-        f"× {ctx.to_gpus}/{ctx.from_gpus} GPUs (tensor_parallel='scale'): one engine spans more GPUs",
-    )
+    options = [t for t in range(1, world + 1) if world % t == 0 and t <= old * ctx.factor
+               and (heads is None or heads % t == 0)]  # fmt: skip
+    why = f"× {ctx.to_gpus}/{ctx.from_gpus} GPUs (tensor_parallel='scale'): one engine spans "
+    return max(options) if options else old, why + "more GPUs"
 
 
 # ------------------------------------------------------------- start-up checks
@@ -195,95 +184,44 @@ def check_start_up(
     train = next((e for e in entries if e.leaf == "train_batch_size"), None)
     train_value = ints.get(train.dotted) if train is not None else None
     if train_value is not None and (train_value * ctx.n) % world:
-        ctx.problems.append(
-            Problem(
-                "bad",
-                "batch",
-                "train_batch_size",
+        ctx.bad("batch", "train_batch_size",
                 f"train_batch_size {train_value} × rollout.n {ctx.n} is not divisible by "
-                f"{world} GPUs (verl: real_train_batch_size % n_gpus == 0)",
-            )
-        )
+                f"{world} GPUs (verl: real_train_batch_size % n_gpus == 0)")  # fmt: skip
     for e in entries:
         if e.leaf != "ppo_mini_batch_size" or e.dotted not in ints:
             continue
         mini = ints[e.dotted]
         if train_value is not None and mini > train_value:
-            ctx.problems.append(
-                Problem(
-                    "bad",
-                    "batch",
-                    e.dotted,
+            ctx.bad("batch", e.dotted,
                     f"{e.dotted} {mini} is larger than train_batch_size {train_value} "
-                    "(verl asserts train_batch_size >= ppo_mini_batch_size)",
-                )
-            )
+                    "(verl asserts train_batch_size >= ppo_mini_batch_size)")  # fmt: skip
         per_gpu = mini * ctx.n // dp
         micro_entry = find_entry(entries, f"{e.parent}.ppo_micro_batch_size_per_gpu")
         micro = ints.get(micro_entry.dotted) if micro_entry is not None else None
         if per_gpu < 1:
-            ctx.problems.append(
-                Problem(
-                    "bad",
-                    "batch",
-                    e.dotted,
+            ctx.bad("batch", e.dotted,
                     f"{e.dotted} {mini} × n {ctx.n} ÷ {dp} data-parallel GPUs = 0 per GPU "
-                    "(verl: ppo_mini_batch_size must stay > 0 after normalisation)",
-                )
-            )
+                    "(verl: ppo_mini_batch_size must stay > 0 after normalisation)")  # fmt: skip
         elif micro and per_gpu % micro:
-            ctx.problems.append(
-                Problem(
-                    "bad",
-                    "batch",
-                    e.dotted,
-                    f"{e.dotted} gives {per_gpu} per GPU, not divisible by "
-                    f"ppo_micro_batch_size_per_gpu {micro}",
-                )
-            )
+            ctx.bad("batch", e.dotted, f"{e.dotted} gives {per_gpu} per GPU, not divisible by "
+                    f"ppo_micro_batch_size_per_gpu {micro}")  # fmt: skip
+    heads = ctx.model.num_attention_heads if ctx.model is not None else None
     for e in entries:
-        rule = rules.get(e.dotted)
-        v = value(e)
+        rule, v = rules.get(e.dotted), value(e)
         if rule == "tensor_parallel" and isinstance(v, int) and v >= 1:
             if world % v:
-                ctx.problems.append(
-                    Problem(
-                        "bad",
-                        "tensor_parallel",
-                        e.dotted,
+                ctx.bad("tensor_parallel", e.dotted,
                         f"{e.dotted} {v} does not divide {world} GPUs: the rollout world size "
-                        "must be a multiple of the tensor-parallel size",
-                    )
-                )
-            heads = ctx.model.num_attention_heads if ctx.model is not None else None
+                        "must be a multiple of the tensor-parallel size")  # fmt: skip
             if heads is not None and heads % v:
-                ctx.problems.append(
-                    Problem(
-                        "bad",
-                        "tensor_parallel",
-                        e.dotted,
-                        f"{e.dotted} {v} does not divide the model's {heads} attention heads "
-                        "(vLLM requires it)",
-                    )
-                )
+                ctx.bad("tensor_parallel", e.dotted, f"{e.dotted} {v} does not divide the "
+                        f"model's {heads} attention heads (vLLM requires it)")  # fmt: skip
         if rule == "memory_fraction" and isinstance(v, int | float) and not 0 < v <= 1:
-            ctx.problems.append(
-                Problem(
-                    "bad",
-                    "memory_fraction",
-                    e.dotted,
-                    f"{e.dotted} {v} is not a fraction in (0, 1]",
-                )
-            )
+            ctx.bad("memory_fraction", e.dotted, f"{e.dotted} {v} is not a fraction in (0, 1]")
         if rule == "gpu_count" and isinstance(v, int) and v * ctx.nnodes != ctx.to_gpus:
-            ctx.problems.append(
-                Problem(
-                    "bad",
-                    "gpu_count",
-                    e.dotted,
-                    f"{e.dotted} {v} × nnodes {ctx.nnodes} ≠ {ctx.to_gpus} GPUs",
-                )
-            )
+            ctx.bad("gpu_count", e.dotted,
+                    f"{e.dotted} {v} × nnodes {ctx.nnodes} ≠ {ctx.to_gpus} GPUs")  # fmt: skip
+    model_len = config_model_len(entries, value)
     for e in entries:
         if e.leaf != "max_num_batched_tokens" or not isinstance(value(e), int):
             continue
@@ -291,24 +229,158 @@ def check_start_up(
         seqs_entry = find_entry(entries, f"{e.parent}.max_num_seqs")
         seqs = value(seqs_entry) if seqs_entry is not None else None
         if isinstance(seqs, int) and tokens < seqs:
-            ctx.problems.append(
-                Problem(
-                    "bad",
-                    "engine",
-                    e.dotted,
-                    f"{e.dotted} {tokens} < max_num_seqs {seqs} (vLLM requires "
-                    "max_num_batched_tokens >= max_num_seqs)",
-                )
-            )
-        model_len = config_model_len(entries, value)
+            ctx.bad("engine", e.dotted, f"{e.dotted} {tokens} < max_num_seqs {seqs} (vLLM "
+                    "requires max_num_batched_tokens >= max_num_seqs)")  # fmt: skip
         if model_len is not None and tokens < model_len:
-            ctx.problems.append(
-                Problem(
-                    "bad",
-                    "engine",
-                    e.dotted,
+            ctx.bad("engine", e.dotted,
                     f"{e.dotted} {tokens} < the maximum model length {model_len} (prompt + "
                     "response): verl refuses it with chunked prefill, vLLM without",
-                    (f"max_num_batched_tokens={model_len}",),
-                )
-            )
+                    f"max_num_batched_tokens={model_len}")  # fmt: skip
+
+
+# ------------------------------------------------------------------- the KV cache
+
+#: Per-GPU bytes inside the engine's memory fraction that are neither weights nor KV cache:
+#: the profile run's activations, CUDA graphs and non-torch allocations such as NCCL
+#: (memory.md §5c/§5d). A planning heuristic, stated in every KV check.
+KV_RESERVE_BYTES = 2**30
+
+
+@dataclass(frozen=True)
+class KvCheck:
+    """The KV cache one GPU of the inference engine can hold (memory.md §5c)."""
+
+    gpu_memory_bytes: int  # total memory of the smallest target GPU
+    memory_fraction: float  # gpu_memory_utilization
+    weights_bytes: int  # per GPU: params × dtype ÷ tensor-parallel size
+    reserve_bytes: int  # KV_RESERVE_BYTES
+    bytes_per_token: int  # 2 · layers · ceil(kv_heads / tp) · head_dim · dtype
+    tensor_parallel: int
+    max_model_len: int | None
+    max_num_seqs: int | None
+    model: str | None = None  # where the model's shape came from, e.g. a built-in name
+
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("budget_bytes", "capacity_tokens")
+
+    @property
+    def budget_bytes(self) -> int:
+        """total × fraction - weights - reserve: what is left for the KV cache."""
+        requested = math.floor(self.gpu_memory_bytes * self.memory_fraction)
+        return requested - self.weights_bytes - self.reserve_bytes
+
+    @property
+    def capacity_tokens(self) -> int:
+        return max(0, self.budget_bytes) // self.bytes_per_token
+
+    @property
+    def needed_tokens(self) -> int | None:
+        if self.max_model_len is None or self.max_num_seqs is None:
+            return None
+        return self.max_model_len * self.max_num_seqs
+
+    def fraction_for(self, tokens: int) -> float:
+        """The smallest memory fraction (2 decimals, rounded up) that holds *tokens*."""
+        need = self.weights_bytes + self.reserve_bytes + tokens * self.bytes_per_token
+        return math.ceil(100 * need / self.gpu_memory_bytes) / 100
+
+    @property
+    def text(self) -> str:
+        model = f" ({self.model})" if self.model else ""
+        return (
+            f"KV cache per GPU{model}: {fmt_bytes(self.gpu_memory_bytes)} × {self.memory_fraction} - "
+            f"weights {fmt_bytes(self.weights_bytes)} - reserve {fmt_bytes(self.reserve_bytes)}"
+            f" = {fmt_bytes(self.budget_bytes)} at {fmt_bytes(self.bytes_per_token)}/token "
+            f"(tp {self.tensor_parallel}) = {self.capacity_tokens:,} tokens"
+        )
+
+
+def kv_check(
+    entries: Sequence[Entry],
+    new: Mapping[str, Any],
+    rules: Mapping[str, str],
+    ctx: ScaleContext,
+    *,
+    gpu_memory_bytes: int | None,
+    max_model_len: int | None,
+    precision: str | None,
+) -> KvCheck | None:
+    def value(e: Entry | None) -> Any:
+        return None if e is None else new.get(e.dotted, e.value)
+
+    def ruled(rule: str) -> Entry | None:
+        return next((e for e in entries if rules.get(e.dotted) == rule), None)
+
+    fraction_entry = ruled("memory_fraction")
+    if fraction_entry is None:
+        return None
+    unchecked = "KV cache not checked: "
+    if ctx.model is None and ctx.model_name is not None:
+        ctx.warn("kv_unchecked", "KV cache", f"{unchecked}the config's model "
+                 f"{ctx.model_name!r} is not among nbgpu's built-in model shapes; pass model= its "
+                 "config.json (path or dict)")  # fmt: skip
+        return None
+    if ctx.model is None or not ctx.model.has_kv_shape:
+        ctx.warn("kv_unchecked", "KV cache", f"{unchecked}pass model= as an HF config dict "
+                 "(layers, KV heads, head_dim) and a GPU size (inventory= or "
+                 "gpu_memory_bytes=)")  # fmt: skip
+        return None
+    if gpu_memory_bytes is None:
+        ctx.warn("kv_unchecked", "KV cache",
+                 f"{unchecked}pass inventory= or gpu_memory_bytes= for the GPU size")  # fmt: skip
+        return None
+    fraction = value(fraction_entry)
+    if not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        return None
+    tp = value(ruled("tensor_parallel"))
+    tp = tp if isinstance(tp, int) else 1
+    seqs = value(find_entry(entries, "max_num_seqs"))
+    model_len = max_model_len or config_model_len(entries, value)
+    dtype = normalize_precision(precision or ctx.model.dtype or "bf16")
+    check = KvCheck(
+        gpu_memory_bytes=gpu_memory_bytes,
+        memory_fraction=float(fraction),
+        weights_bytes=weight_bytes(ctx.model.parameters, dtype, tp),
+        reserve_bytes=KV_RESERVE_BYTES,
+        bytes_per_token=kv_bytes_per_token(ctx.model, PRECISIONS[dtype], tp),
+        tensor_parallel=tp,
+        max_model_len=model_len,
+        max_num_seqs=seqs if isinstance(seqs, int) else None,
+        model=ctx.model.source if ctx.model_name is not None else None,
+    )
+    key = fraction_entry.dotted
+    leaf = key.rsplit(".", 1)[-1]
+    if check.budget_bytes <= 0:
+        ctx.bad("kv_cache", key, f"{key} {fraction} of {fmt_bytes(gpu_memory_bytes)} holds the "
+                f"weights ({fmt_bytes(check.weights_bytes)}) and the reserve but no KV cache",
+                f"{leaf}={check.fraction_for(model_len or 1)}")  # fmt: skip
+    elif model_len is not None and check.capacity_tokens < model_len:
+        ctx.bad("kv_cache", key, f"the KV cache holds {check.capacity_tokens:,} tokens per GPU, "
+                f"less than one sequence of {model_len:,}: the engine refuses to start",
+                f"{leaf}={check.fraction_for(model_len)}")  # fmt: skip
+    elif check.needed_tokens is not None and check.capacity_tokens < check.needed_tokens:
+        ctx.warn("kv_cache", key, f"the KV cache holds {check.capacity_tokens:,} tokens = "
+                 f"{check.capacity_tokens // (model_len or 1)} full-length sequences, fewer than "
+                 f"max_num_seqs {check.max_num_seqs}: the engine will queue or preempt sequences",
+                 f"{leaf}={check.fraction_for(check.needed_tokens)}")  # fmt: skip
+    return check
+
+
+# Keys that name the model a config trains and serves (verl, VAGEN, EasyR1, TRL).
+_MODEL_KEYS = ("model.path", "model_path", "model_name_or_path", "pretrained_model_name_or_path")
+
+
+def builtin_shape(name: str) -> ModelShape | None:
+    """A model's shape from nbgpu's built-in table, by HF repo name or a local copy's folder."""
+    found = find_model(name.strip()) or find_model(name.strip().rstrip("/").rsplit("/", 1)[-1])
+    if found is None:
+        return None
+    return replace(model_shape(found.to_hf_dict()), source=f"{found.name}, built-in shape")
+
+
+def named_model(entries: Sequence[Entry]) -> tuple[str | None, ModelShape | None]:
+    """The model the config names (``actor_rollout_ref.model.path``...), and its shape."""
+    for e in entries:
+        named = any(e.dotted == k or e.dotted.endswith("." + k) for k in _MODEL_KEYS)
+        if named and isinstance(e.value, str) and e.value.strip():
+            return e.value, builtin_shape(e.value)
+    return None, None

@@ -1,27 +1,35 @@
-"""``scale_config``: apply the rules to a config for a new GPU count, then check it.
+"""``scale_config``: apply the rules to a config for a new GPU count, then check it; and
+its result, :class:`ScalePlan`: each step explained, with its diff, overrides, rescaled
+file text and JSON.
 
 Finds the GPUs the config was made for, moves every recognised value, raises the train
 batch where a mini batch outgrew it, and runs the start-up and KV checks. Pure; never
-reads files (``files.py`` does).
+reads files (``files.py`` does) nor loads ruamel.yaml unless YAML is asked for.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import math
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
+from nbgpu._render import Blank, Block, Line, Problems, Result, Title
+from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.shapes import ModelShape
 from nbgpu.problems import Problem
-from nbgpu.scale.kv import kv_check, named_model
-from nbgpu.scale.result import ScalePlan, ScaleStep
 from nbgpu.scale.rules import (
+    KvCheck,
     ScaleContext,
     batch_divisor,
     check_start_up,
+    kv_check,
+    named_model,
     rules_for,
     scale_global,
     scale_tensor_parallel,
@@ -35,22 +43,141 @@ from nbgpu.scale.values import (
     override_text,
     parse_overrides,
     set_value,
+    short_text,
 )
 
-__all__ = ["scale_config"]
+__all__ = ["ScalePlan", "ScaleStep", "scale_config"]
+
+
+@dataclass(frozen=True)
+class ScaleStep:
+    """One recognised key: its value before and after, the rule, and why."""
+
+    key: str  # dotted path, e.g. "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    rule: str
+    old: Any
+    new: Any
+    reason: str
+    path: tuple[Any, ...] = field(default=(), compare=False, repr=False)  # keys into the config
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.old != self.new)
+
+
+@dataclass(frozen=True)
+class ScalePlan(Result):
+    """A config rescaled from ``from_gpus`` to ``to_gpus`` GPUs.
+
+    ``config`` is the new config as data (a nested mapping, or a list of ``key=value``
+    overrides); ``to_text()`` is the new file in its own form and layout (a YAML file keeps
+    its comments, a launch script its lines), ``diff()`` compares it with the old one;
+    ``steps`` explains every recognised key, changed or not; ``problems`` block, ``warnings``
+    do not.
+    """
+
+    from_gpus: int
+    to_gpus: int
+    steps: tuple[ScaleStep, ...]
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...]
+    kv: KvCheck | None
+    config: Any = field(compare=False)
+    original: Any = field(compare=False)
+    source: str | None = None  # the file it was read from
+    form: str = "mapping"  # "mapping" | "overrides" | "yaml" | "json" | "script"
+    original_text: str | None = field(default=None, compare=False, repr=False)
+    new_text: str | None = field(default=None, compare=False, repr=False)
+    written_to: str | None = None  # where save() wrote the new config
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def changes(self) -> tuple[ScaleStep, ...]:
+        return tuple(s for s in self.steps if s.changed)
+
+    def to_yaml(self) -> str:
+        """The new config as YAML (for a list of overrides: one ``key=value`` per line)."""
+        if self.form == "yaml" and self.new_text is not None:
+            return self.new_text
+        if isinstance(self.config, list):
+            return "\n".join(self.config) + "\n"
+        from nbgpu.scale.yamldoc import dump_yaml  # noqa: PLC0415  (ruamel: only when asked)
+
+        return dump_yaml(self.config)
+
+    def to_text(self) -> str:
+        """The new config in the form it came in: the file's own text, changed values only."""
+        return self.new_text if self.new_text is not None else self.to_yaml()
+
+    def save(self, path: str | os.PathLike[str]) -> ScalePlan:
+        """Write :meth:`to_text` to *path*; the plan returned says where the file went."""
+        from nbgpu.scale.files import write_text  # noqa: PLC0415  (YAML and scripts: heavy)
+
+        write_text(path, self.to_text(), like=self.source)
+        return replace(self, written_to=os.fspath(path))
+
+    def to_overrides(self) -> list[str]:
+        """The changed keys as Hydra-style ``key=value`` overrides."""
+        return [f"{s.key}={override_text(s.new)}" for s in self.changes]
+
+    def diff(self) -> str:
+        """A unified diff of the old and the new config, as YAML (or overrides)."""
+        if self.original_text is not None and self.new_text is not None:
+            old, new = self.original_text.splitlines(), self.new_text.splitlines()
+        elif isinstance(self.config, list):
+            old, new = self.original, self.config
+        else:
+            from nbgpu.scale.yamldoc import dump_yaml  # noqa: PLC0415
+
+            old, new = dump_yaml(self.original).splitlines(), dump_yaml(self.config).splitlines()
+        name = self.source or "config"
+        lines = difflib.unified_diff(old, new, f"{name} ({self.from_gpus} GPUs)",
+                                     f"{name} ({self.to_gpus} GPUs)", lineterm="")  # fmt: skip
+        return "\n".join(lines) + "\n"
+
+    def content(self) -> list[Block]:
+        verdict = "ready" if self.ok else "NOT READY"
+        src = f" {self.source}" if self.source else ""
+        blocks: list[Block] = [
+            Title(f"nbgpu plan scale{src}: {self.from_gpus} → {self.to_gpus} GPUs · {verdict}")
+        ]
+        for s in self.steps:
+            change = f"{s.key}: {short_text(s.old)} → {short_text(s.new)}"
+            blocks.append(Line(change, indent="* " if s.changed else "  ",
+                               level="warn" if s.changed else ""))  # fmt: skip
+            blocks.append(Line(s.reason, indent="      "))
+        if self.kv is not None:
+            blocks.append(Line(self.kv.text))
+        if self.written_to is not None:
+            blocks.append(Line(f"new config written to {self.written_to}"))
+        every = (*self.problems, *self.warnings)
+        return blocks + ([Blank(), Problems(every)] if every else [])
+
+    def records(self) -> list[dict[str, Any]]:
+        keys = ("key", "rule", "old", "new", "changed", "reason")
+        return [{k: getattr(s, k) for k in keys} for s in self.steps]
+
+    def to_dict(self) -> dict[str, Any]:
+        # The file's own text is what to_text() and diff() are for; steps say what changed.
+        data: dict[str, Any] = {**to_data(self), "ok": self.ok, "steps": self.records()}
+        for text in ("original", "original_text", "new_text"):
+            del data[text]
+        return data
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _check_options(to_gpus: int, batch: str, tensor_parallel: str | int) -> None:
-    if isinstance(to_gpus, bool) or not isinstance(to_gpus, int) or to_gpus < 1:
+    if not _count(to_gpus):
         raise UserInputError(f"to_gpus={to_gpus!r}: expected a whole number >= 1")
     if batch not in ("scale", "keep"):
         raise UserInputError(f"batch={batch!r}: expected 'scale' or 'keep'")
-    numeric = (
-        isinstance(tensor_parallel, int)
-        and not isinstance(tensor_parallel, bool)
-        and tensor_parallel >= 1
-    )
-    if tensor_parallel not in ("keep", "scale") and not numeric:
+    if tensor_parallel not in ("keep", "scale") and not _count(tensor_parallel):
         raise UserInputError(
             f"tensor_parallel={tensor_parallel!r}: expected 'keep', 'scale' or a whole number >= 1"
         )
@@ -61,17 +188,16 @@ def _source_gpus(
 ) -> int:
     """How many GPUs the config was made for: given, or n_gpus_per_node × nnodes, or CVD."""
     if from_gpus is not None:
-        if isinstance(from_gpus, bool) or not isinstance(from_gpus, int) or from_gpus < 1:
+        if not _count(from_gpus):
             raise UserInputError(f"from_gpus={from_gpus!r}: expected a whole number >= 1")
         return from_gpus
     for e in entries:
         if rule_of.get(e.dotted) == "gpu_count" and isinstance(e.value, int) and e.value > 0:
             return e.value * nnodes
     for e in entries:
-        if rule_of.get(e.dotted) == "devices":
-            count = device_count(e.value)
-            if count is not None:
-                return count
+        count = device_count(e.value) if rule_of.get(e.dotted) == "devices" else None
+        if count is not None:
+            return count
     raise UserInputError(
         "config does not say how many GPUs it was made for (no n_gpus_per_node or "
         "CUDA_VISIBLE_DEVICES); pass from_gpus=N"
@@ -128,18 +254,14 @@ def _train_covers_minis(
     train = next((e for e in entries if e.leaf == "train_batch_size"), None)
     if train is None or not isinstance(new.get(train.dotted), int):
         return
-    minis = [
-        new[e.dotted]
-        for e in entries
-        if e.leaf == "ppo_mini_batch_size" and isinstance(new.get(e.dotted), int)
-    ]
+    minis = [new[e.dotted] for e in entries
+             if e.leaf == "ppo_mini_batch_size" and isinstance(new.get(e.dotted), int)]  # fmt: skip
     largest = max(minis, default=0)
     if largest <= new[train.dotted]:
         return
     step = batch_divisor(train, entries, ctx, ctx.to_gpus)
     # A multiple of both: valid for the GPUs, and whole mini batches per step.
-    value = math.lcm(step, largest)
-    new[train.dotted] = value
+    value = new[train.dotted] = math.lcm(step, largest)
     reasons[train.dotted] = (
         f"{value}: the smallest valid value >= ppo_mini_batch_size {largest} "
         f"(a multiple of {step} and of {largest})"
@@ -161,20 +283,18 @@ def scale_config(
     gpu_memory_bytes: int | None = None,
     source: str | None = None,
     extra_problems: Sequence[Problem] = (),
-    extra_warnings: Sequence[Problem] = (),
 ) -> ScalePlan:
     """Rescale *config* (a mapping, or ``key=value`` overrides) to *to_gpus* GPUs."""
     original: Any
     if isinstance(config, Mapping):
-        overrides = False
         original = copy.deepcopy(dict(config))
     elif not isinstance(config, str) and all(isinstance(c, str) for c in config):
-        overrides = True
         original = list(config)
     else:
         raise UserInputError(
             "config: expected a dict, a YAML/JSON file path, or a list of key=value overrides"
         )
+    overrides = isinstance(original, list)
     data: dict[str, Any] = parse_overrides(original) if overrides else copy.deepcopy(original)
     _check_options(to_gpus, batch, tensor_parallel)
     entries = entries_of(data)
@@ -203,24 +323,15 @@ def scale_config(
         nnodes=nnodes,
         model=model,
         problems=list(extra_problems),
-        warnings=list(extra_warnings),
+        warnings=[],
         model_name=model_name,
     )
     new, reasons = _apply_rules(entries, rule_of, ctx, tensor_parallel, devices)
     check_start_up(entries, new, rule_of, ctx)
-    kv = kv_check(
-        entries,
-        new,
-        rule_of,
-        ctx,
-        gpu_memory_bytes=gpu_memory_bytes,
-        max_model_len=max_model_len,
-        precision=precision,
-    )
+    kv = kv_check(entries, new, rule_of, ctx, gpu_memory_bytes=gpu_memory_bytes,
+                  max_model_len=max_model_len, precision=precision)  # fmt: skip
     steps = tuple(
-        ScaleStep(
-            e.dotted, rule_of[e.dotted], e.value, new[e.dotted], reasons[e.dotted], path=e.path
-        )
+        ScaleStep(e.dotted, rule_of[e.dotted], e.value, new[e.dotted], reasons[e.dotted], e.path)
         for e in entries
         if e.dotted in rule_of
     )
@@ -228,17 +339,8 @@ def scale_config(
         if e.dotted in new:
             set_value(data, e.path, new[e.dotted])
     result: Any = [f"{k}={override_text(v)}" for k, v in data.items()] if overrides else data
-    return ScalePlan(
-        from_gpus=start,
-        to_gpus=to_gpus,
-        steps=steps,
-        problems=tuple(ctx.problems),
-        warnings=tuple(ctx.warnings),
-        kv=kv,
-        config=result,
-        original=original,
-        source=source,
-    )
+    return ScalePlan(start, to_gpus, steps, tuple(ctx.problems), tuple(ctx.warnings), kv,
+                     config=result, original=original, source=source)  # fmt: skip
 
 
 def _engines(world: int, tp: Any) -> int:
@@ -276,10 +378,8 @@ def _scale_engine(
 
 
 def _devices(old: Any, to_gpus: int, devices: Sequence[int] | None) -> tuple[Any, str]:
-    chosen = list(devices[:to_gpus]) if devices is not None else list(range(to_gpus))
-    why = (
-        "the first usable GPUs of the inventory" if devices is not None else f"GPUs 0-{to_gpus - 1}"
-    )
+    chosen = list(range(to_gpus)) if devices is None else list(devices[:to_gpus])
+    why = f"GPUs 0-{to_gpus - 1}" if devices is None else "the first usable GPUs of the inventory"
     if isinstance(old, str):
         return ",".join(map(str, chosen)), why
     if isinstance(old, int) and not isinstance(old, bool) and len(chosen) == 1:

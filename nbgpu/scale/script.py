@@ -13,11 +13,8 @@ verl and VAGEN users keep a run as a shell script::
 :func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or
 accelerate program word) and the variables the script sets, and resolves ``$VAR``,
 ``${VAR}`` and ``${VAR:-default}`` the way bash would with those variables unset in the
-environment. :func:`~nbgpu.scale.files.rewrite_script` changes values in the text itself: a literal where it
-is written (inside its quotes), a ``$VAR`` through the assignment of ``VAR`` (or the default
-of ``${VAR:-4}``), so layout, comments, quoting and line continuations stay as they were.
-A value computed from several parts (``"${A}_${B}"``, ``$((N*2))``) is replaced by the new
-literal, and the caller is told so.
+environment; every value keeps its spans, so :func:`~nbgpu.scale.files.rewrite_script`
+can change it where it is written.
 
 The shell grammar read here is the part such scripts use: words, single and double quotes,
 backslash escapes and line continuations, ``#`` comments, ``;``/``&&``/``||``/``|``/``&``
@@ -35,13 +32,7 @@ from typing import Any
 from nbgpu.errors import UserInputError
 from nbgpu.scale.values import arithmetic, parse_value
 
-__all__ = [
-    "NAME",
-    "LaunchScript",
-    "ScriptValue",
-    "looks_like_script",
-    "read_script",
-]
+__all__ = ["NAME", "LaunchScript", "ScriptValue", "looks_like_script", "read_script"]
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
@@ -51,7 +42,7 @@ _PROGRAMS = re.compile(
     r"^(?:.*/)?(?:python[0-9.]*|torchrun|accelerate|deepspeed|ray|uv|.*\.py)$", re.IGNORECASE
 )
 _WRAPPERS = frozenset({"env", "nohup", "exec", "time", "nice", "stdbuf", "srun", "command"})
-_SEPARATORS = (";", "&&", "||", "|", "&")
+_SEPARATORS = ("\n", ";", "&&", "||", "|", "&")  # the ends of a command
 #: Environment variables that belong to the config (``rule`` devices in ``rules.py``).
 CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
@@ -97,11 +88,8 @@ class LaunchScript:
 
     def variable(self, name: str, before: int) -> _Assignment | None:
         """The last assignment of *name* before *before* (bash reads top to bottom)."""
-        found = None
-        for a in self.assignments:
-            if a.name == name and a.position < before:
-                found = a
-        return found
+        earlier = (a for a in reversed(self.assignments) if a.name == name and a.position < before)
+        return next(earlier, None)
 
     def resolve(self, value: ScriptValue, depth: int = 0, *, split: bool = True) -> str | None:
         """The text bash would pass (variables the script does not set: their default or None).
@@ -207,17 +195,11 @@ class _Lexer:
                 self.i += 2  # a line continuation: the command goes on
             elif c in " \t\r":
                 self.i += 1
-            elif c == "\n":
-                self.i += 1
-                if current:
-                    commands.append(current)
-                    current = []
             elif c == "#":
                 end = text.find("\n", self.i)
                 self.i = len(text) if end < 0 else end
-            elif any(text.startswith(s, self.i) for s in _SEPARATORS):
-                sep = next(s for s in _SEPARATORS if text.startswith(s, self.i))
-                self.i += len(sep)
+            elif text.startswith(_SEPARATORS, self.i):
+                self.i += len(next(s for s in _SEPARATORS if text.startswith(s, self.i)))
                 if current:
                     commands.append(current)
                     current = []
@@ -267,19 +249,17 @@ class _Lexer:
             if self.i >= len(text):
                 self._unclosed('"', word_start)
             c = text[self.i]
+            escape = c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '"\\$`'
+            special = c in '"$' or escape
+            if special and self.i > begin:  # the literal text before it
+                parts.append(_Part("literal", text[begin : self.i], begin, self.i))
             if c == '"':
-                if self.i > begin:
-                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
                 self.i += 1
                 return parts
             if c == "$":
-                if self.i > begin:
-                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
                 parts.append(replace(self._dollar(), quoted=True))
                 begin = self.i
-            elif c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '"\\$`':
-                if self.i > begin:
-                    parts.append(_Part("literal", text[begin : self.i], begin, self.i))
+            elif escape:
                 parts.append(_Part("literal", text[self.i + 1], self.i, self.i + 2))
                 self.i += 2
                 begin = self.i

@@ -2,11 +2,9 @@
 arithmetic.
 
 Nested YAML, flat ``a.b.c`` keys and Hydra overrides all become the same :class:`Entry`
-list, so the rules match a key by its last name anywhere in the config. A value reads as
-YAML would type it (``parse_value``), prints as a config or a command line writes it
-(``value_text``, ``override_text``); a launch script's ``$((...))`` is evaluated over
-whole numbers by Python's ``ast`` (``arithmetic``). Pure text; never reads files nor
-executes code.
+list, so the rules match a key by its last name anywhere in the config. A launch script's
+``$((...))`` is evaluated over whole numbers by Python's ``ast``. Pure text; never reads
+files nor executes code.
 """
 
 from __future__ import annotations
@@ -76,19 +74,14 @@ def set_value(config: Any, path: tuple[Any, ...], value: Any) -> None:
 
 
 def find_entry(entries: Sequence[Entry], suffix: str) -> Entry | None:
-    for e in entries:
-        if e.dotted == suffix or e.dotted.endswith("." + suffix):
-            return e
-    return None
+    return next((e for e in entries if e.dotted == suffix or e.dotted.endswith("." + suffix)), None)
 
 
 def int_of(entry: Entry | None, default: int) -> int:
-    if entry is None:
-        return default
-    value = entry.value
-    return (
-        value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
-    )
+    value = None if entry is None else entry.value
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return default
 
 
 def device_count(value: Any) -> int | None:
@@ -132,8 +125,9 @@ def value_text(value: Any) -> str:
 
 
 def short_text(value: Any) -> str:
-    text = value_text(value).replace(",", ", ") if isinstance(value, list | tuple) else None
-    text = text or value_text(value)
+    text = value_text(value)
+    if isinstance(value, list | tuple):
+        text = text.replace(",", ", ")
     return text if len(text) <= 24 else text[:23] + "…"
 
 

@@ -175,13 +175,13 @@ def _splice(text: str, root: Node, path: Sequence[Any], new: Any) -> str | None:
 def _splice_block_list(text: str, node: SequenceNode, new: list[Any]) -> str | None:
     """A block list of scalars: items edited in place, new ones added like the last one."""
     items = node.value
+    scalars = all(isinstance(i, ScalarNode) and i.style not in ("|", ">") for i in items)
     if (
         not items
         or not new
-        or not all(isinstance(i, ScalarNode) and i.style not in ("|", ">") for i in items)
+        or not scalars
+        or any(isinstance(v, Mapping | list | tuple) for v in new)
     ):
-        return None
-    if any(isinstance(v, Mapping | list | tuple) for v in new):
         return None
     last = items[-1]
     line_start = text.rfind("\n", 0, last.start_mark.index) + 1

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from nbgpu.errors import UserInputError
-from nbgpu.estimate.builtin_models import (
+from nbgpu.estimate.shapes import (
     BUILTIN_MODELS,
     find_model,
     lookup_model,
+    read_hf_config,
+    resolve_model_config,
 )
-from nbgpu.estimate.shapes import read_hf_config, resolve_model_config
 
 # Parameter counts as the model cards / papers publish them (billions, rounded as published).
 PUBLISHED = {

@@ -8,8 +8,7 @@ torch = pytest.importorskip("torch")
 
 from nbgpu.errors import UserInputError  # noqa: E402
 from nbgpu.estimate import estimate  # noqa: E402
-from nbgpu.estimate.measure import measure_step  # noqa: E402
-from nbgpu.estimate.trace import trace_step  # noqa: E402
+from nbgpu.estimate.trace import measure_step, trace_step  # noqa: E402
 
 from .toy_models import CustomOp, DataDependent, TinyGPT, cases, mlp  # noqa: E402
 

@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbgpu.errors import UserInputError
-from nbgpu.plan.batch import Split, check_batch, splits_for
+from nbgpu.plan.job import Split, check_batch, splits_for
 
 
 def test_busy_gpu0_batch_8_on_3_trainers_offers_6_or_9():
