@@ -165,8 +165,8 @@ def _select(environ: Mapping[str, str]) -> Backend:
 
 def _simulated_library(source: str, node: str | None) -> tuple[Fleet, Any]:
     # The seam: the fake library and its fleet are imported here, for a simulation only.
+    from nbgpu.devices.sim.fleet import load_fleet  # noqa: PLC0415
     from nbgpu.devices.sim.nvml import FakeNvmlLibrary  # noqa: PLC0415
-    from nbgpu.devices.sim.spec import load_fleet  # noqa: PLC0415
 
     fleet = load_fleet(source, node=node)
     return fleet, FakeNvmlLibrary(fleet)

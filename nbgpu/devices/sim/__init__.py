@@ -9,10 +9,10 @@ loads nothing of the simulation.
 
 The simulation itself, imported only at the seams (``devices/nvml.py``, the probe's
 child, ``nbgpu.rank``'s device helper; ``tests/test_package.py`` holds the list):
-``fleet`` (a box as data, the GPU models, the named fleets in ``fleets/``) · ``spec``
-(what ``NBGPU_SIMULATE`` names, resolved to a fleet) · ``nvml_base`` and ``nvml`` (the
-fake NVML library) · ``cuda`` (the fake CUDA driver) · ``ranks`` (nbgpu's ranks on a
-simulated fleet: their GPU processes, and what CUDA answers them).
+``fleet`` (a box as data, the GPU models, the named fleets in ``fleets/``, and what
+``NBGPU_SIMULATE`` names, resolved to a fleet) · ``nvml`` (the fake NVML library, which
+also lists nbgpu's ranks as the GPUs' processes) · ``cuda`` (the fake CUDA driver, and
+what it answers a simulated rank).
 """
 
 from __future__ import annotations

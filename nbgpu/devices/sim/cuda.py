@@ -23,6 +23,12 @@ It behaves as the driver does on that fleet:
   version, or named in ``missing_functions``): looking them up raises ``AttributeError``
   as ``CDLL`` does.
 
+``nbgpu.rank.device()`` asks :func:`simulated_device` once per rank: the rank's
+``LOCAL_RANK`` and ``CUDA_VISIBLE_DEVICES`` go through this driver exactly as torch's first
+CUDA call would go through the real one, so a rank mapped to a busy, lost or prohibited
+GPU (or past the visible ones) gets CUDA's own code, plus one ``[nbgpu]`` line naming the
+physical GPU and why it refused; otherwise it computes on the CPU under a label said once.
+
 This module must never import torch, pynvml, psutil or IPython.
 """
 
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nbgpu.devices.cuda_errors import (
+    CUDA_ERROR_DEVICE_UNAVAILABLE,
     CUDA_ERROR_INVALID_CONTEXT,
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
@@ -46,18 +53,19 @@ from nbgpu.devices.cuda_errors import (
     CUDA_ERRORS,
     CUDA_SUCCESS,
     LIBCUDA_SONAME,
+    error_name,
+    ordinal_hint,
 )
 from nbgpu.devices.model import MigDevice
 from nbgpu.devices.sim import simulated_node
-from nbgpu.devices.sim.fleet import Fleet, SimGpu
-from nbgpu.devices.sim.spec import load_fleet
+from nbgpu.devices.sim.fleet import Fleet, SimGpu, load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
-__all__ = ["INIT_CUDA_ERRORS", "SimulatedCudaLibrary", "load_simulated_cuda"]
+__all__ = ["SimulatedCudaLibrary", "SimulatedDevice", "load_simulated_cuda", "simulated_device"]
 
-#: What ``cuInit`` returns for each fleet ``init_error`` (``library_not_found`` never gets
-#: that far: the library does not load).
-INIT_CUDA_ERRORS: Mapping[str, int] = {
+# What ``cuInit`` returns for each fleet ``init_error`` (``library_not_found`` never gets
+# that far: the library does not load).
+_INIT_ERRORS: Mapping[str, int] = {
     # libcuda is there but /dev/nvidia* is not (module not loaded) or may not be opened:
     # the driver reports no device, the classic "cudaGetDeviceCount returned 100".
     "driver_not_loaded": CUDA_ERROR_NO_DEVICE,
@@ -159,6 +167,20 @@ def _visible_devices(fleet: Fleet, environ: Mapping[str, str]) -> tuple[_Device,
     return tuple(devices)
 
 
+def _on_device(method: Callable[..., int]) -> Callable[..., int]:
+    """A driver call about one device, its last argument: after cuInit, a real ordinal."""
+
+    def call(self: SimulatedCudaLibrary, *args: Any) -> int:
+        if not self.initialized:
+            return CUDA_ERROR_NOT_INITIALIZED
+        ordinal = _int(args[-1])
+        if not 0 <= ordinal < len(self.devices):
+            return CUDA_ERROR_INVALID_DEVICE
+        return method(self, self.devices[ordinal], ordinal, *args[:-1])
+
+    return call
+
+
 class SimulatedCudaLibrary:
     """Stands in for ``CDLL("libcuda.so.1")``; see the module docstring."""
 
@@ -181,8 +203,8 @@ class SimulatedCudaLibrary:
             "cuDevicePrimaryCtxRetain": self._primary_ctx_retain,
             "cuDevicePrimaryCtxRelease": self._primary_ctx_release,
             "cuDevicePrimaryCtxRelease_v2": self._primary_ctx_release,
-            "cuGetErrorName": self._get_error_name,
-            "cuGetErrorString": self._get_error_string,
+            "cuGetErrorName": lambda code, text: self._error_text(code, text, 0),
+            "cuGetErrorString": lambda code, text: self._error_text(code, text, 1),
         }
         self._functions = {
             name: function
@@ -190,8 +212,6 @@ class SimulatedCudaLibrary:
             if name not in fleet.missing_functions
             and fleet.cuda_driver_version >= _SYMBOL_SINCE.get(name, 0)
         }
-
-    # -- symbol lookup ----------------------------------------------------------
 
     def __getattr__(self, name: str) -> Callable[..., int]:
         # Only reached for names that are not attributes of the object: the C symbols.
@@ -209,15 +229,11 @@ class SimulatedCudaLibrary:
     def __dir__(self) -> list[str]:
         return sorted({*super().__dir__(), *self._functions})
 
-    def _device(self, ordinal: Any) -> _Device | None:
-        index = _int(ordinal)
-        return self.devices[index] if 0 <= index < len(self.devices) else None
-
     # -- the driver API -------------------------------------------------------------
 
     def _init(self, flags: Any) -> int:
         if self.fleet.init_error is not None:
-            return INIT_CUDA_ERRORS.get(self.fleet.init_error, CUDA_ERROR_UNKNOWN)
+            return _INIT_ERRORS.get(self.fleet.init_error, CUDA_ERROR_UNKNOWN)
         if _int(flags) != 0:
             return CUDA_ERROR_INVALID_VALUE
         if not self.devices:
@@ -239,73 +255,45 @@ class SimulatedCudaLibrary:
         _target(count).value = len(self.devices)
         return CUDA_SUCCESS
 
-    def _device_get(self, device: Any, ordinal: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        if self._device(ordinal) is None:
-            return CUDA_ERROR_INVALID_DEVICE
-        _target(device).value = _int(ordinal)  # a CUdevice is the ordinal, as in the driver
+    @_on_device
+    def _device_get(self, _found: _Device, ordinal: int, device: Any) -> int:
+        _target(device).value = ordinal  # a CUdevice is the ordinal, as in the driver
         return CUDA_SUCCESS
 
-    def _device_get_name(self, buffer: Any, length: Any, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        found = self._device(device)
-        if found is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _device_get_name(self, found: _Device, _ordinal: int, buffer: Any, length: Any) -> int:
         return _write_text(buffer, length, found.name)
 
-    def _device_get_pci_bus_id(self, buffer: Any, length: Any, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        found = self._device(device)
-        if found is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _device_get_pci_bus_id(
+        self, found: _Device, _ordinal: int, buffer: Any, length: Any
+    ) -> int:
         return _write_text(buffer, length, _cuda_bus_id(found.gpu.pci_bus_id))
 
-    def _device_get_uuid(self, uuid: Any, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        found = self._device(device)
-        if found is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _device_get_uuid(self, found: _Device, _ordinal: int, uuid: Any) -> int:
         if uuid is None:
             return CUDA_ERROR_INVALID_VALUE
         ctypes.memmove(ctypes.addressof(_target(uuid)), _uuid_bytes(found.uuid), 16)
         return CUDA_SUCCESS
 
-    def _primary_ctx_retain(self, context: Any, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        found = self._device(device)
-        if found is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _primary_ctx_retain(self, found: _Device, ordinal: int, context: Any) -> int:
         error = found.gpu.effective_cuda_error
         if error != CUDA_SUCCESS:
             return error
-        self.retained[_int(device)] += 1
-        # An opaque non-null handle; nobody dereferences it.
-        _target(context).value = 0x5EED0000 + _int(device)
+        self.retained[ordinal] += 1
+        _target(context).value = 0x5EED0000 + ordinal  # opaque and non-null; never read
         return CUDA_SUCCESS
 
-    def _primary_ctx_release(self, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        ordinal = _int(device)
-        if self._device(ordinal) is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _primary_ctx_release(self, _found: _Device, ordinal: int) -> int:
         if self.retained[ordinal] <= 0:
             return CUDA_ERROR_INVALID_CONTEXT
         self.retained[ordinal] -= 1
         if not self.retained[ordinal]:
             del self.retained[ordinal]
         return CUDA_SUCCESS
-
-    def _get_error_name(self, code: Any, text: Any) -> int:
-        return self._error_text(code, text, 0)
-
-    def _get_error_string(self, code: Any, text: Any) -> int:
-        return self._error_text(code, text, 1)
 
     @staticmethod
     def _error_text(code: Any, text: Any, which: int) -> int:
@@ -327,3 +315,68 @@ def load_simulated_cuda(source: str, environ: Mapping[str, str]) -> SimulatedCud
             f"{LIBCUDA_SONAME}: cannot open shared object file: No such file or directory"
         )
     return SimulatedCudaLibrary(fleet, environ)
+
+
+# -- what CUDA answers a simulated rank ----------------------------------------
+
+
+@dataclass(frozen=True)
+class SimulatedDevice:
+    """CUDA's answer for one rank: a refusal to raise, or a label for running on CPU."""
+
+    cuda_error: int | None  # the CUresult torch would raise for; None: compute on CPU
+    line: str  # the [nbgpu] line: under the error, or the label said once on stderr
+
+
+def simulated_device(source: str, ordinal: int, environ: Mapping[str, str]) -> SimulatedDevice:
+    """What creating the context of ``cuda:ordinal`` gives on fleet ``source``.
+
+    Raises ``FleetSpecError`` for a malformed ``source``.
+    """
+    try:
+        library = load_simulated_cuda(source, environ)
+    except OSError as exc:
+        # No libcuda: torch.cuda.is_available() is False and torch runs on the CPU.
+        return _on_cpu(f"simulated fleet {source!r}: no CUDA driver ({exc})")
+    fleet = library.fleet
+    said = f"[nbgpu] simulated fleet {fleet.name!r}:"
+    code = library.cuInit(0)
+    if code != CUDA_SUCCESS:
+        # cuInit failing makes torch.cuda.is_available() False: torch falls back to CPU.
+        return _on_cpu(
+            f"simulated fleet {fleet.name!r}: CUDA is unavailable ({error_name(code) or code})"
+        )
+    count = len(library.devices)
+    if ordinal >= count:
+        hint = ordinal_hint(ordinal, count, environ)
+        return SimulatedDevice(CUDA_ERROR_INVALID_DEVICE, hint.replace("[nbgpu]", said, 1))
+    target = library.devices[ordinal]
+    code = library.cuDevicePrimaryCtxRetain(ctypes.c_void_p(), ordinal)
+    if code != CUDA_SUCCESS:
+        gpu = target.gpu
+        what = f"cuda:{ordinal} is physical GPU {gpu.index} ({gpu.uuid})"
+        if target.mig is not None:
+            what += f" as MIG instance {target.mig.uuid}"
+        return SimulatedDevice(code, f"{said} {what}, {_refusal(gpu, code)}: see %gpu_doctor")
+    return _on_cpu(
+        f"simulated fleet {fleet.name!r}: cuda:{ordinal} -> GPU {target.gpu.index} ({target.name})"
+    )
+
+
+def _on_cpu(what: str) -> SimulatedDevice:
+    return SimulatedDevice(None, f"[nbgpu] {what}; computing on CPU")
+
+
+def _refusal(gpu: SimGpu, code: int) -> str:
+    """Why a simulated GPU refuses a context, in the words of nvidia-smi's columns."""
+    if code == CUDA_ERROR_DEVICE_UNAVAILABLE and gpu.compute_mode == "prohibited":
+        return "compute mode prohibited"
+    if code == CUDA_ERROR_DEVICE_UNAVAILABLE and gpu.processes:
+        holders = ", ".join(
+            f"{p.pid} ({p.observed.state})" if p.observed else str(p.pid) for p in gpu.processes
+        )
+        mode = gpu.compute_mode.replace("_", "-")
+        return f"{mode}, held by pid{'s' if len(gpu.processes) > 1 else ''} {holders}"
+    if code == CUDA_ERROR_UNKNOWN and gpu.fault == "lost":
+        return "which has fallen off the bus (Xid 79)"
+    return f"which refuses a CUDA context (CUDA error {code})"
