@@ -1,45 +1,35 @@
-"""A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.fleet.Fleet`.
+"""A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.fleet.Fleet`,
+and nbgpu's ranks on a simulated fleet.
 
-:class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")``: its functions
-have the driver's names (``cuInit``, ``cuDeviceGet``, ``cuDevicePrimaryCtxRetain``, ...) and
-its C calling shape. They receive ctypes objects and ``byref()`` pointers, write results
-through them and return ``CUresult`` ints, so :class:`~nbgpu.devices.cuda_driver.CudaDriver`
-and the health probe run unchanged on it. Only the hardware is fake.
+:class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")``: functions of
+the driver's names and C calling shape (ctypes objects in, ``CUresult`` ints out), so
+:class:`~nbgpu.devices.cuda_driver.CudaDriver` and the probe run unchanged on it. As the
+driver on that fleet, it enumerates only what ``CUDA_VISIBLE_DEVICES`` /
+``CUDA_DEVICE_ORDER`` make visible (in CUDA order; none makes ``cuInit`` answer
+NO_DEVICE) and never a cgroup-restricted GPU (so SLURM jobs see ``cuda:0`` upwards); a
+context gets ``SimGpu.effective_cuda_error``; the fleet's ``init_error`` makes the
+machine driverless (``library_not_found``: the library does not load, see
+:func:`load_simulated_cuda`; the others: ``cuInit``'s code for them); ``_v2`` symbols an
+older driver lacks are missing here too (``AttributeError``, as ``CDLL`` raises).
 
-It behaves as the driver does on that fleet:
+nbgpu's ranks: ``nbgpu.rank.device()`` asks :func:`simulated_device` once per rank, so a
+rank mapped to a busy, lost or prohibited GPU (or past the visible ones) gets CUDA's own
+code plus one ``[nbgpu]`` line naming the physical GPU and why it refused; otherwise it
+computes on the CPU under a label said once. :func:`ranks_on_gpus` finds the live ranks
+on a simulated fleet, which the fake NVML library lists as the GPUs' processes.
 
-- only the devices ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` make visible are
-  enumerated, in CUDA order (``visible.resolve_visible``, non-strict: CUDA never complains,
-  it just enumerates less); none visible makes ``cuInit`` fail with NO_DEVICE (100);
-- GPUs NVML reports as ``no_permission`` (cgroup-restricted) are not enumerated at all:
-  CUDA lists only the devices it may open, which is why SLURM jobs see ``cuda:0`` upwards;
-- creating a context returns ``SimGpu.effective_cuda_error`` (46 busy, 999 lost, ...);
-- the fleet's ``init_error`` makes the machine look driverless: ``library_not_found``
-  means the library cannot be loaded at all (:func:`load_simulated_cuda` raises
-  ``OSError``), ``driver_not_loaded`` and ``no_permission`` make ``cuInit`` answer
-  NO_DEVICE (100), ``lib_rm_version_mismatch`` SYSTEM_DRIVER_MISMATCH (803) and
-  ``unknown`` UNKNOWN (999, the container that lost its /dev/nvidia* access);
-- ``_v2`` symbols missing from older drivers are missing here too (by the fleet's CUDA
-  version, or named in ``missing_functions``): looking them up raises ``AttributeError``
-  as ``CDLL`` does.
-
-``nbgpu.rank.device()`` asks :func:`simulated_device` once per rank: the rank's
-``LOCAL_RANK`` and ``CUDA_VISIBLE_DEVICES`` go through this driver exactly as torch's first
-CUDA call would go through the real one, so a rank mapped to a busy, lost or prohibited
-GPU (or past the visible ones) gets CUDA's own code, plus one ``[nbgpu]`` line naming the
-physical GPU and why it refused; otherwise it computes on the CPU under a label said once.
-
-This module must never import torch, pynvml, psutil or IPython.
+Never imports torch, pynvml or IPython; psutil only in :func:`ranks_on_gpus`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import time
 import uuid as uuidlib
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from nbgpu.devices.cuda_errors import (
     CUDA_ERROR_DEVICE_UNAVAILABLE,
@@ -57,11 +47,18 @@ from nbgpu.devices.cuda_errors import (
     ordinal_hint,
 )
 from nbgpu.devices.model import MigDevice
-from nbgpu.devices.sim import simulated_node
+from nbgpu.devices.sim import simulated_node, simulation_source
 from nbgpu.devices.sim.fleet import Fleet, SimGpu, load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
-__all__ = ["SimulatedCudaLibrary", "SimulatedDevice", "load_simulated_cuda", "simulated_device"]
+__all__ = [
+    "RankProcess",
+    "SimulatedCudaLibrary",
+    "SimulatedDevice",
+    "load_simulated_cuda",
+    "ranks_on_gpus",
+    "simulated_device",
+]
 
 # What ``cuInit`` returns for each fleet ``init_error`` (``library_not_found`` never gets
 # that far: the library does not load).
@@ -380,3 +377,69 @@ def _refusal(gpu: SimGpu, code: int) -> str:
     if code == CUDA_ERROR_UNKNOWN and gpu.fault == "lost":
         return "which has fallen off the bus (Xid 79)"
     return f"which refuses a CUDA context (CUDA error {code})"
+
+
+# -- nbgpu's ranks on a simulated fleet, as the GPUs' processes ------------------------------
+# A real GPU lists the processes that hold a context on it; a simulated one would show an
+# empty board while nbgpu's own ranks run "on" it. So the live rank processes on the same
+# fleet (their environment carries nbgpu's run id and the same NBGPU_SIMULATE) are listed
+# on the GPU their LOCAL_RANK maps to through CUDA_VISIBLE_DEVICES, with the host memory
+# they really use (RSS). Cached for a second: NVML is asked per GPU and per call.
+
+
+class RankProcess(NamedTuple):
+    pid: int
+    rss_bytes: int
+
+
+_CACHE_S = 1.0
+_cache: dict[str, tuple[float, dict[int, list[RankProcess]]]] = {}
+
+
+def _physical_index(env: dict[str, str]) -> int | None:
+    try:
+        local = int(env.get("LOCAL_RANK", ""))
+    except ValueError:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return local
+    items = [v.strip() for v in visible.split(",") if v.strip()]
+    if local >= len(items) or not items[local].isdigit():
+        return None  # no GPU for this rank, or named by UUID: not placed
+    return int(items[local])
+
+
+def _running(psutil: Any, pid: int) -> bool:
+    """Alive and not a zombie (an ended rank its parent has not reaped yet)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
+    """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
+    import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
+
+    now = time.monotonic()
+    hit = _cache.get(fleet_spec)
+    if hit is not None and now - hit[0] < _CACHE_S:
+        # A rank that ended since the scan must not be listed as a GPU's process: that
+        # would read as a dead holder (one read of /proc/PID/stat each).
+        return {gpu: [r for r in v if _running(psutil, r.pid)] for gpu, v in hit[1].items()}
+    found: dict[int, list[RankProcess]] = {}
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if "NBGPU_RUN_ID" not in env or simulation_source(env) != fleet_spec:
+                continue
+            index = _physical_index(env)
+            if index is None:
+                continue
+            rss = proc.memory_info().rss
+        except (psutil.Error, OSError):
+            continue
+        found.setdefault(index, []).append(RankProcess(proc.pid, rss))
+    _cache[fleet_spec] = (now, found)
+    return found

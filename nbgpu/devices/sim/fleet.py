@@ -1,21 +1,17 @@
 """Fleets: a GPU box described as data, and what ``NBGPU_SIMULATE`` names, as a fleet.
 
-A fleet is what ``nbgpu status --json`` writes on a real machine, and what
-``NBGPU_SIMULATE`` accepts: a JSON file, a named fleet (``busy-gpu0``: one file each in
-``fleets/``, the same format, read by the same reader), a cluster file (one fleet per
-node under ``"nodes"``, what ``nbgpu status --slurm --json`` writes: each process plays
-the node it is told it is on, :func:`nbgpu.devices.sim.simulated_node`), or a short spec:
-a count and a GPU model from the table of real captures, then options that inject each
-failure mode the simulator knows (``4xA40``, ``8xH100,busy=0,load=60``); a named fleet
-takes the same options (``busy-gpu0,procs=8``).
+A fleet is what ``nbgpu status --json`` writes on a real machine; ``NBGPU_SIMULATE``
+names one as a JSON file, a named fleet (``busy-gpu0``: a file of ``fleets/`` in the same
+format), a cluster file (one fleet per node under ``"nodes"``, as ``nbgpu status --slurm
+--json`` writes; a process plays the node :func:`nbgpu.devices.sim.simulated_node` names)
+or a short spec: a count and a GPU model from real captures, then options that inject
+each failure mode the simulator knows (``8xH100,busy=0,load=60``; a named fleet takes the
+same options: ``busy-gpu0,procs=8``). A process on a simulated GPU is *live* (looked up
+on this machine: tests stand real processes in as holders) or *recorded* (its
+``observed`` record says what was seen where the fleet was captured).
 
-A process listed on a simulated GPU is either *live* (no ``observed`` record: its pid
-is looked up on this machine, so tests can stand real processes in as holders) or
-*recorded* (an ``observed`` record says what was seen where the fleet was captured:
-its user, command, and state such as ``dead`` or ``zombie``).
-
-Each mistake is one ``FleetSpecError`` line naming the value and what is accepted. Pure
-data and the one file named: imports neither pynvml nor psutil.
+Each mistake is one ``FleetSpecError`` line naming the value and what is accepted. Reads
+the one file named; imports neither pynvml nor psutil.
 """
 
 from __future__ import annotations
@@ -254,25 +250,21 @@ _FLEETS_DIR = Path(__file__).with_name("fleets")
 SCENARIOS: tuple[str, ...] = tuple(sorted(p.stem for p in _FLEETS_DIR.glob("*.json")))
 
 
-def _scenario(name: str) -> Fleet:
-    """The named fleet (a file of ``fleets/``)."""
-    path = _FLEETS_DIR / f"{name}.json"
-    return fleet_from_dict(json.loads(path.read_text(encoding="utf-8")), default_name=name)
-
-
 def load_fleet(source: str, *, cwd: Path | None = None, node: str | None = None) -> Fleet:
     """Resolve ``NBGPU_SIMULATE``: a scenario name, a ``.json`` path, or a spec.
 
     *node*: the node this process plays, for a cluster file (one fleet per node).
     """
     text = source.strip()
-    if text in SCENARIOS:
-        return _scenario(text)
-    head, _, extra = text.partition(",")
+    head, comma, extra = text.partition(",")
     if head in SCENARIOS:
+        path = _FLEETS_DIR / f"{head}.json"
+        fleet = fleet_from_dict(json.loads(path.read_text(encoding="utf-8")), default_name=head)
+        if not comma:
+            return fleet
         # A scenario with more options: "busy-gpu0,procs=8" adds them to the scenario.
         options = [part.strip() for part in extra.split(",")]
-        return replace(apply_options(_scenario(head), options, spec=text), name=text)
+        return replace(apply_options(fleet, options, spec=text), name=text)
     path = Path(text).expanduser()
     if cwd is not None and not path.is_absolute():
         path = cwd / path

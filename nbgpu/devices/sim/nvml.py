@@ -1,19 +1,13 @@
 """A fake NVML *library* that serves a :class:`~nbgpu.devices.sim.fleet.Fleet`.
 
-pynvml calls the C library through the module attribute ``pynvml.nvmlLib``, looking
-each symbol up by name and passing ctypes objects (``byref(c_uint())``, string buffers,
-arrays of process structs). :class:`FakeNvmlLibrary` has functions of the same names
-that write into those same ctypes objects and return NVML return codes. Installed in
-place of the real library (by ``devices/nvml.py``), it drives the real pynvml wrappers,
-nbgpu's NVML module, and other tools such as gpustat and nvitop unchanged: only the
-hardware is fake.
-
-Memory and utilisation follow the fleet, its load profile, and the ranks nbgpu launched
-on a simulated GPU (:func:`ranks_on_gpus`); the rest answers as the driver would,
-failures included: a symbol the fleet removed raises ``AttributeError`` (pynvml's
-FunctionNotFound, as with an old driver), a lost GPU answers ``GPU_IS_LOST``, a
-cgroup-restricted one ``NO_PERMISSION``, and functions this fake does not model answer
-``NOT_SUPPORTED``, which every NVML client must handle anyway.
+pynvml calls the C library through ``pynvml.nvmlLib``, looking each symbol up by name and
+passing ctypes objects. :class:`FakeNvmlLibrary` has functions of the same names that
+write into those objects and return NVML's codes, so the real pynvml wrappers, nbgpu's
+NVML module, gpustat and nvitop run unchanged on it: only the hardware is fake. Memory
+and utilisation follow the fleet, its load profile and the ranks nbgpu launched on it
+(``cuda.ranks_on_gpus``); failures answer as the driver does: a symbol the fleet removed
+raises ``AttributeError`` (pynvml's FunctionNotFound), a lost GPU ``GPU_IS_LOST``, a
+cgroup-restricted one ``NO_PERMISSION``, anything not modelled ``NOT_SUPPORTED``.
 
 Never imports pynvml (only ``devices/nvml.py`` does) or IPython; psutil only when the
 processes on a GPU are asked for.
@@ -25,13 +19,14 @@ import ctypes
 import math
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from dataclasses import astuple
+from typing import Any
 
 from nbgpu.devices.model import INIT_ERRORS, ProcessRecord
-from nbgpu.devices.sim import simulation_source
+from nbgpu.devices.sim.cuda import RankProcess, ranks_on_gpus
 from nbgpu.devices.sim.fleet import COMPUTE_MODES, Fleet, SimGpu
 
-__all__ = ["FakeNvmlLibrary", "RankProcess", "ranks_on_gpus"]
+__all__ = ["FakeNvmlLibrary"]
 
 # NVML return codes (nvml.h); only those this fake returns.
 SUCCESS = 0
@@ -118,15 +113,17 @@ def _on_device(method: Callable[..., int]) -> _Call:
     return call
 
 
-def _number(read: Callable[[_Handle], int | None]) -> _Call:
-    """A getter of one number about a device, written through its last argument
+def _number(read: Callable[[_Handle], int | tuple[int, ...] | None]) -> _Call:
+    """A getter of numbers about a device, written through its last arguments
     (``nvmlDeviceGetX(handle, [...,] ref)``); None from *read*: NOT_SUPPORTED."""
 
     def query(_self: FakeNvmlLibrary, h: _Handle, *args: Any) -> int:
         value = read(h)
         if value is None:
             return NOT_SUPPORTED
-        _store(args[-1], value)
+        values = value if isinstance(value, tuple) else (value,)
+        for ref, number in zip(args[-len(values) :], values, strict=True):
+            _store(ref, number)
         return SUCCESS
 
     return _on_device(query)
@@ -359,11 +356,7 @@ class FakeNvmlLibrary:
     _nvmlDeviceGetPciInfo_v2 = _nvmlDeviceGetPciInfo_v3
     _nvmlDeviceGetPciInfo = _nvmlDeviceGetPciInfo_v3
 
-    @_on_device
-    def _nvmlDeviceGetCudaComputeCapability(self, h: _Handle, major: Any, minor: Any) -> int:
-        _store(major, h.gpu.compute_capability[0])
-        _store(minor, h.gpu.compute_capability[1])
-        return SUCCESS
+    _nvmlDeviceGetCudaComputeCapability = _number(lambda h: h.gpu.compute_capability)
 
     # -- memory, utilisation, sensors --------------------------------------------------
 
@@ -413,35 +406,22 @@ class FakeNvmlLibrary:
     _nvmlDeviceGetEnforcedPowerLimit = _number(lambda h: round(h.gpu.power_limit_w * 1000))
     _nvmlDeviceGetPowerManagementLimit = _nvmlDeviceGetEnforcedPowerLimit
     _nvmlDeviceGetComputeMode = _number(lambda h: COMPUTE_MODES[h.gpu.compute_mode])
-    _nvmlDeviceGetPersistenceMode = _number(lambda h: int(h.gpu.persistence_mode))
+    _nvmlDeviceGetPersistenceMode = _number(lambda h: h.gpu.persistence_mode)
 
     # -- health ----------------------------------------------------------------------------
 
     _nvmlDeviceGetTotalEccErrors = _number(lambda h: h.gpu.ecc_uncorrected_volatile)
-    _nvmlDeviceGetRetiredPagesPendingStatus = _number(
-        lambda h: None if h.gpu.retired_pages_pending is None else int(h.gpu.retired_pages_pending)
+    _nvmlDeviceGetRetiredPagesPendingStatus = _number(lambda h: h.gpu.retired_pages_pending)
+    _nvmlDeviceGetRemappedRows = _number(
+        lambda h: None if h.gpu.remapped_rows is None else astuple(h.gpu.remapped_rows)
     )
-
-    @_on_device
-    def _nvmlDeviceGetRemappedRows(self, h: _Handle, *refs: Any) -> int:
-        rows = h.gpu.remapped_rows
-        if rows is None:
-            return NOT_SUPPORTED
-        values = (rows.correctable, rows.uncorrectable, int(rows.pending), int(rows.failure))
-        for ref, value in zip(refs, values, strict=True):
-            _store(ref, value)
-        return SUCCESS
 
     # -- MIG ---------------------------------------------------------------------------------
 
-    @_on_device
-    def _nvmlDeviceGetMigMode(self, h: _Handle, current: Any, pending: Any) -> int:
-        if h.gpu.mig_enabled is None:
-            return NOT_SUPPORTED
-        _store(current, int(h.gpu.mig_enabled))
-        _store(pending, int(h.gpu.mig_enabled))
-        return SUCCESS
-
+    # (current, pending): nothing is ever pending here.
+    _nvmlDeviceGetMigMode = _number(
+        lambda h: None if h.gpu.mig_enabled is None else (h.gpu.mig_enabled,) * 2
+    )
     _nvmlDeviceGetMaxMigDeviceCount = _number(
         lambda h: None if h.gpu.mig_enabled is None else len(h.gpu.mig_devices)
     )
@@ -455,7 +435,7 @@ class FakeNvmlLibrary:
                 return SUCCESS
         return NOT_FOUND
 
-    _nvmlDeviceIsMigDeviceHandle = _number(lambda h: int(h.mig is not None))
+    _nvmlDeviceIsMigDeviceHandle = _number(lambda h: h.mig is not None)
     _nvmlDeviceGetGpuInstanceId = _mig_id("gpu_instance_id")
     _nvmlDeviceGetComputeInstanceId = _mig_id("compute_instance_id")
 
@@ -474,69 +454,3 @@ class FakeNvmlLibrary:
         return SUCCESS
 
     _nvmlDeviceGetMPSComputeRunningProcesses_v2 = _nvmlDeviceGetMPSComputeRunningProcesses_v3
-
-
-# -- nbgpu's ranks on a simulated fleet, as the GPUs' processes ------------------------------
-# A real GPU lists the processes that hold a context on it; a simulated one would show an
-# empty board while nbgpu's own ranks run "on" it. So the live rank processes on the same
-# fleet (their environment carries nbgpu's run id and the same NBGPU_SIMULATE) are listed
-# on the GPU their LOCAL_RANK maps to through CUDA_VISIBLE_DEVICES, with the host memory
-# they really use (RSS). Cached for a second: NVML is asked per GPU and per call.
-
-
-class RankProcess(NamedTuple):
-    pid: int
-    rss_bytes: int
-
-
-_CACHE_S = 1.0
-_cache: dict[str, tuple[float, dict[int, list[RankProcess]]]] = {}
-
-
-def _physical_index(env: dict[str, str]) -> int | None:
-    try:
-        local = int(env.get("LOCAL_RANK", ""))
-    except ValueError:
-        return None
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return local
-    items = [v.strip() for v in visible.split(",") if v.strip()]
-    if local >= len(items) or not items[local].isdigit():
-        return None  # no GPU for this rank, or named by UUID: not placed
-    return int(items[local])
-
-
-def _running(psutil: Any, pid: int) -> bool:
-    """Alive and not a zombie (an ended rank its parent has not reaped yet)."""
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
-def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
-    """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
-    import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
-
-    now = time.monotonic()
-    hit = _cache.get(fleet_spec)
-    if hit is not None and now - hit[0] < _CACHE_S:
-        # A rank that ended since the scan must not be listed as a GPU's process: that
-        # would read as a dead holder (one read of /proc/PID/stat each).
-        return {gpu: [r for r in v if _running(psutil, r.pid)] for gpu, v in hit[1].items()}
-    found: dict[int, list[RankProcess]] = {}
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-            if "NBGPU_RUN_ID" not in env or simulation_source(env) != fleet_spec:
-                continue
-            index = _physical_index(env)
-            if index is None:
-                continue
-            rss = proc.memory_info().rss
-        except (psutil.Error, OSError):
-            continue
-        found.setdefault(index, []).append(RankProcess(proc.pid, rss))
-    _cache[fleet_spec] = (now, found)
-    return found
