@@ -19,7 +19,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, cast
 
 from nbgpu._serial import from_data, to_data
-from nbgpu.devices.findings import assess_gpu
 from nbgpu.devices.holders import ContainerInfo, HolderInfo, recorded_holder
 from nbgpu.devices.model import (
     FLEET_FORMAT,
@@ -31,6 +30,7 @@ from nbgpu.devices.model import (
     ObservedProcess,
     ProcessRecord,
     ProcessState,
+    assess_gpu,
 )
 from nbgpu.devices.visible import FASTEST_FIRST, VisibleMap
 from nbgpu.errors import UserInputError

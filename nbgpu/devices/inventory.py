@@ -38,9 +38,8 @@ from nbgpu._render import (
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
 from nbgpu.devices.capture import capture_document, capture_fields, is_capture, observed_holder
-from nbgpu.devices.findings import assess_gpu, gpu_health
 from nbgpu.devices.holders import ContainerInfo, HolderInfo
-from nbgpu.devices.model import Gpu
+from nbgpu.devices.model import Gpu, assess_gpu, gpu_health
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.errors import NvmlError
 from nbgpu.problems import Problem

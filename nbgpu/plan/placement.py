@@ -2,7 +2,7 @@
 
 **Candidates.** A :class:`Candidate` is one GPU seen from the planner: usable or not, a *grade* (0: idle
 and clean; 1: usable with caveats, for example shared with another process), and the
-doctor's problems that decide it (with their fixes). The finding rules stay in ``devices/findings.py``; this
+doctor's problems that decide it (with their fixes). The finding rules stay in ``devices/model.py``; this
 module only sorts their findings into "may be given a role" and "may not":
 
 - never usable: NVML cannot read the GPU (lost, no permission), a *bad* finding (busy with a
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from nbgpu._render import fmt_bytes
-from nbgpu.devices.findings import gpu_health
+from nbgpu.devices.model import gpu_health
 from nbgpu.plan.allocation import Allocation, RoleSpec
 from nbgpu.plan.result import ExcludedGpu, PlannedGpu
 from nbgpu.problems import Problem
