@@ -27,6 +27,7 @@ __all__ = [
     "CUDA_SUCCESS",
     "LIBCUDA_SONAME",
     "RUNTIME_ERROR_NAMES",
+    "cuda_version",
     "error_name",
     "error_string",
     "ordinal_hint",
@@ -121,6 +122,11 @@ def error_string(code: int) -> str | None:
     """CUDA's description of ``code`` from the built-in table (no library needed)."""
     entry = CUDA_ERRORS.get(code)
     return entry[1] if entry else None
+
+
+def cuda_version(version: int) -> str:
+    """``12040`` (``cuDriverGetVersion``'s and NVML's integer) -> ``12.4``."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
 
 
 def torch_cuda_message(code: int) -> str:

@@ -33,7 +33,7 @@ from nbgpu._deadline import Finished, run_with_deadline
 from nbgpu._lineage import with_package_importable
 from nbgpu._render import Block, Bullets, Result, Table, Title
 from nbgpu._serial import from_data
-from nbgpu.devices.cuda_errors import LIBCUDA_SONAME, error_name, error_string
+from nbgpu.devices.cuda_errors import LIBCUDA_SONAME, cuda_version, error_name, error_string
 from nbgpu.devices.health_child import DOC_FORMAT, PARENT_ENV, PROGRESS
 from nbgpu.errors import ProbeError, UserInputError
 
@@ -179,8 +179,7 @@ class ProbeReport(Result):
         if self.simulated:
             parts.append("SIMULATED")
         if self.driver_version:
-            major, minor = self.driver_version // 1000, (self.driver_version % 1000) // 10
-            parts.append(f"CUDA driver {major}.{minor}")
+            parts.append(f"CUDA driver {cuda_version(self.driver_version)}")
         if self.init_error is None:
             parts.append(f"{len(self.results)} device{'s' if len(self.results) != 1 else ''}")
         parts.append(f"{self.elapsed_ms / 1000:.2f} s")
