@@ -149,12 +149,7 @@ class Inventory(Result):
                 if gpu.power_w is not None and gpu.power_limit_w is not None
                 else fmt_opt(gpu.power_w, " W")
             )
-            mode = {
-                "default": "default",
-                "exclusive_process": "E.Process",
-                "exclusive_thread": "E.Thread",
-                "prohibited": "Prohibited",
-            }.get(gpu.compute_mode or "", fmt_opt(gpu.compute_mode))
+            mode = _MODES.get(gpu.compute_mode or "", fmt_opt(gpu.compute_mode))
             if gpu.mig_enabled:
                 mode += " MIG"
             table.add(
@@ -281,8 +276,7 @@ class Inventory(Result):
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """A capture: the fleet file (``nbgpu_fleet``) the simulator replays, plus what was
-        observed here; :meth:`from_dict` reads it back."""
+        """The capture: a fleet file the simulator replays, plus what was observed here."""
         v = self.visible
         return {
             "nbgpu_fleet": FLEET_FORMAT,
@@ -321,10 +315,8 @@ class Inventory(Result):
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str = "inventory JSON") -> Inventory:
-        """The inventory :meth:`to_dict` wrote (a ``nbgpu status --json`` file), as it was
-        taken: holders as recorded there, findings as found there, without the simulator.
-        Every mistake is one ``UserInputError`` line naming *where* and the field
-        (``gpus[1].processes[0].pid``)."""
+        """The capture :meth:`to_dict` wrote, as it was taken (no simulator); each mistake
+        one ``UserInputError`` line naming *where* and the field (``gpus[1].processes[0].pid``)."""
         if not _is_capture(data):
             raise UserInputError(f"{where}: not a capture (write one with `nbgpu status --json`)")
         doc = from_data(_Document, data, prefix=where)
@@ -369,6 +361,12 @@ class Inventory(Result):
 
 
 _GPU_COLUMNS = Inventory.FRAME_COLUMNS[:12]
+# nvidia-smi's words for the compute modes.
+_MODES = {
+    "exclusive_process": "E.Process",
+    "exclusive_thread": "E.Thread",
+    "prohibited": "Prohibited",
+}
 
 
 def _age(start_time: float | None, now: float) -> str:
@@ -386,15 +384,16 @@ def saved_inventory(source: str) -> Inventory | None:
     """The inventory a ``nbgpu status --json`` file holds, read back; None when *source*
     is not such a file (a spec, a named fleet, a fleet file written by hand, a missing
     file: those are for the simulator, which says what is wrong with them)."""
-    if not source.strip().endswith(".json"):
+    path = source.strip()
+    if not path.endswith(".json"):
         return None
     try:
-        data = json.loads(Path(source.strip()).expanduser().read_text(encoding="utf-8"))
+        data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not _is_capture(data):
         return None
-    return Inventory.from_dict(data, where=f"inventory file {source.strip()!r}")
+    return Inventory.from_dict(data, where=f"inventory file {path!r}")
 
 
 def _probe(env: Mapping[str, str], gpus: list[Gpu], timeout_s: float) -> ProbeReport:
@@ -488,14 +487,7 @@ def _holder_for(pid: int, backend: nvml.Backend, container: ContainerInfo) -> Ho
 
 _INIT_ERROR_NAMES = {code: name for name, code in INIT_ERRORS.items()}
 # Written as the inventory holds them.
-_COPIED = (
-    "hostname",
-    "taken_at",
-    "simulated",
-    "driver_version",
-    "cuda_driver_version",
-    "nvml_version",
-)
+_COPIED = ("hostname", "taken_at", "simulated", "driver_version", "cuda_driver_version", "nvml_version")  # fmt: skip
 
 
 def _is_capture(data: object) -> bool:

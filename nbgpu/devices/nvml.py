@@ -188,8 +188,8 @@ def activate(environ: Mapping[str, str]) -> Backend:
         return backend
 
 
-def _query(fn: Callable[..., T], *args: Any, missing: list[str], name: str) -> T | None:
-    """Call an NVML getter; NotSupported/absent symbol → None, recorded in *missing*."""
+def _query(missing: list[str], name: str, fn: Callable[..., T], *args: Any) -> T | None:
+    """Call an NVML getter; NotSupported/absent symbol → None, *name* recorded in *missing*."""
     try:
         return fn(*args)
     except pynvml.NVMLError as exc:
@@ -290,14 +290,14 @@ def _pci_bus_id(handle: Any, fallbacks: list[str]) -> str:
 
 
 def _mig(handle: Any, missing: list[str]) -> tuple[bool | None, tuple[MigDevice, ...]]:
-    mode = _query(pynvml.nvmlDeviceGetMigMode, handle, missing=missing, name="MIG")
+    mode = _query(missing, "MIG", pynvml.nvmlDeviceGetMigMode, handle)
     if mode is None:
         return None, ()
     enabled = bool(mode[0])
     if not enabled:
         return False, ()
     children = []
-    count = _query(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle, missing=missing, name="MIG") or 0
+    count = _query(missing, "MIG", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
     for i in range(count):
         try:
             child = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
@@ -306,18 +306,14 @@ def _mig(handle: Any, missing: list[str]) -> tuple[bool | None, tuple[MigDevice,
                 continue  # an unpopulated slot
             raise
         sub: list[str] = []
-        mem = _query(pynvml.nvmlDeviceGetMemoryInfo, child, missing=sub, name="memory")
+        mem = _query(sub, "memory", pynvml.nvmlDeviceGetMemoryInfo, child)
         children.append(
             MigDevice(
                 uuid=_text(pynvml.nvmlDeviceGetUUID(child)),
                 name=_text(pynvml.nvmlDeviceGetName(child)),
                 memory_total_bytes=int(mem.total) if mem is not None else None,
-                gpu_instance_id=_query(
-                    pynvml.nvmlDeviceGetGpuInstanceId, child, missing=sub, name="gi"
-                ),
-                compute_instance_id=_query(
-                    pynvml.nvmlDeviceGetComputeInstanceId, child, missing=sub, name="ci"
-                ),
+                gpu_instance_id=_query(sub, "gi", pynvml.nvmlDeviceGetGpuInstanceId, child),
+                compute_instance_id=_query(sub, "ci", pynvml.nvmlDeviceGetComputeInstanceId, child),
             )
         )
     return True, tuple(children)
@@ -334,49 +330,23 @@ def _read_gpu(index: int) -> Gpu:
         return Gpu(nvml_index=index, error=str(exc))
     missing: list[str] = []
     fallbacks: list[str] = []
+
+    def ask(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return _query(missing, name, fn, handle, *args)
+
     try:
         total, used, free, reserved = _memory(handle, fallbacks)
-        util = _query(
-            pynvml.nvmlDeviceGetUtilizationRates, handle, missing=missing, name="utilisation"
-        )
-        temp = _query(
-            pynvml.nvmlDeviceGetTemperature,
-            handle,
-            pynvml.NVML_TEMPERATURE_GPU,
-            missing=missing,
-            name="temperature",
-        )
-        power = _query(pynvml.nvmlDeviceGetPowerUsage, handle, missing=missing, name="power")
-        limit = _query(
-            pynvml.nvmlDeviceGetEnforcedPowerLimit, handle, missing=missing, name="power limit"
-        )
-        mode = _query(pynvml.nvmlDeviceGetComputeMode, handle, missing=missing, name="compute mode")
-        persistence = _query(
-            pynvml.nvmlDeviceGetPersistenceMode, handle, missing=missing, name="persistence"
-        )
-        ecc = _query(
-            pynvml.nvmlDeviceGetTotalEccErrors,
-            handle,
-            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            pynvml.NVML_VOLATILE_ECC,
-            missing=missing,
-            name="ECC",
-        )
-        rows = _query(
-            pynvml.nvmlDeviceGetRemappedRows, handle, missing=missing, name="remapped rows"
-        )
-        retired = _query(
-            pynvml.nvmlDeviceGetRetiredPagesPendingStatus,
-            handle,
-            missing=missing,
-            name="retired pages",
-        )
-        cc = _query(
-            pynvml.nvmlDeviceGetCudaComputeCapability,
-            handle,
-            missing=missing,
-            name="compute capability",
-        )
+        util = ask("utilisation", pynvml.nvmlDeviceGetUtilizationRates)
+        temp = ask("temperature", pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU)
+        power = ask("power", pynvml.nvmlDeviceGetPowerUsage)
+        limit = ask("power limit", pynvml.nvmlDeviceGetEnforcedPowerLimit)
+        mode = ask("compute mode", pynvml.nvmlDeviceGetComputeMode)
+        persistence = ask("persistence", pynvml.nvmlDeviceGetPersistenceMode)
+        uncorrected = (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+        ecc = ask("ECC", pynvml.nvmlDeviceGetTotalEccErrors, *uncorrected)
+        rows = ask("remapped rows", pynvml.nvmlDeviceGetRemappedRows)
+        retired = ask("retired pages", pynvml.nvmlDeviceGetRetiredPagesPendingStatus)
+        cc = ask("compute capability", pynvml.nvmlDeviceGetCudaComputeCapability)
         mig_enabled, migs = _mig(handle, missing)
         return Gpu(
             nvml_index=index,
