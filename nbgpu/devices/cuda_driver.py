@@ -1,20 +1,12 @@
 """A thin ctypes binding of the CUDA *driver* API (``libcuda.so.1``), for the health probe.
 
 Only creating a CUDA context reveals "CUDA-capable device(s) is/are busy or unavailable"
-(CUDA_ERROR_DEVICE_UNAVAILABLE, 46); NVML cannot. This module owns the few driver calls
-the probe needs: ``cuInit``, ``cuDriverGetVersion``, ``cuDeviceGetCount``, ``cuDeviceGet``,
-``cuDeviceGetName``, ``cuDeviceGetPCIBusId``, ``cuDeviceGetUuid[_v2]``,
-``cuDevicePrimaryCtxRetain`` / ``cuDevicePrimaryCtxRelease[_v2]``, ``cuGetErrorName`` and
-``cuGetErrorString``, with CUDA's error table for when the library cannot be asked.
-
-:class:`CudaDriver` makes C-shaped calls (ctypes objects, ``byref`` out-parameters,
-``CUresult`` ints) on a library object: the real ``ctypes.CDLL("libcuda.so.1")`` or the
-fake of ``sim/cuda.py`` (the probe's child picks one). Error codes and their words
-live in ``cuda_errors.py``, shared with the simulation without importing it.
-
-Loading this module never touches the driver, but *calling* it creates CUDA contexts, which
-hold a GPU: it is meant for the short-lived probe process of ``health.py``, never for the
-Jupyter kernel. It must never import torch, pynvml, psutil or IPython.
+(CUDA_ERROR_DEVICE_UNAVAILABLE, 46); NVML cannot. :class:`CudaDriver` makes the few
+C-shaped calls the probe needs (ctypes objects, ``byref`` out-parameters, ``CUresult``
+ints) on a library object: the real ``ctypes.CDLL("libcuda.so.1")`` or the fake of
+``sim/cuda.py``, which it never imports. Calling it creates CUDA contexts, which hold a
+GPU: it is meant for the probe's short-lived child, never for the Jupyter kernel. Never
+imports torch, pynvml, psutil or IPython.
 """
 
 from __future__ import annotations

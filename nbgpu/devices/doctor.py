@@ -24,15 +24,8 @@ from nbgpu.problems import SEVERITY_ORDER, Problem, worst
 
 __all__ = ["DIST_VARS", "DoctorReport", "run_doctor"]
 
-DIST_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NPROC_PER_NODE",
-)
+#: The distributed-launch variables the doctor reports (set or unset).
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")  # fmt: skip
 
 _NVML_FIXES: Mapping[int, tuple[str, tuple[str, ...]]] = {
     12: (
@@ -161,24 +154,17 @@ def _nvml_finding(inventory: Inventory) -> Problem:
     code = inventory.nvml_error_code
     if code is not None and code in _NVML_FIXES:
         message, fixes = _NVML_FIXES[code]
-        return Problem("bad", "nvml_unavailable", "driver", message, fixes)
-    if code == 999 and inventory.container.in_container:
-        return Problem(
-            "bad",
-            "nvml_unavailable",
-            "driver",
+    elif code == 999 and inventory.container.in_container:
+        message = (
             "NVML failed with 'Unknown Error' inside a container: the container has most likely "
             "lost access to /dev/nvidia* (systemd rewrote its cgroup device rules after a "
-            "daemon-reload; nvidia-container-toolkit issue 48).",
-            ("recreate the container", "on the host, check `nvidia-smi` works"),
+            "daemon-reload; nvidia-container-toolkit issue 48)."
         )
-    return Problem(
-        "bad",
-        "nvml_unavailable",
-        "driver",
-        f"NVML is unusable: {inventory.nvml_error}",
-        ("check `nvidia-smi` and `sudo dmesg | grep -i nvrm` for driver errors",),
-    )
+        fixes = ("recreate the container", "on the host, check `nvidia-smi` works")
+    else:
+        message = f"NVML is unusable: {inventory.nvml_error}"
+        fixes = ("check `nvidia-smi` and `sudo dmesg | grep -i nvrm` for driver errors",)
+    return Problem("bad", "nvml_unavailable", "driver", message, fixes)
 
 
 def _probe_findings(inventory: Inventory) -> list[Problem]:
@@ -187,19 +173,12 @@ def _probe_findings(inventory: Inventory) -> list[Problem]:
         return []
     out: list[Problem] = []
     if probe.timed_out:
-        out.append(
-            Problem(
-                "bad",
-                "probe_timeout",
-                "driver",
-                "The CUDA probe did not finish in time: a GPU or the driver may be hung.",
-                ("look for Xid errors: `sudo dmesg | grep -i xid`", "reset the GPU or reboot"),
-            )
-        )
+        message = "The CUDA probe did not finish in time: a GPU or the driver may be hung."
+        hung = ("look for Xid errors: `sudo dmesg | grep -i xid`", "reset the GPU or reboot")
+        out.append(Problem("bad", "probe_timeout", "driver", message, hung))
     elif probe.init_error and not inventory.nvml_error:
-        out.append(
-            Problem("bad", "cuda_init", "driver", f"CUDA could not initialise: {probe.init_error}")
-        )
+        message = f"CUDA could not initialise: {probe.init_error}"
+        out.append(Problem("bad", "cuda_init", "driver", message))
     # A GPU with a bad finding of its own already explains why CUDA refuses it.
     explained = {
         g.nvml_index
@@ -278,16 +257,12 @@ def _environment_findings(
             for problem in inventory.visible.problems
         )
     if inventory.gpus and n_visible == 0:
-        out.append(
-            Problem(
-                "bad",
-                "nothing_visible",
-                "CUDA_VISIBLE_DEVICES",
-                f"CUDA_VISIBLE_DEVICES={inventory.visible_value!r} hides every GPU: CUDA will "
-                "report no device.",
-                ("`unset CUDA_VISIBLE_DEVICES`, or list GPUs by index or UUID (e.g. 0,1)",),
-            )
+        message = (
+            f"CUDA_VISIBLE_DEVICES={inventory.visible_value!r} hides every GPU: CUDA will "
+            "report no device."
         )
+        fix = "`unset CUDA_VISIBLE_DEVICES`, or list GPUs by index or UUID (e.g. 0,1)"
+        out.append(Problem("bad", "nothing_visible", "CUDA_VISIBLE_DEVICES", message, (fix,)))
     wanted = nproc if nproc is not None else _int_env(environ, "NPROC_PER_NODE", out)
     source = "nproc" if nproc is not None else "NPROC_PER_NODE"
     if wanted is not None and wanted > n_visible:
@@ -381,39 +356,28 @@ def run_doctor(
     if inventory.nvml_error:
         findings.append(_nvml_finding(inventory))
     elif not inventory.gpus:
-        findings.append(
-            Problem(
-                "bad",
-                "no_gpu",
-                "driver",
-                "The driver is loaded but reports no GPU.",
-                ("check `nvidia-smi -L`; in a container pass --gpus all",),
-            )
-        )
+        fix = "check `nvidia-smi -L`; in a container pass --gpus all"
+        message = "The driver is loaded but reports no GPU."
+        findings.append(Problem("bad", "no_gpu", "driver", message, (fix,)))
     for gpu_findings in inventory.findings:
         findings.extend(gpu_findings)
     findings.extend(_probe_findings(inventory))
     findings.extend(_environment_findings(inventory, env, nproc, face))
     if inventory.container.in_container and not inventory.container.host_pid_namespace:
         findings.append(
-            Problem(
+            _env_problem(
                 "info",
                 "container",
-                "environment",
                 "Inside a container without the host PID namespace: the pids NVML reports are "
                 "host pids, so a 'missing' pid is not necessarily dead.",
-                ("run with --pid=host to see and manage host processes",),
+                "run with --pid=host to see and manage host processes",
             )
         )
     if not any(f.severity in ("bad", "warn") for f in findings):
-        findings.append(
-            Problem("ok", "healthy", "machine", f"All {len(inventory.gpus)} GPUs look healthy.")
-        )
+        message = f"All {len(inventory.gpus)} GPUs look healthy."
+        findings.append(Problem("ok", "healthy", "machine", message))
     findings.sort(key=lambda f: -SEVERITY_ORDER[f.severity])
     environment = {k: env.get(k) for k in DIST_VARS}
     return DoctorReport(
-        inventory=inventory,
-        findings=tuple(findings),
-        environment=environment,
-        recommendation=_recommend(inventory, findings, face),
+        inventory, tuple(findings), environment, _recommend(inventory, findings, face)
     )

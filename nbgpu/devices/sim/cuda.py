@@ -188,33 +188,24 @@ class SimulatedCudaLibrary:
         self.initialized = False
         self.calls: Counter[str] = Counter()  # per symbol: tests check what the probe did
         self.retained: Counter[int] = Counter()  # primary-context references per ordinal
-        functions: dict[str, Callable[..., int]] = {
-            "cuInit": self._init,
-            "cuDriverGetVersion": self._driver_get_version,
-            "cuDeviceGetCount": self._device_get_count,
-            "cuDeviceGet": self._device_get,
-            "cuDeviceGetName": self._device_get_name,
-            "cuDeviceGetPCIBusId": self._device_get_pci_bus_id,
-            "cuDeviceGetUuid": self._device_get_uuid,
-            "cuDeviceGetUuid_v2": self._device_get_uuid,
-            "cuDevicePrimaryCtxRetain": self._primary_ctx_retain,
-            "cuDevicePrimaryCtxRelease": self._primary_ctx_release,
-            "cuDevicePrimaryCtxRelease_v2": self._primary_ctx_release,
-            "cuGetErrorName": lambda code, text: self._error_text(code, text, 0),
-            "cuGetErrorString": lambda code, text: self._error_text(code, text, 1),
-        }
-        self._functions = {
-            name: function
-            for name, function in functions.items()
-            if name not in fleet.missing_functions
+
+    def _exports(self, name: str) -> bool:
+        """Whether this driver has symbol *name* (``_v2`` ones by the fleet's CUDA version)."""
+        fleet: Fleet | None = self.__dict__.get("fleet")  # not yet set while unpickling
+        return (
+            fleet is not None
+            and hasattr(type(self), "_" + name)
+            and name.startswith("cu")
+            and name not in fleet.missing_functions
             and fleet.cuda_driver_version >= _SYMBOL_SINCE.get(name, 0)
-        }
+        )
 
     def __getattr__(self, name: str) -> Callable[..., int]:
-        # Only reached for names that are not attributes of the object: the C symbols.
-        function = self.__dict__.get("_functions", {}).get(name)
-        if function is None:
+        # Only reached for names that are not attributes of the object: the C symbols,
+        # each served by the method of its name with a leading underscore.
+        if not self._exports(name):
             raise AttributeError(f"{LIBCUDA_SONAME}: undefined symbol: {name}")
+        function = getattr(self, "_" + name)
 
         def call(*args: Any) -> int:
             self.calls[name] += 1
@@ -224,11 +215,12 @@ class SimulatedCudaLibrary:
         return call
 
     def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *self._functions})
+        symbols = (n[1:] for n in dir(type(self)) if self._exports(n[1:]))
+        return sorted({*super().__dir__(), *symbols})
 
     # -- the driver API -------------------------------------------------------------
 
-    def _init(self, flags: Any) -> int:
+    def _cuInit(self, flags: Any) -> int:
         if self.fleet.init_error is not None:
             return _INIT_ERRORS.get(self.fleet.init_error, CUDA_ERROR_UNKNOWN)
         if _int(flags) != 0:
@@ -238,7 +230,7 @@ class SimulatedCudaLibrary:
         self.initialized = True
         return CUDA_SUCCESS
 
-    def _driver_get_version(self, version: Any) -> int:
+    def _cuDriverGetVersion(self, version: Any) -> int:
         # Answers before cuInit and without a working kernel module, as the real one does:
         # it is the version of the user-space library.
         if version is None:
@@ -246,36 +238,34 @@ class SimulatedCudaLibrary:
         _target(version).value = self.fleet.cuda_driver_version
         return CUDA_SUCCESS
 
-    def _device_get_count(self, count: Any) -> int:
+    def _cuDeviceGetCount(self, count: Any) -> int:
         if not self.initialized:
             return CUDA_ERROR_NOT_INITIALIZED
         _target(count).value = len(self.devices)
         return CUDA_SUCCESS
 
     @_on_device
-    def _device_get(self, _found: _Device, ordinal: int, device: Any) -> int:
+    def _cuDeviceGet(self, _found: _Device, ordinal: int, device: Any) -> int:
         _target(device).value = ordinal  # a CUdevice is the ordinal, as in the driver
         return CUDA_SUCCESS
 
     @_on_device
-    def _device_get_name(self, found: _Device, _ordinal: int, buffer: Any, length: Any) -> int:
+    def _cuDeviceGetName(self, found: _Device, _ordinal: int, buffer: Any, length: Any) -> int:
         return _write_text(buffer, length, found.name)
 
     @_on_device
-    def _device_get_pci_bus_id(
-        self, found: _Device, _ordinal: int, buffer: Any, length: Any
-    ) -> int:
+    def _cuDeviceGetPCIBusId(self, found: _Device, _ordinal: int, buffer: Any, length: Any) -> int:
         return _write_text(buffer, length, _cuda_bus_id(found.gpu.pci_bus_id))
 
     @_on_device
-    def _device_get_uuid(self, found: _Device, _ordinal: int, uuid: Any) -> int:
+    def _cuDeviceGetUuid(self, found: _Device, _ordinal: int, uuid: Any) -> int:
         if uuid is None:
             return CUDA_ERROR_INVALID_VALUE
         ctypes.memmove(ctypes.addressof(_target(uuid)), _uuid_bytes(found.uuid), 16)
         return CUDA_SUCCESS
 
     @_on_device
-    def _primary_ctx_retain(self, found: _Device, ordinal: int, context: Any) -> int:
+    def _cuDevicePrimaryCtxRetain(self, found: _Device, ordinal: int, context: Any) -> int:
         error = found.gpu.effective_cuda_error
         if error != CUDA_SUCCESS:
             return error
@@ -284,7 +274,7 @@ class SimulatedCudaLibrary:
         return CUDA_SUCCESS
 
     @_on_device
-    def _primary_ctx_release(self, _found: _Device, ordinal: int) -> int:
+    def _cuDevicePrimaryCtxRelease(self, _found: _Device, ordinal: int) -> int:
         if self.retained[ordinal] <= 0:
             return CUDA_ERROR_INVALID_CONTEXT
         self.retained[ordinal] -= 1
@@ -292,12 +282,21 @@ class SimulatedCudaLibrary:
             del self.retained[ordinal]
         return CUDA_SUCCESS
 
-    @staticmethod
-    def _error_text(code: Any, text: Any, which: int) -> int:
-        # Like the driver: works without cuInit; unknown codes get NULL and INVALID_VALUE.
-        entry = CUDA_ERRORS.get(_int(code))
-        _target(text).value = entry[which].encode("ascii") if entry else None
-        return CUDA_SUCCESS if entry else CUDA_ERROR_INVALID_VALUE
+    _cuDeviceGetUuid_v2 = _cuDeviceGetUuid
+    _cuDevicePrimaryCtxRelease_v2 = _cuDevicePrimaryCtxRelease
+
+    def _cuGetErrorName(self, code: Any, text: Any) -> int:
+        return _error_text(code, text, 0)
+
+    def _cuGetErrorString(self, code: Any, text: Any) -> int:
+        return _error_text(code, text, 1)
+
+
+def _error_text(code: Any, text: Any, which: int) -> int:
+    # Like the driver: works without cuInit; unknown codes get NULL and INVALID_VALUE.
+    entry = CUDA_ERRORS.get(_int(code))
+    _target(text).value = entry[which].encode("ascii") if entry else None
+    return CUDA_SUCCESS if entry else CUDA_ERROR_INVALID_VALUE
 
 
 def load_simulated_cuda(source: str, environ: Mapping[str, str]) -> SimulatedCudaLibrary:
