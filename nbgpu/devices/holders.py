@@ -15,20 +15,20 @@ the rest of nbgpu (``model.py`` names these types, so this module stays light).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, TypeVar
 
 import psutil
 
 from nbgpu.errors import UserInputError
 
 __all__ = [
-    "HOLDER_STATES",
     "PID_MAX_LIMIT",
     "ContainerInfo",
     "HolderInfo",
@@ -42,9 +42,6 @@ __all__ = [
 #: Linux's hard ceiling for pid_max on 64-bit kernels (``PID_MAX_LIMIT``, 2**22). Pids are
 #: allocated below pid_max, so no namespace anywhere can hold a pid at or above this.
 PID_MAX_LIMIT = 4_194_304
-
-#: Every state a :class:`HolderInfo` can be in (nbgpu's word, not the OS's status).
-HOLDER_STATES = ("alive", "zombie", "stopped", "dead", "other_namespace", "no_access")
 
 # psutil status strings grouped by holder state. "dead" is the kernel's X state: the task is
 # being torn down right now, so for our purposes it is gone.
@@ -65,12 +62,6 @@ _COMMAND_WIDTH = 60
 T = TypeVar("T")
 
 
-class PrettyPrinter(Protocol):
-    """The one method of IPython's pretty printer we call (so IPython is never imported)."""
-
-    def text(self, obj: str) -> None: ...
-
-
 @dataclass(frozen=True)
 class ContainerInfo:
     """Whether we run in a container, and whether host pids are visible from here."""
@@ -85,7 +76,7 @@ class HolderInfo:
     """What this machine (or a fleet file's record) says about one pid that holds a GPU."""
 
     pid: int
-    state: str  # one of HOLDER_STATES
+    state: str  # alive | zombie | stopped | dead | other_namespace | no_access (nbgpu's word)
     user: str | None = None
     uid: int | None = None  # real uid: the one kill(2) permission and "your own processes" use
     command: str | None = None  # joined cmdline, or "[name]" when the cmdline is empty
@@ -128,7 +119,7 @@ class HolderInfo:
             phrase += f": {self.detail}"
         return phrase
 
-    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:  # noqa: ARG002  (IPython's signature)
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # noqa: ARG002  (IPython's signature)
         p.text(self.summary())
 
 
@@ -172,13 +163,8 @@ def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
         # After "(comm)": state, ppid, pgrp, session, tty_nr, tpgid, flags.
         if len(fields) > 6 and fields[6].isdigit() and int(fields[6]) & _PF_KTHREAD:
             return True, "kernel threads are visible, so this is the host's PID namespace"
-    try:
-        ours = (proc_root / "self" / "ns" / "pid").readlink()
-        init = (proc_root / "1" / "ns" / "pid").readlink()
-    except OSError:
-        pass
-    else:
-        if ours != init:
+    with contextlib.suppress(OSError):
+        if (proc_root / "self/ns/pid").readlink() != (proc_root / "1/ns/pid").readlink():
             return False, "pid namespace differs from init's"
     mounts = _read_text(proc_root / "self" / "mountinfo") or ""
     hidden = any(
@@ -206,10 +192,8 @@ def detect_container(proc_root: Path = Path("/proc"), root: Path = Path("/")) ->
         # so a missing pid is reported as possibly alive on the host, not as dead.
         host_ns = not in_container
         ns_why = "PID namespace undetermined; assumed from the container markers"
-    reasons = [r for r in (container_why, ns_why) if r]
-    if not in_container and host_ns:
-        # The ordinary case needs no explanation.
-        reasons = []
+    # The ordinary case (no container, the host's namespace) needs no explanation.
+    reasons = [] if not in_container and host_ns else [r for r in (container_why, ns_why) if r]
     return ContainerInfo(in_container, host_ns, "; ".join(reasons) or None)
 
 
@@ -234,15 +218,11 @@ def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
 
 def _missing(pid: int, container: ContainerInfo | None) -> HolderInfo:
     if pid <= 0 or pid >= PID_MAX_LIMIT:
-        state, detail = "dead", "no such process (not a valid Linux pid)"
-    else:
-        info = container if container is not None else detect_container()
-        if info.host_pid_namespace:
-            state, detail = "dead", "no such process"
-        else:
-            state = "other_namespace"
-            detail = "not in this PID namespace (a host pid: run with --pid=host to see it)"
-    return HolderInfo(pid, state, detail=detail)
+        return HolderInfo(pid, "dead", detail="no such process (not a valid Linux pid)")
+    if (container or detect_container()).host_pid_namespace:
+        return HolderInfo(pid, "dead", detail="no such process")
+    detail = "not in this PID namespace (a host pid: run with --pid=host to see it)"
+    return HolderInfo(pid, "other_namespace", detail=detail)
 
 
 def _parent_command(ppid: int) -> str | None:
@@ -287,22 +267,16 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
         return HolderInfo(pid, "no_access", detail="permission denied reading /proc")
     user: str | None = _ask(proc.username, None)
     cmdline: list[str] = _ask(proc.cmdline, [])
-    environ: dict[str, str] = _ask(
-        proc.environ, {}
-    )  # another user's is private; a zombie has none left
+    # Another user's environment is private; a zombie has none left.
+    environ: dict[str, str] = _ask(proc.environ, {})
     torchelastic = _is_torchelastic(environ)
-    detail = None
+    orphan_reason, detail = None, None
     if status == psutil.STATUS_ZOMBIE:
-        state = "zombie"
-        detail = f"exited; parent pid {ppid} must reap it"
-        orphan_reason = None
+        state, detail = "zombie", f"exited; parent pid {ppid} must reap it"
     else:
-        if status in _STOPPED_STATES:
-            state = "stopped"
-        elif status == psutil.STATUS_DEAD:
+        state = "stopped" if status in _STOPPED_STATES else "alive"
+        if status == psutil.STATUS_DEAD:
             state, detail = "dead", "exiting right now"
-        else:
-            state = "alive"
         orphan_reason = _orphan_reason(pid, ppid, start_time, torchelastic)
     return HolderInfo(
         pid=pid,

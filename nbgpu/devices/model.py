@@ -105,7 +105,7 @@ class GpuProcess:
 
     @property
     def state(self) -> str:
-        """The holder's state (``holders.HOLDER_STATES``), ``unknown`` when not looked up."""
+        """The holder's state (``HolderInfo.state``), ``unknown`` when not looked up."""
         return self.holder.state if self.holder else "unknown"
 
 

@@ -20,7 +20,7 @@ import json
 import re
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -148,17 +148,31 @@ class Fleet:
 
 @dataclass(frozen=True)
 class _GpuModel:
-    """Facts about one GPU model, from real captures (reference/nvidia.md §9.1)."""
+    """An idle board of one GPU model, from real captures (reference/nvidia.md §9.1)."""
 
     name: str
     memory_total_bytes: int
     memory_reserved_bytes: int
     power_limit_w: float
-    idle_power_w: float
-    idle_temperature_c: int
+    power_w: float
+    temperature_c: int
     compute_capability: tuple[int, int]
     pci_device_id: int
     datacenter: bool = False  # Ampere datacenter and newer: MIG and row remapping
+
+    def gpu(self, key: str, index: int) -> SimGpu:
+        """GPU *index* of a spec's box of this model (*key* in :data:`MODELS`)."""
+        facts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "datacenter"}
+        dc = self.datacenter
+        return SimGpu(
+            index=index,
+            uuid=_uuid_for(f"{key}/{index}"),
+            pci_bus_id=_bus_id_for(index),
+            **facts,
+            mig_enabled=False if dc else None,
+            remapped_rows=RemappedRows(0, 0, pending=False, failure=False) if dc else None,
+            retired_pages_pending=None if dc else False,
+        )
 
 
 MODELS: Mapping[str, _GpuModel] = {
@@ -376,27 +390,7 @@ def parse_spec(spec: str) -> Fleet:
     if not 1 <= count <= 64:
         raise FleetSpecError(f"fleet spec {spec!r}: {count} GPUs; expected 1 to 64")
     model = MODELS[model_key]
-    gpus = tuple(
-        SimGpu(
-            index=i,
-            name=model.name,
-            uuid=_uuid_for(f"{model_key}/{i}"),
-            pci_bus_id=_bus_id_for(i),
-            memory_total_bytes=model.memory_total_bytes,
-            memory_reserved_bytes=model.memory_reserved_bytes,
-            temperature_c=model.idle_temperature_c,
-            power_w=model.idle_power_w,
-            power_limit_w=model.power_limit_w,
-            mig_enabled=False if model.datacenter else None,
-            remapped_rows=RemappedRows(0, 0, pending=False, failure=False)
-            if model.datacenter
-            else None,
-            retired_pages_pending=None if model.datacenter else False,
-            compute_capability=model.compute_capability,
-            pci_device_id=model.pci_device_id,
-        )
-        for i in range(count)
-    )
+    gpus = tuple(model.gpu(model_key, i) for i in range(count))
     fleet = Fleet(gpus=gpus, name=text, description=f"simulated {count}x {model.name}")
     return apply_options(fleet, options, spec=text)
 
