@@ -94,8 +94,9 @@ class _Device:
         return self.mig.uuid if self.mig else self.gpu.uuid
 
 
-def _target(ref: Any) -> Any:
-    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself."""
+def deref(ref: Any) -> Any:
+    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself
+    (the fake NVML library uses it too)."""
     if hasattr(ref, "_obj"):  # byref() gives a CArgObject holding the original object
         return ref._obj
     if isinstance(ref, ctypes._Pointer):  # ctypes exposes no public pointer base class
@@ -103,13 +104,13 @@ def _target(ref: Any) -> Any:
     return ref
 
 
-def _int(value: Any) -> int:
+def int_arg(value: Any) -> int:
     """A C int argument: ``c_int(3)`` or plain ``3`` (CDLL accepts both)."""
     return int(getattr(value, "value", value))
 
 
 def _write_text(buffer: Any, length: Any, text: str) -> int:
-    size = _int(length)
+    size = int_arg(length)
     if buffer is None or size <= 0:
         return CUDA_ERROR_INVALID_VALUE
     data = text.encode("utf-8")[: size - 1]  # the driver truncates and NUL-terminates
@@ -170,7 +171,7 @@ def _on_device(method: Callable[..., int]) -> Callable[..., int]:
     def call(self: SimulatedCudaLibrary, *args: Any) -> int:
         if not self.initialized:
             return CUDA_ERROR_NOT_INITIALIZED
-        ordinal = _int(args[-1])
+        ordinal = int_arg(args[-1])
         if not 0 <= ordinal < len(self.devices):
             return CUDA_ERROR_INVALID_DEVICE
         return method(self, self.devices[ordinal], ordinal, *args[:-1])
@@ -223,7 +224,7 @@ class SimulatedCudaLibrary:
     def _cuInit(self, flags: Any) -> int:
         if self.fleet.init_error is not None:
             return _INIT_ERRORS.get(self.fleet.init_error, CUDA_ERROR_UNKNOWN)
-        if _int(flags) != 0:
+        if int_arg(flags) != 0:
             return CUDA_ERROR_INVALID_VALUE
         if not self.devices:
             return CUDA_ERROR_NO_DEVICE
@@ -235,18 +236,18 @@ class SimulatedCudaLibrary:
         # it is the version of the user-space library.
         if version is None:
             return CUDA_ERROR_INVALID_VALUE
-        _target(version).value = self.fleet.cuda_driver_version
+        deref(version).value = self.fleet.cuda_driver_version
         return CUDA_SUCCESS
 
     def _cuDeviceGetCount(self, count: Any) -> int:
         if not self.initialized:
             return CUDA_ERROR_NOT_INITIALIZED
-        _target(count).value = len(self.devices)
+        deref(count).value = len(self.devices)
         return CUDA_SUCCESS
 
     @_on_device
     def _cuDeviceGet(self, _found: _Device, ordinal: int, device: Any) -> int:
-        _target(device).value = ordinal  # a CUdevice is the ordinal, as in the driver
+        deref(device).value = ordinal  # a CUdevice is the ordinal, as in the driver
         return CUDA_SUCCESS
 
     @_on_device
@@ -261,7 +262,7 @@ class SimulatedCudaLibrary:
     def _cuDeviceGetUuid(self, found: _Device, _ordinal: int, uuid: Any) -> int:
         if uuid is None:
             return CUDA_ERROR_INVALID_VALUE
-        ctypes.memmove(ctypes.addressof(_target(uuid)), _uuid_bytes(found.uuid), 16)
+        ctypes.memmove(ctypes.addressof(deref(uuid)), _uuid_bytes(found.uuid), 16)
         return CUDA_SUCCESS
 
     @_on_device
@@ -270,7 +271,7 @@ class SimulatedCudaLibrary:
         if error != CUDA_SUCCESS:
             return error
         self.retained[ordinal] += 1
-        _target(context).value = 0x5EED0000 + ordinal  # opaque and non-null; never read
+        deref(context).value = 0x5EED0000 + ordinal  # opaque and non-null; never read
         return CUDA_SUCCESS
 
     @_on_device
@@ -294,8 +295,8 @@ class SimulatedCudaLibrary:
 
 def _error_text(code: Any, text: Any, which: int) -> int:
     # Like the driver: works without cuInit; unknown codes get NULL and INVALID_VALUE.
-    entry = CUDA_ERRORS.get(_int(code))
-    _target(text).value = entry[which].encode("ascii") if entry else None
+    entry = CUDA_ERRORS.get(int_arg(code))
+    deref(text).value = entry[which].encode("ascii") if entry else None
     return CUDA_SUCCESS if entry else CUDA_ERROR_INVALID_VALUE
 
 

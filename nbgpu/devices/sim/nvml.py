@@ -23,7 +23,7 @@ from dataclasses import astuple
 from typing import Any
 
 from nbgpu.devices.model import INIT_ERRORS, ProcessRecord
-from nbgpu.devices.sim.cuda import RankProcess, ranks_on_gpus
+from nbgpu.devices.sim.cuda import RankProcess, deref, int_arg, ranks_on_gpus
 from nbgpu.devices.sim.fleet import COMPUTE_MODES, Fleet, SimGpu
 
 __all__ = ["FakeNvmlLibrary"]
@@ -58,24 +58,15 @@ ERROR_STRINGS = {
 _FAULT_CODES: dict[str | None, int] = {"lost": GPU_IS_LOST, "no_permission": NO_PERMISSION}
 
 
-def _target(ref: Any) -> Any:
-    """The ctypes object behind ``byref(obj)`` (or the object itself)."""
-    return getattr(ref, "_obj", ref)
-
-
 def _store(ref: Any, value: Any) -> None:
-    _target(ref).value = value
-
-
-def _int(value: Any) -> int:
-    return value.value if hasattr(value, "value") else int(value)
+    deref(ref).value = value
 
 
 def _write_pointer(ref: Any, address: int) -> None:
     # pynvml's device handle is a ctypes POINTER; write the raw address into it so
     # the wrapper hands our opaque token back to us on the next call.
     ctypes.memmove(
-        ctypes.addressof(_target(ref)),
+        ctypes.addressof(deref(ref)),
         ctypes.byref(ctypes.c_void_p(address)),
         ctypes.sizeof(ctypes.c_void_p),
     )
@@ -160,7 +151,7 @@ def _process_list(kind: str) -> _Call:
         procs = [p for p in h.gpu.processes if p.kind == kind] if h.mig is None else []
         if kind == "compute" and h.mig is None:
             procs += [ProcessRecord(r.pid, r.rss_bytes) for r in self._ranks(h.gpu)]
-        count = _target(count_ref)
+        count = deref(count_ref)
         if procs and (array is None or count.value < len(procs)):
             count.value = len(procs)  # report the size, ask for a bigger buffer
             return INSUFFICIENT_SIZE
@@ -274,7 +265,7 @@ class FakeNvmlLibrary:
         return SUCCESS
 
     def _nvmlErrorString(self, code: Any) -> bytes:
-        return ERROR_STRINGS.get(_int(code), b"Unknown Error")
+        return ERROR_STRINGS.get(int_arg(code), b"Unknown Error")
 
     _nvmlSystemGetDriverVersion = _system(lambda lib: lib.fleet.driver_version.encode())
     _nvmlSystemGetCudaDriverVersion = _system(lambda lib: lib.fleet.cuda_driver_version)
@@ -285,7 +276,7 @@ class FakeNvmlLibrary:
         return SUCCESS
 
     def _nvmlSystemGetProcessName(self, pid: Any, buf: Any, _size: Any) -> int:
-        wanted = _int(pid)
+        wanted = int_arg(pid)
         for gpu in self.fleet.gpus:
             for proc in gpu.processes:
                 if proc.pid == wanted and proc.observed and proc.observed.command:
@@ -304,7 +295,7 @@ class FakeNvmlLibrary:
     def _nvmlDeviceGetHandleByIndex_v2(self, index: Any, ref: Any) -> int:
         if not self.initialised:
             return UNINITIALIZED
-        i = _int(index)
+        i = int_arg(index)
         physical = [h for h in self._handles if h.mig is None]
         if not 0 <= i < len(physical):
             return INVALID_ARGUMENT
@@ -341,7 +332,7 @@ class FakeNvmlLibrary:
 
     @_on_device
     def _nvmlDeviceGetPciInfo_v3(self, h: _Handle, ref: Any) -> int:
-        info = _target(ref)
+        info = deref(ref)
         bus_id = h.gpu.pci_bus_id
         domain, bus, rest = bus_id.split(":")
         info.busIdLegacy = bus_id[4:].encode()
@@ -363,7 +354,7 @@ class FakeNvmlLibrary:
     @_on_device
     def _nvmlDeviceGetMemoryInfo(self, h: _Handle, ref: Any) -> int:
         total, _reserved, used = self._memory(h)
-        mem = _target(ref)
+        mem = deref(ref)
         mem.total = total
         # v1 folds the driver's reservation into "used", as real drivers do.
         mem.used = min(total, used)
@@ -373,7 +364,7 @@ class FakeNvmlLibrary:
     @_on_device
     def _nvmlDeviceGetMemoryInfo_v2(self, h: _Handle, ref: Any) -> int:
         total, reserved, used = self._memory(h)
-        mem = _target(ref)
+        mem = deref(ref)
         mem.total = total
         mem.reserved = reserved
         mem.used = max(0, used - reserved)
@@ -384,7 +375,7 @@ class FakeNvmlLibrary:
     def _nvmlDeviceGetUtilizationRates(self, h: _Handle, ref: Any) -> int:
         if h.gpu.mig_enabled:
             return NOT_SUPPORTED  # per-GPU utilisation is not reported under MIG
-        util = _target(ref)
+        util = deref(ref)
         load = self._load(h.gpu)
         util.gpu = max(h.gpu.utilization_gpu_pct, round(95 * load))
         util.memory = max(h.gpu.utilization_memory_pct, round(60 * load))
@@ -395,7 +386,7 @@ class FakeNvmlLibrary:
     @_on_device
     def _nvmlDeviceGetTemperatureV(self, h: _Handle, ref: Any) -> int:
         # The versioned call newer tools (nvitop) prefer; same reading, struct out.
-        _target(ref).temperature = h.gpu.temperature_c
+        deref(ref).temperature = h.gpu.temperature_c
         return SUCCESS
 
     # P0 under load, P8 idle, as real boards report.
@@ -428,7 +419,7 @@ class FakeNvmlLibrary:
 
     @_on_device
     def _nvmlDeviceGetMigDeviceHandleByIndex(self, h: _Handle, index: Any, ref: Any) -> int:
-        i = _int(index)
+        i = int_arg(index)
         for candidate in self._handles:
             if candidate.gpu is h.gpu and candidate.mig == i:
                 _write_pointer(ref, candidate.address)
@@ -450,7 +441,7 @@ class FakeNvmlLibrary:
 
     @_on_device
     def _nvmlDeviceGetMPSComputeRunningProcesses_v3(self, _h: _Handle, count: Any, _a: Any) -> int:
-        _target(count).value = 0
+        deref(count).value = 0
         return SUCCESS
 
     _nvmlDeviceGetMPSComputeRunningProcesses_v2 = _nvmlDeviceGetMPSComputeRunningProcesses_v3
