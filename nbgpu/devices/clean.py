@@ -1,25 +1,17 @@
 """Stop stale GPU holders: this user's orphans only, listed first, confirmed, by pid.
 
-The folklore this replaces is ``pkill -9 -f sglang`` and ``fuser -k /dev/nvidia*``:
-kill by name, kill everything, kill other people's jobs. Here a process is a candidate
-only when every rule holds:
+The folklore this replaces is ``pkill -9 -f sglang`` and ``fuser -k /dev/nvidia*``: kill
+by name, kill everything, kill other people's jobs. Here a process is a candidate only
+when it is the current user's (real uid), looked up on this machine (not a fleet file's
+record), not this process, an ancestor or a protected pid, holds a GPU or a
+``/dev/nvidia*`` file, and is stale: orphaned, or a torchrun worker whose agent is gone.
+Everything else is *skipped with a reason* saying what to do instead; matching by name
+never selects anything. :func:`execute_clean` asks, re-checks each pid's identity (pid
+reuse, through a pidfd that pins the process), sends SIGTERM, waits on one shared
+deadline, then SIGKILLs what is left.
 
-- it is a process of the current user (real uid), looked up on this machine, not a
-  record from a fleet file;
-- it is not this process, not one of its ancestors, not a pid the caller protects;
-- it holds a GPU (NVML) or a ``/dev/nvidia*`` file, and it is stale: (a) orphaned, so
-  the job that launched it is gone, or (b) a torchrun worker whose agent is gone.
-
-Everything else is *skipped with a reason* that tells the user what to do instead
-(stop the parent job, let the parent reap its zombie, act on the host). Matching by
-name never selects anything. :func:`plan_clean` decides and lists;
-:func:`execute_clean` asks, re-checks each pid's identity (pid reuse, through a pidfd
-that pins the process), sends SIGTERM, waits on one shared deadline
-(``nbgpu._deadline.wait_gone``), then SIGKILLs what is left.
-
-It imports only the standard library, psutil, :mod:`nbgpu.errors` and
-:mod:`nbgpu.devices.holders`; never pynvml, torch or IPython (NVML's holders arrive
-as :class:`~nbgpu.devices.holders.HolderInfo` from the caller).
+Standard library, psutil and ``holders`` only; never pynvml, torch or IPython (NVML's
+holders arrive as :class:`~nbgpu.devices.holders.HolderInfo` from the caller).
 """
 
 from __future__ import annotations
@@ -239,13 +231,10 @@ def plan_clean(
     uid: int | None = None,
     protect: Collection[int] = (),
 ) -> CleanPlan:
-    """Decide, for every GPU holder and ``/dev/nvidia*`` holder, stop or leave alone.
-
-    ``gpu_holders`` maps NVML index -> the holders NVML listed there. ``device_files``
-    maps pid -> open device paths (:func:`~nbgpu.devices.holders.device_file_holders`);
-    pids not already described are looked up here. ``uid`` defaults to ours.
-    ``protect`` adds pids never to touch; this process and its ancestors always are.
-    """
+    """Decide, for every GPU holder (by NVML index) and ``/dev/nvidia*`` holder (pid ->
+    open paths, looked up here when NVML did not list it), stop or leave alone. ``uid``
+    defaults to ours; ``protect`` adds pids never to touch (this process and its
+    ancestors always are)."""
     own_uid = os.getuid() if uid is None else uid
     protected = _self_and_ancestors()
     for pid in protect:
@@ -404,10 +393,9 @@ def execute_clean(
 ) -> CleanReport:
     """Carry out ``plan``: ask, re-check identities, SIGTERM, wait, SIGKILL, wait.
 
-    ``dry_run`` signals nothing and asks nothing. ``confirm=None`` means the user
-    already said yes (``--yes``); otherwise ``confirm(plan)`` is asked once and
-    ``False`` signals nothing. All candidates share one ``grace_s`` deadline after
-    SIGTERM; survivors get SIGKILL and ``kill_wait_s`` more to disappear.
+    ``dry_run`` signals and asks nothing; ``confirm=None`` means the user already said yes
+    (``--yes``), else ``confirm(plan)`` is asked once. All candidates share one ``grace_s``
+    deadline after SIGTERM; survivors get SIGKILL and ``kill_wait_s`` more to disappear.
     """
     if grace_s < 0 or kill_wait_s < 0:
         raise UserInputError(f"grace_s={grace_s}, kill_wait_s={kill_wait_s}: expected seconds >= 0")

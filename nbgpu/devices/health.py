@@ -1,20 +1,16 @@
 """The active health probe: one CUDA context per visible GPU, in a short-lived subprocess.
 
 NVML can predict, but only creating a CUDA context *reveals*, "CUDA-capable device(s) is/are
-busy or unavailable" (error 46), a lost GPU, a stub or mismatched driver. This module owns
-that opt-in probe (``%gpu_status --probe``, ``nbgpu status --probe``, ``nbgpu doctor``):
-:func:`probe_devices` runs ``python -m nbgpu.devices.health_child`` (load the driver, one
-context per device, one JSON line) with the caller's environment (so
-``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER`` and ``NBGPU_SIMULATE`` apply), in its own
-session, against a deadline (``nbgpu._deadline``): a hung driver is a real failure mode,
-so past the deadline the whole process group is killed and the report says so in one
-line. CUDA's codes become the probe's outcomes (``busy``, ``lost``, ``driver_mismatch``,
-...), each with what it means and what to do (:class:`ProbeReport`); devices are matched
-back to NVML indices by UUID.
+busy or unavailable" (error 46), a lost GPU, a stub or mismatched driver. :func:`probe_devices`
+(``--probe``, ``nbgpu doctor``) runs ``python -m nbgpu.devices.health_child`` with the
+caller's environment (so ``CUDA_VISIBLE_DEVICES`` and ``NBGPU_SIMULATE`` apply), in its own
+session, against a deadline: a hung driver is a real failure mode, so past it the process
+group is killed and the report says so in one line. CUDA's codes become outcomes
+(``busy``, ``lost``, ...), each with what to do; devices are matched to NVML indices by UUID.
 
-Never in the Jupyter kernel: a context there would itself hold the GPU (and, in exclusive
-mode, lock the user's own training job out). Never imports torch, pynvml, psutil or
-IPython, and this side never loads libcuda.
+Never in the Jupyter kernel: a context there would itself hold the GPU (in exclusive mode,
+locking the user's own job out). Never imports torch, pynvml, psutil or IPython, and this
+side never loads libcuda.
 """
 
 from __future__ import annotations
@@ -265,16 +261,13 @@ def probe_devices(
     timeout_s: float = 30.0,
     nvml_index_by_uuid: Mapping[str, int] | None = None,
 ) -> ProbeReport:
-    """Create and release one CUDA context per visible device, in a subprocess.
+    """Create and release one CUDA context per visible device, in a subprocess run in
+    *environ* (default ``os.environ``). ``nvml_index_by_uuid`` matches results back to
+    physical GPUs (simulated, the fleet gives it).
 
-    ``environ`` (default ``os.environ``) is the environment the probe runs in: its
-    ``CUDA_VISIBLE_DEVICES`` decides which devices are probed, ``NBGPU_SIMULATE`` makes it
-    probe a simulated fleet. ``nvml_index_by_uuid`` (NVML UUID -> NVML index, as an
-    inventory knows it) matches results back to physical GPUs; simulated, the fleet gives it.
-
-    Never raises for a GPU or driver problem: those are outcomes. Raises ``FleetSpecError``
-    for a malformed ``NBGPU_SIMULATE``, ``UserInputError`` for a bad timeout, and
-    ``ProbeError`` if the probe process cannot be started at all.
+    Never raises for a GPU or driver problem: those are outcomes. ``FleetSpecError`` for a
+    malformed ``NBGPU_SIMULATE``, ``UserInputError`` for a bad timeout, ``ProbeError`` if
+    the probe process cannot be started at all.
     """
     if not (timeout_s > 0 and math.isfinite(timeout_s)):
         raise UserInputError(f"probe timeout {timeout_s!r}; expected a positive number of seconds")
@@ -286,9 +279,8 @@ def probe_devices(
     backend = backend_for(env)
     if nvml_index_by_uuid is None:
         nvml_index_by_uuid = backend.nvml_index_by_uuid()
-    run = _run_child(
-        [sys.executable, "-m", _CHILD_MODULE], _child_environ(env), timeout_s=timeout_s
-    )
+    child_env = {**with_package_importable(env), PARENT_ENV: str(os.getpid())}
+    run = _run_child([sys.executable, "-m", _CHILD_MODULE], child_env, timeout_s=timeout_s)
     return _report(run, timeout_s, simulated=backend.simulated, uuids=nvml_index_by_uuid or {})
 
 
@@ -300,12 +292,6 @@ def _run_child(argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float)
         raise ProbeError(
             f"cannot start the CUDA probe process {argv[0]!r}: {exc.strerror or exc}"
         ) from None
-
-
-def _child_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    env = with_package_importable(environ)
-    env[PARENT_ENV] = str(os.getpid())
-    return env
 
 
 def _uuid_body(uuid: str) -> str:

@@ -242,14 +242,11 @@ def _parent_command(ppid: int) -> str | None:
 
 
 def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
-    """Look ``pid`` up on this machine.
-
-    States: ``dead`` (no such pid, and we share the host's PID namespace, or the pid
-    cannot exist anywhere); ``other_namespace`` (no such pid here, and our PID namespace
-    is a container's: NVML reports host pids); ``zombie``; ``stopped``; ``no_access``
-    (the kernel refused the essentials); ``alive`` otherwise. ``container`` defaults to
-    :func:`detect_container`, read only when the pid is missing.
-    """
+    """Look ``pid`` up on this machine: ``dead`` (no such pid here, in the host's PID
+    namespace, or anywhere), ``other_namespace`` (no such pid in a container's own
+    namespace: NVML reports host pids), ``zombie``, ``stopped``, ``no_access`` or
+    ``alive``. ``container`` (default :func:`detect_container`) is read only when the pid
+    is missing."""
     if pid <= 0 or pid >= PID_MAX_LIMIT:
         return _missing(pid, container)
     try:

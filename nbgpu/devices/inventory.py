@@ -277,27 +277,22 @@ class Inventory(Result):
 
     def to_dict(self) -> dict[str, Any]:
         """The capture: a fleet file the simulator replays, plus what was observed here."""
-        v = self.visible
+        init_error = _INIT_ERROR_NAMES.get(self.nvml_error_code or -1) if self.nvml_error else None
+        visible = None
+        if (v := self.visible) is not None:
+            seen = {
+                k: to_data(getattr(v, k)) for k in ("order", "devices", "stopped_at", "problems")
+            }
+            visible = {"value": v.raw, "override": self.visible_is_override, **seen}
         return {
             "nbgpu_fleet": FLEET_FORMAT,
             "name": self.fleet_name if self.simulated else self.hostname,
             "description": self.fleet_description or f"captured on {self.hostname}",
             **{k: getattr(self, k) for k in _COPIED},
-            "init_error": _INIT_ERROR_NAMES.get(self.nvml_error_code or -1)
-            if self.nvml_error
-            else None,
+            "init_error": init_error,
             "nvml_error": self.nvml_error,
             "container": to_data(self.container),
-            "visible_devices": None
-            if v is None
-            else {
-                "value": v.raw,
-                "override": self.visible_is_override,
-                **{
-                    k: to_data(getattr(v, k))
-                    for k in ("order", "devices", "stopped_at", "problems")
-                },
-            },
+            "visible_devices": visible,
             "gpus": [
                 {**_gpu_document(g), "findings": to_data(fs)}
                 for g, fs in zip(self.gpus, self.findings, strict=True)
@@ -330,11 +325,9 @@ class Inventory(Result):
         seen = doc.visible_devices
         if isinstance(seen, dict):  # older captures lack the order and where CUDA stopped
             seen = {"order": FASTEST_FIRST, "stopped_at": None, **seen, "raw": seen.get("value")}
-        visible = (
-            None
-            if seen is None
-            else from_data(VisibleMap, seen, where="visible_devices", prefix=where)
-        )
+        visible = None
+        if seen is not None:
+            visible = from_data(VisibleMap, seen, where="visible_devices", prefix=where)
         probe = None
         if doc.probe is not None:
             from nbgpu.devices.health import ProbeReport  # noqa: PLC0415  (a probed capture only)

@@ -370,14 +370,6 @@ _BY_HOLDER_STATE: dict[str, Callable[[_Seen, GpuProcess], Problem | None]] = {
 }
 
 
-def _holders(g: _Seen) -> Iterator[Problem]:
-    for proc in g.gpu.processes:
-        rule = _BY_HOLDER_STATE.get(proc.state)
-        found = rule(g, proc) if rule else None
-        if found is not None:
-            yield found
-
-
 # ------------------------------------------------------------- the GPU's own facts
 
 

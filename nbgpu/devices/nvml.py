@@ -1,14 +1,11 @@
 """The one module that imports pynvml (ruff's banned-api rule enforces it).
 
-It owns: choosing the library (the real ``libnvidia-ml.so.1``, or the simulated one
-when ``NBGPU_SIMULATE`` is set: the seam where ``devices/sim/`` is imported, and only
-then), lazy initialisation, mapping NVML errors to nbgpu's
-exception tree, per-capability NotSupported handling, fallbacks for old drivers that
-lack ``_v2``/``_v3`` symbols, and reading one snapshot of every GPU into
-:mod:`nbgpu.devices.model` types. No pynvml object leaves this module.
-
-It must never import psutil, torch, IPython, pandas or matplotlib; holders and
-findings are ``inventory.py``'s business.
+It owns choosing the library (the real ``libnvidia-ml.so.1``, or the simulated one when
+``NBGPU_SIMULATE`` is set: the seam where ``devices/sim/`` is imported, and only then),
+lazy initialisation, mapping NVML errors to nbgpu's exception tree, per-capability
+NotSupported handling, fallbacks for old drivers without ``_v2``/``_v3`` symbols, and
+reading one snapshot of every GPU into :mod:`nbgpu.devices.model` types. No pynvml object
+leaves this module. Never imports psutil, torch, IPython, pandas or matplotlib.
 """
 
 from __future__ import annotations

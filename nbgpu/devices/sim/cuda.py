@@ -1,22 +1,18 @@
 """A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.fleet.Fleet`,
 and nbgpu's ranks on a simulated fleet.
 
-:class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")``: functions of
-the driver's names and C calling shape (ctypes objects in, ``CUresult`` ints out), so
-:class:`~nbgpu.devices.cuda_driver.CudaDriver` and the probe run unchanged on it. As the
-driver on that fleet, it enumerates only what ``CUDA_VISIBLE_DEVICES`` /
-``CUDA_DEVICE_ORDER`` make visible (in CUDA order; none makes ``cuInit`` answer
-NO_DEVICE) and never a cgroup-restricted GPU (so SLURM jobs see ``cuda:0`` upwards); a
-context gets ``SimGpu.effective_cuda_error``; the fleet's ``init_error`` makes the
-machine driverless (``library_not_found``: the library does not load, see
-:func:`load_simulated_cuda`; the others: ``cuInit``'s code for them); ``_v2`` symbols an
-older driver lacks are missing here too (``AttributeError``, as ``CDLL`` raises).
+:class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")`` (the driver's
+symbols and C calling shape), so :class:`~nbgpu.devices.cuda_driver.CudaDriver` and the
+probe run unchanged on it. As the driver on that fleet it enumerates only what
+``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` make visible, never a cgroup-restricted
+GPU (so SLURM jobs see ``cuda:0`` upwards); a context gets ``SimGpu.effective_cuda_error``;
+the fleet's ``init_error`` makes the machine driverless; ``_v2`` symbols an older driver
+lacks are missing here too.
 
-nbgpu's ranks: ``nbgpu.rank.device()`` asks :func:`simulated_device` once per rank, so a
-rank mapped to a busy, lost or prohibited GPU (or past the visible ones) gets CUDA's own
-code plus one ``[nbgpu]`` line naming the physical GPU and why it refused; otherwise it
-computes on the CPU under a label said once. :func:`ranks_on_gpus` finds the live ranks
-on a simulated fleet, which the fake NVML library lists as the GPUs' processes.
+:func:`simulated_device` is what CUDA answers a rank (``nbgpu.rank.device()``): CUDA's
+own code and one ``[nbgpu]`` line naming the physical GPU that refused, or a label for
+computing on the CPU. :func:`ranks_on_gpus` finds the live ranks on a simulated fleet,
+which the fake NVML library lists as the GPUs' processes.
 
 Never imports torch, pynvml or IPython; psutil only in :func:`ranks_on_gpus`.
 """
