@@ -245,8 +245,9 @@ class _Seen:
             "%%torchrun leaves unhealthy GPUs out by itself)"
         )
 
-    def finding(self, severity: str, code: str, message: str, *fixes: str) -> Problem:
-        return Problem(severity, code, f"GPU {self.i}", message, fixes)
+    def finding(self, code: str, message: str, *fixes: str, severity: str | None = None) -> Problem:
+        """A finding of kind *code* (its severity from :data:`_KINDS` unless given)."""
+        return Problem(severity or _KINDS[code][0], code, f"GPU {self.i}", message, fixes)
 
 
 def _who(proc: GpuProcess) -> str:
@@ -267,7 +268,6 @@ def _unreadable(g: _Seen) -> Problem:
     """The one finding on a GPU NVML cannot read: nothing else about it is known."""
     if g.gpu.error == "lost":
         return g.finding(
-            "bad",
             "gpu_lost",
             f"GPU {g.i} has fallen off the bus or is otherwise inaccessible (NVML: GPU is "
             "lost, typically Xid 79).",
@@ -277,7 +277,6 @@ def _unreadable(g: _Seen) -> Problem:
         )
     if g.gpu.error == "no_permission":
         return g.finding(
-            "bad",
             "no_permission",
             f"GPU {g.i} is counted by the driver but this process may not open it "
             "(NVML: Insufficient Permissions) — typical of a container or SLURM job "
@@ -286,7 +285,7 @@ def _unreadable(g: _Seen) -> Problem:
             "(or --device /dev/nvidiaN)",
             g.exclude,
         )
-    return g.finding("bad", "nvml_error", f"NVML could not read GPU {g.i}: {g.gpu.error}")
+    return g.finding("nvml_error", f"NVML could not read GPU {g.i}: {g.gpu.error}")
 
 
 # ------------------------------------------------------- one rule per holder state
@@ -296,7 +295,6 @@ def _dead_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
     i = g.i
     if g.exclusive:
         return g.finding(
-            "bad",
             "exclusive_dead_holder",
             f"GPU {i} is in {g.mode_text} mode and held by pid {proc.pid}, which no "
             f"longer exists{_recorded(proc)}: every new CUDA context fails with "
@@ -309,7 +307,6 @@ def _dead_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
             g.exclude,
         )
     return g.finding(
-        "warn",
         "dead_holder",
         f"GPU {i} lists pid {proc.pid}, which no longer exists{_recorded(proc)}; its "
         f"{fmt_bytes(proc.used_bytes)} may stay allocated until the context is torn "
@@ -323,7 +320,6 @@ def _zombie_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
     parent = proc.holder.ppid if proc.holder else None
     parent_text = f" (parent pid {parent})" if parent else ""
     return g.finding(
-        "bad" if g.exclusive else "warn",
         "zombie_holder",
         f"GPU {g.i} is held by zombie pid {proc.pid}{parent_text}{_recorded(proc)}: the "
         "process exited but was never reaped, so its GPU context may not be released.",
@@ -331,12 +327,12 @@ def _zombie_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
         "the parent is a stale job of yours",
         f"if the parent is init: `sudo nvidia-smi --gpu-reset -i {g.i}` or reboot",
         *((g.exclude,) if g.exclusive else ()),
+        severity="bad" if g.exclusive else None,
     )
 
 
 def _other_namespace_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
     return g.finding(
-        "warn",
         "other_namespace_holder",
         f"GPU {g.i} is used by pid {proc.pid}, which is not in this PID namespace"
         f"{_recorded(proc)}: we are inside a container and NVML reports host pids. It may be "
@@ -351,7 +347,6 @@ def _exclusive_busy(g: _Seen, proc: GpuProcess) -> Problem | None:
     if not g.exclusive:
         return None
     return g.finding(
-        "warn",
         "exclusive_busy",
         f"GPU {g.i} is in {g.mode_text} mode and in use by {_who(proc)}: no other process "
         "can create a CUDA context on it until that one exits.",
@@ -383,13 +378,11 @@ def _facts(g: _Seen) -> Iterator[Problem]:
             yield found
     if g.exclusive and not gpu.processes:
         yield g.finding(
-            "info",
             "exclusive_mode",
             f"GPU {i} is in {g.mode_text} mode: one process at a time; give each rank its own GPU.",
         )
     if gpu.compute_mode == "prohibited":
         yield g.finding(
-            "bad",
             "prohibited",
             f"GPU {i} is in compute-prohibited mode: no CUDA context can be created on it.",
             f"`sudo nvidia-smi -i {i} -c DEFAULT`",
@@ -398,7 +391,6 @@ def _facts(g: _Seen) -> Iterator[Problem]:
     rows = gpu.remapped_rows
     if rows is not None and rows.failure:
         yield g.finding(
-            "bad",
             "remap_failure",
             f"GPU {i} failed to remap a memory row: its memory is unreliable.",
             "drain the node and contact your provider (RMA)",
@@ -406,7 +398,6 @@ def _facts(g: _Seen) -> Iterator[Problem]:
         )
     elif rows is not None and rows.pending:
         yield g.finding(
-            "bad",
             "reset_required",
             f"GPU {i} has a pending row remap ({rows.uncorrectable} uncorrectable): it needs "
             "a reset before it is reliable (Xid 63).",
@@ -415,14 +406,12 @@ def _facts(g: _Seen) -> Iterator[Problem]:
         )
     if gpu.retired_pages_pending:
         yield g.finding(
-            "bad",
             "reset_required",
             f"GPU {i} has retired memory pages pending: reset it to apply them.",
             f"`sudo nvidia-smi --gpu-reset -i {i}` when idle, or reboot",
         )
     if gpu.ecc_uncorrected_volatile:
         yield g.finding(
-            "warn",
             "ecc_errors",
             f"GPU {i} reported {gpu.ecc_uncorrected_volatile} uncorrected ECC errors since "
             "the driver loaded.",
@@ -436,7 +425,6 @@ def _facts(g: _Seen) -> Iterator[Problem]:
         and not any(p.state == "other_namespace" for p in gpu.processes)
     ):
         yield g.finding(
-            "warn",
             "ghost_memory",
             f"GPU {i} has {fmt_bytes(ghost)} in use that no listed process accounts for: a "
             "process in another PID namespace (container) or a leaked context.",
@@ -444,7 +432,6 @@ def _facts(g: _Seen) -> Iterator[Problem]:
         )
     if gpu.utilization_gpu_pct == 100 and not gpu.processes and not gpu.memory_used_bytes:
         yield g.finding(
-            "warn",
             "wedged",
             f"GPU {i} reports 100 % utilisation with no process and no memory in use: its "
             "counters may be frozen (a wedged GPU).",
@@ -452,7 +439,6 @@ def _facts(g: _Seen) -> Iterator[Problem]:
         )
     if gpu.mig_enabled:
         yield g.finding(
-            "info",
             "mig",
             f"GPU {i} is in MIG mode with {len(gpu.mig_devices)} instances: a process sees "
             "one instance; select it by MIG UUID in CUDA_VISIBLE_DEVICES.",
@@ -460,7 +446,6 @@ def _facts(g: _Seen) -> Iterator[Problem]:
     total, used = gpu.memory_total_bytes, gpu.memory_used_bytes
     if total and used is not None and used > 0.9 * total:
         yield g.finding(
-            "warn",
             "memory_full",
             f"GPU {i} memory is {used / total:.0%} used ({fmt_bytes(used)} of {fmt_bytes(total)}).",
         )
@@ -474,31 +459,35 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Problem, ...]:
     return tuple(sorted(_facts(seen), key=lambda f: -SEVERITY_ORDER[f.severity]))
 
 
-#: The health word a finding gives its GPU in the status and doctor tables.
-_HEALTH = {
-    "gpu_lost": "LOST",
-    "no_permission": "no access",
-    "nvml_error": "NVML error",
-    "exclusive_dead_holder": "BUSY: dead holder",
-    "zombie_holder": "zombie holder",
-    "other_namespace_holder": "held (other ns)",
-    "exclusive_busy": "busy (exclusive)",
-    "prohibited": "prohibited",
-    "remap_failure": "remap failed",
-    "reset_required": "reset required",
-    "dead_holder": "dead holder",
-    "ghost_memory": "ghost memory",
-    "wedged": "wedged?",
-    "ecc_errors": "ECC errors",
-    "memory_full": "memory full",
+# Each kind of finding: its severity, and the health word it gives its GPU in the status
+# and doctor tables when it is the worst one (None: information only).
+_KINDS: dict[str, tuple[str, str | None]] = {
+    "gpu_lost": ("bad", "LOST"),
+    "no_permission": ("bad", "no access"),
+    "nvml_error": ("bad", "NVML error"),
+    "exclusive_dead_holder": ("bad", "BUSY: dead holder"),
+    "zombie_holder": ("warn", "zombie holder"),
+    "other_namespace_holder": ("warn", "held (other ns)"),
+    "exclusive_busy": ("warn", "busy (exclusive)"),
+    "prohibited": ("bad", "prohibited"),
+    "remap_failure": ("bad", "remap failed"),
+    "reset_required": ("bad", "reset required"),
+    "dead_holder": ("warn", "dead holder"),
+    "ghost_memory": ("warn", "ghost memory"),
+    "wedged": ("warn", "wedged?"),
+    "ecc_errors": ("warn", "ECC errors"),
+    "memory_full": ("warn", "memory full"),
+    "exclusive_mode": ("info", None),
+    "mig": ("info", None),
 }
 
 
 def gpu_health(gpu: Gpu, findings: tuple[Problem, ...]) -> tuple[str, str]:
     """(health word, level) for the status and doctor tables: the worst finding's word."""
     for finding in findings:
-        if finding.severity in ("bad", "warn") and finding.code in _HEALTH:
-            return _HEALTH[finding.code], finding.severity
+        word = _KINDS.get(finding.code, ("", None))[1]
+        if finding.severity in ("bad", "warn") and word:
+            return word, finding.severity
     if gpu.processes:
         return "in use", "ok"
     return "ok", "ok"

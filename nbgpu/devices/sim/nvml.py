@@ -65,11 +65,7 @@ def _store(ref: Any, value: Any) -> None:
 def _write_pointer(ref: Any, address: int) -> None:
     # pynvml's device handle is a ctypes POINTER; write the raw address into it so
     # the wrapper hands our opaque token back to us on the next call.
-    ctypes.memmove(
-        ctypes.addressof(deref(ref)),
-        ctypes.byref(ctypes.c_void_p(address)),
-        ctypes.sizeof(ctypes.c_void_p),
-    )
+    ctypes.c_void_p.from_address(ctypes.addressof(deref(ref))).value = address
 
 
 class _Handle:
