@@ -332,6 +332,13 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
 # --------------------------------------------------------------------------- /proc/*/fd
 
 
+def _readlink(name: str, dir_fd: int) -> str | None:
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except OSError:  # closed since the directory was listed
+        return None
+
+
 def device_file_holders(
     proc_root: Path = Path("/proc"), pattern: str = "/dev/nvidia"
 ) -> dict[int, tuple[str, ...]]:
@@ -345,9 +352,7 @@ def device_file_holders(
         entries = os.listdir(proc_root)  # noqa: PTH208  (plain strings: this loop must be fast)
     except OSError:
         return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for entry in filter(str.isdigit, entries):
         # One open() of the fd directory and readlink relative to it: no per-fd path walk,
         # so a few hundred processes scan in milliseconds.
         try:
@@ -355,22 +360,14 @@ def device_file_holders(
         except OSError:
             continue
         try:
-            paths: set[str] = set()
-            try:
-                fds = os.listdir(dir_fd)  # noqa: PTH208  (a dir fd: pathlib has no equivalent)
-            except OSError:
-                continue
-            for fd in fds:
-                try:
-                    target = os.readlink(fd, dir_fd=dir_fd)
-                except OSError:
-                    continue
-                if target.startswith(pattern):
-                    paths.add(target)
-            if paths:
-                found[int(entry)] = tuple(sorted(paths))
+            links = [_readlink(fd, dir_fd) for fd in os.listdir(dir_fd)]  # noqa: PTH208  (a dir fd)
+        except OSError:
+            links = []
         finally:
             os.close(dir_fd)
+        paths = sorted({p for p in links if p is not None and p.startswith(pattern)})
+        if paths:
+            found[int(entry)] = tuple(paths)
     return found
 
 
