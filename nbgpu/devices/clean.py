@@ -32,13 +32,8 @@ from nbgpu.devices.holders import HolderInfo, describe_pid
 from nbgpu.errors import UserInputError
 
 __all__ = [
-    "CleanEntry",
-    "CleanOutcome",
-    "CleanPlan",
-    "CleanReport",
-    "execute_clean",
-    "plan_clean",
-]
+    "CleanEntry", "CleanOutcome", "CleanPlan", "CleanReport", "execute_clean", "plan_clean",
+]  # fmt: skip
 
 # How often the wait loop looks again; short enough that a clean finishes promptly.
 _POLL_S = 0.02

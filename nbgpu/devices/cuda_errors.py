@@ -10,25 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = [
-    "CUDA_ERRORS",
-    "CUDA_ERROR_DEVICE_UNAVAILABLE",
-    "CUDA_ERROR_INVALID_CONTEXT",
-    "CUDA_ERROR_INVALID_DEVICE",
-    "CUDA_ERROR_INVALID_VALUE",
-    "CUDA_ERROR_NOT_FOUND",
-    "CUDA_ERROR_NOT_INITIALIZED",
-    "CUDA_ERROR_NO_DEVICE",
-    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-    "CUDA_ERROR_UNKNOWN",
-    "CUDA_SUCCESS",
-    "LIBCUDA_SONAME",
-    "cuda_version",
-    "error_name",
-    "error_string",
-    "ordinal_hint",
-    "torch_cuda_message",
-    "visible_setting",
-]
+    "CUDA_ERRORS", "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA_ERROR_INVALID_CONTEXT",
+    "CUDA_ERROR_INVALID_DEVICE", "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND",
+    "CUDA_ERROR_NOT_INITIALIZED", "CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+    "CUDA_ERROR_UNKNOWN", "CUDA_SUCCESS", "LIBCUDA_SONAME", "cuda_version", "error_name",
+    "error_string", "ordinal_hint", "torch_cuda_message", "visible_setting",
+]  # fmt: skip
 
 #: The driver's own soname, as the dynamic loader's errors quote it. Not the unversioned
 #: ``libcuda.so``: in most images that name only exists as the CUDA toolkit's *stub*

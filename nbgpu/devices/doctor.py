@@ -89,18 +89,16 @@ class DoctorReport(Result):
     def worst(self) -> str:
         return worst(self.findings)
 
-    def _summary_lines(self) -> list[str]:
+    def _summary(self) -> str:
         inv = self.inventory
         if inv.nvml_error:
-            return ["CUDA available: no (NVML unusable)"]
-        probe = inv.probe
-        probe_text = ""
-        if probe is not None:
-            if probe.init_error:
-                probe_text = f"; probe: {probe.init_error}"
-            else:
-                good = sum(1 for r in probe.results if r.outcome == "ok")
-                probe_text = f"; probe: {good} of {len(probe.results)} contexts created"
+            return "CUDA available: no (NVML unusable)"
+        probe, probe_text = inv.probe, ""
+        if probe is not None and probe.init_error:
+            probe_text = f"; probe: {probe.init_error}"
+        elif probe is not None:
+            good = sum(r.ok for r in probe.results)
+            probe_text = f"; probe: {good} of {len(probe.results)} contexts created"
         visible = len(inv.visible.devices) if inv.visible is not None else len(inv.gpus)
         healthy = len(inv.healthy_indices)
         line = (
@@ -109,7 +107,7 @@ class DoctorReport(Result):
         )
         if len(line) > 80:  # the probe summary goes on its own line
             line = line.replace("; probe: ", ")\n  probe: ").removesuffix(")")
-        return [line]
+        return line
 
     def _env_line(self) -> str:
         set_vars = [f"{k}={v}" for k, v in self.environment.items() if v is not None]
@@ -125,7 +123,7 @@ class DoctorReport(Result):
         inv = self.inventory
         blocks: list[Block] = [
             Title(inv.headline("nbgpu doctor"), simulated=inv.simulated),
-            *(Line(line, wrap=False) for line in self._summary_lines()),
+            Line(self._summary(), wrap=False),
             Blank(),
         ]
         if inv.gpus:

@@ -34,13 +34,8 @@ from nbgpu.devices.health_child import DOC_FORMAT, PARENT_ENV, PROGRESS
 from nbgpu.errors import ProbeError, UserInputError
 
 __all__ = [
-    "INIT_OUTCOMES",
-    "OUTCOMES",
-    "ProbeReport",
-    "ProbeResult",
-    "outcome_for",
-    "probe_devices",
-]
+    "INIT_OUTCOMES", "OUTCOMES", "ProbeReport", "ProbeResult", "outcome_for", "probe_devices",
+]  # fmt: skip
 
 _CHILD_MODULE = "nbgpu.devices.health_child"
 

@@ -29,15 +29,9 @@ import psutil
 from nbgpu.errors import UserInputError
 
 __all__ = [
-    "PID_MAX_LIMIT",
-    "ContainerInfo",
-    "HolderInfo",
-    "describe_pid",
-    "detect_container",
-    "device_file_holders",
-    "is_torchrun_agent",
-    "recorded_holder",
-]
+    "PID_MAX_LIMIT", "ContainerInfo", "HolderInfo", "describe_pid", "detect_container",
+    "device_file_holders", "is_torchrun_agent", "recorded_holder",
+]  # fmt: skip
 
 #: Linux's hard ceiling for pid_max on 64-bit kernels (``PID_MAX_LIMIT``, 2**22). Pids are
 #: allocated below pid_max, so no namespace anywhere can hold a pid at or above this.

@@ -441,9 +441,7 @@ def take_inventory(
         ))
         for g in snap.gpus
     ]  # fmt: skip
-    cvd_env = dict(env)
-    if visible_devices is not None:
-        cvd_env["CUDA_VISIBLE_DEVICES"] = visible_devices
+    cvd_env = env if visible_devices is None else {**env, "CUDA_VISIBLE_DEVICES": visible_devices}
     device_files: dict[int, tuple[str, ...]] = {}
     if scan_device_files:
         listed = {p.pid for g in gpus for p in g.processes}

@@ -30,24 +30,10 @@ if TYPE_CHECKING:  # holders imports psutil; the types module stays light
     from nbgpu.devices.holders import HolderInfo
 
 __all__ = [
-    "FLEET_FORMAT",
-    "GPU_FAULTS",
-    "INIT_ERRORS",
-    "OBSERVED_STATES",
-    "Gpu",
-    "GpuFault",
-    "GpuProcess",
-    "InitError",
-    "MigDevice",
-    "ObservedProcess",
-    "ProcessRecord",
-    "ProcessState",
-    "RemappedRows",
-    "assess_gpu",
-    "cluster_nodes",
-    "gpu_health",
-    "is_cluster",
-]
+    "FLEET_FORMAT", "GPU_FAULTS", "INIT_ERRORS", "OBSERVED_STATES", "Gpu", "GpuFault",
+    "GpuProcess", "InitError", "MigDevice", "ObservedProcess", "ProcessRecord", "ProcessState",
+    "RemappedRows", "assess_gpu", "cluster_nodes", "gpu_health", "is_cluster",
+]  # fmt: skip
 
 #: The version of the capture / fleet file format (its ``nbgpu_fleet`` key).
 FLEET_FORMAT = 1

@@ -93,7 +93,7 @@ class SystemSnapshot:
 
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"key": None, "backend": None, "library": None, "initialised": False}
+_state: dict[str, Any] = {"key": None, "backend": None, "initialised": False}
 
 
 def _translate(exc: pynvml.NVMLError, what: str) -> NvmlError:
@@ -119,14 +119,17 @@ def _install(library: Any) -> None:
     pynvml._nvmlLib_refcount = 0
 
 
+def _shutdown() -> None:
+    if _state["initialised"]:
+        with contextlib.suppress(pynvml.NVMLError):  # a library already gone is fine
+            pynvml.nvmlShutdown()
+
+
 def reset() -> None:
     """Forget the current library and initialisation (tests switch fleets with it)."""
     with _lock:
-        if _state["initialised"]:
-            # Shutting down a library that is already gone is fine.
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlShutdown()
-        _state.update(key=None, backend=None, library=None, initialised=False)
+        _shutdown()
+        _state.update(key=None, backend=None, initialised=False)
         _install(None)
 
 
@@ -145,17 +148,11 @@ def _select(environ: Mapping[str, str]) -> Backend:
     source = simulation_source(environ)
     node = simulated_node(environ) if source else None  # a cluster file: this node's fleet
     if _state["key"] != (source, node):
-        if _state["initialised"]:
-            with contextlib.suppress(pynvml.NVMLError):  # old library may be unusable
-                pynvml.nvmlShutdown()
+        _shutdown()
         fleet, library = _simulated_library(source, node) if source else (None, None)
         _install(library)
-        _state.update(
-            key=(source, node),
-            backend=Backend(simulated=fleet is not None, fleet=fleet),
-            library=library,
-            initialised=False,
-        )
+        new = Backend(simulated=fleet is not None, fleet=fleet)
+        _state.update(key=(source, node), backend=new, initialised=False)
     backend: Backend = _state["backend"]
     return backend
 

@@ -31,16 +31,9 @@ from nbgpu._render import Block, Bullets, Line, Result
 from nbgpu.errors import VisibleDevicesError
 
 __all__ = [
-    "FASTEST_FIRST",
-    "ORDERS",
-    "PCI_BUS_ID",
-    "GpuIdentity",
-    "VisibleDevice",
-    "VisibleMap",
-    "gpu_identities",
-    "normalize_pci_bus_id",
-    "resolve_visible",
-]
+    "FASTEST_FIRST", "ORDERS", "PCI_BUS_ID", "GpuIdentity", "VisibleDevice", "VisibleMap",
+    "gpu_identities", "normalize_pci_bus_id", "resolve_visible",
+]  # fmt: skip
 
 FASTEST_FIRST = "FASTEST_FIRST"
 PCI_BUS_ID = "PCI_BUS_ID"

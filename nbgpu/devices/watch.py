@@ -20,14 +20,9 @@ from nbgpu.devices.sim import simulation_source
 from nbgpu.errors import UserInputError
 
 __all__ = [
-    "MAX_HISTORY",
-    "MIN_INTERVAL_S",
-    "GpuPoint",
-    "ProcessPoint",
-    "Sample",
-    "Watcher",
+    "MAX_HISTORY", "MIN_INTERVAL_S", "GpuPoint", "ProcessPoint", "Sample", "Watcher",
     "parse_watch_options",
-]
+]  # fmt: skip
 
 #: Faster than this the sampling itself would be the load being watched.
 MIN_INTERVAL_S = 0.2

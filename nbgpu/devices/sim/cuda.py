@@ -48,13 +48,9 @@ from nbgpu.devices.sim.fleet import Fleet, SimGpu, load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
 __all__ = [
-    "RankProcess",
-    "SimulatedCudaLibrary",
-    "SimulatedDevice",
-    "load_simulated_cuda",
-    "ranks_on_gpus",
-    "simulated_device",
-]
+    "RankProcess", "SimulatedCudaLibrary", "SimulatedDevice", "load_simulated_cuda",
+    "ranks_on_gpus", "simulated_device",
+]  # fmt: skip
 
 # What ``cuInit`` returns for each fleet ``init_error`` (``library_not_found`` never gets
 # that far: the library does not load).

@@ -42,17 +42,9 @@ from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.sizes import parse_size
 
 __all__ = [
-    "COMPUTE_MODES",
-    "FICTIONAL_PID_BASE",
-    "MODELS",
-    "SCENARIOS",
-    "ComputeMode",
-    "Fleet",
-    "SimGpu",
-    "fleet_from_dict",
-    "load_fleet",
-    "parse_spec",
-]
+    "COMPUTE_MODES", "FICTIONAL_PID_BASE", "MODELS", "SCENARIOS", "ComputeMode", "Fleet", "SimGpu",
+    "fleet_from_dict", "load_fleet", "parse_spec",
+]  # fmt: skip
 
 MIB = 1024 * 1024
 
@@ -264,7 +256,7 @@ _FLEETS_DIR = Path(__file__).with_name("fleets")
 SCENARIOS: tuple[str, ...] = tuple(sorted(p.stem for p in _FLEETS_DIR.glob("*.json")))
 
 
-def load_fleet(source: str, *, cwd: Path | None = None, node: str | None = None) -> Fleet:
+def load_fleet(source: str, *, node: str | None = None) -> Fleet:
     """Resolve ``NBGPU_SIMULATE``: a scenario name, a ``.json`` path, or a spec.
 
     *node*: the node this process plays, for a cluster file (one fleet per node).
@@ -280,8 +272,6 @@ def load_fleet(source: str, *, cwd: Path | None = None, node: str | None = None)
         options = [part.strip() for part in extra.split(",")]
         return replace(apply_options(fleet, options, spec=text), name=text)
     path = Path(text).expanduser()
-    if cwd is not None and not path.is_absolute():
-        path = cwd / path
     try:
         is_file = path.is_file()
     except OSError:  # a long spec is not a valid file name (ENAMETOOLONG)
