@@ -62,6 +62,10 @@ class CudaDriver:
         """Whether the library exports ``function`` (old drivers lack the ``_v2`` symbols)."""
         return hasattr(self.library, function)
 
+    def _newest(self, function: str) -> str:
+        """``function``'s ``_v2`` when the library exports it (old drivers lack it)."""
+        return function + "_v2" if self.has(function + "_v2") else function
+
     def _call(self, function: str, *args: Any) -> None:
         try:
             entry = getattr(self.library, function)
@@ -108,8 +112,7 @@ class CudaDriver:
         ``_v2`` (CUDA 11.4+) when exported: it gives a MIG instance's own UUID.
         """
         raw = CUuuid()
-        function = "cuDeviceGetUuid_v2" if self.has("cuDeviceGetUuid_v2") else "cuDeviceGetUuid"
-        self._call(function, ctypes.byref(raw), ctypes.c_int(device))
+        self._call(self._newest("cuDeviceGetUuid"), ctypes.byref(raw), ctypes.c_int(device))
         return str(uuidlib.UUID(bytes=bytes(raw.bytes)))
 
     def retain_primary_context(self, device: int) -> None:
@@ -119,12 +122,7 @@ class CudaDriver:
 
     def release_primary_context(self, device: int) -> None:
         # cuda.h maps the unversioned name to _v2 since CUDA 11; older drivers have only v1.
-        function = (
-            "cuDevicePrimaryCtxRelease_v2"
-            if self.has("cuDevicePrimaryCtxRelease_v2")
-            else "cuDevicePrimaryCtxRelease"
-        )
-        self._call(function, ctypes.c_int(device))
+        self._call(self._newest("cuDevicePrimaryCtxRelease"), ctypes.c_int(device))
 
     def error_name(self, code: int) -> str | None:
         """``cuGetErrorName``, falling back to the built-in table."""

@@ -48,7 +48,7 @@ from nbgpu.devices.sim.fleet import Fleet, SimGpu, load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
 __all__ = [
-    "RankProcess", "SimulatedCudaLibrary", "SimulatedDevice", "load_simulated_cuda",
+    "Device", "RankProcess", "SimulatedCudaLibrary", "SimulatedDevice", "load_simulated_cuda",
     "ranks_on_gpus", "simulated_device",
 ]  # fmt: skip
 
@@ -71,8 +71,9 @@ _SYMBOL_SINCE: Mapping[str, int] = {
 
 
 @dataclass(frozen=True)
-class _Device:
-    """One logical CUDA device: a whole GPU, or the MIG instance CUDA enumerates."""
+class Device:
+    """What a driver call addresses: a whole GPU, or one MIG instance of it (a CUDA
+    device here, an NVML handle in the fake NVML library)."""
 
     gpu: SimGpu
     mig: MigDevice | None
@@ -145,7 +146,7 @@ def _identity(gpu: SimGpu) -> GpuIdentity:
     )
 
 
-def _visible_devices(fleet: Fleet, environ: Mapping[str, str]) -> tuple[_Device, ...]:
+def _visible_devices(fleet: Fleet, environ: Mapping[str, str]) -> tuple[Device, ...]:
     openable = [g for g in fleet.gpus if g.fault != "no_permission"]
     visible = resolve_visible([_identity(g) for g in openable], environ)
     by_uuid = {g.uuid: g for g in openable}
@@ -153,7 +154,7 @@ def _visible_devices(fleet: Fleet, environ: Mapping[str, str]) -> tuple[_Device,
     for entry in visible.devices:
         gpu = by_uuid[entry.uuid]
         mig = next((m for m in gpu.mig_devices if m.uuid == entry.mig_uuid), None)
-        devices.append(_Device(gpu, mig))
+        devices.append(Device(gpu, mig))
     return tuple(devices)
 
 
@@ -238,27 +239,27 @@ class SimulatedCudaLibrary:
         return CUDA_SUCCESS
 
     @_on_device
-    def _cuDeviceGet(self, _found: _Device, ordinal: int, device: Any) -> int:
+    def _cuDeviceGet(self, _found: Device, ordinal: int, device: Any) -> int:
         deref(device).value = ordinal  # a CUdevice is the ordinal, as in the driver
         return CUDA_SUCCESS
 
     @_on_device
-    def _cuDeviceGetName(self, found: _Device, _ordinal: int, buffer: Any, length: Any) -> int:
+    def _cuDeviceGetName(self, found: Device, _ordinal: int, buffer: Any, length: Any) -> int:
         return _write_text(buffer, length, found.name)
 
     @_on_device
-    def _cuDeviceGetPCIBusId(self, found: _Device, _ordinal: int, buffer: Any, length: Any) -> int:
+    def _cuDeviceGetPCIBusId(self, found: Device, _ordinal: int, buffer: Any, length: Any) -> int:
         return _write_text(buffer, length, _cuda_bus_id(found.gpu.pci_bus_id))
 
     @_on_device
-    def _cuDeviceGetUuid(self, found: _Device, _ordinal: int, uuid: Any) -> int:
+    def _cuDeviceGetUuid(self, found: Device, _ordinal: int, uuid: Any) -> int:
         if uuid is None:
             return CUDA_ERROR_INVALID_VALUE
         ctypes.memmove(ctypes.addressof(deref(uuid)), _uuid_bytes(found.uuid), 16)
         return CUDA_SUCCESS
 
     @_on_device
-    def _cuDevicePrimaryCtxRetain(self, found: _Device, ordinal: int, context: Any) -> int:
+    def _cuDevicePrimaryCtxRetain(self, found: Device, ordinal: int, context: Any) -> int:
         error = found.gpu.effective_cuda_error
         if error != CUDA_SUCCESS:
             return error
@@ -267,7 +268,7 @@ class SimulatedCudaLibrary:
         return CUDA_SUCCESS
 
     @_on_device
-    def _cuDevicePrimaryCtxRelease(self, _found: _Device, ordinal: int) -> int:
+    def _cuDevicePrimaryCtxRelease(self, _found: Device, ordinal: int) -> int:
         if self.retained[ordinal] <= 0:
             return CUDA_ERROR_INVALID_CONTEXT
         self.retained[ordinal] -= 1

@@ -19,11 +19,11 @@ import ctypes
 import math
 import time
 from collections.abc import Callable
-from dataclasses import astuple
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 from nbgpu.devices.model import INIT_ERRORS, ProcessRecord
-from nbgpu.devices.sim.cuda import RankProcess, deref, int_arg, ranks_on_gpus
+from nbgpu.devices.sim.cuda import Device, RankProcess, deref, int_arg, ranks_on_gpus
 from nbgpu.devices.sim.fleet import COMPUTE_MODES, Fleet, SimGpu
 
 __all__ = ["FakeNvmlLibrary"]
@@ -68,23 +68,15 @@ def _write_pointer(ref: Any, address: int) -> None:
     ctypes.c_void_p.from_address(ctypes.addressof(deref(ref))).value = address
 
 
-class _Handle:
-    """One device handle: a physical GPU, or one MIG instance of it."""
+@dataclass(frozen=True, eq=False)
+class _Handle(Device):
+    """An NVML device handle: a device at an address no other object shares."""
 
-    def __init__(self, gpu: SimGpu, mig: int | None) -> None:
-        self.gpu = gpu
-        self.mig = mig
-        # A real allocation gives each handle an address no other object shares.
-        self.token = ctypes.create_string_buffer(8)
-        self.address = ctypes.addressof(self.token)
+    token: Any = field(default_factory=lambda: ctypes.create_string_buffer(8))
 
     @property
-    def uuid(self) -> str:
-        return self.gpu.uuid if self.mig is None else self.gpu.mig_devices[self.mig].uuid
-
-    @property
-    def name(self) -> str:
-        return self.gpu.name if self.mig is None else self.gpu.mig_devices[self.mig].name
+    def address(self) -> int:
+        return ctypes.addressof(self.token)
 
 
 _Call = Callable[..., int]
@@ -134,7 +126,7 @@ def _mig_id(field: str) -> _Call:
     def query(_self: FakeNvmlLibrary, h: _Handle, ref: Any) -> int:
         if h.mig is None:
             return INVALID_ARGUMENT
-        _store(ref, getattr(h.gpu.mig_devices[h.mig], field))
+        _store(ref, getattr(h.mig, field))
         return SUCCESS
 
     return _on_device(query)
@@ -178,7 +170,7 @@ class FakeNvmlLibrary:
         self.initialised = 0
         self.calls = 0  # how many NVML calls were made: benchmarks and tests read it
         self._handles = [
-            _Handle(gpu, mig) for gpu in fleet.gpus for mig in (None, *range(len(gpu.mig_devices)))
+            _Handle(gpu, mig) for gpu in fleet.gpus for mig in (None, *gpu.mig_devices)
         ]
         self._by_address = {h.address: h for h in self._handles}
 
@@ -233,7 +225,7 @@ class FakeNvmlLibrary:
     def _memory(self, h: _Handle) -> tuple[int, int, int]:
         """(total, reserved, used) of a device."""
         if h.mig is not None:
-            total = h.gpu.mig_devices[h.mig].memory_total_bytes or 0  # None: not captured
+            total = h.mig.memory_total_bytes or 0  # None: not captured
             return total, 0, 0
         gpu = h.gpu
         # A load profile fills up to 60 % of the memory nobody else holds, and back.
@@ -415,9 +407,9 @@ class FakeNvmlLibrary:
 
     @_on_device
     def _nvmlDeviceGetMigDeviceHandleByIndex(self, h: _Handle, index: Any, ref: Any) -> int:
-        i = int_arg(index)
+        i, migs = int_arg(index), h.gpu.mig_devices
         for candidate in self._handles:
-            if candidate.gpu is h.gpu and candidate.mig == i:
+            if candidate.gpu is h.gpu and 0 <= i < len(migs) and candidate.mig is migs[i]:
                 _write_pointer(ref, candidate.address)
                 return SUCCESS
         return NOT_FOUND
