@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from nbgpu._deadline import Finished, run_with_deadline
@@ -296,24 +296,8 @@ def _uuid_body(uuid: str) -> str:
 def _report(
     run: Finished, timeout_s: float, *, simulated: bool, uuids: Mapping[str, int]
 ) -> ProbeReport:
-    def report(
-        results: tuple[ProbeResult, ...] = (),
-        *,
-        driver_version: int | None = None,
-        init_error: str | None = None,
-        init_outcome: str | None = None,
-        timed_out: bool = False,
-    ) -> ProbeReport:
-        return ProbeReport(
-            results=results,
-            driver_version=driver_version,
-            init_error=init_error,
-            init_outcome=init_outcome,
-            simulated=simulated,
-            timed_out=timed_out,
-            elapsed_ms=run.elapsed_ms,
-        )
-
+    # What every answer shares; each outcome below fills in the rest.
+    base = ProbeReport((), None, None, None, simulated, timed_out=False, elapsed_ms=run.elapsed_ms)
     stderr = run.stderr.decode("utf-8", errors="replace")
     if run.timed_out:
         steps = [line[len(PROGRESS) :] for line in stderr.splitlines() if line.startswith(PROGRESS)]
@@ -324,7 +308,7 @@ def _report(
         )
         if run.returncode is None:
             message += f", but pid {run.pid} is still in the driver (uninterruptible sleep)"
-        return report(init_error=message, init_outcome="timeout", timed_out=True)
+        return replace(base, init_error=message, init_outcome="timeout", timed_out=True)
     doc = _last_json(run.stdout)
     if doc is None or doc.get("format") != DOC_FORMAT:
         last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
@@ -334,12 +318,14 @@ def _report(
             else f"exited with code {run.returncode} without a report"
         )
         message = f"the CUDA probe process {how}: {last.strip() or 'no output'}"
-        return report(init_error=message, init_outcome="error")
+        return replace(base, init_error=message, init_outcome="error")
     init = doc.get("init")
     driver_version = doc.get("driver_version")
     if init is not None:
         message, outcome = _init_failure(init)
-        return report(driver_version=driver_version, init_error=message, init_outcome=outcome)
+        return replace(
+            base, driver_version=driver_version, init_error=message, init_outcome=outcome
+        )
     by_body = {_uuid_body(full): (full, index) for full, index in uuids.items()}
     results = []
     for device in doc.get("devices", []):
@@ -362,7 +348,7 @@ def _report(
                 pci_bus_id=device.get("pci_bus_id"),
             )
         )
-    return report(tuple(results), driver_version=driver_version)
+    return replace(base, results=tuple(results), driver_version=driver_version)
 
 
 def _init_failure(init: Mapping[str, Any]) -> tuple[str, str]:

@@ -144,11 +144,9 @@ class Inventory(Result):
                 continue
             name = (gpu.name or "?").replace("NVIDIA ", "")
             mem = fmt_used_total(gpu.memory_used_bytes, gpu.memory_total_bytes)
-            power = (
-                f"{gpu.power_w:.0f}/{gpu.power_limit_w:.0f} W"
-                if gpu.power_w is not None and gpu.power_limit_w is not None
-                else fmt_opt(gpu.power_w, " W")
-            )
+            power = fmt_opt(gpu.power_w, " W")
+            if gpu.power_w is not None and gpu.power_limit_w is not None:
+                power = f"{gpu.power_w:.0f}/{gpu.power_limit_w:.0f} W"
             mode = _MODES.get(gpu.compute_mode or "", fmt_opt(gpu.compute_mode))
             if gpu.mig_enabled:
                 mode += " MIG"
@@ -486,24 +484,19 @@ def _is_capture(data: object) -> bool:
     return isinstance(data, dict) and "taken_at" in data
 
 
-def _observed(holder: HolderInfo | None) -> ObservedProcess | None:
+def _observed(h: HolderInfo | None) -> ObservedProcess | None:
     """What a capture records of a holder: its state where it was taken, who, what."""
-    if holder is None:
+    if h is None:
         return None
-    h = holder
     state = h.state if h.state in ("dead", "zombie", "other_namespace") else h.status
+    state = state if state in OBSERVED_STATES else "running"
     return ObservedProcess(
-        state=cast("ProcessState", state if state in OBSERVED_STATES else "running"),
-        user=h.user,
-        command=h.command,
-        visible_devices=h.visible_devices,
-        start_time=h.start_time,
+        cast("ProcessState", state), h.user, h.command, h.visible_devices, h.start_time
     )
 
 
-def _observed_holder(pid: int, observed: ObservedProcess) -> HolderInfo:
+def _observed_holder(pid: int, o: ObservedProcess) -> HolderInfo:
     """The holder a capture (or a fleet file) recorded: never looked up on this machine."""
-    o = observed
     return recorded_holder(pid, o.state, o.user, o.command, o.visible_devices, o.start_time)
 
 
