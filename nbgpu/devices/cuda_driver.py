@@ -15,12 +15,7 @@ import ctypes
 import uuid as uuidlib
 from typing import Any
 
-from nbgpu.devices.cuda_errors import (
-    CUDA_ERROR_NOT_FOUND,
-    CUDA_SUCCESS,
-    error_name,
-    error_string,
-)
+from nbgpu.devices.cuda_errors import CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, error_name, error_string
 
 __all__ = ["CUuuid", "CudaCallError", "CudaDriver"]
 

@@ -44,36 +44,24 @@ CUDA_ERRORS: Mapping[int, tuple[str, str]] = {
     CUDA_ERROR_NOT_INITIALIZED: ("CUDA_ERROR_NOT_INITIALIZED", "initialization error"),
     4: ("CUDA_ERROR_DEINITIALIZED", "driver shutting down"),
     34: ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
-    CUDA_ERROR_DEVICE_UNAVAILABLE: (
-        "CUDA_ERROR_DEVICE_UNAVAILABLE",
-        "CUDA-capable device(s) is/are busy or unavailable",
-    ),
+    CUDA_ERROR_DEVICE_UNAVAILABLE: ("CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"),
     CUDA_ERROR_NO_DEVICE: ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
     CUDA_ERROR_INVALID_DEVICE: ("CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"),
     CUDA_ERROR_INVALID_CONTEXT: ("CUDA_ERROR_INVALID_CONTEXT", "invalid device context"),
-    214: (
-        "CUDA_ERROR_ECC_UNCORRECTABLE",
-        "uncorrectable ECC error encountered",
-    ),
+    214: ("CUDA_ERROR_ECC_UNCORRECTABLE", "uncorrectable ECC error encountered"),
     304: ("CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"),
     CUDA_ERROR_NOT_FOUND: ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
     800: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
     801: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
     802: ("CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"),
-    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: (
-        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-        "system has unsupported display driver / cuda driver combination",
-    ),
-    804: (
-        "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
-        "forward compatibility was attempted on non supported HW",
-    ),
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "system has unsupported display driver / cuda driver combination"),
+    804: ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "forward compatibility was attempted on non supported HW"),
     909: ("CUDA_ERROR_TIMEOUT", "wait operation timed out"),
     CUDA_ERROR_UNKNOWN: ("CUDA_ERROR_UNKNOWN", "unknown error"),
-}
+}  # fmt: skip
 
 # cudaError_t names (cudaGetErrorName) of the codes a context creation can return. torch
-#: quotes the *runtime* name in its help line; the driver's CUDA_ERROR_* names differ.
+# quotes the *runtime* name in its help line; the driver's CUDA_ERROR_* names differ.
 _RUNTIME_ERROR_NAMES: Mapping[int, str] = {
     2: "cudaErrorMemoryAllocation",
     3: "cudaErrorInitializationError",

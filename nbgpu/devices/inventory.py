@@ -1,15 +1,12 @@
 """The inventory: one snapshot of every GPU, who holds it, and what CUDA will see.
 
-``take_inventory()`` joins NVML's view (``nvml.py``) with the OS's view of each holder
-pid (``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``), per-GPU
-findings and health (``model.py``) and, opt-in, the active CUDA probe (``health.py``, in
-a subprocess). The result renders as text, HTML and a pandas frame, and serialises
-itself as a *capture* (``nbgpu status --json``): the simulator's fleet file (each GPU
-under its NVML ``index``, every field as read, a GPU NVML cannot read as its ``fault``,
-each process with an ``observed`` record of its holder), so ``NBGPU_SIMULATE=pod.json``
-replays the box, plus what was observed here (findings, the ``CUDA_VISIBLE_DEVICES``
-mapping, open ``/dev/nvidia*`` files, the probe, the container), which
-:meth:`Inventory.from_dict` and :func:`saved_inventory` read back as it was.
+``take_inventory()`` joins NVML's view (``nvml.py``), the OS's view of each holder pid
+(``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``), per-GPU findings
+(``model.py``) and, opt-in, the CUDA probe (``health.py``). The result renders as text,
+HTML and a pandas frame, and serialises itself as a *capture* (``nbgpu status --json``):
+the simulator's fleet file, so ``NBGPU_SIMULATE=pod.json`` replays the box, plus what was
+observed here (findings, the CUDA mapping, ``/dev/nvidia*`` files, the probe, the
+container), which :meth:`Inventory.from_dict` reads back as it was.
 
 Never imports IPython, ipywidgets, matplotlib or torch; pandas only in ``to_frame``.
 """

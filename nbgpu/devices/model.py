@@ -1,18 +1,12 @@
 """A GPU as nbgpu knows it, and what is wrong with it.
 
 The inventory's data types: frozen dataclasses with units in field names, ``None`` for
-"not reported" (NotSupported, or not on this model), never a magic string. ``nvml.py``
-fills the hardware fields, ``inventory.py`` adds holders and findings. A capture
-(``nbgpu status --json``) is written in the simulator's fleet format, so the records it
-shares with a fleet (``sim/fleet.py``) are defined here once; several nodes' captures
-make a cluster file (:func:`cluster_nodes`).
-
-The doctor's findings on one GPU: each rule may give a :class:`~nbgpu.problems.Problem`
-naming the GPU, pid and mode involved, with concrete fixes (:func:`assess_gpu`), which
-:func:`gpu_health` condenses to the word of the status and doctor tables.
-
-No I/O; the standard library and light nbgpu modules only (the probe's child imports
-this); ``holders``' types for mypy only.
+"not reported", never a magic string. A capture (``nbgpu status --json``) is written in
+the simulator's fleet format, so the records it shares with a fleet are defined here once;
+several nodes' captures make a cluster file (:func:`cluster_nodes`). Then the doctor's
+findings on one GPU (:func:`assess_gpu`), each a :class:`~nbgpu.problems.Problem` naming
+the GPU, pid and mode involved with concrete fixes, condensed to one health word by
+:func:`gpu_health`. No I/O and light imports only (the probe's child imports this).
 """
 
 from __future__ import annotations

@@ -373,11 +373,9 @@ def _refusal(gpu: SimGpu, code: int) -> str:
 
 
 # -- nbgpu's ranks on a simulated fleet, as the GPUs' processes ------------------------------
-# A real GPU lists the processes that hold a context on it; a simulated one would show an
-# empty board while nbgpu's own ranks run "on" it. So the live rank processes on the same
-# fleet (their environment carries nbgpu's run id and the same NBGPU_SIMULATE) are listed
-# on the GPU their LOCAL_RANK maps to through CUDA_VISIBLE_DEVICES, with the host memory
-# they really use (RSS). Cached for a second: NVML is asked per GPU and per call.
+# A simulated GPU would show an empty board while nbgpu's own ranks run "on" it: the ranks
+# on the same fleet are listed on the GPU their LOCAL_RANK maps to, with the host memory
+# they use (RSS). Cached for a second: NVML is asked per GPU and per call.
 
 
 class RankProcess(NamedTuple):
