@@ -311,11 +311,9 @@ def _open_pidfd(pid: int) -> int | None:
     if pidfd_open is None or not hasattr(signal, "pidfd_send_signal"):
         return None
     try:
-        fd: int = pidfd_open(pid)
-    except OSError:
-        # ESRCH is caught by the identity check that follows; ENOSYS etc.: fall back.
+        return int(pidfd_open(pid))
+    except OSError:  # ESRCH: the identity check that follows says so; ENOSYS etc.: fall back
         return None
-    return fd
 
 
 def _verify(candidate: CleanEntry) -> _Target | CleanOutcome:

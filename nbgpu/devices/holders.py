@@ -137,10 +137,8 @@ def _container_evidence(proc_root: Path, root: Path) -> str | None:
     if (root / "run" / ".containerenv").exists():
         return "/run/.containerenv exists (podman)"
     cgroup = _read_text(proc_root / "1" / "cgroup") or ""
-    for marker in ("docker", "kubepods", "containerd", "libpod", "lxc"):
-        if marker in cgroup:
-            return f"pid 1's cgroup names {marker}"
-    return None
+    markers = ("docker", "kubepods", "containerd", "libpod", "lxc")
+    return next((f"pid 1's cgroup names {m}" for m in markers if m in cgroup), None)
 
 
 def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
