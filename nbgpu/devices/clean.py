@@ -16,6 +16,7 @@ holders arrive as :class:`~nbgpu.devices.holders.HolderInfo` from the caller).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -137,16 +138,13 @@ class CleanReport(Result):
         if self.dry_run or not self.confirmed:
             why = "Dry run" if self.dry_run else "Not confirmed"
             return [*blocks, Line(f"{why}: nothing was signalled.")]
-        return [
-            *blocks,
-            Line("Outcome:"),
-            *(
-                _wrapped(
-                    f"pid {o.pid}: {o.result}", "  ", "bad" if o.result.startswith("failed") else ""
-                )
-                for o in self.outcomes
-            ),
+        outcomes = [
+            _wrapped(
+                f"pid {o.pid}: {o.result}", "  ", "bad" if o.result.startswith("failed") else ""
+            )
+            for o in self.outcomes
         ]
+        return [*blocks, Line("Outcome:"), *outcomes]
 
 
 # --------------------------------------------------------------------------- planning
@@ -394,8 +392,7 @@ def execute_clean(
         raise UserInputError(f"grace_s={grace_s}, kill_wait_s={kill_wait_s}: expected seconds >= 0")
     if dry_run or not plan.candidates:
         return CleanReport(plan, (), dry_run=dry_run, confirmed=False)
-    confirmed = True if confirm is None else bool(confirm(plan))
-    if not confirmed:
+    if confirm is not None and not confirm(plan):
         return CleanReport(plan, (), dry_run=False, confirmed=False)
 
     results: dict[int, str] = {}
@@ -411,26 +408,20 @@ def execute_clean(
         _signal_all(targets, signal.SIGTERM, results)
         live = [t for t in targets if t.pid not in results]
         survivors = wait_gone(live, _Target.gone, time.monotonic() + grace_s, poll_s=_POLL_S)
-        for target in live:
-            if target not in survivors:
-                results[target.pid] = "terminated"
+        results.update({t.pid: "terminated" for t in live if t not in survivors})
 
         _signal_all(survivors, signal.SIGKILL, results)
         live = [t for t in survivors if t.pid not in results]
         stuck = wait_gone(live, _Target.gone, time.monotonic() + kill_wait_s, poll_s=_POLL_S)
         for target in live:
+            results[target.pid] = "killed"
             if target in stuck:
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):  # gone after all: killed
+                    # Typically disk-sleep: stuck in the driver, beyond the reach of signals.
                     state = target.proc.status()
-                except psutil.NoSuchProcess:
-                    results[target.pid] = "killed"
-                    continue
-                # Typically disk-sleep: stuck in the driver, beyond the reach of signals.
-                results[target.pid] = (
-                    f"failed: still present {kill_wait_s:g} s after SIGKILL (state {state})"
-                )
-            else:
-                results[target.pid] = "killed"
+                    results[target.pid] = (
+                        f"failed: still present {kill_wait_s:g} s after SIGKILL (state {state})"
+                    )
     finally:
         for target in targets:
             target.close()

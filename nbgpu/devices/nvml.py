@@ -65,20 +65,15 @@ class Backend:
 
     def recorded_process(self, pid: int) -> ObservedProcess | None:
         """What the fleet recorded of *pid* where it was captured; None: look it up here."""
-        if self.fleet is None:
-            return None
-        for gpu in self.fleet.gpus:
-            for proc in gpu.processes:
-                if proc.pid == pid and proc.observed is not None:
-                    return proc.observed
-        return None
+        gpus = self.fleet.gpus if self.fleet is not None else ()
+        found = (p.observed for g in gpus for p in g.processes if p.pid == pid and p.observed)
+        return next(found, None)
 
     def nvml_index_by_uuid(self) -> dict[str, int]:
         """NVML index by GPU or MIG UUID, as the fleet knows it (empty on hardware)."""
-        if self.fleet is None:
-            return {}
-        uuids = {gpu.uuid: gpu.index for gpu in self.fleet.gpus}
-        uuids.update({mig.uuid: gpu.index for gpu in self.fleet.gpus for mig in gpu.mig_devices})
+        gpus = self.fleet.gpus if self.fleet is not None else ()
+        uuids = {gpu.uuid: gpu.index for gpu in gpus}
+        uuids.update({mig.uuid: gpu.index for gpu in gpus for mig in gpu.mig_devices})
         return uuids
 
 
