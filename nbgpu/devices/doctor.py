@@ -376,6 +376,5 @@ def run_doctor(
         findings.append(Problem("ok", "healthy", "machine", message))
     findings.sort(key=lambda f: -SEVERITY_ORDER[f.severity])
     environment = {k: env.get(k) for k in DIST_VARS}
-    return DoctorReport(
-        inventory, tuple(findings), environment, _recommend(inventory, findings, face)
-    )
+    recommendation = _recommend(inventory, findings, face)
+    return DoctorReport(inventory, tuple(findings), environment, recommendation)

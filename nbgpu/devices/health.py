@@ -218,7 +218,7 @@ class ProbeReport(Result):
 
     def to_dict(self) -> dict[str, Any]:
         doc = _renamed(asdict(self), "init_outcome", "init_verdict")
-        doc["results"] = [_result_dict(r) for r in self.results]
+        doc["results"] = self.records()
         return doc
 
     @classmethod
@@ -234,11 +234,7 @@ class ProbeReport(Result):
         return from_data(cls, doc, where="probe", prefix=where)
 
     def records(self) -> list[dict[str, Any]]:
-        return [_result_dict(r) for r in self.results]
-
-
-def _result_dict(result: ProbeResult) -> dict[str, Any]:
-    return _renamed(asdict(result), "outcome", "verdict")
+        return [_renamed(asdict(r), "outcome", "verdict") for r in self.results]
 
 
 def _renamed(doc: dict[str, Any], key: str, json_key: str) -> dict[str, Any]:

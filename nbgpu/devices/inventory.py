@@ -379,9 +379,8 @@ def saved_inventory(source: str) -> Inventory | None:
         data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not _is_capture(data):
-        return None
-    return Inventory.from_dict(data, where=f"inventory file {path!r}")
+    where = f"inventory file {path!r}"
+    return Inventory.from_dict(data, where=where) if _is_capture(data) else None
 
 
 def _probe(env: Mapping[str, str], gpus: list[Gpu], timeout_s: float) -> ProbeReport:
@@ -437,14 +436,9 @@ def take_inventory(
         for g in snap.gpus
     ]  # fmt: skip
     cvd_env = env if visible_devices is None else {**env, "CUDA_VISIBLE_DEVICES": visible_devices}
-    device_files: dict[int, tuple[str, ...]] = {}
-    if scan_device_files:
-        listed = {p.pid for g in gpus for p in g.processes}
-        device_files = {
-            pid: paths
-            for pid, paths in holders_mod.device_file_holders().items()
-            if pid not in listed and pid != os.getpid()
-        }
+    listed = {p.pid for g in gpus for p in g.processes} | {os.getpid()}
+    scanned = holders_mod.device_file_holders() if scan_device_files else {}
+    device_files = {pid: paths for pid, paths in scanned.items() if pid not in listed}
     return taken(
         snap.backend,
         gpus,

@@ -280,8 +280,7 @@ def _dead_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
             f"longer exists{_recorded(proc)}: every new CUDA context fails with "
             "'CUDA-capable device(s) is/are busy or unavailable'.",
             f"find the real holder: `sudo fuser -v /dev/nvidia{i}` (or `sudo lsof "
-            f"/dev/nvidia{i}`) and stop it; `nbgpu clean` does this for your own "
-            "processes",
+            f"/dev/nvidia{i}`) and stop it; `nbgpu clean` does this for your own processes",
             f"reset the GPU once nothing uses it: `sudo nvidia-smi --gpu-reset -i {i}`",
             f"or allow sharing again: `sudo nvidia-smi -i {i} -c DEFAULT`",
             g.exclude,
@@ -289,8 +288,7 @@ def _dead_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
     return g.finding(
         "dead_holder",
         f"GPU {i} lists pid {proc.pid}, which no longer exists{_recorded(proc)}; its "
-        f"{fmt_bytes(proc.used_bytes)} may stay allocated until the context is torn "
-        "down.",
+        f"{fmt_bytes(proc.used_bytes)} may stay allocated until the context is torn down.",
         f"`sudo fuser -v /dev/nvidia{i}` shows the process really holding it",
         f"`sudo nvidia-smi --gpu-reset -i {i}` once the GPU is idle",
     )

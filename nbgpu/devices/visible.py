@@ -224,13 +224,12 @@ def resolve_visible(
 
 def _device_order(value: str | None, problems: list[str]) -> str:
     setting = (value or "").strip()
-    if not setting:
-        return FASTEST_FIRST
     if setting in ORDERS:
         return setting
-    problems.append(
-        f"CUDA_DEVICE_ORDER={value!r} is not {' or '.join(ORDERS)}: CUDA uses {FASTEST_FIRST}"
-    )
+    if setting:
+        problems.append(
+            f"CUDA_DEVICE_ORDER={value!r} is not {' or '.join(ORDERS)}: CUDA uses {FASTEST_FIRST}"
+        )
     return FASTEST_FIRST
 
 

@@ -237,17 +237,12 @@ def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
 
 
 def _with_position_defaults(gpu: dict[str, Any], position: int) -> dict[str, Any]:
-    defaults = {
-        "index": position,
-        "uuid": _uuid_for(f"json/{position}"),
-        "pci_bus_id": _bus_id_for(position),
-    }
+    uuid, bus_id = _uuid_for(f"json/{position}"), _bus_id_for(position)
+    defaults = {"index": position, "uuid": uuid, "pci_bus_id": bus_id}
     unread = {"name": "Unknown GPU", "memory_total_bytes": 0}
-    return {
-        **gpu,
-        **{k: v for k, v in defaults.items() if gpu.get(k) is None},
-        **{k: v for k, v in unread.items() if k in gpu and gpu[k] is None},
-    }
+    filled = {k: v for k, v in defaults.items() if gpu.get(k) is None}
+    filled |= {k: v for k, v in unread.items() if k in gpu and gpu[k] is None}
+    return {**gpu, **filled}
 
 
 _FLEETS_DIR = Path(__file__).with_name("fleets")

@@ -237,14 +237,13 @@ class FakeNvmlLibrary:
 
     # -- init and system -----------------------------------------------------------
 
-    def _nvmlInitWithFlags(self, _flags: Any) -> int:
+    def _nvmlInitWithFlags(self, _flags: Any = 0) -> int:
         if self.fleet.init_error is not None:
             return INIT_ERRORS[self.fleet.init_error]
         self.initialised += 1
         return SUCCESS
 
-    def _nvmlInit_v2(self) -> int:
-        return self._nvmlInitWithFlags(0)
+    _nvmlInit_v2 = _nvmlInitWithFlags
 
     def _nvmlShutdown(self) -> int:
         if not self.initialised:
