@@ -44,11 +44,8 @@ class CudaCallError(Exception):
 
 
 class CudaDriver:
-    """Python-shaped calls over a driver library object (real ``CDLL`` or simulated).
-
-    Every method passes ctypes objects exactly as C code would, and raises
-    :class:`CudaCallError` with the ``CUresult`` when the driver refuses.
-    """
+    """Python-shaped calls over a driver library object (real ``CDLL`` or simulated): ctypes
+    objects passed as C code would, :class:`CudaCallError` when the driver refuses."""
 
     def __init__(self, library: object) -> None:
         self.library = library

@@ -25,7 +25,10 @@ from nbgpu.problems import SEVERITY_ORDER, Problem, worst
 __all__ = ["DIST_VARS", "DoctorReport", "run_doctor"]
 
 #: The distributed-launch variables the doctor reports (set or unset).
-DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE")  # fmt: skip
+DIST_VARS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "NPROC_PER_NODE",
+)  # fmt: skip
 
 _NVML_FIXES: Mapping[int, tuple[str, tuple[str, ...]]] = {
     12: (

@@ -467,7 +467,9 @@ def _holder_for(pid: int, backend: nvml.Backend, container: ContainerInfo) -> Ho
 
 _INIT_ERROR_NAMES = {code: name for name, code in INIT_ERRORS.items()}
 # Written as the inventory holds them.
-_COPIED = ("hostname", "taken_at", "simulated", "driver_version", "cuda_driver_version", "nvml_version")  # fmt: skip
+_COPIED = (
+    "hostname", "taken_at", "simulated", "driver_version", "cuda_driver_version", "nvml_version",
+)  # fmt: skip
 
 
 def _is_capture(data: object) -> bool:

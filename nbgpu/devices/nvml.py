@@ -129,11 +129,8 @@ def reset() -> None:
 
 
 def backend_for(environ: Mapping[str, str]) -> Backend:
-    """The backend *environ* selects, its library installed but not initialised.
-
-    ``NBGPU_SIMULATE`` in *environ* chooses a simulated fleet (``FleetSpecError`` when it
-    is malformed); a change of that value (tests, ``%env``) switches library.
-    """
+    """The backend *environ* selects (its ``NBGPU_SIMULATE``; a change of it switches
+    library), installed but not initialised. ``FleetSpecError`` for a malformed value."""
     with _lock:
         return _select(environ)
 

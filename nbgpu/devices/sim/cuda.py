@@ -294,11 +294,8 @@ def _error_text(code: Any, text: Any, which: int) -> int:
 
 
 def load_simulated_cuda(source: str, environ: Mapping[str, str]) -> SimulatedCudaLibrary:
-    """The simulated driver for fleet ``source`` (an ``NBGPU_SIMULATE`` value).
-
-    Raises ``OSError`` worded as the dynamic loader words it when the fleet has no driver
-    library (``init_error = library_not_found``), and ``FleetSpecError`` for a bad source.
-    """
+    """The simulated driver for fleet ``source`` (an ``NBGPU_SIMULATE`` value); ``OSError``
+    worded as the dynamic loader words it when the fleet has no driver library."""
     fleet = load_fleet(source, node=simulated_node(environ))
     if fleet.init_error == "library_not_found":
         raise OSError(
@@ -319,10 +316,7 @@ class SimulatedDevice:
 
 
 def simulated_device(source: str, ordinal: int, environ: Mapping[str, str]) -> SimulatedDevice:
-    """What creating the context of ``cuda:ordinal`` gives on fleet ``source``.
-
-    Raises ``FleetSpecError`` for a malformed ``source``.
-    """
+    """What creating the context of ``cuda:ordinal`` gives on fleet ``source``."""
     try:
         library = load_simulated_cuda(source, environ)
     except OSError as exc:

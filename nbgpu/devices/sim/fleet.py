@@ -213,10 +213,8 @@ def _bus_id_for(index: int) -> str:
 
 
 def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
-    """A decoded fleet JSON document as a Fleet, read by the model's own types.
-
-    A GPU's index, UUID and bus id default from its position; errors name the field.
-    """
+    """A decoded fleet JSON document as a Fleet, read by the model's own types (a GPU's
+    index, UUID and bus id default from its position); errors name the field."""
     if not isinstance(data, dict):
         raise FleetSpecError("fleet JSON: the top level is not an object")
     fmt = data.get("nbgpu_fleet")
@@ -252,10 +250,8 @@ SCENARIOS: tuple[str, ...] = tuple(sorted(p.stem for p in _FLEETS_DIR.glob("*.js
 
 
 def load_fleet(source: str, *, node: str | None = None) -> Fleet:
-    """Resolve ``NBGPU_SIMULATE``: a scenario name, a ``.json`` path, or a spec.
-
-    *node*: the node this process plays, for a cluster file (one fleet per node).
-    """
+    """Resolve ``NBGPU_SIMULATE``: a scenario name, a ``.json`` path, or a spec (*node*: the
+    node this process plays, for a cluster file)."""
     text = source.strip()
     head, comma, extra = text.partition(",")
     if head in SCENARIOS:
