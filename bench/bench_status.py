@@ -50,7 +50,7 @@ from harness import (
     validate,
 )
 
-from nbgpu.devices.sim.spec import FICTIONAL_PID_BASE, parse_spec
+from nbgpu.devices.sim.fleet import FICTIONAL_PID_BASE, parse_spec
 
 GPUS = 8
 PROCS = 40

@@ -27,8 +27,8 @@ from typing import Any
 
 import pynvml  # noqa: TID251  (the shim's whole job is to patch pynvml)
 
+from nbgpu.devices.sim.fleet import load_fleet
 from nbgpu.devices.sim.nvml import FakeNvmlLibrary
-from nbgpu.devices.sim.spec import load_fleet
 
 USAGE = "usage: with_fleet.py [--trace] SPEC -- {gpustat|nvitop|none} [ARGS...]"
 MISSING = "missing"  # the fake does not export the symbol (pynvml: FunctionNotFound)

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from nbgpu import rank as nr
-from nbgpu.devices.sim.spec import load_fleet
+from nbgpu.devices.sim.fleet import load_fleet
 from nbgpu.errors import FleetSpecError, UserInputError
 
 JOB = {

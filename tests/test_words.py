@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 import nbgpu
-from nbgpu.devices.sim.fleet import SCENARIOS
-from nbgpu.devices.sim.spec import load_fleet
+from nbgpu.devices.sim.fleet import SCENARIOS, load_fleet
 from nbgpu.errors import FleetSpecError
 
 PACKAGE = Path(nbgpu.__file__).parent

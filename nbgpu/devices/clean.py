@@ -1,29 +1,22 @@
 """Stop stale GPU holders: this user's orphans only, listed first, confirmed, by pid.
 
-The folklore this replaces is ``pkill -9 -f sglang`` and ``fuser -k /dev/nvidia*``:
-kill by name, kill everything, kill other people's jobs. Here a process is a candidate
-only when every rule holds:
+The folklore this replaces is ``pkill -9 -f sglang`` and ``fuser -k /dev/nvidia*``: kill
+by name, kill everything, kill other people's jobs. Here a process is a candidate only
+when it is the current user's (real uid), looked up on this machine (not a fleet file's
+record), not this process, an ancestor or a protected pid, holds a GPU or a
+``/dev/nvidia*`` file, and is stale: orphaned, or a torchrun worker whose agent is gone.
+Everything else is *skipped with a reason* saying what to do instead; matching by name
+never selects anything. :func:`execute_clean` asks, re-checks each pid's identity (pid
+reuse, through a pidfd that pins the process), sends SIGTERM, waits on one shared
+deadline, then SIGKILLs what is left.
 
-- it is a process of the current user (real uid), looked up on this machine, not a
-  record from a fleet file;
-- it is not this process, not one of its ancestors, not a pid the caller protects;
-- it holds a GPU (NVML) or a ``/dev/nvidia*`` file, and it is stale: (a) orphaned, so
-  the job that launched it is gone, or (b) a torchrun worker whose agent is gone.
-
-Everything else is *skipped with a reason* that tells the user what to do instead
-(stop the parent job, let the parent reap its zombie, act on the host). Matching by
-name never selects anything. :func:`plan_clean` decides and lists;
-:func:`execute_clean` asks, re-checks each pid's identity (pid reuse, through a pidfd
-that pins the process), sends SIGTERM, waits on one shared deadline
-(``nbgpu._deadline.wait_gone``), then SIGKILLs what is left.
-
-It imports only the standard library, psutil, :mod:`nbgpu.errors` and
-:mod:`nbgpu.devices.holders`; never pynvml, torch or IPython (NVML's holders arrive
-as :class:`~nbgpu.devices.holders.HolderInfo` from the caller).
+Standard library, psutil and ``holders`` only; never pynvml, torch or IPython (NVML's
+holders arrive as :class:`~nbgpu.devices.holders.HolderInfo` from the caller).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -40,13 +33,8 @@ from nbgpu.devices.holders import HolderInfo, describe_pid
 from nbgpu.errors import UserInputError
 
 __all__ = [
-    "CleanEntry",
-    "CleanOutcome",
-    "CleanPlan",
-    "CleanReport",
-    "execute_clean",
-    "plan_clean",
-]
+    "CleanEntry", "CleanOutcome", "CleanPlan", "CleanReport", "execute_clean", "plan_clean",
+]  # fmt: skip
 
 # How often the wait loop looks again; short enough that a clean finishes promptly.
 _POLL_S = 0.02
@@ -150,16 +138,13 @@ class CleanReport(Result):
         if self.dry_run or not self.confirmed:
             why = "Dry run" if self.dry_run else "Not confirmed"
             return [*blocks, Line(f"{why}: nothing was signalled.")]
-        return [
-            *blocks,
-            Line("Outcome:"),
-            *(
-                _wrapped(
-                    f"pid {o.pid}: {o.result}", "  ", "bad" if o.result.startswith("failed") else ""
-                )
-                for o in self.outcomes
-            ),
+        outcomes = [
+            _wrapped(
+                f"pid {o.pid}: {o.result}", "  ", "bad" if o.result.startswith("failed") else ""
+            )
+            for o in self.outcomes
         ]
+        return [*blocks, Line("Outcome:"), *outcomes]
 
 
 # --------------------------------------------------------------------------- planning
@@ -239,13 +224,10 @@ def plan_clean(
     uid: int | None = None,
     protect: Collection[int] = (),
 ) -> CleanPlan:
-    """Decide, for every GPU holder and ``/dev/nvidia*`` holder, stop or leave alone.
-
-    ``gpu_holders`` maps NVML index -> the holders NVML listed there. ``device_files``
-    maps pid -> open device paths (:func:`~nbgpu.devices.holders.device_file_holders`);
-    pids not already described are looked up here. ``uid`` defaults to ours.
-    ``protect`` adds pids never to touch; this process and its ancestors always are.
-    """
+    """Decide, for every GPU holder (by NVML index) and ``/dev/nvidia*`` holder (pid ->
+    open paths, looked up here when NVML did not list it), stop or leave alone. ``uid``
+    defaults to ours; ``protect`` adds pids never to touch (this process and its
+    ancestors always are)."""
     own_uid = os.getuid() if uid is None else uid
     protected = _self_and_ancestors()
     for pid in protect:
@@ -327,11 +309,9 @@ def _open_pidfd(pid: int) -> int | None:
     if pidfd_open is None or not hasattr(signal, "pidfd_send_signal"):
         return None
     try:
-        fd: int = pidfd_open(pid)
-    except OSError:
-        # ESRCH is caught by the identity check that follows; ENOSYS etc.: fall back.
+        return int(pidfd_open(pid))
+    except OSError:  # ESRCH: the identity check that follows says so; ENOSYS etc.: fall back
         return None
-    return fd
 
 
 def _verify(candidate: CleanEntry) -> _Target | CleanOutcome:
@@ -404,17 +384,15 @@ def execute_clean(
 ) -> CleanReport:
     """Carry out ``plan``: ask, re-check identities, SIGTERM, wait, SIGKILL, wait.
 
-    ``dry_run`` signals nothing and asks nothing. ``confirm=None`` means the user
-    already said yes (``--yes``); otherwise ``confirm(plan)`` is asked once and
-    ``False`` signals nothing. All candidates share one ``grace_s`` deadline after
-    SIGTERM; survivors get SIGKILL and ``kill_wait_s`` more to disappear.
+    ``dry_run`` signals and asks nothing; ``confirm=None`` means the user already said yes
+    (``--yes``), else ``confirm(plan)`` is asked once. All candidates share one ``grace_s``
+    deadline after SIGTERM; survivors get SIGKILL and ``kill_wait_s`` more to disappear.
     """
     if grace_s < 0 or kill_wait_s < 0:
         raise UserInputError(f"grace_s={grace_s}, kill_wait_s={kill_wait_s}: expected seconds >= 0")
     if dry_run or not plan.candidates:
         return CleanReport(plan, (), dry_run=dry_run, confirmed=False)
-    confirmed = True if confirm is None else bool(confirm(plan))
-    if not confirmed:
+    if confirm is not None and not confirm(plan):
         return CleanReport(plan, (), dry_run=False, confirmed=False)
 
     results: dict[int, str] = {}
@@ -430,26 +408,20 @@ def execute_clean(
         _signal_all(targets, signal.SIGTERM, results)
         live = [t for t in targets if t.pid not in results]
         survivors = wait_gone(live, _Target.gone, time.monotonic() + grace_s, poll_s=_POLL_S)
-        for target in live:
-            if target not in survivors:
-                results[target.pid] = "terminated"
+        results.update({t.pid: "terminated" for t in live if t not in survivors})
 
         _signal_all(survivors, signal.SIGKILL, results)
         live = [t for t in survivors if t.pid not in results]
         stuck = wait_gone(live, _Target.gone, time.monotonic() + kill_wait_s, poll_s=_POLL_S)
         for target in live:
+            results[target.pid] = "killed"
             if target in stuck:
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):  # gone after all: killed
+                    # Typically disk-sleep: stuck in the driver, beyond the reach of signals.
                     state = target.proc.status()
-                except psutil.NoSuchProcess:
-                    results[target.pid] = "killed"
-                    continue
-                # Typically disk-sleep: stuck in the driver, beyond the reach of signals.
-                results[target.pid] = (
-                    f"failed: still present {kill_wait_s:g} s after SIGKILL (state {state})"
-                )
-            else:
-                results[target.pid] = "killed"
+                    results[target.pid] = (
+                        f"failed: still present {kill_wait_s:g} s after SIGKILL (state {state})"
+                    )
     finally:
         for target in targets:
             target.close()

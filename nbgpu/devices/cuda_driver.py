@@ -1,20 +1,12 @@
 """A thin ctypes binding of the CUDA *driver* API (``libcuda.so.1``), for the health probe.
 
 Only creating a CUDA context reveals "CUDA-capable device(s) is/are busy or unavailable"
-(CUDA_ERROR_DEVICE_UNAVAILABLE, 46); NVML cannot. This module owns the few driver calls
-the probe needs: ``cuInit``, ``cuDriverGetVersion``, ``cuDeviceGetCount``, ``cuDeviceGet``,
-``cuDeviceGetName``, ``cuDeviceGetPCIBusId``, ``cuDeviceGetUuid[_v2]``,
-``cuDevicePrimaryCtxRetain`` / ``cuDevicePrimaryCtxRelease[_v2]``, ``cuGetErrorName`` and
-``cuGetErrorString``, with CUDA's error table for when the library cannot be asked.
-
-:class:`CudaDriver` makes C-shaped calls (ctypes objects, ``byref`` out-parameters,
-``CUresult`` ints) on a library object: the real ``ctypes.CDLL("libcuda.so.1")`` or the
-fake of ``sim/cuda.py`` (the probe's child picks one). Error codes and their words
-live in ``cuda_errors.py``, shared with the simulation without importing it.
-
-Loading this module never touches the driver, but *calling* it creates CUDA contexts, which
-hold a GPU: it is meant for the short-lived probe process of ``health.py``, never for the
-Jupyter kernel. It must never import torch, pynvml, psutil or IPython.
+(CUDA_ERROR_DEVICE_UNAVAILABLE, 46); NVML cannot. :class:`CudaDriver` makes the few
+C-shaped calls the probe needs (ctypes objects, ``byref`` out-parameters, ``CUresult``
+ints) on a library object: the real ``ctypes.CDLL("libcuda.so.1")`` or the fake of
+``sim/cuda.py``, which it never imports. Calling it creates CUDA contexts, which hold a
+GPU: it is meant for the probe's short-lived child, never for the Jupyter kernel. Never
+imports torch, pynvml, psutil or IPython.
 """
 
 from __future__ import annotations
@@ -23,12 +15,7 @@ import ctypes
 import uuid as uuidlib
 from typing import Any
 
-from nbgpu.devices.cuda_errors import (
-    CUDA_ERROR_NOT_FOUND,
-    CUDA_SUCCESS,
-    error_name,
-    error_string,
-)
+from nbgpu.devices.cuda_errors import CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, error_name, error_string
 
 __all__ = ["CUuuid", "CudaCallError", "CudaDriver"]
 
@@ -57,11 +44,8 @@ class CudaCallError(Exception):
 
 
 class CudaDriver:
-    """Python-shaped calls over a driver library object (real ``CDLL`` or simulated).
-
-    Every method passes ctypes objects exactly as C code would, and raises
-    :class:`CudaCallError` with the ``CUresult`` when the driver refuses.
-    """
+    """Python-shaped calls over a driver library object (real ``CDLL`` or simulated): ctypes
+    objects passed as C code would, :class:`CudaCallError` when the driver refuses."""
 
     def __init__(self, library: object) -> None:
         self.library = library
@@ -69,6 +53,10 @@ class CudaDriver:
     def has(self, function: str) -> bool:
         """Whether the library exports ``function`` (old drivers lack the ``_v2`` symbols)."""
         return hasattr(self.library, function)
+
+    def _newest(self, function: str) -> str:
+        """``function``'s ``_v2`` when the library exports it (old drivers lack it)."""
+        return function + "_v2" if self.has(function + "_v2") else function
 
     def _call(self, function: str, *args: Any) -> None:
         try:
@@ -116,8 +104,7 @@ class CudaDriver:
         ``_v2`` (CUDA 11.4+) when exported: it gives a MIG instance's own UUID.
         """
         raw = CUuuid()
-        function = "cuDeviceGetUuid_v2" if self.has("cuDeviceGetUuid_v2") else "cuDeviceGetUuid"
-        self._call(function, ctypes.byref(raw), ctypes.c_int(device))
+        self._call(self._newest("cuDeviceGetUuid"), ctypes.byref(raw), ctypes.c_int(device))
         return str(uuidlib.UUID(bytes=bytes(raw.bytes)))
 
     def retain_primary_context(self, device: int) -> None:
@@ -127,12 +114,7 @@ class CudaDriver:
 
     def release_primary_context(self, device: int) -> None:
         # cuda.h maps the unversioned name to _v2 since CUDA 11; older drivers have only v1.
-        function = (
-            "cuDevicePrimaryCtxRelease_v2"
-            if self.has("cuDevicePrimaryCtxRelease_v2")
-            else "cuDevicePrimaryCtxRelease"
-        )
-        self._call(function, ctypes.c_int(device))
+        self._call(self._newest("cuDevicePrimaryCtxRelease"), ctypes.c_int(device))
 
     def error_name(self, code: int) -> str | None:
         """``cuGetErrorName``, falling back to the built-in table."""

@@ -10,29 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = [
-    "CUDA_ERRORS",
-    "CUDA_ERROR_DEVICE_UNAVAILABLE",
-    "CUDA_ERROR_ECC_UNCORRECTABLE",
-    "CUDA_ERROR_INVALID_CONTEXT",
-    "CUDA_ERROR_INVALID_DEVICE",
-    "CUDA_ERROR_INVALID_VALUE",
-    "CUDA_ERROR_NOT_FOUND",
-    "CUDA_ERROR_NOT_INITIALIZED",
-    "CUDA_ERROR_NOT_PERMITTED",
-    "CUDA_ERROR_NO_DEVICE",
-    "CUDA_ERROR_OUT_OF_MEMORY",
-    "CUDA_ERROR_STUB_LIBRARY",
-    "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-    "CUDA_ERROR_UNKNOWN",
-    "CUDA_SUCCESS",
-    "LIBCUDA_SONAME",
-    "RUNTIME_ERROR_NAMES",
-    "error_name",
-    "error_string",
-    "ordinal_hint",
-    "torch_cuda_message",
-    "visible_setting",
-]
+    "CUDA_ERRORS", "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA_ERROR_INVALID_CONTEXT",
+    "CUDA_ERROR_INVALID_DEVICE", "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND",
+    "CUDA_ERROR_NOT_INITIALIZED", "CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+    "CUDA_ERROR_UNKNOWN", "CUDA_SUCCESS", "LIBCUDA_SONAME", "cuda_version", "error_name",
+    "error_string", "ordinal_hint", "torch_cuda_message", "visible_setting",
+]  # fmt: skip
 
 #: The driver's own soname, as the dynamic loader's errors quote it. Not the unversioned
 #: ``libcuda.so``: in most images that name only exists as the CUDA toolkit's *stub*
@@ -42,16 +25,12 @@ LIBCUDA_SONAME = "libcuda.so.1"
 # CUresult values (cuda.h) that nbgpu tells apart.
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
-CUDA_ERROR_OUT_OF_MEMORY = 2
 CUDA_ERROR_NOT_INITIALIZED = 3
-CUDA_ERROR_STUB_LIBRARY = 34
 CUDA_ERROR_DEVICE_UNAVAILABLE = 46
 CUDA_ERROR_NO_DEVICE = 100
 CUDA_ERROR_INVALID_DEVICE = 101
 CUDA_ERROR_INVALID_CONTEXT = 201
-CUDA_ERROR_ECC_UNCORRECTABLE = 214
 CUDA_ERROR_NOT_FOUND = 500
-CUDA_ERROR_NOT_PERMITTED = 800
 CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803
 CUDA_ERROR_UNKNOWN = 999
 
@@ -61,41 +40,29 @@ CUDA_ERROR_UNKNOWN = 999
 CUDA_ERRORS: Mapping[int, tuple[str, str]] = {
     CUDA_SUCCESS: ("CUDA_SUCCESS", "no error"),
     CUDA_ERROR_INVALID_VALUE: ("CUDA_ERROR_INVALID_VALUE", "invalid argument"),
-    CUDA_ERROR_OUT_OF_MEMORY: ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
+    2: ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"),
     CUDA_ERROR_NOT_INITIALIZED: ("CUDA_ERROR_NOT_INITIALIZED", "initialization error"),
     4: ("CUDA_ERROR_DEINITIALIZED", "driver shutting down"),
-    CUDA_ERROR_STUB_LIBRARY: ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
-    CUDA_ERROR_DEVICE_UNAVAILABLE: (
-        "CUDA_ERROR_DEVICE_UNAVAILABLE",
-        "CUDA-capable device(s) is/are busy or unavailable",
-    ),
+    34: ("CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"),
+    CUDA_ERROR_DEVICE_UNAVAILABLE: ("CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"),
     CUDA_ERROR_NO_DEVICE: ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"),
     CUDA_ERROR_INVALID_DEVICE: ("CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"),
     CUDA_ERROR_INVALID_CONTEXT: ("CUDA_ERROR_INVALID_CONTEXT", "invalid device context"),
-    CUDA_ERROR_ECC_UNCORRECTABLE: (
-        "CUDA_ERROR_ECC_UNCORRECTABLE",
-        "uncorrectable ECC error encountered",
-    ),
+    214: ("CUDA_ERROR_ECC_UNCORRECTABLE", "uncorrectable ECC error encountered"),
     304: ("CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"),
     CUDA_ERROR_NOT_FOUND: ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
-    CUDA_ERROR_NOT_PERMITTED: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
+    800: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
     801: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
     802: ("CUDA_ERROR_SYSTEM_NOT_READY", "system not yet initialized"),
-    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: (
-        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-        "system has unsupported display driver / cuda driver combination",
-    ),
-    804: (
-        "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
-        "forward compatibility was attempted on non supported HW",
-    ),
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "system has unsupported display driver / cuda driver combination"),
+    804: ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "forward compatibility was attempted on non supported HW"),
     909: ("CUDA_ERROR_TIMEOUT", "wait operation timed out"),
     CUDA_ERROR_UNKNOWN: ("CUDA_ERROR_UNKNOWN", "unknown error"),
-}
+}  # fmt: skip
 
-#: cudaError_t names (cudaGetErrorName) of the codes a context creation can return. torch
-#: quotes the *runtime* name in its help line; the driver's CUDA_ERROR_* names differ.
-RUNTIME_ERROR_NAMES: Mapping[int, str] = {
+# cudaError_t names (cudaGetErrorName) of the codes a context creation can return. torch
+# quotes the *runtime* name in its help line; the driver's CUDA_ERROR_* names differ.
+_RUNTIME_ERROR_NAMES: Mapping[int, str] = {
     2: "cudaErrorMemoryAllocation",
     3: "cudaErrorInitializationError",
     46: "cudaErrorDevicesUnavailable",
@@ -113,14 +80,17 @@ RUNTIME_ERROR_NAMES: Mapping[int, str] = {
 
 def error_name(code: int) -> str | None:
     """CUDA's name for ``code`` from the built-in table (no library needed)."""
-    entry = CUDA_ERRORS.get(code)
-    return entry[0] if entry else None
+    return CUDA_ERRORS.get(code, (None, None))[0]
 
 
 def error_string(code: int) -> str | None:
     """CUDA's description of ``code`` from the built-in table (no library needed)."""
-    entry = CUDA_ERRORS.get(code)
-    return entry[1] if entry else None
+    return CUDA_ERRORS.get(code, (None, None))[1]
+
+
+def cuda_version(version: int) -> str:
+    """``12040`` (``cuDriverGetVersion``'s and NVML's integer) -> ``12.4``."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
 
 
 def torch_cuda_message(code: int) -> str:
@@ -138,7 +108,7 @@ def torch_cuda_message(code: int) -> str:
     if code == CUDA_ERROR_INVALID_DEVICE:
         help_line = "GPU device may be out of range, do you have enough GPUs?"
     else:
-        name = RUNTIME_ERROR_NAMES.get(code, "unrecognized error code")
+        name = _RUNTIME_ERROR_NAMES.get(code, "unrecognized error code")
         help_line = (
             f"Search for `{name}' in "
             "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html "

@@ -1,25 +1,34 @@
 """The doctor: one report with each GPU's health, the findings and their fixes.
 
-It reads an inventory (with the active probe unless told not to), then adds what
-no single GPU shows: NVML/driver failures, what the probe confirmed, the launch
-environment (``environment.py``), and a recommendation for how many ranks on which
-GPUs. Pure logic over the inventory; never imports IPython or torch.
+It reads an inventory (with the active probe unless told not to), then adds what no
+single GPU shows: NVML/driver failures, what the probe confirmed, the launch
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``NPROC_PER_NODE``,
+``MASTER_PORT``, ``CUDA_VISIBLE_DEVICES`` against the visible, healthy GPUs), and a
+recommendation for how many ranks on which GPUs. Pure logic over the inventory (and one
+socket bind to test a port); never imports IPython or torch.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from nbgpu._render import Blank, Block, Line, Problems, Result, Title
-from nbgpu.devices.environment import DIST_VARS, environment_findings
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.faces import launch_hint
 from nbgpu.problems import SEVERITY_ORDER, Problem, worst
 
-__all__ = ["DoctorReport", "run_doctor"]
+__all__ = ["DIST_VARS", "DoctorReport", "run_doctor"]
+
+#: The distributed-launch variables the doctor reports (set or unset).
+DIST_VARS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "NPROC_PER_NODE",
+)  # fmt: skip
 
 _NVML_FIXES: Mapping[int, tuple[str, tuple[str, ...]]] = {
     12: (
@@ -83,18 +92,16 @@ class DoctorReport(Result):
     def worst(self) -> str:
         return worst(self.findings)
 
-    def _summary_lines(self) -> list[str]:
+    def _summary(self) -> str:
         inv = self.inventory
         if inv.nvml_error:
-            return ["CUDA available: no (NVML unusable)"]
-        probe = inv.probe
-        probe_text = ""
-        if probe is not None:
-            if probe.init_error:
-                probe_text = f"; probe: {probe.init_error}"
-            else:
-                good = sum(1 for r in probe.results if r.outcome == "ok")
-                probe_text = f"; probe: {good} of {len(probe.results)} contexts created"
+            return "CUDA available: no (NVML unusable)"
+        probe, probe_text = inv.probe, ""
+        if probe is not None and probe.init_error:
+            probe_text = f"; probe: {probe.init_error}"
+        elif probe is not None:
+            good = sum(r.ok for r in probe.results)
+            probe_text = f"; probe: {good} of {len(probe.results)} contexts created"
         visible = len(inv.visible.devices) if inv.visible is not None else len(inv.gpus)
         healthy = len(inv.healthy_indices)
         line = (
@@ -103,7 +110,7 @@ class DoctorReport(Result):
         )
         if len(line) > 80:  # the probe summary goes on its own line
             line = line.replace("; probe: ", ")\n  probe: ").removesuffix(")")
-        return [line]
+        return line
 
     def _env_line(self) -> str:
         set_vars = [f"{k}={v}" for k, v in self.environment.items() if v is not None]
@@ -119,7 +126,7 @@ class DoctorReport(Result):
         inv = self.inventory
         blocks: list[Block] = [
             Title(inv.headline("nbgpu doctor"), simulated=inv.simulated),
-            *(Line(line, wrap=False) for line in self._summary_lines()),
+            Line(self._summary(), wrap=False),
             Blank(),
         ]
         if inv.gpus:
@@ -148,24 +155,17 @@ def _nvml_finding(inventory: Inventory) -> Problem:
     code = inventory.nvml_error_code
     if code is not None and code in _NVML_FIXES:
         message, fixes = _NVML_FIXES[code]
-        return Problem("bad", "nvml_unavailable", "driver", message, fixes)
-    if code == 999 and inventory.container.in_container:
-        return Problem(
-            "bad",
-            "nvml_unavailable",
-            "driver",
+    elif code == 999 and inventory.container.in_container:
+        message = (
             "NVML failed with 'Unknown Error' inside a container: the container has most likely "
             "lost access to /dev/nvidia* (systemd rewrote its cgroup device rules after a "
-            "daemon-reload; nvidia-container-toolkit issue 48).",
-            ("recreate the container", "on the host, check `nvidia-smi` works"),
+            "daemon-reload; nvidia-container-toolkit issue 48)."
         )
-    return Problem(
-        "bad",
-        "nvml_unavailable",
-        "driver",
-        f"NVML is unusable: {inventory.nvml_error}",
-        ("check `nvidia-smi` and `sudo dmesg | grep -i nvrm` for driver errors",),
-    )
+        fixes = ("recreate the container", "on the host, check `nvidia-smi` works")
+    else:
+        message = f"NVML is unusable: {inventory.nvml_error}"
+        fixes = ("check `nvidia-smi` and `sudo dmesg | grep -i nvrm` for driver errors",)
+    return Problem("bad", "nvml_unavailable", "driver", message, fixes)
 
 
 def _probe_findings(inventory: Inventory) -> list[Problem]:
@@ -174,57 +174,151 @@ def _probe_findings(inventory: Inventory) -> list[Problem]:
         return []
     out: list[Problem] = []
     if probe.timed_out:
-        out.append(
-            Problem(
-                "bad",
-                "probe_timeout",
-                "driver",
-                "The CUDA probe did not finish in time: a GPU or the driver may be hung.",
-                ("look for Xid errors: `sudo dmesg | grep -i xid`", "reset the GPU or reboot"),
-            )
-        )
+        message = "The CUDA probe did not finish in time: a GPU or the driver may be hung."
+        hung = ("look for Xid errors: `sudo dmesg | grep -i xid`", "reset the GPU or reboot")
+        out.append(Problem("bad", "probe_timeout", "driver", message, hung))
     elif probe.init_error and not inventory.nvml_error:
-        out.append(
-            Problem("bad", "cuda_init", "driver", f"CUDA could not initialise: {probe.init_error}")
-        )
+        message = f"CUDA could not initialise: {probe.init_error}"
+        out.append(Problem("bad", "cuda_init", "driver", message))
+    # A GPU with a bad finding of its own already explains why CUDA refuses it.
+    explained = {
+        g.nvml_index
+        for g, fs in zip(inventory.gpus, inventory.findings, strict=True)
+        if any(f.severity == "bad" for f in fs)
+    }
     for r in probe.results:
         if r.outcome == "ok":
             continue
         where = f"GPU {r.nvml_index}" if r.nvml_index is not None else f"cuda:{r.cuda_index}"
-        explained = r.nvml_index is not None and any(
-            f.severity == "bad"
-            for g, fs in zip(inventory.gpus, inventory.findings, strict=True)
-            if g.nvml_index == r.nvml_index
-            for f in fs
-        )
-        error = f"{r.message} ({r.error_name or 'CUDA error'} {r.cuda_error})"
-        if explained:
-            out.append(
-                Problem(
-                    "bad",
-                    f"probe_{r.outcome}",
-                    where,
-                    f"The probe confirms it: a CUDA context on {where} (cuda:{r.cuda_index}) "
-                    f"fails with {error}.",
-                )
-            )
+        fails = f"{where} (cuda:{r.cuda_index}) fails with {r.message} "
+        fails += f"({r.error_name or 'CUDA error'} {r.cuda_error})"
+        fixes: tuple[str, ...] = ()
+        if r.nvml_index in explained:
+            message = f"The probe confirms it: a CUDA context on {fails}."
         else:
-            out.append(
-                Problem(
-                    "bad",
-                    f"probe_{r.outcome}",
-                    where,
-                    f"Creating a CUDA context on {where} (cuda:{r.cuda_index}) fails with {error}, "
-                    "and NVML shows nothing that explains it: a holder in another container, or a "
-                    "bad driver state.",
-                    (
-                        f"`sudo fuser -v /dev/nvidia{r.nvml_index}` on the host names the holder"
-                        if r.nvml_index is not None
-                        else "run `nvidia-smi` on the host",
-                        "reset the GPU when idle (`sudo nvidia-smi --gpu-reset -i N`) or reboot",
-                    ),
-                )
+            message = (
+                f"Creating a CUDA context on {fails}, and NVML shows nothing that explains it: "
+                "a holder in another container, or a bad driver state."
             )
+            fixes = (
+                f"`sudo fuser -v /dev/nvidia{r.nvml_index}` on the host names the holder"
+                if r.nvml_index is not None
+                else "run `nvidia-smi` on the host",
+                "reset the GPU when idle (`sudo nvidia-smi --gpu-reset -i N`) or reboot",
+            )
+        out.append(Problem("bad", f"probe_{r.outcome}", where, message, fixes))
+    return out
+
+
+def _env_problem(severity: str, code: str, message: str, *fixes: str) -> Problem:
+    return Problem(severity, code, "environment", message, fixes)
+
+
+def _int_env(environ: Mapping[str, str], key: str, out: list[Problem]) -> int | None:
+    raw = environ.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        fix = f"`unset {key}` or set it to a number"
+        out.append(_env_problem("bad", "bad_env", f"{key}={raw!r} is not a whole number.", fix))
+        return None
+    if value < 0:
+        out.append(_env_problem("bad", "bad_env", f"{key}={value} is negative."))
+        return None
+    return value
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    # Binding is the only reliable test: connect() says nothing about TIME_WAIT etc.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host if host not in ("localhost", "") else "127.0.0.1", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def _environment_findings(
+    inventory: Inventory, environ: Mapping[str, str], nproc: int | None, face: str
+) -> list[Problem]:
+    """The launch environment against the visible, healthy GPUs."""
+    out: list[Problem] = []
+    if inventory.nvml_error:
+        return out
+    visible = inventory.visible.devices if inventory.visible is not None else ()
+    n_visible = len(visible)
+    healthy = set(inventory.healthy_indices)
+    n_healthy = len([d for d in visible if d.nvml_index in healthy])
+    if inventory.visible is not None:
+        out.extend(
+            Problem("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", problem)
+            for problem in inventory.visible.problems
+        )
+    if inventory.gpus and n_visible == 0:
+        message = (
+            f"CUDA_VISIBLE_DEVICES={inventory.visible_value!r} hides every GPU: CUDA will "
+            "report no device."
+        )
+        fix = "`unset CUDA_VISIBLE_DEVICES`, or list GPUs by index or UUID (e.g. 0,1)"
+        out.append(Problem("bad", "nothing_visible", "CUDA_VISIBLE_DEVICES", message, (fix,)))
+    wanted = nproc if nproc is not None else _int_env(environ, "NPROC_PER_NODE", out)
+    source = "nproc" if nproc is not None else "NPROC_PER_NODE"
+    if wanted is not None and wanted > n_visible:
+        usable = n_healthy or n_visible
+        out.append(
+            _env_problem(
+                "bad",
+                "nproc_exceeds_gpus",
+                f"{source}={wanted} but {n_visible} GPUs are visible: ranks {n_visible}.."
+                f"{wanted - 1} would fail with 'CUDA error: invalid device ordinal'.",
+                f"launch {usable} ranks (`{launch_hint(face)}` sizes nproc from the healthy "
+                "GPUs when you give no number)",
+                f"or `export NPROC_PER_NODE={usable}`",
+            )
+        )
+    elif wanted is not None and wanted > n_healthy:
+        out.append(
+            _env_problem(
+                "warn",
+                "nproc_exceeds_healthy",
+                f"{source}={wanted} but only {n_healthy} of the {n_visible} visible GPUs "
+                "are healthy.",
+                "fix the GPUs flagged above, or launch fewer ranks on the healthy ones",
+            )
+        )
+    local_rank = _int_env(environ, "LOCAL_RANK", out)
+    if local_rank is not None and local_rank >= n_visible:
+        out.append(
+            _env_problem(
+                "bad",
+                "local_rank_exceeds_gpus",
+                f"local_rank {local_rank} >= {n_visible} visible devices: "
+                f"torch.cuda.set_device({local_rank}) fails with 'invalid device ordinal'.",
+                "launch at most one rank per visible GPU; check CUDA_VISIBLE_DEVICES per job",
+            )
+        )
+    rank = _int_env(environ, "RANK", out)
+    world = _int_env(environ, "WORLD_SIZE", out)
+    if rank is not None and world is not None and rank >= world:
+        message = f"RANK={rank} but WORLD_SIZE={world}: ranks are 0..{world - 1}."
+        out.append(_env_problem("bad", "rank_exceeds_world", message))
+    port, host = environ.get("MASTER_PORT"), environ.get("MASTER_ADDR", "127.0.0.1")
+    if port and (not port.isdigit() or not 0 < int(port) < 65536):
+        message = f"MASTER_PORT={port!r} is not a port number (1-65535)."
+        out.append(_env_problem("bad", "bad_env", message))
+    elif port and rank in (None, 0) and _port_in_use(host, int(port)):
+        out.append(
+            _env_problem(
+                "warn",
+                "port_in_use",
+                f"MASTER_PORT={port} is already in use on this machine: a new rendezvous "
+                "there fails with 'address already in use' (another run on this box).",
+                "unset MASTER_PORT and let nbgpu pick a free port, or choose another one",
+            )
+        )
     return out
 
 
@@ -263,39 +357,27 @@ def run_doctor(
     if inventory.nvml_error:
         findings.append(_nvml_finding(inventory))
     elif not inventory.gpus:
-        findings.append(
-            Problem(
-                "bad",
-                "no_gpu",
-                "driver",
-                "The driver is loaded but reports no GPU.",
-                ("check `nvidia-smi -L`; in a container pass --gpus all",),
-            )
-        )
+        fix = "check `nvidia-smi -L`; in a container pass --gpus all"
+        message = "The driver is loaded but reports no GPU."
+        findings.append(Problem("bad", "no_gpu", "driver", message, (fix,)))
     for gpu_findings in inventory.findings:
         findings.extend(gpu_findings)
     findings.extend(_probe_findings(inventory))
-    findings.extend(environment_findings(inventory, env, nproc=nproc, face=face))
+    findings.extend(_environment_findings(inventory, env, nproc, face))
     if inventory.container.in_container and not inventory.container.host_pid_namespace:
         findings.append(
-            Problem(
+            _env_problem(
                 "info",
                 "container",
-                "environment",
                 "Inside a container without the host PID namespace: the pids NVML reports are "
                 "host pids, so a 'missing' pid is not necessarily dead.",
-                ("run with --pid=host to see and manage host processes",),
+                "run with --pid=host to see and manage host processes",
             )
         )
     if not any(f.severity in ("bad", "warn") for f in findings):
-        findings.append(
-            Problem("ok", "healthy", "machine", f"All {len(inventory.gpus)} GPUs look healthy.")
-        )
+        message = f"All {len(inventory.gpus)} GPUs look healthy."
+        findings.append(Problem("ok", "healthy", "machine", message))
     findings.sort(key=lambda f: -SEVERITY_ORDER[f.severity])
     environment = {k: env.get(k) for k in DIST_VARS}
-    return DoctorReport(
-        inventory=inventory,
-        findings=tuple(findings),
-        environment=environment,
-        recommendation=_recommend(inventory, findings, face),
-    )
+    recommendation = _recommend(inventory, findings, face)
+    return DoctorReport(inventory, tuple(findings), environment, recommendation)

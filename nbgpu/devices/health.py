@@ -1,20 +1,16 @@
 """The active health probe: one CUDA context per visible GPU, in a short-lived subprocess.
 
 NVML can predict, but only creating a CUDA context *reveals*, "CUDA-capable device(s) is/are
-busy or unavailable" (error 46), a lost GPU, a stub or mismatched driver. This module owns
-that opt-in probe (``%gpu_status --probe``, ``nbgpu status --probe``, ``nbgpu doctor``):
-:func:`probe_devices` runs ``python -m nbgpu.devices.health_child`` (load the driver, one
-context per device, one JSON line) with the caller's environment (so
-``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER`` and ``NBGPU_SIMULATE`` apply), in its own
-session, against a deadline (``nbgpu._deadline``): a hung driver is a real failure mode,
-so past the deadline the whole process group is killed and the report says so in one
-line. CUDA's codes become the probe's outcomes (``busy``, ``lost``, ``driver_mismatch``,
-...), each with what it means and what to do (:class:`ProbeReport`); devices are matched
-back to NVML indices by UUID.
+busy or unavailable" (error 46), a lost GPU, a stub or mismatched driver. :func:`probe_devices`
+(``--probe``, ``nbgpu doctor``) runs ``python -m nbgpu.devices.health_child`` with the
+caller's environment (so ``CUDA_VISIBLE_DEVICES`` and ``NBGPU_SIMULATE`` apply), in its own
+session, against a deadline: a hung driver is a real failure mode, so past it the process
+group is killed and the report says so in one line. CUDA's codes become outcomes
+(``busy``, ``lost``, ...), each with what to do; devices are matched to NVML indices by UUID.
 
-Never in the Jupyter kernel: a context there would itself hold the GPU (and, in exclusive
-mode, lock the user's own training job out). Never imports torch, pynvml, psutil or
-IPython, and this side never loads libcuda.
+Never in the Jupyter kernel: a context there would itself hold the GPU (in exclusive mode,
+locking the user's own job out). Never imports torch, pynvml, psutil or IPython, and this
+side never loads libcuda.
 """
 
 from __future__ import annotations
@@ -26,25 +22,20 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from nbgpu._deadline import Finished, run_with_deadline
 from nbgpu._lineage import with_package_importable
 from nbgpu._render import Block, Bullets, Result, Table, Title
 from nbgpu._serial import from_data
-from nbgpu.devices.cuda_errors import LIBCUDA_SONAME, error_name, error_string
+from nbgpu.devices.cuda_errors import LIBCUDA_SONAME, cuda_version, error_name, error_string
 from nbgpu.devices.health_child import DOC_FORMAT, PARENT_ENV, PROGRESS
 from nbgpu.errors import ProbeError, UserInputError
 
 __all__ = [
-    "INIT_OUTCOMES",
-    "OUTCOMES",
-    "ProbeReport",
-    "ProbeResult",
-    "outcome_for",
-    "probe_devices",
-]
+    "INIT_OUTCOMES", "OUTCOMES", "ProbeReport", "ProbeResult", "outcome_for", "probe_devices",
+]  # fmt: skip
 
 _CHILD_MODULE = "nbgpu.devices.health_child"
 
@@ -179,8 +170,7 @@ class ProbeReport(Result):
         if self.simulated:
             parts.append("SIMULATED")
         if self.driver_version:
-            major, minor = self.driver_version // 1000, (self.driver_version % 1000) // 10
-            parts.append(f"CUDA driver {major}.{minor}")
+            parts.append(f"CUDA driver {cuda_version(self.driver_version)}")
         if self.init_error is None:
             parts.append(f"{len(self.results)} device{'s' if len(self.results) != 1 else ''}")
         parts.append(f"{self.elapsed_ms / 1000:.2f} s")
@@ -228,7 +218,7 @@ class ProbeReport(Result):
 
     def to_dict(self) -> dict[str, Any]:
         doc = _renamed(asdict(self), "init_outcome", "init_verdict")
-        doc["results"] = [_result_dict(r) for r in self.results]
+        doc["results"] = self.records()
         return doc
 
     @classmethod
@@ -244,11 +234,7 @@ class ProbeReport(Result):
         return from_data(cls, doc, where="probe", prefix=where)
 
     def records(self) -> list[dict[str, Any]]:
-        return [_result_dict(r) for r in self.results]
-
-
-def _result_dict(result: ProbeResult) -> dict[str, Any]:
-    return _renamed(asdict(result), "outcome", "verdict")
+        return [_renamed(asdict(r), "outcome", "verdict") for r in self.results]
 
 
 def _renamed(doc: dict[str, Any], key: str, json_key: str) -> dict[str, Any]:
@@ -266,16 +252,13 @@ def probe_devices(
     timeout_s: float = 30.0,
     nvml_index_by_uuid: Mapping[str, int] | None = None,
 ) -> ProbeReport:
-    """Create and release one CUDA context per visible device, in a subprocess.
+    """Create and release one CUDA context per visible device, in a subprocess run in
+    *environ* (default ``os.environ``). ``nvml_index_by_uuid`` matches results back to
+    physical GPUs (simulated, the fleet gives it).
 
-    ``environ`` (default ``os.environ``) is the environment the probe runs in: its
-    ``CUDA_VISIBLE_DEVICES`` decides which devices are probed, ``NBGPU_SIMULATE`` makes it
-    probe a simulated fleet. ``nvml_index_by_uuid`` (NVML UUID -> NVML index, as an
-    inventory knows it) matches results back to physical GPUs; simulated, the fleet gives it.
-
-    Never raises for a GPU or driver problem: those are outcomes. Raises ``FleetSpecError``
-    for a malformed ``NBGPU_SIMULATE``, ``UserInputError`` for a bad timeout, and
-    ``ProbeError`` if the probe process cannot be started at all.
+    Never raises for a GPU or driver problem: those are outcomes. ``FleetSpecError`` for a
+    malformed ``NBGPU_SIMULATE``, ``UserInputError`` for a bad timeout, ``ProbeError`` if
+    the probe process cannot be started at all.
     """
     if not (timeout_s > 0 and math.isfinite(timeout_s)):
         raise UserInputError(f"probe timeout {timeout_s!r}; expected a positive number of seconds")
@@ -287,9 +270,8 @@ def probe_devices(
     backend = backend_for(env)
     if nvml_index_by_uuid is None:
         nvml_index_by_uuid = backend.nvml_index_by_uuid()
-    run = _run_child(
-        [sys.executable, "-m", _CHILD_MODULE], _child_environ(env), timeout_s=timeout_s
-    )
+    child_env = {**with_package_importable(env), PARENT_ENV: str(os.getpid())}
+    run = _run_child([sys.executable, "-m", _CHILD_MODULE], child_env, timeout_s=timeout_s)
     return _report(run, timeout_s, simulated=backend.simulated, uuids=nvml_index_by_uuid or {})
 
 
@@ -303,12 +285,6 @@ def _run_child(argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float)
         ) from None
 
 
-def _child_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    env = with_package_importable(environ)
-    env[PARENT_ENV] = str(os.getpid())
-    return env
-
-
 def _uuid_body(uuid: str) -> str:
     return (uuid[4:] if uuid[:4] in ("GPU-", "MIG-") else uuid).lower()
 
@@ -316,24 +292,8 @@ def _uuid_body(uuid: str) -> str:
 def _report(
     run: Finished, timeout_s: float, *, simulated: bool, uuids: Mapping[str, int]
 ) -> ProbeReport:
-    def report(
-        results: tuple[ProbeResult, ...] = (),
-        *,
-        driver_version: int | None = None,
-        init_error: str | None = None,
-        init_outcome: str | None = None,
-        timed_out: bool = False,
-    ) -> ProbeReport:
-        return ProbeReport(
-            results=results,
-            driver_version=driver_version,
-            init_error=init_error,
-            init_outcome=init_outcome,
-            simulated=simulated,
-            timed_out=timed_out,
-            elapsed_ms=run.elapsed_ms,
-        )
-
+    # What every answer shares; each outcome below fills in the rest.
+    base = ProbeReport((), None, None, None, simulated, timed_out=False, elapsed_ms=run.elapsed_ms)
     stderr = run.stderr.decode("utf-8", errors="replace")
     if run.timed_out:
         steps = [line[len(PROGRESS) :] for line in stderr.splitlines() if line.startswith(PROGRESS)]
@@ -344,7 +304,7 @@ def _report(
         )
         if run.returncode is None:
             message += f", but pid {run.pid} is still in the driver (uninterruptible sleep)"
-        return report(init_error=message, init_outcome="timeout", timed_out=True)
+        return replace(base, init_error=message, init_outcome="timeout", timed_out=True)
     doc = _last_json(run.stdout)
     if doc is None or doc.get("format") != DOC_FORMAT:
         last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
@@ -354,12 +314,14 @@ def _report(
             else f"exited with code {run.returncode} without a report"
         )
         message = f"the CUDA probe process {how}: {last.strip() or 'no output'}"
-        return report(init_error=message, init_outcome="error")
+        return replace(base, init_error=message, init_outcome="error")
     init = doc.get("init")
     driver_version = doc.get("driver_version")
     if init is not None:
         message, outcome = _init_failure(init)
-        return report(driver_version=driver_version, init_error=message, init_outcome=outcome)
+        return replace(
+            base, driver_version=driver_version, init_error=message, init_outcome=outcome
+        )
     by_body = {_uuid_body(full): (full, index) for full, index in uuids.items()}
     results = []
     for device in doc.get("devices", []):
@@ -382,7 +344,7 @@ def _report(
                 pci_bus_id=device.get("pci_bus_id"),
             )
         )
-    return report(tuple(results), driver_version=driver_version)
+    return replace(base, results=tuple(results), driver_version=driver_version)
 
 
 def _init_failure(init: Mapping[str, Any]) -> tuple[str, str]:

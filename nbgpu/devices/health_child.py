@@ -36,16 +36,12 @@ PARENT_ENV = "NBGPU_PROBE_PARENT"
 
 
 def load_cuda_library(environ: Mapping[str, str]) -> object:
-    """The CUDA driver library this process should call.
+    """The CUDA driver library this process should call: the simulated one for
+    ``NBGPU_SIMULATE`` (it honours *environ*'s ``CUDA_VISIBLE_DEVICES`` as the driver
+    would), else ``libcuda.so.1`` (which reads this process's own environment).
 
-    ``NBGPU_SIMULATE`` set: the simulated library for that fleet, which honours
-    ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` from *environ* as the driver would.
-    Otherwise ``ctypes.CDLL("libcuda.so.1")`` (the real driver reads the process's own
-    environment, so *environ* must be this process's).
-
-    Raises ``OSError`` when the library cannot be loaded (no driver on this machine or in
-    this container), for the real and the simulated library alike; ``FleetSpecError`` for
-    a malformed ``NBGPU_SIMULATE``.
+    Raises ``OSError`` when the library cannot be loaded (no driver here), real or
+    simulated alike; ``FleetSpecError`` for a malformed ``NBGPU_SIMULATE``.
     """
     source = simulation_source(environ)
     if source is None:

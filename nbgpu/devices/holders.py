@@ -3,72 +3,48 @@
 NVML only says *which* pids hold a GPU. This module answers the rest from the operating
 system (psutil and ``/proc``), never from guesses: is the pid alive, a zombie, stopped,
 gone, or a host pid we cannot see from inside a container; whose is it, what is it
-running, was it orphaned (reparented after its launcher died), is it a torchrun worker,
+running, was it orphaned (its launcher gone: read from the traces a fork leaves, and "not
+orphaned" when in doubt, since ``clean`` offers to stop orphans), is it a torchrun worker,
 which ``CUDA_VISIBLE_DEVICES`` did it start with. It also scans ``/proc/*/fd`` for open
-``/dev/nvidia*`` files (what ``lsof /dev/nvidia*`` shows), and tells whether we run in
-a container and in the host's PID namespace.
+``/dev/nvidia*`` files (what ``lsof /dev/nvidia*`` shows), and tells whether we run in a
+container and in the host's PID namespace.
 
-It owns: :class:`ContainerInfo`, :class:`HolderInfo`, :func:`detect_container`,
-:func:`describe_pid`, :func:`recorded_holder`, :func:`device_file_holders`; whether a
-holder was orphaned is ``orphans.py``'s question.
-
-It imports only the standard library, psutil and :mod:`nbgpu.errors`. It must never
-import pynvml, torch, IPython or anything else of nbgpu: ``model.py`` imports these
-types, so this module is on the path of ``%load_ext nbgpu`` and must stay light.
+Standard library, psutil and :mod:`nbgpu.errors` only: never pynvml, torch, IPython or
+the rest of nbgpu (``model.py`` names these types, so this module stays light).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, TypeVar
 
 import psutil
 
-from nbgpu.devices.orphans import find_orphan_reason, is_torchelastic
 from nbgpu.errors import UserInputError
 
 __all__ = [
-    "HOLDER_STATES",
-    "PID_MAX_LIMIT",
-    "ContainerInfo",
-    "HolderInfo",
-    "PrettyPrinter",
-    "describe_pid",
-    "detect_container",
-    "device_file_holders",
-    "recorded_holder",
-]
+    "PID_MAX_LIMIT", "ContainerInfo", "HolderInfo", "describe_pid", "detect_container",
+    "device_file_holders", "is_torchrun_agent", "recorded_holder",
+]  # fmt: skip
 
 #: Linux's hard ceiling for pid_max on 64-bit kernels (``PID_MAX_LIMIT``, 2**22). Pids are
 #: allocated below pid_max, so no namespace anywhere can hold a pid at or above this.
 PID_MAX_LIMIT = 4_194_304
 
-#: Every state a :class:`HolderInfo` can be in (nbgpu's word, not the OS's status).
-HOLDER_STATES = ("alive", "zombie", "stopped", "dead", "other_namespace", "no_access")
-
 # psutil status strings grouped by holder state. "dead" is the kernel's X state: the task is
 # being torn down right now, so for our purposes it is gone.
 _STOPPED_STATES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
 # Every status string psutil reports on Linux (spelled out: psutil's type stubs lack some).
-_KNOWN_STATES = frozenset(
-    {
-        "running",
-        "sleeping",
-        "disk-sleep",
-        "stopped",
-        "tracing-stop",
-        "zombie",
-        "dead",
-        "wake-kill",
-        "waking",
-        "idle",
-        "locked",
-        "waiting",
-        "parked",
-    }
-)
+_KNOWN_STATES = frozenset({
+    "running", "sleeping", "disk-sleep", "stopped", "tracing-stop", "zombie", "dead",
+    "wake-kill", "waking", "idle", "locked", "waiting", "parked",
+})  # fmt: skip
 # States a fleet file's "observed" record may carry that are holder states, not psutil statuses.
 _RECORDED_STATES = frozenset({"dead", "zombie", "other_namespace", "no_access"})
 
@@ -77,12 +53,7 @@ _RECORDED_STATES = frozenset({"dead", "zombie", "other_namespace", "no_access"})
 _PF_KTHREAD = 0x00200000
 
 _COMMAND_WIDTH = 60
-
-
-class PrettyPrinter(Protocol):
-    """The one method of IPython's pretty printer we call (so IPython is never imported)."""
-
-    def text(self, obj: str) -> None: ...
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,16 +70,16 @@ class HolderInfo:
     """What this machine (or a fleet file's record) says about one pid that holds a GPU."""
 
     pid: int
-    state: str  # one of HOLDER_STATES
-    user: str | None
-    uid: int | None  # real uid: the one kill(2) permission and "your own processes" use
-    command: str | None  # joined cmdline, or "[name]" when the cmdline is empty
-    status: str | None  # psutil status string ("running", "sleeping", "disk-sleep", ...)
-    start_time: float | None  # epoch seconds (psutil create_time); guards against pid reuse
-    ppid: int | None
-    orphaned: bool  # reparented: its launcher is gone (see orphan_reason)
-    visible_devices: str | None  # its CUDA_VISIBLE_DEVICES at exec, when readable
-    torchelastic: bool  # its environment marks it as a torchrun worker
+    state: str  # alive | zombie | stopped | dead | other_namespace | no_access (nbgpu's word)
+    user: str | None = None
+    uid: int | None = None  # real uid: the one kill(2) permission and "your own processes" use
+    command: str | None = None  # joined cmdline, or "[name]" when the cmdline is empty
+    status: str | None = None  # psutil status string ("running", "sleeping", "disk-sleep", ...)
+    start_time: float | None = None  # epoch seconds (psutil create_time); against pid reuse
+    ppid: int | None = None
+    orphaned: bool = False  # reparented: its launcher is gone (see orphan_reason)
+    visible_devices: str | None = None  # its CUDA_VISIBLE_DEVICES at exec, when readable
+    torchelastic: bool = False  # its environment marks it as a torchrun worker
     recorded: bool = False  # built from a fleet file's record, not looked up here
     orphan_reason: str | None = None  # the evidence, e.g. "reparented to pid 1: ..."
     parent_command: str | None = None  # the parent's command, to name the job to stop
@@ -142,7 +113,7 @@ class HolderInfo:
             phrase += f": {self.detail}"
         return phrase
 
-    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:  # noqa: ARG002  (IPython's signature)
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # noqa: ARG002  (IPython's signature)
         p.text(self.summary())
 
 
@@ -166,10 +137,8 @@ def _container_evidence(proc_root: Path, root: Path) -> str | None:
     if (root / "run" / ".containerenv").exists():
         return "/run/.containerenv exists (podman)"
     cgroup = _read_text(proc_root / "1" / "cgroup") or ""
-    for marker in ("docker", "kubepods", "containerd", "libpod", "lxc"):
-        if marker in cgroup:
-            return f"pid 1's cgroup names {marker}"
-    return None
+    markers = ("docker", "kubepods", "containerd", "libpod", "lxc")
+    return next((f"pid 1's cgroup names {m}" for m in markers if m in cgroup), None)
 
 
 def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
@@ -186,13 +155,8 @@ def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
         # After "(comm)": state, ppid, pgrp, session, tty_nr, tpgid, flags.
         if len(fields) > 6 and fields[6].isdigit() and int(fields[6]) & _PF_KTHREAD:
             return True, "kernel threads are visible, so this is the host's PID namespace"
-    try:
-        ours = (proc_root / "self" / "ns" / "pid").readlink()
-        init = (proc_root / "1" / "ns" / "pid").readlink()
-    except OSError:
-        pass
-    else:
-        if ours != init:
+    with contextlib.suppress(OSError):
+        if (proc_root / "self/ns/pid").readlink() != (proc_root / "1/ns/pid").readlink():
             return False, "pid namespace differs from init's"
     mounts = _read_text(proc_root / "self" / "mountinfo") or ""
     hidden = any(
@@ -220,18 +184,20 @@ def detect_container(proc_root: Path = Path("/proc"), root: Path = Path("/")) ->
         # so a missing pid is reported as possibly alive on the host, not as dead.
         host_ns = not in_container
         ns_why = "PID namespace undetermined; assumed from the container markers"
-    reasons = [r for r in (container_why, ns_why) if r]
-    if not in_container and host_ns:
-        # The ordinary case needs no explanation.
-        reasons = []
-    return ContainerInfo(
-        in_container=in_container,
-        host_pid_namespace=host_ns,
-        reason="; ".join(reasons) or None,
-    )
+    # The ordinary case (no container, the host's namespace) needs no explanation.
+    reasons = [] if not in_container and host_ns else [r for r in (container_why, ns_why) if r]
+    return ContainerInfo(in_container, host_ns, "; ".join(reasons) or None)
 
 
 # --------------------------------------------------------------------------- one pid
+
+
+def _ask(read: Callable[[], T], default: T) -> T:
+    """A /proc read that may fail: the process exited (or is a zombie), or is not ours."""
+    try:
+        return read()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
+        return default
 
 
 def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
@@ -244,33 +210,11 @@ def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
 
 def _missing(pid: int, container: ContainerInfo | None) -> HolderInfo:
     if pid <= 0 or pid >= PID_MAX_LIMIT:
-        state, detail = "dead", "no such process (not a valid Linux pid)"
-    else:
-        info = container if container is not None else detect_container()
-        if info.host_pid_namespace:
-            state, detail = "dead", "no such process"
-        else:
-            state = "other_namespace"
-            detail = "not in this PID namespace (a host pid: run with --pid=host to see it)"
-    return _unseen(pid, state, detail)
-
-
-def _unseen(pid: int, state: str, detail: str) -> HolderInfo:
-    """A holder we cannot look at (gone, another namespace, no access): only its state."""
-    return HolderInfo(
-        pid=pid,
-        state=state,
-        user=None,
-        uid=None,
-        command=None,
-        status=None,
-        start_time=None,
-        ppid=None,
-        orphaned=False,
-        visible_devices=None,
-        torchelastic=False,
-        detail=detail,
-    )
+        return HolderInfo(pid, "dead", detail="no such process (not a valid Linux pid)")
+    if (container or detect_container()).host_pid_namespace:
+        return HolderInfo(pid, "dead", detail="no such process")
+    detail = "not in this PID namespace (a host pid: run with --pid=host to see it)"
+    return HolderInfo(pid, "other_namespace", detail=detail)
 
 
 def _parent_command(ppid: int) -> str | None:
@@ -290,14 +234,11 @@ def _parent_command(ppid: int) -> str | None:
 
 
 def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
-    """Look ``pid`` up on this machine.
-
-    States: ``dead`` (no such pid, and we share the host's PID namespace, or the pid
-    cannot exist anywhere); ``other_namespace`` (no such pid here, and our PID namespace
-    is a container's: NVML reports host pids); ``zombie``; ``stopped``; ``no_access``
-    (the kernel refused the essentials); ``alive`` otherwise. ``container`` defaults to
-    :func:`detect_container`, read only when the pid is missing.
-    """
+    """Look ``pid`` up on this machine: ``dead`` (no such pid here, in the host's PID
+    namespace, or anywhere), ``other_namespace`` (no such pid in a container's own
+    namespace: NVML reports host pids), ``zombie``, ``stopped``, ``no_access`` or
+    ``alive``. ``container`` (default :func:`detect_container`) is read only when the pid
+    is missing."""
     if pid <= 0 or pid >= PID_MAX_LIMIT:
         return _missing(pid, container)
     try:
@@ -312,35 +253,20 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
         # Also when it exited between calls: it is gone now, which is the fact to report.
         return _missing(pid, container)
     except psutil.AccessDenied:
-        return _unseen(pid, "no_access", "permission denied reading /proc")
-    try:
-        user: str | None = proc.username()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        user = None
-    try:
-        cmdline: list[str] = proc.cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
-        cmdline = []
-    try:
-        environ: dict[str, str] = proc.environ()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        # Another user's environment is private; a zombie has none left.
-        environ = {}
-
-    torchelastic = is_torchelastic(environ)
-    detail = None
+        return HolderInfo(pid, "no_access", detail="permission denied reading /proc")
+    user: str | None = _ask(proc.username, None)
+    cmdline: list[str] = _ask(proc.cmdline, [])
+    # Another user's environment is private; a zombie has none left.
+    environ: dict[str, str] = _ask(proc.environ, {})
+    torchelastic = _is_torchelastic(environ)
+    orphan_reason, detail = None, None
     if status == psutil.STATUS_ZOMBIE:
-        state = "zombie"
-        detail = f"exited; parent pid {ppid} must reap it"
-        orphan_reason = None
+        state, detail = "zombie", f"exited; parent pid {ppid} must reap it"
     else:
-        if status in _STOPPED_STATES:
-            state = "stopped"
-        elif status == psutil.STATUS_DEAD:
+        state = "stopped" if status in _STOPPED_STATES else "alive"
+        if status == psutil.STATUS_DEAD:
             state, detail = "dead", "exiting right now"
-        else:
-            state = "alive"
-        orphan_reason = find_orphan_reason(pid, ppid, start_time, torchelastic)
+        orphan_reason = _orphan_reason(pid, ppid, start_time, torchelastic)
     return HolderInfo(
         pid=pid,
         state=state,
@@ -384,22 +310,25 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
             f"recorded process state {observed!r} for pid {pid}; expected one of {', '.join(accepted)}"
         )
     return HolderInfo(
-        pid=pid,
-        state=state,
+        pid,
+        state,
         user=user,
-        uid=None,
         command=command,
         status=observed if observed in _KNOWN_STATES else None,
         start_time=start_time,
-        ppid=None,
-        orphaned=False,
         visible_devices=visible_devices,
-        torchelastic=False,
         recorded=True,
     )
 
 
 # --------------------------------------------------------------------------- /proc/*/fd
+
+
+def _readlink(name: str, dir_fd: int) -> str | None:
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except OSError:  # closed since the directory was listed
+        return None
 
 
 def device_file_holders(
@@ -415,9 +344,7 @@ def device_file_holders(
         entries = os.listdir(proc_root)  # noqa: PTH208  (plain strings: this loop must be fast)
     except OSError:
         return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for entry in filter(str.isdigit, entries):
         # One open() of the fd directory and readlink relative to it: no per-fd path walk,
         # so a few hundred processes scan in milliseconds.
         try:
@@ -425,20 +352,111 @@ def device_file_holders(
         except OSError:
             continue
         try:
-            paths: set[str] = set()
-            try:
-                fds = os.listdir(dir_fd)  # noqa: PTH208  (a dir fd: pathlib has no equivalent)
-            except OSError:
-                continue
-            for fd in fds:
-                try:
-                    target = os.readlink(fd, dir_fd=dir_fd)
-                except OSError:
-                    continue
-                if target.startswith(pattern):
-                    paths.add(target)
-            if paths:
-                found[int(entry)] = tuple(sorted(paths))
+            links = [_readlink(fd, dir_fd) for fd in os.listdir(dir_fd)]  # noqa: PTH208  (a dir fd)
+        except OSError:
+            links = []
         finally:
             os.close(dir_fd)
+        paths = sorted({p for p in links if p is not None and p.startswith(pattern)})
+        if paths:
+            found[int(entry)] = tuple(paths)
     return found
+
+
+# --------------------------------------------------------------------------- orphans
+
+# prctl(2) option: is this process a child subreaper?
+_PR_GET_CHILD_SUBREAPER = 37
+_AGENT_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+
+
+def _is_torchelastic(environ: Mapping[str, str]) -> bool:
+    """Whether a process's environment marks it as a worker torchrun started."""
+    # torch.distributed.elastic sets these for every worker it starts (local_elastic_agent).
+    return "TORCHELASTIC_RUN_ID" in environ or ("LOCAL_RANK" in environ and "WORLD_SIZE" in environ)
+
+
+def _self_is_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    flag = ctypes.c_int(0)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+    return ok and flag.value != 0
+
+
+def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
+    """True when ``cmdline`` starts torchrun's elastic agent.
+
+    Recognises ``torchrun ...``, ``python .../torchrun ...`` and ``python -m
+    torch.distributed.run`` (or ``.launch``) by the program and interpreter options only,
+    never by an argument of the script. Used only to *spare* workers whose parent is
+    such an agent; clean never selects a process by its command.
+    """
+    if not cmdline:
+        return False
+    program = Path(cmdline[0]).name
+    if program == "torchrun":
+        return True
+    if not program.startswith("python"):
+        return False
+    args = list(cmdline[1:])
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        if args[i] == "-m":
+            return i + 1 < len(args) and args[i + 1] in _AGENT_MODULES
+        i += 1
+    return i < len(args) and Path(args[i]).name == "torchrun"
+
+
+def _getsid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -> str | None:
+    """Why we believe ``pid`` was reparented (its launcher is gone), or None.
+
+    Linux does not record who forked a process, so this reads the traces a fork leaves:
+    a child inherits its launcher's session unless it makes its own (setsid), and a
+    launcher always starts before its child. Adoption by a subreaper that shares the
+    child's session, and a session-leader child adopted by one, leave no trace; those
+    stay "not orphaned", the safe side for a tool that offers to kill orphans.
+    """
+    if ppid <= 0:
+        # The parent lives outside this PID namespace (docker exec) or this is pid 1.
+        return None
+    sid = _getsid(pid)
+    if ppid == 1:
+        init_sid = _getsid(1)
+        if sid is not None and sid not in (0, pid) and sid == init_sid:
+            # Still in pid 1's own session: pid 1 is its launcher (a container whose
+            # entrypoint is the job itself), not an init that adopted it.
+            return None
+        if torchelastic and is_torchrun_agent(_ask(lambda: psutil.Process(1).cmdline(), [])):
+            # `docker run ... torchrun`: pid 1 is the agent itself, and its workers run
+            # in sessions of their own. The command only ever spares, never selects.
+            return None
+        return "reparented to pid 1: its launcher is gone"
+    try:
+        parent = psutil.Process(ppid)
+        parent_start = parent.create_time()
+    except psutil.NoSuchProcess:
+        return f"parent pid {ppid} is gone"
+    except psutil.AccessDenied:
+        return None
+    if parent_start > start_time:
+        return f"parent pid {ppid} started after it, so adopted it"
+    if ppid == os.getpid() and torchelastic and _self_is_subreaper():
+        # nbgpu never starts torchrun workers itself: only an agent does, so a worker
+        # whose parent is this subreaper was adopted after its agent died.
+        return "adopted by this process (a subreaper): its torchrun agent is gone"
+    parent_sid = _getsid(ppid)
+    if sid is not None and sid not in (0, pid) and parent_sid is not None and parent_sid != sid:
+        return f"adopted by pid {ppid}: it is not in its parent's session, so its launcher is gone"
+    return None

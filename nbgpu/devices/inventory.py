@@ -1,12 +1,12 @@
 """The inventory: one snapshot of every GPU, who holds it, and what CUDA will see.
 
-``take_inventory()`` joins NVML's view (``nvml.py``) with the OS's view of each
-holder pid (``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``),
-per-GPU findings and health (``findings.py``) and, opt-in, the active CUDA probe
-(``health.py``, in a subprocess). The result renders as text, HTML and a pandas frame,
-and serialises itself: :meth:`Inventory.to_dict` writes a capture (``nbgpu status
---json``, a fleet file the simulator replays: ``capture.py``), :meth:`Inventory.from_dict`
-reads it back; :func:`saved_inventory` reads such a file.
+``take_inventory()`` joins NVML's view (``nvml.py``), the OS's view of each holder pid
+(``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``), per-GPU findings
+(``model.py``) and, opt-in, the CUDA probe (``health.py``). The result renders as text,
+HTML and a pandas frame, and serialises itself as a *capture* (``nbgpu status --json``):
+the simulator's fleet file, so ``NBGPU_SIMULATE=pod.json`` replays the box, plus what was
+observed here (findings, the CUDA mapping, ``/dev/nvidia*`` files, the probe, the
+container), which :meth:`Inventory.from_dict` reads back as it was.
 
 Never imports IPython, ipywidgets, matplotlib or torch; pandas only in ``to_frame``.
 """
@@ -18,9 +18,9 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from nbgpu._render import (
     Blank,
@@ -35,14 +35,26 @@ from nbgpu._render import (
     fmt_opt,
     fmt_used_total,
 )
+from nbgpu._serial import from_data, to_data
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
-from nbgpu.devices.capture import capture_document, capture_fields, is_capture, observed_holder
-from nbgpu.devices.findings import assess_gpu, gpu_health
-from nbgpu.devices.holders import ContainerInfo, HolderInfo
-from nbgpu.devices.model import Gpu
-from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
-from nbgpu.errors import NvmlError
+from nbgpu.devices.cuda_errors import cuda_version
+from nbgpu.devices.holders import ContainerInfo, HolderInfo, recorded_holder
+from nbgpu.devices.model import (
+    FLEET_FORMAT,
+    GPU_FAULTS,
+    INIT_ERRORS,
+    OBSERVED_STATES,
+    Gpu,
+    GpuProcess,
+    ObservedProcess,
+    ProcessRecord,
+    ProcessState,
+    assess_gpu,
+    gpu_health,
+)
+from nbgpu.devices.visible import FASTEST_FIRST, VisibleMap, gpu_identities, resolve_visible
+from nbgpu.errors import NvmlError, UserInputError
 from nbgpu.problems import Problem
 
 if TYPE_CHECKING:  # the probe module loads only for --probe
@@ -83,23 +95,11 @@ class Inventory(Result):
     probe: ProbeReport | None = None
     elapsed_ms: float = 0.0
 
-    # -- convenience -----------------------------------------------------------
-
-    @property
-    def cuda_version_text(self) -> str | None:
-        v = self.cuda_driver_version
-        return None if v is None else f"{v // 1000}.{(v % 1000) // 10}"
-
     @property
     def healthy_indices(self) -> tuple[int, ...]:
         """NVML indices of GPUs with no bad finding (and a passing probe if probed)."""
-        failed_probe = set()
-        if self.probe is not None:
-            failed_probe = {
-                r.nvml_index
-                for r in self.probe.results
-                if r.outcome != "ok" and r.nvml_index is not None
-            }
+        probed = self.probe.results if self.probe is not None else ()
+        failed_probe = {r.nvml_index for r in probed if r.outcome != "ok"}
         return tuple(
             g.nvml_index
             for g, fs in zip(self.gpus, self.findings, strict=True)
@@ -107,12 +107,6 @@ class Inventory(Result):
             and not any(f.severity == "bad" for f in fs)
             and g.nvml_index not in failed_probe
         )
-
-    def gpu(self, nvml_index: int) -> Gpu:
-        for g in self.gpus:
-            if g.nvml_index == nvml_index:
-                return g
-        raise KeyError(nvml_index)
 
     # -- rendering -------------------------------------------------------------
 
@@ -127,8 +121,8 @@ class Inventory(Result):
         parts = [f"{command} — {source}"]
         if self.driver_version:
             parts.append(f"driver {self.driver_version}")
-        if self.cuda_version_text:
-            parts.append(f"CUDA {self.cuda_version_text}")
+        if self.cuda_driver_version is not None:
+            parts.append(f"CUDA {cuda_version(self.cuda_driver_version)}")
         line = " · ".join(parts)
         if len(line) > 80:  # a long fleet spec: driver facts go on their own line
             line = parts[0] + "\n  " + " · ".join(parts[1:])
@@ -147,17 +141,10 @@ class Inventory(Result):
                 continue
             name = (gpu.name or "?").replace("NVIDIA ", "")
             mem = fmt_used_total(gpu.memory_used_bytes, gpu.memory_total_bytes)
-            power = (
-                f"{gpu.power_w:.0f}/{gpu.power_limit_w:.0f} W"
-                if gpu.power_w is not None and gpu.power_limit_w is not None
-                else fmt_opt(gpu.power_w, " W")
-            )
-            mode = {
-                "default": "default",
-                "exclusive_process": "E.Process",
-                "exclusive_thread": "E.Thread",
-                "prohibited": "Prohibited",
-            }.get(gpu.compute_mode or "", fmt_opt(gpu.compute_mode))
+            power = fmt_opt(gpu.power_w, " W")
+            if gpu.power_w is not None and gpu.power_limit_w is not None:
+                power = f"{gpu.power_w:.0f}/{gpu.power_limit_w:.0f} W"
+            mode = _MODES.get(gpu.compute_mode or "", fmt_opt(gpu.compute_mode))
             if gpu.mig_enabled:
                 mode += " MIG"
             table.add(
@@ -197,7 +184,7 @@ class Inventory(Result):
                     level=level,
                 )
         for pid, paths in sorted(self.device_files.items()):
-            h = self.device_file_holders.get(pid) or holders_mod.recorded_holder(
+            h = self.device_file_holders.get(pid) or recorded_holder(
                 pid, "dead", None, None, None, None
             )
             table.add(
@@ -232,19 +219,11 @@ class Inventory(Result):
         for gpu, findings in zip(self.gpus, self.findings, strict=True):
             notes.extend((f.severity, f.message) for f in findings if f.severity in ("bad", "warn"))
             if gpu.fallbacks:
-                notes.append(
-                    (
-                        "info",
-                        f"GPU {gpu.nvml_index}: old driver fallbacks: " + "; ".join(gpu.fallbacks),
-                    )
-                )
+                fallbacks = "; ".join(gpu.fallbacks)
+                notes.append(("info", f"GPU {gpu.nvml_index}: old driver fallbacks: {fallbacks}"))
         if self.container.in_container and not self.container.host_pid_namespace:
-            notes.append(
-                (
-                    "info",
-                    "inside a container without the host PID namespace: GPU pids are host pids",
-                )
-            )
+            note = "inside a container without the host PID namespace: GPU pids are host pids"
+            notes.append(("info", note))
         if self.probe is not None and self.probe.init_error:
             notes.append(("bad", f"probe: {self.probe.init_error}"))
         return notes
@@ -292,19 +271,90 @@ class Inventory(Result):
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """A capture (``capture.py``): the fleet file (``nbgpu_fleet``) the simulator
-        replays, plus what was observed here; :meth:`from_dict` reads it back."""
-        return capture_document(vars(self))
+        """The capture: a fleet file the simulator replays, plus what was observed here."""
+        init_error = _INIT_ERROR_NAMES.get(self.nvml_error_code or -1) if self.nvml_error else None
+        visible = None
+        if (v := self.visible) is not None:
+            seen = {
+                k: to_data(getattr(v, k)) for k in ("order", "devices", "stopped_at", "problems")
+            }
+            visible = {"value": v.raw, "override": self.visible_is_override, **seen}
+        return {
+            "nbgpu_fleet": FLEET_FORMAT,
+            "name": self.fleet_name if self.simulated else self.hostname,
+            "description": self.fleet_description or f"captured on {self.hostname}",
+            **{k: getattr(self, k) for k in _COPIED},
+            "init_error": init_error,
+            "nvml_error": self.nvml_error,
+            "container": to_data(self.container),
+            "visible_devices": visible,
+            "gpus": [
+                {**_gpu_document(g), "findings": to_data(fs)}
+                for g, fs in zip(self.gpus, self.findings, strict=True)
+            ],
+            "device_files": [
+                {
+                    "pid": pid,
+                    "paths": list(paths),
+                    "observed": to_data(_observed(self.device_file_holders.get(pid))),
+                }
+                for pid, paths in sorted(self.device_files.items())
+            ],
+            "probe": None if self.probe is None else self.probe.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str = "inventory JSON") -> Inventory:
-        """The inventory :meth:`to_dict` wrote (a ``nbgpu status --json`` file), as it was
-        taken: holders as recorded there, findings as found there. Every mistake is one
-        ``UserInputError`` line naming *where* and the field."""
-        return cls(**capture_fields(data, where))
+        """The capture :meth:`to_dict` wrote, as it was taken (no simulator); each mistake
+        one ``UserInputError`` line naming *where* and the field (``gpus[1].processes[0].pid``)."""
+        if not _is_capture(data):
+            raise UserInputError(f"{where}: not a capture (write one with `nbgpu status --json`)")
+        doc = from_data(_Document, data, prefix=where)
+        gpus = tuple(_gpu(g, f"gpus[{n}]", where) for n, g in enumerate(doc.gpus))
+        findings = tuple(
+            from_data(_Findings, g, where=f"gpus[{n}]", prefix=where).findings
+            if "findings" in g
+            else assess_gpu(gpu, len(gpus))  # a capture from before findings were written
+            for n, (g, gpu) in enumerate(zip(doc.gpus, gpus, strict=True))
+        )
+        seen = doc.visible_devices
+        if isinstance(seen, dict):  # older captures lack the order and where CUDA stopped
+            seen = {"order": FASTEST_FIRST, "stopped_at": None, **seen, "raw": seen.get("value")}
+        visible = None
+        if seen is not None:
+            visible = from_data(VisibleMap, seen, where="visible_devices", prefix=where)
+        probe = None
+        if doc.probe is not None:
+            from nbgpu.devices.health import ProbeReport  # noqa: PLC0415  (a probed capture only)
+
+            probe = ProbeReport.from_dict(doc.probe, where=where)
+        return cls(
+            **{k: getattr(doc, k) for k in (*_COPIED, "container", "nvml_error")},
+            fleet_name=doc.name if doc.simulated else None,
+            fleet_description=doc.description if doc.simulated else None,
+            nvml_error_code=INIT_ERRORS.get(doc.init_error or "") if doc.nvml_error else None,
+            gpus=gpus,
+            findings=findings,
+            visible=visible,
+            visible_value=None if visible is None else visible.raw,
+            visible_is_override=isinstance(seen, dict) and seen.get("override") is True,
+            device_files={f.pid: f.paths for f in doc.device_files},
+            device_file_holders={
+                f.pid: _observed_holder(f.pid, f.observed)
+                for f in doc.device_files
+                if f.observed is not None
+            },
+            probe=probe,
+        )
 
 
 _GPU_COLUMNS = Inventory.FRAME_COLUMNS[:12]
+# nvidia-smi's words for the compute modes.
+_MODES = {
+    "exclusive_process": "E.Process",
+    "exclusive_thread": "E.Thread",
+    "prohibited": "Prohibited",
+}
 
 
 def _age(start_time: float | None, now: float) -> str:
@@ -322,22 +372,15 @@ def saved_inventory(source: str) -> Inventory | None:
     """The inventory a ``nbgpu status --json`` file holds, read back; None when *source*
     is not such a file (a spec, a named fleet, a fleet file written by hand, a missing
     file: those are for the simulator, which says what is wrong with them)."""
-    if not source.strip().endswith(".json"):
+    path = source.strip()
+    if not path.endswith(".json"):
         return None
     try:
-        data = json.loads(Path(source.strip()).expanduser().read_text(encoding="utf-8"))
+        data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not is_capture(data):
-        return None
-    return Inventory.from_dict(data, where=f"inventory file {source.strip()!r}")
-
-
-def _holder_for(pid: int, backend: nvml.Backend, container: ContainerInfo) -> HolderInfo:
-    observed = backend.recorded_process(pid)
-    if observed is not None:  # what a capture recorded (a fleet file): not looked up here
-        return observed_holder(pid, observed)
-    return holders_mod.describe_pid(pid, container=container)
+    where = f"inventory file {path!r}"
+    return Inventory.from_dict(data, where=where) if _is_capture(data) else None
 
 
 def _probe(env: Mapping[str, str], gpus: list[Gpu], timeout_s: float) -> ProbeReport:
@@ -366,11 +409,8 @@ def take_inventory(
     started = time.perf_counter()
     env = dict(os.environ) if environ is None else dict(environ)
     container = holders_mod.detect_container()
-    try:
-        snap = nvml.read_system(env)
-    except NvmlError as exc:
-        # Which fleet failed to initialise is the point of a simulated failure scenario.
-        backend = nvml.backend_for(env)
+
+    def taken(backend: nvml.Backend, gpus: list[Gpu], **facts: Any) -> Inventory:
         return Inventory(
             taken_at=time.time(),
             hostname=socket.gethostname(),
@@ -378,39 +418,33 @@ def take_inventory(
             fleet_name=backend.fleet_name,
             fleet_description=backend.fleet_description,
             container=container,
-            nvml_error=str(exc),
-            nvml_error_code=exc.code,
-            probe=_probe(env, [], probe_timeout_s) if probe else None,
+            gpus=tuple(gpus),
+            **facts,
+            probe=_probe(env, gpus, probe_timeout_s) if probe else None,
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
+
+    try:
+        snap = nvml.read_system(env)
+    except NvmlError as exc:
+        # Which fleet failed to initialise is the point of a simulated failure scenario.
+        return taken(nvml.backend_for(env), [], nvml_error=str(exc), nvml_error_code=exc.code)
     gpus = [
         replace(g, processes=tuple(
             replace(p, holder=_holder_for(p.pid, snap.backend, container)) for p in g.processes
         ))
         for g in snap.gpus
     ]  # fmt: skip
-    cvd_env = dict(env)
-    if visible_devices is not None:
-        cvd_env["CUDA_VISIBLE_DEVICES"] = visible_devices
-    device_files: dict[int, tuple[str, ...]] = {}
-    if scan_device_files:
-        listed = {p.pid for g in gpus for p in g.processes}
-        device_files = {
-            pid: paths
-            for pid, paths in holders_mod.device_file_holders().items()
-            if pid not in listed and pid != os.getpid()
-        }
-    return Inventory(
-        taken_at=time.time(),
-        hostname=socket.gethostname(),
-        simulated=snap.backend.simulated,
-        fleet_name=snap.backend.fleet_name,
-        fleet_description=snap.backend.fleet_description,
-        container=container,
+    cvd_env = env if visible_devices is None else {**env, "CUDA_VISIBLE_DEVICES": visible_devices}
+    listed = {p.pid for g in gpus for p in g.processes} | {os.getpid()}
+    scanned = holders_mod.device_file_holders() if scan_device_files else {}
+    device_files = {pid: paths for pid, paths in scanned.items() if pid not in listed}
+    return taken(
+        snap.backend,
+        gpus,
         driver_version=snap.driver_version,
         cuda_driver_version=snap.cuda_driver_version,
         nvml_version=snap.nvml_version,
-        gpus=tuple(gpus),
         findings=tuple(assess_gpu(g, snap.device_count) for g in gpus),
         visible=resolve_visible(gpu_identities([g for g in gpus if g.ok]), cvd_env),
         visible_value=cvd_env.get("CUDA_VISIBLE_DEVICES"),
@@ -419,6 +453,110 @@ def take_inventory(
         device_file_holders={
             pid: holders_mod.describe_pid(pid, container=container) for pid in device_files
         },
-        probe=_probe(env, gpus, probe_timeout_s) if probe else None,
-        elapsed_ms=(time.perf_counter() - started) * 1000,
     )
+
+
+def _holder_for(pid: int, backend: nvml.Backend, container: ContainerInfo) -> HolderInfo:
+    observed = backend.recorded_process(pid)
+    if observed is not None:  # what a capture recorded (a fleet file): not looked up here
+        return _observed_holder(pid, observed)
+    return holders_mod.describe_pid(pid, container=container)
+
+
+# -- the capture file ----------------------------------------------------------------
+
+_INIT_ERROR_NAMES = {code: name for name, code in INIT_ERRORS.items()}
+# Written as the inventory holds them.
+_COPIED = (
+    "hostname", "taken_at", "simulated", "driver_version", "cuda_driver_version", "nvml_version",
+)  # fmt: skip
+
+
+def _is_capture(data: object) -> bool:
+    """Whether a decoded JSON document is an inventory's capture (not a fleet by hand)."""
+    return isinstance(data, dict) and "taken_at" in data
+
+
+def _observed(h: HolderInfo | None) -> ObservedProcess | None:
+    """What a capture records of a holder: its state where it was taken, who, what."""
+    if h is None:
+        return None
+    state = h.state if h.state in ("dead", "zombie", "other_namespace") else h.status
+    state = state if state in OBSERVED_STATES else "running"
+    return ObservedProcess(
+        cast("ProcessState", state), h.user, h.command, h.visible_devices, h.start_time
+    )
+
+
+def _observed_holder(pid: int, o: ObservedProcess) -> HolderInfo:
+    """The holder a capture (or a fleet file) recorded: never looked up on this machine."""
+    return recorded_holder(pid, o.state, o.user, o.command, o.visible_devices, o.start_time)
+
+
+def _gpu_document(gpu: Gpu) -> dict[str, Any]:
+    data = {f.name: to_data(getattr(gpu, f.name)) for f in fields(gpu)}
+    data["index"] = data.pop("nvml_index")
+    data["fault"] = gpu.error if gpu.error in GPU_FAULTS else None
+    kinds: dict[str, Literal["compute", "graphics"]] = {"graphics": "graphics"}
+    data["processes"] = [
+        to_data(
+            ProcessRecord(p.pid, p.used_bytes, kinds.get(p.kind, "compute"), _observed(p.holder))
+        )
+        for p in gpu.processes
+    ]
+    return data
+
+
+def _gpu(data: Any, where: str, prefix: str) -> Gpu:
+    if not isinstance(data, dict):
+        raise UserInputError(f"{prefix}: {where} is not an object")
+    error = data.get("error", data.get("fault"))
+    gpu = from_data(
+        Gpu, {**data, "nvml_index": data.get("index"), "error": error, "processes": []},
+        where=where, prefix=prefix,
+    )  # fmt: skip
+    records = from_data(
+        _Processes, {"processes": data.get("processes") or []}, where=where, prefix=prefix
+    )
+    return replace(gpu, processes=tuple(
+        GpuProcess(r.pid, r.used_bytes, r.kind, None if r.observed is None else _observed_holder(r.pid, r.observed))
+        for r in records.processes
+    ))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Processes:
+    processes: tuple[ProcessRecord, ...]
+
+
+@dataclass(frozen=True)
+class _Findings:
+    findings: tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class _DeviceFile:
+    pid: int
+    paths: tuple[str, ...]
+    observed: ObservedProcess | None = None
+
+
+@dataclass(frozen=True)
+class _Document:
+    """A capture's top level, checked by its types."""
+
+    taken_at: float
+    hostname: str
+    container: ContainerInfo
+    name: str | None = None
+    description: str | None = None
+    simulated: bool = False
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+    nvml_version: str | None = None
+    init_error: str | None = None
+    nvml_error: str | None = None
+    gpus: tuple[Any, ...] = ()  # each read by _gpu
+    visible_devices: Any = None  # read as a VisibleMap
+    device_files: tuple[_DeviceFile, ...] = ()
+    probe: Any = None  # read by ProbeReport.from_dict

@@ -1,14 +1,11 @@
 """The one module that imports pynvml (ruff's banned-api rule enforces it).
 
-It owns: choosing the library (the real ``libnvidia-ml.so.1``, or the simulated one
-when ``NBGPU_SIMULATE`` is set: the seam where ``devices/sim/`` is imported, and only
-then), lazy initialisation, mapping NVML errors to nbgpu's
-exception tree, per-capability NotSupported handling, fallbacks for old drivers that
-lack ``_v2``/``_v3`` symbols, and reading one snapshot of every GPU into
-:mod:`nbgpu.devices.model` types. No pynvml object leaves this module.
-
-It must never import psutil, torch, IPython, pandas or matplotlib; holders and
-findings are ``inventory.py``'s business.
+It owns choosing the library (the real ``libnvidia-ml.so.1``, or the simulated one when
+``NBGPU_SIMULATE`` is set: the seam where ``devices/sim/`` is imported, and only then),
+lazy initialisation, mapping NVML errors to nbgpu's exception tree, per-capability
+NotSupported handling, fallbacks for old drivers without ``_v2``/``_v3`` symbols, and
+reading one snapshot of every GPU into :mod:`nbgpu.devices.model` types. No pynvml object
+leaves this module. Never imports psutil, torch, IPython, pandas or matplotlib.
 """
 
 from __future__ import annotations
@@ -68,20 +65,15 @@ class Backend:
 
     def recorded_process(self, pid: int) -> ObservedProcess | None:
         """What the fleet recorded of *pid* where it was captured; None: look it up here."""
-        if self.fleet is None:
-            return None
-        for gpu in self.fleet.gpus:
-            for proc in gpu.processes:
-                if proc.pid == pid and proc.observed is not None:
-                    return proc.observed
-        return None
+        gpus = self.fleet.gpus if self.fleet is not None else ()
+        found = (p.observed for g in gpus for p in g.processes if p.pid == pid and p.observed)
+        return next(found, None)
 
     def nvml_index_by_uuid(self) -> dict[str, int]:
         """NVML index by GPU or MIG UUID, as the fleet knows it (empty on hardware)."""
-        if self.fleet is None:
-            return {}
-        uuids = {gpu.uuid: gpu.index for gpu in self.fleet.gpus}
-        uuids.update({mig.uuid: gpu.index for gpu in self.fleet.gpus for mig in gpu.mig_devices})
+        gpus = self.fleet.gpus if self.fleet is not None else ()
+        uuids = {gpu.uuid: gpu.index for gpu in gpus}
+        uuids.update({mig.uuid: gpu.index for gpu in gpus for mig in gpu.mig_devices})
         return uuids
 
 
@@ -96,7 +88,7 @@ class SystemSnapshot:
 
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"key": None, "backend": None, "library": None, "initialised": False}
+_state: dict[str, Any] = {"key": None, "backend": None, "initialised": False}
 
 
 def _translate(exc: pynvml.NVMLError, what: str) -> NvmlError:
@@ -122,23 +114,23 @@ def _install(library: Any) -> None:
     pynvml._nvmlLib_refcount = 0
 
 
+def _shutdown() -> None:
+    if _state["initialised"]:
+        with contextlib.suppress(pynvml.NVMLError):  # a library already gone is fine
+            pynvml.nvmlShutdown()
+
+
 def reset() -> None:
     """Forget the current library and initialisation (tests switch fleets with it)."""
     with _lock:
-        if _state["initialised"]:
-            # Shutting down a library that is already gone is fine.
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlShutdown()
-        _state.update(key=None, backend=None, library=None, initialised=False)
+        _shutdown()
+        _state.update(key=None, backend=None, initialised=False)
         _install(None)
 
 
 def backend_for(environ: Mapping[str, str]) -> Backend:
-    """The backend *environ* selects, its library installed but not initialised.
-
-    ``NBGPU_SIMULATE`` in *environ* chooses a simulated fleet (``FleetSpecError`` when it
-    is malformed); a change of that value (tests, ``%env``) switches library.
-    """
+    """The backend *environ* selects (its ``NBGPU_SIMULATE``; a change of it switches
+    library), installed but not initialised. ``FleetSpecError`` for a malformed value."""
     with _lock:
         return _select(environ)
 
@@ -148,25 +140,19 @@ def _select(environ: Mapping[str, str]) -> Backend:
     source = simulation_source(environ)
     node = simulated_node(environ) if source else None  # a cluster file: this node's fleet
     if _state["key"] != (source, node):
-        if _state["initialised"]:
-            with contextlib.suppress(pynvml.NVMLError):  # old library may be unusable
-                pynvml.nvmlShutdown()
+        _shutdown()
         fleet, library = _simulated_library(source, node) if source else (None, None)
         _install(library)
-        _state.update(
-            key=(source, node),
-            backend=Backend(simulated=fleet is not None, fleet=fleet),
-            library=library,
-            initialised=False,
-        )
+        new = Backend(simulated=fleet is not None, fleet=fleet)
+        _state.update(key=(source, node), backend=new, initialised=False)
     backend: Backend = _state["backend"]
     return backend
 
 
 def _simulated_library(source: str, node: str | None) -> tuple[Fleet, Any]:
     # The seam: the fake library and its fleet are imported here, for a simulation only.
+    from nbgpu.devices.sim.fleet import load_fleet  # noqa: PLC0415
     from nbgpu.devices.sim.nvml import FakeNvmlLibrary  # noqa: PLC0415
-    from nbgpu.devices.sim.spec import load_fleet  # noqa: PLC0415
 
     fleet = load_fleet(source, node=node)
     return fleet, FakeNvmlLibrary(fleet)
@@ -188,8 +174,8 @@ def activate(environ: Mapping[str, str]) -> Backend:
         return backend
 
 
-def _query(fn: Callable[..., T], *args: Any, missing: list[str], name: str) -> T | None:
-    """Call an NVML getter; NotSupported/absent symbol → None, recorded in *missing*."""
+def _query(missing: list[str], name: str, fn: Callable[..., T], *args: Any) -> T | None:
+    """Call an NVML getter; NotSupported/absent symbol → None, *name* recorded in *missing*."""
     try:
         return fn(*args)
     except pynvml.NVMLError as exc:
@@ -290,14 +276,14 @@ def _pci_bus_id(handle: Any, fallbacks: list[str]) -> str:
 
 
 def _mig(handle: Any, missing: list[str]) -> tuple[bool | None, tuple[MigDevice, ...]]:
-    mode = _query(pynvml.nvmlDeviceGetMigMode, handle, missing=missing, name="MIG")
+    mode = _query(missing, "MIG", pynvml.nvmlDeviceGetMigMode, handle)
     if mode is None:
         return None, ()
     enabled = bool(mode[0])
     if not enabled:
         return False, ()
     children = []
-    count = _query(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle, missing=missing, name="MIG") or 0
+    count = _query(missing, "MIG", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
     for i in range(count):
         try:
             child = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
@@ -306,18 +292,14 @@ def _mig(handle: Any, missing: list[str]) -> tuple[bool | None, tuple[MigDevice,
                 continue  # an unpopulated slot
             raise
         sub: list[str] = []
-        mem = _query(pynvml.nvmlDeviceGetMemoryInfo, child, missing=sub, name="memory")
+        mem = _query(sub, "memory", pynvml.nvmlDeviceGetMemoryInfo, child)
         children.append(
             MigDevice(
                 uuid=_text(pynvml.nvmlDeviceGetUUID(child)),
                 name=_text(pynvml.nvmlDeviceGetName(child)),
                 memory_total_bytes=int(mem.total) if mem is not None else None,
-                gpu_instance_id=_query(
-                    pynvml.nvmlDeviceGetGpuInstanceId, child, missing=sub, name="gi"
-                ),
-                compute_instance_id=_query(
-                    pynvml.nvmlDeviceGetComputeInstanceId, child, missing=sub, name="ci"
-                ),
+                gpu_instance_id=_query(sub, "gi", pynvml.nvmlDeviceGetGpuInstanceId, child),
+                compute_instance_id=_query(sub, "ci", pynvml.nvmlDeviceGetComputeInstanceId, child),
             )
         )
     return True, tuple(children)
@@ -334,49 +316,23 @@ def _read_gpu(index: int) -> Gpu:
         return Gpu(nvml_index=index, error=str(exc))
     missing: list[str] = []
     fallbacks: list[str] = []
+
+    def ask(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return _query(missing, name, fn, handle, *args)
+
     try:
         total, used, free, reserved = _memory(handle, fallbacks)
-        util = _query(
-            pynvml.nvmlDeviceGetUtilizationRates, handle, missing=missing, name="utilisation"
-        )
-        temp = _query(
-            pynvml.nvmlDeviceGetTemperature,
-            handle,
-            pynvml.NVML_TEMPERATURE_GPU,
-            missing=missing,
-            name="temperature",
-        )
-        power = _query(pynvml.nvmlDeviceGetPowerUsage, handle, missing=missing, name="power")
-        limit = _query(
-            pynvml.nvmlDeviceGetEnforcedPowerLimit, handle, missing=missing, name="power limit"
-        )
-        mode = _query(pynvml.nvmlDeviceGetComputeMode, handle, missing=missing, name="compute mode")
-        persistence = _query(
-            pynvml.nvmlDeviceGetPersistenceMode, handle, missing=missing, name="persistence"
-        )
-        ecc = _query(
-            pynvml.nvmlDeviceGetTotalEccErrors,
-            handle,
-            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            pynvml.NVML_VOLATILE_ECC,
-            missing=missing,
-            name="ECC",
-        )
-        rows = _query(
-            pynvml.nvmlDeviceGetRemappedRows, handle, missing=missing, name="remapped rows"
-        )
-        retired = _query(
-            pynvml.nvmlDeviceGetRetiredPagesPendingStatus,
-            handle,
-            missing=missing,
-            name="retired pages",
-        )
-        cc = _query(
-            pynvml.nvmlDeviceGetCudaComputeCapability,
-            handle,
-            missing=missing,
-            name="compute capability",
-        )
+        util = ask("utilisation", pynvml.nvmlDeviceGetUtilizationRates)
+        temp = ask("temperature", pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU)
+        power = ask("power", pynvml.nvmlDeviceGetPowerUsage)
+        limit = ask("power limit", pynvml.nvmlDeviceGetEnforcedPowerLimit)
+        mode = ask("compute mode", pynvml.nvmlDeviceGetComputeMode)
+        persistence = ask("persistence", pynvml.nvmlDeviceGetPersistenceMode)
+        uncorrected = (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+        ecc = ask("ECC", pynvml.nvmlDeviceGetTotalEccErrors, *uncorrected)
+        rows = ask("remapped rows", pynvml.nvmlDeviceGetRemappedRows)
+        retired = ask("retired pages", pynvml.nvmlDeviceGetRetiredPagesPendingStatus)
+        cc = ask("compute capability", pynvml.nvmlDeviceGetCudaComputeCapability)
         mig_enabled, migs = _mig(handle, missing)
         return Gpu(
             nvml_index=index,

@@ -31,16 +31,9 @@ from nbgpu._render import Block, Bullets, Line, Result
 from nbgpu.errors import VisibleDevicesError
 
 __all__ = [
-    "FASTEST_FIRST",
-    "ORDERS",
-    "PCI_BUS_ID",
-    "GpuIdentity",
-    "VisibleDevice",
-    "VisibleMap",
-    "gpu_identities",
-    "normalize_pci_bus_id",
-    "resolve_visible",
-]
+    "FASTEST_FIRST", "ORDERS", "PCI_BUS_ID", "GpuIdentity", "VisibleDevice", "VisibleMap",
+    "gpu_identities", "normalize_pci_bus_id", "resolve_visible",
+]  # fmt: skip
 
 FASTEST_FIRST = "FASTEST_FIRST"
 PCI_BUS_ID = "PCI_BUS_ID"
@@ -143,11 +136,10 @@ class _Bad:
 
 def normalize_pci_bus_id(bus_id: str) -> str:
     """``00000000:3B:00.0`` (NVML) and ``0000:3b:00.0`` (CUDA, sysfs) -> ``0000:3b:00.0``."""
-    m = _PCI.fullmatch(bus_id.strip())
-    if m is None:
+    fields = _pci_fields(bus_id)
+    if fields is None:
         return bus_id.strip().lower()
-    domain, bus, device, function = (int(g or "0", 16) for g in m.groups())
-    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+    return "{:04x}:{:02x}:{:02x}.{:x}".format(*fields)
 
 
 def gpu_identities(gpus: Iterable[Any]) -> list[GpuIdentity]:
@@ -232,36 +224,33 @@ def resolve_visible(
 
 def _device_order(value: str | None, problems: list[str]) -> str:
     setting = (value or "").strip()
-    if not setting:
-        return FASTEST_FIRST
     if setting in ORDERS:
         return setting
-    problems.append(
-        f"CUDA_DEVICE_ORDER={value!r} is not {' or '.join(ORDERS)}: CUDA uses {FASTEST_FIRST}"
-    )
+    if setting:
+        problems.append(
+            f"CUDA_DEVICE_ORDER={value!r} is not {' or '.join(ORDERS)}: CUDA uses {FASTEST_FIRST}"
+        )
     return FASTEST_FIRST
 
 
-def _pci_key(bus_id: str) -> tuple[int, ...]:
+def _pci_fields(bus_id: str) -> tuple[int, ...] | None:
+    """(domain, bus, device, function) of a bus id in NVML's or CUDA's form."""
     m = _PCI.fullmatch(bus_id.strip())
-    if m is None:  # not from NVML; keep it after every well-formed bus id
-        return (1,)
-    return (0, *(int(g or "0", 16) for g in m.groups()))
+    return None if m is None else tuple(int(g or "0", 16) for g in m.groups())
+
+
+def _pci_key(bus_id: str) -> tuple[int, ...]:
+    fields = _pci_fields(bus_id)
+    return (1,) if fields is None else (0, *fields)  # one not from NVML goes last
 
 
 def _cuda_order(gpus: Sequence[GpuIdentity], order: str) -> list[GpuIdentity]:
-    if order == PCI_BUS_ID:
-        return sorted(gpus, key=lambda g: (_pci_key(g.pci_bus_id), g.nvml_index))
-    # CUDA's "fastest first" heuristic: higher compute capability first, then PCI bus order.
-    return sorted(
-        gpus,
-        key=lambda g: (
-            -g.compute_capability[0],
-            -g.compute_capability[1],
-            _pci_key(g.pci_bus_id),
-            g.nvml_index,
-        ),
-    )
+    def key(g: GpuIdentity) -> tuple[object, ...]:
+        # CUDA's "fastest first" heuristic: higher compute capability first, then bus order.
+        major, minor = (0, 0) if order == PCI_BUS_ID else g.compute_capability
+        return (-major, -minor, _pci_key(g.pci_bus_id), g.nvml_index)
+
+    return sorted(gpus, key=key)
 
 
 def _index_slots(ordered: Sequence[GpuIdentity]) -> list[_Target]:

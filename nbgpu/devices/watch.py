@@ -2,13 +2,9 @@
 
 :class:`Watcher` takes an inventory snapshot every ``interval_s`` seconds on a daemon
 thread (NVML and ``/proc`` only: no CUDA, no device-file scan) and keeps the last
-``history`` samples. It can be paused, resumed and stopped; a stopped watcher never
-samples again, and a sample that raises ends the thread with the error kept, so a dead
-thread is visible (``error``), never silent. Faces (``%gpu_watch``) draw from
-:attr:`samples` and may pass ``label_pid`` to mark processes they know (the kernel's own,
-the ranks of nbgpu runs).
-
-Hardware only: imports nothing above ``devices/``.
+``history`` samples. A stopped watcher never samples again; a sample that raises ends the
+thread with the error kept (``error``), never silently. Faces (``%gpu_watch``) draw from
+:attr:`samples` and may label the processes they know (``label_pid``). Hardware only.
 """
 
 from __future__ import annotations
@@ -24,14 +20,9 @@ from nbgpu.devices.sim import simulation_source
 from nbgpu.errors import UserInputError
 
 __all__ = [
-    "MAX_HISTORY",
-    "MIN_INTERVAL_S",
-    "GpuPoint",
-    "ProcessPoint",
-    "Sample",
-    "Watcher",
+    "MAX_HISTORY", "MIN_INTERVAL_S", "GpuPoint", "ProcessPoint", "Sample", "Watcher",
     "parse_watch_options",
-]
+]  # fmt: skip
 
 #: Faster than this the sampling itself would be the load being watched.
 MIN_INTERVAL_S = 0.2

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from nbgpu.devices.findings import gpu_health
 from nbgpu.devices.inventory import Inventory, take_inventory
+from nbgpu.devices.model import gpu_health
 from nbgpu.errors import UserInputError
 from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (

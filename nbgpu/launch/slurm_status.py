@@ -131,8 +131,8 @@ def cluster_status(
 
 
 def _node_report(probe: bool) -> dict[str, Any]:
-    from nbgpu.devices.findings import gpu_health  # noqa: PLC0415
     from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+    from nbgpu.devices.model import gpu_health  # noqa: PLC0415
 
     inventory = take_inventory(probe=probe)
     return {

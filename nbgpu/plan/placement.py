@@ -1,12 +1,8 @@
 """Which GPUs a plan may use, which ones each role gets, and which ports.
 
-**Candidates.** A :class:`Candidate` is one GPU seen from the planner: usable or not, a
-*grade* (0: idle and clean; 1: usable with caveats, such as another process sharing it),
-and the doctor's problems that decide it (the finding rules stay in
-``devices/findings.py``). Never usable: NVML cannot read the GPU, a *bad* finding (dead
-holder in exclusive mode, prohibited, reset required ...), an exclusive-mode GPU held by a
-live process (CUDA refuses a second context), a failed CUDA probe, MIG mode (a process
-sees one instance, not the GPU). Usable with caveats: every *warn* finding.
+from nbgpu.devices.model import gpu_health
+from nbgpu.plan.allocation import Allocation
+from nbgpu.plan.job import DEFAULT_BASE_PORT, MAX_PORT
 
 **Assignment** (:func:`assign`), in order of importance: only usable candidates are ever
 given out; GPUs the user requires come first, in the order given (a hand workaround such
@@ -35,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from nbgpu._render import fmt_bytes
-from nbgpu.devices.findings import gpu_health
+from nbgpu.devices.model import gpu_health
 from nbgpu.plan.allocation import Allocation
 from nbgpu.plan.job import DEFAULT_BASE_PORT, MAX_PORT
 from nbgpu.plan.result import ExcludedGpu, PlannedGpu

@@ -20,7 +20,7 @@ dict. ``is_main()`` and ``print0()`` treat a process outside any job as the sing
 0; the other job queries raise a one-line ``UserInputError`` there.
 
 Layout (one idea per module): ``job`` (rank, sizes, ``print0``) · ``device`` (the real
-CUDA path; the simulated one is ``nbgpu.devices.sim.ranks``, imported only under
+CUDA path; the simulated one is ``nbgpu.devices.sim.cuda``, imported only under
 ``NBGPU_SIMULATE``) · ``group`` (the process group) · ``serial`` (``one_at_a_time``) ·
 ``memory`` (``set_memory_limit``, ``parse_size``). The rest of every child process nbgpu
 starts lives here too, imported by none of the above: ``agent`` (torchrun, wrapped) ·

@@ -2,7 +2,7 @@
 
 An ordinal past the visible devices fails with torch's own "invalid device ordinal" text
 before CUDA is touched, plus one ``[nbgpu]`` line. Under ``NBGPU_SIMULATE`` the answer
-comes from ``nbgpu.devices.sim.ranks`` through one call, imported only then: a real
+comes from ``nbgpu.devices.sim.cuda`` through one call, imported only then: a real
 rank never loads the simulation. torch is imported inside the functions only.
 """
 
@@ -92,7 +92,7 @@ def _simulated_device(source: str, ordinal: int, env: Mapping[str, str]) -> torc
     import torch  # noqa: PLC0415
 
     # Imported here: only simulated ranks load the fleet and the fake driver.
-    from nbgpu.devices.sim.ranks import simulated_device  # noqa: PLC0415
+    from nbgpu.devices.sim.cuda import simulated_device  # noqa: PLC0415
 
     answer = simulated_device(source, ordinal, env)
     if answer.cuda_error is not None:

@@ -6,8 +6,15 @@ import pytest
 from nbgpu.devices import model
 from nbgpu.devices.inventory import take_inventory
 from nbgpu.devices.sim import fleet as module
-from nbgpu.devices.sim.fleet import MODELS, SCENARIOS, Fleet, fleet_from_dict
-from nbgpu.devices.sim.spec import FICTIONAL_PID_BASE, load_fleet, parse_spec
+from nbgpu.devices.sim.fleet import (
+    FICTIONAL_PID_BASE,
+    MODELS,
+    SCENARIOS,
+    Fleet,
+    fleet_from_dict,
+    load_fleet,
+    parse_spec,
+)
 from nbgpu.errors import FleetSpecError
 
 MIB = 1024 * 1024

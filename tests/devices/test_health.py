@@ -26,7 +26,7 @@ from nbgpu.devices import health_child
 from nbgpu.devices.cuda_driver import CudaDriver
 from nbgpu.devices.health import OUTCOMES, ProbeReport, outcome_for, probe_devices
 from nbgpu.devices.sim.cuda import SimulatedCudaLibrary
-from nbgpu.devices.sim.spec import load_fleet, parse_spec
+from nbgpu.devices.sim.fleet import load_fleet, parse_spec
 from nbgpu.errors import FleetSpecError, UserInputError
 
 BUSY = "CUDA-capable device(s) is/are busy or unavailable"

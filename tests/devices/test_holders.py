@@ -30,9 +30,9 @@ from nbgpu.devices.holders import (
     describe_pid,
     detect_container,
     device_file_holders,
+    is_torchrun_agent,
     recorded_holder,
 )
-from nbgpu.devices.orphans import is_torchrun_agent
 from nbgpu.errors import UserInputError
 
 HOST = ContainerInfo(in_container=False, host_pid_namespace=True, reason=None)

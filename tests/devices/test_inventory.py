@@ -10,11 +10,9 @@ import pytest
 
 from nbgpu._serial import to_data
 from nbgpu.devices import holders as holders_mod
-from nbgpu.devices.findings import gpu_health
 from nbgpu.devices.inventory import Inventory, take_inventory
-from nbgpu.devices.model import Gpu
-from nbgpu.devices.sim.fleet import SimGpu
-from nbgpu.devices.sim.spec import load_fleet
+from nbgpu.devices.model import Gpu, gpu_health
+from nbgpu.devices.sim.fleet import SimGpu, load_fleet
 from nbgpu.errors import UserInputError
 
 

@@ -7,9 +7,8 @@ import time
 import pytest
 
 from nbgpu.devices import watch
-from nbgpu.devices.sim.fleet import FleetSpecError
+from nbgpu.devices.sim.fleet import FleetSpecError, parse_spec
 from nbgpu.devices.sim.nvml import FakeNvmlLibrary
-from nbgpu.devices.sim.spec import parse_spec
 from nbgpu.devices.watch import Watcher, parse_watch_options
 from nbgpu.errors import UserInputError
 

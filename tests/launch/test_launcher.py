@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from nbgpu.devices.sim.spec import load_fleet
+from nbgpu.devices.sim.fleet import load_fleet
 from nbgpu.errors import UserInputError
 from nbgpu.launch.launcher import prepare
 

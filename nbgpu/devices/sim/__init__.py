@@ -1,18 +1,11 @@
 """The simulation, fenced: simulated GPU boxes served at the NVML and CUDA library seams.
 
-This package's own module is only the switch, ``NBGPU_SIMULATE``, and its one reading.
-Every process nbgpu starts (the CLI, the probe, torchrun's agent, each rank) learns
-whether it runs on a simulated fleet from this variable, so it is read the same way
-everywhere: surrounding whitespace is ignored and an empty value counts as unset.
-Standard library only: ranks import it before anything else of nbgpu, and importing it
-loads nothing of the simulation.
-
-The simulation itself, imported only at the seams (``devices/nvml.py``, the probe's
-child, ``nbgpu.rank``'s device helper; ``tests/test_package.py`` holds the list):
-``fleet`` (a box as data, the GPU models, the named fleets in ``fleets/``) · ``spec``
-(what ``NBGPU_SIMULATE`` names, resolved to a fleet) · ``nvml_base`` and ``nvml`` (the
-fake NVML library) · ``cuda`` (the fake CUDA driver) · ``ranks`` (nbgpu's ranks on a
-simulated fleet: their GPU processes, and what CUDA answers them).
+This package's own module is only the switch, ``NBGPU_SIMULATE``, read the same way by
+every process nbgpu starts (CLI, probe, torchrun's agent, ranks): surrounding whitespace
+ignored, empty means unset. Standard library only: ranks import it first, and it loads
+nothing of the simulation, which only the seams import (``tests/test_package.py`` lists
+them): ``fleet`` (a box as data; what ``NBGPU_SIMULATE`` names) · ``nvml`` (the fake NVML
+library) · ``cuda`` (the fake CUDA driver, and nbgpu's ranks on a simulated fleet).
 """
 
 from __future__ import annotations

@@ -1,41 +1,34 @@
-"""A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.fleet.Fleet`.
+"""A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.fleet.Fleet`,
+and nbgpu's ranks on a simulated fleet.
 
-:class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")``: its functions
-have the driver's names (``cuInit``, ``cuDeviceGet``, ``cuDevicePrimaryCtxRetain``, ...) and
-its C calling shape. They receive ctypes objects and ``byref()`` pointers, write results
-through them and return ``CUresult`` ints, so :class:`~nbgpu.devices.cuda_driver.CudaDriver`
-and the health probe run unchanged on it. Only the hardware is fake.
+:class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")`` (the driver's
+symbols and C calling shape), so :class:`~nbgpu.devices.cuda_driver.CudaDriver` and the
+probe run unchanged on it. As the driver on that fleet it enumerates only what
+``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` make visible, never a cgroup-restricted
+GPU (so SLURM jobs see ``cuda:0`` upwards); a context gets ``SimGpu.effective_cuda_error``;
+the fleet's ``init_error`` makes the machine driverless; ``_v2`` symbols an older driver
+lacks are missing here too.
 
-It behaves as the driver does on that fleet:
+:func:`simulated_device` is what CUDA answers a rank (``nbgpu.rank.device()``): CUDA's
+own code and one ``[nbgpu]`` line naming the physical GPU that refused, or a label for
+computing on the CPU. :func:`ranks_on_gpus` finds the live ranks on a simulated fleet,
+which the fake NVML library lists as the GPUs' processes.
 
-- only the devices ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` make visible are
-  enumerated, in CUDA order (``visible.resolve_visible``, non-strict: CUDA never complains,
-  it just enumerates less); none visible makes ``cuInit`` fail with NO_DEVICE (100);
-- GPUs NVML reports as ``no_permission`` (cgroup-restricted) are not enumerated at all:
-  CUDA lists only the devices it may open, which is why SLURM jobs see ``cuda:0`` upwards;
-- creating a context returns ``SimGpu.effective_cuda_error`` (46 busy, 999 lost, ...);
-- the fleet's ``init_error`` makes the machine look driverless: ``library_not_found``
-  means the library cannot be loaded at all (:func:`load_simulated_cuda` raises
-  ``OSError``), ``driver_not_loaded`` and ``no_permission`` make ``cuInit`` answer
-  NO_DEVICE (100), ``lib_rm_version_mismatch`` SYSTEM_DRIVER_MISMATCH (803) and
-  ``unknown`` UNKNOWN (999, the container that lost its /dev/nvidia* access);
-- ``_v2`` symbols missing from older drivers are missing here too (by the fleet's CUDA
-  version, or named in ``missing_functions``): looking them up raises ``AttributeError``
-  as ``CDLL`` does.
-
-This module must never import torch, pynvml, psutil or IPython.
+Never imports torch, pynvml or IPython; psutil only in :func:`ranks_on_gpus`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import time
 import uuid as uuidlib
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from nbgpu.devices.cuda_errors import (
+    CUDA_ERROR_DEVICE_UNAVAILABLE,
     CUDA_ERROR_INVALID_CONTEXT,
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
@@ -46,18 +39,22 @@ from nbgpu.devices.cuda_errors import (
     CUDA_ERRORS,
     CUDA_SUCCESS,
     LIBCUDA_SONAME,
+    error_name,
+    ordinal_hint,
 )
 from nbgpu.devices.model import MigDevice
-from nbgpu.devices.sim import simulated_node
-from nbgpu.devices.sim.fleet import Fleet, SimGpu
-from nbgpu.devices.sim.spec import load_fleet
+from nbgpu.devices.sim import simulated_node, simulation_source
+from nbgpu.devices.sim.fleet import Fleet, SimGpu, load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
-__all__ = ["INIT_CUDA_ERRORS", "SimulatedCudaLibrary", "load_simulated_cuda"]
+__all__ = [
+    "Device", "RankProcess", "SimulatedCudaLibrary", "SimulatedDevice", "load_simulated_cuda",
+    "ranks_on_gpus", "simulated_device",
+]  # fmt: skip
 
-#: What ``cuInit`` returns for each fleet ``init_error`` (``library_not_found`` never gets
-#: that far: the library does not load).
-INIT_CUDA_ERRORS: Mapping[str, int] = {
+# What ``cuInit`` returns for each fleet ``init_error`` (``library_not_found`` never gets
+# that far: the library does not load).
+_INIT_ERRORS: Mapping[str, int] = {
     # libcuda is there but /dev/nvidia* is not (module not loaded) or may not be opened:
     # the driver reports no device, the classic "cudaGetDeviceCount returned 100".
     "driver_not_loaded": CUDA_ERROR_NO_DEVICE,
@@ -74,8 +71,9 @@ _SYMBOL_SINCE: Mapping[str, int] = {
 
 
 @dataclass(frozen=True)
-class _Device:
-    """One logical CUDA device: a whole GPU, or the MIG instance CUDA enumerates."""
+class Device:
+    """What a driver call addresses: a whole GPU, or one MIG instance of it (a CUDA
+    device here, an NVML handle in the fake NVML library)."""
 
     gpu: SimGpu
     mig: MigDevice | None
@@ -89,8 +87,9 @@ class _Device:
         return self.mig.uuid if self.mig else self.gpu.uuid
 
 
-def _target(ref: Any) -> Any:
-    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself."""
+def deref(ref: Any) -> Any:
+    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself
+    (the fake NVML library uses it too)."""
     if hasattr(ref, "_obj"):  # byref() gives a CArgObject holding the original object
         return ref._obj
     if isinstance(ref, ctypes._Pointer):  # ctypes exposes no public pointer base class
@@ -98,13 +97,13 @@ def _target(ref: Any) -> Any:
     return ref
 
 
-def _int(value: Any) -> int:
+def int_arg(value: Any) -> int:
     """A C int argument: ``c_int(3)`` or plain ``3`` (CDLL accepts both)."""
     return int(getattr(value, "value", value))
 
 
 def _write_text(buffer: Any, length: Any, text: str) -> int:
-    size = _int(length)
+    size = int_arg(length)
     if buffer is None or size <= 0:
         return CUDA_ERROR_INVALID_VALUE
     data = text.encode("utf-8")[: size - 1]  # the driver truncates and NUL-terminates
@@ -147,7 +146,7 @@ def _identity(gpu: SimGpu) -> GpuIdentity:
     )
 
 
-def _visible_devices(fleet: Fleet, environ: Mapping[str, str]) -> tuple[_Device, ...]:
+def _visible_devices(fleet: Fleet, environ: Mapping[str, str]) -> tuple[Device, ...]:
     openable = [g for g in fleet.gpus if g.fault != "no_permission"]
     visible = resolve_visible([_identity(g) for g in openable], environ)
     by_uuid = {g.uuid: g for g in openable}
@@ -155,8 +154,22 @@ def _visible_devices(fleet: Fleet, environ: Mapping[str, str]) -> tuple[_Device,
     for entry in visible.devices:
         gpu = by_uuid[entry.uuid]
         mig = next((m for m in gpu.mig_devices if m.uuid == entry.mig_uuid), None)
-        devices.append(_Device(gpu, mig))
+        devices.append(Device(gpu, mig))
     return tuple(devices)
+
+
+def _on_device(method: Callable[..., int]) -> Callable[..., int]:
+    """A driver call about one device, its last argument: after cuInit, a real ordinal."""
+
+    def call(self: SimulatedCudaLibrary, *args: Any) -> int:
+        if not self.initialized:
+            return CUDA_ERROR_NOT_INITIALIZED
+        ordinal = int_arg(args[-1])
+        if not 0 <= ordinal < len(self.devices):
+            return CUDA_ERROR_INVALID_DEVICE
+        return method(self, self.devices[ordinal], ordinal, *args[:-1])
+
+    return call
 
 
 class SimulatedCudaLibrary:
@@ -169,35 +182,24 @@ class SimulatedCudaLibrary:
         self.initialized = False
         self.calls: Counter[str] = Counter()  # per symbol: tests check what the probe did
         self.retained: Counter[int] = Counter()  # primary-context references per ordinal
-        functions: dict[str, Callable[..., int]] = {
-            "cuInit": self._init,
-            "cuDriverGetVersion": self._driver_get_version,
-            "cuDeviceGetCount": self._device_get_count,
-            "cuDeviceGet": self._device_get,
-            "cuDeviceGetName": self._device_get_name,
-            "cuDeviceGetPCIBusId": self._device_get_pci_bus_id,
-            "cuDeviceGetUuid": self._device_get_uuid,
-            "cuDeviceGetUuid_v2": self._device_get_uuid,
-            "cuDevicePrimaryCtxRetain": self._primary_ctx_retain,
-            "cuDevicePrimaryCtxRelease": self._primary_ctx_release,
-            "cuDevicePrimaryCtxRelease_v2": self._primary_ctx_release,
-            "cuGetErrorName": self._get_error_name,
-            "cuGetErrorString": self._get_error_string,
-        }
-        self._functions = {
-            name: function
-            for name, function in functions.items()
-            if name not in fleet.missing_functions
-            and fleet.cuda_driver_version >= _SYMBOL_SINCE.get(name, 0)
-        }
 
-    # -- symbol lookup ----------------------------------------------------------
+    def _exports(self, name: str) -> bool:
+        """Whether this driver has symbol *name* (``_v2`` ones by the fleet's CUDA version)."""
+        fleet: Fleet | None = self.__dict__.get("fleet")  # not yet set while unpickling
+        return (
+            fleet is not None
+            and hasattr(type(self), "_" + name)
+            and name.startswith("cu")
+            and name not in fleet.missing_functions
+            and fleet.cuda_driver_version >= _SYMBOL_SINCE.get(name, 0)
+        )
 
     def __getattr__(self, name: str) -> Callable[..., int]:
-        # Only reached for names that are not attributes of the object: the C symbols.
-        function = self.__dict__.get("_functions", {}).get(name)
-        if function is None:
+        # Only reached for names that are not attributes of the object: the C symbols,
+        # each served by the method of its name with a leading underscore.
+        if not self._exports(name):
             raise AttributeError(f"{LIBCUDA_SONAME}: undefined symbol: {name}")
+        function = getattr(self, "_" + name)
 
         def call(*args: Any) -> int:
             self.calls[name] += 1
@@ -207,93 +209,66 @@ class SimulatedCudaLibrary:
         return call
 
     def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *self._functions})
-
-    def _device(self, ordinal: Any) -> _Device | None:
-        index = _int(ordinal)
-        return self.devices[index] if 0 <= index < len(self.devices) else None
+        symbols = (n[1:] for n in dir(type(self)) if self._exports(n[1:]))
+        return sorted({*super().__dir__(), *symbols})
 
     # -- the driver API -------------------------------------------------------------
 
-    def _init(self, flags: Any) -> int:
+    def _cuInit(self, flags: Any) -> int:
         if self.fleet.init_error is not None:
-            return INIT_CUDA_ERRORS.get(self.fleet.init_error, CUDA_ERROR_UNKNOWN)
-        if _int(flags) != 0:
+            return _INIT_ERRORS.get(self.fleet.init_error, CUDA_ERROR_UNKNOWN)
+        if int_arg(flags) != 0:
             return CUDA_ERROR_INVALID_VALUE
         if not self.devices:
             return CUDA_ERROR_NO_DEVICE
         self.initialized = True
         return CUDA_SUCCESS
 
-    def _driver_get_version(self, version: Any) -> int:
+    def _cuDriverGetVersion(self, version: Any) -> int:
         # Answers before cuInit and without a working kernel module, as the real one does:
         # it is the version of the user-space library.
         if version is None:
             return CUDA_ERROR_INVALID_VALUE
-        _target(version).value = self.fleet.cuda_driver_version
+        deref(version).value = self.fleet.cuda_driver_version
         return CUDA_SUCCESS
 
-    def _device_get_count(self, count: Any) -> int:
+    def _cuDeviceGetCount(self, count: Any) -> int:
         if not self.initialized:
             return CUDA_ERROR_NOT_INITIALIZED
-        _target(count).value = len(self.devices)
+        deref(count).value = len(self.devices)
         return CUDA_SUCCESS
 
-    def _device_get(self, device: Any, ordinal: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        if self._device(ordinal) is None:
-            return CUDA_ERROR_INVALID_DEVICE
-        _target(device).value = _int(ordinal)  # a CUdevice is the ordinal, as in the driver
+    @_on_device
+    def _cuDeviceGet(self, _found: Device, ordinal: int, device: Any) -> int:
+        deref(device).value = ordinal  # a CUdevice is the ordinal, as in the driver
         return CUDA_SUCCESS
 
-    def _device_get_name(self, buffer: Any, length: Any, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        found = self._device(device)
-        if found is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _cuDeviceGetName(self, found: Device, _ordinal: int, buffer: Any, length: Any) -> int:
         return _write_text(buffer, length, found.name)
 
-    def _device_get_pci_bus_id(self, buffer: Any, length: Any, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        found = self._device(device)
-        if found is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _cuDeviceGetPCIBusId(self, found: Device, _ordinal: int, buffer: Any, length: Any) -> int:
         return _write_text(buffer, length, _cuda_bus_id(found.gpu.pci_bus_id))
 
-    def _device_get_uuid(self, uuid: Any, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        found = self._device(device)
-        if found is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _cuDeviceGetUuid(self, found: Device, _ordinal: int, uuid: Any) -> int:
         if uuid is None:
             return CUDA_ERROR_INVALID_VALUE
-        ctypes.memmove(ctypes.addressof(_target(uuid)), _uuid_bytes(found.uuid), 16)
+        ctypes.memmove(ctypes.addressof(deref(uuid)), _uuid_bytes(found.uuid), 16)
         return CUDA_SUCCESS
 
-    def _primary_ctx_retain(self, context: Any, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        found = self._device(device)
-        if found is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _cuDevicePrimaryCtxRetain(self, found: Device, ordinal: int, context: Any) -> int:
         error = found.gpu.effective_cuda_error
         if error != CUDA_SUCCESS:
             return error
-        self.retained[_int(device)] += 1
-        # An opaque non-null handle; nobody dereferences it.
-        _target(context).value = 0x5EED0000 + _int(device)
+        self.retained[ordinal] += 1
+        deref(context).value = 0x5EED0000 + ordinal  # opaque and non-null; never read
         return CUDA_SUCCESS
 
-    def _primary_ctx_release(self, device: Any) -> int:
-        if not self.initialized:
-            return CUDA_ERROR_NOT_INITIALIZED
-        ordinal = _int(device)
-        if self._device(ordinal) is None:
-            return CUDA_ERROR_INVALID_DEVICE
+    @_on_device
+    def _cuDevicePrimaryCtxRelease(self, _found: Device, ordinal: int) -> int:
         if self.retained[ordinal] <= 0:
             return CUDA_ERROR_INVALID_CONTEXT
         self.retained[ordinal] -= 1
@@ -301,29 +276,155 @@ class SimulatedCudaLibrary:
             del self.retained[ordinal]
         return CUDA_SUCCESS
 
-    def _get_error_name(self, code: Any, text: Any) -> int:
-        return self._error_text(code, text, 0)
+    _cuDeviceGetUuid_v2 = _cuDeviceGetUuid
+    _cuDevicePrimaryCtxRelease_v2 = _cuDevicePrimaryCtxRelease
 
-    def _get_error_string(self, code: Any, text: Any) -> int:
-        return self._error_text(code, text, 1)
+    def _cuGetErrorName(self, code: Any, text: Any) -> int:
+        return _error_text(code, text, 0)
 
-    @staticmethod
-    def _error_text(code: Any, text: Any, which: int) -> int:
-        # Like the driver: works without cuInit; unknown codes get NULL and INVALID_VALUE.
-        entry = CUDA_ERRORS.get(_int(code))
-        _target(text).value = entry[which].encode("ascii") if entry else None
-        return CUDA_SUCCESS if entry else CUDA_ERROR_INVALID_VALUE
+    def _cuGetErrorString(self, code: Any, text: Any) -> int:
+        return _error_text(code, text, 1)
+
+
+def _error_text(code: Any, text: Any, which: int) -> int:
+    # Like the driver: works without cuInit; unknown codes get NULL and INVALID_VALUE.
+    entry = CUDA_ERRORS.get(int_arg(code))
+    deref(text).value = entry[which].encode("ascii") if entry else None
+    return CUDA_SUCCESS if entry else CUDA_ERROR_INVALID_VALUE
 
 
 def load_simulated_cuda(source: str, environ: Mapping[str, str]) -> SimulatedCudaLibrary:
-    """The simulated driver for fleet ``source`` (an ``NBGPU_SIMULATE`` value).
-
-    Raises ``OSError`` worded as the dynamic loader words it when the fleet has no driver
-    library (``init_error = library_not_found``), and ``FleetSpecError`` for a bad source.
-    """
+    """The simulated driver for fleet ``source`` (an ``NBGPU_SIMULATE`` value); ``OSError``
+    worded as the dynamic loader words it when the fleet has no driver library."""
     fleet = load_fleet(source, node=simulated_node(environ))
     if fleet.init_error == "library_not_found":
         raise OSError(
             f"{LIBCUDA_SONAME}: cannot open shared object file: No such file or directory"
         )
     return SimulatedCudaLibrary(fleet, environ)
+
+
+# -- what CUDA answers a simulated rank ----------------------------------------
+
+
+@dataclass(frozen=True)
+class SimulatedDevice:
+    """CUDA's answer for one rank: a refusal to raise, or a label for running on CPU."""
+
+    cuda_error: int | None  # the CUresult torch would raise for; None: compute on CPU
+    line: str  # the [nbgpu] line: under the error, or the label said once on stderr
+
+
+def simulated_device(source: str, ordinal: int, environ: Mapping[str, str]) -> SimulatedDevice:
+    """What creating the context of ``cuda:ordinal`` gives on fleet ``source``."""
+    try:
+        library = load_simulated_cuda(source, environ)
+    except OSError as exc:
+        # No libcuda: torch.cuda.is_available() is False and torch runs on the CPU.
+        return _on_cpu(f"simulated fleet {source!r}: no CUDA driver ({exc})")
+    fleet = library.fleet
+    said = f"[nbgpu] simulated fleet {fleet.name!r}:"
+    code = library.cuInit(0)
+    if code != CUDA_SUCCESS:
+        # cuInit failing makes torch.cuda.is_available() False: torch falls back to CPU.
+        return _on_cpu(
+            f"simulated fleet {fleet.name!r}: CUDA is unavailable ({error_name(code) or code})"
+        )
+    count = len(library.devices)
+    if ordinal >= count:
+        hint = ordinal_hint(ordinal, count, environ)
+        return SimulatedDevice(CUDA_ERROR_INVALID_DEVICE, hint.replace("[nbgpu]", said, 1))
+    target = library.devices[ordinal]
+    code = library.cuDevicePrimaryCtxRetain(ctypes.c_void_p(), ordinal)
+    if code != CUDA_SUCCESS:
+        gpu = target.gpu
+        what = f"cuda:{ordinal} is physical GPU {gpu.index} ({gpu.uuid})"
+        if target.mig is not None:
+            what += f" as MIG instance {target.mig.uuid}"
+        return SimulatedDevice(code, f"{said} {what}, {_refusal(gpu, code)}: see %gpu_doctor")
+    return _on_cpu(
+        f"simulated fleet {fleet.name!r}: cuda:{ordinal} -> GPU {target.gpu.index} ({target.name})"
+    )
+
+
+def _on_cpu(what: str) -> SimulatedDevice:
+    return SimulatedDevice(None, f"[nbgpu] {what}; computing on CPU")
+
+
+def _refusal(gpu: SimGpu, code: int) -> str:
+    """Why a simulated GPU refuses a context, in the words of nvidia-smi's columns."""
+    if code == CUDA_ERROR_DEVICE_UNAVAILABLE and gpu.compute_mode == "prohibited":
+        return "compute mode prohibited"
+    if code == CUDA_ERROR_DEVICE_UNAVAILABLE and gpu.processes:
+        holders = ", ".join(
+            f"{p.pid} ({p.observed.state})" if p.observed else str(p.pid) for p in gpu.processes
+        )
+        mode = gpu.compute_mode.replace("_", "-")
+        return f"{mode}, held by pid{'s' if len(gpu.processes) > 1 else ''} {holders}"
+    if code == CUDA_ERROR_UNKNOWN and gpu.fault == "lost":
+        return "which has fallen off the bus (Xid 79)"
+    return f"which refuses a CUDA context (CUDA error {code})"
+
+
+# -- nbgpu's ranks on a simulated fleet, as the GPUs' processes ------------------------------
+# A simulated GPU would show an empty board while nbgpu's own ranks run "on" it: the ranks
+# on the same fleet are listed on the GPU their LOCAL_RANK maps to, with the host memory
+# they use (RSS). Cached for a second: NVML is asked per GPU and per call.
+
+
+class RankProcess(NamedTuple):
+    pid: int
+    rss_bytes: int
+
+
+_CACHE_S = 1.0
+_cache: dict[str, tuple[float, dict[int, list[RankProcess]]]] = {}
+
+
+def _physical_index(env: dict[str, str]) -> int | None:
+    try:
+        local = int(env.get("LOCAL_RANK", ""))
+    except ValueError:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return local
+    items = [v.strip() for v in visible.split(",") if v.strip()]
+    if local >= len(items) or not items[local].isdigit():
+        return None  # no GPU for this rank, or named by UUID: not placed
+    return int(items[local])
+
+
+def _running(psutil: Any, pid: int) -> bool:
+    """Alive and not a zombie (an ended rank its parent has not reaped yet)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
+    """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
+    import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
+
+    now = time.monotonic()
+    hit = _cache.get(fleet_spec)
+    if hit is not None and now - hit[0] < _CACHE_S:
+        # A rank that ended since the scan must not be listed as a GPU's process: that
+        # would read as a dead holder (one read of /proc/PID/stat each).
+        return {gpu: [r for r in v if _running(psutil, r.pid)] for gpu, v in hit[1].items()}
+    found: dict[int, list[RankProcess]] = {}
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if "NBGPU_RUN_ID" not in env or simulation_source(env) != fleet_spec:
+                continue
+            index = _physical_index(env)
+            if index is None:
+                continue
+            rss = proc.memory_info().rss
+        except (psutil.Error, OSError):
+            continue
+        found.setdefault(index, []).append(RankProcess(proc.pid, rss))
+    _cache[fleet_spec] = (now, found)
+    return found
