@@ -21,18 +21,14 @@ import threading
 import time
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu._render import ROOT_STYLE, memory_bar_html, simulated_label, title_html
-from nbgpu.errors import UserInputError
 from nbgpu.notebook.live import LiveView, svg_img
-from nbgpu.notebook.usage import print_help
+from nbgpu.notebook.magics import parse_or_help, user_errors
 
 __all__ = ["Dashboard", "WatchMagics", "chart_svg", "dashboard_html"]
-
-#: (line magics, cell magics) this module adds, for %unload_ext.
 
 _COLOURS = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e")
 _STATE_LEVEL = {"dead": "bad", "zombie": "bad", "other_namespace": "warn", "orphaned": "warn"}
@@ -298,15 +294,8 @@ class WatchMagics(Magics):
         """Live GPU dashboard: utilisation and memory over time, memory bars, temperature,
         power and processes (dead holders in red, this kernel and nbgpu ranks named).
         Pause / Stop buttons; the saved notebook keeps the last picture."""
-        if any(token in ("-h", "--help") for token in line.split()):
-            print_help(self.gpu_watch, "%gpu_watch")
+        if (args := parse_or_help(self, "gpu_watch", line)) is None:
             return None
-        try:
-            args = parse_argstring(self.gpu_watch, line)
-        except UsageError:
-            raise
-        except SystemExit:
-            raise UsageError(f"%gpu_watch {line!r}: see %gpu_watch -h") from None
         if args.stop:
             for dashboard in DASHBOARDS:
                 dashboard.stop()
@@ -317,10 +306,8 @@ class WatchMagics(Magics):
         from nbgpu.devices.watch import parse_watch_options  # noqa: PLC0415
         from nbgpu.notebook.widgets import widgets_available  # noqa: PLC0415
 
-        try:
+        with user_errors():
             interval_s, history = parse_watch_options(args.interval, args.history)
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
         widgets = args.view == "widgets" or (args.view == "auto" and widgets_available())
         Dashboard(interval_s, history, widgets=widgets).start()
         return None
