@@ -27,16 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Block, Line
 from nbgpu.notebook.live import Bundle, LiveView
-from nbgpu.notebook.run_record import (
-    RECORD_TAIL_LINES,
-    MemoryTimeline,
-    Tails,
-    TeeToTails,
-    live_html,
-    live_text,
-    record_bundle,
-    strip_ansi,
-)
+from nbgpu.notebook.run_record import MemoryTimeline, Tails, live_bundle, record_bundle, strip_ansi
 
 if TYPE_CHECKING:  # the launch engine loads on first use
     from argparse import Namespace
@@ -127,7 +118,7 @@ class _BackgroundView:
         self._lock = threading.Lock()
         self.record: Bundle | None = None  # the static record, once the run ended
         # --quiet: the record keeps the summary only, no rank output.
-        self.tails = Tails(run.logs if keep_tails else {}, keep=RECORD_TAIL_LINES)
+        self.tails = Tails(run.logs if keep_tails else {})
         self._memory: str | None = None  # the node's memory line
         self.view = LiveView(self._face, interval_s=REFRESH_S)
 
@@ -149,7 +140,7 @@ class _BackgroundView:
 
     def tick(self, run: Run) -> None:
         if run.done and self.record is None:
-            self.record = record_bundle(run, self.tails.all())
+            self.record = record_bundle(run, self.tails)
             self.view.end(self.record)
         self.view.refresh()
 
@@ -157,11 +148,11 @@ class _BackgroundView:
 class RunPanel:
     """The live view of one run; implements the writer interface ``follow`` uses."""
 
-    def __init__(self, run: Any, *, tail_lines: int = 200, stoppable: bool = True) -> None:
+    def __init__(self, run: Any, *, stoppable: bool = True) -> None:
         import ipywidgets as w  # noqa: PLC0415
 
         self.run = run
-        self.tails = Tails(run.logs, keep=tail_lines)
+        self.tails = Tails(run.logs)
         self.record: Bundle | None = None  # the static record, once the run ended
         # A foreground run keeps the kernel busy, so a click would only arrive afterwards:
         # there the notebook's interrupt button is the stop button, and the face says so.
@@ -186,14 +177,9 @@ class RunPanel:
         self.ranks.observe(lambda _change: self.view.refresh(force=True), names="value")
 
     def _face(self) -> Bundle:
-        run = self.run
-        self.memory.refresh(force=run.done)
-        label = self.ranks.value
-        tail = self.tails.tail(label) if label else None
-        return {
-            "text/plain": live_text(run, tail),
-            "text/html": live_html(run, tail, self.memory.html, SCROLL_HEIGHT, self.note),
-        }
+        self.memory.refresh(force=self.run.done)
+        tail = self.tails.tail(self.ranks.value) if self.ranks.value else None
+        return live_bundle(self.run, tail, self.memory.html, SCROLL_HEIGHT, self.note)
 
     # -- the writer interface (add / flush / finish) ----------------------------------
 
@@ -208,23 +194,36 @@ class RunPanel:
         cell_over = warm is not None and not self.run.done and warm.last is not None
         if not (self.run.done or cell_over):
             self.view.refresh(force=True)
-            return
-        if self.record is None:
+        elif self.record is None:
             # The outcome is known (follow() calls this again after run.finish(); a warm
             # cell's result is set before its finish()): the face becomes the record.
-            subject: Any = self.run
-            if cell_over and warm is not None and warm.last is not None:
-                subject = CellView(self.run, warm.last)
+            subject = CellView(self.run, warm.last) if cell_over else self.run
             self.stop_button.disabled = True
-            self.record = record_bundle(
-                subject, self.tails.all(RECORD_TAIL_LINES), [self.memory.record()]
-            )
+            self.record = record_bundle(subject, self.tails, [self.memory.record()])
             self.view.end(self.record)
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True
         self.stop_button.description = "Stopping…"
         threading.Thread(target=self.run.stop, args=("stopped",), daemon=True).start()
+
+
+class TeeToTails:
+    """A line sink that keeps tails for the record and passes everything to *inner*."""
+
+    def __init__(self, inner: Any, tails: Tails) -> None:
+        self.inner = inner
+        self.tails = tails
+
+    def add(self, label: str, lines: list[str]) -> None:
+        self.tails.extend(label, lines)
+        self.inner.add(label, lines)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def finish(self, log_hint: str) -> None:
+        self.inner.finish(log_hint)
 
 
 # -- a warm cell, read like a finished run --------------------------------------------
@@ -246,7 +245,6 @@ class CellView:
         self.result = result
         self.name = run.name
         self.config = run.config
-        self.dir = run.dir
         self.done = True
         self.root_cause = None
         if result.ok:
@@ -264,24 +262,18 @@ class CellView:
         return self._run.rank_gpu(rank)
 
     def _headline(self) -> str:
-        words = {"succeeded": "ok", "failed": "failed", "interrupted": "interrupted"}
-        parts = [
-            f"run '{self.name}'",
-            f"cell {self.result.number}",
-            words[self.state],
-            f"{self.config.nproc} ranks",
-        ]
+        outcome = "ok" if self.result.ok else self.state
+        parts = [f"run '{self.name}'", f"cell {self.result.number}", outcome]
+        parts.append(f"{self.config.nproc} ranks")
         if self.config.cuda_visible_devices:
             parts.append(self._run.gpu_assignment())
         parts.append(f"{self.result.duration_s:.2f} s")
         return " · ".join(parts)
 
-    def _kept(self) -> str:
-        return (
+    def summary_blocks(self) -> list[Block]:
+        """What the record shows below its headline: how the cell ended, what is kept."""
+        kept = (
             f"the ranks and their state are kept: %%torchrun --on {self.name} runs the next "
             f"cell, %gpu_stop {self.name} ends the job"
         )
-
-    def summary_blocks(self) -> list[Block]:
-        """What the record shows below its headline: how the cell ended, what is kept."""
-        return [*self.result.content(), Line(self._kept(), wrap=False)]
+        return [*self.result.content(), Line(kept, wrap=False)]
