@@ -26,7 +26,7 @@ from nbgpu.errors import UserInputError
 if TYPE_CHECKING:
     from nbgpu.devices.clean import CleanPlan
 
-__all__ = ["GPUMagics"]
+__all__ = ["GPUMagics", "helped", "parse_or_help", "user_errors", "words"]
 
 
 # -- what every magic shares ----------------------------------------------------------

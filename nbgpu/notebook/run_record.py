@@ -26,7 +26,7 @@ from typing import Any
 from nbgpu._render import ROOT_STYLE, to_html, to_text
 from nbgpu.notebook.live import Bundle, svg_img
 
-__all__ = ["MemoryTimeline", "Tails", "live_bundle", "record_bundle", "strip_ansi"]
+__all__ = ["MemoryTimeline", "RankTail", "Tails", "live_bundle", "record_bundle", "strip_ansi"]
 
 #: Lines per rank a saved notebook keeps (the panel shows more; the log has all).
 RECORD_TAIL_LINES = 40
@@ -100,7 +100,7 @@ class Tails:
         return [self.tail(label, last) for label in self._logs]
 
 
-def badges(run: Any) -> list[tuple[int, str, str]]:
+def _badges(run: Any) -> list[tuple[int, str, str]]:
     """(rank, colour name, text) per rank: 'rank0 · GPU 1: running', 'rank1: exit 1 …'."""
     states = {r.rank: run._rank_state(r) for r in run.ranks}
     out = []
@@ -131,7 +131,7 @@ def badges(run: Any) -> list[tuple[int, str, str]]:
 
 def _head(run: Any) -> tuple[list[str], list[str], list[tuple[int, str, str]]]:
     """The headline and the badges, as text lines and HTML parts (and the badges)."""
-    headline, ranks = run._headline(), badges(run)
+    headline, ranks = run._headline(), _badges(run)
     row = "".join(
         f'<span style="background:{_BADGE_COLOURS[kind]};color:white;border-radius:3px;'
         f'padding:1px 6px;margin-right:4px;white-space:nowrap">{html.escape(text)}</span>'
@@ -154,13 +154,13 @@ def live_bundle(
         text.append(f"--- {tail.label}: {tail.heading()}")
         text.extend(strip_ansi(line) for line in tail.lines[-10:])
         parts.append(f"{_SMALL}{html.escape(tail.label)} · {tail.heading()}</div>")
-        parts.append(scroll_box(tail.text(), height))
+        parts.append(_scroll_box(tail.text(), height))
     parts.append(memory)
     page = f'<div class="nbgpu" style="{ROOT_STYLE}">{"".join(parts)}</div>'
     return {"text/plain": "\n".join(text), "text/html": page}
 
 
-def scroll_box(text: str, height: str = "16em") -> str:
+def _scroll_box(text: str, height: str = "16em") -> str:
     """*text* in a box of at most *height* that shows its newest (last) line.
 
     ``column-reverse`` anchors the scroll position at the end of the content, so the
@@ -190,7 +190,7 @@ def record_bundle(run: Any, tails: Tails, extra: Iterable[tuple[str, str]] = ())
         parts.append(
             f"<details{' open' if number == opened else ''}><summary>"
             f"{html.escape(states.get(number, tail.label))} · {html.escape(tail.heading())}"
-            f"</summary>{scroll_box(tail.text() if tail.lines else '(no output)')}</details>"
+            f"</summary>{_scroll_box(tail.text() if tail.lines else '(no output)')}</details>"
         )
     # The record opens with the headline already; the summary need not repeat it.
     summary = run.summary_blocks()
@@ -214,7 +214,7 @@ _LINE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
                  "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")  # fmt: skip
 
 
-def timeline_svg(
+def _timeline_svg(
     series: dict[str, list[tuple[float, int]]], summary: str, *, width: int = 560, height: int = 120
 ) -> str:
     """Per-rank lines (seconds, bytes) and their sum, with the summary line under them
@@ -262,9 +262,8 @@ class MemoryTimeline:
     def __init__(self, run: Any) -> None:
         from nbgpu.profile.live import MemoryFollower  # noqa: PLC0415
 
-        self.run = run
         self.follower = MemoryFollower(run.dir, run.config.world_size)
-        self.html = timeline_svg({}, "")
+        self.html = _timeline_svg({}, "")
         self._last = 0.0
         self.updates = 0
 
@@ -275,7 +274,7 @@ class MemoryTimeline:
         self._last = now
         summary = self.follower.summary() or ""
         series = {r.label: list(r.points) for r in self.follower.ranks.values() if r.points}
-        self.html = timeline_svg(series, summary)
+        self.html = _timeline_svg(series, summary)
         self.updates += 1
 
     def record(self) -> tuple[str, str]:

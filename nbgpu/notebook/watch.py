@@ -28,7 +28,7 @@ from nbgpu._render import ROOT_STYLE, memory_bar_html, simulated_label, title_ht
 from nbgpu.notebook.live import LiveView, svg_img
 from nbgpu.notebook.magics import parse_or_help, user_errors
 
-__all__ = ["Dashboard", "WatchMagics", "chart_svg", "dashboard_html"]
+__all__ = ["Dashboard", "WatchMagics", "chart_svg", "dashboard_html", "dashboard_text"]
 
 _COLOURS = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e")
 _BAD_STATES = ("dead", "zombie")  # holders drawn in red

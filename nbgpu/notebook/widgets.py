@@ -67,7 +67,7 @@ def background_output(run: Run, view: str, *, quiet: bool) -> Output:
         return _panel_output(run)
     text_view = _BackgroundView(run, keep_tails=not quiet)
     writer = ScreenWriter(text_view.write if not quiet else (lambda _t: None))
-    return Output(TeeToTails(writer, text_view.tails), text_view.tick)
+    return Output(_TeeToTails(writer, text_view.tails), text_view.tick)
 
 
 def foreground_output(args: Namespace) -> Callable[[Run], Output]:
@@ -208,7 +208,7 @@ class RunPanel:
         threading.Thread(target=self.run.stop, args=("stopped",), daemon=True).start()
 
 
-class TeeToTails:
+class _TeeToTails:
     """A line sink that keeps tails for the record and passes everything to *inner*."""
 
     def __init__(self, inner: Any, tails: Tails) -> None:
