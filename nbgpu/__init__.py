@@ -71,13 +71,13 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext nbgpu``: register the magics (imports IPython's magic machinery only)."""
-    from nbgpu.notebook.registration import register  # noqa: PLC0415
+    from nbgpu.notebook import register  # noqa: PLC0415
 
     register(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext nbgpu``: remove exactly the magics that loading added."""
-    from nbgpu.notebook.registration import unregister  # noqa: PLC0415
+    from nbgpu.notebook import unregister  # noqa: PLC0415
 
     unregister(ipython)

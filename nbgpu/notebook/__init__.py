@@ -1,3 +1,48 @@
-"""The notebook face: magics (and later widgets). The only layer that imports IPython."""
+"""The notebook face: magics and widgets, the only layer that imports IPython.
 
-__all__: list[str] = []
+``%load_ext nbgpu`` registers the Magics classes, ``%unload_ext nbgpu`` removes them.
+The magics are whatever the classes declare (IPython's ``magics_class`` records each
+class's line and cell magics in ``cls.magics``): unloading removes exactly those names,
+so a magic added to a class needs no second list here. Loading imports IPython's magic
+machinery only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["magics_classes", "register", "unregister"]
+
+
+def magics_classes() -> tuple[type[Any], ...]:
+    """nbgpu's Magics classes."""
+    from nbgpu.notebook.launch_magics import LaunchMagics  # noqa: PLC0415
+    from nbgpu.notebook.magics import GPUMagics  # noqa: PLC0415
+    from nbgpu.notebook.watch import WatchMagics  # noqa: PLC0415
+
+    return (GPUMagics, LaunchMagics, WatchMagics)
+
+
+def register(ipython: Any) -> None:
+    from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
+
+    ipython.register_magics(*magics_classes())
+    # `%%torchrun ARGS` with an empty body must reach the magic (see the transformer).
+    cleanup = getattr(ipython, "input_transformers_cleanup", None)
+    if cleanup is not None and keep_empty_cell_body not in cleanup:
+        cleanup.append(keep_empty_cell_body)
+
+
+def unregister(ipython: Any) -> None:
+    # IPython has no public unregister; remove exactly the names the classes declare.
+    from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
+
+    manager = ipython.magics_manager
+    for cls in magics_classes():
+        for kind, names in cls.magics.items():
+            for name in names:
+                manager.magics[kind].pop(name, None)
+        manager.registry.pop(cls.__name__, None)
+    cleanup = getattr(ipython, "input_transformers_cleanup", [])
+    while keep_empty_cell_body in cleanup:
+        cleanup.remove(keep_empty_cell_body)

@@ -1,7 +1,8 @@
-"""``%%torchrun``, ``%gpu_runs``, ``%gpu_stop``: the launch face in a notebook.
+"""``%%torchrun``, ``%gpu_runs``, ``%gpu_stop``, ``%gpu_stacks``, ``%gpu_diagnose``: the
+launch face in a notebook.
 
 Parses arguments, calls :mod:`nbgpu.launch`, and renders; where a run's lines go
-(the cell, a widget panel, a background display) is ``run_output.py``. Warm jobs:
+(the cell, a widget panel, a background display) is ``widgets.py``. Warm jobs:
 ``--keep`` starts one, ``--on NAME`` runs a cell on it. Imports of the launch engine
 happen inside the magics.
 """
@@ -14,12 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.flags import NOTEBOOK, arguments
-from nbgpu.notebook.run_output import background_output, foreground_output
-from nbgpu.notebook.usage import print_help
+from nbgpu.launch.flags import (
+    NOTEBOOK,
+    arguments,
+    check_cell_flags,
+    check_keep_flags,
+    prepare_options,
+    pushed_names,
+)
+from nbgpu.notebook.magics import helped, parse_or_help, user_errors, words
 
 if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
     from argparse import Namespace
@@ -29,35 +36,10 @@ if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
 
 __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 
-_GPU_RUNS_HELP = """%gpu_runs [--prune [--keep N] [--budget SIZE]]
-
-List this kernel's runs: name, state, ranks, GPUs, port, age, quiet ranks (no
-output for NBGPU_SILENT_AFTER seconds, default 120: a hang shows up as silence;
-see %gpu_stacks), log directory. The result converts with .to_frame();
-nbgpu.runs() returns the Run objects.
-
---prune removes the oldest run directories (of every kernel) beyond the retention
-policy: the last NBGPU_KEEP_RUNS runs (default 20) and at most NBGPU_RUNS_BUDGET
-(default 5G); --keep and --budget override them once. Runs in use and directories
-holding a KEEP file are never removed. nbgpu prunes before each new run too."""
-
-_GPU_STACKS_HELP = """%gpu_stacks RUN [--native] [--timeout S]
-
-Every rank's Python stack now, all at once, without ptrace: each rank dumps its
-threads' stacks (faulthandler) into stacks-rank{N}.txt in the run directory.
-RUN is a run name of this kernel, a run directory, or a run name on disk.
---native adds native frames from py-spy when it is installed and may attach."""
-
-_GPU_DIAGNOSE_HELP = """%gpu_diagnose [NAME|PATH]
-
-Name the cause of a failed run, the rank that failed first, the evidence lines and
-the fixes. NAME is a run of this kernel (%gpu_runs); PATH a log file or run
-directory. Without an argument: the last failed run here."""
-
 
 def _split_script_args(line: str) -> tuple[str, list[str]]:
     """'4 --gpus 0,1 -- --lr 3e-4' → ('4 --gpus 0,1', ['--lr', '3e-4'])."""
-    tokens = shlex.split(line)
+    tokens = words(line, "%%torchrun")
     if "--" in tokens:
         cut = tokens.index("--")
         return shlex.join(tokens[:cut]), tokens[cut + 1 :]
@@ -77,14 +59,6 @@ def _launch_flags(method: Any) -> Any:
 class LaunchMagics(Magics):
     """Launch and manage distributed runs; see each magic's ``-h``."""
 
-    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
-        super().__init__(shell, **kwargs)
-        # `%%torchrun ARGS` with an empty body must reach the magic (see the function);
-        # `unregister` removes the transformer again.
-        cleanup = getattr(shell, "input_transformers_cleanup", None)
-        if cleanup is not None and keep_empty_cell_body not in cleanup:
-            cleanup.append(keep_empty_cell_body)
-
     @_launch_flags
     @line_cell_magic
     def torchrun(self, line: str, cell: str | None = None) -> Any:
@@ -94,51 +68,48 @@ class LaunchMagics(Magics):
         logs stay in the run directory. Arguments after ``--`` become the ranks'
         ``sys.argv``. Interrupting the cell stops every process of the run.
         """
-        try:
-            head, script_args = _split_script_args(line)
-        except ValueError as exc:
-            raise UsageError(f"%%torchrun {line!r}: {exc}") from None
+        head, script_args = _split_script_args(line)
         # Only flags before "--" are nbgpu's: "-- --help" is the cell's own --help.
-        if any(token in ("-h", "--help") for token in head.split()):
-            print_help(self.torchrun, "%%torchrun")
+        if (args := parse_or_help(self, "torchrun", head)) is None:
             return None
-        if cell is None or not cell.strip():
-            # A bad value is named first, wherever it was typed: sending the user from
-            # the line magic to the cell magic and back would not say what is wrong.
-            self._parse_line(line)
-            if cell is None:
-                raise UsageError(
-                    "%torchrun runs a whole cell: put %%torchrun N on the cell's first line "
-                    "(or call nbgpu.torchrun(code, N) from Python)"
-                )
+        if args.nproc is not None:
+            from nbgpu.launch.config import parse_nproc  # noqa: PLC0415
+
+            with user_errors():
+                parse_nproc(args.nproc)
+        # A bad value is named first (above), wherever it was typed: sending the user
+        # from the line magic to the cell magic and back would not say what is wrong.
+        if cell is None:
+            raise UsageError(
+                "%torchrun runs a whole cell: put %%torchrun N on the cell's first line "
+                "(or call nbgpu.torchrun(code, N) from Python)"
+            )
+        if not cell.strip():
             raise UsageError(
                 f"%%torchrun {line.strip()}: the cell is empty: write the code to run on the "
                 "lines below %%torchrun"
             )
-        args, script_args = self._parse_line(line)
         if args.on is not None:
             return self._run_on(args, cell, script_args)
         from nbgpu.launch.execute import execute  # noqa: PLC0415
         from nbgpu.launch.launcher import prepare  # noqa: PLC0415
+        from nbgpu.notebook.widgets import background_output, foreground_output  # noqa: PLC0415
 
-        try:
+        with user_errors():
             options, pushed = self._options(args)
             prepared = prepare(
                 code=cell,
-                plan=_lookup_plan(args.plan, self._namespace),
+                plan=None if args.plan is None else _variable(self._namespace, "--plan", args.plan),
                 push=pushed,
                 **{**options, "script_args": script_args},
             )
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
-        pulled, all_ranks = options["pull"], options["pull_all_ranks"]
         if args.bg:
             run = execute(
                 prepared,
                 lambda run: background_output(run, args.view, quiet=args.quiet),
                 announce=print,
                 background=True,
-                on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=False),
+                on_done=lambda r: self._deliver(r, options, announce=False),
             )
             print(
                 f"[nbgpu] run '{run.name}' started in the background: %gpu_runs, "
@@ -151,7 +122,7 @@ class LaunchMagics(Magics):
             prepared,
             foreground_output(args),
             announce=print,
-            on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=True),
+            on_done=lambda r: self._deliver(r, options, announce=True),
         )
         if prepared.config.keep:
             print(
@@ -164,29 +135,20 @@ class LaunchMagics(Magics):
     def _run_on(self, args: Namespace, cell: str, script_args: list[str]) -> CellResult | None:
         """``%%torchrun --on NAME``: the cell on a warm job's ranks."""
         from nbgpu.launch.execute import execute_cell, prepare_cell  # noqa: PLC0415
+        from nbgpu.notebook.widgets import foreground_output  # noqa: PLC0415
 
-        try:
+        with user_errors():
             options, pushed = self._options(args)
+            keys = ("nproc", "pull", "pull_all_ranks", "timeout_s", "quiet")
             run, request = prepare_cell(
-                args.on,
-                cell,
-                nproc=options["nproc"],
-                push=pushed,
-                pull=options["pull"],
-                pull_all_ranks=options["pull_all_ranks"],
-                script_args=script_args,
-                timeout_s=options["timeout_s"],
-                quiet=options["quiet"],
+                args.on, cell, push=pushed, script_args=script_args, **{k: options[k] for k in keys}
             )
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
-        pulled, all_ranks = options["pull"], options["pull_all_ranks"]
         # A cell that raised is CellFailed (the ranks stay); a dead rank is RunFailed.
         return execute_cell(
             run,
             request,
             foreground_output(args),
-            on_done=lambda r: self._deliver(r, pulled, all_ranks, announce=True),
+            on_done=lambda r: self._deliver(r, options, announce=True),
         )
 
     @property
@@ -195,40 +157,16 @@ class LaunchMagics(Magics):
 
     def _options(self, args: Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         """``prepare()`` keywords from the flags (checked), and the ``--push`` values."""
-        from nbgpu.launch.flags import (  # noqa: PLC0415  (the engine loads on first use)
-            check_cell_flags,
-            check_keep_flags,
-            prepare_options,
-            pushed_names,
-        )
-
         check_keep_flags(args)
         if args.on is not None:
             check_cell_flags(args)
         options = prepare_options(args)
-        names = pushed_names(args)
-        _check_pushed(names, self._namespace)
-        return options, {n: self._namespace[n] for n in names}
+        pushed = {n: _variable(self._namespace, "--push", n) for n in pushed_names(args)}
+        return options, pushed
 
-    def _parse_line(self, line: str) -> tuple[Any, list[str]]:
-        """The magic's arguments and the ranks' argv; UsageError naming a bad value."""
-        from nbgpu.launch.config import parse_nproc  # noqa: PLC0415
-
-        try:
-            head, script_args = _split_script_args(line)
-        except ValueError as exc:
-            raise UsageError(f"%%torchrun {line!r}: {exc}") from None
-        args = parse_argstring(self.torchrun, head)
-        if args.nproc is not None:
-            try:
-                parse_nproc(args.nproc)
-            except UserInputError as exc:
-                raise UsageError(str(exc)) from None
-        return args, script_args
-
-    def _deliver(
-        self, run: Run | CellResult, names: list[str], all_ranks: bool, *, announce: bool
-    ) -> None:
+    def _deliver(self, run: Run | CellResult, options: dict[str, Any], *, announce: bool) -> None:
+        """The ``--pull`` values of a run or cell that ended, into the notebook."""
+        names, all_ranks = options["pull"], options["pull_all_ranks"]
         if not names or self.shell is None:
             return
         for name in names:
@@ -238,23 +176,25 @@ class LaunchMagics(Magics):
                 self.shell.user_ns[name] = run.pulled[name]
         for problem in run.pull_problems:
             print(f"[nbgpu] {problem}", file=sys.stderr)
-        if announce:
-            got = [n for n in names if all_ranks or n in run.pulled]
-            if got:
-                print(f"[nbgpu] pulled into the notebook: {', '.join(got)}")
+        got = [n for n in names if all_ranks or n in run.pulled]
+        if announce and got:
+            print(f"[nbgpu] pulled into the notebook: {', '.join(got)}")
 
     @line_magic
     def gpu_diagnose(self, line: str = "") -> Any:
-        """Diagnose a run: %gpu_diagnose [NAME|PATH] (default: the last failed run here)."""
-        tokens = line.split()
-        if "-h" in tokens or "--help" in tokens:
-            print(_GPU_DIAGNOSE_HELP)
+        """%gpu_diagnose [NAME|PATH]
+
+        Name the cause of a failed run, the rank that failed first, the evidence lines and
+        the fixes. NAME is a run of this kernel (%gpu_runs); PATH a log file or run
+        directory. Without an argument: the last failed run here.
+        """
+        if helped(self, "gpu_diagnose", line):
             return None
         from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
         from nbgpu.diagnose import diagnose  # noqa: PLC0415
         from nbgpu.launch.registry import runs  # noqa: PLC0415
 
-        known = runs()
+        tokens, known = line.split(), runs()
         if len(tokens) > 1:
             raise UsageError(f"%gpu_diagnose takes one run name or path (got {line.strip()!r})")
         if not tokens:
@@ -264,16 +204,24 @@ class LaunchMagics(Magics):
             source: Any = failed[-1].dir
         else:
             source = known[tokens[0]].dir if tokens[0] in known else tokens[0]
-        try:
+        with user_errors():
             return diagnose(source, inventory=take_inventory(scan_device_files=False))
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
 
     @line_magic
     def gpu_runs(self, line: str = "") -> Any:
-        """List this kernel's runs: name, state, ranks, GPUs, port, age, log directory."""
-        if any(token in ("-h", "--help") for token in line.split()):
-            print(_GPU_RUNS_HELP)
+        """%gpu_runs [--prune [--keep N] [--budget SIZE]]
+
+        List this kernel's runs: name, state, ranks, GPUs, port, age, quiet ranks (no
+        output for NBGPU_SILENT_AFTER seconds, default 120: a hang shows up as silence;
+        see %gpu_stacks), log directory. The result converts with .to_frame();
+        nbgpu.runs() returns the Run objects.
+
+        --prune removes the oldest run directories (of every kernel) beyond the retention
+        policy: the last NBGPU_KEEP_RUNS runs (default 20) and at most NBGPU_RUNS_BUDGET
+        (default 5G); --keep and --budget override them once. Runs in use and directories
+        holding a KEEP file are never removed. nbgpu prunes before each new run too.
+        """
+        if helped(self, "gpu_runs", line):
             return None
         tokens = line.split()
         if tokens and tokens[0] == "--prune":
@@ -286,17 +234,21 @@ class LaunchMagics(Magics):
 
     @line_magic
     def gpu_stacks(self, line: str = "") -> Any:
-        """Every rank's Python stack now: %gpu_stacks RUN [--native] (see -h)."""
-        tokens = line.split()
-        if not tokens or "-h" in tokens or "--help" in tokens:
-            if not tokens:
-                raise UsageError("%gpu_stacks RUN: name a run (see %gpu_runs) or a run directory")
-            print(_GPU_STACKS_HELP)
+        """%gpu_stacks RUN [--native] [--timeout S]
+
+        Every rank's Python stack now, all at once, without ptrace: each rank dumps its
+        threads' stacks (faulthandler) into stacks-rank{N}.txt in the run directory.
+        RUN is a run name of this kernel, a run directory, or a run name on disk.
+        --native adds native frames from py-spy when it is installed and may attach.
+        """
+        if helped(self, "gpu_stacks", line):
             return None
+        tokens = line.split()
+        if not tokens:
+            raise UsageError("%gpu_stacks RUN: name a run (see %gpu_runs) or a run directory")
         from nbgpu.launch.registry import runs  # noqa: PLC0415
         from nbgpu.launch.stacks import find_run_dir, rank_stacks  # noqa: PLC0415
 
-        native = "--native" in tokens
         rest = [t for t in tokens if t != "--native"]
         timeout = 5.0
         if "--timeout" in rest:
@@ -309,11 +261,9 @@ class LaunchMagics(Magics):
         if len(rest) != 1:
             raise UsageError(f"%gpu_stacks takes one run (got {line.strip()!r})")
         known = runs()
-        try:
+        with user_errors():
             where = known[rest[0]].dir if rest[0] in known else find_run_dir(rest[0])
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
-        return rank_stacks(where, timeout_s=timeout, native=native)
+        return rank_stacks(where, timeout_s=timeout, native="--native" in tokens)
 
     @magic_arguments()
     @argument("name", nargs="?", default=None, help="the run to stop")
@@ -321,18 +271,14 @@ class LaunchMagics(Magics):
     @line_magic
     def gpu_stop(self, line: str = "") -> Any:
         """Stop a run (or --all): SIGTERM, then SIGKILL of every process, on one deadline."""
-        if any(token in ("-h", "--help") for token in line.split()):
-            print_help(self.gpu_stop, "%gpu_stop")
+        if (args := parse_or_help(self, "gpu_stop", line)) is None:
             return None
-        args = parse_argstring(self.gpu_stop, line)
-        from nbgpu.launch.registry import stop_runs  # noqa: PLC0415
-
         if not args.all and not args.name:
             raise UsageError("%gpu_stop NAME or %gpu_stop --all (see %gpu_runs for names)")
-        try:
+        from nbgpu.launch.registry import stop_runs  # noqa: PLC0415
+
+        with user_errors():
             return stop_runs(None if args.all else args.name)
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
 
 
 def keep_empty_cell_body(lines: list[str]) -> list[str]:
@@ -372,21 +318,12 @@ def _prune(tokens: list[str]) -> Any:
                 raise UsageError(f"%gpu_runs --prune: unknown {flag!r}; accepts --keep, --budget")
     except StopIteration:
         raise UsageError("%gpu_runs --prune: --keep and --budget need a value") from None
-    try:
+    with user_errors():
         return retention.prune(policy=retention.policy_from_options(keep, budget))
-    except UserInputError as exc:
-        raise UsageError(str(exc)) from None
 
 
-def _check_pushed(names: list[str], namespace: dict[str, Any]) -> None:
-    missing = [n for n in names if n not in namespace]
-    if missing:
-        raise UserInputError(f"--push {missing[0]}: no variable {missing[0]!r} in the notebook")
-
-
-def _lookup_plan(name: str | None, namespace: dict[str, Any]) -> Any:
-    if name is None:
-        return None
+def _variable(namespace: dict[str, Any], flag: str, name: str) -> Any:
+    """The notebook variable a flag names (``--plan p``, ``--push x``)."""
     if name not in namespace:
-        raise UserInputError(f"--plan {name}: no variable {name!r} in the notebook")
+        raise UserInputError(f"{flag} {name}: no variable {name!r} in the notebook")
     return namespace[name]

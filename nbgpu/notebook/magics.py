@@ -1,35 +1,81 @@
 """IPython magics: a thin face that parses arguments and calls :mod:`nbgpu.api`.
 
-Everything heavy (pynvml, psutil, the inventory) is imported inside the magic that
-needs it, so ``%load_ext nbgpu`` stays cheap. User mistakes become ``UsageError``
-(one line, no traceback); results are returned so the notebook renders them.
+The GPU and memory magics, and what every magic shares: ``-h``, and user mistakes as
+``UsageError`` (one line, no traceback). Results are returned so the notebook renders
+them. Everything heavy (pynvml, psutil, the inventory, the launch engine) is imported
+inside the magic that needs it, so ``%load_ext nbgpu`` stays cheap. Each magic reads the
+kernel's environment as it is now (``%env`` changes ``os.environ`` in place).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import StdinNotImplementedError, UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbgpu.errors import UserInputError
-from nbgpu.notebook.usage import parse_or_help
 
 if TYPE_CHECKING:
     from nbgpu.devices.clean import CleanPlan
 
-__all__ = ["GPUMagics"]
+__all__ = ["GPUMagics", "helped", "parse_or_help", "user_errors", "words"]
 
-_GPU_PLAN_DOC = """Plan a job before launching: roles on healthy GPUs, ports, batch sizes, memory.
 
-        ``p = %gpu_plan sglang.d1t1p1+d3t1p1 --batch 8`` then ``%%torchrun --plan p``.
-        Also ``--sweep RUNS --per-run K`` (disjoint runs) and ``--scale CONFIG --to N``.
-        ``--widget`` shows the inputs as controls and redraws the plan as they change
-        (the other flags give their first values; the plan is kept as ``p``).
-        Flags are those of ``nbgpu plan`` (``%gpu_plan -h`` lists them).
-        """
+# -- what every magic shares ----------------------------------------------------------
+# IPython's magic parser has no help flag of its own (``%magic?`` opens a pager that
+# nbval and terminals do not show), so each magic answers -h with its docstring, the
+# usage text magic_arguments writes.
+
+
+def helped(magics: Magics, name: str, line: str) -> bool:
+    """Print the usage of the magic *name* if *line* asks for it (``-h``/``--help``)."""
+    if not any(token in ("-h", "--help") for token in line.split()):
+        return False
+    # magic_arguments prefixes the usage with a reST '::' marker; drop it. A cell
+    # magic's generated usage line says '%name'; say '%%name'.
+    text = inspect.cleandoc(getattr(magics, name).__doc__ or "").removeprefix("::").strip()
+    print(text.replace(f"%{name}", _usage_name(magics, name), 1))
+    return True
+
+
+def parse_or_help(magics: Magics, name: str, line: str) -> Any:
+    """The magic *name*'s parsed arguments, or None after printing help for ``-h``."""
+    if helped(magics, name, line):
+        return None
+    try:
+        return parse_argstring(getattr(magics, name), line)
+    except ValueError as exc:  # shlex: an unclosed quote
+        raise UsageError(f"{_usage_name(magics, name)} {line!r}: {exc}") from None
+
+
+def words(line: str, name: str) -> list[str]:
+    """*line* split as a shell would; an unclosed quote is a one-line UsageError."""
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"{name} {line!r}: {exc}") from None
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """A mistake in the user's input (:class:`UserInputError`) as a one-line UsageError."""
+    try:
+        yield
+    except UserInputError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _usage_name(magics: Magics, name: str) -> str:
+    """'%%torchrun' for a cell magic, '%gpu_status' for a line magic."""
+    return f"%%{name}" if name in magics.magics["cell"] else f"%{name}"
 
 
 def _visible_value(text: str | None) -> str | None:
@@ -37,111 +83,70 @@ def _visible_value(text: str | None) -> str | None:
     if text is None:
         return None
     key, sep, value = text.partition("=")
-    if sep:
-        if key.strip() != "CUDA_VISIBLE_DEVICES":
-            raise UsageError(
-                f"--env {text!r}: only CUDA_VISIBLE_DEVICES can be given here, as "
-                "--env 2,3 or --env CUDA_VISIBLE_DEVICES=2,3"
-            )
-        return value.strip().strip("'\"")
-    return text.strip().strip("'\"")
+    if sep and key.strip() != "CUDA_VISIBLE_DEVICES":
+        raise UsageError(
+            f"--env {text!r}: only CUDA_VISIBLE_DEVICES can be given here, as "
+            "--env 2,3 or --env CUDA_VISIBLE_DEVICES=2,3"
+        )
+    return (value if sep else text).strip().strip("'\"")
+
+
+def _gib(value: object) -> str:
+    return f"{value / 1024**3:.2f} GiB" if isinstance(value, int) else "-"
 
 
 @magics_class
 class GPUMagics(Magics):
-    """nbgpu's magics; see each one's ``-h``."""
+    """nbgpu's GPU and memory magics; see each one's ``-h``."""
 
     @magic_arguments()
-    @argument(
-        "--probe",
-        action="store_true",
-        help="also create a CUDA context on each GPU "
-        "(in a short-lived subprocess) to catch 'busy or unavailable'",
-    )
-    @argument(
-        "--json",
-        action="store_true",
-        help="print the snapshot as JSON (a fleet file that NBGPU_SIMULATE accepts)",
-    )
-    @argument(
-        "--env",
-        metavar="CVD",
-        default=None,
-        help="show cuda:N -> GPU for this "
-        "CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)",
-    )
-    @argument(
-        "--slurm",
-        action="store_true",
-        help="every node of the SLURM allocation (or of --nodes N requested for the look)",
-    )
+    @argument("--probe", action="store_true", help="also create a CUDA context on each GPU (in a short-lived subprocess) to catch 'busy or unavailable'")  # fmt: skip
+    @argument("--json", action="store_true", help="print the snapshot as JSON (a fleet file that NBGPU_SIMULATE accepts)")  # fmt: skip
+    @argument("--env", metavar="CVD", default=None, help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)")  # fmt: skip
+    @argument("--slurm", action="store_true", help="every node of the SLURM allocation (or of --nodes N requested for the look)")  # fmt: skip
     @argument("--nodes", type=int, default=None, metavar="N", help="with --slurm")
     @argument("--partition", default=None, metavar="P", help="with --slurm")
     @line_magic
     def gpu_status(self, line: str = "") -> Any:
         """Show every GPU: health, memory, who holds it, and what cuda:N means here."""
-        args = parse_or_help(self.gpu_status, line)
-        if args is None:
+        if (args := parse_or_help(self, "gpu_status", line)) is None:
             return None
-        from nbgpu.api import status  # noqa: PLC0415
+        with user_errors():
+            if args.slurm:
+                from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
+                from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
 
-        if args.slurm:
-            return self._cluster_status(args)
-        try:
-            inventory = status(
-                probe=args.probe, visible_devices=_visible_value(args.env), environ=self._environ()
-            )
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
+                options = SlurmOptions(partition=args.partition)
+                result: Any = cluster_status(
+                    nodes=args.nodes, options=options, environ=dict(os.environ), probe=args.probe
+                )
+            else:
+                from nbgpu.api import status  # noqa: PLC0415
+
+                visible = _visible_value(args.env)
+                result = status(probe=args.probe, visible_devices=visible, environ=dict(os.environ))
         if args.json:
-            print(inventory.to_json())
+            print(result.to_json())
             return None
-        return inventory
-
-    def _cluster_status(self, args: Any) -> Any:
-        from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
-        from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
-
-        try:
-            cluster = cluster_status(
-                nodes=args.nodes,
-                options=SlurmOptions(partition=args.partition),
-                environ=self._environ(),
-                probe=args.probe,
-            )
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
-        if args.json:
-            print(cluster.to_json())
-            return None
-        return cluster
+        return result
 
     @magic_arguments()
     @argument("--no-probe", action="store_true", help="skip the active CUDA probe")
-    @argument(
-        "--nproc",
-        type=int,
-        default=None,
-        metavar="N",
-        help="check a planned number of ranks per node against the visible GPUs",
-    )
+    @argument("--nproc", type=int, default=None, metavar="N", help="check a planned number of ranks per node against the visible GPUs")  # fmt: skip
     @argument("--json", action="store_true", help="print the report as JSON")
     @line_magic
     def gpu_doctor(self, line: str = "") -> Any:
         """Diagnose the GPUs and the launch environment; name each problem and its fix."""
-        args = parse_or_help(self.gpu_doctor, line)
-        if args is None:
+        if (args := parse_or_help(self, "gpu_doctor", line)) is None:
             return None
         if args.nproc is not None and args.nproc < 1:
             raise UsageError(f"--nproc {args.nproc}: expected a whole number >= 1")
         from nbgpu.api import doctor  # noqa: PLC0415
 
-        try:
+        with user_errors():
             report = doctor(
-                probe=not args.no_probe, nproc=args.nproc, environ=self._environ(), face="notebook"
+                probe=not args.no_probe, nproc=args.nproc, environ=dict(os.environ), face="notebook"
             )
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
         if args.json:
             print(report.to_json())
             return None
@@ -150,18 +155,11 @@ class GPUMagics(Magics):
     @magic_arguments()
     @argument("--yes", "-y", action="store_true", help="stop the listed processes without asking")
     @argument("--dry-run", action="store_true", help="only list what would be stopped")
-    @argument(
-        "--grace",
-        type=float,
-        default=3.0,
-        metavar="S",
-        help="seconds between SIGTERM and SIGKILL (default 3)",
-    )
+    @argument("--grace", type=float, default=3.0, metavar="S", help="seconds between SIGTERM and SIGKILL (default 3)")  # fmt: skip
     @line_magic
     def gpu_clean(self, line: str = "") -> Any:
         """Stop this user's stale GPU holders (orphaned ranks, dead jobs), by pid, after asking."""
-        args = parse_or_help(self.gpu_clean, line)
-        if args is None:
+        if (args := parse_or_help(self, "gpu_clean", line)) is None:
             return None
         if args.grace < 0:
             raise UsageError(f"--grace {args.grace}: expected seconds >= 0")
@@ -176,16 +174,14 @@ class GPUMagics(Magics):
                 return False
             return answer.strip().lower() in ("y", "yes")
 
-        try:
+        with user_errors():
             return clean(
                 yes=args.yes,
                 dry_run=args.dry_run,
                 grace_s=args.grace,
                 confirm=confirm,
-                environ=self._environ(),
+                environ=dict(os.environ),
             )
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
 
     @line_magic
     def gpu_plan(self, line: str = "") -> Any:
@@ -193,10 +189,11 @@ class GPUMagics(Magics):
 
         ``p = %gpu_plan sglang.d1t1p1+d3t1p1 --batch 8`` then ``%%torchrun --plan p``.
         Also ``--sweep RUNS --per-run K`` (disjoint runs) and ``--scale CONFIG --to N``.
+        ``--widget`` shows the inputs as controls and redraws the plan as they change
+        (the other flags give their first values; the plan is kept as ``p``).
         Flags are those of ``nbgpu plan`` (``%gpu_plan -h`` lists them).
         """
         import argparse  # noqa: PLC0415
-        import shlex  # noqa: PLC0415
 
         from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output  # noqa: PLC0415
 
@@ -206,35 +203,108 @@ class GPUMagics(Magics):
 
         parser = _Parser(prog="%gpu_plan", add_help=False)
         add_plan_arguments(parser)
-        try:
-            tokens = shlex.split(line)
-        except ValueError as exc:
-            raise UsageError(f"%gpu_plan {line!r}: {exc}") from None
+        tokens = words(line, "%gpu_plan")
         if "-h" in tokens or "--help" in tokens:
-            print(inspect.cleandoc(_GPU_PLAN_DOC))
-            print()
-            print(parser.format_help())
+            print(
+                inspect.cleandoc(GPUMagics.gpu_plan.__doc__ or ""), parser.format_help(), sep="\n\n"
+            )
             return None
-        widget = "--widget" in tokens
-        tokens = [t for t in tokens if t != "--widget"]
-        args = parser.parse_args(tokens)
-        if widget:
+        args = parser.parse_args([t for t in tokens if t != "--widget"])
+        if "--widget" in tokens:
             return _plan_widget(self.shell.user_ns if self.shell is not None else {}, args)
-        try:
+        with user_errors():
             result = plan_from_args(args)
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
         text = render_plan_output(result, args)
         if text is not None:
             print(text)
             return None
         return result
 
-    def _environ(self) -> dict[str, str]:
-        # The kernel's environment as it is now (%env changes it in place).
-        import os  # noqa: PLC0415
+    @magic_arguments()
+    @argument("name", nargs="+", help="the phase's name (free text)")
+    @argument("--mem-sample", default="0.1", metavar="S", help="seconds between the kernel's memory samples (default 0.1; 0: phase ends only)")  # fmt: skip
+    @cell_magic
+    def gpu_phase(self, line: str, cell: str) -> None:
+        """Run this cell as a memory phase of the kernel: ``%%gpu_phase load model``.
 
-        return dict(os.environ)
+        Records host RSS/USS/PSS at its start and end, its peak (sampled, and the
+        kernel's high-water mark), the node's available memory and CUDA figures if the
+        kernel uses CUDA. ``%gpu_memory kernel`` shows every phase of this kernel.
+        """
+        # The cell runs inside nbgpu.phase(NAME) in the kernel process itself: loading a
+        # model in the notebook is a phase too.
+        if (args := parse_or_help(self, "gpu_phase", line)) is None:
+            return
+        from nbgpu.profile.phases import Phase, parse_sample_interval, recorder  # noqa: PLC0415
+
+        name = " ".join(args.name)
+        with user_errors():
+            interval = parse_sample_interval(args.mem_sample)
+            rec = recorder()
+            if interval:
+                if rec._sampler is None:
+                    rec.sample_s = interval
+                rec.start_sampling()
+            phase = Phase(name, rec)
+        phase.start()
+        error = None
+        try:
+            result = self.shell.run_cell(cell, store_history=False) if self.shell else None
+            if result is not None and not result.success:
+                failure = result.error_in_exec or result.error_before_exec
+                error = f"{type(failure).__name__}: {failure}"[:300]
+        finally:
+            phase.stop(error=error)
+        ends = (r for r in reversed(rec.records) if r.get("k") == "end" and r.get("phase") == name)
+        if (end := next(ends, None)) is not None:
+            begins = (r for r in rec.records if r.get("k") == "begin" and r.get("id") == end["id"])
+            begin = next(begins, {})
+            peak = max(
+                end.get("peak_rss") or 0, end.get("hwm") or 0 if not end.get("hwm_why") else 0
+            )
+            print(
+                f"[nbgpu] phase {name!r}: {end['t'] - begin.get('t', end['t']):.1f} s · RSS "
+                f"{_gib(begin.get('rss'))} -> {_gib(end.get('rss'))} · peak {_gib(peak)} · "
+                f"node available {_gib(end.get('avail'))}  (%gpu_memory kernel: every phase)"
+            )
+
+    @magic_arguments()
+    @argument("run", nargs="?", default=None, help="a run name, a run directory, or 'kernel'")
+    @argument("--png", default=None, metavar="FILE", help="also save the figure to FILE")
+    @argument("--no-figure", action="store_true", help="the table only")
+    @line_magic
+    def gpu_memory(self, line: str = "") -> Any:
+        """Memory by phase and rank of a run: figure and table (``%gpu_memory NAME``).
+
+        Without an argument: this kernel's last run (else the kernel's own phases);
+        ``kernel``: this kernel's ``%%gpu_phase`` cells. The result converts with
+        ``.to_frame()`` (pandas, indexed by phase and rank) and draws with ``.figure()``.
+        """
+        if (args := parse_or_help(self, "gpu_memory", line)) is None:
+            return None
+        from nbgpu.api import memory  # noqa: PLC0415
+        from nbgpu.profile.phases import recorder  # noqa: PLC0415
+        from nbgpu.profile.report import report_from_recorder  # noqa: PLC0415
+
+        with user_errors():
+            if args.run == "kernel":
+                report = report_from_recorder(recorder(), label="this kernel")
+            else:
+                report = memory(args.run)
+        if report.ranks and not args.no_figure:
+            from IPython.display import Image, display  # noqa: PLC0415
+
+            # A PNG, so that a saved notebook keeps the figure.
+            png = report.png()
+            display(Image(data=png, format="png"))
+            if args.png:
+                try:
+                    Path(args.png).expanduser().write_bytes(png)
+                except OSError as exc:
+                    raise UsageError(
+                        f"--png {shlex.quote(args.png)}: cannot write ({exc.strerror})"
+                    ) from None
+        return report
 
 
 def _plan_widget(namespace: dict[str, Any], args: Any) -> None:
@@ -250,13 +320,11 @@ def _plan_widget(namespace: dict[str, Any], args: Any) -> None:
             "(p = %gpu_plan --slurm --nproc-per-node P ...)"
         )
     initial = {
-        "allocation": getattr(args, "allocation", None) or "",
-        "global_batch": getattr(args, "batch", None) or 0,
-        "micro_batch": getattr(args, "micro", None) or 0,
-        "strategy": getattr(args, "strategy", None) or "ddp",
-        "model": getattr(args, "model", None) or "",
+        "allocation": args.allocation or "",
+        "global_batch": args.batch or 0,
+        "micro_batch": args.micro or 0,
+        "strategy": args.strategy or "ddp",
+        "model": args.model or "",
     }
-    try:
+    with user_errors():
         PlanWidget(namespace, initial=initial).show()
-    except UserInputError as exc:
-        raise UsageError(str(exc)) from None

@@ -76,14 +76,8 @@ class PlanWidget:
         self.copy_button.on_click(lambda _b: self.copy())
         for control in self.controls.values():
             control.observe(lambda _c: self.update(), names="value")
-        self.box = w.VBox(
-            [
-                *self.controls.values(),
-                w.HBox([self.launch, self.copy_button]),
-                self.status,
-                self.copy_out,
-            ]
-        )
+        launch_row = w.HBox([self.launch, self.copy_button])
+        self.box = w.VBox([*self.controls.values(), launch_row, self.status, self.copy_out])
         self.plan: Any = None
         self.error: str | None = None
         self.updates = 0
@@ -97,31 +91,23 @@ class PlanWidget:
         self.view = LiveView(self.record, controls=self.box, interval_s=0.1)
         return self
 
-    def values(self) -> dict[str, Any]:
-        return {key: control.value for key, control in self.controls.items()}
-
     def update(self) -> None:
         """Rebuild the plan from the controls; an impossible combination is shown, not raised."""
         from nbgpu.plan import plan as make_plan  # noqa: PLC0415
 
+        values = {key: control.value for key, control in self.controls.items()}
         try:
-            plan = make_plan(inventory=self.inventory, **plan_inputs(self.values()))
+            plan = make_plan(inventory=self.inventory, **plan_inputs(values))
         except (NbgpuError, ValueError) as exc:
             self.plan, self.error = None, str(exc).splitlines()[0]
             self.status.value = f'<b style="color:#c62828">invalid: {html.escape(self.error)}</b>'
-            self.launch.value = ""
-            self.updates += 1
-            if self.view is not None:
-                self.view.refresh()
-            return
-        self.plan, self.error = plan, None
-        self.namespace[self.name] = plan
-        state = "ready" if plan.ok else "NOT READY"
-        colour = "#2e7d32" if plan.ok else "#c62828"
-        self.status.value = (
-            f'<b style="color:{colour}">{state}</b> · kept as <code>{self.name}</code>'
-        )
-        self.launch.value = self.launch_line()
+        else:
+            self.plan, self.error = plan, None
+            self.namespace[self.name] = plan
+            state, colour = ("ready", "#2e7d32") if plan.ok else ("NOT READY", "#c62828")
+            kept = f"kept as <code>{self.name}</code>"
+            self.status.value = f'<b style="color:{colour}">{state}</b> · {kept}'
+        self.launch.value = self.launch_line()  # none for an invalid plan
         self.updates += 1
         if self.view is not None:
             self.view.refresh()

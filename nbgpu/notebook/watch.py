@@ -21,21 +21,17 @@ import threading
 import time
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu._render import ROOT_STYLE, memory_bar_html, simulated_label, title_html
-from nbgpu.errors import UserInputError
 from nbgpu.notebook.live import LiveView, svg_img
-from nbgpu.notebook.usage import print_help
+from nbgpu.notebook.magics import parse_or_help, user_errors
 
-__all__ = ["Dashboard", "WatchMagics", "chart_svg", "dashboard_html"]
-
-#: (line magics, cell magics) this module adds, for %unload_ext.
+__all__ = ["Dashboard", "WatchMagics", "chart_svg", "dashboard_html", "dashboard_text"]
 
 _COLOURS = ("#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e")
-_STATE_LEVEL = {"dead": "bad", "zombie": "bad", "other_namespace": "warn", "orphaned": "warn"}
+_BAD_STATES = ("dead", "zombie")  # holders drawn in red
 #: Seconds a dashboard may go unseen (output cleared, notebook closed) before it stops.
 ORPHAN_GRACE_S = 3.0
 #: Dashboards of this kernel, so ``--stop`` and interpreter exit end every thread.
@@ -89,14 +85,6 @@ def _percent(gpu: Any, metric: str) -> float | None:
     return 100.0 * float(gpu.memory_used_bytes) / float(gpu.memory_total_bytes)
 
 
-def _process_text(gpu: Any) -> str:
-    items = []
-    for p in gpu.processes:
-        who = f" {p.label}" if p.label else ""
-        items.append(f"{p.pid}{who} ({p.state})")
-    return ", ".join(items) or "-"
-
-
 def _table_html(sample: Any) -> str:
     rows = []
     for gpu in sample.gpus:
@@ -109,8 +97,7 @@ def _table_html(sample: Any) -> str:
             continue
         procs = []
         for p in gpu.processes:
-            level = _STATE_LEVEL.get(p.state, "")
-            style = ' style="color:#c62828;font-weight:bold"' if level == "bad" else ""
+            style = ' style="color:#c62828;font-weight:bold"' if p.state in _BAD_STATES else ""
             who = f" <b>{html.escape(p.label)}</b>" if p.label else ""
             procs.append(f"<span{style}>{p.pid}{who} ({html.escape(p.state)})</span>")
         bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes) or "-"
@@ -170,8 +157,11 @@ def dashboard_text(samples: list[Any], state: str) -> str:
             mem = f"{used / 2**30:.1f}/{total / 2**30:.1f} GiB" if total else "-"
             temp = "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C"
             power = "-" if gpu.power_w is None else f"{gpu.power_w:.0f} W"
+            procs = [
+                f"{p.pid}{f' {p.label}' if p.label else ''} ({p.state})" for p in gpu.processes
+            ]
             lines.append(
-                f"{gpu.index:<4} {util:<5} {mem:<19} {temp:<5} {power:<7} {_process_text(gpu)}"
+                f"{gpu.index:<4} {util:<5} {mem:<19} {temp:<5} {power:<7} {', '.join(procs) or '-'}"
             )
     return "\n".join(lines)
 
@@ -298,29 +288,19 @@ class WatchMagics(Magics):
         """Live GPU dashboard: utilisation and memory over time, memory bars, temperature,
         power and processes (dead holders in red, this kernel and nbgpu ranks named).
         Pause / Stop buttons; the saved notebook keeps the last picture."""
-        if any(token in ("-h", "--help") for token in line.split()):
-            print_help(self.gpu_watch, "%gpu_watch")
+        if (args := parse_or_help(self, "gpu_watch", line)) is None:
             return None
-        try:
-            args = parse_argstring(self.gpu_watch, line)
-        except UsageError:
-            raise
-        except SystemExit:
-            raise UsageError(f"%gpu_watch {line!r}: see %gpu_watch -h") from None
         if args.stop:
             for dashboard in DASHBOARDS:
                 dashboard.stop()
-            stopped = len(DASHBOARDS)
+            print(f"[nbgpu] stopped {len(DASHBOARDS)} dashboard(s)")
             DASHBOARDS.clear()
-            print(f"[nbgpu] stopped {stopped} dashboard(s)")
             return None
         from nbgpu.devices.watch import parse_watch_options  # noqa: PLC0415
         from nbgpu.notebook.widgets import widgets_available  # noqa: PLC0415
 
-        try:
+        with user_errors():
             interval_s, history = parse_watch_options(args.interval, args.history)
-        except UserInputError as exc:
-            raise UsageError(str(exc)) from None
         widgets = args.view == "widgets" or (args.view == "auto" and widgets_available())
         Dashboard(interval_s, history, widgets=widgets).start()
         return None

@@ -1,4 +1,9 @@
-"""A run's live panel for widget front ends: a Stop button and a rank picker over its face.
+"""A run's lines in a notebook: the running cell, a widget panel, or a background display.
+
+A foreground run (or a warm cell) writes prefixed text into the cell that runs it, within
+the screen budget, or into a widget panel on request. A background run writes through a
+display handle created in the cell that started it, so its output never lands in
+whatever cell runs later; once it ends, that display shows the run's static record.
 
 The panel is a :class:`~nbgpu.notebook.live.LiveView`. Its face (static HTML, redrawn
 at most 4 times a second) shows the headline, a state badge per rank, the picked rank's
@@ -12,28 +17,28 @@ ipywidgets is imported here only.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Block, Line
 from nbgpu.notebook.live import Bundle, LiveView
-from nbgpu.notebook.run_record import (
-    RECORD_TAIL_LINES,
-    MemoryTimeline,
-    Tails,
-    live_html,
-    live_text,
-    record_bundle,
-)
+from nbgpu.notebook.run_record import MemoryTimeline, Tails, live_bundle, record_bundle, strip_ansi
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the launch engine loads on first use
+    from argparse import Namespace
+
+    from nbgpu.launch.execute import Output
     from nbgpu.launch.run import Run
     from nbgpu.launch.warm import CellResult
 
-__all__ = ["CellView", "RunPanel", "widgets_available"]
+__all__ = ["CellView", "RunPanel", "background_output", "foreground_output", "widgets_available"]
 
-REFRESH_S = 0.25
+REFRESH_S = 0.25  # display updates count against Jupyter's message rate
 #: Height of the rank's scroll area: the panel stays this size however much a rank prints.
 SCROLL_HEIGHT = "20em"
 FOREGROUND_NOTE = (
@@ -50,14 +55,104 @@ def widgets_available() -> bool:
     return True
 
 
+def background_output(run: Run, view: str, *, quiet: bool) -> Output:
+    """Widgets (tabs, badges, Stop) where they render; a display-handle tail otherwise."""
+    from nbgpu.launch.execute import Output  # noqa: PLC0415
+    from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
+
+    use_widgets = view == "widgets" or (
+        view == "auto" and widgets_available() and not _under_test_runner()
+    )
+    if use_widgets and not quiet:
+        return _panel_output(run)
+    text_view = _BackgroundView(run, keep_tails=not quiet)
+    writer = ScreenWriter(text_view.write if not quiet else (lambda _t: None))
+    return Output(_TeeToTails(writer, text_view.tails), text_view.tick)
+
+
+def foreground_output(args: Namespace) -> Callable[[Run], Output]:
+    """Where a foreground run's (or warm cell's) lines go: this cell, or a widget panel."""
+    from nbgpu.launch.execute import to_screen  # noqa: PLC0415
+
+    if args.view == "widgets" and not args.quiet:
+        # Opt-in for foreground runs: their text then lives in the panel's tabs,
+        # which static exports and nbval do not show (auto keeps text here).
+        return lambda run: _panel_output(run, stoppable=False)
+    return to_screen(
+        _write_stdout,
+        quiet=args.quiet,
+        color=True,
+        live_status=not _under_test_runner(),  # the node's memory, one line
+    )
+
+
+def _panel_output(run: Run, *, stoppable: bool = True) -> Output:
+    from nbgpu.launch.execute import Output  # noqa: PLC0415
+
+    panel = RunPanel(run, stoppable=stoppable)
+    # follow() flushes the panel each tick; once the run is over, show final badges.
+    return Output(panel, lambda r: panel.finish(str(r.dir)) if r.done else None)
+
+
+def _under_test_runner() -> bool:
+    # nbval/pytest kernels have no widget manager: their output must be plain text.
+    return "PYTEST_CURRENT_TEST" in os.environ
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+class _BackgroundView:
+    """A bounded live tail of a background run, kept in the cell that started it.
+
+    A :class:`~nbgpu.notebook.live.LiveView` without controls: its face is the run's
+    headline, the node's memory and the newest lines; once the run ends, the run's
+    record (each rank's last lines, the badges, the summary) as HTML and text.
+    """
+
+    def __init__(self, run: Run, *, keep_tails: bool = True) -> None:
+        self.run = run
+        self._lines: deque[str] = deque(maxlen=40)
+        self._lock = threading.Lock()
+        self.record: Bundle | None = None  # the static record, once the run ended
+        # --quiet: the record keeps the summary only, no rank output.
+        self.tails = Tails(run.logs if keep_tails else {})
+        self._memory: str | None = None  # the node's memory line
+        self.view = LiveView(self._face, interval_s=REFRESH_S)
+
+    def _face(self) -> Bundle:
+        run = self.run
+        with self._lock:
+            body = "\n".join(self._lines)
+        head = run._headline()
+        if not run.done:
+            self._memory = run.memory_status() or self._memory
+            if self._memory:
+                head += f"\n{self._memory}"
+        return {"text/plain": f"{head}\n{body}" if body else head}
+
+    def write(self, text: str) -> object:
+        with self._lock:
+            self._lines.extend(strip_ansi(text).rstrip("\n").split("\n"))
+        return None
+
+    def tick(self, run: Run) -> None:
+        if run.done and self.record is None:
+            self.record = record_bundle(run, self.tails)
+            self.view.end(self.record)
+        self.view.refresh()
+
+
 class RunPanel:
     """The live view of one run; implements the writer interface ``follow`` uses."""
 
-    def __init__(self, run: Any, *, tail_lines: int = 200, stoppable: bool = True) -> None:
+    def __init__(self, run: Any, *, stoppable: bool = True) -> None:
         import ipywidgets as w  # noqa: PLC0415
 
         self.run = run
-        self.tails = Tails(run.logs, keep=tail_lines)
+        self.tails = Tails(run.logs)
         self.record: Bundle | None = None  # the static record, once the run ended
         # A foreground run keeps the kernel busy, so a click would only arrive afterwards:
         # there the notebook's interrupt button is the stop button, and the face says so.
@@ -82,14 +177,9 @@ class RunPanel:
         self.ranks.observe(lambda _change: self.view.refresh(force=True), names="value")
 
     def _face(self) -> Bundle:
-        run = self.run
-        self.memory.refresh(force=run.done)
-        label = self.ranks.value
-        tail = self.tails.tail(label) if label else None
-        return {
-            "text/plain": live_text(run, tail),
-            "text/html": live_html(run, tail, self.memory.html, SCROLL_HEIGHT, self.note),
-        }
+        self.memory.refresh(force=self.run.done)
+        tail = self.tails.tail(self.ranks.value) if self.ranks.value else None
+        return live_bundle(self.run, tail, self.memory.html, SCROLL_HEIGHT, self.note)
 
     # -- the writer interface (add / flush / finish) ----------------------------------
 
@@ -104,23 +194,36 @@ class RunPanel:
         cell_over = warm is not None and not self.run.done and warm.last is not None
         if not (self.run.done or cell_over):
             self.view.refresh(force=True)
-            return
-        if self.record is None:
+        elif self.record is None:
             # The outcome is known (follow() calls this again after run.finish(); a warm
             # cell's result is set before its finish()): the face becomes the record.
-            subject: Any = self.run
-            if cell_over and warm is not None and warm.last is not None:
-                subject = CellView(self.run, warm.last)
+            subject = CellView(self.run, warm.last) if cell_over else self.run
             self.stop_button.disabled = True
-            self.record = record_bundle(
-                subject, self.tails.all(RECORD_TAIL_LINES), [self.memory.record()]
-            )
+            self.record = record_bundle(subject, self.tails, [self.memory.record()])
             self.view.end(self.record)
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True
         self.stop_button.description = "Stopping…"
         threading.Thread(target=self.run.stop, args=("stopped",), daemon=True).start()
+
+
+class _TeeToTails:
+    """A line sink that keeps tails for the record and passes everything to *inner*."""
+
+    def __init__(self, inner: Any, tails: Tails) -> None:
+        self.inner = inner
+        self.tails = tails
+
+    def add(self, label: str, lines: list[str]) -> None:
+        self.tails.extend(label, lines)
+        self.inner.add(label, lines)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def finish(self, log_hint: str) -> None:
+        self.inner.finish(log_hint)
 
 
 # -- a warm cell, read like a finished run --------------------------------------------
@@ -142,7 +245,6 @@ class CellView:
         self.result = result
         self.name = run.name
         self.config = run.config
-        self.dir = run.dir
         self.done = True
         self.root_cause = None
         if result.ok:
@@ -160,24 +262,18 @@ class CellView:
         return self._run.rank_gpu(rank)
 
     def _headline(self) -> str:
-        words = {"succeeded": "ok", "failed": "failed", "interrupted": "interrupted"}
-        parts = [
-            f"run '{self.name}'",
-            f"cell {self.result.number}",
-            words[self.state],
-            f"{self.config.nproc} ranks",
-        ]
+        outcome = "ok" if self.result.ok else self.state
+        parts = [f"run '{self.name}'", f"cell {self.result.number}", outcome]
+        parts.append(f"{self.config.nproc} ranks")
         if self.config.cuda_visible_devices:
             parts.append(self._run.gpu_assignment())
         parts.append(f"{self.result.duration_s:.2f} s")
         return " · ".join(parts)
 
-    def _kept(self) -> str:
-        return (
+    def summary_blocks(self) -> list[Block]:
+        """What the record shows below its headline: how the cell ended, what is kept."""
+        kept = (
             f"the ranks and their state are kept: %%torchrun --on {self.name} runs the next "
             f"cell, %gpu_stop {self.name} ends the job"
         )
-
-    def summary_blocks(self) -> list[Block]:
-        """What the record shows below its headline: how the cell ended, what is kept."""
-        return [*self.result.content(), Line(self._kept(), wrap=False)]
+        return [*self.result.content(), Line(kept, wrap=False)]

@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 
 from nbgpu.devices.doctor import DoctorReport
 from nbgpu.devices.inventory import Inventory
-from nbgpu.notebook.registration import magics_classes
+from nbgpu.notebook import magics_classes
 
 
 def test_gpu_status_returns_the_inventory(ip):
