@@ -255,7 +255,7 @@ def _run_script(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from nbgpu.launch import retention  # noqa: PLC0415
+    from nbgpu.launch import rundirs as retention  # noqa: PLC0415
 
     if not args.prune and (args.keep is not None or args.budget is not None):
         raise UserInputError("nbgpu runs: --keep and --budget go with --prune")

@@ -1,8 +1,9 @@
-"""What to launch: a validated, typed description of one torchrun job.
+"""What to launch: a validated, typed description of one torchrun job (or one more cell
+of a warm job), and what the launcher reads from a plan (launch never imports plan/).
 
 Every user-facing value is checked here, before anything starts, so a mistake is
 one line naming the value and the accepted form and no process is ever spawned for
-it. Pure: the only outside facts it uses come in as arguments (an inventory).
+it. Pure: the only outside facts it uses come in as arguments.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nbgpu._backends import BACKENDS
 from nbgpu.errors import UserInputError
@@ -23,6 +24,8 @@ __all__ = [
     "CELL_OPTIONS",
     "CellRequest",
     "LaunchConfig",
+    "LaunchPlan",
+    "NodesLaunchPlan",
     "Prepared",
     "SlurmOptions",
     "parse_env_pairs",
@@ -306,3 +309,52 @@ class Prepared:
 
     config: LaunchConfig
     notes: tuple[str, ...] = field(default=())
+
+
+# -- what the launcher reads from a plan --------------------------------------------------
+
+
+class PlanRole(Protocol):
+    """One role of an ``nbgpu.plan`` result."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def cuda_visible_devices(self) -> str: ...
+    @property
+    def nproc_per_node(self) -> int: ...
+    @property
+    def master_port(self) -> int | None: ...
+
+
+class PlanProblem(Protocol):
+    @property
+    def message(self) -> str: ...
+
+
+class LaunchPlan(Protocol):
+    """An ``nbgpu.plan`` result."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def roles(self) -> Sequence[PlanRole]: ...
+    @property
+    def problems(self) -> Sequence[PlanProblem]: ...
+
+
+class NodesLaunchPlan(Protocol):
+    """A plan across nodes (``nbgpu.plan.nodes``)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def problems(self) -> Sequence[PlanProblem]: ...
+    @property
+    def nodelist(self) -> str: ...
+    @property
+    def job_nodes(self) -> int: ...
+    @property
+    def nproc_per_node(self) -> int: ...
+    @property
+    def node_gpus(self) -> Mapping[str, str]: ...

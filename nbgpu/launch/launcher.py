@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from nbgpu.devices.findings import gpu_health
 from nbgpu.devices.inventory import Inventory, take_inventory
@@ -27,6 +27,9 @@ from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (
     CELL_OPTIONS,
     LaunchConfig,
+    LaunchPlan,
+    NodesLaunchPlan,
+    PlanRole,
     Prepared,
     SlurmOptions,
     parse_gpu_list,
@@ -36,41 +39,12 @@ from nbgpu.launch.config import (
 )
 from nbgpu.launch.execute import WarmJob, execute, execute_cell, prepare_cell, to_screen
 from nbgpu.launch.run import RUNS, Run
-from nbgpu.launch.rundir import check_name
-from nbgpu.launch.slurm import NodesLaunchPlan, is_nodes_plan, take_nodes_plan
+from nbgpu.launch.rundirs import check_name
+from nbgpu.launch.slurm import check_request, is_nodes_plan, take_nodes_plan
 from nbgpu.launch.warm import CellResult
 from nbgpu.profile.phases import parse_sample_interval
 
-__all__ = ["LaunchPlan", "PlanProblem", "PlanRole", "prepare", "torchrun"]
-
-
-class PlanRole(Protocol):
-    """What the launcher takes from one role of an ``nbgpu.plan`` result."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def cuda_visible_devices(self) -> str: ...
-    @property
-    def nproc_per_node(self) -> int: ...
-    @property
-    def master_port(self) -> int | None: ...
-
-
-class PlanProblem(Protocol):
-    @property
-    def message(self) -> str: ...
-
-
-class LaunchPlan(Protocol):
-    """An ``nbgpu.plan`` result, as the launcher reads it (launch never imports plan/)."""
-
-    @property
-    def ok(self) -> bool: ...
-    @property
-    def roles(self) -> Sequence[PlanRole]: ...
-    @property
-    def problems(self) -> Sequence[PlanProblem]: ...
+__all__ = ["prepare", "torchrun"]
 
 
 def _unhealthy_reason(
@@ -277,8 +251,6 @@ def prepare(
     if slurm is not None:
         # The GPUs are the nodes', not this machine's: SLURM assigns them (--gpus-per-node).
         nproc = _slurm_ranks(nproc, slurm, gpus)
-        from nbgpu.launch.slurm import check_request  # noqa: PLC0415  (SLURM runs only)
-
         notes.extend(check_request(nnodes, slurm, environ))
     else:
         inv = (

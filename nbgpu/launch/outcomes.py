@@ -1,25 +1,31 @@
-"""What each rank of a finished run did: exit codes, signals, error files, pulled values.
+"""What a run's processes leave in its directory, read by the kernel.
 
-Read from what the wrapped agent (``nbgpu.rank.agent``) and torchrun leave in the run
-directory: ``result.json`` (per-rank exit codes and signals), each rank's torchelastic
-error file (the exception line, its traceback and a sub-second clock), and the values
-ranks wrote for ``--pull``. Which rank failed *first* is the diagnosis' answer
-(``nbgpu.diagnose``); :func:`first_failure_without_diagnosis` is only for a run whose
-diagnosis itself failed.
+Once the run ended, what each rank did, from what the wrapped agent
+(``nbgpu.rank.agent``) and torchrun leave there: ``result.json`` (per-rank exit codes and
+signals), each rank's torchelastic error file (the exception line, its traceback and a
+sub-second clock), and the values ranks wrote for ``--pull``. Which rank failed *first*
+is the diagnosis' answer (``nbgpu.diagnose``); :func:`first_failure_without_diagnosis`
+is only for a run whose diagnosis itself failed.
+
+While it runs, the markers behind one-line notices shown once, between the ranks' lines
+(:class:`RunNotices`): a process of the run whose parent-death signal the kernel refused,
+and the disk under the run directory filling up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pickle
 import shutil
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbgpu.launch import rundir
+from nbgpu.launch.rundirs import error_file, rank_log
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
@@ -27,12 +33,15 @@ if TYPE_CHECKING:
 __all__ = [
     "Pulled",
     "RankOutcome",
+    "RunNotices",
+    "add_pulled",
     "collect_pulled",
     "diagnose_failure",
-    "first_failure_without_diagnosis",
     "rank_outcomes",
     "read_agent_result",
 ]
+
+DISK_FULL_BELOW_BYTES = 64 * 1024  # less free space than this under the run dir: full
 
 
 @dataclass(frozen=True)
@@ -99,7 +108,7 @@ def rank_outcomes(
             code, sig, pid = 0, None, None
         else:
             code, sig, pid = None, None, None
-        log = rundir.rank_log(run_dir, rank)
+        log = rank_log(run_dir, rank)
         outcomes.append(RankOutcome(rank, code, sig, pid, log, error, tb, failed_at))
     return tuple(outcomes)
 
@@ -110,7 +119,7 @@ def _error_details(
     candidates = []
     if failure and failure.get("error_file"):
         candidates.append(Path(failure["error_file"]))
-    candidates.append(rundir.error_file(run_dir, rank))
+    candidates.append(error_file(run_dir, rank))
     candidates.extend(sorted((run_dir / "torchelastic").glob(f"*/attempt_*/{rank}/error.json")))
     for path in candidates:
         if not path.is_file():
@@ -120,7 +129,7 @@ def _error_details(
             message = data["message"]
             info = message.get("extraInfo", {})
             stamp = float(info.get("nbgpu_time") or info.get("timestamp") or 0) or None
-            target = rundir.error_file(run_dir, rank)
+            target = error_file(run_dir, rank)
             if path != target:
                 with contextlib.suppress(OSError):
                     shutil.move(path, target)  # one copy, next to the logs, for diagnosis
@@ -201,3 +210,88 @@ def diagnose_failure(
         return None, error, first_failure_without_diagnosis(ranks)
     root = next((r for r in ranks if r.rank == diagnosis.failed_rank), None)
     return diagnosis, None, root
+
+
+# -- while it runs: notices --------------------------------------------------------------
+
+
+class RunNotices:
+    """The notices of one run; ``run_dir`` is set once the run directory exists."""
+
+    def __init__(self, nproc: int) -> None:
+        self.nproc = nproc
+        self.run_dir: Path | None = None
+        self.pending: list[str] = []
+        self.disk_full_since: float | None = None  # when the run directory's disk filled
+        self._guarantee_announced = False
+
+    def add(self, text: str) -> None:
+        self.pending.append(text)
+
+    def take(self, on_guarantee_lost: Callable[[], object]) -> list[str]:
+        """Messages not shown yet. *on_guarantee_lost* runs once, when one is first seen."""
+        out, self.pending = self.pending, []
+        guarantee = self._guarantee_notice()
+        if guarantee is not None:
+            with contextlib.suppress(OSError):
+                on_guarantee_lost()
+            out.append(guarantee)
+        disk = self._disk_full_notice()
+        if disk is not None:
+            out.append(disk)
+        return out
+
+    def lost_guarantees(self) -> dict[str, str]:
+        """Processes (agent, rankN) whose parent-death signal the kernel refused, and why."""
+        out: dict[str, str] = {}
+        if self.run_dir is None:
+            return out
+        for path in sorted(self.run_dir.glob("pdeathsig-*.txt")):
+            with contextlib.suppress(OSError):
+                out[path.stem.removeprefix("pdeathsig-")] = path.read_text("utf-8").strip()
+        return out
+
+    def guarantee_record(self) -> dict[str, Any]:
+        lost = self.lost_guarantees()
+        return {"ok": not lost, "lost": lost}
+
+    def _guarantee_notice(self) -> str | None:
+        if self._guarantee_announced:
+            return None
+        lost = self.lost_guarantees()
+        if not lost:
+            return None
+        self._guarantee_announced = True
+        reason = next(iter(lost.values()))
+        return (
+            f"no parent-death signal for {', '.join(lost)} ({reason}): if this process is "
+            "killed, the run's processes keep running; stop them with %gpu_stop / nbgpu clean"
+        )
+
+    def _disk_full_notice(self) -> str | None:
+        """One line, the first time the disk under the run directory is found full.
+
+        Ranks drop their output instead of failing (``nbgpu.rank.worker``); this says which
+        logs are incomplete and from when. A rank's own marker gives its exact time;
+        the disk's free space, checked each tick, catches a disk too full for markers.
+        """
+        if self.disk_full_since is not None or self.run_dir is None:
+            return None
+        stamps = []
+        for path in self.run_dir.glob("logfull-rank*.txt"):
+            with contextlib.suppress(OSError, ValueError):
+                stamps.append(float(path.read_text(encoding="utf-8")))
+        try:
+            st = os.statvfs(self.run_dir)
+            full = st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES
+        except OSError:
+            full = False
+        if not stamps and not full:
+            return None
+        self.disk_full_since = min(stamps) if stamps else time.time()
+        when = time.strftime("%H:%M:%S", time.localtime(self.disk_full_since))
+        return (
+            f"the disk under {self.run_dir} is full: rank logs (rank0..rank{self.nproc - 1}"
+            f".log) and the output shown here are incomplete from {when} on; the ranks keep "
+            "running (free space, or set NBGPU_RUNS_DIR elsewhere for the next run)"
+        )

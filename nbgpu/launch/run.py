@@ -1,16 +1,16 @@
 """A Run: one torchrun job's life in the kernel, from start to collected outcomes.
 
 One object owns it all. ``start()`` writes the run directory, starts the wrapped
-torchrun agent (``agent_command.start_agent``) and enters the run in this process's
-registry (:data:`RUNS`, stopped in order when the process exits). ``follow()`` is the
-one follow loop: it streams the ranks' logs into an output, shows one-line notices,
-enforces ``--timeout`` and turns the notebook's interrupt into stopping the run on one
-deadline; given a cell, it runs that cell on a warm job's ranks instead, through the
-same loop, and returns once they all answered (the job goes on). ``stop()`` ends the
-process tree against one deadline; ``end()`` stops and collects a run whoever follows
-it; ``finish()`` collects per-rank outcomes (``outcomes.py``) and, for a failed run,
-the diagnosis. A warm job's state is ``run.warm`` (``warm.py``), watched between cells
-by the run's idle watchdog. How a run reads is ``run_view.py``, its base class.
+torchrun agent (``procs.start_agent``) and enters the run in this process's registry
+(:data:`RUNS`, stopped in order when the process exits). ``follow()`` is the one follow
+loop: it streams the ranks' logs into an output, shows one-line notices, enforces
+``--timeout`` and turns the notebook's interrupt into stopping the run on one deadline;
+given a cell, it runs that cell on a warm job's ranks instead, through the same loop,
+and returns once they all answered (the job goes on). ``stop()`` ends the process tree
+against one deadline; ``end()`` stops and collects a run whoever follows it;
+``finish()`` collects per-rank outcomes (``outcomes.py``) and, for a failed run, the
+diagnosis. A warm job's state is ``run.warm`` (``warm.py``), watched between cells by
+the run's idle watchdog. The state and how a run reads is ``run_view.py``, its base.
 
 Owns processes; never imports IPython, ipywidgets or matplotlib (faces render).
 """
@@ -19,42 +19,43 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import secrets
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch import rundir
-from nbgpu.launch.agent_command import agent_env, start_agent
 from nbgpu.launch.channel import CELL_MARK, CellServer
 from nbgpu.launch.config import CellRequest, LaunchConfig
-from nbgpu.launch.notices import RunNotices
-from nbgpu.launch.outcomes import (
-    RankOutcome,
-    collect_pulled,
-    diagnose_failure,
-    rank_outcomes,
-    read_agent_result,
+from nbgpu.launch.outcomes import collect_pulled, diagnose_failure, rank_outcomes, read_agent_result
+from nbgpu.launch.procs import (
+    StopReport,
+    agent_env,
+    free_port,
+    run_processes,
+    start_agent,
+    stop_processes,
 )
-from nbgpu.launch.procs import StopReport, free_port, run_processes, stop_processes
 from nbgpu.launch.run_view import RunFailed, RunView
-from nbgpu.launch.slurm_queue import QueueWatch
+from nbgpu.launch.rundirs import (
+    FINAL_STATES,
+    make_run_dir,
+    prune_before_run,
+    rank_log,
+    write_bootstrap,
+    write_meta,
+)
+from nbgpu.launch.slurm import QueueWatch, cancel, srun_error
 from nbgpu.launch.streams import LineSink, RankLogs, ScreenWriter
 from nbgpu.launch.warm import WATCH_S, Cell, CellResult, WarmState, span
 
 if TYPE_CHECKING:
-    from nbgpu.diagnose.report import Diagnosis
     from nbgpu.profile.live import MemoryFollower
 
 __all__ = ["RUNS", "Run", "RunFailed", "leftover_processes", "ports_in_use"]
-
-TERMINAL_STATES = ("succeeded", "failed", "stopped", "timed_out", "interrupted")
 
 #: Runs started by this process (this kernel), by name.
 RUNS: dict[str, Run] = {}
@@ -65,43 +66,24 @@ class Run(RunView):
     """A torchrun job started by nbgpu. Renders as text/HTML; see ``ranks``, ``logs``."""
 
     def __init__(self, config: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> None:
-        self.config = config
-        self.environ = dict(os.environ if environ is None else environ)
-        self.name = config.name
-        self.run_id = secrets.token_hex(8)
-        self.state = "created"
-        self.dir = Path()  # its own directory from start()
-        self.port: int | None = config.master_port
-        self.started_at: float | None = None
-        self.ended_at: float | None = None
-        self.agent: subprocess.Popen[bytes] | None = None
-        self.ranks: tuple[RankOutcome, ...] = ()
-        self.root_cause: RankOutcome | None = None
-        self.pulled: dict[str, Any] = {}
-        self.pulled_all: list[dict[str, Any]] = []
-        self.pull_problems: list[str] = []
+        super().__init__(config, environ=environ)
         self.stop_report: StopReport | None = None
-        self.diagnosis: Diagnosis | None = None  # why the run did not succeed, if it did not
-        self.diagnosis_error: str | None = None  # why the diagnosis itself failed, if it did
-        self.stop_reason: str | None = None
-        self.agent_result: dict[str, Any] = {}
         self.writer: LineSink | None = None  # where follow() streams the lines now
+        self.queue: QueueWatch | None = None  # a SLURM job while it waits in the queue
+        self.thread: threading.Thread | None = None  # a background follower
         self._logs = RankLogs({})
-        self._nodes: dict[int, str] = {}  # rank -> its node's name (several nodes only)
         self._memory: MemoryFollower | None = None  # made on first use
         self._lock = threading.Lock()
         self._finished = threading.Event()
-        self.notices = RunNotices(config.world_size)  # one-line messages, each shown once
-        self.queue: QueueWatch | None = None  # a SLURM job while it waits in the queue
-        self.thread: threading.Thread | None = None  # a background follower
-        self.warm: WarmState | None = None  # a warm job's ranks between cells (--keep)
 
     # -- start -------------------------------------------------------------------
 
     def start(self) -> Run:
         cfg = self.config
-        self.notices.prune_old_runs(self.environ)
-        self.dir = rundir.make_run_dir(cfg.name, self.environ)
+        pruned = prune_before_run(self.environ)
+        if pruned is not None:
+            self.notices.add(pruned)
+        self.dir = make_run_dir(cfg.name, self.environ)
         self.notices.run_dir = self.dir
         channel = None
         if cfg.keep:
@@ -109,7 +91,7 @@ class Run(RunView):
             server = CellServer(self.dir, token)
             self.warm = WarmState(server, cfg.nproc, cfg.idle_timeout_s)
             channel = (str(server.path), token)
-        rundir.write_bootstrap(self.dir, cfg, channel)
+        write_bootstrap(self.dir, cfg, channel)
         if cfg.slurm is None and cfg.nnodes == 1:
             self.port = cfg.master_port or free_port(ports_in_use())
         else:
@@ -121,7 +103,7 @@ class Run(RunView):
         self.state = "running"
         if cfg.slurm is not None:
             self.queue = QueueWatch(self.dir, env)
-        logs = {rank: rundir.rank_log(self.dir, rank) for rank in range(cfg.world_size)}
+        logs = {rank: rank_log(self.dir, rank) for rank in range(cfg.world_size)}
         self._logs = RankLogs(logs, skip=CELL_MARK if cfg.keep else None)
         RUNS[self.name] = self
         if not _EXIT_HOOK:
@@ -135,7 +117,7 @@ class Run(RunView):
         return self
 
     def _write_meta(self) -> None:
-        rundir.write_meta(self.dir, self.meta())
+        write_meta(self.dir, self.meta())
 
     # -- while running -------------------------------------------------------------
 
@@ -274,7 +256,7 @@ class Run(RunView):
 
     @property
     def done(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return self.state in FINAL_STATES
 
     def _watch_idle(self) -> None:
         """A warm job between cells: one whose ranks died, or that sat idle too long, ends."""
@@ -315,8 +297,6 @@ class Run(RunView):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.agent.wait(timeout=grace_s)
         if self.config.slurm is not None:
-            from nbgpu.launch.slurm import cancel  # noqa: PLC0415  (SLURM runs only)
-
             # SLURM ends the tasks on every node; the local stop below ends srun itself.
             cancel(self.dir, self.environ, requested="SLURM_JOB_ID" not in self.environ)
         report = stop_processes(
@@ -384,8 +364,6 @@ class Run(RunView):
         self.ended_at = time.time()
         self.agent_result = read_agent_result(self.dir)
         if self.config.slurm is not None:
-            from nbgpu.launch.slurm import srun_error  # noqa: PLC0415  (SLURM runs only)
-
             self.agent_result["slurm_error"] = srun_error(self.dir)
         agent_code = self.agent.returncode if self.agent else None
         world = self.config.world_size

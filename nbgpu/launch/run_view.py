@@ -1,9 +1,8 @@
-"""How a run reads: headline, per-rank table, failure summary, text, HTML and JSON.
+"""A run's state and how it reads: headline, per-rank table, failure summary, text, HTML,
+JSON and ``run.json``; pure, no processes (its life is :class:`~nbgpu.launch.run.Run`).
 
-The base class of :class:`~nbgpu.launch.run.Run`: pure rendering over the run's state
-(``run.json`` and the memory report included), no processes. The failure report says
-each thing once: the summary (the rank that failed first, as the diagnosis decided),
-the cause and its fixes, then where the traceback is.
+The failure report says each thing once: the summary (the rank that failed first, as
+the diagnosis decided), the cause and its fixes, then where the traceback is.
 
 A rendezvous that timed out says how long the nodes waited and who never came
 (torchrun's own ``RendezvousTimeoutError`` carries no message). Over SLURM every node that
@@ -17,18 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Block, Bullets, Line, Result, Table, Title, simulated_label, to_text
 from nbgpu.errors import NbgpuError
-from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
-from nbgpu.launch.notices import RunNotices
-from nbgpu.launch.outcomes import RankOutcome
+from nbgpu.launch.outcomes import RankOutcome, RunNotices
+from nbgpu.launch.procs import agent_log
+from nbgpu.launch.rundirs import rank_log, rank_node
 from nbgpu.launch.warm import WarmState
 
 if TYPE_CHECKING:
@@ -39,29 +41,31 @@ __all__ = ["RunFailed", "RunView", "rendezvous_timeout_words"]
 
 
 class RunView(Result):
-    """The rendering half of a Run (the attributes below are the Run's)."""
+    """A run's state, rendered (the base of :class:`~nbgpu.launch.run.Run`)."""
 
-    name: str
-    run_id: str
-    state: str
-    config: LaunchConfig
-    dir: Path
-    environ: dict[str, str]
-    port: int | None
-    started_at: float | None
-    ended_at: float | None
-    stop_reason: str | None
-    ranks: tuple[RankOutcome, ...]
-    root_cause: RankOutcome | None
-    diagnosis: Diagnosis | None
-    diagnosis_error: str | None
-    agent_result: dict[str, Any]
-    pulled: dict[str, Any]
-    pull_problems: list[str]
-    warm: WarmState | None
-    agent: subprocess.Popen[bytes] | None
-    notices: RunNotices
-    _nodes: dict[int, str]  # rank -> its node's name, read once (several nodes only)
+    def __init__(self, config: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.environ = dict(os.environ if environ is None else environ)
+        self.name = config.name
+        self.run_id = secrets.token_hex(8)
+        self.state = "created"
+        self.dir = Path()  # its own directory from start()
+        self.port: int | None = config.master_port
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.stop_reason: str | None = None
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.agent_result: dict[str, Any] = {}
+        self.ranks: tuple[RankOutcome, ...] = ()
+        self.root_cause: RankOutcome | None = None
+        self.diagnosis: Diagnosis | None = None  # why the run did not succeed, if it did not
+        self.diagnosis_error: str | None = None  # why the diagnosis itself failed, if it did
+        self.pulled: dict[str, Any] = {}
+        self.pulled_all: list[dict[str, Any]] = []
+        self.pull_problems: list[str] = []
+        self.notices = RunNotices(config.world_size)  # one-line messages, each shown once
+        self.warm: WarmState | None = None  # a warm job's ranks between cells (--keep)
+        self._nodes: dict[int, str] = {}  # rank -> its node's name (several nodes only)
 
     @property
     def duration_s(self) -> float | None:
@@ -71,8 +75,8 @@ class RunView(Result):
 
     @property
     def logs(self) -> dict[str, Path]:
-        out = {f"rank{r}": rundir.rank_log(self.dir, r) for r in range(self.config.world_size)}
-        out["agent"] = rundir.agent_log(self.dir)
+        out = {f"rank{r}": rank_log(self.dir, r) for r in range(self.config.world_size)}
+        out["agent"] = agent_log(self.dir)
         return out
 
     @property
@@ -137,7 +141,7 @@ class RunView(Result):
         node = self._nodes.get(rank)
         if node is None:
             with contextlib.suppress(OSError):
-                node = rundir.rank_node(self.dir, rank).read_text(encoding="utf-8").strip()
+                node = rank_node(self.dir, rank).read_text(encoding="utf-8").strip()
                 self._nodes[rank] = node
         return f"{node or '?'}/rank{rank}"
 

@@ -1,44 +1,47 @@
-"""Multi-node runs through SLURM: the ``srun`` command, the checks before it, ``scancel``.
+"""Multi-node runs through SLURM: the checks before ``srun``, the command, the queue, ``scancel``.
 
 A run with ``--slurm`` starts ``srun`` where a single-node run starts its agent: one task
-per node (``--ntasks-per-node 1``), each running ``nbgpu.rank.slurm_node``, which finds the c10d
-rendezvous and becomes torchrun's agent on its node. Inside an allocation (the kernel's
-environment has ``SLURM_JOB_ID``) ``srun`` starts a step in it; otherwise it requests an
-allocation for the run (named ``nbgpu-<run>``) that ends with the step, so nothing stays
-queued. Stopping a run cancels the step, or the allocation nbgpu requested, with
-``scancel``; SLURM then ends the tasks on every node.
+per node (``--ntasks-per-node 1``), each running ``nbgpu.rank.slurm_node``, which finds the
+c10d rendezvous and becomes torchrun's agent on its node. Inside an allocation (the
+kernel's environment has ``SLURM_JOB_ID``) ``srun`` starts a step in it; otherwise it
+requests an allocation for the run (named ``nbgpu-<run>``) that ends with the step.
+Stopping a run cancels the step, or the allocation nbgpu requested, with ``scancel``;
+SLURM then ends the tasks on every node.
 
 Checked before anything is queued, each as one line with SLURM's own words where it gave
 some: SLURM not installed, an unknown partition, more nodes than the partition (or the
-allocation) holds, a malformed ``--time``.
+allocation) holds, a malformed ``--time``. While the job is pending, :class:`QueueWatch`
+says why (``SLURM: job 12 is queued: Resources``, again each time the reason changes),
+and cancels a job the partition's configuration will never start (an account it does not
+accept, more nodes or time than it permits), keeping SLURM's words for the failure
+summary. Nothing stays queued.
 
 A plan across nodes (``nbgpu.plan.nodes``) chose the nodes and each node's GPUs: the run
 asks SLURM for exactly those nodes (``srun --nodelist``) and each node's agent takes its
-own GPUs from ``NBGPU_NODE_GPUS`` before torchrun starts the ranks
-(``nbgpu.rank.slurm_node``). What the user also typed must agree with the plan; each
-disagreement is one line. Launch never imports ``plan/``: the plan is read through
-:class:`NodesLaunchPlan`.
+own GPUs from ``NBGPU_NODE_GPUS`` (``nbgpu.rank.slurm_node``). What the user also typed
+must agree with the plan; each disagreement is one line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol, TypeGuard
+from typing import TypeGuard
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.config import SlurmOptions
-from nbgpu.launch.slurm_queue import refusal
+from nbgpu.launch.config import LaunchConfig, NodesLaunchPlan, SlurmOptions
 
 __all__ = [
-    "JOIN_TIMEOUT_S",
     "NODE_GPUS_ENV",
-    "NodesLaunchPlan",
+    "QueueWatch",
     "cancel",
     "check_request",
     "is_nodes_plan",
@@ -132,29 +135,19 @@ def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str])
     return [f"SLURM: requesting {nodes} node(s) from {where} for this run"]
 
 
-def srun_argv(
-    *,
-    nodes: int,
-    nproc: int,
-    run_dir: Path,
-    run_id: str,
-    name: str,
-    python: str,
-    options: SlurmOptions,
-    join_timeout_s: float | None = None,
-) -> list[str]:
+def srun_argv(config: LaunchConfig, run_dir: Path, run_id: str) -> list[str]:
     """The ``srun`` command that starts one agent per node."""
     argv = [
-        "srun", "--nodes", str(nodes), "--ntasks-per-node", "1",
-        "--job-name", f"nbgpu-{name}",
+        "srun", "--nodes", str(config.nnodes), "--ntasks-per-node", "1",
+        "--job-name", f"nbgpu-{config.name}",
         "--kill-on-bad-exit=1",  # one node's agent failing ends every node's
         "--label",  # agent.log lines start with the node's task number
         "--unbuffered",
     ]  # fmt: skip
-    argv += request_args(options)
+    argv += request_args(config.slurm or SlurmOptions())
     argv += [
-        python, "-m", "nbgpu.rank.slurm_node", str(run_dir), str(nodes), str(nproc),
-        run_id, f"{join_timeout_s or JOIN_TIMEOUT_S:g}",
+        sys.executable, "-m", "nbgpu.rank.slurm_node", str(run_dir), str(config.nnodes),
+        str(config.nproc), run_id, f"{config.rdzv_timeout_s or JOIN_TIMEOUT_S:g}",
     ]  # fmt: skip
     return argv
 
@@ -176,10 +169,12 @@ def request_args(options: SlurmOptions) -> list[str]:
 
 
 def srun_error(run_dir: Path) -> str | None:
-    """SLURM's own reason when ``srun`` refused or lost the job (its last error line)."""
-    refused = refusal(run_dir)  # a job cancelled because it would never leave the queue
-    if refused is not None:
-        return refused
+    """SLURM's own reason when ``srun`` refused or lost the job (its last error line), or
+    its words for a job :class:`QueueWatch` cancelled because it would never start."""
+    with contextlib.suppress(OSError):
+        refused = (run_dir / REFUSED_FILE).read_text(encoding="utf-8").strip()
+        if refused:
+            return refused
     try:
         with (run_dir / "agent.log").open("rb") as log:
             log.seek(0, 2)
@@ -206,32 +201,104 @@ def cancel(run_dir: Path, environ: Mapping[str, str], *, requested: bool) -> str
     return target
 
 
+# -- a job in the queue ------------------------------------------------------------------
+
+REFUSED_FILE = "slurm-refused.txt"
+_CHECK_EVERY_S = 2.0
+_QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
+_GRANTED = re.compile(r"srun: job (\d+) has been allocated resources")
+# srun's words for a pending reason that only a change of configuration ends.
+_NEVER_SRUN = ("Requested partition configuration not available now",)
+# squeue's reason codes of the same kind (SLURM's "Job Reason Codes").
+_NEVER_CODES = frozenset({
+    "AccountNotAllowed", "BadConstraints", "DependencyNeverSatisfied", "InvalidAccount",
+    "InvalidQOS", "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit",
+    "QOSNotAllowed",
+})  # fmt: skip
+
+
+def _never_starts(reason: str, srun_words: list[str]) -> bool:
+    code = reason.split(maxsplit=1)[0] if reason else ""
+    return (
+        code in _NEVER_CODES
+        or code.endswith("PerJobLimit")  # a per-job limit: this job exceeds it forever
+        or any(words in _NEVER_SRUN for words in srun_words)
+    )
+
+
+class QueueWatch:
+    """Follows one SLURM run's job while it is pending (``poll`` from the follow loop)."""
+
+    def __init__(self, run_dir: Path, environ: Mapping[str, str]) -> None:
+        self.run_dir = run_dir
+        self.environ = dict(environ)
+        self.job: str | None = None
+        self.done = False  # started, refused, or ended: nothing more to watch
+        self._offset = 0
+        self._srun_words: list[str] = []
+        self._reason: str | None = None
+        self._next_check = 0.0
+
+    def poll(self) -> list[str]:
+        """Notices to show (the job is queued, and why); cancels a job that never starts."""
+        if self.done:
+            return []
+        self._read_srun()
+        if (self.run_dir / "rdzv.json").exists():  # the first node runs: the job started
+            self.done = True
+        if self.done or self.job is None:
+            return []
+        now = time.monotonic()
+        if now < self._next_check:
+            return []
+        self._next_check = now + _CHECK_EVERY_S
+        state, reason = self._squeue()
+        if state != "PENDING":
+            return []
+        notices = []
+        if reason != self._reason:
+            self._reason = reason
+            notices.append(f"SLURM: job {self.job} is queued: {reason}")
+        if _never_starts(reason, self._srun_words):
+            words = f"it will not start job {self.job}: {reason}"
+            (self.run_dir / REFUSED_FILE).write_text(words, encoding="utf-8")
+            with contextlib.suppress(UserInputError):
+                _run(["scancel", self.job], self.environ)
+            self.done = True
+            notices.append(f"SLURM {words}; cancelled it, nothing is queued")
+        return notices
+
+    def _read_srun(self) -> None:
+        try:
+            with (self.run_dir / "agent.log").open("rb") as log:
+                log.seek(self._offset)
+                chunk = log.read(65536)
+        except OSError:
+            return
+        # Whole lines only: a line srun is still writing is read next time.
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode("utf-8", "replace").splitlines():
+            queued, granted = _QUEUED.search(line), _GRANTED.search(line)
+            if queued:
+                self.job = queued.group(1)
+            elif granted:
+                self.done = True
+            elif line.startswith("srun: ") and self.job is None:
+                self._srun_words.append(line.removeprefix("srun: ").strip())
+
+    def _squeue(self) -> tuple[str, str]:
+        with contextlib.suppress(UserInputError):  # no answer: asked again next time
+            out = _run(["squeue", "-h", "-j", str(self.job), "-o", "%T|%r"], self.environ)
+            state, _, reason = (out.stdout.strip().splitlines() or [""])[0].partition("|")
+            return state.strip(), reason.strip()
+        return "", ""
+
+
 # -- a plan across nodes ----------------------------------------------------------------
 
 #: A plan's GPUs per node as JSON; each node takes its own entry (``nbgpu.rank.slurm_node``).
 NODE_GPUS_ENV = "NBGPU_NODE_GPUS"
-
-
-class _Problem(Protocol):
-    @property
-    def message(self) -> str: ...
-
-
-class NodesLaunchPlan(Protocol):
-    """What a launch takes from a plan across nodes."""
-
-    @property
-    def ok(self) -> bool: ...
-    @property
-    def problems(self) -> Sequence[_Problem]: ...
-    @property
-    def nodelist(self) -> str: ...
-    @property
-    def job_nodes(self) -> int: ...
-    @property
-    def nproc_per_node(self) -> int: ...
-    @property
-    def node_gpus(self) -> Mapping[str, str]: ...
 
 
 def is_nodes_plan(plan: object) -> TypeGuard[NodesLaunchPlan]:

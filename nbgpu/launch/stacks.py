@@ -30,8 +30,8 @@ import psutil
 from nbgpu._render import Block, Line, Pre, Result, Title
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
-from nbgpu.launch.procs import RUN_ID_ENV
-from nbgpu.launch.rundir import runs_root
+from nbgpu.launch.procs import carries_run_id
+from nbgpu.launch.rundirs import runs_root
 
 __all__ = ["STACKS_SIGNAL", "RankStack", "RunStacks", "find_run_dir", "rank_stacks"]
 
@@ -109,16 +109,6 @@ def find_run_dir(name_or_path: str | Path) -> Path:
     return matches[-1]
 
 
-def _carries(pid: int, run_id: str | None) -> bool:
-    if run_id is None:
-        return False
-    try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-    return f"{RUN_ID_ENV}={run_id}".encode() in data.split(b"\0")
-
-
 _STOPPED = "stopped (SIGSTOP): it answers only after SIGCONT"
 
 
@@ -182,7 +172,7 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
         except (OSError, ValueError):
             states[rank] = (None, "not started (or started before stacks were registered)")
             continue
-        if not _carries(pid, run_id):
+        if not carries_run_id(pid, run_id):
             states[rank] = (pid, "exited")
             continue
         if _stopped(pid):

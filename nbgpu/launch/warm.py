@@ -28,7 +28,7 @@ from nbgpu.errors import NbgpuError
 from nbgpu.launch.channel import CELL_MARK, CellServer
 from nbgpu.launch.config import CellRequest
 from nbgpu.launch.outcomes import Pulled, add_pulled
-from nbgpu.launch.rundir import rank_log
+from nbgpu.launch.rundirs import rank_log
 
 __all__ = ["INTERRUPT_WAIT_S", "Cell", "CellFailed", "CellResult", "WarmState", "span"]
 

@@ -354,7 +354,7 @@ def keep_empty_cell_body(lines: list[str]) -> list[str]:
 
 
 def _prune(tokens: list[str]) -> Any:
-    from nbgpu.launch import retention  # noqa: PLC0415
+    from nbgpu.launch import rundirs as retention  # noqa: PLC0415
 
     keep: int | None = None
     budget: str | None = None
