@@ -20,21 +20,10 @@ from nbgpu.errors import UserInputError
 from nbgpu.sizes import parse_size as _parse_size
 
 __all__ = [
-    "BACKENDS",
-    "CELL_OPTIONS",
-    "CellRequest",
-    "LaunchConfig",
-    "LaunchPlan",
-    "NodesLaunchPlan",
-    "Prepared",
-    "SlurmOptions",
-    "parse_env_pairs",
-    "parse_gpu_list",
-    "parse_nproc",
-    "parse_size",
-    "pickle_pushed",
-    "start_only",
-]
+    "BACKENDS", "CELL_OPTIONS", "CellRequest", "LaunchConfig", "LaunchPlan", "NodesLaunchPlan",
+    "Prepared", "SlurmOptions", "parse_env_pairs", "parse_gpu_list", "parse_nproc", "parse_size",
+    "pickle_pushed", "start_only",
+]  # fmt: skip
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
@@ -64,6 +53,15 @@ class SlurmOptions:
             )
         if self.gpus_per_node is not None and self.gpus_per_node < 0:
             raise UserInputError(f"--gpus-per-node {self.gpus_per_node}: expected a number >= 0")
+
+
+def _check_cell(code: str | None, timeout_s: float | None) -> None:
+    if code is not None and not code.strip():
+        raise UserInputError(
+            "the cell is empty: write the code each rank should run below %%torchrun"
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise UserInputError(f"--timeout {timeout_s}: expected seconds > 0")
 
 
 @dataclass(frozen=True)
@@ -103,16 +101,11 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if (self.code is None) == (self.script is None):
             raise UserInputError("give either a cell (code) or a script path, not both or neither")
-        if self.code is not None and not self.code.strip():
-            raise UserInputError(
-                "the cell is empty: write the code each rank should run below %%torchrun"
-            )
+        _check_cell(self.code, self.timeout_s)
         if self.script is not None and not self.script.is_file():
             raise UserInputError(f"script {str(self.script)!r} does not exist or is not a file")
         if self.nproc < 1:
             raise UserInputError(f"nproc {self.nproc}: expected a whole number >= 1")
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise UserInputError(f"--timeout {self.timeout_s}: expected seconds > 0")
         if self.backend is not None and self.backend not in BACKENDS:
             raise UserInputError(
                 f"--backend {self.backend!r}: expected one of {', '.join(BACKENDS)}"
@@ -197,25 +190,12 @@ class CellRequest:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        if not self.code.strip():
-            raise UserInputError(
-                "the cell is empty: write the code each rank should run below %%torchrun"
-            )
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise UserInputError(f"--timeout {self.timeout_s}: expected seconds > 0")
+        _check_cell(self.code, self.timeout_s)
 
     @classmethod
     def first_of(cls, config: LaunchConfig) -> CellRequest:
         """The cell a warm job starts with: the one that asked for it."""
-        return cls(
-            code=config.code or "",
-            push=config.push,
-            pull=config.pull,
-            pull_all_ranks=config.pull_all_ranks,
-            script_args=config.script_args,
-            timeout_s=config.timeout_s,
-            quiet=config.quiet,
-        )
+        return cls(code=config.code or "", **{key: getattr(config, key) for key in CELL_OPTIONS})
 
 
 #: What may differ from one cell of a warm job to the next (keyword -> its flag).

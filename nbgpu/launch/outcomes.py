@@ -1,15 +1,11 @@
 """What a run's processes leave in its directory, read by the kernel.
 
-Once the run ended, what each rank did, from what the wrapped agent
-(``nbgpu.rank.agent``) and torchrun leave there: ``result.json`` (per-rank exit codes and
-signals), each rank's torchelastic error file (the exception line, its traceback and a
-sub-second clock), and the values ranks wrote for ``--pull``. Which rank failed *first*
-is the diagnosis' answer (``nbgpu.diagnose``); :func:`first_failure_without_diagnosis`
-is only for a run whose diagnosis itself failed.
-
-While it runs, the markers behind one-line notices shown once, between the ranks' lines
-(:class:`RunNotices`): a process of the run whose parent-death signal the kernel refused,
-and the disk under the run directory filling up.
+Once it ended, what each rank did: ``result.json`` from the wrapped agent (exit codes,
+signals), each rank's torchelastic error file (the exception, its traceback, a
+sub-second clock), the values ranks wrote for ``--pull``. Which rank failed *first* is
+the diagnosis' answer; :func:`first_failure_without_diagnosis` is for a run whose
+diagnosis failed. While it runs, the markers behind one-line notices
+(:class:`RunNotices`): a refused parent-death signal, a full disk.
 """
 
 from __future__ import annotations
@@ -31,15 +27,9 @@ if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
 
 __all__ = [
-    "Pulled",
-    "RankOutcome",
-    "RunNotices",
-    "add_pulled",
-    "collect_pulled",
-    "diagnose_failure",
-    "rank_outcomes",
-    "read_agent_result",
-]
+    "Pulled", "RankOutcome", "RunNotices", "add_pulled", "collect_pulled", "diagnose_failure",
+    "rank_outcomes", "read_agent_result",
+]  # fmt: skip
 
 DISK_FULL_BELOW_BYTES = 64 * 1024  # less free space than this under the run dir: full
 
@@ -57,10 +47,8 @@ class RankOutcome:
 
 
 def read_agent_result(run_dir: Path) -> dict[str, Any]:
-    """The agent's ``result.json``; empty when it could not write one (killed, full disk).
-
-    A run over several nodes has one per node (``result-node{N}.json``): their failures
-    are merged (ranks are global), and the run ended well only if every node's did.
+    """The agent's ``result.json`` (empty when it could not write one); over several nodes
+    their ``result-node{N}.json`` merged: failures by global rank, well only if every node's.
     """
     results = []
     for path in [run_dir / "result.json", *sorted(run_dir.glob("result-node*.json"))]:
@@ -70,19 +58,21 @@ def read_agent_result(run_dir: Path) -> dict[str, Any]:
                 results.append(data)
     if len(results) <= 1:
         return results[0] if results else {}
+
+    def first(key: str) -> Any:
+        return next((r[key] for r in results if r.get(key)), None)
+
     failures = sorted((f for r in results for f in r.get("failures", [])), key=lambda f: f["rank"])
     codes = [r.get("agent_exit_code") for r in results]
     return {
         "started_at": min(r.get("started_at") or 0 for r in results),
         "ended_at": max(r.get("ended_at") or 0 for r in results),
         "failures": failures,
-        "signal": next((r["signal"] for r in results if r.get("signal")), None),
+        "signal": first("signal"),
         "agent_exit_code": 0 if all(c == 0 for c in codes) else next((c for c in codes if c), 1),
         "nodes": len(results),
-        "error": next((r["error"] for r in results if r.get("error")), None),
-        "rendezvous_timeout_s": next(
-            (r["rendezvous_timeout_s"] for r in results if r.get("rendezvous_timeout_s")), None
-        ),
+        "error": first("error"),
+        "rendezvous_timeout_s": first("rendezvous_timeout_s"),
     }
 
 
@@ -101,15 +91,12 @@ def rank_outcomes(
     outcomes = []
     for rank in range(nproc):
         failure = failures.get(rank)
-        error, tb, failed_at = _error_details(run_dir, rank, failure)
         if failure is not None:
             code, sig, pid = failure["exit_code"], failure["signal"], failure["pid"]
-        elif all_ok:
-            code, sig, pid = 0, None, None
         else:
-            code, sig, pid = None, None, None
-        log = rank_log(run_dir, rank)
-        outcomes.append(RankOutcome(rank, code, sig, pid, log, error, tb, failed_at))
+            code, sig, pid = 0 if all_ok else None, None, None
+        details = _error_details(run_dir, rank, failure)
+        outcomes.append(RankOutcome(rank, code, sig, pid, rank_log(run_dir, rank), *details))
     return tuple(outcomes)
 
 
@@ -178,10 +165,8 @@ def collect_pulled(run_dir: Path, nproc: int) -> Pulled:
 
 
 def first_failure_without_diagnosis(ranks: Sequence[RankOutcome]) -> RankOutcome | None:
-    """When the diagnosis failed: the failed rank with the earliest error-file clock.
-
-    Ranks the agent stopped (SIGTERM/SIGINT) after another failed come last. The
-    failure report says that this answer comes from exit codes and clocks alone.
+    """When the diagnosis failed: the failed rank with the earliest error-file clock, ranks
+    the agent stopped (SIGTERM/SIGINT) after another failed last.
     """
     failed = [r for r in ranks if r.exit_code not in (0, None)]
 
@@ -216,82 +201,67 @@ def diagnose_failure(
 
 
 class RunNotices:
-    """The notices of one run; ``run_dir`` is set once the run directory exists."""
+    """The one-line notices of one run; ``run_dir`` is set once the directory exists."""
 
     def __init__(self, nproc: int) -> None:
         self.nproc = nproc
         self.run_dir: Path | None = None
         self.pending: list[str] = []
         self.disk_full_since: float | None = None  # when the run directory's disk filled
-        self._guarantee_announced = False
+        self._guarantee_told = False
 
     def add(self, text: str) -> None:
         self.pending.append(text)
 
+    def guarantee_record(self) -> dict[str, Any]:
+        """Processes (agent, rankN) whose parent-death signal the kernel refused, and why."""
+        lost: dict[str, str] = {}
+        for path in sorted(self.run_dir.glob("pdeathsig-*.txt")) if self.run_dir else []:
+            with contextlib.suppress(OSError):
+                lost[path.stem.removeprefix("pdeathsig-")] = path.read_text("utf-8").strip()
+        return {"ok": not lost, "lost": lost}
+
     def take(self, on_guarantee_lost: Callable[[], object]) -> list[str]:
         """Messages not shown yet. *on_guarantee_lost* runs once, when one is first seen."""
         out, self.pending = self.pending, []
-        guarantee = self._guarantee_notice()
-        if guarantee is not None:
+        lost = {} if self._guarantee_told else self.guarantee_record()["lost"]
+        if lost:
+            self._guarantee_told = True
             with contextlib.suppress(OSError):
                 on_guarantee_lost()
-            out.append(guarantee)
-        disk = self._disk_full_notice()
-        if disk is not None:
-            out.append(disk)
+            out.append(
+                f"no parent-death signal for {', '.join(lost)} ({next(iter(lost.values()))}): "
+                "if this process is killed, the run's processes keep running; stop them with "
+                "%gpu_stop / nbgpu clean"
+            )
+        if self.disk_full_since is None and self.run_dir is not None:
+            self.disk_full_since = _disk_full_since(self.run_dir)
+            if self.disk_full_since is not None:
+                when = time.strftime("%H:%M:%S", time.localtime(self.disk_full_since))
+                out.append(
+                    f"the disk under {self.run_dir} is full: rank logs (rank0..rank"
+                    f"{self.nproc - 1}.log) and the output shown here are incomplete from {when} "
+                    "on; the ranks keep running (free space, or set NBGPU_RUNS_DIR elsewhere for "
+                    "the next run)"
+                )
         return out
 
-    def lost_guarantees(self) -> dict[str, str]:
-        """Processes (agent, rankN) whose parent-death signal the kernel refused, and why."""
-        out: dict[str, str] = {}
-        if self.run_dir is None:
-            return out
-        for path in sorted(self.run_dir.glob("pdeathsig-*.txt")):
-            with contextlib.suppress(OSError):
-                out[path.stem.removeprefix("pdeathsig-")] = path.read_text("utf-8").strip()
-        return out
 
-    def guarantee_record(self) -> dict[str, Any]:
-        lost = self.lost_guarantees()
-        return {"ok": not lost, "lost": lost}
+def _disk_full_since(run_dir: Path) -> float | None:
+    """When the disk under the run directory filled, if it did.
 
-    def _guarantee_notice(self) -> str | None:
-        if self._guarantee_announced:
-            return None
-        lost = self.lost_guarantees()
-        if not lost:
-            return None
-        self._guarantee_announced = True
-        reason = next(iter(lost.values()))
-        return (
-            f"no parent-death signal for {', '.join(lost)} ({reason}): if this process is "
-            "killed, the run's processes keep running; stop them with %gpu_stop / nbgpu clean"
-        )
-
-    def _disk_full_notice(self) -> str | None:
-        """One line, the first time the disk under the run directory is found full.
-
-        Ranks drop their output instead of failing (``nbgpu.rank.worker``); this says which
-        logs are incomplete and from when. A rank's own marker gives its exact time;
-        the disk's free space, checked each tick, catches a disk too full for markers.
-        """
-        if self.disk_full_since is not None or self.run_dir is None:
-            return None
-        stamps = []
-        for path in self.run_dir.glob("logfull-rank*.txt"):
-            with contextlib.suppress(OSError, ValueError):
-                stamps.append(float(path.read_text(encoding="utf-8")))
-        try:
-            st = os.statvfs(self.run_dir)
-            full = st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES
-        except OSError:
-            full = False
-        if not stamps and not full:
-            return None
-        self.disk_full_since = min(stamps) if stamps else time.time()
-        when = time.strftime("%H:%M:%S", time.localtime(self.disk_full_since))
-        return (
-            f"the disk under {self.run_dir} is full: rank logs (rank0..rank{self.nproc - 1}"
-            f".log) and the output shown here are incomplete from {when} on; the ranks keep "
-            "running (free space, or set NBGPU_RUNS_DIR elsewhere for the next run)"
-        )
+    Ranks drop their output instead of failing (``nbgpu.rank.worker``); a rank's own
+    marker gives the exact time, the disk's free space catches a disk too full for markers.
+    """
+    stamps = []
+    for path in run_dir.glob("logfull-rank*.txt"):
+        with contextlib.suppress(OSError, ValueError):
+            stamps.append(float(path.read_text(encoding="utf-8")))
+    try:
+        st = os.statvfs(run_dir)
+        full = st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES
+    except OSError:
+        full = False
+    if stamps:
+        return min(stamps)
+    return time.time() if full else None

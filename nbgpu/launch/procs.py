@@ -1,20 +1,16 @@
 """A run's processes: the first one it starts, and all of them found and stopped.
 
-The first process (:func:`start_agent`, in its own session, output in ``agent.log``):
-
-- one node: nbgpu's wrapped torchrun (``nbgpu.rank.agent``) with a static rendezvous on
-  loopback and a port nobody holds (:func:`free_port`);
-- several nodes without SLURM (``--nnodes N --rdzv-endpoint HOST:PORT [--node-rank R]``):
-  the same agent with torchrun's c10d rendezvous; the user starts the same cell on every
-  node, and each run's ranks meet at the endpoint;
-- SLURM (``--slurm --nodes N``): ``srun``, one task per node (``slurm.srun_argv``).
+The first process (:func:`start_agent`, in its own session, output in ``agent.log``) is
+nbgpu's wrapped torchrun (``nbgpu.rank.agent``): on one node with a static rendezvous on
+a free loopback port; over several nodes started by hand (``--rdzv-endpoint``) with
+torchrun's c10d rendezvous, the same cell run on every node; through SLURM it is
+``srun``, one task per node (``slurm.srun_argv``).
 
 torchrun puts each worker in its own session, so killing the agent's process group does
 not reach them, and a SIGKILLed agent orphans them. nbgpu therefore finds a run's
-processes two ways — the agent's descendants, and any process of this user whose
-environment carries the run's ``NBGPU_RUN_ID`` (orphans included) — and stops them with
-a ladder: a first signal (SIGINT or SIGTERM), SIGTERM, then SIGKILL, sharing one
-deadline. Uses psutil; never IPython.
+processes two ways (the agent's descendants, and any process of this user whose
+environment carries the run's ``NBGPU_RUN_ID``) and stops them with a ladder: a first
+signal (SIGINT or SIGTERM), SIGTERM, then SIGKILL, sharing one deadline. Never IPython.
 """
 
 from __future__ import annotations
@@ -58,9 +54,6 @@ def free_port(taken: set[int] | None = None) -> int:
         if not taken or port not in taken:
             return port
     raise NbgpuError("no free TCP port found for the rendezvous")
-
-
-# -- the first process ----------------------------------------------------------------------
 
 
 def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> list[str]:
@@ -142,9 +135,6 @@ def _die_with_launcher() -> None:
     set_parent_death_signal(signal.SIGTERM)
 
 
-# -- every process of a run -------------------------------------------------------------------
-
-
 def _environ(pid: int) -> list[bytes]:
     try:
         return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -223,11 +213,9 @@ def stop_processes(
     grace_s: float = 3.0,
     kill_wait_s: float = 2.0,
 ) -> StopReport:
-    """Signal the whole run, escalate within one deadline, and report survivors.
-
-    The first signal goes to the agent only (torchrun forwards it and shuts its
-    workers down in order), but everything is waited for; after half the grace period
-    everything still alive gets SIGTERM, at the deadline SIGKILL.
+    """Signal the whole run, escalate within one deadline, and report survivors: the first
+    signal to the agent only (torchrun forwards it and shuts its workers down in order),
+    SIGTERM to all at half the grace period, SIGKILL at the deadline.
     """
     started = time.monotonic()
     procs = run_processes(run_id, root_pid)

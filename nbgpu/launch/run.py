@@ -1,18 +1,14 @@
 """A Run: one torchrun job's life in the kernel, from start to collected outcomes.
 
-One object owns it all. ``start()`` writes the run directory, starts the wrapped
-torchrun agent (``procs.start_agent``) and enters the run in this process's registry
-(:data:`RUNS`, stopped in order when the process exits). ``follow()`` is the one follow
-loop: it streams the ranks' logs into an output, shows one-line notices, enforces
-``--timeout`` and turns the notebook's interrupt into stopping the run on one deadline;
-given a cell, it runs that cell on a warm job's ranks instead, through the same loop,
-and returns once they all answered (the job goes on). ``stop()`` ends the process tree
-against one deadline; ``end()`` stops and collects a run whoever follows it;
-``finish()`` collects per-rank outcomes (``outcomes.py``) and, for a failed run, the
-diagnosis. A warm job's state is ``run.warm`` (``warm.py``), watched between cells by
-the run's idle watchdog. The state and how a run reads is ``run_view.py``, its base.
-
-Owns processes; never imports IPython, ipywidgets or matplotlib (faces render).
+``start()`` writes the run directory, starts the agent and enters the run in
+:data:`RUNS` (stopped in order when the process exits). ``follow()`` is the one follow
+loop, for a cold run and for each cell of a warm job: it streams the ranks' logs into an
+output, shows one-line notices, enforces ``--timeout`` and turns the notebook's interrupt
+into stopping the run (or the cell) on one deadline. ``stop()`` ends the process tree;
+``end()`` stops and collects a run whoever follows it; ``finish()`` collects the
+outcomes and, for a failed run, the diagnosis. A warm job's state is ``run.warm``,
+watched between cells by the run's idle watchdog; its state and how it reads is the
+base class (``run_view.py``). Never imports IPython, ipywidgets or matplotlib.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nbgpu.errors import UserInputError
@@ -76,8 +72,6 @@ class Run(RunView):
         self._lock = threading.Lock()
         self._finished = threading.Event()
 
-    # -- start -------------------------------------------------------------------
-
     def start(self) -> Run:
         cfg = self.config
         pruned = prune_before_run(self.environ)
@@ -110,10 +104,8 @@ class Run(RunView):
             _EXIT_HOOK.append(True)
             atexit.register(_stop_running, "kernel shutdown")
         if self.warm is not None:
-            watchdog = threading.Thread(
-                target=self._watch_idle, name=f"nbgpu-warm-{self.name}", daemon=True
-            )
-            watchdog.start()
+            name = f"nbgpu-warm-{self.name}"
+            threading.Thread(target=self._watch_idle, name=name, daemon=True).start()
         return self
 
     def _write_meta(self) -> None:
@@ -134,11 +126,10 @@ class Run(RunView):
 
         With *cell* (a warm job), run that cell on every rank and return its result once
         they all answered; the job goes on. An interrupt, or the cell's ``--timeout``,
-        interrupts the cell on every rank and waits a bounded time for their answers (a
-        rank stuck in a collective is reported, never waited for); a second interrupt
-        during that wait ends the job. Whatever way a run ends (a cold run always does),
-        it is stopped, its orphans swept, its last lines shown and its outcomes collected:
-        the result is then None.
+        interrupts the cell and waits a bounded time for the answers (a rank stuck in a
+        collective is reported, not waited for); a second interrupt ends the job. However
+        a run ends, it is stopped, its orphans swept, its last lines shown and its outcomes
+        collected: the result is then None.
         """
         self.writer = writer
         flight = None
@@ -207,28 +198,28 @@ class Run(RunView):
                     raise  # a run, a cell not sent yet, or a second interrupt: stop the job
                 flight.interrupt()
 
-    def _show(self, writer: LineSink, polled: list[tuple[int, list[str]]]) -> None:
+    def _show(
+        self, writer: LineSink, polled: list[tuple[int, list[str]]], notices: Sequence[str] = ()
+    ) -> None:
         for rank, lines in polled:
             writer.add(self.rank_label(rank), lines)
+        if notices:
+            writer.add("nbgpu", list(notices))
 
     def _tick(self, writer: LineSink, on_tick: Callable[[Run], None] | None) -> None:
         """One refresh of the output: the memory line, notices, the lines, the face's own."""
         if isinstance(writer, ScreenWriter) and writer.live_status:
             writer.status(self.memory_status())
-        notices = self.take_notices()
-        if notices:
-            writer.add("nbgpu", notices)
+        self._show(writer, [], self._take_notices())
         writer.flush()
         if on_tick is not None:
             on_tick(self)
 
-    def take_notices(self) -> list[str]:
-        """Messages not shown yet: retention, a lost parent-death guarantee, a full disk,
-        a SLURM job waiting in the queue (and why)."""
-        # A lost guarantee is also recorded in run.json.
+    def _take_notices(self) -> list[str]:
+        """Messages not shown yet: retention, a lost parent-death guarantee (also recorded
+        in run.json), a full disk, a SLURM job waiting in the queue (and why)."""
         if self.queue is not None:
-            for line in self.queue.poll():
-                self.notices.add(line)
+            self.notices.pending += self.queue.poll()
         return self.notices.take(on_guarantee_lost=self._write_meta)
 
     @property
@@ -245,10 +236,7 @@ class Run(RunView):
             self._memory = MemoryFollower(
                 self.dir, self.config.world_size, several_nodes=self.config.nnodes > 1
             )
-        if not self._memory.due():
-            return None
-        line: str | None = self._memory.summary()
-        return line
+        return self._memory.summary() if self._memory.due() else None
 
     @property
     def agent_done(self) -> bool:
@@ -285,11 +273,8 @@ class Run(RunView):
     def stop(
         self, reason: str = "stopped", *, first_signal: int = signal.SIGTERM, grace_s: float = 3.0
     ) -> StopReport:
-        """End every process of the run (agent, ranks, orphans) against one deadline.
-
-        An idle warm job is first asked to end: its ranks leave their loop and exit
-        normally (finalizers, atexit, the process group's teardown) within *grace_s*.
-        """
+        """End every process of the run (agent, ranks, orphans) against one deadline; an
+        idle warm job's ranks are first asked to leave their loop and exit normally."""
         with self._lock:
             if self.stop_reason is None:
                 self.stop_reason = reason
@@ -321,39 +306,29 @@ class Run(RunView):
         return report
 
     def _end(self, writer: LineSink | None) -> None:
-        """However following ends: stop what still runs, sweep orphans, show the last
-        lines, collect the outcome."""
+        """Stop what still runs, sweep orphans, show the last lines, collect the outcome."""
         if not self.agent_done:
             self.stop(self.stop_reason or "stopped")
-        self.sweep_orphans()
+        self._sweep_orphans()
         last = self._logs.poll() + self._logs.drain()
-        notices = self.take_notices()
+        notices = self._take_notices()
         if writer is not None:
-            self._show(writer, last)
-            if notices:
-                writer.add("nbgpu", notices)
+            self._show(writer, last, notices)
             writer.finish(str(self.dir))
         self.finish()
 
-    def sweep_orphans(self) -> int:
-        """Stop processes that outlived the agent and carry the run's id; how many.
-
-        A rank's own children (data-loader workers, a shell) are not covered by the
-        rank's parent-death signal: when the agent is SIGKILLed the ranks die, and
-        their children would keep running (and holding GPUs) without this.
-        """
-        if not self.agent_done:
-            return 0
-        leftovers = run_processes(self.run_id, None)
+    def _sweep_orphans(self) -> None:
+        """Stop processes that outlived the agent and carry the run's id: a rank's own
+        children (data loaders) have no parent-death signal and would keep holding GPUs."""
+        leftovers = run_processes(self.run_id, None) if self.agent_done else []
         if not leftovers:
-            return 0
+            return
         report = stop_processes(self.run_id, None, first_signal=signal.SIGTERM, grace_s=2.0)
         alive = f" (still alive: {', '.join(map(str, report.survivors))})"
         self.notices.add(
             f"{len(leftovers)} processes started by the ranks outlived them; stopped"
             + (alive if report.survivors else "")
         )
-        return len(leftovers)
 
     def finish(self) -> None:
         """Collect outcomes once the agent has exited (or was stopped)."""
@@ -386,7 +361,7 @@ class Run(RunView):
                 self.dir, self.environ, self.name, self.ranks
             )
         if self.warm is not None:
-            self.warm.close()
+            self.warm.server.close()
         self._finished.set()
 
     def wait(self, timeout_s: float | None = None) -> Run:

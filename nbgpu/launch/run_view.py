@@ -1,15 +1,10 @@
-"""A run's state and how it reads: headline, per-rank table, failure summary, text, HTML,
-JSON and ``run.json``; pure, no processes (its life is :class:`~nbgpu.launch.run.Run`).
+"""A run's state and how it reads: headline, per-rank table, failure report, JSON and
+``run.json``; no processes (its life is :class:`~nbgpu.launch.run.Run`).
 
-The failure report says each thing once: the summary (the rank that failed first, as
-the diagnosis decided), the cause and its fixes, then where the traceback is.
-
-A rendezvous that timed out says how long the nodes waited and who never came
-(torchrun's own ``RendezvousTimeoutError`` carries no message). Over SLURM every node that
-got as far as its agent left ``node{N}.started`` in the run directory and the first node
-listed the step's nodes in ``rdzv.json``, so the nodes that never started their agent
-can be named. Started by hand (``--rdzv-endpoint``), the other nodes are cells someone
-has to run: the words say which command, with the same name (the rendezvous id).
+The failure report says each thing once: the rank that failed first (as the diagnosis
+decided), the cause and its fixes, then where the traceback is. A rendezvous that timed
+out names who never came: through SLURM the step's nodes (``rdzv.json``) that left no
+``node{N}.started``; started by hand, the command to run on the other nodes.
 """
 
 from __future__ import annotations
@@ -69,9 +64,7 @@ class RunView(Result):
 
     @property
     def duration_s(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.ended_at or time.time()) - self.started_at
+        return None if self.started_at is None else (self.ended_at or time.time()) - self.started_at
 
     @property
     def logs(self) -> dict[str, Path]:
@@ -169,11 +162,9 @@ class RunView(Result):
         return head
 
     def failure_lines(self, *, output_shown: bool = False) -> list[str]:
-        """The failure, each thing said once: summary, cause, fixes, then the traceback.
-
-        ``output_shown``: the ranks' output was already streamed into this cell, so the
-        root rank's traceback is there (and in its log) and is not printed a second time.
-        Lines are never hard-wrapped: a notebook wraps them to its own width.
+        """The failure, each thing said once: summary, cause, fixes, then the traceback (not
+        repeated when ``output_shown``: it is above, in the streamed output). Lines are never
+        hard-wrapped: a notebook wraps them to its own width.
         """
         lines = [f"RunFailed: {self.failure_summary()}"]
         if self.diagnosis_error is not None:
@@ -209,16 +200,13 @@ class RunView(Result):
     def _table(self) -> Table:
         table = Table(["rank", "state", "pid", "error", "log"])
         for r in self.ranks:
-            level = "ok" if r.exit_code == 0 else "bad"
-            if self.root_cause is r:
-                level = "bad"
             table.add(
                 r.rank,
                 self._rank_state(r) + (" (root cause)" if self.root_cause is r else ""),
                 r.pid or "-",
                 (r.error or "-").splitlines()[0][:60],
                 r.log.name,
-                level=level,
+                level="ok" if r.exit_code == 0 and self.root_cause is not r else "bad",
             )
         return table
 
@@ -267,8 +255,8 @@ class RunView(Result):
         return self.environ.get("NBGPU_SIMULATE") or None
 
     def content(self) -> list[Block]:
-        fleet = self.simulated_fleet()
-        return [Title(self._headline(), simulated=bool(fleet)), *self.summary_blocks()]
+        title = Title(self._headline(), simulated=bool(self.simulated_fleet()))
+        return [title, *self.summary_blocks()]
 
     def summary_blocks(self) -> list[Block]:
         """Everything below the headline (a saved record opens with its own headline)."""
@@ -328,11 +316,7 @@ class RunView(Result):
 
 
 class RunFailed(NbgpuError):
-    """A run ended without success; ``.run`` has every detail (ranks, logs, root cause).
-
-    ``output_shown``: the ranks' output was streamed where this failure is shown, so the
-    report does not repeat the traceback.
-    """
+    """A run ended without success; ``.run`` has every detail (ranks, logs, root cause)."""
 
     def __init__(self, run: RunView, *, output_shown: bool = False) -> None:
         super().__init__(run.failure_summary())

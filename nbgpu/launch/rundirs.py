@@ -1,21 +1,13 @@
-"""Run directories: where a run's script, per-rank logs, error files and results live,
-and how many of them are kept.
+"""Run directories: where a run's cell, logs, error files and results live, and how many
+are kept.
 
-Default location: ``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs`` (usually
-``~/.cache/nbgpu/runs``). Each run gets ``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``, created
-private (0700): logs can hold secrets and tokens. What a run starts from
-(``bootstrap.json``, the cell, pushed values) and what it says of itself (``run.json``)
-are written here.
-
-Runs are kept after they end so their logs can be read and diagnosed, but every run keeps
-its full logs (``NCCL_DEBUG=INFO`` alone writes hundreds of MB): by default the last
-``DEFAULT_KEEP`` runs and at most ``DEFAULT_BUDGET`` bytes stay, changed with
-``NBGPU_KEEP_RUNS`` and ``NBGPU_RUNS_BUDGET`` (``0`` turns a limit off). nbgpu applies
-the policy before each new run (and says so once per process) and on request
-(``%gpu_runs --prune``, ``nbgpu runs --prune``). A run directory is never removed while
-it is in use: a live process carries its run id (orphans included), or its ``run.json``
-says it is not over and it changed recently, or it holds a ``KEEP`` file (users may
-create one by hand).
+``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs``; each run gets
+``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``, private (0700): logs can hold secrets. Every run
+keeps its full logs, so by default only the last ``DEFAULT_KEEP`` runs and at most
+``DEFAULT_BUDGET`` bytes stay (``NBGPU_KEEP_RUNS``, ``NBGPU_RUNS_BUDGET``; ``0``: no
+limit), applied before each new run and on request (``%gpu_runs --prune``). A directory
+in use is never removed: a live process carries its run id, its ``run.json`` says it is
+not over and changed recently, or it holds a ``KEEP`` file.
 """
 
 from __future__ import annotations
@@ -41,18 +33,9 @@ from nbgpu.launch.procs import live_run_ids
 from nbgpu.sizes import parse_size
 
 __all__ = [
-    "DEFAULT_BUDGET",
-    "DEFAULT_KEEP",
-    "FINAL_STATES",
-    "PruneReport",
-    "RetentionPolicy",
-    "list_run_dirs",
-    "make_run_dir",
-    "policy_from_options",
-    "prune",
-    "run_dirs",
-    "runs_root",
-]
+    "DEFAULT_BUDGET", "DEFAULT_KEEP", "FINAL_STATES", "PruneReport", "RetentionPolicy",
+    "list_run_dirs", "make_run_dir", "policy_from_options", "prune", "run_dirs", "runs_root",
+]  # fmt: skip
 
 RUNS_DIR_ENV = "NBGPU_RUNS_DIR"
 KEEP_ENV = "NBGPU_KEEP_RUNS"
@@ -117,10 +100,8 @@ def error_file(run_dir: Path, rank: int) -> Path:
 
 
 def write_bootstrap(run_dir: Path, config: LaunchConfig, channel: tuple[str, str] | None) -> None:
-    """What every rank reads before the user's code (``nbgpu.rank.worker``).
-
-    *channel* (a warm job's socket path and token): the ranks take every cell, the
-    first one too, from the channel; otherwise the cell or script, and pushed values.
+    """What every rank reads before the user's code: a warm job's ranks take every cell
+    from the *channel* (socket path, token); otherwise the cell or script, pushed values.
     """
     spec: dict[str, Any] = {
         "serial_imports": config.serial_imports,
@@ -164,10 +145,7 @@ class RetentionPolicy:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RetentionPolicy:
         env = os.environ if environ is None else environ
-        return cls(
-            keep_runs=_count(env.get(KEEP_ENV), KEEP_ENV),
-            budget_bytes=_budget(env.get(BUDGET_ENV), BUDGET_ENV),
-        )
+        return cls(_count(env.get(KEEP_ENV), f"{KEEP_ENV}="), _budget(env.get(BUDGET_ENV)))
 
     def describe(self) -> str:
         count = f"the last {self.keep_runs} runs" if self.keep_runs else "every run"
@@ -175,29 +153,30 @@ class RetentionPolicy:
         return f"{count}, {size} ({KEEP_ENV}, {BUDGET_ENV})"
 
 
-def _count(text: str | None, name: str) -> int:
-    if text is None or text.strip() == "":
+def _count(value: str | int | None, label: str) -> int:
+    if value is None or str(value).strip() == "":
         return DEFAULT_KEEP
     try:
-        value = int(text)
+        count = int(value)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise UserInputError(f"{name}={text!r}: expected a whole number of runs >= 0 (0: no limit)")
-    return value
+        count = -1
+    if count < 0:
+        raise UserInputError(
+            f"{label}{value!r}: expected a whole number of runs >= 0 (0: no limit)"
+        )
+    return count
 
 
-def _budget(text: str | int | None, name: str) -> int:
-    if text is None or (isinstance(text, str) and text.strip() == ""):
+def _budget(value: str | None, label: str = f"{BUDGET_ENV}=") -> int:
+    if value is None or value.strip() == "":
         return DEFAULT_BUDGET
-    if text in ("0", 0):
+    if value == "0":
         return 0
     try:
-        return parse_size(text)
+        return parse_size(value)
     except UserInputError:
-        sep = " " if name.startswith("--") else "="
         raise UserInputError(
-            f"{name}{sep}{text!r}: expected a size such as 5G, 500M or 0 (no limit)"
+            f"{label}{value!r}: expected a size such as 5G, 500M or 0 (no limit)"
         ) from None
 
 
@@ -296,11 +275,9 @@ def policy_from_options(
 ) -> RetentionPolicy:
     """The environment's policy with the limits given on the command line."""
     base = RetentionPolicy.from_env(environ)
-    if keep is not None and keep < 0:
-        raise UserInputError(f"--keep {keep}: expected a whole number of runs >= 0 (0: no limit)")
     return RetentionPolicy(
-        keep_runs=base.keep_runs if keep is None else keep,
-        budget_bytes=base.budget_bytes if budget is None else _budget(budget, "--budget"),
+        keep_runs=base.keep_runs if keep is None else _count(keep, "--keep "),
+        budget_bytes=base.budget_bytes if budget is None else _budget(budget, "--budget "),
     )
 
 
@@ -370,9 +347,8 @@ def prune(
 ) -> PruneReport:
     """Remove the oldest run directories beyond the policy; never one in use.
 
-    ``keep_newest_extra`` reserves room (count) for a run about to start. The newest
-    finished run is always kept, even alone over budget: its logs are the ones the
-    user is about to read.
+    ``keep_newest_extra`` makes room for a run about to start. The newest finished run is
+    always kept, even alone over budget: its logs are the ones the user is about to read.
     """
     policy = policy or RetentionPolicy.from_env(environ)
     entries = run_dirs(environ)

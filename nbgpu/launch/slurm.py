@@ -1,25 +1,13 @@
-"""Multi-node runs through SLURM: the checks before ``srun``, the command, the queue, ``scancel``.
+"""Runs through SLURM: the checks before ``srun``, the command, the queue, ``scancel``.
 
-A run with ``--slurm`` starts ``srun`` where a single-node run starts its agent: one task
-per node (``--ntasks-per-node 1``), each running ``nbgpu.rank.slurm_node``, which finds the
-c10d rendezvous and becomes torchrun's agent on its node. Inside an allocation (the
-kernel's environment has ``SLURM_JOB_ID``) ``srun`` starts a step in it; otherwise it
-requests an allocation for the run (named ``nbgpu-<run>``) that ends with the step.
-Stopping a run cancels the step, or the allocation nbgpu requested, with ``scancel``;
-SLURM then ends the tasks on every node.
-
-Checked before anything is queued, each as one line with SLURM's own words where it gave
-some: SLURM not installed, an unknown partition, more nodes than the partition (or the
-allocation) holds, a malformed ``--time``. While the job is pending, :class:`QueueWatch`
-says why (``SLURM: job 12 is queued: Resources``, again each time the reason changes),
-and cancels a job the partition's configuration will never start (an account it does not
-accept, more nodes or time than it permits), keeping SLURM's words for the failure
-summary. Nothing stays queued.
-
-A plan across nodes (``nbgpu.plan.nodes``) chose the nodes and each node's GPUs: the run
-asks SLURM for exactly those nodes (``srun --nodelist``) and each node's agent takes its
-own GPUs from ``NBGPU_NODE_GPUS`` (``nbgpu.rank.slurm_node``). What the user also typed
-must agree with the plan; each disagreement is one line.
+``srun`` starts one task per node, each running ``nbgpu.rank.slurm_node`` (the c10d
+rendezvous, then torchrun's agent), as a step of the kernel's allocation
+(``SLURM_JOB_ID``) or in an allocation requested for the run. Checked first, each as one
+line in SLURM's words where it gave some: SLURM missing, an unknown partition, more nodes
+than it holds, a malformed ``--time``. While the job is pending, :class:`QueueWatch` says
+why, and cancels a job the partition will never start. Stopping cancels the step (or the
+allocation nbgpu requested). A plan across nodes chooses the nodes (``--nodelist``) and
+each node's GPUs (``NBGPU_NODE_GPUS``); what the user typed must agree with it.
 """
 
 from __future__ import annotations
@@ -40,17 +28,9 @@ from nbgpu.errors import UserInputError
 from nbgpu.launch.config import LaunchConfig, NodesLaunchPlan, SlurmOptions
 
 __all__ = [
-    "NODE_GPUS_ENV",
-    "QueueWatch",
-    "cancel",
-    "check_request",
-    "is_nodes_plan",
-    "nodes_up",
-    "request_args",
-    "srun_argv",
-    "srun_error",
-    "take_nodes_plan",
-]
+    "NODE_GPUS_ENV", "QueueWatch", "cancel", "check_request", "is_nodes_plan", "nodes_up",
+    "request_args", "srun_argv", "srun_error", "take_nodes_plan",
+]  # fmt: skip
 
 JOIN_TIMEOUT_S = 120  # how long the nodes wait for each other at the rendezvous
 

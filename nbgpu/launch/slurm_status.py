@@ -1,10 +1,9 @@
 """``nbgpu status --slurm``: every node's GPUs, from the nodes themselves.
 
-``srun`` starts ``python -m nbgpu.launch.slurm_status`` once per node (in the allocation
-this kernel runs in, or in one requested for the look and released right after); each
-takes its node's inventory (``--probe``: with the CUDA probe too) and prints it as one
-JSON line, the same document ``nbgpu status --json`` writes, with its node's name and
-each GPU's health. The notebook merges them into one table, node by node.
+``srun`` runs ``python -m nbgpu.launch.slurm_status`` once per node (in the kernel's
+allocation, or one requested for the look); each prints its inventory (``--probe``: with
+the CUDA probe) as ``nbgpu status --json`` writes it, plus its name and each GPU's
+health; the kernel merges them into one table.
 """
 
 from __future__ import annotations
@@ -42,23 +41,21 @@ class ClusterStatus(Result):
     source: str  # "allocation 1234" or "a look at partition debug"
 
     def records(self) -> list[dict[str, Any]]:
-        rows = []
-        for node in self.nodes:
-            for gpu, health in zip(node.document.get("gpus", []), node.health, strict=False):
-                rows.append(
-                    {
-                        "node": node.node,
-                        "gpu": gpu.get("index"),
-                        "name": gpu.get("name"),
-                        "memory_used_bytes": gpu.get("memory_used_bytes"),
-                        "memory_total_bytes": gpu.get("memory_total_bytes"),
-                        "health": health,
-                        "processes": len(gpu.get("processes") or []),
-                    }
-                )
-        return rows
+        return [
+            {
+                "node": node.node,
+                "gpu": gpu.get("index"),
+                "name": gpu.get("name"),
+                "memory_used_bytes": gpu.get("memory_used_bytes"),
+                "memory_total_bytes": gpu.get("memory_total_bytes"),
+                "health": health,
+                "processes": len(gpu.get("processes") or []),
+            }
+            for node in self.nodes
+            for gpu, health in zip(node.document.get("gpus", []), node.health, strict=False)
+        ]
 
-    def _table(self) -> Table:
+    def content(self) -> list[Block]:
         table = Table(["node", "GPU", "name", "memory", "health", "processes"])
         for row in self.records():
             table.add(
@@ -67,19 +64,14 @@ class ClusterStatus(Result):
                 row["health"], row["processes"],
                 level="" if row["health"] in ("ok", "in use") else "bad",
             )  # fmt: skip
-        return table
-
-    def _headline(self) -> str:
         gpus = sum(len(n.health) for n in self.nodes)
-        return f"nbgpu status --slurm · {len(self.nodes)} nodes · {gpus} GPUs · {self.source}"
-
-    def content(self) -> list[Block]:
+        head = f"nbgpu status --slurm · {len(self.nodes)} nodes · {gpus} GPUs · {self.source}"
         notes = [
             Line(f"{n.node}: {n.document['nvml_error']}", level="bad", wrap=False)
             for n in self.nodes
             if n.document.get("nvml_error")
         ]
-        return [Title(self._headline()), self._table(), *notes]
+        return [Title(head), table, *notes]
 
     def text(self) -> str:
         return to_text(self.content(), width=120)  # a row per GPU: wider than 80 columns
@@ -99,10 +91,8 @@ def cluster_status(
     probe: bool = False,
     wait_s: int = 60,
 ) -> ClusterStatus:
-    """Ask every node of the allocation (or *nodes* nodes of a fresh one) for its GPUs.
-
-    Outside an allocation the look waits at most *wait_s* for nodes (``srun
-    --immediate``): on a full cluster it says so in SLURM's words instead of queueing.
+    """Ask every node of the allocation (or *nodes* nodes of a fresh one) for its GPUs;
+    outside an allocation, wait at most *wait_s* for nodes (``srun --immediate``).
     """
     from nbgpu.launch.slurm import check_request, request_args  # noqa: PLC0415
 

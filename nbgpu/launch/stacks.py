@@ -1,15 +1,10 @@
 """Every rank's Python stack at once, without ptrace: for runs that hang.
 
-Each rank registers the standard library's ``faulthandler`` on ``STACKS_SIGNAL``
-before any user code (``nbgpu.rank.worker``), dumping every thread's Python stack into
-``stacks-rank{N}.txt`` in the run directory, and announces itself in
-``stacks-rank{N}.pid``. :func:`rank_stacks` signals each announced rank (after
-checking that the pid still carries the run's id, so a reused pid is never
-signalled), and reads what each wrote. faulthandler dumps from the signal handler,
-so a rank blocked inside C code (a gloo or NCCL collective) still answers; a rank
-stopped with SIGSTOP cannot, and is named as stopped. Native frames come from
-py-spy when it is installed and the system lets it attach (ptrace); otherwise the
-result says so. Standard library and psutil only.
+Each rank registers ``faulthandler`` on ``STACKS_SIGNAL`` before any user code
+(``nbgpu.rank.worker``), dumping into ``stacks-rank{N}.txt``, and announces its pid in
+``stacks-rank{N}.pid``. :func:`rank_stacks` signals each rank whose pid still carries the
+run's id and reads the dumps; a rank blocked in C code (a collective) still answers, one
+stopped with SIGSTOP is named as such. Native frames come from py-spy when it can attach.
 """
 
 from __future__ import annotations
@@ -39,14 +34,6 @@ __all__ = ["STACKS_SIGNAL", "RankStack", "RunStacks", "find_run_dir", "rank_stac
 # SIGUSR1 (Lightning, Slurm preemption) and SIGUSR2.
 STACKS_SIGNAL = signal.SIGRTMIN + 3  # type: ignore[attr-defined,unused-ignore]
 _SETTLE_S = 0.2  # a dump is complete when its file stops growing this long
-
-
-def stack_file(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"stacks-rank{rank}.txt"
-
-
-def pid_file(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"stacks-rank{rank}.pid"
 
 
 @dataclass(frozen=True)
@@ -168,7 +155,7 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
     states: dict[int, tuple[int | None, str]] = {}
     for rank in range(nproc):
         try:
-            pid = int(pid_file(run_dir, rank).read_text().strip())
+            pid = int((run_dir / f"stacks-rank{rank}.pid").read_text().strip())
         except (OSError, ValueError):
             states[rank] = (None, "not started (or started before stacks were registered)")
             continue
@@ -178,7 +165,7 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
         if _stopped(pid):
             states[rank] = (pid, _STOPPED)
             continue
-        path = stack_file(run_dir, rank)
+        path = run_dir / f"stacks-rank{rank}.txt"
         offset = path.stat().st_size if path.exists() else 0
         try:
             os.kill(pid, STACKS_SIGNAL)
@@ -190,7 +177,7 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
     dumps: dict[int, str] = {}
     for rank, (_pid, offset) in asked.items():
         left = max(0.5, deadline - time.monotonic())
-        dumps[rank] = _wait_for_dump(stack_file(run_dir, rank), offset, left)
+        dumps[rank] = _wait_for_dump(run_dir / f"stacks-rank{rank}.txt", offset, left)
     note = ""
     if native and shutil.which("py-spy") is None:
         note = "native frames: py-spy is not installed (pip install py-spy); Python stacks only"

@@ -252,7 +252,7 @@ class LaunchMagics(Magics):
             return None
         from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
         from nbgpu.diagnose import diagnose  # noqa: PLC0415
-        from nbgpu.launch.registry import runs  # noqa: PLC0415
+        from nbgpu.launch.execute import runs  # noqa: PLC0415
 
         known = runs()
         if len(tokens) > 1:
@@ -280,7 +280,7 @@ class LaunchMagics(Magics):
             return _prune(tokens[1:])
         if tokens:
             raise UsageError(f"%gpu_runs takes only --prune (got {line.strip()!r}; see -h)")
-        from nbgpu.launch.registry import runs_table  # noqa: PLC0415
+        from nbgpu.launch.execute import runs_table  # noqa: PLC0415
 
         return runs_table()
 
@@ -293,7 +293,7 @@ class LaunchMagics(Magics):
                 raise UsageError("%gpu_stacks RUN: name a run (see %gpu_runs) or a run directory")
             print(_GPU_STACKS_HELP)
             return None
-        from nbgpu.launch.registry import runs  # noqa: PLC0415
+        from nbgpu.launch.execute import runs  # noqa: PLC0415
         from nbgpu.launch.stacks import find_run_dir, rank_stacks  # noqa: PLC0415
 
         native = "--native" in tokens
@@ -325,7 +325,7 @@ class LaunchMagics(Magics):
             print_help(self.gpu_stop, "%gpu_stop")
             return None
         args = parse_argstring(self.gpu_stop, line)
-        from nbgpu.launch.registry import stop_runs  # noqa: PLC0415
+        from nbgpu.launch.execute import stop_runs  # noqa: PLC0415
 
         if not args.all and not args.name:
             raise UsageError("%gpu_stop NAME or %gpu_stop --all (see %gpu_runs for names)")

@@ -1,14 +1,9 @@
 """The torchrun agent, wrapped: ``python -m nbgpu.rank.agent RESULT.json -- <torchrun args>``.
 
-It is torchrun (``torch.distributed.run``), keeping what torchrun leaves for its users
-when a rank fails (the ChildFailedError traceback and "Root Cause" banner in
-``agent.log``, the first failed rank's error file copied to ``agent-error.json``), plus:
-it dies with the process that launched it (a kernel killed with SIGKILL takes its jobs
-with it); it tells the workers its pid so they can do the same; and it writes a
-machine-readable result (per-rank exit codes, signals, error files, the first failure)
-instead of leaving nbgpu to parse torchrun's banner.
-
-Runs in its own process; imports torch (it is torchrun).
+It is torchrun, keeping what torchrun leaves when a rank fails (the "Root Cause" banner
+in ``agent.log``, the first failed rank's error file as ``agent-error.json``), plus: it
+dies with the process that launched it, tells the workers its pid so they can do the
+same, and writes a machine-readable result (per-rank exit codes, signals, error files).
 """
 
 from __future__ import annotations
@@ -56,12 +51,9 @@ def _failures(exc: Any) -> list[dict[str, Any]]:
 
 
 def _as_torchrun_reports(exc: Any) -> None:
-    """What torchrun itself leaves behind on a failed child, so its users find it here.
-
-    torchrun's ``@record`` copies the first failed rank's error file to the agent's
-    ``TORCHELASTIC_ERROR_FILE`` (nbgpu sets it to ``agent-error.json`` in the run
-    directory), and the uncaught ChildFailedError prints a traceback ending in the
-    "Root Cause" banner on stderr (here: ``agent.log``).
+    """What torchrun itself leaves for a failed child: ``@record`` copies the first failed
+    rank's error file to ``TORCHELASTIC_ERROR_FILE`` (``agent-error.json``), and the uncaught
+    ChildFailedError prints the "Root Cause" banner on stderr (``agent.log``).
     """
     from torch.distributed.elastic.multiprocessing.errors import (  # noqa: PLC0415
         get_error_handler,

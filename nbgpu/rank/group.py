@@ -1,14 +1,9 @@
 """A rank's device, checked the way CUDA would check it, and the job's process group.
 
-An ordinal past the visible devices fails with torch's own "invalid device ordinal" text
-before CUDA is touched, plus one ``[nbgpu]`` line. Under ``NBGPU_SIMULATE`` the answer
-comes from ``nbgpu.devices.sim.ranks`` through one call, imported only then: a real
-rank never loads the simulation.
-
-``init`` joins the process group from torchrun's environment: it picks the backend (gloo
-on CPU and under simulation, nccl on CUDA), checks the device first (so a busy GPU fails
-with CUDA's words) and records the ``init`` memory phase through ``nbgpu.profile.phases``
-(standard library only). torch is imported inside the functions only.
+An ordinal past the visible devices fails with torch's own "invalid device ordinal"
+before CUDA is touched; under ``NBGPU_SIMULATE`` the answer comes from
+``nbgpu.devices.sim.ranks``, imported only then. ``init`` picks the backend, checks the
+device first and records the ``init`` memory phase. torch is imported lazily.
 """
 
 from __future__ import annotations
@@ -126,13 +121,10 @@ def init(
 ) -> None:
     """Join the job's process group from torchrun's environment; a second call is a no-op.
 
-    ``backend``: None takes ``NBGPU_BACKEND`` (``%%torchrun --backend``) if set, else
-    picks ``nccl`` on real CUDA and ``gloo`` otherwise; under
-    ``NBGPU_SIMULATE`` always ``gloo`` (an explicit ``nccl`` runs as gloo there, labelled,
-    so a cell written for the real box runs unchanged). On CUDA and under simulation
-    ``device()`` runs first, so a busy GPU or an invalid ordinal fails here with CUDA's
-    words. ``environ`` is read for these checks; the rendezvous itself is torch's
-    ``env://``, which always reads this process's own environment.
+    ``backend``: None takes ``NBGPU_BACKEND`` (``%%torchrun --backend``), else ``nccl`` on
+    real CUDA and ``gloo`` otherwise; under ``NBGPU_SIMULATE`` always ``gloo`` (labelled), so
+    a cell written for the real box runs unchanged. On CUDA and under simulation
+    ``device()`` runs first, so a busy GPU or an invalid ordinal fails here in CUDA's words.
     """
     from nbgpu.profile.phases import Phase  # noqa: PLC0415  (standard library only)
 

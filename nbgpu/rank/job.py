@@ -1,11 +1,9 @@
-"""A rank's place in its job (rank, sizes, rank 0), turns across the ranks of a node
-(``one_at_a_time``, behind ``--serial-imports``) and a cap on its address space
-(``set_memory_limit``, behind ``--mem-limit``).
+"""A rank's place in its job (rank, sizes, rank 0), turns across a node's ranks
+(``one_at_a_time``) and a cap on its address space (``set_memory_limit``).
 
-Every function reads ``environ`` (default ``os.environ``), so tests pass a dict.
-``is_main()`` and ``print0()`` treat a process outside any job as the single rank 0; the
-other queries raise a one-line ``UserInputError`` there. Standard library only
-(``filelock`` and ``resource`` are imported by the ranks that use them).
+Every function reads ``environ`` (default ``os.environ``). ``is_main()`` and ``print0()``
+treat a process outside any job as the single rank 0; the other queries raise a
+one-line ``UserInputError`` there. Standard library only.
 """
 
 from __future__ import annotations
@@ -25,18 +23,9 @@ from nbgpu.errors import UserInputError
 from nbgpu.sizes import parse_size as _parse_size
 
 __all__ = [
-    "NOT_IN_JOB",
-    "RUN_DIR_ENV",
-    "is_main",
-    "local_rank",
-    "local_world_size",
-    "one_at_a_time",
-    "parse_size",
-    "print0",
-    "rank",
-    "set_memory_limit",
-    "world_size",
-]
+    "NOT_IN_JOB", "RUN_DIR_ENV", "is_main", "local_rank", "local_world_size", "one_at_a_time",
+    "parse_size", "print0", "rank", "set_memory_limit", "world_size",
+]  # fmt: skip
 
 #: The one line every job query raises outside a distributed job.
 NOT_IN_JOB = "not inside a distributed job: RANK is unset (launch with %%torchrun N or torchrun)"
@@ -139,11 +128,9 @@ def one_at_a_time(
     """Run the block in one rank of this node at a time (a file lock).
 
     Eight ranks importing and compiling at once can exhaust host memory
-    (``std::bad_alloc``); taking turns bounds the peak to one rank's. The lock lives in
-    ``NBGPU_RUN_DIR`` (else a private temporary directory keyed by
-    ``TORCHELASTIC_RUN_ID``) and carries the host name, so ranks on other nodes do not
-    wait even when the run directory is shared. ``[rank N] LOCK:`` lines on stderr say
-    who waits, holds and releases.
+    (``std::bad_alloc``). The lock lives in ``NBGPU_RUN_DIR`` (else a private temporary
+    directory) and carries the node's name, so ranks on other nodes do not wait.
+    ``[rank N] LOCK:`` lines on stderr say who waits, holds and releases.
     """
     from filelock import FileLock, Timeout  # noqa: PLC0415  (only ranks that serialise)
 
@@ -202,11 +189,10 @@ def parse_size(size: int | str) -> int:
 
 
 def set_memory_limit(size: int | str) -> int:
-    """Cap this rank's address space (``RLIMIT_AS``, soft limit) and return it in bytes.
+    """Cap this rank's address space (``RLIMIT_AS``, soft limit); the cap in bytes.
 
-    Past the cap, allocations fail inside this rank (``MemoryError``, ``std::bad_alloc``)
-    instead of the host's OOM killer taking a random process. The hard limit stays, so
-    the rank may raise its own cap again. CUDA reserves a large virtual address range at
+    Past it, allocations fail inside this rank (``MemoryError``, ``std::bad_alloc``) instead
+    of the OOM killer taking a random process. CUDA reserves a large virtual range at
     initialisation: on real GPUs the cap must leave room for it.
     """
     import resource  # noqa: PLC0415  (POSIX only, and only when asked)

@@ -1,22 +1,16 @@
 """The user's code inside a rank: once (a cold run), or cell after cell (a warm job).
 
-The code is compiled as its leading import block and the rest, each a recorded memory
-phase (``--serial-imports`` takes the first one rank at a time); a failure's traceback
-starts at the user's first frame, and torchelastic's error file is written the way
-``@record`` writes it.
+The code runs as its leading import block and the rest, each a recorded memory phase
+(``--serial-imports`` takes the first one rank at a time); a failure's traceback starts
+at the user's first frame, and torchelastic's error file is written as ``@record`` does.
 
-A warm job's rank connects to the job's private channel (a ``multiprocessing``
-Client with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``)
-and waits. For each cell it marks the boundary in its log (the line the kernel sends),
-says it started, runs the code as memory phases ``cell N imports`` and ``cell N``, and
-answers with how the cell ended and the pulled values. An exception is a failed cell, not a dead rank: the traceback goes to
-the log and the rank waits for the next cell, its globals, process group and CUDA
-context intact. SIGINT interrupts a running cell only (KeyboardInterrupt in the user's
-code, like a kernel); between cells it is ignored, so a late interrupt never kills a
-rank. The kernel saying ``stop``, or hanging up (it died), ends the loop: the rank then
-exits normally and its finalizers run.
-
-Runs inside rank processes only: standard library (and nbgpu's recording side).
+A warm job's rank connects to the job's private channel (a ``multiprocessing`` Client
+with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``). For each
+cell it marks the boundary in its log, says it started, runs the code as phases
+``cell N imports`` and ``cell N``, and answers with how it ended and the pulled values.
+An exception fails the cell, not the rank. SIGINT interrupts a running cell only; the
+kernel saying ``stop``, or hanging up, ends the loop and the rank exits normally.
+Standard library (and nbgpu's recording side).
 """
 
 from __future__ import annotations
@@ -114,35 +108,23 @@ def run_code(
 ) -> None:
     """Run code as its leading import block, then the rest, each a recorded phase.
 
-    The same split for cells, scripts and warm cells, so ``--serial-imports`` serialises
-    a script's leading imports exactly like a cell's, and a phase name means one thing.
-    *open_phase* (the rank's ``start``) ends once the code compiled. Without
-    *empty_imports_phase*, code with no leading imports records no imports phase.
+    Cells, scripts and warm cells alike, so ``--serial-imports`` serialises a script's
+    leading imports like a cell's. *open_phase* (the rank's ``start``) ends once the code
+    compiled; without *empty_imports_phase*, no leading imports means no imports phase.
     """
     head, tail, imports = _split_leading_imports(source, filename)
-    imports_phase, run_phase = phases
     if open_phase is not None:
         rec.end(open_phase)
     if imports or empty_imports_phase:
-        _run_imports(rec, imports_phase, head, namespace, serial=serial_imports)
-    _phase_exec(rec, run_phase, tail, namespace)
-
-
-def _run_imports(
-    rec: Recorder, phase: str, code: Any, namespace: dict[str, Any], *, serial: bool
-) -> None:
-    if not serial:
-        _phase_exec(rec, phase, code, namespace)
-        return
-    waiting = rec.begin("wait-imports")
-    with one_at_a_time("imports"):
-        rec.end(waiting)
-        _phase_exec(rec, phase, code, namespace)
-
-
-def _phase_exec(rec: Recorder, name: str, code: Any, namespace: dict[str, Any]) -> None:
-    with Phase(name, rec):
-        exec(code, namespace)  # noqa: S102  (running the user's own code is the point)
+        with contextlib.ExitStack() as turn:
+            if serial_imports:
+                waiting = rec.begin("wait-imports")
+                turn.enter_context(one_at_a_time("imports"))
+                rec.end(waiting)
+            with Phase(phases[0], rec):
+                exec(head, namespace)  # noqa: S102  (running the user's own code is the point)
+    with Phase(phases[1], rec):
+        exec(tail, namespace)  # noqa: S102
 
 
 def pull_payload(names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:

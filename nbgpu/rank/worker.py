@@ -1,14 +1,10 @@
 """The entry point of every rank: ``torchrun -m nbgpu.rank.worker``.
 
-In this order, before any user code: die with the torchrun agent (parent-death
-signal, with a check for the race where the agent is already gone); send this rank's
-stdout and stderr, at the file-descriptor level so C libraries (NCCL) are caught
-too, into its own log file (``rank{N}.log``: complete on disk even if the rank is
-killed right after writing); apply the address-space limit. Then run the user's code
-(``usercode``), pickle pulled variables, and leave the process group.
-
-Runs inside rank processes only: standard library at import time; torch only if the
-user's code imported it (to tear the process group down).
+Before any user code: die with the agent (parent-death signal); send stdout and stderr,
+at the file-descriptor level (NCCL too), into ``rank{N}.log``, complete on disk even if
+the rank is killed right after writing; apply the address-space limit. Then the user's
+code (``usercode``), the pulled variables, and leaving the process group. Standard
+library at import time.
 """
 
 from __future__ import annotations
@@ -47,10 +43,9 @@ def die_with(parent_env: str, sig: int, run_dir: Path | None, who: str) -> None:
 class _DiskFullTolerant(io.RawIOBase):
     """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output, never the rank.
 
-    Without this, a print() on a full disk raises OSError(ENOSPC) inside the user's
-    code. The first failure is noted (``logfull-rank{N}.txt`` when even a few bytes
-    fit; the launcher also watches the disk), later output is dropped until writes
-    succeed again. C libraries writing to fd 1/2 directly already just lose the bytes.
+    Without this, a print() on a full disk raises OSError(ENOSPC) in the user's code. The
+    first failure is noted (``logfull-rank{N}.txt``, when a few bytes still fit); output is
+    dropped until writes succeed again.
     """
 
     def __init__(self, fd: int, marker: Path) -> None:
