@@ -330,7 +330,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "status":
         if args.slurm:
             from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
-            from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
+            from nbgpu.launch.slurm import cluster_status  # noqa: PLC0415
 
             cluster = cluster_status(
                 nodes=args.nodes,

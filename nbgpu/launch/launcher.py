@@ -26,15 +26,17 @@ from nbgpu.launch.config import (
     PlanRole,
     Prepared,
     SlurmOptions,
+    is_nodes_plan,
     parse_gpu_list,
     parse_size,
     pickle_pushed,
     start_only,
+    take_nodes_plan,
 )
 from nbgpu.launch.execute import WarmJob, execute, run_cell, to_screen
 from nbgpu.launch.run import RUNS, Run
 from nbgpu.launch.rundirs import check_name
-from nbgpu.launch.slurm import check_request, is_nodes_plan, take_nodes_plan
+from nbgpu.launch.slurm import check_request
 from nbgpu.launch.warm import CellResult
 from nbgpu.profile.phases import parse_sample_interval
 

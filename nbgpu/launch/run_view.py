@@ -25,7 +25,7 @@ from nbgpu.errors import NbgpuError
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.outcomes import RankOutcome, RunNotices
 from nbgpu.launch.procs import agent_log
-from nbgpu.launch.rundirs import rank_log, rank_node
+from nbgpu.launch.rundirs import rank_log
 from nbgpu.launch.warm import WarmState
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class RunView(Result):
         node = self._nodes.get(rank)
         if node is None:
             with contextlib.suppress(OSError):
-                node = rank_node(self.dir, rank).read_text(encoding="utf-8").strip()
+                node = (self.dir / f"rank{rank}.node").read_text(encoding="utf-8").strip()
                 self._nodes[rank] = node
         return f"{node or '?'}/rank{rank}"
 

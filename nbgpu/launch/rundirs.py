@@ -90,11 +90,6 @@ def rank_log(run_dir: Path, rank: int) -> Path:
     return run_dir / f"rank{rank}.log"
 
 
-def rank_node(run_dir: Path, rank: int) -> Path:
-    """Where a rank of a run over several nodes writes its node's name."""
-    return run_dir / f"rank{rank}.node"
-
-
 def error_file(run_dir: Path, rank: int) -> Path:
     return run_dir / f"error-rank{rank}.json"
 

@@ -1,4 +1,5 @@
-"""Runs through SLURM: the checks before ``srun``, the command, the queue, ``scancel``.
+"""SLURM from the kernel: the checks before ``srun``, the command, the queue, ``scancel``,
+and ``nbgpu status --slurm``.
 
 ``srun`` starts one task per node, each running ``nbgpu.rank.slurm_node`` (the c10d
 rendezvous, then torchrun's agent), as a step of the kernel's allocation
@@ -6,30 +7,38 @@ rendezvous, then torchrun's agent), as a step of the kernel's allocation
 line in SLURM's words where it gave some: SLURM missing, an unknown partition, more nodes
 than it holds, a malformed ``--time``. While the job is pending, :class:`QueueWatch` says
 why, and cancels a job the partition will never start. Stopping cancels the step (or the
-allocation nbgpu requested). A plan across nodes chooses the nodes (``--nodelist``) and
-each node's GPUs (``NBGPU_NODE_GPUS``); what the user typed must agree with it.
+allocation nbgpu requested).
+
+``status --slurm`` runs ``python -m nbgpu.launch.slurm`` once per node (in the kernel's
+allocation, or one requested for the look); each prints its inventory as ``nbgpu status
+--json`` writes it, plus its name and each GPU's health, and the kernel merges them.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any
 
+from nbgpu._render import Block, Line, Result, Table, Title, fmt_used_total, to_text
 from nbgpu.errors import UserInputError
-from nbgpu.launch.config import LaunchConfig, NodesLaunchPlan, SlurmOptions
+from nbgpu.launch.config import LaunchConfig, SlurmOptions
 
 __all__ = [
-    "NODE_GPUS_ENV", "QueueWatch", "cancel", "check_request", "is_nodes_plan", "nodes_up",
-    "request_args", "srun_argv", "srun_error", "take_nodes_plan",
+    "ClusterStatus", "QueueWatch", "cancel", "check_request", "cluster_status", "nodes_up",
+    "request_args", "srun_argv", "srun_error",
 ]  # fmt: skip
 
 JOIN_TIMEOUT_S = 120  # how long the nodes wait for each other at the rendezvous
@@ -275,59 +284,146 @@ class QueueWatch:
         return "", ""
 
 
-# -- a plan across nodes ----------------------------------------------------------------
-
-#: A plan's GPUs per node as JSON; each node takes its own entry (``nbgpu.rank.slurm_node``).
-NODE_GPUS_ENV = "NBGPU_NODE_GPUS"
+# -- `nbgpu status --slurm`: every node's GPUs, from the nodes themselves ---------------
 
 
-def is_nodes_plan(plan: object) -> TypeGuard[NodesLaunchPlan]:
-    return all(hasattr(plan, name) for name in ("nodelist", "node_gpus", "job_nodes"))
+@dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    document: dict[str, Any]  # the node's `nbgpu status --json`
+    health: tuple[str, ...]  # each GPU's health word, in NVML order
 
 
-def take_nodes_plan(
-    plan: NodesLaunchPlan,
+@dataclass(frozen=True)
+class ClusterStatus(Result):
+    """Each node's GPUs, as the node itself saw them."""
+
+    nodes: tuple[NodeStatus, ...]
+    source: str  # "allocation 1234" or "a look at partition debug"
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "node": node.node,
+                "gpu": gpu.get("index"),
+                "name": gpu.get("name"),
+                "memory_used_bytes": gpu.get("memory_used_bytes"),
+                "memory_total_bytes": gpu.get("memory_total_bytes"),
+                "health": health,
+                "processes": len(gpu.get("processes") or []),
+            }
+            for node in self.nodes
+            for gpu, health in zip(node.document.get("gpus", []), node.health, strict=False)
+        ]
+
+    def content(self) -> list[Block]:
+        table = Table(["node", "GPU", "name", "memory", "health", "processes"])
+        for row in self.records():
+            table.add(
+                row["node"], row["gpu"], row["name"] or "?",
+                fmt_used_total(row["memory_used_bytes"], row["memory_total_bytes"]),
+                row["health"], row["processes"],
+                level="" if row["health"] in ("ok", "in use") else "bad",
+            )  # fmt: skip
+        gpus = sum(len(n.health) for n in self.nodes)
+        head = f"nbgpu status --slurm · {len(self.nodes)} nodes · {gpus} GPUs · {self.source}"
+        notes = [
+            Line(f"{n.node}: {n.document['nvml_error']}", level="bad", wrap=False)
+            for n in self.nodes
+            if n.document.get("nvml_error")
+        ]
+        return [Title(head), table, *notes]
+
+    def text(self) -> str:
+        return to_text(self.content(), width=120)  # a row per GPU: wider than 80 columns
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "nodes": [{"node": n.node, "health": list(n.health), **n.document} for n in self.nodes],
+        }
+
+
+def cluster_status(
     *,
-    nproc: int | None,
-    nnodes: int,
-    slurm: SlurmOptions | None,
-    gpus: object,
-    role: str | None,
-    env: Mapping[str, str],
-    notes: list[str],
-) -> tuple[int, int, SlurmOptions, dict[str, str]]:
-    """(ranks per node, nodes, what to ask SLURM for, the run's environment) from *plan*."""
-    if not plan.ok:
-        first = plan.problems[0].message if plan.problems else "not ready"
-        raise UserInputError(f"--plan: the plan is not ready: {first}")
-    if gpus is not None:
+    nodes: int | None,
+    options: SlurmOptions,
+    environ: Mapping[str, str],
+    probe: bool = False,
+    wait_s: int = 60,
+) -> ClusterStatus:
+    """Ask every node of the allocation (or *nodes* nodes of a fresh one) for its GPUs;
+    outside an allocation, wait at most *wait_s* for nodes (``srun --immediate``).
+    """
+    job = environ.get("SLURM_JOB_ID")
+    count = nodes or int(environ.get("SLURM_JOB_NUM_NODES") or 0) or 1
+    check_request(count, options, environ)
+    argv = ["srun", "--nodes", str(count), "--ntasks-per-node", "1", "--job-name", "nbgpu-status"]
+    if not job:
+        argv += [f"--immediate={wait_s}"]
+    argv += [*request_args(options), sys.executable, "-m", "nbgpu.launch.slurm"]
+    argv += ["--probe"] if probe else []
+    try:
+        done = subprocess.run(
+            argv, env=dict(environ), capture_output=True, text=True, timeout=300, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise UserInputError("--slurm: the nodes did not answer within 300 s") from None
+    found = [NodeStatus(d["node"], d["status"], tuple(d["health"])) for d in _reports(done.stdout)]
+    if done.returncode != 0 or len(found) != count:
+        words = (done.stderr.strip().splitlines() or ["no answer"])[-1]
         raise UserInputError(
-            "--plan and --gpus both choose GPUs: give one of them (the plan chose each node's)"
+            f"--slurm: {len(found)} of {count} nodes answered; srun says {words!r}"
         )
-    if role is not None:
-        raise UserInputError(f"--role {role!r}: a plan across nodes has one training role")
-    if nnodes not in (1, plan.job_nodes):
-        raise UserInputError(
-            f"--nodes {nnodes}: the plan is for {plan.job_nodes} node(s) ({plan.nodelist}); "
-            "drop --nodes or plan again"
-        )
-    if nproc is not None and nproc != plan.nproc_per_node:
-        raise UserInputError(
-            f"--nproc-per-node {nproc}: the plan gives {plan.nproc_per_node} rank(s) per node; "
-            "drop it or plan again"
-        )
-    options = slurm or SlurmOptions()
-    if options.nodelist or any(a.startswith(("--nodelist", "-w")) for a in options.extra):
-        raise UserInputError("--plan chose the nodes: drop --nodelist/-w from --slurm-arg")
-    options = replace(options, nodelist=plan.nodelist)
-    out = dict(env)
-    if options.gpus_per_node is None:
-        out[NODE_GPUS_ENV] = json.dumps(dict(plan.node_gpus))
-        each = "; ".join(f"{node}: GPUs {gpus}" for node, gpus in plan.node_gpus.items())
-        notes.append(f"plan across nodes: {each}")
-    else:
-        notes.append(
-            f"plan across nodes {plan.nodelist}: SLURM assigns each node's GPUs "
-            f"(--gpus-per-node {options.gpus_per_node})"
-        )
-    return plan.nproc_per_node, plan.job_nodes, options, out
+    source = f"allocation {job}" if job else f"{count} node(s) requested for the look"
+    return ClusterStatus(tuple(sorted(found, key=lambda n: n.node)), source)
+
+
+def _node_report(probe: bool) -> dict[str, Any]:
+    from nbgpu.devices.findings import gpu_health  # noqa: PLC0415
+    from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+
+    inventory = take_inventory(probe=probe)
+    return {
+        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "status": inventory.to_dict(),
+        "health": [
+            gpu_health(g, f)[0] for g, f in zip(inventory.gpus, inventory.findings, strict=True)
+        ],
+    }
+
+
+# srun forwards each task's output in pieces of about 1 KiB, and the nodes' pieces
+# interleave: each node sends its report as numbered short lines that are put back
+# together here, instead of one long line.
+_MARK = "NBGPU-STATUS"
+_PIECE = 800
+
+
+def _send(report: dict[str, Any]) -> None:
+    blob = base64.b64encode(zlib.compress(json.dumps(report).encode())).decode()
+    pieces = [blob[i : i + _PIECE] for i in range(0, len(blob), _PIECE)] or [""]
+    node = report["node"]
+    for i, piece in enumerate(pieces):
+        print(f"{_MARK} {node} {i} {len(pieces)} {piece}", flush=True)
+
+
+def _reports(stdout: str) -> list[dict[str, Any]]:
+    pieces: dict[str, dict[int, str]] = {}
+    counts: dict[str, int] = {}
+    for line in stdout.splitlines():
+        parts = line.split(" ")
+        if len(parts) == 5 and parts[0] == _MARK:
+            node, index, count, piece = parts[1], int(parts[2]), int(parts[3]), parts[4]
+            pieces.setdefault(node, {})[index] = piece
+            counts[node] = count
+    out = []
+    for node, got in pieces.items():
+        if len(got) == counts[node]:
+            blob = "".join(got[i] for i in range(counts[node]))
+            out.append(json.loads(zlib.decompress(base64.b64decode(blob))))
+    return out
+
+
+if __name__ == "__main__":
+    _send(_node_report("--probe" in sys.argv[1:]))

@@ -100,7 +100,7 @@ class GPUMagics(Magics):
 
     def _cluster_status(self, args: Any) -> Any:
         from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
-        from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
+        from nbgpu.launch.slurm import cluster_status  # noqa: PLC0415
 
         try:
             cluster = cluster_status(
