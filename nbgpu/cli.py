@@ -269,7 +269,8 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _stacks(args: argparse.Namespace) -> int:
-    from nbgpu.launch.stacks import find_run_dir, rank_stacks  # noqa: PLC0415
+    from nbgpu.launch.procs import rank_stacks  # noqa: PLC0415
+    from nbgpu.launch.rundirs import find_run_dir  # noqa: PLC0415
 
     result = rank_stacks(find_run_dir(args.run), timeout_s=args.timeout, native=args.native)
     print(result.text())

@@ -9,6 +9,7 @@ more ranks than GPUs is refused before anything starts. No GPU: the ranks run on
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -52,10 +53,8 @@ def _unhealthy_reason(
         if gpu.nvml_index == nvml_index:
             if short:
                 return gpu_health(gpu, findings)[0] + f" (see {doctor_hint(face)})"
-            for f in findings:
-                if f.severity == "bad":
-                    return f.message
-            return gpu.error or "unhealthy"
+            bad = (f.message for f in findings if f.severity == "bad")
+            return next(bad, gpu.error or "unhealthy")
     return "not found"
 
 
@@ -70,10 +69,7 @@ def _unique_name(requested: str | None, script: Path | None) -> str:
         return requested
     base = script.stem if script is not None else "cell"
     base = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in base)[:40] or "run"
-    n = 1
-    while f"{base}-{n}" in RUNS:
-        n += 1
-    return f"{base}-{n}"
+    return next(f"{base}-{n}" for n in itertools.count(1) if f"{base}-{n}" not in RUNS)
 
 
 def _named_gpus(
@@ -117,10 +113,8 @@ def _named_gpus(
 def _probe(
     inv: Inventory, chosen: tuple[int, ...], text: str, environ: Mapping[str, str], face: str
 ) -> None:
-    """Create a context on each named GPU (in a subprocess) before committing ranks to it.
-
-    NVML can look clean while CUDA refuses the GPU (a holder in another container, a
-    bad driver state): only a context tells. The probe costs well under a second.
+    """Create a context on each named GPU (in a subprocess) before committing ranks to it:
+    NVML can look clean while CUDA refuses the GPU (a holder in another container).
     """
     from nbgpu.devices.health import probe_devices  # noqa: PLC0415
 

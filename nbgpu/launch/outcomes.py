@@ -248,10 +248,8 @@ class RunNotices:
 
 
 def _disk_full_since(run_dir: Path) -> float | None:
-    """When the disk under the run directory filled, if it did.
-
-    Ranks drop their output instead of failing (``nbgpu.rank.worker``); a rank's own
-    marker gives the exact time, the disk's free space catches a disk too full for markers.
+    """When the disk under the run directory filled, if it did: a rank's own marker (ranks
+    drop their output instead of failing) or, too full for markers, the disk's free space.
     """
     stamps = []
     for path in run_dir.glob("logfull-rank*.txt"):

@@ -124,12 +124,11 @@ class Run(RunView):
     ) -> CellResult | None:
         """Stream the run into *writer* until it ends; stop it on timeout or interrupt.
 
-        With *cell* (a warm job), run that cell on every rank and return its result once
-        they all answered; the job goes on. An interrupt, or the cell's ``--timeout``,
-        interrupts the cell and waits a bounded time for the answers (a rank stuck in a
-        collective is reported, not waited for); a second interrupt ends the job. However
-        a run ends, it is stopped, its orphans swept, its last lines shown and its outcomes
-        collected: the result is then None.
+        With *cell* (a warm job), run that cell on every rank and return its result once they
+        all answered; the job goes on. An interrupt, or the cell's ``--timeout``, interrupts the
+        cell and waits a bounded time for the answers (a rank stuck in a collective is reported,
+        not waited for); a second interrupt ends the job. However a run ends, it is stopped, its
+        orphans swept, its last lines shown and its outcomes collected (the result is None).
         """
         self.writer = writer
         flight = None

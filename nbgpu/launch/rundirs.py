@@ -34,7 +34,8 @@ from nbgpu.sizes import parse_size
 
 __all__ = [
     "DEFAULT_BUDGET", "DEFAULT_KEEP", "FINAL_STATES", "PruneReport", "RetentionPolicy",
-    "list_run_dirs", "make_run_dir", "policy_from_options", "prune", "run_dirs", "runs_root",
+    "find_run_dir", "list_run_dirs", "make_run_dir", "policy_from_options", "prune", "run_dirs",
+    "runs_root",
 ]  # fmt: skip
 
 RUNS_DIR_ENV = "NBGPU_RUNS_DIR"
@@ -399,3 +400,20 @@ def prune_before_run(environ: Mapping[str, str]) -> str | None:
         f"({report.freed_bytes / 1e6:.0f} MB) from {report.root}: keeping "
         f"{report.policy.describe()}; %gpu_runs --prune / nbgpu runs --prune"
     )
+
+
+def find_run_dir(name_or_path: str | Path) -> Path:
+    """A run directory given as a path, or the newest one whose name starts with it."""
+    path = Path(name_or_path).expanduser()
+    if (path / "run.json").is_file():
+        return path
+    root = runs_root()
+    matches = sorted(
+        (p for p in root.glob(f"{name_or_path}-*") if (p / "run.json").is_file()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not matches:
+        raise UserInputError(
+            f"{str(name_or_path)!r}: not a run directory, nor a run name under {root}"
+        )
+    return matches[-1]

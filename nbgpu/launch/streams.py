@@ -262,9 +262,8 @@ class ScreenWriter:
         self._pending = {}
         if not pending:
             if self._status and self._status != self._status_shown:
-                self._write(self._erase_status() + self._status)
+                self._emit(self._erase_status() + self._status)
                 self._status_shown = self._status
-                self.writes += 1
             return
         size = sum(
             sum(map(len, lines)) + len(lines) * (len(self._prefix(label)) + 1)
@@ -295,6 +294,9 @@ class ScreenWriter:
             text += self._status
             self._status_shown = self._status
         self._budget.tokens -= len(text)  # may go below zero: the next ticks wait it out
+        self._emit(text)
+
+    def _emit(self, text: str) -> None:
         self._write(text)
         self.writes += 1
 
@@ -362,5 +364,4 @@ class ScreenWriter:
                 f"not shown here; every rank's complete log: {log_hint}\n"
             )
         if pieces:
-            self._write("".join(pieces))
-            self.writes += 1
+            self._emit("".join(pieces))

@@ -294,7 +294,8 @@ class LaunchMagics(Magics):
             print(_GPU_STACKS_HELP)
             return None
         from nbgpu.launch.execute import runs  # noqa: PLC0415
-        from nbgpu.launch.stacks import find_run_dir, rank_stacks  # noqa: PLC0415
+        from nbgpu.launch.procs import rank_stacks  # noqa: PLC0415
+        from nbgpu.launch.rundirs import find_run_dir  # noqa: PLC0415
 
         native = "--native" in tokens
         rest = [t for t in tokens if t != "--native"]

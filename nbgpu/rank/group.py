@@ -36,18 +36,13 @@ _announced: set[str] = set()
 def device(environ: Mapping[str, str] | None = None) -> torch.device:
     """The device this rank should compute on, checked the way CUDA would check it.
 
-    - ``NBGPU_SIMULATE`` set: CUDA's behaviour on the simulated fleet (this process's
-      ``CUDA_VISIBLE_DEVICES`` resolved against it). A ``LOCAL_RANK`` beyond the visible
-      devices raises the "invalid device ordinal" error, a GPU that refuses a context
-      (busy, lost, prohibited) raises CUDA's error for it, each as torch 2.13 words it
-      plus one ``[nbgpu]`` line naming the physical GPU. Otherwise one labelled line on
-      stderr says which GPU ``cuda:N`` stands for, and the rank computes on the CPU.
-    - real CUDA: ``LOCAL_RANK`` must be below ``torch.cuda.device_count()`` (else the same
-      "invalid device ordinal" error, before CUDA is touched); then
-      ``torch.cuda.set_device`` and ``cuda:LOCAL_RANK``.
-    - no CUDA: ``cpu``.
-
-    Outside a job (RANK unset) the process counts as local rank 0 of one.
+    - ``NBGPU_SIMULATE`` set: CUDA's behaviour on the simulated fleet. A ``LOCAL_RANK``
+      beyond the visible devices, or a GPU that refuses a context (busy, lost, prohibited),
+      raises CUDA's error as torch words it plus one ``[nbgpu]`` line naming the physical
+      GPU; otherwise one labelled line says which GPU ``cuda:N`` stands for, on the CPU.
+    - real CUDA: ``LOCAL_RANK`` below ``torch.cuda.device_count()`` (else the same "invalid
+      device ordinal", before CUDA is touched), then ``set_device`` and ``cuda:LOCAL_RANK``.
+    - no CUDA: ``cpu``. Outside a job the process counts as local rank 0 of one.
     """
     env = _env(environ)
     ordinal = local_rank(env) if _in_job(env) else 0

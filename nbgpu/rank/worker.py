@@ -98,15 +98,13 @@ def _tolerant_stream(fd: int, marker: Path) -> io.TextIOWrapper:
     )
 
 
-_STACKS_SIGNAL = signal.SIGRTMIN + 3  # what nbgpu.launch.stacks sends (a test ties the two)
+_STACKS_SIGNAL = signal.SIGRTMIN + 3  # what nbgpu.launch.procs sends (a test ties the two)
 _stack_files: list[Any] = []  # kept open for the life of the rank
 
 
 def _register_stack_dumps(run_dir: Path, rank: int) -> None:
-    """`nbgpu stacks` / `%gpu_stacks`: dump every thread's Python stack on a signal.
-
-    faulthandler writes from the signal handler itself, so a rank blocked in C code
-    (a collective) answers too, and nothing needs ptrace.
+    """`nbgpu stacks` / `%gpu_stacks`: every thread's Python stack on a signal, written by
+    faulthandler from the handler itself, so a rank blocked in a collective answers too.
     """
     try:
         dump = (run_dir / f"stacks-rank{rank}.txt").open("ab", buffering=0)

@@ -11,8 +11,8 @@ import pytest
 
 from nbgpu.launch.execute import runs_table, silent_ranks
 from nbgpu.launch.launcher import prepare
+from nbgpu.launch.procs import rank_stacks
 from nbgpu.launch.run import Run, leftover_processes
-from nbgpu.launch.stacks import rank_stacks
 from nbgpu.launch.streams import ScreenWriter
 
 pytestmark = pytest.mark.slow
