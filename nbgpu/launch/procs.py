@@ -53,6 +53,7 @@ __all__ = [
 ]  # fmt: skip
 
 RUN_ID_ENV = "NBGPU_RUN_ID"
+KILL_WAIT_S = 2.0  # after SIGKILL: how long to wait for the processes to go
 # Nodes started by hand (a cell on each) can take minutes to all arrive: torchrun's default.
 MANUAL_JOIN_TIMEOUT_S = 600.0
 
@@ -227,7 +228,6 @@ def stop_processes(
     *,
     first_signal: int = signal.SIGTERM,
     grace_s: float = 3.0,
-    kill_wait_s: float = 2.0,
 ) -> StopReport:
     """Signal the whole run, escalate within one deadline, and report survivors: the first
     signal to the agent only (torchrun forwards it and shuts its workers down in order),
@@ -251,7 +251,7 @@ def stop_processes(
     if alive:
         alive = run_processes(run_id, root_pid) or alive
         killed = len(alive)
-        alive = _signal_and_wait(alive, signal.SIGKILL, time.monotonic() + kill_wait_s)
+        alive = _signal_and_wait(alive, signal.SIGKILL, time.monotonic() + KILL_WAIT_S)
     return StopReport(len(procs), killed, tuple(p.pid for p in alive))
 
 

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RUNS", "Run", "RunFailed", "leftover_processes", "ports_in_use"]
 
+POLL_S = 0.05  # how often the follow loop reads the logs
+FLUSH_S = 0.1  # how often it writes them (Jupyter drops output sent faster)
 #: Runs started by this process (this kernel), by name.
 RUNS: dict[str, Run] = {}
 _EXIT_HOOK: list[bool] = []
@@ -119,8 +121,6 @@ class Run(RunView):
         *,
         cell: CellRequest | None = None,
         on_tick: Callable[[Run], None] | None = None,
-        poll_s: float = 0.05,
-        flush_s: float = 0.1,
     ) -> CellResult | None:
         """Stream the run into *writer* until it ends; stop it on timeout or interrupt.
 
@@ -139,7 +139,7 @@ class Run(RunView):
         result = None
         with contextlib.nullcontext() if self.warm is None else self.warm.lock:
             try:
-                self._loop(writer, flight, on_tick, poll_s, flush_s)
+                self._loop(writer, flight, on_tick)
             except KeyboardInterrupt:
                 # The notebook's stop button: SIGINT to torchrun (it forwards and shuts
                 # down), then SIGTERM/SIGKILL of whatever remains, on one short deadline.
@@ -164,8 +164,6 @@ class Run(RunView):
         writer: LineSink,
         flight: Cell | None,
         on_tick: Callable[[Run], None] | None,
-        poll_s: float,
-        flush_s: float,
     ) -> None:
         timeout = self.config.timeout_s if flight is None else flight.request.timeout_s
         began = self.started_at if flight is None else flight.started
@@ -173,10 +171,10 @@ class Run(RunView):
         while True:
             try:
                 if flight is not None:
-                    flight.step(poll_s)  # waits on the channel: an answer wakes us at once
+                    flight.step(POLL_S)  # waits on the channel: an answer wakes us at once
                 self._show(writer, self._logs.poll())
                 now = time.monotonic()
-                if now - last_flush >= flush_s or (flight is not None and flight.all_answered):
+                if now - last_flush >= FLUSH_S or (flight is not None and flight.all_answered):
                     self._tick(writer, on_tick)
                     last_flush = now
                 if self.agent_done or (flight is not None and flight.over()):
@@ -191,7 +189,7 @@ class Run(RunView):
                         return
                     flight.interrupt()
                 if flight is None:
-                    time.sleep(poll_s)
+                    time.sleep(POLL_S)
             except KeyboardInterrupt:  # noqa: PERF203  (the notebook's stop button, any time)
                 if flight is None or not flight.sent or flight.interrupted_at is not None:
                     raise  # a run, a cell not sent yet, or a second interrupt: stop the job

@@ -191,6 +191,8 @@ class _Budget:
 MAX_CUT_LINES = 64
 # When the run ends, the last lines of at most this many ranks that the budget held back.
 MAX_FINAL_TAILS = 16
+MAX_LINE_CHARS = 2000  # a longer line is clipped on screen (never in the log)
+NEWEST_LINE_CHARS = 200  # over the budget, the newest line shown per rank or node
 
 
 class ScreenWriter:
@@ -208,8 +210,6 @@ class ScreenWriter:
         color: bool = False,
         rate_bytes_per_s: float = 200_000,
         tail_lines: int = 20,
-        max_line_chars: int = 2000,
-        newest_line_chars: int = 200,
         live_status: bool = False,
     ) -> None:
         self._write = write
@@ -224,8 +224,6 @@ class ScreenWriter:
         # Each rank's last lines, with whether they reached the screen.
         self._recent: dict[str, deque[tuple[str, bool]]] = {}
         self._tail_lines = tail_lines
-        self._max_line = max_line_chars
-        self._newest_chars = newest_line_chars
         self._prefixes: dict[str, str] = {}
         self.writes = 0  # how many write calls reached the screen (display messages)
         self.lines_shown = 0
@@ -245,7 +243,7 @@ class ScreenWriter:
     def status(self, text: str | None) -> None:
         """Set the live status line (None keeps the current one); shown at the next flush."""
         if text is not None and self.live_status:
-            self._status = text.replace("\n", " ")[: self._newest_chars]
+            self._status = text.replace("\n", " ")[:NEWEST_LINE_CHARS]
 
     def _erase_status(self) -> str:
         if not self._status_shown:
@@ -274,7 +272,7 @@ class ScreenWriter:
         if size <= budget:
             for label, lines in pending.items():
                 prefix = self._prefix(label)
-                pieces.extend(f"{prefix}{self._clip(line, self._max_line)}\n" for line in lines)
+                pieces.extend(f"{prefix}{self._clip(line, MAX_LINE_CHARS)}\n" for line in lines)
                 self._remember(label, lines, shown_last=len(lines))
                 self.lines_shown += len(lines)
         elif len(pending) <= MAX_CUT_LINES:
@@ -283,7 +281,7 @@ class ScreenWriter:
                 held = len(lines) - 1
                 if held:
                     pieces.append(f"{prefix}… {held} lines not shown (output rate limit)\n")
-                pieces.append(f"{prefix}{self._clip(lines[-1], self._newest_chars)}\n")
+                pieces.append(f"{prefix}{self._clip(lines[-1], NEWEST_LINE_CHARS)}\n")
                 self._remember(label, lines, shown_last=1)
                 self.lines_shown += 1
                 self.lines_not_shown += held
@@ -313,7 +311,7 @@ class ScreenWriter:
         self.lines_not_shown += total
         if len(nodes) > MAX_CUT_LINES or "" in nodes:
             newest = next(reversed(pending))
-            line = self._clip(pending[newest][-1], self._newest_chars)
+            line = self._clip(pending[newest][-1], NEWEST_LINE_CHARS)
             summary = (
                 f"{self._prefix('nbgpu')}{len(pending)} ranks on {len(nodes)} node(s) printed "
                 f"{total} lines (output rate limit: every line is in its rank's log); "
@@ -324,7 +322,7 @@ class ScreenWriter:
         for node, labels in nodes.items():
             count = sum(len(pending[label]) for label in labels)
             newest = labels[-1]
-            line = self._clip(pending[newest][-1], self._newest_chars)
+            line = self._clip(pending[newest][-1], NEWEST_LINE_CHARS)
             pieces.append(
                 f"{self._prefix(node)}{len(labels)} ranks, {count} lines not shown; newest, "
                 f"{newest.split('/', 1)[1]}: {line}\n"
@@ -355,7 +353,7 @@ class ScreenWriter:
             # Everything from the first unseen line on, so the order reads naturally.
             first = next(i for i, (_line, shown) in enumerate(recent) if not shown)
             tail = [line for line, _shown in list(recent)[first:]]
-            pieces.extend(f"{prefix}{self._clip(line, self._max_line)}\n" for line in tail)
+            pieces.extend(f"{prefix}{self._clip(line, MAX_LINE_CHARS)}\n" for line in tail)
             self.lines_not_shown -= len(unseen)
             self.lines_shown += len(unseen)
         if len(behind) > MAX_FINAL_TAILS:
