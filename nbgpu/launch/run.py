@@ -1,14 +1,12 @@
 """A Run: one torchrun job's life in the kernel, from start to collected outcomes.
 
 ``start()`` writes the run directory, starts the agent and enters the run in
-:data:`RUNS` (stopped in order when the process exits). ``follow()`` is the one follow
-loop, for a cold run and for each cell of a warm job: it streams the ranks' logs into an
-output, shows one-line notices, enforces ``--timeout`` and turns the notebook's interrupt
-into stopping the run (or the cell) on one deadline. ``stop()`` ends the process tree;
-``end()`` stops and collects a run whoever follows it; ``finish()`` collects the
-outcomes and, for a failed run, the diagnosis. A warm job's state is ``run.warm``,
-watched between cells by the run's idle watchdog; its state and how it reads is the
-base class (``run_view.py``). Never imports IPython, ipywidgets or matplotlib.
+:data:`RUNS` (stopped when the process exits); ``follow()`` is the one follow loop, for a
+cold run and for each cell of a warm job; ``stop()`` ends the process tree on one
+deadline; ``end()`` stops and collects a run whoever follows it; ``finish()`` collects
+the outcomes and, for a failed run, the diagnosis. A warm job's state is ``run.warm``,
+watched between cells by the idle watchdog; the run's state and how it reads is the base
+class (``run_view.py``). Never imports IPython, ipywidgets or matplotlib.
 """
 
 from __future__ import annotations

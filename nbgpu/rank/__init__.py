@@ -7,12 +7,9 @@
     with nr.one_at_a_time("imports"):
         import transformers         # heavy imports one rank at a time
 
-``job`` (rank, sizes, ``print0``, ``one_at_a_time``, ``set_memory_limit``) · ``group``
-(``device``; the process group). Every child process nbgpu starts lives here too:
-``agent`` (torchrun, wrapped) · ``worker`` (every rank) · ``usercode`` (the user's code)
-· ``slurm_node`` (a SLURM node's first process). None of it imports ``launch/``.
-Importing this package is cheap: never torch at module level, never IPython, pynvml or
-psutil; the simulation loads only under ``NBGPU_SIMULATE``.
+Every child process nbgpu starts lives in this package too (``agent``, ``worker``,
+``usercode``, ``slurm_node``); none of it imports ``launch/``. Importing it is cheap:
+never torch at module level, never IPython, pynvml or psutil.
 """
 
 from __future__ import annotations
