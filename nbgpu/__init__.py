@@ -39,7 +39,7 @@ _LAZY = {
     "memory": "nbgpu.api",
     "phase": "nbgpu.profile.phases",  # nbgpu.phase("model"), nbgpu.phase.mark("POST-MODEL")
     "torchrun": "nbgpu.launch.launcher",
-    "runs": "nbgpu.launch.registry",
+    "runs": "nbgpu.launch.execute",
     "plan": "nbgpu.plan",  # a callable module: nbgpu.plan(...), nbgpu.plan.sweep(...)
     "diagnose": "nbgpu.diagnose",  # a callable module: nbgpu.diagnose(run_or_path)
     "estimate": "nbgpu.estimate",  # nbgpu.estimate(...), nbgpu.estimate.compare(...)
@@ -48,8 +48,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from nbgpu import diagnose, errors, estimate, plan
     from nbgpu.api import clean, doctor, memory, status
+    from nbgpu.launch.execute import runs
     from nbgpu.launch.launcher import torchrun
-    from nbgpu.launch.registry import runs
     from nbgpu.profile.phases import phase
 else:
     from nbgpu import errors  # light: the exception tree only

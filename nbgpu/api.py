@@ -104,8 +104,8 @@ def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = Non
     """
     from pathlib import Path  # noqa: PLC0415
 
-    from nbgpu.launch.registry import runs  # noqa: PLC0415
-    from nbgpu.launch.rundir import runs_root  # noqa: PLC0415
+    from nbgpu.launch.execute import runs  # noqa: PLC0415
+    from nbgpu.launch.rundirs import runs_root  # noqa: PLC0415
     from nbgpu.profile.phases import recorder  # noqa: PLC0415
     from nbgpu.profile.report import memory_report, report_from_recorder  # noqa: PLC0415
 

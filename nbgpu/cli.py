@@ -255,7 +255,7 @@ def _run_script(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from nbgpu.launch import retention  # noqa: PLC0415
+    from nbgpu.launch import rundirs as retention  # noqa: PLC0415
 
     if not args.prune and (args.keep is not None or args.budget is not None):
         raise UserInputError("nbgpu runs: --keep and --budget go with --prune")
@@ -269,7 +269,8 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _stacks(args: argparse.Namespace) -> int:
-    from nbgpu.launch.stacks import find_run_dir, rank_stacks  # noqa: PLC0415
+    from nbgpu.launch.procs import rank_stacks  # noqa: PLC0415
+    from nbgpu.launch.rundirs import find_run_dir  # noqa: PLC0415
 
     result = rank_stacks(find_run_dir(args.run), timeout_s=args.timeout, native=args.native)
     print(result.text())
@@ -330,7 +331,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "status":
         if args.slurm:
             from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
-            from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
+            from nbgpu.launch.slurm import cluster_status  # noqa: PLC0415
 
             cluster = cluster_status(
                 nodes=args.nodes,

@@ -174,8 +174,7 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
         import os  # noqa: PLC0415
 
         from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
-        from nbgpu.launch.slurm import nodes_up  # noqa: PLC0415
-        from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
+        from nbgpu.launch.slurm import cluster_status, nodes_up  # noqa: PLC0415
 
         # The plan chooses among nodes, so it looks at all it may choose from: the
         # allocation's, or outside one every node of the partition that is up.

@@ -259,7 +259,7 @@ def test_the_cuda_driver_and_its_simulation_do_not_import_each_other():
 SIM_SEAMS = {
     "devices/nvml.py": "the fake NVML library, when NBGPU_SIMULATE names a fleet",
     "devices/health_child.py": "the fake CUDA driver, in the probe's child",
-    "rank/device.py": "what CUDA answers a simulated rank",
+    "rank/group.py": "what CUDA answers a simulated rank",
 }
 
 
@@ -351,8 +351,8 @@ def test_the_import_graph_has_no_circles():
 def test_the_kernel_and_its_ranks_use_the_same_words():
     # rank/ never imports launch/ (nor the reverse): each side names what crosses the
     # process boundary itself, and this ties the two names together.
-    from nbgpu.launch.slurm import NODE_GPUS_ENV  # noqa: PLC0415
-    from nbgpu.launch.stacks import STACKS_SIGNAL  # noqa: PLC0415
+    from nbgpu.launch.config import NODE_GPUS_ENV  # noqa: PLC0415
+    from nbgpu.launch.procs import STACKS_SIGNAL  # noqa: PLC0415
     from nbgpu.rank import slurm_node, worker  # noqa: PLC0415
 
     assert worker._STACKS_SIGNAL == STACKS_SIGNAL

@@ -1,15 +1,10 @@
 """The kernel's end of the private channel that carries a warm job's cells to its ranks.
 
-One Unix socket, created by the kernel in its own 0700 directory (the run directory,
-or a private ``mkdtemp`` when that path is too long for a socket address). The kernel
-first checks the peer's user id (``SO_PEERCRED``): a process of another user is hung up
-on before a byte is read. Then ``multiprocessing.connection`` does the rest: both ends
-prove they hold the job's secret token (its authkey: an HMAC challenge each way, no
-pickle before it), and messages are pickled dicts, framed by the library. Each rank
-then says which rank it is. Nothing listens on a network interface.
-
-The ranks' end is ``nbgpu.rank.usercode`` (``serve``, a ``multiprocessing`` Client).
-Standard library only.
+One Unix socket in a 0700 directory (the run directory, or a private ``mkdtemp`` when
+that path is too long). A peer of another user (``SO_PEERCRED``) is hung up on before a
+byte is read; then ``multiprocessing.connection`` proves both ends hold the job's token
+(an HMAC challenge each way, no pickle before it) and frames pickled dicts. The ranks'
+end is ``nbgpu.rank.usercode``. Standard library only.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CELL_MARK", "CellServer", "socket_path"]
+__all__ = ["CELL_MARK", "CellServer"]
 
 # A socket address holds 108 bytes on Linux (less elsewhere): keep a margin.
 _MAX_SOCKET_PATH = 100
@@ -134,20 +129,15 @@ class CellServer:
         """Each introduced rank's pid, as it said in its hello."""
         return dict(self._pids)
 
-    def send(self, ranks: list[int], message: dict[str, Any]) -> list[int]:
-        """Send one message to *ranks*; the ranks it could not reach."""
-        unreachable = []
+    def send(self, ranks: list[int], message: dict[str, Any]) -> None:
+        """Send one message to each of *ranks* that is connected (a failure: it is gone)."""
         for rank in ranks:
             conn = self.ranks.get(rank)
-            if conn is None or rank in self.gone:
-                unreachable.append(rank)
-                continue
-            try:
-                conn.send(message)  # a large push waits for the rank to take it
-            except OSError:
-                self.gone.add(rank)
-                unreachable.append(rank)
-        return unreachable
+            if conn is not None and rank not in self.gone:
+                try:
+                    conn.send(message)  # a large push waits for the rank to take it
+                except OSError:
+                    self.gone.add(rank)
 
     def close(self) -> None:
         self.closed = True

@@ -1,37 +1,33 @@
-"""What to launch: a validated, typed description of one torchrun job.
+"""What to launch: a validated, typed description of one torchrun job (or one more cell
+of a warm job), and what the launcher reads from a plan (launch never imports plan/): a
+plan across nodes chooses the nodes and each node's GPUs, and what the user also typed
+must agree with it.
 
 Every user-facing value is checked here, before anything starts, so a mistake is
 one line naming the value and the accepted form and no process is ever spawned for
-it. Pure: the only outside facts it uses come in as arguments (an inventory).
+it. Pure: the only outside facts it uses come in as arguments.
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 from nbgpu._backends import BACKENDS
 from nbgpu.errors import UserInputError
 from nbgpu.sizes import parse_size as _parse_size
 
 __all__ = [
-    "BACKENDS",
-    "CELL_OPTIONS",
-    "CellRequest",
-    "LaunchConfig",
-    "Prepared",
-    "SlurmOptions",
-    "parse_env_pairs",
-    "parse_gpu_list",
-    "parse_nproc",
-    "parse_size",
-    "pickle_pushed",
-    "start_only",
-]
+    "BACKENDS", "CELL_OPTIONS", "NODE_GPUS_ENV", "CellRequest", "LaunchConfig", "LaunchPlan",
+    "NodesLaunchPlan", "Prepared", "SlurmOptions", "is_nodes_plan", "parse_env_pairs",
+    "parse_gpu_list", "parse_nproc", "parse_size", "pickle_pushed", "start_only",
+    "take_nodes_plan",
+]  # fmt: skip
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
@@ -61,6 +57,15 @@ class SlurmOptions:
             )
         if self.gpus_per_node is not None and self.gpus_per_node < 0:
             raise UserInputError(f"--gpus-per-node {self.gpus_per_node}: expected a number >= 0")
+
+
+def _check_cell(code: str | None, timeout_s: float | None) -> None:
+    if code is not None and not code.strip():
+        raise UserInputError(
+            "the cell is empty: write the code each rank should run below %%torchrun"
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise UserInputError(f"--timeout {timeout_s}: expected seconds > 0")
 
 
 @dataclass(frozen=True)
@@ -100,16 +105,11 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if (self.code is None) == (self.script is None):
             raise UserInputError("give either a cell (code) or a script path, not both or neither")
-        if self.code is not None and not self.code.strip():
-            raise UserInputError(
-                "the cell is empty: write the code each rank should run below %%torchrun"
-            )
+        _check_cell(self.code, self.timeout_s)
         if self.script is not None and not self.script.is_file():
             raise UserInputError(f"script {str(self.script)!r} does not exist or is not a file")
         if self.nproc < 1:
             raise UserInputError(f"nproc {self.nproc}: expected a whole number >= 1")
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise UserInputError(f"--timeout {self.timeout_s}: expected seconds > 0")
         if self.backend is not None and self.backend not in BACKENDS:
             raise UserInputError(
                 f"--backend {self.backend!r}: expected one of {', '.join(BACKENDS)}"
@@ -194,25 +194,12 @@ class CellRequest:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        if not self.code.strip():
-            raise UserInputError(
-                "the cell is empty: write the code each rank should run below %%torchrun"
-            )
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise UserInputError(f"--timeout {self.timeout_s}: expected seconds > 0")
+        _check_cell(self.code, self.timeout_s)
 
     @classmethod
     def first_of(cls, config: LaunchConfig) -> CellRequest:
         """The cell a warm job starts with: the one that asked for it."""
-        return cls(
-            code=config.code or "",
-            push=config.push,
-            pull=config.pull,
-            pull_all_ranks=config.pull_all_ranks,
-            script_args=config.script_args,
-            timeout_s=config.timeout_s,
-            quiet=config.quiet,
-        )
+        return cls(code=config.code or "", **{key: getattr(config, key) for key in CELL_OPTIONS})
 
 
 #: What may differ from one cell of a warm job to the next (keyword -> its flag).
@@ -306,3 +293,107 @@ class Prepared:
 
     config: LaunchConfig
     notes: tuple[str, ...] = field(default=())
+
+
+# -- what the launcher reads from a plan --------------------------------------------------
+
+
+class PlanRole(Protocol):
+    """One role of an ``nbgpu.plan`` result."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def cuda_visible_devices(self) -> str: ...
+    @property
+    def nproc_per_node(self) -> int: ...
+    @property
+    def master_port(self) -> int | None: ...
+
+
+class PlanProblem(Protocol):
+    @property
+    def message(self) -> str: ...
+
+
+class _Plan(Protocol):
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def problems(self) -> Sequence[PlanProblem]: ...
+
+
+class LaunchPlan(_Plan, Protocol):
+    """An ``nbgpu.plan`` result."""
+
+    @property
+    def roles(self) -> Sequence[PlanRole]: ...
+
+
+class NodesLaunchPlan(_Plan, Protocol):
+    """A plan across nodes (``nbgpu.plan.nodes``)."""
+
+    @property
+    def nodelist(self) -> str: ...
+    @property
+    def job_nodes(self) -> int: ...
+    @property
+    def nproc_per_node(self) -> int: ...
+    @property
+    def node_gpus(self) -> Mapping[str, str]: ...
+
+
+#: A plan's GPUs per node as JSON; each node takes its own entry (``nbgpu.rank.slurm_node``).
+NODE_GPUS_ENV = "NBGPU_NODE_GPUS"
+
+
+def is_nodes_plan(plan: object) -> TypeGuard[NodesLaunchPlan]:
+    return all(hasattr(plan, name) for name in ("nodelist", "node_gpus", "job_nodes"))
+
+
+def take_nodes_plan(
+    plan: NodesLaunchPlan,
+    *,
+    nproc: int | None,
+    nnodes: int,
+    slurm: SlurmOptions | None,
+    gpus: object,
+    role: str | None,
+    env: Mapping[str, str],
+    notes: list[str],
+) -> tuple[int, int, SlurmOptions, dict[str, str]]:
+    """(ranks per node, nodes, what to ask SLURM for, the run's environment) from *plan*."""
+    if not plan.ok:
+        first = plan.problems[0].message if plan.problems else "not ready"
+        raise UserInputError(f"--plan: the plan is not ready: {first}")
+    if gpus is not None:
+        raise UserInputError(
+            "--plan and --gpus both choose GPUs: give one of them (the plan chose each node's)"
+        )
+    if role is not None:
+        raise UserInputError(f"--role {role!r}: a plan across nodes has one training role")
+    if nnodes not in (1, plan.job_nodes):
+        raise UserInputError(
+            f"--nodes {nnodes}: the plan is for {plan.job_nodes} node(s) ({plan.nodelist}); "
+            "drop --nodes or plan again"
+        )
+    if nproc is not None and nproc != plan.nproc_per_node:
+        raise UserInputError(
+            f"--nproc-per-node {nproc}: the plan gives {plan.nproc_per_node} rank(s) per node; "
+            "drop it or plan again"
+        )
+    options = slurm or SlurmOptions()
+    if options.nodelist or any(a.startswith(("--nodelist", "-w")) for a in options.extra):
+        raise UserInputError("--plan chose the nodes: drop --nodelist/-w from --slurm-arg")
+    options = replace(options, nodelist=plan.nodelist)
+    out = dict(env)
+    if options.gpus_per_node is None:
+        out[NODE_GPUS_ENV] = json.dumps(dict(plan.node_gpus))
+        each = "; ".join(f"{node}: GPUs {gpus}" for node, gpus in plan.node_gpus.items())
+        notes.append(f"plan across nodes: {each}")
+    else:
+        notes.append(
+            f"plan across nodes {plan.nodelist}: SLURM assigns each node's GPUs "
+            f"(--gpus-per-node {options.gpus_per_node})"
+        )
+    return plan.nproc_per_node, plan.job_nodes, options, out

@@ -1,34 +1,37 @@
-"""The one way a job runs, under every face: a prepared job, or one more warm cell.
+"""The one way a job runs under every face, and this process's runs by name.
 
-``%%torchrun``, ``nbgpu run`` and ``nbgpu.torchrun`` all call :func:`execute`: announce
-the launcher's notes, start the run, follow it into the face's output (a terminal, a
-cell, a widget panel, a display handle) until it ends or in a background thread,
-raise :class:`~nbgpu.launch.run.RunFailed` when asked, and hand the finished run to the
-face (``on_done``: pulled values into a notebook). The faces only parse their input
-and choose where output goes.
-
-A warm job (``keep``) is the same run followed with a cell: its first cell, and every
-later one (``%%torchrun --on w``, ``nbgpu.torchrun(code, on="w")``, a
-:class:`WarmJob`), go through the same follow; :func:`prepare_cell` finds the job by
-name and checks the request (only what may change between cells, ``CELL_OPTIONS``). A
-cell that raises is :class:`~nbgpu.launch.warm.CellFailed` (the ranks stay), a job
-that ended is :class:`RunFailed`.
+``%%torchrun``, ``nbgpu run`` and ``nbgpu.torchrun`` call :func:`execute`: announce the
+launcher's notes, start the run, follow it into the face's output (a terminal, a cell, a
+widget panel, a display handle) in the foreground or a background thread, raise
+``RunFailed`` when asked, and hand the finished run to ``on_done``. Every cell of a warm
+job goes through the same follow (:func:`execute_cell`); :func:`prepare_cell` finds the
+job by name and checks the request (only ``CELL_OPTIONS`` may change between cells). The
+faces ask this process's runs (:data:`~nbgpu.launch.run.RUNS`) through ``runs()``,
+``runs_table()`` (``%gpu_runs``: silent ranks marked) and ``stop_runs()``.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nbgpu._render import Block, Line, Result, Table, to_text
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import CELL_OPTIONS, CellRequest, Prepared, pickle_pushed, start_only
 from nbgpu.launch.run import RUNS, Run, RunFailed
 from nbgpu.launch.streams import LineSink, ScreenWriter
-from nbgpu.launch.warm import CellFailed, CellResult
+from nbgpu.launch.warm import CellFailed, CellResult, span
 
-__all__ = ["Output", "WarmJob", "execute", "execute_cell", "prepare_cell", "to_screen"]
+__all__ = [
+    "Output", "WarmJob", "execute", "execute_cell", "prepare_cell", "run_cell", "runs",
+    "runs_table", "silent_ranks", "stop_runs", "to_screen",
+]  # fmt: skip
+
+SILENT_AFTER_S = 120.0  # a rank quiet this long is marked (a hang shows up as silence)
 
 
 @dataclass(frozen=True)
@@ -37,10 +40,6 @@ class Output:
 
     sink: LineSink
     on_tick: Callable[[Run], None] | None = None
-
-
-def _discard(_text: str) -> None:
-    return None
 
 
 def to_screen(
@@ -53,10 +52,14 @@ def to_screen(
     """Prefixed text through *write* within the screen budget (nothing when *quiet*)."""
 
     def make(_run: Run) -> Output:
-        return Output(ScreenWriter(_discard if quiet else write, color=color,
-                                   live_status=live_status))  # fmt: skip
+        sink = ScreenWriter(_discard if quiet else write, color=color, live_status=live_status)
+        return Output(sink)
 
     return make
+
+
+def _discard(_text: str) -> None:
+    return None
 
 
 def execute(
@@ -70,47 +73,35 @@ def execute(
     environ: Mapping[str, str] | None = None,
 ) -> Run:
     """Start *prepared* and follow it into ``output(run)``; the run, finished unless
-    *background* (or warm: then its first cell has run).
+    *background* (a warm job: its first cell has run).
 
-    ``announce`` gets each of the launcher's notes as one line. In the foreground a
-    failed run raises :class:`RunFailed` when *check* is set (before ``on_done``, which
-    then sees successful runs only); in the background ``on_done`` sees every run.
+    ``announce`` gets each note as one line. In the foreground a failed run raises
+    :class:`RunFailed` with *check* (``on_done`` then sees successes only); in the
+    background ``on_done`` sees every run.
     """
     for note in prepared.notes:
         announce(f"[nbgpu] {note}")
     run = Run(prepared.config, environ=environ).start()
     first = CellRequest.first_of(prepared.config) if prepared.config.keep else None
-    _follow(run, first, output, check=check, on_done=on_done, background=background)
+    execute_cell(run, first, output, check=check, on_done=on_done, background=background)
     return run
 
 
 def execute_cell(
     run: Run,
-    request: CellRequest,
+    cell: CellRequest | None,
     output: Callable[[Run], Output],
     *,
     check: bool = True,
     on_done: Callable[[Run | CellResult], None] | None = None,
-) -> CellResult | None:
-    """Run one cell on every rank of warm *run*, following it into ``output(run)``.
-
-    With *check*, a cell that raised or was interrupted on some rank raises
-    :class:`CellFailed` (the job stays up) and a job that ended raises
-    :class:`RunFailed`; ``on_done`` sees the cells that succeeded. Without *check* the
-    result (None when the job ended) is returned either way.
-    """
-    return _follow(run, request, output, check=check, on_done=on_done)
-
-
-def _follow(
-    run: Run,
-    cell: CellRequest | None,
-    output: Callable[[Run], Output],
-    *,
-    check: bool,
-    on_done: Callable[[Run | CellResult], None] | None,
     background: bool = False,
 ) -> CellResult | None:
+    """Follow *run* into ``output(run)``; with *cell*, run that cell on every rank of the
+    warm job and return its result (None when the job ended).
+
+    With *check*, a failed cell raises :class:`CellFailed` (the job stays up) and a run or
+    job that ended raises :class:`RunFailed`; ``on_done`` sees what succeeded.
+    """
     out = output(run)
 
     def follow() -> CellResult | None:
@@ -196,12 +187,23 @@ def prepare_cell(
     return run, request
 
 
+def run_cell(
+    name: str, code: str, write: Callable[[str], object], *, check: bool = True, **cell: Any
+) -> CellResult | None:
+    """One more cell on the warm job *name*, from Python, its lines through *write*."""
+    unknown = sorted(set(cell) - {*CELL_OPTIONS, "nproc"})
+    if unknown:
+        raise start_only(f"{unknown[0]}=", name)
+    run, request = prepare_cell(name, code, **cell)
+    return execute_cell(run, request, to_screen(write, quiet=request.quiet), check=check)
+
+
 class WarmJob:
     """A warm job from Python: ``job("code")`` runs a cell on its ranks; ``job.stop()``."""
 
-    def __init__(self, run: Run, screen: Callable[[Run], Output]) -> None:
+    def __init__(self, run: Run, write: Callable[[str], object]) -> None:
         self.run = run
-        self._screen = screen
+        self._write = write
 
     @property
     def name(self) -> str:
@@ -222,11 +224,7 @@ class WarmJob:
 
     def __call__(self, code: str, *, check: bool = True, **cell: Any) -> CellResult | None:
         """Run *code* on every rank (``push``, ``pull``, ``pull_all_ranks``, ``timeout_s``...)."""
-        unknown = sorted(set(cell) - set(CELL_OPTIONS))
-        if unknown:
-            raise start_only(f"{unknown[0]}=", self.name)
-        run, request = prepare_cell(self.name, code, **cell)
-        return execute_cell(run, request, self._screen, check=check)
+        return run_cell(self.name, code, self._write, check=check, **cell)
 
     def stop(self) -> Run:
         """End the job: the ranks leave their loop and exit normally; the finished run."""
@@ -238,3 +236,151 @@ class WarmJob:
         warm = self.run.warm
         detail = warm.describe() if warm is not None and self.state == "warm" else self.state
         return f"<WarmJob {self.name!r}: {self.run.config.nproc} ranks, {detail}>"
+
+
+# -- this process's runs -----------------------------------------------------------------
+
+
+def runs() -> dict[str, Run]:
+    """The runs started by this process (this kernel), by name."""
+    return dict(RUNS)
+
+
+def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, float]]:
+    """Ranks of a running run that have written nothing for *after_s* (default
+    ``NBGPU_SILENT_AFTER`` or 120 s): (rank, seconds)."""
+    if run.state != "running" or run.started_at is None:
+        return []
+    if run.warm is not None and not run.warm.in_cell:
+        return []  # between cells a warm job's ranks are quiet by design
+    if after_s is None:
+        try:
+            after_s = float(os.environ.get("NBGPU_SILENT_AFTER") or SILENT_AFTER_S)
+        except ValueError:
+            after_s = SILENT_AFTER_S
+    now = time.time()
+    out = []
+    for rank in range(run.config.world_size):
+        try:
+            last = max(run.logs[f"rank{rank}"].stat().st_mtime, run.started_at)
+        except OSError:
+            last = run.started_at
+        if now - last >= after_s:
+            out.append((rank, now - last))
+    return out
+
+
+@dataclass(frozen=True)
+class RunsTable(Result):
+    entries: tuple[Run, ...]
+
+    def simulated_fleet(self) -> str | None:
+        fleets = {run.simulated_fleet() for run in self.entries} - {None}
+        return ", ".join(sorted(f for f in fleets if f)) or None
+
+    def content(self) -> list[Block]:
+        if not self.entries:
+            return [Line("No runs in this kernel yet (start one with %%torchrun N).", wrap=False)]
+        table = Table(["name", "state", "ranks", "GPUs", "port", "age", "quiet", "log dir"])
+        hints = []
+        for run in self.entries:
+            silent = silent_ranks(run)
+            quiet = "-"
+            if silent:
+                ranks = ",".join(str(r) for r, _s in silent)
+                quiet = f"rank {ranks} silent {span(max(s for _r, s in silent))}"
+                hints.append(
+                    Line(
+                        f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks "
+                        f"{run.name} shows every rank's stack",
+                        level="warn",
+                        wrap=False,
+                    )
+                )
+            gpus = run.config.cuda_visible_devices
+            level = {"failed": "bad", "timed_out": "bad", "running": ""}.get(run.state, "ok")
+            state = run.state.replace("_", " ")
+            if run.warm is not None and not run.done:
+                state = run.warm.describe()
+            elif run.stop_reason == "idle_timeout":
+                state = "stopped (idle timeout)"
+            table.add(
+                run.name,
+                state,
+                run.config.world_size,
+                "-" if gpus is None else gpus or "none",
+                run.port or "-",
+                "-" if run.started_at is None else span(time.time() - run.started_at),
+                quiet,
+                str(run.dir),
+                level="warn" if silent else level,
+            )
+        return [table, *hints]
+
+    def text(self) -> str:
+        return to_text(self.content(), width=120)  # a row per run: wider than 80 columns
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            {**run.to_dict(), "silent_ranks": [r for r, _s in silent_ranks(run)]}
+            for run in self.entries
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": self.records()}
+
+
+def runs_table() -> RunsTable:
+    return RunsTable(tuple(RUNS.values()))
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """One run that was stopped: how many processes took a signal, SIGKILL, or survived."""
+
+    name: str
+    signalled: int
+    killed: int
+    survivors: tuple[int, ...]
+
+    def sentence(self) -> str:
+        if self.signalled or self.killed or self.survivors:
+            line = f"stopped '{self.name}': {self.signalled} processes signalled"
+        else:
+            line = f"stopped '{self.name}': every process exited when asked"
+        if self.killed:
+            line += f", {self.killed} needed SIGKILL"
+        if self.survivors:
+            line += f"; STILL ALIVE: {', '.join(map(str, self.survivors))}"
+        return line
+
+
+@dataclass(frozen=True)
+class StopSummary(Result):
+    stopped: tuple[Stopped, ...]
+
+    def content(self) -> list[Block]:
+        if not self.stopped:
+            return [Line("Nothing was running.", wrap=False)]
+        return [
+            Line(s.sentence(), level="bad" if s.survivors else "", wrap=False) for s in self.stopped
+        ]
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(self.to_dict()["stopped"])
+
+
+def stop_runs(name: str | None) -> StopSummary:
+    """Stop one run by name, or every running one with ``name=None``."""
+    if name is not None and name not in RUNS:
+        known = ", ".join(RUNS) or "none yet"
+        raise UserInputError(f"no run named {name!r} (runs: {known})")
+    targets = [RUNS[name]] if name is not None else [r for r in RUNS.values() if not r.done]
+    out: list[Stopped] = []
+    for run in targets:
+        if run.done:
+            out.append(Stopped(run.name, 0, 0, ()))
+            continue
+        report = run.end("stopped")
+        out.append(Stopped(run.name, report.signalled, report.escalated_to_kill, report.survivors))
+    return StopSummary(tuple(out))

@@ -1,12 +1,9 @@
 """The launch flags, declared once for ``%%torchrun`` and ``nbgpu run``.
 
-Both faces build their argparse parsers from :data:`FLAGS` (the magic through
-IPython's ``magic_arguments`` in ``notebook/launch_magics.py``, the CLI through a
-subparser), and both turn the parsed
-namespace into :func:`nbgpu.launch.launcher.prepare` keywords with
-:func:`prepare_options`, so a flag, its help and its checks exist in one place. A
-flag that only one face has (``--bg`` in a notebook, the script in a terminal) says
-so in ``faces``.
+Both faces build their parsers from :data:`FLAGS` and turn the parsed namespace into
+``prepare()`` keywords with :func:`prepare_options`, so a flag, its help and its checks
+exist in one place; ``faces`` says which face has it, ``per_cell`` that it may come
+with ``--on``.
 """
 
 from __future__ import annotations
@@ -26,17 +23,9 @@ from nbgpu.launch.config import (
 )
 
 __all__ = [
-    "FLAGS",
-    "NOTEBOOK",
-    "TERMINAL",
-    "Flag",
-    "add_flags",
-    "arguments",
-    "check_cell_flags",
-    "check_keep_flags",
-    "prepare_options",
-    "pushed_names",
-]
+    "FLAGS", "NOTEBOOK", "TERMINAL", "Flag", "add_flags", "arguments", "check_cell_flags",
+    "check_keep_flags", "prepare_options", "pushed_names",
+]  # fmt: skip
 
 NOTEBOOK = "notebook"
 TERMINAL = "terminal"
@@ -186,11 +175,14 @@ def _names(text: str | None) -> list[str]:
     return [n.strip() for n in (text or "").split(",") if n.strip()]
 
 
-def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keywords of ``prepare()`` from either face's parsed flags; one check per value.
+# Flags whose parsed value is prepare()'s keyword of the same name, as it is.
+_AS_PARSED = ("gpus", "role", "force", "name", "serial_imports", "mem_limit", "mem_sample",
+              "backend", "master_port", "quiet", "node_rank", "rdzv_endpoint")  # fmt: skip
 
-    What only a face can resolve (a notebook variable for ``--push``/``--plan``, a plan
-    file) is left to it: ``push`` and ``pull`` come back as lists of names.
+
+def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``prepare()``'s keywords from either face's parsed flags, each checked; ``push`` and
+    ``pull`` come back as names (a notebook variable or a plan file is the face's to resolve).
     """
     nproc = None if args.nproc is None else parse_nproc(str(args.nproc))
     per_node = getattr(args, "nproc_per_node", None)
@@ -207,28 +199,17 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
     return {
+        **{key: getattr(args, key) for key in _AS_PARSED},
         "nproc": nproc,
-        "gpus": args.gpus,
-        "role": args.role,
-        "force": args.force,
-        "name": args.name,
         "timeout_s": args.timeout,
         "env": parse_env_pairs(args.env),
         "pull": pull,
         "pull_all_ranks": bool(getattr(args, "all_ranks", False)),
-        "serial_imports": args.serial_imports,
-        "mem_limit": args.mem_limit,
-        "mem_sample": args.mem_sample,
-        "backend": args.backend,
-        "master_port": args.master_port,
-        "quiet": args.quiet,
         "script_args": script_args,
         "keep": bool(getattr(args, "keep", False)),
         "idle_timeout_s": getattr(args, "idle_timeout", None),
         "nnodes": args.nodes,
         "slurm": _slurm_options(args),
-        "node_rank": args.node_rank,
-        "rdzv_endpoint": args.rdzv_endpoint,
         "rdzv_timeout_s": args.rdzv_timeout,
     }
 

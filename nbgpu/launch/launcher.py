@@ -1,76 +1,47 @@
 """``nbgpu.torchrun(...)``: from what the user asked to a validated config and a Run.
 
-This is where the probe meets the launch. Without ``--gpus`` the number of ranks
-defaults to the healthy visible GPUs, and unhealthy ones (busy, held by a dead
-process, lost) are left out of ``CUDA_VISIBLE_DEVICES`` with a note saying why —
-so rank 0 never lands on a busy GPU 0. ``--gpus`` is checked against the
-inventory (unknown or unhealthy GPUs are refused with the reason; ``force``
-overrides), and asking for more ranks than GPUs is refused before anything starts
-(CUDA's "invalid device ordinal"). No GPU at all: give N and the ranks run on
-CPU with gloo.
-
-Never imports IPython; the faces pass an output callable.
+This is where the probe meets the launch. Without ``--gpus`` the ranks default to the
+healthy visible GPUs, and unhealthy ones (busy, held by a dead process, lost) are left
+out of ``CUDA_VISIBLE_DEVICES`` with a note, so rank 0 never lands on a busy GPU 0.
+``--gpus`` is checked against the inventory and the CUDA probe (``force`` overrides);
+more ranks than GPUs is refused before anything starts. No GPU: the ranks run on CPU.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.model import gpu_health
 from nbgpu.errors import UserInputError
 from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (
-    CELL_OPTIONS,
     LaunchConfig,
+    LaunchPlan,
+    NodesLaunchPlan,
+    PlanRole,
     Prepared,
     SlurmOptions,
+    is_nodes_plan,
     parse_gpu_list,
     parse_size,
     pickle_pushed,
     start_only,
+    take_nodes_plan,
 )
-from nbgpu.launch.execute import WarmJob, execute, execute_cell, prepare_cell, to_screen
+from nbgpu.launch.execute import WarmJob, execute, run_cell, to_screen
 from nbgpu.launch.run import RUNS, Run
-from nbgpu.launch.rundir import check_name
-from nbgpu.launch.slurm import NodesLaunchPlan, is_nodes_plan, take_nodes_plan
+from nbgpu.launch.rundirs import check_name
+from nbgpu.launch.slurm import check_request
 from nbgpu.launch.warm import CellResult
 from nbgpu.profile.phases import parse_sample_interval
 
-__all__ = ["LaunchPlan", "PlanProblem", "PlanRole", "prepare", "torchrun"]
-
-
-class PlanRole(Protocol):
-    """What the launcher takes from one role of an ``nbgpu.plan`` result."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def cuda_visible_devices(self) -> str: ...
-    @property
-    def nproc_per_node(self) -> int: ...
-    @property
-    def master_port(self) -> int | None: ...
-
-
-class PlanProblem(Protocol):
-    @property
-    def message(self) -> str: ...
-
-
-class LaunchPlan(Protocol):
-    """An ``nbgpu.plan`` result, as the launcher reads it (launch never imports plan/)."""
-
-    @property
-    def ok(self) -> bool: ...
-    @property
-    def roles(self) -> Sequence[PlanRole]: ...
-    @property
-    def problems(self) -> Sequence[PlanProblem]: ...
+__all__ = ["prepare", "torchrun"]
 
 
 def _unhealthy_reason(
@@ -82,10 +53,8 @@ def _unhealthy_reason(
         if gpu.nvml_index == nvml_index:
             if short:
                 return gpu_health(gpu, findings)[0] + f" (see {doctor_hint(face)})"
-            for f in findings:
-                if f.severity == "bad":
-                    return f.message
-            return gpu.error or "unhealthy"
+            bad = (f.message for f in findings if f.severity == "bad")
+            return next(bad, gpu.error or "unhealthy")
     return "not found"
 
 
@@ -100,10 +69,7 @@ def _unique_name(requested: str | None, script: Path | None) -> str:
         return requested
     base = script.stem if script is not None else "cell"
     base = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in base)[:40] or "run"
-    n = 1
-    while f"{base}-{n}" in RUNS:
-        n += 1
-    return f"{base}-{n}"
+    return next(f"{base}-{n}" for n in itertools.count(1) if f"{base}-{n}" not in RUNS)
 
 
 def _named_gpus(
@@ -133,7 +99,7 @@ def _named_gpus(
         if reason:
             notes.append(f"GPU {index} used despite: {reason} (--force)")
     if not force:
-        _probe_named(inv, chosen, text, environ, face)
+        _probe(inv, chosen, text, environ, face)
     if nproc is None:
         nproc = len(chosen)
     elif nproc > len(chosen) and not force:
@@ -144,17 +110,11 @@ def _named_gpus(
     return nproc, ",".join(str(i) for i in chosen), chosen
 
 
-def _probe_named(
-    inv: Inventory,
-    chosen: tuple[int, ...],
-    text: str,
-    environ: Mapping[str, str],
-    face: str = "notebook",
+def _probe(
+    inv: Inventory, chosen: tuple[int, ...], text: str, environ: Mapping[str, str], face: str
 ) -> None:
-    """Create a context on each named GPU (in a subprocess) before committing ranks to it.
-
-    NVML can look clean while CUDA refuses the GPU (a holder in another container, a
-    bad driver state): only a context tells. The probe costs well under a second.
+    """Create a context on each named GPU (in a subprocess) before committing ranks to it:
+    NVML can look clean while CUDA refuses the GPU (a holder in another container).
     """
     from nbgpu.devices.health import probe_devices  # noqa: PLC0415
 
@@ -244,13 +204,10 @@ def prepare(
 ) -> Prepared:
     """Validate everything and decide nproc and GPUs; starts nothing.
 
-    ``face`` ("notebook", "terminal", "python") is where the user is: hints name
-    commands they can type there.
-
-    ``plan`` (an ``nbgpu.plan`` Plan) supplies GPUs, nproc and master port for one of
-    its roles (``role``; default: the only role, or the one named "train"). A plan across
-    nodes (``nbgpu.plan.nodes``) supplies the nodes, ranks per node and each node's GPUs
-    of a SLURM run.
+    ``face`` ("notebook", "terminal", "python"): hints name commands the user can type
+    there. ``plan`` (``nbgpu.plan``) supplies GPUs, nproc and port for one of its roles
+    (``role``; default: the only one, or "train"); a plan across nodes supplies the nodes,
+    ranks per node and each node's GPUs of a SLURM run.
     """
     environ = dict(os.environ if environ is None else environ)
     notes: list[str] = []
@@ -276,16 +233,36 @@ def prepare(
     chosen: tuple[int, ...] | None = None
     if slurm is not None:
         # The GPUs are the nodes', not this machine's: SLURM assigns them (--gpus-per-node).
-        nproc = _slurm_ranks(nproc, slurm, gpus)
-        from nbgpu.launch.slurm import check_request  # noqa: PLC0415  (SLURM runs only)
-
+        if gpus is not None:
+            raise UserInputError(
+                "--gpus names this machine's GPUs; with --slurm ask for GPUs per node "
+                "(--gpus-per-node G) and SLURM assigns them"
+            )
+        if nproc is None:
+            if not slurm.gpus_per_node:
+                raise UserInputError(
+                    "--slurm: give the ranks per node (--nproc-per-node N), or --gpus-per-node G "
+                    "for one rank per GPU"
+                )
+            nproc = slurm.gpus_per_node
         notes.extend(check_request(nnodes, slurm, environ))
     else:
         inv = (
             inventory if inventory is not None else take_inventory(environ, scan_device_files=False)
         )
-        nproc, cvd, chosen = _local_gpus(inv, gpus, nproc, force=force, notes=notes,
-                                         environ=environ, face=face)  # fmt: skip
+        if gpus is not None:
+            nproc, cvd, chosen = _named_gpus(inv, gpus, nproc, force=force, notes=notes,
+                                             environ=environ, face=face)  # fmt: skip
+        elif not inv.nvml_error and inv.gpus:
+            nproc, cvd, chosen = _visible_gpus(inv, nproc, force=force, notes=notes, face=face)
+        elif nproc is None:
+            why = inv.nvml_error or "no GPU found"
+            raise UserInputError(
+                f"no GPU here ({why.rstrip('.')}): give the number of CPU processes, e.g. "
+                f"{launch_hint(face, 2)} (ranks use gloo on CPU)"
+            )
+        if inv.simulated:
+            notes.append(f"SIMULATED fleet '{inv.fleet_name}': ranks compute on CPU (gloo)")
     script_path = Path(script).expanduser() if script is not None else None
     config = LaunchConfig(
         nproc=nproc,
@@ -315,52 +292,6 @@ def prepare(
         rdzv_timeout_s=rdzv_timeout_s,
     )
     return Prepared(config=config, notes=tuple(notes))
-
-
-def _local_gpus(
-    inv: Inventory,
-    gpus: str | Sequence[int] | None,
-    nproc: int | None,
-    *,
-    force: bool,
-    notes: list[str],
-    environ: Mapping[str, str],
-    face: str,
-) -> tuple[int, str | None, tuple[int, ...] | None]:
-    """This machine's GPUs for the run: (nproc, CUDA_VISIBLE_DEVICES, physical GPUs)."""
-    chosen: tuple[int, str | None, tuple[int, ...] | None]
-    if gpus is not None:
-        chosen = _named_gpus(inv, gpus, nproc, force=force, notes=notes, environ=environ,
-                             face=face)  # fmt: skip
-    elif not inv.nvml_error and inv.gpus:
-        chosen = _visible_gpus(inv, nproc, force=force, notes=notes, face=face)
-    elif nproc is None:
-        why = inv.nvml_error or "no GPU found"
-        raise UserInputError(
-            f"no GPU here ({why.rstrip('.')}): give the number of CPU processes, e.g. "
-            f"{launch_hint(face, 2)} (ranks use gloo on CPU)"
-        )
-    else:
-        chosen = nproc, None, None
-    if inv.simulated:
-        notes.append(f"SIMULATED fleet '{inv.fleet_name}': ranks compute on CPU (gloo)")
-    return chosen
-
-
-def _slurm_ranks(nproc: int | None, slurm: SlurmOptions, gpus: str | Sequence[int] | None) -> int:
-    if gpus is not None:
-        raise UserInputError(
-            "--gpus names this machine's GPUs; with --slurm ask for GPUs per node "
-            "(--gpus-per-node G) and SLURM assigns them"
-        )
-    if nproc is None:
-        if not slurm.gpus_per_node:
-            raise UserInputError(
-                "--slurm: give the ranks per node (--nproc-per-node N), or --gpus-per-node G "
-                "for one rank per GPU"
-            )
-        return slurm.gpus_per_node
-    return nproc
 
 
 def _plan_role(plan: LaunchPlan, role: str | None) -> PlanRole:
@@ -413,12 +344,10 @@ def torchrun(
     """
     out = write or _stdout_write
     if on is not None:
-        given = sorted(set(options) - set(CELL_OPTIONS) - {"face"})
-        if keep or given:
-            raise start_only("keep=" if keep else f"{given[0]}=", on)
+        if keep:
+            raise start_only("keep=", on)
         options.pop("face", None)
-        run, request = prepare_cell(on, code_or_path, nproc=nproc, **options)
-        return execute_cell(run, request, to_screen(out, quiet=request.quiet), check=check)
+        return run_cell(on, code_or_path, out, check=check, nproc=nproc, **options)
     looks_like_path = code_or_path.endswith(".py") and "\n" not in code_or_path
     options.setdefault("face", "python")
     prepared = prepare(
@@ -436,7 +365,7 @@ def torchrun(
         check=check,
         environ=environ,
     )
-    return WarmJob(run, to_screen(out)) if keep else run
+    return WarmJob(run, out) if keep else run
 
 
 def _stdout_write(text: str) -> None:

@@ -1,38 +1,37 @@
-"""What each rank of a finished run did: exit codes, signals, error files, pulled values.
+"""What a run's processes leave in its directory, read by the kernel.
 
-Read from what the wrapped agent (``nbgpu.rank.agent``) and torchrun leave in the run
-directory: ``result.json`` (per-rank exit codes and signals), each rank's torchelastic
-error file (the exception line, its traceback and a sub-second clock), and the values
-ranks wrote for ``--pull``. Which rank failed *first* is the diagnosis' answer
-(``nbgpu.diagnose``); :func:`first_failure_without_diagnosis` is only for a run whose
-diagnosis itself failed.
+Once it ended, what each rank did: ``result.json`` from the wrapped agent (exit codes,
+signals), each rank's torchelastic error file (the exception, its traceback, a
+sub-second clock), the values ranks wrote for ``--pull``. Which rank failed *first* is
+the diagnosis' answer; :func:`first_failure_without_diagnosis` is for a run whose
+diagnosis failed. While it runs, the markers behind one-line notices
+(:class:`RunNotices`): a refused parent-death signal, a full disk.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pickle
 import shutil
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nbgpu.launch import rundir
+from nbgpu.launch.rundirs import error_file, rank_log
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
 
 __all__ = [
-    "Pulled",
-    "RankOutcome",
-    "collect_pulled",
-    "diagnose_failure",
-    "first_failure_without_diagnosis",
-    "rank_outcomes",
-    "read_agent_result",
-]
+    "Pulled", "RankOutcome", "RunNotices", "add_pulled", "collect_pulled", "diagnose_failure",
+    "rank_outcomes", "read_agent_result",
+]  # fmt: skip
+
+DISK_FULL_BELOW_BYTES = 64 * 1024  # less free space than this under the run dir: full
 
 
 @dataclass(frozen=True)
@@ -48,10 +47,8 @@ class RankOutcome:
 
 
 def read_agent_result(run_dir: Path) -> dict[str, Any]:
-    """The agent's ``result.json``; empty when it could not write one (killed, full disk).
-
-    A run over several nodes has one per node (``result-node{N}.json``): their failures
-    are merged (ranks are global), and the run ended well only if every node's did.
+    """The agent's ``result.json`` (empty when it could not write one); over several nodes
+    their ``result-node{N}.json`` merged: failures by global rank, well only if every node's.
     """
     results = []
     for path in [run_dir / "result.json", *sorted(run_dir.glob("result-node*.json"))]:
@@ -61,19 +58,21 @@ def read_agent_result(run_dir: Path) -> dict[str, Any]:
                 results.append(data)
     if len(results) <= 1:
         return results[0] if results else {}
+
+    def first(key: str) -> Any:
+        return next((r[key] for r in results if r.get(key)), None)
+
     failures = sorted((f for r in results for f in r.get("failures", [])), key=lambda f: f["rank"])
     codes = [r.get("agent_exit_code") for r in results]
     return {
         "started_at": min(r.get("started_at") or 0 for r in results),
         "ended_at": max(r.get("ended_at") or 0 for r in results),
         "failures": failures,
-        "signal": next((r["signal"] for r in results if r.get("signal")), None),
+        "signal": first("signal"),
         "agent_exit_code": 0 if all(c == 0 for c in codes) else next((c for c in codes if c), 1),
         "nodes": len(results),
-        "error": next((r["error"] for r in results if r.get("error")), None),
-        "rendezvous_timeout_s": next(
-            (r["rendezvous_timeout_s"] for r in results if r.get("rendezvous_timeout_s")), None
-        ),
+        "error": first("error"),
+        "rendezvous_timeout_s": first("rendezvous_timeout_s"),
     }
 
 
@@ -92,15 +91,12 @@ def rank_outcomes(
     outcomes = []
     for rank in range(nproc):
         failure = failures.get(rank)
-        error, tb, failed_at = _error_details(run_dir, rank, failure)
         if failure is not None:
             code, sig, pid = failure["exit_code"], failure["signal"], failure["pid"]
-        elif all_ok:
-            code, sig, pid = 0, None, None
         else:
-            code, sig, pid = None, None, None
-        log = rundir.rank_log(run_dir, rank)
-        outcomes.append(RankOutcome(rank, code, sig, pid, log, error, tb, failed_at))
+            code, sig, pid = 0 if all_ok else None, None, None
+        details = _error_details(run_dir, rank, failure)
+        outcomes.append(RankOutcome(rank, code, sig, pid, rank_log(run_dir, rank), *details))
     return tuple(outcomes)
 
 
@@ -110,7 +106,7 @@ def _error_details(
     candidates = []
     if failure and failure.get("error_file"):
         candidates.append(Path(failure["error_file"]))
-    candidates.append(rundir.error_file(run_dir, rank))
+    candidates.append(error_file(run_dir, rank))
     candidates.extend(sorted((run_dir / "torchelastic").glob(f"*/attempt_*/{rank}/error.json")))
     for path in candidates:
         if not path.is_file():
@@ -120,7 +116,7 @@ def _error_details(
             message = data["message"]
             info = message.get("extraInfo", {})
             stamp = float(info.get("nbgpu_time") or info.get("timestamp") or 0) or None
-            target = rundir.error_file(run_dir, rank)
+            target = error_file(run_dir, rank)
             if path != target:
                 with contextlib.suppress(OSError):
                     shutil.move(path, target)  # one copy, next to the logs, for diagnosis
@@ -169,10 +165,8 @@ def collect_pulled(run_dir: Path, nproc: int) -> Pulled:
 
 
 def first_failure_without_diagnosis(ranks: Sequence[RankOutcome]) -> RankOutcome | None:
-    """When the diagnosis failed: the failed rank with the earliest error-file clock.
-
-    Ranks the agent stopped (SIGTERM/SIGINT) after another failed come last. The
-    failure report says that this answer comes from exit codes and clocks alone.
+    """When the diagnosis failed: the failed rank with the earliest error-file clock, ranks
+    the agent stopped (SIGTERM/SIGINT) after another failed last.
     """
     failed = [r for r in ranks if r.exit_code not in (0, None)]
 
@@ -201,3 +195,71 @@ def diagnose_failure(
         return None, error, first_failure_without_diagnosis(ranks)
     root = next((r for r in ranks if r.rank == diagnosis.failed_rank), None)
     return diagnosis, None, root
+
+
+# -- while it runs: notices --------------------------------------------------------------
+
+
+class RunNotices:
+    """The one-line notices of one run; ``run_dir`` is set once the directory exists."""
+
+    def __init__(self, nproc: int) -> None:
+        self.nproc = nproc
+        self.run_dir: Path | None = None
+        self.pending: list[str] = []
+        self.disk_full_since: float | None = None  # when the run directory's disk filled
+        self._guarantee_told = False
+
+    def add(self, text: str) -> None:
+        self.pending.append(text)
+
+    def guarantee_record(self) -> dict[str, Any]:
+        """Processes (agent, rankN) whose parent-death signal the kernel refused, and why."""
+        lost: dict[str, str] = {}
+        for path in sorted(self.run_dir.glob("pdeathsig-*.txt")) if self.run_dir else []:
+            with contextlib.suppress(OSError):
+                lost[path.stem.removeprefix("pdeathsig-")] = path.read_text("utf-8").strip()
+        return {"ok": not lost, "lost": lost}
+
+    def take(self, on_guarantee_lost: Callable[[], object]) -> list[str]:
+        """Messages not shown yet. *on_guarantee_lost* runs once, when one is first seen."""
+        out, self.pending = self.pending, []
+        lost = {} if self._guarantee_told else self.guarantee_record()["lost"]
+        if lost:
+            self._guarantee_told = True
+            with contextlib.suppress(OSError):
+                on_guarantee_lost()
+            out.append(
+                f"no parent-death signal for {', '.join(lost)} ({next(iter(lost.values()))}): "
+                "if this process is killed, the run's processes keep running; stop them with "
+                "%gpu_stop / nbgpu clean"
+            )
+        if self.disk_full_since is None and self.run_dir is not None:
+            self.disk_full_since = _disk_full_since(self.run_dir)
+            if self.disk_full_since is not None:
+                when = time.strftime("%H:%M:%S", time.localtime(self.disk_full_since))
+                out.append(
+                    f"the disk under {self.run_dir} is full: rank logs (rank0..rank"
+                    f"{self.nproc - 1}.log) and the output shown here are incomplete from {when} "
+                    "on; the ranks keep running (free space, or set NBGPU_RUNS_DIR elsewhere for "
+                    "the next run)"
+                )
+        return out
+
+
+def _disk_full_since(run_dir: Path) -> float | None:
+    """When the disk under the run directory filled, if it did: a rank's own marker (ranks
+    drop their output instead of failing) or, too full for markers, the disk's free space.
+    """
+    stamps = []
+    for path in run_dir.glob("logfull-rank*.txt"):
+        with contextlib.suppress(OSError, ValueError):
+            stamps.append(float(path.read_text(encoding="utf-8")))
+    try:
+        st = os.statvfs(run_dir)
+        full = st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES
+    except OSError:
+        full = False
+    if stamps:
+        return min(stamps)
+    return time.time() if full else None

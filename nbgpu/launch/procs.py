@@ -1,33 +1,65 @@
-"""Process trees: find every process of a run and stop them all against one deadline.
+"""A run's processes: the first one it starts, all of them found and stopped, and every
+rank's Python stack on request.
 
-(And a free port for a run's rendezvous.)
+The first process (:func:`start_agent`, in its own session, output in ``agent.log``) is
+nbgpu's wrapped torchrun (``nbgpu.rank.agent``): on one node with a static rendezvous on
+a free loopback port; over several nodes started by hand (``--rdzv-endpoint``) with
+torchrun's c10d rendezvous, the same cell run on every node; through SLURM it is
+``srun``, one task per node (``slurm.srun_argv``).
 
-torchrun puts each worker in its own session, so killing the agent's process
-group does not reach them, and a SIGKILLed agent orphans them. nbgpu therefore
-finds a run's processes two ways — the agent's descendants, and any process of
-this user whose environment carries the run's ``NBGPU_RUN_ID`` (orphans included) —
-and stops them with a ladder: a first signal (SIGINT or SIGTERM), SIGTERM, then
-SIGKILL, sharing one deadline. Uses psutil; never IPython.
+torchrun puts each worker in its own session, so killing the agent's process group does
+not reach them, and a SIGKILLed agent orphans them. nbgpu therefore finds a run's
+processes two ways (the agent's descendants, and any process of this user whose
+environment carries the run's ``NBGPU_RUN_ID``) and stops them with a ladder: a first
+signal (SIGINT or SIGTERM), SIGTERM, then SIGKILL, sharing one deadline.
+
+For runs that hang, each rank registers ``faulthandler`` on ``STACKS_SIGNAL`` before any
+user code (``nbgpu.rank.worker``), dumping into ``stacks-rank{N}.txt`` and announcing
+its pid in ``stacks-rank{N}.pid``. :func:`rank_stacks` signals each rank whose pid still
+carries the run's id and reads the dumps, without ptrace: a rank blocked in C code (a
+collective) still answers, one stopped with SIGSTOP is named as such. Native frames come
+from py-spy when it can attach. Never IPython.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from nbgpu._deadline import wait_gone
+from nbgpu._lineage import set_parent_death_signal, with_package_importable
+from nbgpu._render import Block, Line, Pre, Result, Title
+from nbgpu._serial import to_data
 from nbgpu.errors import NbgpuError
+from nbgpu.launch.config import LaunchConfig
+from nbgpu.launch.slurm import srun_argv
 
-__all__ = ["StopReport", "free_port", "run_processes", "stop_processes"]
+__all__ = [
+    "STACKS_SIGNAL", "RunStacks", "StopReport", "free_port", "rank_stacks", "run_processes",
+    "stop_processes",
+]  # fmt: skip
 
 RUN_ID_ENV = "NBGPU_RUN_ID"
+KILL_WAIT_S = 2.0  # after SIGKILL: how long to wait for the processes to go
+# Nodes started by hand (a cell on each) can take minutes to all arrive: torchrun's default.
+MANUAL_JOIN_TIMEOUT_S = 600.0
+
+
+def agent_log(run_dir: Path) -> Path:
+    return run_dir / "agent.log"
 
 
 def free_port(taken: set[int] | None = None) -> int:
@@ -41,13 +73,116 @@ def free_port(taken: set[int] | None = None) -> int:
     raise NbgpuError("no free TCP port found for the rendezvous")
 
 
-def _has_run_id(pid: int, run_id: str) -> bool:
-    needle = f"{RUN_ID_ENV}={run_id}".encode()
+def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> list[str]:
+    """The argv of the process a run starts (the agent, or ``srun``)."""
+    if config.slurm is not None:
+        return srun_argv(config, run_dir, run_id)
+    argv = [sys.executable, "-m", "nbgpu.rank.agent", str(run_dir / "result.json"), "--"]
+    if config.nnodes == 1:
+        rendezvous = [
+            "--nnodes", "1", "--node-rank", "0",
+            "--master-addr", "127.0.0.1", "--master-port", str(port),
+        ]  # fmt: skip
+    else:
+        rendezvous = [
+            "--nnodes", str(config.nnodes),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", str(config.rdzv_endpoint),
+            # Every node's cell must use the same id: the run's name is what they share.
+            "--rdzv-id", f"nbgpu-{config.name}",
+            "--rdzv-conf", f"join_timeout={config.rdzv_timeout_s or MANUAL_JOIN_TIMEOUT_S:g}",
+        ]  # fmt: skip
+        if config.node_rank is not None:
+            rendezvous += ["--node-rank", str(config.node_rank)]
+    return [
+        *argv,
+        *rendezvous,
+        "--nproc-per-node", str(config.nproc),
+        "--max-restarts", "0",
+        "--log-dir", str(run_dir / "torchelastic"),
+        "--module", "nbgpu.rank.worker",
+    ]  # fmt: skip
+
+
+def agent_env(
+    config: LaunchConfig, environ: Mapping[str, str], run_dir: Path, run_id: str
+) -> dict[str, str]:
+    """The environment of the agent and, through it, of every rank."""
+    env = with_package_importable({**environ, **config.env})
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets anyway, minus its banner
+    env["NBGPU_RUN_DIR"] = str(run_dir)
+    env[RUN_ID_ENV] = run_id
+    env["NBGPU_RUN_NAME"] = config.name
+    env["NBGPU_LAUNCHER_PID"] = str(os.getpid())
+    # torchrun's agent-level error file (each rank gets its own from torchrun).
+    env["TORCHELASTIC_ERROR_FILE"] = str(run_dir / "agent-error.json")
+    if config.backend:
+        env["NBGPU_BACKEND"] = config.backend
+    if config.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = config.cuda_visible_devices
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so indices mean nvidia-smi's
+    # ipykernel turns fd capture off under pytest; nothing in ranks should care.
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
+def start_agent(
+    config: LaunchConfig, run_dir: Path, run_id: str, port: int, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start the run's first process, its output in ``agent.log``."""
+    with agent_log(run_dir).open("wb") as log:
+        return subprocess.Popen(
+            agent_argv(config, run_dir, run_id, port),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # cwd is inherited: ranks start where the notebook runs, so relative paths
+            # in a cell mean the same thing as in the kernel.
+            # Own session: the notebook's interrupt reaches the kernel only; nbgpu then
+            # stops the job deliberately (SIGINT, SIGTERM, SIGKILL on one deadline).
+            start_new_session=True,
+            # srun is not ours to change: the kernel sets its parent-death signal (a
+            # killed srun ends its step on every node). Our agent sets its own.
+            preexec_fn=_die_with_launcher if config.slurm is not None else None,  # noqa: PLW1509  (prctl only, no locks)
+        )
+
+
+def _die_with_launcher() -> None:
+    set_parent_death_signal(signal.SIGTERM)
+
+
+def _environ(pid: int) -> list[bytes]:
     try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return False
-    return needle in data.split(b"\0")
+        return []
+
+
+def carries_run_id(pid: int, run_id: str | None) -> bool:
+    """Whether process *pid* is one of run *run_id*'s (a reused pid is not)."""
+    return run_id is not None and f"{RUN_ID_ENV}={run_id}".encode() in _environ(pid)
+
+
+def _user_processes() -> list[psutil.Process]:
+    uid = os.getuid()
+    out = []
+    for proc in psutil.process_iter(["uids"]):
+        with contextlib.suppress(psutil.Error, AttributeError, TypeError):
+            if proc.info["uids"].real == uid:
+                out.append(proc)
+    return out
+
+
+def live_run_ids() -> set[str]:
+    """Run ids carried by any live process of this user (every process, not a tree)."""
+    prefix = f"{RUN_ID_ENV}=".encode()
+    return {
+        item[len(prefix) :].decode(errors="replace")
+        for proc in _user_processes()
+        for item in _environ(proc.pid)
+        if item.startswith(prefix)
+    }
 
 
 def run_processes(run_id: str, root_pid: int | None = None) -> list[psutil.Process]:
@@ -59,15 +194,9 @@ def run_processes(run_id: str, root_pid: int | None = None) -> list[psutil.Proce
             found[root.pid] = root
             for child in root.children(recursive=True):
                 found[child.pid] = child
-    uid = os.getuid()
     me = os.getpid()
-    for proc in psutil.process_iter(["uids"]):
-        try:
-            if proc.pid == me or proc.pid in found or proc.info["uids"].real != uid:
-                continue
-        except (psutil.Error, AttributeError, TypeError):
-            continue
-        if _has_run_id(proc.pid, run_id):
+    for proc in _user_processes():
+        if proc.pid != me and proc.pid not in found and carries_run_id(proc.pid, run_id):
             found[proc.pid] = proc
     return [p for p in found.values() if _alive(p)]
 
@@ -84,16 +213,12 @@ class StopReport:
     signalled: int  # processes that were alive when stopping began
     escalated_to_kill: int  # how many needed SIGKILL
     survivors: tuple[int, ...]  # pids still alive after the deadline (should be empty)
-    elapsed_s: float
 
 
-def _send(procs: list[psutil.Process], sig: int) -> None:
+def _signal_and_wait(procs: list[psutil.Process], sig: int, until: float) -> list[psutil.Process]:
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
-
-
-def _wait_gone(procs: list[psutil.Process], until: float) -> list[psutil.Process]:
     return wait_gone(procs, lambda p: not _alive(p), until)
 
 
@@ -103,36 +228,182 @@ def stop_processes(
     *,
     first_signal: int = signal.SIGTERM,
     grace_s: float = 3.0,
-    kill_wait_s: float = 2.0,
 ) -> StopReport:
-    """Signal the whole run, escalate within one deadline, and report survivors.
-
-    The first signal goes to the agent only (torchrun forwards it and shuts its
-    workers down in order); after half the grace period everything still alive gets
-    SIGTERM, at the deadline SIGKILL.
+    """Signal the whole run, escalate within one deadline, and report survivors: the first
+    signal to the agent only (torchrun forwards it and shuts its workers down in order),
+    SIGTERM to all at half the grace period, SIGKILL at the deadline.
     """
     started = time.monotonic()
     procs = run_processes(run_id, root_pid)
     if not procs:
-        return StopReport(0, 0, (), 0.0)
-    deadline = started + grace_s
+        return StopReport(0, 0, ())
     root = [p for p in procs if p.pid == root_pid]
-    _send(root or procs, first_signal)
-    alive = _wait_gone(procs, started + grace_s / 2)
+    for proc in root or procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(first_signal)
+    alive = wait_gone(procs, lambda p: not _alive(p), started + grace_s / 2)
     if alive:
         # Refresh: the agent may have spawned or orphaned processes meanwhile.
-        alive = run_processes(run_id, root_pid) or alive
-        _send(alive, signal.SIGTERM)
-        alive = _wait_gone(alive, deadline)
+        alive = _signal_and_wait(
+            run_processes(run_id, root_pid) or alive, signal.SIGTERM, started + grace_s
+        )
     killed = 0
     if alive:
         alive = run_processes(run_id, root_pid) or alive
         killed = len(alive)
-        _send(alive, signal.SIGKILL)
-        alive = _wait_gone(alive, time.monotonic() + kill_wait_s)
-    return StopReport(
-        signalled=len(procs),
-        escalated_to_kill=killed,
-        survivors=tuple(p.pid for p in alive),
-        elapsed_s=time.monotonic() - started,
-    )
+        alive = _signal_and_wait(alive, signal.SIGKILL, time.monotonic() + KILL_WAIT_S)
+    return StopReport(len(procs), killed, tuple(p.pid for p in alive))
+
+
+# -- every rank's Python stack at once, without ptrace: for runs that hang ------------------
+
+# A real-time signal: nothing in Python, torch or common launchers uses it, unlike
+# SIGUSR1 (Lightning, Slurm preemption) and SIGUSR2.
+STACKS_SIGNAL = signal.SIGRTMIN + 3  # type: ignore[attr-defined,unused-ignore]
+_SETTLE_S = 0.2  # a dump is complete when its file stops growing this long
+
+
+@dataclass(frozen=True)
+class RankStack:
+    rank: int
+    pid: int | None
+    state: str  # "dumped", "stopped (SIGSTOP)", "exited", "no answer", "not started"
+    python: str  # faulthandler's dump ("" if none)
+    native: str  # py-spy's dump, or why there is none
+
+
+@dataclass(frozen=True)
+class RunStacks(Result):
+    run_dir: Path
+    ranks: tuple[RankStack, ...]
+    native_note: str
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.ranks) and all(r.state == "dumped" for r in self.ranks)
+
+    def content(self) -> list[Block]:
+        blocks: list[Block] = [Title(f"stacks of {self.run_dir.name} ({len(self.ranks)} ranks)")]
+        for r in self.ranks:
+            blocks.append(
+                Line(
+                    f"── rank {r.rank} (pid {r.pid or '-'}): {r.state}",
+                    level="" if r.state == "dumped" else "warn",
+                    wrap=False,
+                )
+            )
+            dump = [*r.python.rstrip().splitlines(), *r.native.rstrip().splitlines()]
+            if dump:
+                blocks.append(Pre("\n".join("   " + line for line in dump)))
+        if self.native_note:
+            blocks.append(Line(self.native_note, wrap=False))
+        return blocks
+
+    def records(self) -> list[dict[str, Any]]:
+        return [to_data(r) for r in self.ranks]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "ranks": self.records(), "native": self.native_note}
+
+
+_STOPPED = "stopped (SIGSTOP): it answers only after SIGCONT"
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
+def _wait_for_dump(path: Path, start: int, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    last_size, last_change = start, time.monotonic()
+    while time.monotonic() < deadline:
+        size = path.stat().st_size if path.exists() else 0
+        now = time.monotonic()
+        if size != last_size:
+            last_size, last_change = size, now
+        elif size > start and now - last_change >= _SETTLE_S:
+            break
+        time.sleep(0.02)
+    if last_size <= start:
+        return ""
+    with path.open("rb") as f:
+        f.seek(start)
+        return f.read().decode("utf-8", errors="replace")
+
+
+def _py_spy(pid: int) -> str:
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return ""
+    try:
+        done = subprocess.run(
+            [exe, "dump", "--native", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy: {exc}"
+    if done.returncode != 0:
+        first = (done.stderr.strip().splitlines() or ["failed"])[0]
+        return f"py-spy could not attach: {first}"
+    return done.stdout
+
+
+def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) -> RunStacks:
+    """Ask every live rank of the run for its Python stack, all at once."""
+    meta: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    nproc = int(meta.get("nproc") or 0)
+    run_id = meta.get("run_id")
+    asked: dict[int, tuple[int, int]] = {}  # rank -> (pid, offset before the signal)
+    states: dict[int, tuple[int | None, str]] = {}
+    for rank in range(nproc):
+        try:
+            pid = int((run_dir / f"stacks-rank{rank}.pid").read_text().strip())
+        except (OSError, ValueError):
+            states[rank] = (None, "not started (or started before stacks were registered)")
+            continue
+        if not carries_run_id(pid, run_id):
+            states[rank] = (pid, "exited")
+            continue
+        if _stopped(pid):
+            states[rank] = (pid, _STOPPED)
+            continue
+        path = run_dir / f"stacks-rank{rank}.txt"
+        offset = path.stat().st_size if path.exists() else 0
+        try:
+            os.kill(pid, STACKS_SIGNAL)
+        except OSError as exc:
+            states[rank] = (pid, f"could not signal: {exc.strerror}")
+            continue
+        asked[rank] = (pid, offset)
+    deadline = time.monotonic() + timeout_s
+    dumps: dict[int, str] = {}
+    for rank, (_pid, offset) in asked.items():
+        left = max(0.5, deadline - time.monotonic())
+        dumps[rank] = _wait_for_dump(run_dir / f"stacks-rank{rank}.txt", offset, left)
+    note = ""
+    if native and shutil.which("py-spy") is None:
+        note = "native frames: py-spy is not installed (pip install py-spy); Python stacks only"
+    elif not native:
+        note = "native frames: add --native (needs py-spy and permission to ptrace)"
+    out = []
+    for rank in range(nproc):
+        if rank in asked:
+            pid = asked[rank][0]
+            text = dumps.get(rank, "")
+            state = "dumped" if text else f"no answer within {timeout_s:g} s"
+            if not text and _stopped(pid):
+                state = _STOPPED
+            spy = _py_spy(pid) if native else ""
+            out.append(RankStack(rank, pid, state, text, spy))
+        else:
+            pid_or_none, state = states[rank]
+            out.append(RankStack(rank, pid_or_none, state, "", ""))
+    return RunStacks(run_dir, tuple(out), note)

@@ -1,61 +1,58 @@
 """A Run: one torchrun job's life in the kernel, from start to collected outcomes.
 
-One object owns it all. ``start()`` writes the run directory, starts the wrapped
-torchrun agent (``agent_command.start_agent``) and enters the run in this process's
-registry (:data:`RUNS`, stopped in order when the process exits). ``follow()`` is the
-one follow loop: it streams the ranks' logs into an output, shows one-line notices,
-enforces ``--timeout`` and turns the notebook's interrupt into stopping the run on one
-deadline; given a cell, it runs that cell on a warm job's ranks instead, through the
-same loop, and returns once they all answered (the job goes on). ``stop()`` ends the
-process tree against one deadline; ``end()`` stops and collects a run whoever follows
-it; ``finish()`` collects per-rank outcomes (``outcomes.py``) and, for a failed run,
-the diagnosis. A warm job's state is ``run.warm`` (``warm.py``), watched between cells
-by the run's idle watchdog. How a run reads is ``run_view.py``, its base class.
-
-Owns processes; never imports IPython, ipywidgets or matplotlib (faces render).
+``start()`` writes the run directory, starts the agent and enters the run in
+:data:`RUNS` (stopped when the process exits); ``follow()`` is the one follow loop, for a
+cold run and for each cell of a warm job; ``stop()`` ends the process tree on one
+deadline; ``end()`` stops and collects a run whoever follows it; ``finish()`` collects
+the outcomes and, for a failed run, the diagnosis. A warm job's state is ``run.warm``,
+watched between cells by the idle watchdog; the run's state and how it reads is the base
+class (``run_view.py``). Never imports IPython, ipywidgets or matplotlib.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import secrets
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch import rundir
-from nbgpu.launch.agent_command import agent_env, start_agent
 from nbgpu.launch.channel import CELL_MARK, CellServer
 from nbgpu.launch.config import CellRequest, LaunchConfig
-from nbgpu.launch.notices import RunNotices
-from nbgpu.launch.outcomes import (
-    RankOutcome,
-    collect_pulled,
-    diagnose_failure,
-    rank_outcomes,
-    read_agent_result,
+from nbgpu.launch.outcomes import collect_pulled, diagnose_failure, rank_outcomes, read_agent_result
+from nbgpu.launch.procs import (
+    StopReport,
+    agent_env,
+    free_port,
+    run_processes,
+    start_agent,
+    stop_processes,
 )
-from nbgpu.launch.procs import StopReport, free_port, run_processes, stop_processes
 from nbgpu.launch.run_view import RunFailed, RunView
-from nbgpu.launch.slurm_queue import QueueWatch
+from nbgpu.launch.rundirs import (
+    FINAL_STATES,
+    make_run_dir,
+    prune_before_run,
+    rank_log,
+    write_bootstrap,
+    write_meta,
+)
+from nbgpu.launch.slurm import QueueWatch, cancel, srun_error
 from nbgpu.launch.streams import LineSink, RankLogs, ScreenWriter
 from nbgpu.launch.warm import WATCH_S, Cell, CellResult, WarmState, span
 
 if TYPE_CHECKING:
-    from nbgpu.diagnose.report import Diagnosis
     from nbgpu.profile.live import MemoryFollower
 
 __all__ = ["RUNS", "Run", "RunFailed", "leftover_processes", "ports_in_use"]
 
-TERMINAL_STATES = ("succeeded", "failed", "stopped", "timed_out", "interrupted")
-
+POLL_S = 0.05  # how often the follow loop reads the logs
+FLUSH_S = 0.1  # how often it writes them (Jupyter drops output sent faster)
 #: Runs started by this process (this kernel), by name.
 RUNS: dict[str, Run] = {}
 _EXIT_HOOK: list[bool] = []
@@ -65,43 +62,22 @@ class Run(RunView):
     """A torchrun job started by nbgpu. Renders as text/HTML; see ``ranks``, ``logs``."""
 
     def __init__(self, config: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> None:
-        self.config = config
-        self.environ = dict(os.environ if environ is None else environ)
-        self.name = config.name
-        self.run_id = secrets.token_hex(8)
-        self.state = "created"
-        self.dir = Path()  # its own directory from start()
-        self.port: int | None = config.master_port
-        self.started_at: float | None = None
-        self.ended_at: float | None = None
-        self.agent: subprocess.Popen[bytes] | None = None
-        self.ranks: tuple[RankOutcome, ...] = ()
-        self.root_cause: RankOutcome | None = None
-        self.pulled: dict[str, Any] = {}
-        self.pulled_all: list[dict[str, Any]] = []
-        self.pull_problems: list[str] = []
+        super().__init__(config, environ=environ)
         self.stop_report: StopReport | None = None
-        self.diagnosis: Diagnosis | None = None  # why the run did not succeed, if it did not
-        self.diagnosis_error: str | None = None  # why the diagnosis itself failed, if it did
-        self.stop_reason: str | None = None
-        self.agent_result: dict[str, Any] = {}
         self.writer: LineSink | None = None  # where follow() streams the lines now
+        self.queue: QueueWatch | None = None  # a SLURM job while it waits in the queue
+        self.thread: threading.Thread | None = None  # a background follower
         self._logs = RankLogs({})
-        self._nodes: dict[int, str] = {}  # rank -> its node's name (several nodes only)
         self._memory: MemoryFollower | None = None  # made on first use
         self._lock = threading.Lock()
         self._finished = threading.Event()
-        self.notices = RunNotices(config.world_size)  # one-line messages, each shown once
-        self.queue: QueueWatch | None = None  # a SLURM job while it waits in the queue
-        self.thread: threading.Thread | None = None  # a background follower
-        self.warm: WarmState | None = None  # a warm job's ranks between cells (--keep)
-
-    # -- start -------------------------------------------------------------------
 
     def start(self) -> Run:
         cfg = self.config
-        self.notices.prune_old_runs(self.environ)
-        self.dir = rundir.make_run_dir(cfg.name, self.environ)
+        pruned = prune_before_run(self.environ)
+        if pruned is not None:
+            self.notices.add(pruned)
+        self.dir = make_run_dir(cfg.name, self.environ)
         self.notices.run_dir = self.dir
         channel = None
         if cfg.keep:
@@ -109,7 +85,7 @@ class Run(RunView):
             server = CellServer(self.dir, token)
             self.warm = WarmState(server, cfg.nproc, cfg.idle_timeout_s)
             channel = (str(server.path), token)
-        rundir.write_bootstrap(self.dir, cfg, channel)
+        write_bootstrap(self.dir, cfg, channel)
         if cfg.slurm is None and cfg.nnodes == 1:
             self.port = cfg.master_port or free_port(ports_in_use())
         else:
@@ -121,21 +97,19 @@ class Run(RunView):
         self.state = "running"
         if cfg.slurm is not None:
             self.queue = QueueWatch(self.dir, env)
-        logs = {rank: rundir.rank_log(self.dir, rank) for rank in range(cfg.world_size)}
+        logs = {rank: rank_log(self.dir, rank) for rank in range(cfg.world_size)}
         self._logs = RankLogs(logs, skip=CELL_MARK if cfg.keep else None)
         RUNS[self.name] = self
         if not _EXIT_HOOK:
             _EXIT_HOOK.append(True)
             atexit.register(_stop_running, "kernel shutdown")
         if self.warm is not None:
-            watchdog = threading.Thread(
-                target=self._watch_idle, name=f"nbgpu-warm-{self.name}", daemon=True
-            )
-            watchdog.start()
+            name = f"nbgpu-warm-{self.name}"
+            threading.Thread(target=self._watch_idle, name=name, daemon=True).start()
         return self
 
     def _write_meta(self) -> None:
-        rundir.write_meta(self.dir, self.meta())
+        write_meta(self.dir, self.meta())
 
     # -- while running -------------------------------------------------------------
 
@@ -145,18 +119,14 @@ class Run(RunView):
         *,
         cell: CellRequest | None = None,
         on_tick: Callable[[Run], None] | None = None,
-        poll_s: float = 0.05,
-        flush_s: float = 0.1,
     ) -> CellResult | None:
         """Stream the run into *writer* until it ends; stop it on timeout or interrupt.
 
-        With *cell* (a warm job), run that cell on every rank and return its result once
-        they all answered; the job goes on. An interrupt, or the cell's ``--timeout``,
-        interrupts the cell on every rank and waits a bounded time for their answers (a
-        rank stuck in a collective is reported, never waited for); a second interrupt
-        during that wait ends the job. Whatever way a run ends (a cold run always does),
-        it is stopped, its orphans swept, its last lines shown and its outcomes collected:
-        the result is then None.
+        With *cell* (a warm job), run that cell on every rank and return its result once they
+        all answered; the job goes on. An interrupt, or the cell's ``--timeout``, interrupts the
+        cell and waits a bounded time for the answers (a rank stuck in a collective is reported,
+        not waited for); a second interrupt ends the job. However a run ends, it is stopped, its
+        orphans swept, its last lines shown and its outcomes collected (the result is None).
         """
         self.writer = writer
         flight = None
@@ -167,7 +137,7 @@ class Run(RunView):
         result = None
         with contextlib.nullcontext() if self.warm is None else self.warm.lock:
             try:
-                self._loop(writer, flight, on_tick, poll_s, flush_s)
+                self._loop(writer, flight, on_tick)
             except KeyboardInterrupt:
                 # The notebook's stop button: SIGINT to torchrun (it forwards and shuts
                 # down), then SIGTERM/SIGKILL of whatever remains, on one short deadline.
@@ -192,8 +162,6 @@ class Run(RunView):
         writer: LineSink,
         flight: Cell | None,
         on_tick: Callable[[Run], None] | None,
-        poll_s: float,
-        flush_s: float,
     ) -> None:
         timeout = self.config.timeout_s if flight is None else flight.request.timeout_s
         began = self.started_at if flight is None else flight.started
@@ -201,10 +169,10 @@ class Run(RunView):
         while True:
             try:
                 if flight is not None:
-                    flight.step(poll_s)  # waits on the channel: an answer wakes us at once
+                    flight.step(POLL_S)  # waits on the channel: an answer wakes us at once
                 self._show(writer, self._logs.poll())
                 now = time.monotonic()
-                if now - last_flush >= flush_s or (flight is not None and flight.all_answered):
+                if now - last_flush >= FLUSH_S or (flight is not None and flight.all_answered):
                     self._tick(writer, on_tick)
                     last_flush = now
                 if self.agent_done or (flight is not None and flight.over()):
@@ -219,34 +187,34 @@ class Run(RunView):
                         return
                     flight.interrupt()
                 if flight is None:
-                    time.sleep(poll_s)
+                    time.sleep(POLL_S)
             except KeyboardInterrupt:  # noqa: PERF203  (the notebook's stop button, any time)
                 if flight is None or not flight.sent or flight.interrupted_at is not None:
                     raise  # a run, a cell not sent yet, or a second interrupt: stop the job
                 flight.interrupt()
 
-    def _show(self, writer: LineSink, polled: list[tuple[int, list[str]]]) -> None:
+    def _show(
+        self, writer: LineSink, polled: list[tuple[int, list[str]]], notices: Sequence[str] = ()
+    ) -> None:
         for rank, lines in polled:
             writer.add(self.rank_label(rank), lines)
+        if notices:
+            writer.add("nbgpu", list(notices))
 
     def _tick(self, writer: LineSink, on_tick: Callable[[Run], None] | None) -> None:
         """One refresh of the output: the memory line, notices, the lines, the face's own."""
         if isinstance(writer, ScreenWriter) and writer.live_status:
             writer.status(self.memory_status())
-        notices = self.take_notices()
-        if notices:
-            writer.add("nbgpu", notices)
+        self._show(writer, [], self._take_notices())
         writer.flush()
         if on_tick is not None:
             on_tick(self)
 
-    def take_notices(self) -> list[str]:
-        """Messages not shown yet: retention, a lost parent-death guarantee, a full disk,
-        a SLURM job waiting in the queue (and why)."""
-        # A lost guarantee is also recorded in run.json.
+    def _take_notices(self) -> list[str]:
+        """Messages not shown yet: retention, a lost parent-death guarantee (also recorded
+        in run.json), a full disk, a SLURM job waiting in the queue (and why)."""
         if self.queue is not None:
-            for line in self.queue.poll():
-                self.notices.add(line)
+            self.notices.pending += self.queue.poll()
         return self.notices.take(on_guarantee_lost=self._write_meta)
 
     @property
@@ -263,10 +231,7 @@ class Run(RunView):
             self._memory = MemoryFollower(
                 self.dir, self.config.world_size, several_nodes=self.config.nnodes > 1
             )
-        if not self._memory.due():
-            return None
-        line: str | None = self._memory.summary()
-        return line
+        return self._memory.summary() if self._memory.due() else None
 
     @property
     def agent_done(self) -> bool:
@@ -274,7 +239,7 @@ class Run(RunView):
 
     @property
     def done(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return self.state in FINAL_STATES
 
     def _watch_idle(self) -> None:
         """A warm job between cells: one whose ranks died, or that sat idle too long, ends."""
@@ -303,11 +268,8 @@ class Run(RunView):
     def stop(
         self, reason: str = "stopped", *, first_signal: int = signal.SIGTERM, grace_s: float = 3.0
     ) -> StopReport:
-        """End every process of the run (agent, ranks, orphans) against one deadline.
-
-        An idle warm job is first asked to end: its ranks leave their loop and exit
-        normally (finalizers, atexit, the process group's teardown) within *grace_s*.
-        """
+        """End every process of the run (agent, ranks, orphans) against one deadline; an
+        idle warm job's ranks are first asked to leave their loop and exit normally."""
         with self._lock:
             if self.stop_reason is None:
                 self.stop_reason = reason
@@ -315,8 +277,6 @@ class Run(RunView):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.agent.wait(timeout=grace_s)
         if self.config.slurm is not None:
-            from nbgpu.launch.slurm import cancel  # noqa: PLC0415  (SLURM runs only)
-
             # SLURM ends the tasks on every node; the local stop below ends srun itself.
             cancel(self.dir, self.environ, requested="SLURM_JOB_ID" not in self.environ)
         report = stop_processes(
@@ -341,39 +301,29 @@ class Run(RunView):
         return report
 
     def _end(self, writer: LineSink | None) -> None:
-        """However following ends: stop what still runs, sweep orphans, show the last
-        lines, collect the outcome."""
+        """Stop what still runs, sweep orphans, show the last lines, collect the outcome."""
         if not self.agent_done:
             self.stop(self.stop_reason or "stopped")
-        self.sweep_orphans()
+        self._sweep_orphans()
         last = self._logs.poll() + self._logs.drain()
-        notices = self.take_notices()
+        notices = self._take_notices()
         if writer is not None:
-            self._show(writer, last)
-            if notices:
-                writer.add("nbgpu", notices)
+            self._show(writer, last, notices)
             writer.finish(str(self.dir))
         self.finish()
 
-    def sweep_orphans(self) -> int:
-        """Stop processes that outlived the agent and carry the run's id; how many.
-
-        A rank's own children (data-loader workers, a shell) are not covered by the
-        rank's parent-death signal: when the agent is SIGKILLed the ranks die, and
-        their children would keep running (and holding GPUs) without this.
-        """
-        if not self.agent_done:
-            return 0
-        leftovers = run_processes(self.run_id, None)
+    def _sweep_orphans(self) -> None:
+        """Stop processes that outlived the agent and carry the run's id: a rank's own
+        children (data loaders) have no parent-death signal and would keep holding GPUs."""
+        leftovers = run_processes(self.run_id, None) if self.agent_done else []
         if not leftovers:
-            return 0
+            return
         report = stop_processes(self.run_id, None, first_signal=signal.SIGTERM, grace_s=2.0)
         alive = f" (still alive: {', '.join(map(str, report.survivors))})"
         self.notices.add(
             f"{len(leftovers)} processes started by the ranks outlived them; stopped"
             + (alive if report.survivors else "")
         )
-        return len(leftovers)
 
     def finish(self) -> None:
         """Collect outcomes once the agent has exited (or was stopped)."""
@@ -384,8 +334,6 @@ class Run(RunView):
         self.ended_at = time.time()
         self.agent_result = read_agent_result(self.dir)
         if self.config.slurm is not None:
-            from nbgpu.launch.slurm import srun_error  # noqa: PLC0415  (SLURM runs only)
-
             self.agent_result["slurm_error"] = srun_error(self.dir)
         agent_code = self.agent.returncode if self.agent else None
         world = self.config.world_size
@@ -408,7 +356,7 @@ class Run(RunView):
                 self.dir, self.environ, self.name, self.ranks
             )
         if self.warm is not None:
-            self.warm.close()
+            self.warm.server.close()
         self._finished.set()
 
     def wait(self, timeout_s: float | None = None) -> Run:

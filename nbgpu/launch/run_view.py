@@ -1,34 +1,31 @@
-"""How a run reads: headline, per-rank table, failure summary, text, HTML and JSON.
+"""A run's state and how it reads: headline, per-rank table, failure report, JSON and
+``run.json``; no processes (its life is :class:`~nbgpu.launch.run.Run`).
 
-The base class of :class:`~nbgpu.launch.run.Run`: pure rendering over the run's state
-(``run.json`` and the memory report included), no processes. The failure report says
-each thing once: the summary (the rank that failed first, as the diagnosis decided),
-the cause and its fixes, then where the traceback is.
-
-A rendezvous that timed out says how long the nodes waited and who never came
-(torchrun's own ``RendezvousTimeoutError`` carries no message). Over SLURM every node that
-got as far as its agent left ``node{N}.started`` in the run directory and the first node
-listed the step's nodes in ``rdzv.json``, so the nodes that never started their agent
-can be named. Started by hand (``--rdzv-endpoint``), the other nodes are cells someone
-has to run: the words say which command, with the same name (the rendezvous id).
+The failure report says each thing once: the rank that failed first (as the diagnosis
+decided), the cause and its fixes, then where the traceback is. A rendezvous that timed
+out names who never came: through SLURM the step's nodes (``rdzv.json``) that left no
+``node{N}.started``; started by hand, the command to run on the other nodes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Block, Bullets, Line, Result, Table, Title, simulated_label, to_text
 from nbgpu.errors import NbgpuError
-from nbgpu.launch import rundir
 from nbgpu.launch.config import LaunchConfig
-from nbgpu.launch.notices import RunNotices
-from nbgpu.launch.outcomes import RankOutcome
+from nbgpu.launch.outcomes import RankOutcome, RunNotices
+from nbgpu.launch.procs import agent_log
+from nbgpu.launch.rundirs import rank_log
 from nbgpu.launch.warm import WarmState
 
 if TYPE_CHECKING:
@@ -39,40 +36,40 @@ __all__ = ["RunFailed", "RunView", "rendezvous_timeout_words"]
 
 
 class RunView(Result):
-    """The rendering half of a Run (the attributes below are the Run's)."""
+    """A run's state, rendered (the base of :class:`~nbgpu.launch.run.Run`)."""
 
-    name: str
-    run_id: str
-    state: str
-    config: LaunchConfig
-    dir: Path
-    environ: dict[str, str]
-    port: int | None
-    started_at: float | None
-    ended_at: float | None
-    stop_reason: str | None
-    ranks: tuple[RankOutcome, ...]
-    root_cause: RankOutcome | None
-    diagnosis: Diagnosis | None
-    diagnosis_error: str | None
-    agent_result: dict[str, Any]
-    pulled: dict[str, Any]
-    pull_problems: list[str]
-    warm: WarmState | None
-    agent: subprocess.Popen[bytes] | None
-    notices: RunNotices
-    _nodes: dict[int, str]  # rank -> its node's name, read once (several nodes only)
+    def __init__(self, config: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.environ = dict(os.environ if environ is None else environ)
+        self.name = config.name
+        self.run_id = secrets.token_hex(8)
+        self.state = "created"
+        self.dir = Path()  # its own directory from start()
+        self.port: int | None = config.master_port
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.stop_reason: str | None = None
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.agent_result: dict[str, Any] = {}
+        self.ranks: tuple[RankOutcome, ...] = ()
+        self.root_cause: RankOutcome | None = None
+        self.diagnosis: Diagnosis | None = None  # why the run did not succeed, if it did not
+        self.diagnosis_error: str | None = None  # why the diagnosis itself failed, if it did
+        self.pulled: dict[str, Any] = {}
+        self.pulled_all: list[dict[str, Any]] = []
+        self.pull_problems: list[str] = []
+        self.notices = RunNotices(config.world_size)  # one-line messages, each shown once
+        self.warm: WarmState | None = None  # a warm job's ranks between cells (--keep)
+        self._nodes: dict[int, str] = {}  # rank -> its node's name (several nodes only)
 
     @property
     def duration_s(self) -> float | None:
-        if self.started_at is None:
-            return None
-        return (self.ended_at or time.time()) - self.started_at
+        return None if self.started_at is None else (self.ended_at or time.time()) - self.started_at
 
     @property
     def logs(self) -> dict[str, Path]:
-        out = {f"rank{r}": rundir.rank_log(self.dir, r) for r in range(self.config.world_size)}
-        out["agent"] = rundir.agent_log(self.dir)
+        out = {f"rank{r}": rank_log(self.dir, r) for r in range(self.config.world_size)}
+        out["agent"] = agent_log(self.dir)
         return out
 
     @property
@@ -137,7 +134,7 @@ class RunView(Result):
         node = self._nodes.get(rank)
         if node is None:
             with contextlib.suppress(OSError):
-                node = rundir.rank_node(self.dir, rank).read_text(encoding="utf-8").strip()
+                node = (self.dir / f"rank{rank}.node").read_text(encoding="utf-8").strip()
                 self._nodes[rank] = node
         return f"{node or '?'}/rank{rank}"
 
@@ -165,11 +162,9 @@ class RunView(Result):
         return head
 
     def failure_lines(self, *, output_shown: bool = False) -> list[str]:
-        """The failure, each thing said once: summary, cause, fixes, then the traceback.
-
-        ``output_shown``: the ranks' output was already streamed into this cell, so the
-        root rank's traceback is there (and in its log) and is not printed a second time.
-        Lines are never hard-wrapped: a notebook wraps them to its own width.
+        """The failure, each thing said once: summary, cause, fixes, then the traceback (not
+        repeated when ``output_shown``: it is above, in the streamed output). Lines are never
+        hard-wrapped: a notebook wraps them to its own width.
         """
         lines = [f"RunFailed: {self.failure_summary()}"]
         if self.diagnosis_error is not None:
@@ -205,16 +200,13 @@ class RunView(Result):
     def _table(self) -> Table:
         table = Table(["rank", "state", "pid", "error", "log"])
         for r in self.ranks:
-            level = "ok" if r.exit_code == 0 else "bad"
-            if self.root_cause is r:
-                level = "bad"
             table.add(
                 r.rank,
                 self._rank_state(r) + (" (root cause)" if self.root_cause is r else ""),
                 r.pid or "-",
                 (r.error or "-").splitlines()[0][:60],
                 r.log.name,
-                level=level,
+                level="ok" if r.exit_code == 0 and self.root_cause is not r else "bad",
             )
         return table
 
@@ -263,8 +255,8 @@ class RunView(Result):
         return self.environ.get("NBGPU_SIMULATE") or None
 
     def content(self) -> list[Block]:
-        fleet = self.simulated_fleet()
-        return [Title(self._headline(), simulated=bool(fleet)), *self.summary_blocks()]
+        title = Title(self._headline(), simulated=bool(self.simulated_fleet()))
+        return [title, *self.summary_blocks()]
 
     def summary_blocks(self) -> list[Block]:
         """Everything below the headline (a saved record opens with its own headline)."""
@@ -324,11 +316,7 @@ class RunView(Result):
 
 
 class RunFailed(NbgpuError):
-    """A run ended without success; ``.run`` has every detail (ranks, logs, root cause).
-
-    ``output_shown``: the ranks' output was streamed where this failure is shown, so the
-    report does not repeat the traceback.
-    """
+    """A run ended without success; ``.run`` has every detail (ranks, logs, root cause)."""
 
     def __init__(self, run: RunView, *, output_shown: bool = False) -> None:
         super().__init__(run.failure_summary())

@@ -1,15 +1,11 @@
 """Streaming rank output: follow log files, decode safely, coalesce for the screen.
 
-Each rank writes straight into its own log file (see ``nbgpu.rank.worker``), so the disk
-copy is complete whatever happens on screen. :class:`LogTail` follows one file:
-bytes until there are no more, an incremental UTF-8 decoder (a character split
-across two reads stays intact), ``\\r`` handled as a terminal would (a progress bar
-is one line whose text is replaced), and a final flush when the run ends.
-
-:class:`ScreenWriter` is the on-screen side: it prefixes lines by rank, batches them
-into one write per tick, and keeps to a byte budget (Jupyter's server *drops*
-output above ~1 MB/s); lines over budget are counted, and the last lines of every
-rank are always shown at the end. Standard library only.
+Each rank writes straight into its own log file, complete whatever happens on screen.
+:class:`LogTail` follows one: bytes until there are no more, an incremental UTF-8
+decoder (a character split across reads stays intact), ``\\r`` as a terminal would.
+:class:`ScreenWriter` prefixes lines by rank, writes once per tick and keeps to a byte
+budget (Jupyter's server *drops* output above ~1 MB/s): what it holds back is counted,
+and the last lines of every rank are shown at the end. Standard library only.
 """
 
 from __future__ import annotations
@@ -23,15 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-__all__ = [
-    "MAX_LOGS_PER_POLL",
-    "LineSink",
-    "LogTail",
-    "RankLogs",
-    "ScreenWriter",
-    "color_prefix",
-    "in_turn",
-]
+__all__ = ["MAX_LOGS_PER_POLL", "LineSink", "LogTail", "RankLogs", "ScreenWriter", "in_turn"]
 
 # At most this many rank logs are read in one poll (20 polls a second). Beyond it the logs
 # take turns: 4096 ranks' logs are each read every 16 polls (0.8 s), and a poll costs what
@@ -45,12 +33,6 @@ MAX_READ_PER_POLL = 8 << 20  # bound one poll's work; the rest is read next tick
 _COLORS = (36, 33, 35, 32, 34, 31, 96, 93)  # cyan, yellow, magenta, green, ...
 
 
-def color_prefix(label: str, index: int, *, color: bool) -> str:
-    if not color:
-        return f"[{label}] "
-    return f"\x1b[{_COLORS[index % len(_COLORS)]}m[{label}]\x1b[0m "
-
-
 class LineSink(Protocol):
     """Where a run's lines go: a terminal/cell text stream, or a widget panel."""
 
@@ -62,11 +44,10 @@ class LineSink(Protocol):
 
 
 class LogTail:
-    """Follow one growing log file; return completed lines and the live partial line.
+    """Follow one growing log file: completed lines, and the live partial line.
 
-    ``keep_open=False`` opens the file for each poll and closes it after: a job of
-    thousands of ranks would otherwise hold a descriptor per rank in the kernel, beyond
-    the usual limit of 1024 (and on NFS a fresh open is what shows other nodes' writes).
+    ``keep_open=False`` opens the file for each poll: thousands of ranks would otherwise hold
+    a descriptor each (the usual limit is 1024), and on NFS a fresh open sees other nodes.
     """
 
     def __init__(self, path: Path, *, keep_open: bool = True) -> None:
@@ -77,7 +58,6 @@ class LogTail:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # text after the last newline
         self.bytes_read = 0
-        self.lines_read = 0
 
     def _open(self) -> bool:
         if self._fd is None:
@@ -115,13 +95,8 @@ class LogTail:
             return []
         self.bytes_read += total
         text = self._pending + self._decoder.decode(b"".join(chunks))
-        return self._split(text)
-
-    def _split(self, text: str) -> list[str]:
         *complete, self._pending = text.split("\n")
-        lines = [_resolve_cr(line) for line in complete]
-        self.lines_read += len(lines)
-        return lines
+        return [_resolve_cr(line) for line in complete]
 
     @property
     def live(self) -> str:
@@ -135,7 +110,6 @@ class LogTail:
         self._pending = ""
         if tail:
             lines.append(_resolve_cr(tail))
-            self.lines_read += 1
         self._release()
         return lines
 
@@ -148,10 +122,9 @@ def in_turn(count: int, cursor: int, limit: int = MAX_LOGS_PER_POLL) -> tuple[li
 
 
 class RankLogs:
-    """Every rank's log of one run, followed: new lines by rank.
-
-    Beyond :data:`MAX_LOGS_PER_POLL` ranks the logs take turns and no descriptor is held
-    per log. Lines starting with *skip* (a warm job's cell marks) are not shown.
+    """Every rank's log of one run, followed: new lines by rank. Beyond
+    :data:`MAX_LOGS_PER_POLL` ranks the logs take turns; lines starting with *skip* (a warm
+    job's cell marks) are not shown.
     """
 
     def __init__(self, paths: dict[int, Path], *, skip: str | None = None) -> None:
@@ -218,15 +191,16 @@ class _Budget:
 MAX_CUT_LINES = 64
 # When the run ends, the last lines of at most this many ranks that the budget held back.
 MAX_FINAL_TAILS = 16
+MAX_LINE_CHARS = 2000  # a longer line is clipped on screen (never in the log)
+NEWEST_LINE_CHARS = 200  # over the budget, the newest line shown per rank or node
 
 
 class ScreenWriter:
     """Prefixed, coalesced, budgeted output for a notebook cell or a terminal.
 
-    ``add`` only collects lines; ``flush`` (once per tick) writes them in one call. A
-    tick's lines that fit the byte budget are shown whole; otherwise each rank shows a
-    count of what was held back and its newest line, so the screen is never stale and
-    never floods. ``finish`` shows the last lines of every rank that were not shown.
+    ``add`` collects; ``flush`` (once per tick) writes in one call: lines that fit the byte
+    budget whole, otherwise per rank a count of what was held back and its newest line.
+    ``finish`` shows the last lines of every rank that were not shown.
     """
 
     def __init__(
@@ -236,8 +210,6 @@ class ScreenWriter:
         color: bool = False,
         rate_bytes_per_s: float = 200_000,
         tail_lines: int = 20,
-        max_line_chars: int = 2000,
-        newest_line_chars: int = 200,
         live_status: bool = False,
     ) -> None:
         self._write = write
@@ -252,19 +224,18 @@ class ScreenWriter:
         # Each rank's last lines, with whether they reached the screen.
         self._recent: dict[str, deque[tuple[str, bool]]] = {}
         self._tail_lines = tail_lines
-        self._max_line = max_line_chars
-        self._newest_chars = newest_line_chars
         self._prefixes: dict[str, str] = {}
         self.writes = 0  # how many write calls reached the screen (display messages)
         self.lines_shown = 0
         self.lines_not_shown = 0  # held back by the budget (all of them are in the log)
 
     def _prefix(self, label: str) -> str:
-        prefix = self._prefixes.get(label)
-        if prefix is None:
-            prefix = color_prefix(label, len(self._prefixes), color=self._color)
-            self._prefixes[label] = prefix
-        return prefix
+        if label not in self._prefixes:
+            color = _COLORS[len(self._prefixes) % len(_COLORS)]
+            self._prefixes[label] = (
+                f"\x1b[{color}m[{label}]\x1b[0m " if self._color else f"[{label}] "
+            )
+        return self._prefixes[label]
 
     def add(self, label: str, lines: list[str]) -> None:
         self._pending.setdefault(label, []).extend(lines)
@@ -272,7 +243,7 @@ class ScreenWriter:
     def status(self, text: str | None) -> None:
         """Set the live status line (None keeps the current one); shown at the next flush."""
         if text is not None and self.live_status:
-            self._status = text.replace("\n", " ")[: self._newest_chars]
+            self._status = text.replace("\n", " ")[:NEWEST_LINE_CHARS]
 
     def _erase_status(self) -> str:
         if not self._status_shown:
@@ -289,9 +260,8 @@ class ScreenWriter:
         self._pending = {}
         if not pending:
             if self._status and self._status != self._status_shown:
-                self._write(self._erase_status() + self._status)
+                self._emit(self._erase_status() + self._status)
                 self._status_shown = self._status
-                self.writes += 1
             return
         size = sum(
             sum(map(len, lines)) + len(lines) * (len(self._prefix(label)) + 1)
@@ -302,7 +272,7 @@ class ScreenWriter:
         if size <= budget:
             for label, lines in pending.items():
                 prefix = self._prefix(label)
-                pieces.extend(f"{prefix}{self._clip(line, self._max_line)}\n" for line in lines)
+                pieces.extend(f"{prefix}{self._clip(line, MAX_LINE_CHARS)}\n" for line in lines)
                 self._remember(label, lines, shown_last=len(lines))
                 self.lines_shown += len(lines)
         elif len(pending) <= MAX_CUT_LINES:
@@ -311,7 +281,7 @@ class ScreenWriter:
                 held = len(lines) - 1
                 if held:
                     pieces.append(f"{prefix}… {held} lines not shown (output rate limit)\n")
-                pieces.append(f"{prefix}{self._clip(lines[-1], self._newest_chars)}\n")
+                pieces.append(f"{prefix}{self._clip(lines[-1], NEWEST_LINE_CHARS)}\n")
                 self._remember(label, lines, shown_last=1)
                 self.lines_shown += 1
                 self.lines_not_shown += held
@@ -322,14 +292,15 @@ class ScreenWriter:
             text += self._status
             self._status_shown = self._status
         self._budget.tokens -= len(text)  # may go below zero: the next ticks wait it out
+        self._emit(text)
+
+    def _emit(self, text: str) -> None:
         self._write(text)
         self.writes += 1
 
     def _by_node(self, pending: dict[str, list[str]]) -> list[str]:
-        """Too many ranks for a line each: a line per node, or one for the whole job.
-
-        A label ``n17/rank136`` belongs to node ``n17``; each node's line says how many of
-        its ranks printed, how many lines the screen skips, and its newest line.
+        """Too many ranks for a line each: a line per node (``n17/rank136`` is node ``n17``'s:
+        ranks that printed, lines skipped, the newest), or one for the whole job.
         """
         nodes: dict[str, list[str]] = {}
         for label in pending:
@@ -340,7 +311,7 @@ class ScreenWriter:
         self.lines_not_shown += total
         if len(nodes) > MAX_CUT_LINES or "" in nodes:
             newest = next(reversed(pending))
-            line = self._clip(pending[newest][-1], self._newest_chars)
+            line = self._clip(pending[newest][-1], NEWEST_LINE_CHARS)
             summary = (
                 f"{self._prefix('nbgpu')}{len(pending)} ranks on {len(nodes)} node(s) printed "
                 f"{total} lines (output rate limit: every line is in its rank's log); "
@@ -351,7 +322,7 @@ class ScreenWriter:
         for node, labels in nodes.items():
             count = sum(len(pending[label]) for label in labels)
             newest = labels[-1]
-            line = self._clip(pending[newest][-1], self._newest_chars)
+            line = self._clip(pending[newest][-1], NEWEST_LINE_CHARS)
             pieces.append(
                 f"{self._prefix(node)}{len(labels)} ranks, {count} lines not shown; newest, "
                 f"{newest.split('/', 1)[1]}: {line}\n"
@@ -382,7 +353,7 @@ class ScreenWriter:
             # Everything from the first unseen line on, so the order reads naturally.
             first = next(i for i, (_line, shown) in enumerate(recent) if not shown)
             tail = [line for line, _shown in list(recent)[first:]]
-            pieces.extend(f"{prefix}{self._clip(line, self._max_line)}\n" for line in tail)
+            pieces.extend(f"{prefix}{self._clip(line, MAX_LINE_CHARS)}\n" for line in tail)
             self.lines_not_shown -= len(unseen)
             self.lines_shown += len(unseen)
         if len(behind) > MAX_FINAL_TAILS:
@@ -391,5 +362,4 @@ class ScreenWriter:
                 f"not shown here; every rank's complete log: {log_hint}\n"
             )
         if pieces:
-            self._write("".join(pieces))
-            self.writes += 1
+            self._emit("".join(pieces))

@@ -1,15 +1,11 @@
-"""The kernel's side of a warm job: its ranks between and during cells.
+"""The kernel's side of a warm job (a run started with ``keep``): its ranks between and
+during cells.
 
-A warm job is a :class:`~nbgpu.launch.run.Run` started with ``keep``: torchrun starts
-the ranks as for any run, and they wait on the job's private channel for cells
-(``nbgpu.rank.usercode``). The run owns a :class:`WarmState` (``run.warm``): which cell
-each rank is in, how long the job has been idle, interrupting ranks, asking idle ranks
-to leave their loop. A :class:`Cell` is one cell in flight: sent to every rank once
-all have connected, their answers heard as they come, interrupted on request, read as
-a :class:`CellResult`. Neither knows the run: the run's follow loop drives the cell,
-and the run's idle watchdog ends a job whose ranks died or that sat idle too long.
-
-Never imports IPython; the faces render :class:`CellResult`.
+:class:`WarmState` (``run.warm``): which cell each rank is in, how long the job has been
+idle, interrupting ranks, asking idle ranks to leave their loop. :class:`Cell`: one cell
+in flight, sent once every rank connected, answers heard as they come, read as a
+:class:`CellResult`. Neither knows the run: its follow loop drives the cell, its idle
+watchdog ends a job whose ranks died or that sat idle too long.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ from nbgpu.errors import NbgpuError
 from nbgpu.launch.channel import CELL_MARK, CellServer
 from nbgpu.launch.config import CellRequest
 from nbgpu.launch.outcomes import Pulled, add_pulled
-from nbgpu.launch.rundir import rank_log
+from nbgpu.launch.rundirs import rank_log
 
 __all__ = ["INTERRUPT_WAIT_S", "Cell", "CellFailed", "CellResult", "WarmState", "span"]
 
@@ -158,22 +154,17 @@ class WarmState:
     def pids(self) -> dict[int, int]:
         return self.server.pids()
 
-    def resident_bytes(self) -> int | None:
-        """The ranks' resident memory now, summed (None when none could be read)."""
+    def describe(self) -> str:
+        """One phrase for ``%gpu_runs``: idle time, cells, the ranks' memory, idle timeout."""
         from nbgpu.profile.recorder import resident_bytes  # noqa: PLC0415
 
-        sizes = [resident_bytes(pid) for pid in self.pids().values() if pid]
-        known = [s for s in sizes if s is not None]
-        return sum(known) if known else None
-
-    def describe(self) -> str:
-        """One phrase for ``%gpu_runs``: idle time, cells, memory, idle timeout."""
         if self.busy:
             return f"warm, cell {max(self.busy.values())} running"
         text = f"warm, idle {span(self.idle_s or 0.0)}, {self.cells} cells"
-        rss = self.resident_bytes()
-        if rss is not None:
-            text += f", {fmt_bytes(rss)} RSS"
+        sizes = [resident_bytes(pid) for pid in self.pids().values() if pid]
+        known = [size for size in sizes if size is not None]
+        if known:
+            text += f", {fmt_bytes(sum(known))} RSS"
         if self.idle_timeout_s is not None:
             return text + f", stops after {span(self.idle_timeout_s)} idle"
         return text + ", no idle timeout"
@@ -216,9 +207,6 @@ class WarmState:
             return False
         self.server.send(sorted(self.server.ranks), {"op": "stop"})
         return True
-
-    def close(self) -> None:
-        self.server.close()
 
 
 class Cell:

@@ -192,7 +192,7 @@ class LaunchMagics(Magics):
             return None
         from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
         from nbgpu.diagnose import diagnose  # noqa: PLC0415
-        from nbgpu.launch.registry import runs  # noqa: PLC0415
+        from nbgpu.launch.execute import runs  # noqa: PLC0415
 
         tokens, known = line.split(), runs()
         if len(tokens) > 1:
@@ -228,7 +228,7 @@ class LaunchMagics(Magics):
             return _prune(tokens[1:])
         if tokens:
             raise UsageError(f"%gpu_runs takes only --prune (got {line.strip()!r}; see -h)")
-        from nbgpu.launch.registry import runs_table  # noqa: PLC0415
+        from nbgpu.launch.execute import runs_table  # noqa: PLC0415
 
         return runs_table()
 
@@ -246,8 +246,9 @@ class LaunchMagics(Magics):
         tokens = line.split()
         if not tokens:
             raise UsageError("%gpu_stacks RUN: name a run (see %gpu_runs) or a run directory")
-        from nbgpu.launch.registry import runs  # noqa: PLC0415
-        from nbgpu.launch.stacks import find_run_dir, rank_stacks  # noqa: PLC0415
+        from nbgpu.launch.execute import runs  # noqa: PLC0415
+        from nbgpu.launch.procs import rank_stacks  # noqa: PLC0415
+        from nbgpu.launch.rundirs import find_run_dir  # noqa: PLC0415
 
         rest = [t for t in tokens if t != "--native"]
         timeout = 5.0
@@ -275,7 +276,7 @@ class LaunchMagics(Magics):
             return None
         if not args.all and not args.name:
             raise UsageError("%gpu_stop NAME or %gpu_stop --all (see %gpu_runs for names)")
-        from nbgpu.launch.registry import stop_runs  # noqa: PLC0415
+        from nbgpu.launch.execute import stop_runs  # noqa: PLC0415
 
         with user_errors():
             return stop_runs(None if args.all else args.name)
@@ -300,7 +301,7 @@ def keep_empty_cell_body(lines: list[str]) -> list[str]:
 
 
 def _prune(tokens: list[str]) -> Any:
-    from nbgpu.launch import retention  # noqa: PLC0415
+    from nbgpu.launch import rundirs as retention  # noqa: PLC0415
 
     keep: int | None = None
     budget: str | None = None

@@ -114,7 +114,7 @@ class GPUMagics(Magics):
         with user_errors():
             if args.slurm:
                 from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
-                from nbgpu.launch.slurm_status import cluster_status  # noqa: PLC0415
+                from nbgpu.launch.slurm import cluster_status  # noqa: PLC0415
 
                 options = SlurmOptions(partition=args.partition)
                 result: Any = cluster_status(

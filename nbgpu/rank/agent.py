@@ -1,16 +1,9 @@
 """The torchrun agent, wrapped: ``python -m nbgpu.rank.agent RESULT.json -- <torchrun args>``.
 
-It is torchrun (``torch.distributed.run``), keeping what torchrun leaves for its
-users when a rank fails (the ChildFailedError traceback and "Root Cause" banner in
-``agent.log``, the first failed rank's error file copied to ``agent-error.json``),
-with three additions nbgpu relies on:
-it dies when the process that launched it dies (parent-death signal: a kernel
-killed with SIGKILL takes its jobs with it); it tells the workers its pid so they
-can do the same; and it writes a machine-readable result — per-rank exit codes,
-signals, error files and the first failure — instead of leaving nbgpu to parse
-torchrun's banner.
-
-Runs in its own process; imports torch (it is torchrun).
+It is torchrun, keeping what torchrun leaves when a rank fails (the "Root Cause" banner
+in ``agent.log``, the first failed rank's error file as ``agent-error.json``), plus: it
+dies with the process that launched it, tells the workers its pid so they can do the
+same, and writes a machine-readable result (per-rank exit codes, signals, error files).
 """
 
 from __future__ import annotations
@@ -21,23 +14,13 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
-from nbgpu._lineage import die_with_parent
-from nbgpu.rank.worker import note_lost_guarantee
+from nbgpu.rank.worker import die_with
 
 __all__ = ["main"]
-
-
-def _die_with_parent() -> None:
-    # SIGTERM, not SIGKILL: torchrun's handler then stops its workers itself; the
-    # workers' own parent-death signal covers the case where that fails.
-    expected = int(os.environ.get("NBGPU_LAUNCHER_PID", "0") or 0)
-    problem = die_with_parent(signal.SIGTERM, expected)
-    run_dir = os.environ.get("NBGPU_RUN_DIR")
-    if problem is not None and run_dir:
-        note_lost_guarantee(Path(run_dir), "agent", problem)
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -52,34 +35,26 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 def _failures(exc: Any) -> list[dict[str, Any]]:
-    out = []
-    for rank, failure in sorted(exc.failures.items()):
-        exitcode = int(failure.exitcode)
-        out.append(
-            {
-                "rank": int(rank),
-                "local_rank": int(failure.local_rank),
-                "pid": int(failure.pid),
-                "exit_code": exitcode,
-                "signal": failure.signal_name() if exitcode < 0 else None,
-                "error_file": failure.error_file or None,
-                "timestamp": failure.timestamp,
-                "message": failure.message,
-            }
-        )
-    return out
+    return [
+        {
+            "rank": int(rank),
+            "local_rank": int(failure.local_rank),
+            "pid": int(failure.pid),
+            "exit_code": int(failure.exitcode),
+            "signal": failure.signal_name() if int(failure.exitcode) < 0 else None,
+            "error_file": failure.error_file or None,
+            "timestamp": failure.timestamp,
+            "message": failure.message,
+        }
+        for rank, failure in sorted(exc.failures.items())
+    ]
 
 
 def _as_torchrun_reports(exc: Any) -> None:
-    """What torchrun itself leaves behind on a failed child, so its users find it here.
-
-    torchrun's ``@record`` copies the first failed rank's error file to the agent's
-    ``TORCHELASTIC_ERROR_FILE`` (nbgpu sets it to ``agent-error.json`` in the run
-    directory), and the uncaught ChildFailedError prints a traceback ending in the
-    "Root Cause" banner on stderr (here: ``agent.log``).
+    """What torchrun itself leaves for a failed child: ``@record`` copies the first failed
+    rank's error file to ``TORCHELASTIC_ERROR_FILE`` (``agent-error.json``), and the uncaught
+    ChildFailedError prints the "Root Cause" banner on stderr (``agent.log``).
     """
-    import traceback  # noqa: PLC0415
-
     from torch.distributed.elastic.multiprocessing.errors import (  # noqa: PLC0415
         get_error_handler,
     )
@@ -117,7 +92,10 @@ def main(argv: list[str]) -> int:
         print("usage: python -m nbgpu.rank.agent RESULT.json -- <torchrun args>", file=sys.stderr)
         return 2
     result_path = Path(argv[0])
-    _die_with_parent()
+    # SIGTERM, not SIGKILL: torchrun's handler then stops its workers itself; the
+    # workers' own parent-death signal covers the case where that fails.
+    run_dir = os.environ.get("NBGPU_RUN_DIR")
+    die_with("NBGPU_LAUNCHER_PID", signal.SIGTERM, Path(run_dir) if run_dir else None, "agent")
     # nbgpu stops a run with SIGINT first; an ancestor's ignored SIGINT (nohup, `cmd &`)
     # must not turn that into a wait for SIGTERM.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -155,8 +133,6 @@ def main(argv: list[str]) -> int:
         )
         code = 1
     except Exception as exc:  # noqa: BLE001  (torchrun's own failures: report them, exit non-zero)
-        import traceback  # noqa: PLC0415
-
         traceback.print_exc()
         result["error"] = f"{type(exc).__name__}: {exc}"
         code = 1

@@ -1,24 +1,111 @@
-"""The job's process group: join it from torchrun's environment, barrier, a sum.
+"""A rank's device, checked the way CUDA would check it, and the job's process group.
 
-``init`` picks the backend (gloo on CPU and under simulation, nccl on CUDA), checks the
-device first (so a busy GPU fails with CUDA's words) and records the ``init`` memory phase
-through ``nbgpu.profile.phases`` (standard library only). torch is imported lazily.
+An ordinal past the visible devices fails with torch's own "invalid device ordinal"
+before CUDA is touched; under ``NBGPU_SIMULATE`` the answer comes from
+``nbgpu.devices.sim.cuda``, imported only then. ``init`` picks the backend, checks the
+device first and records the ``init`` memory phase. torch is imported lazily.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from nbgpu._backends import BACKENDS
+from nbgpu.devices.cuda_errors import (
+    CUDA_ERROR_INVALID_DEVICE,
+    ordinal_hint,
+    torch_cuda_message,
+    visible_setting,
+)
 from nbgpu.devices.sim import simulation_source
 from nbgpu.errors import UserInputError
-from nbgpu.rank.device import _announce, device
-from nbgpu.rank.job import _env, _in_job, rank, world_size
+from nbgpu.rank.job import _env, _in_job, _write, local_rank, rank, world_size
 
-__all__ = ["all_reduce_sum", "barrier", "destroy", "init"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["all_reduce_sum", "barrier", "destroy", "device", "init"]
+
+# Simulation labels already printed by this process: each is said once, not per call.
+_announced: set[str] = set()
+
+
+def device(environ: Mapping[str, str] | None = None) -> torch.device:
+    """The device this rank should compute on, checked the way CUDA would check it.
+
+    - ``NBGPU_SIMULATE`` set: CUDA's behaviour on the simulated fleet. A ``LOCAL_RANK``
+      beyond the visible devices, or a GPU that refuses a context (busy, lost, prohibited),
+      raises CUDA's error as torch words it plus one ``[nbgpu]`` line naming the physical
+      GPU; otherwise one labelled line says which GPU ``cuda:N`` stands for, on the CPU.
+    - real CUDA: ``LOCAL_RANK`` below ``torch.cuda.device_count()`` (else the same "invalid
+      device ordinal", before CUDA is touched), then ``set_device`` and ``cuda:LOCAL_RANK``.
+    - no CUDA: ``cpu``. Outside a job the process counts as local rank 0 of one.
+    """
+    env = _env(environ)
+    ordinal = local_rank(env) if _in_job(env) else 0
+    source = simulation_source(env)
+    if source is not None:
+        return _simulated_device(source, ordinal, env)
+    import torch  # noqa: PLC0415  (lazy: `import nbgpu.rank` must stay cheap)
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if ordinal >= count:
+        raise _cuda_error(CUDA_ERROR_INVALID_DEVICE, ordinal_hint(ordinal, count, env))
+    try:
+        torch.cuda.set_device(ordinal)
+    except RuntimeError as exc:
+        # torch's own error stays as it is (diagnosis matches its text); the note only
+        # adds which device of which mapping refused. add_note: Python >= 3.11.
+        add_note = getattr(exc, "add_note", None)
+        if add_note is not None:
+            add_note(
+                f"[nbgpu] cuda:{ordinal} ({visible_setting(env)}) refused a CUDA context: "
+                "see %gpu_doctor"
+            )
+        raise
+    return torch.device("cuda", ordinal)
+
+
+def _cuda_error(code: int, explanation: str) -> RuntimeError:
+    """The exception torch raises for CUDA error ``code``, plus nbgpu's explanation line."""
+    import torch  # noqa: PLC0415
+
+    message = f"{torch_cuda_message(code)}\n{explanation}"
+    error_type = getattr(torch, "AcceleratorError", None)  # torch >= 2.8
+    if isinstance(error_type, type) and issubclass(error_type, RuntimeError):
+        error = error_type(message)
+        # torch sets the cudaError_t on the instance after construction, as we do.
+        error.error_code = code  # type: ignore[attr-defined]
+        return error
+    return RuntimeError(message)
+
+
+def _simulated_device(source: str, ordinal: int, env: Mapping[str, str]) -> torch.device:
+    """CUDA's behaviour on the simulated fleet: its error for this rank, or the CPU."""
+    import torch  # noqa: PLC0415
+
+    # Imported here: only simulated ranks load the fleet and the fake driver.
+    from nbgpu.devices.sim.cuda import simulated_device  # noqa: PLC0415
+
+    answer = simulated_device(source, ordinal, env)
+    if answer.cuda_error is not None:
+        raise _cuda_error(answer.cuda_error, answer.line) from None
+    _announce(answer.line)
+    return torch.device("cpu")
+
+
+def _announce(line: str) -> None:
+    if line not in _announced:
+        _announced.add(line)
+        _write(line + "\n", sys.stderr)
+
+
+# -- the process group ---------------------------------------------------------------------
 
 
 def init(
@@ -29,19 +116,16 @@ def init(
 ) -> None:
     """Join the job's process group from torchrun's environment; a second call is a no-op.
 
-    ``backend``: None takes ``NBGPU_BACKEND`` (``%%torchrun --backend``) if set, else
-    picks ``nccl`` on real CUDA and ``gloo`` otherwise; under
-    ``NBGPU_SIMULATE`` always ``gloo`` (an explicit ``nccl`` runs as gloo there, labelled,
-    so a cell written for the real box runs unchanged). On CUDA and under simulation
-    ``device()`` runs first, so a busy GPU or an invalid ordinal fails here with CUDA's
-    words. ``environ`` is read for these checks; the rendezvous itself is torch's
-    ``env://``, which always reads this process's own environment.
+    ``backend``: None takes ``NBGPU_BACKEND`` (``%%torchrun --backend``), else ``nccl`` on
+    real CUDA and ``gloo`` otherwise; under ``NBGPU_SIMULATE`` always ``gloo`` (labelled), so
+    a cell written for the real box runs unchanged. On CUDA and under simulation
+    ``device()`` runs first, so a busy GPU or an invalid ordinal fails here in CUDA's words.
     """
-    import torch.distributed as dist  # noqa: PLC0415
+    from nbgpu.profile.phases import Phase  # noqa: PLC0415  (standard library only)
 
-    if dist.is_available() and dist.is_initialized():
+    if _group_up():
         return
-    with _init_phase():  # memory phase 'init' (nbgpu.profile): the group's cost shows
+    with Phase("init"):  # the memory phase 'init' (nbgpu.profile): the group's cost shows
         _init_group(backend, timeout_s, environ)
 
 
@@ -51,8 +135,6 @@ def _init_group(backend: str | None, timeout_s: float, environ: Mapping[str, str
 
     if not dist.is_available():
         raise UserInputError("this torch build has no torch.distributed; install a full torch")
-    if dist.is_initialized():
-        return
     env = _env(environ)
     # %%torchrun --backend sets the default for every rank; an explicit argument wins.
     wanted = _check_backend(backend if backend is not None else env.get("NBGPU_BACKEND") or None)
@@ -90,21 +172,6 @@ def _init_group(backend: str | None, timeout_s: float, environ: Mapping[str, str
     )
 
 
-@contextlib.contextmanager
-def _init_phase() -> Iterator[None]:
-    """The standard ``init`` memory phase: from here until the process group is up."""
-    from nbgpu.profile.phases import recorder  # noqa: PLC0415  (standard library only)
-
-    rec = recorder()
-    phase_id = rec.begin("init")
-    try:
-        yield
-    except BaseException as exc:
-        rec.end(phase_id, error=f"{type(exc).__name__}: {exc}"[:300])
-        raise
-    rec.end(phase_id)
-
-
 def _check_backend(backend: str | None) -> str | None:
     if backend is None:
         return None
@@ -120,18 +187,23 @@ def _check_backend(backend: str | None) -> str | None:
     return text
 
 
-def destroy() -> None:
-    """Leave the process group if this process joined one (safe to call always)."""
+def _group_up() -> bool:
     # Never import torch just to learn that nothing was initialised.
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    return dist is not None and bool(dist.is_available() and dist.is_initialized())
+
+
+def destroy() -> None:
+    """Leave the process group if this process joined one (safe to call always)."""
+    if _group_up():
+        import torch.distributed as dist  # noqa: PLC0415
+
         dist.destroy_process_group()
 
 
 def _initialized(env: Mapping[str, str]) -> bool:
     """Whether collectives can run; a lone process outside a job needs none."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    if _group_up():
         return True
     if _in_job(env):
         raise UserInputError("no process group yet: call nbgpu.rank.init() first")

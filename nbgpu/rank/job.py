@@ -1,34 +1,37 @@
-"""A rank's place in its job, read from torchrun's environment: rank, sizes, rank 0.
+"""A rank's place in its job (rank, sizes, rank 0), turns across a node's ranks
+(``one_at_a_time``) and a cap on its address space (``set_memory_limit``).
 
-Every function reads ``environ`` (default ``os.environ``), so tests pass a dict.
-``is_main()`` and ``print0()`` treat a process outside any job as the single rank 0; the
-other queries raise a one-line ``UserInputError`` there. Standard library only.
+Every function reads ``environ`` (default ``os.environ``). ``is_main()`` and ``print0()``
+treat a process outside any job as the single rank 0; the other queries raise a
+one-line ``UserInputError`` there. Standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import socket
 import sys
-from collections.abc import Mapping
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TextIO
 
 from nbgpu.errors import UserInputError
+from nbgpu.sizes import parse_size as _parse_size
 
 __all__ = [
-    "NOT_IN_JOB",
-    "RUN_DIR_ENV",
-    "is_main",
-    "local_rank",
-    "local_world_size",
-    "print0",
-    "rank",
-    "world_size",
-]
+    "NOT_IN_JOB", "RUN_DIR_ENV", "is_main", "local_rank", "local_world_size", "one_at_a_time",
+    "parse_size", "print0", "rank", "set_memory_limit", "world_size",
+]  # fmt: skip
 
 #: The one line every job query raises outside a distributed job.
 NOT_IN_JOB = "not inside a distributed job: RANK is unset (launch with %%torchrun N or torchrun)"
 #: Set by the launcher: the run directory (per-rank logs, locks, results).
 RUN_DIR_ENV = "NBGPU_RUN_DIR"
+_LOCK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -57,6 +60,12 @@ def _job_int(env: Mapping[str, str], key: str) -> int:
     return value
 
 
+def _after_rank(environ: Mapping[str, str] | None, key: str) -> int:
+    env = _env(environ)
+    _job_int(env, "RANK")  # outside a job, say so in the words of RANK
+    return _job_int(env, key)
+
+
 def rank(environ: Mapping[str, str] | None = None) -> int:
     """This process's global rank (``RANK``), 0 .. world_size-1."""
     return _job_int(_env(environ), "RANK")
@@ -64,30 +73,22 @@ def rank(environ: Mapping[str, str] | None = None) -> int:
 
 def local_rank(environ: Mapping[str, str] | None = None) -> int:
     """This process's rank on its node (``LOCAL_RANK``): the ``cuda:N`` it should use."""
-    env = _env(environ)
-    _job_int(env, "RANK")  # outside a job, say so in the words of RANK
-    return _job_int(env, "LOCAL_RANK")
+    return _after_rank(environ, "LOCAL_RANK")
 
 
 def world_size(environ: Mapping[str, str] | None = None) -> int:
     """The number of ranks in the job (``WORLD_SIZE``)."""
-    env = _env(environ)
-    _job_int(env, "RANK")
-    return _job_int(env, "WORLD_SIZE")
+    return _after_rank(environ, "WORLD_SIZE")
 
 
 def local_world_size(environ: Mapping[str, str] | None = None) -> int:
     """The number of ranks on this node (``LOCAL_WORLD_SIZE``)."""
-    env = _env(environ)
-    _job_int(env, "RANK")
-    return _job_int(env, "LOCAL_WORLD_SIZE")
+    return _after_rank(environ, "LOCAL_WORLD_SIZE")
 
 
 def is_main(environ: Mapping[str, str] | None = None) -> bool:
-    """True on global rank 0, and in a process outside any job (RANK unset).
-
-    A single process is the whole job, so code guarded by ``is_main()`` runs the same in
-    the notebook kernel and on rank 0 of ``%%torchrun``.
+    """True on global rank 0, and in a process outside any job (RANK unset): code guarded
+    by ``is_main()`` runs the same in the kernel and on rank 0 of ``%%torchrun``.
     """
     env = _env(environ)
     return not _in_job(env) or _job_int(env, "RANK") == 0
@@ -113,3 +114,112 @@ def _write(text: str, stream: TextIO, *, flush: bool = True) -> None:
     stream.write(text)
     if flush:
         stream.flush()
+
+
+# -- one rank of the node at a time ---------------------------------------------------------
+
+
+@contextlib.contextmanager
+def one_at_a_time(
+    name: str = "imports", environ: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """Run the block in one rank of this node at a time (a file lock).
+
+    Eight ranks importing and compiling at once can exhaust host memory
+    (``std::bad_alloc``). The lock lives in ``NBGPU_RUN_DIR`` (else a private temporary
+    directory) and carries the node's name, so ranks on other nodes do not wait.
+    ``[rank N] LOCK:`` lines on stderr say who waits, holds and releases.
+    """
+    from filelock import FileLock, Timeout  # noqa: PLC0415  (only ranks that serialise)
+
+    if not _LOCK_NAME.fullmatch(name):
+        raise UserInputError(
+            f"lock name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit"
+        )
+    env = _env(environ)
+    who = f"[rank {rank(env) if _in_job(env) else 0}]"
+    # The node's name: SLURM's for ranks nbgpu started there (NBGPU_NODE), else the host's.
+    node = env.get("NBGPU_NODE") or socket.gethostname()
+    lock = FileLock(str(_lock_dir(env) / f"{name}.{node}.lock"))
+    asked = time.monotonic()
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        _say(f"{who} LOCK: waiting for {name!r} (another rank on this node holds it)")
+        lock.acquire()
+    acquired = time.monotonic()
+    _say(f"{who} LOCK: acquired {name!r} after {acquired - asked:.1f} s")
+    try:
+        yield
+    finally:
+        # Said just before releasing, so that in the merged output of all ranks each
+        # "released" comes before the next rank's "acquired".
+        _say(f"{who} LOCK: released {name!r} after {time.monotonic() - acquired:.1f} s")
+        lock.release()
+
+
+def _say(line: str) -> None:
+    _write(line + "\n", sys.stderr)
+
+
+def _lock_dir(env: Mapping[str, str]) -> Path:
+    run_dir = env.get(RUN_DIR_ENV, "").strip()
+    if run_dir:
+        return Path(run_dir)
+    run_id = re.sub(r"[^A-Za-z0-9_.-]", "_", env.get("TORCHELASTIC_RUN_ID", "") or "none")
+    base = Path(tempfile.gettempdir()) / f"nbgpu-locks-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    # /tmp is shared: refuse a directory someone else made (or a symlink) for our locks.
+    if not base.is_dir() or base.is_symlink() or base.lstat().st_uid != os.getuid():
+        raise UserInputError(f"lock directory {base} is not a private directory of this user")
+    directory = base / run_id
+    directory.mkdir(mode=0o700, exist_ok=True)
+    return directory
+
+
+# -- a cap on the address space -------------------------------------------------------------
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from a memory limit as written (``60G``, ``80GB``; :mod:`nbgpu.sizes`)."""
+    return _parse_size(size, "memory limit ")
+
+
+def set_memory_limit(size: int | str) -> int:
+    """Cap this rank's address space (``RLIMIT_AS``, soft limit); the cap in bytes.
+
+    Past it, allocations fail inside this rank (``MemoryError``, ``std::bad_alloc``) instead
+    of the OOM killer taking a random process. CUDA reserves a large virtual range at
+    initialisation: on real GPUs the cap must leave room for it.
+    """
+    import resource  # noqa: PLC0415  (POSIX only, and only when asked)
+
+    limit = parse_size(size)
+    current = _address_space_bytes()
+    if current is not None and limit <= current:
+        raise UserInputError(
+            f"memory limit {size!r} ({_gib(limit)}) is below this rank's current address "
+            f"space ({_gib(current)}): it would fail at once; expected more, e.g. 60G"
+        )
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY and limit > hard:
+        raise UserInputError(
+            f"memory limit {size!r} ({_gib(limit)}) is above the hard limit {_gib(hard)} "
+            "that this process may not raise; expected at most that"
+        )
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    return limit
+
+
+def _address_space_bytes() -> int | None:
+    """This process's address space now (Linux: VmSize, exactly what RLIMIT_AS counts)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _gib(value: int) -> str:
+    return f"{value / 1024**3:.2f} GiB"

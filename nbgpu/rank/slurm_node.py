@@ -1,19 +1,11 @@
 """One node of a SLURM job: find the rendezvous, then become torchrun's agent.
 
 ``srun`` starts ``python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S``
-once per node. The first node of the step (``SLURM_NODEID`` 0) picks the rendezvous: its
-own address as SLURM knows it (``NodeAddr``) and a port free there, written to
-``rdzv.json`` in the run directory, with the job and step ids the kernel needs to cancel
-them. The other nodes wait for that file. A run from a plan across nodes gives each node
-its own GPUs (``NBGPU_NODE_GPUS``). Every node then replaces itself with nbgpu's
-torchrun agent (``nbgpu.rank.agent``) using torchrun's c10d rendezvous, so a node's signals from
-SLURM reach torchrun directly.
-
-The run directory must be on a filesystem every node sees (a home or scratch directory
-on a cluster, as SLURM users have): the rendezvous file, the ranks' logs and their
-results are written there, and the notebook reads them as they grow.
-
-Runs on the compute nodes: standard library only.
+on each node. The first node (``SLURM_NODEID`` 0) writes ``rdzv.json``: its address as
+SLURM knows it, a free port, and the job and step ids the kernel cancels; the others wait
+for it on the shared run directory. Each node takes its GPUs from a plan
+(``NBGPU_NODE_GPUS``) and ``exec``s nbgpu's agent, so SLURM's signals reach torchrun.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -36,28 +28,21 @@ _WAIT_FOR_FIRST_NODE_S = 120.0
 _NODE_GPUS_ENV = "NBGPU_NODE_GPUS"
 
 
-def _node_address(name: str) -> str:
-    """The address SLURM reaches *name* at (``NodeAddr``), else its hostname."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(
-            ["scontrol", "show", "node", name, "-o"],
-            capture_output=True, text=True, timeout=20, check=False,
-        ).stdout  # fmt: skip
-        for field in out.split():
-            if field.startswith("NodeAddr="):
-                return field.split("=", 1)[1]
-    return socket.gethostname()
-
-
-def _hostnames(nodelist: str) -> list[str]:
-    """SLURM's compressed node list ("n[1-2]") as names, through SLURM's own expansion
-    (empty when it cannot: the kernel then counts the nodes instead of naming them)."""
+def _scontrol(*args: str) -> list[str]:
+    """``scontrol show ...``'s words (none when it cannot answer)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         return subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True, text=True, timeout=20, check=False,
-        ).stdout.split()  # fmt: skip
+            ["scontrol", "show", *args], capture_output=True, text=True, timeout=20, check=False
+        ).stdout.split()
     return []
+
+
+def _node_address(name: str) -> str:
+    """The address SLURM reaches *name* at (``NodeAddr``), else its hostname."""
+    for field in _scontrol("node", name, "-o"):
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1]
+    return socket.gethostname()
 
 
 def _free_port(host: str) -> int:
@@ -71,16 +56,16 @@ def _free_port(host: str) -> int:
 
 def _publish(run_dir: Path, name: str) -> dict[str, object]:
     host = _node_address(name)
+    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     rdzv = {
         "host": host,
         "port": _free_port(host),
         "first_node": name,
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "step_id": os.environ.get("SLURM_STEP_ID"),
-        "nodes": os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST"),
-        "node_names": _hostnames(
-            os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or name
-        ),
+        "nodes": nodes,
+        # SLURM's own expansion of "n[1-2]" (none: the kernel counts the nodes instead)
+        "node_names": _scontrol("hostnames", nodes or name),
     }
     tmp = run_dir / ".rdzv.json.tmp"
     tmp.write_text(json.dumps(rdzv), encoding="utf-8")

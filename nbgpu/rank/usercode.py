@@ -1,24 +1,16 @@
 """The user's code inside a rank: once (a cold run), or cell after cell (a warm job).
 
-The code is compiled as its leading import block and the rest, each a recorded memory
-phase (``--serial-imports`` takes the first one rank at a time); a failure's traceback
-starts at the user's first frame; torchelastic's error file is written the way
-``@record`` writes it; pulled variables are pickled one by one so one bad value does
-not hide the others.
+The code runs as its leading import block and the rest, each a recorded memory phase
+(``--serial-imports`` takes the first one rank at a time); a failure's traceback starts
+at the user's first frame, and torchelastic's error file is written as ``@record`` does.
 
-A warm job's rank connects to the job's private channel (a ``multiprocessing``
-Client with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``)
-and waits. For each cell it marks the boundary in its log (the
-line the kernel sends), says it started, loads pushed values, runs the code as memory
-phases ``cell N imports`` and ``cell N``, and answers with how the cell ended and the
-pulled values. An exception is a failed cell, not a dead rank: the traceback goes to
-the log and the rank waits for the next cell, its globals, process group and CUDA
-context intact. SIGINT interrupts a running cell only (KeyboardInterrupt in the user's
-code, like a kernel); between cells it is ignored, so a late interrupt never kills a
-rank. The kernel saying ``stop``, or hanging up (it died), ends the loop: the rank then
-exits normally and its finalizers run.
-
-Runs inside rank processes only: standard library (and nbgpu's recording side).
+A warm job's rank connects to the job's private channel (a ``multiprocessing`` Client
+with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``). For each
+cell it marks the boundary in its log, says it started, runs the code as phases
+``cell N imports`` and ``cell N``, and answers with how it ended and the pulled values.
+An exception fails the cell, not the rank. SIGINT interrupts a running cell only; the
+kernel saying ``stop``, or hanging up, ends the loop and the rank exits normally.
+Standard library (and nbgpu's recording side).
 """
 
 from __future__ import annotations
@@ -38,20 +30,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from nbgpu.profile.phases import Phase
 from nbgpu.profile.recorder import Recorder
-from nbgpu.rank.serial import one_at_a_time
+from nbgpu.rank.job import one_at_a_time
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-__all__ = [
-    "pull_payload",
-    "run_code",
-    "run_once",
-    "serve",
-    "user_traceback",
-    "write_error_file",
-]
+__all__ = ["pull_payload", "report_error", "run_code", "run_once", "serve"]
 
 _OURS = str(Path(__file__).parent)  # nbgpu/rank: the worker, this module
 
@@ -71,7 +57,10 @@ def user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def write_error_file(path: str, exc: BaseException, formatted: str) -> None:
+def report_error(exc: BaseException, error_path: str) -> None:
+    """The traceback on stderr (the rank's log), and torchelastic's error file."""
+    formatted = user_traceback(exc)
+    sys.stderr.write(formatted)
     # The exact structure torch's ErrorHandler.record_exception writes, plus a finer
     # timestamp of our own: whole seconds cannot order ranks that fail together.
     data = {
@@ -85,7 +74,7 @@ def write_error_file(path: str, exc: BaseException, formatted: str) -> None:
         }
     }
     with contextlib.suppress(OSError):
-        Path(path).write_text(json.dumps(data), encoding="utf-8")
+        Path(error_path).write_text(json.dumps(data), encoding="utf-8")
 
 
 def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any, int]:
@@ -119,65 +108,49 @@ def run_code(
 ) -> None:
     """Run code as its leading import block, then the rest, each a recorded phase.
 
-    The same split for cells, scripts and warm cells, so ``--serial-imports`` serialises
-    a script's leading imports exactly like a cell's, and a phase name means one thing.
-    *open_phase* (the rank's ``start``) ends once the code compiled. Without
-    *empty_imports_phase*, code with no leading imports records no imports phase.
+    Cells, scripts and warm cells alike, so ``--serial-imports`` serialises a script's
+    leading imports like a cell's. *open_phase* (the rank's ``start``) ends once the code
+    compiled; without *empty_imports_phase*, no leading imports means no imports phase.
     """
     head, tail, imports = _split_leading_imports(source, filename)
-    imports_phase, run_phase = phases
     if open_phase is not None:
         rec.end(open_phase)
     if imports or empty_imports_phase:
-        _run_imports(rec, imports_phase, head, namespace, serial=serial_imports)
-    _phase_exec(rec, run_phase, tail, namespace)
-
-
-def _run_imports(
-    rec: Recorder, phase: str, code: Any, namespace: dict[str, Any], *, serial: bool
-) -> None:
-    if not serial:
-        _phase_exec(rec, phase, code, namespace)
-        return
-    waiting = rec.begin("wait-imports")
-    with one_at_a_time("imports"):
-        rec.end(waiting)
-        _phase_exec(rec, phase, code, namespace)
-
-
-def _phase_exec(rec: Recorder, name: str, code: Any, namespace: dict[str, Any]) -> None:
-    phase_id = rec.begin(name)
-    try:
-        exec(code, namespace)  # noqa: S102  (running the user's own code is the point)
-    except BaseException as exc:
-        rec.end(phase_id, error=f"{type(exc).__name__}: {exc}"[:300])
-        raise
-    rec.end(phase_id)
-
-
-def _pickle_or_reason(value: Any) -> tuple[bytes | None, str]:
-    try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), ""
-    except Exception as exc:  # noqa: BLE001  (any pickling failure is reported, not fatal)
-        return None, f"{type(value).__name__} cannot be pickled ({exc})"
+        with contextlib.ExitStack() as turn:
+            if serial_imports:
+                waiting = rec.begin("wait-imports")
+                turn.enter_context(one_at_a_time("imports"))
+                rec.end(waiting)
+            with Phase(phases[0], rec):
+                exec(head, namespace)  # noqa: S102  (running the user's own code is the point)
+    with Phase(phases[1], rec):
+        exec(tail, namespace)  # noqa: S102
 
 
 def pull_payload(names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """The pulled variables, each pickled on its own: values, missing names, reasons."""
-    payload: dict[str, Any] = {
-        "values": {},
-        "missing": [n for n in names if n not in namespace],
-        "errors": {},
-    }
+    """The pulled variables, each pickled on its own so one bad value does not hide the
+    others: values, missing names, reasons."""
+    payload: dict[str, Any] = {"values": {}, "missing": [], "errors": {}}
     for name in names:
         if name not in namespace:
+            payload["missing"].append(name)
             continue
-        blob, problem = _pickle_or_reason(namespace[name])
-        if blob is not None:
-            payload["values"][name] = blob
-        else:
-            payload["errors"][name] = problem
+        value = namespace[name]
+        try:
+            payload["values"][name] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001  (any pickling failure is reported, not fatal)
+            payload["errors"][name] = f"{type(value).__name__} cannot be pickled ({exc})"
     return payload
+
+
+def _enter(
+    namespace: dict[str, Any], filename: str, push: dict[str, bytes], args: list[str]
+) -> None:
+    """Pushed values in; ``__file__`` and ``sys.argv`` (``%%torchrun ... -- args``) set."""
+    # Pickled by the kernel; they came through the 0700 run directory or the private channel.
+    namespace.update({name: pickle.loads(blob) for name, blob in push.items()})  # noqa: S301
+    namespace["__file__"] = filename
+    sys.argv = [filename, *args]
 
 
 # -- a cold run: the cell or the script, once ---------------------------------------------
@@ -201,24 +174,15 @@ def run_once(
     error_path: str,
 ) -> tuple[int, dict[str, Any]]:
     """A cold run: the cell or script, once; the rank's exit code and namespace."""
-    run_dir = Path(os.environ["NBGPU_RUN_DIR"])
+    push = Path(os.environ["NBGPU_RUN_DIR"]) / "push.pkl"
     try:
-        push = run_dir / "push.pkl"
-        pushed = {}
-        if push.exists():
-            for name, blob in pickle.loads(push.read_bytes()).items():  # noqa: S301  (our own file, 0700 dir)
-                pushed[name] = pickle.loads(blob)  # noqa: S301
+        filename = spec.get("script") or spec["cell"]
         if spec.get("script"):
-            filename = spec["script"]
             namespace = _script_namespace(filename)
-        else:
-            filename = spec["cell"]
-            namespace["__file__"] = filename
-        sys.argv = [filename, *spec.get("script_args", [])]  # %%torchrun ... -- args
-        namespace.update(pushed)
-        source = Path(filename).read_text(encoding="utf-8")
+        pushed = pickle.loads(push.read_bytes()) if push.exists() else {}  # noqa: S301
+        _enter(namespace, filename, pushed, spec.get("script_args", []))
         run_code(
-            source,
+            Path(filename).read_text(encoding="utf-8"),
             filename,
             namespace,
             rec,
@@ -231,9 +195,7 @@ def run_once(
             print(exc.code, file=sys.stderr)
         return code, namespace
     except BaseException as exc:  # noqa: BLE001  (a rank must report every failure, then exit)
-        formatted = user_traceback(exc)
-        sys.stderr.write(formatted)
-        write_error_file(error_path, exc, formatted)
+        report_error(exc, error_path)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1, namespace
     return 0, namespace
 
@@ -294,10 +256,7 @@ def _run_cell(
     status, error = "ok", None
     _in_cell[0] = True
     try:
-        for name, blob in (message.get("push") or {}).items():
-            namespace[name] = pickle.loads(blob)  # noqa: S301  (from our private channel)
-        namespace["__file__"] = filename
-        sys.argv = [filename, *message.get("script_args", [])]
+        _enter(namespace, filename, message.get("push") or {}, message.get("script_args", []))
         run_code(
             message["source"],
             filename,

@@ -1,17 +1,10 @@
 """The entry point of every rank: ``torchrun -m nbgpu.rank.worker``.
 
-In this order, before any user code: die with the torchrun agent (parent-death
-signal, with a check for the race where the agent is already gone); send this rank's
-stdout and stderr, at the file-descriptor level so C libraries (NCCL) are caught
-too, into its own log file (``rank{N}.log``: complete on disk even if the rank is
-killed right after writing); apply the address-space limit. Then load pushed
-variables, run the cell (its leading imports one rank at a time with
-``--serial-imports``) or the script, pickle pulled variables, and on an exception
-write torchelastic's error file (same JSON as ``@record``) so the agent and nbgpu's
-diagnosis can name the root cause.
-
-Runs inside rank processes only: standard library at import time; torch only if the
-user's code imported it (to tear the process group down).
+Before any user code: die with the agent (parent-death signal); send stdout and stderr,
+at the file-descriptor level (NCCL too), into ``rank{N}.log``, complete on disk even if
+the rank is killed right after writing; apply the address-space limit. Then the user's
+code (``usercode``), the pulled variables, and leaving the process group. Standard
+library at import time.
 """
 
 from __future__ import annotations
@@ -31,38 +24,28 @@ from typing import Any
 
 from nbgpu._lineage import die_with_parent
 from nbgpu.profile.phases import configure
-from nbgpu.profile.recorder import Recorder
-from nbgpu.rank.memory import set_memory_limit
-from nbgpu.rank.usercode import pull_payload, run_once, serve, user_traceback, write_error_file
+from nbgpu.rank.group import destroy
+from nbgpu.rank.job import set_memory_limit
+from nbgpu.rank.usercode import pull_payload, report_error, run_once, serve
 
-__all__ = ["main"]
-
-
-def note_lost_guarantee(run_dir: Path, who: str, reason: str) -> None:
-    """Leave a marker the launcher shows once and records in run.json."""
-    with contextlib.suppress(OSError):
-        (run_dir / f"pdeathsig-{who}.txt").write_text(reason + "\n", encoding="utf-8")
+__all__ = ["die_with", "main"]
 
 
-def _die_with_parent(run_dir: Path, rank: int) -> None:
-    # torchrun starts workers in their own sessions: a SIGKILLed agent would leave
-    # them running (and holding GPUs). The kernel delivers SIGKILL to us instead.
-    expected_parent = int(os.environ.get("NBGPU_AGENT_PID", "0") or 0)
-    problem = die_with_parent(signal.SIGKILL, expected_parent)
-    if problem is not None:
-        note_lost_guarantee(run_dir, f"rank{rank}", problem)
-
-
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+def die_with(parent_env: str, sig: int, run_dir: Path | None, who: str) -> None:
+    """Get *sig* when the process named in *parent_env* dies; when the kernel refuses,
+    leave a marker the launcher shows once and records in run.json."""
+    problem = die_with_parent(sig, int(os.environ.get(parent_env, "0") or 0))
+    if problem is not None and run_dir is not None:
+        with contextlib.suppress(OSError):
+            (run_dir / f"pdeathsig-{who}.txt").write_text(problem + "\n", encoding="utf-8")
 
 
 class _DiskFullTolerant(io.RawIOBase):
     """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output, never the rank.
 
-    Without this, a print() on a full disk raises OSError(ENOSPC) inside the user's
-    code. The first failure is noted (``logfull-rank{N}.txt`` when even a few bytes
-    fit; the launcher also watches the disk), later output is dropped until writes
-    succeed again. C libraries writing to fd 1/2 directly already just lose the bytes.
+    Without this, a print() on a full disk raises OSError(ENOSPC) in the user's code. The
+    first failure is noted (``logfull-rank{N}.txt``, when a few bytes still fit); output is
+    dropped until writes succeed again.
     """
 
     def __init__(self, fd: int, marker: Path) -> None:
@@ -84,24 +67,13 @@ class _DiskFullTolerant(io.RawIOBase):
             while done < len(view):  # whole writes: the text layer ignores short ones
                 done += os.write(self._fd, view[done:])
         except OSError as exc:
-            if exc.errno not in _DISK_FULL:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             if self.dropped_since is None:
                 self.dropped_since = time.time()
                 with contextlib.suppress(OSError):
                     self._marker.write_text(repr(self.dropped_since), encoding="utf-8")
         return len(view)  # all written, or dropped: the rank's work beats its log
-
-
-def _tolerant_stream(fd: int, marker: Path) -> io.TextIOWrapper:
-    raw = _DiskFullTolerant(fd, marker)
-    # Unbuffered, as `python -u` makes it: the log is complete up to the last write.
-    return io.TextIOWrapper(
-        raw,  # type: ignore[arg-type]
-        encoding="utf-8",
-        errors="backslashreplace",
-        write_through=True,
-    )
 
 
 def _redirect_output(log_path: Path, marker: Path) -> None:
@@ -115,15 +87,24 @@ def _redirect_output(log_path: Path, marker: Path) -> None:
     sys.stderr = _tolerant_stream(2, marker)
 
 
-_STACKS_SIGNAL = signal.SIGRTMIN + 3  # what nbgpu.launch.stacks sends (a test ties the two)
+def _tolerant_stream(fd: int, marker: Path) -> io.TextIOWrapper:
+    # Unbuffered, as `python -u` makes it: the log is complete up to the last write.
+    raw = _DiskFullTolerant(fd, marker)
+    return io.TextIOWrapper(
+        raw,  # type: ignore[arg-type]
+        encoding="utf-8",
+        errors="backslashreplace",
+        write_through=True,
+    )
+
+
+_STACKS_SIGNAL = signal.SIGRTMIN + 3  # what nbgpu.launch.procs sends (a test ties the two)
 _stack_files: list[Any] = []  # kept open for the life of the rank
 
 
 def _register_stack_dumps(run_dir: Path, rank: int) -> None:
-    """`nbgpu stacks` / `%gpu_stacks`: dump every thread's Python stack on a signal.
-
-    faulthandler writes from the signal handler itself, so a rank blocked in C code
-    (a collective) answers too, and nothing needs ptrace.
+    """`nbgpu stacks` / `%gpu_stacks`: every thread's Python stack on a signal, written by
+    faulthandler from the handler itself, so a rank blocked in a collective answers too.
     """
     try:
         dump = (run_dir / f"stacks-rank{rank}.txt").open("ab", buffering=0)
@@ -143,29 +124,12 @@ def _pull(spec: dict[str, Any], namespace: dict[str, Any], run_dir: Path, rank: 
     tmp.replace(run_dir / f"pull-rank{rank}.pkl")  # atomic: never read half-written
 
 
-def _teardown() -> None:
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return
-    with contextlib.suppress(Exception):
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _recorder(run_dir: Path, spec: dict[str, Any]) -> Recorder:
-    """Start this rank's memory records (mem-rank{N}.jsonl) and its sampler."""
-    sample_s = spec.get("mem_sample_s", 0.1)
-    return configure(
-        run_dir,
-        sample_s=float(sample_s) if isinstance(sample_s, int | float) else 0.1,
-        extra={"mem_limit": spec.get("mem_limit_bytes")},
-    )
-
-
 def main() -> int:
     run_dir = Path(os.environ["NBGPU_RUN_DIR"])
     rank = int(os.environ.get("RANK", "0"))
-    _die_with_parent(run_dir, rank)
+    # torchrun starts workers in their own sessions: a SIGKILLed agent would leave
+    # them running (and holding GPUs). The kernel delivers SIGKILL to us instead.
+    die_with("NBGPU_AGENT_PID", signal.SIGKILL, run_dir, f"rank{rank}")
     if os.environ.get("NBGPU_NODE"):  # several nodes: say where this rank runs (its label)
         with contextlib.suppress(OSError):
             (run_dir / f"rank{rank}.node").write_text(os.environ["NBGPU_NODE"], encoding="utf-8")
@@ -176,7 +140,12 @@ def main() -> int:
     _redirect_output(run_dir / f"rank{rank}.log", run_dir / f"logfull-rank{rank}.txt")
     _register_stack_dumps(run_dir, rank)
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
-    rec = _recorder(run_dir, spec)
+    sample_s = spec.get("mem_sample_s", 0.1)
+    rec = configure(  # this rank's memory records (mem-rank{N}.jsonl) and its sampler
+        run_dir,
+        sample_s=float(sample_s) if isinstance(sample_s, int | float) else 0.1,
+        extra={"mem_limit": spec.get("mem_limit_bytes")},
+    )
     start_phase = rec.begin("start")
     # No Python SIGTERM handler for a last sample: Python runs handlers only when the
     # main thread returns to the interpreter, so a rank blocked in a collective or a
@@ -200,12 +169,11 @@ def main() -> int:
         if code == 0 and not spec.get("keep"):
             _pull(spec, namespace, run_dir, rank)
     except BaseException as exc:  # noqa: BLE001  (an unpicklable pull is reported, not fatal)
-        formatted = user_traceback(exc)
-        sys.stderr.write(formatted)
-        write_error_file(error_path, exc, formatted)
+        report_error(exc, error_path)
         code = 1
     finally:
-        _teardown()
+        with contextlib.suppress(Exception):
+            destroy()
         sys.stdout.flush()
         sys.stderr.flush()
         # The exit record is written here, before interpreter teardown: what happens

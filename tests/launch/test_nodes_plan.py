@@ -10,8 +10,8 @@ import pytest
 import nbgpu
 from nbgpu.devices.inventory import take_inventory
 from nbgpu.errors import UserInputError
-from nbgpu.launch.config import SlurmOptions
-from nbgpu.launch.slurm import is_nodes_plan, request_args, take_nodes_plan
+from nbgpu.launch.config import SlurmOptions, is_nodes_plan, take_nodes_plan
+from nbgpu.launch.slurm import request_args
 from nbgpu.rank import slurm_node
 
 CLUSTER = {"n1": "4xA40,busy=0", "n2": "4xA40,lost=2"}

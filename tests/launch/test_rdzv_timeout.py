@@ -6,7 +6,7 @@ import pytest
 
 from nbgpu.launch.config import LaunchConfig, SlurmOptions
 from nbgpu.launch.run_view import rendezvous_timeout_words
-from nbgpu.launch.slurm_queue import _never_starts
+from nbgpu.launch.slurm import _never_starts
 
 
 def slurm_config(nodes):

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch import retention
+from nbgpu.launch import rundirs
 from nbgpu.launch.launcher import prepare
-from nbgpu.launch.retention import RetentionPolicy, prune
 from nbgpu.launch.run import Run
+from nbgpu.launch.rundirs import RetentionPolicy, prune
 from nbgpu.launch.streams import ScreenWriter
 
 
@@ -76,7 +76,7 @@ def test_bad_policy_values_are_one_line(env):
     with pytest.raises(UserInputError, match="NBGPU_RUNS_BUDGET='lots': expected a size"):
         RetentionPolicy.from_env({**env, "NBGPU_RUNS_BUDGET": "lots"})
     assert RetentionPolicy.from_env(env) == RetentionPolicy(
-        retention.DEFAULT_KEEP, retention.DEFAULT_BUDGET
+        rundirs.DEFAULT_KEEP, rundirs.DEFAULT_BUDGET
     )
 
 
@@ -124,7 +124,7 @@ def test_new_runs_prune_and_say_so_once(env, tmp_path, monkeypatch):
     root = tmp_path / "runs"
     for i in range(4):
         make_run(root, f"old-{i}", age_s=1000 + i)
-    monkeypatch.setattr("nbgpu.launch.notices._RETENTION_ANNOUNCED", [])
+    monkeypatch.setattr("nbgpu.launch.rundirs._RETENTION_ANNOUNCED", [])
     env = {**env, "NBGPU_KEEP_RUNS": "2"}
     shown = []
     for _ in range(2):

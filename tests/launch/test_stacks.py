@@ -9,10 +9,10 @@ import time
 import psutil
 import pytest
 
+from nbgpu.launch.execute import runs_table, silent_ranks
 from nbgpu.launch.launcher import prepare
-from nbgpu.launch.registry import runs_table, silent_ranks
+from nbgpu.launch.procs import rank_stacks
 from nbgpu.launch.run import Run, leftover_processes
-from nbgpu.launch.stacks import rank_stacks
 from nbgpu.launch.streams import ScreenWriter
 
 pytestmark = pytest.mark.slow

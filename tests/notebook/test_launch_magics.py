@@ -7,7 +7,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from nbgpu.launch.registry import runs
+from nbgpu.launch.execute import runs
 from nbgpu.launch.run import RunFailed, leftover_processes
 from nbgpu.notebook.launch_magics import keep_empty_cell_body
 

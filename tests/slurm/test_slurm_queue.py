@@ -14,7 +14,7 @@ from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
 from nbgpu.launch.launcher import torchrun
 from nbgpu.launch.run import RunFailed
-from nbgpu.launch.slurm_status import cluster_status
+from nbgpu.launch.slurm import cluster_status
 from tests.slurm.test_slurm_runs import Screen, nothing_left
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
-from nbgpu.launch.slurm_status import cluster_status
+from nbgpu.launch.slurm import cluster_status
 
 pytestmark = pytest.mark.slow
 

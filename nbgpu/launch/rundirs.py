@@ -1,24 +1,24 @@
-"""Keep the runs directory bounded: the last N runs and at most a size budget.
+"""Run directories: where a run's cell, logs, error files and results live, and how many
+are kept.
 
-Every run keeps its full logs (``NCCL_DEBUG=INFO`` alone writes hundreds of MB), so
-without a policy an afternoon of trying things fills the disk. Defaults: the last
-``DEFAULT_KEEP`` runs and at most ``DEFAULT_BUDGET`` bytes, changed with
-``NBGPU_KEEP_RUNS`` and ``NBGPU_RUNS_BUDGET`` (``0`` turns a limit off). nbgpu applies
-the policy before each new run (and says so once per process) and on request
-(``%gpu_runs --prune``, ``nbgpu runs --prune``).
-
-A run directory is never removed while it is in use: a live process carries its
-run id (``NBGPU_RUN_ID`` in its environment, orphans included), or its ``run.json``
-says it is not over and it changed recently, or it holds a ``KEEP`` file (how a
-warm or kept job marks itself; users may create one by hand too). Standard library
-and psutil only.
+``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs``; each run gets
+``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``, private (0700): logs can hold secrets. Every run
+keeps its full logs, so by default only the last ``DEFAULT_KEEP`` runs and at most
+``DEFAULT_BUDGET`` bytes stay (``NBGPU_KEEP_RUNS``, ``NBGPU_RUNS_BUDGET``; ``0``: no
+limit), applied before each new run and on request (``%gpu_runs --prune``). A directory
+in use is never removed: a live process carries its run id, its ``run.json`` says it is
+not over and changed recently, or it holds a ``KEEP`` file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import pickle
+import re
+import secrets
 import shutil
 import time
 from collections.abc import Mapping
@@ -26,29 +26,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from nbgpu._render import Block, Line, Result, Table, fmt_bytes, to_text
 from nbgpu.errors import UserInputError
-from nbgpu.launch.procs import RUN_ID_ENV
-from nbgpu.launch.rundir import runs_root
+from nbgpu.launch.config import LaunchConfig
+from nbgpu.launch.procs import live_run_ids
 from nbgpu.sizes import parse_size
 
 __all__ = [
-    "BUDGET_ENV",
-    "DEFAULT_BUDGET",
-    "DEFAULT_KEEP",
-    "KEEP_ENV",
-    "KEEP_MARKER",
-    "PruneReport",
-    "RetentionPolicy",
-    "RunDirsTable",
-    "list_run_dirs",
-    "policy_from_options",
-    "prune",
-    "run_dirs",
-]
+    "DEFAULT_BUDGET", "DEFAULT_KEEP", "FINAL_STATES", "PruneReport", "RetentionPolicy",
+    "find_run_dir", "list_run_dirs", "make_run_dir", "policy_from_options", "prune", "run_dirs",
+    "runs_root",
+]  # fmt: skip
 
+RUNS_DIR_ENV = "NBGPU_RUNS_DIR"
 KEEP_ENV = "NBGPU_KEEP_RUNS"
 BUDGET_ENV = "NBGPU_RUNS_BUDGET"
 DEFAULT_KEEP = 20
@@ -57,7 +47,90 @@ KEEP_MARKER = "KEEP"
 # A run whose run.json is not final but which nothing runs any more (its launcher was
 # SIGKILLed) is removable once it has been quiet this long.
 STALE_AFTER_S = 600.0
-_FINAL = ("succeeded", "failed", "stopped", "timed_out", "interrupted")
+#: The states a run ends in (``run.json``'s ``state``); any other means "not over".
+FINAL_STATES = ("succeeded", "failed", "stopped", "timed_out", "interrupted")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_RETENTION_ANNOUNCED: list[bool] = []  # the policy is told once per process
+
+
+def runs_root(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get(RUNS_DIR_ENV):
+        return Path(env[RUNS_DIR_ENV]).expanduser()
+    cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "nbgpu" / "runs"
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise UserInputError(
+            f"run name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit"
+        )
+    return name
+
+
+def make_run_dir(name: str, environ: Mapping[str, str] | None = None) -> Path:
+    """Create a fresh private run directory and return its path."""
+    root = runs_root(environ)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for _ in range(20):
+        path = root / f"{check_name(name)}-{stamp}-{secrets.token_hex(2)}"
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        # mkdir's mode is masked by the umask; the directory must be private anyway.
+        path.chmod(0o700)
+        return path
+    raise UserInputError(f"could not create a unique run directory under {root}")
+
+
+def rank_log(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank{rank}.log"
+
+
+def error_file(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"error-rank{rank}.json"
+
+
+def write_bootstrap(run_dir: Path, config: LaunchConfig, channel: tuple[str, str] | None) -> None:
+    """What every rank reads before the user's code: a warm job's ranks take every cell
+    from the *channel* (socket path, token); otherwise the cell or script, pushed values.
+    """
+    spec: dict[str, Any] = {
+        "serial_imports": config.serial_imports,
+        "mem_limit_bytes": config.mem_limit_bytes,
+        "mem_sample_s": config.mem_sample_s,
+        "pull": list(config.pull),
+        "pull_all_ranks": config.pull_all_ranks,
+        "script_args": list(config.script_args),
+    }
+    if channel is not None:
+        spec.update(keep=True, channel=channel[0], token=channel[1])
+    elif config.code is not None:
+        cell = run_dir / "cell.py"
+        cell.write_text(config.code, encoding="utf-8")
+        spec["cell"] = str(cell)
+    elif config.script is not None:
+        spec["script"] = str(config.script.resolve())
+    (run_dir / "bootstrap.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    if config.push and channel is None:
+        (run_dir / "push.pkl").write_bytes(pickle.dumps(dict(config.push)))
+
+
+def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """``run.json``: what the run says of itself (retention, stacks and diagnose read it)."""
+    try:
+        (run_dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    except OSError as exc:
+        # A full disk must not turn a finished run into a crash of the launcher.
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+
+
+# -- how many are kept ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -68,10 +141,7 @@ class RetentionPolicy:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RetentionPolicy:
         env = os.environ if environ is None else environ
-        return cls(
-            keep_runs=_count(env.get(KEEP_ENV), KEEP_ENV),
-            budget_bytes=_budget(env.get(BUDGET_ENV), BUDGET_ENV),
-        )
+        return cls(_count(env.get(KEEP_ENV), f"{KEEP_ENV}="), _budget(env.get(BUDGET_ENV)))
 
     def describe(self) -> str:
         count = f"the last {self.keep_runs} runs" if self.keep_runs else "every run"
@@ -79,29 +149,30 @@ class RetentionPolicy:
         return f"{count}, {size} ({KEEP_ENV}, {BUDGET_ENV})"
 
 
-def _count(text: str | None, name: str) -> int:
-    if text is None or text.strip() == "":
+def _count(value: str | int | None, label: str) -> int:
+    if value is None or str(value).strip() == "":
         return DEFAULT_KEEP
     try:
-        value = int(text)
+        count = int(value)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise UserInputError(f"{name}={text!r}: expected a whole number of runs >= 0 (0: no limit)")
-    return value
+        count = -1
+    if count < 0:
+        raise UserInputError(
+            f"{label}{value!r}: expected a whole number of runs >= 0 (0: no limit)"
+        )
+    return count
 
 
-def _budget(text: str | int | None, name: str) -> int:
-    if text is None or (isinstance(text, str) and text.strip() == ""):
+def _budget(value: str | None, label: str = f"{BUDGET_ENV}=") -> int:
+    if value is None or value.strip() == "":
         return DEFAULT_BUDGET
-    if text in ("0", 0):
+    if value == "0":
         return 0
     try:
-        return parse_size(text)
+        return parse_size(value)
     except UserInputError:
-        sep = " " if name.startswith("--") else "="
         raise UserInputError(
-            f"{name}{sep}{text!r}: expected a size such as 5G, 500M or 0 (no limit)"
+            f"{label}{value!r}: expected a size such as 5G, 500M or 0 (no limit)"
         ) from None
 
 
@@ -115,7 +186,7 @@ class RunDir:
     kept_marker: bool
 
 
-def _size(path: Path) -> int:
+def _tree_size(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
@@ -138,7 +209,7 @@ def _read(path: Path) -> RunDir:
         run_id=meta.get("run_id") if isinstance(meta.get("run_id"), str) else None,
         state=str(meta.get("state") or "unknown"),
         started_at=float(started),
-        size_bytes=_size(path),
+        size_bytes=_tree_size(path),
         kept_marker=(path / KEEP_MARKER).exists(),
     )
 
@@ -163,17 +234,14 @@ class RunDirsTable(Result):
     root: Path
     entries: tuple[RunDir, ...]
 
-    def _table(self) -> Table:
+    def content(self) -> list[Block]:
+        total = sum(e.size_bytes for e in self.entries)
+        head = f"{len(self.entries)} run directories in {self.root} ({fmt_bytes(total)})"
         table = Table(["run directory", "state", "started", "size"])
         for e in self.entries:
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.started_at))
             table.add(e.path.name, e.state, started, fmt_bytes(e.size_bytes))
-        return table
-
-    def content(self) -> list[Block]:
-        total = sum(e.size_bytes for e in self.entries)
-        head = f"{len(self.entries)} run directories in {self.root} ({fmt_bytes(total)})"
-        return [Line(head, wrap=False), *([self._table()] if self.entries else [])]
+        return [Line(head, wrap=False), *([table] if self.entries else [])]
 
     def text(self) -> str:
         return to_text(self.content(), width=120)  # paths and dates: wider than 80 columns
@@ -203,30 +271,10 @@ def policy_from_options(
 ) -> RetentionPolicy:
     """The environment's policy with the limits given on the command line."""
     base = RetentionPolicy.from_env(environ)
-    if keep is not None and keep < 0:
-        raise UserInputError(f"--keep {keep}: expected a whole number of runs >= 0 (0: no limit)")
     return RetentionPolicy(
-        keep_runs=base.keep_runs if keep is None else keep,
-        budget_bytes=base.budget_bytes if budget is None else _budget(budget, "--budget"),
+        keep_runs=base.keep_runs if keep is None else _count(keep, "--keep "),
+        budget_bytes=base.budget_bytes if budget is None else _budget(budget, "--budget "),
     )
-
-
-def _live_run_ids() -> set[str]:
-    """Run ids carried by any live process of this user (every process, not a tree)."""
-    prefix = f"{RUN_ID_ENV}=".encode()
-    ids: set[str] = set()
-    uid = os.getuid()
-    for proc in psutil.process_iter(["uids"]):
-        try:
-            if proc.info["uids"].real != uid:
-                continue
-            data = Path(f"/proc/{proc.pid}/environ").read_bytes()
-        except (psutil.Error, OSError, AttributeError, TypeError):
-            continue
-        for item in data.split(b"\0"):
-            if item.startswith(prefix):
-                ids.add(item[len(prefix) :].decode(errors="replace"))
-    return ids
 
 
 def _in_use(entry: RunDir, live: set[str], now: float) -> str | None:
@@ -234,7 +282,7 @@ def _in_use(entry: RunDir, live: set[str], now: float) -> str | None:
         return f"kept ({KEEP_MARKER} file)"
     if entry.run_id is not None and entry.run_id in live:
         return "running"
-    if entry.state not in _FINAL:
+    if entry.state not in FINAL_STATES:
         with contextlib.suppress(OSError):
             if now - entry.path.stat().st_mtime < STALE_AFTER_S:
                 return "being written"
@@ -295,9 +343,8 @@ def prune(
 ) -> PruneReport:
     """Remove the oldest run directories beyond the policy; never one in use.
 
-    ``keep_newest_extra`` reserves room (count) for a run about to start. The newest
-    finished run is always kept, even alone over budget: its logs are the ones the
-    user is about to read.
+    ``keep_newest_extra`` makes room for a run about to start. The newest finished run is
+    always kept, even alone over budget: its logs are the ones the user is about to read.
     """
     policy = policy or RetentionPolicy.from_env(environ)
     entries = run_dirs(environ)
@@ -317,7 +364,7 @@ def prune(
         )
         if over_count or over_budget:
             if live is None:
-                live = _live_run_ids()
+                live = live_run_ids()
             why = _in_use(entry, live, now)
             if why is None:
                 shutil.rmtree(entry.path, ignore_errors=True)
@@ -336,3 +383,37 @@ def prune(
         kept_runs=kept,
         kept_bytes=kept_bytes,
     )
+
+
+def prune_before_run(environ: Mapping[str, str]) -> str | None:
+    """Prune old run directories before adding one; the notice to show, if any (the
+    policy is told once per process). Never blocks a launch."""
+    try:
+        report = prune(environ, keep_newest_extra=1)
+    except (UserInputError, OSError) as exc:
+        return f"old runs not pruned: {exc}"
+    if not report.removed or _RETENTION_ANNOUNCED:
+        return None
+    _RETENTION_ANNOUNCED.append(True)
+    return (
+        f"removed {len(report.removed)} old run directories "
+        f"({report.freed_bytes / 1e6:.0f} MB) from {report.root}: keeping "
+        f"{report.policy.describe()}; %gpu_runs --prune / nbgpu runs --prune"
+    )
+
+
+def find_run_dir(name_or_path: str | Path) -> Path:
+    """A run directory given as a path, or the newest one whose name starts with it."""
+    path = Path(name_or_path).expanduser()
+    if (path / "run.json").is_file():
+        return path
+    root = runs_root()
+    matches = sorted(
+        (p for p in root.glob(f"{name_or_path}-*") if (p / "run.json").is_file()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not matches:
+        raise UserInputError(
+            f"{str(name_or_path)!r}: not a run directory, nor a run name under {root}"
+        )
+    return matches[-1]
