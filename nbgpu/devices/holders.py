@@ -209,8 +209,6 @@ def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
 
 
 def _missing(pid: int, container: ContainerInfo | None) -> HolderInfo:
-    if pid <= 0 or pid >= PID_MAX_LIMIT:
-        return HolderInfo(pid, "dead", detail="no such process (not a valid Linux pid)")
     if (container or detect_container()).host_pid_namespace:
         return HolderInfo(pid, "dead", detail="no such process")
     detail = "not in this PID namespace (a host pid: run with --pid=host to see it)"
@@ -240,7 +238,7 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
     ``alive``. ``container`` (default :func:`detect_container`) is read only when the pid
     is missing."""
     if pid <= 0 or pid >= PID_MAX_LIMIT:
-        return _missing(pid, container)
+        return HolderInfo(pid, "dead", detail="no such process (not a valid Linux pid)")
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():

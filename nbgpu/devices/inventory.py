@@ -3,10 +3,8 @@
 ``take_inventory()`` joins NVML's view (``nvml.py``), the OS's view of each holder pid
 (``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``), per-GPU findings
 (``model.py``) and, opt-in, the CUDA probe (``health.py``). The result renders as text,
-HTML and a pandas frame, and serialises itself as a *capture* (``nbgpu status --json``):
-the simulator's fleet file, so ``NBGPU_SIMULATE=pod.json`` replays the box, plus what was
-observed here (findings, the CUDA mapping, ``/dev/nvidia*`` files, the probe, the
-container), which :meth:`Inventory.from_dict` reads back as it was.
+HTML and a pandas frame, and serialises itself as a *capture* (``nbgpu status --json``,
+written and read back by ``capture.py``).
 
 Never imports IPython, ipywidgets, matplotlib or torch; pandas only in ``to_frame``.
 """
@@ -20,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import (
     Blank,
@@ -35,26 +33,13 @@ from nbgpu._render import (
     fmt_opt,
     fmt_used_total,
 )
-from nbgpu._serial import from_data, to_data
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
 from nbgpu.devices.cuda_errors import cuda_version
 from nbgpu.devices.holders import ContainerInfo, HolderInfo, recorded_holder
-from nbgpu.devices.model import (
-    FLEET_FORMAT,
-    GPU_FAULTS,
-    INIT_ERRORS,
-    OBSERVED_STATES,
-    Gpu,
-    GpuProcess,
-    ObservedProcess,
-    ProcessRecord,
-    ProcessState,
-    assess_gpu,
-    gpu_health,
-)
-from nbgpu.devices.visible import FASTEST_FIRST, VisibleMap, gpu_identities, resolve_visible
-from nbgpu.errors import NvmlError, UserInputError
+from nbgpu.devices.model import Gpu, assess_gpu, gpu_health
+from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
+from nbgpu.errors import NvmlError
 from nbgpu.problems import Problem
 
 if TYPE_CHECKING:  # the probe module loads only for --probe
@@ -271,81 +256,18 @@ class Inventory(Result):
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """The capture: a fleet file the simulator replays, plus what was observed here."""
-        init_error = _INIT_ERROR_NAMES.get(self.nvml_error_code or -1) if self.nvml_error else None
-        visible = None
-        if (v := self.visible) is not None:
-            seen = {
-                k: to_data(getattr(v, k)) for k in ("order", "devices", "stopped_at", "problems")
-            }
-            visible = {"value": v.raw, "override": self.visible_is_override, **seen}
-        return {
-            "nbgpu_fleet": FLEET_FORMAT,
-            "name": self.fleet_name if self.simulated else self.hostname,
-            "description": self.fleet_description or f"captured on {self.hostname}",
-            **{k: getattr(self, k) for k in _COPIED},
-            "init_error": init_error,
-            "nvml_error": self.nvml_error,
-            "container": to_data(self.container),
-            "visible_devices": visible,
-            "gpus": [
-                {**_gpu_document(g), "findings": to_data(fs)}
-                for g, fs in zip(self.gpus, self.findings, strict=True)
-            ],
-            "device_files": [
-                {
-                    "pid": pid,
-                    "paths": list(paths),
-                    "observed": to_data(_observed(self.device_file_holders.get(pid))),
-                }
-                for pid, paths in sorted(self.device_files.items())
-            ],
-            "probe": None if self.probe is None else self.probe.to_dict(),
-        }
+        """The capture (:mod:`nbgpu.devices.capture`): a fleet file the simulator replays,
+        plus what was observed here."""
+        from nbgpu.devices.capture import write_capture  # noqa: PLC0415
+
+        return write_capture({f.name: getattr(self, f.name) for f in fields(self)})
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str = "inventory JSON") -> Inventory:
-        """The capture :meth:`to_dict` wrote, as it was taken (no simulator); each mistake
-        one ``UserInputError`` line naming *where* and the field (``gpus[1].processes[0].pid``)."""
-        if not _is_capture(data):
-            raise UserInputError(f"{where}: not a capture (write one with `nbgpu status --json`)")
-        doc = from_data(_Document, data, prefix=where)
-        gpus = tuple(_gpu(g, f"gpus[{n}]", where) for n, g in enumerate(doc.gpus))
-        findings = tuple(
-            from_data(_Findings, g, where=f"gpus[{n}]", prefix=where).findings
-            if "findings" in g
-            else assess_gpu(gpu, len(gpus))  # a capture from before findings were written
-            for n, (g, gpu) in enumerate(zip(doc.gpus, gpus, strict=True))
-        )
-        seen = doc.visible_devices
-        if isinstance(seen, dict):  # older captures lack the order and where CUDA stopped
-            seen = {"order": FASTEST_FIRST, "stopped_at": None, **seen, "raw": seen.get("value")}
-        visible = None
-        if seen is not None:
-            visible = from_data(VisibleMap, seen, where="visible_devices", prefix=where)
-        probe = None
-        if doc.probe is not None:
-            from nbgpu.devices.health import ProbeReport  # noqa: PLC0415  (a probed capture only)
+        """The capture :meth:`to_dict` wrote, as it was taken (no simulator)."""
+        from nbgpu.devices.capture import read_capture  # noqa: PLC0415
 
-            probe = ProbeReport.from_dict(doc.probe, where=where)
-        return cls(
-            **{k: getattr(doc, k) for k in (*_COPIED, "container", "nvml_error")},
-            fleet_name=doc.name if doc.simulated else None,
-            fleet_description=doc.description if doc.simulated else None,
-            nvml_error_code=INIT_ERRORS.get(doc.init_error or "") if doc.nvml_error else None,
-            gpus=gpus,
-            findings=findings,
-            visible=visible,
-            visible_value=None if visible is None else visible.raw,
-            visible_is_override=isinstance(seen, dict) and seen.get("override") is True,
-            device_files={f.pid: f.paths for f in doc.device_files},
-            device_file_holders={
-                f.pid: _observed_holder(f.pid, f.observed)
-                for f in doc.device_files
-                if f.observed is not None
-            },
-            probe=probe,
-        )
+        return cls(**read_capture(data, where))
 
 
 _GPU_COLUMNS = Inventory.FRAME_COLUMNS[:12]
@@ -379,8 +301,10 @@ def saved_inventory(source: str) -> Inventory | None:
         data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    from nbgpu.devices.capture import is_capture  # noqa: PLC0415
+
     where = f"inventory file {path!r}"
-    return Inventory.from_dict(data, where=where) if _is_capture(data) else None
+    return Inventory.from_dict(data, where=where) if is_capture(data) else None
 
 
 def _probe(env: Mapping[str, str], gpus: list[Gpu], timeout_s: float) -> ProbeReport:
@@ -459,104 +383,7 @@ def take_inventory(
 def _holder_for(pid: int, backend: nvml.Backend, container: ContainerInfo) -> HolderInfo:
     observed = backend.recorded_process(pid)
     if observed is not None:  # what a capture recorded (a fleet file): not looked up here
-        return _observed_holder(pid, observed)
+        from nbgpu.devices.capture import observed_holder  # noqa: PLC0415
+
+        return observed_holder(pid, observed)
     return holders_mod.describe_pid(pid, container=container)
-
-
-# -- the capture file ----------------------------------------------------------------
-
-_INIT_ERROR_NAMES = {code: name for name, code in INIT_ERRORS.items()}
-# Written as the inventory holds them.
-_COPIED = (
-    "hostname", "taken_at", "simulated", "driver_version", "cuda_driver_version", "nvml_version",
-)  # fmt: skip
-
-
-def _is_capture(data: object) -> bool:
-    """Whether a decoded JSON document is an inventory's capture (not a fleet by hand)."""
-    return isinstance(data, dict) and "taken_at" in data
-
-
-def _observed(h: HolderInfo | None) -> ObservedProcess | None:
-    """What a capture records of a holder: its state where it was taken, who, what."""
-    if h is None:
-        return None
-    state = h.state if h.state in ("dead", "zombie", "other_namespace") else h.status
-    state = state if state in OBSERVED_STATES else "running"
-    return ObservedProcess(
-        cast("ProcessState", state), h.user, h.command, h.visible_devices, h.start_time
-    )
-
-
-def _observed_holder(pid: int, o: ObservedProcess) -> HolderInfo:
-    """The holder a capture (or a fleet file) recorded: never looked up on this machine."""
-    return recorded_holder(pid, o.state, o.user, o.command, o.visible_devices, o.start_time)
-
-
-def _gpu_document(gpu: Gpu) -> dict[str, Any]:
-    data = {f.name: to_data(getattr(gpu, f.name)) for f in fields(gpu)}
-    data["index"] = data.pop("nvml_index")
-    data["fault"] = gpu.error if gpu.error in GPU_FAULTS else None
-    kinds: dict[str, Literal["compute", "graphics"]] = {"graphics": "graphics"}
-    data["processes"] = [
-        to_data(
-            ProcessRecord(p.pid, p.used_bytes, kinds.get(p.kind, "compute"), _observed(p.holder))
-        )
-        for p in gpu.processes
-    ]
-    return data
-
-
-def _gpu(data: Any, where: str, prefix: str) -> Gpu:
-    if not isinstance(data, dict):
-        raise UserInputError(f"{prefix}: {where} is not an object")
-    error = data.get("error", data.get("fault"))
-    gpu = from_data(
-        Gpu, {**data, "nvml_index": data.get("index"), "error": error, "processes": []},
-        where=where, prefix=prefix,
-    )  # fmt: skip
-    records = from_data(
-        _Processes, {"processes": data.get("processes") or []}, where=where, prefix=prefix
-    )
-    return replace(gpu, processes=tuple(
-        GpuProcess(r.pid, r.used_bytes, r.kind, None if r.observed is None else _observed_holder(r.pid, r.observed))
-        for r in records.processes
-    ))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Processes:
-    processes: tuple[ProcessRecord, ...]
-
-
-@dataclass(frozen=True)
-class _Findings:
-    findings: tuple[Problem, ...]
-
-
-@dataclass(frozen=True)
-class _DeviceFile:
-    pid: int
-    paths: tuple[str, ...]
-    observed: ObservedProcess | None = None
-
-
-@dataclass(frozen=True)
-class _Document:
-    """A capture's top level, checked by its types."""
-
-    taken_at: float
-    hostname: str
-    container: ContainerInfo
-    name: str | None = None
-    description: str | None = None
-    simulated: bool = False
-    driver_version: str | None = None
-    cuda_driver_version: int | None = None
-    nvml_version: str | None = None
-    init_error: str | None = None
-    nvml_error: str | None = None
-    gpus: tuple[Any, ...] = ()  # each read by _gpu
-    visible_devices: Any = None  # read as a VisibleMap
-    device_files: tuple[_DeviceFile, ...] = ()
-    probe: Any = None  # read by ProbeReport.from_dict

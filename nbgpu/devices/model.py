@@ -12,9 +12,9 @@ the GPU, pid and mode involved with concrete fixes, condensed to one health word
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import FleetSpecError
@@ -147,11 +147,8 @@ class ObservedProcess:
 
 @dataclass(frozen=True)
 class ProcessRecord:
-    """A process on a GPU as a capture or a fleet file records it.
-
-    Without an ``observed`` record a simulated fleet's process is *live*: its pid is
-    looked up on this machine (tests stand real processes in as holders).
-    """
+    """A process on a GPU as a capture or a fleet file records it; without ``observed``
+    a simulated one is *live* (see :mod:`nbgpu.devices.sim.fleet`)."""
 
     pid: int
     used_bytes: int | None = None  # None: NVML cannot tell (MIG without privileges, WDDM)
@@ -171,14 +168,10 @@ def is_cluster(data: object) -> bool:
     )
 
 
-def cluster_nodes(data: object, where: str) -> dict[str, dict[str, object]]:
-    """A cluster file's documents by node name, in the file's order."""
-    if not is_cluster(data):
-        raise FleetSpecError(
-            f"{where} is not a cluster file (write one with `nbgpu status --slurm --json`)"
-        )
+def cluster_nodes(data: Mapping[str, Any], where: str) -> dict[str, dict[str, object]]:
+    """The documents of a cluster file (:func:`is_cluster`) by node name, in its order."""
     out: dict[str, dict[str, object]] = {}
-    for i, entry in enumerate(data["nodes"]):  # type: ignore[index]
+    for i, entry in enumerate(data["nodes"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("node"), str):
             raise FleetSpecError(f"{where}: nodes[{i}] has no node name")
         out[entry["node"]] = entry
@@ -216,10 +209,9 @@ class _Seen:
     @property
     def exclude(self) -> str:
         """The fix that works for any bad GPU: leave it out of jobs."""
-        total = self.gpu_count
-        if total is None or total <= 1:
+        if self.gpu_count is None or self.gpu_count <= 1:
             return "use another machine: this is the only GPU"
-        others = ",".join(str(i) for i in range(total) if i != self.i)
+        others = ",".join(str(i) for i in range(self.gpu_count) if i != self.i)
         return (
             f"leave GPU {self.i} out of jobs (e.g. `%%torchrun --gpus {others}`; without --gpus, "
             "%%torchrun leaves unhealthy GPUs out by itself)"
@@ -272,25 +264,24 @@ def _unreadable(g: _Seen) -> Problem:
 
 
 def _dead_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
-    i = g.i
     if g.exclusive:
         return g.finding(
             "exclusive_dead_holder",
-            f"GPU {i} is in {g.mode_text} mode and held by pid {proc.pid}, which no "
+            f"GPU {g.i} is in {g.mode_text} mode and held by pid {proc.pid}, which no "
             f"longer exists{_recorded(proc)}: every new CUDA context fails with "
             "'CUDA-capable device(s) is/are busy or unavailable'.",
-            f"find the real holder: `sudo fuser -v /dev/nvidia{i}` (or `sudo lsof "
-            f"/dev/nvidia{i}`) and stop it; `nbgpu clean` does this for your own processes",
-            f"reset the GPU once nothing uses it: `sudo nvidia-smi --gpu-reset -i {i}`",
-            f"or allow sharing again: `sudo nvidia-smi -i {i} -c DEFAULT`",
+            f"find the real holder: `sudo fuser -v /dev/nvidia{g.i}` (or `sudo lsof "
+            f"/dev/nvidia{g.i}`) and stop it; `nbgpu clean` does this for your own processes",
+            f"reset the GPU once nothing uses it: `sudo nvidia-smi --gpu-reset -i {g.i}`",
+            f"or allow sharing again: `sudo nvidia-smi -i {g.i} -c DEFAULT`",
             g.exclude,
         )
     return g.finding(
         "dead_holder",
-        f"GPU {i} lists pid {proc.pid}, which no longer exists{_recorded(proc)}; its "
+        f"GPU {g.i} lists pid {proc.pid}, which no longer exists{_recorded(proc)}; its "
         f"{fmt_bytes(proc.used_bytes)} may stay allocated until the context is torn down.",
-        f"`sudo fuser -v /dev/nvidia{i}` shows the process really holding it",
-        f"`sudo nvidia-smi --gpu-reset -i {i}` once the GPU is idle",
+        f"`sudo fuser -v /dev/nvidia{g.i}` shows the process really holding it",
+        f"`sudo nvidia-smi --gpu-reset -i {g.i}` once the GPU is idle",
     )
 
 
@@ -466,6 +457,4 @@ def gpu_health(gpu: Gpu, findings: tuple[Problem, ...]) -> tuple[str, str]:
         word = _KINDS.get(finding.code, ("", None))[1]
         if finding.severity in ("bad", "warn") and word:
             return word, finding.severity
-    if gpu.processes:
-        return "in use", "ok"
-    return "ok", "ok"
+    return ("in use" if gpu.processes else "ok"), "ok"

@@ -24,7 +24,7 @@ from nbgpu.devices.sim import simulated_node, simulation_source
 from nbgpu.errors import GpuLostError, NvmlError, NvmlPermissionError, NvmlUnavailable
 
 if TYPE_CHECKING:  # the simulation loads only when a fleet is asked for
-    from nbgpu.devices.sim.fleet import Fleet
+    from nbgpu.devices.sim.box import Fleet
 
 __all__ = ["Backend", "SystemSnapshot", "activate", "read_system", "reset"]
 

@@ -5,12 +5,11 @@ import pytest
 
 from nbgpu.devices import model
 from nbgpu.devices.inventory import take_inventory
-from nbgpu.devices.sim import fleet as module
+from nbgpu.devices.sim.box import COMPUTE_MODES, ComputeMode, Fleet
 from nbgpu.devices.sim.fleet import (
     FICTIONAL_PID_BASE,
     MODELS,
     SCENARIOS,
-    Fleet,
     fleet_from_dict,
     load_fleet,
     parse_spec,
@@ -199,7 +198,7 @@ def test_every_scenario_survives_the_fleet_file_round_trip(name):
 
 
 def test_the_fleet_words_are_the_simulators_words():
-    assert set(get_args(module.ComputeMode)) == set(module.COMPUTE_MODES)
+    assert set(get_args(ComputeMode)) == set(COMPUTE_MODES)
     assert set(get_args(model.InitError)) == set(model.INIT_ERRORS)
 
 

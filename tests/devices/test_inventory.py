@@ -12,7 +12,8 @@ from nbgpu._serial import to_data
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.model import Gpu, gpu_health
-from nbgpu.devices.sim.fleet import SimGpu, load_fleet
+from nbgpu.devices.sim.box import SimGpu
+from nbgpu.devices.sim.fleet import load_fleet
 from nbgpu.errors import UserInputError
 
 

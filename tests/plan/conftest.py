@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from nbgpu.devices.inventory import Inventory, take_inventory
-from nbgpu.devices.sim.fleet import Fleet, parse_spec
+from nbgpu.devices.sim.box import Fleet
+from nbgpu.devices.sim.fleet import parse_spec
 
 
 def all_free(_port: int) -> bool:

@@ -4,8 +4,9 @@ This package's own module is only the switch, ``NBGPU_SIMULATE``, read the same 
 every process nbgpu starts (CLI, probe, torchrun's agent, ranks): surrounding whitespace
 ignored, empty means unset. Standard library only: ranks import it first, and it loads
 nothing of the simulation, which only the seams import (``tests/test_package.py`` lists
-them): ``fleet`` (a box as data; what ``NBGPU_SIMULATE`` names) · ``nvml`` (the fake NVML
-library) · ``cuda`` (the fake CUDA driver, and nbgpu's ranks on a simulated fleet).
+them): ``box`` (a box as data) · ``fleet`` (what ``NBGPU_SIMULATE`` names, as a box) ·
+``nvml`` (the fake NVML library) · ``cuda`` (the fake CUDA driver, and nbgpu's ranks on a
+simulated fleet).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.fleet.Fleet`,
+"""A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.box.Fleet`,
 and nbgpu's ranks on a simulated fleet.
 
 :class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")`` (the driver's
@@ -44,7 +44,8 @@ from nbgpu.devices.cuda_errors import (
 )
 from nbgpu.devices.model import MigDevice
 from nbgpu.devices.sim import simulated_node, simulation_source
-from nbgpu.devices.sim.fleet import Fleet, SimGpu, load_fleet
+from nbgpu.devices.sim.box import Fleet, SimGpu
+from nbgpu.devices.sim.fleet import load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
 __all__ = [

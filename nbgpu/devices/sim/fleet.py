@@ -1,4 +1,4 @@
-"""Fleets: a GPU box described as data, and what ``NBGPU_SIMULATE`` names, as a fleet.
+"""Fleets: what ``NBGPU_SIMULATE`` names, as a GPU box described as data (``box.py``).
 
 A fleet is what ``nbgpu status --json`` writes on a real machine; ``NBGPU_SIMULATE``
 names one as a JSON file, a named fleet (``busy-gpu0``: a file of ``fleets/`` in the same
@@ -20,15 +20,14 @@ import json
 import re
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
-from nbgpu._serial import from_data, to_data
+from nbgpu._serial import from_data
 from nbgpu.devices.model import (
     FLEET_FORMAT,
     INIT_ERRORS,
-    GpuFault,
     InitError,
     MigDevice,
     ObservedProcess,
@@ -38,102 +37,20 @@ from nbgpu.devices.model import (
     cluster_nodes,
     is_cluster,
 )
+from nbgpu.devices.sim.box import Fleet, SimGpu
 from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.sizes import parse_size
 
 __all__ = [
-    "COMPUTE_MODES", "FICTIONAL_PID_BASE", "MODELS", "SCENARIOS", "ComputeMode", "Fleet", "SimGpu",
-    "fleet_from_dict", "load_fleet", "parse_spec",
-]  # fmt: skip
+    "FICTIONAL_PID_BASE",
+    "MODELS",
+    "SCENARIOS",
+    "fleet_from_dict",
+    "load_fleet",
+    "parse_spec",
+]
 
 MIB = 1024 * 1024
-
-#: NVML compute modes, by the names nbgpu uses everywhere (value = NVML constant).
-COMPUTE_MODES: Mapping[str, int] = {
-    "default": 0,
-    "exclusive_thread": 1,
-    "prohibited": 2,
-    "exclusive_process": 3,
-}
-
-#: The words a fleet file may use for a compute mode (read by their type: ``_serial.py``).
-ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
-
-
-@dataclass(frozen=True)
-class SimGpu:
-    """One physical GPU as NVML would describe it."""
-
-    index: int
-    name: str
-    uuid: str
-    pci_bus_id: str  # NVML form: 00000000:06:00.0
-    memory_total_bytes: int
-    memory_reserved_bytes: int = 0
-    memory_used_bytes: int | None = None  # None: reserved + sum of process memory
-    utilization_gpu_pct: int = 0
-    utilization_memory_pct: int = 0
-    temperature_c: int = 35
-    power_w: float = 30.0
-    power_limit_w: float = 300.0
-    compute_mode: ComputeMode = "default"
-    persistence_mode: bool = True
-    mig_enabled: bool | None = None  # None: the GPU does not support MIG
-    mig_devices: tuple[MigDevice, ...] = ()
-    ecc_uncorrected_volatile: int | None = 0  # None: ECC not supported / disabled
-    remapped_rows: RemappedRows | None = None  # None: not supported on this model
-    retired_pages_pending: bool | None = None
-    compute_capability: tuple[int, int] = (8, 0)
-    pci_device_id: int = 0
-    fault: GpuFault | None = None  # NVML fails on this handle
-    processes: tuple[ProcessRecord, ...] = ()
-    # What creating a CUDA context on this GPU returns (CUDA driver error code).
-    # None means "derive it": busy (46) when exclusive and held, or prohibited.
-    cuda_error: int | None = None
-
-    @property
-    def effective_used_bytes(self) -> int:
-        if self.memory_used_bytes is not None:
-            return self.memory_used_bytes
-        return self.memory_reserved_bytes + sum(p.used_bytes or 0 for p in self.processes)
-
-    @property
-    def effective_cuda_error(self) -> int:
-        """The CUDA error a context creation on this GPU would give (0: success)."""
-        if self.cuda_error is not None:
-            return self.cuda_error
-        if self.fault == "lost":
-            return 999
-        if self.compute_mode == "prohibited":
-            return 46
-        if self.compute_mode in ("exclusive_process", "exclusive_thread") and self.processes:
-            return 46
-        return 0
-
-
-@dataclass(frozen=True)
-class Fleet:
-    """A whole box: driver facts plus its GPUs."""
-
-    gpus: tuple[SimGpu, ...]
-    name: str = "custom"
-    description: str = ""
-    driver_version: str = "550.163.01"
-    cuda_driver_version: int = 12040
-    nvml_version: str = "12.550.163.01"
-    init_error: InitError | None = None  # a key of INIT_ERRORS
-    missing_functions: frozenset[str] = field(default_factory=frozenset)
-    hostname: str | None = None
-    # A load that changes over time (seconds per cycle): each GPU's utilisation and
-    # memory follow a slow wave, offset per GPU, so live views have something to show.
-    load_period_s: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"nbgpu_fleet": FLEET_FORMAT, **to_data(self)}
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
 
 # --------------------------------------------------------------------------- GPU models
 

@@ -1,4 +1,4 @@
-"""A fake NVML *library* that serves a :class:`~nbgpu.devices.sim.fleet.Fleet`.
+"""A fake NVML *library* that serves a :class:`~nbgpu.devices.sim.box.Fleet`.
 
 pynvml calls the C library through ``pynvml.nvmlLib``, looking each symbol up by name and
 passing ctypes objects. :class:`FakeNvmlLibrary` has functions of the same names that
@@ -23,8 +23,8 @@ from dataclasses import astuple, dataclass, field
 from typing import Any
 
 from nbgpu.devices.model import INIT_ERRORS, ProcessRecord
+from nbgpu.devices.sim.box import COMPUTE_MODES, Fleet, SimGpu
 from nbgpu.devices.sim.cuda import Device, RankProcess, deref, int_arg, ranks_on_gpus
-from nbgpu.devices.sim.fleet import COMPUTE_MODES, Fleet, SimGpu
 
 __all__ = ["FakeNvmlLibrary"]
 
