@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nbgpu import _lineage
-from nbgpu._lineage import package_root, with_package_importable
+from nbgpu import _children
+from nbgpu._children import package_root, with_package_importable
 
 
 def test_a_checkout_goes_in_front_of_pythonpath_once():
@@ -44,7 +44,7 @@ def test_a_child_whose_launcher_already_died_exits_at_once(through_wrapper):
     # so the child must notice by itself, also when a wrapper process sits in between.
     child = textwrap.dedent("""
         import signal, sys
-        from nbgpu._lineage import die_with_parent
+        from nbgpu._children import die_with_parent
         die_with_parent(signal.SIGTERM, int(sys.argv[1]))
         print("still here")
     """)
@@ -63,7 +63,7 @@ def test_a_child_whose_launcher_already_died_exits_at_once(through_wrapper):
 def test_a_live_launcher_behind_a_wrapper_counts_as_alive():
     child = textwrap.dedent("""
         import os, signal
-        from nbgpu._lineage import die_with_parent
+        from nbgpu._children import die_with_parent
         print(die_with_parent(signal.SIGTERM, int(os.environ["LAUNCHER"])))
     """)
     env = {**with_package_importable(os.environ), "LAUNCHER": str(os.getpid())}
@@ -73,6 +73,6 @@ def test_a_live_launcher_behind_a_wrapper_counts_as_alive():
 
 
 def test_the_module_is_standard_library_only():
-    source = Path(_lineage.__file__).read_text(encoding="utf-8")
+    source = Path(_children.__file__).read_text(encoding="utf-8")
     imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
     assert all(" nbgpu" not in line and "torch" not in line for line in imports), imports

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from nbgpu._deadline import wait_gone
+from nbgpu._children import wait_gone
 from nbgpu._render import Block, Line, Result, Section, Title
 from nbgpu.devices.holders import HolderInfo, describe_pid
 from nbgpu.errors import UserInputError

@@ -25,8 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from nbgpu._deadline import Finished, run_with_deadline
-from nbgpu._lineage import with_package_importable
+from nbgpu._children import Finished, run_with_deadline, with_package_importable
 from nbgpu._render import Block, Bullets, Result, Table, Title
 from nbgpu._serial import from_data
 from nbgpu.devices.cuda_errors import LIBCUDA_SONAME, cuda_version, error_name, error_string

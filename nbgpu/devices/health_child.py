@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from nbgpu._lineage import die_with_parent
+from nbgpu._children import die_with_parent
 from nbgpu.devices.cuda_driver import CudaCallError, CudaDriver
 from nbgpu.devices.cuda_errors import LIBCUDA_SONAME
 from nbgpu.devices.sim import simulation_source

@@ -39,8 +39,7 @@ from typing import Any
 
 import psutil
 
-from nbgpu._deadline import wait_gone
-from nbgpu._lineage import set_parent_death_signal, with_package_importable
+from nbgpu._children import set_parent_death_signal, wait_gone, with_package_importable
 from nbgpu._render import Block, Line, Pre, Result, Title
 from nbgpu._serial import to_data
 from nbgpu.errors import NbgpuError

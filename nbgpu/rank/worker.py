@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nbgpu._lineage import die_with_parent
+from nbgpu._children import die_with_parent
 from nbgpu.profile.phases import configure
 from nbgpu.rank.group import destroy
 from nbgpu.rank.job import set_memory_limit
