@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.devices.model import gpu_health
@@ -315,6 +315,45 @@ def _plan_role(plan: LaunchPlan, role: str | None) -> PlanRole:
     return roles[names.index(role)]
 
 
+# One return type per form: a cold run, a warm job (keep=True), a cell on one (on=).
+@overload
+def torchrun(
+    code_or_path: str,
+    nproc: int | None = None,
+    *,
+    check: bool = True,
+    write: Callable[[str], object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    keep: Literal[False] = False,
+    on: None = None,
+    **options: Any,
+) -> Run: ...
+@overload
+def torchrun(
+    code_or_path: str,
+    nproc: int | None = None,
+    *,
+    check: bool = True,
+    write: Callable[[str], object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    keep: Literal[True],
+    on: None = None,
+    **options: Any,
+) -> WarmJob: ...
+@overload
+def torchrun(
+    code_or_path: str,
+    nproc: int | None = None,
+    *,
+    check: bool = True,
+    write: Callable[[str], object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    keep: Literal[False] = False,
+    on: str,
+    **options: Any,
+) -> CellResult | None: ...
+
+
 def torchrun(
     code_or_path: str,
     nproc: int | None = None,
@@ -325,7 +364,7 @@ def torchrun(
     keep: bool = False,
     on: str | None = None,
     **options: Any,
-) -> Run | WarmJob | CellResult | None:
+) -> Run | WarmJob | CellResult | None:  # the forms above, one each
     """Run *code_or_path* (cell source, or a ``.py`` path) as a torchrun job and wait.
 
     Streams every rank's output (prefixed ``[rankN]``) through *write* (default:
