@@ -35,8 +35,6 @@ PROBLEM_ROWS: dict[str, str | None] = {
 # test fails once one gets a marking, so the entry goes when it is no longer true.
 UNMARKED = {
     "rescale-verl-script.ipynb": "its HTML outputs never name the fleet",
-    "import-storm.ipynb": "its run records and memory reports name the fleet unmarked "
-    "(not yet drawn from the content model)",
 }
 
 _STYLES_JS = """([path, background, simulated]) => {
