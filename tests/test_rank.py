@@ -509,7 +509,7 @@ def test_torchrun_job_on_a_simulated_fleet(tmp_path, sim_env):
 def test_torchrun_rank_on_a_busy_gpu_fails_with_cudas_message(tmp_path, sim_env):
     code, out = torchrun(tmp_path, {**sim_env, "NBGPU_SIMULATE": "busy-gpu0"})
     assert code != 0, out
-    assert "torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy" in out
+    assert "torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy" in out, out
     assert "[nbgpu] simulated fleet 'busy-gpu0': cuda:0 is physical GPU 0 (GPU-" in out
     assert "exclusive-process, held by pid" in out
     assert "SUM " not in out
