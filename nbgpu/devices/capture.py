@@ -153,16 +153,26 @@ def _gpu(data: Any, where: str, prefix: str) -> Gpu:
         raise UserInputError(f"{prefix}: {where} is not an object")
     error = data.get("error", data.get("fault"))
     gpu = from_data(
-        Gpu, {**data, "nvml_index": data.get("index"), "error": error, "processes": []},
-        where=where, prefix=prefix,
-    )  # fmt: skip
+        Gpu,
+        {**data, "nvml_index": data.get("index"), "error": error, "processes": []},
+        where=where,
+        prefix=prefix,
+    )
     records = from_data(
         _Processes, {"processes": data.get("processes") or []}, where=where, prefix=prefix
     )
-    return replace(gpu, processes=tuple(
-        GpuProcess(r.pid, r.used_bytes, r.kind, None if r.observed is None else observed_holder(r.pid, r.observed))
-        for r in records.processes
-    ))  # fmt: skip
+    return replace(
+        gpu,
+        processes=tuple(
+            GpuProcess(
+                r.pid,
+                r.used_bytes,
+                r.kind,
+                None if r.observed is None else observed_holder(r.pid, r.observed),
+            )
+            for r in records.processes
+        ),
+    )
 
 
 @dataclass(frozen=True)

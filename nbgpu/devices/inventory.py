@@ -354,11 +354,14 @@ def take_inventory(
         # Which fleet failed to initialise is the point of a simulated failure scenario.
         return taken(nvml.backend_for(env), [], nvml_error=str(exc), nvml_error_code=exc.code)
     gpus = [
-        replace(g, processes=tuple(
-            replace(p, holder=_holder_for(p.pid, snap.backend, container)) for p in g.processes
-        ))
+        replace(
+            g,
+            processes=tuple(
+                replace(p, holder=_holder_for(p.pid, snap.backend, container)) for p in g.processes
+            ),
+        )
         for g in snap.gpus
-    ]  # fmt: skip
+    ]
     cvd_env = env if visible_devices is None else {**env, "CUDA_VISIBLE_DEVICES": visible_devices}
     listed = {p.pid for g in gpus for p in g.processes} | {os.getpid()}
     scanned = holders_mod.device_file_holders() if scan_device_files else {}

@@ -143,9 +143,13 @@ def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
     gpus = data.get("gpus")
     if isinstance(gpus, list):
         # What a capture could not read is null (a lost GPU's UUID, name and size).
-        data = {**data, "gpus": [
-            _with_position_defaults(g, i) if isinstance(g, dict) else g for i, g in enumerate(gpus)
-        ]}  # fmt: skip
+        data = {
+            **data,
+            "gpus": [
+                _with_position_defaults(g, i) if isinstance(g, dict) else g
+                for i, g in enumerate(gpus)
+            ],
+        }
     return from_data(
         Fleet, {"name": default_name, **data}, prefix="fleet JSON", error=FleetSpecError
     )
