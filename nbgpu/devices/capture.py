@@ -158,21 +158,11 @@ def _gpu(data: Any, where: str, prefix: str) -> Gpu:
         where=where,
         prefix=prefix,
     )
-    records = from_data(
-        _Processes, {"processes": data.get("processes") or []}, where=where, prefix=prefix
-    )
-    return replace(
-        gpu,
-        processes=tuple(
-            GpuProcess(
-                r.pid,
-                r.used_bytes,
-                r.kind,
-                None if r.observed is None else observed_holder(r.pid, r.observed),
-            )
-            for r in records.processes
-        ),
-    )
+    listed = {"processes": data.get("processes") or []}
+    records = from_data(_Processes, listed, where=where, prefix=prefix).processes
+    holders = {r.pid: observed_holder(r.pid, r.observed) for r in records if r.observed}
+    processes = tuple(GpuProcess(r.pid, r.used_bytes, r.kind, holders.get(r.pid)) for r in records)
+    return replace(gpu, processes=processes)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import psutil
 
 from nbgpu._children import wait_gone
 from nbgpu._render import Block, Line, Result, Section, Title
-from nbgpu.devices.holders import HolderInfo, describe_pid
+from nbgpu.devices.holders import HolderInfo, _clip, describe_pid
 from nbgpu.errors import UserInputError
 
 __all__ = [
@@ -48,10 +48,6 @@ def _wrapped(text: str, indent: str = " " * 6, level: str = "") -> Line:
     """A sentence under its holder's line, continued two columns further in."""
     lines = textwrap.wrap(text, _WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
     return Line("\n".join(lines) or indent, wrap=False, level=level)
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _holds(gpus: Sequence[int], files: Sequence[str]) -> str:

@@ -52,7 +52,6 @@ _RECORDED_STATES = frozenset({"dead", "zombie", "other_namespace", "no_access"})
 # live only in the initial PID namespace, so seeing one proves we share the host's.
 _PF_KTHREAD = 0x00200000
 
-_COMMAND_WIDTH = 60
 T = TypeVar("T")
 
 
@@ -93,7 +92,7 @@ class HolderInfo:
         if self.user:
             parts.append(self.user)
         if self.command:
-            parts.append(_clip(self.command, _COMMAND_WIDTH))
+            parts.append(_clip(self.command, 60))
         notes = [self._state_phrase()]
         if self.visible_devices is not None:
             notes.append(f"CUDA_VISIBLE_DEVICES={self.visible_devices}")
@@ -208,27 +207,15 @@ def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
     return f"[{name}]" if name else None
 
 
-def _missing(pid: int, container: ContainerInfo | None) -> HolderInfo:
-    if (container or detect_container()).host_pid_namespace:
-        return HolderInfo(pid, "dead", detail="no such process")
-    detail = "not in this PID namespace (a host pid: run with --pid=host to see it)"
-    return HolderInfo(pid, "other_namespace", detail=detail)
-
-
 def _parent_command(ppid: int) -> str | None:
     if ppid <= 0:
         return None
     try:
         parent = psutil.Process(ppid)
-        with parent.oneshot():
-            name = parent.name()
-            try:
-                cmdline = parent.cmdline()
-            except (psutil.ZombieProcess, psutil.AccessDenied):
-                cmdline = []
+        name = parent.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    return _join_command(cmdline, name)
+    return _join_command(_ask(parent.cmdline, None), name)
 
 
 def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
@@ -249,7 +236,10 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
             name = proc.name()
     except psutil.NoSuchProcess:
         # Also when it exited between calls: it is gone now, which is the fact to report.
-        return _missing(pid, container)
+        if (container or detect_container()).host_pid_namespace:
+            return HolderInfo(pid, "dead", detail="no such process")
+        hidden = "not in this PID namespace (a host pid: run with --pid=host to see it)"
+        return HolderInfo(pid, "other_namespace", detail=hidden)
     except psutil.AccessDenied:
         return HolderInfo(pid, "no_access", detail="permission denied reading /proc")
     user: str | None = _ask(proc.username, None)

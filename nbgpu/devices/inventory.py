@@ -37,7 +37,7 @@ from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
 from nbgpu.devices.cuda_errors import cuda_version
 from nbgpu.devices.holders import ContainerInfo, HolderInfo, recorded_holder
-from nbgpu.devices.model import Gpu, assess_gpu, gpu_health
+from nbgpu.devices.model import Gpu, GpuProcess, assess_gpu, gpu_health
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.errors import NvmlError
 from nbgpu.problems import Problem
@@ -154,9 +154,6 @@ class Inventory(Result):
             for proc in gpu.processes:
                 h = proc.holder
                 state = proc.state + (" (recorded)" if h and h.recorded else "")
-                level = {"dead": "bad", "zombie": "bad", "other_namespace": "warn"}.get(
-                    proc.state, ""
-                )
                 table.add(
                     gpu.nvml_index,
                     proc.pid,
@@ -166,7 +163,7 @@ class Inventory(Result):
                     fmt_bytes(proc.used_bytes),
                     fmt_opt(h.visible_devices if h else None),
                     fmt_opt(h.command if h else None),
-                    level=level,
+                    level=_STATE_LEVELS.get(proc.state, ""),
                 )
         for pid, paths in sorted(self.device_files.items()):
             h = self.device_file_holders.get(pid) or recorded_holder(
@@ -271,6 +268,7 @@ class Inventory(Result):
 
 
 _GPU_COLUMNS = Inventory.FRAME_COLUMNS[:12]
+_STATE_LEVELS = {"dead": "bad", "zombie": "bad", "other_namespace": "warn"}
 # nvidia-smi's words for the compute modes.
 _MODES = {
     "exclusive_process": "E.Process",
@@ -354,12 +352,7 @@ def take_inventory(
         # Which fleet failed to initialise is the point of a simulated failure scenario.
         return taken(nvml.backend_for(env), [], nvml_error=str(exc), nvml_error_code=exc.code)
     gpus = [
-        replace(
-            g,
-            processes=tuple(
-                replace(p, holder=_holder_for(p.pid, snap.backend, container)) for p in g.processes
-            ),
-        )
+        replace(g, processes=tuple(_with_holder(p, snap.backend, container) for p in g.processes))
         for g in snap.gpus
     ]
     cvd_env = env if visible_devices is None else {**env, "CUDA_VISIBLE_DEVICES": visible_devices}
@@ -383,10 +376,11 @@ def take_inventory(
     )
 
 
-def _holder_for(pid: int, backend: nvml.Backend, container: ContainerInfo) -> HolderInfo:
-    observed = backend.recorded_process(pid)
-    if observed is not None:  # what a capture recorded (a fleet file): not looked up here
-        from nbgpu.devices.capture import observed_holder  # noqa: PLC0415
+def _with_holder(proc: GpuProcess, backend: nvml.Backend, container: ContainerInfo) -> GpuProcess:
+    observed = backend.recorded_process(proc.pid)
+    if observed is None:
+        return replace(proc, holder=holders_mod.describe_pid(proc.pid, container=container))
+    # What a capture recorded (a fleet file): not looked up here.
+    from nbgpu.devices.capture import observed_holder  # noqa: PLC0415
 
-        return observed_holder(pid, observed)
-    return holders_mod.describe_pid(pid, container=container)
+    return replace(proc, holder=observed_holder(proc.pid, observed))

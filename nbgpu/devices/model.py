@@ -32,17 +32,13 @@ __all__ = [
 #: The version of the capture / fleet file format (its ``nbgpu_fleet`` key).
 FLEET_FORMAT = 1
 
-#: How NVML initialisation can fail, by name (a capture's ``init_error``), with NVML's code.
-INIT_ERRORS: dict[str, int] = {
-    "no_permission": 4,
-    "driver_not_loaded": 9,
-    "library_not_found": 12,
-    "lib_rm_version_mismatch": 18,
-    "unknown": 999,
-}
 InitError = Literal[
     "no_permission", "driver_not_loaded", "library_not_found", "lib_rm_version_mismatch", "unknown"
 ]
+#: How NVML initialisation can fail, by name (a capture's ``init_error``), with NVML's code.
+INIT_ERRORS: dict[str, int] = dict(
+    zip(typing.get_args(InitError), (4, 9, 12, 18, 999), strict=True)
+)
 #: A GPU NVML cannot read (its ``Gpu.error``; a fleet GPU's ``fault``).
 GpuFault = Literal["lost", "no_permission"]
 GPU_FAULTS = frozenset(typing.get_args(GpuFault))
@@ -340,11 +336,8 @@ _BY_HOLDER_STATE: dict[str, Callable[[_Seen, GpuProcess], Problem | None]] = {
 def _facts(g: _Seen) -> Iterator[Problem]:
     """One rule per fact about the GPU itself, in this order (the sort keeps it)."""
     gpu, i = g.gpu, g.i
-    for proc in gpu.processes:
-        rule = _BY_HOLDER_STATE.get(proc.state)
-        found = rule(g, proc) if rule else None
-        if found is not None:
-            yield found
+    held = (_BY_HOLDER_STATE[p.state](g, p) for p in gpu.processes if p.state in _BY_HOLDER_STATE)
+    yield from filter(None, held)
     if g.exclusive and not gpu.processes:
         yield g.finding(
             "exclusive_mode",
@@ -386,13 +379,10 @@ def _facts(g: _Seen) -> Iterator[Problem]:
             "the driver loaded.",
             "watch `nvidia-smi -q -d ECC`; if the count grows, drain the node",
         )
-    ghost = gpu.ghost_bytes
+    ghost = gpu.ghost_bytes or 0
     # A holder in another namespace already explains memory nobody here accounts for.
-    if (
-        ghost is not None
-        and ghost > GHOST_THRESHOLD_BYTES
-        and not any(p.state == "other_namespace" for p in gpu.processes)
-    ):
+    explained = any(p.state == "other_namespace" for p in gpu.processes)
+    if ghost > GHOST_THRESHOLD_BYTES and not explained:
         yield g.finding(
             "ghost_memory",
             f"GPU {i} has {fmt_bytes(ghost)} in use that no listed process accounts for: a "

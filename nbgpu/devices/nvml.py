@@ -387,11 +387,4 @@ def read_system(environ: Mapping[str, str]) -> SystemSnapshot:
     except pynvml.NVMLError:
         nvml_version = None
     gpus = tuple(_read_gpu(i) for i in range(count))
-    return SystemSnapshot(
-        backend=backend,
-        driver_version=driver,
-        cuda_driver_version=cuda,
-        nvml_version=nvml_version,
-        device_count=count,
-        gpus=gpus,
-    )
+    return SystemSnapshot(backend, driver, cuda, nvml_version, count, gpus)

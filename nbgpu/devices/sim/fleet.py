@@ -343,9 +343,8 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
             for idx in _indices(key, value, count):
                 if key == "busy":
                     gpus[idx] = replace(gpus[idx], compute_mode="exclusive_process")
-                observed = ObservedProcess(state)
-                if state != "dead":
-                    observed = ObservedProcess(state, command="python -m sglang.launch_server")
+                command = None if state == "dead" else "python -m sglang.launch_server"
+                observed = ObservedProcess(state, command=command)
                 used = min(29000 * MIB, gpus[idx].memory_total_bytes // 2)
                 add(idx, ProcessRecord(next_pid, used, observed=observed))
                 next_pid += 1
