@@ -124,7 +124,6 @@ class CleanReport(Result):
 
     @property
     def ok(self) -> bool:
-        """True when no candidate's outcome is a failure."""
         return not any(o.result.startswith("failed") for o in self.outcomes)
 
     def content(self) -> list[Block]:

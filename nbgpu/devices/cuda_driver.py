@@ -50,13 +50,9 @@ class CudaDriver:
     def __init__(self, library: object) -> None:
         self.library = library
 
-    def has(self, function: str) -> bool:
-        """Whether the library exports ``function`` (old drivers lack the ``_v2`` symbols)."""
-        return hasattr(self.library, function)
-
     def _newest(self, function: str) -> str:
         """``function``'s ``_v2`` when the library exports it (old drivers lack it)."""
-        return function + "_v2" if self.has(function + "_v2") else function
+        return function + "_v2" if hasattr(self.library, function + "_v2") else function
 
     def _call(self, function: str, *args: Any) -> None:
         try:

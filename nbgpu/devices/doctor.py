@@ -280,26 +280,19 @@ def _environment_findings(
             )
         )
     elif wanted is not None and wanted > n_healthy:
-        out.append(
-            _env_problem(
-                "warn",
-                "nproc_exceeds_healthy",
-                f"{source}={wanted} but only {n_healthy} of the {n_visible} visible GPUs "
-                "are healthy.",
-                "fix the GPUs flagged above, or launch fewer ranks on the healthy ones",
-            )
+        message = (
+            f"{source}={wanted} but only {n_healthy} of the {n_visible} visible GPUs are healthy."
         )
+        fix = "fix the GPUs flagged above, or launch fewer ranks on the healthy ones"
+        out.append(_env_problem("warn", "nproc_exceeds_healthy", message, fix))
     local_rank = _int_env(environ, "LOCAL_RANK", out)
     if local_rank is not None and local_rank >= n_visible:
-        out.append(
-            _env_problem(
-                "bad",
-                "local_rank_exceeds_gpus",
-                f"local_rank {local_rank} >= {n_visible} visible devices: "
-                f"torch.cuda.set_device({local_rank}) fails with 'invalid device ordinal'.",
-                "launch at most one rank per visible GPU; check CUDA_VISIBLE_DEVICES per job",
-            )
+        message = (
+            f"local_rank {local_rank} >= {n_visible} visible devices: "
+            f"torch.cuda.set_device({local_rank}) fails with 'invalid device ordinal'."
         )
+        fix = "launch at most one rank per visible GPU; check CUDA_VISIBLE_DEVICES per job"
+        out.append(_env_problem("bad", "local_rank_exceeds_gpus", message, fix))
     rank = _int_env(environ, "RANK", out)
     world = _int_env(environ, "WORLD_SIZE", out)
     if rank is not None and world is not None and rank >= world:
@@ -310,15 +303,12 @@ def _environment_findings(
         message = f"MASTER_PORT={port!r} is not a port number (1-65535)."
         out.append(_env_problem("bad", "bad_env", message))
     elif port and rank in (None, 0) and _port_in_use(host, int(port)):
-        out.append(
-            _env_problem(
-                "warn",
-                "port_in_use",
-                f"MASTER_PORT={port} is already in use on this machine: a new rendezvous "
-                "there fails with 'address already in use' (another run on this box).",
-                "unset MASTER_PORT and let nbgpu pick a free port, or choose another one",
-            )
+        message = (
+            f"MASTER_PORT={port} is already in use on this machine: a new rendezvous "
+            "there fails with 'address already in use' (another run on this box)."
         )
+        fix = "unset MASTER_PORT and let nbgpu pick a free port, or choose another one"
+        out.append(_env_problem("warn", "port_in_use", message, fix))
     return out
 
 
@@ -365,15 +355,12 @@ def run_doctor(
     findings.extend(_probe_findings(inventory))
     findings.extend(_environment_findings(inventory, env, nproc, face))
     if inventory.container.in_container and not inventory.container.host_pid_namespace:
-        findings.append(
-            _env_problem(
-                "info",
-                "container",
-                "Inside a container without the host PID namespace: the pids NVML reports are "
-                "host pids, so a 'missing' pid is not necessarily dead.",
-                "run with --pid=host to see and manage host processes",
-            )
+        message = (
+            "Inside a container without the host PID namespace: the pids NVML reports are "
+            "host pids, so a 'missing' pid is not necessarily dead."
         )
+        fix = "run with --pid=host to see and manage host processes"
+        findings.append(_env_problem("info", "container", message, fix))
     if not any(f.severity in ("bad", "warn") for f in findings):
         message = f"All {len(inventory.gpus)} GPUs look healthy."
         findings.append(Problem("ok", "healthy", "machine", message))

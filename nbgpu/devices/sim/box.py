@@ -8,6 +8,7 @@ read by these types; :mod:`nbgpu.devices.sim.fleet` builds one from what
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,16 +25,11 @@ from nbgpu.devices.model import (
 
 __all__ = ["COMPUTE_MODES", "ComputeMode", "Fleet", "SimGpu"]
 
-#: NVML compute modes, by the names nbgpu uses everywhere (value = NVML constant).
-COMPUTE_MODES: Mapping[str, int] = {
-    "default": 0,
-    "exclusive_thread": 1,
-    "prohibited": 2,
-    "exclusive_process": 3,
-}
-
-#: The words a fleet file may use for a compute mode (read by their type: ``_serial.py``).
+#: The words a fleet file may use for a compute mode (read by their type: ``_serial.py``),
+#: in the order of NVML's constants.
 ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
+#: NVML compute modes, by the names nbgpu uses everywhere (value = NVML constant).
+COMPUTE_MODES: Mapping[str, int] = {name: i for i, name in enumerate(typing.get_args(ComputeMode))}
 
 
 @dataclass(frozen=True)
