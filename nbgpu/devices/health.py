@@ -314,13 +314,10 @@ def _report(
         )
         message = f"the CUDA probe process {how}: {last.strip() or 'no output'}"
         return replace(base, init_error=message, init_outcome="error")
-    init = doc.get("init")
-    driver_version = doc.get("driver_version")
-    if init is not None:
-        message, outcome = _init_failure(init)
-        return replace(
-            base, driver_version=driver_version, init_error=message, init_outcome=outcome
-        )
+    base = replace(base, driver_version=doc.get("driver_version"))
+    if doc.get("init") is not None:
+        message, outcome = _init_failure(doc["init"])
+        return replace(base, init_error=message, init_outcome=outcome)
     by_body = {_uuid_body(full): (full, index) for full, index in uuids.items()}
     results = []
     for device in doc.get("devices", []):
@@ -343,7 +340,7 @@ def _report(
                 pci_bus_id=device.get("pci_bus_id"),
             )
         )
-    return replace(base, results=tuple(results), driver_version=driver_version)
+    return replace(base, results=tuple(results))
 
 
 def _init_failure(init: Mapping[str, Any]) -> tuple[str, str]:

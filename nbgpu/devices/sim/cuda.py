@@ -209,10 +209,6 @@ class SimulatedCudaLibrary:
         call.__name__ = name
         return call
 
-    def __dir__(self) -> list[str]:
-        symbols = (n[1:] for n in dir(type(self)) if self._exports(n[1:]))
-        return sorted({*super().__dir__(), *symbols})
-
     # -- the driver API -------------------------------------------------------------
 
     def _cuInit(self, flags: Any) -> int:
