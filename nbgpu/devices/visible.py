@@ -85,9 +85,7 @@ class VisibleMap(Result):
 
     def physical(self, cuda_index: int) -> VisibleDevice | None:
         """The device behind ``cuda:<cuda_index>``, or None if CUDA has no such ordinal."""
-        if 0 <= cuda_index < len(self.devices):
-            return self.devices[cuda_index]
-        return None
+        return self.devices[cuda_index] if 0 <= cuda_index < len(self.devices) else None
 
     def cuda_index_of(self, nvml_index: int) -> int | None:
         """The first logical ordinal that uses physical GPU ``nvml_index``, if any."""
@@ -115,10 +113,6 @@ class _Target:
 
     gpu: GpuIdentity
     mig_uuid: str | None = None
-
-    @property
-    def key(self) -> tuple[int, str | None]:
-        return (self.gpu.nvml_index, self.mig_uuid)
 
     def describe(self) -> str:
         if self.mig_uuid:
@@ -197,7 +191,7 @@ def resolve_visible(
                 tail = f" and also hides {', '.join(map(repr, hidden))}" if hidden else ""
                 problems.append(f"{line}; CUDA stops there{tail}")
                 break
-            first = next((e for e, t in chosen if t.key == found.key), None)
+            first = next((e for e, t in chosen if t == found), None)
             if first is not None:
                 what = found.describe()
                 fail(f"{key}={raw!r}: entry {entry!r} repeats {what} (name each device once)")
@@ -239,16 +233,13 @@ def _pci_fields(bus_id: str) -> tuple[int, ...] | None:
     return None if m is None else tuple(int(g or "0", 16) for g in m.groups())
 
 
-def _pci_key(bus_id: str) -> tuple[int, ...]:
-    fields = _pci_fields(bus_id)
-    return (1,) if fields is None else (0, *fields)  # one not from NVML goes last
-
-
 def _cuda_order(gpus: Sequence[GpuIdentity], order: str) -> list[GpuIdentity]:
     def key(g: GpuIdentity) -> tuple[object, ...]:
         # CUDA's "fastest first" heuristic: higher compute capability first, then bus order.
         major, minor = (0, 0) if order == PCI_BUS_ID else g.compute_capability
-        return (-major, -minor, _pci_key(g.pci_bus_id), g.nvml_index)
+        fields = _pci_fields(g.pci_bus_id)
+        bus = (1,) if fields is None else (0, *fields)  # one not from NVML goes last
+        return (-major, -minor, bus, g.nvml_index)
 
     return sorted(gpus, key=key)
 
