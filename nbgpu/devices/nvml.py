@@ -279,8 +279,7 @@ def _mig(handle: Any, missing: list[str]) -> tuple[bool | None, tuple[MigDevice,
     mode = _query(missing, "MIG", pynvml.nvmlDeviceGetMigMode, handle)
     if mode is None:
         return None, ()
-    enabled = bool(mode[0])
-    if not enabled:
+    if not mode[0]:
         return False, ()
     children = []
     count = _query(missing, "MIG", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
