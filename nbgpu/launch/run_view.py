@@ -365,9 +365,11 @@ def rendezvous_timeout_words(run_dir: Path, config: LaunchConfig, waited_s: floa
     ranks = ""
     if config.node_rank is not None:
         others = [str(r) for r in range(config.nnodes) if r != config.node_rank]
-        ranks = f" and --node-rank {others[0]}" if len(others) == 1 else (
-            f" and --node-rank {others[0]}..{others[-1]} (not {config.node_rank})"
-        )  # fmt: skip
+        ranks = (
+            f" and --node-rank {others[0]}"
+            if len(others) == 1
+            else (f" and --node-rank {others[0]}..{others[-1]} (not {config.node_rank})")
+        )
     return (
         f"{within}: the other nodes never joined at {config.rdzv_endpoint}; run the same cell on "
         f"each of them with --nodes {config.nnodes} --rdzv-endpoint {config.rdzv_endpoint} "

@@ -231,8 +231,12 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
                 answer = _run_cell(message, namespace, rec, conn, rank)
             except KeyboardInterrupt:
                 # Landed after the cell's code, before its answer: still an interrupted cell.
-                answer = {"op": "done", "cell": number, "status": "interrupted",
-                          "error": "KeyboardInterrupt"}  # fmt: skip
+                answer = {
+                    "op": "done",
+                    "cell": number,
+                    "status": "interrupted",
+                    "error": "KeyboardInterrupt",
+                }
             sys.stdout.flush()
             sys.stderr.flush()
             conn.send(answer)
