@@ -30,6 +30,8 @@ __all__ = [
 NOTEBOOK = "notebook"
 TERMINAL = "terminal"
 _BOTH = frozenset({NOTEBOOK, TERMINAL})
+NOTEBOOK_ONLY = frozenset({NOTEBOOK})
+TERMINAL_ONLY = frozenset({TERMINAL})
 
 
 # Help words that differ by face: what the user runs, and the commands they can type there.
@@ -81,20 +83,20 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         ("nproc",),
         "processes on this node (default: the healthy visible GPUs)",
-        {"nargs": "?", "default": None},
-        faces=frozenset({NOTEBOOK}),
+        {"nargs": "?"},
+        faces=NOTEBOOK_ONLY,
         per_cell=True,
     ),
     Flag(
         ("-n", "--nproc"),
         "processes on this node (default: the healthy visible GPUs)",
-        {"default": None, "metavar": "N"},
-        faces=frozenset({TERMINAL}),
+        {"metavar": "N"},
+        faces=TERMINAL_ONLY,
     ),
     Flag(
         ("--nproc-per-node",),
         "processes per node (the same as the count; reads well next to --nodes)",
-        {"type": int, "default": None, "metavar": "N"},
+        {"type": int, "metavar": "N"},
         per_cell=True,
     ),
     Flag(
@@ -109,22 +111,18 @@ FLAGS: tuple[Flag, ...] = (
         "(SLURM_JOB_ID), or request one for the run; srun starts torchrun on each node",
         {"action": "store_true"},
     ),
-    Flag(
-        ("--partition",),
-        "with --slurm: the partition to request nodes from",
-        {"default": None, "metavar": "P"},
-    ),
+    Flag(("--partition",), "with --slurm: the partition to request nodes from", {"metavar": "P"}),
     Flag(
         ("--time",),
         "with --slurm: the allocation's time limit (SLURM's form: 30, 1:00:00)",
-        {"default": None, "metavar": "T"},
+        {"metavar": "T"},
     ),
-    Flag(("--account",), "with --slurm: the account to charge", {"default": None, "metavar": "A"}),
+    Flag(("--account",), "with --slurm: the account to charge", {"metavar": "A"}),
     Flag(
         ("--gpus-per-node",),
         "with --slurm: GPUs to request on each node (one rank per GPU "
         "unless --nproc-per-node says otherwise)",
-        {"type": int, "default": None, "metavar": "G"},
+        {"type": int, "metavar": "G"},
     ),
     Flag(
         ("--slurm-arg",),
@@ -134,29 +132,28 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         ("--node-rank",),
         "without SLURM: this node's rank among --nodes (default: c10d assigns it)",
-        {"type": int, "default": None, "metavar": "R"},
+        {"type": int, "metavar": "R"},
     ),
     Flag(
         ("--rdzv-endpoint",),
         "without SLURM: HOST:PORT where every node's ranks meet (torchrun's c10d rendezvous)",
-        {"default": None, "metavar": "HOST:PORT"},
+        {"metavar": "HOST:PORT"},
     ),
     Flag(
         ("--rdzv-timeout",),
         "with --nodes: seconds the nodes wait for each other at the "
         "rendezvous (default 120 with --slurm, 600 without)",
-        {"type": float, "default": None, "metavar": "S"},
+        {"type": float, "metavar": "S"},
     ),
     Flag(
         ("--gpus",),
         "physical GPUs to use (sets CUDA_VISIBLE_DEVICES); unknown or unhealthy "
         "GPUs are refused with the reason",
-        {"default": None, "metavar": "0,1,3"},
+        {"metavar": "0,1,3"},
     ),
     Flag(
         ("--plan",),
         "take GPUs, nproc and port from a plan",
-        {"default": None},
         by_face={
             NOTEBOOK: {
                 "metavar": "VAR",
@@ -168,49 +165,49 @@ FLAGS: tuple[Flag, ...] = (
             },
         },
     ),
-    Flag(("--role",), "with --plan: which role to launch", {"default": None}),
+    Flag(("--role",), "with --plan: which role to launch"),
     Flag(
         ("--force",),
         "launch even on unhealthy GPUs or with more ranks than GPUs",
         {"action": "store_true"},
     ),
-    Flag(("--name",), "a name for the run: {name}", {"default": None}),
+    Flag(("--name",), "a name for the run: {name}"),
     Flag(
         ("--bg",),
         "run in the background; output stays in this cell",
         {"action": "store_true"},
-        faces=frozenset({NOTEBOOK}),
+        faces=NOTEBOOK_ONLY,
     ),
     Flag(
         ("--keep",),
         "keep the ranks, their variables, process group and CUDA context after "
         "the cell: a warm job that runs later cells with --on NAME",
         {"action": "store_true"},
-        faces=frozenset({NOTEBOOK}),
+        faces=NOTEBOOK_ONLY,
     ),
     Flag(
         ("--on",),
         "run the cell on the ranks of the warm job NAME (started with --keep)",
-        {"default": None, "metavar": "NAME"},
-        faces=frozenset({NOTEBOOK}),
+        {"metavar": "NAME"},
+        faces=NOTEBOOK_ONLY,
         per_cell=True,
     ),
     Flag(
         ("--idle-timeout",),
         "with --keep: end the warm job after S seconds without a cell "
         "(default: never; %gpu_runs shows it)",
-        {"type": float, "default": None, "metavar": "S"},
-        faces=frozenset({NOTEBOOK}),
+        {"type": float, "metavar": "S"},
+        faces=NOTEBOOK_ONLY,
     ),
     Flag(
         ("--master-port",),
         "rendezvous port (default: a free one; never 29500 by accident)",
-        {"type": int, "default": None, "metavar": "P"},
+        {"type": int, "metavar": "P"},
     ),
     Flag(
         ("--timeout",),
         "stop the whole run after S seconds (with --on: interrupt the cell)",
-        {"type": float, "default": None, "metavar": "S"},
+        {"type": float, "metavar": "S"},
         per_cell=True,
     ),
     Flag(
@@ -221,22 +218,22 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         ("--push",),
         "notebook variables to send into every rank (pickled)",
-        {"default": None, "metavar": "a,b"},
-        faces=frozenset({NOTEBOOK}),
+        {"metavar": "a,b"},
+        faces=NOTEBOOK_ONLY,
         per_cell=True,
     ),
     Flag(
         ("--pull",),
         "variables to bring back from rank 0 into the notebook (a,b)",
-        {"default": None, "metavar": "NAME"},
-        faces=frozenset({NOTEBOOK}),
+        {"metavar": "NAME"},
+        faces=NOTEBOOK_ONLY,
         per_cell=True,
     ),
     Flag(
         ("--all-ranks",),
         "with --pull: a list with every rank's value",
         {"action": "store_true"},
-        faces=frozenset({NOTEBOOK}),
+        faces=NOTEBOOK_ONLY,
         per_cell=True,
     ),
     Flag(
@@ -245,11 +242,7 @@ FLAGS: tuple[Flag, ...] = (
         "lock): cuts the import storm's host memory peak",
         {"action": "store_true"},
     ),
-    Flag(
-        ("--mem-limit",),
-        "per-rank address-space limit, e.g. 60G",
-        {"default": None, "metavar": "SIZE"},
-    ),
+    Flag(("--mem-limit",), "per-rank address-space limit, e.g. 60G", {"metavar": "SIZE"}),
     Flag(
         ("--mem-sample",),
         "seconds between memory samples in every rank (default 0.1; 0: phases only); see {memory}",
@@ -258,7 +251,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         ("--backend",),
         "default process-group backend for nbgpu.rank.init()",
-        {"default": None, "choices": list(BACKENDS)},
+        {"choices": list(BACKENDS)},
     ),
     Flag(("--quiet",), "do not stream rank output", {"action": "store_true"}, per_cell=True),
     Flag(
@@ -267,15 +260,15 @@ FLAGS: tuple[Flag, ...] = (
         "widgets for background runs (with a Stop button) when ipywidgets is available, text "
         "in the foreground",
         {"default": "auto", "choices": ["auto", "text", "widgets"]},
-        faces=frozenset({NOTEBOOK}),
+        faces=NOTEBOOK_ONLY,
         per_cell=True,
     ),
-    Flag(("script",), "the Python script every rank runs", faces=frozenset({TERMINAL})),
+    Flag(("script",), "the Python script every rank runs", faces=TERMINAL_ONLY),
     Flag(
         ("script_args",),
         "arguments for the script",
         {"nargs": argparse.REMAINDER},
-        faces=frozenset({TERMINAL}),
+        faces=TERMINAL_ONLY,
     ),
 )
 
