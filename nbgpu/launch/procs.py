@@ -78,44 +78,18 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
         return srun_argv(config, run_dir, run_id)
     argv = [sys.executable, "-m", "nbgpu.rank.agent", str(run_dir / "result.json"), "--"]
     if config.nnodes == 1:
-        rendezvous = [
-            "--nnodes",
-            "1",
-            "--node-rank",
-            "0",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(port),
-        ]
+        argv += ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1"]
+        argv += ["--master-port", str(port)]
     else:
-        rendezvous = [
-            "--nnodes",
-            str(config.nnodes),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            str(config.rdzv_endpoint),
-            # Every node's cell must use the same id: the run's name is what they share.
-            "--rdzv-id",
-            f"nbgpu-{config.name}",
-            "--rdzv-conf",
-            f"join_timeout={config.rdzv_timeout_s or MANUAL_JOIN_TIMEOUT_S:g}",
-        ]
+        argv += ["--nnodes", str(config.nnodes), "--rdzv-backend", "c10d"]
+        argv += ["--rdzv-endpoint", str(config.rdzv_endpoint)]
+        # Every node's cell must use the same id: the run's name is what they share.
+        argv += ["--rdzv-id", f"nbgpu-{config.name}"]
+        argv += ["--rdzv-conf", f"join_timeout={config.rdzv_timeout_s or MANUAL_JOIN_TIMEOUT_S:g}"]
         if config.node_rank is not None:
-            rendezvous += ["--node-rank", str(config.node_rank)]
-    return [
-        *argv,
-        *rendezvous,
-        "--nproc-per-node",
-        str(config.nproc),
-        "--max-restarts",
-        "0",
-        "--log-dir",
-        str(run_dir / "torchelastic"),
-        "--module",
-        "nbgpu.rank.worker",
-    ]
+            argv += ["--node-rank", str(config.node_rank)]
+    argv += ["--nproc-per-node", str(config.nproc), "--max-restarts", "0"]
+    return [*argv, "--log-dir", str(run_dir / "torchelastic"), "--module", "nbgpu.rank.worker"]
 
 
 def agent_env(

@@ -130,30 +130,15 @@ def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str])
 
 def srun_argv(config: LaunchConfig, run_dir: Path, run_id: str) -> list[str]:
     """The ``srun`` command that starts one agent per node."""
-    argv = [
-        "srun",
-        "--nodes",
-        str(config.nnodes),
-        "--ntasks-per-node",
-        "1",
-        "--job-name",
-        f"nbgpu-{config.name}",
-        "--kill-on-bad-exit=1",  # one node's agent failing ends every node's
-        "--label",  # agent.log lines start with the node's task number
-        "--unbuffered",
-    ]
+    argv = ["srun", "--nodes", str(config.nnodes), "--ntasks-per-node", "1"]
+    argv += ["--job-name", f"nbgpu-{config.name}"]
+    argv.append("--kill-on-bad-exit=1")  # one node's agent failing ends every node's
+    argv.append("--label")  # agent.log lines start with the node's task number
+    argv.append("--unbuffered")
     argv += request_args(config.slurm or SlurmOptions())
-    argv += [
-        sys.executable,
-        "-m",
-        "nbgpu.rank.slurm_node",
-        str(run_dir),
-        str(config.nnodes),
-        str(config.nproc),
-        run_id,
-        f"{config.rdzv_timeout_s or JOIN_TIMEOUT_S:g}",
-    ]
-    return argv
+    join_s = f"{config.rdzv_timeout_s or JOIN_TIMEOUT_S:g}"
+    node = [sys.executable, "-m", "nbgpu.rank.slurm_node", str(run_dir), str(config.nnodes)]
+    return [*argv, *node, str(config.nproc), run_id, join_s]
 
 
 def request_args(options: SlurmOptions) -> list[str]:

@@ -121,31 +121,13 @@ def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never re
     # The agent dies with this step's slurmstepd (our parent), as it would with a kernel.
     os.environ["NBGPU_LAUNCHER_PID"] = str(os.getppid())
     os.environ["TORCHELASTIC_ERROR_FILE"] = str(run_dir / f"agent-error-node{node}.json")
-    agent = [
-        sys.executable,
-        "-m",
-        "nbgpu.rank.agent",
-        str(run_dir / f"result-node{node}.json"),
-        "--",
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        nproc,
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"{rdzv['host']}:{rdzv['port']}",
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        f"join_timeout={join_s}",
-        "--max-restarts",
-        "0",
-        "--log-dir",
-        str(run_dir / "torchelastic" / f"node{node}"),
-        "--module",
-        "nbgpu.rank.worker",
-    ]
+    result = str(run_dir / f"result-node{node}.json")
+    agent = [sys.executable, "-m", "nbgpu.rank.agent", result, "--"]
+    agent += ["--nnodes", nnodes, "--nproc-per-node", nproc, "--rdzv-backend", "c10d"]
+    agent += ["--rdzv-endpoint", f"{rdzv['host']}:{rdzv['port']}", "--rdzv-id", run_id]
+    agent += ["--rdzv-conf", f"join_timeout={join_s}", "--max-restarts", "0"]
+    agent += ["--log-dir", str(run_dir / "torchelastic" / f"node{node}")]
+    agent += ["--module", "nbgpu.rank.worker"]
     sys.stdout.flush()
     os.execv(sys.executable, agent)  # noqa: S606  (our own interpreter, no shell)
 
