@@ -52,14 +52,12 @@ def to_screen(
     """Prefixed text through *write* within the screen budget (nothing when *quiet*)."""
 
     def make(_run: Run) -> Output:
-        sink = ScreenWriter(_discard if quiet else write, color=color, live_status=live_status)
+        sink = ScreenWriter(
+            (lambda _text: None) if quiet else write, color=color, live_status=live_status
+        )
         return Output(sink)
 
     return make
-
-
-def _discard(_text: str) -> None:
-    return None
 
 
 def execute(

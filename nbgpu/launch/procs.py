@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,9 @@ def start_agent(
     config: LaunchConfig, run_dir: Path, run_id: str, port: int, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
     """Start the run's first process, its output in ``agent.log``."""
+    # srun is not ours to change: the kernel sets its parent-death signal (a killed srun
+    # ends its step on every node). Our agent sets its own.
+    dies = partial(set_parent_death_signal, signal.SIGTERM) if config.slurm is not None else None
     with agent_log(run_dir).open("wb") as log:
         return subprocess.Popen(
             agent_argv(config, run_dir, run_id, port),
@@ -131,14 +135,8 @@ def start_agent(
             # Own session: the notebook's interrupt reaches the kernel only; nbgpu then
             # stops the job deliberately (SIGINT, SIGTERM, SIGKILL on one deadline).
             start_new_session=True,
-            # srun is not ours to change: the kernel sets its parent-death signal (a
-            # killed srun ends its step on every node). Our agent sets its own.
-            preexec_fn=_die_with_launcher if config.slurm is not None else None,  # noqa: PLW1509  (prctl only, no locks)
+            preexec_fn=dies,  # noqa: PLW1509  (prctl only, no locks)
         )
-
-
-def _die_with_launcher() -> None:
-    set_parent_death_signal(signal.SIGTERM)
 
 
 def _environ(pid: int) -> list[bytes]:
