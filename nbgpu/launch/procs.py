@@ -349,25 +349,26 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
     nproc = int(meta.get("nproc") or 0)
     run_id = meta.get("run_id")
     asked: dict[int, tuple[int, int]] = {}  # rank -> (pid, offset before the signal)
-    states: dict[int, tuple[int | None, str]] = {}
+    stacks: dict[int, RankStack] = {}  # the ranks that were not asked
     for rank in range(nproc):
         try:
             pid = int((run_dir / f"stacks-rank{rank}.pid").read_text().strip())
         except (OSError, ValueError):
-            states[rank] = (None, "not started (or started before stacks were registered)")
+            why = "not started (or started before stacks were registered)"
+            stacks[rank] = RankStack(rank, None, why, "", "")
             continue
         if not carries_run_id(pid, run_id):
-            states[rank] = (pid, "exited")
+            stacks[rank] = RankStack(rank, pid, "exited", "", "")
             continue
         if _stopped(pid):
-            states[rank] = (pid, _STOPPED)
+            stacks[rank] = RankStack(rank, pid, _STOPPED, "", "")
             continue
         path = run_dir / f"stacks-rank{rank}.txt"
         offset = path.stat().st_size if path.exists() else 0
         try:
             os.kill(pid, STACKS_SIGNAL)
         except OSError as exc:
-            states[rank] = (pid, f"could not signal: {exc.strerror}")
+            stacks[rank] = RankStack(rank, pid, f"could not signal: {exc.strerror}", "", "")
             continue
         asked[rank] = (pid, offset)
     deadline = time.monotonic() + timeout_s
@@ -375,22 +376,14 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
     for rank, (_pid, offset) in asked.items():
         left = max(0.5, deadline - time.monotonic())
         dumps[rank] = _wait_for_dump(run_dir / f"stacks-rank{rank}.txt", offset, left)
+    for rank, (pid, _offset) in asked.items():
+        state = "dumped" if dumps[rank] else f"no answer within {timeout_s:g} s"
+        if not dumps[rank] and _stopped(pid):
+            state = _STOPPED
+        stacks[rank] = RankStack(rank, pid, state, dumps[rank], _py_spy(pid) if native else "")
     note = ""
     if native and shutil.which("py-spy") is None:
         note = "native frames: py-spy is not installed (pip install py-spy); Python stacks only"
     elif not native:
         note = "native frames: add --native (needs py-spy and permission to ptrace)"
-    out = []
-    for rank in range(nproc):
-        if rank in asked:
-            pid = asked[rank][0]
-            text = dumps.get(rank, "")
-            state = "dumped" if text else f"no answer within {timeout_s:g} s"
-            if not text and _stopped(pid):
-                state = _STOPPED
-            spy = _py_spy(pid) if native else ""
-            out.append(RankStack(rank, pid, state, text, spy))
-        else:
-            pid_or_none, state = states[rank]
-            out.append(RankStack(rank, pid_or_none, state, "", ""))
-    return RunStacks(run_dir, tuple(out), note)
+    return RunStacks(run_dir, tuple(stacks[rank] for rank in range(nproc)), note)
