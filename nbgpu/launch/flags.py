@@ -14,13 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.config import (
-    BACKENDS,
-    SlurmOptions,
-    parse_env_pairs,
-    parse_nproc,
-    start_only,
-)
+from nbgpu.launch.config import BACKENDS, SlurmOptions, parse_env_pairs, parse_nproc, start_only
 
 __all__ = [
     "FLAGS", "NOTEBOOK", "TERMINAL", "Flag", "add_flags", "arguments", "check_cell_flags",
@@ -39,6 +33,7 @@ _WORDS = {
     "code": {NOTEBOOK: "cell", TERMINAL: "script"},
     "name": {NOTEBOOK: "%gpu_runs and %gpu_stop show it", TERMINAL: "its directory's name"},
     "memory": {NOTEBOOK: "%gpu_memory NAME", TERMINAL: "nbgpu memory RUNDIR"},
+    "plan": {NOTEBOOK: " (p = %gpu_plan ...)", TERMINAL: " file (nbgpu plan --json)"},
 }
 
 
@@ -153,17 +148,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         ("--plan",),
-        "take GPUs, nproc and port from a plan",
-        by_face={
-            NOTEBOOK: {
-                "metavar": "VAR",
-                "help": "take GPUs, nproc and port from a plan (p = %gpu_plan ...)",
-            },
-            TERMINAL: {
-                "metavar": "FILE",
-                "help": "take GPUs, nproc and port from a plan file (nbgpu plan --json)",
-            },
-        },
+        "take GPUs, nproc and port from a plan{plan}",
+        by_face={NOTEBOOK: {"metavar": "VAR"}, TERMINAL: {"metavar": "FILE"}},
     ),
     Flag(("--role",), "with --plan: which role to launch"),
     Flag(
