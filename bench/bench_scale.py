@@ -80,7 +80,7 @@ def tick_bytes(ranks: int, *, per_rank_only: bool = False) -> int:
 def _tick_bytes(ranks: int) -> int:
     sent: list[str] = []
     writer = ScreenWriter(sent.append)
-    writer._budget.tokens = 0  # a tick in the middle of a busy run: the budget is spent
+    writer._tokens = 0  # a tick in the middle of a busy run: the budget is spent
     for r in range(ranks):
         writer.add(f"n{r // 8}/rank{r}", [LINE.rstrip("\n")] * 5)
     writer.flush()

@@ -26,8 +26,13 @@ def test_the_child_imports_this_same_nbgpu():
     env = with_package_importable({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     out = subprocess.run(
         [sys.executable, "-c", "import nbgpu, os; print(os.path.dirname(nbgpu.__file__))"],
-        env=env, cwd="/", capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == str(Path(package_root()) / "nbgpu")
 
 

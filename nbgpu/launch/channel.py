@@ -34,34 +34,21 @@ _MESSAGE_S = 60
 CELL_MARK = "#### nbgpu cell "
 
 
-def socket_path(run_dir: Path) -> Path:
-    """Where the job's socket lives: in its run directory when the address fits."""
-    inside = run_dir / "cells.sock"
-    if len(os.fsencode(inside)) <= _MAX_SOCKET_PATH:
-        return inside
-    # mkdtemp makes the directory 0700 for this user, like the run directory.
-    return Path(tempfile.mkdtemp(prefix="nbgpu-")) / "cells.sock"
-
-
 def _receive_timeout(sock: socket.socket, seconds: int) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", seconds, 0))
-
-
-def _handshake(conn: Connection, authkey: bytes) -> Any:
-    """The peer's hello, once both ends proved they hold the token; None otherwise."""
-    try:
-        deliver_challenge(conn, authkey)  # it proves it has the token...
-        answer_challenge(conn, authkey)  # ...and so do we
-        return conn.recv()
-    except (AuthenticationError, EOFError, OSError):
-        return None
 
 
 class CellServer:
     """The kernel's end: accept the ranks, hear what they say, tell them all one thing."""
 
     def __init__(self, run_dir: Path, token: str) -> None:
-        self.path = socket_path(run_dir)
+        # The socket lives in the run directory when its address fits; otherwise in a
+        # directory mkdtemp makes 0700 for this user, like the run directory.
+        self.path = run_dir / "cells.sock"
+        self._temp_dir: Path | None = None
+        if len(os.fsencode(self.path)) > _MAX_SOCKET_PATH:
+            self._temp_dir = Path(tempfile.mkdtemp(prefix="nbgpu-"))
+            self.path = self._temp_dir / "cells.sock"
         self._authkey = token.encode()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o077)  # the socket file itself: this user only
@@ -115,7 +102,12 @@ class CellServer:
         sock.setblocking(True)  # noqa: FBT003  (socket API)
         _receive_timeout(sock, _HANDSHAKE_S)
         conn = Connection(sock.detach())
-        hello = _handshake(conn, self._authkey)
+        try:  # the peer's hello, once both ends proved they hold the token
+            deliver_challenge(conn, self._authkey)  # it proves it has the token...
+            answer_challenge(conn, self._authkey)  # ...and so do we
+            hello = conn.recv()
+        except (AuthenticationError, EOFError, OSError):
+            hello = None
         rank = hello.get("rank") if isinstance(hello, dict) else None
         if not isinstance(hello, dict) or hello.get("op") != "hello" or not isinstance(rank, int):
             conn.close()  # not one of our ranks (or not in time): hung up on
@@ -148,7 +140,5 @@ class CellServer:
             self._listener.close()
         with contextlib.suppress(OSError):
             self.path.unlink()
-        if self.path.parent.name.startswith("nbgpu-") and self.path.parent.parent == Path(
-            tempfile.gettempdir()
-        ):
-            shutil.rmtree(self.path.parent, ignore_errors=True)
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)

@@ -196,11 +196,6 @@ class CellRequest:
     def __post_init__(self) -> None:
         _check_cell(self.code, self.timeout_s)
 
-    @classmethod
-    def first_of(cls, config: LaunchConfig) -> CellRequest:
-        """The cell a warm job starts with: the one that asked for it."""
-        return cls(code=config.code or "", **{key: getattr(config, key) for key in CELL_OPTIONS})
-
 
 #: What may differ from one cell of a warm job to the next (keyword -> its flag).
 CELL_OPTIONS = {

@@ -52,14 +52,12 @@ def to_screen(
     """Prefixed text through *write* within the screen budget (nothing when *quiet*)."""
 
     def make(_run: Run) -> Output:
-        sink = ScreenWriter(_discard if quiet else write, color=color, live_status=live_status)
+        sink = ScreenWriter(
+            (lambda _text: None) if quiet else write, color=color, live_status=live_status
+        )
         return Output(sink)
 
     return make
-
-
-def _discard(_text: str) -> None:
-    return None
 
 
 def execute(
@@ -81,8 +79,11 @@ def execute(
     """
     for note in prepared.notes:
         announce(f"[nbgpu] {note}")
-    run = Run(prepared.config, environ=environ).start()
-    first = CellRequest.first_of(prepared.config) if prepared.config.keep else None
+    config = prepared.config
+    run = Run(config, environ=environ).start()
+    first = None  # a warm job starts with the cell that asked for it
+    if config.keep:
+        first = CellRequest(config.code or "", **{k: getattr(config, k) for k in CELL_OPTIONS})
     execute_cell(run, first, output, check=check, on_done=on_done, background=background)
     return run
 

@@ -14,13 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.config import (
-    BACKENDS,
-    SlurmOptions,
-    parse_env_pairs,
-    parse_nproc,
-    start_only,
-)
+from nbgpu.launch.config import BACKENDS, SlurmOptions, parse_env_pairs, parse_nproc, start_only
 
 __all__ = [
     "FLAGS", "NOTEBOOK", "TERMINAL", "Flag", "add_flags", "arguments", "check_cell_flags",
@@ -30,6 +24,8 @@ __all__ = [
 NOTEBOOK = "notebook"
 TERMINAL = "terminal"
 _BOTH = frozenset({NOTEBOOK, TERMINAL})
+NOTEBOOK_ONLY = frozenset({NOTEBOOK})
+TERMINAL_ONLY = frozenset({TERMINAL})
 
 
 # Help words that differ by face: what the user runs, and the commands they can type there.
@@ -37,6 +33,7 @@ _WORDS = {
     "code": {NOTEBOOK: "cell", TERMINAL: "script"},
     "name": {NOTEBOOK: "%gpu_runs and %gpu_stop show it", TERMINAL: "its directory's name"},
     "memory": {NOTEBOOK: "%gpu_memory NAME", TERMINAL: "nbgpu memory RUNDIR"},
+    "plan": {NOTEBOOK: " (p = %gpu_plan ...)", TERMINAL: " file (nbgpu plan --json)"},
 }
 
 
@@ -63,8 +60,9 @@ class Flag:
 
     def given(self, args: argparse.Namespace) -> bool:
         """Whether the user typed this flag (its value differs from the default)."""
-        default = self.options.get("default", False if "store_true" in str(
-            self.options.get("action")) else None)  # fmt: skip
+        default = self.options.get(
+            "default", False if "store_true" in str(self.options.get("action")) else None
+        )
         return getattr(args, self.dest, default) not in (default, None, [], False)
 
     def argparse_keywords(self, face: str) -> dict[str, Any]:
@@ -77,86 +75,188 @@ class Flag:
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag(("nproc",), "processes on this node (default: the healthy visible GPUs)",
-         {"nargs": "?", "default": None}, faces=frozenset({NOTEBOOK}), per_cell=True),
-    Flag(("-n", "--nproc"), "processes on this node (default: the healthy visible GPUs)",
-         {"default": None, "metavar": "N"}, faces=frozenset({TERMINAL})),
-    Flag(("--nproc-per-node",), "processes per node (the same as the count; reads well next "
-         "to --nodes)", {"type": int, "default": None, "metavar": "N"}, per_cell=True),
-    Flag(("--nodes", "--nnodes"), "nodes to run on: with --slurm SLURM starts one agent on each; "
-         "without, start the same {code} on every node with --rdzv-endpoint",
-         {"type": int, "default": 1, "metavar": "N"}),
-    Flag(("--slurm",), "launch through SLURM: use the allocation this kernel runs in "
-         "(SLURM_JOB_ID), or request one for the run; srun starts torchrun on each node",
-         {"action": "store_true"}),
-    Flag(("--partition",), "with --slurm: the partition to request nodes from",
-         {"default": None, "metavar": "P"}),
-    Flag(("--time",), "with --slurm: the allocation's time limit (SLURM's form: 30, 1:00:00)",
-         {"default": None, "metavar": "T"}),
-    Flag(("--account",), "with --slurm: the account to charge", {"default": None, "metavar": "A"}),
-    Flag(("--gpus-per-node",), "with --slurm: GPUs to request on each node (one rank per GPU "
-         "unless --nproc-per-node says otherwise)", {"type": int, "default": None, "metavar": "G"}),
-    Flag(("--slurm-arg",), "with --slurm: one more srun option, as written (repeatable), e.g. "
-         "--slurm-arg=--exclusive", {"action": "append", "default": [], "metavar": "ARG"}),
-    Flag(("--node-rank",), "without SLURM: this node's rank among --nodes (default: c10d "
-         "assigns it)", {"type": int, "default": None, "metavar": "R"}),
-    Flag(("--rdzv-endpoint",), "without SLURM: HOST:PORT where every node's ranks meet "
-         "(torchrun's c10d rendezvous)", {"default": None, "metavar": "HOST:PORT"}),
-    Flag(("--rdzv-timeout",), "with --nodes: seconds the nodes wait for each other at the "
-         "rendezvous (default 120 with --slurm, 600 without)",
-         {"type": float, "default": None, "metavar": "S"}),
-    Flag(("--gpus",), "physical GPUs to use (sets CUDA_VISIBLE_DEVICES); unknown or unhealthy "
-         "GPUs are refused with the reason", {"default": None, "metavar": "0,1,3"}),
-    Flag(("--plan",), "take GPUs, nproc and port from a plan",
-         {"default": None},
-         by_face={NOTEBOOK: {"metavar": "VAR", "help": "take GPUs, nproc and port from a plan "
-                             "(p = %gpu_plan ...)"},
-                  TERMINAL: {"metavar": "FILE", "help": "take GPUs, nproc and port from a plan "
-                             "file (nbgpu plan --json)"}}),
-    Flag(("--role",), "with --plan: which role to launch", {"default": None}),
-    Flag(("--force",), "launch even on unhealthy GPUs or with more ranks than GPUs",
-         {"action": "store_true"}),
-    Flag(("--name",), "a name for the run: {name}", {"default": None}),
-    Flag(("--bg",), "run in the background; output stays in this cell",
-         {"action": "store_true"}, faces=frozenset({NOTEBOOK})),
-    Flag(("--keep",), "keep the ranks, their variables, process group and CUDA context after "
-         "the cell: a warm job that runs later cells with --on NAME",
-         {"action": "store_true"}, faces=frozenset({NOTEBOOK})),
-    Flag(("--on",), "run the cell on the ranks of the warm job NAME (started with --keep)",
-         {"default": None, "metavar": "NAME"}, faces=frozenset({NOTEBOOK}), per_cell=True),
-    Flag(("--idle-timeout",), "with --keep: end the warm job after S seconds without a cell "
-         "(default: never; %gpu_runs shows it)",
-         {"type": float, "default": None, "metavar": "S"}, faces=frozenset({NOTEBOOK})),
-    Flag(("--master-port",), "rendezvous port (default: a free one; never 29500 by accident)",
-         {"type": int, "default": None, "metavar": "P"}),
-    Flag(("--timeout",), "stop the whole run after S seconds (with --on: interrupt the cell)",
-         {"type": float, "default": None, "metavar": "S"}, per_cell=True),
-    Flag(("--env",), "extra environment for the ranks (repeatable)",
-         {"action": "append", "default": [], "metavar": "K=V"}),
-    Flag(("--push",), "notebook variables to send into every rank (pickled)",
-         {"default": None, "metavar": "a,b"}, faces=frozenset({NOTEBOOK}), per_cell=True),
-    Flag(("--pull",), "variables to bring back from rank 0 into the notebook (a,b)",
-         {"default": None, "metavar": "NAME"}, faces=frozenset({NOTEBOOK}), per_cell=True),
-    Flag(("--all-ranks",), "with --pull: a list with every rank's value",
-         {"action": "store_true"}, faces=frozenset({NOTEBOOK}), per_cell=True),
-    Flag(("--serial-imports",), "run the {code}'s leading imports one rank at a time (a file "
-         "lock): cuts the import storm's host memory peak", {"action": "store_true"}),
-    Flag(("--mem-limit",), "per-rank address-space limit, e.g. 60G",
-         {"default": None, "metavar": "SIZE"}),
-    Flag(("--mem-sample",), "seconds between memory samples in every rank (default 0.1; 0: "
-         "phases only); see {memory}",
-         {"default": "0.1", "metavar": "S"}),
-    Flag(("--backend",), "default process-group backend for nbgpu.rank.init()",
-         {"default": None, "choices": list(BACKENDS)}),
+    Flag(
+        ("nproc",),
+        "processes on this node (default: the healthy visible GPUs)",
+        {"nargs": "?"},
+        faces=NOTEBOOK_ONLY,
+        per_cell=True,
+    ),
+    Flag(
+        ("-n", "--nproc"),
+        "processes on this node (default: the healthy visible GPUs)",
+        {"metavar": "N"},
+        faces=TERMINAL_ONLY,
+    ),
+    Flag(
+        ("--nproc-per-node",),
+        "processes per node (the same as the count; reads well next to --nodes)",
+        {"type": int, "metavar": "N"},
+        per_cell=True,
+    ),
+    Flag(
+        ("--nodes", "--nnodes"),
+        "nodes to run on: with --slurm SLURM starts one agent on each; "
+        "without, start the same {code} on every node with --rdzv-endpoint",
+        {"type": int, "default": 1, "metavar": "N"},
+    ),
+    Flag(
+        ("--slurm",),
+        "launch through SLURM: use the allocation this kernel runs in "
+        "(SLURM_JOB_ID), or request one for the run; srun starts torchrun on each node",
+        {"action": "store_true"},
+    ),
+    Flag(("--partition",), "with --slurm: the partition to request nodes from", {"metavar": "P"}),
+    Flag(
+        ("--time",),
+        "with --slurm: the allocation's time limit (SLURM's form: 30, 1:00:00)",
+        {"metavar": "T"},
+    ),
+    Flag(("--account",), "with --slurm: the account to charge", {"metavar": "A"}),
+    Flag(
+        ("--gpus-per-node",),
+        "with --slurm: GPUs to request on each node (one rank per GPU "
+        "unless --nproc-per-node says otherwise)",
+        {"type": int, "metavar": "G"},
+    ),
+    Flag(
+        ("--slurm-arg",),
+        "with --slurm: one more srun option, as written (repeatable), e.g. --slurm-arg=--exclusive",
+        {"action": "append", "default": [], "metavar": "ARG"},
+    ),
+    Flag(
+        ("--node-rank",),
+        "without SLURM: this node's rank among --nodes (default: c10d assigns it)",
+        {"type": int, "metavar": "R"},
+    ),
+    Flag(
+        ("--rdzv-endpoint",),
+        "without SLURM: HOST:PORT where every node's ranks meet (torchrun's c10d rendezvous)",
+        {"metavar": "HOST:PORT"},
+    ),
+    Flag(
+        ("--rdzv-timeout",),
+        "with --nodes: seconds the nodes wait for each other at the "
+        "rendezvous (default 120 with --slurm, 600 without)",
+        {"type": float, "metavar": "S"},
+    ),
+    Flag(
+        ("--gpus",),
+        "physical GPUs to use (sets CUDA_VISIBLE_DEVICES); unknown or unhealthy "
+        "GPUs are refused with the reason",
+        {"metavar": "0,1,3"},
+    ),
+    Flag(
+        ("--plan",),
+        "take GPUs, nproc and port from a plan{plan}",
+        by_face={NOTEBOOK: {"metavar": "VAR"}, TERMINAL: {"metavar": "FILE"}},
+    ),
+    Flag(("--role",), "with --plan: which role to launch"),
+    Flag(
+        ("--force",),
+        "launch even on unhealthy GPUs or with more ranks than GPUs",
+        {"action": "store_true"},
+    ),
+    Flag(("--name",), "a name for the run: {name}"),
+    Flag(
+        ("--bg",),
+        "run in the background; output stays in this cell",
+        {"action": "store_true"},
+        faces=NOTEBOOK_ONLY,
+    ),
+    Flag(
+        ("--keep",),
+        "keep the ranks, their variables, process group and CUDA context after "
+        "the cell: a warm job that runs later cells with --on NAME",
+        {"action": "store_true"},
+        faces=NOTEBOOK_ONLY,
+    ),
+    Flag(
+        ("--on",),
+        "run the cell on the ranks of the warm job NAME (started with --keep)",
+        {"metavar": "NAME"},
+        faces=NOTEBOOK_ONLY,
+        per_cell=True,
+    ),
+    Flag(
+        ("--idle-timeout",),
+        "with --keep: end the warm job after S seconds without a cell "
+        "(default: never; %gpu_runs shows it)",
+        {"type": float, "metavar": "S"},
+        faces=NOTEBOOK_ONLY,
+    ),
+    Flag(
+        ("--master-port",),
+        "rendezvous port (default: a free one; never 29500 by accident)",
+        {"type": int, "metavar": "P"},
+    ),
+    Flag(
+        ("--timeout",),
+        "stop the whole run after S seconds (with --on: interrupt the cell)",
+        {"type": float, "metavar": "S"},
+        per_cell=True,
+    ),
+    Flag(
+        ("--env",),
+        "extra environment for the ranks (repeatable)",
+        {"action": "append", "default": [], "metavar": "K=V"},
+    ),
+    Flag(
+        ("--push",),
+        "notebook variables to send into every rank (pickled)",
+        {"metavar": "a,b"},
+        faces=NOTEBOOK_ONLY,
+        per_cell=True,
+    ),
+    Flag(
+        ("--pull",),
+        "variables to bring back from rank 0 into the notebook (a,b)",
+        {"metavar": "NAME"},
+        faces=NOTEBOOK_ONLY,
+        per_cell=True,
+    ),
+    Flag(
+        ("--all-ranks",),
+        "with --pull: a list with every rank's value",
+        {"action": "store_true"},
+        faces=NOTEBOOK_ONLY,
+        per_cell=True,
+    ),
+    Flag(
+        ("--serial-imports",),
+        "run the {code}'s leading imports one rank at a time (a file "
+        "lock): cuts the import storm's host memory peak",
+        {"action": "store_true"},
+    ),
+    Flag(("--mem-limit",), "per-rank address-space limit, e.g. 60G", {"metavar": "SIZE"}),
+    Flag(
+        ("--mem-sample",),
+        "seconds between memory samples in every rank (default 0.1; 0: phases only); see {memory}",
+        {"default": "0.1", "metavar": "S"},
+    ),
+    Flag(
+        ("--backend",),
+        "default process-group backend for nbgpu.rank.init()",
+        {"choices": list(BACKENDS)},
+    ),
     Flag(("--quiet",), "do not stream rank output", {"action": "store_true"}, per_cell=True),
-    Flag(("--view",), "per-rank tabs with state badges (widgets) or prefixed text; auto: "
-         "widgets for background runs (with a Stop button) when ipywidgets is available, text "
-         "in the foreground", {"default": "auto", "choices": ["auto", "text", "widgets"]},
-         faces=frozenset({NOTEBOOK}), per_cell=True),
-    Flag(("script",), "the Python script every rank runs", faces=frozenset({TERMINAL})),
-    Flag(("script_args",), "arguments for the script", {"nargs": argparse.REMAINDER},
-         faces=frozenset({TERMINAL})),
-)  # fmt: skip
+    Flag(
+        ("--view",),
+        "per-rank tabs with state badges (widgets) or prefixed text; auto: "
+        "widgets for background runs (with a Stop button) when ipywidgets is available, text "
+        "in the foreground",
+        {"default": "auto", "choices": ["auto", "text", "widgets"]},
+        faces=NOTEBOOK_ONLY,
+        per_cell=True,
+    ),
+    Flag(("script",), "the Python script every rank runs", faces=TERMINAL_ONLY),
+    Flag(
+        ("script_args",),
+        "arguments for the script",
+        {"nargs": argparse.REMAINDER},
+        faces=TERMINAL_ONLY,
+    ),
+)
 
 
 def arguments(face: str) -> list[tuple[tuple[str, ...], dict[str, Any]]]:

@@ -213,9 +213,15 @@ def prepare(
     notes: list[str] = []
     if plan is not None and is_nodes_plan(plan):
         nproc, nnodes, slurm, env = take_nodes_plan(
-            plan, nproc=nproc, nnodes=nnodes, slurm=slurm, gpus=gpus, role=role,
-            env=env or {}, notes=notes,
-        )  # fmt: skip
+            plan,
+            nproc=nproc,
+            nnodes=nnodes,
+            slurm=slurm,
+            gpus=gpus,
+            role=role,
+            env=env or {},
+            notes=notes,
+        )
     elif plan is not None:
         if gpus is not None:
             raise UserInputError("--plan and --gpus both choose GPUs: give one of them")
@@ -251,8 +257,9 @@ def prepare(
             inventory if inventory is not None else take_inventory(environ, scan_device_files=False)
         )
         if gpus is not None:
-            nproc, cvd, chosen = _named_gpus(inv, gpus, nproc, force=force, notes=notes,
-                                             environ=environ, face=face)  # fmt: skip
+            nproc, cvd, chosen = _named_gpus(
+                inv, gpus, nproc, force=force, notes=notes, environ=environ, face=face
+            )
         elif not inv.nvml_error and inv.gpus:
             nproc, cvd, chosen = _visible_gpus(inv, nproc, force=force, notes=notes, face=face)
         elif nproc is None:

@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,28 +79,18 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
         return srun_argv(config, run_dir, run_id)
     argv = [sys.executable, "-m", "nbgpu.rank.agent", str(run_dir / "result.json"), "--"]
     if config.nnodes == 1:
-        rendezvous = [
-            "--nnodes", "1", "--node-rank", "0",
-            "--master-addr", "127.0.0.1", "--master-port", str(port),
-        ]  # fmt: skip
+        argv += ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1"]
+        argv += ["--master-port", str(port)]
     else:
-        rendezvous = [
-            "--nnodes", str(config.nnodes),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", str(config.rdzv_endpoint),
-            # Every node's cell must use the same id: the run's name is what they share.
-            "--rdzv-id", f"nbgpu-{config.name}",
-            "--rdzv-conf", f"join_timeout={config.rdzv_timeout_s or MANUAL_JOIN_TIMEOUT_S:g}",
-        ]  # fmt: skip
+        argv += ["--nnodes", str(config.nnodes), "--rdzv-backend", "c10d"]
+        argv += ["--rdzv-endpoint", str(config.rdzv_endpoint)]
+        # Every node's cell must use the same id: the run's name is what they share.
+        argv += ["--rdzv-id", f"nbgpu-{config.name}"]
+        argv += ["--rdzv-conf", f"join_timeout={config.rdzv_timeout_s or MANUAL_JOIN_TIMEOUT_S:g}"]
         if config.node_rank is not None:
-            rendezvous += ["--node-rank", str(config.node_rank)]
-    return [
-        *argv,
-        *rendezvous,
-        "--nproc-per-node", str(config.nproc),
-        "--max-restarts", "0",
-        "--log-dir", str(run_dir / "torchelastic"),
-        "--module", "nbgpu.rank.worker",
-    ]  # fmt: skip
+            argv += ["--node-rank", str(config.node_rank)]
+    argv += ["--nproc-per-node", str(config.nproc), "--max-restarts", "0"]
+    return [*argv, "--log-dir", str(run_dir / "torchelastic"), "--module", "nbgpu.rank.worker"]
 
 
 def agent_env(
@@ -129,6 +120,9 @@ def start_agent(
     config: LaunchConfig, run_dir: Path, run_id: str, port: int, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
     """Start the run's first process, its output in ``agent.log``."""
+    # srun is not ours to change: the kernel sets its parent-death signal (a killed srun
+    # ends its step on every node). Our agent sets its own.
+    dies = partial(set_parent_death_signal, signal.SIGTERM) if config.slurm is not None else None
     with agent_log(run_dir).open("wb") as log:
         return subprocess.Popen(
             agent_argv(config, run_dir, run_id, port),
@@ -141,14 +135,8 @@ def start_agent(
             # Own session: the notebook's interrupt reaches the kernel only; nbgpu then
             # stops the job deliberately (SIGINT, SIGTERM, SIGKILL on one deadline).
             start_new_session=True,
-            # srun is not ours to change: the kernel sets its parent-death signal (a
-            # killed srun ends its step on every node). Our agent sets its own.
-            preexec_fn=_die_with_launcher if config.slurm is not None else None,  # noqa: PLW1509  (prctl only, no locks)
+            preexec_fn=dies,  # noqa: PLW1509  (prctl only, no locks)
         )
-
-
-def _die_with_launcher() -> None:
-    set_parent_death_signal(signal.SIGTERM)
 
 
 def _environ(pid: int) -> list[bytes]:
@@ -361,25 +349,26 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
     nproc = int(meta.get("nproc") or 0)
     run_id = meta.get("run_id")
     asked: dict[int, tuple[int, int]] = {}  # rank -> (pid, offset before the signal)
-    states: dict[int, tuple[int | None, str]] = {}
+    stacks: dict[int, RankStack] = {}  # the ranks that were not asked
     for rank in range(nproc):
         try:
             pid = int((run_dir / f"stacks-rank{rank}.pid").read_text().strip())
         except (OSError, ValueError):
-            states[rank] = (None, "not started (or started before stacks were registered)")
+            why = "not started (or started before stacks were registered)"
+            stacks[rank] = RankStack(rank, None, why, "", "")
             continue
         if not carries_run_id(pid, run_id):
-            states[rank] = (pid, "exited")
+            stacks[rank] = RankStack(rank, pid, "exited", "", "")
             continue
         if _stopped(pid):
-            states[rank] = (pid, _STOPPED)
+            stacks[rank] = RankStack(rank, pid, _STOPPED, "", "")
             continue
         path = run_dir / f"stacks-rank{rank}.txt"
         offset = path.stat().st_size if path.exists() else 0
         try:
             os.kill(pid, STACKS_SIGNAL)
         except OSError as exc:
-            states[rank] = (pid, f"could not signal: {exc.strerror}")
+            stacks[rank] = RankStack(rank, pid, f"could not signal: {exc.strerror}", "", "")
             continue
         asked[rank] = (pid, offset)
     deadline = time.monotonic() + timeout_s
@@ -387,22 +376,14 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
     for rank, (_pid, offset) in asked.items():
         left = max(0.5, deadline - time.monotonic())
         dumps[rank] = _wait_for_dump(run_dir / f"stacks-rank{rank}.txt", offset, left)
+    for rank, (pid, _offset) in asked.items():
+        state = "dumped" if dumps[rank] else f"no answer within {timeout_s:g} s"
+        if not dumps[rank] and _stopped(pid):
+            state = _STOPPED
+        stacks[rank] = RankStack(rank, pid, state, dumps[rank], _py_spy(pid) if native else "")
     note = ""
     if native and shutil.which("py-spy") is None:
         note = "native frames: py-spy is not installed (pip install py-spy); Python stacks only"
     elif not native:
         note = "native frames: add --native (needs py-spy and permission to ptrace)"
-    out = []
-    for rank in range(nproc):
-        if rank in asked:
-            pid = asked[rank][0]
-            text = dumps.get(rank, "")
-            state = "dumped" if text else f"no answer within {timeout_s:g} s"
-            if not text and _stopped(pid):
-                state = _STOPPED
-            spy = _py_spy(pid) if native else ""
-            out.append(RankStack(rank, pid, state, text, spy))
-        else:
-            pid_or_none, state = states[rank]
-            out.append(RankStack(rank, pid_or_none, state, "", ""))
-    return RunStacks(run_dir, tuple(out), note)
+    return RunStacks(run_dir, tuple(stacks[rank] for rank in range(nproc)), note)

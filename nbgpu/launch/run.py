@@ -253,7 +253,7 @@ class Run(RunView):
                     return  # being stopped (%gpu_stop, exit): the stop says why, not a death
                 if self.agent_done:
                     warm.ended_reason = "a rank died while the job was idle"
-                elif warm.idle_too_long():
+                elif warm.idle_timeout_s is not None and (warm.idle_s or 0) >= warm.idle_timeout_s:
                     warm.ended_reason = f"idle for {span(warm.idle_s or 0.0)} (--idle-timeout)"
                     self.stop("idle_timeout")
                 else:

@@ -331,28 +331,19 @@ class RunFailed(NbgpuError):
 # -- a rendezvous that timed out --------------------------------------------------------
 
 
-def _started(run_dir: Path) -> list[str]:
-    names = []
-    for path in sorted(run_dir.glob("node*.started")):
-        with contextlib.suppress(OSError):
-            names.append(path.read_text(encoding="utf-8").strip())
-    return names
-
-
-def _step_nodes(run_dir: Path) -> list[str]:
-    with contextlib.suppress(OSError, ValueError):
-        names = json.loads((run_dir / "rdzv.json").read_text(encoding="utf-8")).get("node_names")
-        if isinstance(names, list):
-            return [str(n) for n in names]
-    return []
-
-
 def rendezvous_timeout_words(run_dir: Path, config: LaunchConfig, waited_s: float) -> str:
     """One clause for the failure summary, e.g. "node n2 never started its agent ..."."""
     within = f"the {config.nnodes} nodes did not meet within {waited_s:g} s (--rdzv-timeout)"
     if config.slurm is not None:
-        started = _started(run_dir)
-        missing = [n for n in _step_nodes(run_dir) if n not in started]
+        started = []
+        for path in sorted(run_dir.glob("node*.started")):
+            with contextlib.suppress(OSError):
+                started.append(path.read_text(encoding="utf-8").strip())
+        step_nodes: list[str] = []  # the nodes SLURM gave the step
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            rdzv = json.loads((run_dir / "rdzv.json").read_text(encoding="utf-8"))
+            step_nodes = [str(n) for n in rdzv.get("node_names") or []]
+        missing = [n for n in step_nodes if n not in started]
         if missing:
             which = "node " + missing[0] if len(missing) == 1 else "nodes " + ", ".join(missing)
             verb = "its" if len(missing) == 1 else "their"
@@ -365,9 +356,11 @@ def rendezvous_timeout_words(run_dir: Path, config: LaunchConfig, waited_s: floa
     ranks = ""
     if config.node_rank is not None:
         others = [str(r) for r in range(config.nnodes) if r != config.node_rank]
-        ranks = f" and --node-rank {others[0]}" if len(others) == 1 else (
-            f" and --node-rank {others[0]}..{others[-1]} (not {config.node_rank})"
-        )  # fmt: skip
+        ranks = (
+            f" and --node-rank {others[0]}"
+            if len(others) == 1
+            else (f" and --node-rank {others[0]}..{others[-1]} (not {config.node_rank})")
+        )
     return (
         f"{within}: the other nodes never joined at {config.rdzv_endpoint}; run the same cell on "
         f"each of them with --nodes {config.nnodes} --rdzv-endpoint {config.rdzv_endpoint} "

@@ -47,9 +47,13 @@ JOIN_TIMEOUT_S = 120  # how long the nodes wait for each other at the rendezvous
 def _run(argv: Sequence[str], environ: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
-            list(argv), env=dict(environ), capture_output=True, text=True, timeout=30,
+            list(argv),
+            env=dict(environ),
+            capture_output=True,
+            text=True,
+            timeout=30,
             check=False,
-        )  # fmt: skip
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise UserInputError(f"SLURM: {argv[0]} failed to run ({exc})") from None
 
@@ -126,19 +130,15 @@ def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str])
 
 def srun_argv(config: LaunchConfig, run_dir: Path, run_id: str) -> list[str]:
     """The ``srun`` command that starts one agent per node."""
-    argv = [
-        "srun", "--nodes", str(config.nnodes), "--ntasks-per-node", "1",
-        "--job-name", f"nbgpu-{config.name}",
-        "--kill-on-bad-exit=1",  # one node's agent failing ends every node's
-        "--label",  # agent.log lines start with the node's task number
-        "--unbuffered",
-    ]  # fmt: skip
+    argv = ["srun", "--nodes", str(config.nnodes), "--ntasks-per-node", "1"]
+    argv += ["--job-name", f"nbgpu-{config.name}"]
+    argv.append("--kill-on-bad-exit=1")  # one node's agent failing ends every node's
+    argv.append("--label")  # agent.log lines start with the node's task number
+    argv.append("--unbuffered")
     argv += request_args(config.slurm or SlurmOptions())
-    argv += [
-        sys.executable, "-m", "nbgpu.rank.slurm_node", str(run_dir), str(config.nnodes),
-        str(config.nproc), run_id, f"{config.rdzv_timeout_s or JOIN_TIMEOUT_S:g}",
-    ]  # fmt: skip
-    return argv
+    join_s = f"{config.rdzv_timeout_s or JOIN_TIMEOUT_S:g}"
+    node = [sys.executable, "-m", "nbgpu.rank.slurm_node", str(run_dir), str(config.nnodes)]
+    return [*argv, *node, str(config.nproc), run_id, join_s]
 
 
 def request_args(options: SlurmOptions) -> list[str]:
@@ -320,11 +320,14 @@ class ClusterStatus(Result):
         table = Table(["node", "GPU", "name", "memory", "health", "processes"])
         for row in self.records():
             table.add(
-                row["node"], row["gpu"], row["name"] or "?",
+                row["node"],
+                row["gpu"],
+                row["name"] or "?",
                 fmt_used_total(row["memory_used_bytes"], row["memory_total_bytes"]),
-                row["health"], row["processes"],
+                row["health"],
+                row["processes"],
                 level="" if row["health"] in ("ok", "in use") else "bad",
-            )  # fmt: skip
+            )
         gpus = sum(len(n.health) for n in self.nodes)
         head = f"nbgpu status --slurm · {len(self.nodes)} nodes · {gpus} GPUs · {self.source}"
         notes = [

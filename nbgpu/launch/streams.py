@@ -15,7 +15,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -167,24 +166,6 @@ def _resolve_cr(line: str) -> str:
     return line
 
 
-@dataclass
-class _Budget:
-    """A token bucket of bytes: refills at ``rate`` per second up to ``burst``."""
-
-    rate_bytes_per_s: float
-    burst_bytes: float
-    tokens: float = 0.0
-    stamp: float = field(default_factory=time.monotonic)
-
-    def refill(self) -> float:
-        now = time.monotonic()
-        self.tokens = min(
-            self.burst_bytes, self.tokens + (now - self.stamp) * self.rate_bytes_per_s
-        )
-        self.stamp = now
-        return self.tokens
-
-
 # Over the budget, at most this many lines a tick: a line per rank up to it, then a line
 # per node, then one line for the job (64 lines of ~220 bytes, ten ticks a second, stay
 # under the 200 kB/s budget).
@@ -219,7 +200,10 @@ class ScreenWriter:
         self._status = ""
         self._status_shown = ""
         self._color = color
-        self._budget = _Budget(rate_bytes_per_s, rate_bytes_per_s, tokens=rate_bytes_per_s)
+        # A token bucket of bytes: refills at the rate per second, up to one second's worth.
+        self._rate = rate_bytes_per_s
+        self._tokens = rate_bytes_per_s
+        self._refilled_at = time.monotonic()
         self._pending: dict[str, list[str]] = {}
         # Each rank's last lines, with whether they reached the screen.
         self._recent: dict[str, deque[tuple[str, bool]]] = {}
@@ -267,7 +251,11 @@ class ScreenWriter:
             sum(map(len, lines)) + len(lines) * (len(self._prefix(label)) + 1)
             for label, lines in pending.items()
         )
-        budget = self._budget.refill()
+        now = time.monotonic()
+        budget = self._tokens = min(
+            self._rate, self._tokens + (now - self._refilled_at) * self._rate
+        )
+        self._refilled_at = now
         pieces: list[str] = []
         if size <= budget:
             for label, lines in pending.items():
@@ -291,7 +279,7 @@ class ScreenWriter:
         if self._status:
             text += self._status
             self._status_shown = self._status
-        self._budget.tokens -= len(text)  # may go below zero: the next ticks wait it out
+        self._tokens -= len(text)  # may go below zero: the next ticks wait it out
         self._emit(text)
 
     def _emit(self, text: str) -> None:

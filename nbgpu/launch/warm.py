@@ -147,10 +147,6 @@ class WarmState:
         """Seconds since the last cell ended (None in a cell, or once the job is over)."""
         return None if self.busy or self.server.closed else time.time() - self.idle_since
 
-    def idle_too_long(self) -> bool:
-        idle = self.idle_s
-        return self.idle_timeout_s is not None and idle is not None and idle >= self.idle_timeout_s
-
     def pids(self) -> dict[int, int]:
         return self.server.pids()
 

@@ -46,11 +46,18 @@ def device(environ: Mapping[str, str] | None = None) -> torch.device:
     """
     env = _env(environ)
     ordinal = local_rank(env) if _in_job(env) else 0
-    source = simulation_source(env)
-    if source is not None:
-        return _simulated_device(source, ordinal, env)
     import torch  # noqa: PLC0415  (lazy: `import nbgpu.rank` must stay cheap)
 
+    source = simulation_source(env)
+    if source is not None:
+        # Imported here: only simulated ranks load the fleet and the fake driver.
+        from nbgpu.devices.sim.cuda import simulated_device  # noqa: PLC0415
+
+        answer = simulated_device(source, ordinal, env)
+        if answer.cuda_error is not None:
+            raise _cuda_error(answer.cuda_error, answer.line) from None
+        _announce(answer.line)  # CUDA's behaviour on the simulated fleet: the CPU, labelled
+        return torch.device("cpu")
     if not torch.cuda.is_available():
         return torch.device("cpu")
     count = torch.cuda.device_count()
@@ -83,20 +90,6 @@ def _cuda_error(code: int, explanation: str) -> RuntimeError:
         error.error_code = code  # type: ignore[attr-defined]
         return error
     return RuntimeError(message)
-
-
-def _simulated_device(source: str, ordinal: int, env: Mapping[str, str]) -> torch.device:
-    """CUDA's behaviour on the simulated fleet: its error for this rank, or the CPU."""
-    import torch  # noqa: PLC0415
-
-    # Imported here: only simulated ranks load the fleet and the fake driver.
-    from nbgpu.devices.sim.cuda import simulated_device  # noqa: PLC0415
-
-    answer = simulated_device(source, ordinal, env)
-    if answer.cuda_error is not None:
-        raise _cuda_error(answer.cuda_error, answer.line) from None
-    _announce(answer.line)
-    return torch.device("cpu")
 
 
 def _announce(line: str) -> None:

@@ -105,8 +105,10 @@ def _take_planned_gpus(name: str) -> None:
 
 def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never returns)
     if len(argv) != 5:
-        print("usage: python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "usage: python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S",
+            file=sys.stderr,
+        )
         return 2
     run_dir, nnodes, nproc, run_id, join_s = Path(argv[0]), argv[1], argv[2], argv[3], argv[4]
     node = int(os.environ.get("SLURM_NODEID", "0"))
@@ -119,16 +121,13 @@ def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never re
     # The agent dies with this step's slurmstepd (our parent), as it would with a kernel.
     os.environ["NBGPU_LAUNCHER_PID"] = str(os.getppid())
     os.environ["TORCHELASTIC_ERROR_FILE"] = str(run_dir / f"agent-error-node{node}.json")
-    agent = [
-        sys.executable, "-m", "nbgpu.rank.agent", str(run_dir / f"result-node{node}.json"),
-        "--",
-        "--nnodes", nnodes, "--nproc-per-node", nproc,
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rdzv['host']}:{rdzv['port']}",
-        "--rdzv-id", run_id, "--rdzv-conf", f"join_timeout={join_s}",
-        "--max-restarts", "0",
-        "--log-dir", str(run_dir / "torchelastic" / f"node{node}"),
-        "--module", "nbgpu.rank.worker",
-    ]  # fmt: skip
+    result = str(run_dir / f"result-node{node}.json")
+    agent = [sys.executable, "-m", "nbgpu.rank.agent", result, "--"]
+    agent += ["--nnodes", nnodes, "--nproc-per-node", nproc, "--rdzv-backend", "c10d"]
+    agent += ["--rdzv-endpoint", f"{rdzv['host']}:{rdzv['port']}", "--rdzv-id", run_id]
+    agent += ["--rdzv-conf", f"join_timeout={join_s}", "--max-restarts", "0"]
+    agent += ["--log-dir", str(run_dir / "torchelastic" / f"node{node}")]
+    agent += ["--module", "nbgpu.rank.worker"]
     sys.stdout.flush()
     os.execv(sys.executable, agent)  # noqa: S606  (our own interpreter, no shell)
 

@@ -156,16 +156,6 @@ def _enter(
 # -- a cold run: the cell or the script, once ---------------------------------------------
 
 
-def _script_namespace(script: str) -> dict[str, Any]:
-    """A fresh ``__main__`` module for a script, as ``python script.py`` would make it."""
-    module = types.ModuleType("__main__")
-    module.__file__ = script
-    module.__dict__["__builtins__"] = __builtins__
-    sys.modules["__main__"] = module  # pickling classes the script defines finds them
-    sys.path.insert(0, str(Path(script).resolve().parent))
-    return module.__dict__
-
-
 def run_once(
     spec: dict[str, Any],
     namespace: dict[str, Any],
@@ -178,7 +168,13 @@ def run_once(
     try:
         filename = spec.get("script") or spec["cell"]
         if spec.get("script"):
-            namespace = _script_namespace(filename)
+            # A fresh ``__main__`` module for a script, as ``python script.py`` would make it.
+            module = types.ModuleType("__main__")
+            module.__file__ = filename
+            module.__dict__["__builtins__"] = __builtins__
+            sys.modules["__main__"] = module  # pickling classes the script defines finds them
+            sys.path.insert(0, str(Path(filename).resolve().parent))
+            namespace = module.__dict__
         pushed = pickle.loads(push.read_bytes()) if push.exists() else {}  # noqa: S301
         _enter(namespace, filename, pushed, spec.get("script_args", []))
         run_code(
@@ -231,8 +227,12 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
                 answer = _run_cell(message, namespace, rec, conn, rank)
             except KeyboardInterrupt:
                 # Landed after the cell's code, before its answer: still an interrupted cell.
-                answer = {"op": "done", "cell": number, "status": "interrupted",
-                          "error": "KeyboardInterrupt"}  # fmt: skip
+                answer = {
+                    "op": "done",
+                    "cell": number,
+                    "status": "interrupted",
+                    "error": "KeyboardInterrupt",
+                }
             sys.stdout.flush()
             sys.stderr.flush()
             conn.send(answer)

@@ -60,9 +60,17 @@ def test_a_node_that_never_comes_ends_the_run_in_one_line(env, tmp_path):
         port = sock.getsockname()[1]
     began = time.monotonic()
     with pytest.raises(RunFailed) as failure:
-        torchrun("print('never')\n", 1, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}",
-                 node_rank=0, rdzv_timeout_s=4, name="alone", write=lambda _t: None,
-                 environ={**env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")})  # fmt: skip
+        torchrun(
+            "print('never')\n",
+            1,
+            nnodes=2,
+            rdzv_endpoint=f"127.0.0.1:{port}",
+            node_rank=0,
+            rdzv_timeout_s=4,
+            name="alone",
+            write=lambda _t: None,
+            environ={**env, "NBGPU_RUNS_DIR": str(tmp_path / "runs")},
+        )
     run = failure.value.run
     assert time.monotonic() - began < 30
     assert run.failure_summary() == (

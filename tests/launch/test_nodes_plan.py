@@ -84,8 +84,12 @@ def test_each_node_takes_its_own_gpus(monkeypatch):
 def _plan_cli(*args, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "nbgpu.cli", "plan", *args],
-        capture_output=True, text=True, timeout=120, check=False, cwd=cwd,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+    )
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,9 @@ def test_without_the_node_names_the_nodes_are_counted(tmp_path):
 
 
 def test_by_hand_the_words_say_what_to_run_on_the_others(tmp_path):
-    config = LaunchConfig(nproc=1, code="x=1", name="m", nnodes=4, node_rank=2,
-                          rdzv_endpoint="head:29400")  # fmt: skip
+    config = LaunchConfig(
+        nproc=1, code="x=1", name="m", nnodes=4, node_rank=2, rdzv_endpoint="head:29400"
+    )
     words = rendezvous_timeout_words(tmp_path, config, 600)
     assert "--nodes 4 --rdzv-endpoint head:29400 --name m and --node-rank 0..3 (not 2)" in words
 

@@ -115,7 +115,7 @@ def test_colour_prefixes_differ_per_rank():
 def _busy_tick(ranks, per_node=8, lines=5):
     sent = []
     writer = ScreenWriter(sent.append)
-    writer._budget.tokens = 0  # mid-run: the budget is spent
+    writer._tokens = 0  # mid-run: the budget is spent
     for r in range(ranks):
         writer.add(f"n{r // per_node}/rank{r}", [f"rank {r} step {i}" for i in range(lines)])
     writer.flush()

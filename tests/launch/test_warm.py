@@ -80,10 +80,12 @@ def test_state_persists_across_cells_and_push_pull_work_per_cell(env):
         ranks = job.run.warm.pids()
         assert len(ranks) == 2
         torchrun("total = rank * 100", on="persist", write=screen)
-        torchrun("total += offset\nprint('total', total)", on="persist", write=screen,
-                 push={"offset": 7})  # fmt: skip
-        result = torchrun("total += 1", on="persist", write=screen, pull=["total"],
-                          pull_all_ranks=True)  # fmt: skip
+        torchrun(
+            "total += offset\nprint('total', total)", on="persist", write=screen, push={"offset": 7}
+        )
+        result = torchrun(
+            "total += 1", on="persist", write=screen, pull=["total"], pull_all_ranks=True
+        )
         assert result.ok
         assert result.number == 4
         assert result.pulled == {"total": 8}
@@ -114,8 +116,11 @@ def test_an_exception_is_a_failed_cell_and_the_ranks_stay(env):
     try:
         pids = job.run.warm.pids()
         with pytest.raises(CellFailed) as failure:
-            torchrun("kept = 41\nif rank == 1:\n    raise ValueError('bad batch')\n",
-                     on="raises", write=screen)  # fmt: skip
+            torchrun(
+                "kept = 41\nif rank == 1:\n    raise ValueError('bad batch')\n",
+                on="raises",
+                write=screen,
+            )
         result = failure.value.result
         assert result.statuses == {0: "ok", 1: "error"}
         assert result.errors[1] == "ValueError: bad batch"
@@ -132,8 +137,9 @@ def test_an_exception_is_a_failed_cell_and_the_ranks_stay(env):
 def test_a_rank_that_dies_ends_the_job_with_a_diagnosis(env):
     _job, screen = start(env, "dies")
     with pytest.raises(RunFailed) as failure:
-        torchrun("if rank == 1:\n    os._exit(3)\nimport time\ntime.sleep(30)\n",
-                 on="dies", write=screen)  # fmt: skip
+        torchrun(
+            "if rank == 1:\n    os._exit(3)\nimport time\ntime.sleep(30)\n", on="dies", write=screen
+        )
     run = failure.value.run
     assert run.state == "failed"
     assert run.done
@@ -153,8 +159,11 @@ def test_interrupt_keeps_the_ranks_and_their_state(env):
         timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
         with pytest.raises(CellFailed) as failure:
-            torchrun("import time\nfor step in range(6, 1000):\n    time.sleep(0.05)\n",
-                     on="interrupt", write=screen)  # fmt: skip
+            torchrun(
+                "import time\nfor step in range(6, 1000):\n    time.sleep(0.05)\n",
+                on="interrupt",
+                write=screen,
+            )
         timer.join()
         assert set(failure.value.result.statuses.values()) == {"interrupted"}
         assert "KeyboardInterrupt" in screen.text
@@ -168,16 +177,24 @@ def test_interrupt_keeps_the_ranks_and_their_state(env):
 @pytest.mark.usefixtures("sigint_raises")
 def test_a_rank_stuck_in_a_collective_is_reported_not_waited_for(env, monkeypatch):
     monkeypatch.setattr(warm, "INTERRUPT_WAIT_S", 2.0)
-    job, screen = start(env, "stuck", "import os\nimport nbgpu.rank\nnbgpu.rank.init(timeout_s=6)\n"
-                        "rank = int(os.environ['RANK'])\n")  # fmt: skip
+    job, screen = start(
+        env,
+        "stuck",
+        "import os\nimport nbgpu.rank\nnbgpu.rank.init(timeout_s=6)\n"
+        "rank = int(os.environ['RANK'])\n",
+    )
     try:
         timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
         began = time.monotonic()
         with pytest.raises(CellFailed) as failure:
             # rank 0 sleeps in Python (interruptible); rank 1 waits in gloo's C++ barrier.
-            torchrun("import time, torch.distributed as dist\nif rank == 0:\n"
-                     "    time.sleep(60)\ndist.barrier()\n", on="stuck", write=screen)  # fmt: skip
+            torchrun(
+                "import time, torch.distributed as dist\nif rank == 0:\n"
+                "    time.sleep(60)\ndist.barrier()\n",
+                on="stuck",
+                write=screen,
+            )
         timer.join()
         assert time.monotonic() - began < 15
         result = failure.value.result
@@ -332,8 +349,12 @@ def test_timeout_interrupts_the_cell_and_keeps_the_job(env):
     try:
         began = time.monotonic()
         with pytest.raises(CellFailed) as failure:
-            torchrun("import time\nfor tick in range(600):\n    time.sleep(0.05)\n",
-                     on="cell-timeout", write=screen, timeout_s=1.0)  # fmt: skip
+            torchrun(
+                "import time\nfor tick in range(600):\n    time.sleep(0.05)\n",
+                on="cell-timeout",
+                write=screen,
+                timeout_s=1.0,
+            )
         assert time.monotonic() - began < 10
         assert set(failure.value.result.statuses.values()) == {"interrupted"}
         after = torchrun("pass", on="cell-timeout", write=screen, pull=["tick"])
@@ -382,15 +403,22 @@ def test_a_rank_killed_between_cells_ends_the_job_and_the_next_cell_says_how(env
 @pytest.mark.usefixtures("sigint_raises")
 def test_a_second_interrupt_while_waiting_ends_the_job(env, monkeypatch):
     monkeypatch.setattr(warm, "INTERRUPT_WAIT_S", 60.0)
-    job, screen = start(env, "twice", "import os\nimport nbgpu.rank\nnbgpu.rank.init()\n"
-                        "rank = int(os.environ['RANK'])\n")  # fmt: skip
+    job, screen = start(
+        env,
+        "twice",
+        "import os\nimport nbgpu.rank\nnbgpu.rank.init()\nrank = int(os.environ['RANK'])\n",
+    )
     timers = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (1.5, 3.0)]
     for timer in timers:
         timer.start()
     began = time.monotonic()
     with pytest.raises(RunFailed) as failure:
-        torchrun("import time, torch.distributed as dist\nif rank == 0:\n"
-                 "    time.sleep(60)\ndist.barrier()\n", on="twice", write=screen)  # fmt: skip
+        torchrun(
+            "import time, torch.distributed as dist\nif rank == 0:\n"
+            "    time.sleep(60)\ndist.barrier()\n",
+            on="twice",
+            write=screen,
+        )
     for timer in timers:
         timer.join()
     assert time.monotonic() - began < 20
