@@ -125,8 +125,16 @@ def _label(
     """Bold text beside a point; near the right edge (offset to the left) it ends there,
     so it stays inside the axes."""
     ha = "right" if offset[0] < 0 else "left"
-    ax.annotate(text, xy, textcoords="offset points", xytext=offset, ha=ha, fontsize=9,
-                fontweight="bold", **style)  # fmt: skip
+    ax.annotate(
+        text,
+        xy,
+        textcoords="offset points",
+        xytext=offset,
+        ha=ha,
+        fontsize=9,
+        fontweight="bold",
+        **style,
+    )
 
 
 def _limit_line(  # noqa: PLR0917  (private; the line's look in one call)

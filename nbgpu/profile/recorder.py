@@ -313,8 +313,12 @@ class Recorder:
         out["avail"] = node.available_bytes
         cuda, _why = cuda_memory()
         if cuda is not None:
-            out.update(gpu=cuda.device, gpu_alloc=cuda.allocated_bytes,
-                       gpu_reserved=cuda.reserved_bytes, gpu_max=cuda.peak_allocated_bytes)  # fmt: skip
+            out.update(
+                gpu=cuda.device,
+                gpu_alloc=cuda.allocated_bytes,
+                gpu_reserved=cuda.reserved_bytes,
+                gpu_max=cuda.peak_allocated_bytes,
+            )
         return out
 
     # -- phases --------------------------------------------------------------------
@@ -342,8 +346,16 @@ class Recorder:
             self._next_id += 1
             self._stack.append(opened)
         depth = len(self._stack) - 1
-        self._emit({"k": "begin", "id": opened.id, "phase": name, "parent": opened.parent,
-                    "depth": depth, **snap})  # fmt: skip
+        self._emit(
+            {
+                "k": "begin",
+                "id": opened.id,
+                "phase": name,
+                "parent": opened.parent,
+                "depth": depth,
+                **snap,
+            }
+        )
         return opened.id
 
     def end(self, phase_id: int, *, error: str | None = None) -> None:

@@ -400,11 +400,23 @@ class MemoryTimeline:
                 last = rank.last_t if span.end is None else span.end_t
                 duration = None if last is None else round(last - span.start_t, 3)
                 values = (
-                    span.path, rank.label, span.status, round(span.start_t - t0, 3), duration,
-                    span.begin.get("rss"), end.get("rss"), peak_rss, end.get("uss"),
-                    end.get("pss"), peak_pss, end.get("avail"), end.get("gpu_alloc"),
-                    end.get("gpu_reserved"), end.get("gpu_peak"), end.get("nvml_used"),
-                )  # fmt: skip
+                    span.path,
+                    rank.label,
+                    span.status,
+                    round(span.start_t - t0, 3),
+                    duration,
+                    span.begin.get("rss"),
+                    end.get("rss"),
+                    peak_rss,
+                    end.get("uss"),
+                    end.get("pss"),
+                    peak_pss,
+                    end.get("avail"),
+                    end.get("gpu_alloc"),
+                    end.get("gpu_reserved"),
+                    end.get("gpu_peak"),
+                    end.get("nvml_used"),
+                )
                 rows.append(dict(zip(FRAME_COLUMNS, values, strict=True)))
         return rows
 
