@@ -113,10 +113,7 @@ def resident_bytes(pid: int | str = "self") -> int | None:
 
 def peak_rss(pid: int | str = "self") -> int | None:
     """``VmHWM``: the most resident memory since start or the last reset."""
-    status = _read(f"/proc/{pid}/status")
-    if status is None:
-        return None
-    return _kib_fields(status, ("VmHWM",)).get("VmHWM")
+    return _kib_fields(_read(f"/proc/{pid}/status") or "", ("VmHWM",)).get("VmHWM")
 
 
 def reset_peak_rss() -> str | None:
@@ -153,10 +150,7 @@ def process_start_time(pid: int | str = "self") -> float | None:
 
 
 def node_memory() -> NodeMemory:
-    meminfo = _read("/proc/meminfo")
-    if meminfo is None:
-        return NodeMemory(None, None)
-    f = _kib_fields(meminfo, ("MemTotal", "MemAvailable"))
+    f = _kib_fields(_read("/proc/meminfo") or "", ("MemTotal", "MemAvailable"))
     return NodeMemory(f.get("MemTotal"), f.get("MemAvailable"))
 
 
@@ -259,8 +253,6 @@ class Recorder:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             except OSError as exc:
                 self.write_error = f"{self.path}: {exc.strerror}"
-        node = node_memory()
-        own = process_memory()
         self._emit(
             {
                 "k": "proc",
@@ -268,9 +260,9 @@ class Recorder:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "process_started": process_start_time(),
-                "mem_total": node.total_bytes,
+                "mem_total": node_memory().total_bytes,
                 "sample_s": self.sample_s,
-                "mem_why": own.why or None,
+                "mem_why": process_memory().why or None,
                 **self.identity,
             }
         )
@@ -296,7 +288,6 @@ class Recorder:
 
     def _snapshot(self) -> dict[str, Any]:
         """Memory now: RSS every time (constant cost), USS/PSS when the budget allows."""
-        node = node_memory()
         out: dict[str, Any] = {"t": time.time()}
         started = time.perf_counter()
         if started >= self._next_full:
@@ -310,7 +301,7 @@ class Recorder:
             self._next_full = started + max(PSS_EVERY_S, cost / PSS_CPU_SHARE)
         else:
             out["rss"] = resident_bytes()
-        out["avail"] = node.available_bytes
+        out["avail"] = node_memory().available_bytes
         cuda, _why = cuda_memory()
         if cuda is not None:
             out.update(
@@ -332,8 +323,7 @@ class Recorder:
             for outer in self._stack:
                 outer.hwm = max(outer.hwm, current_hwm)
             problem = reset_peak_rss()
-            if problem and self.hwm_reset_problem is None:
-                self.hwm_reset_problem = problem
+            self.hwm_reset_problem = self.hwm_reset_problem or problem
             opened = _Open(
                 id=self._next_id,
                 name=name,
@@ -345,17 +335,8 @@ class Recorder:
             )
             self._next_id += 1
             self._stack.append(opened)
-        depth = len(self._stack) - 1
-        self._emit(
-            {
-                "k": "begin",
-                "id": opened.id,
-                "phase": name,
-                "parent": opened.parent,
-                "depth": depth,
-                **snap,
-            }
-        )
+        begin = {"k": "begin", "id": opened.id, "phase": name, "parent": opened.parent}
+        self._emit({**begin, "depth": len(self._stack) - 1, **snap})
         return opened.id
 
     def end(self, phase_id: int, *, error: str | None = None) -> None:
@@ -382,9 +363,7 @@ class Recorder:
         }
         if "gpu_alloc" in snap:
             record["gpu_peak"] = self._gpu_peak(closing, snap)
-            used, why = _nvml_used_by(os.getpid())
-            record["nvml_used"] = used
-            record["nvml_why"] = why or None
+            record["nvml_used"], record["nvml_why"] = _nvml_used_by(os.getpid())
         if error:
             record["error"] = error
         if inner:
@@ -451,7 +430,7 @@ class Recorder:
             self._fd = None
 
 
-def _nvml_used_by(pid: int) -> tuple[int | None, str]:
+def _nvml_used_by(pid: int) -> tuple[int | None, str | None]:
     """GPU memory NVML attributes to *pid* (context, NCCL and allocator together)."""
     try:
         from nbgpu.devices.nvml import read_system  # noqa: PLC0415  (only ranks on CUDA)
@@ -466,4 +445,4 @@ def _nvml_used_by(pid: int) -> tuple[int | None, str]:
         return None, "NVML lists no memory for this pid (another PID namespace?)"
     if any(u is None for u in used):
         return None, "NVML cannot attribute memory to processes here (MIG without privileges?)"
-    return sum(u for u in used if u is not None), ""
+    return sum(u for u in used if u is not None), None
