@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from nbgpu.diagnose.catalog import CATALOG, SECONDARY, Cause, Pattern
-from nbgpu.diagnose.lines import Stamp, parse_line, parse_stamp_text
+from nbgpu.diagnose.lines import ParsedLine, Stamp, parse_line, parse_stamp_text
 
 __all__ = ["ExceptionLine", "ExitRecord", "Hit", "SourceScan"]
 
@@ -101,16 +101,6 @@ class ExceptionLine:
         return self.name.rsplit(".", 1)[-1] in _LAUNCHER_EXCEPTIONS
 
 
-@dataclass(frozen=True)
-class _Where:
-    """Where a line came from: its number, rank and time."""
-
-    lineno: int | None
-    rank: int | None
-    local_rank: int | None
-    stamp: Stamp | None
-
-
 @dataclass
 class _Traceback:
     lines: deque[str]
@@ -138,7 +128,7 @@ class SourceScan:
         self._entry: dict[str, object] | None = None
         self._entry_rank: int | None = None
         self._in_entry_traceback = False
-        self._unmatched: tuple[_Where, str, int] | None = None
+        self._unmatched: tuple[int | None, ParsedLine, str, int] | None = None
 
     # -- input -------------------------------------------------------------------
 
@@ -164,6 +154,7 @@ class SourceScan:
         if rank is None:
             # Lines of a banner entry (its exitcode, its traceback) belong to its rank.
             rank = self._entry_rank if self._entry_rank is not None else entry_rank
+            line = ParsedLine(rank, line.local_rank, line.stamp, body)
         if rank is not None:
             self.ranks_seen.add(rank)
         for hit in self._pending:
@@ -171,34 +162,33 @@ class SourceScan:
         self._pending = [h for h in self._pending if len(h.context) < _CONTEXT_LINES]
         if not body.strip():
             return
-        where = _Where(lineno, rank, line.local_rank, line.stamp)
         matches = list(_matches(body))
         for cause, pattern in matches:
-            self._keep(cause.id, pattern, body, where)
+            self._keep(cause.id, pattern, body, lineno, line)
         if not matches:
-            self._wrapped(body, where)
+            self._wrapped(body, lineno, line)
         for pattern in SECONDARY:
             if pattern.regex.search(body):
-                self._keep(SECONDARY_ID, pattern, body, where)
+                self._keep(SECONDARY_ID, pattern, body, lineno, line)
                 break
         self._agent_lines(lineno, body, line.stamp)
         self._python(lineno, body, rank)
 
-    def _wrapped(self, body: str, where: _Where) -> None:
+    def _wrapped(self, body: str, lineno: int | None, line: ParsedLine) -> None:
         """Match an exception message that a terminal or rich wrapped over several lines."""
         waiting = self._unmatched
         self._unmatched = None
         if waiting is None:
             if _EXCEPTION.match(body.strip()):
-                self._unmatched = (where, body.strip(), 2)
+                self._unmatched = (lineno, line, body.strip(), 2)
             return
-        first, joined, left = waiting
+        first_lineno, first, joined, left = waiting
         joined = f"{joined} {body.strip()}"
         match = next(_matches(joined), None)
         if match is not None:
-            self._keep(match[0].id, match[1], joined, first)
+            self._keep(match[0].id, match[1], joined, first_lineno, first)
         elif left > 1:
-            self._unmatched = (first, joined, left - 1)
+            self._unmatched = (first_lineno, first, joined, left - 1)
 
     def finish(self) -> None:
         """Flush tracebacks that never reached their exception line."""
@@ -207,8 +197,10 @@ class SourceScan:
 
     # -- hits ----------------------------------------------------------------------
 
-    def _keep(self, cause_id: str, pattern: Pattern, body: str, where: _Where) -> None:
-        key = (cause_id, where.rank)
+    def _keep(
+        self, cause_id: str, pattern: Pattern, body: str, lineno: int | None, line: ParsedLine
+    ) -> None:
+        key = (cause_id, line.rank)
         kept = self._kept.get(key, 0)
         if kept >= _HITS_PER_KEY:
             return
@@ -218,11 +210,11 @@ class SourceScan:
             confidence=pattern.confidence,
             consequence=pattern.consequence,
             source=self.name,
-            lineno=where.lineno,
+            lineno=lineno,
             text=body.strip()[:_TEXT_CHARS],
-            rank=where.rank,
-            local_rank=where.local_rank,
-            stamp=where.stamp,
+            rank=line.rank,
+            local_rank=line.local_rank,
+            stamp=line.stamp,
             order=next(self._counter),
         )
         self.hits.append(hit)
