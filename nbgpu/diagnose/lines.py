@@ -101,23 +101,17 @@ def parse_line(text: str, default_rank: int | None = None) -> ParsedLine:
     body = text
     rank = default_rank
     prefixed = False
-    m = _RANK_PREFIX.search(text[:160])
-    if m:
+    if m := _RANK_PREFIX.search(text[:160]):
         rank = int(m.group(1))
         body = text[m.end() :]
         prefixed = True
-    stamp: Stamp | None = None
-    g = _GLOG.search(body[:200])
-    if g and g.start() <= 2:
+    if (g := _GLOG.search(body[:200])) and g.start() <= 2:
         stamp = _glog(g)
         body = body[g.end() :]
         prefixed = True
     else:
-        i = _ISO.search(text[:80])
-        if i:
-            stamp = _iso(i)
-    noise = _PREFIX_NOISE.match(body)
-    if noise:
+        stamp = _iso(i) if (i := _ISO.search(text[:80])) else None
+    if noise := _PREFIX_NOISE.match(body):
         body = body[noise.end() :]
         prefixed = True
     body = body.rstrip()
@@ -126,13 +120,10 @@ def parse_line(text: str, default_rank: int | None = None) -> ParsedLine:
     if prefixed and body.startswith(" "):
         body = body[1:]
     local_rank = None
-    n = _NCCL_DEVICE.match(body)
-    if n:
+    if n := _NCCL_DEVICE.match(body):
         local_rank = int(n.group(1))
-    elif m is None and "Rank " in body:
-        r = _NCCL_RANK.search(body)
-        if r:
-            rank = int(r.group(1))
+    elif m is None and "Rank " in body and (r := _NCCL_RANK.search(body)):
+        rank = int(r.group(1))
     return ParsedLine(rank, local_rank, stamp, body)
 
 

@@ -184,8 +184,7 @@ class SourceScan:
             return
         first_lineno, first, joined, left = waiting
         joined = f"{joined} {body.strip()}"
-        match = next(_matches(joined), None)
-        if match is not None:
+        if (match := next(_matches(joined), None)) is not None:
             self._keep(match[0].id, match[1], joined, first_lineno, first)
         elif left > 1:
             self._unmatched = (first_lineno, first, joined, left - 1)
@@ -235,8 +234,7 @@ class SourceScan:
         if stripped.startswith(("====", "----")):
             self._end_entry()
             return
-        entry = _BANNER_ENTRY.match(body)
-        if entry:
+        if _BANNER_ENTRY.match(body):
             self._end_entry()
             self._entry = {"root": self._banner_root, "lineno": lineno}
             return
@@ -249,10 +247,8 @@ class SourceScan:
         if field_match and not self._in_entry_traceback:
             key, value = field_match.group(1), field_match.group(2).strip()
             self._entry[key] = value
-            if key == "rank":
-                r = _BANNER_RANK.search(value)
-                if r:
-                    self._entry_rank = int(r.group(1))
+            if key == "rank" and (r := _BANNER_RANK.search(value)):
+                self._entry_rank = int(r.group(1))
             if key == "traceback":
                 self._in_entry_traceback = value.startswith("Traceback")
                 if not self._in_entry_traceback:

@@ -286,8 +286,7 @@ def _looks_like_text(value: str) -> bool:
 
 
 def _rank_from_path(path: Path, root: Path) -> int | None:
-    m = _RANK_LOG.match(path.name) or _ERROR_FILE.match(path.name)
-    if m and m.group(1):
+    if (m := _RANK_LOG.match(path.name) or _ERROR_FILE.match(path.name)) and m.group(1):
         return int(m.group(1))
     # torchelastic --log-dir: <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log
     if (
@@ -328,8 +327,7 @@ def _directory(root: Path) -> Inputs:
         rel = str(path.relative_to(root))
         rank = _rank_from_path(path, root)
         if _ERROR_FILE.match(path.name):
-            record = load_error_file(path, rank, inputs.notes)
-            if record is not None:
+            if (record := load_error_file(path, rank, inputs.notes)) is not None:
                 inputs.errors.append(record)
         elif path.name.endswith(_LOG_SUFFIXES):
             offset = 0
