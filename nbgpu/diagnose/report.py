@@ -248,14 +248,8 @@ class Diagnosis(Result):
         table = Table(["rank", "exit", "signal", "cause", "role"])
         for r in self.ranks:
             level = {"root": "bad", "failed": "warn", "secondary": "warn"}.get(r.role, "")
-            table.add(
-                r.rank,
-                "-" if r.exit_code is None else r.exit_code,
-                r.signal or "-",
-                r.cause or "-",
-                r.role,
-                level=level,
-            )
+            exit_code = "-" if r.exit_code is None else r.exit_code
+            table.add(r.rank, exit_code, r.signal or "-", r.cause or "-", r.role, level=level)
         return table
 
     def content(self) -> list[Block]:

@@ -31,6 +31,10 @@ def _gib(value: float | None) -> str:
     return "-" if value is None else f"{value / 1024**3:.2f}"
 
 
+# A cell's mark and the row's severity by phase status (a death outranks a failure).
+_MARKS = {"died in": (" ✗died", "bad"), "running": (" …", ""), "failed": (" !", "warn")}
+
+
 class _WideTable(Table):
     """A phase x rank table: as wide as its ranks need, up to 120 columns of text."""
 
@@ -95,16 +99,9 @@ class MemoryReport(MemoryTimeline, Result):
                 if row is None:
                     cells.append("")
                     continue
-                text = _gib(row[metric])
-                if row["status"] == "died in":
-                    text += " ✗died"
-                    level = "bad"
-                elif row["status"] == "running":
-                    text += " …"
-                elif row["status"] == "failed":
-                    text += " !"
-                    level = level or "warn"
-                cells.append(text)
+                mark, severity = _MARKS.get(row["status"], ("", ""))
+                cells.append(_gib(row[metric]) + mark)
+                level = "bad" if "bad" in (level, severity) else level or severity
             table.add(name, *cells, level=level)
         return table
 
