@@ -23,6 +23,7 @@ library, ``nbgpu.errors`` and ``lines.Stamp``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -165,13 +166,9 @@ def _epoch(value: object) -> Stamp | None:
 
 
 def _int(value: object) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
         return int(value)
-    return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _gpus(value: object) -> tuple[int, ...] | None:
@@ -289,29 +286,19 @@ def _rank_from_path(path: Path, root: Path) -> int | None:
     if (m := _RANK_LOG.match(path.name) or _ERROR_FILE.match(path.name)) and m.group(1):
         return int(m.group(1))
     # torchelastic --log-dir: <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log
-    if (
-        path.parent != root
-        and path.parent.name.isdigit()
-        and path.parent.parent.name.startswith("attempt_")
-    ):
-        return int(path.parent.name)
+    parent = path.parent
+    if parent != root and parent.name.isdigit() and parent.parent.name.startswith("attempt_"):
+        return int(parent.name)
     return None
 
 
 def _walk(root: Path) -> Iterator[Path]:
-    found = 0
     for directory, subdirs, files in os.walk(root):
         depth = len(Path(directory).relative_to(root).parts)
         subdirs[:] = (
             sorted(d for d in subdirs if not d.startswith(".")) if depth < _MAX_DEPTH else []
         )
-        for name in sorted(files):
-            if name.startswith("."):
-                continue
-            found += 1
-            if found > _MAX_FILES:
-                return
-            yield Path(directory) / name
+        yield from (Path(directory) / name for name in sorted(files) if not name.startswith("."))
 
 
 def _directory(root: Path) -> Inputs:
@@ -321,7 +308,7 @@ def _directory(root: Path) -> Inputs:
         inputs.run = load_run_json(run_json, inputs.notes)
         if inputs.run and inputs.run.name:
             inputs.label = f"run '{inputs.run.name}' ({root})"
-    for path in _walk(root):
+    for path in itertools.islice(_walk(root), _MAX_FILES):
         if not path.is_file():
             continue
         rel = str(path.relative_to(root))
