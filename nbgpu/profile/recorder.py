@@ -85,18 +85,15 @@ def _read(path: str) -> str | None:
         return None
 
 
-_ROLLUP = ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Private_Hugetlb")
+_PRIVATE = ("Private_Clean", "Private_Dirty", "Private_Hugetlb")  # together: USS
+_ROLLUP = ("Rss", "Pss", *_PRIVATE)
 
 
 def process_memory(pid: int | str = "self") -> ProcessMemory:
     """RSS, USS and PSS of one process (``self`` by default)."""
-    rollup = _read(f"/proc/{pid}/smaps_rollup")
-    if rollup is not None:
-        f = _kib_fields(rollup, _ROLLUP)
-        if "Rss" in f and "Pss" in f:
-            uss = f.get("Private_Clean", 0) + f.get("Private_Dirty", 0)
-            uss += f.get("Private_Hugetlb", 0)
-            return ProcessMemory(f["Rss"], uss, f["Pss"])
+    f = _kib_fields(_read(f"/proc/{pid}/smaps_rollup") or "", _ROLLUP)
+    if "Rss" in f and "Pss" in f:
+        return ProcessMemory(f["Rss"], sum(f.get(k, 0) for k in _PRIVATE), f["Pss"])
     rss = resident_bytes(pid)
     if rss is not None:
         why = "no /proc/PID/smaps_rollup (Linux < 4.14 or not permitted): no USS/PSS"
