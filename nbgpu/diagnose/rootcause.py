@@ -154,10 +154,6 @@ def _collect(
     return states
 
 
-def _explained(exc: ExceptionLine, hits: Iterable[Hit]) -> bool:
-    return any(h.source == exc.source and h.lineno == exc.lineno for h in hits)
-
-
 def _rank_cause(s: _Rank) -> _RankCause | None:
     primary = s.primary()
     if primary:
@@ -169,8 +165,9 @@ def _rank_cause(s: _Rank) -> _RankCause | None:
     if s.signal in _SIGNAL_CAUSES:
         cause_id, confidence = _SIGNAL_CAUSES[s.signal]
         return _RankCause(s, cause(cause_id), confidence, [], _LAST)
+    explained = {(h.source, h.lineno) for h in s.hits}  # exception lines a hit matched
     own = sorted(
-        (e for e in s.exceptions if not e.launcher and not _explained(e, s.hits)),
+        (e for e in s.exceptions if not e.launcher and (e.source, e.lineno) not in explained),
         key=lambda e: e.order,
     )
     secondary = [h for h in s.secondary() if not h.consequence] or s.secondary()

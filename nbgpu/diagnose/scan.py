@@ -298,9 +298,7 @@ class SourceScan:
             lines = deque([body.strip()], maxlen=_TRACEBACK_LINES)
             self._tracebacks[rank] = _Traceback(lines, lineno)
             return
-        text = body.strip()
-        if text.startswith("traceback :"):
-            text = text[len("traceback :") :].strip()
+        text = body.strip().removeprefix("traceback :").strip()
         # Indented exception lines occur too: torchrun's banner indents the child's traceback.
         m = _EXCEPTION.match(text) or _USAGE_ERROR.match(text)
         tb = self._tracebacks.get(rank)
