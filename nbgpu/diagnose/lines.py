@@ -230,8 +230,7 @@ class WindowScanner:
     def _trim(self, line: bytes) -> bytes:
         # A huge line is usually a \r progress bar: keep the pieces that matter.
         pieces = [p for p in line.split(b"\r") if any(k in p for k in TRIGGERS)]
-        if not pieces:
-            pieces = [line.rsplit(b"\r", 1)[-1]]
+        pieces = pieces or [line.rsplit(b"\r", 1)[-1]]
         return b"\r".join(p[-MAX_LINE_BYTES // 4 :] for p in pieces[-4:])
 
     def _long_piece(self, piece: bytes) -> None:

@@ -133,10 +133,8 @@ def reset_peak_rss() -> str | None:
 def process_start_time(pid: int | str = "self") -> float | None:
     """When a process started: places 'start' before Python ran, and tells a reused pid
     from the process that wrote the records."""
-    stat, system = _read(f"/proc/{pid}/stat"), _read("/proc/stat")
-    if stat is None or system is None:
-        return None
-    try:
+    stat, system = _read(f"/proc/{pid}/stat") or "", _read("/proc/stat") or ""
+    try:  # an unreadable file is an empty one: no field, no btime line
         fields = stat.rsplit(")", 1)[1].split()
         boot = next(
             float(line.split()[1]) for line in system.splitlines() if line.startswith("btime")
