@@ -317,5 +317,4 @@ class WindowScanner:
             keep.append((lineno, bytes(buf[max(begin, end - MAX_LINE_BYTES) : end])))
             lineno -= 1
             end = begin - 1
-        for item in reversed(keep):
-            self._tail.append(item)
+        self._tail.extend(reversed(keep))

@@ -147,7 +147,7 @@ def _collect(
             s = state(r.rank)
             s.exit_code = r.exit_code if r.exit_code is not None else s.exit_code
             s.signal = r.signal or s.signal or _CODE_SIGNALS.get(r.exit_code or 0)
-            s.ended = r.ended_at
+            s.ended = r.stamp
     for s in states.values():
         if s.signal is None and s.exit_code is not None:
             s.signal = _CODE_SIGNALS.get(s.exit_code)

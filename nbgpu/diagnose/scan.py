@@ -71,7 +71,7 @@ class Hit:
 
 @dataclass(frozen=True)
 class ExitRecord:
-    """How a rank ended, as torchrun (or ``mp.spawn``) reported it."""
+    """How a rank ended, as torchrun (or ``mp.spawn``) reported it, or run.json recorded it."""
 
     rank: int | None
     local_rank: int | None

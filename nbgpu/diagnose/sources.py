@@ -17,7 +17,7 @@ Any other directory is searched (a few levels deep) for ``*.log``, ``*.txt``, ``
 (``attempt_0/<local_rank>/stdout.log``) gives each file its rank. Files are read in
 chunks, never whole. A missing path is a one-line ``UserInputError``; a malformed
 run.json or error file becomes a note, never an exception. Imports only the standard
-library, ``nbgpu.errors`` and ``lines.Stamp``.
+library, ``nbgpu.errors``, ``lines.Stamp`` and ``scan.ExitRecord``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nbgpu.diagnose.lines import Stamp
+from nbgpu.diagnose.scan import ExitRecord
 from nbgpu.errors import UserInputError
 
 __all__ = ["ErrorRecord", "Inputs", "LogInput", "RunInfo", "chunks", "load_error_file",
@@ -62,17 +63,6 @@ class LogInput:
 
 
 @dataclass(frozen=True)
-class RankExit:
-    """One rank's end, as the launcher recorded it in run.json."""
-
-    rank: int
-    local_rank: int | None
-    exit_code: int | None
-    signal: str | None
-    ended_at: Stamp | None
-
-
-@dataclass(frozen=True)
 class RunInfo:
     """The launcher's record of a run (``run.json``)."""
 
@@ -82,7 +72,7 @@ class RunInfo:
     nnodes: int | None
     gpus: tuple[int, ...] | None  # physical GPUs the run was given, in rank order
     cuda_visible_devices: str | None
-    ranks: tuple[RankExit, ...]
+    ranks: tuple[ExitRecord, ...]  # each rank's end as run.json has it (stamp: ended_at)
     agent_exit_code: int | None
     cell: int | None = None  # a warm job: the cell it was in (or had run last) when it ended
     cell_offsets: dict[int, int] = field(default_factory=dict)  # rank -> its log's size then
@@ -205,12 +195,14 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
         notes.append(f"{path.name}: expected a JSON object, ignored")
         return None
     ranks = [
-        RankExit(
+        ExitRecord(
             rank=rank,
             local_rank=_int(item.get("local_rank")),
             exit_code=_int(item.get("exit_code")),
             signal=(item.get("signal") or None) if isinstance(item.get("signal"), str) else None,
-            ended_at=_epoch(item.get("ended_at")),
+            stamp=_epoch(item.get("ended_at")),
+            source=path.name,
+            lineno=None,
         )
         for item in data.get("ranks") or []
         if isinstance(item, dict) and (rank := _int(item.get("rank"))) is not None
@@ -228,7 +220,7 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
         nnodes=_int(data.get("nnodes")),
         gpus=_gpus(data.get("gpus")),
         cuda_visible_devices=cvd if isinstance(cvd, str) else None,
-        ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
+        ranks=tuple(sorted(ranks, key=lambda r: r.rank or 0)),  # every one has a rank
         agent_exit_code=_int(data.get("agent_exit_code")),
         cell=_int(warm.get("cell")),
         cell_offsets={

@@ -137,8 +137,7 @@ class MemoryReport(MemoryTimeline, Result):
 
     def to_frame(self) -> Any:
         """pandas DataFrame indexed by (phase, rank): peaks, ends, durations, GPU figures."""
-        frame = super().to_frame()
-        return frame.set_index(["phase", "rank"])
+        return super().to_frame().set_index(["phase", "rank"])
 
     def to_dict(self) -> dict[str, Any]:
         return {
