@@ -125,9 +125,7 @@ def _collect(
     }
     for scan in scans:
         for hit in scan.hits:
-            rank = hit.rank
-            if rank is None:
-                rank = at_exit.get((hit.source, hit.lineno))
+            rank = hit.rank if hit.rank is not None else at_exit.get((hit.source, hit.lineno))
             if rank is None and hit.local_rank is not None and single_node and len(scans) == 1:
                 rank = hit.local_rank  # NCCL's device index stands for the rank on one node
             state(rank).hits.append(hit)
