@@ -163,8 +163,6 @@ class WindowScanner:
         self.bytes_read = 0
         self.lines = 0
 
-    # -- input -------------------------------------------------------------------
-
     def feed(self, data: bytes | bytearray) -> None:
         """More bytes; ``data`` may be a buffer the caller reuses (nothing keeps it)."""
         if not data:
@@ -194,8 +192,6 @@ class WindowScanner:
             carry, self._carry = self._carry, b""
             self._region(carry + b"\n", 0, None)
         self.lines = self._next - 1
-
-    # -- internals -----------------------------------------------------------------
 
     def _hits(self, buf: bytes | bytearray, start: int = 0, stop: int | None = None) -> list[int]:
         """Offsets of trigger strings in ``buf[start:stop]``, at most one per line per trigger.

@@ -130,8 +130,6 @@ class SourceScan:
         self._in_entry_traceback = False
         self._unmatched: tuple[int | None, ParsedLine, str, int] | None = None
 
-    # -- input -------------------------------------------------------------------
-
     def feed_raw(self, lineno: int | None, raw: bytes) -> None:
         """One raw line from a file (bytes, possibly with ``\\r`` progress updates)."""
         text = raw.decode("utf-8", "replace")
@@ -193,8 +191,6 @@ class SourceScan:
         """Flush tracebacks that never reached their exception line."""
         self._end_entry()
         self._pending.clear()
-
-    # -- hits ----------------------------------------------------------------------
 
     def _keep(
         self, cause_id: str, pattern: Pattern, body: str, lineno: int | None, line: ParsedLine
@@ -290,8 +286,6 @@ class SourceScan:
             rank, spawn_code = int(m.group(1)), int(m.group(3)) if m.group(3) else None
             signal = m.group(2) or _SIGNALS.get(spawn_code)
             self.exits.append(ExitRecord(rank, rank, spawn_code, signal, stamp, self.name, lineno))
-
-    # -- Python tracebacks -------------------------------------------------------------
 
     def _python(self, lineno: int | None, body: str, rank: int | None) -> None:
         if "Traceback (most recent call last)" in body:

@@ -262,8 +262,6 @@ class Recorder:
             }
         )
 
-    # -- writing -----------------------------------------------------------------
-
     def _emit(self, record: dict[str, Any]) -> None:
         if record.get("k") == "s":
             self.samples.append(record)
@@ -306,8 +304,6 @@ class Recorder:
                 gpu_max=cuda.peak_allocated_bytes,
             )
         return out
-
-    # -- phases --------------------------------------------------------------------
 
     def begin(self, name: str) -> int:
         snap = self._snapshot()
@@ -403,8 +399,6 @@ class Recorder:
             for opened in self._stack:
                 self._fold(opened, snap)
         self._emit({"k": "s", **snap})
-
-    # -- lifetime ------------------------------------------------------------------
 
     def start_sampling(self) -> None:
         if self.sample_s > 0 and self._sampler is None:
