@@ -61,10 +61,7 @@ class Cause:
         """The first pattern matching ``text`` (``lowered`` is its lower-case copy)."""
         if not any(k in lowered for k in self.keywords):
             return None
-        for pattern in self.patterns:
-            if pattern.regex.search(text):
-                return pattern
-        return None
+        return next((p for p in self.patterns if p.regex.search(text)), None)
 
 
 # Laid out by hand, one row per pattern: the table reads down, not across wrapped calls.

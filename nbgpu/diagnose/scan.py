@@ -320,6 +320,5 @@ def _matches(text: str) -> Iterator[tuple[Cause, Pattern]]:
     """The catalog's causes ``text`` matches, each with its first matching pattern."""
     lowered = text.lower()
     for cause in CATALOG:
-        pattern = cause.match(lowered, text)
-        if pattern is not None:
+        if (pattern := cause.match(lowered, text)) is not None:
             yield cause, pattern
