@@ -211,13 +211,11 @@ class Diagnosis(Result):
     @property
     def cause(self) -> str:
         """The root cause id, ``"none"`` when no failure was found."""
-        root = self.root
-        return root.cause if root else "none"
+        return self.root.cause if self.root else "none"
 
     @property
     def failed_rank(self) -> int | None:
-        root = self.root
-        return root.first_rank if root else None
+        return self.root.first_rank if self.root else None
 
     @property
     def headline(self) -> str:
