@@ -92,13 +92,8 @@ class FoundCause(Result):
         """This cause as the problem doctor, plan and estimate report too: code = cause id,
         subject = the rank that failed first (else the ranks showing it), the fixes."""
         subject = self._first() if self.first_rank is not None else _ranks_text(self.ranks)
-        return Problem(
-            _SEVERITIES[self.role],
-            self.cause,
-            subject or "run",
-            f"{self.title}: {self.explanation}",
-            self.fixes,
-        )
+        message = f"{self.title}: {self.explanation}"
+        return Problem(_SEVERITIES[self.role], self.cause, subject or "run", message, self.fixes)
 
     def summary(self) -> str:
         """One line: cause, rank, confidence."""

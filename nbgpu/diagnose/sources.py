@@ -359,16 +359,11 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
         )
     if path.is_dir():
         return _directory(path)
+    rank = _rank_from_path(path, path.parent)
     if _ERROR_FILE.match(path.name):
         inputs = Inputs(kind="file", label=str(path))
-        record = load_error_file(path, _rank_from_path(path, path.parent), inputs.notes)
-        if record is not None:
+        if (record := load_error_file(path, rank, inputs.notes)) is not None:
             inputs.errors.append(record)
         return inputs
-    return Inputs(
-        kind="file",
-        label=str(path),
-        logs=[
-            LogInput(name or path.name, path=path, default_rank=_rank_from_path(path, path.parent))
-        ],
-    )
+    log = LogInput(name or path.name, path=path, default_rank=rank)
+    return Inputs(kind="file", label=str(path), logs=[log])
