@@ -61,24 +61,18 @@ class Cause:
         """The first pattern matching ``text`` (``lowered`` is its lower-case copy)."""
         if not any(k in lowered for k in self.keywords):
             return None
-        for pattern in self.patterns:
-            if pattern.regex.search(text):
-                return pattern
-        return None
+        return next((p for p in self.patterns if p.regex.search(text)), None)
 
 
 # Laid out by hand, one row per pattern: the table reads down, not across wrapped calls.
+# Each entry: id and title, the explanation, fixes, patterns, then keywords and priority.
 # fmt: off
 CATALOG: tuple[Cause, ...] = (
-    Cause(
-        id="cuda_busy",
-        title="GPU busy or unavailable",
-        explanation=(
-            "CUDA could not create a context on the GPU (CUDA error 46). The GPU is in "
-            "exclusive-process (or prohibited) compute mode and another process - often a "
-            "dead or zombie rank of an earlier run - still holds it, or two ranks of this "
-            "job were mapped to the same exclusive GPU."
-        ),
+    Cause("cuda_busy", "GPU busy or unavailable",
+        "CUDA could not create a context on the GPU (CUDA error 46). The GPU is in "
+        "exclusive-process (or prohibited) compute mode and another process - often a "
+        "dead or zombie rank of an earlier run - still holds it, or two ranks of this "
+        "job were mapped to the same exclusive GPU.",
         fixes=(
             ("`%gpu_doctor` (`nbgpu doctor`) names the GPU, its compute mode and the process "
              "holding it"),
@@ -93,19 +87,14 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"\(46 vs\. 0\)", 0.9, "check-46"),
             _p(r"cuda.{0,40}error\s*(?:=|\(|:)\s*46\b", 0.85, "error-46"),
         ),
-        keywords=("busy", "unavailable", "46"),
-        priority=80,
+        keywords=("busy", "unavailable", "46"), priority=80,
     ),
-    Cause(
-        id="invalid_ordinal",
-        title="Invalid or duplicate device ordinal",
-        explanation=(
-            "A rank asked for a GPU that does not exist in its view (cuda:N with N >= the "
-            "number of visible GPUs), or two ranks landed on the same GPU. Typical causes: "
-            "more ranks per node than visible GPUs (a hard-coded --nproc_per_node), "
-            "CUDA_VISIBLE_DEVICES listing fewer GPUs than ranks, or set_device(RANK) instead "
-            "of set_device(LOCAL_RANK) on a second node."
-        ),
+    Cause("invalid_ordinal", "Invalid or duplicate device ordinal",
+        "A rank asked for a GPU that does not exist in its view (cuda:N with N >= the "
+        "number of visible GPUs), or two ranks landed on the same GPU. Typical causes: "
+        "more ranks per node than visible GPUs (a hard-coded --nproc_per_node), "
+        "CUDA_VISIBLE_DEVICES listing fewer GPUs than ranks, or set_device(RANK) instead "
+        "of set_device(LOCAL_RANK) on a second node.",
         fixes=(
             ("let nbgpu size the job from the healthy GPUs: `%%torchrun` with no count, or "
              "`%%torchrun N` with N no larger than `%gpu_status` shows"),
@@ -121,18 +110,13 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"Invalid device id", 0.8, "invalid-device-id"),
             _p(r"Duplicate GPU detected", 0.9, "nccl-duplicate-gpu"),
         ),
-        keywords=("ordinal", "invaliddevice", "invalid_device", "101", "device id", "duplicate gpu"),
-        priority=80,
+        keywords=("ordinal", "invaliddevice", "invalid_device", "101", "device id", "duplicate gpu"), priority=80,
     ),
-    Cause(
-        id="cuda_oom",
-        title="GPU out of memory",
-        explanation=(
-            "A rank asked the CUDA allocator for more GPU memory than was free on its GPU. "
-            "Either the per-GPU batch, sequence length or model shard is too large for the "
-            "card, memory is fragmented, or another process on the same GPU already holds "
-            "part of it."
-        ),
+    Cause("cuda_oom", "GPU out of memory",
+        "A rank asked the CUDA allocator for more GPU memory than was free on its GPU. "
+        "Either the per-GPU batch, sequence length or model shard is too large for the "
+        "card, memory is fragmented, or another process on the same GPU already holds "
+        "part of it.",
         fixes=(
             ("lower the per-GPU micro batch (keep the global batch with gradient accumulation) "
              "or the sequence length; enable activation checkpointing"),
@@ -151,19 +135,14 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"RESOURCE_EXHAUSTED: Out of memory", 0.85, "xla-oom"),
             _p(r"CUBLAS_STATUS_ALLOC_FAILED", 0.8, "cublas-alloc"),
         ),
-        keywords=("out of memory", "outofmemory", "out_of_memory", "memoryallocation", "calloc", "alloc_failed"),
-        priority=75,
+        keywords=("out of memory", "outofmemory", "out_of_memory", "memoryallocation", "calloc", "alloc_failed"), priority=75,
     ),
-    Cause(
-        id="host_oom",
-        title="Host (CPU) memory exhausted",
-        explanation=(
-            "The machine ran out of RAM (or of a memory limit: cgroup, container, "
-            "RLIMIT_AS, /dev/shm) and the kernel's OOM killer sent SIGKILL (exit -9, "
-            "status 137), or an allocation failed (std::bad_alloc, MemoryError). Every rank "
-            "loads its own copy of the model and libraries: N ranks importing or loading "
-            "checkpoints at once multiply the peak."
-        ),
+    Cause("host_oom", "Host (CPU) memory exhausted",
+        "The machine ran out of RAM (or of a memory limit: cgroup, container, "
+        "RLIMIT_AS, /dev/shm) and the kernel's OOM killer sent SIGKILL (exit -9, "
+        "status 137), or an allocation failed (std::bad_alloc, MemoryError). Every rank "
+        "loads its own copy of the model and libraries: N ranks importing or loading "
+        "checkpoints at once multiply the peak.",
         fixes=(
             ("load one rank at a time: `%%torchrun --serial-imports` (heavy imports and "
              "checkpoint loading under a cross-rank lock)"),
@@ -185,18 +164,13 @@ CATALOG: tuple[Cause, ...] = (
             # a job number, or glued to a progress bar that had no newline ("...it/s]").
             _p(r"(?:^|\d\s+|:\s+|[\]|\r])Killed(?:\s+\S.*)?$", 0.65, "shell-killed"),
         ),
-        keywords=("memory", "oom", "bad_alloc", "errno 12", "killed", "sigkill", "-9", "137"),
-        priority=60,
+        keywords=("memory", "oom", "bad_alloc", "errno 12", "killed", "sigkill", "-9", "137"), priority=60,
     ),
-    Cause(
-        id="nccl_timeout",
-        title="Collective operation timed out",
-        explanation=(
-            "A collective (all-reduce, broadcast, barrier...) waited longer than the process "
-            "group timeout. Almost always one rank never reached it: it crashed, hung, was "
-            "killed, or runs a different code path (an if rank == 0 branch, an uneven last "
-            "batch, a slow checkpoint save). The rank that failed first is the one to read."
-        ),
+    Cause("nccl_timeout", "Collective operation timed out",
+        "A collective (all-reduce, broadcast, barrier...) waited longer than the process "
+        "group timeout. Almost always one rank never reached it: it crashed, hung, was "
+        "killed, or runs a different code path (an if rank == 0 branch, an uneven last "
+        "batch, a slow checkpoint save). The rank that failed first is the one to read.",
         fixes=(
             ("read the rank that failed or stopped printing first (its log ends earliest); "
              "a rank that is still in a long step makes the others time out"),
@@ -214,19 +188,13 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"Timed out waiting \d+ms for (?:recv|send) operation", 0.8, "gloo-timeout"),
             _p(r"NCCL timeout|Some NCCL operations have failed or timed out", 0.6, "nccl-failed-or-timed-out"),
         ),
-        keywords=("timeout", "timing out", "timed out", "watchdog"),
-        priority=20,
-        secondary=True,
+        keywords=("timeout", "timing out", "timed out", "watchdog"), priority=20, secondary=True,
     ),
-    Cause(
-        id="nccl_error",
-        title="NCCL communication error",
-        explanation=(
-            "NCCL failed to set up or run a collective: a network or socket problem between "
-            "ranks (wrong interface, firewall, no route), a broken peer-to-peer or "
-            "shared-memory path inside the box, or a CUDA error underneath NCCL. When "
-            "another rank crashed first, this is only the echo of that crash."
-        ),
+    Cause("nccl_error", "NCCL communication error",
+        "NCCL failed to set up or run a collective: a network or socket problem between "
+        "ranks (wrong interface, firewall, no route), a broken peer-to-peer or "
+        "shared-memory path inside the box, or a CUDA error underneath NCCL. When "
+        "another rank crashed first, this is only the echo of that crash.",
         fixes=(
             "rerun with `%%torchrun --env NCCL_DEBUG=INFO` and read the first `NCCL WARN` line",
             ("pick the network interface: `--env NCCL_SOCKET_IFNAME=eth0` (multi-node), or "
@@ -244,19 +212,13 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"NCCL WARN", 0.7, "nccl-warn"),
             _p(r"DistBackendError", 0.7, "dist-backend-error"),
         ),
-        keywords=("nccl", "unhandled", "distbackenderror", "remote process"),
-        priority=30,
-        secondary=True,
+        keywords=("nccl", "unhandled", "distbackenderror", "remote process"), priority=30, secondary=True,
     ),
-    Cause(
-        id="port_in_use",
-        title="Rendezvous port already in use",
-        explanation=(
-            "The master (rank 0 / the torchrun agent) could not listen on MASTER_PORT: "
-            "another job - often a second run on the same box, or a stale run of yours - "
-            "already holds it (torchrun's default 29500 is shared by every job that keeps "
-            "the default), or the port is privileged (< 1024)."
-        ),
+    Cause("port_in_use", "Rendezvous port already in use",
+        "The master (rank 0 / the torchrun agent) could not listen on MASTER_PORT: "
+        "another job - often a second run on the same box, or a stale run of yours - "
+        "already holds it (torchrun's default 29500 is shared by every job that keeps "
+        "the default), or the port is privileged (< 1024).",
         fixes=(
             ("let nbgpu pick a free port: `%%torchrun` chooses one unless you pass "
              "`--master-port`; concurrent runs from `%gpu_plan` get distinct ports"),
@@ -267,18 +229,13 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"Address already in use|EADDRINUSE|errno:? 98\b", 0.95, "eaddrinuse"),
             _p(r"server socket has failed to (?:listen|bind)", 0.85, "server-socket"),
         ),
-        keywords=("address already", "eaddrinuse", "errno", "server socket"),
-        priority=70,
+        keywords=("address already", "eaddrinuse", "errno", "server socket"), priority=70,
     ),
-    Cause(
-        id="rendezvous",
-        title="Rendezvous failed (ranks or nodes could not meet)",
-        explanation=(
-            "The ranks could not reach the rendezvous store on the master node in time: "
-            "the --rdzv-endpoint / MASTER_ADDR:MASTER_PORT is wrong or unreachable (firewall, "
-            "wrong interface), not every node was started (--nnodes), or the nodes used "
-            "different --rdzv-id values."
-        ),
+    Cause("rendezvous", "Rendezvous failed (ranks or nodes could not meet)",
+        "The ranks could not reach the rendezvous store on the master node in time: "
+        "the --rdzv-endpoint / MASTER_ADDR:MASTER_PORT is wrong or unreachable (firewall, "
+        "wrong interface), not every node was started (--nnodes), or the nodes used "
+        "different --rdzv-id values.",
         fixes=(
             ("check that every node can reach the master's host:port (`nc -zv HOST PORT`) and "
              "that all nodes use the same --rdzv-id and --nnodes"),
@@ -292,18 +249,13 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"DistStoreError|TCPStore.{0,80}(?:timed out|failed|refused)", 0.75, "store-error"),
             _p(r"client socket.{0,80}(?:Connection refused|failed to connect)", 0.75, "client-refused"),
         ),
-        keywords=("rendezvous", "client socket", "timed out", "store"),
-        priority=40,
+        keywords=("rendezvous", "client socket", "timed out", "store"), priority=40,
     ),
-    Cause(
-        id="batch_divisibility",
-        title="Batch (or parallel size) not divisible by the ranks",
-        explanation=(
-            "A size that the parallel layout splits across ranks does not divide evenly: the "
-            "global batch by the data-parallel world size (times micro batch and gradient "
-            "accumulation), or heads/layers by the tensor- or pipeline-parallel size. "
-            "Changing the number of GPUs changes which sizes are valid."
-        ),
+    Cause("batch_divisibility", "Batch (or parallel size) not divisible by the ranks",
+        "A size that the parallel layout splits across ranks does not divide evenly: the "
+        "global batch by the data-parallel world size (times micro batch and gradient "
+        "accumulation), or heads/layers by the tensor- or pipeline-parallel size. "
+        "Changing the number of GPUs changes which sizes are valid.",
         fixes=(
             ("use a batch size that is a multiple of world size x micro batch "
              "(`%gpu_plan` / `nbgpu.plan(...)` lists the valid ones for a GPU count)"),
@@ -321,18 +273,13 @@ CATALOG: tuple[Cause, ...] = (
             # A bare "assert batch_size % world_size == 0" shows only in the traceback's code line.
             _p(r"assert .{0,40}batch.{0,40}%", 0.75, "batch-assert-code"),
         ),
-        keywords=("divisible", "equal chunk", "micro_batch", "micro batch", "multiple of", "assert"),
-        priority=75,
+        keywords=("divisible", "equal chunk", "micro_batch", "micro batch", "multiple of", "assert"), priority=75,
     ),
-    Cause(
-        id="cuda_init_fork",
-        title="CUDA initialised before fork",
-        explanation=(
-            "A process that had already initialised CUDA forked children that use CUDA "
-            "(notebook_launcher or Lightning's ddp_notebook after a cell touched the GPU, "
-            "DataLoader workers that move tensors to the GPU). CUDA cannot be used in a "
-            "forked child once the parent initialised it."
-        ),
+    Cause("cuda_init_fork", "CUDA initialised before fork",
+        "A process that had already initialised CUDA forked children that use CUDA "
+        "(notebook_launcher or Lightning's ddp_notebook after a cell touched the GPU, "
+        "DataLoader workers that move tensors to the GPU). CUDA cannot be used in a "
+        "forked child once the parent initialised it.",
         fixes=(
             ("launch with `%%torchrun`: it starts fresh processes (no fork), so CUDA state in "
              "the notebook kernel does not matter"),
@@ -347,18 +294,13 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"re-initialize CUDA", 0.85, "reinit"),
             _p(r"CUDA error: initialization error|cudaErrorInitializationError", 0.6, "init-error"),
         ),
-        keywords=("re-initialize", "initialized before", "spawn", "initialization error", "initializationerror"),
-        priority=85,
+        keywords=("re-initialize", "initialized before", "spawn", "initialization error", "initializationerror"), priority=85,
     ),
-    Cause(
-        id="driver",
-        title="GPU driver or CUDA runtime unusable",
-        explanation=(
-            "CUDA cannot talk to the GPU driver: no driver is loaded (or the container runs "
-            "without the NVIDIA runtime), the driver is older than the CUDA version torch "
-            "was built for, the user-space library and kernel module disagree after an "
-            "upgrade, or the installed torch build has no kernels for this GPU."
-        ),
+    Cause("driver", "GPU driver or CUDA runtime unusable",
+        "CUDA cannot talk to the GPU driver: no driver is loaded (or the container runs "
+        "without the NVIDIA runtime), the driver is older than the CUDA version torch "
+        "was built for, the user-space library and kernel module disagree after an "
+        "upgrade, or the installed torch build has no kernels for this GPU.",
         fixes=(
             "`%gpu_doctor` (`nbgpu doctor`) checks the driver, NVML and what CUDA sees",
             ("install a torch build for the driver's CUDA version (`nvidia-smi` shows the "
@@ -380,18 +322,13 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"forward compatibility was attempted on non supported HW|cudaErrorCompatNotSupportedOnDevice"
                r"|Error 80[234]\b|system not yet initialized", 0.85, "cuda-compat"),
         ),
-        keywords=("compatib", "error 80", "not yet initialized", "driver", "nvml", "cuda-capable device is", "no_device", "nodevice", "kernel image", "compiled with cuda"),
-        priority=85,
+        keywords=("compatib", "error 80", "not yet initialized", "driver", "nvml", "cuda-capable device is", "no_device", "nodevice", "kernel image", "compiled with cuda"), priority=85,
     ),
-    Cause(
-        id="device_assert",
-        title="Device-side assertion (usually an index out of range)",
-        explanation=(
-            "A CUDA kernel's own assertion failed - almost always an index out of range on "
-            "the GPU: a class label >= num_classes (or negative) in a loss, a token id >= the "
-            "embedding size, a bad gather/index_select index. CUDA reports it asynchronously, "
-            "so the Python line in the traceback may not be the one at fault."
-        ),
+    Cause("device_assert", "Device-side assertion (usually an index out of range)",
+        "A CUDA kernel's own assertion failed - almost always an index out of range on "
+        "the GPU: a class label >= num_classes (or negative) in a loss, a token id >= the "
+        "embedding size, a bad gather/index_select index. CUDA reports it asynchronously, "
+        "so the Python line in the traceback may not be the one at fault.",
         fixes=(
             ("find the exact line: `%%torchrun --env CUDA_LAUNCH_BLOCKING=1` (or run one batch "
              "on CPU, where the same bug raises a clear IndexError)"),
@@ -403,19 +340,14 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"Assertion `.+` failed", 0.9, "kernel-assertion"),
             _p(r"cudaErrorAssert|CUDA_ERROR_ASSERT|cuda runtime error \(59\)", 0.9, "cuda-assert-name"),
         ),
-        keywords=("assert",),
-        priority=90,
+        keywords=("assert",), priority=90,
     ),
-    Cause(
-        id="illegal_access",
-        title="Illegal memory access (a kernel crashed)",
-        explanation=(
-            "A GPU kernel read or wrote memory it does not own (or executed an illegal "
-            "instruction). Usual suspects: a custom CUDA/Triton extension or flash-attention "
-            "build that does not match torch, CUDA or the GPU; a known bug in a library "
-            "version; rarely a failing GPU. The CUDA context is unusable afterwards, so NCCL "
-            "and later calls fail too."
-        ),
+    Cause("illegal_access", "Illegal memory access (a kernel crashed)",
+        "A GPU kernel read or wrote memory it does not own (or executed an illegal "
+        "instruction). Usual suspects: a custom CUDA/Triton extension or flash-attention "
+        "build that does not match torch, CUDA or the GPU; a known bug in a library "
+        "version; rarely a failing GPU. The CUDA context is unusable afterwards, so NCCL "
+        "and later calls fail too.",
         fixes=(
             "localise it: `%%torchrun --env CUDA_LAUNCH_BLOCKING=1` (or `compute-sanitizer python ...`)",
             ("rebuild or update extensions (flash-attn, apex, custom ops) against the installed "
@@ -429,19 +361,14 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"misaligned address|illegal instruction was encountered", 0.85, "misaligned"),
             _p(r"unspecified launch failure|cudaErrorLaunchFailure", 0.6, "launch-failure"),
         ),
-        keywords=("illegal", "misaligned", "launch failure", "launchfailure", "700"),
-        priority=85,
+        keywords=("illegal", "misaligned", "launch failure", "launchfailure", "700"), priority=85,
     ),
-    Cause(
-        id="backend_unavailable",
-        title="Process-group backend not available in this torch",
-        explanation=(
-            "The script asked torch.distributed for a backend that the installed torch was "
-            "built without or cannot use here: NCCL needs the CUDA build of torch and a GPU "
-            "per rank (the CPU wheel has no NCCL), MPI and UCC need a torch built against "
-            "them. Every rank fails the same way in init_process_group, before any "
-            "communication."
-        ),
+    Cause("backend_unavailable", "Process-group backend not available in this torch",
+        "The script asked torch.distributed for a backend that the installed torch was "
+        "built without or cannot use here: NCCL needs the CUDA build of torch and a GPU "
+        "per rank (the CPU wheel has no NCCL), MPI and UCC need a torch built against "
+        "them. Every rank fails the same way in init_process_group, before any "
+        "communication.",
         fixes=(
             ('on CPU use gloo: `init_process_group(backend="gloo")`, or let '
              "`nbgpu.rank.init()` pick gloo on CPU and nccl on GPUs"),
@@ -454,18 +381,13 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"ProcessGroupNCCL is only supported with GPUs", 0.9, "nccl-needs-gpus"),
             _p(r"Invalid backend: '?\w+'?|Unknown c10d backend type|Unknown backend type \w+", 0.8, "invalid-backend"),
         ),
-        keywords=("built in", "only supported with gpus", "backend"),
-        priority=75,
+        keywords=("built in", "only supported with gpus", "backend"), priority=75,
     ),
-    Cause(
-        id="segfault",
-        title="Segmentation fault (native crash)",
-        explanation=(
-            "A process died from SIGSEGV (exit -11, status 139): a crash in native code. "
-            "Common sources: a compiled extension built for another torch/CUDA/Python "
-            "version, a DataLoader worker crashing in a C library (image decoders, "
-            "tokenizers), or incompatible library versions imported together."
-        ),
+    Cause("segfault", "Segmentation fault (native crash)",
+        "A process died from SIGSEGV (exit -11, status 139): a crash in native code. "
+        "Common sources: a compiled extension built for another torch/CUDA/Python "
+        "version, a DataLoader worker crashing in a C library (image decoders, "
+        "tokenizers), or incompatible library versions imported together.",
         fixes=(
             "get the Python stack of the crash: `%%torchrun --env PYTHONFAULTHANDLER=1`",
             "if a DataLoader worker crashed, retry with num_workers=0 to see the real error",
@@ -476,18 +398,13 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"SIGSEGV|Signal 11\b", 0.85, "sigsegv"),
             _p(r"exitcode\s*:?\s*-11\b|exit (?:code|status) 139\b|return code =? ?-11\b", 0.85, "exit-minus-11"),
         ),
-        keywords=("segmentation", "sigsegv", "signal 11", "-11", "139"),
-        priority=65,
+        keywords=("segmentation", "sigsegv", "signal 11", "-11", "139"), priority=65,
     ),
-    Cause(
-        id="gpu_lost",
-        title="GPU lost or hardware fault",
-        explanation=(
-            "The GPU stopped responding: it fell off the PCIe bus (Xid 79), reported an "
-            "uncorrectable ECC error, or the driver lost it. No software on the box can use "
-            "it again until it is reset, usually by a reboot; if it recurs the card or its "
-            "power/cooling is failing."
-        ),
+    Cause("gpu_lost", "GPU lost or hardware fault",
+        "The GPU stopped responding: it fell off the PCIe bus (Xid 79), reported an "
+        "uncorrectable ECC error, or the driver lost it. No software on the box can use "
+        "it again until it is reset, usually by a reboot; if it recurs the card or its "
+        "power/cooling is failing.",
         fixes=(
             ("`%gpu_doctor` shows which GPU is lost; the kernel log names it: "
              "`sudo dmesg -T | grep -i xid`"),
@@ -505,19 +422,14 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"NVRM: Xid", 0.7, "xid"),
             _p(r"CUDA error: unknown error|CUDA_ERROR_UNKNOWN", 0.5, "cuda-unknown"),
         ),
-        keywords=("bus", "lost", "xid", "ecc", "device handle", "reset", "unknown error", "cuda_error_unknown"),
-        priority=95,
+        keywords=("bus", "lost", "xid", "ecc", "device handle", "reset", "unknown error", "cuda_error_unknown"), priority=95,
     ),
 )
 
 #: The cause reported when a rank failed but nothing in the catalog matched.
-UNKNOWN = Cause(
-    id="unknown",
-    title="Unrecognised failure",
-    explanation=(
-        "No known cause matched. The traceback of the rank that failed first is shown: it "
-        "is the place to start, not the errors of the ranks that failed after it."
-    ),
+UNKNOWN = Cause("unknown", "Unrecognised failure",
+    "No known cause matched. The traceback of the rank that failed first is shown: it "
+    "is the place to start, not the errors of the ranks that failed after it.",
     fixes=(
         "read the root-cause traceback above (the first failing rank's own error)",
         "`%gpu_doctor` rules out the GPUs and the launch environment",
@@ -525,8 +437,7 @@ UNKNOWN = Cause(
          "writes an error file with its traceback"),
     ),
     patterns=(),
-    keywords=(),
-    priority=10,
+    keywords=(), priority=10,
 )
 
 #: Lines that mark a rank as a casualty of another rank's failure.

@@ -193,8 +193,12 @@ def specifics(
     elif cause_id == "device_assert" and (m := _ASSERTION.search(text)):
         found = f"the failed kernel assertion: {m.group(1)}"
     else:
-        by_text = {"nccl_timeout": _timeout, "cuda_oom": _oom_numbers, "port_in_use": _port,
-                   "driver": _driver_version}  # fmt: skip
+        by_text = {
+            "nccl_timeout": _timeout,
+            "cuda_oom": _oom_numbers,
+            "port_in_use": _port,
+            "driver": _driver_version,
+        }
         found = by_text[cause_id](text) if cause_id in by_text else None
     return (found,) if found else ()
 
@@ -365,8 +369,13 @@ def _driver(_found: FoundCause, _run: RunInfo | None, inventory: Inventory) -> F
     return ([f"NVML on this machine: {error}"], []) if error else ([], [])
 
 
-_ENRICHERS = {"cuda_busy": _busy, "invalid_ordinal": _ordinal, "cuda_oom": _oom, "gpu_lost": _lost,
-              "driver": _driver}  # fmt: skip
+_ENRICHERS = {
+    "cuda_busy": _busy,
+    "invalid_ordinal": _ordinal,
+    "cuda_oom": _oom,
+    "gpu_lost": _lost,
+    "driver": _driver,
+}
 
 
 # -- the run's memory records ------------------------------------------------------------

@@ -101,23 +101,17 @@ def parse_line(text: str, default_rank: int | None = None) -> ParsedLine:
     body = text
     rank = default_rank
     prefixed = False
-    m = _RANK_PREFIX.search(text[:160])
-    if m:
+    if m := _RANK_PREFIX.search(text[:160]):
         rank = int(m.group(1))
         body = text[m.end() :]
         prefixed = True
-    stamp: Stamp | None = None
-    g = _GLOG.search(body[:200])
-    if g and g.start() <= 2:
+    if (g := _GLOG.search(body[:200])) and g.start() <= 2:
         stamp = _glog(g)
         body = body[g.end() :]
         prefixed = True
     else:
-        i = _ISO.search(text[:80])
-        if i:
-            stamp = _iso(i)
-    noise = _PREFIX_NOISE.match(body)
-    if noise:
+        stamp = _iso(i) if (i := _ISO.search(text[:80])) else None
+    if noise := _PREFIX_NOISE.match(body):
         body = body[noise.end() :]
         prefixed = True
     body = body.rstrip()
@@ -126,13 +120,10 @@ def parse_line(text: str, default_rank: int | None = None) -> ParsedLine:
     if prefixed and body.startswith(" "):
         body = body[1:]
     local_rank = None
-    n = _NCCL_DEVICE.match(body)
-    if n:
+    if n := _NCCL_DEVICE.match(body):
         local_rank = int(n.group(1))
-    elif m is None and "Rank " in body:
-        r = _NCCL_RANK.search(body)
-        if r:
-            rank = int(r.group(1))
+    elif m is None and "Rank " in body and (r := _NCCL_RANK.search(body)):
+        rank = int(r.group(1))
     return ParsedLine(rank, local_rank, stamp, body)
 
 
@@ -172,8 +163,6 @@ class WindowScanner:
         self.bytes_read = 0
         self.lines = 0
 
-    # -- input -------------------------------------------------------------------
-
     def feed(self, data: bytes | bytearray) -> None:
         """More bytes; ``data`` may be a buffer the caller reuses (nothing keeps it)."""
         if not data:
@@ -203,8 +192,6 @@ class WindowScanner:
             carry, self._carry = self._carry, b""
             self._region(carry + b"\n", 0, None)
         self.lines = self._next - 1
-
-    # -- internals -----------------------------------------------------------------
 
     def _hits(self, buf: bytes | bytearray, start: int = 0, stop: int | None = None) -> list[int]:
         """Offsets of trigger strings in ``buf[start:stop]``, at most one per line per trigger.
@@ -239,8 +226,7 @@ class WindowScanner:
     def _trim(self, line: bytes) -> bytes:
         # A huge line is usually a \r progress bar: keep the pieces that matter.
         pieces = [p for p in line.split(b"\r") if any(k in p for k in TRIGGERS)]
-        if not pieces:
-            pieces = [line.rsplit(b"\r", 1)[-1]]
+        pieces = pieces or [line.rsplit(b"\r", 1)[-1]]
         return b"\r".join(p[-MAX_LINE_BYTES // 4 :] for p in pieces[-4:])
 
     def _long_piece(self, piece: bytes) -> None:
@@ -327,5 +313,4 @@ class WindowScanner:
             keep.append((lineno, bytes(buf[max(begin, end - MAX_LINE_BYTES) : end])))
             lineno -= 1
             end = begin - 1
-        for item in reversed(keep):
-            self._tail.append(item)
+        self._tail.extend(reversed(keep))

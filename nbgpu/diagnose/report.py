@@ -92,13 +92,8 @@ class FoundCause(Result):
         """This cause as the problem doctor, plan and estimate report too: code = cause id,
         subject = the rank that failed first (else the ranks showing it), the fixes."""
         subject = self._first() if self.first_rank is not None else _ranks_text(self.ranks)
-        return Problem(
-            _SEVERITIES[self.role],
-            self.cause,
-            subject or "run",
-            f"{self.title}: {self.explanation}",
-            self.fixes,
-        )
+        message = f"{self.title}: {self.explanation}"
+        return Problem(_SEVERITIES[self.role], self.cause, subject or "run", message, self.fixes)
 
     def summary(self) -> str:
         """One line: cause, rank, confidence."""
@@ -211,13 +206,11 @@ class Diagnosis(Result):
     @property
     def cause(self) -> str:
         """The root cause id, ``"none"`` when no failure was found."""
-        root = self.root
-        return root.cause if root else "none"
+        return self.root.cause if self.root else "none"
 
     @property
     def failed_rank(self) -> int | None:
-        root = self.root
-        return root.first_rank if root else None
+        return self.root.first_rank if self.root else None
 
     @property
     def headline(self) -> str:
@@ -248,14 +241,8 @@ class Diagnosis(Result):
         table = Table(["rank", "exit", "signal", "cause", "role"])
         for r in self.ranks:
             level = {"root": "bad", "failed": "warn", "secondary": "warn"}.get(r.role, "")
-            table.add(
-                r.rank,
-                "-" if r.exit_code is None else r.exit_code,
-                r.signal or "-",
-                r.cause or "-",
-                r.role,
-                level=level,
-            )
+            exit_code = "-" if r.exit_code is None else r.exit_code
+            table.add(r.rank, exit_code, r.signal or "-", r.cause or "-", r.role, level=level)
         return table
 
     def content(self) -> list[Block]:

@@ -125,9 +125,7 @@ def _collect(
     }
     for scan in scans:
         for hit in scan.hits:
-            rank = hit.rank
-            if rank is None:
-                rank = at_exit.get((hit.source, hit.lineno))
+            rank = hit.rank if hit.rank is not None else at_exit.get((hit.source, hit.lineno))
             if rank is None and hit.local_rank is not None and single_node and len(scans) == 1:
                 rank = hit.local_rank  # NCCL's device index stands for the rank on one node
             state(rank).hits.append(hit)
@@ -147,15 +145,11 @@ def _collect(
             s = state(r.rank)
             s.exit_code = r.exit_code if r.exit_code is not None else s.exit_code
             s.signal = r.signal or s.signal or _CODE_SIGNALS.get(r.exit_code or 0)
-            s.ended = r.ended_at
+            s.ended = r.stamp
     for s in states.values():
         if s.signal is None and s.exit_code is not None:
             s.signal = _CODE_SIGNALS.get(s.exit_code)
     return states
-
-
-def _explained(exc: ExceptionLine, hits: Iterable[Hit]) -> bool:
-    return any(h.source == exc.source and h.lineno == exc.lineno for h in hits)
 
 
 def _rank_cause(s: _Rank) -> _RankCause | None:
@@ -169,28 +163,23 @@ def _rank_cause(s: _Rank) -> _RankCause | None:
     if s.signal in _SIGNAL_CAUSES:
         cause_id, confidence = _SIGNAL_CAUSES[s.signal]
         return _RankCause(s, cause(cause_id), confidence, [], _LAST)
+    explained = {(h.source, h.lineno) for h in s.hits}  # exception lines a hit matched
     own = sorted(
-        (e for e in s.exceptions if not e.launcher and not _explained(e, s.hits)),
+        (e for e in s.exceptions if not e.launcher and (e.source, e.lineno) not in explained),
         key=lambda e: e.order,
     )
     secondary = [h for h in s.secondary() if not h.consequence] or s.secondary()
     # Among symptoms, the most telling one (a collective timeout over the generic
     # DistBackendError wrapping it), then the earliest.
-    first_secondary = min(secondary, key=lambda h: (-h.confidence, h.order)) if secondary else None
+    telling = min(secondary, key=lambda h: (-h.confidence, h.order)) if secondary else None
     earliest = min((h.order for h in secondary), default=None)
     if own and (earliest is None or own[0].order < earliest):
         # The rank raised something of its own before any sign of a peer's failure.
         return _RankCause(s, UNKNOWN, 0.3, [], own[0].order, exception=own[0])
-    if first_secondary is not None:
-        same = [h for h in secondary if h.cause == first_secondary.cause]
-        return _RankCause(
-            s,
-            cause(first_secondary.cause),
-            max(h.confidence for h in same),
-            same,
-            first_secondary.order,
-            secondary=True,
-        )
+    if telling is not None:
+        same = [h for h in secondary if h.cause == telling.cause]
+        best = max(h.confidence for h in same)
+        return _RankCause(s, cause(telling.cause), best, same, telling.order, secondary=True)
     if s.exit_code not in (None, 0) and s.signal not in ("SIGTERM", "SIGINT") and not s.markers():
         return _RankCause(s, UNKNOWN, 0.2, [], _LAST)
     return None
@@ -250,18 +239,10 @@ def _pick_root(rank_causes: list[_RankCause]) -> tuple[_RankCause, bool]:
 
 
 def _evidence(hits: Sequence[Hit], limit: int) -> tuple[Evidence, ...]:
-    ordered = sorted(hits, key=lambda h: (h.source.startswith("error-"), h.order))
-    seen: set[tuple[str, int | None]] = set()
-    out: list[Evidence] = []
-    for h in ordered:
-        key = (h.source, h.lineno)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(Evidence(h.source, h.lineno, h.text, h.rank))
-        if len(out) >= limit:
-            break
-    return tuple(out)
+    first: dict[tuple[str, int | None], Hit] = {}  # one per line, the log's before its error file
+    for h in sorted(hits, key=lambda h: (h.source.startswith("error-"), h.order)):
+        first.setdefault((h.source, h.lineno), h)
+    return tuple(Evidence(h.source, h.lineno, h.text, h.rank) for h in [*first.values()][:limit])
 
 
 def _traceback(v: _RankCause) -> tuple[str, ...]:
@@ -351,27 +332,19 @@ def rank_failures(
     evidence = _evidence([h for h in root_hits if h.rank == root_rank] + root_hits, max_evidence)
     evidence = evidence or _unknown_evidence(root)
     ranks = _ranks(v.state.rank for v in rank_causes if v.cause is root.cause)
-    found = [
-        _found(
-            root.cause,
-            "root",
-            confidence,
-            ranks=ranks,
-            first_rank=root_rank,
-            evidence=evidence,
-            details=specifics(
-                root.cause.id,
-                [h.joined for h in sorted(root_hits, key=lambda h: h.order)[:max_evidence]],
-                ranks,
-                world_size,
-            ),
-            traceback=_traceback(root),
-        )
-    ]
-    found.extend(_others(states, root, max_evidence))
-    return Ranking(
-        tuple(found), _summaries(states, root, causes_on), failed=True, notes=tuple(notes)
+    texts = [h.joined for h in sorted(root_hits, key=lambda h: h.order)[:max_evidence]]
+    found = _found(
+        root.cause,
+        "root",
+        confidence,
+        ranks=ranks,
+        first_rank=root_rank,
+        evidence=evidence,
+        details=specifics(root.cause.id, texts, ranks, world_size),
+        traceback=_traceback(root),
     )
+    causes = (found, *_others(states, root, max_evidence))
+    return Ranking(causes, _summaries(states, root, causes_on), failed=True, notes=tuple(notes))
 
 
 def _others(
@@ -387,17 +360,10 @@ def _others(
         c = cause(cause_id)
         consequence = c.secondary or all(h.consequence for h in hits)
         role = "consequence" if consequence else "also"
-        base = max(h.confidence for h in hits)
-        out.append(
-            _found(
-                c,
-                role,
-                base * (0.4 if consequence else 0.6),
-                ranks=_ranks(h.rank for h in hits),
-                first_rank=None,
-                evidence=_evidence(hits, max_evidence),
-            )
-        )
+        confidence = max(h.confidence for h in hits) * (0.4 if consequence else 0.6)
+        ranks = _ranks(h.rank for h in hits)
+        evidence = _evidence(hits, max_evidence)
+        out.append(_found(c, role, confidence, ranks=ranks, first_rank=None, evidence=evidence))
     out.sort(key=lambda f: (f.role != "also", -f.confidence))
     return out
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from nbgpu.diagnose.catalog import CATALOG, SECONDARY, Cause, Pattern
-from nbgpu.diagnose.lines import Stamp, parse_line, parse_stamp_text
+from nbgpu.diagnose.lines import ParsedLine, Stamp, parse_line, parse_stamp_text
 
 __all__ = ["ExceptionLine", "ExitRecord", "Hit", "SourceScan"]
 
@@ -71,7 +71,7 @@ class Hit:
 
 @dataclass(frozen=True)
 class ExitRecord:
-    """How a rank ended, as torchrun (or ``mp.spawn``) reported it."""
+    """How a rank ended, as torchrun (or ``mp.spawn``) reported it, or run.json recorded it."""
 
     rank: int | None
     local_rank: int | None
@@ -101,16 +101,6 @@ class ExceptionLine:
         return self.name.rsplit(".", 1)[-1] in _LAUNCHER_EXCEPTIONS
 
 
-@dataclass(frozen=True)
-class _Where:
-    """Where a line came from: its number, rank and time."""
-
-    lineno: int | None
-    rank: int | None
-    local_rank: int | None
-    stamp: Stamp | None
-
-
 @dataclass
 class _Traceback:
     lines: deque[str]
@@ -138,9 +128,7 @@ class SourceScan:
         self._entry: dict[str, object] | None = None
         self._entry_rank: int | None = None
         self._in_entry_traceback = False
-        self._unmatched: tuple[_Where, str, int] | None = None
-
-    # -- input -------------------------------------------------------------------
+        self._unmatched: tuple[int | None, ParsedLine, str, int] | None = None
 
     def feed_raw(self, lineno: int | None, raw: bytes) -> None:
         """One raw line from a file (bytes, possibly with ``\\r`` progress updates)."""
@@ -164,6 +152,7 @@ class SourceScan:
         if rank is None:
             # Lines of a banner entry (its exitcode, its traceback) belong to its rank.
             rank = self._entry_rank if self._entry_rank is not None else entry_rank
+            line = ParsedLine(rank, line.local_rank, line.stamp, body)
         if rank is not None:
             self.ranks_seen.add(rank)
         for hit in self._pending:
@@ -171,44 +160,42 @@ class SourceScan:
         self._pending = [h for h in self._pending if len(h.context) < _CONTEXT_LINES]
         if not body.strip():
             return
-        where = _Where(lineno, rank, line.local_rank, line.stamp)
         matches = list(_matches(body))
         for cause, pattern in matches:
-            self._keep(cause.id, pattern, body, where)
+            self._keep(cause.id, pattern, body, lineno, line)
         if not matches:
-            self._wrapped(body, where)
+            self._wrapped(body, lineno, line)
         for pattern in SECONDARY:
             if pattern.regex.search(body):
-                self._keep(SECONDARY_ID, pattern, body, where)
+                self._keep(SECONDARY_ID, pattern, body, lineno, line)
                 break
         self._agent_lines(lineno, body, line.stamp)
         self._python(lineno, body, rank)
 
-    def _wrapped(self, body: str, where: _Where) -> None:
+    def _wrapped(self, body: str, lineno: int | None, line: ParsedLine) -> None:
         """Match an exception message that a terminal or rich wrapped over several lines."""
         waiting = self._unmatched
         self._unmatched = None
         if waiting is None:
             if _EXCEPTION.match(body.strip()):
-                self._unmatched = (where, body.strip(), 2)
+                self._unmatched = (lineno, line, body.strip(), 2)
             return
-        first, joined, left = waiting
+        first_lineno, first, joined, left = waiting
         joined = f"{joined} {body.strip()}"
-        match = next(_matches(joined), None)
-        if match is not None:
-            self._keep(match[0].id, match[1], joined, first)
+        if (match := next(_matches(joined), None)) is not None:
+            self._keep(match[0].id, match[1], joined, first_lineno, first)
         elif left > 1:
-            self._unmatched = (first, joined, left - 1)
+            self._unmatched = (first_lineno, first, joined, left - 1)
 
     def finish(self) -> None:
         """Flush tracebacks that never reached their exception line."""
         self._end_entry()
         self._pending.clear()
 
-    # -- hits ----------------------------------------------------------------------
-
-    def _keep(self, cause_id: str, pattern: Pattern, body: str, where: _Where) -> None:
-        key = (cause_id, where.rank)
+    def _keep(
+        self, cause_id: str, pattern: Pattern, body: str, lineno: int | None, line: ParsedLine
+    ) -> None:
+        key = (cause_id, line.rank)
         kept = self._kept.get(key, 0)
         if kept >= _HITS_PER_KEY:
             return
@@ -218,11 +205,11 @@ class SourceScan:
             confidence=pattern.confidence,
             consequence=pattern.consequence,
             source=self.name,
-            lineno=where.lineno,
+            lineno=lineno,
             text=body.strip()[:_TEXT_CHARS],
-            rank=where.rank,
-            local_rank=where.local_rank,
-            stamp=where.stamp,
+            rank=line.rank,
+            local_rank=line.local_rank,
+            stamp=line.stamp,
             order=next(self._counter),
         )
         self.hits.append(hit)
@@ -243,8 +230,7 @@ class SourceScan:
         if stripped.startswith(("====", "----")):
             self._end_entry()
             return
-        entry = _BANNER_ENTRY.match(body)
-        if entry:
+        if _BANNER_ENTRY.match(body):
             self._end_entry()
             self._entry = {"root": self._banner_root, "lineno": lineno}
             return
@@ -257,10 +243,8 @@ class SourceScan:
         if field_match and not self._in_entry_traceback:
             key, value = field_match.group(1), field_match.group(2).strip()
             self._entry[key] = value
-            if key == "rank":
-                r = _BANNER_RANK.search(value)
-                if r:
-                    self._entry_rank = int(r.group(1))
+            if key == "rank" and (r := _BANNER_RANK.search(value)):
+                self._entry_rank = int(r.group(1))
             if key == "traceback":
                 self._in_entry_traceback = value.startswith("Traceback")
                 if not self._in_entry_traceback:
@@ -303,16 +287,12 @@ class SourceScan:
             signal = m.group(2) or _SIGNALS.get(spawn_code)
             self.exits.append(ExitRecord(rank, rank, spawn_code, signal, stamp, self.name, lineno))
 
-    # -- Python tracebacks -------------------------------------------------------------
-
     def _python(self, lineno: int | None, body: str, rank: int | None) -> None:
         if "Traceback (most recent call last)" in body:
             lines = deque([body.strip()], maxlen=_TRACEBACK_LINES)
             self._tracebacks[rank] = _Traceback(lines, lineno)
             return
-        text = body.strip()
-        if text.startswith("traceback :"):
-            text = text[len("traceback :") :].strip()
+        text = body.strip().removeprefix("traceback :").strip()
         # Indented exception lines occur too: torchrun's banner indents the child's traceback.
         m = _EXCEPTION.match(text) or _USAGE_ERROR.match(text)
         tb = self._tracebacks.get(rank)
@@ -340,6 +320,5 @@ def _matches(text: str) -> Iterator[tuple[Cause, Pattern]]:
     """The catalog's causes ``text`` matches, each with its first matching pattern."""
     lowered = text.lower()
     for cause in CATALOG:
-        pattern = cause.match(lowered, text)
-        if pattern is not None:
+        if (pattern := cause.match(lowered, text)) is not None:
             yield cause, pattern

@@ -17,12 +17,13 @@ Any other directory is searched (a few levels deep) for ``*.log``, ``*.txt``, ``
 (``attempt_0/<local_rank>/stdout.log``) gives each file its rank. Files are read in
 chunks, never whole. A missing path is a one-line ``UserInputError``; a malformed
 run.json or error file becomes a note, never an exception. Imports only the standard
-library, ``nbgpu.errors`` and ``lines.Stamp``.
+library, ``nbgpu.errors``, ``lines.Stamp`` and ``scan.ExitRecord``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nbgpu.diagnose.lines import Stamp
+from nbgpu.diagnose.scan import ExitRecord
 from nbgpu.errors import UserInputError
 
 __all__ = ["ErrorRecord", "Inputs", "LogInput", "RunInfo", "chunks", "load_error_file",
@@ -61,17 +63,6 @@ class LogInput:
 
 
 @dataclass(frozen=True)
-class RankExit:
-    """One rank's end, as the launcher recorded it in run.json."""
-
-    rank: int
-    local_rank: int | None
-    exit_code: int | None
-    signal: str | None
-    ended_at: Stamp | None
-
-
-@dataclass(frozen=True)
 class RunInfo:
     """The launcher's record of a run (``run.json``)."""
 
@@ -81,7 +72,7 @@ class RunInfo:
     nnodes: int | None
     gpus: tuple[int, ...] | None  # physical GPUs the run was given, in rank order
     cuda_visible_devices: str | None
-    ranks: tuple[RankExit, ...]
+    ranks: tuple[ExitRecord, ...]  # each rank's end as run.json has it (stamp: ended_at)
     agent_exit_code: int | None
     cell: int | None = None  # a warm job: the cell it was in (or had run last) when it ended
     cell_offsets: dict[int, int] = field(default_factory=dict)  # rank -> its log's size then
@@ -165,13 +156,9 @@ def _epoch(value: object) -> Stamp | None:
 
 
 def _int(value: object) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
         return int(value)
-    return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _gpus(value: object) -> tuple[int, ...] | None:
@@ -208,12 +195,14 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
         notes.append(f"{path.name}: expected a JSON object, ignored")
         return None
     ranks = [
-        RankExit(
+        ExitRecord(
             rank=rank,
             local_rank=_int(item.get("local_rank")),
             exit_code=_int(item.get("exit_code")),
             signal=(item.get("signal") or None) if isinstance(item.get("signal"), str) else None,
-            ended_at=_epoch(item.get("ended_at")),
+            stamp=_epoch(item.get("ended_at")),
+            source=path.name,
+            lineno=None,
         )
         for item in data.get("ranks") or []
         if isinstance(item, dict) and (rank := _int(item.get("rank"))) is not None
@@ -231,7 +220,7 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
         nnodes=_int(data.get("nnodes")),
         gpus=_gpus(data.get("gpus")),
         cuda_visible_devices=cvd if isinstance(cvd, str) else None,
-        ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
+        ranks=tuple(sorted(ranks, key=lambda r: r.rank or 0)),  # every one has a rank
         agent_exit_code=_int(data.get("agent_exit_code")),
         cell=_int(warm.get("cell")),
         cell_offsets={
@@ -286,33 +275,22 @@ def _looks_like_text(value: str) -> bool:
 
 
 def _rank_from_path(path: Path, root: Path) -> int | None:
-    m = _RANK_LOG.match(path.name) or _ERROR_FILE.match(path.name)
-    if m and m.group(1):
+    if (m := _RANK_LOG.match(path.name) or _ERROR_FILE.match(path.name)) and m.group(1):
         return int(m.group(1))
     # torchelastic --log-dir: <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log
-    if (
-        path.parent != root
-        and path.parent.name.isdigit()
-        and path.parent.parent.name.startswith("attempt_")
-    ):
-        return int(path.parent.name)
+    parent = path.parent
+    if parent != root and parent.name.isdigit() and parent.parent.name.startswith("attempt_"):
+        return int(parent.name)
     return None
 
 
 def _walk(root: Path) -> Iterator[Path]:
-    found = 0
     for directory, subdirs, files in os.walk(root):
         depth = len(Path(directory).relative_to(root).parts)
         subdirs[:] = (
             sorted(d for d in subdirs if not d.startswith(".")) if depth < _MAX_DEPTH else []
         )
-        for name in sorted(files):
-            if name.startswith("."):
-                continue
-            found += 1
-            if found > _MAX_FILES:
-                return
-            yield Path(directory) / name
+        yield from (Path(directory) / name for name in sorted(files) if not name.startswith("."))
 
 
 def _directory(root: Path) -> Inputs:
@@ -322,14 +300,13 @@ def _directory(root: Path) -> Inputs:
         inputs.run = load_run_json(run_json, inputs.notes)
         if inputs.run and inputs.run.name:
             inputs.label = f"run '{inputs.run.name}' ({root})"
-    for path in _walk(root):
+    for path in itertools.islice(_walk(root), _MAX_FILES):
         if not path.is_file():
             continue
         rel = str(path.relative_to(root))
         rank = _rank_from_path(path, root)
         if _ERROR_FILE.match(path.name):
-            record = load_error_file(path, rank, inputs.notes)
-            if record is not None:
+            if (record := load_error_file(path, rank, inputs.notes)) is not None:
                 inputs.errors.append(record)
         elif path.name.endswith(_LOG_SUFFIXES):
             offset = 0
@@ -382,16 +359,11 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
         )
     if path.is_dir():
         return _directory(path)
+    rank = _rank_from_path(path, path.parent)
     if _ERROR_FILE.match(path.name):
         inputs = Inputs(kind="file", label=str(path))
-        record = load_error_file(path, _rank_from_path(path, path.parent), inputs.notes)
-        if record is not None:
+        if (record := load_error_file(path, rank, inputs.notes)) is not None:
             inputs.errors.append(record)
         return inputs
-    return Inputs(
-        kind="file",
-        label=str(path),
-        logs=[
-            LogInput(name or path.name, path=path, default_rank=_rank_from_path(path, path.parent))
-        ],
-    )
+    log = LogInput(name or path.name, path=path, default_rank=rank)
+    return Inputs(kind="file", label=str(path), logs=[log])

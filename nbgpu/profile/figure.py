@@ -76,16 +76,14 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
         style = {"color": "black"} if name is None else {"linestyle": "-."}
         host.step(xs, ys, where="post", linewidth=2.2, label=label, **style)
     peak = report.node_peak() if len(ranks) > 1 else None
-    if peak is not None:
-        xs = [s[0] for _name, node in sums for s in node]
-        if xs:
-            peak_seen = max(peak_seen, peak.total_bytes / _GIB)
-            where = f" · all in '{peak.all_in}'" if peak.all_in else ""
-            on = f" ({peak.node})" if peak.node else ""
-            right = peak.t_s > 0.6 * (max(xs) or 1)
-            text = f"node peak{on} {peak.total_bytes / _GIB:.2f} GiB{where}"
-            xy = (peak.t_s, peak.total_bytes / _GIB)
-            _label(host, text, xy, (-8 if right else 8, 4), va="bottom")
+    if peak is not None:  # then some node's series has points: the peak is one of them
+        peak_seen = max(peak_seen, peak.total_bytes / _GIB)
+        where = f" · all in '{peak.all_in}'" if peak.all_in else ""
+        on = f" ({peak.node})" if peak.node else ""
+        right = peak.t_s > 0.6 * (max(s[0] for _name, node in sums for s in node) or 1)
+        text = f"node peak{on} {peak.total_bytes / _GIB:.2f} GiB{where}"
+        xy = (peak.t_s, peak.total_bytes / _GIB)
+        _label(host, text, xy, (-8 if right else 8, 4), va="bottom")
     top = max(peak_seen * 1.25, 0.1)
     _limit_line(host, report.mem_total_bytes, "machine memory", "#c0392b", "--", top)
     _limit_line(host, report.mem_limit_bytes, "--mem-limit (per rank)", "#d35400", ":", top)
@@ -98,13 +96,9 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
         ax = axes[1]
         for rank in ranks:
             pts = [p for p in report.points(rank) if isinstance(p.get("gpu_alloc"), int)]
-            ax.step(
-                [p["t"] - t0 for p in pts],
-                [p["gpu_alloc"] / _GIB for p in pts],
-                color=line_colors.get(rank.label),
-                linewidth=1.2,
-                where="post",
-            )
+            xs = [p["t"] - t0 for p in pts]
+            ys = [p["gpu_alloc"] / _GIB for p in pts]
+            ax.step(xs, ys, where="post", linewidth=1.2, color=line_colors.get(rank.label))
         ax.set_ylabel("GPU GiB\n(allocated)")
         ax.grid(alpha=0.3)
         _bands(ax, report, colors, labels=False)
@@ -125,8 +119,16 @@ def _label(
     """Bold text beside a point; near the right edge (offset to the left) it ends there,
     so it stays inside the axes."""
     ha = "right" if offset[0] < 0 else "left"
-    ax.annotate(text, xy, textcoords="offset points", xytext=offset, ha=ha, fontsize=9,
-                fontweight="bold", **style)  # fmt: skip
+    ax.annotate(
+        text,
+        xy,
+        textcoords="offset points",
+        xytext=offset,
+        ha=ha,
+        fontsize=9,
+        fontweight="bold",
+        **style,
+    )
 
 
 def _limit_line(  # noqa: PLR0917  (private; the line's look in one call)

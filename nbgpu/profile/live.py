@@ -124,8 +124,7 @@ class MemoryFollower:
         line += f" · max {top.label}{where}: {(top.host_bytes or 0) / _GIB:.1f} GiB"
         if top.phase:
             line += f" in '{top.phase}'"
-        avail = top.last.get("avail")
-        if isinstance(avail, int):
+        if isinstance(avail := top.last.get("avail"), int):
             line += f" · available {avail / _GIB:.1f} GiB"
         return line
 

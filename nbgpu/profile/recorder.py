@@ -85,18 +85,15 @@ def _read(path: str) -> str | None:
         return None
 
 
-_ROLLUP = ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Private_Hugetlb")
+_PRIVATE = ("Private_Clean", "Private_Dirty", "Private_Hugetlb")  # together: USS
+_ROLLUP = ("Rss", "Pss", *_PRIVATE)
 
 
 def process_memory(pid: int | str = "self") -> ProcessMemory:
     """RSS, USS and PSS of one process (``self`` by default)."""
-    rollup = _read(f"/proc/{pid}/smaps_rollup")
-    if rollup is not None:
-        f = _kib_fields(rollup, _ROLLUP)
-        if "Rss" in f and "Pss" in f:
-            uss = f.get("Private_Clean", 0) + f.get("Private_Dirty", 0)
-            uss += f.get("Private_Hugetlb", 0)
-            return ProcessMemory(f["Rss"], uss, f["Pss"])
+    f = _kib_fields(_read(f"/proc/{pid}/smaps_rollup") or "", _ROLLUP)
+    if "Rss" in f and "Pss" in f:
+        return ProcessMemory(f["Rss"], sum(f.get(k, 0) for k in _PRIVATE), f["Pss"])
     rss = resident_bytes(pid)
     if rss is not None:
         why = "no /proc/PID/smaps_rollup (Linux < 4.14 or not permitted): no USS/PSS"
@@ -113,10 +110,7 @@ def resident_bytes(pid: int | str = "self") -> int | None:
 
 def peak_rss(pid: int | str = "self") -> int | None:
     """``VmHWM``: the most resident memory since start or the last reset."""
-    status = _read(f"/proc/{pid}/status")
-    if status is None:
-        return None
-    return _kib_fields(status, ("VmHWM",)).get("VmHWM")
+    return _kib_fields(_read(f"/proc/{pid}/status") or "", ("VmHWM",)).get("VmHWM")
 
 
 def reset_peak_rss() -> str | None:
@@ -139,10 +133,8 @@ def reset_peak_rss() -> str | None:
 def process_start_time(pid: int | str = "self") -> float | None:
     """When a process started: places 'start' before Python ran, and tells a reused pid
     from the process that wrote the records."""
-    stat, system = _read(f"/proc/{pid}/stat"), _read("/proc/stat")
-    if stat is None or system is None:
-        return None
-    try:
+    stat, system = _read(f"/proc/{pid}/stat") or "", _read("/proc/stat") or ""
+    try:  # an unreadable file is an empty one: no field, no btime line
         fields = stat.rsplit(")", 1)[1].split()
         boot = next(
             float(line.split()[1]) for line in system.splitlines() if line.startswith("btime")
@@ -153,10 +145,7 @@ def process_start_time(pid: int | str = "self") -> float | None:
 
 
 def node_memory() -> NodeMemory:
-    meminfo = _read("/proc/meminfo")
-    if meminfo is None:
-        return NodeMemory(None, None)
-    f = _kib_fields(meminfo, ("MemTotal", "MemAvailable"))
+    f = _kib_fields(_read("/proc/meminfo") or "", ("MemTotal", "MemAvailable"))
     return NodeMemory(f.get("MemTotal"), f.get("MemAvailable"))
 
 
@@ -259,8 +248,6 @@ class Recorder:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             except OSError as exc:
                 self.write_error = f"{self.path}: {exc.strerror}"
-        node = node_memory()
-        own = process_memory()
         self._emit(
             {
                 "k": "proc",
@@ -268,14 +255,12 @@ class Recorder:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "process_started": process_start_time(),
-                "mem_total": node.total_bytes,
+                "mem_total": node_memory().total_bytes,
                 "sample_s": self.sample_s,
-                "mem_why": own.why or None,
+                "mem_why": process_memory().why or None,
                 **self.identity,
             }
         )
-
-    # -- writing -----------------------------------------------------------------
 
     def _emit(self, record: dict[str, Any]) -> None:
         if record.get("k") == "s":
@@ -296,7 +281,6 @@ class Recorder:
 
     def _snapshot(self) -> dict[str, Any]:
         """Memory now: RSS every time (constant cost), USS/PSS when the budget allows."""
-        node = node_memory()
         out: dict[str, Any] = {"t": time.time()}
         started = time.perf_counter()
         if started >= self._next_full:
@@ -310,14 +294,16 @@ class Recorder:
             self._next_full = started + max(PSS_EVERY_S, cost / PSS_CPU_SHARE)
         else:
             out["rss"] = resident_bytes()
-        out["avail"] = node.available_bytes
+        out["avail"] = node_memory().available_bytes
         cuda, _why = cuda_memory()
         if cuda is not None:
-            out.update(gpu=cuda.device, gpu_alloc=cuda.allocated_bytes,
-                       gpu_reserved=cuda.reserved_bytes, gpu_max=cuda.peak_allocated_bytes)  # fmt: skip
+            out.update(
+                gpu=cuda.device,
+                gpu_alloc=cuda.allocated_bytes,
+                gpu_reserved=cuda.reserved_bytes,
+                gpu_max=cuda.peak_allocated_bytes,
+            )
         return out
-
-    # -- phases --------------------------------------------------------------------
 
     def begin(self, name: str) -> int:
         snap = self._snapshot()
@@ -328,8 +314,7 @@ class Recorder:
             for outer in self._stack:
                 outer.hwm = max(outer.hwm, current_hwm)
             problem = reset_peak_rss()
-            if problem and self.hwm_reset_problem is None:
-                self.hwm_reset_problem = problem
+            self.hwm_reset_problem = self.hwm_reset_problem or problem
             opened = _Open(
                 id=self._next_id,
                 name=name,
@@ -341,9 +326,8 @@ class Recorder:
             )
             self._next_id += 1
             self._stack.append(opened)
-        depth = len(self._stack) - 1
-        self._emit({"k": "begin", "id": opened.id, "phase": name, "parent": opened.parent,
-                    "depth": depth, **snap})  # fmt: skip
+        begin = {"k": "begin", "id": opened.id, "phase": name, "parent": opened.parent}
+        self._emit({**begin, "depth": len(self._stack) - 1, **snap})
         return opened.id
 
     def end(self, phase_id: int, *, error: str | None = None) -> None:
@@ -370,9 +354,7 @@ class Recorder:
         }
         if "gpu_alloc" in snap:
             record["gpu_peak"] = self._gpu_peak(closing, snap)
-            used, why = _nvml_used_by(os.getpid())
-            record["nvml_used"] = used
-            record["nvml_why"] = why or None
+            record["nvml_used"], record["nvml_why"] = _nvml_used_by(os.getpid())
         if error:
             record["error"] = error
         if inner:
@@ -418,8 +400,6 @@ class Recorder:
                 self._fold(opened, snap)
         self._emit({"k": "s", **snap})
 
-    # -- lifetime ------------------------------------------------------------------
-
     def start_sampling(self) -> None:
         if self.sample_s > 0 and self._sampler is None:
             self._sampler = Sampler(self, self.sample_s)
@@ -439,7 +419,7 @@ class Recorder:
             self._fd = None
 
 
-def _nvml_used_by(pid: int) -> tuple[int | None, str]:
+def _nvml_used_by(pid: int) -> tuple[int | None, str | None]:
     """GPU memory NVML attributes to *pid* (context, NCCL and allocator together)."""
     try:
         from nbgpu.devices.nvml import read_system  # noqa: PLC0415  (only ranks on CUDA)
@@ -454,4 +434,4 @@ def _nvml_used_by(pid: int) -> tuple[int | None, str]:
         return None, "NVML lists no memory for this pid (another PID namespace?)"
     if any(u is None for u in used):
         return None, "NVML cannot attribute memory to processes here (MIG without privileges?)"
-    return sum(u for u in used if u is not None), ""
+    return sum(u for u in used if u is not None), None

@@ -27,9 +27,8 @@ from typing import Any
 
 from nbgpu.profile.recorder import process_start_time
 
-__all__ = ["FRAME_COLUMNS", "MemoryTimeline", "NodePeak", "PhaseSpan", "RankRecords", "gib",
-           "host_value", "import_storm", "read_file", "read_node", "read_records",
-           "read_run_dir"]  # fmt: skip
+__all__ = ["MemoryTimeline", "NodePeak", "PhaseSpan", "RankRecords", "gib", "host_value",
+           "import_storm", "read_file", "read_node", "read_records", "read_run_dir"]  # fmt: skip
 
 _FILE = re.compile(r"^mem-(rank|pid)(\d+)\.jsonl$")
 Base = tuple[int, int] | None  # (pss, rss) of the last full reading
@@ -254,15 +253,6 @@ class NodePeak:
         return names.pop() if len(names) == 1 and len(self.phases) > 1 else None
 
 
-#: One row per phase and rank (``records()``, the report's frame and JSON).
-FRAME_COLUMNS = (
-    "phase", "rank", "status", "start_s", "duration_s", "rss_start_bytes", "rss_end_bytes",
-    "peak_rss_bytes", "uss_end_bytes", "pss_end_bytes", "peak_pss_bytes",
-    "mem_available_end_bytes", "gpu_allocated_end_bytes", "gpu_reserved_end_bytes",
-    "gpu_peak_allocated_bytes", "nvml_used_bytes",
-)  # fmt: skip
-
-
 @dataclass(frozen=True)
 class MemoryTimeline:
     """Memory by phase and rank, for one run (or one process): the numbers."""
@@ -389,24 +379,6 @@ class MemoryTimeline:
             rss = max(rss or 0, *hwms)  # VmHWM was reset when this phase began
         pss = max((p["pss"] for p in inside if isinstance(p.get("pss"), int)), default=None)
         return rss, pss
-
-    def records(self) -> list[dict[str, Any]]:
-        t0 = self.origin
-        rows = []
-        for rank in self.ranks:
-            for span in rank.phases:
-                end = span.end or {}
-                peak_rss, peak_pss = self.phase_peak(rank, span)
-                last = rank.last_t if span.end is None else span.end_t
-                duration = None if last is None else round(last - span.start_t, 3)
-                values = (
-                    span.path, rank.label, span.status, round(span.start_t - t0, 3), duration,
-                    span.begin.get("rss"), end.get("rss"), peak_rss, end.get("uss"),
-                    end.get("pss"), peak_pss, end.get("avail"), end.get("gpu_alloc"),
-                    end.get("gpu_reserved"), end.get("gpu_peak"), end.get("nvml_used"),
-                )  # fmt: skip
-                rows.append(dict(zip(FRAME_COLUMNS, values, strict=True)))
-        return rows
 
 
 def import_storm(report: MemoryTimeline) -> str | None:

@@ -22,19 +22,17 @@ from typing import Any
 from nbgpu._render import Block, Bullets, Figure, Line, Result, Table, Title, fmt_bytes
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
-from nbgpu.profile.records import (
-    FRAME_COLUMNS,
-    MemoryTimeline,
-    read_node,
-    read_records,
-    read_run_dir,
-)
+from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_run_dir
 
 __all__ = ["MemoryReport", "memory_report", "report_from_recorder"]
 
 
 def _gib(value: float | None) -> str:
     return "-" if value is None else f"{value / 1024**3:.2f}"
+
+
+# A cell's mark and the row's severity by phase status (a death outranks a failure).
+_MARKS = {"died in": (" ✗died", "bad"), "running": (" …", ""), "failed": (" !", "warn")}
 
 
 class _WideTable(Table):
@@ -48,10 +46,46 @@ class _WideTable(Table):
 class MemoryReport(MemoryTimeline, Result):
     """Memory by phase and rank, for one run (or one process)."""
 
-    FRAME_COLUMNS = FRAME_COLUMNS
+    #: One row per phase and rank (``records()``, the frame and the JSON).
+    FRAME_COLUMNS = (
+        "phase", "rank", "status", "start_s", "duration_s", "rss_start_bytes", "rss_end_bytes",
+        "peak_rss_bytes", "uss_end_bytes", "pss_end_bytes", "peak_pss_bytes",
+        "mem_available_end_bytes", "gpu_allocated_end_bytes", "gpu_reserved_end_bytes",
+        "gpu_peak_allocated_bytes", "nvml_used_bytes",
+    )  # fmt: skip
 
     # The figure as base64 PNG once drawn in (``with_figure()``); HTML shows it.
     png_base64: str = field(default="", repr=False)
+
+    def records(self) -> list[dict[str, Any]]:
+        t0 = self.origin
+        rows = []
+        for rank in self.ranks:
+            for span in rank.phases:
+                end = span.end or {}
+                peak_rss, peak_pss = self.phase_peak(rank, span)
+                last = rank.last_t if span.end is None else span.end_t
+                duration = None if last is None else round(last - span.start_t, 3)
+                values = (
+                    span.path,
+                    rank.label,
+                    span.status,
+                    round(span.start_t - t0, 3),
+                    duration,
+                    span.begin.get("rss"),
+                    end.get("rss"),
+                    peak_rss,
+                    end.get("uss"),
+                    end.get("pss"),
+                    peak_pss,
+                    end.get("avail"),
+                    end.get("gpu_alloc"),
+                    end.get("gpu_reserved"),
+                    end.get("gpu_peak"),
+                    end.get("nvml_used"),
+                )
+                rows.append(dict(zip(self.FRAME_COLUMNS, values, strict=True)))
+        return rows
 
     def _table(self, metric: str, title: str) -> Table:
         labels = [r.label for r in self.ranks]
@@ -65,16 +99,9 @@ class MemoryReport(MemoryTimeline, Result):
                 if row is None:
                     cells.append("")
                     continue
-                text = _gib(row[metric])
-                if row["status"] == "died in":
-                    text += " ✗died"
-                    level = "bad"
-                elif row["status"] == "running":
-                    text += " …"
-                elif row["status"] == "failed":
-                    text += " !"
-                    level = level or "warn"
-                cells.append(text)
+                mark, severity = _MARKS.get(row["status"], ("", ""))
+                cells.append(_gib(row[metric]) + mark)
+                level = "bad" if "bad" in (level, severity) else level or severity
             table.add(name, *cells, level=level)
         return table
 
@@ -110,8 +137,7 @@ class MemoryReport(MemoryTimeline, Result):
 
     def to_frame(self) -> Any:
         """pandas DataFrame indexed by (phase, rank): peaks, ends, durations, GPU figures."""
-        frame = super().to_frame()
-        return frame.set_index(["phase", "rank"])
+        return super().to_frame().set_index(["phase", "rank"])
 
     def to_dict(self) -> dict[str, Any]:
         return {
