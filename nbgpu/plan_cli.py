@@ -107,13 +107,18 @@ def plan_from_args(args: argparse.Namespace) -> Any:
 
         memory = args.gpu_memory
         result = planning.scale(
-            args.scale, to_gpus=args.to, from_gpus=args.from_gpus,
+            args.scale,
+            to_gpus=args.to,
+            from_gpus=args.from_gpus,
             batch="keep" if args.keep_batch else "scale",
             tensor_parallel=int(args.tp) if args.tp.isdigit() else args.tp,
-            rules=_pairs(args.rule, "--rule") or None, model=args.model,
-            max_model_len=args.max_model_len, precision=args.precision, inventory=args.fleet,
+            rules=_pairs(args.rule, "--rule") or None,
+            model=args.model,
+            max_model_len=args.max_model_len,
+            precision=args.precision,
+            inventory=args.fleet,
             gpu_memory_bytes=None if memory is None else parse_size(memory, "--gpu-memory "),
-        )  # fmt: skip
+        )
         return result if args.output is None else result.save(args.output)
     if args.diff or args.yaml or args.overrides or args.output:
         raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
@@ -129,8 +134,14 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     if args.share and args.sweep is None:
         raise UserInputError("--share goes with --sweep RUNS (runs on GPUs other jobs use)")
     if args.sweep is not None:
-        return planning.sweep(args.sweep, args.per_run, allocation=args.allocation,
-                              exclude=args.exclude, share=args.share, **common)  # fmt: skip
+        return planning.sweep(
+            args.sweep,
+            args.per_run,
+            allocation=args.allocation,
+            exclude=args.exclude,
+            share=args.share,
+            **common,
+        )
     return planning.plan(
         args.allocation, num_gpus=args.gpus, require=args.require, exclude=args.exclude, **common
     )
@@ -153,9 +164,12 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     from nbgpu import plan as planning  # noqa: PLC0415
 
     for flag, value in (
-        ("an allocation", args.allocation), ("--gpus", args.gpus), ("--require", args.require),
-        ("--exclude", args.exclude), ("--sweep", args.sweep),
-    ):  # fmt: skip
+        ("an allocation", args.allocation),
+        ("--gpus", args.gpus),
+        ("--require", args.require),
+        ("--exclude", args.exclude),
+        ("--sweep", args.sweep),
+    ):
         if value is not None:
             raise UserInputError(
                 f"{flag} plans one box; across nodes give --nodes N --nproc-per-node P"

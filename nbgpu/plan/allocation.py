@@ -360,6 +360,11 @@ def _same_world(first: RoleSpec, role: RoleSpec) -> str:
 
 
 def _short(role: RoleSpec) -> str:
-    values = (role.data_parallel, role.tensor_parallel, role.pipeline_parallel,
-              role.context_parallel, role.expert_parallel)  # fmt: skip
+    values = (
+        role.data_parallel,
+        role.tensor_parallel,
+        role.pipeline_parallel,
+        role.context_parallel,
+        role.expert_parallel,
+    )
     return _dims({k: v for k, v in zip("dtpce", values, strict=True) if v > 1})

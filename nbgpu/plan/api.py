@@ -90,11 +90,12 @@ def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
         own = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
         names = {p.name for p in own}
         extra = [
-            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                              annotation=f.type)
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
+            )
             for f in fields(JobRequest)
             if f.name not in names and f.name not in but
-        ]  # fmt: skip
+        ]
         func.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
         return func
 
@@ -152,8 +153,9 @@ def plan(
     """
     job_ = _job("nbgpu.plan()", {"allocation": allocation, **job})
     candidates, fleet, simulated = _gpus(inventory, environ)
-    return build_plan(candidates, job_, fleet=fleet, simulated=simulated,
-                      is_free=port_is_free or _port_is_free)  # fmt: skip
+    return build_plan(
+        candidates, job_, fleet=fleet, simulated=simulated, is_free=port_is_free or _port_is_free
+    )
 
 
 @_takes_job_keywords(but=_NOT_SWEEP)
@@ -185,9 +187,17 @@ def sweep(
     job_ = _job("nbgpu.sweep()", job, but=_NOT_SWEEP)
     pool = parse_gpu_list(gpus, "gpus")
     candidates, fleet, simulated = _gpus(inventory, environ)
-    return build_sweep(candidates, job_, runs=runs, gpus_per_run=gpus_per_run, pool=pool,
-                       fleet=fleet, simulated=simulated, is_free=port_is_free or _port_is_free,
-                       share=share)  # fmt: skip
+    return build_sweep(
+        candidates,
+        job_,
+        runs=runs,
+        gpus_per_run=gpus_per_run,
+        pool=pool,
+        fleet=fleet,
+        simulated=simulated,
+        is_free=port_is_free or _port_is_free,
+        share=share,
+    )
 
 
 @_takes_job_keywords(but=_NOT_NODES)
@@ -209,8 +219,14 @@ def nodes(
     """
     job_ = _job("nbgpu.plan.nodes()", job, but=_NOT_NODES)
     node_candidates, source, simulated = _cluster(cluster)
-    return build_nodes_plan(node_candidates, job_, nodes=nodes, nproc_per_node=nproc_per_node,
-                            source=source, simulated=simulated)  # fmt: skip
+    return build_nodes_plan(
+        node_candidates,
+        job_,
+        nodes=nodes,
+        nproc_per_node=nproc_per_node,
+        source=source,
+        simulated=simulated,
+    )
 
 
 def scale(
@@ -267,22 +283,37 @@ def scale(
             problems.append(Problem("bad", "not_enough_gpus", "GPUs", message))
         if gpu_memory_bytes is None:  # the smallest GPU the config will run on
             chosen = pool[:to_gpus] or candidates
-            gpu_memory_bytes = min((c.memory_total_bytes for c in chosen if c.memory_total_bytes),
-                                   default=None)  # fmt: skip
+            gpu_memory_bytes = min(
+                (c.memory_total_bytes for c in chosen if c.memory_total_bytes), default=None
+            )
     if to_gpus is None:
         raise UserInputError("scale: pass to_gpus=N (or inventory= to use its usable GPUs)")
     result = scale_config(
-        config, to_gpus=to_gpus, from_gpus=from_gpus, batch=batch,
-        tensor_parallel=tensor_parallel, rules=rules, model=shape, max_model_len=max_model_len,
-        precision=precision, devices=devices, gpu_memory_bytes=gpu_memory_bytes, source=source,
+        config,
+        to_gpus=to_gpus,
+        from_gpus=from_gpus,
+        batch=batch,
+        tensor_parallel=tensor_parallel,
+        rules=rules,
+        model=shape,
+        max_model_len=max_model_len,
+        precision=precision,
+        devices=devices,
+        gpu_memory_bytes=gpu_memory_bytes,
+        source=source,
         extra_problems=problems,
-    )  # fmt: skip
+    )
     if text_source is None:
         return result
     new_text, notes = rescaled_text(text_source, result)
     notes_ = tuple(Problem("warn", "script", "script", note) for note in notes)
-    return replace(result, form=text_source.form, original_text=text_source.text,
-                   new_text=new_text, warnings=result.warnings + notes_)  # fmt: skip
+    return replace(
+        result,
+        form=text_source.form,
+        original_text=text_source.text,
+        new_text=new_text,
+        warnings=result.warnings + notes_,
+    )
 
 
 _CLUSTER_FORMS = (
@@ -340,8 +371,10 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
     else:
         raise UserInputError(f"cluster={type(cluster).__name__}: {_CLUSTER_FORMS}")
     # A node without a GPU has none to give; the plan says so for that node.
-    candidates = {node: () if inventory.nvml_error else candidates_from_inventory(inventory)
-                  for node, inventory in inventories.items()}  # fmt: skip
+    candidates = {
+        node: () if inventory.nvml_error else candidates_from_inventory(inventory)
+        for node, inventory in inventories.items()
+    }
     return candidates, source, simulated
 
 
@@ -421,10 +454,15 @@ def _upgraded(data: Any, key: str = "") -> Any:
     if "nvml_index" in out and "reasons" in out and "problems" not in out:
         where, fixes = f"GPU {out['nvml_index']}", out.pop("fixes", [])
         out["problems"] = [
-            {"severity": "bad", "code": "unusable", "subject": where, "message": reason,
-             "fixes": fixes if n == 0 else []}
+            {
+                "severity": "bad",
+                "code": "unusable",
+                "subject": where,
+                "message": reason,
+                "fixes": fixes if n == 0 else [],
+            }
             for n, reason in enumerate(out.pop("reasons"))
-        ]  # fmt: skip
+        ]
     if key in _SEVERITY_OF and "message" in out and "severity" not in out:
         out = {"severity": _SEVERITY_OF[key], "subject": "plan", **out}
     return out

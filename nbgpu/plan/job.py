@@ -218,17 +218,26 @@ def make_job(request: JobRequest) -> Job:
     if not 1 <= r.base_port <= MAX_PORT or isinstance(r.base_port, bool):
         raise UserInputError(f"base_port={r.base_port!r}: expected a TCP port 1..{MAX_PORT}")
     return Job(
-        allocation=parsed, num_gpus=num_gpus, require=required, exclude=excluded,
-        global_batch=r.global_batch, micro_batch=r.micro_batch, grad_accum=r.grad_accum,
-        max_micro_batch=max_micro, divisors=_parse_divisors(r.divisors, "divisors"),
+        allocation=parsed,
+        num_gpus=num_gpus,
+        require=required,
+        exclude=excluded,
+        global_batch=r.global_batch,
+        micro_batch=r.micro_batch,
+        grad_accum=r.grad_accum,
+        max_micro_batch=max_micro,
+        divisors=_parse_divisors(r.divisors, "divisors"),
         step_divisors=_parse_divisors(r.step_divisors, "step_divisors"),
         model=None if r.model is None else model_shape(r.model),
         precision=normalize_precision(r.precision),
         strategy=_choice("strategy", r.strategy, tuple(STRATEGIES)),
-        optimizer=_choice("optimizer", r.optimizer, OPTIMIZERS), base_port=r.base_port,
-        name=r.name, seq_len=r.seq_len, activation_checkpointing=bool(r.activation_checkpointing),
+        optimizer=_choice("optimizer", r.optimizer, OPTIMIZERS),
+        base_port=r.base_port,
+        name=r.name,
+        seq_len=r.seq_len,
+        activation_checkpointing=bool(r.activation_checkpointing),
         max_micro_auto=auto,
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------- batches
@@ -285,8 +294,11 @@ class BatchCheck:
         if not self.ok:
             return f"{self.reason}; {self.advice}"
         split = f"{self.data_parallel} ranks × micro {self.micro_batch} × accum {self.grad_accum}"
-        others = [f"{s.micro_batch}×{s.grad_accum}" for s in self.splits
-                  if s.micro_batch != self.micro_batch]  # fmt: skip
+        others = [
+            f"{s.micro_batch}×{s.grad_accum}"
+            for s in self.splits
+            if s.micro_batch != self.micro_batch
+        ]
         more = f" (also {', '.join(others)})" if others else ""
         return f"global batch {self.global_batch} = {split}{more}"
 
@@ -391,13 +403,25 @@ def check_batch(
             raise UserInputError(f"{label} {value}: expected a whole number >= 1")
     if global_batch is None and micro_batch is not None and grad_accum is not None:
         global_batch = data_parallel * micro_batch * grad_accum
-    base = BatchCheck(data_parallel, global_batch, micro_batch, grad_accum, tuple(divisors),
-                      tuple(step_divisors), max_micro_batch)  # fmt: skip
+    base = BatchCheck(
+        data_parallel,
+        global_batch,
+        micro_batch,
+        grad_accum,
+        tuple(divisors),
+        tuple(step_divisors),
+        max_micro_batch,
+    )
 
     def splits(candidate: int, steps: Sequence[tuple[str, int]] = step_divisors) -> Any:
-        return splits_for(candidate, data_parallel, micro_batch=micro_batch,
-                          grad_accum=grad_accum, max_micro_batch=max_micro_batch,
-                          step_divisors=steps)  # fmt: skip
+        return splits_for(
+            candidate,
+            data_parallel,
+            micro_batch=micro_batch,
+            grad_accum=grad_accum,
+            max_micro_batch=max_micro_batch,
+            step_divisors=steps,
+        )
 
     if global_batch is None:
         # Only a micro batch (or nothing): the step divisors are all that can be checked.
@@ -409,8 +433,12 @@ def check_batch(
     reason = _invalid_reason(base, splits)
     if reason is None:
         found = splits(global_batch)
-        return replace(base, micro_batch=found[0].micro_batch, grad_accum=found[0].grad_accum,
-                       splits=found[:MAX_SPLITS])  # fmt: skip
+        return replace(
+            base,
+            micro_batch=found[0].micro_batch,
+            grad_accum=found[0].grad_accum,
+            splits=found[:MAX_SPLITS],
+        )
     # Valid batches repeat with this period (every multiple of it is valid when the micro
     # batch is free), so a valid value above any batch lies within one period of it.
     period = math.lcm(data_parallel, *(k for _, k in divisors))
@@ -432,9 +460,15 @@ def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
     """The job's batch keywords checked for *data_parallel* ranks (None: it gave none)."""
     if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
         return None
-    return check_batch(data_parallel, global_batch=job.global_batch, micro_batch=job.micro_batch,
-                       grad_accum=job.grad_accum, max_micro_batch=job.max_micro_batch,
-                       divisors=job.divisors, step_divisors=job.step_divisors)  # fmt: skip
+    return check_batch(
+        data_parallel,
+        global_batch=job.global_batch,
+        micro_batch=job.micro_batch,
+        grad_accum=job.grad_accum,
+        max_micro_batch=job.max_micro_batch,
+        divisors=job.divisors,
+        step_divisors=job.step_divisors,
+    )
 
 
 def batch_problem(check: BatchCheck, subject: str) -> Problem:

@@ -128,13 +128,22 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
                     f"{fmt_bytes(used)}"
                 )
                 problems = (Problem("warn", "shared", where, message),)
-        out.append(Candidate(
-            nvml_index=gpu.nvml_index, uuid=gpu.uuid, name=gpu.name,
-            memory_total_bytes=gpu.memory_total_bytes, memory_free_bytes=gpu.memory_free_bytes,
-            usable=usable, grade=(1 if problems else 0) if usable else 2, health=health,
-            problems=problems, recoverable=recoverable, utilization_pct=gpu.utilization_gpu_pct,
-            other_processes=sum(1 for p in gpu.processes if p.state not in _NOT_RUNNING),
-        ))  # fmt: skip
+        out.append(
+            Candidate(
+                nvml_index=gpu.nvml_index,
+                uuid=gpu.uuid,
+                name=gpu.name,
+                memory_total_bytes=gpu.memory_total_bytes,
+                memory_free_bytes=gpu.memory_free_bytes,
+                usable=usable,
+                grade=(1 if problems else 0) if usable else 2,
+                health=health,
+                problems=problems,
+                recoverable=recoverable,
+                utilization_pct=gpu.utilization_gpu_pct,
+                other_processes=sum(1 for p in gpu.processes if p.state not in _NOT_RUNNING),
+            )
+        )
     return tuple(out)
 
 

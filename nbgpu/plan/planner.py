@@ -65,8 +65,12 @@ def check_known(
 
 def caveats(subject: str, given: Iterable[Candidate]) -> list[Problem]:
     """The warnings of the GPUs given to *subject* (a role, a node), said for it."""
-    return [Problem("warn", "gpu_caveat", subject, f"{subject}: {p.message}")
-            for c in given if c.grade > 0 for p in c.problems]  # fmt: skip
+    return [
+        Problem("warn", "gpu_caveat", subject, f"{subject}: {p.message}")
+        for c in given
+        if c.grade > 0
+        for p in c.problems
+    ]
 
 
 def _trainer_batch(allocation: Allocation, job: Job, warnings: list[Problem]) -> BatchCheck | None:
@@ -193,8 +197,19 @@ def build_plan(
     if batch is not None and not batch.ok:
         problems.append(batch_problem(batch, f"role {allocation.train_roles[0].name}"))
     memory = _role_checks(roles, by_index, job, batch, problems=problems, warnings=warnings)
-    plan = Plan(allocation.text, tuple(roles), tuple(problems), tuple(warnings), excluded, batch,
-                tuple(memory), (), fleet, simulated, job.name)  # fmt: skip
+    plan = Plan(
+        allocation.text,
+        tuple(roles),
+        tuple(problems),
+        tuple(warnings),
+        excluded,
+        batch,
+        tuple(memory),
+        (),
+        fleet,
+        simulated,
+        job.name,
+    )
     if alternatives and (groups is None or required_bad):
         alts = _alternatives(
             job,
@@ -203,10 +218,15 @@ def build_plan(
             excluded=excluded,
             required_bad=required_bad,
             sub_plan=lambda changed: build_plan(
-                candidates, changed, fleet=fleet, simulated=simulated, is_free=is_free,
-                taken_ports=taken_ports, alternatives=False,
+                candidates,
+                changed,
+                fleet=fleet,
+                simulated=simulated,
+                is_free=is_free,
+                taken_ports=taken_ports,
+                alternatives=False,
             ),
-        )  # fmt: skip
+        )
         plan = replace(plan, alternatives=alts)
     return plan
 

@@ -308,8 +308,15 @@ class Plan(Result):
         table = Table(["role", "kind", "degrees", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port"])
         for r in self.roles:
             port = "-" if r.master_port is None else r.master_port
-            table.add(r.name, r.kind, r.degrees, r.cuda_visible_devices or "-", r.nproc_per_node,
-                      port, level="" if r.gpus else "bad")  # fmt: skip
+            table.add(
+                r.name,
+                r.kind,
+                r.degrees,
+                r.cuda_visible_devices or "-",
+                r.nproc_per_node,
+                port,
+                level="" if r.gpus else "bad",
+            )
         return table
 
     def _gpu_table(self) -> Table:
@@ -317,8 +324,14 @@ class Plan(Result):
         for r in self.roles:
             for g in r.gpus:
                 name = (g.name or "-").replace("NVIDIA ", "")
-                table.add(r.name, g.cuda_index, g.nvml_index, name,
-                          fmt_bytes(g.memory_free_bytes), g.uuid or "-")  # fmt: skip
+                table.add(
+                    r.name,
+                    g.cuda_index,
+                    g.nvml_index,
+                    name,
+                    fmt_bytes(g.memory_free_bytes),
+                    g.uuid or "-",
+                )
         return table
 
     def _memory_table(self) -> Table:
@@ -363,8 +376,9 @@ class Plan(Result):
         if self.memory:
             lines += self._memory_lines()
         elif self.roles and self.roles[0].gpus:
-            lines.append(Line("not checked (pass model= to compare with free memory)",
-                              label="memory"))  # fmt: skip
+            lines.append(
+                Line("not checked (pass model= to compare with free memory)", label="memory")
+            )
         if self.cuda_visible_devices and len(self.roles) > 1:
             first = self.roles[0]
             one_list = (
@@ -381,15 +395,18 @@ class Plan(Result):
     def content(self) -> list[Block]:
         run = f"{self.name}: " if self.name else ""
         blocks: list[Block] = [
-            plan_title("plan", f"{run}{self.allocation}", self.fleet, simulated=self.simulated,
-                       ok=self.ok),
+            plan_title(
+                "plan", f"{run}{self.allocation}", self.fleet, simulated=self.simulated, ok=self.ok
+            ),
             self._role_table(),
-        ]  # fmt: skip
+        ]
         if any(r.gpus for r in self.roles):
             blocks.append(self._gpu_table())
         if self.excluded:
-            left = [f"GPU {e.nvml_index} ({e.health}): " + " ".join(p.message for p in e.problems)
-                    for e in self.excluded]  # fmt: skip
+            left = [
+                f"GPU {e.nvml_index} ({e.health}): " + " ".join(p.message for p in e.problems)
+                for e in self.excluded
+            ]
             blocks.append(Bullets(left, title="left out:", marker="  "))
         blocks += self._footer()
         if self.memory:
@@ -404,10 +421,17 @@ class Plan(Result):
     def records(self) -> list[dict[str, Any]]:
         rows = []
         for r in self.roles:
-            base = {"plan": self.name, "role": r.name, "kind": r.kind, "degrees": r.degrees,
-                    "nproc_per_node": r.nproc_per_node, "master_port": r.master_port,
-                    "cuda_visible_devices": r.cuda_visible_devices, "ok": self.ok,
-                    "simulated": self.simulated}  # fmt: skip
+            base = {
+                "plan": self.name,
+                "role": r.name,
+                "kind": r.kind,
+                "degrees": r.degrees,
+                "nproc_per_node": r.nproc_per_node,
+                "master_port": r.master_port,
+                "cuda_visible_devices": r.cuda_visible_devices,
+                "ok": self.ok,
+                "simulated": self.simulated,
+            }
             if not r.gpus:
                 rows.append({**base, "cuda_index": None, "nvml_index": None, "uuid": None})
             rows.extend({**base, **to_data(g)} for g in r.gpus)
