@@ -38,12 +38,35 @@ def _max_micro(value: str | None) -> int | str | None:
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     n: dict[str, Any] = {"type": int, "default": None}  # a whole number, unset by default
-    # fmt: off
-    a("allocation", nargs="?", default=None, help="roles: 'sglang.d1t1p1+d3t1p1', 'd4t1p1' or 'inference:1,train:3'")
-    a("--fleet", default=None, metavar="SPEC|FILE", help="plan for this fleet (spec, scenario or status JSON) instead of here")
-    a("--slurm", action="store_true", help="plan across the SLURM allocation's nodes (each node's GPUs, seen there)")
-    a("--nodes", **n, metavar="N", help="nodes for the job (with --slurm or a cluster --fleet; default: all that fit)")
-    a("--nproc-per-node", **n, metavar="P", help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)")
+    a(
+        "allocation",
+        nargs="?",
+        default=None,
+        help="roles: 'sglang.d1t1p1+d3t1p1', 'd4t1p1' or 'inference:1,train:3'",
+    )
+    a(
+        "--fleet",
+        default=None,
+        metavar="SPEC|FILE",
+        help="plan for this fleet (spec, scenario or status JSON) instead of here",
+    )
+    a(
+        "--slurm",
+        action="store_true",
+        help="plan across the SLURM allocation's nodes (each node's GPUs, seen there)",
+    )
+    a(
+        "--nodes",
+        **n,
+        metavar="N",
+        help="nodes for the job (with --slurm or a cluster --fleet; default: all that fit)",
+    )
+    a(
+        "--nproc-per-node",
+        **n,
+        metavar="P",
+        help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)",
+    )
     a("--partition", default=None, metavar="P", help="with --slurm")
     a("--gpus", **n, metavar="N", help="GPUs for the job")
     a("--require", default=None, metavar="0,1", help="GPUs that must be used")
@@ -51,34 +74,113 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--batch", **n, metavar="N", help="global batch size")
     a("--micro", **n, metavar="N", help="micro batch per GPU")
     a("--accum", **n, metavar="N", help="gradient accumulation")
-    a("--max-micro", default=None, metavar="N|auto", help="largest micro batch per GPU; auto: computed from --model and --seq-len")
-    a("--divisor", action="append", default=[], metavar="NAME=K", help="the global batch must divide by K (e.g. group=8); repeatable")
-    a("--step-divisor", action="append", default=[], metavar="NAME=K", help="ranks x micro batch must divide by K (TRL num_generations)")
-    a("--model", default=None, metavar="7B|NAME|config.json", help="parameter count, model name (Qwen/Qwen2.5-7B-Instruct) or HF config: memory check")
-    a("--seq-len", **n, metavar="N", help="tokens per sample: adds activations, logits and KV cache to the memory check")
-    a("--checkpointing", action="store_true", help="count activations with full activation checkpointing")
+    a(
+        "--max-micro",
+        default=None,
+        metavar="N|auto",
+        help="largest micro batch per GPU; auto: computed from --model and --seq-len",
+    )
+    a(
+        "--divisor",
+        action="append",
+        default=[],
+        metavar="NAME=K",
+        help="the global batch must divide by K (e.g. group=8); repeatable",
+    )
+    a(
+        "--step-divisor",
+        action="append",
+        default=[],
+        metavar="NAME=K",
+        help="ranks x micro batch must divide by K (TRL num_generations)",
+    )
+    a(
+        "--model",
+        default=None,
+        metavar="7B|NAME|config.json",
+        help="parameter count, model name (Qwen/Qwen2.5-7B-Instruct) or HF config: memory check",
+    )
+    a(
+        "--seq-len",
+        **n,
+        metavar="N",
+        help="tokens per sample: adds activations, logits and KV cache to the memory check",
+    )
+    a(
+        "--checkpointing",
+        action="store_true",
+        help="count activations with full activation checkpointing",
+    )
     a("--precision", default=None, help="bf16 (default), fp16 or fp32")
     a("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
     a("--optimizer", default="adamw", help="adamw, adam or sgd")
-    a("--base-port", type=int, default=29500, metavar="P", help="first port to try for the rendezvous")
+    a(
+        "--base-port",
+        type=int,
+        default=29500,
+        metavar="P",
+        help="first port to try for the rendezvous",
+    )
     a("--sweep", **n, metavar="RUNS", help="split the box into RUNS disjoint runs (distinct ports)")
     a("--per-run", **n, metavar="K", help="GPUs per sweep run")
-    a("--share", action="store_true", help="with --sweep: runs may use GPUs that other jobs are using")
-    a("--scale", default=None, metavar="CONFIG", help="rescale a YAML/JSON config or a launch script of Hydra overrides to --to GPUs")
+    a(
+        "--share",
+        action="store_true",
+        help="with --sweep: runs may use GPUs that other jobs are using",
+    )
+    a(
+        "--scale",
+        default=None,
+        metavar="CONFIG",
+        help="rescale a YAML/JSON config or a launch script of Hydra overrides to --to GPUs",
+    )
     a("--to", **n, metavar="N", help="with --scale: GPUs after")
-    a("--output", "-o", default=None, metavar="FILE", help="with --scale: write the rescaled config (same form and layout) to FILE")
-    a("--from", dest="from_gpus", **n, metavar="N", help="with --scale: GPUs before (default: read from the config)")
-    a("--keep-batch", action="store_true", help="with --scale: keep global batch sizes (default: scale them)")
+    a(
+        "--output",
+        "-o",
+        default=None,
+        metavar="FILE",
+        help="with --scale: write the rescaled config (same form and layout) to FILE",
+    )
+    a(
+        "--from",
+        dest="from_gpus",
+        **n,
+        metavar="N",
+        help="with --scale: GPUs before (default: read from the config)",
+    )
+    a(
+        "--keep-batch",
+        action="store_true",
+        help="with --scale: keep global batch sizes (default: scale them)",
+    )
     a("--tp", default="keep", metavar="keep|scale|N", help="with --scale: tensor-parallel size")
-    a("--rule", action="append", default=[], metavar="KEY=RULE", help="with --scale: how to treat a key (scale, keep, per_gpu...)")
-    a("--max-model-len", **n, metavar="N", help="with --scale: sequence length for the KV-cache check")
-    a("--gpu-memory", default=None, metavar="SIZE", help="with --scale: memory per GPU, e.g. 48G (default: from the fleet)")
+    a(
+        "--rule",
+        action="append",
+        default=[],
+        metavar="KEY=RULE",
+        help="with --scale: how to treat a key (scale, keep, per_gpu...)",
+    )
+    a(
+        "--max-model-len",
+        **n,
+        metavar="N",
+        help="with --scale: sequence length for the KV-cache check",
+    )
+    a(
+        "--gpu-memory",
+        default=None,
+        metavar="SIZE",
+        help="with --scale: memory per GPU, e.g. 48G (default: from the fleet)",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON (plan files for --plan)")
     out.add_argument("--diff", action="store_true", help="with --scale: a unified diff")
     out.add_argument("--yaml", action="store_true", help="with --scale: the new YAML")
-    out.add_argument("--overrides", action="store_true", help="with --scale: Hydra key=value overrides")
-    # fmt: on
+    out.add_argument(
+        "--overrides", action="store_true", help="with --scale: Hydra key=value overrides"
+    )
 
 
 def plan_from_args(args: argparse.Namespace) -> Any:
