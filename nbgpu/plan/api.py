@@ -19,7 +19,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from nbgpu._serial import from_data
+from nbgpu._serial import from_data, to_data
 from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.estimate import lookup_model, model_shape
 from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list
@@ -88,14 +88,9 @@ def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
         own = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
-        names = {p.name for p in own}
-        extra = [
-            inspect.Parameter(
-                f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
-            )
-            for f in fields(JobRequest)
-            if f.name not in names and f.name not in but
-        ]
+        skip = {p.name for p in own} | set(but)
+        job = inspect.signature(JobRequest).parameters.values()
+        extra = [p.replace(kind=p.KEYWORD_ONLY) for p in job if p.name not in skip]
         func.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
         return func
 
@@ -112,8 +107,15 @@ def _model(model: Any) -> Any:
 
 
 def _job(where: str, keywords: Mapping[str, Any], but: tuple[str, ...] = ()) -> Job:
-    request = JobRequest.from_keywords(where, keywords, but=but)
-    return make_job(replace(request, model=_model(request.model)))
+    """The checked job of *keywords*; an unknown one is a one-line error naming the rest."""
+    known = [f.name for f in fields(JobRequest) if f.name not in but]
+    unknown = sorted(set(keywords) - set(known))
+    if unknown:
+        raise UserInputError(
+            f"{where}: {unknown[0]}= is not a keyword it takes; its job keywords are "
+            f"{', '.join(known)}"
+        )
+    return make_job(JobRequest(**{**keywords, "model": _model(keywords.get("model"))}))
 
 
 def _scale_model(model: Any) -> Any:
@@ -453,16 +455,11 @@ def _upgraded(data: Any, key: str = "") -> Any:
         out["health"] = out.pop("verdict")
     if "nvml_index" in out and "reasons" in out and "problems" not in out:
         where, fixes = f"GPU {out['nvml_index']}", out.pop("fixes", [])
-        out["problems"] = [
-            {
-                "severity": "bad",
-                "code": "unusable",
-                "subject": where,
-                "message": reason,
-                "fixes": fixes if n == 0 else [],
-            }
+        problems = (
+            Problem("bad", "unusable", where, reason, tuple(fixes) if n == 0 else ())
             for n, reason in enumerate(out.pop("reasons"))
-        ]
+        )
+        out["problems"] = [to_data(p) for p in problems]
     if key in _SEVERITY_OF and "message" in out and "severity" not in out:
         out = {"severity": _SEVERITY_OF[key], "subject": "plan", **out}
     return out

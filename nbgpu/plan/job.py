@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
@@ -159,20 +159,6 @@ class JobRequest:
     seq_len: int | None = None
     activation_checkpointing: bool = False
 
-    @classmethod
-    def from_keywords(
-        cls, where: str, keywords: Mapping[str, Any], *, but: Sequence[str] = ()
-    ) -> JobRequest:
-        """The request for *keywords*; an unknown one is a one-line error naming the rest."""
-        known = [f.name for f in fields(cls) if f.name not in but]
-        unknown = sorted(set(keywords) - set(known))
-        if unknown:
-            raise UserInputError(
-                f"{where}: {unknown[0]}= is not a keyword it takes; its job keywords are "
-                f"{', '.join(known)}"
-            )
-        return cls(**keywords)
-
 
 def make_job(request: JobRequest) -> Job:
     """Validate everything the user gave; each mistake is one ``UserInputError`` line."""
@@ -217,27 +203,21 @@ def make_job(request: JobRequest) -> Job:
     max_micro = whole_number("max_micro_batch", None if auto else max_micro)
     if not 1 <= r.base_port <= MAX_PORT or isinstance(r.base_port, bool):
         raise UserInputError(f"base_port={r.base_port!r}: expected a TCP port 1..{MAX_PORT}")
-    return Job(
-        allocation=parsed,
-        num_gpus=num_gpus,
-        require=required,
-        exclude=excluded,
-        global_batch=r.global_batch,
-        micro_batch=r.micro_batch,
-        grad_accum=r.grad_accum,
-        max_micro_batch=max_micro,
-        divisors=_parse_divisors(r.divisors, "divisors"),
-        step_divisors=_parse_divisors(r.step_divisors, "step_divisors"),
-        model=None if r.model is None else model_shape(r.model),
-        precision=normalize_precision(r.precision),
-        strategy=_choice("strategy", r.strategy, tuple(STRATEGIES)),
-        optimizer=_choice("optimizer", r.optimizer, OPTIMIZERS),
-        base_port=r.base_port,
-        name=r.name,
-        seq_len=r.seq_len,
-        activation_checkpointing=bool(r.activation_checkpointing),
-        max_micro_auto=auto,
-    )
+    checked = {
+        "allocation": parsed,
+        "require": required,
+        "exclude": excluded,
+        "max_micro_batch": max_micro,
+        "divisors": _parse_divisors(r.divisors, "divisors"),
+        "step_divisors": _parse_divisors(r.step_divisors, "step_divisors"),
+        "model": None if r.model is None else model_shape(r.model),
+        "precision": normalize_precision(r.precision),
+        "strategy": _choice("strategy", r.strategy, tuple(STRATEGIES)),
+        "optimizer": _choice("optimizer", r.optimizer, OPTIMIZERS),
+        "activation_checkpointing": bool(r.activation_checkpointing),
+    }
+    # The other keywords (batch sizes, port, name, seq_len) are kept as given, checked.
+    return Job(**{**vars(r), **checked}, max_micro_auto=auto)
 
 
 # ---------------------------------------------------------------------- batches
@@ -390,17 +370,14 @@ def check_batch(
 ) -> BatchCheck:
     """Validate a batch configuration; raises ``UserInputError`` for values ≤ 0."""
     for label, value in (
-        ("data-parallel size", data_parallel),
-        ("global batch", global_batch),
-        ("micro batch", micro_batch),
-        ("gradient accumulation", grad_accum),
-        ("max micro batch", max_micro_batch),
+        ("data_parallel", data_parallel),
+        ("global_batch", global_batch),
+        ("micro_batch", micro_batch),
+        ("grad_accum", grad_accum),
+        ("max_micro_batch", max_micro_batch),
         *((f"divisor {n}", k) for n, k in (*divisors, *step_divisors)),
     ):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise UserInputError(f"{label} {value!r}: expected a whole number >= 1")
-        if value is not None and value < 1:
-            raise UserInputError(f"{label} {value}: expected a whole number >= 1")
+        whole_number(label, value)
     if global_batch is None and micro_batch is not None and grad_accum is not None:
         global_batch = data_parallel * micro_batch * grad_accum
     base = BatchCheck(
@@ -460,14 +437,9 @@ def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
     """The job's batch keywords checked for *data_parallel* ranks (None: it gave none)."""
     if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
         return None
+    keywords = ("global_batch", "micro_batch", "grad_accum", "max_micro_batch", "divisors")
     return check_batch(
-        data_parallel,
-        global_batch=job.global_batch,
-        micro_batch=job.micro_batch,
-        grad_accum=job.grad_accum,
-        max_micro_batch=job.max_micro_batch,
-        divisors=job.divisors,
-        step_divisors=job.step_divisors,
+        data_parallel, step_divisors=job.step_divisors, **{k: getattr(job, k) for k in keywords}
     )
 
 
