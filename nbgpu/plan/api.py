@@ -187,14 +187,13 @@ def sweep(
                 "gpus_per_run= per run, from gpus= (default: every usable GPU)"
             )
     job_ = _job("nbgpu.sweep()", job, but=_NOT_SWEEP)
-    pool = parse_gpu_list(gpus, "gpus")
     candidates, fleet, simulated = _gpus(inventory, environ)
     return build_sweep(
         candidates,
         job_,
         runs=runs,
         gpus_per_run=gpus_per_run,
-        pool=pool,
+        pool=parse_gpu_list(gpus, "gpus"),
         fleet=fleet,
         simulated=simulated,
         is_free=port_is_free or _port_is_free,
@@ -327,7 +326,7 @@ _CLUSTER_FORMS = (
 
 def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
     """(node → its GPUs as candidates, where they came from, simulated?)."""
-    from nbgpu.devices.inventory import Inventory, saved_inventory, take_inventory  # noqa: PLC0415
+    from nbgpu.devices.inventory import Inventory  # noqa: PLC0415
     from nbgpu.devices.model import cluster_nodes, is_cluster  # noqa: PLC0415
 
     if hasattr(cluster, "to_dict") and hasattr(cluster, "nodes"):
@@ -357,15 +356,12 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
         for node, fleet in cluster.items():
             if not isinstance(node, str) or not node:
                 raise UserInputError(f"cluster: node name {node!r}: {_CLUSTER_FORMS}")
-            if isinstance(fleet, Inventory):
-                inventories[node] = fleet
-                continue
-            if not isinstance(fleet, str) or not fleet.strip():
+            if not isinstance(fleet, Inventory) and (
+                not isinstance(fleet, str) or not fleet.strip()
+            ):
                 raise UserInputError(f"cluster: node {node!r} = {fleet!r}: {_CLUSTER_FORMS}")
             try:  # a capture is read; anything else is simulated
-                inventories[node] = saved_inventory(fleet) or take_inventory(
-                    {"NBGPU_SIMULATE": fleet}, scan_device_files=False
-                )
+                inventories[node] = _snapshot(fleet, {})
             except FleetSpecError as exc:
                 raise UserInputError(f"node {node}: {exc}") from None
         simulated = all(not isinstance(f, Inventory) or f.simulated for f in cluster.values())

@@ -38,6 +38,7 @@ from nbgpu.plan.memcheck import (
 from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
 from nbgpu.plan.planner import caveats
 from nbgpu.plan.result import (
+    MEMORY_NOT_CHECKED,
     PLAN_FILE_FORMAT,
     ExcludedGpu,
     MemoryCheck,
@@ -168,21 +169,14 @@ class NodesPlan(Result):
         for m in self.memory:
             free = "" if m.available_bytes is None else f" free {fmt_bytes(m.available_bytes)}"
             where = f"{m.verdict} on node {self.memory_node} GPU {m.deciding_gpu}{free}"
-            lines.append(
-                Line(
-                    f"{fmt_bytes(m.needed_bytes)}, {where} (the smallest of the job)",
-                    label="memory per GPU",
-                )
-            )
+            needed = f"{fmt_bytes(m.needed_bytes)}, {where} (the smallest of the job)"
+            lines.append(Line(needed, label="memory per GPU"))
             lines.append(Line(m.accounting, indent="  "))
             if m.max_micro_batch is not None:
-                lines.append(
-                    Line(f"{m.max_micro_batch} (computed, no trials)", label="largest micro batch")
-                )
+                largest = f"{m.max_micro_batch} (computed, no trials)"
+                lines.append(Line(largest, label="largest micro batch"))
         if not self.memory and self.nodes:
-            lines.append(
-                Line("not checked (pass model= to compare with free memory)", label="memory")
-            )
+            lines.append(MEMORY_NOT_CHECKED)
         if self.ok:
             launch = (
                 f"%%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist {self.nodelist}; "

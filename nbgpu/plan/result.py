@@ -32,6 +32,7 @@ from nbgpu.plan.job import BatchCheck
 from nbgpu.problems import Problem
 
 __all__ = [
+    "MEMORY_NOT_CHECKED",
     "PLAN_FILE_FORMAT",
     "Alternative",
     "ExcludedGpu",
@@ -49,6 +50,8 @@ __all__ = [
 MASTER_ADDR = "127.0.0.1"
 # Model states above this share of a GPU leave too little for activations and overheads.
 TIGHT_SHARE = 0.8
+# A plan's frame: each role's row holds these of its fields.
+_ROLE_KEYS = ("kind", "degrees", "nproc_per_node", "master_port", "cuda_visible_devices")
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,9 @@ def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -
     return Title(title, simulated=simulated)
 
 
+MEMORY_NOT_CHECKED = Line("not checked (pass model= to compare with free memory)", label="memory")
+
+
 def problem_blocks(*problems: Sequence[Problem]) -> list[Block]:
     """Problems and warnings, each with its fixes, after a blank line (nothing when none)."""
     every = [p for group in problems for p in group]
@@ -308,15 +314,9 @@ class Plan(Result):
         table = Table(["role", "kind", "degrees", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port"])
         for r in self.roles:
             port = "-" if r.master_port is None else r.master_port
-            table.add(
-                r.name,
-                r.kind,
-                r.degrees,
-                r.cuda_visible_devices or "-",
-                r.nproc_per_node,
-                port,
-                level="" if r.gpus else "bad",
-            )
+            gpus = r.cuda_visible_devices or "-"
+            level = "" if r.gpus else "bad"
+            table.add(r.name, r.kind, r.degrees, gpus, r.nproc_per_node, port, level=level)
         return table
 
     def _gpu_table(self) -> Table:
@@ -324,14 +324,8 @@ class Plan(Result):
         for r in self.roles:
             for g in r.gpus:
                 name = (g.name or "-").replace("NVIDIA ", "")
-                table.add(
-                    r.name,
-                    g.cuda_index,
-                    g.nvml_index,
-                    name,
-                    fmt_bytes(g.memory_free_bytes),
-                    g.uuid or "-",
-                )
+                free = fmt_bytes(g.memory_free_bytes)
+                table.add(r.name, g.cuda_index, g.nvml_index, name, free, g.uuid or "-")
         return table
 
     def _memory_table(self) -> Table:
@@ -376,9 +370,7 @@ class Plan(Result):
         if self.memory:
             lines += self._memory_lines()
         elif self.roles and self.roles[0].gpus:
-            lines.append(
-                Line("not checked (pass model= to compare with free memory)", label="memory")
-            )
+            lines.append(MEMORY_NOT_CHECKED)
         if self.cuda_visible_devices and len(self.roles) > 1:
             first = self.roles[0]
             one_list = (
@@ -421,17 +413,8 @@ class Plan(Result):
     def records(self) -> list[dict[str, Any]]:
         rows = []
         for r in self.roles:
-            base = {
-                "plan": self.name,
-                "role": r.name,
-                "kind": r.kind,
-                "degrees": r.degrees,
-                "nproc_per_node": r.nproc_per_node,
-                "master_port": r.master_port,
-                "cuda_visible_devices": r.cuda_visible_devices,
-                "ok": self.ok,
-                "simulated": self.simulated,
-            }
+            base = {"plan": self.name, "role": r.name, **{k: getattr(r, k) for k in _ROLE_KEYS}}
+            base.update(ok=self.ok, simulated=self.simulated)
             if not r.gpus:
                 rows.append({**base, "cuda_index": None, "nvml_index": None, "uuid": None})
             rows.extend({**base, **to_data(g)} for g in r.gpus)
