@@ -37,16 +37,14 @@ def _max_micro(value: str | None) -> int | str | None:
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    n: dict[str, Any] = {"type": int, "default": None}  # a whole number, unset by default
+    n: dict[str, Any] = {"type": int}  # a whole number, unset (None) by default
     a(
         "allocation",
         nargs="?",
-        default=None,
         help="roles: 'sglang.d1t1p1+d3t1p1', 'd4t1p1' or 'inference:1,train:3'",
     )
     a(
         "--fleet",
-        default=None,
         metavar="SPEC|FILE",
         help="plan for this fleet (spec, scenario or status JSON) instead of here",
     )
@@ -67,16 +65,15 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="P",
         help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)",
     )
-    a("--partition", default=None, metavar="P", help="with --slurm")
+    a("--partition", metavar="P", help="with --slurm")
     a("--gpus", **n, metavar="N", help="GPUs for the job")
-    a("--require", default=None, metavar="0,1", help="GPUs that must be used")
-    a("--exclude", default=None, metavar="0", help="GPUs never to use")
+    a("--require", metavar="0,1", help="GPUs that must be used")
+    a("--exclude", metavar="0", help="GPUs never to use")
     a("--batch", **n, metavar="N", help="global batch size")
     a("--micro", **n, metavar="N", help="micro batch per GPU")
     a("--accum", **n, metavar="N", help="gradient accumulation")
     a(
         "--max-micro",
-        default=None,
         metavar="N|auto",
         help="largest micro batch per GPU; auto: computed from --model and --seq-len",
     )
@@ -96,7 +93,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     )
     a(
         "--model",
-        default=None,
         metavar="7B|NAME|config.json",
         help="parameter count, model name (Qwen/Qwen2.5-7B-Instruct) or HF config: memory check",
     )
@@ -111,7 +107,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="count activations with full activation checkpointing",
     )
-    a("--precision", default=None, help="bf16 (default), fp16 or fp32")
+    a("--precision", help="bf16 (default), fp16 or fp32")
     a("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
     a("--optimizer", default="adamw", help="adamw, adam or sgd")
     a(
@@ -130,7 +126,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     )
     a(
         "--scale",
-        default=None,
         metavar="CONFIG",
         help="rescale a YAML/JSON config or a launch script of Hydra overrides to --to GPUs",
     )
@@ -138,7 +133,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--output",
         "-o",
-        default=None,
         metavar="FILE",
         help="with --scale: write the rescaled config (same form and layout) to FILE",
     )
@@ -170,7 +164,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     )
     a(
         "--gpu-memory",
-        default=None,
         metavar="SIZE",
         help="with --scale: memory per GPU, e.g. 48G (default: from the fleet)",
     )

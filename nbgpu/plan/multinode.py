@@ -284,7 +284,7 @@ def _memory(
 
     deciding = min(chosen, key=tightest)
     # The job as one data-parallel training role over every rank of every node.
-    role = RolePlan("train", "train", None, world, 1, 1, deciding.gpus, None)
+    role = RolePlan("train", "train", None, world, gpus=deciding.gpus)
     job = auto_max_micro([role], job, warnings)
     check = memory_check(role, job, batch)
     found: list[Problem] = []

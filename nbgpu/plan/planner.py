@@ -12,7 +12,7 @@ files, psutil or IPython.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
@@ -190,8 +190,7 @@ def build_plan(
     for n, spec in enumerate(allocation.roles):
         gpus = planned_gpus(groups[n] if groups is not None else [])
         port = ports[n] if gpus and n < len(ports) else None
-        same = {f.name: getattr(spec, f.name) for f in fields(RoleSpec)}
-        roles.append(RolePlan(**same, gpus=gpus, master_port=port))
+        roles.append(RolePlan(**vars(spec), gpus=gpus, master_port=port))
     job = auto_max_micro(roles, job, warnings)
     batch = _trainer_batch(allocation, job, warnings)
     if batch is not None and not batch.ok:

@@ -27,7 +27,7 @@ from nbgpu._render import (
     simulated_label,
 )
 from nbgpu._serial import to_data
-from nbgpu.plan.allocation import Degrees
+from nbgpu.plan.allocation import RoleSpec
 from nbgpu.plan.job import BatchCheck
 from nbgpu.problems import Problem
 
@@ -89,8 +89,8 @@ class PlannedGpu:
 
 
 @dataclass(frozen=True)
-class RolePlan(Degrees):
-    """One role: which physical GPUs in which order, how many processes, which port.
+class RolePlan(RoleSpec):
+    """One role placed: which physical GPUs in which order, how many processes, which port.
 
     ``gpus`` is in logical order: ``gpus[k]`` is ``cuda:k`` inside the role's processes.
     ``cuda_visible_devices`` lists their NVML indices (nvidia-smi's numbers) in that order;
@@ -110,17 +110,8 @@ class RolePlan(Degrees):
         "env",
     )
 
-    name: str
-    kind: str  # "inference" | "train"
-    backend: str | None
-    data_parallel: int
-    tensor_parallel: int
-    pipeline_parallel: int
-    gpus: tuple[PlannedGpu, ...]  # empty when the role could not be placed
-    master_port: int | None
-    context_parallel: int = 1
-    expert_parallel: int = 1  # within the same GPUs: not in nproc_per_node
-    colocated_with: str | None = None
+    gpus: tuple[PlannedGpu, ...] = ()  # empty when the role could not be placed
+    master_port: int | None = None
 
     @property
     def nproc_per_node(self) -> int:
