@@ -22,7 +22,6 @@ from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, normalize_precision
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.plan.allocation import Allocation, parse_allocation
-from nbgpu.problems import Problem
 
 __all__ = [
     "DEFAULT_BASE_PORT",
@@ -32,7 +31,6 @@ __all__ = [
     "Job",
     "JobRequest",
     "Split",
-    "batch_problem",
     "check_batch",
     "check_job_batch",
     "make_job",
@@ -274,11 +272,7 @@ class BatchCheck:
         if not self.ok:
             return f"{self.reason}; {self.advice}"
         split = f"{self.data_parallel} ranks × micro {self.micro_batch} × accum {self.grad_accum}"
-        others = [
-            f"{s.micro_batch}×{s.grad_accum}"
-            for s in self.splits
-            if s.micro_batch != self.micro_batch
-        ]
+        others = [f"{s.micro_batch}×{s.grad_accum}" for s in self.splits[1:]]  # [0]: the one used
         more = f" (also {', '.join(others)})" if others else ""
         return f"global batch {self.global_batch} = {split}{more}"
 
@@ -296,10 +290,10 @@ def _named(divisors: Sequence[tuple[str, int]]) -> str:
 def splits_for(
     global_batch: int,
     data_parallel: int,
-    *,
     micro_batch: int | None = None,
     grad_accum: int | None = None,
     max_micro_batch: int | None = None,
+    *,
     step_divisors: Sequence[tuple[str, int]] = (),
 ) -> tuple[Split, ...]:
     """Every (micro, accum) that reaches *global_batch* under the constraints, micro first."""
@@ -319,7 +313,7 @@ def splits_for(
 
 
 def _invalid_reason(check: BatchCheck, splits: Callable[..., tuple[Split, ...]]) -> str | None:
-    """Why *check*'s global batch does not work (``splits(g, steps)``: its splits), or None."""
+    """Why *check*'s global batch does not work (``splits(g)``: its splits), or None."""
     g, dp = check.global_batch or 0, check.data_parallel
     micro, accum = check.micro_batch, check.grad_accum
     if g % dp:
@@ -350,7 +344,7 @@ def _invalid_reason(check: BatchCheck, splits: Callable[..., tuple[Split, ...]])
         bad = [(n, k) for n, k in check.step_divisors if (dp * micro) % k]
         if bad:
             return f"{dp} ranks × micro {micro} = {dp * micro} is not divisible by {_named(bad)}"
-    if not splits(g, check.step_divisors):
+    if not splits(g):
         return (
             f"global batch {g}: no micro batch makes {dp} ranks × micro divisible by "
             f"{_named(check.step_divisors)}"
@@ -392,12 +386,7 @@ def check_batch(
 
     def splits(candidate: int, steps: Sequence[tuple[str, int]] = step_divisors) -> Any:
         return splits_for(
-            candidate,
-            data_parallel,
-            micro_batch=micro_batch,
-            grad_accum=grad_accum,
-            max_micro_batch=max_micro_batch,
-            step_divisors=steps,
+            candidate, data_parallel, micro_batch, grad_accum, max_micro_batch, step_divisors=steps
         )
 
     if global_batch is None:
@@ -441,12 +430,6 @@ def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
     return check_batch(
         data_parallel, step_divisors=job.step_divisors, **{k: getattr(job, k) for k in keywords}
     )
-
-
-def batch_problem(check: BatchCheck, subject: str) -> Problem:
-    """A batch that does not work, as a problem whose fixes are the nearest valid batches."""
-    fixes = tuple(f"global_batch={o.text}" for o in check.nearest)
-    return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)
 
 
 def nearest_batch(job: Job, data_parallel: int | None) -> tuple[Job, str]:

@@ -23,7 +23,6 @@ from nbgpu.errors import UserInputError
 from nbgpu.plan.job import (
     BatchCheck,
     Job,
-    batch_problem,
     check_job_batch,
     nearest_batch,
     whole_number,
@@ -36,7 +35,7 @@ from nbgpu.plan.memcheck import (
     smallest_free,
 )
 from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
-from nbgpu.plan.planner import caveats
+from nbgpu.plan.planner import batch_problem, caveats
 from nbgpu.plan.result import (
     MEMORY_NOT_CHECKED,
     PLAN_FILE_FORMAT,

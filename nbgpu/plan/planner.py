@@ -17,7 +17,7 @@ from dataclasses import replace
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
-from nbgpu.plan.job import BatchCheck, Job, batch_problem, check_job_batch, nearest_batch
+from nbgpu.plan.job import BatchCheck, Job, check_job_batch, nearest_batch
 from nbgpu.plan.memcheck import auto_max_micro, colocation_problems, memory_check, memory_problems
 from nbgpu.plan.placement import (
     Candidate,
@@ -32,7 +32,7 @@ from nbgpu.plan.placement import (
 from nbgpu.plan.result import Alternative, ExcludedGpu, MemoryCheck, Plan, RolePlan
 from nbgpu.problems import Problem
 
-__all__ = ["NO_GPU", "build_plan", "caveats", "check_known", "gpu_span"]
+__all__ = ["NO_GPU", "batch_problem", "build_plan", "caveats", "check_known", "gpu_span"]
 
 #: The answer for an inventory without GPUs (*example*: a fleet spec to plan for instead).
 NO_GPU = (
@@ -71,6 +71,12 @@ def caveats(subject: str, given: Iterable[Candidate]) -> list[Problem]:
         if c.grade > 0
         for p in c.problems
     ]
+
+
+def batch_problem(check: BatchCheck, subject: str) -> Problem:
+    """A batch that does not work, as a problem whose fixes are the nearest valid batches."""
+    fixes = tuple(f"global_batch={o.text}" for o in check.nearest)
+    return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)
 
 
 def _trainer_batch(allocation: Allocation, job: Job, warnings: list[Problem]) -> BatchCheck | None:
