@@ -154,10 +154,7 @@ def plan(
     smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test (tests pass a function).
     """
     job_ = _job("nbgpu.plan()", {"allocation": allocation, **job})
-    candidates, fleet, simulated = _gpus(inventory, environ)
-    return build_plan(
-        candidates, job_, fleet=fleet, simulated=simulated, is_free=port_is_free or _port_is_free
-    )
+    return build_plan(*_gpus(inventory, environ), job_, is_free=port_is_free or _port_is_free)
 
 
 @_takes_job_keywords(but=_NOT_SWEEP)
@@ -187,15 +184,13 @@ def sweep(
                 "gpus_per_run= per run, from gpus= (default: every usable GPU)"
             )
     job_ = _job("nbgpu.sweep()", job, but=_NOT_SWEEP)
-    candidates, fleet, simulated = _gpus(inventory, environ)
+    pool = parse_gpu_list(gpus, "gpus")
     return build_sweep(
-        candidates,
+        *_gpus(inventory, environ),
         job_,
         runs=runs,
         gpus_per_run=gpus_per_run,
-        pool=parse_gpu_list(gpus, "gpus"),
-        fleet=fleet,
-        simulated=simulated,
+        pool=pool,
         is_free=port_is_free or _port_is_free,
         share=share,
     )
@@ -219,15 +214,7 @@ def nodes(
     of ``nodes × nproc_per_node`` ranks. ``%%torchrun --plan p`` launches the result.
     """
     job_ = _job("nbgpu.plan.nodes()", job, but=_NOT_NODES)
-    node_candidates, source, simulated = _cluster(cluster)
-    return build_nodes_plan(
-        node_candidates,
-        job_,
-        nodes=nodes,
-        nproc_per_node=nproc_per_node,
-        source=source,
-        simulated=simulated,
-    )
+    return build_nodes_plan(*_cluster(cluster), job_, nodes=nodes, nproc_per_node=nproc_per_node)
 
 
 def scale(

@@ -295,15 +295,16 @@ def _memory(
 
 def build_nodes_plan(
     node_candidates: Mapping[str, Sequence[Candidate]],
+    source: str,
+    simulated: bool,
     job: Job,
     *,
     nodes: int | None,
     nproc_per_node: int | None,
-    source: str,
-    simulated: bool,
     alternatives: bool = True,
 ) -> NodesPlan:
-    """Place one training job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs."""
+    """Place one training job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs (read
+    from *source*)."""
     if not node_candidates:
         raise UserInputError("the cluster has no node to plan on")
     asked_nodes = whole_number("nodes", nodes)
@@ -384,21 +385,19 @@ def build_nodes_plan(
         asked_per_node,
     )
     if alternatives and problems:
-        alts = _alternatives(
-            node_candidates, job, plan, capacities=capacities, source=source, simulated=simulated
-        )
+        alts = _alternatives(node_candidates, source, simulated, job, plan, capacities=capacities)
         plan = replace(plan, alternatives=alts)
     return plan
 
 
 def _alternatives(
     node_candidates: Mapping[str, Sequence[Candidate]],
+    source: str,
+    simulated: bool,
     job: Job,
     plan: NodesPlan,
     *,
     capacities: Sequence[int],
-    source: str,
-    simulated: bool,
 ) -> tuple[NodesAlternative, ...]:
     """Shapes that fit the usable GPUs: fewer nodes, or fewer ranks on each."""
     wanted_nodes, per_node = plan.job_nodes, plan.nproc_per_node
@@ -414,11 +413,11 @@ def _alternatives(
         alt_job, note = nearest_batch(job, count * ranks)
         alt = build_nodes_plan(
             node_candidates,
+            source,
+            simulated,
             alt_job,
             nodes=count,
             nproc_per_node=ranks,
-            source=source,
-            simulated=simulated,
             alternatives=False,
         )
         title = f"{count} node(s) × {ranks} GPUs ({', '.join(n.node for n in alt.nodes)}){note}"

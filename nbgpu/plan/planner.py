@@ -138,15 +138,15 @@ def _role_checks(
 
 def build_plan(
     candidates: Sequence[Candidate],
-    job: Job,
-    *,
     fleet: str,
     simulated: bool,
+    job: Job,
+    *,
     is_free: PortChecker,
     taken_ports: Iterable[int] = (),
     alternatives: bool = True,
 ) -> Plan:
-    """Place *job* on *candidates*; bad input (a GPU that does not exist) raises."""
+    """Place *job* on *candidates* (of *fleet*); bad input (a GPU that does not exist) raises."""
     if not candidates:
         raise UserInputError(NO_GPU.format(example="4xA40"))
     taken_ports = tuple(taken_ports)
@@ -224,9 +224,9 @@ def build_plan(
             required_bad=required_bad,
             sub_plan=lambda changed: build_plan(
                 candidates,
+                fleet,
+                simulated,
                 changed,
-                fleet=fleet,
-                simulated=simulated,
                 is_free=is_free,
                 taken_ports=taken_ports,
                 alternatives=False,

@@ -159,13 +159,13 @@ def _mark_in_use(
 
 def build_sweep(
     candidates: Sequence[Candidate],
+    fleet: str,
+    simulated: bool,
     job: Job,
     *,
     runs: int | None,
     gpus_per_run: int | None,
     pool: Sequence[int] = (),
-    fleet: str,
-    simulated: bool,
     is_free: PortChecker,
     share: bool = False,
 ) -> SweepPlan:
@@ -228,13 +228,7 @@ def build_sweep(
             job, allocation=allocation, num_gpus=None, require=(), exclude=(), name=f"run{n}"
         )
         plan = build_plan(
-            group,
-            run_job,
-            fleet=fleet,
-            simulated=simulated,
-            is_free=is_free,
-            taken_ports=taken,
-            alternatives=False,
+            group, fleet, simulated, run_job, is_free=is_free, taken_ports=taken, alternatives=False
         )
         taken.extend(r.master_port for r in plan.roles if r.master_port is not None)
         plans.append(plan)
