@@ -193,10 +193,9 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         "optimizer": args.optimizer,
         "base_port": args.base_port,
         "inventory": args.fleet,
+        "seq_len": args.seq_len,
+        "activation_checkpointing": args.checkpointing,
     }
-    if args.seq_len is not None or args.checkpointing:
-        common["seq_len"] = args.seq_len
-        common["activation_checkpointing"] = args.checkpointing
     if args.scale is not None:
         from nbgpu.sizes import parse_size  # noqa: PLC0415
 

@@ -39,19 +39,17 @@ __all__ = [
 def _estimate(role: RolePlan, job: Job, micro_batch: int, budget: int | None = None) -> Any:
     assert job.model is not None  # noqa: S101  (callers check)
     train = role.kind == "train"
+    same = ("precision", "optimizer", "seq_len", "activation_checkpointing")
     return estimate_memory(
         job.model,
         role="train" if train else "inference",
-        precision=job.precision,
-        optimizer=job.optimizer,
         strategy=job.strategy if train else "ddp",
         world_size=role.data_parallel * role.tensor_parallel * role.pipeline_parallel,
         micro_batch=micro_batch,
-        seq_len=job.seq_len,
         tensor_parallel=role.tensor_parallel,
         pipeline_parallel=role.pipeline_parallel,
-        activation_checkpointing=job.activation_checkpointing,
         budget=budget,
+        **{k: getattr(job, k) for k in same},
     )
 
 
