@@ -37,7 +37,7 @@ def _max_micro(value: str | None) -> int | str | None:
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    n: dict[str, Any] = {"type": int}  # a whole number, unset (None) by default
+    n: dict[str, Any] = {"type": int, "metavar": "N"}  # a whole number, unset (None) by default
     a(
         "allocation",
         nargs="?",
@@ -56,22 +56,21 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--nodes",
         **n,
-        metavar="N",
         help="nodes for the job (with --slurm or a cluster --fleet; default: all that fit)",
     )
     a(
         "--nproc-per-node",
-        **n,
+        type=int,
         metavar="P",
         help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)",
     )
     a("--partition", metavar="P", help="with --slurm")
-    a("--gpus", **n, metavar="N", help="GPUs for the job")
+    a("--gpus", **n, help="GPUs for the job")
     a("--require", metavar="0,1", help="GPUs that must be used")
     a("--exclude", metavar="0", help="GPUs never to use")
-    a("--batch", **n, metavar="N", help="global batch size")
-    a("--micro", **n, metavar="N", help="micro batch per GPU")
-    a("--accum", **n, metavar="N", help="gradient accumulation")
+    a("--batch", **n, help="global batch size")
+    a("--micro", **n, help="micro batch per GPU")
+    a("--accum", **n, help="gradient accumulation")
     a(
         "--max-micro",
         metavar="N|auto",
@@ -99,7 +98,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--seq-len",
         **n,
-        metavar="N",
         help="tokens per sample: adds activations, logits and KV cache to the memory check",
     )
     a(
@@ -117,8 +115,13 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="P",
         help="first port to try for the rendezvous",
     )
-    a("--sweep", **n, metavar="RUNS", help="split the box into RUNS disjoint runs (distinct ports)")
-    a("--per-run", **n, metavar="K", help="GPUs per sweep run")
+    a(
+        "--sweep",
+        type=int,
+        metavar="RUNS",
+        help="split the box into RUNS disjoint runs (distinct ports)",
+    )
+    a("--per-run", type=int, metavar="K", help="GPUs per sweep run")
     a(
         "--share",
         action="store_true",
@@ -129,7 +132,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="CONFIG",
         help="rescale a YAML/JSON config or a launch script of Hydra overrides to --to GPUs",
     )
-    a("--to", **n, metavar="N", help="with --scale: GPUs after")
+    a("--to", **n, help="with --scale: GPUs after")
     a(
         "--output",
         "-o",
@@ -140,7 +143,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "--from",
         dest="from_gpus",
         **n,
-        metavar="N",
         help="with --scale: GPUs before (default: read from the config)",
     )
     a(
@@ -156,24 +158,17 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=RULE",
         help="with --scale: how to treat a key (scale, keep, per_gpu...)",
     )
-    a(
-        "--max-model-len",
-        **n,
-        metavar="N",
-        help="with --scale: sequence length for the KV-cache check",
-    )
+    a("--max-model-len", **n, help="with --scale: sequence length for the KV-cache check")
     a(
         "--gpu-memory",
         metavar="SIZE",
         help="with --scale: memory per GPU, e.g. 48G (default: from the fleet)",
     )
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print JSON (plan files for --plan)")
-    out.add_argument("--diff", action="store_true", help="with --scale: a unified diff")
-    out.add_argument("--yaml", action="store_true", help="with --scale: the new YAML")
-    out.add_argument(
-        "--overrides", action="store_true", help="with --scale: Hydra key=value overrides"
-    )
+    out = p.add_mutually_exclusive_group().add_argument
+    out("--json", action="store_true", help="print JSON (plan files for --plan)")
+    out("--diff", action="store_true", help="with --scale: a unified diff")
+    out("--yaml", action="store_true", help="with --scale: the new YAML")
+    out("--overrides", action="store_true", help="with --scale: Hydra key=value overrides")
 
 
 def plan_from_args(args: argparse.Namespace) -> Any:

@@ -330,11 +330,9 @@ def build_nodes_plan(
     chosen, left_out, warnings = [], [], []
     for n in every:
         if n.name not in picked:
-            why = (
-                n.shortfall(per_node)
-                if n.capacity < per_node
-                else (f"not needed: {nodes} node(s) asked for")
-            )
+            why = f"not needed: {nodes} node(s) asked for"
+            if n.capacity < per_node:
+                why = n.shortfall(per_node)
             left_out.append(NodeLeftOut(n.name, why))
             continue
         given = (assign(list(n.pool), [per_node]) or [list(n.pool[:per_node])])[0]
@@ -343,11 +341,11 @@ def build_nodes_plan(
     problems: list[Problem] = []
     if len(chosen) < nodes or nproc_per_node < 1:
         short = [f"{n.node}: {n.reason}" for n in left_out if not n.reason.startswith("not ")]
-        held = [(n, c) for n in every for c in n.candidates if not c.usable and c.recoverable]
         fixes = [
             f"on {n.name}: {c.problems[0].fixes[0]}"
-            for n, c in held
-            if c.problems and c.problems[0].fixes
+            for n in every
+            for c in n.candidates
+            if not c.usable and c.recoverable and c.problems and c.problems[0].fixes
         ]
         shape = f"{nodes} node(s) × {per_node} GPUs"
         message = (

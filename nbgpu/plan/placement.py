@@ -53,6 +53,8 @@ __all__ = [
     "shared_groups",
 ]
 
+# A candidate's fields read from the inventory's GPU as they are.
+_FROM_GPU = ("nvml_index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
 # A warn-level finding that still makes context creation fail: exclusive mode, live holder.
 _BLOCKING_WARNINGS = frozenset({"exclusive_busy"})
 # Holders that keep memory but run nothing: not another job at work on the GPU.
@@ -130,11 +132,7 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
                 problems = (Problem("warn", "shared", where, message),)
         out.append(
             Candidate(
-                nvml_index=gpu.nvml_index,
-                uuid=gpu.uuid,
-                name=gpu.name,
-                memory_total_bytes=gpu.memory_total_bytes,
-                memory_free_bytes=gpu.memory_free_bytes,
+                **{k: getattr(gpu, k) for k in _FROM_GPU},
                 usable=usable,
                 grade=(1 if problems else 0) if usable else 2,
                 health=health,

@@ -189,9 +189,8 @@ def build_plan(
         ports = pick_ports(roles_count, base_port=job.base_port, taken=taken_ports, is_free=is_free)
         if len(ports) < roles_count:
             message = f"found {len(ports)} free ports from {job.base_port} for {roles_count} roles"
-            problems.append(
-                Problem("bad", "no_free_port", "ports", message, ("pass another base_port=",))
-            )
+            fix = "pass another base_port="
+            problems.append(Problem("bad", "no_free_port", "ports", message, (fix,)))
     roles = []
     for n, spec in enumerate(allocation.roles):
         gpus = planned_gpus(groups[n] if groups is not None else [])
