@@ -207,8 +207,7 @@ def assign(
     for count in counts:
         chosen = remaining[:count] if keep_order else _pick(remaining, count)
         out.append(chosen)
-        taken = {c.nvml_index for c in chosen}
-        remaining = [c for c in remaining if c.nvml_index not in taken]
+        remaining = [c for c in remaining if c not in chosen]
     return out
 
 
@@ -219,14 +218,11 @@ def shared_groups(allocation: Allocation, groups: list[list[T]] | None) -> list[
     """One GPU list per role: a colocated role gets the list of the role it shares with."""
     if groups is None:
         return None
-    by_name: dict[str, list[T]] = {}
-    out: list[list[T]] = []
+    by_name: dict[str, list[T]] = {}  # role names are unique: one list per role, in order
     own = iter(groups)
     for role in allocation.roles:
-        members = by_name[role.colocated_with] if role.colocated_with else next(own)
-        by_name[role.name] = members
-        out.append(list(members))
-    return out
+        by_name[role.name] = by_name[role.colocated_with] if role.colocated_with else next(own)
+    return [list(members) for members in by_name.values()]
 
 
 # ------------------------------------------------------------------------ ports
