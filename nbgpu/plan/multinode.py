@@ -383,7 +383,7 @@ def build_nodes_plan(
         asked_per_node,
     )
     if alternatives and problems:
-        alts = _alternatives(node_candidates, source, simulated, job, plan, capacities=capacities)
+        alts = _alternatives(node_candidates, source, simulated, job, plan)
         plan = replace(plan, alternatives=alts)
     return plan
 
@@ -394,10 +394,9 @@ def _alternatives(
     simulated: bool,
     job: Job,
     plan: NodesPlan,
-    *,
-    capacities: Sequence[int],
 ) -> tuple[NodesAlternative, ...]:
     """Shapes that fit the usable GPUs: fewer nodes, or fewer ranks on each."""
+    capacities = [len(order_pool(c)) for c in node_candidates.values()]
     wanted_nodes, per_node = plan.job_nodes, plan.nproc_per_node
     shapes = []
     full = sum(1 for c in capacities if c >= per_node)
