@@ -1,9 +1,5 @@
 """Which GPUs a plan may use, which ones each role gets, and which ports.
 
-from nbgpu.devices.model import gpu_health
-from nbgpu.plan.allocation import Allocation
-from nbgpu.plan.job import DEFAULT_BASE_PORT, MAX_PORT
-
 **Assignment** (:func:`assign`), in order of importance: only usable candidates are ever
 given out; GPUs the user requires come first, in the order given (a hand workaround such
 as ``3,2,1,0``); otherwise clean GPUs before ones with caveats, then by NVML index (the
