@@ -151,7 +151,8 @@ def plan(
     or a torch module) with ``precision``/``strategy``/``optimizer`` adds a per-GPU
     memory check of every term (:func:`nbgpu.estimate`); ``seq_len`` adds activations, logits
     and the KV cache, and ``max_micro_batch="auto"`` computes the largest micro batch the
-    smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test (tests pass a function).
+    smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test
+    (tests pass a function).
     """
     job_ = _job("nbgpu.plan()", {"allocation": allocation, **job})
     return build_plan(*_gpus(inventory, environ), job_, is_free=port_is_free or _port_is_free)
