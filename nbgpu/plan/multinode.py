@@ -206,16 +206,11 @@ class NodesPlan(Result):
     # -- data --------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "node": n.node,
-                **to_data(g),
-                "cuda_visible_devices": n.cuda_visible_devices,
-                "ok": self.ok,
-            }
-            for n in self.nodes
-            for g in n.gpus
-        ]
+        rows = []
+        for n in self.nodes:
+            after = {"cuda_visible_devices": n.cuda_visible_devices, "ok": self.ok}
+            rows += [{"node": n.node, **to_data(g), **after} for g in n.gpus]
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         return {"nbgpu_nodes_plan": PLAN_FILE_FORMAT, **to_data(self)}
