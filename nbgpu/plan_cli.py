@@ -37,48 +37,138 @@ def _max_micro(value: str | None) -> int | str | None:
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    n: dict[str, Any] = {"type": int, "default": None}  # a whole number, unset by default
-    # fmt: off
-    a("allocation", nargs="?", default=None, help="roles: 'sglang.d1t1p1+d3t1p1', 'd4t1p1' or 'inference:1,train:3'")
-    a("--fleet", default=None, metavar="SPEC|FILE", help="plan for this fleet (spec, scenario or status JSON) instead of here")
-    a("--slurm", action="store_true", help="plan across the SLURM allocation's nodes (each node's GPUs, seen there)")
-    a("--nodes", **n, metavar="N", help="nodes for the job (with --slurm or a cluster --fleet; default: all that fit)")
-    a("--nproc-per-node", **n, metavar="P", help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)")
-    a("--partition", default=None, metavar="P", help="with --slurm")
-    a("--gpus", **n, metavar="N", help="GPUs for the job")
-    a("--require", default=None, metavar="0,1", help="GPUs that must be used")
-    a("--exclude", default=None, metavar="0", help="GPUs never to use")
-    a("--batch", **n, metavar="N", help="global batch size")
-    a("--micro", **n, metavar="N", help="micro batch per GPU")
-    a("--accum", **n, metavar="N", help="gradient accumulation")
-    a("--max-micro", default=None, metavar="N|auto", help="largest micro batch per GPU; auto: computed from --model and --seq-len")
-    a("--divisor", action="append", default=[], metavar="NAME=K", help="the global batch must divide by K (e.g. group=8); repeatable")
-    a("--step-divisor", action="append", default=[], metavar="NAME=K", help="ranks x micro batch must divide by K (TRL num_generations)")
-    a("--model", default=None, metavar="7B|NAME|config.json", help="parameter count, model name (Qwen/Qwen2.5-7B-Instruct) or HF config: memory check")
-    a("--seq-len", **n, metavar="N", help="tokens per sample: adds activations, logits and KV cache to the memory check")
-    a("--checkpointing", action="store_true", help="count activations with full activation checkpointing")
-    a("--precision", default=None, help="bf16 (default), fp16 or fp32")
+    n: dict[str, Any] = {"type": int, "metavar": "N"}  # a whole number, unset (None) by default
+    a(
+        "allocation",
+        nargs="?",
+        help="roles: 'sglang.d1t1p1+d3t1p1', 'd4t1p1' or 'inference:1,train:3'",
+    )
+    a(
+        "--fleet",
+        metavar="SPEC|FILE",
+        help="plan for this fleet (spec, scenario or status JSON) instead of here",
+    )
+    a(
+        "--slurm",
+        action="store_true",
+        help="plan across the SLURM allocation's nodes (each node's GPUs, seen there)",
+    )
+    a(
+        "--nodes",
+        **n,
+        help="nodes for the job (with --slurm or a cluster --fleet; default: all that fit)",
+    )
+    a(
+        "--nproc-per-node",
+        type=int,
+        metavar="P",
+        help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)",
+    )
+    a("--partition", metavar="P", help="with --slurm")
+    a("--gpus", **n, help="GPUs for the job")
+    a("--require", metavar="0,1", help="GPUs that must be used")
+    a("--exclude", metavar="0", help="GPUs never to use")
+    a("--batch", **n, help="global batch size")
+    a("--micro", **n, help="micro batch per GPU")
+    a("--accum", **n, help="gradient accumulation")
+    a(
+        "--max-micro",
+        metavar="N|auto",
+        help="largest micro batch per GPU; auto: computed from --model and --seq-len",
+    )
+    a(
+        "--divisor",
+        action="append",
+        default=[],
+        metavar="NAME=K",
+        help="the global batch must divide by K (e.g. group=8); repeatable",
+    )
+    a(
+        "--step-divisor",
+        action="append",
+        default=[],
+        metavar="NAME=K",
+        help="ranks x micro batch must divide by K (TRL num_generations)",
+    )
+    a(
+        "--model",
+        metavar="7B|NAME|config.json",
+        help="parameter count, model name (Qwen/Qwen2.5-7B-Instruct) or HF config: memory check",
+    )
+    a(
+        "--seq-len",
+        **n,
+        help="tokens per sample: adds activations, logits and KV cache to the memory check",
+    )
+    a(
+        "--checkpointing",
+        action="store_true",
+        help="count activations with full activation checkpointing",
+    )
+    a("--precision", help="bf16 (default), fp16 or fp32")
     a("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
     a("--optimizer", default="adamw", help="adamw, adam or sgd")
-    a("--base-port", type=int, default=29500, metavar="P", help="first port to try for the rendezvous")
-    a("--sweep", **n, metavar="RUNS", help="split the box into RUNS disjoint runs (distinct ports)")
-    a("--per-run", **n, metavar="K", help="GPUs per sweep run")
-    a("--share", action="store_true", help="with --sweep: runs may use GPUs that other jobs are using")
-    a("--scale", default=None, metavar="CONFIG", help="rescale a YAML/JSON config or a launch script of Hydra overrides to --to GPUs")
-    a("--to", **n, metavar="N", help="with --scale: GPUs after")
-    a("--output", "-o", default=None, metavar="FILE", help="with --scale: write the rescaled config (same form and layout) to FILE")
-    a("--from", dest="from_gpus", **n, metavar="N", help="with --scale: GPUs before (default: read from the config)")
-    a("--keep-batch", action="store_true", help="with --scale: keep global batch sizes (default: scale them)")
+    a(
+        "--base-port",
+        type=int,
+        default=29500,
+        metavar="P",
+        help="first port to try for the rendezvous",
+    )
+    a(
+        "--sweep",
+        type=int,
+        metavar="RUNS",
+        help="split the box into RUNS disjoint runs (distinct ports)",
+    )
+    a("--per-run", type=int, metavar="K", help="GPUs per sweep run")
+    a(
+        "--share",
+        action="store_true",
+        help="with --sweep: runs may use GPUs that other jobs are using",
+    )
+    a(
+        "--scale",
+        metavar="CONFIG",
+        help="rescale a YAML/JSON config or a launch script of Hydra overrides to --to GPUs",
+    )
+    a("--to", **n, help="with --scale: GPUs after")
+    a(
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="with --scale: write the rescaled config (same form and layout) to FILE",
+    )
+    a(
+        "--from",
+        dest="from_gpus",
+        **n,
+        help="with --scale: GPUs before (default: read from the config)",
+    )
+    a(
+        "--keep-batch",
+        action="store_true",
+        help="with --scale: keep global batch sizes (default: scale them)",
+    )
     a("--tp", default="keep", metavar="keep|scale|N", help="with --scale: tensor-parallel size")
-    a("--rule", action="append", default=[], metavar="KEY=RULE", help="with --scale: how to treat a key (scale, keep, per_gpu...)")
-    a("--max-model-len", **n, metavar="N", help="with --scale: sequence length for the KV-cache check")
-    a("--gpu-memory", default=None, metavar="SIZE", help="with --scale: memory per GPU, e.g. 48G (default: from the fleet)")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print JSON (plan files for --plan)")
-    out.add_argument("--diff", action="store_true", help="with --scale: a unified diff")
-    out.add_argument("--yaml", action="store_true", help="with --scale: the new YAML")
-    out.add_argument("--overrides", action="store_true", help="with --scale: Hydra key=value overrides")
-    # fmt: on
+    a(
+        "--rule",
+        action="append",
+        default=[],
+        metavar="KEY=RULE",
+        help="with --scale: how to treat a key (scale, keep, per_gpu...)",
+    )
+    a("--max-model-len", **n, help="with --scale: sequence length for the KV-cache check")
+    a(
+        "--gpu-memory",
+        metavar="SIZE",
+        help="with --scale: memory per GPU, e.g. 48G (default: from the fleet)",
+    )
+    out = p.add_mutually_exclusive_group().add_argument
+    out("--json", action="store_true", help="print JSON (plan files for --plan)")
+    out("--diff", action="store_true", help="with --scale: a unified diff")
+    out("--yaml", action="store_true", help="with --scale: the new YAML")
+    out("--overrides", action="store_true", help="with --scale: Hydra key=value overrides")
 
 
 def plan_from_args(args: argparse.Namespace) -> Any:
@@ -98,22 +188,26 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         "optimizer": args.optimizer,
         "base_port": args.base_port,
         "inventory": args.fleet,
+        "seq_len": args.seq_len,
+        "activation_checkpointing": args.checkpointing,
     }
-    if args.seq_len is not None or args.checkpointing:
-        common["seq_len"] = args.seq_len
-        common["activation_checkpointing"] = args.checkpointing
     if args.scale is not None:
         from nbgpu.sizes import parse_size  # noqa: PLC0415
 
         memory = args.gpu_memory
         result = planning.scale(
-            args.scale, to_gpus=args.to, from_gpus=args.from_gpus,
+            args.scale,
+            to_gpus=args.to,
+            from_gpus=args.from_gpus,
             batch="keep" if args.keep_batch else "scale",
             tensor_parallel=int(args.tp) if args.tp.isdigit() else args.tp,
-            rules=_pairs(args.rule, "--rule") or None, model=args.model,
-            max_model_len=args.max_model_len, precision=args.precision, inventory=args.fleet,
+            rules=_pairs(args.rule, "--rule") or None,
+            model=args.model,
+            max_model_len=args.max_model_len,
+            precision=args.precision,
+            inventory=args.fleet,
             gpu_memory_bytes=None if memory is None else parse_size(memory, "--gpu-memory "),
-        )  # fmt: skip
+        )
         return result if args.output is None else result.save(args.output)
     if args.diff or args.yaml or args.overrides or args.output:
         raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
@@ -129,8 +223,14 @@ def plan_from_args(args: argparse.Namespace) -> Any:
     if args.share and args.sweep is None:
         raise UserInputError("--share goes with --sweep RUNS (runs on GPUs other jobs use)")
     if args.sweep is not None:
-        return planning.sweep(args.sweep, args.per_run, allocation=args.allocation,
-                              exclude=args.exclude, share=args.share, **common)  # fmt: skip
+        return planning.sweep(
+            args.sweep,
+            args.per_run,
+            allocation=args.allocation,
+            exclude=args.exclude,
+            share=args.share,
+            **common,
+        )
     return planning.plan(
         args.allocation, num_gpus=args.gpus, require=args.require, exclude=args.exclude, **common
     )
@@ -153,9 +253,12 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     from nbgpu import plan as planning  # noqa: PLC0415
 
     for flag, value in (
-        ("an allocation", args.allocation), ("--gpus", args.gpus), ("--require", args.require),
-        ("--exclude", args.exclude), ("--sweep", args.sweep),
-    ):  # fmt: skip
+        ("an allocation", args.allocation),
+        ("--gpus", args.gpus),
+        ("--require", args.require),
+        ("--exclude", args.exclude),
+        ("--sweep", args.sweep),
+    ):
         if value is not None:
             raise UserInputError(
                 f"{flag} plans one box; across nodes give --nodes N --nproc-per-node P"

@@ -55,6 +55,8 @@ _MOE = re.compile(r"^([A-Za-z_][\w-]*)?(?:\[([A-Za-z_]\w*)\])?:\(?attn:(\w+)\|ff
 _DEGREE = re.compile(r"([dtmpceDTMPCE])(\d+)")
 _DEGREE_NAMES = {"d": "data-parallel", "t": "tensor-parallel", "p": "pipeline-parallel",
                  "c": "context-parallel", "e": "expert-parallel"}  # fmt: skip
+# A role's field for each dimension letter: "d" → data_parallel.
+_FIELDS = {k: name.replace("-", "_") for k, name in _DEGREE_NAMES.items()}
 
 
 class Degrees:
@@ -331,12 +333,8 @@ def parse_allocation(text: str) -> Allocation:
             name=role_name,
             kind=_kind_of(backend) if backend else _kind_of(_name),
             backend=backend.lower() if backend else None,
-            data_parallel=degrees.get("d", 1),
-            tensor_parallel=degrees.get("t", 1),
-            pipeline_parallel=degrees.get("p", 1),
-            context_parallel=degrees.get("c", 1),
-            expert_parallel=degrees.get("e", 1),
             colocated_with=None if anchor is None else names[anchor],
+            **{field: degrees.get(k, 1) for k, field in _FIELDS.items()},
         )
         if anchor is not None and role.world_size != roles[anchor].world_size:
             first = roles[anchor]
@@ -360,6 +358,6 @@ def _same_world(first: RoleSpec, role: RoleSpec) -> str:
 
 
 def _short(role: RoleSpec) -> str:
-    values = (role.data_parallel, role.tensor_parallel, role.pipeline_parallel,
-              role.context_parallel, role.expert_parallel)  # fmt: skip
-    return _dims({k: v for k, v in zip("dtpce", values, strict=True) if v > 1})
+    return _dims(
+        {k: getattr(role, field) for k, field in _FIELDS.items() if getattr(role, field) > 1}
+    )

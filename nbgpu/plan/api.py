@@ -19,7 +19,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from nbgpu._serial import from_data
+from nbgpu._serial import from_data, to_data
 from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.estimate import lookup_model, model_shape
 from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list
@@ -88,13 +88,9 @@ def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
         own = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
-        names = {p.name for p in own}
-        extra = [
-            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                              annotation=f.type)
-            for f in fields(JobRequest)
-            if f.name not in names and f.name not in but
-        ]  # fmt: skip
+        skip = {p.name for p in own} | set(but)
+        job = inspect.signature(JobRequest).parameters.values()
+        extra = [p.replace(kind=p.KEYWORD_ONLY) for p in job if p.name not in skip]
         func.__signature__ = signature.replace(parameters=[*own, *extra])  # type: ignore[attr-defined]
         return func
 
@@ -111,8 +107,15 @@ def _model(model: Any) -> Any:
 
 
 def _job(where: str, keywords: Mapping[str, Any], but: tuple[str, ...] = ()) -> Job:
-    request = JobRequest.from_keywords(where, keywords, but=but)
-    return make_job(replace(request, model=_model(request.model)))
+    """The checked job of *keywords*; an unknown one is a one-line error naming the rest."""
+    known = [f.name for f in fields(JobRequest) if f.name not in but]
+    unknown = sorted(set(keywords) - set(known))
+    if unknown:
+        raise UserInputError(
+            f"{where}: {unknown[0]}= is not a keyword it takes; its job keywords are "
+            f"{', '.join(known)}"
+        )
+    return make_job(JobRequest(**{**keywords, "model": _model(keywords.get("model"))}))
 
 
 def _scale_model(model: Any) -> Any:
@@ -148,12 +151,11 @@ def plan(
     or a torch module) with ``precision``/``strategy``/``optimizer`` adds a per-GPU
     memory check of every term (:func:`nbgpu.estimate`); ``seq_len`` adds activations, logits
     and the KV cache, and ``max_micro_batch="auto"`` computes the largest micro batch the
-    smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test (tests pass a function).
+    smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test
+    (tests pass a function).
     """
     job_ = _job("nbgpu.plan()", {"allocation": allocation, **job})
-    candidates, fleet, simulated = _gpus(inventory, environ)
-    return build_plan(candidates, job_, fleet=fleet, simulated=simulated,
-                      is_free=port_is_free or _port_is_free)  # fmt: skip
+    return build_plan(*_gpus(inventory, environ), job_, is_free=port_is_free or _port_is_free)
 
 
 @_takes_job_keywords(but=_NOT_SWEEP)
@@ -184,10 +186,15 @@ def sweep(
             )
     job_ = _job("nbgpu.sweep()", job, but=_NOT_SWEEP)
     pool = parse_gpu_list(gpus, "gpus")
-    candidates, fleet, simulated = _gpus(inventory, environ)
-    return build_sweep(candidates, job_, runs=runs, gpus_per_run=gpus_per_run, pool=pool,
-                       fleet=fleet, simulated=simulated, is_free=port_is_free or _port_is_free,
-                       share=share)  # fmt: skip
+    return build_sweep(
+        *_gpus(inventory, environ),
+        job_,
+        runs=runs,
+        gpus_per_run=gpus_per_run,
+        pool=pool,
+        is_free=port_is_free or _port_is_free,
+        share=share,
+    )
 
 
 @_takes_job_keywords(but=_NOT_NODES)
@@ -208,9 +215,7 @@ def nodes(
     of ``nodes × nproc_per_node`` ranks. ``%%torchrun --plan p`` launches the result.
     """
     job_ = _job("nbgpu.plan.nodes()", job, but=_NOT_NODES)
-    node_candidates, source, simulated = _cluster(cluster)
-    return build_nodes_plan(node_candidates, job_, nodes=nodes, nproc_per_node=nproc_per_node,
-                            source=source, simulated=simulated)  # fmt: skip
+    return build_nodes_plan(*_cluster(cluster), job_, nodes=nodes, nproc_per_node=nproc_per_node)
 
 
 def scale(
@@ -267,22 +272,37 @@ def scale(
             problems.append(Problem("bad", "not_enough_gpus", "GPUs", message))
         if gpu_memory_bytes is None:  # the smallest GPU the config will run on
             chosen = pool[:to_gpus] or candidates
-            gpu_memory_bytes = min((c.memory_total_bytes for c in chosen if c.memory_total_bytes),
-                                   default=None)  # fmt: skip
+            gpu_memory_bytes = min(
+                (c.memory_total_bytes for c in chosen if c.memory_total_bytes), default=None
+            )
     if to_gpus is None:
         raise UserInputError("scale: pass to_gpus=N (or inventory= to use its usable GPUs)")
     result = scale_config(
-        config, to_gpus=to_gpus, from_gpus=from_gpus, batch=batch,
-        tensor_parallel=tensor_parallel, rules=rules, model=shape, max_model_len=max_model_len,
-        precision=precision, devices=devices, gpu_memory_bytes=gpu_memory_bytes, source=source,
+        config,
+        to_gpus=to_gpus,
+        from_gpus=from_gpus,
+        batch=batch,
+        tensor_parallel=tensor_parallel,
+        rules=rules,
+        model=shape,
+        max_model_len=max_model_len,
+        precision=precision,
+        devices=devices,
+        gpu_memory_bytes=gpu_memory_bytes,
+        source=source,
         extra_problems=problems,
-    )  # fmt: skip
+    )
     if text_source is None:
         return result
     new_text, notes = rescaled_text(text_source, result)
     notes_ = tuple(Problem("warn", "script", "script", note) for note in notes)
-    return replace(result, form=text_source.form, original_text=text_source.text,
-                   new_text=new_text, warnings=result.warnings + notes_)  # fmt: skip
+    return replace(
+        result,
+        form=text_source.form,
+        original_text=text_source.text,
+        new_text=new_text,
+        warnings=result.warnings + notes_,
+    )
 
 
 _CLUSTER_FORMS = (
@@ -294,7 +314,7 @@ _CLUSTER_FORMS = (
 
 def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
     """(node → its GPUs as candidates, where they came from, simulated?)."""
-    from nbgpu.devices.inventory import Inventory, saved_inventory, take_inventory  # noqa: PLC0415
+    from nbgpu.devices.inventory import Inventory  # noqa: PLC0415
     from nbgpu.devices.model import cluster_nodes, is_cluster  # noqa: PLC0415
 
     if hasattr(cluster, "to_dict") and hasattr(cluster, "nodes"):
@@ -324,15 +344,12 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
         for node, fleet in cluster.items():
             if not isinstance(node, str) or not node:
                 raise UserInputError(f"cluster: node name {node!r}: {_CLUSTER_FORMS}")
-            if isinstance(fleet, Inventory):
-                inventories[node] = fleet
-                continue
-            if not isinstance(fleet, str) or not fleet.strip():
+            if not isinstance(fleet, Inventory) and (
+                not isinstance(fleet, str) or not fleet.strip()
+            ):
                 raise UserInputError(f"cluster: node {node!r} = {fleet!r}: {_CLUSTER_FORMS}")
             try:  # a capture is read; anything else is simulated
-                inventories[node] = saved_inventory(fleet) or take_inventory(
-                    {"NBGPU_SIMULATE": fleet}, scan_device_files=False
-                )
+                inventories[node] = _snapshot(fleet, {})
             except FleetSpecError as exc:
                 raise UserInputError(f"node {node}: {exc}") from None
         simulated = all(not isinstance(f, Inventory) or f.simulated for f in cluster.values())
@@ -340,8 +357,10 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
     else:
         raise UserInputError(f"cluster={type(cluster).__name__}: {_CLUSTER_FORMS}")
     # A node without a GPU has none to give; the plan says so for that node.
-    candidates = {node: () if inventory.nvml_error else candidates_from_inventory(inventory)
-                  for node, inventory in inventories.items()}  # fmt: skip
+    candidates = {
+        node: () if inventory.nvml_error else candidates_from_inventory(inventory)
+        for node, inventory in inventories.items()
+    }
     return candidates, source, simulated
 
 
@@ -420,11 +439,11 @@ def _upgraded(data: Any, key: str = "") -> Any:
         out["health"] = out.pop("verdict")
     if "nvml_index" in out and "reasons" in out and "problems" not in out:
         where, fixes = f"GPU {out['nvml_index']}", out.pop("fixes", [])
-        out["problems"] = [
-            {"severity": "bad", "code": "unusable", "subject": where, "message": reason,
-             "fixes": fixes if n == 0 else []}
+        problems = (
+            Problem("bad", "unusable", where, reason, tuple(fixes) if n == 0 else ())
             for n, reason in enumerate(out.pop("reasons"))
-        ]  # fmt: skip
+        )
+        out["problems"] = [to_data(p) for p in problems]
     if key in _SEVERITY_OF and "message" in out and "severity" not in out:
         out = {"severity": _SEVERITY_OF[key], "subject": "plan", **out}
     return out

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, normalize_precision
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.plan.allocation import Allocation, parse_allocation
-from nbgpu.problems import Problem
 
 __all__ = [
     "DEFAULT_BASE_PORT",
@@ -32,7 +31,6 @@ __all__ = [
     "Job",
     "JobRequest",
     "Split",
-    "batch_problem",
     "check_batch",
     "check_job_batch",
     "make_job",
@@ -159,20 +157,6 @@ class JobRequest:
     seq_len: int | None = None
     activation_checkpointing: bool = False
 
-    @classmethod
-    def from_keywords(
-        cls, where: str, keywords: Mapping[str, Any], *, but: Sequence[str] = ()
-    ) -> JobRequest:
-        """The request for *keywords*; an unknown one is a one-line error naming the rest."""
-        known = [f.name for f in fields(cls) if f.name not in but]
-        unknown = sorted(set(keywords) - set(known))
-        if unknown:
-            raise UserInputError(
-                f"{where}: {unknown[0]}= is not a keyword it takes; its job keywords are "
-                f"{', '.join(known)}"
-            )
-        return cls(**keywords)
-
 
 def make_job(request: JobRequest) -> Job:
     """Validate everything the user gave; each mistake is one ``UserInputError`` line."""
@@ -217,18 +201,21 @@ def make_job(request: JobRequest) -> Job:
     max_micro = whole_number("max_micro_batch", None if auto else max_micro)
     if not 1 <= r.base_port <= MAX_PORT or isinstance(r.base_port, bool):
         raise UserInputError(f"base_port={r.base_port!r}: expected a TCP port 1..{MAX_PORT}")
-    return Job(
-        allocation=parsed, num_gpus=num_gpus, require=required, exclude=excluded,
-        global_batch=r.global_batch, micro_batch=r.micro_batch, grad_accum=r.grad_accum,
-        max_micro_batch=max_micro, divisors=_parse_divisors(r.divisors, "divisors"),
-        step_divisors=_parse_divisors(r.step_divisors, "step_divisors"),
-        model=None if r.model is None else model_shape(r.model),
-        precision=normalize_precision(r.precision),
-        strategy=_choice("strategy", r.strategy, tuple(STRATEGIES)),
-        optimizer=_choice("optimizer", r.optimizer, OPTIMIZERS), base_port=r.base_port,
-        name=r.name, seq_len=r.seq_len, activation_checkpointing=bool(r.activation_checkpointing),
-        max_micro_auto=auto,
-    )  # fmt: skip
+    checked = {
+        "allocation": parsed,
+        "require": required,
+        "exclude": excluded,
+        "max_micro_batch": max_micro,
+        "divisors": _parse_divisors(r.divisors, "divisors"),
+        "step_divisors": _parse_divisors(r.step_divisors, "step_divisors"),
+        "model": None if r.model is None else model_shape(r.model),
+        "precision": normalize_precision(r.precision),
+        "strategy": _choice("strategy", r.strategy, tuple(STRATEGIES)),
+        "optimizer": _choice("optimizer", r.optimizer, OPTIMIZERS),
+        "activation_checkpointing": bool(r.activation_checkpointing),
+    }
+    # The other keywords (batch sizes, port, name, seq_len) are kept as given, checked.
+    return Job(**{**vars(r), **checked}, max_micro_auto=auto)
 
 
 # ---------------------------------------------------------------------- batches
@@ -285,8 +272,7 @@ class BatchCheck:
         if not self.ok:
             return f"{self.reason}; {self.advice}"
         split = f"{self.data_parallel} ranks × micro {self.micro_batch} × accum {self.grad_accum}"
-        others = [f"{s.micro_batch}×{s.grad_accum}" for s in self.splits
-                  if s.micro_batch != self.micro_batch]  # fmt: skip
+        others = [f"{s.micro_batch}×{s.grad_accum}" for s in self.splits[1:]]  # [0]: the one used
         more = f" (also {', '.join(others)})" if others else ""
         return f"global batch {self.global_batch} = {split}{more}"
 
@@ -304,10 +290,10 @@ def _named(divisors: Sequence[tuple[str, int]]) -> str:
 def splits_for(
     global_batch: int,
     data_parallel: int,
-    *,
     micro_batch: int | None = None,
     grad_accum: int | None = None,
     max_micro_batch: int | None = None,
+    *,
     step_divisors: Sequence[tuple[str, int]] = (),
 ) -> tuple[Split, ...]:
     """Every (micro, accum) that reaches *global_batch* under the constraints, micro first."""
@@ -327,7 +313,7 @@ def splits_for(
 
 
 def _invalid_reason(check: BatchCheck, splits: Callable[..., tuple[Split, ...]]) -> str | None:
-    """Why *check*'s global batch does not work (``splits(g, steps)``: its splits), or None."""
+    """Why *check*'s global batch does not work (``splits(g)``: its splits), or None."""
     g, dp = check.global_batch or 0, check.data_parallel
     micro, accum = check.micro_batch, check.grad_accum
     if g % dp:
@@ -358,7 +344,7 @@ def _invalid_reason(check: BatchCheck, splits: Callable[..., tuple[Split, ...]])
         bad = [(n, k) for n, k in check.step_divisors if (dp * micro) % k]
         if bad:
             return f"{dp} ranks × micro {micro} = {dp * micro} is not divisible by {_named(bad)}"
-    if not splits(g, check.step_divisors):
+    if not splits(g):
         return (
             f"global batch {g}: no micro batch makes {dp} ranks × micro divisible by "
             f"{_named(check.step_divisors)}"
@@ -378,26 +364,30 @@ def check_batch(
 ) -> BatchCheck:
     """Validate a batch configuration; raises ``UserInputError`` for values ≤ 0."""
     for label, value in (
-        ("data-parallel size", data_parallel),
-        ("global batch", global_batch),
-        ("micro batch", micro_batch),
-        ("gradient accumulation", grad_accum),
-        ("max micro batch", max_micro_batch),
+        ("data_parallel", data_parallel),
+        ("global_batch", global_batch),
+        ("micro_batch", micro_batch),
+        ("grad_accum", grad_accum),
+        ("max_micro_batch", max_micro_batch),
         *((f"divisor {n}", k) for n, k in (*divisors, *step_divisors)),
     ):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise UserInputError(f"{label} {value!r}: expected a whole number >= 1")
-        if value is not None and value < 1:
-            raise UserInputError(f"{label} {value}: expected a whole number >= 1")
+        whole_number(label, value)
     if global_batch is None and micro_batch is not None and grad_accum is not None:
         global_batch = data_parallel * micro_batch * grad_accum
-    base = BatchCheck(data_parallel, global_batch, micro_batch, grad_accum, tuple(divisors),
-                      tuple(step_divisors), max_micro_batch)  # fmt: skip
+    base = BatchCheck(
+        data_parallel,
+        global_batch,
+        micro_batch,
+        grad_accum,
+        tuple(divisors),
+        tuple(step_divisors),
+        max_micro_batch,
+    )
 
     def splits(candidate: int, steps: Sequence[tuple[str, int]] = step_divisors) -> Any:
-        return splits_for(candidate, data_parallel, micro_batch=micro_batch,
-                          grad_accum=grad_accum, max_micro_batch=max_micro_batch,
-                          step_divisors=steps)  # fmt: skip
+        return splits_for(
+            candidate, data_parallel, micro_batch, grad_accum, max_micro_batch, step_divisors=steps
+        )
 
     if global_batch is None:
         # Only a micro batch (or nothing): the step divisors are all that can be checked.
@@ -409,8 +399,12 @@ def check_batch(
     reason = _invalid_reason(base, splits)
     if reason is None:
         found = splits(global_batch)
-        return replace(base, micro_batch=found[0].micro_batch, grad_accum=found[0].grad_accum,
-                       splits=found[:MAX_SPLITS])  # fmt: skip
+        return replace(
+            base,
+            micro_batch=found[0].micro_batch,
+            grad_accum=found[0].grad_accum,
+            splits=found[:MAX_SPLITS],
+        )
     # Valid batches repeat with this period (every multiple of it is valid when the micro
     # batch is free), so a valid value above any batch lies within one period of it.
     period = math.lcm(data_parallel, *(k for _, k in divisors))
@@ -432,15 +426,10 @@ def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
     """The job's batch keywords checked for *data_parallel* ranks (None: it gave none)."""
     if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
         return None
-    return check_batch(data_parallel, global_batch=job.global_batch, micro_batch=job.micro_batch,
-                       grad_accum=job.grad_accum, max_micro_batch=job.max_micro_batch,
-                       divisors=job.divisors, step_divisors=job.step_divisors)  # fmt: skip
-
-
-def batch_problem(check: BatchCheck, subject: str) -> Problem:
-    """A batch that does not work, as a problem whose fixes are the nearest valid batches."""
-    fixes = tuple(f"global_batch={o.text}" for o in check.nearest)
-    return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)
+    keywords = ("global_batch", "micro_batch", "grad_accum", "max_micro_batch", "divisors")
+    return check_batch(
+        data_parallel, step_divisors=job.step_divisors, **{k: getattr(job, k) for k in keywords}
+    )
 
 
 def nearest_batch(job: Job, data_parallel: int | None) -> tuple[Job, str]:

@@ -39,14 +39,18 @@ __all__ = [
 def _estimate(role: RolePlan, job: Job, micro_batch: int, budget: int | None = None) -> Any:
     assert job.model is not None  # noqa: S101  (callers check)
     train = role.kind == "train"
+    same = ("precision", "optimizer", "seq_len", "activation_checkpointing")
     return estimate_memory(
-        job.model, role="train" if train else "inference", precision=job.precision,
-        optimizer=job.optimizer, strategy=job.strategy if train else "ddp",
+        job.model,
+        role="train" if train else "inference",
+        strategy=job.strategy if train else "ddp",
         world_size=role.data_parallel * role.tensor_parallel * role.pipeline_parallel,
-        micro_batch=micro_batch, seq_len=job.seq_len, tensor_parallel=role.tensor_parallel,
+        micro_batch=micro_batch,
+        tensor_parallel=role.tensor_parallel,
         pipeline_parallel=role.pipeline_parallel,
-        activation_checkpointing=job.activation_checkpointing, budget=budget,
-    )  # fmt: skip
+        budget=budget,
+        **{k: getattr(job, k) for k in same},
+    )
 
 
 def free_bytes(gpu: PlannedGpu) -> int | None:
@@ -74,17 +78,24 @@ def memory_check(role: RolePlan, job: Job, batch: BatchCheck | None = None) -> M
     if role.kind == "train" and batch is not None and batch.micro_batch is not None:
         micro = batch.micro_batch
     est = _estimate(role, job, micro)
-    lines = tuple(MemoryLine(t.name, int(t.bytes_per_gpu), t.formula, t.source)
-                  for t in est.terms if t.bytes_per_gpu is not None)  # fmt: skip
+    lines = tuple(
+        MemoryLine(t.name, int(t.bytes_per_gpu), t.formula, t.source)
+        for t in est.terms
+        if t.bytes_per_gpu is not None
+    )
     missing = tuple(f"{t.name} ({t.formula})" for t in est.terms if t.bytes_per_gpu is None)
     what = f"micro batch {micro}" + (f" × seq {job.seq_len}" if job.seq_len else "")
     params = f"Ψ = {job.model.parameters:,}"
     if role.kind == "train":
         states = model_states(
-            job.model.parameters, strategy=job.strategy, precision=job.precision,
-            optimizer=job.optimizer, data_parallel=role.data_parallel,
-            tensor_parallel=role.tensor_parallel, pipeline_parallel=role.pipeline_parallel,
-        )  # fmt: skip
+            job.model.parameters,
+            strategy=job.strategy,
+            precision=job.precision,
+            optimizer=job.optimizer,
+            data_parallel=role.data_parallel,
+            tensor_parallel=role.tensor_parallel,
+            pipeline_parallel=role.pipeline_parallel,
+        )
         accounting = f"{states.accounting.text}; {states.formula} with {params} parameters; {what}"
     else:
         accounting = f"{job.precision} weights with {params}; {what}"
@@ -94,11 +105,16 @@ def memory_check(role: RolePlan, job: Job, batch: BatchCheck | None = None) -> M
     if role.kind == "train" and available is not None and job.seq_len is not None:
         largest = _largest_micro(role, job, available)
     return MemoryCheck(
-        role=role.name, lines=lines, accounting=accounting, available_bytes=available,
-        deciding_gpu=None if smallest is None else smallest.nvml_index, not_estimated=missing,
-        gpu_free=tuple((g.nvml_index, free_bytes(g)) for g in role.gpus), micro_batch=micro,
+        role=role.name,
+        lines=lines,
+        accounting=accounting,
+        available_bytes=available,
+        deciding_gpu=None if smallest is None else smallest.nvml_index,
+        not_estimated=missing,
+        gpu_free=tuple((g.nvml_index, free_bytes(g)) for g in role.gpus),
+        micro_batch=micro,
         max_micro_batch=largest,
-    )  # fmt: skip
+    )
 
 
 def memory_problems(

@@ -23,7 +23,6 @@ from nbgpu.errors import UserInputError
 from nbgpu.plan.job import (
     BatchCheck,
     Job,
-    batch_problem,
     check_job_batch,
     nearest_batch,
     whole_number,
@@ -36,8 +35,9 @@ from nbgpu.plan.memcheck import (
     smallest_free,
 )
 from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
-from nbgpu.plan.planner import caveats
+from nbgpu.plan.planner import batch_problem, caveats
 from nbgpu.plan.result import (
+    MEMORY_NOT_CHECKED,
     PLAN_FILE_FORMAT,
     ExcludedGpu,
     MemoryCheck,
@@ -168,15 +168,14 @@ class NodesPlan(Result):
         for m in self.memory:
             free = "" if m.available_bytes is None else f" free {fmt_bytes(m.available_bytes)}"
             where = f"{m.verdict} on node {self.memory_node} GPU {m.deciding_gpu}{free}"
-            lines.append(Line(f"{fmt_bytes(m.needed_bytes)}, {where} (the smallest of the job)",
-                              label="memory per GPU"))  # fmt: skip
+            needed = f"{fmt_bytes(m.needed_bytes)}, {where} (the smallest of the job)"
+            lines.append(Line(needed, label="memory per GPU"))
             lines.append(Line(m.accounting, indent="  "))
             if m.max_micro_batch is not None:
-                lines.append(Line(f"{m.max_micro_batch} (computed, no trials)",
-                                  label="largest micro batch"))  # fmt: skip
+                largest = f"{m.max_micro_batch} (computed, no trials)"
+                lines.append(Line(largest, label="largest micro batch"))
         if not self.memory and self.nodes:
-            lines.append(Line("not checked (pass model= to compare with free memory)",
-                              label="memory"))  # fmt: skip
+            lines.append(MEMORY_NOT_CHECKED)
         if self.ok:
             launch = (
                 f"%%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist {self.nodelist}; "
@@ -194,21 +193,24 @@ class NodesPlan(Result):
         sim = "SIMULATED " if self.simulated else ""
         verdict = "ready" if self.ok else "NOT READY"
         title = f"nbgpu plan — {shape} on {sim}{self.source} · {verdict}"
-        blocks: list[Block] = [Title(title, simulated=self.simulated), self._table(),
-                               *self._footer()]  # fmt: skip
+        blocks: list[Block] = [
+            Title(title, simulated=self.simulated),
+            self._table(),
+            *self._footer(),
+        ]
         blocks += problem_blocks(self.problems, self.warnings)
-        return blocks + alternative_blocks([(f"{a.title}{a.status}: {a.reason}", ())
-                                            for a in self.alternatives])  # fmt: skip
+        return blocks + alternative_blocks(
+            [(f"{a.title}{a.status}: {a.reason}", ()) for a in self.alternatives]
+        )
 
     # -- data --------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
-        return [
-            {"node": n.node, **to_data(g), "cuda_visible_devices": n.cuda_visible_devices,
-             "ok": self.ok}
-            for n in self.nodes
-            for g in n.gpus
-        ]  # fmt: skip
+        rows = []
+        for n in self.nodes:
+            after = {"cuda_visible_devices": n.cuda_visible_devices, "ok": self.ok}
+            rows += [{"node": n.node, **to_data(g), **after} for g in n.gpus]
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         return {"nbgpu_nodes_plan": PLAN_FILE_FORMAT, **to_data(self)}
@@ -276,7 +278,7 @@ def _memory(
 
     deciding = min(chosen, key=tightest)
     # The job as one data-parallel training role over every rank of every node.
-    role = RolePlan("train", "train", None, world, 1, 1, deciding.gpus, None)
+    role = RolePlan("train", "train", None, world, gpus=deciding.gpus)
     job = auto_max_micro([role], job, warnings)
     check = memory_check(role, job, batch)
     found: list[Problem] = []
@@ -288,15 +290,16 @@ def _memory(
 
 def build_nodes_plan(
     node_candidates: Mapping[str, Sequence[Candidate]],
+    source: str,
+    simulated: bool,
     job: Job,
     *,
     nodes: int | None,
     nproc_per_node: int | None,
-    source: str,
-    simulated: bool,
     alternatives: bool = True,
 ) -> NodesPlan:
-    """Place one training job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs."""
+    """Place one training job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs (read
+    from *source*)."""
     if not node_candidates:
         raise UserInputError("the cluster has no node to plan on")
     asked_nodes = whole_number("nodes", nodes)
@@ -314,17 +317,17 @@ def build_nodes_plan(
     if nodes is None:
         nodes = max(1, sum(1 for c in capacities if c >= nproc_per_node))
     per_node = max(1, nproc_per_node)
-    fits = sorted((n for n in every if n.capacity >= per_node),
-                  key=lambda n: (n.cleanliness(per_node), every.index(n)))  # fmt: skip
+    fits = sorted(
+        (n for n in every if n.capacity >= per_node),
+        key=lambda n: (n.cleanliness(per_node), every.index(n)),
+    )
     picked = {n.name for n in fits[:nodes]}
     chosen, left_out, warnings = [], [], []
     for n in every:
         if n.name not in picked:
-            why = (
-                n.shortfall(per_node)
-                if n.capacity < per_node
-                else (f"not needed: {nodes} node(s) asked for")
-            )
+            why = f"not needed: {nodes} node(s) asked for"
+            if n.capacity < per_node:
+                why = n.shortfall(per_node)
             left_out.append(NodeLeftOut(n.name, why))
             continue
         given = (assign(list(n.pool), [per_node]) or [list(n.pool[:per_node])])[0]
@@ -333,9 +336,12 @@ def build_nodes_plan(
     problems: list[Problem] = []
     if len(chosen) < nodes or nproc_per_node < 1:
         short = [f"{n.node}: {n.reason}" for n in left_out if not n.reason.startswith("not ")]
-        held = [(n, c) for n in every for c in n.candidates if not c.usable and c.recoverable]
-        fixes = [f"on {n.name}: {c.problems[0].fixes[0]}" for n, c in held
-                 if c.problems and c.problems[0].fixes]  # fmt: skip
+        fixes = [
+            f"on {n.name}: {c.problems[0].fixes[0]}"
+            for n in every
+            for c in n.candidates
+            if not c.usable and c.recoverable and c.problems and c.problems[0].fixes
+        ]
         shape = f"{nodes} node(s) × {per_node} GPUs"
         message = (
             f"{shape} needs {nodes} node(s) with {per_node} usable GPUs each; {len(fits)} of "
@@ -355,26 +361,37 @@ def build_nodes_plan(
     job, memory, memory_node = _memory(
         chosen, job, world, batch, problems=problems, warnings=warnings
     )
-    plan = NodesPlan(tuple(chosen), tuple(left_out), nodes, per_node, tuple(problems),
-                     tuple(warnings), batch, memory, memory_node, (), source, simulated,
-                     asked_nodes, asked_per_node)  # fmt: skip
+    plan = NodesPlan(
+        tuple(chosen),
+        tuple(left_out),
+        nodes,
+        per_node,
+        tuple(problems),
+        tuple(warnings),
+        batch,
+        memory,
+        memory_node,
+        (),
+        source,
+        simulated,
+        asked_nodes,
+        asked_per_node,
+    )
     if alternatives and problems:
-        alts = _alternatives(node_candidates, job, plan, capacities=capacities, source=source,
-                             simulated=simulated)  # fmt: skip
+        alts = _alternatives(node_candidates, source, simulated, job, plan)
         plan = replace(plan, alternatives=alts)
     return plan
 
 
 def _alternatives(
     node_candidates: Mapping[str, Sequence[Candidate]],
-    job: Job,
-    plan: NodesPlan,
-    *,
-    capacities: Sequence[int],
     source: str,
     simulated: bool,
+    job: Job,
+    plan: NodesPlan,
 ) -> tuple[NodesAlternative, ...]:
     """Shapes that fit the usable GPUs: fewer nodes, or fewer ranks on each."""
+    capacities = [len(order_pool(c)) for c in node_candidates.values()]
     wanted_nodes, per_node = plan.job_nodes, plan.nproc_per_node
     shapes = []
     full = sum(1 for c in capacities if c >= per_node)
@@ -386,8 +403,15 @@ def _alternatives(
     out = []
     for count, ranks, reason in shapes:
         alt_job, note = nearest_batch(job, count * ranks)
-        alt = build_nodes_plan(node_candidates, alt_job, nodes=count, nproc_per_node=ranks,
-                               source=source, simulated=simulated, alternatives=False)  # fmt: skip
+        alt = build_nodes_plan(
+            node_candidates,
+            source,
+            simulated,
+            alt_job,
+            nodes=count,
+            nproc_per_node=ranks,
+            alternatives=False,
+        )
         title = f"{count} node(s) × {ranks} GPUs ({', '.join(n.node for n in alt.nodes)}){note}"
         out.append(NodesAlternative(title, f"fits {reason}", plan=alt))
     return tuple(out)

@@ -1,9 +1,5 @@
 """Which GPUs a plan may use, which ones each role gets, and which ports.
 
-from nbgpu.devices.model import gpu_health
-from nbgpu.plan.allocation import Allocation
-from nbgpu.plan.job import DEFAULT_BASE_PORT, MAX_PORT
-
 **Assignment** (:func:`assign`), in order of importance: only usable candidates are ever
 given out; GPUs the user requires come first, in the order given (a hand workaround such
 as ``3,2,1,0``); otherwise clean GPUs before ones with caveats, then by NVML index (the
@@ -53,6 +49,8 @@ __all__ = [
     "shared_groups",
 ]
 
+# A candidate's fields read from the inventory's GPU as they are.
+_FROM_GPU = ("nvml_index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
 # A warn-level finding that still makes context creation fail: exclusive mode, live holder.
 _BLOCKING_WARNINGS = frozenset({"exclusive_busy"})
 # Holders that keep memory but run nothing: not another job at work on the GPU.
@@ -128,13 +126,18 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
                     f"{fmt_bytes(used)}"
                 )
                 problems = (Problem("warn", "shared", where, message),)
-        out.append(Candidate(
-            nvml_index=gpu.nvml_index, uuid=gpu.uuid, name=gpu.name,
-            memory_total_bytes=gpu.memory_total_bytes, memory_free_bytes=gpu.memory_free_bytes,
-            usable=usable, grade=(1 if problems else 0) if usable else 2, health=health,
-            problems=problems, recoverable=recoverable, utilization_pct=gpu.utilization_gpu_pct,
-            other_processes=sum(1 for p in gpu.processes if p.state not in _NOT_RUNNING),
-        ))  # fmt: skip
+        out.append(
+            Candidate(
+                **{k: getattr(gpu, k) for k in _FROM_GPU},
+                usable=usable,
+                grade=(1 if problems else 0) if usable else 2,
+                health=health,
+                problems=problems,
+                recoverable=recoverable,
+                utilization_pct=gpu.utilization_gpu_pct,
+                other_processes=sum(1 for p in gpu.processes if p.state not in _NOT_RUNNING),
+            )
+        )
     return tuple(out)
 
 
@@ -200,8 +203,7 @@ def assign(
     for count in counts:
         chosen = remaining[:count] if keep_order else _pick(remaining, count)
         out.append(chosen)
-        taken = {c.nvml_index for c in chosen}
-        remaining = [c for c in remaining if c.nvml_index not in taken]
+        remaining = [c for c in remaining if c not in chosen]
     return out
 
 
@@ -212,14 +214,11 @@ def shared_groups(allocation: Allocation, groups: list[list[T]] | None) -> list[
     """One GPU list per role: a colocated role gets the list of the role it shares with."""
     if groups is None:
         return None
-    by_name: dict[str, list[T]] = {}
-    out: list[list[T]] = []
+    by_name: dict[str, list[T]] = {}  # role names are unique: one list per role, in order
     own = iter(groups)
     for role in allocation.roles:
-        members = by_name[role.colocated_with] if role.colocated_with else next(own)
-        by_name[role.name] = members
-        out.append(list(members))
-    return out
+        by_name[role.name] = by_name[role.colocated_with] if role.colocated_with else next(own)
+    return [list(members) for members in by_name.values()]
 
 
 # ------------------------------------------------------------------------ ports

@@ -12,12 +12,12 @@ files, psutil or IPython.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec
-from nbgpu.plan.job import BatchCheck, Job, batch_problem, check_job_batch, nearest_batch
+from nbgpu.plan.job import BatchCheck, Job, check_job_batch, nearest_batch
 from nbgpu.plan.memcheck import auto_max_micro, colocation_problems, memory_check, memory_problems
 from nbgpu.plan.placement import (
     Candidate,
@@ -32,7 +32,7 @@ from nbgpu.plan.placement import (
 from nbgpu.plan.result import Alternative, ExcludedGpu, MemoryCheck, Plan, RolePlan
 from nbgpu.problems import Problem
 
-__all__ = ["NO_GPU", "build_plan", "caveats", "check_known", "gpu_span"]
+__all__ = ["NO_GPU", "batch_problem", "build_plan", "caveats", "check_known", "gpu_span"]
 
 #: The answer for an inventory without GPUs (*example*: a fleet spec to plan for instead).
 NO_GPU = (
@@ -65,8 +65,18 @@ def check_known(
 
 def caveats(subject: str, given: Iterable[Candidate]) -> list[Problem]:
     """The warnings of the GPUs given to *subject* (a role, a node), said for it."""
-    return [Problem("warn", "gpu_caveat", subject, f"{subject}: {p.message}")
-            for c in given if c.grade > 0 for p in c.problems]  # fmt: skip
+    return [
+        Problem("warn", "gpu_caveat", subject, f"{subject}: {p.message}")
+        for c in given
+        if c.grade > 0
+        for p in c.problems
+    ]
+
+
+def batch_problem(check: BatchCheck, subject: str) -> Problem:
+    """A batch that does not work, as a problem whose fixes are the nearest valid batches."""
+    fixes = tuple(f"global_batch={o.text}" for o in check.nearest)
+    return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)
 
 
 def _trainer_batch(allocation: Allocation, job: Job, warnings: list[Problem]) -> BatchCheck | None:
@@ -128,15 +138,15 @@ def _role_checks(
 
 def build_plan(
     candidates: Sequence[Candidate],
-    job: Job,
-    *,
     fleet: str,
     simulated: bool,
+    job: Job,
+    *,
     is_free: PortChecker,
     taken_ports: Iterable[int] = (),
     alternatives: bool = True,
 ) -> Plan:
-    """Place *job* on *candidates*; bad input (a GPU that does not exist) raises."""
+    """Place *job* on *candidates* (of *fleet*); bad input (a GPU that does not exist) raises."""
     if not candidates:
         raise UserInputError(NO_GPU.format(example="4xA40"))
     taken_ports = tuple(taken_ports)
@@ -179,22 +189,31 @@ def build_plan(
         ports = pick_ports(roles_count, base_port=job.base_port, taken=taken_ports, is_free=is_free)
         if len(ports) < roles_count:
             message = f"found {len(ports)} free ports from {job.base_port} for {roles_count} roles"
-            problems.append(
-                Problem("bad", "no_free_port", "ports", message, ("pass another base_port=",))
-            )
+            fix = "pass another base_port="
+            problems.append(Problem("bad", "no_free_port", "ports", message, (fix,)))
     roles = []
     for n, spec in enumerate(allocation.roles):
         gpus = planned_gpus(groups[n] if groups is not None else [])
         port = ports[n] if gpus and n < len(ports) else None
-        same = {f.name: getattr(spec, f.name) for f in fields(RoleSpec)}
-        roles.append(RolePlan(**same, gpus=gpus, master_port=port))
+        roles.append(RolePlan(**vars(spec), gpus=gpus, master_port=port))
     job = auto_max_micro(roles, job, warnings)
     batch = _trainer_batch(allocation, job, warnings)
     if batch is not None and not batch.ok:
         problems.append(batch_problem(batch, f"role {allocation.train_roles[0].name}"))
     memory = _role_checks(roles, by_index, job, batch, problems=problems, warnings=warnings)
-    plan = Plan(allocation.text, tuple(roles), tuple(problems), tuple(warnings), excluded, batch,
-                tuple(memory), (), fleet, simulated, job.name)  # fmt: skip
+    plan = Plan(
+        allocation.text,
+        tuple(roles),
+        tuple(problems),
+        tuple(warnings),
+        excluded,
+        batch,
+        tuple(memory),
+        (),
+        fleet,
+        simulated,
+        job.name,
+    )
     if alternatives and (groups is None or required_bad):
         alts = _alternatives(
             job,
@@ -203,10 +222,15 @@ def build_plan(
             excluded=excluded,
             required_bad=required_bad,
             sub_plan=lambda changed: build_plan(
-                candidates, changed, fleet=fleet, simulated=simulated, is_free=is_free,
-                taken_ports=taken_ports, alternatives=False,
+                candidates,
+                fleet,
+                simulated,
+                changed,
+                is_free=is_free,
+                taken_ports=taken_ports,
+                alternatives=False,
             ),
-        )  # fmt: skip
+        )
         plan = replace(plan, alternatives=alts)
     return plan
 

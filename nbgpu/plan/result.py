@@ -27,11 +27,12 @@ from nbgpu._render import (
     simulated_label,
 )
 from nbgpu._serial import to_data
-from nbgpu.plan.allocation import Degrees
+from nbgpu.plan.allocation import RoleSpec
 from nbgpu.plan.job import BatchCheck
 from nbgpu.problems import Problem
 
 __all__ = [
+    "MEMORY_NOT_CHECKED",
     "PLAN_FILE_FORMAT",
     "Alternative",
     "ExcludedGpu",
@@ -49,6 +50,8 @@ __all__ = [
 MASTER_ADDR = "127.0.0.1"
 # Model states above this share of a GPU leave too little for activations and overheads.
 TIGHT_SHARE = 0.8
+# A plan's frame: each role's row holds these of its fields.
+_ROLE_KEYS = ("kind", "degrees", "nproc_per_node", "master_port", "cuda_visible_devices")
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,8 @@ class PlannedGpu:
 
 
 @dataclass(frozen=True)
-class RolePlan(Degrees):
-    """One role: which physical GPUs in which order, how many processes, which port.
+class RolePlan(RoleSpec):
+    """One role placed: which physical GPUs in which order, how many processes, which port.
 
     ``gpus`` is in logical order: ``gpus[k]`` is ``cuda:k`` inside the role's processes.
     ``cuda_visible_devices`` lists their NVML indices (nvidia-smi's numbers) in that order;
@@ -107,17 +110,8 @@ class RolePlan(Degrees):
         "env",
     )
 
-    name: str
-    kind: str  # "inference" | "train"
-    backend: str | None
-    data_parallel: int
-    tensor_parallel: int
-    pipeline_parallel: int
-    gpus: tuple[PlannedGpu, ...]  # empty when the role could not be placed
-    master_port: int | None
-    context_parallel: int = 1
-    expert_parallel: int = 1  # within the same GPUs: not in nproc_per_node
-    colocated_with: str | None = None
+    gpus: tuple[PlannedGpu, ...] = ()  # empty when the role could not be placed
+    master_port: int | None = None
 
     @property
     def nproc_per_node(self) -> int:
@@ -207,6 +201,9 @@ def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -
         head, _, tail = title.partition(" on ")
         title = f"{head}\n  on {tail}"
     return Title(title, simulated=simulated)
+
+
+MEMORY_NOT_CHECKED = Line("not checked (pass model= to compare with free memory)", label="memory")
 
 
 def problem_blocks(*problems: Sequence[Problem]) -> list[Block]:
@@ -308,8 +305,9 @@ class Plan(Result):
         table = Table(["role", "kind", "degrees", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port"])
         for r in self.roles:
             port = "-" if r.master_port is None else r.master_port
-            table.add(r.name, r.kind, r.degrees, r.cuda_visible_devices or "-", r.nproc_per_node,
-                      port, level="" if r.gpus else "bad")  # fmt: skip
+            gpus = r.cuda_visible_devices or "-"
+            level = "" if r.gpus else "bad"
+            table.add(r.name, r.kind, r.degrees, gpus, r.nproc_per_node, port, level=level)
         return table
 
     def _gpu_table(self) -> Table:
@@ -317,8 +315,8 @@ class Plan(Result):
         for r in self.roles:
             for g in r.gpus:
                 name = (g.name or "-").replace("NVIDIA ", "")
-                table.add(r.name, g.cuda_index, g.nvml_index, name,
-                          fmt_bytes(g.memory_free_bytes), g.uuid or "-")  # fmt: skip
+                free = fmt_bytes(g.memory_free_bytes)
+                table.add(r.name, g.cuda_index, g.nvml_index, name, free, g.uuid or "-")
         return table
 
     def _memory_table(self) -> Table:
@@ -363,8 +361,7 @@ class Plan(Result):
         if self.memory:
             lines += self._memory_lines()
         elif self.roles and self.roles[0].gpus:
-            lines.append(Line("not checked (pass model= to compare with free memory)",
-                              label="memory"))  # fmt: skip
+            lines.append(MEMORY_NOT_CHECKED)
         if self.cuda_visible_devices and len(self.roles) > 1:
             first = self.roles[0]
             one_list = (
@@ -381,15 +378,18 @@ class Plan(Result):
     def content(self) -> list[Block]:
         run = f"{self.name}: " if self.name else ""
         blocks: list[Block] = [
-            plan_title("plan", f"{run}{self.allocation}", self.fleet, simulated=self.simulated,
-                       ok=self.ok),
+            plan_title(
+                "plan", f"{run}{self.allocation}", self.fleet, simulated=self.simulated, ok=self.ok
+            ),
             self._role_table(),
-        ]  # fmt: skip
+        ]
         if any(r.gpus for r in self.roles):
             blocks.append(self._gpu_table())
         if self.excluded:
-            left = [f"GPU {e.nvml_index} ({e.health}): " + " ".join(p.message for p in e.problems)
-                    for e in self.excluded]  # fmt: skip
+            left = [
+                f"GPU {e.nvml_index} ({e.health}): " + " ".join(p.message for p in e.problems)
+                for e in self.excluded
+            ]
             blocks.append(Bullets(left, title="left out:", marker="  "))
         blocks += self._footer()
         if self.memory:
@@ -404,10 +404,8 @@ class Plan(Result):
     def records(self) -> list[dict[str, Any]]:
         rows = []
         for r in self.roles:
-            base = {"plan": self.name, "role": r.name, "kind": r.kind, "degrees": r.degrees,
-                    "nproc_per_node": r.nproc_per_node, "master_port": r.master_port,
-                    "cuda_visible_devices": r.cuda_visible_devices, "ok": self.ok,
-                    "simulated": self.simulated}  # fmt: skip
+            base = {"plan": self.name, "role": r.name, **{k: getattr(r, k) for k in _ROLE_KEYS}}
+            base.update(ok=self.ok, simulated=self.simulated)
             if not r.gpus:
                 rows.append({**base, "cuda_index": None, "nvml_index": None, "uuid": None})
             rows.extend({**base, **to_data(g)} for g in r.gpus)

@@ -77,8 +77,11 @@ class SweepPlan(Result):
             # The sweep says once which runs share GPUs in use; each run's copy is for launch.
             problems.extend(p for p in run.problems if p not in problems and p.code != IN_USE)
             in_use = any(p.code == IN_USE for p in run.problems)
-            warnings.extend(w for w in run.warnings if w not in warnings
-                            and not (in_use and "is shared with" in w.message))  # fmt: skip
+            warnings.extend(
+                w
+                for w in run.warnings
+                if w not in warnings and not (in_use and "is shared with" in w.message)
+            )
         return tuple(problems), tuple(warnings)
 
     def content(self) -> list[Block]:
@@ -156,13 +159,13 @@ def _mark_in_use(
 
 def build_sweep(
     candidates: Sequence[Candidate],
+    fleet: str,
+    simulated: bool,
     job: Job,
     *,
     runs: int | None,
     gpus_per_run: int | None,
     pool: Sequence[int] = (),
-    fleet: str,
-    simulated: bool,
     is_free: PortChecker,
     share: bool = False,
 ) -> SweepPlan:
@@ -221,13 +224,25 @@ def build_sweep(
     plans: list[Plan] = []
     taken: list[int] = []
     for n, group in enumerate(assign(ordered, [per_run] * count) or []):
-        run_job = replace(job, allocation=allocation, num_gpus=None, require=(), exclude=(),
-                          name=f"run{n}")  # fmt: skip
-        plan = build_plan(group, run_job, fleet=fleet, simulated=simulated, is_free=is_free,
-                          taken_ports=taken, alternatives=False)  # fmt: skip
+        run_job = replace(
+            job, allocation=allocation, num_gpus=None, require=(), exclude=(), name=f"run{n}"
+        )
+        plan = build_plan(
+            group, fleet, simulated, run_job, is_free=is_free, taken_ports=taken, alternatives=False
+        )
         taken.extend(r.master_port for r in plan.roles if r.master_port is not None)
         plans.append(plan)
     if not share:
         problems.extend(_mark_in_use(plans, {c.nvml_index: c for c in ordered}, runs))
-    return SweepPlan(tuple(plans), runs, per_run, allocation.text, excluded, tuple(problems),
-                     tuple(warnings), fleet, simulated, share)  # fmt: skip
+    return SweepPlan(
+        tuple(plans),
+        runs,
+        per_run,
+        allocation.text,
+        excluded,
+        tuple(problems),
+        tuple(warnings),
+        fleet,
+        simulated,
+        share,
+    )

@@ -39,8 +39,9 @@ def test_json_carries_what_a_launcher_reads(busy_gpu0_plan):
 
 
 def test_plan_from_a_file_and_a_sweep_run(tmp_path, inventory):
-    sweep = nbgpu.plan.sweep(runs=2, gpus_per_run=2, inventory=inventory("healthy"),
-                             port_is_free=all_free)  # fmt: skip
+    sweep = nbgpu.plan.sweep(
+        runs=2, gpus_per_run=2, inventory=inventory("healthy"), port_is_free=all_free
+    )
     path = tmp_path / "sweep.json"
     path.write_text(sweep.to_json())
     assert plan_from_json(path, run=1) == sweep.runs[1]
