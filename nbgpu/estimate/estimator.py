@@ -101,14 +101,22 @@ def estimate_memory(
     """
     if micro_batch is None:
         micro_batch = _batch_size(example_input) or 1
-    words = {"role": (role, ROLES), "strategy": (strategy, STRATEGIES),
-             "optimizer": (optimizer, OPTIMIZERS)}  # fmt: skip
+    words = {
+        "role": (role, ROLES),
+        "strategy": (strategy, STRATEGIES),
+        "optimizer": (optimizer, OPTIMIZERS),
+    }
     for label, (value, choices) in words.items():
         if str(value).strip().lower() not in choices:
             raise UserInputError(f"{label}={value!r}: expected one of {', '.join(choices)}")
-    counts = {"world_size": world_size, "micro_batch": micro_batch, "seq_len": seq_len,
-              "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
-              "kv_tokens": kv_tokens}  # fmt: skip
+    counts = {
+        "world_size": world_size,
+        "micro_batch": micro_batch,
+        "seq_len": seq_len,
+        "tensor_parallel": tensor_parallel,
+        "pipeline_parallel": pipeline_parallel,
+        "kv_tokens": kv_tokens,
+    }
     for label, count in counts.items():
         if count is None and label in ("micro_batch", "seq_len", "kv_tokens"):
             continue
@@ -123,14 +131,23 @@ def estimate_memory(
     if not 0 <= fragmentation < 1:
         raise UserInputError(f"fragmentation={fragmentation!r}: expected a fraction in [0, 1)")
     lay = Layout(
-        role=str(role).strip().lower(), precision=normalize_precision(precision),
-        optimizer=str(optimizer).strip().lower(), strategy=str(strategy).strip().lower(),
-        world_size=world_size, data_parallel=world_size // model_parallel,
-        tp=tensor_parallel, pp=pipeline_parallel, micro_batch=micro_batch, seq_len=seq_len,
-        checkpointing=bool(activation_checkpointing), flash_attention=bool(flash_attention),
+        role=str(role).strip().lower(),
+        precision=normalize_precision(precision),
+        optimizer=str(optimizer).strip().lower(),
+        strategy=str(strategy).strip().lower(),
+        world_size=world_size,
+        data_parallel=world_size // model_parallel,
+        tp=tensor_parallel,
+        pp=pipeline_parallel,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        checkpointing=bool(activation_checkpointing),
+        flash_attention=bool(flash_attention),
         gradient_as_bucket_view=bool(gradient_as_bucket_view),
-        fragmentation=float(fragmentation), kv_tokens=kv_tokens, foreach=bool(foreach),
-    )  # fmt: skip
+        fragmentation=float(fragmentation),
+        kv_tokens=kv_tokens,
+        foreach=bool(foreach),
+    )
     shape = model_shape(model)
     budget_bytes = None if budget is None else parse_bytes(budget)
     terms = analytic_terms(shape, lay)
@@ -144,16 +161,28 @@ def estimate_memory(
     elif trace:
         from nbgpu.estimate.trace import trace_terms  # noqa: PLC0415  (imports torch)
 
-        traced, note = trace_terms(model, analytic=terms, layout=lay,
-                                   example_input=example_input, loss_fn=loss_fn)  # fmt: skip
+        traced, note = trace_terms(
+            model, analytic=terms, layout=lay, example_input=example_input, loss_fn=loss_fn
+        )
     result = MemoryEstimate(
-        model=_describe(model, shape), parameters=shape.parameters, role=lay.role,
-        precision=lay.precision, optimizer=lay.optimizer, strategy=lay.strategy,
-        world_size=lay.world_size, data_parallel=lay.data_parallel, tensor_parallel=lay.tp,
-        pipeline_parallel=lay.pp, micro_batch=lay.micro_batch, seq_len=lay.seq_len,
-        activation_checkpointing=lay.checkpointing, terms=terms, traced_terms=traced,
-        trace_note=note, budget_bytes=budget_bytes,
-    )  # fmt: skip
+        model=_describe(model, shape),
+        parameters=shape.parameters,
+        role=lay.role,
+        precision=lay.precision,
+        optimizer=lay.optimizer,
+        strategy=lay.strategy,
+        world_size=lay.world_size,
+        data_parallel=lay.data_parallel,
+        tensor_parallel=lay.tp,
+        pipeline_parallel=lay.pp,
+        micro_batch=lay.micro_batch,
+        seq_len=lay.seq_len,
+        activation_checkpointing=lay.checkpointing,
+        terms=terms,
+        traced_terms=traced,
+        trace_note=note,
+        budget_bytes=budget_bytes,
+    )
     if budget_bytes is not None:
         fixed = result.total_bytes - _per_sample_total(result)
         if fixed > budget_bytes:
@@ -266,6 +295,12 @@ def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
     optimizer = kwargs.pop("optimizer", "adamw")
     loss_fn = kwargs.pop("loss_fn", None)
     # The analytic micro batch is the batch's dim 0.
-    analytic = estimate_memory(module, optimizer=optimizer, trace=False, example_input=batch,
-                               precision=kwargs.pop("precision", "fp32"), **kwargs)  # fmt: skip
+    analytic = estimate_memory(
+        module,
+        optimizer=optimizer,
+        trace=False,
+        example_input=batch,
+        precision=kwargs.pop("precision", "fp32"),
+        **kwargs,
+    )
     return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)

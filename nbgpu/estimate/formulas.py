@@ -80,8 +80,13 @@ STRATEGIES: Mapping[str, tuple[bool, bool, bool]] = {
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
 
-_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-                  "float": "fp32"}  # fmt: skip
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+}
 
 
 @dataclass(frozen=True)
@@ -202,8 +207,9 @@ def model_states(
             (acc.param_bytes, acc.grad_bytes, acc.optimizer_bytes), STRATEGIES[strat], strict=True
         )
     )
-    return ModelStates(parameters, strat, data_parallel, tensor_parallel * pipeline_parallel,
-                       acc, p, g, k)  # fmt: skip
+    return ModelStates(
+        parameters, strat, data_parallel, tensor_parallel * pipeline_parallel, acc, p, g, k
+    )
 
 
 def weight_bytes(
@@ -243,12 +249,18 @@ def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         size, shard = PRECISIONS[lay.precision], lay.tp * lay.pp
         formula = f"{size} B × Ψ" + (f" / (tp·pp = {shard})" if shard > 1 else "")
         weights = weight_bytes(shape.parameters, lay.precision, lay.tp, lay.pp)
-        return [Term("weights", weights, formula, "weights at the serving precision",
-                     "model states")]  # fmt: skip
+        return [
+            Term("weights", weights, formula, "weights at the serving precision", "model states")
+        ]
     states = model_states(
-        shape.parameters, strategy=lay.strategy, precision=lay.precision, optimizer=lay.optimizer,
-        data_parallel=lay.data_parallel, tensor_parallel=lay.tp, pipeline_parallel=lay.pp,
-    )  # fmt: skip
+        shape.parameters,
+        strategy=lay.strategy,
+        precision=lay.precision,
+        optimizer=lay.optimizer,
+        data_parallel=lay.data_parallel,
+        tensor_parallel=lay.tp,
+        pipeline_parallel=lay.pp,
+    )
     acc = states.accounting
     psi = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
     parts = (
@@ -257,10 +269,15 @@ def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         ("optimizer states", states.optimizer_bytes, acc.optimizer_bytes),
     )
     return [
-        Term(name, size, f"{per} B × {psi}" + (f" / {lay.data_parallel}" if sharded else ""),
-             f"{SRC_ZERO}; {acc.text}", "model states")
+        Term(
+            name,
+            size,
+            f"{per} B × {psi}" + (f" / {lay.data_parallel}" if sharded else ""),
+            f"{SRC_ZERO}; {acc.text}",
+            "model states",
+        )
         for (name, size, per), sharded in zip(parts, STRATEGIES[lay.strategy], strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[int, str]:
@@ -348,10 +365,15 @@ def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Te
         f" ({', '.join(groups)})" if groups else " (one process: none)"
     )
     terms = [
-        Term("CUDA context", CUDA_CONTEXT_BYTES,
-             "0.5 GiB per process (0.3-0.6 GiB with lazy loading)", SRC_CTX, "reserve"),
+        Term(
+            "CUDA context",
+            CUDA_CONTEXT_BYTES,
+            "0.5 GiB per process (0.3-0.6 GiB with lazy loading)",
+            SRC_CTX,
+            "reserve",
+        ),
         Term("NCCL buffers", NCCL_BYTES_PER_GROUP * len(groups), nccl, SRC_NCCL, "reserve"),
-    ]  # fmt: skip
+    ]
     if lay.role == "train" and lay.strategy == "ddp" and lay.data_parallel > 1:
         size = 0
         formula = "0 (gradient_as_bucket_view=True: buckets are the gradients)"
@@ -364,8 +386,9 @@ def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Te
         layer_params = (shape.parameters - cfg.vocab_size * cfg.hidden_size) / cfg.num_layers
         size = math.ceil(2 * 2 * PRECISIONS[lay.precision] * layer_params / (lay.tp * lay.pp))
         gathered = "2 layers (current + prefetched) × unsharded params and grads"
-        terms.append(Term("gathered layers", size, gathered, "FSDP2 FSDPMemTracker categories",
-                          "reserve"))  # fmt: skip
+        terms.append(
+            Term("gathered layers", size, gathered, "FSDP2 FSDPMemTracker categories", "reserve")
+        )
     margin = f"{lay.fragmentation:.0%} of the allocator's tensors"
     fragmentation = math.ceil(lay.fragmentation * tensor_bytes)
     return [*terms, Term("fragmentation", fragmentation, margin, SRC_FRAG, "margin")]

@@ -97,8 +97,12 @@ class MemoryEstimate(Result):
     max_micro_batch: int | None = None  # the largest micro batch within budget_bytes
     notes: tuple[str, ...] = ()
     JSON_EXTRAS: ClassVar[tuple[str, ...]] = (
-        "method", "analytic_bytes", "traced_bytes", "total_bytes", "fits",
-    )  # fmt: skip
+        "method",
+        "analytic_bytes",
+        "traced_bytes",
+        "total_bytes",
+        "fits",
+    )
     FRAME_COLUMNS = ("term", "kind", "analytic_bytes", "traced_bytes", "formula", "source")
 
     # --------------------------------------------------------------- totals
@@ -137,8 +141,9 @@ class MemoryEstimate(Result):
         return None if self.budget_bytes is None else self.total_bytes <= self.budget_bytes
 
     def term(self, name: str, traced: bool = False) -> Term | None:
-        return next((t for t in (self.traced_terms if traced else self.terms) if t.name == name),
-                    None)  # fmt: skip
+        return next(
+            (t for t in (self.traced_terms if traced else self.terms) if t.name == name), None
+        )
 
     # --------------------------------------------------------------- views
     def _sources(self) -> dict[str, int]:
@@ -197,8 +202,10 @@ class MemoryEstimate(Result):
         if self.uncounted:
             how = "pass a model name or an HF config.json, and seq_len"
             missing = ", ".join(self.uncounted)
-            lines.append(f"analytic terms not computable without the model's shape or seq_len: "
-                         f"{missing} ({how})")  # fmt: skip
+            lines.append(
+                f"analytic terms not computable without the model's shape or seq_len: "
+                f"{missing} ({how})"
+            )
         lines.extend(self.notes)
         return lines
 
@@ -255,8 +262,14 @@ class MemoryEstimate(Result):
         rows = []
         for t in (*self.terms, *only_traced):
             analytic, other = self.term(t.name), traced.get(t.name)
-            rows.append({"term": t.name, "kind": t.kind,
-                         "analytic_bytes": None if analytic is None else analytic.bytes_per_gpu,
-                         "traced_bytes": None if other is None else other.bytes_per_gpu,
-                         "formula": t.formula, "source": t.source})  # fmt: skip
+            rows.append(
+                {
+                    "term": t.name,
+                    "kind": t.kind,
+                    "analytic_bytes": None if analytic is None else analytic.bytes_per_gpu,
+                    "traced_bytes": None if other is None else other.bytes_per_gpu,
+                    "formula": t.formula,
+                    "source": t.source,
+                }
+            )
         return rows

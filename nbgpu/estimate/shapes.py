@@ -134,9 +134,22 @@ def _shape(  # noqa: PLR0917 - one table row per call reads best positionally
     dtype: str = "bf16",
 ) -> ModelConfig:
     return ModelConfig(
-        "", family, hidden, layers, heads, kv_heads, head_dim or hidden // heads, intermediate,
-        vocab, tied, context, experts, top_k, attention_bias=bias, dtype=dtype,
-    )  # fmt: skip
+        "",
+        family,
+        hidden,
+        layers,
+        heads,
+        kv_heads,
+        head_dim or hidden // heads,
+        intermediate,
+        vocab,
+        tied,
+        context,
+        experts,
+        top_k,
+        attention_bias=bias,
+        dtype=dtype,
+    )
 
 
 # Each row: repo names sharing one shape (base and instruct releases differ only in
@@ -341,7 +354,10 @@ def read_hf_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
     dtype_text = str(config.get("torch_dtype") or config.get("dtype") or "").lower()
     dtype = {v: k for k, v in _TORCH_DTYPES.items()}.get(dtype_text.removeprefix("torch."))
     return ModelConfig(
-        name=where, family=family, hidden_size=hidden, num_layers=layers,
+        name=where,
+        family=family,
+        hidden_size=hidden,
+        num_layers=layers,
         num_attention_heads=heads,
         num_kv_heads=_int_field(config, ("num_key_value_heads", "num_kv_heads")) or heads,
         head_dim=_int_field(config, ("head_dim",)) or hidden // heads,
@@ -357,7 +373,7 @@ def read_hf_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
         gated_mlp=family.startswith(_GATED_FAMILIES) or act in ("silu", "swish", "swiglu"),
         dtype=dtype,
         declared_parameters=_int_field(config, ("num_parameters", "n_params", "num_params")),
-    )  # fmt: skip
+    )
 
 
 def resolve_model_config(model: str | Path | Mapping[str, Any]) -> ModelConfig:

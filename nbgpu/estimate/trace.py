@@ -151,8 +151,15 @@ class TracedPeak:
 
     @property
     def total(self) -> int:
-        parts = (self.parameters, self.buffers, self.gradients, self.activations,
-                 self.temporaries, self.optimizer, self.other)  # fmt: skip
+        parts = (
+            self.parameters,
+            self.buffers,
+            self.gradients,
+            self.activations,
+            self.temporaries,
+            self.optimizer,
+            self.other,
+        )
         return sum(parts)
 
 
@@ -216,10 +223,15 @@ def trace_step(
     inputs = sum(_tensor_bytes(t) for t in _tensors_in(batch))
     ref = _MemRefType
     return TracedPeak(
-        parameters=by_kind[ref.PARAM], buffers=by_kind[ref.BUFFER], gradients=by_kind[ref.GRAD],
-        activations=by_kind[ref.ACT], temporaries=by_kind[ref.TEMP], optimizer=by_kind[ref.OPT],
-        other=by_kind[ref.OTH] + inputs, seconds=time.perf_counter() - start,
-    )  # fmt: skip
+        parameters=by_kind[ref.PARAM],
+        buffers=by_kind[ref.BUFFER],
+        gradients=by_kind[ref.GRAD],
+        activations=by_kind[ref.ACT],
+        temporaries=by_kind[ref.TEMP],
+        optimizer=by_kind[ref.OPT],
+        other=by_kind[ref.OTH] + inputs,
+        seconds=time.perf_counter() - start,
+    )
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
@@ -267,9 +279,14 @@ def trace_terms(
         example = _example(module, example_input, layout.micro_batch, layout.seq_len)
         # foreach=True is PyTorch's default on CUDA, which is what the estimate is for.
         peak = trace_step(
-            module, example, micro_batch=layout.micro_batch, optimizer=layout.optimizer,
-            precision=layout.precision, loss_fn=loss_fn, foreach=layout.foreach,
-        )  # fmt: skip
+            module,
+            example,
+            micro_batch=layout.micro_batch,
+            optimizer=layout.optimizer,
+            precision=layout.precision,
+            loss_fn=loss_fn,
+            foreach=layout.foreach,
+        )
     except UserInputError:
         raise
     except Exception as exc:  # noqa: BLE001  (any failure of the user's code: say why)
@@ -284,17 +301,31 @@ def trace_terms(
         ("optimizer states", peak.optimizer, f"traced {layout.optimizer} state"),
     )
     terms = [
-        Term(name, math.ceil(size / (mp * (n if sharded else 1))),
-             f"{what}{split}" + (f" / {n}" if sharded and n > 1 else ""), src, "model states")
+        Term(
+            name,
+            math.ceil(size / (mp * (n if sharded else 1))),
+            f"{what}{split}" + (f" / {n}" if sharded and n > 1 else ""),
+            src,
+            "model states",
+        )
         for (name, size, what), sharded in zip(states, STRATEGIES[layout.strategy], strict=True)
-    ]  # fmt: skip
+    ]
     terms += [
-        Term("activations", math.ceil((peak.activations + peak.other) / tp),
-             "traced saved tensors, logits/loss and the batch" + (f" / {tp}" if tp > 1 else ""),
-             src, "activations"),
-        Term("temporaries", math.ceil(peak.temporaries / tp),
-             "traced transient buffers live at the peak", src, "activations"),
-    ]  # fmt: skip
+        Term(
+            "activations",
+            math.ceil((peak.activations + peak.other) / tp),
+            "traced saved tensors, logits/loss and the batch" + (f" / {tp}" if tp > 1 else ""),
+            src,
+            "activations",
+        ),
+        Term(
+            "temporaries",
+            math.ceil(peak.temporaries / tp),
+            "traced transient buffers live at the peak",
+            src,
+            "activations",
+        ),
+    ]
     tensors = sum(t.bytes_per_gpu or 0 for t in terms)
     for t in analytic:
         if t.kind == "reserve":
@@ -434,6 +465,9 @@ def compare_step(
     return StepComparison(
         model=f"{type(module).__name__} ({parameters:,} parameters)",
         batch_shape=", ".join(str(list(t.shape)) for t in tensors) or "-",
-        measured_bytes=measured, traced_bytes=traced, analytic_bytes=analytic,
-        trace_note=note, measure_seconds=seconds,
-    )  # fmt: skip
+        measured_bytes=measured,
+        traced_bytes=traced,
+        analytic_bytes=analytic,
+        trace_note=note,
+        measure_seconds=seconds,
+    )

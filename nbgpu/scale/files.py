@@ -184,8 +184,11 @@ def _variables_read(value: ScriptValue) -> set[str]:
 
 def _variable_at(script: LaunchScript, position: int) -> str | None:
     """The variable whose assignment holds *position*, if any."""
-    holds = (a.name for a in script.assignments
-             if a.value.start <= position < max(a.value.end, a.value.start + 1))  # fmt: skip
+    holds = (
+        a.name
+        for a in script.assignments
+        if a.value.start <= position < max(a.value.end, a.value.start + 1)
+    )
     return next(holds, None)
 
 
@@ -230,12 +233,15 @@ def rewrite_script(
         written = text[value.start : value.end]
         pins.append(_Edit(value.start, value.end, new, key))
         read = _variables_read(value)
-        movers = [e.key for e in edits.values()
-                  if e.key != key and _variable_at(script, e.start) in read]  # fmt: skip
+        movers = [
+            e.key for e in edits.values() if e.key != key and _variable_at(script, e.start) in read
+        ]
         where = f"{key} (line {value.line})"
         if key in changes and not movers:
             notes.append(f"{where}: the expression {written} was replaced by the value {new}")
         else:
-            notes.append(f"{where}: {written} is shared with {', '.join(movers) or 'other keys'}, "
-                         f"which change it; {key} now has its own value {new}")  # fmt: skip
+            notes.append(
+                f"{where}: {written} is shared with {', '.join(movers) or 'other keys'}, "
+                f"which change it; {key} now has its own value {new}"
+            )
     return _apply(text, pins), notes

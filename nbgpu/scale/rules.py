@@ -54,16 +54,29 @@ RULES: Mapping[str, str] = {
 
 # verl / VAGEN names (the last part of the key) and their rules.
 _LEAVES: Mapping[str, str] = {
-    **dict.fromkeys(("train_batch_size", "ppo_mini_batch_size", "ppo_micro_batch_size",
-                     "log_prob_micro_batch_size"), "global_batch"),
-    **dict.fromkeys(("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu",
-                     "micro_batch_size_per_gpu"), "per_gpu"),
+    **dict.fromkeys(
+        (
+            "train_batch_size",
+            "ppo_mini_batch_size",
+            "ppo_micro_batch_size",
+            "log_prob_micro_batch_size",
+        ),
+        "global_batch",
+    ),
+    **dict.fromkeys(
+        (
+            "ppo_micro_batch_size_per_gpu",
+            "log_prob_micro_batch_size_per_gpu",
+            "micro_batch_size_per_gpu",
+        ),
+        "per_gpu",
+    ),
     **dict.fromkeys(("max_num_seqs", "max_num_batched_tokens"), "per_engine"),
     "tensor_model_parallel_size": "tensor_parallel",
     "gpu_memory_utilization": "memory_fraction",
     "n_gpus_per_node": "gpu_count",
     "cuda_visible_devices": "devices",
-}  # fmt: skip
+}
 
 
 # ------------------------------------------------------------------------ the rules
@@ -132,8 +145,12 @@ def scale_global(entry: Entry, entries: Sequence[Entry], ctx: ScaleContext) -> t
         lower, upper = max(step, old // step * step), (old // step + 1) * step
         n = f" (× rollout.n={ctx.n})" if ctx.n > 1 else ""
         message = f"{entry.dotted}={old} is not valid on {ctx.to_gpus} GPUs: it must be a "
-        ctx.bad("batch", entry.dotted, f"{message}multiple of {step}{n}",
-                *(f"{entry.leaf}={v}" for v in sorted({lower, upper})))  # fmt: skip
+        ctx.bad(
+            "batch",
+            entry.dotted,
+            f"{message}multiple of {step}{n}",
+            *(f"{entry.leaf}={v}" for v in sorted({lower, upper})),
+        )
         return old, "kept (batch='keep')"
     target = old * ctx.factor
     low = max(step, math.floor(target / step) * step)
@@ -161,8 +178,11 @@ def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) ->
         )
     world = ctx.to_gpus // max(1, ctx.nnodes)
     heads = ctx.model.num_attention_heads if ctx.model is not None else None
-    options = [t for t in range(1, world + 1) if world % t == 0 and t <= old * ctx.factor
-               and (heads is None or heads % t == 0)]  # fmt: skip
+    options = [
+        t
+        for t in range(1, world + 1)
+        if world % t == 0 and t <= old * ctx.factor and (heads is None or heads % t == 0)
+    ]
     why = f"× {ctx.to_gpus}/{ctx.from_gpus} GPUs (tensor_parallel='scale'): one engine spans "
     return max(options) if options else old, why + "more GPUs"
 
@@ -184,43 +204,64 @@ def check_start_up(
     train = next((e for e in entries if e.leaf == "train_batch_size"), None)
     train_value = ints.get(train.dotted) if train is not None else None
     if train_value is not None and (train_value * ctx.n) % world:
-        ctx.bad("batch", "train_batch_size",
-                f"train_batch_size {train_value} × rollout.n {ctx.n} is not divisible by "
-                f"{world} GPUs (verl: real_train_batch_size % n_gpus == 0)")  # fmt: skip
+        ctx.bad(
+            "batch",
+            "train_batch_size",
+            f"train_batch_size {train_value} × rollout.n {ctx.n} is not divisible by "
+            f"{world} GPUs (verl: real_train_batch_size % n_gpus == 0)",
+        )
     for e in entries:
         if e.leaf != "ppo_mini_batch_size" or e.dotted not in ints:
             continue
         mini = ints[e.dotted]
         if train_value is not None and mini > train_value:
-            ctx.bad("batch", e.dotted,
-                    f"{e.dotted} {mini} is larger than train_batch_size {train_value} "
-                    "(verl asserts train_batch_size >= ppo_mini_batch_size)")  # fmt: skip
+            ctx.bad(
+                "batch",
+                e.dotted,
+                f"{e.dotted} {mini} is larger than train_batch_size {train_value} "
+                "(verl asserts train_batch_size >= ppo_mini_batch_size)",
+            )
         per_gpu = mini * ctx.n // dp
         micro_entry = find_entry(entries, f"{e.parent}.ppo_micro_batch_size_per_gpu")
         micro = ints.get(micro_entry.dotted) if micro_entry is not None else None
         if per_gpu < 1:
-            ctx.bad("batch", e.dotted,
-                    f"{e.dotted} {mini} × n {ctx.n} ÷ {dp} data-parallel GPUs = 0 per GPU "
-                    "(verl: ppo_mini_batch_size must stay > 0 after normalisation)")  # fmt: skip
+            ctx.bad(
+                "batch",
+                e.dotted,
+                f"{e.dotted} {mini} × n {ctx.n} ÷ {dp} data-parallel GPUs = 0 per GPU "
+                "(verl: ppo_mini_batch_size must stay > 0 after normalisation)",
+            )
         elif micro and per_gpu % micro:
-            ctx.bad("batch", e.dotted, f"{e.dotted} gives {per_gpu} per GPU, not divisible by "
-                    f"ppo_micro_batch_size_per_gpu {micro}")  # fmt: skip
+            ctx.bad(
+                "batch",
+                e.dotted,
+                f"{e.dotted} gives {per_gpu} per GPU, not divisible by "
+                f"ppo_micro_batch_size_per_gpu {micro}",
+            )
     heads = ctx.model.num_attention_heads if ctx.model is not None else None
     for e in entries:
         rule, v = rules.get(e.dotted), value(e)
         if rule == "tensor_parallel" and isinstance(v, int) and v >= 1:
             if world % v:
-                ctx.bad("tensor_parallel", e.dotted,
-                        f"{e.dotted} {v} does not divide {world} GPUs: the rollout world size "
-                        "must be a multiple of the tensor-parallel size")  # fmt: skip
+                ctx.bad(
+                    "tensor_parallel",
+                    e.dotted,
+                    f"{e.dotted} {v} does not divide {world} GPUs: the rollout world size "
+                    "must be a multiple of the tensor-parallel size",
+                )
             if heads is not None and heads % v:
-                ctx.bad("tensor_parallel", e.dotted, f"{e.dotted} {v} does not divide the "
-                        f"model's {heads} attention heads (vLLM requires it)")  # fmt: skip
+                ctx.bad(
+                    "tensor_parallel",
+                    e.dotted,
+                    f"{e.dotted} {v} does not divide the "
+                    f"model's {heads} attention heads (vLLM requires it)",
+                )
         if rule == "memory_fraction" and isinstance(v, int | float) and not 0 < v <= 1:
             ctx.bad("memory_fraction", e.dotted, f"{e.dotted} {v} is not a fraction in (0, 1]")
         if rule == "gpu_count" and isinstance(v, int) and v * ctx.nnodes != ctx.to_gpus:
-            ctx.bad("gpu_count", e.dotted,
-                    f"{e.dotted} {v} × nnodes {ctx.nnodes} ≠ {ctx.to_gpus} GPUs")  # fmt: skip
+            ctx.bad(
+                "gpu_count", e.dotted, f"{e.dotted} {v} × nnodes {ctx.nnodes} ≠ {ctx.to_gpus} GPUs"
+            )
     model_len = config_model_len(entries, value)
     for e in entries:
         if e.leaf != "max_num_batched_tokens" or not isinstance(value(e), int):
@@ -229,13 +270,20 @@ def check_start_up(
         seqs_entry = find_entry(entries, f"{e.parent}.max_num_seqs")
         seqs = value(seqs_entry) if seqs_entry is not None else None
         if isinstance(seqs, int) and tokens < seqs:
-            ctx.bad("engine", e.dotted, f"{e.dotted} {tokens} < max_num_seqs {seqs} (vLLM "
-                    "requires max_num_batched_tokens >= max_num_seqs)")  # fmt: skip
+            ctx.bad(
+                "engine",
+                e.dotted,
+                f"{e.dotted} {tokens} < max_num_seqs {seqs} (vLLM "
+                "requires max_num_batched_tokens >= max_num_seqs)",
+            )
         if model_len is not None and tokens < model_len:
-            ctx.bad("engine", e.dotted,
-                    f"{e.dotted} {tokens} < the maximum model length {model_len} (prompt + "
-                    "response): verl refuses it with chunked prefill, vLLM without",
-                    f"max_num_batched_tokens={model_len}")  # fmt: skip
+            ctx.bad(
+                "engine",
+                e.dotted,
+                f"{e.dotted} {tokens} < the maximum model length {model_len} (prompt + "
+                "response): verl refuses it with chunked prefill, vLLM without",
+                f"max_num_batched_tokens={model_len}",
+            )
 
 
 # ------------------------------------------------------------------- the KV cache
@@ -315,18 +363,29 @@ def kv_check(
         return None
     unchecked = "KV cache not checked: "
     if ctx.model is None and ctx.model_name is not None:
-        ctx.warn("kv_unchecked", "KV cache", f"{unchecked}the config's model "
-                 f"{ctx.model_name!r} is not among nbgpu's built-in model shapes; pass model= its "
-                 "config.json (path or dict)")  # fmt: skip
+        ctx.warn(
+            "kv_unchecked",
+            "KV cache",
+            f"{unchecked}the config's model "
+            f"{ctx.model_name!r} is not among nbgpu's built-in model shapes; pass model= its "
+            "config.json (path or dict)",
+        )
         return None
     if ctx.model is None or not ctx.model.has_kv_shape:
-        ctx.warn("kv_unchecked", "KV cache", f"{unchecked}pass model= as an HF config dict "
-                 "(layers, KV heads, head_dim) and a GPU size (inventory= or "
-                 "gpu_memory_bytes=)")  # fmt: skip
+        ctx.warn(
+            "kv_unchecked",
+            "KV cache",
+            f"{unchecked}pass model= as an HF config dict "
+            "(layers, KV heads, head_dim) and a GPU size (inventory= or "
+            "gpu_memory_bytes=)",
+        )
         return None
     if gpu_memory_bytes is None:
-        ctx.warn("kv_unchecked", "KV cache",
-                 f"{unchecked}pass inventory= or gpu_memory_bytes= for the GPU size")  # fmt: skip
+        ctx.warn(
+            "kv_unchecked",
+            "KV cache",
+            f"{unchecked}pass inventory= or gpu_memory_bytes= for the GPU size",
+        )
         return None
     fraction = value(fraction_entry)
     if not isinstance(fraction, int | float) or not 0 < fraction <= 1:
@@ -350,18 +409,30 @@ def kv_check(
     key = fraction_entry.dotted
     leaf = key.rsplit(".", 1)[-1]
     if check.budget_bytes <= 0:
-        ctx.bad("kv_cache", key, f"{key} {fraction} of {fmt_bytes(gpu_memory_bytes)} holds the "
-                f"weights ({fmt_bytes(check.weights_bytes)}) and the reserve but no KV cache",
-                f"{leaf}={check.fraction_for(model_len or 1)}")  # fmt: skip
+        ctx.bad(
+            "kv_cache",
+            key,
+            f"{key} {fraction} of {fmt_bytes(gpu_memory_bytes)} holds the "
+            f"weights ({fmt_bytes(check.weights_bytes)}) and the reserve but no KV cache",
+            f"{leaf}={check.fraction_for(model_len or 1)}",
+        )
     elif model_len is not None and check.capacity_tokens < model_len:
-        ctx.bad("kv_cache", key, f"the KV cache holds {check.capacity_tokens:,} tokens per GPU, "
-                f"less than one sequence of {model_len:,}: the engine refuses to start",
-                f"{leaf}={check.fraction_for(model_len)}")  # fmt: skip
+        ctx.bad(
+            "kv_cache",
+            key,
+            f"the KV cache holds {check.capacity_tokens:,} tokens per GPU, "
+            f"less than one sequence of {model_len:,}: the engine refuses to start",
+            f"{leaf}={check.fraction_for(model_len)}",
+        )
     elif check.needed_tokens is not None and check.capacity_tokens < check.needed_tokens:
-        ctx.warn("kv_cache", key, f"the KV cache holds {check.capacity_tokens:,} tokens = "
-                 f"{check.capacity_tokens // (model_len or 1)} full-length sequences, fewer than "
-                 f"max_num_seqs {check.max_num_seqs}: the engine will queue or preempt sequences",
-                 f"{leaf}={check.fraction_for(check.needed_tokens)}")  # fmt: skip
+        ctx.warn(
+            "kv_cache",
+            key,
+            f"the KV cache holds {check.capacity_tokens:,} tokens = "
+            f"{check.capacity_tokens // (model_len or 1)} full-length sequences, fewer than "
+            f"max_num_seqs {check.max_num_seqs}: the engine will queue or preempt sequences",
+            f"{leaf}={check.fraction_for(check.needed_tokens)}",
+        )
     return check
 
 

@@ -134,8 +134,13 @@ class ScalePlan(Result):
 
             old, new = dump_yaml(self.original).splitlines(), dump_yaml(self.config).splitlines()
         name = self.source or "config"
-        lines = difflib.unified_diff(old, new, f"{name} ({self.from_gpus} GPUs)",
-                                     f"{name} ({self.to_gpus} GPUs)", lineterm="")  # fmt: skip
+        lines = difflib.unified_diff(
+            old,
+            new,
+            f"{name} ({self.from_gpus} GPUs)",
+            f"{name} ({self.to_gpus} GPUs)",
+            lineterm="",
+        )
         return "\n".join(lines) + "\n"
 
     def content(self) -> list[Block]:
@@ -146,8 +151,9 @@ class ScalePlan(Result):
         ]
         for s in self.steps:
             change = f"{s.key}: {short_text(s.old)} → {short_text(s.new)}"
-            blocks.append(Line(change, indent="* " if s.changed else "  ",
-                               level="warn" if s.changed else ""))  # fmt: skip
+            blocks.append(
+                Line(change, indent="* " if s.changed else "  ", level="warn" if s.changed else "")
+            )
             blocks.append(Line(s.reason, indent="      "))
         if self.kv is not None:
             blocks.append(Line(self.kv.text))
@@ -254,8 +260,11 @@ def _train_covers_minis(
     train = next((e for e in entries if e.leaf == "train_batch_size"), None)
     if train is None or not isinstance(new.get(train.dotted), int):
         return
-    minis = [new[e.dotted] for e in entries
-             if e.leaf == "ppo_mini_batch_size" and isinstance(new.get(e.dotted), int)]  # fmt: skip
+    minis = [
+        new[e.dotted]
+        for e in entries
+        if e.leaf == "ppo_mini_batch_size" and isinstance(new.get(e.dotted), int)
+    ]
     largest = max(minis, default=0)
     if largest <= new[train.dotted]:
         return
@@ -328,8 +337,15 @@ def scale_config(
     )
     new, reasons = _apply_rules(entries, rule_of, ctx, tensor_parallel, devices)
     check_start_up(entries, new, rule_of, ctx)
-    kv = kv_check(entries, new, rule_of, ctx, gpu_memory_bytes=gpu_memory_bytes,
-                  max_model_len=max_model_len, precision=precision)  # fmt: skip
+    kv = kv_check(
+        entries,
+        new,
+        rule_of,
+        ctx,
+        gpu_memory_bytes=gpu_memory_bytes,
+        max_model_len=max_model_len,
+        precision=precision,
+    )
     steps = tuple(
         ScaleStep(e.dotted, rule_of[e.dotted], e.value, new[e.dotted], reasons[e.dotted], e.path)
         for e in entries
@@ -339,8 +355,17 @@ def scale_config(
         if e.dotted in new:
             set_value(data, e.path, new[e.dotted])
     result: Any = [f"{k}={override_text(v)}" for k, v in data.items()] if overrides else data
-    return ScalePlan(start, to_gpus, steps, tuple(ctx.problems), tuple(ctx.warnings), kv,
-                     config=result, original=original, source=source)  # fmt: skip
+    return ScalePlan(
+        start,
+        to_gpus,
+        steps,
+        tuple(ctx.problems),
+        tuple(ctx.warnings),
+        kv,
+        config=result,
+        original=original,
+        source=source,
+    )
 
 
 def _engines(world: int, tp: Any) -> int:
