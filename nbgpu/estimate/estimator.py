@@ -22,11 +22,12 @@ from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import (
     OPTIMIZERS,
     STRATEGIES,
-    Layout,
     analytic_terms,
+    check_count,
+    choose,
     normalize_precision,
 )
-from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, MemoryEstimate, Term
+from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, Layout, MemoryEstimate, Term
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.sizes import parse_size
 
@@ -101,14 +102,9 @@ def estimate_memory(
     """
     if micro_batch is None:
         micro_batch = _batch_size(example_input) or 1
-    words = {
-        "role": (role, ROLES),
-        "strategy": (strategy, STRATEGIES),
-        "optimizer": (optimizer, OPTIMIZERS),
-    }
-    for label, (value, choices) in words.items():
-        if str(value).strip().lower() not in choices:
-            raise UserInputError(f"{label}={value!r}: expected one of {', '.join(choices)}")
+    role = choose("role", role, ROLES)
+    strategy = choose("strategy", strategy, STRATEGIES)
+    optimizer = choose("optimizer", optimizer, OPTIMIZERS)
     counts = {
         "world_size": world_size,
         "micro_batch": micro_batch,
@@ -118,10 +114,8 @@ def estimate_memory(
         "kv_tokens": kv_tokens,
     }
     for label, count in counts.items():
-        if count is None and label in ("micro_batch", "seq_len", "kv_tokens"):
-            continue
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise UserInputError(f"{label}={count!r}: expected a whole number >= 1")
+        if count is not None or label not in ("seq_len", "kv_tokens"):
+            check_count(f"{label}=", count)
     model_parallel = tensor_parallel * pipeline_parallel
     if world_size % model_parallel:
         raise UserInputError(
@@ -131,17 +125,17 @@ def estimate_memory(
     if not 0 <= fragmentation < 1:
         raise UserInputError(f"fragmentation={fragmentation!r}: expected a fraction in [0, 1)")
     lay = Layout(
-        role=str(role).strip().lower(),
+        role=role,
         precision=normalize_precision(precision),
-        optimizer=str(optimizer).strip().lower(),
-        strategy=str(strategy).strip().lower(),
+        optimizer=optimizer,
+        strategy=strategy,
         world_size=world_size,
         data_parallel=world_size // model_parallel,
-        tp=tensor_parallel,
-        pp=pipeline_parallel,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
         micro_batch=micro_batch,
         seq_len=seq_len,
-        checkpointing=bool(activation_checkpointing),
+        activation_checkpointing=bool(activation_checkpointing),
         flash_attention=bool(flash_attention),
         gradient_as_bucket_view=bool(gradient_as_bucket_view),
         fragmentation=float(fragmentation),
@@ -167,17 +161,7 @@ def estimate_memory(
     result = MemoryEstimate(
         model=_describe(model, shape),
         parameters=shape.parameters,
-        role=lay.role,
-        precision=lay.precision,
-        optimizer=lay.optimizer,
-        strategy=lay.strategy,
-        world_size=lay.world_size,
-        data_parallel=lay.data_parallel,
-        tensor_parallel=lay.tp,
-        pipeline_parallel=lay.pp,
-        micro_batch=lay.micro_batch,
-        seq_len=lay.seq_len,
-        activation_checkpointing=lay.checkpointing,
+        layout=lay,
         terms=terms,
         traced_terms=traced,
         trace_note=note,
@@ -194,7 +178,7 @@ def estimate_memory(
                 f"{fmt_bytes(weights.bytes_per_gpu if weights else None)}, optimizer and "
                 "reserves); expected a budget above that, more GPUs or a sharded strategy"
             )
-        result = replace(result, max_micro_batch=_solve_micro(result, budget_bytes, lay))
+        result = replace(result, max_micro_batch=_solve_micro(result, budget_bytes))
     return result
 
 
@@ -213,12 +197,12 @@ def _per_sample_total(est: MemoryEstimate) -> int:
     return per
 
 
-def _solve_micro(est: MemoryEstimate, budget: int, lay: Layout) -> int | None:
+def _solve_micro(est: MemoryEstimate, budget: int) -> int | None:
     """Largest micro batch with total ≤ budget: memory is affine in the micro batch."""
-    per_sample = _per_sample_total(est) / lay.micro_batch
+    per_sample = _per_sample_total(est) / est.layout.micro_batch
     if per_sample <= 0:
         return None  # nothing scales with the batch in what we could compute
-    fixed = est.total_bytes - per_sample * lay.micro_batch
+    fixed = est.total_bytes - per_sample * est.layout.micro_batch
     return max(0, math.floor((budget - fixed) / per_sample))
 
 
@@ -244,7 +228,7 @@ def largest_micro_batch(
     evaluations = 1
     best: int | None
     if first.traced_terms:
-        b0 = first.micro_batch
+        b0 = first.layout.micro_batch
         second = estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": 2 * b0})
         evaluations += 1
         slope = (second.total_bytes - first.total_bytes) / b0
@@ -262,7 +246,7 @@ def largest_micro_batch(
     if best < 1:
         raise UserInputError(
             f"budget={fmt_bytes(first.budget_bytes)} per GPU holds no sample: micro_batch="
-            f"{first.micro_batch} needs {fmt_bytes(first.total_bytes)}; expected a larger "
+            f"{first.layout.micro_batch} needs {fmt_bytes(first.total_bytes)}; expected a larger "
             "budget, activation checkpointing or a shorter seq_len"
         )
 

@@ -27,20 +27,19 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import astuple, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes
+from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import STRATEGIES
-from nbgpu.estimate.result import Term
+from nbgpu.estimate.result import StepComparison, Term
 
 if TYPE_CHECKING:
-    from nbgpu.estimate.formulas import Layout
-    from nbgpu.estimate.result import MemoryEstimate
+    from nbgpu.estimate.result import Layout, MemoryEstimate
 
 __all__ = [
     "StepComparison",
@@ -151,16 +150,7 @@ class TracedPeak:
 
     @property
     def total(self) -> int:
-        parts = (
-            self.parameters,
-            self.buffers,
-            self.gradients,
-            self.activations,
-            self.temporaries,
-            self.optimizer,
-            self.other,
-        )
-        return sum(parts)
+        return int(sum(astuple(self)[:-1]))  # every category (seconds is the last field)
 
 
 def _fake_twin(tensor: torch.Tensor, mode: Any, dtype: torch.dtype | None) -> torch.Tensor:
@@ -291,7 +281,7 @@ def trace_terms(
         raise
     except Exception as exc:  # noqa: BLE001  (any failure of the user's code: say why)
         return (), f"traced: failed ({_failure_reason(exc)}); the analytic estimate is the answer"
-    n, mp, tp = layout.data_parallel, layout.tp * layout.pp, layout.tp
+    n, mp, tp = layout.data_parallel, layout.model_parallel, layout.tensor_parallel
     loop = "foreach" if layout.foreach else "per-tensor"
     src = f"traced: {TOOL} (steady-state step, {loop} optimizer)"
     split = f" / {mp}" if mp > 1 else ""
@@ -377,55 +367,6 @@ def measure_step(
     touched = {id(p) for p in work.parameters() if p.requires_grad}
     idle = sum(_tensor_bytes(p) for p in work.parameters() if id(p) not in touched)
     return peak + idle
-
-
-@dataclass(frozen=True)
-class StepComparison(Result):
-    """Measured peak tensor bytes of one real CPU step beside the traced and analytic ones."""
-
-    model: str
-    batch_shape: str
-    measured_bytes: int
-    traced_bytes: int | None
-    analytic_bytes: int | None  # model states + activations formulas (None: no shape)
-    trace_note: str
-    measure_seconds: float
-    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("methods",)
-    FRAME_COLUMNS = ("method", "bytes", "error_vs_measured")
-
-    def _error(self, value: int | None) -> float | None:
-        if value is None or not self.measured_bytes:
-            return None
-        return (value - self.measured_bytes) / self.measured_bytes
-
-    def records(self) -> list[dict[str, Any]]:
-        return [
-            {"method": m, "bytes": v, "error_vs_measured": self._error(v)}
-            for m, v in (
-                ("measured (CPU step, profiler)", self.measured_bytes),
-                ("traced (fake tensors)", self.traced_bytes),
-                ("analytic (formulas)", self.analytic_bytes),
-            )
-        ]
-
-    def _table(self) -> Table:
-        table = Table(["method", "peak tensor bytes", "vs measured"])
-        for r in self.records():
-            err = r["error_vs_measured"]
-            table.add(
-                r["method"],
-                fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
-                "-" if err is None else f"{err:+.1%}",
-            )
-        return table
-
-    @property
-    def methods(self) -> list[dict[str, Any]]:
-        return self.records()
-
-    def content(self) -> list[Block]:
-        head = f"one training step of {self.model}, batch {self.batch_shape}"
-        return [Title(head), self._table(), Line(self.trace_note)]
 
 
 def compare_step(
