@@ -54,24 +54,15 @@ RULES: Mapping[str, str] = {
 
 # verl / VAGEN names (the last part of the key) and their rules.
 _LEAVES: Mapping[str, str] = {
-    **dict.fromkeys(
-        (
-            "train_batch_size",
-            "ppo_mini_batch_size",
-            "ppo_micro_batch_size",
-            "log_prob_micro_batch_size",
-        ),
-        "global_batch",
-    ),
-    **dict.fromkeys(
-        (
-            "ppo_micro_batch_size_per_gpu",
-            "log_prob_micro_batch_size_per_gpu",
-            "micro_batch_size_per_gpu",
-        ),
-        "per_gpu",
-    ),
-    **dict.fromkeys(("max_num_seqs", "max_num_batched_tokens"), "per_engine"),
+    "train_batch_size": "global_batch",
+    "ppo_mini_batch_size": "global_batch",
+    "ppo_micro_batch_size": "global_batch",
+    "log_prob_micro_batch_size": "global_batch",
+    "ppo_micro_batch_size_per_gpu": "per_gpu",
+    "log_prob_micro_batch_size_per_gpu": "per_gpu",
+    "micro_batch_size_per_gpu": "per_gpu",
+    "max_num_seqs": "per_engine",
+    "max_num_batched_tokens": "per_engine",
     "tensor_model_parallel_size": "tensor_parallel",
     "gpu_memory_utilization": "memory_fraction",
     "n_gpus_per_node": "gpu_count",
@@ -361,31 +352,20 @@ def kv_check(
     fraction_entry = ruled("memory_fraction")
     if fraction_entry is None:
         return None
-    unchecked = "KV cache not checked: "
-    if ctx.model is None and ctx.model_name is not None:
-        ctx.warn(
-            "kv_unchecked",
-            "KV cache",
-            f"{unchecked}the config's model "
-            f"{ctx.model_name!r} is not among nbgpu's built-in model shapes; pass model= its "
-            "config.json (path or dict)",
-        )
-        return None
-    if ctx.model is None or not ctx.model.has_kv_shape:
-        ctx.warn(
-            "kv_unchecked",
-            "KV cache",
-            f"{unchecked}pass model= as an HF config dict "
-            "(layers, KV heads, head_dim) and a GPU size (inventory= or "
-            "gpu_memory_bytes=)",
-        )
-        return None
-    if gpu_memory_bytes is None:
-        ctx.warn(
-            "kv_unchecked",
-            "KV cache",
-            f"{unchecked}pass inventory= or gpu_memory_bytes= for the GPU size",
-        )
+    if ctx.model is None or not ctx.model.has_kv_shape or gpu_memory_bytes is None:
+        if ctx.model is None and ctx.model_name is not None:
+            why = (
+                f"the config's model {ctx.model_name!r} is not among nbgpu's built-in model "
+                "shapes; pass model= its config.json (path or dict)"
+            )
+        elif ctx.model is None or not ctx.model.has_kv_shape:
+            why = (
+                "pass model= as an HF config dict (layers, KV heads, head_dim) and a GPU size "
+                "(inventory= or gpu_memory_bytes=)"
+            )
+        else:
+            why = "pass inventory= or gpu_memory_bytes= for the GPU size"
+        ctx.warn("kv_unchecked", "KV cache", f"KV cache not checked: {why}")
         return None
     fraction = value(fraction_entry)
     if not isinstance(fraction, int | float) or not 0 < fraction <= 1:
