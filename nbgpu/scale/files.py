@@ -81,7 +81,7 @@ class ConfigSource:
 def read_config(text: str, name: str) -> ConfigSource:
     """Read a config's text by its form (a ``.json`` name, a shell script, else YAML)."""
     from nbgpu.scale.script import looks_like_script, read_script  # noqa: PLC0415
-    from nbgpu.scale.yamldoc import load_yaml, to_plain  # noqa: PLC0415
+    from nbgpu.scale.yamldoc import load_yaml  # noqa: PLC0415
 
     where = f"config {name!r}"
     if name.endswith(".json"):
@@ -94,7 +94,7 @@ def read_config(text: str, name: str) -> ConfigSource:
     if looks_like_script(text, name):
         script = read_script(text, where)
         return ConfigSource("script", name, text, script.config(), script)
-    return ConfigSource("yaml", name, text, to_plain(load_yaml(text, where)))
+    return ConfigSource("yaml", name, text, load_yaml(text, where, plain=True))
 
 
 def _json_indent(text: str) -> int | None:

@@ -31,7 +31,7 @@ from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScala
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["dump_yaml", "load_yaml", "rewrite_yaml", "to_plain"]
+__all__ = ["dump_yaml", "load_yaml", "rewrite_yaml"]
 
 _KEY_LINE = re.compile(r"^( *)[^\s#-][^#]*:\s*(#.*)?$")
 _ITEM_LINE = re.compile(r"^( *)- ")
@@ -73,28 +73,16 @@ def _indentation(text: str) -> tuple[int, int, int]:
     return mapping, max(sequence, offset + 2), offset
 
 
-def load_yaml(text: str, where: str = "config") -> Any:
-    """The round-trip document (mappings keep their comments and style)."""
+def load_yaml(text: str, where: str = "config", *, plain: bool = False) -> Any:
+    """The round-trip document (mappings keep their comments and style); *plain*: plain
+    dicts, lists and scalars (``int``, ``float``, ``str``...), as ruamel.yaml's safe loader
+    builds them."""
     try:
-        return _round_trip(text).load(text)
+        return (YAML(typ="safe", pure=True) if plain else _round_trip(text)).load(text)
     except YAMLError as exc:
         mark = exc.problem_mark if isinstance(exc, MarkedYAMLError) else None
         line = f" (line {mark.line + 1})" if mark is not None else ""
         raise UserInputError(f"{where} is not valid YAML{line}") from None
-
-
-def to_plain(node: Any) -> Any:
-    """The document as plain dicts, lists and scalars (``int``, ``float``, ``str``...)."""
-    if isinstance(node, Mapping):
-        return {to_plain(k): to_plain(v) for k, v in node.items()}
-    if isinstance(node, list | tuple):
-        return [to_plain(v) for v in node]
-    if isinstance(node, bool) or node is None:
-        return node
-    for kind in (int, float, str):
-        if isinstance(node, kind):
-            return kind(node)
-    return node
 
 
 def _styled(old: Any, new: Any) -> Any:
