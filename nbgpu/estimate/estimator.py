@@ -52,10 +52,6 @@ def _batch_size(example: Any) -> int | None:
     return int(shape[0]) if shape is not None and len(shape) else None
 
 
-def _is_module(model: Any) -> bool:
-    return all(callable(getattr(model, name, None)) for name in ("parameters", "forward"))
-
-
 def _describe(model: Any, shape: ModelShape) -> str:
     if shape.config is not None and shape.source not in ("torch module", "HF config"):
         return shape.config.name
@@ -147,7 +143,7 @@ def estimate_memory(
     terms = analytic_terms(shape, lay)
     traced: tuple[Term, ...] = ()
     note = ""
-    module = _is_module(model)
+    module = all(callable(getattr(model, name, None)) for name in ("parameters", "forward"))
     if trace is None:
         trace = module
     if trace and not module:
@@ -224,20 +220,22 @@ def largest_micro_batch(
             raise UserInputError("budget=[]: expected at least one GPU's free bytes")
         budget = min(parse_bytes(b, "budget") for b in budget)
     kwargs.setdefault("micro_batch", 1)
-    first = estimate_memory(model, budget=budget, **kwargs)
-    evaluations = 1
-    best: int | None
+    evaluations = 0
+
+    def at(micro: int | None) -> MemoryEstimate:
+        nonlocal evaluations
+        evaluations += 1
+        return estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": micro})
+
+    first = at(kwargs["micro_batch"])
+    best = first.max_micro_batch
     if first.traced_terms:
         b0 = first.layout.micro_batch
-        second = estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": 2 * b0})
-        evaluations += 1
-        slope = (second.total_bytes - first.total_bytes) / b0
+        slope = (at(2 * b0).total_bytes - first.total_bytes) / b0
         best = None
         if slope > 0:
             fixed = first.total_bytes - slope * b0
             best = max(0, math.floor(((first.budget_bytes or 0) - fixed) / slope))
-    else:
-        best = first.max_micro_batch
     if best is None:
         raise UserInputError(
             "largest micro batch: nothing in this estimate grows with the batch; pass seq_len "
@@ -249,12 +247,6 @@ def largest_micro_batch(
             f"{first.layout.micro_batch} needs {fmt_bytes(first.total_bytes)}; expected a larger "
             "budget, activation checkpointing or a shorter seq_len"
         )
-
-    def at(micro: int) -> MemoryEstimate:
-        nonlocal evaluations
-        evaluations += 1
-        return estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": micro})
-
     final = at(best)
     # A trace is close to, not exactly, affine (the peak can move between the forward
     # pass and the optimizer step): step down until it fits, then up while it still does.

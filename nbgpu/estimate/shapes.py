@@ -250,16 +250,10 @@ _ROWS: tuple[tuple[tuple[str, ...], ModelConfig], ...] = (
 # fmt: on
 
 
-def _build_table() -> dict[str, ModelConfig]:
-    table: dict[str, ModelConfig] = {}
-    for names, shape in _ROWS:
-        for name in names:
-            table[name] = replace(shape, name=name)
-    return table
-
-
 #: Every built-in shape, by canonical Hugging Face repo name.
-BUILTIN_MODELS: Mapping[str, ModelConfig] = _build_table()
+BUILTIN_MODELS: Mapping[str, ModelConfig] = {
+    name: replace(shape, name=name) for names, shape in _ROWS for name in names
+}
 
 # Lookup keys: the full id and the bare repo name, both lower case.
 _BY_KEY: dict[str, ModelConfig] = {}

@@ -97,11 +97,6 @@ def read_config(text: str, name: str) -> ConfigSource:
     return ConfigSource("yaml", name, text, load_yaml(text, where, plain=True))
 
 
-def _json_indent(text: str) -> int | None:
-    m = re.search(r"\n([ \t]+)\"", text)
-    return len(m.group(1).expandtabs()) if m else None
-
-
 class Rescaled(Protocol):
     """What rewriting needs of a scale plan (the plan's module saves through this one)."""
 
@@ -122,7 +117,8 @@ def rescaled_text(source: ConfigSource, plan: Rescaled) -> tuple[str, list[str]]
         return rewrite_yaml(source.text, changes, f"config {source.name!r}"), []
     if source.form == "json":
         end = "\n" if source.text.endswith("\n") else ""
-        indent = _json_indent(source.text)
+        m = re.search(r"\n([ \t]+)\"", source.text)  # the file's own indentation
+        indent = len(m.group(1).expandtabs()) if m else None
         return json.dumps(plan.config, indent=indent, ensure_ascii=False) + end, []
     if source.script is None:  # a script is always read with its LaunchScript
         raise TypeError(f"{source.name}: a script without its reading")

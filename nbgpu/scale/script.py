@@ -103,12 +103,9 @@ class LaunchScript:
                 out.append(part.text)
             elif part.kind == "var" and depth < 20:
                 assigned = self.variable(part.text, value.at)
+                text = None if part.default is None else part.default[2]
                 if assigned is not None:
                     text = self.resolve(assigned.value, depth + 1, split=False)
-                elif part.default is not None:
-                    text = part.default[2]
-                else:
-                    text = None
                 if text is None:
                     return None
                 if split and not part.quoted and (text != text.strip() or len(text.split()) > 1):
@@ -156,9 +153,7 @@ def _raw(script: LaunchScript, value: ScriptValue) -> str:
 
 def looks_like_script(text: str, name: str = "") -> bool:
     """A shell script rather than YAML/JSON: by its name, its shebang or its commands."""
-    if name.endswith((".sh", ".bash")):
-        return True
-    if text.startswith("#!"):
+    if name.endswith((".sh", ".bash")) or text.startswith("#!"):
         return True
     return bool(re.search(r"^\s*(?:\S+=\S*\s+)*python[0-9.]*\s+.*\\$", text, re.MULTILINE))
 
