@@ -21,6 +21,7 @@ from typing import Any
 from nbgpu._render import Blank, Block, Line, Problems, Result, Title
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
+from nbgpu.estimate.formulas import check_count
 from nbgpu.estimate.shapes import ModelShape
 from nbgpu.problems import Problem
 from nbgpu.scale.rules import (
@@ -179,8 +180,7 @@ def _count(value: Any) -> bool:
 
 
 def _check_options(to_gpus: int, batch: str, tensor_parallel: str | int) -> None:
-    if not _count(to_gpus):
-        raise UserInputError(f"to_gpus={to_gpus!r}: expected a whole number >= 1")
+    check_count("to_gpus=", to_gpus)
     if batch not in ("scale", "keep"):
         raise UserInputError(f"batch={batch!r}: expected 'scale' or 'keep'")
     if tensor_parallel not in ("keep", "scale") and not _count(tensor_parallel):
@@ -194,8 +194,7 @@ def _source_gpus(
 ) -> int:
     """How many GPUs the config was made for: given, or n_gpus_per_node × nnodes, or CVD."""
     if from_gpus is not None:
-        if not _count(from_gpus):
-            raise UserInputError(f"from_gpus={from_gpus!r}: expected a whole number >= 1")
+        check_count("from_gpus=", from_gpus)
         return from_gpus
     for e in entries:
         if rule_of.get(e.dotted) == "gpu_count" and isinstance(e.value, int) and e.value > 0:
