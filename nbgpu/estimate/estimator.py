@@ -164,7 +164,8 @@ def estimate_memory(
         budget_bytes=budget_bytes,
     )
     if budget_bytes is not None:
-        fixed = result.total_bytes - _per_sample_total(result)
+        per_sample = _per_sample_total(result)
+        fixed = result.total_bytes - per_sample
         if fixed > budget_bytes:
             weights = result.term("weights")
             raise UserInputError(
@@ -174,7 +175,11 @@ def estimate_memory(
                 f"{fmt_bytes(weights.bytes_per_gpu if weights else None)}, optimizer and "
                 "reserves); expected a budget above that, more GPUs or a sharded strategy"
             )
-        result = replace(result, max_micro_batch=_solve_micro(result, budget_bytes))
+        # Memory is affine in the micro batch: the largest that fits is one division (None:
+        # nothing scales with the batch in what we could compute).
+        slope = per_sample / lay.micro_batch
+        best = max(0, math.floor((budget_bytes - fixed) / slope)) if slope > 0 else None
+        result = replace(result, max_micro_batch=best)
     return result
 
 
@@ -191,15 +196,6 @@ def _per_sample_total(est: MemoryEstimate) -> int:
     if frag is not None and frag.bytes_per_gpu and tensors:
         per += round(frag.bytes_per_gpu * per / tensors)
     return per
-
-
-def _solve_micro(est: MemoryEstimate, budget: int) -> int | None:
-    """Largest micro batch with total ≤ budget: memory is affine in the micro batch."""
-    per_sample = _per_sample_total(est) / est.layout.micro_batch
-    if per_sample <= 0:
-        return None  # nothing scales with the batch in what we could compute
-    fixed = est.total_bytes - per_sample * est.layout.micro_batch
-    return max(0, math.floor((budget - fixed) / per_sample))
 
 
 def largest_micro_batch(

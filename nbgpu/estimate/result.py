@@ -144,8 +144,7 @@ class MemoryEstimate(Result):
     @property
     def total_bytes(self) -> int:
         """The answer: traced when a trace succeeded, else analytic."""
-        traced = self.traced_bytes
-        return traced if traced is not None else self.analytic_bytes
+        return self._sum(self.traced_terms or self.terms)
 
     @property
     def method(self) -> str:

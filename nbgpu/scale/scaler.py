@@ -350,9 +350,8 @@ def scale_config(
         for e in entries
         if e.dotted in rule_of
     )
-    for e in entries:
-        if e.dotted in new:
-            set_value(data, e.path, new[e.dotted])
+    for step in steps:
+        set_value(data, step.path, step.new)
     result: Any = [f"{k}={override_text(v)}" for k, v in data.items()] if overrides else data
     return ScalePlan(
         start,
