@@ -327,11 +327,7 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         return [Term("KV cache", None, "needs layers, KV heads, head dim", SRC_KV, "kv")]
     tokens = lay.kv_tokens if lay.kv_tokens is not None else b * (s or 0)
     size = PRECISIONS[lay.precision]
-    heads, layers = (
-        math.ceil(cfg.num_kv_heads / tp),
-        math.ceil(cfg.num_layers / lay.pipeline_parallel),
-    )
-    per_token = 2 * layers * heads * cfg.head_dim * size
+    per_token = cfg.kv_bytes_per_token(size, tp, lay.pipeline_parallel)
     formula = f"2·L·⌈kv/t⌉·hd·{size} B = {fmt_bytes(per_token)}/token × {tokens:,} tokens"
     terms.append(Term("KV cache", per_token * tokens, formula, SRC_KV, "kv"))
     if s is not None:

@@ -83,11 +83,15 @@ class ModelConfig:
         mlp_one = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
         return self.parameters - self.num_layers * unused * mlp_one
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2, tensor_parallel: int = 1) -> int:
+    def kv_bytes_per_token(
+        self, dtype_bytes: int = 2, tensor_parallel: int = 1, pipeline_parallel: int = 1
+    ) -> int:
         """KV-cache bytes per token on one GPU (memory.md §5c): vLLM and SGLang split the KV
-        heads over tensor-parallel ranks, and replicate them when tp > kv_heads."""
+        heads over tensor-parallel ranks, and replicate them when tp > kv_heads; a pipeline
+        stage holds its share of the layers."""
         heads = -(-self.num_kv_heads // max(1, tensor_parallel))
-        return 2 * self.num_layers * heads * self.head_dim * dtype_bytes
+        layers = -(-self.num_layers // pipeline_parallel)
+        return 2 * layers * heads * self.head_dim * dtype_bytes
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The fields as a HF ``config.json`` spells them (what older readers expect)."""

@@ -61,7 +61,8 @@ class _Part:
 
 @dataclass(frozen=True)
 class ScriptValue:
-    """A value as written in the script: its raw span, its parts, and what it resolves to."""
+    """A value (or a whole word) as written in the script: its raw span, its parts, and what
+    it resolves to."""
 
     start: int  # the value's span in the script (after ``key=``)
     end: int
@@ -161,14 +162,6 @@ def looks_like_script(text: str, name: str = "") -> bool:
 # ----------------------------------------------------------------------- the lexer
 
 
-@dataclass
-class _Word:
-    start: int
-    end: int
-    parts: list[_Part]
-    line: int
-
-
 class _Lexer:
     """Splits a script into commands of words, keeping every span."""
 
@@ -180,9 +173,9 @@ class _Lexer:
     def line_of(self, pos: int) -> int:
         return self.text.count("\n", 0, pos) + 1
 
-    def commands(self) -> list[list[_Word]]:
-        commands: list[list[_Word]] = []
-        current: list[_Word] = []
+    def commands(self) -> list[list[ScriptValue]]:
+        commands: list[list[ScriptValue]] = []
+        current: list[ScriptValue] = []
         text = self.text
         while self.i < len(text):
             c = text[self.i]
@@ -204,7 +197,7 @@ class _Lexer:
             commands.append(current)
         return commands
 
-    def word(self) -> _Word:
+    def word(self) -> ScriptValue:
         text = self.text
         start = self.i
         parts: list[_Part] = []
@@ -234,7 +227,7 @@ class _Lexer:
                 while self.i < len(text) and text[self.i] not in " \t\r\n;|&\\'\"$":
                     self.i += 1
                 parts.append(_Part("literal", text[begin : self.i], begin, self.i))
-        return _Word(start, self.i, _merge(parts), self.line_of(start))
+        return ScriptValue(start, self.i, _merge(parts), self.line_of(start), start)
 
     def _double_quoted(self, word_start: int) -> list[_Part]:
         text = self.text
@@ -318,7 +311,7 @@ def _matching(text: str, i: int, opening: str, closing: str) -> int:
     return -1
 
 
-def _merge(parts: list[_Part]) -> list[_Part]:
+def _merge(parts: list[_Part]) -> tuple[_Part, ...]:
     """Join adjacent literals written contiguously (one span to edit)."""
     out: list[_Part] = []
     for p in parts:
@@ -327,10 +320,10 @@ def _merge(parts: list[_Part]) -> list[_Part]:
             out[-1] = _Part("literal", last.text + p.text, last.start, p.end)
         else:
             out.append(p)
-    return out
+    return tuple(out)
 
 
-def _equals(word: _Word) -> tuple[str, int] | None:
+def _equals(word: ScriptValue) -> tuple[str, int] | None:
     """The ``key=`` text a word starts with (quotes removed) and where its ``=`` is written."""
     first = word.parts[0] if word.parts else None
     if first is None or first.kind != "literal" or "=" not in first.text:
@@ -341,7 +334,7 @@ def _equals(word: _Word) -> tuple[str, int] | None:
     return first.text[: cut + 1], first.start + cut
 
 
-def _value_of(text: str, word: _Word, eq: int) -> ScriptValue:
+def _value_of(text: str, word: ScriptValue, eq: int) -> ScriptValue:
     """The value of ``key=value`` (*eq*: the position of ``=``)."""
     parts: list[_Part] = []
     for part in word.parts:
