@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, ClassVar
 
@@ -95,6 +95,11 @@ def rules_for(entries: Sequence[Entry], rules: Mapping[str, str]) -> dict[str, s
 
 @dataclass
 class ScaleContext:
+    """One rescaling under way: the config's entries and their rules, the target, the values
+    the rules set so far, and the problems found."""
+
+    entries: Sequence[Entry]
+    rules: Mapping[str, str]  # dotted key → rule
     from_gpus: int
     to_gpus: int
     factor: Fraction
@@ -104,8 +109,16 @@ class ScaleContext:
     nnodes: int
     model: ModelShape | None
     problems: list[Problem]
-    warnings: list[Problem]
     model_name: str | None = None  # the model the config names, when model= was not given
+    new: dict[str, Any] = field(default_factory=dict)  # dotted key → its scaled value
+    warnings: list[Problem] = field(default_factory=list)
+
+    def now(self, e: Entry | None) -> Any:
+        """The entry's value once scaled (None: no such entry)."""
+        return None if e is None else self.new.get(e.dotted, e.value)
+
+    def ruled(self, rule: str) -> Entry | None:
+        return next((e for e in self.entries if self.rules.get(e.dotted) == rule), None)
 
     def bad(self, code: str, subject: str, message: str, *fixes: str) -> None:
         self.problems.append(Problem("bad", code, subject, message, fixes))
@@ -114,22 +127,23 @@ class ScaleContext:
         self.warnings.append(Problem("warn", code, subject, message, fixes))
 
 
-def batch_divisor(entry: Entry, entries: Sequence[Entry], ctx: ScaleContext, world: int) -> int:
+def batch_divisor(entry: Entry, ctx: ScaleContext) -> int:
     """The step every valid value of this global-batch key is a multiple of (verl's rules)."""
-    dp = max(1, world // ctx.sp)
+    dp = max(1, ctx.to_gpus // ctx.sp)
     if entry.leaf == "ppo_mini_batch_size":
-        need = dp * int_of(find_entry(entries, f"{entry.parent}.ppo_micro_batch_size_per_gpu"), 1)
+        micro = find_entry(ctx.entries, f"{entry.parent}.ppo_micro_batch_size_per_gpu")
+        need = dp * int_of(micro, 1)
     else:
-        need = world if entry.leaf == "train_batch_size" else dp
+        need = ctx.to_gpus if entry.leaf == "train_batch_size" else dp
     # value × n must be a multiple of need.
     return need // math.gcd(need, ctx.n)
 
 
-def scale_global(entry: Entry, entries: Sequence[Entry], ctx: ScaleContext) -> tuple[Any, str]:
+def scale_global(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
     old = entry.value
     if not isinstance(old, int) or isinstance(old, bool):
         return old, "not a whole number: left as is"
-    step = batch_divisor(entry, entries, ctx, ctx.to_gpus)
+    step = batch_divisor(entry, ctx)
     if ctx.batch == "keep":
         if old % step == 0:
             return old, f"kept (batch='keep'): a multiple of {step}, valid on {ctx.to_gpus} GPUs"
@@ -181,16 +195,10 @@ def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) ->
 # ------------------------------------------------------------- start-up checks
 
 
-def check_start_up(
-    entries: Sequence[Entry], new: Mapping[str, Any], rules: Mapping[str, str], ctx: ScaleContext
-) -> None:
+def check_start_up(ctx: ScaleContext) -> None:
     """verl's and vLLM's start-up checks on the new values."""
-    world = ctx.to_gpus
+    world, entries, value = ctx.to_gpus, ctx.entries, ctx.now
     dp = max(1, world // ctx.sp)
-
-    def value(e: Entry) -> Any:
-        return new.get(e.dotted, e.value)
-
     ints = {e.dotted: value(e) for e in entries if isinstance(value(e), int)}
     train = next((e for e in entries if e.leaf == "train_batch_size"), None)
     train_value = ints.get(train.dotted) if train is not None else None
@@ -231,7 +239,7 @@ def check_start_up(
             )
     heads = ctx.model.num_attention_heads if ctx.model is not None else None
     for e in entries:
-        rule, v = rules.get(e.dotted), value(e)
+        rule, v = ctx.rules.get(e.dotted), value(e)
         if rule == "tensor_parallel" and isinstance(v, int) and v >= 1:
             if world % v:
                 ctx.bad(
@@ -258,8 +266,7 @@ def check_start_up(
         if e.leaf != "max_num_batched_tokens" or not isinstance(value(e), int):
             continue
         tokens = value(e)
-        seqs_entry = find_entry(entries, f"{e.parent}.max_num_seqs")
-        seqs = value(seqs_entry) if seqs_entry is not None else None
+        seqs = value(find_entry(entries, f"{e.parent}.max_num_seqs"))
         if isinstance(seqs, int) and tokens < seqs:
             ctx.bad(
                 "engine",
@@ -334,22 +341,13 @@ class KvCheck:
 
 
 def kv_check(
-    entries: Sequence[Entry],
-    new: Mapping[str, Any],
-    rules: Mapping[str, str],
     ctx: ScaleContext,
     *,
     gpu_memory_bytes: int | None,
     max_model_len: int | None,
     precision: str | None,
 ) -> KvCheck | None:
-    def value(e: Entry | None) -> Any:
-        return None if e is None else new.get(e.dotted, e.value)
-
-    def ruled(rule: str) -> Entry | None:
-        return next((e for e in entries if rules.get(e.dotted) == rule), None)
-
-    fraction_entry = ruled("memory_fraction")
+    fraction_entry = ctx.ruled("memory_fraction")
     if fraction_entry is None:
         return None
     if ctx.model is None or not ctx.model.has_kv_shape or gpu_memory_bytes is None:
@@ -367,13 +365,13 @@ def kv_check(
             why = "pass inventory= or gpu_memory_bytes= for the GPU size"
         ctx.warn("kv_unchecked", "KV cache", f"KV cache not checked: {why}")
         return None
-    fraction = value(fraction_entry)
+    fraction = ctx.now(fraction_entry)
     if not isinstance(fraction, int | float) or not 0 < fraction <= 1:
         return None
-    tp = value(ruled("tensor_parallel"))
+    tp = ctx.now(ctx.ruled("tensor_parallel"))
     tp = tp if isinstance(tp, int) else 1
-    seqs = value(find_entry(entries, "max_num_seqs"))
-    model_len = max_model_len or config_model_len(entries, value)
+    seqs = ctx.now(find_entry(ctx.entries, "max_num_seqs"))
+    model_len = max_model_len or config_model_len(ctx.entries, ctx.now)
     dtype = normalize_precision(precision or ctx.model.dtype or "bf16")
     check = KvCheck(
         gpu_memory_bytes=gpu_memory_bytes,

@@ -220,26 +220,22 @@ _KEPT = {
 
 
 def _apply_rules(
-    entries: Sequence[Entry],
-    rule_of: Mapping[str, str],
-    ctx: ScaleContext,
-    tensor_parallel: str | int,
-    devices: Sequence[int] | None,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    new: dict[str, Any] = {}
-    reasons: dict[str, str] = {}
-    by_key = {e.dotted: e for e in entries}
+    ctx: ScaleContext, tensor_parallel: str | int, devices: Sequence[int] | None
+) -> dict[str, str]:
+    """Set ``ctx.new`` from the rules; the reason for each key."""
+    new, reasons = ctx.new, {}
+    by_key = {e.dotted: e for e in ctx.entries}
     # Tensor parallel and global batches first: the per-engine keys depend on both.
     order = ["tensor_parallel", "global_batch", "per_engine"]
-    ranked = sorted(rule_of.items(), key=lambda kv: order.index(kv[1]) if kv[1] in order else 9)
+    ranked = sorted(ctx.rules.items(), key=lambda kv: order.index(kv[1]) if kv[1] in order else 9)
     for key, rule in ranked:
         entry = by_key[key]
         if rule == "global_batch":
-            new[key], reasons[key] = scale_global(entry, entries, ctx)
+            new[key], reasons[key] = scale_global(entry, ctx)
         elif rule == "tensor_parallel":
             new[key], reasons[key] = scale_tensor_parallel(entry, ctx, tensor_parallel)
         elif rule == "per_engine":
-            new[key], reasons[key] = _scale_engine(entry, entries, new, rule_of, ctx)
+            new[key], reasons[key] = _scale_engine(entry, ctx)
         elif rule == "gpu_count":
             new[key] = ctx.to_gpus // ctx.nnodes
             reasons[key] = f"{ctx.to_gpus} GPUs over {ctx.nnodes} node(s)"
@@ -248,26 +244,25 @@ def _apply_rules(
         else:
             new[key], reasons[key] = entry.value, _KEPT[rule]
     if ctx.batch == "scale":
-        _train_covers_minis(entries, new, reasons, ctx)
-    return new, reasons
+        _train_covers_minis(ctx, reasons)
+    return reasons
 
 
-def _train_covers_minis(
-    entries: Sequence[Entry], new: dict[str, Any], reasons: dict[str, str], ctx: ScaleContext
-) -> None:
+def _train_covers_minis(ctx: ScaleContext, reasons: dict[str, str]) -> None:
     """Raise train_batch_size when a mini batch had to grow past it (verl: train >= mini)."""
-    train = next((e for e in entries if e.leaf == "train_batch_size"), None)
+    new = ctx.new
+    train = find_entry(ctx.entries, "train_batch_size")
     if train is None or not isinstance(new.get(train.dotted), int):
         return
     minis = [
         new[e.dotted]
-        for e in entries
+        for e in ctx.entries
         if e.leaf == "ppo_mini_batch_size" and isinstance(new.get(e.dotted), int)
     ]
     largest = max(minis, default=0)
     if largest <= new[train.dotted]:
         return
-    step = batch_divisor(train, entries, ctx, ctx.to_gpus)
+    step = batch_divisor(train, ctx)
     # A multiple of both: valid for the GPUs, and whole mini batches per step.
     value = new[train.dotted] = math.lcm(step, largest)
     reasons[train.dotted] = (
@@ -322,6 +317,8 @@ def scale_config(
     if model is None:
         model_name, model = named_model(entries)
     ctx = ScaleContext(
+        entries=entries,
+        rules=rule_of,
         from_gpus=start,
         to_gpus=to_gpus,
         factor=Fraction(to_gpus, start),
@@ -331,20 +328,14 @@ def scale_config(
         nnodes=nnodes,
         model=model,
         problems=list(extra_problems),
-        warnings=[],
         model_name=model_name,
     )
-    new, reasons = _apply_rules(entries, rule_of, ctx, tensor_parallel, devices)
-    check_start_up(entries, new, rule_of, ctx)
+    reasons = _apply_rules(ctx, tensor_parallel, devices)
+    check_start_up(ctx)
     kv = kv_check(
-        entries,
-        new,
-        rule_of,
-        ctx,
-        gpu_memory_bytes=gpu_memory_bytes,
-        max_model_len=max_model_len,
-        precision=precision,
+        ctx, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len, precision=precision
     )
+    new = ctx.new
     steps = tuple(
         ScaleStep(e.dotted, rule_of[e.dotted], e.value, new[e.dotted], reasons[e.dotted], e.path)
         for e in entries
@@ -370,22 +361,16 @@ def _engines(world: int, tp: Any) -> int:
     return max(1, world // tp) if isinstance(tp, int) and tp >= 1 else 1
 
 
-def _scale_engine(
-    entry: Entry,
-    entries: Sequence[Entry],
-    new: Mapping[str, Any],
-    rules: Mapping[str, str],
-    ctx: ScaleContext,
-) -> tuple[Any, str]:
+def _scale_engine(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
     old = entry.value
     if not isinstance(old, int) or isinstance(old, bool):
         return old, "not a whole number: left as is"
-    tp = next((e for e in entries if rules.get(e.dotted) == "tensor_parallel"), None)
+    tp = ctx.ruled("tensor_parallel")
     old_engines = _engines(ctx.from_gpus, tp.value if tp else 1)
-    new_engines = _engines(ctx.to_gpus, new.get(tp.dotted) if tp else 1)
-    train = next((e for e in entries if e.leaf == "train_batch_size"), None)
+    new_engines = _engines(ctx.to_gpus, ctx.new.get(tp.dotted) if tp else 1)
+    train = find_entry(ctx.entries, "train_batch_size")
     if train is not None and isinstance(train.value, int) and train.value > 0:
-        batch_factor = Fraction(int(new.get(train.dotted, train.value)), train.value)
+        batch_factor = Fraction(int(ctx.now(train)), train.value)
     else:
         batch_factor = ctx.factor if ctx.batch == "scale" else Fraction(1)
     factor = batch_factor * Fraction(old_engines, new_engines)
