@@ -364,8 +364,7 @@ def measure_step(
             current -= size
         peak = max(peak, current)
     # Tensors the step never touched (frozen parameters, unused buffers) are still live.
-    touched = {id(p) for p in work.parameters() if p.requires_grad}
-    idle = sum(_tensor_bytes(p) for p in work.parameters() if id(p) not in touched)
+    idle = sum(_tensor_bytes(p) for p in work.parameters() if not p.requires_grad)
     return peak + idle
 
 

@@ -384,8 +384,7 @@ def kv_check(
         max_num_seqs=seqs if isinstance(seqs, int) else None,
         model=ctx.model.source if ctx.model_name is not None else None,
     )
-    key = fraction_entry.dotted
-    leaf = key.rsplit(".", 1)[-1]
+    key, leaf = fraction_entry.dotted, fraction_entry.leaf
     if check.budget_bytes <= 0:
         ctx.bad(
             "kv_cache",
