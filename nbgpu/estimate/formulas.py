@@ -346,12 +346,8 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
 
 
 def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Term]:
-    degrees = (
-        ("dp", lay.data_parallel),
-        ("tp", lay.tensor_parallel),
-        ("pp", lay.pipeline_parallel),
-    )
-    groups = [name for name, degree in degrees if degree > 1]
+    degrees = {"dp": lay.data_parallel, "tp": lay.tensor_parallel, "pp": lay.pipeline_parallel}
+    groups = [name for name, degree in degrees.items() if degree > 1]
     nccl = f"0.75 GiB × {len(groups)} communicator(s)" + (
         f" ({', '.join(groups)})" if groups else " (one process: none)"
     )

@@ -451,9 +451,7 @@ def model_shape(model: Any) -> ModelShape:
     parameters_fn = getattr(model, "parameters", None)
     if callable(parameters_fn):
         # Tied weights appear once per module that shares them: count each tensor once.
-        seen: dict[int, int] = {}
-        for tensor in parameters_fn():
-            seen[id(tensor)] = int(tensor.numel())
+        seen = {id(tensor): int(tensor.numel()) for tensor in parameters_fn()}
         if not seen:
             raise UserInputError(f"model {type(model).__name__} has no parameters")
         architecture: ModelConfig | None = None
