@@ -17,8 +17,10 @@ Pure: text in, text out; never reads or writes files (``files.py`` does).
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -93,9 +95,7 @@ def _styled(old: Any, new: Any) -> Any:
 
 
 def _set(doc: Any, path: Sequence[Any], new: Any) -> None:
-    node = doc
-    for key in path[:-1]:
-        node = node[key]
+    node = functools.reduce(operator.getitem, path[:-1], doc)
     old = node[path[-1]]
     if isinstance(old, CommentedSeq) and isinstance(new, list | tuple):
         # Item by item, in place: the list keeps its style and each item its comment.
@@ -164,12 +164,8 @@ def _splice_block_list(text: str, node: SequenceNode, new: list[Any]) -> str | N
     """A block list of scalars: items edited in place, new ones added like the last one."""
     items = node.value
     scalars = all(isinstance(i, ScalarNode) and i.style not in ("|", ">") for i in items)
-    if (
-        not items
-        or not new
-        or not scalars
-        or any(isinstance(v, Mapping | list | tuple) for v in new)
-    ):
+    nested = any(isinstance(v, Mapping | list | tuple) for v in new)
+    if not items or not new or not scalars or nested:
         return None
     last = items[-1]
     line_start = text.rfind("\n", 0, last.start_mark.index) + 1
