@@ -267,14 +267,11 @@ class _Lexer:
             m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])(.*))?", inner, re.DOTALL)
             if m is None:
                 return _Part("complex", text[start : self.i], start, self.i)
-            default = None
-            if m.group(2) is not None:
-                d_start = self.i - 1 - len(m.group(3))
-                default_text = m.group(3)
-                if "$" in default_text or "'" in default_text or '"' in default_text:
-                    return _Part("complex", text[start : self.i], start, self.i)
-                default = (d_start, self.i - 1, default_text)
-            return _Part("var", m.group(1), start, self.i, default)
+            default = m.group(3)  # None: no default
+            if default is not None and any(c in default for c in "$'\""):
+                return _Part("complex", text[start : self.i], start, self.i)
+            span = None if default is None else (self.i - 1 - len(default), self.i - 1, default)
+            return _Part("var", m.group(1), start, self.i, span)
         if nxt == "(":
             end = _matching(text, self.i + 1, "(", ")")
             if end < 0:
