@@ -74,8 +74,7 @@ class ScriptValue:
 @dataclass(frozen=True)
 class _Assignment:
     name: str
-    value: ScriptValue
-    position: int
+    value: ScriptValue  # its ``at``: where the assignment is written
 
 
 @dataclass
@@ -89,7 +88,7 @@ class LaunchScript:
 
     def variable(self, name: str, before: int) -> _Assignment | None:
         """The last assignment of *name* before *before* (bash reads top to bottom)."""
-        earlier = (a for a in reversed(self.assignments) if a.name == name and a.position < before)
+        earlier = (a for a in reversed(self.assignments) if a.name == name and a.value.at < before)
         return next(earlier, None)
 
     def resolve(self, value: ScriptValue, depth: int = 0, *, split: bool = True) -> str | None:
@@ -366,7 +365,7 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
             if m is None or not word.parts or word.parts[0].kind != "literal":
                 break
             value = _value_of(text, word, word.start + m.end() - 1)
-            script.assignments.append(_Assignment(m.group(1), value, word.start))
+            script.assignments.append(_Assignment(m.group(1), value))
             i += 1
         if exported or i >= len(command):
             continue
