@@ -137,23 +137,9 @@ def _shape(  # noqa: PLR0917 - one table row per call reads best positionally
     bias: bool = False,
     dtype: str = "bf16",
 ) -> ModelConfig:
-    return ModelConfig(
-        "",
-        family,
-        hidden,
-        layers,
-        heads,
-        kv_heads,
-        head_dim or hidden // heads,
-        intermediate,
-        vocab,
-        tied,
-        context,
-        experts,
-        top_k,
-        attention_bias=bias,
-        dtype=dtype,
-    )
+    # In ModelConfig's field order: the dimensions, then tied, context, experts, top-k, bias.
+    dims = (hidden, layers, heads, kv_heads, head_dim or hidden // heads, intermediate, vocab)
+    return ModelConfig("", family, *dims, tied, context, experts, top_k, bias, dtype=dtype)
 
 
 # Each row: repo names sharing one shape (base and instruct releases differ only in
