@@ -161,13 +161,6 @@ def _edit_for(
     return None
 
 
-def _value_of_key(script: LaunchScript, key: str) -> ScriptValue | None:
-    if key in script.overrides:
-        return script.overrides[key]
-    assigned = script.variable(key, script.command_at + 1)
-    return None if assigned is None else assigned.value
-
-
 def _variables_read(value: ScriptValue) -> set[str]:
     from nbgpu.scale.script import NAME  # noqa: PLC0415
 
@@ -211,7 +204,7 @@ def rewrite_script(
     targets = {**(unchanged or {}), **changes}
     edits: dict[tuple[int, int], _Edit] = {}
     for key, new in changes.items():
-        value = _value_of_key(script, key)
+        value = script.value_of(key)
         edit = None if value is None else _edit_for(script, value, new, key)
         if edit is None:
             continue
@@ -223,7 +216,7 @@ def rewrite_script(
     pins: list[_Edit] = []
     notes: list[str] = []
     for key, new in targets.items():
-        value = _value_of_key(again, key)
+        value = again.value_of(key)
         if value is None or again.resolve(value, split=key in again.overrides) == new:
             continue
         written = text[value.start : value.end]

@@ -132,23 +132,24 @@ class LaunchScript:
         except ValueError:
             return None
 
+    def value_of(self, key: str) -> ScriptValue | None:
+        """A key's value: its override, or a variable as the training command sees it."""
+        if key in self.overrides:
+            return self.overrides[key]
+        assigned = self.variable(key, self.command_at + 1)
+        return None if assigned is None else assigned.value
+
     def config(self) -> dict[str, Any]:
         """Overrides (and CUDA_VISIBLE_DEVICES) as a flat ``key → value`` mapping, typed."""
-
         out: dict[str, Any] = {}
-        for name in sorted(CONFIG_VARIABLES):
-            assigned = self.variable(name, self.command_at + 1)
-            if assigned is not None:
-                text = self.resolve(assigned.value, split=False)
-                out[name] = parse_value(text) if text is not None else _raw(self, assigned.value)
-        for key, value in self.overrides.items():
-            text = self.resolve(value)
-            out[key] = parse_value(text) if text is not None else _raw(self, value)
+        for key in (*sorted(CONFIG_VARIABLES), *self.overrides):
+            value = self.value_of(key)
+            if value is not None:
+                text = self.resolve(value, split=key in self.overrides)
+                out[key] = (
+                    parse_value(text) if text is not None else self.text[value.start : value.end]
+                )
         return out
-
-
-def _raw(script: LaunchScript, value: ScriptValue) -> str:
-    return script.text[value.start : value.end]
 
 
 def looks_like_script(text: str, name: str = "") -> bool:
