@@ -22,11 +22,12 @@ from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import (
     OPTIMIZERS,
     STRATEGIES,
-    Layout,
     analytic_terms,
+    check_count,
+    choose,
     normalize_precision,
 )
-from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, MemoryEstimate, Term
+from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, Layout, MemoryEstimate, Term
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.sizes import parse_size
 
@@ -49,10 +50,6 @@ def _batch_size(example: Any) -> int | None:
         example = example[0] if example else None
     shape = getattr(example, "shape", None)
     return int(shape[0]) if shape is not None and len(shape) else None
-
-
-def _is_module(model: Any) -> bool:
-    return all(callable(getattr(model, name, None)) for name in ("parameters", "forward"))
 
 
 def _describe(model: Any, shape: ModelShape) -> str:
@@ -101,19 +98,20 @@ def estimate_memory(
     """
     if micro_batch is None:
         micro_batch = _batch_size(example_input) or 1
-    words = {"role": (role, ROLES), "strategy": (strategy, STRATEGIES),
-             "optimizer": (optimizer, OPTIMIZERS)}  # fmt: skip
-    for label, (value, choices) in words.items():
-        if str(value).strip().lower() not in choices:
-            raise UserInputError(f"{label}={value!r}: expected one of {', '.join(choices)}")
-    counts = {"world_size": world_size, "micro_batch": micro_batch, "seq_len": seq_len,
-              "tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
-              "kv_tokens": kv_tokens}  # fmt: skip
+    role = choose("role", role, ROLES)
+    strategy = choose("strategy", strategy, STRATEGIES)
+    optimizer = choose("optimizer", optimizer, OPTIMIZERS)
+    counts = {
+        "world_size": world_size,
+        "micro_batch": micro_batch,
+        "seq_len": seq_len,
+        "tensor_parallel": tensor_parallel,
+        "pipeline_parallel": pipeline_parallel,
+        "kv_tokens": kv_tokens,
+    }
     for label, count in counts.items():
-        if count is None and label in ("micro_batch", "seq_len", "kv_tokens"):
-            continue
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise UserInputError(f"{label}={count!r}: expected a whole number >= 1")
+        if count is not None or label not in ("seq_len", "kv_tokens"):
+            check_count(f"{label}=", count)
     model_parallel = tensor_parallel * pipeline_parallel
     if world_size % model_parallel:
         raise UserInputError(
@@ -123,20 +121,29 @@ def estimate_memory(
     if not 0 <= fragmentation < 1:
         raise UserInputError(f"fragmentation={fragmentation!r}: expected a fraction in [0, 1)")
     lay = Layout(
-        role=str(role).strip().lower(), precision=normalize_precision(precision),
-        optimizer=str(optimizer).strip().lower(), strategy=str(strategy).strip().lower(),
-        world_size=world_size, data_parallel=world_size // model_parallel,
-        tp=tensor_parallel, pp=pipeline_parallel, micro_batch=micro_batch, seq_len=seq_len,
-        checkpointing=bool(activation_checkpointing), flash_attention=bool(flash_attention),
+        role=role,
+        precision=normalize_precision(precision),
+        optimizer=optimizer,
+        strategy=strategy,
+        world_size=world_size,
+        data_parallel=world_size // model_parallel,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        activation_checkpointing=bool(activation_checkpointing),
+        flash_attention=bool(flash_attention),
         gradient_as_bucket_view=bool(gradient_as_bucket_view),
-        fragmentation=float(fragmentation), kv_tokens=kv_tokens, foreach=bool(foreach),
-    )  # fmt: skip
+        fragmentation=float(fragmentation),
+        kv_tokens=kv_tokens,
+        foreach=bool(foreach),
+    )
     shape = model_shape(model)
     budget_bytes = None if budget is None else parse_bytes(budget)
     terms = analytic_terms(shape, lay)
     traced: tuple[Term, ...] = ()
     note = ""
-    module = _is_module(model)
+    module = all(callable(getattr(model, name, None)) for name in ("parameters", "forward"))
     if trace is None:
         trace = module
     if trace and not module:
@@ -144,18 +151,21 @@ def estimate_memory(
     elif trace:
         from nbgpu.estimate.trace import trace_terms  # noqa: PLC0415  (imports torch)
 
-        traced, note = trace_terms(model, analytic=terms, layout=lay,
-                                   example_input=example_input, loss_fn=loss_fn)  # fmt: skip
+        traced, note = trace_terms(
+            model, analytic=terms, layout=lay, example_input=example_input, loss_fn=loss_fn
+        )
     result = MemoryEstimate(
-        model=_describe(model, shape), parameters=shape.parameters, role=lay.role,
-        precision=lay.precision, optimizer=lay.optimizer, strategy=lay.strategy,
-        world_size=lay.world_size, data_parallel=lay.data_parallel, tensor_parallel=lay.tp,
-        pipeline_parallel=lay.pp, micro_batch=lay.micro_batch, seq_len=lay.seq_len,
-        activation_checkpointing=lay.checkpointing, terms=terms, traced_terms=traced,
-        trace_note=note, budget_bytes=budget_bytes,
-    )  # fmt: skip
+        model=_describe(model, shape),
+        parameters=shape.parameters,
+        layout=lay,
+        terms=terms,
+        traced_terms=traced,
+        trace_note=note,
+        budget_bytes=budget_bytes,
+    )
     if budget_bytes is not None:
-        fixed = result.total_bytes - _per_sample_total(result)
+        per_sample = _per_sample_total(result)
+        fixed = result.total_bytes - per_sample
         if fixed > budget_bytes:
             weights = result.term("weights")
             raise UserInputError(
@@ -165,7 +175,11 @@ def estimate_memory(
                 f"{fmt_bytes(weights.bytes_per_gpu if weights else None)}, optimizer and "
                 "reserves); expected a budget above that, more GPUs or a sharded strategy"
             )
-        result = replace(result, max_micro_batch=_solve_micro(result, budget_bytes, lay))
+        # Memory is affine in the micro batch: the largest that fits is one division (None:
+        # nothing scales with the batch in what we could compute).
+        slope = per_sample / lay.micro_batch
+        best = max(0, math.floor((budget_bytes - fixed) / slope)) if slope > 0 else None
+        result = replace(result, max_micro_batch=best)
     return result
 
 
@@ -182,15 +196,6 @@ def _per_sample_total(est: MemoryEstimate) -> int:
     if frag is not None and frag.bytes_per_gpu and tensors:
         per += round(frag.bytes_per_gpu * per / tensors)
     return per
-
-
-def _solve_micro(est: MemoryEstimate, budget: int, lay: Layout) -> int | None:
-    """Largest micro batch with total ≤ budget: memory is affine in the micro batch."""
-    per_sample = _per_sample_total(est) / lay.micro_batch
-    if per_sample <= 0:
-        return None  # nothing scales with the batch in what we could compute
-    fixed = est.total_bytes - per_sample * lay.micro_batch
-    return max(0, math.floor((budget - fixed) / per_sample))
 
 
 def largest_micro_batch(
@@ -211,20 +216,22 @@ def largest_micro_batch(
             raise UserInputError("budget=[]: expected at least one GPU's free bytes")
         budget = min(parse_bytes(b, "budget") for b in budget)
     kwargs.setdefault("micro_batch", 1)
-    first = estimate_memory(model, budget=budget, **kwargs)
-    evaluations = 1
-    best: int | None
-    if first.traced_terms:
-        b0 = first.micro_batch
-        second = estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": 2 * b0})
+    evaluations = 0
+
+    def at(micro: int | None) -> MemoryEstimate:
+        nonlocal evaluations
         evaluations += 1
-        slope = (second.total_bytes - first.total_bytes) / b0
+        return estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": micro})
+
+    first = at(kwargs["micro_batch"])
+    best = first.max_micro_batch
+    if first.traced_terms:
+        b0 = first.layout.micro_batch
+        slope = (at(2 * b0).total_bytes - first.total_bytes) / b0
         best = None
         if slope > 0:
             fixed = first.total_bytes - slope * b0
             best = max(0, math.floor(((first.budget_bytes or 0) - fixed) / slope))
-    else:
-        best = first.max_micro_batch
     if best is None:
         raise UserInputError(
             "largest micro batch: nothing in this estimate grows with the batch; pass seq_len "
@@ -233,15 +240,9 @@ def largest_micro_batch(
     if best < 1:
         raise UserInputError(
             f"budget={fmt_bytes(first.budget_bytes)} per GPU holds no sample: micro_batch="
-            f"{first.micro_batch} needs {fmt_bytes(first.total_bytes)}; expected a larger "
+            f"{first.layout.micro_batch} needs {fmt_bytes(first.total_bytes)}; expected a larger "
             "budget, activation checkpointing or a shorter seq_len"
         )
-
-    def at(micro: int) -> MemoryEstimate:
-        nonlocal evaluations
-        evaluations += 1
-        return estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": micro})
-
     final = at(best)
     # A trace is close to, not exactly, affine (the peak can move between the forward
     # pass and the optimizer step): step down until it fits, then up while it still does.
@@ -266,6 +267,12 @@ def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
     optimizer = kwargs.pop("optimizer", "adamw")
     loss_fn = kwargs.pop("loss_fn", None)
     # The analytic micro batch is the batch's dim 0.
-    analytic = estimate_memory(module, optimizer=optimizer, trace=False, example_input=batch,
-                               precision=kwargs.pop("precision", "fp32"), **kwargs)  # fmt: skip
+    analytic = estimate_memory(
+        module,
+        optimizer=optimizer,
+        trace=False,
+        example_input=batch,
+        precision=kwargs.pop("precision", "fp32"),
+        **kwargs,
+    )
     return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)

@@ -33,8 +33,9 @@ Pure arithmetic on a model shape and a layout; never imports torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
@@ -49,6 +50,7 @@ from nbgpu.estimate.result import (
     SRC_LOGITS,
     SRC_NCCL,
     SRC_ZERO,
+    Layout,
     Term,
 )
 from nbgpu.estimate.shapes import ModelConfig, ModelShape
@@ -58,10 +60,11 @@ __all__ = [
     "PRECISIONS",
     "STRATEGIES",
     "ByteAccounting",
-    "Layout",
     "ModelStates",
     "analytic_terms",
     "byte_accounting",
+    "check_count",
+    "choose",
     "model_states",
     "normalize_precision",
     "weight_bytes",
@@ -80,8 +83,13 @@ STRATEGIES: Mapping[str, tuple[bool, bool, bool]] = {
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
 
-_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-                  "float": "fp32"}  # fmt: skip
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+}
 
 
 @dataclass(frozen=True)
@@ -122,12 +130,24 @@ def normalize_precision(precision: str) -> str:
     return key
 
 
+def choose(label: str, value: Any, words: Collection[str]) -> str:
+    """*value* as one of *words*, whatever its case and spaces; else one line naming them."""
+    word = str(value).strip().lower()
+    if word not in words:
+        raise UserInputError(f"{label}={value!r}: expected one of {', '.join(words)}")
+    return word
+
+
+def check_count(prefix: str, value: Any) -> None:
+    """A whole number >= 1, or one line: *prefix* (``"world_size="``) and the value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserInputError(f"{prefix}{value!r}: expected a whole number >= 1")
+
+
 def byte_accounting(precision: str = "bf16", optimizer: str = "adamw") -> ByteAccounting:
     """The per-parameter bytes nbgpu uses for *precision* and *optimizer* (see module doc)."""
     prec = normalize_precision(precision)
-    opt = str(optimizer).strip().lower()
-    if opt not in OPTIMIZERS:
-        raise UserInputError(f"optimizer={optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
+    opt = choose("optimizer", optimizer, OPTIMIZERS)
     value = PRECISIONS[prec]
     if prec == "fp32":
         states = 4 if opt == "sgd" else 8
@@ -168,11 +188,6 @@ class ModelStates:
         return f"{self.strategy}: {text}"
 
 
-def _check_count(label: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserInputError(f"{label} {value!r}: expected a whole number >= 1")
-
-
 def model_states(
     parameters: int,
     *,
@@ -185,15 +200,13 @@ def model_states(
 ) -> ModelStates:
     """Per-GPU parameter, gradient and optimizer bytes (ZeRO paper formulas)."""
     for label, value in (
-        ("parameter count", parameters),
-        ("data-parallel degree", data_parallel),
-        ("tensor-parallel degree", tensor_parallel),
-        ("pipeline-parallel degree", pipeline_parallel),
+        ("parameter count ", parameters),
+        ("data-parallel degree ", data_parallel),
+        ("tensor-parallel degree ", tensor_parallel),
+        ("pipeline-parallel degree ", pipeline_parallel),
     ):
-        _check_count(label, value)
-    strat = str(strategy).strip().lower()
-    if strat not in STRATEGIES:
-        raise UserInputError(f"strategy={strategy!r}: expected one of {', '.join(STRATEGIES)}")
+        check_count(label, value)
+    strat = choose("strategy", strategy, STRATEGIES)
     acc = byte_accounting(precision, optimizer)
     shard = parameters / (tensor_parallel * pipeline_parallel)
     p, g, k = (
@@ -202,15 +215,16 @@ def model_states(
             (acc.param_bytes, acc.grad_bytes, acc.optimizer_bytes), STRATEGIES[strat], strict=True
         )
     )
-    return ModelStates(parameters, strat, data_parallel, tensor_parallel * pipeline_parallel,
-                       acc, p, g, k)  # fmt: skip
+    return ModelStates(
+        parameters, strat, data_parallel, tensor_parallel * pipeline_parallel, acc, p, g, k
+    )
 
 
 def weight_bytes(
     parameters: int, precision: str = "bf16", tensor_parallel: int = 1, pipeline_parallel: int = 1
 ) -> int:
     """Inference weights on one GPU: P·Ψ with Ψ split over tensor × pipeline."""
-    _check_count("parameter count", parameters)
+    check_count("parameter count ", parameters)
     size = PRECISIONS[normalize_precision(precision)]
     return math.ceil(size * parameters / (tensor_parallel * pipeline_parallel))
 
@@ -218,37 +232,23 @@ def weight_bytes(
 # ------------------------------------------------------------------ the analytic terms
 
 
-@dataclass(frozen=True)
-class Layout:
-    role: str
-    precision: str
-    optimizer: str
-    strategy: str
-    world_size: int
-    data_parallel: int
-    tp: int
-    pp: int
-    micro_batch: int
-    seq_len: int | None
-    checkpointing: bool
-    flash_attention: bool
-    gradient_as_bucket_view: bool
-    fragmentation: float
-    kv_tokens: int | None  # KV-cache tokens per GPU (inference); None: micro × seq
-    foreach: bool = True  # traced optimizer: PyTorch's CUDA default (False: its CPU default)
-
-
 def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
     if lay.role == "inference":
-        size, shard = PRECISIONS[lay.precision], lay.tp * lay.pp
+        size, shard = PRECISIONS[lay.precision], lay.model_parallel
         formula = f"{size} B × Ψ" + (f" / (tp·pp = {shard})" if shard > 1 else "")
-        weights = weight_bytes(shape.parameters, lay.precision, lay.tp, lay.pp)
-        return [Term("weights", weights, formula, "weights at the serving precision",
-                     "model states")]  # fmt: skip
+        weights = math.ceil(size * shape.parameters / shard)
+        return [
+            Term("weights", weights, formula, "weights at the serving precision", "model states")
+        ]
     states = model_states(
-        shape.parameters, strategy=lay.strategy, precision=lay.precision, optimizer=lay.optimizer,
-        data_parallel=lay.data_parallel, tensor_parallel=lay.tp, pipeline_parallel=lay.pp,
-    )  # fmt: skip
+        shape.parameters,
+        strategy=lay.strategy,
+        precision=lay.precision,
+        optimizer=lay.optimizer,
+        data_parallel=lay.data_parallel,
+        tensor_parallel=lay.tensor_parallel,
+        pipeline_parallel=lay.pipeline_parallel,
+    )
     acc = states.accounting
     psi = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
     parts = (
@@ -257,10 +257,15 @@ def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         ("optimizer states", states.optimizer_bytes, acc.optimizer_bytes),
     )
     return [
-        Term(name, size, f"{per} B × {psi}" + (f" / {lay.data_parallel}" if sharded else ""),
-             f"{SRC_ZERO}; {acc.text}", "model states")
+        Term(
+            name,
+            size,
+            f"{per} B × {psi}" + (f" / {lay.data_parallel}" if sharded else ""),
+            f"{SRC_ZERO}; {acc.text}",
+            "model states",
+        )
         for (name, size, per), sharded in zip(parts, STRATEGIES[lay.strategy], strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[int, str]:
@@ -273,7 +278,7 @@ def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[in
     5·a·s²·b (softmax 2, dropout mask 1, its output 2) unless flash/SDPA attention keeps only
     a fp32 logsumexp (4·a·s·b). Coefficients assume 16-bit activations; fp32 doubles them.
     """
-    h, a, t = cfg.hidden_size, cfg.num_attention_heads, lay.tp
+    h, a, t = cfg.hidden_size, cfg.num_attention_heads, lay.tensor_parallel
     kv_width = cfg.num_kv_heads * cfg.head_dim
     scale = PRECISIONS[lay.precision] / 2
     replicated = 10 * s * b * h
@@ -288,7 +293,7 @@ def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[in
     mlp_text = f"{'8' if cfg.gated_mlp else '4'}·s·b·I"
     tp_text = f"/{t}" if t > 1 else ""
     layer = f"[10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + {mlp_text} + {scores_text}){tp_text}]"
-    if lay.checkpointing:
+    if lay.activation_checkpointing:
         # Full recompute: each layer keeps its 16-bit input; one layer's activations are
         # rebuilt at a time during the backward pass.
         total = layers * 2 * s * b * h / t + per_layer
@@ -300,7 +305,7 @@ def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[in
 
 def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
     cfg = shape.config
-    b, s = lay.micro_batch, lay.seq_len
+    b, s, tp = lay.micro_batch, lay.seq_len, lay.tensor_parallel
     terms: list[Term] = []
     if lay.role == "train":
         if cfg is None or s is None:
@@ -314,21 +319,20 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         # upcast for the loss), the fp32 log-softmax kept for backward, and the fp32
         # gradient of the logits being formed (the last seen in traces, bench §7.5).
         per = (PRECISIONS[lay.precision] + 12) if lay.precision != "fp32" else 12
-        logits = math.ceil(b * s * cfg.vocab_size * per / lay.tp)
-        formula = f"b·s·V·{per} B" + (f" / {lay.tp}" if lay.tp > 1 else "")
+        logits = math.ceil(b * s * cfg.vocab_size * per / tp)
+        formula = f"b·s·V·{per} B" + (f" / {tp}" if tp > 1 else "")
         return [*terms, Term("logits/loss", logits, formula, SRC_LOGITS, "activations")]
     # inference
     if cfg is None:
         return [Term("KV cache", None, "needs layers, KV heads, head dim", SRC_KV, "kv")]
     tokens = lay.kv_tokens if lay.kv_tokens is not None else b * (s or 0)
     size = PRECISIONS[lay.precision]
-    heads, layers = math.ceil(cfg.num_kv_heads / lay.tp), math.ceil(cfg.num_layers / lay.pp)
-    per_token = 2 * layers * heads * cfg.head_dim * size
+    per_token = cfg.kv_bytes_per_token(size, tp, lay.pipeline_parallel)
     formula = f"2·L·⌈kv/t⌉·hd·{size} B = {fmt_bytes(per_token)}/token × {tokens:,} tokens"
     terms.append(Term("KV cache", per_token * tokens, formula, SRC_KV, "kv"))
     if s is not None:
         # Prefill of one micro batch: the largest transient is the MLP's intermediate.
-        transient = b * s * (cfg.hidden_size * 4 + cfg.intermediate_size * 2 * 2) // lay.tp
+        transient = b * s * (cfg.hidden_size * 4 + cfg.intermediate_size * 2 * 2) // tp
         terms.append(
             Term(
                 "activations",
@@ -342,30 +346,36 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
 
 
 def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Term]:
-    degrees = (("dp", lay.data_parallel), ("tp", lay.tp), ("pp", lay.pp))
-    groups = [name for name, degree in degrees if degree > 1]
+    degrees = {"dp": lay.data_parallel, "tp": lay.tensor_parallel, "pp": lay.pipeline_parallel}
+    groups = [name for name, degree in degrees.items() if degree > 1]
     nccl = f"0.75 GiB × {len(groups)} communicator(s)" + (
         f" ({', '.join(groups)})" if groups else " (one process: none)"
     )
     terms = [
-        Term("CUDA context", CUDA_CONTEXT_BYTES,
-             "0.5 GiB per process (0.3-0.6 GiB with lazy loading)", SRC_CTX, "reserve"),
+        Term(
+            "CUDA context",
+            CUDA_CONTEXT_BYTES,
+            "0.5 GiB per process (0.3-0.6 GiB with lazy loading)",
+            SRC_CTX,
+            "reserve",
+        ),
         Term("NCCL buffers", NCCL_BYTES_PER_GROUP * len(groups), nccl, SRC_NCCL, "reserve"),
-    ]  # fmt: skip
+    ]
     if lay.role == "train" and lay.strategy == "ddp" and lay.data_parallel > 1:
         size = 0
         formula = "0 (gradient_as_bucket_view=True: buckets are the gradients)"
         if not lay.gradient_as_bucket_view:
-            size = math.ceil(PRECISIONS[lay.precision] * shape.parameters / (lay.tp * lay.pp))
+            size = math.ceil(PRECISIONS[lay.precision] * shape.parameters / lay.model_parallel)
             formula = f"{PRECISIONS[lay.precision]} B × Ψ: a second gradient-sized copy"
         terms.append(Term("DDP gradient buckets", size, formula, SRC_DDP, "reserve"))
     if lay.role == "train" and lay.strategy in ("zero3", "fsdp") and shape.config is not None:
         cfg = shape.config
         layer_params = (shape.parameters - cfg.vocab_size * cfg.hidden_size) / cfg.num_layers
-        size = math.ceil(2 * 2 * PRECISIONS[lay.precision] * layer_params / (lay.tp * lay.pp))
+        size = math.ceil(2 * 2 * PRECISIONS[lay.precision] * layer_params / lay.model_parallel)
         gathered = "2 layers (current + prefetched) × unsharded params and grads"
-        terms.append(Term("gathered layers", size, gathered, "FSDP2 FSDPMemTracker categories",
-                          "reserve"))  # fmt: skip
+        terms.append(
+            Term("gathered layers", size, gathered, "FSDP2 FSDPMemTracker categories", "reserve")
+        )
     margin = f"{lay.fragmentation:.0%} of the allocator's tensors"
     fragmentation = math.ceil(lay.fragmentation * tensor_bytes)
     return [*terms, Term("fragmentation", fragmentation, margin, SRC_FRAG, "margin")]

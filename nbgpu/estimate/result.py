@@ -1,7 +1,8 @@
 """An estimate's named terms and the estimate itself: analytic and traced, side by side.
 
 Each term carries its bytes per GPU, the formula and its source; the sourced figures the
-formulas use are here too. Pure data and rendering; never imports torch.
+formulas use are here too, and the layout they read; :class:`StepComparison` sets one
+measured step beside both. Pure data and rendering; never imports torch.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ __all__ = [
     "NCCL_BYTES_PER_GROUP",
     "PER_SAMPLE",
     "ROLES",
+    "Layout",
     "MemoryEstimate",
+    "StepComparison",
     "Term",
 ]
 
@@ -74,11 +77,9 @@ class Term:
 
 
 @dataclass(frozen=True)
-class MemoryEstimate(Result):
-    """Per-GPU bytes, analytic and (for a module) traced, side by side."""
+class Layout:
+    """How the model runs: what an estimate is of (its JSON's words) and the formulas' knobs."""
 
-    model: str  # how the model was given: "7.5B parameters", "Qwen/Qwen2.5-7B-Instruct"
-    parameters: int
     role: str
     precision: str
     optimizer: str
@@ -90,6 +91,28 @@ class MemoryEstimate(Result):
     micro_batch: int
     seq_len: int | None
     activation_checkpointing: bool
+    flash_attention: bool
+    gradient_as_bucket_view: bool
+    fragmentation: float
+    kv_tokens: int | None  # KV-cache tokens per GPU (inference); None: micro × seq
+    foreach: bool = True  # traced optimizer: PyTorch's CUDA default (False: its CPU default)
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+
+# The formulas' knobs: an estimate's JSON has only the layout's words above them.
+_KNOBS = ("flash_attention", "gradient_as_bucket_view", "fragmentation", "kv_tokens", "foreach")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate(Result):
+    """Per-GPU bytes, analytic and (for a module) traced, side by side."""
+
+    model: str  # how the model was given: "7.5B parameters", "Qwen/Qwen2.5-7B-Instruct"
+    parameters: int
+    layout: Layout
     terms: tuple[Term, ...]  # analytic
     traced_terms: tuple[Term, ...] = ()  # empty: not traced
     trace_note: str = ""  # which tool traced, or why tracing failed / was not tried
@@ -97,8 +120,12 @@ class MemoryEstimate(Result):
     max_micro_batch: int | None = None  # the largest micro batch within budget_bytes
     notes: tuple[str, ...] = ()
     JSON_EXTRAS: ClassVar[tuple[str, ...]] = (
-        "method", "analytic_bytes", "traced_bytes", "total_bytes", "fits",
-    )  # fmt: skip
+        "method",
+        "analytic_bytes",
+        "traced_bytes",
+        "total_bytes",
+        "fits",
+    )
     FRAME_COLUMNS = ("term", "kind", "analytic_bytes", "traced_bytes", "formula", "source")
 
     # --------------------------------------------------------------- totals
@@ -117,8 +144,7 @@ class MemoryEstimate(Result):
     @property
     def total_bytes(self) -> int:
         """The answer: traced when a trace succeeded, else analytic."""
-        traced = self.traced_bytes
-        return traced if traced is not None else self.analytic_bytes
+        return self._sum(self.traced_terms or self.terms)
 
     @property
     def method(self) -> str:
@@ -137,8 +163,9 @@ class MemoryEstimate(Result):
         return None if self.budget_bytes is None else self.total_bytes <= self.budget_bytes
 
     def term(self, name: str, traced: bool = False) -> Term | None:
-        return next((t for t in (self.traced_terms if traced else self.terms) if t.name == name),
-                    None)  # fmt: skip
+        return next(
+            (t for t in (self.traced_terms if traced else self.terms) if t.name == name), None
+        )
 
     # --------------------------------------------------------------- views
     def _sources(self) -> dict[str, int]:
@@ -166,18 +193,19 @@ class MemoryEstimate(Result):
         return table
 
     def _heading(self) -> str:
-        par = f"{self.strategy}, " if self.role == "train" else ""
-        par += f"world size {self.world_size}"
-        if self.tensor_parallel > 1 or self.pipeline_parallel > 1:
-            par += f" (dp {self.data_parallel} × tp {self.tensor_parallel} × pp "
-            par += f"{self.pipeline_parallel})"
-        seq = f" × seq {self.seq_len}" if self.seq_len else ""
-        ckpt = ", activation checkpointing" if self.activation_checkpointing else ""
+        lay = self.layout
+        par = f"{lay.strategy}, " if lay.role == "train" else ""
+        par += f"world size {lay.world_size}"
+        if lay.model_parallel > 1:
+            par += f" (dp {lay.data_parallel} × tp {lay.tensor_parallel} × pp "
+            par += f"{lay.pipeline_parallel})"
+        seq = f" × seq {lay.seq_len}" if lay.seq_len else ""
+        ckpt = ", activation checkpointing" if lay.activation_checkpointing else ""
         return (
             f"memory estimate ({self.method}): {self.model} ({self.parameters:,} parameters), "
-            f"{self.role}, {self.precision}"
-            f"{' ' + self.optimizer if self.role == 'train' else ''}, {par}, micro batch "
-            f"{self.micro_batch}{seq}{ckpt}"
+            f"{lay.role}, {lay.precision}"
+            f"{' ' + lay.optimizer if lay.role == 'train' else ''}, {par}, micro batch "
+            f"{lay.micro_batch}{seq}{ckpt}"
         )
 
     def _footer(self) -> list[str]:
@@ -197,10 +225,18 @@ class MemoryEstimate(Result):
         if self.uncounted:
             how = "pass a model name or an HF config.json, and seq_len"
             missing = ", ".join(self.uncounted)
-            lines.append(f"analytic terms not computable without the model's shape or seq_len: "
-                         f"{missing} ({how})")  # fmt: skip
+            lines.append(
+                f"analytic terms not computable without the model's shape or seq_len: "
+                f"{missing} ({how})"
+            )
         lines.extend(self.notes)
         return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        # Flat, as users parse it: the layout's words next to the model, not its knobs.
+        data = super().to_dict()
+        words = {k: v for k, v in data.pop("layout").items() if k not in _KNOBS}
+        return {"model": self.model, "parameters": self.parameters, **words, **data}
 
     def text(self) -> str:
         return to_text(self.content(), width=100)  # formulas and sources are long
@@ -254,9 +290,57 @@ class MemoryEstimate(Result):
         only_traced = [t for name, t in traced.items() if self.term(name) is None]
         rows = []
         for t in (*self.terms, *only_traced):
-            analytic, other = self.term(t.name), traced.get(t.name)
-            rows.append({"term": t.name, "kind": t.kind,
-                         "analytic_bytes": None if analytic is None else analytic.bytes_per_gpu,
-                         "traced_bytes": None if other is None else other.bytes_per_gpu,
-                         "formula": t.formula, "source": t.source})  # fmt: skip
+            pair = (self.term(t.name), traced.get(t.name))  # analytic, traced
+            counts = (None if u is None else u.bytes_per_gpu for u in pair)
+            row = (t.name, t.kind, *counts, t.formula, t.source)
+            rows.append(dict(zip(self.FRAME_COLUMNS, row, strict=True)))
         return rows
+
+
+@dataclass(frozen=True)
+class StepComparison(Result):
+    """Measured peak tensor bytes of one real CPU step beside the traced and analytic ones."""
+
+    model: str
+    batch_shape: str
+    measured_bytes: int
+    traced_bytes: int | None
+    analytic_bytes: int | None  # model states + activations formulas (None: no shape)
+    trace_note: str
+    measure_seconds: float
+    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("methods",)
+    FRAME_COLUMNS = ("method", "bytes", "error_vs_measured")
+
+    def _error(self, value: int | None) -> float | None:
+        if value is None or not self.measured_bytes:
+            return None
+        return (value - self.measured_bytes) / self.measured_bytes
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            {"method": m, "bytes": v, "error_vs_measured": self._error(v)}
+            for m, v in (
+                ("measured (CPU step, profiler)", self.measured_bytes),
+                ("traced (fake tensors)", self.traced_bytes),
+                ("analytic (formulas)", self.analytic_bytes),
+            )
+        ]
+
+    def _table(self) -> Table:
+        table = Table(["method", "peak tensor bytes", "vs measured"])
+        for r in self.records():
+            err = r["error_vs_measured"]
+            table.add(
+                r["method"],
+                fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
+                "-" if err is None else f"{err:+.1%}",
+            )
+        return table
+
+    @property
+    def methods(self) -> list[dict[str, Any]]:
+        return self.records()
+
+    def content(self) -> list[Block]:
+        head = f"one training step of {self.model}, batch {self.batch_shape}"
+        return [Title(head), self._table(), Line(self.trace_note)]

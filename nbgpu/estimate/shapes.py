@@ -83,11 +83,15 @@ class ModelConfig:
         mlp_one = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
         return self.parameters - self.num_layers * unused * mlp_one
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2, tensor_parallel: int = 1) -> int:
+    def kv_bytes_per_token(
+        self, dtype_bytes: int = 2, tensor_parallel: int = 1, pipeline_parallel: int = 1
+    ) -> int:
         """KV-cache bytes per token on one GPU (memory.md §5c): vLLM and SGLang split the KV
-        heads over tensor-parallel ranks, and replicate them when tp > kv_heads."""
+        heads over tensor-parallel ranks, and replicate them when tp > kv_heads; a pipeline
+        stage holds its share of the layers."""
         heads = -(-self.num_kv_heads // max(1, tensor_parallel))
-        return 2 * self.num_layers * heads * self.head_dim * dtype_bytes
+        layers = -(-self.num_layers // pipeline_parallel)
+        return 2 * layers * heads * self.head_dim * dtype_bytes
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The fields as a HF ``config.json`` spells them (what older readers expect)."""
@@ -133,10 +137,9 @@ def _shape(  # noqa: PLR0917 - one table row per call reads best positionally
     bias: bool = False,
     dtype: str = "bf16",
 ) -> ModelConfig:
-    return ModelConfig(
-        "", family, hidden, layers, heads, kv_heads, head_dim or hidden // heads, intermediate,
-        vocab, tied, context, experts, top_k, attention_bias=bias, dtype=dtype,
-    )  # fmt: skip
+    # In ModelConfig's field order: the dimensions, then tied, context, experts, top-k, bias.
+    dims = (hidden, layers, heads, kv_heads, head_dim or hidden // heads, intermediate, vocab)
+    return ModelConfig("", family, *dims, tied, context, experts, top_k, bias, dtype=dtype)
 
 
 # Each row: repo names sharing one shape (base and instruct releases differ only in
@@ -237,16 +240,10 @@ _ROWS: tuple[tuple[tuple[str, ...], ModelConfig], ...] = (
 # fmt: on
 
 
-def _build_table() -> dict[str, ModelConfig]:
-    table: dict[str, ModelConfig] = {}
-    for names, shape in _ROWS:
-        for name in names:
-            table[name] = replace(shape, name=name)
-    return table
-
-
 #: Every built-in shape, by canonical Hugging Face repo name.
-BUILTIN_MODELS: Mapping[str, ModelConfig] = _build_table()
+BUILTIN_MODELS: Mapping[str, ModelConfig] = {
+    name: replace(shape, name=name) for names, shape in _ROWS for name in names
+}
 
 # Lookup keys: the full id and the bare repo name, both lower case.
 _BY_KEY: dict[str, ModelConfig] = {}
@@ -341,7 +338,10 @@ def read_hf_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
     dtype_text = str(config.get("torch_dtype") or config.get("dtype") or "").lower()
     dtype = {v: k for k, v in _TORCH_DTYPES.items()}.get(dtype_text.removeprefix("torch."))
     return ModelConfig(
-        name=where, family=family, hidden_size=hidden, num_layers=layers,
+        name=where,
+        family=family,
+        hidden_size=hidden,
+        num_layers=layers,
         num_attention_heads=heads,
         num_kv_heads=_int_field(config, ("num_key_value_heads", "num_kv_heads")) or heads,
         head_dim=_int_field(config, ("head_dim",)) or hidden // heads,
@@ -357,7 +357,7 @@ def read_hf_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
         gated_mlp=family.startswith(_GATED_FAMILIES) or act in ("silu", "swish", "swiglu"),
         dtype=dtype,
         declared_parameters=_int_field(config, ("num_parameters", "n_params", "num_params")),
-    )  # fmt: skip
+    )
 
 
 def resolve_model_config(model: str | Path | Mapping[str, Any]) -> ModelConfig:
@@ -437,9 +437,7 @@ def model_shape(model: Any) -> ModelShape:
     parameters_fn = getattr(model, "parameters", None)
     if callable(parameters_fn):
         # Tied weights appear once per module that shares them: count each tensor once.
-        seen: dict[int, int] = {}
-        for tensor in parameters_fn():
-            seen[id(tensor)] = int(tensor.numel())
+        seen = {id(tensor): int(tensor.numel()) for tensor in parameters_fn()}
         if not seen:
             raise UserInputError(f"model {type(model).__name__} has no parameters")
         architecture: ModelConfig | None = None

@@ -27,20 +27,19 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import astuple, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes
+from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import STRATEGIES
-from nbgpu.estimate.result import Term
+from nbgpu.estimate.result import StepComparison, Term
 
 if TYPE_CHECKING:
-    from nbgpu.estimate.formulas import Layout
-    from nbgpu.estimate.result import MemoryEstimate
+    from nbgpu.estimate.result import Layout, MemoryEstimate
 
 __all__ = [
     "StepComparison",
@@ -151,9 +150,7 @@ class TracedPeak:
 
     @property
     def total(self) -> int:
-        parts = (self.parameters, self.buffers, self.gradients, self.activations,
-                 self.temporaries, self.optimizer, self.other)  # fmt: skip
-        return sum(parts)
+        return int(sum(astuple(self)[:-1]))  # every category (seconds is the last field)
 
 
 def _fake_twin(tensor: torch.Tensor, mode: Any, dtype: torch.dtype | None) -> torch.Tensor:
@@ -216,10 +213,15 @@ def trace_step(
     inputs = sum(_tensor_bytes(t) for t in _tensors_in(batch))
     ref = _MemRefType
     return TracedPeak(
-        parameters=by_kind[ref.PARAM], buffers=by_kind[ref.BUFFER], gradients=by_kind[ref.GRAD],
-        activations=by_kind[ref.ACT], temporaries=by_kind[ref.TEMP], optimizer=by_kind[ref.OPT],
-        other=by_kind[ref.OTH] + inputs, seconds=time.perf_counter() - start,
-    )  # fmt: skip
+        parameters=by_kind[ref.PARAM],
+        buffers=by_kind[ref.BUFFER],
+        gradients=by_kind[ref.GRAD],
+        activations=by_kind[ref.ACT],
+        temporaries=by_kind[ref.TEMP],
+        optimizer=by_kind[ref.OPT],
+        other=by_kind[ref.OTH] + inputs,
+        seconds=time.perf_counter() - start,
+    )
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
@@ -267,14 +269,19 @@ def trace_terms(
         example = _example(module, example_input, layout.micro_batch, layout.seq_len)
         # foreach=True is PyTorch's default on CUDA, which is what the estimate is for.
         peak = trace_step(
-            module, example, micro_batch=layout.micro_batch, optimizer=layout.optimizer,
-            precision=layout.precision, loss_fn=loss_fn, foreach=layout.foreach,
-        )  # fmt: skip
+            module,
+            example,
+            micro_batch=layout.micro_batch,
+            optimizer=layout.optimizer,
+            precision=layout.precision,
+            loss_fn=loss_fn,
+            foreach=layout.foreach,
+        )
     except UserInputError:
         raise
     except Exception as exc:  # noqa: BLE001  (any failure of the user's code: say why)
         return (), f"traced: failed ({_failure_reason(exc)}); the analytic estimate is the answer"
-    n, mp, tp = layout.data_parallel, layout.tp * layout.pp, layout.tp
+    n, mp, tp = layout.data_parallel, layout.model_parallel, layout.tensor_parallel
     loop = "foreach" if layout.foreach else "per-tensor"
     src = f"traced: {TOOL} (steady-state step, {loop} optimizer)"
     split = f" / {mp}" if mp > 1 else ""
@@ -284,17 +291,31 @@ def trace_terms(
         ("optimizer states", peak.optimizer, f"traced {layout.optimizer} state"),
     )
     terms = [
-        Term(name, math.ceil(size / (mp * (n if sharded else 1))),
-             f"{what}{split}" + (f" / {n}" if sharded and n > 1 else ""), src, "model states")
+        Term(
+            name,
+            math.ceil(size / (mp * (n if sharded else 1))),
+            f"{what}{split}" + (f" / {n}" if sharded and n > 1 else ""),
+            src,
+            "model states",
+        )
         for (name, size, what), sharded in zip(states, STRATEGIES[layout.strategy], strict=True)
-    ]  # fmt: skip
+    ]
     terms += [
-        Term("activations", math.ceil((peak.activations + peak.other) / tp),
-             "traced saved tensors, logits/loss and the batch" + (f" / {tp}" if tp > 1 else ""),
-             src, "activations"),
-        Term("temporaries", math.ceil(peak.temporaries / tp),
-             "traced transient buffers live at the peak", src, "activations"),
-    ]  # fmt: skip
+        Term(
+            "activations",
+            math.ceil((peak.activations + peak.other) / tp),
+            "traced saved tensors, logits/loss and the batch" + (f" / {tp}" if tp > 1 else ""),
+            src,
+            "activations",
+        ),
+        Term(
+            "temporaries",
+            math.ceil(peak.temporaries / tp),
+            "traced transient buffers live at the peak",
+            src,
+            "activations",
+        ),
+    ]
     tensors = sum(t.bytes_per_gpu or 0 for t in terms)
     for t in analytic:
         if t.kind == "reserve":
@@ -343,58 +364,8 @@ def measure_step(
             current -= size
         peak = max(peak, current)
     # Tensors the step never touched (frozen parameters, unused buffers) are still live.
-    touched = {id(p) for p in work.parameters() if p.requires_grad}
-    idle = sum(_tensor_bytes(p) for p in work.parameters() if id(p) not in touched)
+    idle = sum(_tensor_bytes(p) for p in work.parameters() if not p.requires_grad)
     return peak + idle
-
-
-@dataclass(frozen=True)
-class StepComparison(Result):
-    """Measured peak tensor bytes of one real CPU step beside the traced and analytic ones."""
-
-    model: str
-    batch_shape: str
-    measured_bytes: int
-    traced_bytes: int | None
-    analytic_bytes: int | None  # model states + activations formulas (None: no shape)
-    trace_note: str
-    measure_seconds: float
-    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("methods",)
-    FRAME_COLUMNS = ("method", "bytes", "error_vs_measured")
-
-    def _error(self, value: int | None) -> float | None:
-        if value is None or not self.measured_bytes:
-            return None
-        return (value - self.measured_bytes) / self.measured_bytes
-
-    def records(self) -> list[dict[str, Any]]:
-        return [
-            {"method": m, "bytes": v, "error_vs_measured": self._error(v)}
-            for m, v in (
-                ("measured (CPU step, profiler)", self.measured_bytes),
-                ("traced (fake tensors)", self.traced_bytes),
-                ("analytic (formulas)", self.analytic_bytes),
-            )
-        ]
-
-    def _table(self) -> Table:
-        table = Table(["method", "peak tensor bytes", "vs measured"])
-        for r in self.records():
-            err = r["error_vs_measured"]
-            table.add(
-                r["method"],
-                fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
-                "-" if err is None else f"{err:+.1%}",
-            )
-        return table
-
-    @property
-    def methods(self) -> list[dict[str, Any]]:
-        return self.records()
-
-    def content(self) -> list[Block]:
-        head = f"one training step of {self.model}, batch {self.batch_shape}"
-        return [Title(head), self._table(), Line(self.trace_note)]
 
 
 def compare_step(
@@ -434,6 +405,9 @@ def compare_step(
     return StepComparison(
         model=f"{type(module).__name__} ({parameters:,} parameters)",
         batch_shape=", ".join(str(list(t.shape)) for t in tensors) or "-",
-        measured_bytes=measured, traced_bytes=traced, analytic_bytes=analytic,
-        trace_note=note, measure_seconds=seconds,
-    )  # fmt: skip
+        measured_bytes=measured,
+        traced_bytes=traced,
+        analytic_bytes=analytic,
+        trace_note=note,
+        measure_seconds=seconds,
+    )

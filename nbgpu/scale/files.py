@@ -81,7 +81,7 @@ class ConfigSource:
 def read_config(text: str, name: str) -> ConfigSource:
     """Read a config's text by its form (a ``.json`` name, a shell script, else YAML)."""
     from nbgpu.scale.script import looks_like_script, read_script  # noqa: PLC0415
-    from nbgpu.scale.yamldoc import load_yaml, to_plain  # noqa: PLC0415
+    from nbgpu.scale.yamldoc import load_yaml  # noqa: PLC0415
 
     where = f"config {name!r}"
     if name.endswith(".json"):
@@ -94,12 +94,7 @@ def read_config(text: str, name: str) -> ConfigSource:
     if looks_like_script(text, name):
         script = read_script(text, where)
         return ConfigSource("script", name, text, script.config(), script)
-    return ConfigSource("yaml", name, text, to_plain(load_yaml(text, where)))
-
-
-def _json_indent(text: str) -> int | None:
-    m = re.search(r"\n([ \t]+)\"", text)
-    return len(m.group(1).expandtabs()) if m else None
+    return ConfigSource("yaml", name, text, load_yaml(text, where, plain=True))
 
 
 class Rescaled(Protocol):
@@ -122,7 +117,8 @@ def rescaled_text(source: ConfigSource, plan: Rescaled) -> tuple[str, list[str]]
         return rewrite_yaml(source.text, changes, f"config {source.name!r}"), []
     if source.form == "json":
         end = "\n" if source.text.endswith("\n") else ""
-        indent = _json_indent(source.text)
+        m = re.search(r"\n([ \t]+)\"", source.text)  # the file's own indentation
+        indent = len(m.group(1).expandtabs()) if m else None
         return json.dumps(plan.config, indent=indent, ensure_ascii=False) + end, []
     if source.script is None:  # a script is always read with its LaunchScript
         raise TypeError(f"{source.name}: a script without its reading")
@@ -165,13 +161,6 @@ def _edit_for(
     return None
 
 
-def _value_of_key(script: LaunchScript, key: str) -> ScriptValue | None:
-    if key in script.overrides:
-        return script.overrides[key]
-    assigned = script.variable(key, script.command_at + 1)
-    return None if assigned is None else assigned.value
-
-
 def _variables_read(value: ScriptValue) -> set[str]:
     from nbgpu.scale.script import NAME  # noqa: PLC0415
 
@@ -184,8 +173,11 @@ def _variables_read(value: ScriptValue) -> set[str]:
 
 def _variable_at(script: LaunchScript, position: int) -> str | None:
     """The variable whose assignment holds *position*, if any."""
-    holds = (a.name for a in script.assignments
-             if a.value.start <= position < max(a.value.end, a.value.start + 1))  # fmt: skip
+    holds = (
+        a.name
+        for a in script.assignments
+        if a.value.start <= position < max(a.value.end, a.value.start + 1)
+    )
     return next(holds, None)
 
 
@@ -212,7 +204,7 @@ def rewrite_script(
     targets = {**(unchanged or {}), **changes}
     edits: dict[tuple[int, int], _Edit] = {}
     for key, new in changes.items():
-        value = _value_of_key(script, key)
+        value = script.value_of(key)
         edit = None if value is None else _edit_for(script, value, new, key)
         if edit is None:
             continue
@@ -224,18 +216,21 @@ def rewrite_script(
     pins: list[_Edit] = []
     notes: list[str] = []
     for key, new in targets.items():
-        value = _value_of_key(again, key)
+        value = again.value_of(key)
         if value is None or again.resolve(value, split=key in again.overrides) == new:
             continue
         written = text[value.start : value.end]
         pins.append(_Edit(value.start, value.end, new, key))
         read = _variables_read(value)
-        movers = [e.key for e in edits.values()
-                  if e.key != key and _variable_at(script, e.start) in read]  # fmt: skip
+        movers = [
+            e.key for e in edits.values() if e.key != key and _variable_at(script, e.start) in read
+        ]
         where = f"{key} (line {value.line})"
         if key in changes and not movers:
             notes.append(f"{where}: the expression {written} was replaced by the value {new}")
         else:
-            notes.append(f"{where}: {written} is shared with {', '.join(movers) or 'other keys'}, "
-                         f"which change it; {key} now has its own value {new}")  # fmt: skip
+            notes.append(
+                f"{where}: {written} is shared with {', '.join(movers) or 'other keys'}, "
+                f"which change it; {key} now has its own value {new}"
+            )
     return _apply(text, pins), notes

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, ClassVar
 
@@ -54,16 +54,20 @@ RULES: Mapping[str, str] = {
 
 # verl / VAGEN names (the last part of the key) and their rules.
 _LEAVES: Mapping[str, str] = {
-    **dict.fromkeys(("train_batch_size", "ppo_mini_batch_size", "ppo_micro_batch_size",
-                     "log_prob_micro_batch_size"), "global_batch"),
-    **dict.fromkeys(("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu",
-                     "micro_batch_size_per_gpu"), "per_gpu"),
-    **dict.fromkeys(("max_num_seqs", "max_num_batched_tokens"), "per_engine"),
+    "train_batch_size": "global_batch",
+    "ppo_mini_batch_size": "global_batch",
+    "ppo_micro_batch_size": "global_batch",
+    "log_prob_micro_batch_size": "global_batch",
+    "ppo_micro_batch_size_per_gpu": "per_gpu",
+    "log_prob_micro_batch_size_per_gpu": "per_gpu",
+    "micro_batch_size_per_gpu": "per_gpu",
+    "max_num_seqs": "per_engine",
+    "max_num_batched_tokens": "per_engine",
     "tensor_model_parallel_size": "tensor_parallel",
     "gpu_memory_utilization": "memory_fraction",
     "n_gpus_per_node": "gpu_count",
     "cuda_visible_devices": "devices",
-}  # fmt: skip
+}
 
 
 # ------------------------------------------------------------------------ the rules
@@ -91,6 +95,11 @@ def rules_for(entries: Sequence[Entry], rules: Mapping[str, str]) -> dict[str, s
 
 @dataclass
 class ScaleContext:
+    """One rescaling under way: the config's entries and their rules, the target, the values
+    the rules set so far, and the problems found."""
+
+    entries: Sequence[Entry]
+    rules: Mapping[str, str]  # dotted key → rule
     from_gpus: int
     to_gpus: int
     factor: Fraction
@@ -100,8 +109,16 @@ class ScaleContext:
     nnodes: int
     model: ModelShape | None
     problems: list[Problem]
-    warnings: list[Problem]
     model_name: str | None = None  # the model the config names, when model= was not given
+    new: dict[str, Any] = field(default_factory=dict)  # dotted key → its scaled value
+    warnings: list[Problem] = field(default_factory=list)
+
+    def now(self, e: Entry | None) -> Any:
+        """The entry's value once scaled (None: no such entry)."""
+        return None if e is None else self.new.get(e.dotted, e.value)
+
+    def ruled(self, rule: str) -> Entry | None:
+        return next((e for e in self.entries if self.rules.get(e.dotted) == rule), None)
 
     def bad(self, code: str, subject: str, message: str, *fixes: str) -> None:
         self.problems.append(Problem("bad", code, subject, message, fixes))
@@ -110,30 +127,35 @@ class ScaleContext:
         self.warnings.append(Problem("warn", code, subject, message, fixes))
 
 
-def batch_divisor(entry: Entry, entries: Sequence[Entry], ctx: ScaleContext, world: int) -> int:
+def batch_divisor(entry: Entry, ctx: ScaleContext) -> int:
     """The step every valid value of this global-batch key is a multiple of (verl's rules)."""
-    dp = max(1, world // ctx.sp)
+    dp = max(1, ctx.to_gpus // ctx.sp)
     if entry.leaf == "ppo_mini_batch_size":
-        need = dp * int_of(find_entry(entries, f"{entry.parent}.ppo_micro_batch_size_per_gpu"), 1)
+        micro = find_entry(ctx.entries, f"{entry.parent}.ppo_micro_batch_size_per_gpu")
+        need = dp * int_of(micro, 1)
     else:
-        need = world if entry.leaf == "train_batch_size" else dp
+        need = ctx.to_gpus if entry.leaf == "train_batch_size" else dp
     # value × n must be a multiple of need.
     return need // math.gcd(need, ctx.n)
 
 
-def scale_global(entry: Entry, entries: Sequence[Entry], ctx: ScaleContext) -> tuple[Any, str]:
+def scale_global(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
     old = entry.value
     if not isinstance(old, int) or isinstance(old, bool):
         return old, "not a whole number: left as is"
-    step = batch_divisor(entry, entries, ctx, ctx.to_gpus)
+    step = batch_divisor(entry, ctx)
     if ctx.batch == "keep":
         if old % step == 0:
             return old, f"kept (batch='keep'): a multiple of {step}, valid on {ctx.to_gpus} GPUs"
         lower, upper = max(step, old // step * step), (old // step + 1) * step
         n = f" (× rollout.n={ctx.n})" if ctx.n > 1 else ""
         message = f"{entry.dotted}={old} is not valid on {ctx.to_gpus} GPUs: it must be a "
-        ctx.bad("batch", entry.dotted, f"{message}multiple of {step}{n}",
-                *(f"{entry.leaf}={v}" for v in sorted({lower, upper})))  # fmt: skip
+        ctx.bad(
+            "batch",
+            entry.dotted,
+            f"{message}multiple of {step}{n}",
+            *(f"{entry.leaf}={v}" for v in sorted({lower, upper})),
+        )
         return old, "kept (batch='keep')"
     target = old * ctx.factor
     low = max(step, math.floor(target / step) * step)
@@ -161,8 +183,11 @@ def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) ->
         )
     world = ctx.to_gpus // max(1, ctx.nnodes)
     heads = ctx.model.num_attention_heads if ctx.model is not None else None
-    options = [t for t in range(1, world + 1) if world % t == 0 and t <= old * ctx.factor
-               and (heads is None or heads % t == 0)]  # fmt: skip
+    options = [
+        t
+        for t in range(1, world + 1)
+        if world % t == 0 and t <= old * ctx.factor and (heads is None or heads % t == 0)
+    ]
     why = f"× {ctx.to_gpus}/{ctx.from_gpus} GPUs (tensor_parallel='scale'): one engine spans "
     return max(options) if options else old, why + "more GPUs"
 
@@ -170,72 +195,93 @@ def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) ->
 # ------------------------------------------------------------- start-up checks
 
 
-def check_start_up(
-    entries: Sequence[Entry], new: Mapping[str, Any], rules: Mapping[str, str], ctx: ScaleContext
-) -> None:
+def check_start_up(ctx: ScaleContext) -> None:
     """verl's and vLLM's start-up checks on the new values."""
-    world = ctx.to_gpus
+    world, entries, value = ctx.to_gpus, ctx.entries, ctx.now
     dp = max(1, world // ctx.sp)
-
-    def value(e: Entry) -> Any:
-        return new.get(e.dotted, e.value)
-
     ints = {e.dotted: value(e) for e in entries if isinstance(value(e), int)}
     train = next((e for e in entries if e.leaf == "train_batch_size"), None)
     train_value = ints.get(train.dotted) if train is not None else None
     if train_value is not None and (train_value * ctx.n) % world:
-        ctx.bad("batch", "train_batch_size",
-                f"train_batch_size {train_value} × rollout.n {ctx.n} is not divisible by "
-                f"{world} GPUs (verl: real_train_batch_size % n_gpus == 0)")  # fmt: skip
+        ctx.bad(
+            "batch",
+            "train_batch_size",
+            f"train_batch_size {train_value} × rollout.n {ctx.n} is not divisible by "
+            f"{world} GPUs (verl: real_train_batch_size % n_gpus == 0)",
+        )
     for e in entries:
         if e.leaf != "ppo_mini_batch_size" or e.dotted not in ints:
             continue
         mini = ints[e.dotted]
         if train_value is not None and mini > train_value:
-            ctx.bad("batch", e.dotted,
-                    f"{e.dotted} {mini} is larger than train_batch_size {train_value} "
-                    "(verl asserts train_batch_size >= ppo_mini_batch_size)")  # fmt: skip
+            ctx.bad(
+                "batch",
+                e.dotted,
+                f"{e.dotted} {mini} is larger than train_batch_size {train_value} "
+                "(verl asserts train_batch_size >= ppo_mini_batch_size)",
+            )
         per_gpu = mini * ctx.n // dp
         micro_entry = find_entry(entries, f"{e.parent}.ppo_micro_batch_size_per_gpu")
         micro = ints.get(micro_entry.dotted) if micro_entry is not None else None
         if per_gpu < 1:
-            ctx.bad("batch", e.dotted,
-                    f"{e.dotted} {mini} × n {ctx.n} ÷ {dp} data-parallel GPUs = 0 per GPU "
-                    "(verl: ppo_mini_batch_size must stay > 0 after normalisation)")  # fmt: skip
+            ctx.bad(
+                "batch",
+                e.dotted,
+                f"{e.dotted} {mini} × n {ctx.n} ÷ {dp} data-parallel GPUs = 0 per GPU "
+                "(verl: ppo_mini_batch_size must stay > 0 after normalisation)",
+            )
         elif micro and per_gpu % micro:
-            ctx.bad("batch", e.dotted, f"{e.dotted} gives {per_gpu} per GPU, not divisible by "
-                    f"ppo_micro_batch_size_per_gpu {micro}")  # fmt: skip
+            ctx.bad(
+                "batch",
+                e.dotted,
+                f"{e.dotted} gives {per_gpu} per GPU, not divisible by "
+                f"ppo_micro_batch_size_per_gpu {micro}",
+            )
     heads = ctx.model.num_attention_heads if ctx.model is not None else None
     for e in entries:
-        rule, v = rules.get(e.dotted), value(e)
+        rule, v = ctx.rules.get(e.dotted), value(e)
         if rule == "tensor_parallel" and isinstance(v, int) and v >= 1:
             if world % v:
-                ctx.bad("tensor_parallel", e.dotted,
-                        f"{e.dotted} {v} does not divide {world} GPUs: the rollout world size "
-                        "must be a multiple of the tensor-parallel size")  # fmt: skip
+                ctx.bad(
+                    "tensor_parallel",
+                    e.dotted,
+                    f"{e.dotted} {v} does not divide {world} GPUs: the rollout world size "
+                    "must be a multiple of the tensor-parallel size",
+                )
             if heads is not None and heads % v:
-                ctx.bad("tensor_parallel", e.dotted, f"{e.dotted} {v} does not divide the "
-                        f"model's {heads} attention heads (vLLM requires it)")  # fmt: skip
+                ctx.bad(
+                    "tensor_parallel",
+                    e.dotted,
+                    f"{e.dotted} {v} does not divide the "
+                    f"model's {heads} attention heads (vLLM requires it)",
+                )
         if rule == "memory_fraction" and isinstance(v, int | float) and not 0 < v <= 1:
             ctx.bad("memory_fraction", e.dotted, f"{e.dotted} {v} is not a fraction in (0, 1]")
         if rule == "gpu_count" and isinstance(v, int) and v * ctx.nnodes != ctx.to_gpus:
-            ctx.bad("gpu_count", e.dotted,
-                    f"{e.dotted} {v} × nnodes {ctx.nnodes} ≠ {ctx.to_gpus} GPUs")  # fmt: skip
+            ctx.bad(
+                "gpu_count", e.dotted, f"{e.dotted} {v} × nnodes {ctx.nnodes} ≠ {ctx.to_gpus} GPUs"
+            )
     model_len = config_model_len(entries, value)
     for e in entries:
         if e.leaf != "max_num_batched_tokens" or not isinstance(value(e), int):
             continue
         tokens = value(e)
-        seqs_entry = find_entry(entries, f"{e.parent}.max_num_seqs")
-        seqs = value(seqs_entry) if seqs_entry is not None else None
+        seqs = value(find_entry(entries, f"{e.parent}.max_num_seqs"))
         if isinstance(seqs, int) and tokens < seqs:
-            ctx.bad("engine", e.dotted, f"{e.dotted} {tokens} < max_num_seqs {seqs} (vLLM "
-                    "requires max_num_batched_tokens >= max_num_seqs)")  # fmt: skip
+            ctx.bad(
+                "engine",
+                e.dotted,
+                f"{e.dotted} {tokens} < max_num_seqs {seqs} (vLLM "
+                "requires max_num_batched_tokens >= max_num_seqs)",
+            )
         if model_len is not None and tokens < model_len:
-            ctx.bad("engine", e.dotted,
-                    f"{e.dotted} {tokens} < the maximum model length {model_len} (prompt + "
-                    "response): verl refuses it with chunked prefill, vLLM without",
-                    f"max_num_batched_tokens={model_len}")  # fmt: skip
+            ctx.bad(
+                "engine",
+                e.dotted,
+                f"{e.dotted} {tokens} < the maximum model length {model_len} (prompt + "
+                "response): verl refuses it with chunked prefill, vLLM without",
+                f"max_num_batched_tokens={model_len}",
+            )
 
 
 # ------------------------------------------------------------------- the KV cache
@@ -295,46 +341,37 @@ class KvCheck:
 
 
 def kv_check(
-    entries: Sequence[Entry],
-    new: Mapping[str, Any],
-    rules: Mapping[str, str],
     ctx: ScaleContext,
     *,
     gpu_memory_bytes: int | None,
     max_model_len: int | None,
     precision: str | None,
 ) -> KvCheck | None:
-    def value(e: Entry | None) -> Any:
-        return None if e is None else new.get(e.dotted, e.value)
-
-    def ruled(rule: str) -> Entry | None:
-        return next((e for e in entries if rules.get(e.dotted) == rule), None)
-
-    fraction_entry = ruled("memory_fraction")
+    fraction_entry = ctx.ruled("memory_fraction")
     if fraction_entry is None:
         return None
-    unchecked = "KV cache not checked: "
-    if ctx.model is None and ctx.model_name is not None:
-        ctx.warn("kv_unchecked", "KV cache", f"{unchecked}the config's model "
-                 f"{ctx.model_name!r} is not among nbgpu's built-in model shapes; pass model= its "
-                 "config.json (path or dict)")  # fmt: skip
+    if ctx.model is None or not ctx.model.has_kv_shape or gpu_memory_bytes is None:
+        if ctx.model is None and ctx.model_name is not None:
+            why = (
+                f"the config's model {ctx.model_name!r} is not among nbgpu's built-in model "
+                "shapes; pass model= its config.json (path or dict)"
+            )
+        elif ctx.model is None or not ctx.model.has_kv_shape:
+            why = (
+                "pass model= as an HF config dict (layers, KV heads, head_dim) and a GPU size "
+                "(inventory= or gpu_memory_bytes=)"
+            )
+        else:
+            why = "pass inventory= or gpu_memory_bytes= for the GPU size"
+        ctx.warn("kv_unchecked", "KV cache", f"KV cache not checked: {why}")
         return None
-    if ctx.model is None or not ctx.model.has_kv_shape:
-        ctx.warn("kv_unchecked", "KV cache", f"{unchecked}pass model= as an HF config dict "
-                 "(layers, KV heads, head_dim) and a GPU size (inventory= or "
-                 "gpu_memory_bytes=)")  # fmt: skip
-        return None
-    if gpu_memory_bytes is None:
-        ctx.warn("kv_unchecked", "KV cache",
-                 f"{unchecked}pass inventory= or gpu_memory_bytes= for the GPU size")  # fmt: skip
-        return None
-    fraction = value(fraction_entry)
+    fraction = ctx.now(fraction_entry)
     if not isinstance(fraction, int | float) or not 0 < fraction <= 1:
         return None
-    tp = value(ruled("tensor_parallel"))
+    tp = ctx.now(ctx.ruled("tensor_parallel"))
     tp = tp if isinstance(tp, int) else 1
-    seqs = value(find_entry(entries, "max_num_seqs"))
-    model_len = max_model_len or config_model_len(entries, value)
+    seqs = ctx.now(find_entry(ctx.entries, "max_num_seqs"))
+    model_len = max_model_len or config_model_len(ctx.entries, ctx.now)
     dtype = normalize_precision(precision or ctx.model.dtype or "bf16")
     check = KvCheck(
         gpu_memory_bytes=gpu_memory_bytes,
@@ -347,21 +384,32 @@ def kv_check(
         max_num_seqs=seqs if isinstance(seqs, int) else None,
         model=ctx.model.source if ctx.model_name is not None else None,
     )
-    key = fraction_entry.dotted
-    leaf = key.rsplit(".", 1)[-1]
+    key, leaf = fraction_entry.dotted, fraction_entry.leaf
     if check.budget_bytes <= 0:
-        ctx.bad("kv_cache", key, f"{key} {fraction} of {fmt_bytes(gpu_memory_bytes)} holds the "
-                f"weights ({fmt_bytes(check.weights_bytes)}) and the reserve but no KV cache",
-                f"{leaf}={check.fraction_for(model_len or 1)}")  # fmt: skip
+        ctx.bad(
+            "kv_cache",
+            key,
+            f"{key} {fraction} of {fmt_bytes(gpu_memory_bytes)} holds the "
+            f"weights ({fmt_bytes(check.weights_bytes)}) and the reserve but no KV cache",
+            f"{leaf}={check.fraction_for(model_len or 1)}",
+        )
     elif model_len is not None and check.capacity_tokens < model_len:
-        ctx.bad("kv_cache", key, f"the KV cache holds {check.capacity_tokens:,} tokens per GPU, "
-                f"less than one sequence of {model_len:,}: the engine refuses to start",
-                f"{leaf}={check.fraction_for(model_len)}")  # fmt: skip
+        ctx.bad(
+            "kv_cache",
+            key,
+            f"the KV cache holds {check.capacity_tokens:,} tokens per GPU, "
+            f"less than one sequence of {model_len:,}: the engine refuses to start",
+            f"{leaf}={check.fraction_for(model_len)}",
+        )
     elif check.needed_tokens is not None and check.capacity_tokens < check.needed_tokens:
-        ctx.warn("kv_cache", key, f"the KV cache holds {check.capacity_tokens:,} tokens = "
-                 f"{check.capacity_tokens // (model_len or 1)} full-length sequences, fewer than "
-                 f"max_num_seqs {check.max_num_seqs}: the engine will queue or preempt sequences",
-                 f"{leaf}={check.fraction_for(check.needed_tokens)}")  # fmt: skip
+        ctx.warn(
+            "kv_cache",
+            key,
+            f"the KV cache holds {check.capacity_tokens:,} tokens = "
+            f"{check.capacity_tokens // (model_len or 1)} full-length sequences, fewer than "
+            f"max_num_seqs {check.max_num_seqs}: the engine will queue or preempt sequences",
+            f"{leaf}={check.fraction_for(check.needed_tokens)}",
+        )
     return check
 
 

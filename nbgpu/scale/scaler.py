@@ -21,6 +21,7 @@ from typing import Any
 from nbgpu._render import Blank, Block, Line, Problems, Result, Title
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
+from nbgpu.estimate.formulas import check_count
 from nbgpu.estimate.shapes import ModelShape
 from nbgpu.problems import Problem
 from nbgpu.scale.rules import (
@@ -134,8 +135,13 @@ class ScalePlan(Result):
 
             old, new = dump_yaml(self.original).splitlines(), dump_yaml(self.config).splitlines()
         name = self.source or "config"
-        lines = difflib.unified_diff(old, new, f"{name} ({self.from_gpus} GPUs)",
-                                     f"{name} ({self.to_gpus} GPUs)", lineterm="")  # fmt: skip
+        lines = difflib.unified_diff(
+            old,
+            new,
+            f"{name} ({self.from_gpus} GPUs)",
+            f"{name} ({self.to_gpus} GPUs)",
+            lineterm="",
+        )
         return "\n".join(lines) + "\n"
 
     def content(self) -> list[Block]:
@@ -146,8 +152,9 @@ class ScalePlan(Result):
         ]
         for s in self.steps:
             change = f"{s.key}: {short_text(s.old)} → {short_text(s.new)}"
-            blocks.append(Line(change, indent="* " if s.changed else "  ",
-                               level="warn" if s.changed else ""))  # fmt: skip
+            blocks.append(
+                Line(change, indent="* " if s.changed else "  ", level="warn" if s.changed else "")
+            )
             blocks.append(Line(s.reason, indent="      "))
         if self.kv is not None:
             blocks.append(Line(self.kv.text))
@@ -173,8 +180,7 @@ def _count(value: Any) -> bool:
 
 
 def _check_options(to_gpus: int, batch: str, tensor_parallel: str | int) -> None:
-    if not _count(to_gpus):
-        raise UserInputError(f"to_gpus={to_gpus!r}: expected a whole number >= 1")
+    check_count("to_gpus=", to_gpus)
     if batch not in ("scale", "keep"):
         raise UserInputError(f"batch={batch!r}: expected 'scale' or 'keep'")
     if tensor_parallel not in ("keep", "scale") and not _count(tensor_parallel):
@@ -188,8 +194,7 @@ def _source_gpus(
 ) -> int:
     """How many GPUs the config was made for: given, or n_gpus_per_node × nnodes, or CVD."""
     if from_gpus is not None:
-        if not _count(from_gpus):
-            raise UserInputError(f"from_gpus={from_gpus!r}: expected a whole number >= 1")
+        check_count("from_gpus=", from_gpus)
         return from_gpus
     for e in entries:
         if rule_of.get(e.dotted) == "gpu_count" and isinstance(e.value, int) and e.value > 0:
@@ -215,26 +220,22 @@ _KEPT = {
 
 
 def _apply_rules(
-    entries: Sequence[Entry],
-    rule_of: Mapping[str, str],
-    ctx: ScaleContext,
-    tensor_parallel: str | int,
-    devices: Sequence[int] | None,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    new: dict[str, Any] = {}
-    reasons: dict[str, str] = {}
-    by_key = {e.dotted: e for e in entries}
+    ctx: ScaleContext, tensor_parallel: str | int, devices: Sequence[int] | None
+) -> dict[str, str]:
+    """Set ``ctx.new`` from the rules; the reason for each key."""
+    new, reasons = ctx.new, {}
+    by_key = {e.dotted: e for e in ctx.entries}
     # Tensor parallel and global batches first: the per-engine keys depend on both.
     order = ["tensor_parallel", "global_batch", "per_engine"]
-    ranked = sorted(rule_of.items(), key=lambda kv: order.index(kv[1]) if kv[1] in order else 9)
+    ranked = sorted(ctx.rules.items(), key=lambda kv: order.index(kv[1]) if kv[1] in order else 9)
     for key, rule in ranked:
         entry = by_key[key]
         if rule == "global_batch":
-            new[key], reasons[key] = scale_global(entry, entries, ctx)
+            new[key], reasons[key] = scale_global(entry, ctx)
         elif rule == "tensor_parallel":
             new[key], reasons[key] = scale_tensor_parallel(entry, ctx, tensor_parallel)
         elif rule == "per_engine":
-            new[key], reasons[key] = _scale_engine(entry, entries, new, rule_of, ctx)
+            new[key], reasons[key] = _scale_engine(entry, ctx)
         elif rule == "gpu_count":
             new[key] = ctx.to_gpus // ctx.nnodes
             reasons[key] = f"{ctx.to_gpus} GPUs over {ctx.nnodes} node(s)"
@@ -243,23 +244,25 @@ def _apply_rules(
         else:
             new[key], reasons[key] = entry.value, _KEPT[rule]
     if ctx.batch == "scale":
-        _train_covers_minis(entries, new, reasons, ctx)
-    return new, reasons
+        _train_covers_minis(ctx, reasons)
+    return reasons
 
 
-def _train_covers_minis(
-    entries: Sequence[Entry], new: dict[str, Any], reasons: dict[str, str], ctx: ScaleContext
-) -> None:
+def _train_covers_minis(ctx: ScaleContext, reasons: dict[str, str]) -> None:
     """Raise train_batch_size when a mini batch had to grow past it (verl: train >= mini)."""
-    train = next((e for e in entries if e.leaf == "train_batch_size"), None)
+    new = ctx.new
+    train = find_entry(ctx.entries, "train_batch_size")
     if train is None or not isinstance(new.get(train.dotted), int):
         return
-    minis = [new[e.dotted] for e in entries
-             if e.leaf == "ppo_mini_batch_size" and isinstance(new.get(e.dotted), int)]  # fmt: skip
+    minis = [
+        new[e.dotted]
+        for e in ctx.entries
+        if e.leaf == "ppo_mini_batch_size" and isinstance(new.get(e.dotted), int)
+    ]
     largest = max(minis, default=0)
     if largest <= new[train.dotted]:
         return
-    step = batch_divisor(train, entries, ctx, ctx.to_gpus)
+    step = batch_divisor(train, ctx)
     # A multiple of both: valid for the GPUs, and whole mini batches per step.
     value = new[train.dotted] = math.lcm(step, largest)
     reasons[train.dotted] = (
@@ -314,6 +317,8 @@ def scale_config(
     if model is None:
         model_name, model = named_model(entries)
     ctx = ScaleContext(
+        entries=entries,
+        rules=rule_of,
         from_gpus=start,
         to_gpus=to_gpus,
         factor=Fraction(to_gpus, start),
@@ -323,46 +328,49 @@ def scale_config(
         nnodes=nnodes,
         model=model,
         problems=list(extra_problems),
-        warnings=[],
         model_name=model_name,
     )
-    new, reasons = _apply_rules(entries, rule_of, ctx, tensor_parallel, devices)
-    check_start_up(entries, new, rule_of, ctx)
-    kv = kv_check(entries, new, rule_of, ctx, gpu_memory_bytes=gpu_memory_bytes,
-                  max_model_len=max_model_len, precision=precision)  # fmt: skip
+    reasons = _apply_rules(ctx, tensor_parallel, devices)
+    check_start_up(ctx)
+    kv = kv_check(
+        ctx, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len, precision=precision
+    )
+    new = ctx.new
     steps = tuple(
         ScaleStep(e.dotted, rule_of[e.dotted], e.value, new[e.dotted], reasons[e.dotted], e.path)
         for e in entries
         if e.dotted in rule_of
     )
-    for e in entries:
-        if e.dotted in new:
-            set_value(data, e.path, new[e.dotted])
+    for step in steps:
+        set_value(data, step.path, step.new)
     result: Any = [f"{k}={override_text(v)}" for k, v in data.items()] if overrides else data
-    return ScalePlan(start, to_gpus, steps, tuple(ctx.problems), tuple(ctx.warnings), kv,
-                     config=result, original=original, source=source)  # fmt: skip
+    return ScalePlan(
+        start,
+        to_gpus,
+        steps,
+        tuple(ctx.problems),
+        tuple(ctx.warnings),
+        kv,
+        config=result,
+        original=original,
+        source=source,
+    )
 
 
 def _engines(world: int, tp: Any) -> int:
     return max(1, world // tp) if isinstance(tp, int) and tp >= 1 else 1
 
 
-def _scale_engine(
-    entry: Entry,
-    entries: Sequence[Entry],
-    new: Mapping[str, Any],
-    rules: Mapping[str, str],
-    ctx: ScaleContext,
-) -> tuple[Any, str]:
+def _scale_engine(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
     old = entry.value
     if not isinstance(old, int) or isinstance(old, bool):
         return old, "not a whole number: left as is"
-    tp = next((e for e in entries if rules.get(e.dotted) == "tensor_parallel"), None)
+    tp = ctx.ruled("tensor_parallel")
     old_engines = _engines(ctx.from_gpus, tp.value if tp else 1)
-    new_engines = _engines(ctx.to_gpus, new.get(tp.dotted) if tp else 1)
-    train = next((e for e in entries if e.leaf == "train_batch_size"), None)
+    new_engines = _engines(ctx.to_gpus, ctx.new.get(tp.dotted) if tp else 1)
+    train = find_entry(ctx.entries, "train_batch_size")
     if train is not None and isinstance(train.value, int) and train.value > 0:
-        batch_factor = Fraction(int(new.get(train.dotted, train.value)), train.value)
+        batch_factor = Fraction(int(ctx.now(train)), train.value)
     else:
         batch_factor = ctx.factor if ctx.batch == "scale" else Fraction(1)
     factor = batch_factor * Fraction(old_engines, new_engines)

@@ -61,7 +61,8 @@ class _Part:
 
 @dataclass(frozen=True)
 class ScriptValue:
-    """A value as written in the script: its raw span, its parts, and what it resolves to."""
+    """A value (or a whole word) as written in the script: its raw span, its parts, and what
+    it resolves to."""
 
     start: int  # the value's span in the script (after ``key=``)
     end: int
@@ -73,8 +74,7 @@ class ScriptValue:
 @dataclass(frozen=True)
 class _Assignment:
     name: str
-    value: ScriptValue
-    position: int
+    value: ScriptValue  # its ``at``: where the assignment is written
 
 
 @dataclass
@@ -88,7 +88,7 @@ class LaunchScript:
 
     def variable(self, name: str, before: int) -> _Assignment | None:
         """The last assignment of *name* before *before* (bash reads top to bottom)."""
-        earlier = (a for a in reversed(self.assignments) if a.name == name and a.position < before)
+        earlier = (a for a in reversed(self.assignments) if a.name == name and a.value.at < before)
         return next(earlier, None)
 
     def resolve(self, value: ScriptValue, depth: int = 0, *, split: bool = True) -> str | None:
@@ -103,12 +103,9 @@ class LaunchScript:
                 out.append(part.text)
             elif part.kind == "var" and depth < 20:
                 assigned = self.variable(part.text, value.at)
+                text = None if part.default is None else part.default[2]
                 if assigned is not None:
                     text = self.resolve(assigned.value, depth + 1, split=False)
-                elif part.default is not None:
-                    text = part.default[2]
-                else:
-                    text = None
                 if text is None:
                     return None
                 if split and not part.quoted and (text != text.strip() or len(text.split()) > 1):
@@ -135,43 +132,34 @@ class LaunchScript:
         except ValueError:
             return None
 
+    def value_of(self, key: str) -> ScriptValue | None:
+        """A key's value: its override, or a variable as the training command sees it."""
+        if key in self.overrides:
+            return self.overrides[key]
+        assigned = self.variable(key, self.command_at + 1)
+        return None if assigned is None else assigned.value
+
     def config(self) -> dict[str, Any]:
         """Overrides (and CUDA_VISIBLE_DEVICES) as a flat ``key → value`` mapping, typed."""
-
         out: dict[str, Any] = {}
-        for name in sorted(CONFIG_VARIABLES):
-            assigned = self.variable(name, self.command_at + 1)
-            if assigned is not None:
-                text = self.resolve(assigned.value, split=False)
-                out[name] = parse_value(text) if text is not None else _raw(self, assigned.value)
-        for key, value in self.overrides.items():
-            text = self.resolve(value)
-            out[key] = parse_value(text) if text is not None else _raw(self, value)
+        for key in (*sorted(CONFIG_VARIABLES), *self.overrides):
+            value = self.value_of(key)
+            if value is not None:
+                text = self.resolve(value, split=key in self.overrides)
+                out[key] = (
+                    parse_value(text) if text is not None else self.text[value.start : value.end]
+                )
         return out
-
-
-def _raw(script: LaunchScript, value: ScriptValue) -> str:
-    return script.text[value.start : value.end]
 
 
 def looks_like_script(text: str, name: str = "") -> bool:
     """A shell script rather than YAML/JSON: by its name, its shebang or its commands."""
-    if name.endswith((".sh", ".bash")):
-        return True
-    if text.startswith("#!"):
+    if name.endswith((".sh", ".bash")) or text.startswith("#!"):
         return True
     return bool(re.search(r"^\s*(?:\S+=\S*\s+)*python[0-9.]*\s+.*\\$", text, re.MULTILINE))
 
 
 # ----------------------------------------------------------------------- the lexer
-
-
-@dataclass
-class _Word:
-    start: int
-    end: int
-    parts: list[_Part]
-    line: int
 
 
 class _Lexer:
@@ -185,9 +173,9 @@ class _Lexer:
     def line_of(self, pos: int) -> int:
         return self.text.count("\n", 0, pos) + 1
 
-    def commands(self) -> list[list[_Word]]:
-        commands: list[list[_Word]] = []
-        current: list[_Word] = []
+    def commands(self) -> list[list[ScriptValue]]:
+        commands: list[list[ScriptValue]] = []
+        current: list[ScriptValue] = []
         text = self.text
         while self.i < len(text):
             c = text[self.i]
@@ -209,7 +197,7 @@ class _Lexer:
             commands.append(current)
         return commands
 
-    def word(self) -> _Word:
+    def word(self) -> ScriptValue:
         text = self.text
         start = self.i
         parts: list[_Part] = []
@@ -239,7 +227,7 @@ class _Lexer:
                 while self.i < len(text) and text[self.i] not in " \t\r\n;|&\\'\"$":
                     self.i += 1
                 parts.append(_Part("literal", text[begin : self.i], begin, self.i))
-        return _Word(start, self.i, _merge(parts), self.line_of(start))
+        return ScriptValue(start, self.i, _merge(parts), self.line_of(start), start)
 
     def _double_quoted(self, word_start: int) -> list[_Part]:
         text = self.text
@@ -279,14 +267,11 @@ class _Lexer:
             m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])(.*))?", inner, re.DOTALL)
             if m is None:
                 return _Part("complex", text[start : self.i], start, self.i)
-            default = None
-            if m.group(2) is not None:
-                d_start = self.i - 1 - len(m.group(3))
-                default_text = m.group(3)
-                if "$" in default_text or "'" in default_text or '"' in default_text:
-                    return _Part("complex", text[start : self.i], start, self.i)
-                default = (d_start, self.i - 1, default_text)
-            return _Part("var", m.group(1), start, self.i, default)
+            default = m.group(3)  # None: no default
+            if default is not None and any(c in default for c in "$'\""):
+                return _Part("complex", text[start : self.i], start, self.i)
+            span = None if default is None else (self.i - 1 - len(default), self.i - 1, default)
+            return _Part("var", m.group(1), start, self.i, span)
         if nxt == "(":
             end = _matching(text, self.i + 1, "(", ")")
             if end < 0:
@@ -323,7 +308,7 @@ def _matching(text: str, i: int, opening: str, closing: str) -> int:
     return -1
 
 
-def _merge(parts: list[_Part]) -> list[_Part]:
+def _merge(parts: list[_Part]) -> tuple[_Part, ...]:
     """Join adjacent literals written contiguously (one span to edit)."""
     out: list[_Part] = []
     for p in parts:
@@ -332,10 +317,10 @@ def _merge(parts: list[_Part]) -> list[_Part]:
             out[-1] = _Part("literal", last.text + p.text, last.start, p.end)
         else:
             out.append(p)
-    return out
+    return tuple(out)
 
 
-def _equals(word: _Word) -> tuple[str, int] | None:
+def _equals(word: ScriptValue) -> tuple[str, int] | None:
     """The ``key=`` text a word starts with (quotes removed) and where its ``=`` is written."""
     first = word.parts[0] if word.parts else None
     if first is None or first.kind != "literal" or "=" not in first.text:
@@ -346,7 +331,7 @@ def _equals(word: _Word) -> tuple[str, int] | None:
     return first.text[: cut + 1], first.start + cut
 
 
-def _value_of(text: str, word: _Word, eq: int) -> ScriptValue:
+def _value_of(text: str, word: ScriptValue, eq: int) -> ScriptValue:
     """The value of ``key=value`` (*eq*: the position of ``=``)."""
     parts: list[_Part] = []
     for part in word.parts:
@@ -381,7 +366,7 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
             if m is None or not word.parts or word.parts[0].kind != "literal":
                 break
             value = _value_of(text, word, word.start + m.end() - 1)
-            script.assignments.append(_Assignment(m.group(1), value, word.start))
+            script.assignments.append(_Assignment(m.group(1), value))
             i += 1
         if exported or i >= len(command):
             continue

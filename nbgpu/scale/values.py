@@ -10,6 +10,7 @@ files nor executes code.
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -67,10 +68,7 @@ def entries_of(config: Mapping[str, Any]) -> list[Entry]:
 
 
 def set_value(config: Any, path: tuple[Any, ...], value: Any) -> None:
-    node = config
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
+    functools.reduce(operator.getitem, path[:-1], config)[path[-1]] = value
 
 
 def find_entry(entries: Sequence[Entry], suffix: str) -> Entry | None:

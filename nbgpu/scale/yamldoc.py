@@ -17,8 +17,10 @@ Pure: text in, text out; never reads or writes files (``files.py`` does).
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,7 +33,7 @@ from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScala
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["dump_yaml", "load_yaml", "rewrite_yaml", "to_plain"]
+__all__ = ["dump_yaml", "load_yaml", "rewrite_yaml"]
 
 _KEY_LINE = re.compile(r"^( *)[^\s#-][^#]*:\s*(#.*)?$")
 _ITEM_LINE = re.compile(r"^( *)- ")
@@ -73,28 +75,16 @@ def _indentation(text: str) -> tuple[int, int, int]:
     return mapping, max(sequence, offset + 2), offset
 
 
-def load_yaml(text: str, where: str = "config") -> Any:
-    """The round-trip document (mappings keep their comments and style)."""
+def load_yaml(text: str, where: str = "config", *, plain: bool = False) -> Any:
+    """The round-trip document (mappings keep their comments and style); *plain*: plain
+    dicts, lists and scalars (``int``, ``float``, ``str``...), as ruamel.yaml's safe loader
+    builds them."""
     try:
-        return _round_trip(text).load(text)
+        return (YAML(typ="safe", pure=True) if plain else _round_trip(text)).load(text)
     except YAMLError as exc:
         mark = exc.problem_mark if isinstance(exc, MarkedYAMLError) else None
         line = f" (line {mark.line + 1})" if mark is not None else ""
         raise UserInputError(f"{where} is not valid YAML{line}") from None
-
-
-def to_plain(node: Any) -> Any:
-    """The document as plain dicts, lists and scalars (``int``, ``float``, ``str``...)."""
-    if isinstance(node, Mapping):
-        return {to_plain(k): to_plain(v) for k, v in node.items()}
-    if isinstance(node, list | tuple):
-        return [to_plain(v) for v in node]
-    if isinstance(node, bool) or node is None:
-        return node
-    for kind in (int, float, str):
-        if isinstance(node, kind):
-            return kind(node)
-    return node
 
 
 def _styled(old: Any, new: Any) -> Any:
@@ -105,9 +95,7 @@ def _styled(old: Any, new: Any) -> Any:
 
 
 def _set(doc: Any, path: Sequence[Any], new: Any) -> None:
-    node = doc
-    for key in path[:-1]:
-        node = node[key]
+    node = functools.reduce(operator.getitem, path[:-1], doc)
     old = node[path[-1]]
     if isinstance(old, CommentedSeq) and isinstance(new, list | tuple):
         # Item by item, in place: the list keeps its style and each item its comment.
@@ -176,12 +164,8 @@ def _splice_block_list(text: str, node: SequenceNode, new: list[Any]) -> str | N
     """A block list of scalars: items edited in place, new ones added like the last one."""
     items = node.value
     scalars = all(isinstance(i, ScalarNode) and i.style not in ("|", ">") for i in items)
-    if (
-        not items
-        or not new
-        or not scalars
-        or any(isinstance(v, Mapping | list | tuple) for v in new)
-    ):
+    nested = any(isinstance(v, Mapping | list | tuple) for v in new)
+    if not items or not new or not scalars or nested:
         return None
     last = items[-1]
     line_start = text.rfind("\n", 0, last.start_mark.index) + 1

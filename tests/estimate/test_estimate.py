@@ -139,7 +139,7 @@ def test_largest_micro_batch_is_computed_and_the_smallest_gpu_decides() -> None:
     n = best.max_micro_batch
     assert n is not None
     assert n >= 1
-    assert best.micro_batch == n
+    assert best.layout.micro_batch == n
     assert best.fits
     over = estimate_memory("meta-llama/Llama-3.1-8B", micro_batch=n + 1, budget="40GB", **kwargs)
     assert over.fits is False

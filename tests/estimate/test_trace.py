@@ -50,7 +50,7 @@ def test_estimate_of_a_module_is_traced_and_says_so() -> None:
 def test_micro_batch_resizes_the_example_batch() -> None:
     model = mlp(256)
     as_given = estimate(model, example_input=torch.randn(8, 256), precision="fp32")
-    assert as_given.micro_batch == 8  # default: the example's own batch size
+    assert as_given.layout.micro_batch == 8  # default: the example's own batch size
     one = estimate(model, example_input=torch.randn(1, 256), micro_batch=8, precision="fp32")
     other = estimate(model, example_input=torch.randn(64, 256), micro_batch=8, precision="fp32")
     assert one.traced_bytes == other.traced_bytes

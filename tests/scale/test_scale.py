@@ -112,10 +112,21 @@ def test_kv_cache_too_small_is_flagged_with_the_fraction_that_works():
     assert "no KV cache" in problem.message
     fraction = float(problem.fixes[0].split("=")[1])
     fixed = nbgpu.plan.scale(
-        {**TWO_GPU, "actor_rollout_ref": {**TWO_GPU["actor_rollout_ref"], "rollout": {
-            **TWO_GPU["actor_rollout_ref"]["rollout"], "gpu_memory_utilization": fraction}}},
-        to_gpus=4, model=QWEN_3B, max_model_len=1800, gpu_memory_bytes=8 * 2**30,
-    )  # fmt: skip
+        {
+            **TWO_GPU,
+            "actor_rollout_ref": {
+                **TWO_GPU["actor_rollout_ref"],
+                "rollout": {
+                    **TWO_GPU["actor_rollout_ref"]["rollout"],
+                    "gpu_memory_utilization": fraction,
+                },
+            },
+        },
+        to_gpus=4,
+        model=QWEN_3B,
+        max_model_len=1800,
+        gpu_memory_bytes=8 * 2**30,
+    )
     assert not [p for p in fixed.problems if p.code == "kv_cache"]
 
 
@@ -186,8 +197,9 @@ def test_kept_batches_that_break_the_micro_batch_are_flagged():
     config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] = 3
     plan = nbgpu.plan.scale(config, to_gpus=4, batch="keep")
     messages = [p.message for p in plan.problems]
-    assert any("gives 1 per GPU, not divisible by ppo_micro_batch_size_per_gpu 3" in m
-               for m in messages)  # fmt: skip
+    assert any(
+        "gives 1 per GPU, not divisible by ppo_micro_batch_size_per_gpu 3" in m for m in messages
+    )
     assert any("ppo_mini_batch_size=4 is not valid on 4 GPUs" in m for m in messages)
 
 
@@ -225,9 +237,12 @@ def test_generic_keys_by_rules_and_hydra_overrides():
     plan = nbgpu.plan.scale(
         config,
         to_gpus=4,
-        rules={"per_device_batch": "per_gpu", "trainer.global_batch": "global_batch",
-               "gpus": "gpu_count"},
-    )  # fmt: skip
+        rules={
+            "per_device_batch": "per_gpu",
+            "trainer.global_batch": "global_batch",
+            "gpus": "gpu_count",
+        },
+    )
     assert new_values(plan) == {"per_device_batch": 4, "global_batch": 64, "gpus": 4}
     overrides = nbgpu.plan.scale(
         ["data.train_batch_size=2", "trainer.n_gpus_per_node=2", "+trainer.val=False"], to_gpus=4
