@@ -15,7 +15,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -305,8 +305,9 @@ def saved_inventory(source: str) -> Inventory | None:
     return Inventory.from_dict(data, where=where) if is_capture(data) else None
 
 
-def _probe(env: Mapping[str, str], gpus: list[Gpu], timeout_s: float) -> ProbeReport:
-    # CUDA numbers devices its own way; UUIDs tie its answers back to NVML indices.
+def probe_gpus(env: Mapping[str, str], gpus: Sequence[Gpu], timeout_s: float) -> ProbeReport:
+    """The CUDA probe in *env*, its answers tied back to *gpus* by GPU or MIG UUID (CUDA
+    numbers devices its own way)."""
     by_uuid = {g.uuid: g.nvml_index for g in gpus if g.uuid}
     by_uuid.update({m.uuid: g.nvml_index for g in gpus for m in g.mig_devices})
     from nbgpu.devices.health import probe_devices  # noqa: PLC0415
@@ -342,7 +343,7 @@ def take_inventory(
             container=container,
             gpus=tuple(gpus),
             **facts,
-            probe=_probe(env, gpus, probe_timeout_s) if probe else None,
+            probe=probe_gpus(env, gpus, probe_timeout_s) if probe else None,
             elapsed_ms=(time.perf_counter() - started) * 1000,
         )
 

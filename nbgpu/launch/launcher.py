@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast, overload
 
-from nbgpu.devices.inventory import Inventory, take_inventory
+from nbgpu.devices.inventory import Inventory, probe_gpus, take_inventory
 from nbgpu.devices.model import gpu_health
 from nbgpu.errors import UserInputError
 from nbgpu.faces import doctor_hint, launch_hint
@@ -116,12 +116,9 @@ def _probe(
     """Create a context on each named GPU (in a subprocess) before committing ranks to it:
     NVML can look clean while CUDA refuses the GPU (a holder in another container).
     """
-    from nbgpu.devices.health import probe_devices  # noqa: PLC0415
-
     env = {**environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    by_uuid = {g.uuid: g.nvml_index for g in inv.gpus if g.uuid}
-    report = probe_devices(environ=env, timeout_s=30.0, nvml_index_by_uuid=by_uuid)
+    report = probe_gpus(env, inv.gpus, 30.0)
     if report.init_error is not None:
         return  # CUDA itself cannot start here; the ranks will say so in their own words
     for result in report.results:
