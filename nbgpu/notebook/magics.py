@@ -100,10 +100,27 @@ class GPUMagics(Magics):
     """nbgpu's GPU and memory magics; see each one's ``-h``."""
 
     @magic_arguments()
-    @argument("--probe", action="store_true", help="also create a CUDA context on each GPU (in a short-lived subprocess) to catch 'busy or unavailable'")  # fmt: skip
-    @argument("--json", action="store_true", help="print the snapshot as JSON (a fleet file that NBGPU_SIMULATE accepts)")  # fmt: skip
-    @argument("--env", metavar="CVD", default=None, help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)")  # fmt: skip
-    @argument("--slurm", action="store_true", help="every node of the SLURM allocation (or of --nodes N requested for the look)")  # fmt: skip
+    @argument(
+        "--probe",
+        action="store_true",
+        help="also create a CUDA context on each GPU (in a short-lived subprocess) to catch 'busy or unavailable'",
+    )
+    @argument(
+        "--json",
+        action="store_true",
+        help="print the snapshot as JSON (a fleet file that NBGPU_SIMULATE accepts)",
+    )
+    @argument(
+        "--env",
+        metavar="CVD",
+        default=None,
+        help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)",
+    )
+    @argument(
+        "--slurm",
+        action="store_true",
+        help="every node of the SLURM allocation (or of --nodes N requested for the look)",
+    )
     @argument("--nodes", type=int, default=None, metavar="N", help="with --slurm")
     @argument("--partition", default=None, metavar="P", help="with --slurm")
     @line_magic
@@ -132,7 +149,13 @@ class GPUMagics(Magics):
 
     @magic_arguments()
     @argument("--no-probe", action="store_true", help="skip the active CUDA probe")
-    @argument("--nproc", type=int, default=None, metavar="N", help="check a planned number of ranks per node against the visible GPUs")  # fmt: skip
+    @argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="check a planned number of ranks per node against the visible GPUs",
+    )
     @argument("--json", action="store_true", help="print the report as JSON")
     @line_magic
     def gpu_doctor(self, line: str = "") -> Any:
@@ -155,7 +178,13 @@ class GPUMagics(Magics):
     @magic_arguments()
     @argument("--yes", "-y", action="store_true", help="stop the listed processes without asking")
     @argument("--dry-run", action="store_true", help="only list what would be stopped")
-    @argument("--grace", type=float, default=3.0, metavar="S", help="seconds between SIGTERM and SIGKILL (default 3)")  # fmt: skip
+    @argument(
+        "--grace",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL (default 3)",
+    )
     @line_magic
     def gpu_clean(self, line: str = "") -> Any:
         """Stop this user's stale GPU holders (orphaned ranks, dead jobs), by pid, after asking."""
@@ -222,7 +251,12 @@ class GPUMagics(Magics):
 
     @magic_arguments()
     @argument("name", nargs="+", help="the phase's name (free text)")
-    @argument("--mem-sample", default="0.1", metavar="S", help="seconds between the kernel's memory samples (default 0.1; 0: phase ends only)")  # fmt: skip
+    @argument(
+        "--mem-sample",
+        default="0.1",
+        metavar="S",
+        help="seconds between the kernel's memory samples (default 0.1; 0: phase ends only)",
+    )
     @cell_magic
     def gpu_phase(self, line: str, cell: str) -> None:
         """Run this cell as a memory phase of the kernel: ``%%gpu_phase load model``.

@@ -61,14 +61,44 @@ class PlanWidget:
         start.update(initial or {})
         style = {"description_width": "110px"}
         self.controls: dict[str, Any] = {
-            "allocation": w.Text(value=start["allocation"], continuous_update=False, description="allocation", placeholder="d4 or sglang.d1t1p1+d3t1p1", style=style),
-            "exclude": w.Text(value=start["exclude"], continuous_update=False, description="exclude GPUs", placeholder="e.g. 0,3", style=style),
-            "global_batch": w.BoundedIntText(value=start["global_batch"], min=0, max=10**7, description="global batch", style=style),
-            "micro_batch": w.BoundedIntText(value=start["micro_batch"], min=0, max=10**6, description="micro batch", style=style),
-            "grad_accum": w.BoundedIntText(value=start["grad_accum"], min=0, max=10**6, description="accumulation", style=style),
-            "strategy": w.Dropdown(options=STRATEGIES, value=start["strategy"], description="strategy", style=style),
-            "model": w.Text(value=start["model"], continuous_update=False, description="model", placeholder="7B or Qwen/Qwen2.5-7B-Instruct", style=style),
-        }  # fmt: skip
+            "allocation": w.Text(
+                value=start["allocation"],
+                continuous_update=False,
+                description="allocation",
+                placeholder="d4 or sglang.d1t1p1+d3t1p1",
+                style=style,
+            ),
+            "exclude": w.Text(
+                value=start["exclude"],
+                continuous_update=False,
+                description="exclude GPUs",
+                placeholder="e.g. 0,3",
+                style=style,
+            ),
+            "global_batch": w.BoundedIntText(
+                value=start["global_batch"],
+                min=0,
+                max=10**7,
+                description="global batch",
+                style=style,
+            ),
+            "micro_batch": w.BoundedIntText(
+                value=start["micro_batch"], min=0, max=10**6, description="micro batch", style=style
+            ),
+            "grad_accum": w.BoundedIntText(
+                value=start["grad_accum"], min=0, max=10**6, description="accumulation", style=style
+            ),
+            "strategy": w.Dropdown(
+                options=STRATEGIES, value=start["strategy"], description="strategy", style=style
+            ),
+            "model": w.Text(
+                value=start["model"],
+                continuous_update=False,
+                description="model",
+                placeholder="7B or Qwen/Qwen2.5-7B-Instruct",
+                style=style,
+            ),
+        }
         self.status = w.HTML()
         self.launch = w.Text(description="launch", layout=w.Layout(width="300px"))
         self.copy_button = w.Button(description="Copy", icon="copy", tooltip="copy the launch line")
