@@ -189,12 +189,7 @@ def run_with_deadline(argv: Sequence[str], env: Mapping[str, str], *, timeout_s:
         _kill_group(proc)
         raise
     return Finished(
-        proc.pid,
-        stdout,
-        stderr,
-        proc.returncode,
-        timed_out,
-        (time.perf_counter() - started) * 1000,
+        proc.pid, stdout, stderr, proc.returncode, timed_out, (time.perf_counter() - started) * 1000
     )
 
 

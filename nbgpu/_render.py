@@ -23,14 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Tables are a block like the others; their own module for size, re-exported here.
-from nbgpu._table import (
-    COLOURS,
-    ROW_BACKGROUNDS,
-    Cell,
-    Table,
-    memory_bar_html,
-    shorten,
-)
+from nbgpu._table import COLOURS, ROW_BACKGROUNDS, Cell, Table, memory_bar_html, shorten
 from nbgpu.problems import Problem
 
 # Sizes as we print them live with sizes as users write them; re-exported here for the
@@ -344,8 +337,7 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         from nbgpu._serial import to_data  # noqa: PLC0415  (only for JSON)
 
-        data: dict[str, Any] = to_data(self)
-        return data
+        return dict(to_data(self))
 
     def records(self) -> list[dict[str, Any]]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -382,11 +374,8 @@ class Result:
             frame.attrs["nbgpu_simulated"] = fleet
         return frame
 
-    def _repr_mimebundle_(
-        self,
-        include: Any = None,  # noqa: ARG002  (IPython's protocol; we always send both)
-        exclude: Any = None,  # noqa: ARG002
-    ) -> dict[str, str]:
+    def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
+        # IPython passes include= and exclude=; we always send both formats.
         return {"text/plain": self.text(), "text/html": self.html()}
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # noqa: ARG002

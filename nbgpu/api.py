@@ -19,7 +19,6 @@ if TYPE_CHECKING:  # clean and doctor load only when used: `nbgpu status` stays 
 
     from nbgpu.devices.clean import CleanPlan, CleanReport
     from nbgpu.devices.doctor import DoctorReport
-    from nbgpu.devices.holders import HolderInfo
     from nbgpu.profile.report import MemoryReport
 
 __all__ = ["clean", "doctor", "memory", "status"]
@@ -79,19 +78,13 @@ def clean(
 
     env = dict(os.environ) if environ is None else dict(environ)
     inventory = take_inventory(env)
-    holders: dict[int, list[HolderInfo]] = {}
-    for gpu in inventory.gpus:
-        holders[gpu.nvml_index] = [p.holder for p in gpu.processes if p.holder is not None]
+    holders = {
+        gpu.nvml_index: [p.holder for p in gpu.processes if p.holder is not None]
+        for gpu in inventory.gpus
+    }
     plan = plan_clean(holders, inventory.device_files)
-    if yes:
-        asker = None
-    elif confirm is not None:
-        asker = confirm
-    else:
-
-        def asker(_plan: CleanPlan) -> bool:
-            return False  # nobody to ask: list only
-
+    # Neither yes nor confirm: nobody to ask, so list only.
+    asker = None if yes else confirm or (lambda _plan: False)
     return execute_clean(plan, confirm=asker, dry_run=dry_run, grace_s=grace_s)
 
 

@@ -53,7 +53,7 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
     p.add_argument("--world-size", type=int, default=1, metavar="N", help="GPUs in the job")
     p.add_argument("--micro", type=int, default=1, metavar="N", help="micro batch per GPU")
-    p.add_argument("--seq-len", type=int, default=None, metavar="N", help="tokens per sample")
+    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sample")
     p.add_argument("--precision", default="bf16", help="bf16 (default), fp16 or fp32")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
     p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
@@ -63,15 +63,10 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-flash", action="store_true", help="attention scores materialised (5·a·s²·b)"
     )
-    p.add_argument(
-        "--kv-tokens", type=int, default=None, metavar="N", help="inference: KV tokens per GPU"
-    )
-    p.add_argument(
-        "--budget", default=None, metavar="SIZE", help="per-GPU memory to fit, e.g. 80GB"
-    )
+    p.add_argument("--kv-tokens", type=int, metavar="N", help="inference: KV tokens per GPU")
+    p.add_argument("--budget", metavar="SIZE", help="per-GPU memory to fit, e.g. 80GB")
     p.add_argument(
         "--max-micro",
-        default=None,
         metavar="auto",
         help="with --budget: report the estimate at the largest micro batch that fits",
     )
@@ -115,14 +110,9 @@ def _add_run_tools(sub: Any) -> None:
     """`nbgpu runs` and `nbgpu stacks`: the run directories on disk, and hung ranks."""
     p = sub.add_parser("runs", help="run directories on disk; --prune applies the retention policy")
     p.add_argument("--prune", action="store_true", help="remove the oldest runs beyond the policy")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the last N runs (0: all)")
     p.add_argument(
-        "--keep", type=int, default=None, metavar="N", help="keep the last N runs (0: all)"
-    )
-    p.add_argument(
-        "--budget",
-        default=None,
-        metavar="SIZE",
-        help="keep at most SIZE of runs, e.g. 5G (0: no limit)",
+        "--budget", metavar="SIZE", help="keep at most SIZE of runs, e.g. 5G (0: no limit)"
     )
     p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -152,27 +142,20 @@ def _build_parser() -> argparse.ArgumentParser:
         help="create a CUDA context per GPU in a subprocess to catch busy GPUs",
     )
     p.add_argument(
-        "--env",
-        metavar="CVD",
-        default=None,
-        help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value",
+        "--env", metavar="CVD", help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value"
     )
     p.add_argument(
         "--slurm",
         action="store_true",
         help="every node of the SLURM allocation (or of --nodes N requested for the look)",
     )
-    p.add_argument("--nodes", type=int, default=None, metavar="N", help="with --slurm")
-    p.add_argument("--partition", default=None, metavar="P", help="with --slurm")
+    p.add_argument("--nodes", type=int, metavar="N", help="with --slurm")
+    p.add_argument("--partition", metavar="P", help="with --slurm")
 
     p = sub.add_parser("doctor", help="each GPU's health, the launch environment, and fixes")
     p.add_argument("--no-probe", action="store_true", help="skip the active CUDA probe")
     p.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        metavar="N",
-        help="check a planned number of ranks per node",
+        "--nproc", type=int, metavar="N", help="check a planned number of ranks per node"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -206,11 +189,11 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read every line (default: skip lines no cause can match)",
     )
-    p.add_argument("--name", default=None, help="a label for the report")
+    p.add_argument("--name", help="a label for the report")
 
     p = sub.add_parser("memory", help="memory by phase and rank of a run, as a table and figure")
     p.add_argument("run", metavar="RUNDIR", help="a run directory, or the name of a recent run")
-    p.add_argument("--png", default=None, metavar="FILE", help="also draw the figure into FILE")
+    p.add_argument("--png", metavar="FILE", help="also draw the figure into FILE")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = sub.add_parser("plan", help="place roles on GPUs, check batch sizes, sweeps, scaling")

@@ -113,7 +113,6 @@ class GPUMagics(Magics):
     @argument(
         "--env",
         metavar="CVD",
-        default=None,
         help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)",
     )
     @argument(
@@ -121,8 +120,8 @@ class GPUMagics(Magics):
         action="store_true",
         help="every node of the SLURM allocation (or of --nodes N requested for the look)",
     )
-    @argument("--nodes", type=int, default=None, metavar="N", help="with --slurm")
-    @argument("--partition", default=None, metavar="P", help="with --slurm")
+    @argument("--nodes", type=int, metavar="N", help="with --slurm")
+    @argument("--partition", metavar="P", help="with --slurm")
     @line_magic
     def gpu_status(self, line: str = "") -> Any:
         """Show every GPU: health, memory, who holds it, and what cuda:N means here."""
@@ -152,7 +151,6 @@ class GPUMagics(Magics):
     @argument(
         "--nproc",
         type=int,
-        default=None,
         metavar="N",
         help="check a planned number of ranks per node against the visible GPUs",
     )
@@ -303,8 +301,8 @@ class GPUMagics(Magics):
             )
 
     @magic_arguments()
-    @argument("run", nargs="?", default=None, help="a run name, a run directory, or 'kernel'")
-    @argument("--png", default=None, metavar="FILE", help="also save the figure to FILE")
+    @argument("run", nargs="?", help="a run name, a run directory, or 'kernel'")
+    @argument("--png", metavar="FILE", help="also save the figure to FILE")
     @argument("--no-figure", action="store_true", help="the table only")
     @line_magic
     def gpu_memory(self, line: str = "") -> Any:

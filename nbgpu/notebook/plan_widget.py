@@ -60,44 +60,31 @@ class PlanWidget:
         start.update({"grad_accum": 0, "strategy": "ddp", "model": ""})
         start.update(initial or {})
         style = {"description_width": "110px"}
+
+        def text(key: str, description: str, placeholder: str) -> Any:
+            return w.Text(
+                value=start[key],
+                continuous_update=False,
+                description=description,
+                placeholder=placeholder,
+                style=style,
+            )
+
+        def number(key: str, description: str, top: int) -> Any:
+            return w.BoundedIntText(
+                value=start[key], min=0, max=top, description=description, style=style
+            )
+
         self.controls: dict[str, Any] = {
-            "allocation": w.Text(
-                value=start["allocation"],
-                continuous_update=False,
-                description="allocation",
-                placeholder="d4 or sglang.d1t1p1+d3t1p1",
-                style=style,
-            ),
-            "exclude": w.Text(
-                value=start["exclude"],
-                continuous_update=False,
-                description="exclude GPUs",
-                placeholder="e.g. 0,3",
-                style=style,
-            ),
-            "global_batch": w.BoundedIntText(
-                value=start["global_batch"],
-                min=0,
-                max=10**7,
-                description="global batch",
-                style=style,
-            ),
-            "micro_batch": w.BoundedIntText(
-                value=start["micro_batch"], min=0, max=10**6, description="micro batch", style=style
-            ),
-            "grad_accum": w.BoundedIntText(
-                value=start["grad_accum"], min=0, max=10**6, description="accumulation", style=style
-            ),
+            "allocation": text("allocation", "allocation", "d4 or sglang.d1t1p1+d3t1p1"),
+            "exclude": text("exclude", "exclude GPUs", "e.g. 0,3"),
+            "global_batch": number("global_batch", "global batch", 10**7),
+            "micro_batch": number("micro_batch", "micro batch", 10**6),
+            "grad_accum": number("grad_accum", "accumulation", 10**6),
             "strategy": w.Dropdown(
                 options=STRATEGIES, value=start["strategy"], description="strategy", style=style
             ),
-            "model": w.Text(
-                value=start["model"],
-                continuous_update=False,
-                description="model",
-                placeholder="7B or Qwen/Qwen2.5-7B-Instruct",
-                style=style,
-            ),
+            "model": text("model", "model", "7B or Qwen/Qwen2.5-7B-Instruct"),
         }
         self.status = w.HTML()
         self.launch = w.Text(description="launch", layout=w.Layout(width="300px"))
