@@ -201,17 +201,16 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
         os.killpg(proc.pid, signal.SIGKILL)
     try:
         proc.wait(timeout=_REAP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        # Uninterruptible sleep in the driver: it dies when the driver lets go. Its pipes
-        # stay open until then, so reading them would block too.
-        _close_pipes(proc)
-        return b"", b""
-    # SIGKILL is asynchronous: wait until no live process is left in the group.
-    wait_gone([proc.pid], _group_gone, time.monotonic() + _REAP_TIMEOUT_S, poll_s=0.01)
-    try:
+        # SIGKILL is asynchronous: wait until no live process is left in the group.
+        wait_gone([proc.pid], _group_gone, time.monotonic() + _REAP_TIMEOUT_S, poll_s=0.01)
         return proc.communicate(timeout=_REAP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipes
-        _close_pipes(proc)
+    except subprocess.TimeoutExpired:
+        # Uninterruptible sleep in the driver (it dies when the driver lets go), or a
+        # descendant that left the group: either holds the pipes open, so reading them
+        # would block too.
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
         return b"", b""
 
 
@@ -234,9 +233,3 @@ def _group_gone(pgid: int) -> bool:
             if int(pgrp) == pgid and state not in ("Z", "X"):
                 return False
     return True
-
-
-def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()

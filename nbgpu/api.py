@@ -15,8 +15,6 @@ from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.errors import UserInputError
 
 if TYPE_CHECKING:  # clean and doctor load only when used: `nbgpu status` stays quick
-    from pathlib import Path
-
     from nbgpu.devices.clean import CleanPlan, CleanReport
     from nbgpu.devices.doctor import DoctorReport
     from nbgpu.profile.report import MemoryReport
@@ -95,6 +93,7 @@ def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = Non
     name under the runs directory (``NBGPU_RUNS_DIR``). No argument: this process's last
     run, else this process's own phases (``nbgpu.phase``, ``%%gpu_phase``).
     """
+    import re  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
     from nbgpu.launch.execute import runs  # noqa: PLC0415
@@ -119,22 +118,16 @@ def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = Non
     if path.is_dir():
         return memory_report(path)
     root = runs_root(environ)
-    named = _newest_named(root, text)
-    if named is not None:
-        return memory_report(named, label=f"run '{text}'")
+    pattern = re.compile(re.escape(text) + r"-\d{8}-\d{6}-[0-9a-f]{4}$")
+    try:
+        named = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)]
+    except OSError:
+        named = []
+    if named:
+        newest = max(named, key=lambda p: p.name[len(text) :])
+        return memory_report(newest, label=f"run '{text}'")
     here = ", ".join(known) or "none in this process"
     raise UserInputError(
         f"no run named {text!r} (runs: {here}) and no run directory {str(path)!r}; give a "
         f"run name or a directory under {root}"
     )
-
-
-def _newest_named(root: Path, name: str) -> Path | None:
-    import re  # noqa: PLC0415
-
-    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}-[0-9a-f]{4}$")
-    try:
-        found = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)]
-    except OSError:
-        return None
-    return max(found, key=lambda p: p.name[len(name) :]) if found else None

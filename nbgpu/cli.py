@@ -106,26 +106,6 @@ def _estimate(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if result.fits is False else EXIT_OK
 
 
-def _add_run_tools(sub: Any) -> None:
-    """`nbgpu runs` and `nbgpu stacks`: the run directories on disk, and hung ranks."""
-    p = sub.add_parser("runs", help="run directories on disk; --prune applies the retention policy")
-    p.add_argument("--prune", action="store_true", help="remove the oldest runs beyond the policy")
-    p.add_argument("--keep", type=int, metavar="N", help="keep the last N runs (0: all)")
-    p.add_argument(
-        "--budget", metavar="SIZE", help="keep at most SIZE of runs, e.g. 5G (0: no limit)"
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-
-    p = sub.add_parser("stacks", help="every rank's Python stack now (hung runs)")
-    p.add_argument("run", help="a run directory, or a run name under the runs directory")
-    p.add_argument(
-        "--timeout", type=float, default=5.0, metavar="S", help="wait for dumps (default 5)"
-    )
-    p.add_argument(
-        "--native", action="store_true", help="add native frames with py-spy if installed"
-    )
-
-
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nbgpu", description="Probe, plan, launch and diagnose multi-GPU jobs.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -202,7 +182,22 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("estimate", help="per-GPU memory of a model, term by term, no trials")
     _add_estimate_arguments(p)
 
-    _add_run_tools(sub)
+    p = sub.add_parser("runs", help="run directories on disk; --prune applies the retention policy")
+    p.add_argument("--prune", action="store_true", help="remove the oldest runs beyond the policy")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the last N runs (0: all)")
+    p.add_argument(
+        "--budget", metavar="SIZE", help="keep at most SIZE of runs, e.g. 5G (0: no limit)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("stacks", help="every rank's Python stack now (hung runs)")
+    p.add_argument("run", help="a run directory, or a run name under the runs directory")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="wait for dumps (default 5)"
+    )
+    p.add_argument(
+        "--native", action="store_true", help="add native frames with py-spy if installed"
+    )
 
     p = sub.add_parser("run", help="run a script as a torchrun job, streaming every rank")
     add_flags(p)
