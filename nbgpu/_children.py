@@ -126,8 +126,6 @@ def with_package_importable(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-# -- children against a deadline ----------------------------------------------------
-
 T = TypeVar("T")
 
 # After SIGKILL a process normally disappears at once; one stuck in the driver

@@ -120,9 +120,6 @@ def simulated_label(fleet: str) -> str:
     return f"SIMULATED fleet '{fleet}'"
 
 
-# -- the other blocks ----------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Title:
     """A result's headline; in HTML bold, its word SIMULATED marked when *simulated*."""
@@ -207,15 +204,6 @@ Block = Title | Line | Blank | Bullets | Problems | Pre | Figure | Section | Tab
 _TAGS = {"bad": "[FIX]", "warn": "[WARN]", "info": "[info]", "ok": "[ok]"}
 
 
-def _problem_text(problem: Problem) -> list[str]:
-    message = problem.message
-    if not message.startswith(problem.subject):
-        message = f"{problem.subject}: {message}"
-    lines = [wrap(message, f"{_TAGS[problem.severity]} ".ljust(7))]
-    lines.extend(wrap(fix, "    -> ") for fix in problem.fixes)
-    return lines
-
-
 def _block_text(block: Block, width: int) -> list[str]:
     if isinstance(block, Title):
         return [block.text]
@@ -234,8 +222,10 @@ def _block_text(block: Block, width: int) -> list[str]:
         return lines
     if isinstance(block, Problems):
         lines = [block.title] if block.title else []
-        for problem in block.items:
-            lines.extend(_problem_text(problem))
+        for p in block.items:
+            message = p.message if p.message.startswith(p.subject) else f"{p.subject}: {p.message}"
+            lines.append(wrap(message, f"{_TAGS[p.severity]} ".ljust(7)))
+            lines.extend(wrap(fix, "    -> ") for fix in p.fixes)
         return lines
     if isinstance(block, Pre):
         return [block.text]
@@ -258,13 +248,6 @@ def _list_html(items: Sequence[str], *, ordered: bool = False, level: str = "") 
     return f'<{tag} style="margin:2px 0">{body}</{tag}>'
 
 
-def _subject_html(problem: Problem) -> str:
-    # As in text: a message that starts with its subject ("GPU 0 is ...") says it once.
-    if problem.message.startswith(problem.subject):
-        return ""
-    return f"<b>{html.escape(problem.subject)}</b>: "
-
-
 def _block_html(block: Block) -> str:
     if isinstance(block, Title):
         return f"<div><b>{title_html(block.text, simulated=block.simulated)}</b></div>"
@@ -276,17 +259,19 @@ def _block_html(block: Block) -> str:
         return ""
     if isinstance(block, Bullets):
         title = f"<div>{html.escape(block.title)}</div>" if block.title else ""
-        if not block.items:
-            return title
-        return title + _list_html(block.items, ordered=block.ordered, level=block.level)
+        listed = _list_html(block.items, ordered=block.ordered, level=block.level)
+        return title + listed if block.items else title
     if isinstance(block, Problems):
         title = f"<div>{html.escape(block.title)}</div>" if block.title else ""
-        items = "".join(
-            f"<li{_colour(p.severity)}>{_subject_html(p)}{fix_html(p.message)}"
-            f"{_list_html(p.fixes) if p.fixes else ''}</li>"
-            for p in block.items
-        )
-        return f'{title}<ul style="margin:2px 0">{items}</ul>' if items else title
+        items = []
+        for p in block.items:
+            # As in text: a message that starts with its subject ("GPU 0 is ...") says it once.
+            subject = (
+                "" if p.message.startswith(p.subject) else f"<b>{html.escape(p.subject)}</b>: "
+            )
+            fixes = _list_html(p.fixes) if p.fixes else ""
+            items.append(f"<li{_colour(p.severity)}>{subject}{fix_html(p.message)}{fixes}</li>")
+        return f'{title}<ul style="margin:2px 0">{"".join(items)}</ul>' if items else title
     if isinstance(block, Pre):
         return f'<pre style="{_PRE_STYLE}">{html.escape(block.text)}</pre>'
     if isinstance(block, Figure):
@@ -308,9 +293,6 @@ def to_html(blocks: Sequence[Block]) -> str:
     """The blocks as one HTML fragment, styled inline (no ``<style>`` block)."""
     body = "".join(map(_block_html, blocks))
     return f'<div class="nbgpu" style="{ROOT_STYLE}">{body}</div>'
-
-
-# -- the result mixin -------------------------------------------------------------------
 
 
 class Result:

@@ -147,8 +147,6 @@ class _BackgroundView:
             self.view.end(self.record)
         self.view.refresh()
 
-    # -- the line sink (add / flush / finish) -------------------------------------------
-
     def add(self, label: str, lines: list[str]) -> None:
         self.tails.extend(label, lines)
         self.screen.add(label, lines)
@@ -195,8 +193,6 @@ class RunPanel:
         self.memory.refresh(force=self.run.done)
         tail = self.tails.tail(self.ranks.value) if self.ranks.value else None
         return live_bundle(self.run, tail, self.memory.html, SCROLL_HEIGHT, self.note)
-
-    # -- the writer interface (add / flush / finish) ----------------------------------
 
     def add(self, label: str, lines: list[str]) -> None:
         self.tails.extend(label, lines)
