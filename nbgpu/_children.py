@@ -100,7 +100,6 @@ def _exists(pid: int) -> bool:
 
 
 def package_root() -> str:
-    """The directory that holds this ``nbgpu`` package."""
     return str(Path(__file__).resolve().parent.parent)
 
 

@@ -237,7 +237,6 @@ def _block_text(block: Block, width: int) -> list[str]:
 
 
 def to_text(blocks: Sequence[Block], width: int = 80) -> str:
-    """The blocks as terminal text, one after the other."""
     return "\n".join(line for block in blocks for line in _block_text(block, width))
 
 

@@ -15,7 +15,6 @@ __all__ = ["magics_classes", "register", "unregister"]
 
 
 def magics_classes() -> tuple[type[Any], ...]:
-    """nbgpu's Magics classes."""
     from nbgpu.notebook.launch_magics import LaunchMagics  # noqa: PLC0415
     from nbgpu.notebook.magics import GPUMagics  # noqa: PLC0415
     from nbgpu.notebook.watch import WatchMagics  # noqa: PLC0415

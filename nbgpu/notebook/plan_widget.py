@@ -31,10 +31,9 @@ def _int_or_none(value: int) -> int | None:
 
 def plan_inputs(values: dict[str, Any]) -> dict[str, Any]:
     """The controls' values as :func:`nbgpu.plan` keyword arguments (0 and "" mean unset)."""
-    exclude = values.get("exclude", "").strip()
     return {
         "allocation": values.get("allocation", "").strip() or None,
-        "exclude": exclude or None,
+        "exclude": values.get("exclude", "").strip() or None,
         "global_batch": _int_or_none(int(values.get("global_batch", 0))),
         "micro_batch": _int_or_none(int(values.get("micro_batch", 0))),
         "grad_accum": _int_or_none(int(values.get("grad_accum", 0))),
