@@ -72,11 +72,9 @@ class LiveView:
         self.interval_s = interval_s
         self.on_exit = on_exit or self.end
         self._lock = threading.RLock()
-        self._last = 0.0
         self._timer: threading.Timer | None = None
         self.ended = False
         self.updates = 0
-        self.controls = controls
         self._controls_handle = None
         if controls is not None:
             _CONTROLS.append(controls)
