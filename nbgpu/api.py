@@ -7,7 +7,6 @@ scripts never patch the process environment. Never imports IPython.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -74,8 +73,7 @@ def clean(
         raise UserInputError(f"grace_s={grace_s}: expected seconds >= 0")
     from nbgpu.devices.clean import execute_clean, plan_clean  # noqa: PLC0415
 
-    env = dict(os.environ) if environ is None else dict(environ)
-    inventory = take_inventory(env)
+    inventory = take_inventory(environ)
     holders = {
         gpu.nvml_index: [p.holder for p in gpu.processes if p.holder is not None]
         for gpu in inventory.gpus

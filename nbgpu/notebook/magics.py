@@ -140,7 +140,7 @@ class GPUMagics(Magics):
                 from nbgpu.api import status  # noqa: PLC0415
 
                 visible = _visible_value(args.env)
-                result = status(probe=args.probe, visible_devices=visible, environ=dict(os.environ))
+                result = status(probe=args.probe, visible_devices=visible)
         if args.json:
             print(result.to_json())
             return None
@@ -165,9 +165,7 @@ class GPUMagics(Magics):
         from nbgpu.api import doctor  # noqa: PLC0415
 
         with user_errors():
-            report = doctor(
-                probe=not args.no_probe, nproc=args.nproc, environ=dict(os.environ), face="notebook"
-            )
+            report = doctor(probe=not args.no_probe, nproc=args.nproc, face="notebook")
         if args.json:
             print(report.to_json())
             return None
@@ -202,13 +200,7 @@ class GPUMagics(Magics):
             return answer.strip().lower() in ("y", "yes")
 
         with user_errors():
-            return clean(
-                yes=args.yes,
-                dry_run=args.dry_run,
-                grace_s=args.grace,
-                confirm=confirm,
-                environ=dict(os.environ),
-            )
+            return clean(yes=args.yes, dry_run=args.dry_run, grace_s=args.grace, confirm=confirm)
 
     @line_magic
     def gpu_plan(self, line: str = "") -> Any:
