@@ -209,9 +209,7 @@ def _block_text(block: Block, width: int) -> list[str]:
         return [block.text]
     if isinstance(block, Line):
         prefix = block.indent + (f"{block.label}: " if block.label else "")
-        if not block.wrap:
-            return [prefix + block.text]
-        return [wrap(block.text, prefix, width)]
+        return [wrap(block.text, prefix, width) if block.wrap else prefix + block.text]
     if isinstance(block, Blank):
         return [""]
     if isinstance(block, Bullets):

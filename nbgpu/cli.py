@@ -219,8 +219,7 @@ def _runs(args: argparse.Namespace) -> int:
     if not args.prune and (args.keep is not None or args.budget is not None):
         raise UserInputError("nbgpu runs: --keep and --budget go with --prune")
     if args.prune:
-        policy = retention.policy_from_options(args.keep, args.budget)
-        result: Any = retention.prune(policy=policy)
+        result: Any = retention.prune(policy=retention.policy_from_options(args.keep, args.budget))
     else:
         result = retention.list_run_dirs()
     print(result.to_json() if args.json else result.text())

@@ -43,7 +43,7 @@ def plan_inputs(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class PlanWidget:
-    """Controls on the left, the plan on the right; see the module docstring."""
+    """Controls above, the plan below; see the module docstring."""
 
     def __init__(
         self, namespace: dict[str, Any], *, name: str = "p", initial: dict[str, Any] | None = None
@@ -55,14 +55,12 @@ class PlanWidget:
         self.namespace = namespace
         self.name = name
         self.inventory = take_inventory(scan_device_files=False)
-        start = {"allocation": "", "exclude": "", "global_batch": 0, "micro_batch": 0}
-        start.update({"grad_accum": 0, "strategy": "ddp", "model": ""})
-        start.update(initial or {})
+        start = {"strategy": "ddp", **(initial or {})}
         style = {"description_width": "110px"}
 
         def text(key: str, description: str, placeholder: str) -> Any:
             return w.Text(
-                value=start[key],
+                value=start.get(key, ""),
                 continuous_update=False,
                 description=description,
                 placeholder=placeholder,
@@ -71,7 +69,7 @@ class PlanWidget:
 
         def number(key: str, description: str, top: int) -> Any:
             return w.BoundedIntText(
-                value=start[key], min=0, max=top, description=description, style=style
+                value=start.get(key, 0), min=0, max=top, description=description, style=style
             )
 
         self.controls: dict[str, Any] = {
