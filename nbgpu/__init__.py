@@ -43,6 +43,9 @@ _LAZY = {
     "plan": "nbgpu.plan",  # a callable module: nbgpu.plan(...), nbgpu.plan.sweep(...)
     "diagnose": "nbgpu.diagnose",  # a callable module: nbgpu.diagnose(run_or_path)
     "estimate": "nbgpu.estimate",  # nbgpu.estimate(...), nbgpu.estimate.compare(...)
+    # %load_ext / %unload_ext nbgpu: nbgpu.notebook imports IPython's magic machinery only.
+    "load_ipython_extension": "nbgpu.notebook",
+    "unload_ipython_extension": "nbgpu.notebook",
 }
 
 if TYPE_CHECKING:
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
     from nbgpu.api import clean, doctor, memory, status
     from nbgpu.launch.execute import runs
     from nbgpu.launch.launcher import torchrun
+    from nbgpu.notebook import load_ipython_extension, unload_ipython_extension
     from nbgpu.profile.phases import phase
 else:
     from nbgpu import errors  # light: the exception tree only
@@ -67,17 +71,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext nbgpu``: register the magics (imports IPython's magic machinery only)."""
-    from nbgpu.notebook import register  # noqa: PLC0415
-
-    register(ipython)
-
-
-def unload_ipython_extension(ipython: Any) -> None:
-    """``%unload_ext nbgpu``: remove exactly the magics that loading added."""
-    from nbgpu.notebook import unregister  # noqa: PLC0415
-
-    unregister(ipython)

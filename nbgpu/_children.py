@@ -100,7 +100,6 @@ def _exists(pid: int) -> bool:
 
 
 def package_root() -> str:
-    """The directory that holds this ``nbgpu`` package."""
     return str(Path(__file__).resolve().parent.parent)
 
 
@@ -125,8 +124,6 @@ def with_package_importable(environ: Mapping[str, str]) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join([root, *paths])
     return env
 
-
-# -- children against a deadline ----------------------------------------------------
 
 T = TypeVar("T")
 
@@ -189,12 +186,7 @@ def run_with_deadline(argv: Sequence[str], env: Mapping[str, str], *, timeout_s:
         _kill_group(proc)
         raise
     return Finished(
-        proc.pid,
-        stdout,
-        stderr,
-        proc.returncode,
-        timed_out,
-        (time.perf_counter() - started) * 1000,
+        proc.pid, stdout, stderr, proc.returncode, timed_out, (time.perf_counter() - started) * 1000
     )
 
 
@@ -206,17 +198,16 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
         os.killpg(proc.pid, signal.SIGKILL)
     try:
         proc.wait(timeout=_REAP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        # Uninterruptible sleep in the driver: it dies when the driver lets go. Its pipes
-        # stay open until then, so reading them would block too.
-        _close_pipes(proc)
-        return b"", b""
-    # SIGKILL is asynchronous: wait until no live process is left in the group.
-    wait_gone([proc.pid], _group_gone, time.monotonic() + _REAP_TIMEOUT_S, poll_s=0.01)
-    try:
+        # SIGKILL is asynchronous: wait until no live process is left in the group.
+        wait_gone([proc.pid], _group_gone, time.monotonic() + _REAP_TIMEOUT_S, poll_s=0.01)
         return proc.communicate(timeout=_REAP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipes
-        _close_pipes(proc)
+    except subprocess.TimeoutExpired:
+        # Uninterruptible sleep in the driver (it dies when the driver lets go), or a
+        # descendant that left the group: either holds the pipes open, so reading them
+        # would block too.
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
         return b"", b""
 
 
@@ -239,9 +230,3 @@ def _group_gone(pgid: int) -> bool:
             if int(pgrp) == pgid and state not in ("Z", "X"):
                 return False
     return True
-
-
-def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()

@@ -23,14 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Tables are a block like the others; their own module for size, re-exported here.
-from nbgpu._table import (
-    COLOURS,
-    ROW_BACKGROUNDS,
-    Cell,
-    Table,
-    memory_bar_html,
-    shorten,
-)
+from nbgpu._table import COLOURS, ROW_BACKGROUNDS, Cell, Table, memory_bar_html, shorten
 from nbgpu.problems import Problem
 
 # Sizes as we print them live with sizes as users write them; re-exported here for the
@@ -127,9 +120,6 @@ def simulated_label(fleet: str) -> str:
     return f"SIMULATED fleet '{fleet}'"
 
 
-# -- the other blocks ----------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Title:
     """A result's headline; in HTML bold, its word SIMULATED marked when *simulated*."""
@@ -214,23 +204,12 @@ Block = Title | Line | Blank | Bullets | Problems | Pre | Figure | Section | Tab
 _TAGS = {"bad": "[FIX]", "warn": "[WARN]", "info": "[info]", "ok": "[ok]"}
 
 
-def _problem_text(problem: Problem) -> list[str]:
-    message = problem.message
-    if not message.startswith(problem.subject):
-        message = f"{problem.subject}: {message}"
-    lines = [wrap(message, f"{_TAGS[problem.severity]} ".ljust(7))]
-    lines.extend(wrap(fix, "    -> ") for fix in problem.fixes)
-    return lines
-
-
 def _block_text(block: Block, width: int) -> list[str]:
     if isinstance(block, Title):
         return [block.text]
     if isinstance(block, Line):
         prefix = block.indent + (f"{block.label}: " if block.label else "")
-        if not block.wrap:
-            return [prefix + block.text]
-        return [wrap(block.text, prefix, width)]
+        return [wrap(block.text, prefix, width) if block.wrap else prefix + block.text]
     if isinstance(block, Blank):
         return [""]
     if isinstance(block, Bullets):
@@ -241,8 +220,10 @@ def _block_text(block: Block, width: int) -> list[str]:
         return lines
     if isinstance(block, Problems):
         lines = [block.title] if block.title else []
-        for problem in block.items:
-            lines.extend(_problem_text(problem))
+        for p in block.items:
+            message = p.message if p.message.startswith(p.subject) else f"{p.subject}: {p.message}"
+            lines.append(wrap(message, f"{_TAGS[p.severity]} ".ljust(7)))
+            lines.extend(wrap(fix, "    -> ") for fix in p.fixes)
         return lines
     if isinstance(block, Pre):
         return [block.text]
@@ -254,7 +235,6 @@ def _block_text(block: Block, width: int) -> list[str]:
 
 
 def to_text(blocks: Sequence[Block], width: int = 80) -> str:
-    """The blocks as terminal text, one after the other."""
     return "\n".join(line for block in blocks for line in _block_text(block, width))
 
 
@@ -263,13 +243,6 @@ def _list_html(items: Sequence[str], *, ordered: bool = False, level: str = "") 
     colour = _colour(level)
     body = "".join(f"<li{colour}>{fix_html(item)}</li>" for item in items)
     return f'<{tag} style="margin:2px 0">{body}</{tag}>'
-
-
-def _subject_html(problem: Problem) -> str:
-    # As in text: a message that starts with its subject ("GPU 0 is ...") says it once.
-    if problem.message.startswith(problem.subject):
-        return ""
-    return f"<b>{html.escape(problem.subject)}</b>: "
 
 
 def _block_html(block: Block) -> str:
@@ -283,17 +256,19 @@ def _block_html(block: Block) -> str:
         return ""
     if isinstance(block, Bullets):
         title = f"<div>{html.escape(block.title)}</div>" if block.title else ""
-        if not block.items:
-            return title
-        return title + _list_html(block.items, ordered=block.ordered, level=block.level)
+        listed = _list_html(block.items, ordered=block.ordered, level=block.level)
+        return title + listed if block.items else title
     if isinstance(block, Problems):
         title = f"<div>{html.escape(block.title)}</div>" if block.title else ""
-        items = "".join(
-            f"<li{_colour(p.severity)}>{_subject_html(p)}{fix_html(p.message)}"
-            f"{_list_html(p.fixes) if p.fixes else ''}</li>"
-            for p in block.items
-        )
-        return f'{title}<ul style="margin:2px 0">{items}</ul>' if items else title
+        items = []
+        for p in block.items:
+            # As in text: a message that starts with its subject ("GPU 0 is ...") says it once.
+            subject = (
+                "" if p.message.startswith(p.subject) else f"<b>{html.escape(p.subject)}</b>: "
+            )
+            fixes = _list_html(p.fixes) if p.fixes else ""
+            items.append(f"<li{_colour(p.severity)}>{subject}{fix_html(p.message)}{fixes}</li>")
+        return f'{title}<ul style="margin:2px 0">{"".join(items)}</ul>' if items else title
     if isinstance(block, Pre):
         return f'<pre style="{_PRE_STYLE}">{html.escape(block.text)}</pre>'
     if isinstance(block, Figure):
@@ -315,9 +290,6 @@ def to_html(blocks: Sequence[Block]) -> str:
     """The blocks as one HTML fragment, styled inline (no ``<style>`` block)."""
     body = "".join(map(_block_html, blocks))
     return f'<div class="nbgpu" style="{ROOT_STYLE}">{body}</div>'
-
-
-# -- the result mixin -------------------------------------------------------------------
 
 
 class Result:
@@ -344,8 +316,7 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         from nbgpu._serial import to_data  # noqa: PLC0415  (only for JSON)
 
-        data: dict[str, Any] = to_data(self)
-        return data
+        return dict(to_data(self))
 
     def records(self) -> list[dict[str, Any]]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -382,11 +353,8 @@ class Result:
             frame.attrs["nbgpu_simulated"] = fleet
         return frame
 
-    def _repr_mimebundle_(
-        self,
-        include: Any = None,  # noqa: ARG002  (IPython's protocol; we always send both)
-        exclude: Any = None,  # noqa: ARG002
-    ) -> dict[str, str]:
+    def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
+        # IPython passes include= and exclude=; we always send both formats.
         return {"text/plain": self.text(), "text/html": self.html()}
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # noqa: ARG002

@@ -53,9 +53,6 @@ _TABLE_STYLE = "border-collapse:collapse;margin:4px 0"
 _CELL_STYLE = "padding:2px 8px;text-align:left;border-bottom:1px solid #dddddd"
 
 
-# -- tables ----------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Cell:
     """A table cell with its own severity (coloured in HTML) or a memory bar.

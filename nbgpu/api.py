@@ -7,7 +7,6 @@ scripts never patch the process environment. Never imports IPython.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -15,11 +14,8 @@ from nbgpu.devices.inventory import Inventory, take_inventory
 from nbgpu.errors import UserInputError
 
 if TYPE_CHECKING:  # clean and doctor load only when used: `nbgpu status` stays quick
-    from pathlib import Path
-
     from nbgpu.devices.clean import CleanPlan, CleanReport
     from nbgpu.devices.doctor import DoctorReport
-    from nbgpu.devices.holders import HolderInfo
     from nbgpu.profile.report import MemoryReport
 
 __all__ = ["clean", "doctor", "memory", "status"]
@@ -77,21 +73,14 @@ def clean(
         raise UserInputError(f"grace_s={grace_s}: expected seconds >= 0")
     from nbgpu.devices.clean import execute_clean, plan_clean  # noqa: PLC0415
 
-    env = dict(os.environ) if environ is None else dict(environ)
-    inventory = take_inventory(env)
-    holders: dict[int, list[HolderInfo]] = {}
-    for gpu in inventory.gpus:
-        holders[gpu.nvml_index] = [p.holder for p in gpu.processes if p.holder is not None]
+    inventory = take_inventory(environ)
+    holders = {
+        gpu.nvml_index: [p.holder for p in gpu.processes if p.holder is not None]
+        for gpu in inventory.gpus
+    }
     plan = plan_clean(holders, inventory.device_files)
-    if yes:
-        asker = None
-    elif confirm is not None:
-        asker = confirm
-    else:
-
-        def asker(_plan: CleanPlan) -> bool:
-            return False  # nobody to ask: list only
-
+    # Neither yes nor confirm: nobody to ask, so list only.
+    asker = None if yes else confirm or (lambda _plan: False)
     return execute_clean(plan, confirm=asker, dry_run=dry_run, grace_s=grace_s)
 
 
@@ -102,6 +91,7 @@ def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = Non
     name under the runs directory (``NBGPU_RUNS_DIR``). No argument: this process's last
     run, else this process's own phases (``nbgpu.phase``, ``%%gpu_phase``).
     """
+    import re  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
     from nbgpu.launch.execute import runs  # noqa: PLC0415
@@ -126,22 +116,16 @@ def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = Non
     if path.is_dir():
         return memory_report(path)
     root = runs_root(environ)
-    named = _newest_named(root, text)
-    if named is not None:
-        return memory_report(named, label=f"run '{text}'")
+    pattern = re.compile(re.escape(text) + r"-\d{8}-\d{6}-[0-9a-f]{4}$")
+    try:
+        named = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)]
+    except OSError:
+        named = []
+    if named:
+        newest = max(named, key=lambda p: p.name[len(text) :])
+        return memory_report(newest, label=f"run '{text}'")
     here = ", ".join(known) or "none in this process"
     raise UserInputError(
         f"no run named {text!r} (runs: {here}) and no run directory {str(path)!r}; give a "
         f"run name or a directory under {root}"
     )
-
-
-def _newest_named(root: Path, name: str) -> Path | None:
-    import re  # noqa: PLC0415
-
-    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}-[0-9a-f]{4}$")
-    try:
-        found = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)]
-    except OSError:
-        return None
-    return max(found, key=lambda p: p.name[len(name) :]) if found else None

@@ -46,6 +46,10 @@ class _Parser(argparse.ArgumentParser):
         raise UserInputError(f"{self.prog}: {message} (see `{self.prog} -h`)")
 
 
+def _flag(p: argparse.ArgumentParser, name: str, help_: str) -> None:
+    p.add_argument(name, action="store_true", help=help_)
+
+
 def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model", help="7B, 7.5e9, a model name (Qwen/Qwen2.5-7B-Instruct) or config.json"
@@ -53,34 +57,26 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
     p.add_argument("--world-size", type=int, default=1, metavar="N", help="GPUs in the job")
     p.add_argument("--micro", type=int, default=1, metavar="N", help="micro batch per GPU")
-    p.add_argument("--seq-len", type=int, default=None, metavar="N", help="tokens per sample")
+    p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sample")
     p.add_argument("--precision", default="bf16", help="bf16 (default), fp16 or fp32")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
     p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
     p.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel degree")
     p.add_argument("--role", default="train", help="train (default) or inference")
-    p.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
-    p.add_argument(
-        "--no-flash", action="store_true", help="attention scores materialised (5·a·s²·b)"
-    )
-    p.add_argument(
-        "--kv-tokens", type=int, default=None, metavar="N", help="inference: KV tokens per GPU"
-    )
-    p.add_argument(
-        "--budget", default=None, metavar="SIZE", help="per-GPU memory to fit, e.g. 80GB"
-    )
+    _flag(p, "--checkpointing", "full activation checkpointing")
+    _flag(p, "--no-flash", "attention scores materialised (5·a·s²·b)")
+    p.add_argument("--kv-tokens", type=int, metavar="N", help="inference: KV tokens per GPU")
+    p.add_argument("--budget", metavar="SIZE", help="per-GPU memory to fit, e.g. 80GB")
     p.add_argument(
         "--max-micro",
-        default=None,
         metavar="auto",
         help="with --budget: report the estimate at the largest micro batch that fits",
     )
-    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    _flag(p, "--json", "print the estimate as JSON")
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    from nbgpu.estimate import estimate_memory as estimate  # noqa: PLC0415
-    from nbgpu.estimate import largest_micro_batch  # noqa: PLC0415
+    from nbgpu.estimate import estimate_memory, largest_micro_batch  # noqa: PLC0415
 
     kwargs: dict[str, Any] = {
         "strategy": args.strategy,
@@ -106,34 +102,9 @@ def _estimate(args: argparse.Namespace) -> int:
             raise UserInputError("--max-micro auto needs --budget SIZE (e.g. 80GB)")
         result = largest_micro_batch(model, args.budget, **kwargs)
     else:
-        result = estimate(model, budget=args.budget, **kwargs)
+        result = estimate_memory(model, budget=args.budget, **kwargs)
     print(result.to_json() if args.json else result.text())
     return EXIT_PROBLEM if result.fits is False else EXIT_OK
-
-
-def _add_run_tools(sub: Any) -> None:
-    """`nbgpu runs` and `nbgpu stacks`: the run directories on disk, and hung ranks."""
-    p = sub.add_parser("runs", help="run directories on disk; --prune applies the retention policy")
-    p.add_argument("--prune", action="store_true", help="remove the oldest runs beyond the policy")
-    p.add_argument(
-        "--keep", type=int, default=None, metavar="N", help="keep the last N runs (0: all)"
-    )
-    p.add_argument(
-        "--budget",
-        default=None,
-        metavar="SIZE",
-        help="keep at most SIZE of runs, e.g. 5G (0: no limit)",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-
-    p = sub.add_parser("stacks", help="every rank's Python stack now (hung runs)")
-    p.add_argument("run", help="a run directory, or a run name under the runs directory")
-    p.add_argument(
-        "--timeout", type=float, default=5.0, metavar="S", help="wait for dumps (default 5)"
-    )
-    p.add_argument(
-        "--native", action="store_true", help="add native frames with py-spy if installed"
-    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -141,44 +112,27 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("status", help="every GPU: health, memory, holders, cuda:N mapping")
+    _flag(p, "--json", "print a JSON snapshot (a fleet file NBGPU_SIMULATE accepts)")
+    _flag(p, "--probe", "create a CUDA context per GPU in a subprocess to catch busy GPUs")
     p.add_argument(
-        "--json",
-        action="store_true",
-        help="print a JSON snapshot (a fleet file NBGPU_SIMULATE accepts)",
+        "--env", metavar="CVD", help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value"
     )
-    p.add_argument(
-        "--probe",
-        action="store_true",
-        help="create a CUDA context per GPU in a subprocess to catch busy GPUs",
+    _flag(
+        p, "--slurm", "every node of the SLURM allocation (or of --nodes N requested for the look)"
     )
-    p.add_argument(
-        "--env",
-        metavar="CVD",
-        default=None,
-        help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value",
-    )
-    p.add_argument(
-        "--slurm",
-        action="store_true",
-        help="every node of the SLURM allocation (or of --nodes N requested for the look)",
-    )
-    p.add_argument("--nodes", type=int, default=None, metavar="N", help="with --slurm")
-    p.add_argument("--partition", default=None, metavar="P", help="with --slurm")
+    p.add_argument("--nodes", type=int, metavar="N", help="with --slurm")
+    p.add_argument("--partition", metavar="P", help="with --slurm")
 
     p = sub.add_parser("doctor", help="each GPU's health, the launch environment, and fixes")
-    p.add_argument("--no-probe", action="store_true", help="skip the active CUDA probe")
+    _flag(p, "--no-probe", "skip the active CUDA probe")
     p.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        metavar="N",
-        help="check a planned number of ranks per node",
+        "--nproc", type=int, metavar="N", help="check a planned number of ranks per node"
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _flag(p, "--json", "print the report as JSON")
 
     p = sub.add_parser("clean", help="stop your own stale GPU holders, after asking")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask")
-    p.add_argument("--dry-run", action="store_true", help="only list")
+    _flag(p, "--dry-run", "only list")
     p.add_argument(
         "--grace",
         type=float,
@@ -188,12 +142,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser("diagnose", help="name the cause of a failed run, its first rank, fixes")
     p.add_argument("source", help="a log file, a run directory, or - for standard input")
-    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    p.add_argument(
-        "--inventory",
-        action="store_true",
-        help="add this machine's GPUs (holders, modes) to the findings",
-    )
+    _flag(p, "--json", "print the diagnosis as JSON")
+    _flag(p, "--inventory", "add this machine's GPUs (holders, modes) to the findings")
     p.add_argument(
         "--max-evidence",
         type=int,
@@ -201,17 +151,13 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="evidence lines per finding (default 5)",
     )
-    p.add_argument(
-        "--full-scan",
-        action="store_true",
-        help="read every line (default: skip lines no cause can match)",
-    )
-    p.add_argument("--name", default=None, help="a label for the report")
+    _flag(p, "--full-scan", "read every line (default: skip lines no cause can match)")
+    p.add_argument("--name", help="a label for the report")
 
     p = sub.add_parser("memory", help="memory by phase and rank of a run, as a table and figure")
     p.add_argument("run", metavar="RUNDIR", help="a run directory, or the name of a recent run")
-    p.add_argument("--png", default=None, metavar="FILE", help="also draw the figure into FILE")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--png", metavar="FILE", help="also draw the figure into FILE")
+    _flag(p, "--json", "print the report as JSON")
 
     p = sub.add_parser("plan", help="place roles on GPUs, check batch sizes, sweeps, scaling")
     add_plan_arguments(p)
@@ -219,7 +165,20 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("estimate", help="per-GPU memory of a model, term by term, no trials")
     _add_estimate_arguments(p)
 
-    _add_run_tools(sub)
+    p = sub.add_parser("runs", help="run directories on disk; --prune applies the retention policy")
+    _flag(p, "--prune", "remove the oldest runs beyond the policy")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the last N runs (0: all)")
+    p.add_argument(
+        "--budget", metavar="SIZE", help="keep at most SIZE of runs, e.g. 5G (0: no limit)"
+    )
+    _flag(p, "--json", "print JSON")
+
+    p = sub.add_parser("stacks", help="every rank's Python stack now (hung runs)")
+    p.add_argument("run", help="a run directory, or a run name under the runs directory")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, metavar="S", help="wait for dumps (default 5)"
+    )
+    _flag(p, "--native", "add native frames with py-spy if installed")
 
     p = sub.add_parser("run", help="run a script as a torchrun job, streaming every rank")
     add_flags(p)
@@ -260,8 +219,7 @@ def _runs(args: argparse.Namespace) -> int:
     if not args.prune and (args.keep is not None or args.budget is not None):
         raise UserInputError("nbgpu runs: --keep and --budget go with --prune")
     if args.prune:
-        policy = retention.policy_from_options(args.keep, args.budget)
-        result: Any = retention.prune(policy=policy)
+        result: Any = retention.prune(policy=retention.policy_from_options(args.keep, args.budget))
     else:
         result = retention.list_run_dirs()
     print(result.to_json() if args.json else result.text())
@@ -333,16 +291,15 @@ def _run(args: argparse.Namespace) -> int:
             from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
             from nbgpu.launch.slurm import cluster_status  # noqa: PLC0415
 
-            cluster = cluster_status(
+            result: Any = cluster_status(
                 nodes=args.nodes,
                 options=SlurmOptions(partition=args.partition),
                 environ=os.environ,
                 probe=args.probe,
             )
-            print(cluster.to_json() if args.json else cluster.text())
-            return EXIT_OK
-        inventory = api.status(probe=args.probe, visible_devices=args.env)
-        print(inventory.to_json() if args.json else inventory.text())
+        else:
+            result = api.status(probe=args.probe, visible_devices=args.env)
+        print(result.to_json() if args.json else result.text())
         return EXIT_OK
     if args.command == "doctor":
         if args.nproc is not None and args.nproc < 1:

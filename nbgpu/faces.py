@@ -16,15 +16,6 @@ def launch_hint(
     face: str, nproc: int | None = None, *, gpus: str | None = None, force: bool = False
 ) -> str:
     """The launch command with these choices, as the user would type it in *face*."""
-    if face == "terminal":
-        parts = ["nbgpu run"]
-        if nproc is not None:
-            parts.append(f"-n {nproc}")
-        if gpus:
-            parts.append(f"--gpus {gpus}")
-        if force:
-            parts.append("--force")
-        return " ".join([*parts, "script.py"])
     if face == "python":
         args = ["code"] + ([str(nproc)] if nproc is not None else [])
         if gpus:
@@ -32,14 +23,15 @@ def launch_hint(
         if force:
             args.append("force=True")
         return f"nbgpu.torchrun({', '.join(args)})"
-    parts = ["%%torchrun"]
+    terminal = face == "terminal"
+    parts = ["nbgpu run" if terminal else "%%torchrun"]
     if nproc is not None:
-        parts.append(str(nproc))
+        parts.append(f"-n {nproc}" if terminal else str(nproc))
     if gpus:
         parts.append(f"--gpus {gpus}")
     if force:
         parts.append("--force")
-    return " ".join(parts)
+    return " ".join([*parts, "script.py"] if terminal else parts)
 
 
 def doctor_hint(face: str) -> str:

@@ -8,7 +8,7 @@ serialises the same wherever it appears (``%gpu_doctor``, ``%gpu_plan``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 __all__ = ["SEVERITIES", "SEVERITY_ORDER", "Problem", "Severity", "worst"]
@@ -39,13 +39,7 @@ class Problem:
             raise ValueError(f"severity = {self.severity!r}; expected one of {SEVERITIES}")
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "severity": self.severity,
-            "code": self.code,
-            "subject": self.subject,
-            "message": self.message,
-            "fixes": list(self.fixes),
-        }
+        return {**asdict(self), "fixes": list(self.fixes)}
 
 
 def worst(problems: tuple[Problem, ...] | list[Problem]) -> str:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["magics_classes", "register", "unregister"]
+__all__ = ["load_ipython_extension", "magics_classes", "unload_ipython_extension"]
 
 
 def magics_classes() -> tuple[type[Any], ...]:
-    """nbgpu's Magics classes."""
     from nbgpu.notebook.launch_magics import LaunchMagics  # noqa: PLC0415
     from nbgpu.notebook.magics import GPUMagics  # noqa: PLC0415
     from nbgpu.notebook.watch import WatchMagics  # noqa: PLC0415
@@ -23,7 +22,8 @@ def magics_classes() -> tuple[type[Any], ...]:
     return (GPUMagics, LaunchMagics, WatchMagics)
 
 
-def register(ipython: Any) -> None:
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext nbgpu``: register the magics."""
     from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
 
     ipython.register_magics(*magics_classes())
@@ -33,7 +33,8 @@ def register(ipython: Any) -> None:
         cleanup.append(keep_empty_cell_body)
 
 
-def unregister(ipython: Any) -> None:
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext nbgpu``: remove exactly the magics that loading added."""
     # IPython has no public unregister; remove exactly the names the classes declare.
     from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
 

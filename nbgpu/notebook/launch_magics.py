@@ -267,7 +267,7 @@ class LaunchMagics(Magics):
         return rank_stacks(where, timeout_s=timeout, native="--native" in tokens)
 
     @magic_arguments()
-    @argument("name", nargs="?", default=None, help="the run to stop")
+    @argument("name", nargs="?", help="the run to stop")
     @argument("--all", action="store_true", help="stop every running run of this kernel")
     @line_magic
     def gpu_stop(self, line: str = "") -> Any:

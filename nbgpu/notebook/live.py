@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import functools
 import html
 import threading
 import time
@@ -43,7 +44,6 @@ EMPTY: Bundle = {"text/plain": ""}
 
 _VIEWS: list[LiveView] = []  # views not ended yet
 _CONTROLS: list[Any] = []  # every controls widget, closed when the kernel exits
-_hook_installed = False
 
 
 class LiveView:
@@ -72,11 +72,9 @@ class LiveView:
         self.interval_s = interval_s
         self.on_exit = on_exit or self.end
         self._lock = threading.RLock()
-        self._last = 0.0
         self._timer: threading.Timer | None = None
         self.ended = False
         self.updates = 0
-        self.controls = controls
         self._controls_handle = None
         if controls is not None:
             _CONTROLS.append(controls)
@@ -154,8 +152,6 @@ def _end_all() -> None:
             widget.close()
 
 
+@functools.cache  # one hook per process
 def _end_at_exit_once() -> None:
-    global _hook_installed  # noqa: PLW0603  (one hook per process)
-    if not _hook_installed:
-        atexit.register(_end_all)
-        _hook_installed = True
+    atexit.register(_end_all)

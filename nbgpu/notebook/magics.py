@@ -100,12 +100,28 @@ class GPUMagics(Magics):
     """nbgpu's GPU and memory magics; see each one's ``-h``."""
 
     @magic_arguments()
-    @argument("--probe", action="store_true", help="also create a CUDA context on each GPU (in a short-lived subprocess) to catch 'busy or unavailable'")  # fmt: skip
-    @argument("--json", action="store_true", help="print the snapshot as JSON (a fleet file that NBGPU_SIMULATE accepts)")  # fmt: skip
-    @argument("--env", metavar="CVD", default=None, help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)")  # fmt: skip
-    @argument("--slurm", action="store_true", help="every node of the SLURM allocation (or of --nodes N requested for the look)")  # fmt: skip
-    @argument("--nodes", type=int, default=None, metavar="N", help="with --slurm")
-    @argument("--partition", default=None, metavar="P", help="with --slurm")
+    @argument(
+        "--probe",
+        action="store_true",
+        help="also create a CUDA context on each GPU (in a short-lived subprocess) to catch 'busy or unavailable'",
+    )
+    @argument(
+        "--json",
+        action="store_true",
+        help="print the snapshot as JSON (a fleet file that NBGPU_SIMULATE accepts)",
+    )
+    @argument(
+        "--env",
+        metavar="CVD",
+        help="show cuda:N -> GPU for this CUDA_VISIBLE_DEVICES value instead of the kernel's (e.g. --env 2,3)",
+    )
+    @argument(
+        "--slurm",
+        action="store_true",
+        help="every node of the SLURM allocation (or of --nodes N requested for the look)",
+    )
+    @argument("--nodes", type=int, metavar="N", help="with --slurm")
+    @argument("--partition", metavar="P", help="with --slurm")
     @line_magic
     def gpu_status(self, line: str = "") -> Any:
         """Show every GPU: health, memory, who holds it, and what cuda:N means here."""
@@ -124,7 +140,7 @@ class GPUMagics(Magics):
                 from nbgpu.api import status  # noqa: PLC0415
 
                 visible = _visible_value(args.env)
-                result = status(probe=args.probe, visible_devices=visible, environ=dict(os.environ))
+                result = status(probe=args.probe, visible_devices=visible)
         if args.json:
             print(result.to_json())
             return None
@@ -132,7 +148,12 @@ class GPUMagics(Magics):
 
     @magic_arguments()
     @argument("--no-probe", action="store_true", help="skip the active CUDA probe")
-    @argument("--nproc", type=int, default=None, metavar="N", help="check a planned number of ranks per node against the visible GPUs")  # fmt: skip
+    @argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="check a planned number of ranks per node against the visible GPUs",
+    )
     @argument("--json", action="store_true", help="print the report as JSON")
     @line_magic
     def gpu_doctor(self, line: str = "") -> Any:
@@ -144,9 +165,7 @@ class GPUMagics(Magics):
         from nbgpu.api import doctor  # noqa: PLC0415
 
         with user_errors():
-            report = doctor(
-                probe=not args.no_probe, nproc=args.nproc, environ=dict(os.environ), face="notebook"
-            )
+            report = doctor(probe=not args.no_probe, nproc=args.nproc, face="notebook")
         if args.json:
             print(report.to_json())
             return None
@@ -155,7 +174,13 @@ class GPUMagics(Magics):
     @magic_arguments()
     @argument("--yes", "-y", action="store_true", help="stop the listed processes without asking")
     @argument("--dry-run", action="store_true", help="only list what would be stopped")
-    @argument("--grace", type=float, default=3.0, metavar="S", help="seconds between SIGTERM and SIGKILL (default 3)")  # fmt: skip
+    @argument(
+        "--grace",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL (default 3)",
+    )
     @line_magic
     def gpu_clean(self, line: str = "") -> Any:
         """Stop this user's stale GPU holders (orphaned ranks, dead jobs), by pid, after asking."""
@@ -175,13 +200,7 @@ class GPUMagics(Magics):
             return answer.strip().lower() in ("y", "yes")
 
         with user_errors():
-            return clean(
-                yes=args.yes,
-                dry_run=args.dry_run,
-                grace_s=args.grace,
-                confirm=confirm,
-                environ=dict(os.environ),
-            )
+            return clean(yes=args.yes, dry_run=args.dry_run, grace_s=args.grace, confirm=confirm)
 
     @line_magic
     def gpu_plan(self, line: str = "") -> Any:
@@ -222,7 +241,12 @@ class GPUMagics(Magics):
 
     @magic_arguments()
     @argument("name", nargs="+", help="the phase's name (free text)")
-    @argument("--mem-sample", default="0.1", metavar="S", help="seconds between the kernel's memory samples (default 0.1; 0: phase ends only)")  # fmt: skip
+    @argument(
+        "--mem-sample",
+        default="0.1",
+        metavar="S",
+        help="seconds between the kernel's memory samples (default 0.1; 0: phase ends only)",
+    )
     @cell_magic
     def gpu_phase(self, line: str, cell: str) -> None:
         """Run this cell as a memory phase of the kernel: ``%%gpu_phase load model``.
@@ -269,8 +293,8 @@ class GPUMagics(Magics):
             )
 
     @magic_arguments()
-    @argument("run", nargs="?", default=None, help="a run name, a run directory, or 'kernel'")
-    @argument("--png", default=None, metavar="FILE", help="also save the figure to FILE")
+    @argument("run", nargs="?", help="a run name, a run directory, or 'kernel'")
+    @argument("--png", metavar="FILE", help="also save the figure to FILE")
     @argument("--no-figure", action="store_true", help="the table only")
     @line_magic
     def gpu_memory(self, line: str = "") -> Any:

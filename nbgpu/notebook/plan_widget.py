@@ -31,10 +31,9 @@ def _int_or_none(value: int) -> int | None:
 
 def plan_inputs(values: dict[str, Any]) -> dict[str, Any]:
     """The controls' values as :func:`nbgpu.plan` keyword arguments (0 and "" mean unset)."""
-    exclude = values.get("exclude", "").strip()
     return {
         "allocation": values.get("allocation", "").strip() or None,
-        "exclude": exclude or None,
+        "exclude": values.get("exclude", "").strip() or None,
         "global_batch": _int_or_none(int(values.get("global_batch", 0))),
         "micro_batch": _int_or_none(int(values.get("micro_batch", 0))),
         "grad_accum": _int_or_none(int(values.get("grad_accum", 0))),
@@ -44,7 +43,7 @@ def plan_inputs(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class PlanWidget:
-    """Controls on the left, the plan on the right; see the module docstring."""
+    """Controls above, the plan below; see the module docstring."""
 
     def __init__(
         self, namespace: dict[str, Any], *, name: str = "p", initial: dict[str, Any] | None = None
@@ -56,19 +55,34 @@ class PlanWidget:
         self.namespace = namespace
         self.name = name
         self.inventory = take_inventory(scan_device_files=False)
-        start = {"allocation": "", "exclude": "", "global_batch": 0, "micro_batch": 0}
-        start.update({"grad_accum": 0, "strategy": "ddp", "model": ""})
-        start.update(initial or {})
+        start = {"strategy": "ddp", **(initial or {})}
         style = {"description_width": "110px"}
+
+        def text(key: str, description: str, placeholder: str) -> Any:
+            return w.Text(
+                value=start.get(key, ""),
+                continuous_update=False,
+                description=description,
+                placeholder=placeholder,
+                style=style,
+            )
+
+        def number(key: str, description: str, top: int) -> Any:
+            return w.BoundedIntText(
+                value=start.get(key, 0), min=0, max=top, description=description, style=style
+            )
+
         self.controls: dict[str, Any] = {
-            "allocation": w.Text(value=start["allocation"], continuous_update=False, description="allocation", placeholder="d4 or sglang.d1t1p1+d3t1p1", style=style),
-            "exclude": w.Text(value=start["exclude"], continuous_update=False, description="exclude GPUs", placeholder="e.g. 0,3", style=style),
-            "global_batch": w.BoundedIntText(value=start["global_batch"], min=0, max=10**7, description="global batch", style=style),
-            "micro_batch": w.BoundedIntText(value=start["micro_batch"], min=0, max=10**6, description="micro batch", style=style),
-            "grad_accum": w.BoundedIntText(value=start["grad_accum"], min=0, max=10**6, description="accumulation", style=style),
-            "strategy": w.Dropdown(options=STRATEGIES, value=start["strategy"], description="strategy", style=style),
-            "model": w.Text(value=start["model"], continuous_update=False, description="model", placeholder="7B or Qwen/Qwen2.5-7B-Instruct", style=style),
-        }  # fmt: skip
+            "allocation": text("allocation", "allocation", "d4 or sglang.d1t1p1+d3t1p1"),
+            "exclude": text("exclude", "exclude GPUs", "e.g. 0,3"),
+            "global_batch": number("global_batch", "global batch", 10**7),
+            "micro_batch": number("micro_batch", "micro batch", 10**6),
+            "grad_accum": number("grad_accum", "accumulation", 10**6),
+            "strategy": w.Dropdown(
+                options=STRATEGIES, value=start["strategy"], description="strategy", style=style
+            ),
+            "model": text("model", "model", "7B or Qwen/Qwen2.5-7B-Instruct"),
+        }
         self.status = w.HTML()
         self.launch = w.Text(description="launch", layout=w.Layout(width="300px"))
         self.copy_button = w.Button(description="Copy", icon="copy", tooltip="copy the launch line")

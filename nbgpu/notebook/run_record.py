@@ -96,9 +96,6 @@ class Tails:
             lines = lines[-last:] if last else ()
         return RankTail(label, lines, total, self._logs[label])
 
-    def all(self, last: int | None = None) -> list[RankTail]:
-        return [self.tail(label, last) for label in self._logs]
-
 
 def _badges(run: Any) -> list[tuple[int, str, str]]:
     """(rank, colour name, text) per rank: 'rank0 · GPU 1: running', 'rank1: exit 1 …'."""
@@ -182,7 +179,8 @@ def record_bundle(run: Any, tails: Tails, extra: Iterable[tuple[str, str]] = ())
     states = {r: state for r, _, state in ranks}
     # Open the rank a reader needs first: the root cause, else rank 0.
     opened = run.root_cause.rank if getattr(run, "root_cause", None) is not None else 0
-    for number, tail in enumerate(tails.all(RECORD_TAIL_LINES)):
+    for number, label in enumerate(tails.labels):
+        tail = tails.tail(label, RECORD_TAIL_LINES)
         text.append(f"--- {tail.label}: {tail.heading()}")
         if note := tail.earlier_note():
             text.append(f"… {note}")

@@ -58,16 +58,14 @@ def widgets_available() -> bool:
 def background_output(run: Run, view: str, *, quiet: bool) -> Output:
     """Widgets (tabs, badges, Stop) where they render; a display-handle tail otherwise."""
     from nbgpu.launch.execute import Output  # noqa: PLC0415
-    from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
 
     use_widgets = view == "widgets" or (
         view == "auto" and widgets_available() and not _under_test_runner()
     )
     if use_widgets and not quiet:
         return _panel_output(run)
-    text_view = _BackgroundView(run, keep_tails=not quiet)
-    writer = ScreenWriter(text_view.write if not quiet else (lambda _t: None))
-    return Output(_TeeToTails(writer, text_view.tails), text_view.tick)
+    text_view = _BackgroundView(run, quiet=quiet)
+    return Output(text_view, text_view.tick)
 
 
 def foreground_output(args: Namespace) -> Callable[[Run], Output]:
@@ -109,17 +107,22 @@ class _BackgroundView:
 
     A :class:`~nbgpu.notebook.live.LiveView` without controls: its face is the run's
     headline, the node's memory and the newest lines; once the run ends, the run's
-    record (each rank's last lines, the badges, the summary) as HTML and text.
+    record (each rank's last lines, the badges, the summary) as HTML and text. As the
+    run's line sink it keeps the tails for the record and passes every line on to a
+    :class:`~nbgpu.launch.streams.ScreenWriter` that writes into the face.
     """
 
-    def __init__(self, run: Run, *, keep_tails: bool = True) -> None:
+    def __init__(self, run: Run, *, quiet: bool) -> None:
+        from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
+
         self.run = run
         self._lines: deque[str] = deque(maxlen=40)
         self._lock = threading.Lock()
         self.record: Bundle | None = None  # the static record, once the run ended
         # --quiet: the record keeps the summary only, no rank output.
-        self.tails = Tails(run.logs if keep_tails else {})
+        self.tails = Tails({} if quiet else run.logs)
         self._memory: str | None = None  # the node's memory line
+        self.screen = ScreenWriter((lambda _t: None) if quiet else self.write)
         self.view = LiveView(self._face, interval_s=REFRESH_S)
 
     def _face(self) -> Bundle:
@@ -143,6 +146,16 @@ class _BackgroundView:
             self.record = record_bundle(run, self.tails)
             self.view.end(self.record)
         self.view.refresh()
+
+    def add(self, label: str, lines: list[str]) -> None:
+        self.tails.extend(label, lines)
+        self.screen.add(label, lines)
+
+    def flush(self) -> None:
+        self.screen.flush()
+
+    def finish(self, log_hint: str) -> None:
+        self.screen.finish(log_hint)
 
 
 class RunPanel:
@@ -181,8 +194,6 @@ class RunPanel:
         tail = self.tails.tail(self.ranks.value) if self.ranks.value else None
         return live_bundle(self.run, tail, self.memory.html, SCROLL_HEIGHT, self.note)
 
-    # -- the writer interface (add / flush / finish) ----------------------------------
-
     def add(self, label: str, lines: list[str]) -> None:
         self.tails.extend(label, lines)
 
@@ -208,24 +219,6 @@ class RunPanel:
         threading.Thread(target=self.run.stop, args=("stopped",), daemon=True).start()
 
 
-class _TeeToTails:
-    """A line sink that keeps tails for the record and passes everything to *inner*."""
-
-    def __init__(self, inner: Any, tails: Tails) -> None:
-        self.inner = inner
-        self.tails = tails
-
-    def add(self, label: str, lines: list[str]) -> None:
-        self.tails.extend(label, lines)
-        self.inner.add(label, lines)
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def finish(self, log_hint: str) -> None:
-        self.inner.finish(log_hint)
-
-
 # -- a warm cell, read like a finished run --------------------------------------------
 # A warm cell ends while its job goes on, so the record is of the *cell*: which cell, how
 # it ended on each rank, how long it took, and that the ranks are kept.
@@ -247,12 +240,8 @@ class CellView:
         self.config = run.config
         self.done = True
         self.root_cause = None
-        if result.ok:
-            self.state, self.stop_reason = "succeeded", None
-        elif result.interrupted:
-            self.state, self.stop_reason = "interrupted", "interrupted"
-        else:
-            self.state, self.stop_reason = "failed", None
+        self.state = "succeeded" if result.ok else "interrupted" if result.interrupted else "failed"
+        self.stop_reason = "interrupted" if self.state == "interrupted" else None
         self.ranks = tuple(_CellRank(r, s) for r, s in sorted(result.statuses.items()))
 
     def _rank_state(self, r: _CellRank) -> str:
