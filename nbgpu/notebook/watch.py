@@ -255,8 +255,8 @@ class Dashboard:
 
     def _stop_if_unseen(self) -> None:
         if self.controls._view_count == 0 and not self.watcher.stopped:
+            self.cleared = True  # before stop(): whoever waits for the stop reads it
             self.stop()
-            self.cleared = True
 
     def _on_pause(self, change: dict[str, Any]) -> None:
         if change["new"]:
