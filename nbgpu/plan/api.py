@@ -407,14 +407,8 @@ def _plan_file(data: Any, kind: type[P], key: str) -> P:
             f"plan JSON: {key} = {json.dumps(got)}; expected {PLAN_FILE_FORMAT} "
             "(write one with `nbgpu plan ... --json > plan.json`)"
         )
-    data = _upgraded(data)
-    if kind is not SweepPlan:
-        return from_data(kind, data, prefix="plan JSON")
-    runs = data.get("runs")
-    if not isinstance(runs, list):
-        raise UserInputError("sweep JSON: top level has no list 'runs'")
-    swept = from_data(kind, {**data, "runs": []}, prefix="sweep JSON")
-    return replace(swept, runs=tuple(_plan_file(r, Plan, "nbgpu_plan") for r in runs))
+    prefix = "sweep JSON" if kind is SweepPlan else "plan JSON"
+    return from_data(kind, _upgraded(data), prefix=prefix)
 
 
 _SEVERITY_OF = {"problems": "bad", "warnings": "warn"}
