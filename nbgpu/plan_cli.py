@@ -7,6 +7,7 @@ calls :mod:`nbgpu.plan`; results are returned for the face to print or display.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,17 +28,11 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, Any]:
     return out
 
 
-def _max_micro(value: str | None) -> int | str | None:
-    if value is None or value.strip().lower() == "auto":
-        return value
-    if not value.strip().isdigit() or int(value) < 1:
-        raise UserInputError(f"--max-micro {value!r}: expected a whole number >= 1 or auto")
-    return int(value)
-
-
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     n: dict[str, Any] = {"type": int, "metavar": "N"}  # a whole number, unset (None) by default
+    flag = functools.partial(a, action="store_true")
+    many = functools.partial(a, action="append", default=[])  # repeatable: a list
     a(
         "allocation",
         nargs="?",
@@ -48,11 +43,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SPEC|FILE",
         help="plan for this fleet (spec, scenario or status JSON) instead of here",
     )
-    a(
-        "--slurm",
-        action="store_true",
-        help="plan across the SLURM allocation's nodes (each node's GPUs, seen there)",
-    )
+    flag("--slurm", help="plan across the SLURM allocation's nodes (each node's GPUs, seen there)")
     a(
         "--nodes",
         **n,
@@ -76,17 +67,13 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N|auto",
         help="largest micro batch per GPU; auto: computed from --model and --seq-len",
     )
-    a(
+    many(
         "--divisor",
-        action="append",
-        default=[],
         metavar="NAME=K",
         help="the global batch must divide by K (e.g. group=8); repeatable",
     )
-    a(
+    many(
         "--step-divisor",
-        action="append",
-        default=[],
         metavar="NAME=K",
         help="ranks x micro batch must divide by K (TRL num_generations)",
     )
@@ -100,11 +87,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         **n,
         help="tokens per sample: adds activations, logits and KV cache to the memory check",
     )
-    a(
-        "--checkpointing",
-        action="store_true",
-        help="count activations with full activation checkpointing",
-    )
+    flag("--checkpointing", help="count activations with full activation checkpointing")
     a("--precision", help="bf16 (default), fp16 or fp32")
     a("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
     a("--optimizer", default="adamw", help="adamw, adam or sgd")
@@ -122,11 +105,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         help="split the box into RUNS disjoint runs (distinct ports)",
     )
     a("--per-run", type=int, metavar="K", help="GPUs per sweep run")
-    a(
-        "--share",
-        action="store_true",
-        help="with --sweep: runs may use GPUs that other jobs are using",
-    )
+    flag("--share", help="with --sweep: runs may use GPUs that other jobs are using")
     a(
         "--scale",
         metavar="CONFIG",
@@ -145,16 +124,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         **n,
         help="with --scale: GPUs before (default: read from the config)",
     )
-    a(
-        "--keep-batch",
-        action="store_true",
-        help="with --scale: keep global batch sizes (default: scale them)",
-    )
+    flag("--keep-batch", help="with --scale: keep global batch sizes (default: scale them)")
     a("--tp", default="keep", metavar="keep|scale|N", help="with --scale: tensor-parallel size")
-    a(
+    many(
         "--rule",
-        action="append",
-        default=[],
         metavar="KEY=RULE",
         help="with --scale: how to treat a key (scale, keep, per_gpu...)",
     )
@@ -179,7 +152,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         "global_batch": args.batch,
         "micro_batch": args.micro,
         "grad_accum": args.accum,
-        "max_micro_batch": _max_micro(args.max_micro),
+        "max_micro_batch": args.max_micro,  # checked with the other job keywords
         "divisors": _pairs(args.divisor, "--divisor") or None,
         "step_divisors": _pairs(args.step_divisor, "--step-divisor") or None,
         "model": args.model,

@@ -192,8 +192,7 @@ def diagnose(
 class _CallableModule(types.ModuleType):
     """This package's module type: calling the module calls :func:`diagnose`."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Diagnosis:
-        return diagnose(*args, **kwargs)
+    __call__ = staticmethod(diagnose)
 
 
 sys.modules[__name__].__class__ = _CallableModule

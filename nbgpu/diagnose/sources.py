@@ -17,12 +17,11 @@ Any other directory is searched (a few levels deep) for ``*.log``, ``*.txt``, ``
 (``attempt_0/<local_rank>/stdout.log``) gives each file its rank. Files are read in
 chunks, never whole. A missing path is a one-line ``UserInputError``; a malformed
 run.json or error file becomes a note, never an exception. Imports only the standard
-library, ``nbgpu.errors``, ``lines.Stamp`` and ``scan.ExitRecord``.
+library, ``nbgpu.errors``, ``lines.Stamp``, ``scan.ExitRecord`` and profile's ``read_node``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -36,6 +35,7 @@ from typing import IO, Any
 from nbgpu.diagnose.lines import Stamp
 from nbgpu.diagnose.scan import ExitRecord
 from nbgpu.errors import UserInputError
+from nbgpu.profile.records import read_node
 
 __all__ = ["ErrorRecord", "Inputs", "LogInput", "RunInfo", "chunks", "load_error_file",
            "load_run_json", "resolve"]  # fmt: skip
@@ -316,9 +316,8 @@ def _directory(root: Path) -> Inputs:
     if inputs.run is not None:
         for path in root.glob("rank*.node"):
             rank = _int(path.name[len("rank") : -len(".node")])
-            with contextlib.suppress(OSError):
-                if rank is not None:
-                    inputs.run.nodes[rank] = path.read_text(encoding="utf-8").strip()
+            if rank is not None and (node := read_node(root, rank)) is not None:
+                inputs.run.nodes[rank] = node
     if inputs.run is not None and inputs.run.cell_offsets:
         inputs.notes.append(
             f"a warm job: the rank logs are read from the start of cell {inputs.run.cell}, the "

@@ -106,15 +106,14 @@ def _model(model: Any) -> Any:
     return model
 
 
-def _job(where: str, keywords: Mapping[str, Any], but: tuple[str, ...] = ()) -> Job:
-    """The checked job of *keywords*; an unknown one is a one-line error naming the rest."""
+def _job(where: str, keywords: Mapping[str, Any], but: tuple[str, ...] = (), why: str = "") -> Job:
+    """The checked job of *keywords*; an unknown one is a one-line error naming the rest
+    (*why*: what to say instead when it is one of *but*, the job keywords left out)."""
     known = [f.name for f in fields(JobRequest) if f.name not in but]
-    unknown = sorted(set(keywords) - set(known))
+    unknown = sorted(set(keywords) - set(known), key=lambda k: (k not in but, k))
     if unknown:
-        raise UserInputError(
-            f"{where}: {unknown[0]}= is not a keyword it takes; its job keywords are "
-            f"{', '.join(known)}"
-        )
+        taken = why if why and unknown[0] in but else f"its job keywords are {', '.join(known)}"
+        raise UserInputError(f"{where}: {unknown[0]}= is not a keyword it takes; {taken}")
     return make_job(JobRequest(**{**keywords, "model": _model(keywords.get("model"))}))
 
 
@@ -178,13 +177,8 @@ def sweep(
     :func:`plan`. A run on GPUs that other jobs are using is not ready (it would share
     their compute and memory) unless ``share=True``; the sweep says how many runs fit now.
     """
-    for taken in _NOT_SWEEP:
-        if taken in job:
-            raise UserInputError(
-                f"nbgpu.sweep(): {taken}= is not a keyword it takes; a sweep's GPUs are "
-                "gpus_per_run= per run, from gpus= (default: every usable GPU)"
-            )
-    job_ = _job("nbgpu.sweep()", job, but=_NOT_SWEEP)
+    why = "a sweep's GPUs are gpus_per_run= per run, from gpus= (default: every usable GPU)"
+    job_ = _job("nbgpu.sweep()", job, but=_NOT_SWEEP, why=why)
     pool = parse_gpu_list(gpus, "gpus")
     return build_sweep(
         *_gpus(inventory, environ),
@@ -413,14 +407,8 @@ def _plan_file(data: Any, kind: type[P], key: str) -> P:
             f"plan JSON: {key} = {json.dumps(got)}; expected {PLAN_FILE_FORMAT} "
             "(write one with `nbgpu plan ... --json > plan.json`)"
         )
-    data = _upgraded(data)
-    if kind is not SweepPlan:
-        return from_data(kind, data, prefix="plan JSON")
-    runs = data.get("runs")
-    if not isinstance(runs, list):
-        raise UserInputError("sweep JSON: top level has no list 'runs'")
-    swept = from_data(kind, {**data, "runs": []}, prefix="sweep JSON")
-    return replace(swept, runs=tuple(_plan_file(r, Plan, "nbgpu_plan") for r in runs))
+    prefix = "sweep JSON" if kind is SweepPlan else "plan JSON"
+    return from_data(kind, _upgraded(data), prefix=prefix)
 
 
 _SEVERITY_OF = {"problems": "bad", "warnings": "warn"}

@@ -64,8 +64,7 @@ class MemoryReport(MemoryTimeline, Result):
             for span in rank.phases:
                 end = span.end or {}
                 peak_rss, peak_pss = self.phase_peak(rank, span)
-                last = rank.last_t if span.end is None else span.end_t
-                duration = None if last is None else round(last - span.start_t, 3)
+                duration = round(rank.span_end(span) - span.start_t, 3)
                 values = (
                     span.path,
                     rank.label,
