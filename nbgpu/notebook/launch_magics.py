@@ -37,15 +37,6 @@ if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
 __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 
 
-def _split_script_args(line: str) -> tuple[str, list[str]]:
-    """'4 --gpus 0,1 -- --lr 3e-4' → ('4 --gpus 0,1', ['--lr', '3e-4'])."""
-    tokens = words(line, "%%torchrun")
-    if "--" in tokens:
-        cut = tokens.index("--")
-        return shlex.join(tokens[:cut]), tokens[cut + 1 :]
-    return line, []
-
-
 def _launch_flags(method: Any) -> Any:
     """Give the magic the notebook's launch flags, as declared once in ``launch/flags.py``."""
     # magic_arguments lists arguments in the order their decorators are written, i.e.
@@ -68,8 +59,13 @@ class LaunchMagics(Magics):
         logs stay in the run directory. Arguments after ``--`` become the ranks'
         ``sys.argv``. Interrupting the cell stops every process of the run.
         """
-        head, script_args = _split_script_args(line)
         # Only flags before "--" are nbgpu's: "-- --help" is the cell's own --help.
+        # '4 --gpus 0,1 -- --lr 3e-4' → '4 --gpus 0,1' and the ranks' ['--lr', '3e-4'].
+        tokens = words(line, "%%torchrun")
+        head, script_args = line, []
+        if "--" in tokens:
+            cut = tokens.index("--")
+            head, script_args = shlex.join(tokens[:cut]), tokens[cut + 1 :]
         if (args := parse_or_help(self, "torchrun", head)) is None:
             return None
         if args.nproc is not None:

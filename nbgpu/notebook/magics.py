@@ -215,7 +215,27 @@ class GPUMagics(Magics):
             return None
         args = parser.parse_args([t for t in tokens if t != "--widget"])
         if "--widget" in tokens:
-            return _plan_widget(self.shell.user_ns if self.shell is not None else {}, args)
+            from nbgpu.notebook.plan_widget import PlanWidget  # noqa: PLC0415
+            from nbgpu.notebook.widgets import widgets_available  # noqa: PLC0415
+
+            if not widgets_available():
+                raise UsageError("%gpu_plan --widget needs ipywidgets; without it use the flags")
+            if args.slurm or args.nodes is not None or args.nproc_per_node is not None:
+                raise UsageError(
+                    "%gpu_plan --widget plans one box; across nodes drop --widget "
+                    "(p = %gpu_plan --slurm --nproc-per-node P ...)"
+                )
+            # The other flags give the controls their first values.
+            initial = {
+                "allocation": args.allocation or "",
+                "global_batch": args.batch or 0,
+                "micro_batch": args.micro or 0,
+                "strategy": args.strategy or "ddp",
+                "model": args.model or "",
+            }
+            with user_errors():
+                PlanWidget(self.shell.user_ns if self.shell else {}, initial=initial).show()
+            return None
         with user_errors():
             result = plan_from_args(args)
         text = render_plan_output(result, args)
@@ -314,26 +334,3 @@ class GPUMagics(Magics):
                         f"--png {shlex.quote(args.png)}: cannot write ({exc.strerror})"
                     ) from None
         return report
-
-
-def _plan_widget(namespace: dict[str, Any], args: Any) -> None:
-    """``%gpu_plan --widget``: the other flags give the controls their first values."""
-    from nbgpu.notebook.plan_widget import PlanWidget  # noqa: PLC0415
-    from nbgpu.notebook.widgets import widgets_available  # noqa: PLC0415
-
-    if not widgets_available():
-        raise UsageError("%gpu_plan --widget needs ipywidgets; without it use the flags")
-    if args.slurm or args.nodes is not None or args.nproc_per_node is not None:
-        raise UsageError(
-            "%gpu_plan --widget plans one box; across nodes drop --widget "
-            "(p = %gpu_plan --slurm --nproc-per-node P ...)"
-        )
-    initial = {
-        "allocation": args.allocation or "",
-        "global_batch": args.batch or 0,
-        "micro_batch": args.micro or 0,
-        "strategy": args.strategy or "ddp",
-        "model": args.model or "",
-    }
-    with user_errors():
-        PlanWidget(namespace, initial=initial).show()
