@@ -301,20 +301,18 @@ def _prune(tokens: list[str]) -> Any:
 
     keep: int | None = None
     budget: str | None = None
-    pairs = iter(tokens)
-    try:
-        for flag in pairs:
-            if flag == "--keep":
-                value = next(pairs)
-                if not value.isdigit():
-                    raise UsageError(f"--keep {value!r}: expected a whole number of runs >= 0")
-                keep = int(value)
-            elif flag == "--budget":
-                budget = next(pairs)
-            else:
-                raise UsageError(f"%gpu_runs --prune: unknown {flag!r}; accepts --keep, --budget")
-    except StopIteration:
-        raise UsageError("%gpu_runs --prune: --keep and --budget need a value") from None
+    for at in range(0, len(tokens), 2):
+        flag, value = tokens[at], tokens[at + 1 : at + 2]
+        if flag not in ("--keep", "--budget"):
+            raise UsageError(f"%gpu_runs --prune: unknown {flag!r}; accepts --keep, --budget")
+        if not value:
+            raise UsageError("%gpu_runs --prune: --keep and --budget need a value")
+        if flag == "--budget":
+            budget = value[0]
+        elif not value[0].isdigit():
+            raise UsageError(f"--keep {value[0]!r}: expected a whole number of runs >= 0")
+        else:
+            keep = int(value[0])
     with user_errors():
         return retention.prune(policy=retention.policy_from_options(keep, budget))
 
