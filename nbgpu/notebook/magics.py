@@ -129,7 +129,7 @@ class GPUMagics(Magics):
         from nbgpu.cli import status_result  # noqa: PLC0415
 
         with user_errors():
-            result = status_result(args, _visible_value(args.env))
+            result = status_result(args, None if args.slurm else _visible_value(args.env))
         if args.json:
             print(result.to_json())
             return None
