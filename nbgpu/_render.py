@@ -343,10 +343,8 @@ class Result:
         import pandas as pd  # noqa: PLC0415  (heavy; only when asked for)
 
         records = self.records()
-        if not records:
-            frame = pd.DataFrame(columns=list(self.FRAME_COLUMNS))
-        else:
-            frame = pd.DataFrame.from_records(records)
+        columns = None if records else list(self.FRAME_COLUMNS)
+        frame = pd.DataFrame.from_records(records, columns=columns)
         fleet = self.simulated_fleet()
         if fleet is not None:
             frame.index.name = simulated_label(fleet)

@@ -94,10 +94,7 @@ class Table:
         self.cells.append({i: v for i, v in enumerate(values) if isinstance(v, Cell)})
 
     def text(self, max_width: int = 80) -> str:
-        widths = [len(h) for h in self.headers]
-        for row in self.rows:
-            for i, cell in enumerate(row):
-                widths[i] = max(widths[i], len(cell))
+        widths = [max(map(len, column)) for column in zip(self.headers, *self.rows, strict=True)]
         total = sum(widths) + 2 * (len(widths) - 1)
         if self.flex is not None and total > max_width:
             # Free text gives way first, down to a readable minimum.

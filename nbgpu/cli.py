@@ -23,7 +23,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import NbgpuError, UserInputError
@@ -31,9 +31,10 @@ from nbgpu.launch.flags import add_flags
 from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output
 
 if TYPE_CHECKING:
-    from nbgpu.devices.clean import CleanPlan
+    from nbgpu.devices.clean import CleanPlan, CleanReport
+    from nbgpu.devices.doctor import DoctorReport
 
-__all__ = ["main"]
+__all__ = ["clean_result", "doctor_result", "main", "status_result"]
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -78,20 +79,16 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
 def _estimate(args: argparse.Namespace) -> int:
     from nbgpu.estimate import estimate_memory, largest_micro_batch  # noqa: PLC0415
 
-    kwargs: dict[str, Any] = {
-        "strategy": args.strategy,
-        "world_size": args.world_size,
-        "micro_batch": args.micro,
-        "seq_len": args.seq_len,
-        "precision": args.precision,
-        "optimizer": args.optimizer,
-        "tensor_parallel": args.tp,
-        "pipeline_parallel": args.pp,
-        "role": args.role,
-        "activation_checkpointing": args.checkpointing,
-        "flash_attention": not args.no_flash,
-        "kv_tokens": args.kv_tokens,
+    # The flags are estimate_memory's keywords, some under a shorter name.
+    renamed = {
+        "micro": "micro_batch",
+        "tp": "tensor_parallel",
+        "pp": "pipeline_parallel",
+        "checkpointing": "activation_checkpointing",
     }
+    skip = ("command", "model", "budget", "max_micro", "json", "no_flash")
+    kwargs = {renamed.get(k, k): v for k, v in vars(args).items() if k not in skip}
+    kwargs["flash_attention"] = not args.no_flash
     model: Any = args.model
     with contextlib.suppress(ValueError):
         model = float(model) if "e" in model.lower() and model[0].isdigit() else model
@@ -283,36 +280,48 @@ def _confirm_on_tty(plan: CleanPlan) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
+def status_result(args: argparse.Namespace, visible: str | None) -> Any:
+    """``nbgpu status`` and ``%gpu_status``: this node's GPUs, or every SLURM node's."""
+    if not args.slurm:
+        from nbgpu.api import status  # noqa: PLC0415
+
+        return status(probe=args.probe, visible_devices=visible)
+    from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
+    from nbgpu.launch.slurm import cluster_status  # noqa: PLC0415
+
+    options = SlurmOptions(partition=args.partition)
+    return cluster_status(nodes=args.nodes, options=options, environ=os.environ, probe=args.probe)
+
+
+def doctor_result(args: argparse.Namespace, face: str) -> DoctorReport:
+    """``nbgpu doctor`` and ``%gpu_doctor``: the report, --nproc checked first."""
+    if args.nproc is not None and args.nproc < 1:
+        raise UserInputError(f"--nproc {args.nproc}: expected a whole number >= 1")
+    from nbgpu.api import doctor  # noqa: PLC0415
+
+    return doctor(probe=not args.no_probe, nproc=args.nproc, face=face)
+
+
+def clean_result(args: argparse.Namespace, confirm: Callable[[CleanPlan], bool]) -> CleanReport:
+    """``nbgpu clean`` and ``%gpu_clean``: what was stopped, --grace checked first."""
+    if args.grace < 0:
+        raise UserInputError(f"--grace {args.grace}: expected seconds >= 0")
+    from nbgpu.api import clean  # noqa: PLC0415
+
+    return clean(yes=args.yes, dry_run=args.dry_run, grace_s=args.grace, confirm=confirm)
+
+
 def _run(args: argparse.Namespace) -> int:
-    from nbgpu import api  # noqa: PLC0415  (keeps `nbgpu -h` instant)
-
     if args.command == "status":
-        if args.slurm:
-            from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
-            from nbgpu.launch.slurm import cluster_status  # noqa: PLC0415
-
-            result: Any = cluster_status(
-                nodes=args.nodes,
-                options=SlurmOptions(partition=args.partition),
-                environ=os.environ,
-                probe=args.probe,
-            )
-        else:
-            result = api.status(probe=args.probe, visible_devices=args.env)
+        result: Any = status_result(args, args.env)
         print(result.to_json() if args.json else result.text())
         return EXIT_OK
     if args.command == "doctor":
-        if args.nproc is not None and args.nproc < 1:
-            raise UserInputError(f"--nproc {args.nproc}: expected a whole number >= 1")
-        report = api.doctor(probe=not args.no_probe, nproc=args.nproc, face="terminal")
+        report = doctor_result(args, "terminal")
         print(report.to_json() if args.json else report.text())
         return EXIT_OK if report.ok else EXIT_PROBLEM
     if args.command == "clean":
-        if args.grace < 0:
-            raise UserInputError(f"--grace {args.grace}: expected seconds >= 0")
-        cleaned = api.clean(
-            yes=args.yes, dry_run=args.dry_run, grace_s=args.grace, confirm=_confirm_on_tty
-        )
+        cleaned = clean_result(args, _confirm_on_tty)
         print(cleaned.text())
         failed = [o for o in cleaned.outcomes if o.result.startswith("failed")]
         return EXIT_PROBLEM if failed else EXIT_OK

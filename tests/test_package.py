@@ -391,9 +391,7 @@ def _is_data(node: ast.AST) -> bool:
             _is_data(v) for v in node.values
         )
     if isinstance(node, ast.Call):
-        return all(_is_data(a) for a in node.args) and all(
-            _is_data(k.value) for k in node.keywords
-        )
+        return all(_is_data(a) for a in node.args) and all(_is_data(k.value) for k in node.keywords)
     if isinstance(node, ast.BinOp | ast.UnaryOp):
         return all(_is_data(c) for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
     return False

@@ -37,15 +37,6 @@ if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
 __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 
 
-def _split_script_args(line: str) -> tuple[str, list[str]]:
-    """'4 --gpus 0,1 -- --lr 3e-4' → ('4 --gpus 0,1', ['--lr', '3e-4'])."""
-    tokens = words(line, "%%torchrun")
-    if "--" in tokens:
-        cut = tokens.index("--")
-        return shlex.join(tokens[:cut]), tokens[cut + 1 :]
-    return line, []
-
-
 def _launch_flags(method: Any) -> Any:
     """Give the magic the notebook's launch flags, as declared once in ``launch/flags.py``."""
     # magic_arguments lists arguments in the order their decorators are written, i.e.
@@ -68,8 +59,13 @@ class LaunchMagics(Magics):
         logs stay in the run directory. Arguments after ``--`` become the ranks'
         ``sys.argv``. Interrupting the cell stops every process of the run.
         """
-        head, script_args = _split_script_args(line)
         # Only flags before "--" are nbgpu's: "-- --help" is the cell's own --help.
+        # '4 --gpus 0,1 -- --lr 3e-4' → '4 --gpus 0,1' and the ranks' ['--lr', '3e-4'].
+        tokens = words(line, "%%torchrun")
+        head, script_args = line, []
+        if "--" in tokens:
+            cut = tokens.index("--")
+            head, script_args = shlex.join(tokens[:cut]), tokens[cut + 1 :]
         if (args := parse_or_help(self, "torchrun", head)) is None:
             return None
         if args.nproc is not None:
@@ -305,20 +301,18 @@ def _prune(tokens: list[str]) -> Any:
 
     keep: int | None = None
     budget: str | None = None
-    pairs = iter(tokens)
-    try:
-        for flag in pairs:
-            if flag == "--keep":
-                value = next(pairs)
-                if not value.isdigit():
-                    raise UsageError(f"--keep {value!r}: expected a whole number of runs >= 0")
-                keep = int(value)
-            elif flag == "--budget":
-                budget = next(pairs)
-            else:
-                raise UsageError(f"%gpu_runs --prune: unknown {flag!r}; accepts --keep, --budget")
-    except StopIteration:
-        raise UsageError("%gpu_runs --prune: --keep and --budget need a value") from None
+    for at in range(0, len(tokens), 2):
+        flag, value = tokens[at], tokens[at + 1 : at + 2]
+        if flag not in ("--keep", "--budget"):
+            raise UsageError(f"%gpu_runs --prune: unknown {flag!r}; accepts --keep, --budget")
+        if not value:
+            raise UsageError("%gpu_runs --prune: --keep and --budget need a value")
+        if flag == "--budget":
+            budget = value[0]
+        elif not value[0].isdigit():
+            raise UsageError(f"--keep {value[0]!r}: expected a whole number of runs >= 0")
+        else:
+            keep = int(value[0])
     with user_errors():
         return retention.prune(policy=retention.policy_from_options(keep, budget))
 

@@ -10,7 +10,6 @@ kernel's environment as it is now (``%env`` changes ``os.environ`` in place).
 from __future__ import annotations
 
 import inspect
-import os
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -127,20 +126,10 @@ class GPUMagics(Magics):
         """Show every GPU: health, memory, who holds it, and what cuda:N means here."""
         if (args := parse_or_help(self, "gpu_status", line)) is None:
             return None
+        from nbgpu.cli import status_result  # noqa: PLC0415
+
         with user_errors():
-            if args.slurm:
-                from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
-                from nbgpu.launch.slurm import cluster_status  # noqa: PLC0415
-
-                options = SlurmOptions(partition=args.partition)
-                result: Any = cluster_status(
-                    nodes=args.nodes, options=options, environ=dict(os.environ), probe=args.probe
-                )
-            else:
-                from nbgpu.api import status  # noqa: PLC0415
-
-                visible = _visible_value(args.env)
-                result = status(probe=args.probe, visible_devices=visible)
+            result = status_result(args, None if args.slurm else _visible_value(args.env))
         if args.json:
             print(result.to_json())
             return None
@@ -160,12 +149,10 @@ class GPUMagics(Magics):
         """Diagnose the GPUs and the launch environment; name each problem and its fix."""
         if (args := parse_or_help(self, "gpu_doctor", line)) is None:
             return None
-        if args.nproc is not None and args.nproc < 1:
-            raise UsageError(f"--nproc {args.nproc}: expected a whole number >= 1")
-        from nbgpu.api import doctor  # noqa: PLC0415
+        from nbgpu.cli import doctor_result  # noqa: PLC0415
 
         with user_errors():
-            report = doctor(probe=not args.no_probe, nproc=args.nproc, face="notebook")
+            report = doctor_result(args, "notebook")
         if args.json:
             print(report.to_json())
             return None
@@ -186,9 +173,7 @@ class GPUMagics(Magics):
         """Stop this user's stale GPU holders (orphaned ranks, dead jobs), by pid, after asking."""
         if (args := parse_or_help(self, "gpu_clean", line)) is None:
             return None
-        if args.grace < 0:
-            raise UsageError(f"--grace {args.grace}: expected seconds >= 0")
-        from nbgpu.api import clean  # noqa: PLC0415
+        from nbgpu.cli import clean_result  # noqa: PLC0415
 
         def confirm(plan: CleanPlan) -> bool:
             print(plan.text())
@@ -200,7 +185,7 @@ class GPUMagics(Magics):
             return answer.strip().lower() in ("y", "yes")
 
         with user_errors():
-            return clean(yes=args.yes, dry_run=args.dry_run, grace_s=args.grace, confirm=confirm)
+            return clean_result(args, confirm)
 
     @line_magic
     def gpu_plan(self, line: str = "") -> Any:
@@ -230,7 +215,27 @@ class GPUMagics(Magics):
             return None
         args = parser.parse_args([t for t in tokens if t != "--widget"])
         if "--widget" in tokens:
-            return _plan_widget(self.shell.user_ns if self.shell is not None else {}, args)
+            from nbgpu.notebook.plan_widget import PlanWidget  # noqa: PLC0415
+            from nbgpu.notebook.widgets import widgets_available  # noqa: PLC0415
+
+            if not widgets_available():
+                raise UsageError("%gpu_plan --widget needs ipywidgets; without it use the flags")
+            if args.slurm or args.nodes is not None or args.nproc_per_node is not None:
+                raise UsageError(
+                    "%gpu_plan --widget plans one box; across nodes drop --widget "
+                    "(p = %gpu_plan --slurm --nproc-per-node P ...)"
+                )
+            # The other flags give the controls their first values.
+            initial = {
+                "allocation": args.allocation or "",
+                "global_batch": args.batch or 0,
+                "micro_batch": args.micro or 0,
+                "strategy": args.strategy or "ddp",
+                "model": args.model or "",
+            }
+            with user_errors():
+                PlanWidget(self.shell.user_ns if self.shell else {}, initial=initial).show()
+            return None
         with user_errors():
             result = plan_from_args(args)
         text = render_plan_output(result, args)
@@ -329,26 +334,3 @@ class GPUMagics(Magics):
                         f"--png {shlex.quote(args.png)}: cannot write ({exc.strerror})"
                     ) from None
         return report
-
-
-def _plan_widget(namespace: dict[str, Any], args: Any) -> None:
-    """``%gpu_plan --widget``: the other flags give the controls their first values."""
-    from nbgpu.notebook.plan_widget import PlanWidget  # noqa: PLC0415
-    from nbgpu.notebook.widgets import widgets_available  # noqa: PLC0415
-
-    if not widgets_available():
-        raise UsageError("%gpu_plan --widget needs ipywidgets; without it use the flags")
-    if args.slurm or args.nodes is not None or args.nproc_per_node is not None:
-        raise UsageError(
-            "%gpu_plan --widget plans one box; across nodes drop --widget "
-            "(p = %gpu_plan --slurm --nproc-per-node P ...)"
-        )
-    initial = {
-        "allocation": args.allocation or "",
-        "global_batch": args.batch or 0,
-        "micro_batch": args.micro or 0,
-        "strategy": args.strategy or "ddp",
-        "model": args.model or "",
-    }
-    with user_errors():
-        PlanWidget(namespace, initial=initial).show()

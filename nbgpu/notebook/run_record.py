@@ -30,6 +30,8 @@ __all__ = ["MemoryTimeline", "RankTail", "Tails", "live_bundle", "record_bundle"
 
 #: Lines per rank a saved notebook keeps (the panel shows more; the log has all).
 RECORD_TAIL_LINES = 40
+#: Height of the live panel's scroll area: it stays this size however much a rank prints.
+LIVE_HEIGHT = "20em"
 # Any CSI sequence (colours, cursor moves) and the two-byte escapes: a static record
 # is read where nothing interprets them.
 _ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
@@ -138,9 +140,7 @@ def _head(run: Any) -> tuple[list[str], list[str], list[tuple[int, str, str]]]:
     return text, [f"<b>{html.escape(headline)}</b>", f"<div>{row}</div>"], ranks
 
 
-def live_bundle(
-    run: Any, tail: RankTail | None, memory: str, height: str, note: str | None = None
-) -> Bundle:
+def live_bundle(run: Any, tail: RankTail | None, memory: str, note: str | None = None) -> Bundle:
     """The face of a live panel: what it shows while the run lives, and what a notebook
     saved meanwhile keeps (the shown rank's newest lines; the text keeps the last 10)."""
     text, parts, _ = _head(run)
@@ -151,7 +151,7 @@ def live_bundle(
         text.append(f"--- {tail.label}: {tail.heading()}")
         text.extend(strip_ansi(line) for line in tail.lines[-10:])
         parts.append(f"{_SMALL}{html.escape(tail.label)} · {tail.heading()}</div>")
-        parts.append(_scroll_box(tail.text(), height))
+        parts.append(_scroll_box(tail.text(), LIVE_HEIGHT))
     parts.append(memory)
     page = f'<div class="nbgpu" style="{ROOT_STYLE}">{"".join(parts)}</div>'
     return {"text/plain": "\n".join(text), "text/html": page}

@@ -24,7 +24,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from nbgpu._render import ROOT_STYLE, memory_bar_html, simulated_label, title_html
+from nbgpu._render import ROOT_STYLE, fmt_opt, memory_bar_html, simulated_label, title_html
 from nbgpu.notebook.live import LiveView, svg_img
 from nbgpu.notebook.magics import parse_or_help, user_errors
 
@@ -101,9 +101,8 @@ def _table_html(sample: Any) -> str:
             who = f" <b>{html.escape(p.label)}</b>" if p.label else ""
             procs.append(f"<span{style}>{p.pid}{who} ({html.escape(p.state)})</span>")
         bar = memory_bar_html(gpu.memory_used_bytes, gpu.memory_total_bytes) or "-"
-        util = "-" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
-        temp = "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C"
         power = "-" if gpu.power_w is None else f"{gpu.power_w:.0f} W"
+        util, temp = fmt_opt(gpu.utilization_pct, "%"), fmt_opt(gpu.temperature_c, "C")
         cells = [f'<span style="color:{colour}">■</span> {gpu.index}', util, bar, temp, power]
         cells.append(", ".join(procs) or "-")
         rows.append(
@@ -151,11 +150,11 @@ def dashboard_text(samples: list[Any], state: str) -> str:
             if gpu.error:
                 lines.append(f"{gpu.index:<4} {gpu.error}")
                 continue
-            util = "-" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
+            util = fmt_opt(gpu.utilization_pct, "%")
             used = gpu.memory_used_bytes or 0
             total = gpu.memory_total_bytes or 0
             mem = f"{used / 2**30:.1f}/{total / 2**30:.1f} GiB" if total else "-"
-            temp = "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C"
+            temp = fmt_opt(gpu.temperature_c, "C")
             power = "-" if gpu.power_w is None else f"{gpu.power_w:.0f} W"
             procs = [
                 f"{p.pid}{f' {p.label}' if p.label else ''} ({p.state})" for p in gpu.processes

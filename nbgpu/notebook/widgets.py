@@ -22,7 +22,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Block, Line
@@ -39,8 +39,6 @@ if TYPE_CHECKING:  # the launch engine loads on first use
 __all__ = ["CellView", "RunPanel", "background_output", "foreground_output", "widgets_available"]
 
 REFRESH_S = 0.25  # display updates count against Jupyter's message rate
-#: Height of the rank's scroll area: the panel stays this size however much a rank prints.
-SCROLL_HEIGHT = "20em"
 FOREGROUND_NOTE = (
     "foreground run: stop it with the notebook's interrupt button (■); "
     "the kernel is busy following it and would only see a click here afterwards"
@@ -192,7 +190,7 @@ class RunPanel:
     def _face(self) -> Bundle:
         self.memory.refresh(force=self.run.done)
         tail = self.tails.tail(self.ranks.value) if self.ranks.value else None
-        return live_bundle(self.run, tail, self.memory.html, SCROLL_HEIGHT, self.note)
+        return live_bundle(self.run, tail, self.memory.html, self.note)
 
     def add(self, label: str, lines: list[str]) -> None:
         self.tails.extend(label, lines)
@@ -224,12 +222,6 @@ class RunPanel:
 # it ended on each rank, how long it took, and that the ranks are kept.
 
 
-@dataclass(frozen=True)
-class _CellRank:
-    rank: int
-    status: str  # ok | error | interrupted | no answer
-
-
 class CellView:
     """What the record functions read of a run, answered for one warm cell."""
 
@@ -242,10 +234,13 @@ class CellView:
         self.root_cause = None
         self.state = "succeeded" if result.ok else "interrupted" if result.interrupted else "failed"
         self.stop_reason = "interrupted" if self.state == "interrupted" else None
-        self.ranks = tuple(_CellRank(r, s) for r, s in sorted(result.statuses.items()))
+        # Each rank's status: ok | error | interrupted | no answer.
+        self.ranks = tuple(
+            SimpleNamespace(rank=r, status=s) for r, s in sorted(result.statuses.items())
+        )
 
-    def _rank_state(self, r: _CellRank) -> str:
-        return r.status
+    def _rank_state(self, r: SimpleNamespace) -> str:
+        return str(r.status)
 
     def rank_gpu(self, rank: int) -> str | None:
         return self._run.rank_gpu(rank)
