@@ -210,7 +210,7 @@ def trace_step(
     for per_device in snap.values():
         by_kind.update(per_device)
     # The batch was made outside the tracker: it is live for the whole step.
-    inputs = sum(_tensor_bytes(t) for t in _tensors_in(batch))
+    inputs = sum(t.nbytes for t in _tensors_in(batch))
     ref = _MemRefType
     return TracedPeak(
         parameters=by_kind[ref.PARAM],
@@ -232,10 +232,6 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, tuple | list):
         return [t for v in value for t in _tensors_in(v)]
     return []
-
-
-def _tensor_bytes(t: torch.Tensor) -> int:
-    return int(t.numel() * t.element_size())
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -364,7 +360,7 @@ def measure_step(
             current -= size
         peak = max(peak, current)
     # Tensors the step never touched (frozen parameters, unused buffers) are still live.
-    idle = sum(_tensor_bytes(p) for p in work.parameters() if not p.requires_grad)
+    idle = sum(p.nbytes for p in work.parameters() if not p.requires_grad)
     return peak + idle
 
 
