@@ -51,19 +51,14 @@ class Entry:
         return self.dotted.rpartition(".")[0]
 
 
-def entries_of(config: Mapping[str, Any]) -> list[Entry]:
+def entries_of(config: Mapping[str, Any], path: tuple[Any, ...] = ()) -> list[Entry]:
     out: list[Entry] = []
-
-    def walk(node: Mapping[str, Any], path: tuple[Any, ...]) -> None:
-        for key, value in node.items():
-            here = (*path, key)
-            if isinstance(value, Mapping) and value:
-                walk(value, here)
-            else:
-                dotted = ".".join(str(k).lstrip("+~") for k in here)
-                out.append(Entry(here, dotted, value))
-
-    walk(config, ())
+    for key, value in config.items():
+        here = (*path, key)
+        if isinstance(value, Mapping) and value:
+            out += entries_of(value, here)
+        else:
+            out.append(Entry(here, ".".join(str(k).lstrip("+~") for k in here), value))
     return out
 
 
