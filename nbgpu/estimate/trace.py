@@ -296,21 +296,14 @@ def trace_terms(
         )
         for (name, size, what), sharded in zip(states, STRATEGIES[layout.strategy], strict=True)
     ]
+    saved = "traced saved tensors, logits/loss and the batch" + (f" / {tp}" if tp > 1 else "")
+    per_sample = (
+        ("activations", peak.activations + peak.other, saved),
+        ("temporaries", peak.temporaries, "traced transient buffers live at the peak"),
+    )
     terms += [
-        Term(
-            "activations",
-            math.ceil((peak.activations + peak.other) / tp),
-            "traced saved tensors, logits/loss and the batch" + (f" / {tp}" if tp > 1 else ""),
-            src,
-            "activations",
-        ),
-        Term(
-            "temporaries",
-            math.ceil(peak.temporaries / tp),
-            "traced transient buffers live at the peak",
-            src,
-            "activations",
-        ),
+        Term(name, math.ceil(size / tp), what, src, "activations")
+        for name, size, what in per_sample
     ]
     tensors = sum(t.bytes_per_gpu or 0 for t in terms)
     for t in analytic:
