@@ -201,58 +201,37 @@ class _Lexer:
         text = self.text
         start = self.i
         parts: list[_Part] = []
-        while self.i < len(text):
-            c = text[self.i]
-            if c in " \t\r\n;|&":
-                break
-            if c == "\\":
-                if text.startswith("\n", self.i + 1):
-                    self.i += 2  # a continuation inside a word: bash joins the two halves
-                    continue
-                parts.append(_Part("literal", text[self.i + 1 : self.i + 2], self.i, self.i + 2))
+        quoted = False  # inside double quotes
+        while self.i < len(text) or quoted:
+            if self.i >= len(text):
+                self._unclosed('"', start)
+            c, nxt = text[self.i], text[self.i + 1 : self.i + 2]
+            if c == '"':
+                quoted = not quoted
+                self.i += 1
+            elif c == "$":
+                parts.append(replace(self._dollar(), quoted=quoted))
+            elif c == "\\" and nxt == "\n" and not quoted:
+                self.i += 2  # a continuation inside a word: bash joins the two halves
+            elif c == "\\" and (not quoted or (nxt and nxt in '"\\$`')):
+                parts.append(_Part("literal", nxt, self.i, self.i + 2))
                 self.i += 2
-            elif c == "'":
+            elif c == "'" and not quoted:
                 end = text.find("'", self.i + 1)
                 if end < 0:
                     self._unclosed("'", start)
                 parts.append(_Part("literal", text[self.i + 1 : end], self.i + 1, end))
                 self.i = end + 1
-            elif c == '"':
-                self.i += 1
-                parts.extend(self._double_quoted(start))
-            elif c == "$":
-                parts.append(self._dollar())
-            else:
+            elif c in " \t\r\n;|&" and not quoted:
+                break
+            else:  # a run of plain text (in double quotes, only " $ and \ are special)
+                stops = '"$\\' if quoted else " \t\r\n;|&\\'\"$"
                 begin = self.i
-                while self.i < len(text) and text[self.i] not in " \t\r\n;|&\\'\"$":
+                self.i += 1
+                while self.i < len(text) and text[self.i] not in stops:
                     self.i += 1
                 parts.append(_Part("literal", text[begin : self.i], begin, self.i))
         return ScriptValue(start, self.i, _merge(parts), self.line_of(start), start)
-
-    def _double_quoted(self, word_start: int) -> list[_Part]:
-        text = self.text
-        parts: list[_Part] = []
-        begin = self.i
-        while True:
-            if self.i >= len(text):
-                self._unclosed('"', word_start)
-            c = text[self.i]
-            escape = c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '"\\$`'
-            special = c in '"$' or escape
-            if special and self.i > begin:  # the literal text before it
-                parts.append(_Part("literal", text[begin : self.i], begin, self.i))
-            if c == '"':
-                self.i += 1
-                return parts
-            if c == "$":
-                parts.append(replace(self._dollar(), quoted=True))
-                begin = self.i
-            elif escape:
-                parts.append(_Part("literal", text[self.i + 1], self.i, self.i + 2))
-                self.i += 2
-                begin = self.i
-            else:
-                self.i += 1
 
     def _dollar(self) -> _Part:
         text = self.text
