@@ -347,26 +347,20 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
             value = _value_of(text, word, word.start + m.end() - 1)
             script.assignments.append(_Assignment(m.group(1), value))
             i += 1
-        if exported or i >= len(command):
+        if exported:
             continue
         while i < len(command) and text[command[i].start : command[i].end] in _WRAPPERS:
             i += 1
-        if i >= len(command):
+        if i >= len(command) or not _PROGRAMS.match(text[command[i].start : command[i].end]):
             continue
-        program = text[command[i].start : command[i].end]
-        if not _PROGRAMS.match(program):
-            continue
-        found = False
         for word in command[i + 1 :]:
             equals = _equals(word)
             m = _OVERRIDE.match(equals[0]) if equals is not None else None
             if m is None or equals is None:
                 continue
-            found = True
             key = (m.group(1) or "") + m.group(2)
             script.overrides.pop(key, None)  # the last one wins, as in Hydra
             script.overrides[key] = _value_of(text, word, equals[1])
-        if found:
             script.command_at = command[0].start
     if not script.overrides:
         raise UserInputError(

@@ -156,8 +156,7 @@ def _splice(text: str, root: Node, path: Sequence[Any], new: Any) -> str | None:
         return None
     if new_text is None:
         return None
-    start, end = node.start_mark.index, node.end_mark.index
-    return text[:start] + new_text + _keep_comment_column(text[end:], len(new_text) - (end - start))
+    return _apply(text, [(node.start_mark.index, node.end_mark.index, new_text)])
 
 
 def _splice_block_list(text: str, node: SequenceNode, new: list[Any]) -> str | None:
@@ -189,19 +188,19 @@ def _splice_block_list(text: str, node: SequenceNode, new: list[Any]) -> str | N
         first_gone = items[len(new)]
         cut = text.rfind("\n", 0, first_gone.start_mark.index)
         edits.append((cut, line_end, ""))
-    out = text
+    return _apply(text, edits)
+
+
+def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
+    """*text* with each span replaced, from the end backwards; a line that grew keeps its
+    end-of-line comment in its column where spaces allow."""
     for start, end, piece in sorted(edits, reverse=True):
-        grown = len(piece) - (end - start)
-        out = out[:start] + piece + (_keep_comment_column(out[end:], grown) if piece else out[end:])
-    return out
-
-
-def _keep_comment_column(rest: str, grown: int) -> str:
-    """The rest of the line, its end-of-line comment kept in its column where spaces allow."""
-    spaces = len(rest) - len(rest.lstrip(" "))
-    if grown <= 0 or not rest[spaces:].startswith("#"):
-        return rest
-    return rest[min(grown, spaces - 1) :] if spaces > 1 else rest
+        rest, grown = text[end:], len(piece) - (end - start)
+        spaces = len(rest) - len(rest.lstrip(" "))
+        if grown > 0 and rest[spaces:].startswith("#") and spaces > 1:
+            rest = rest[min(grown, spaces - 1) :]
+        text = text[:start] + piece + rest
+    return text
 
 
 def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str = "config") -> str:
