@@ -234,38 +234,31 @@ class _Lexer:
         return ScriptValue(start, self.i, _merge(parts), self.line_of(start), start)
 
     def _dollar(self) -> _Part:
-        text = self.text
-        start = self.i
-        nxt = text[self.i + 1 : self.i + 2]
+        text, start = self.text, self.i
+        nxt = text[start + 1 : start + 2]
+        end = start
+        if nxt in ("{", "("):
+            end = _matching(text, start + 1, nxt, "}" if nxt == "{" else ")")
+            if end < 0:
+                self._unclosed("$" + nxt, start)
+            self.i = end + 1
         if nxt == "{":
-            end = _matching(text, self.i + 1, "{", "}")
-            if end < 0:
-                self._unclosed("${", start)
-            inner = text[self.i + 2 : end]
-            self.i = end + 1
-            m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])(.*))?", inner, re.DOTALL)
-            if m is None:
-                return _Part("complex", text[start : self.i], start, self.i)
-            default = m.group(3)  # None: no default
-            if default is not None and any(c in default for c in "$'\""):
-                return _Part("complex", text[start : self.i], start, self.i)
-            span = None if default is None else (self.i - 1 - len(default), self.i - 1, default)
-            return _Part("var", m.group(1), start, self.i, span)
-        if nxt == "(":
-            end = _matching(text, self.i + 1, "(", ")")
-            if end < 0:
-                self._unclosed("$(", start)
-            self.i = end + 1
-            inner = text[start + 3 : end - 1]
+            # ${VAR} or ${VAR:-default}; a default that expands or quotes is not followed.
+            pattern = r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])([^$'\"]*))?"
+            m = re.fullmatch(pattern, text[start + 2 : end], re.DOTALL)
+            if m is not None:
+                default = m.group(3)  # None: no default
+                span = None if default is None else (end - len(default), end, default)
+                return _Part("var", m.group(1), start, self.i, span)
+        elif nxt == "(":
             if text.startswith("$((", start) and text[end - 1] == ")":
-                return _Part("arith", inner, start, self.i)
-            return _Part("complex", text[start : self.i], start, self.i)
-        m = NAME.match(text, self.i + 1)
-        if m is not None:
+                return _Part("arith", text[start + 3 : end - 1], start, self.i)
+        elif (m := NAME.match(text, start + 1)) is not None:
             self.i = m.end()
             return _Part("var", m.group(0), start, self.i)
-        # $@, $1, $$ ...: positional and special parameters, resolved at run time only.
-        self.i += 2 if nxt else 1
+        else:
+            # $@, $1, $$ ...: positional and special parameters, resolved at run time only.
+            self.i += 2 if nxt else 1
         return _Part("complex", text[start : self.i], start, self.i)
 
     def _unclosed(self, what: str, start: int) -> None:
