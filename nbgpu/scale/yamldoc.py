@@ -141,9 +141,8 @@ def _scalar_text(value: Any, style: str | None) -> str | None:
     return None if "\n" in text else text
 
 
-def _splice(text: str, root: Node, path: Sequence[Any], new: Any) -> str | None:
-    """*text* with the value at *path* replaced in place, or None when it cannot be."""
-    node = _node_at(root, path)
+def _splice(text: str, node: Node | None, new: Any) -> str | None:
+    """*text* with *node*'s value replaced in place, or None when it cannot be."""
     if isinstance(node, ScalarNode) and not isinstance(new, Mapping | list | tuple):
         if node.style in ("|", ">"):
             return None
@@ -214,7 +213,7 @@ def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str =
     for path, value, node in sorted(
         located, key=lambda item: -(item[2].start_mark.index if item[2] is not None else -1)
     ):
-        spliced = _splice(out, root, path, value) if node is not None else None
+        spliced = _splice(out, node, value)
         if spliced is None:
             pending[path] = value
         else:
