@@ -189,11 +189,7 @@ def estimate_memory(
     return result
 
 
-def largest_micro_batch(
-    model: Any,
-    budget: Any,
-    **kwargs: Any,
-) -> MemoryEstimate:
+def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimate:
     """The estimate at the largest micro batch that fits *budget* (bytes, or per-GPU list).
 
     *budget* may be a list of per-GPU free bytes (heterogeneous GPUs): the smallest decides,
