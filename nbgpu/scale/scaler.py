@@ -171,16 +171,6 @@ class ScalePlan(Result):
         return data
 
 
-def _check_options(to_gpus: int, batch: str, tensor_parallel: str | int) -> None:
-    check_count("to_gpus=", to_gpus)
-    if batch not in ("scale", "keep"):
-        raise UserInputError(f"batch={batch!r}: expected 'scale' or 'keep'")
-    if tensor_parallel not in ("keep", "scale") and int_of(Entry((), "", tensor_parallel), 0) < 1:
-        raise UserInputError(
-            f"tensor_parallel={tensor_parallel!r}: expected 'keep', 'scale' or a whole number >= 1"
-        )
-
-
 def _source_gpus(
     entries: Sequence[Entry], rule_of: Mapping[str, str], nnodes: int, from_gpus: int | None
 ) -> int:
@@ -290,7 +280,14 @@ def scale_config(
         )
     overrides = isinstance(original, list)
     data: dict[str, Any] = parse_overrides(original) if overrides else copy.deepcopy(original)
-    _check_options(to_gpus, batch, tensor_parallel)
+    check_count("to_gpus=", to_gpus)
+    if batch not in ("scale", "keep"):
+        raise UserInputError(f"batch={batch!r}: expected 'scale' or 'keep'")
+    tp = tensor_parallel
+    if tp not in ("keep", "scale") and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
+        raise UserInputError(
+            f"tensor_parallel={tp!r}: expected 'keep', 'scale' or a whole number >= 1"
+        )
     entries = entries_of(data)
     if not entries:
         raise UserInputError("config is empty; expected a verl/VAGEN-style config")
