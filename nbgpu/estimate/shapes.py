@@ -412,7 +412,15 @@ def model_shape(model: Any) -> ModelShape:
         return model
     if isinstance(model, ModelConfig):
         return ModelShape(model.parameters, model.name, model)
-    if isinstance(model, bool):
+    if isinstance(model, str):
+        m = _SIZE.match(model.replace("_", ""))
+        if m is None and model.strip() and not model.strip()[0].isdigit():
+            config = resolve_model_config(model)
+            return ModelShape(config.parameters, config.name, config)
+        count = round(float(m.group(1)) * _SCALE[m.group(2).lower()]) if m else 0
+        if count >= 1:
+            return ModelShape(parameters=count, source=model.strip())
+    if isinstance(model, bool | str):  # a size below one, or neither a size nor a name
         raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
     if isinstance(model, int):
         if model < 1:
@@ -420,17 +428,6 @@ def model_shape(model: Any) -> ModelShape:
         return ModelShape(parameters=model, source="parameter count")
     if isinstance(model, float) and model.is_integer() and model >= 1:
         return ModelShape(parameters=int(model), source="parameter count")
-    if isinstance(model, str):
-        m = _SIZE.match(model.replace("_", ""))
-        if m is None:
-            if not model.strip() or model.strip()[0].isdigit():
-                raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
-            config = resolve_model_config(model)
-            return ModelShape(config.parameters, config.name, config)
-        count = round(float(m.group(1)) * _SCALE[m.group(2).lower()])
-        if count < 1:
-            raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
-        return ModelShape(parameters=count, source=model.strip())
     if isinstance(model, Mapping):
         config = read_hf_config(model)
         return ModelShape(config.parameters, "HF config", config)
