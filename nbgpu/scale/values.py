@@ -88,18 +88,17 @@ def device_count(value: Any) -> int | None:
 
 
 def config_model_len(entries: Sequence[Entry], value: Any) -> int | None:
-    explicit = find_entry(entries, "max_model_len")
-    if explicit is not None and isinstance(value(explicit), int):
-        return int(value(explicit))
+    # value: an entry's value once scaled, None for no entry (ScaleContext.now)
+    explicit = value(find_entry(entries, "max_model_len"))
+    if isinstance(explicit, int):
+        return int(explicit)
     for prompt_key, response_key in (
         ("max_prompt_length", "max_response_length"),
         ("prompt_length", "response_length"),
     ):
-        p, r = find_entry(entries, prompt_key), find_entry(entries, response_key)
-        if p is not None and r is not None:
-            pv, rv = value(p), value(r)
-            if isinstance(pv, int) and isinstance(rv, int):
-                return pv + rv
+        prompt, response = (value(find_entry(entries, k)) for k in (prompt_key, response_key))
+        if isinstance(prompt, int) and isinstance(response, int):
+            return prompt + response
     return None
 
 
