@@ -25,6 +25,7 @@ from nbgpu.errors import UserInputError
 
 __all__ = [
     "BUILTIN_MODELS",
+    "TORCH_DTYPES",
     "ModelConfig",
     "ModelShape",
     "find_model",
@@ -35,7 +36,8 @@ __all__ = [
     "resolve_model_config",
 ]
 
-_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: torch's name of each precision (a config.json's ``torch_dtype``).
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class ModelConfig:
             out["num_local_experts"] = self.num_experts
             out["num_experts_per_tok"] = self.experts_per_token
         if self.dtype is not None:
-            out["torch_dtype"] = _TORCH_DTYPES[self.dtype]
+            out["torch_dtype"] = TORCH_DTYPES[self.dtype]
         return out
 
 
@@ -336,7 +338,7 @@ def read_hf_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
     act = str(config.get("hidden_act") or config.get("activation_function") or "").lower()
     experts = _int_field(config, ("num_local_experts", "num_experts", "n_routed_experts")) or 1
     dtype_text = str(config.get("torch_dtype") or config.get("dtype") or "").lower()
-    dtype = {v: k for k, v in _TORCH_DTYPES.items()}.get(dtype_text.removeprefix("torch."))
+    dtype = {v: k for k, v in TORCH_DTYPES.items()}.get(dtype_text.removeprefix("torch."))
     return ModelConfig(
         name=where,
         family=family,

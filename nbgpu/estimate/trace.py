@@ -37,6 +37,7 @@ from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import STRATEGIES
 from nbgpu.estimate.result import StepComparison, Term
+from nbgpu.estimate.shapes import TORCH_DTYPES
 
 if TYPE_CHECKING:
     from nbgpu.estimate.result import Layout, MemoryEstimate
@@ -51,7 +52,6 @@ __all__ = [
     "trace_terms",
 ]
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOOL = "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode"
 
 
@@ -192,7 +192,7 @@ def trace_step(
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType  # noqa: PLC0415
 
     start = time.perf_counter()
-    dtype = None if precision is None else _DTYPES[precision]
+    dtype = None if precision is None else getattr(torch, TORCH_DTYPES[precision])
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     fake_module = _fake_module(module, mode, dtype)
     batch = _fake_batch(example_input, micro_batch, mode, dtype)
