@@ -55,24 +55,17 @@ def _indentation(text: str) -> tuple[int, int, int]:
     lines = [
         line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")
     ]
-    mapping, sequence, offset = 2, 2, 0
-    found_mapping = found_sequence = False
-    for above, line in itertools.pairwise(lines):
-        parent = _KEY_LINE.match(above)
-        if parent is None:
-            continue
-        depth = len(parent.group(1))
-        item = _ITEM_LINE.match(line)
-        if item is not None and not found_sequence:
-            offset = max(0, len(item.group(1)) - depth)
-            sequence = offset + 2
-            found_sequence = True
-            continue
-        nested = _NESTED_KEY.match(line)
-        if nested is not None and len(nested.group(1)) > depth and not found_mapping:
-            mapping = len(nested.group(1)) - depth
-            found_mapping = True
-    return mapping, max(sequence, offset + 2), offset
+    # (a key line's indent, the line below it), for every key line
+    below = [
+        (len(key.group(1)), line)
+        for above, line in itertools.pairwise(lines)
+        if (key := _KEY_LINE.match(above))
+    ]
+    items = (len(m.group(1)) - depth for depth, line in below if (m := _ITEM_LINE.match(line)))
+    offset = max(0, next(items, 0))
+    nested = (len(m.group(1)) - depth for depth, line in below if (m := _NESTED_KEY.match(line)))
+    mapping = next((n for n in nested if n > 0), 2)
+    return mapping, offset + 2, offset
 
 
 def load_yaml(text: str, where: str = "config", *, plain: bool = False) -> Any:
