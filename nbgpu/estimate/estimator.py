@@ -164,7 +164,13 @@ def estimate_memory(
         budget_bytes=budget_bytes,
     )
     if budget_bytes is not None:
-        per_sample = _per_sample_total(result)
+        # Bytes that scale with the micro batch, plus the margin's share of them.
+        per_sample = sum(t.bytes_per_gpu or 0 for t in (traced or terms) if t.name in PER_SAMPLE)
+        frag = result.term("fragmentation")
+        kinds = ("model states", "activations", "kv")
+        tensors = sum(t.bytes_per_gpu or 0 for t in terms if t.kind in kinds)
+        if not traced and frag is not None and frag.bytes_per_gpu and tensors:
+            per_sample += round(frag.bytes_per_gpu * per_sample / tensors)
         fixed = result.total_bytes - per_sample
         if fixed > budget_bytes:
             weights = result.term("weights")
@@ -183,26 +189,7 @@ def estimate_memory(
     return result
 
 
-def _per_sample_total(est: MemoryEstimate) -> int:
-    """Bytes that scale with the micro batch, plus the margin's share of them."""
-    terms = est.traced_terms or est.terms
-    per = sum(t.bytes_per_gpu or 0 for t in terms if t.name in PER_SAMPLE)
-    if est.traced_terms:
-        return per
-    frag = est.term("fragmentation")
-    tensors = sum(
-        t.bytes_per_gpu or 0 for t in est.terms if t.kind in ("model states", "activations", "kv")
-    )
-    if frag is not None and frag.bytes_per_gpu and tensors:
-        per += round(frag.bytes_per_gpu * per / tensors)
-    return per
-
-
-def largest_micro_batch(
-    model: Any,
-    budget: Any,
-    **kwargs: Any,
-) -> MemoryEstimate:
+def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimate:
     """The estimate at the largest micro batch that fits *budget* (bytes, or per-GPU list).
 
     *budget* may be a list of per-GPU free bytes (heterogeneous GPUs): the smallest decides,

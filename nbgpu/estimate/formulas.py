@@ -53,7 +53,7 @@ from nbgpu.estimate.result import (
     Layout,
     Term,
 )
-from nbgpu.estimate.shapes import ModelConfig, ModelShape
+from nbgpu.estimate.shapes import TORCH_DTYPES, ModelConfig, ModelShape
 
 __all__ = [
     "OPTIMIZERS",
@@ -83,11 +83,8 @@ STRATEGIES: Mapping[str, tuple[bool, bool, bool]] = {
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
 
-_DTYPE_ALIASES = {
-    "bfloat16": "bf16",
-    "float16": "fp16",
+_DTYPE_ALIASES = {name: key for key, name in TORCH_DTYPES.items()} | {
     "half": "fp16",
-    "float32": "fp32",
     "float": "fp32",
 }
 

@@ -183,8 +183,7 @@ class MemoryEstimate(Result):
                 analytic = "-"
             cells = [f"{row['term']} [{numbers[row['source']]}]", analytic]
             if traced:
-                other = row["traced_bytes"]
-                cells.append("-" if other is None else fmt_bytes(other))
+                cells.append(fmt_bytes(row["traced_bytes"]))
             table.add(*cells, row["formula"], level="warn" if analytic == "?" else "")
         total = ["total per GPU", fmt_bytes(self.analytic_bytes)]
         if traced:
@@ -267,6 +266,9 @@ class MemoryEstimate(Result):
                 f'<div title="{label}" style="display:inline-block;height:14px;'
                 f'width:{width:.2f}%;background:{colours.get(t.kind, "#888")}"></div>'
             )
+        legend = " ".join(
+            f'<span style="color:{c}">&#9632;</span> {html.escape(k)}' for k, c in colours.items()
+        )
         marker = ""
         if self.budget_bytes:
             left = 100 * self.budget_bytes / scale
@@ -274,10 +276,6 @@ class MemoryEstimate(Result):
                 f'<div title="budget {fmt_bytes(self.budget_bytes)}" style="position:absolute;'
                 f'top:0;left:{left:.2f}%;height:14px;border-left:2px solid #c0392b"></div>'
             )
-        legend = " ".join(
-            f'<span style="color:{c}">&#9632;</span> {html.escape(k)}' for k, c in colours.items()
-        )
-        if self.budget_bytes:
             legend += ' <span style="color:#c0392b">|</span> budget'
         return (
             '<div style="position:relative;width:100%;max-width:640px;white-space:nowrap;'
@@ -326,21 +324,14 @@ class StepComparison(Result):
             )
         ]
 
-    def _table(self) -> Table:
-        table = Table(["method", "peak tensor bytes", "vs measured"])
-        for r in self.records():
-            err = r["error_vs_measured"]
-            table.add(
-                r["method"],
-                fmt_bytes(r["bytes"]) if r["bytes"] is not None else "-",
-                "-" if err is None else f"{err:+.1%}",
-            )
-        return table
-
     @property
     def methods(self) -> list[dict[str, Any]]:
         return self.records()
 
     def content(self) -> list[Block]:
+        table = Table(["method", "peak tensor bytes", "vs measured"])
+        for r in self.records():
+            err = r["error_vs_measured"]
+            table.add(r["method"], fmt_bytes(r["bytes"]), "-" if err is None else f"{err:+.1%}")
         head = f"one training step of {self.model}, batch {self.batch_shape}"
-        return [Title(head), self._table(), Line(self.trace_note)]
+        return [Title(head), table, Line(self.trace_note)]

@@ -25,6 +25,7 @@ from nbgpu.errors import UserInputError
 
 __all__ = [
     "BUILTIN_MODELS",
+    "TORCH_DTYPES",
     "ModelConfig",
     "ModelShape",
     "find_model",
@@ -35,7 +36,8 @@ __all__ = [
     "resolve_model_config",
 ]
 
-_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: torch's name of each precision (a config.json's ``torch_dtype``).
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class ModelConfig:
             out["num_local_experts"] = self.num_experts
             out["num_experts_per_tok"] = self.experts_per_token
         if self.dtype is not None:
-            out["torch_dtype"] = _TORCH_DTYPES[self.dtype]
+            out["torch_dtype"] = TORCH_DTYPES[self.dtype]
         return out
 
 
@@ -336,7 +338,7 @@ def read_hf_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
     act = str(config.get("hidden_act") or config.get("activation_function") or "").lower()
     experts = _int_field(config, ("num_local_experts", "num_experts", "n_routed_experts")) or 1
     dtype_text = str(config.get("torch_dtype") or config.get("dtype") or "").lower()
-    dtype = {v: k for k, v in _TORCH_DTYPES.items()}.get(dtype_text.removeprefix("torch."))
+    dtype = {v: k for k, v in TORCH_DTYPES.items()}.get(dtype_text.removeprefix("torch."))
     return ModelConfig(
         name=where,
         family=family,
@@ -412,7 +414,15 @@ def model_shape(model: Any) -> ModelShape:
         return model
     if isinstance(model, ModelConfig):
         return ModelShape(model.parameters, model.name, model)
-    if isinstance(model, bool):
+    if isinstance(model, str):
+        m = _SIZE.match(model.replace("_", ""))
+        if m is None and model.strip() and not model.strip()[0].isdigit():
+            config = resolve_model_config(model)
+            return ModelShape(config.parameters, config.name, config)
+        count = round(float(m.group(1)) * _SCALE[m.group(2).lower()]) if m else 0
+        if count >= 1:
+            return ModelShape(parameters=count, source=model.strip())
+    if isinstance(model, bool | str):  # a size below one, or neither a size nor a name
         raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
     if isinstance(model, int):
         if model < 1:
@@ -420,17 +430,6 @@ def model_shape(model: Any) -> ModelShape:
         return ModelShape(parameters=model, source="parameter count")
     if isinstance(model, float) and model.is_integer() and model >= 1:
         return ModelShape(parameters=int(model), source="parameter count")
-    if isinstance(model, str):
-        m = _SIZE.match(model.replace("_", ""))
-        if m is None:
-            if not model.strip() or model.strip()[0].isdigit():
-                raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
-            config = resolve_model_config(model)
-            return ModelShape(config.parameters, config.name, config)
-        count = round(float(m.group(1)) * _SCALE[m.group(2).lower()])
-        if count < 1:
-            raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
-        return ModelShape(parameters=count, source=model.strip())
     if isinstance(model, Mapping):
         config = read_hf_config(model)
         return ModelShape(config.parameters, "HF config", config)

@@ -37,6 +37,7 @@ from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import STRATEGIES
 from nbgpu.estimate.result import StepComparison, Term
+from nbgpu.estimate.shapes import TORCH_DTYPES
 
 if TYPE_CHECKING:
     from nbgpu.estimate.result import Layout, MemoryEstimate
@@ -51,7 +52,6 @@ __all__ = [
     "trace_terms",
 ]
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOOL = "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode"
 
 
@@ -192,7 +192,7 @@ def trace_step(
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType  # noqa: PLC0415
 
     start = time.perf_counter()
-    dtype = None if precision is None else _DTYPES[precision]
+    dtype = None if precision is None else getattr(torch, TORCH_DTYPES[precision])
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     fake_module = _fake_module(module, mode, dtype)
     batch = _fake_batch(example_input, micro_batch, mode, dtype)
@@ -210,7 +210,7 @@ def trace_step(
     for per_device in snap.values():
         by_kind.update(per_device)
     # The batch was made outside the tracker: it is live for the whole step.
-    inputs = sum(_tensor_bytes(t) for t in _tensors_in(batch))
+    inputs = sum(t.nbytes for t in _tensors_in(batch))
     ref = _MemRefType
     return TracedPeak(
         parameters=by_kind[ref.PARAM],
@@ -232,10 +232,6 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, tuple | list):
         return [t for v in value for t in _tensors_in(v)]
     return []
-
-
-def _tensor_bytes(t: torch.Tensor) -> int:
-    return int(t.numel() * t.element_size())
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -300,21 +296,14 @@ def trace_terms(
         )
         for (name, size, what), sharded in zip(states, STRATEGIES[layout.strategy], strict=True)
     ]
+    saved = "traced saved tensors, logits/loss and the batch" + (f" / {tp}" if tp > 1 else "")
+    per_sample = (
+        ("activations", peak.activations + peak.other, saved),
+        ("temporaries", peak.temporaries, "traced transient buffers live at the peak"),
+    )
     terms += [
-        Term(
-            "activations",
-            math.ceil((peak.activations + peak.other) / tp),
-            "traced saved tensors, logits/loss and the batch" + (f" / {tp}" if tp > 1 else ""),
-            src,
-            "activations",
-        ),
-        Term(
-            "temporaries",
-            math.ceil(peak.temporaries / tp),
-            "traced transient buffers live at the peak",
-            src,
-            "activations",
-        ),
+        Term(name, math.ceil(size / tp), what, src, "activations")
+        for name, size, what in per_sample
     ]
     tensors = sum(t.bytes_per_gpu or 0 for t in terms)
     for t in analytic:
@@ -364,7 +353,7 @@ def measure_step(
             current -= size
         peak = max(peak, current)
     # Tensors the step never touched (frozen parameters, unused buffers) are still live.
-    idle = sum(_tensor_bytes(p) for p in work.parameters() if not p.requires_grad)
+    idle = sum(p.nbytes for p in work.parameters() if not p.requires_grad)
     return peak + idle
 
 

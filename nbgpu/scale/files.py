@@ -161,16 +161,6 @@ def _edit_for(
     return None
 
 
-def _variables_read(value: ScriptValue) -> set[str]:
-    from nbgpu.scale.script import NAME  # noqa: PLC0415
-
-    names = {p.text for p in value.parts if p.kind == "var"}
-    for p in value.parts:
-        if p.kind == "arith":
-            names.update(NAME.findall(p.text))
-    return names
-
-
 def _variable_at(script: LaunchScript, position: int) -> str | None:
     """The variable whose assignment holds *position*, if any."""
     holds = (
@@ -199,7 +189,7 @@ def rewrite_script(
     expression, or a variable shared with a key that needs another value) gets its own
     literal in place of what it had, with a note.
     """
-    from nbgpu.scale.script import read_script  # noqa: PLC0415
+    from nbgpu.scale.script import NAME, read_script  # noqa: PLC0415
 
     targets = {**(unchanged or {}), **changes}
     edits: dict[tuple[int, int], _Edit] = {}
@@ -221,7 +211,8 @@ def rewrite_script(
             continue
         written = text[value.start : value.end]
         pins.append(_Edit(value.start, value.end, new, key))
-        read = _variables_read(value)
+        # The variables it reads: by name, or inside $((...)).
+        read = {n for p in value.parts if p.kind in ("var", "arith") for n in NAME.findall(p.text)}
         movers = [
             e.key for e in edits.values() if e.key != key and _variable_at(script, e.start) in read
         ]

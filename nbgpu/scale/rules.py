@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import PRECISIONS, normalize_precision, weight_bytes
-from nbgpu.estimate.shapes import ModelShape, find_model, kv_bytes_per_token, model_shape
+from nbgpu.estimate.shapes import ModelShape, find_model, kv_bytes_per_token
 from nbgpu.problems import Problem
 from nbgpu.scale.values import Entry, config_model_len, find_entry, int_of
 
@@ -422,7 +422,7 @@ def builtin_shape(name: str) -> ModelShape | None:
     found = find_model(name.strip()) or find_model(name.strip().rstrip("/").rsplit("/", 1)[-1])
     if found is None:
         return None
-    return replace(model_shape(found.to_hf_dict()), source=f"{found.name}, built-in shape")
+    return ModelShape(found.parameters, f"{found.name}, built-in shape", found)
 
 
 def named_model(entries: Sequence[Entry]) -> tuple[str | None, ModelShape | None]:

@@ -13,7 +13,7 @@ import copy
 import difflib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
@@ -127,17 +127,13 @@ class ScalePlan(Result):
     def diff(self) -> str:
         """A unified diff of the old and the new config, as YAML (or overrides)."""
         if self.original_text is not None and self.new_text is not None:
-            old, new = self.original_text.splitlines(), self.new_text.splitlines()
-        elif isinstance(self.config, list):
-            old, new = self.original, self.config
+            old = self.original_text
         else:
-            from nbgpu.scale.yamldoc import dump_yaml  # noqa: PLC0415
-
-            old, new = dump_yaml(self.original).splitlines(), dump_yaml(self.config).splitlines()
+            old = replace(self, config=self.original, new_text=None).to_yaml()
         name = self.source or "config"
         lines = difflib.unified_diff(
-            old,
-            new,
+            old.splitlines(),
+            self.to_text().splitlines(),
             f"{name} ({self.from_gpus} GPUs)",
             f"{name} ({self.to_gpus} GPUs)",
             lineterm="",
@@ -175,20 +171,6 @@ class ScalePlan(Result):
         return data
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _check_options(to_gpus: int, batch: str, tensor_parallel: str | int) -> None:
-    check_count("to_gpus=", to_gpus)
-    if batch not in ("scale", "keep"):
-        raise UserInputError(f"batch={batch!r}: expected 'scale' or 'keep'")
-    if tensor_parallel not in ("keep", "scale") and not _count(tensor_parallel):
-        raise UserInputError(
-            f"tensor_parallel={tensor_parallel!r}: expected 'keep', 'scale' or a whole number >= 1"
-        )
-
-
 def _source_gpus(
     entries: Sequence[Entry], rule_of: Mapping[str, str], nnodes: int, from_gpus: int | None
 ) -> int:
@@ -223,26 +205,25 @@ def _apply_rules(
     ctx: ScaleContext, tensor_parallel: str | int, devices: Sequence[int] | None
 ) -> dict[str, str]:
     """Set ``ctx.new`` from the rules; the reason for each key."""
-    new, reasons = ctx.new, {}
+    reasons: dict[str, str] = {}
     by_key = {e.dotted: e for e in ctx.entries}
-    # Tensor parallel and global batches first: the per-engine keys depend on both.
-    order = ["tensor_parallel", "global_batch", "per_engine"]
+    # In this order: the per-engine keys depend on tensor parallel and the global batches.
+    moves: dict[str, Callable[[Entry], tuple[Any, str]]] = {
+        "tensor_parallel": lambda e: scale_tensor_parallel(e, ctx, tensor_parallel),
+        "global_batch": lambda e: scale_global(e, ctx),
+        "per_engine": lambda e: _scale_engine(e, ctx),
+        "gpu_count": lambda _: (
+            ctx.to_gpus // ctx.nnodes,
+            f"{ctx.to_gpus} GPUs over {ctx.nnodes} node(s)",
+        ),
+        "devices": lambda e: _devices(e.value, ctx.to_gpus, devices),
+    }
+    order = list(moves)
     ranked = sorted(ctx.rules.items(), key=lambda kv: order.index(kv[1]) if kv[1] in order else 9)
     for key, rule in ranked:
         entry = by_key[key]
-        if rule == "global_batch":
-            new[key], reasons[key] = scale_global(entry, ctx)
-        elif rule == "tensor_parallel":
-            new[key], reasons[key] = scale_tensor_parallel(entry, ctx, tensor_parallel)
-        elif rule == "per_engine":
-            new[key], reasons[key] = _scale_engine(entry, ctx)
-        elif rule == "gpu_count":
-            new[key] = ctx.to_gpus // ctx.nnodes
-            reasons[key] = f"{ctx.to_gpus} GPUs over {ctx.nnodes} node(s)"
-        elif rule == "devices":
-            new[key], reasons[key] = _devices(entry.value, ctx.to_gpus, devices)
-        else:
-            new[key], reasons[key] = entry.value, _KEPT[rule]
+        kept = (entry.value, _KEPT.get(rule, ""))
+        ctx.new[key], reasons[key] = moves[rule](entry) if rule in moves else kept
     if ctx.batch == "scale":
         _train_covers_minis(ctx, reasons)
     return reasons
@@ -299,7 +280,14 @@ def scale_config(
         )
     overrides = isinstance(original, list)
     data: dict[str, Any] = parse_overrides(original) if overrides else copy.deepcopy(original)
-    _check_options(to_gpus, batch, tensor_parallel)
+    check_count("to_gpus=", to_gpus)
+    if batch not in ("scale", "keep"):
+        raise UserInputError(f"batch={batch!r}: expected 'scale' or 'keep'")
+    tp = tensor_parallel
+    if tp not in ("keep", "scale") and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
+        raise UserInputError(
+            f"tensor_parallel={tp!r}: expected 'keep', 'scale' or a whole number >= 1"
+        )
     entries = entries_of(data)
     if not entries:
         raise UserInputError("config is empty; expected a verl/VAGEN-style config")

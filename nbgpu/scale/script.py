@@ -201,92 +201,64 @@ class _Lexer:
         text = self.text
         start = self.i
         parts: list[_Part] = []
-        while self.i < len(text):
-            c = text[self.i]
-            if c in " \t\r\n;|&":
-                break
-            if c == "\\":
-                if text.startswith("\n", self.i + 1):
-                    self.i += 2  # a continuation inside a word: bash joins the two halves
-                    continue
-                parts.append(_Part("literal", text[self.i + 1 : self.i + 2], self.i, self.i + 2))
+        quoted = False  # inside double quotes
+        while self.i < len(text) or quoted:
+            if self.i >= len(text):
+                self._unclosed('"', start)
+            c, nxt = text[self.i], text[self.i + 1 : self.i + 2]
+            if c == '"':
+                quoted = not quoted
+                self.i += 1
+            elif c == "$":
+                parts.append(replace(self._dollar(), quoted=quoted))
+            elif c == "\\" and nxt == "\n" and not quoted:
+                self.i += 2  # a continuation inside a word: bash joins the two halves
+            elif c == "\\" and (not quoted or (nxt and nxt in '"\\$`')):
+                parts.append(_Part("literal", nxt, self.i, self.i + 2))
                 self.i += 2
-            elif c == "'":
+            elif c == "'" and not quoted:
                 end = text.find("'", self.i + 1)
                 if end < 0:
                     self._unclosed("'", start)
                 parts.append(_Part("literal", text[self.i + 1 : end], self.i + 1, end))
                 self.i = end + 1
-            elif c == '"':
-                self.i += 1
-                parts.extend(self._double_quoted(start))
-            elif c == "$":
-                parts.append(self._dollar())
-            else:
+            elif c in " \t\r\n;|&" and not quoted:
+                break
+            else:  # a run of plain text (in double quotes, only " $ and \ are special)
+                stops = '"$\\' if quoted else " \t\r\n;|&\\'\"$"
                 begin = self.i
-                while self.i < len(text) and text[self.i] not in " \t\r\n;|&\\'\"$":
+                self.i += 1
+                while self.i < len(text) and text[self.i] not in stops:
                     self.i += 1
                 parts.append(_Part("literal", text[begin : self.i], begin, self.i))
         return ScriptValue(start, self.i, _merge(parts), self.line_of(start), start)
 
-    def _double_quoted(self, word_start: int) -> list[_Part]:
-        text = self.text
-        parts: list[_Part] = []
-        begin = self.i
-        while True:
-            if self.i >= len(text):
-                self._unclosed('"', word_start)
-            c = text[self.i]
-            escape = c == "\\" and self.i + 1 < len(text) and text[self.i + 1] in '"\\$`'
-            special = c in '"$' or escape
-            if special and self.i > begin:  # the literal text before it
-                parts.append(_Part("literal", text[begin : self.i], begin, self.i))
-            if c == '"':
-                self.i += 1
-                return parts
-            if c == "$":
-                parts.append(replace(self._dollar(), quoted=True))
-                begin = self.i
-            elif escape:
-                parts.append(_Part("literal", text[self.i + 1], self.i, self.i + 2))
-                self.i += 2
-                begin = self.i
-            else:
-                self.i += 1
-
     def _dollar(self) -> _Part:
-        text = self.text
-        start = self.i
-        nxt = text[self.i + 1 : self.i + 2]
+        text, start = self.text, self.i
+        nxt = text[start + 1 : start + 2]
+        end = start
+        if nxt in ("{", "("):
+            end = _matching(text, start + 1, nxt, "}" if nxt == "{" else ")")
+            if end < 0:
+                self._unclosed("$" + nxt, start)
+            self.i = end + 1
         if nxt == "{":
-            end = _matching(text, self.i + 1, "{", "}")
-            if end < 0:
-                self._unclosed("${", start)
-            inner = text[self.i + 2 : end]
-            self.i = end + 1
-            m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])(.*))?", inner, re.DOTALL)
-            if m is None:
-                return _Part("complex", text[start : self.i], start, self.i)
-            default = m.group(3)  # None: no default
-            if default is not None and any(c in default for c in "$'\""):
-                return _Part("complex", text[start : self.i], start, self.i)
-            span = None if default is None else (self.i - 1 - len(default), self.i - 1, default)
-            return _Part("var", m.group(1), start, self.i, span)
-        if nxt == "(":
-            end = _matching(text, self.i + 1, "(", ")")
-            if end < 0:
-                self._unclosed("$(", start)
-            self.i = end + 1
-            inner = text[start + 3 : end - 1]
+            # ${VAR} or ${VAR:-default}; a default that expands or quotes is not followed.
+            pattern = r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])([^$'\"]*))?"
+            m = re.fullmatch(pattern, text[start + 2 : end], re.DOTALL)
+            if m is not None:
+                default = m.group(3)  # None: no default
+                span = None if default is None else (end - len(default), end, default)
+                return _Part("var", m.group(1), start, self.i, span)
+        elif nxt == "(":
             if text.startswith("$((", start) and text[end - 1] == ")":
-                return _Part("arith", inner, start, self.i)
-            return _Part("complex", text[start : self.i], start, self.i)
-        m = NAME.match(text, self.i + 1)
-        if m is not None:
+                return _Part("arith", text[start + 3 : end - 1], start, self.i)
+        elif (m := NAME.match(text, start + 1)) is not None:
             self.i = m.end()
             return _Part("var", m.group(0), start, self.i)
-        # $@, $1, $$ ...: positional and special parameters, resolved at run time only.
-        self.i += 2 if nxt else 1
+        else:
+            # $@, $1, $$ ...: positional and special parameters, resolved at run time only.
+            self.i += 2 if nxt else 1
         return _Part("complex", text[start : self.i], start, self.i)
 
     def _unclosed(self, what: str, start: int) -> None:
@@ -368,26 +340,20 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
             value = _value_of(text, word, word.start + m.end() - 1)
             script.assignments.append(_Assignment(m.group(1), value))
             i += 1
-        if exported or i >= len(command):
+        if exported:
             continue
         while i < len(command) and text[command[i].start : command[i].end] in _WRAPPERS:
             i += 1
-        if i >= len(command):
+        if i >= len(command) or not _PROGRAMS.match(text[command[i].start : command[i].end]):
             continue
-        program = text[command[i].start : command[i].end]
-        if not _PROGRAMS.match(program):
-            continue
-        found = False
         for word in command[i + 1 :]:
             equals = _equals(word)
             m = _OVERRIDE.match(equals[0]) if equals is not None else None
             if m is None or equals is None:
                 continue
-            found = True
             key = (m.group(1) or "") + m.group(2)
             script.overrides.pop(key, None)  # the last one wins, as in Hydra
             script.overrides[key] = _value_of(text, word, equals[1])
-        if found:
             script.command_at = command[0].start
     if not script.overrides:
         raise UserInputError(

@@ -51,19 +51,14 @@ class Entry:
         return self.dotted.rpartition(".")[0]
 
 
-def entries_of(config: Mapping[str, Any]) -> list[Entry]:
+def entries_of(config: Mapping[str, Any], path: tuple[Any, ...] = ()) -> list[Entry]:
     out: list[Entry] = []
-
-    def walk(node: Mapping[str, Any], path: tuple[Any, ...]) -> None:
-        for key, value in node.items():
-            here = (*path, key)
-            if isinstance(value, Mapping) and value:
-                walk(value, here)
-            else:
-                dotted = ".".join(str(k).lstrip("+~") for k in here)
-                out.append(Entry(here, dotted, value))
-
-    walk(config, ())
+    for key, value in config.items():
+        here = (*path, key)
+        if isinstance(value, Mapping) and value:
+            out += entries_of(value, here)
+        else:
+            out.append(Entry(here, ".".join(str(k).lstrip("+~") for k in here), value))
     return out
 
 
@@ -93,18 +88,17 @@ def device_count(value: Any) -> int | None:
 
 
 def config_model_len(entries: Sequence[Entry], value: Any) -> int | None:
-    explicit = find_entry(entries, "max_model_len")
-    if explicit is not None and isinstance(value(explicit), int):
-        return int(value(explicit))
+    # value: an entry's value once scaled, None for no entry (ScaleContext.now)
+    explicit = value(find_entry(entries, "max_model_len"))
+    if isinstance(explicit, int):
+        return int(explicit)
     for prompt_key, response_key in (
         ("max_prompt_length", "max_response_length"),
         ("prompt_length", "response_length"),
     ):
-        p, r = find_entry(entries, prompt_key), find_entry(entries, response_key)
-        if p is not None and r is not None:
-            pv, rv = value(p), value(r)
-            if isinstance(pv, int) and isinstance(rv, int):
-                return pv + rv
+        prompt, response = (value(find_entry(entries, k)) for k in (prompt_key, response_key))
+        if isinstance(prompt, int) and isinstance(response, int):
+            return prompt + response
     return None
 
 

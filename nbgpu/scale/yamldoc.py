@@ -55,24 +55,17 @@ def _indentation(text: str) -> tuple[int, int, int]:
     lines = [
         line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")
     ]
-    mapping, sequence, offset = 2, 2, 0
-    found_mapping = found_sequence = False
-    for above, line in itertools.pairwise(lines):
-        parent = _KEY_LINE.match(above)
-        if parent is None:
-            continue
-        depth = len(parent.group(1))
-        item = _ITEM_LINE.match(line)
-        if item is not None and not found_sequence:
-            offset = max(0, len(item.group(1)) - depth)
-            sequence = offset + 2
-            found_sequence = True
-            continue
-        nested = _NESTED_KEY.match(line)
-        if nested is not None and len(nested.group(1)) > depth and not found_mapping:
-            mapping = len(nested.group(1)) - depth
-            found_mapping = True
-    return mapping, max(sequence, offset + 2), offset
+    # (a key line's indent, the line below it), for every key line
+    below = [
+        (len(key.group(1)), line)
+        for above, line in itertools.pairwise(lines)
+        if (key := _KEY_LINE.match(above))
+    ]
+    items = (len(m.group(1)) - depth for depth, line in below if (m := _ITEM_LINE.match(line)))
+    offset = max(0, next(items, 0))
+    nested = (len(m.group(1)) - depth for depth, line in below if (m := _NESTED_KEY.match(line)))
+    mapping = next((n for n in nested if n > 0), 2)
+    return mapping, offset + 2, offset
 
 
 def load_yaml(text: str, where: str = "config", *, plain: bool = False) -> Any:
@@ -141,9 +134,8 @@ def _scalar_text(value: Any, style: str | None) -> str | None:
     return None if "\n" in text else text
 
 
-def _splice(text: str, root: Node, path: Sequence[Any], new: Any) -> str | None:
-    """*text* with the value at *path* replaced in place, or None when it cannot be."""
-    node = _node_at(root, path)
+def _splice(text: str, node: Node | None, new: Any) -> str | None:
+    """*text* with *node*'s value replaced in place, or None when it cannot be."""
     if isinstance(node, ScalarNode) and not isinstance(new, Mapping | list | tuple):
         if node.style in ("|", ">"):
             return None
@@ -156,8 +148,7 @@ def _splice(text: str, root: Node, path: Sequence[Any], new: Any) -> str | None:
         return None
     if new_text is None:
         return None
-    start, end = node.start_mark.index, node.end_mark.index
-    return text[:start] + new_text + _keep_comment_column(text[end:], len(new_text) - (end - start))
+    return _apply(text, [(node.start_mark.index, node.end_mark.index, new_text)])
 
 
 def _splice_block_list(text: str, node: SequenceNode, new: list[Any]) -> str | None:
@@ -189,19 +180,19 @@ def _splice_block_list(text: str, node: SequenceNode, new: list[Any]) -> str | N
         first_gone = items[len(new)]
         cut = text.rfind("\n", 0, first_gone.start_mark.index)
         edits.append((cut, line_end, ""))
-    out = text
+    return _apply(text, edits)
+
+
+def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
+    """*text* with each span replaced, from the end backwards; a line that grew keeps its
+    end-of-line comment in its column where spaces allow."""
     for start, end, piece in sorted(edits, reverse=True):
-        grown = len(piece) - (end - start)
-        out = out[:start] + piece + (_keep_comment_column(out[end:], grown) if piece else out[end:])
-    return out
-
-
-def _keep_comment_column(rest: str, grown: int) -> str:
-    """The rest of the line, its end-of-line comment kept in its column where spaces allow."""
-    spaces = len(rest) - len(rest.lstrip(" "))
-    if grown <= 0 or not rest[spaces:].startswith("#"):
-        return rest
-    return rest[min(grown, spaces - 1) :] if spaces > 1 else rest
+        rest, grown = text[end:], len(piece) - (end - start)
+        spaces = len(rest) - len(rest.lstrip(" "))
+        if grown > 0 and rest[spaces:].startswith("#") and spaces > 1:
+            rest = rest[min(grown, spaces - 1) :]
+        text = text[:start] + piece + rest
+    return text
 
 
 def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str = "config") -> str:
@@ -215,7 +206,7 @@ def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str =
     for path, value, node in sorted(
         located, key=lambda item: -(item[2].start_mark.index if item[2] is not None else -1)
     ):
-        spliced = _splice(out, root, path, value) if node is not None else None
+        spliced = _splice(out, node, value)
         if spliced is None:
             pending[path] = value
         else:
