@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from nbgpu._render import fmt_bytes
 from nbgpu.errors import FleetSpecError
 from nbgpu.problems import SEVERITY_ORDER, Problem
+from nbgpu.sizes import fmt_bytes
 
 if TYPE_CHECKING:  # holders imports psutil; the types module stays light
     from nbgpu.devices.holders import HolderInfo

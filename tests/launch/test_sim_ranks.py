@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from nbgpu.devices.inventory import take_inventory
-from nbgpu.devices.sim import cuda as sim_ranks
+from nbgpu.devices.sim import box as sim_ranks
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.run import Run
 

@@ -2,16 +2,22 @@
 
 What a fleet file holds (the format ``nbgpu status --json`` writes, :data:`FLEET_FORMAT`),
 read by these types; :mod:`nbgpu.devices.sim.fleet` builds one from what
-``NBGPU_SIMULATE`` names, and the fake NVML and CUDA libraries serve it.
+``NBGPU_SIMULATE`` names, and the fake NVML and CUDA libraries serve it. Also what both
+libraries share: a :class:`Device` (a GPU or one MIG instance), ctypes argument helpers,
+and :func:`ranks_on_gpus`, the live ranks on a simulated fleet, which the fake NVML
+library lists as the GPUs' processes (psutil only there). Here, not in the CUDA fake, so
+that a simulated ``nbgpu status`` loads no CUDA or ``CUDA_VISIBLE_DEVICES`` code.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import time
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from nbgpu._serial import to_data
 from nbgpu.devices.model import (
@@ -22,8 +28,12 @@ from nbgpu.devices.model import (
     ProcessRecord,
     RemappedRows,
 )
+from nbgpu.devices.sim import simulation_source
 
-__all__ = ["COMPUTE_MODES", "ComputeMode", "Fleet", "SimGpu"]
+__all__ = [
+    "COMPUTE_MODES", "ComputeMode", "Device", "Fleet", "RankProcess", "SimGpu", "deref", "int_arg",
+    "ranks_on_gpus",
+]  # fmt: skip
 
 #: The words a fleet file may use for a compute mode (read by their type: ``_serial.py``),
 #: in the order of NVML's constants.
@@ -105,3 +115,96 @@ class Fleet:
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
+
+
+# -- shared by the fake NVML and CUDA libraries ------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    """What a driver call addresses: a whole GPU, or one MIG instance of it (a CUDA
+    device here, an NVML handle in the fake NVML library)."""
+
+    gpu: SimGpu
+    mig: MigDevice | None
+
+    @property
+    def name(self) -> str:
+        return self.mig.name if self.mig else self.gpu.name
+
+    @property
+    def uuid(self) -> str:
+        return self.mig.uuid if self.mig else self.gpu.uuid
+
+
+def deref(ref: Any) -> Any:
+    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself
+    (the fake NVML library uses it too)."""
+    if hasattr(ref, "_obj"):  # byref() gives a CArgObject holding the original object
+        return ref._obj
+    if isinstance(ref, ctypes._Pointer):  # ctypes exposes no public pointer base class
+        return ref.contents
+    return ref
+
+
+def int_arg(value: Any) -> int:
+    """A C int argument: ``c_int(3)`` or plain ``3`` (CDLL accepts both)."""
+    return int(getattr(value, "value", value))
+
+
+class RankProcess(NamedTuple):
+    pid: int
+    rss_bytes: int
+
+
+_CACHE_S = 1.0
+_cache: dict[str, tuple[float, dict[int, list[RankProcess]]]] = {}
+
+
+def _physical_index(env: dict[str, str]) -> int | None:
+    try:
+        local = int(env.get("LOCAL_RANK", ""))
+    except ValueError:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return local
+    items = [v.strip() for v in visible.split(",") if v.strip()]
+    if local >= len(items) or not items[local].isdigit():
+        return None  # no GPU for this rank, or named by UUID: not placed
+    return int(items[local])
+
+
+def _running(psutil: Any, pid: int) -> bool:
+    """Alive and not a zombie (an ended rank its parent has not reaped yet)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
+    """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
+    import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
+
+    now = time.monotonic()
+    hit = _cache.get(fleet_spec)
+    if hit is not None and now - hit[0] < _CACHE_S:
+        # A rank that ended since the scan must not be listed as a GPU's process: that
+        # would read as a dead holder (one read of /proc/PID/stat each).
+        return {gpu: [r for r in v if _running(psutil, r.pid)] for gpu, v in hit[1].items()}
+    found: dict[int, list[RankProcess]] = {}
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if "NBGPU_RUN_ID" not in env or simulation_source(env) != fleet_spec:
+                continue
+            index = _physical_index(env)
+            if index is None:
+                continue
+            rss = proc.memory_info().rss
+        except (psutil.Error, OSError):
+            continue
+        found.setdefault(index, []).append(RankProcess(proc.pid, rss))
+    _cache[fleet_spec] = (now, found)
+    return found

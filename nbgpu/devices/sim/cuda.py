@@ -1,5 +1,5 @@
 """A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.box.Fleet`,
-and nbgpu's ranks on a simulated fleet.
+and what CUDA answers nbgpu's ranks on a simulated fleet.
 
 :class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")`` (the driver's
 symbols and C calling shape), so :class:`~nbgpu.devices.cuda_driver.CudaDriver` and the
@@ -11,21 +11,19 @@ lacks are missing here too.
 
 :func:`simulated_device` is what CUDA answers a rank (``nbgpu.rank.device()``): CUDA's
 own code and one ``[nbgpu]`` line naming the physical GPU that refused, or a label for
-computing on the CPU. :func:`ranks_on_gpus` finds the live ranks on a simulated fleet,
-which the fake NVML library lists as the GPUs' processes.
+computing on the CPU.
 
-Never imports torch, pynvml or IPython; psutil only in :func:`ranks_on_gpus`.
+Never imports torch, pynvml or IPython.
 """
 
 from __future__ import annotations
 
 import ctypes
-import time
 import uuid as uuidlib
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from nbgpu.devices.cuda_errors import (
     CUDA_ERROR_DEVICE_UNAVAILABLE,
@@ -42,16 +40,12 @@ from nbgpu.devices.cuda_errors import (
     error_name,
     ordinal_hint,
 )
-from nbgpu.devices.model import MigDevice
-from nbgpu.devices.sim import simulated_node, simulation_source
-from nbgpu.devices.sim.box import Fleet, SimGpu
+from nbgpu.devices.sim import simulated_node
+from nbgpu.devices.sim.box import Device, Fleet, SimGpu, deref, int_arg
 from nbgpu.devices.sim.fleet import load_fleet
 from nbgpu.devices.visible import GpuIdentity, resolve_visible
 
-__all__ = [
-    "Device", "RankProcess", "SimulatedCudaLibrary", "SimulatedDevice", "load_simulated_cuda",
-    "ranks_on_gpus", "simulated_device",
-]  # fmt: skip
+__all__ = ["SimulatedCudaLibrary", "SimulatedDevice", "load_simulated_cuda", "simulated_device"]
 
 # What ``cuInit`` returns for each fleet ``init_error`` (``library_not_found`` never gets
 # that far: the library does not load).
@@ -69,38 +63,6 @@ _SYMBOL_SINCE: Mapping[str, int] = {
     "cuDevicePrimaryCtxRelease_v2": 11000,
     "cuDeviceGetUuid_v2": 11040,
 }
-
-
-@dataclass(frozen=True)
-class Device:
-    """What a driver call addresses: a whole GPU, or one MIG instance of it (a CUDA
-    device here, an NVML handle in the fake NVML library)."""
-
-    gpu: SimGpu
-    mig: MigDevice | None
-
-    @property
-    def name(self) -> str:
-        return self.mig.name if self.mig else self.gpu.name
-
-    @property
-    def uuid(self) -> str:
-        return self.mig.uuid if self.mig else self.gpu.uuid
-
-
-def deref(ref: Any) -> Any:
-    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself
-    (the fake NVML library uses it too)."""
-    if hasattr(ref, "_obj"):  # byref() gives a CArgObject holding the original object
-        return ref._obj
-    if isinstance(ref, ctypes._Pointer):  # ctypes exposes no public pointer base class
-        return ref.contents
-    return ref
-
-
-def int_arg(value: Any) -> int:
-    """A C int argument: ``c_int(3)`` or plain ``3`` (CDLL accepts both)."""
-    return int(getattr(value, "value", value))
 
 
 def _write_text(buffer: Any, length: Any, text: str) -> int:
@@ -367,61 +329,3 @@ def _refusal(gpu: SimGpu, code: int) -> str:
 # A simulated GPU would show an empty board while nbgpu's own ranks run "on" it: the ranks
 # on the same fleet are listed on the GPU their LOCAL_RANK maps to, with the host memory
 # they use (RSS). Cached for a second: NVML is asked per GPU and per call.
-
-
-class RankProcess(NamedTuple):
-    pid: int
-    rss_bytes: int
-
-
-_CACHE_S = 1.0
-_cache: dict[str, tuple[float, dict[int, list[RankProcess]]]] = {}
-
-
-def _physical_index(env: dict[str, str]) -> int | None:
-    try:
-        local = int(env.get("LOCAL_RANK", ""))
-    except ValueError:
-        return None
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return local
-    items = [v.strip() for v in visible.split(",") if v.strip()]
-    if local >= len(items) or not items[local].isdigit():
-        return None  # no GPU for this rank, or named by UUID: not placed
-    return int(items[local])
-
-
-def _running(psutil: Any, pid: int) -> bool:
-    """Alive and not a zombie (an ended rank its parent has not reaped yet)."""
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
-
-
-def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
-    """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
-    import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
-
-    now = time.monotonic()
-    hit = _cache.get(fleet_spec)
-    if hit is not None and now - hit[0] < _CACHE_S:
-        # A rank that ended since the scan must not be listed as a GPU's process: that
-        # would read as a dead holder (one read of /proc/PID/stat each).
-        return {gpu: [r for r in v if _running(psutil, r.pid)] for gpu, v in hit[1].items()}
-    found: dict[int, list[RankProcess]] = {}
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-            if "NBGPU_RUN_ID" not in env or simulation_source(env) != fleet_spec:
-                continue
-            index = _physical_index(env)
-            if index is None:
-                continue
-            rss = proc.memory_info().rss
-        except (psutil.Error, OSError):
-            continue
-        found.setdefault(index, []).append(RankProcess(proc.pid, rss))
-    _cache[fleet_spec] = (now, found)
-    return found

@@ -23,8 +23,16 @@ from dataclasses import astuple, dataclass, field
 from typing import Any
 
 from nbgpu.devices.model import INIT_ERRORS, ProcessRecord
-from nbgpu.devices.sim.box import COMPUTE_MODES, Fleet, SimGpu
-from nbgpu.devices.sim.cuda import Device, RankProcess, deref, int_arg, ranks_on_gpus
+from nbgpu.devices.sim.box import (
+    COMPUTE_MODES,
+    Device,
+    Fleet,
+    RankProcess,
+    SimGpu,
+    deref,
+    int_arg,
+    ranks_on_gpus,
+)
 
 __all__ = ["FakeNvmlLibrary"]
 
