@@ -30,15 +30,20 @@ from nbgpu.diagnose.catalog import UNKNOWN, Cause, cause
 from nbgpu.diagnose.enrich import specifics
 from nbgpu.diagnose.lines import Stamp
 from nbgpu.diagnose.report import Evidence, FoundCause, RankSummary
-from nbgpu.diagnose.scan import SECONDARY_ID, ExceptionLine, ExitRecord, Hit, SourceScan
+from nbgpu.diagnose.scan import (
+    SECONDARY_ID,
+    SIGNAL_OF_CODE,
+    ExceptionLine,
+    ExitRecord,
+    Hit,
+    SourceScan,
+)
 from nbgpu.diagnose.sources import ErrorRecord, RunInfo
 
 __all__ = ["Ranking", "rank_failures"]
 
 _SIGNAL_CAUSES = {"SIGKILL": ("host_oom", 0.55), "SIGSEGV": ("segfault", 0.8),
                   "SIGBUS": ("host_oom", 0.5)}  # fmt: skip
-_CODE_SIGNALS = {-9: "SIGKILL", -11: "SIGSEGV", -7: "SIGBUS", -15: "SIGTERM", -6: "SIGABRT",
-                 137: "SIGKILL", 139: "SIGSEGV"}  # fmt: skip
 _CLOCKS = ("epoch", "iso", "glog")
 _LAST = 10**12  # order of a rank's cause that no log line supports (exit code or signal only)
 
@@ -144,11 +149,11 @@ def _collect(
         for r in run.ranks:
             s = state(r.rank)
             s.exit_code = r.exit_code if r.exit_code is not None else s.exit_code
-            s.signal = r.signal or s.signal or _CODE_SIGNALS.get(r.exit_code or 0)
+            s.signal = r.signal or s.signal or SIGNAL_OF_CODE.get(r.exit_code or 0)
             s.ended = r.stamp
     for s in states.values():
         if s.signal is None and s.exit_code is not None:
-            s.signal = _CODE_SIGNALS.get(s.exit_code)
+            s.signal = SIGNAL_OF_CODE.get(s.exit_code)
     return states
 
 

@@ -40,8 +40,11 @@ _BANNER_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\
 _BANNER_RANK = re.compile(r"(\d+)\s*\(local_rank:\s*(\d+)\)")
 _BANNER_EXIT = re.compile(r"(-?\d+)\s*\(pid:\s*(\d+)\)(?:\s*\((SIG\w+)\))?")
 _SIGNAL_TEXT = re.compile(r"Signal (\d+) \((SIG\w+)\)")
-_SIGNALS: dict[int | None, str] = {-2: "SIGINT", -6: "SIGABRT", -7: "SIGBUS", -9: "SIGKILL",
-                                   -11: "SIGSEGV", -15: "SIGTERM"}  # fmt: skip
+# An exit code that means a signal: torchrun reports -N for signal N; a shell between it and
+# Python reports 128+N. One table for the scan and the root cause.
+SIGNAL_OF_CODE: dict[int | None, str] = {-2: "SIGINT", -6: "SIGABRT", -7: "SIGBUS", -9: "SIGKILL",
+                                         -11: "SIGSEGV", -15: "SIGTERM", 137: "SIGKILL",
+                                         139: "SIGSEGV"}  # fmt: skip
 _LAUNCHER_EXCEPTIONS = frozenset({"ChildFailedError", "CalledProcessError", "ProcessRaisedException",
                                   "ProcessExitedException", "SignalException", "KeyboardInterrupt",
                                   "SystemExit"})  # fmt: skip
@@ -278,13 +281,13 @@ class SourceScan:
     def _agent_lines(self, lineno: int | None, body: str, stamp: Stamp | None) -> None:
         if "exitcode" in body and (m := _AGENT_FAILED.search(body)):
             code = int(m.group(1))
-            signal = _SIGNALS.get(code)
+            signal = SIGNAL_OF_CODE.get(code)
             self.exits.append(
                 ExitRecord(None, int(m.group(2)), code, signal, stamp, self.name, lineno)
             )
         elif "terminated with" in body and (m := _SPAWN_SIGNAL.search(body)):
             rank, spawn_code = int(m.group(1)), int(m.group(3)) if m.group(3) else None
-            signal = m.group(2) or _SIGNALS.get(spawn_code)
+            signal = m.group(2) or SIGNAL_OF_CODE.get(spawn_code)
             self.exits.append(ExitRecord(rank, rank, spawn_code, signal, stamp, self.name, lineno))
 
     def _python(self, lineno: int | None, body: str, rank: int | None) -> None:

@@ -101,7 +101,7 @@ class RunView(Result):
             "ranks": [
                 {
                     "rank": r.rank,
-                    "local_rank": r.rank,
+                    "local_rank": r.rank % cfg.nproc,  # ranks fill a node before the next
                     "exit_code": r.exit_code,
                     "signal": r.signal,
                     "pid": r.pid,

@@ -233,3 +233,21 @@ def test_sub_second_clock_orders_ranks_failing_within_one_second(tmp_path: Path)
     assert result.cause == "backend_unavailable"
     assert result.failed_rank == 1
     assert any("gloo" in fix for fix in result.root.fixes)
+
+
+@pytest.mark.parametrize(("code", "signal"), [(-9, "SIGKILL"), (137, "SIGKILL"), (-2, "SIGINT")])
+def test_an_exit_code_names_its_signal_in_a_log_and_in_run_json(
+    tmp_path: Path, code: int, signal: str
+) -> None:
+    # torchrun says -N for signal N; a shell between it and Python says 128+N. The log's
+    # banner and run.json are read with the same table.
+    log = tmp_path / "job.log"
+    log.write_text(
+        "step 7\n"
+        f"E1206 18:44:12 api.py:906] failed (exitcode: {code}) local_rank: 0 (pid: 4000) of "
+        "binary: /usr/bin/python\n"
+    )
+    run = write_run(tmp_path / "run", ranks=[_rank(0, code, 1000.0)], logs={0: "step 7\n"})
+    for source in (log, run):
+        ranks = {r.rank: r.signal for r in diagnose(source).ranks}
+        assert ranks == {0: signal}, source

@@ -4,6 +4,7 @@ What is left behind is looked for in every process on the machine (both test nod
 here) by the run's id in their environment, and in SLURM's queue.
 """
 
+import json
 import os
 import re
 import signal
@@ -84,6 +85,8 @@ def test_two_nodes_stream_live_labelled_by_node_and_rank(env, slurm_cluster):
     last = next(t for t, chunk in reversed(screen.writes) if "bye from" in chunk)
     assert last - first > 1.0
     assert "4 ranks on 2 nodes" in run.text()
+    ranks = json.loads((run.dir / "run.json").read_text())["ranks"]
+    assert sorted((r["rank"], r["local_rank"]) for r in ranks) == [(0, 0), (1, 1), (2, 0), (3, 1)]
     assert nothing_left(run, slurm_cluster)
 
 
