@@ -232,10 +232,18 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
         )
     final = at(best)
     # A trace is close to, not exactly, affine (the peak can move between the forward
-    # pass and the optimizer step): step down until it fits, then up while it still does.
-    while final.fits is False and best > 1:
-        best -= 1
-        final = at(best)
+    # pass and the optimizer step): halve the gap down to one that fits (a tiny model's
+    # answer can be millions of samples), then step up while it still does.
+    if final.fits is False:
+        fitting = first if first.fits and first.layout.micro_batch < best else None
+        low, high = (fitting.layout.micro_batch if fitting else 0), best
+        while high - low > 1:
+            middle = at((low + high) // 2)
+            if middle.fits:
+                low, fitting = middle.layout.micro_batch, middle
+            else:
+                high = middle.layout.micro_batch
+        best, final = (low, fitting) if fitting else (1, at(1))
     if first.traced_terms:
         for _ in range(8):
             above = at(best + 1)

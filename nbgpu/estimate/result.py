@@ -61,8 +61,9 @@ SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
 SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
 SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
 
-# Which terms scale with the micro batch (the rest is fixed per GPU).
-PER_SAMPLE = frozenset({"activations", "logits/loss", "KV cache"})
+# Which terms scale with the micro batch (the rest is fixed per GPU); a trace's transient
+# buffers grow with it too.
+PER_SAMPLE = frozenset({"activations", "logits/loss", "KV cache", "temporaries"})
 
 
 @dataclass(frozen=True)

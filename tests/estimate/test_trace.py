@@ -88,3 +88,19 @@ def test_a_meta_built_model_traces_without_real_memory() -> None:
     assert est.traced_bytes > 2 * 170e6  # bf16 weights alone
     # real bf16 weights + grads + states would be > 2 GB; tracing stays far below
     assert grown < 400e6
+
+
+def test_a_tiny_traced_model_gets_its_largest_micro_batch() -> None:
+    # Millions of samples fit: the search halves its way down from the slope's guess (one
+    # step at a time would not end), and the trace's transient buffers, which grow with
+    # the batch, are not taken for memory needed before any sample.
+    from nbgpu.estimate import estimate_memory, largest_micro_batch  # noqa: PLC0415
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    batch = torch.randn(8, 64)
+    best = largest_micro_batch(model, "1GB", example_input=batch)
+    assert best.max_micro_batch > 100_000
+    assert best.fits
+    above = estimate_memory(model, example_input=batch, micro_batch=best.max_micro_batch + 1)
+    assert above.total_bytes > 10**9
+    assert "fake-tensor traces, 0 real steps" in best.notes[-1]
