@@ -449,10 +449,21 @@ def measure(n: int, stack: contextlib.ExitStack, work: Path, tag: str) -> dict[s
     def static() -> list[str]:
         # Exactly the rendezvous arguments nbgpu's Run.start gives its agent.
         return [
-            *torchrun, "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            "--max-restarts", "0", str(script),
-        ]  # fmt: skip
+            *torchrun,
+            "--nnodes",
+            "1",
+            "--node-rank",
+            "0",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "--max-restarts",
+            "0",
+            str(script),
+        ]
 
     cases: dict[str, Callable[[], Timed]] = {
         CASE_A: _subprocess_case(CASE_A, static, env, work),

@@ -190,9 +190,18 @@ class LogRun:
 def run_bare(work: Path, script: Path, env: dict[str, str], index: int) -> LogRun:
     log_dir = work / f"bare-logs-{index}"
     argv = [
-        PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC),
-        "--redirects", "3", "--log-dir", str(log_dir), str(script),
-    ]  # fmt: skip
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(NPROC),
+        "--redirects",
+        "3",
+        "--log-dir",
+        str(log_dir),
+        str(script),
+    ]
     timed, stderr, code = run_subprocess(argv, env, work)
     if code != 0:
         raise RuntimeError(f"bare torchrun: exit code {code}: {stderr[-1500:]}")

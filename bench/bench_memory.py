@@ -100,9 +100,12 @@ def sampling_overhead(rounds: int, steps: int) -> list[str]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512), torch.nn.ReLU(),
+        torch.nn.Linear(512, 1024),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1024, 512),
+        torch.nn.ReLU(),
         torch.nn.Linear(512, 10),
-    )  # fmt: skip
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(128, 512)
     y = torch.randint(0, 10, (128,))

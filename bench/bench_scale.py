@@ -88,17 +88,21 @@ def _tick_bytes(ranks: int) -> int:
 
 
 def main() -> None:
-    print("| ranks (nodes x 8) | one poll, every log | one poll, logs in turn | "
-          "busy tick, a line per rank | busy tick, per-node view | ratio |")  # fmt: skip
+    print(
+        "| ranks (nodes x 8) | one poll, every log | one poll, logs in turn | "
+        "busy tick, a line per rank | busy tick, per-node view | ratio |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for ranks in (16, 128, 512, 4096):
         every = poll_cost(ranks)
         turns = poll_cost(ranks, in_turns=True)
         before = tick_bytes(ranks, per_rank_only=True)
         after = tick_bytes(ranks)
-        print(f"| {ranks} ({ranks // 8} nodes) | {every:.2f} ms ({every * 20 / 10:.1f} % of a "
-              f"core at 20 Hz) | {turns:.2f} ms ({turns * 20 / 10:.1f} %) | "
-              f"{before / 1000:.1f} kB | {after / 1000:.1f} kB | {after / before:.3f} |")  # fmt: skip
+        print(
+            f"| {ranks} ({ranks // 8} nodes) | {every:.2f} ms ({every * 20 / 10:.1f} % of a "
+            f"core at 20 Hz) | {turns:.2f} ms ({turns * 20 / 10:.1f} %) | "
+            f"{before / 1000:.1f} kB | {after / 1000:.1f} kB | {after / before:.3f} |"
+        )
     print("budget: 20 kB per 0.1 s tick (200 kB/s); logs in turn: at most 256 read a poll")
 
 

@@ -77,10 +77,25 @@ def _failure_detection(root: Path, env: dict[str, str], rounds: int = 3) -> dict
     for i in range(rounds):
         stamp = root / f"died-{i}.txt"
         done = subprocess.run(
-            [sys.executable, "-m", "nbgpu.cli", "run", "--slurm", "--nodes", "2",
-             "--nproc-per-node", "2", str(script), str(stamp)],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "nbgpu.cli",
+                "run",
+                "--slurm",
+                "--nodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                str(script),
+                str(stamp),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         ended = time.time()
         delays.append(ended - float(stamp.read_text()))
         found = [line for line in done.stderr.splitlines() if "failed first" in line]
@@ -100,19 +115,48 @@ def main(n: int = 5) -> None:
 
             def bare() -> float:
                 return _timed(
-                    ["srun", "--nodes", "2", "--ntasks-per-node", "1", sys.executable, "-m",
-                     "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-                     "--rdzv-id", secrets.token_hex(4), "--max-restarts", "0", str(script)],
+                    [
+                        "srun",
+                        "--nodes",
+                        "2",
+                        "--ntasks-per-node",
+                        "1",
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--nnodes",
+                        "2",
+                        "--nproc-per-node",
+                        "2",
+                        "--rdzv-backend",
+                        "c10d",
+                        "--rdzv-endpoint",
+                        f"127.0.0.1:{_free_port()}",
+                        "--rdzv-id",
+                        secrets.token_hex(4),
+                        "--max-restarts",
+                        "0",
+                        str(script),
+                    ],
                     env,
-                )  # fmt: skip
+                )
 
             def nbgpu() -> float:
                 return _timed(
-                    [sys.executable, "-m", "nbgpu.cli", "run", "--slurm", "--nodes", "2",
-                     "--nproc-per-node", "2", str(script)],
+                    [
+                        sys.executable,
+                        "-m",
+                        "nbgpu.cli",
+                        "run",
+                        "--slurm",
+                        "--nodes",
+                        "2",
+                        "--nproc-per-node",
+                        "2",
+                        str(script),
+                    ],
                     env,
-                )  # fmt: skip
+                )
 
             detection = _failure_detection(root, env)
             cases = {"a. bare srun + torchrun (c10d)": bare, "b. nbgpu run --slurm": nbgpu}
@@ -127,8 +171,10 @@ def main(n: int = 5) -> None:
             cluster.stop()
     print(f"\n== 2 nodes x 2 ranks through SLURM, {n} alternating rounds (median ms) ==")
     for name, values in times.items():
-        print(f"{name:36s} {statistics.median(values):8.0f}  (min {min(values):.0f}, "
-              f"max {max(values):.0f})")  # fmt: skip
+        print(
+            f"{name:36s} {statistics.median(values):8.0f}  (min {min(values):.0f}, "
+            f"max {max(values):.0f})"
+        )
     a, b = (statistics.median(v) for v in times.values())
     print(f"ratio (b)/(a): {b / a:.2f}")
     print(f"jobs left in squeue: {len(left)}")

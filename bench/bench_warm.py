@@ -104,8 +104,11 @@ def part_overhead(n: int, work: Path, env: dict[str, str]) -> dict[str, list[flo
         _run(nb, "%load_ext nbgpu")
         _run(nb, f"%%torchrun 2 --keep --name w --quiet\n{TRIVIAL}")
         px = stack.enter_context(kernel(work, env, "ipp"))
-        _run(px, "import ipyparallel as ipp\ncluster = ipp.Cluster(n=2, log_level=40)\n"
-                 "rc = cluster.start_and_connect_sync()\nrc.activate()")  # fmt: skip
+        _run(
+            px,
+            "import ipyparallel as ipp\ncluster = ipp.Cluster(n=2, log_level=40)\n"
+            "rc = cluster.start_and_connect_sync()\nrc.activate()",
+        )
         nd = stack.enter_context(kernel(work, env, "nbdist"))
         _run(nd, "%load_ext nbdistributed")
         _run(nd, "%dist_init -n 2")
@@ -201,15 +204,18 @@ def main(n: int = 20) -> None:
     leaks = leak_check(tag)
     print(f"\n== 1. a trivial cell on 2 ranks, {n} rounds (median ms, execute_request -> idle) ==")
     plain = _median(times["plain"])
-    for name, label in (("warm", "%%torchrun --on w (warm nbgpu job)"),
-                        ("cold", "%%torchrun 2 (cold job)"),
-                        ("px", "ipyparallel %%px, 2 engines"),
-                        ("nbdist", "nbdistributed %%distributed, 2 ranks"),
-                        ("plain", "plain cell (the kernel's own round trip)")):  # fmt: skip
+    for name, label in (
+        ("warm", "%%torchrun --on w (warm nbgpu job)"),
+        ("cold", "%%torchrun 2 (cold job)"),
+        ("px", "ipyparallel %%px, 2 engines"),
+        ("nbdist", "nbdistributed %%distributed, 2 ranks"),
+        ("plain", "plain cell (the kernel's own round trip)"),
+    ):
         med = _median(times[name])
         q = statistics.quantiles(times[name], n=4) if len(times[name]) > 1 else [med, med, med]
-        print(f"{label:44s} {med:8.1f}  (q1 {q[0]:.1f}, q3 {q[2]:.1f}; over plain "
-              f"{med - plain:+.1f})")  # fmt: skip
+        print(
+            f"{label:44s} {med:8.1f}  (q1 {q[0]:.1f}, q3 {q[2]:.1f}; over plain {med - plain:+.1f})"
+        )
     warm = _median(times["warm"])
     for name in ("cold", "px", "nbdist"):
         print(f"ratio warm / {name}: {warm / _median(times[name]):.3f}")
