@@ -69,6 +69,11 @@ time.sleep(60)
 """
 
 
+# The same 2 nodes x 2 ranks run through nbgpu, timed and in the failure detection.
+NBGPU_RUN = [sys.executable, "-m", "nbgpu.cli", "run", "--slurm", "--nodes", "2"]
+NBGPU_RUN += ["--nproc-per-node", "2"]
+
+
 def _failure_detection(root: Path, env: dict[str, str], rounds: int = 3) -> dict[str, object]:
     """Seconds from a rank's death on one node to the run ending, as the CLI returns."""
     script = root / "failing.py"
@@ -77,19 +82,7 @@ def _failure_detection(root: Path, env: dict[str, str], rounds: int = 3) -> dict
     for i in range(rounds):
         stamp = root / f"died-{i}.txt"
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "nbgpu.cli",
-                "run",
-                "--slurm",
-                "--nodes",
-                "2",
-                "--nproc-per-node",
-                "2",
-                str(script),
-                str(stamp),
-            ],
+            [*NBGPU_RUN, str(script), str(stamp)],
             env=env,
             capture_output=True,
             text=True,
@@ -142,21 +135,7 @@ def main(n: int = 5) -> None:
                 )
 
             def nbgpu() -> float:
-                return _timed(
-                    [
-                        sys.executable,
-                        "-m",
-                        "nbgpu.cli",
-                        "run",
-                        "--slurm",
-                        "--nodes",
-                        "2",
-                        "--nproc-per-node",
-                        "2",
-                        str(script),
-                    ],
-                    env,
-                )
+                return _timed([*NBGPU_RUN, str(script)], env)
 
             detection = _failure_detection(root, env)
             cases = {"a. bare srun + torchrun (c10d)": bare, "b. nbgpu run --slurm": nbgpu}
