@@ -1,13 +1,10 @@
 """The processes nbgpu starts, from the parent's side and the child's: standard library only.
 
 Every process nbgpu starts (the device probe, torchrun's agent, each rank) must die with
-the process that started it, and must import the same nbgpu as its parent, also from a
-checkout that is not installed (:func:`die_with_parent`, :func:`with_package_importable`).
-A short-lived child (the CUDA probe, a stack dumper) runs against one deadline in its own
-session, its whole group killed past it (:func:`run_with_deadline`), and the launch
-layer's stop ladder and ``clean`` wait for processes to go by a deadline
-(:func:`wait_gone`). Importable by every layer and by rank processes before anything
-heavy is loaded.
+its parent and import the same nbgpu, also from a checkout that is not installed. A
+short-lived child (the CUDA probe, a stack dumper) runs in its own session against one
+deadline, its whole group killed past it. Importable by every layer and by rank processes
+before anything heavy is loaded.
 """
 
 from __future__ import annotations
@@ -57,13 +54,12 @@ def set_parent_death_signal(sig: int) -> str | None:
 
 
 def die_with_parent(sig: int, expected_parent: int | None) -> str | None:
-    """Arrange to receive *sig* when the parent dies, and exit now if it already has.
+    """Receive *sig* when the parent dies, and exit now if it already has; the reason the
+    signal could not be set up, else None.
 
     The parent may have died while this interpreter started, before prctl took effect:
-    then the kernel will never signal us. *expected_parent* is the launcher's pid (passed
-    in the environment); it must still be one of our ancestors, since an interpreter
-    wrapper (``sudo``, a venv shim) may sit in between. Returns why the signal could not
-    be set up, for the caller to record; None when it was.
+    then the kernel will never signal us. *expected_parent* (the launcher's pid) must still
+    be an ancestor, not the parent: a wrapper (``sudo``, a venv shim) may sit in between.
     """
     problem = set_parent_death_signal(sig)
     if expected_parent and not _is_ancestor(expected_parent):
@@ -135,10 +131,7 @@ _REAP_TIMEOUT_S = 5.0
 def wait_gone(
     items: Iterable[T], gone: Callable[[T], bool], deadline: float, *, poll_s: float = 0.02
 ) -> list[T]:
-    """Poll until ``gone(item)`` holds for every item or ``deadline`` (monotonic) passes.
-
-    Returns the items still there, in their order.
-    """
+    """The items not ``gone`` by *deadline* (monotonic), in their order; polls until then."""
     pending = [item for item in items if not gone(item)]
     while pending and time.monotonic() < deadline:
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))

@@ -26,8 +26,7 @@ from typing import Any
 from nbgpu._table import COLOURS, ROW_BACKGROUNDS, Cell, Table, memory_bar_html, shorten
 from nbgpu.problems import Problem
 
-# Sizes as we print them live with sizes as users write them; re-exported here for the
-# result modules that format a table's cells.
+# Re-exported for the result modules that format a table's cells.
 from nbgpu.sizes import fmt_bytes, fmt_used_total
 
 __all__ = [
@@ -79,12 +78,10 @@ _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 
 
 def fix_html(text: str) -> str:
-    """The one HTML rendering of fix text: escaped, with `backticked` spans as <code>.
+    """Fix text as HTML: escaped, `backticked` spans as <code> (terminals keep the backticks).
 
-    Fixes, recommendations and causes are written once, Markdown-style, for terminals
-    (where the backticks stay, as in Markdown source) and for notebooks (where they
-    become code). Every result renders them through here, so a command looks the same
-    in ``%gpu_doctor``, ``%gpu_plan``, ``%gpu_diagnose`` and a failed run's summary.
+    Every result renders fixes through here, so a command looks the same in
+    ``%gpu_doctor``, ``%gpu_plan``, ``%gpu_diagnose`` and a failed run's summary.
     """
     return _CODE_SPAN.sub(lambda m: f"<code>{m.group(1)}</code>", html.escape(text, quote=False))
 
@@ -130,10 +127,7 @@ class Title:
 
 @dataclass(frozen=True)
 class Line:
-    """One sentence: ``indent + label: text`` wrapped at 80 columns, hanging under it.
-
-    *level* colours it in HTML; *wrap* False keeps a preformatted line as it is.
-    """
+    """One sentence, ``indent + label: text``, wrapped at 80 columns unless *wrap* is False."""
 
     text: str
     label: str = ""
@@ -149,11 +143,7 @@ class Blank:
 
 @dataclass(frozen=True)
 class Bullets:
-    """Items under an optional title: fixes, steps, notes.
-
-    Text: each item wrapped behind *marker* (``"  - "``, ``"    -> "``; numbered
-    ``"  1. "`` when *ordered*). HTML: a list, items coloured by *level*.
-    """
+    """Items under an optional title, each wrapped behind *marker* (``"  1. "`` when *ordered*)."""
 
     items: Sequence[str]
     title: str = ""
@@ -164,11 +154,7 @@ class Bullets:
 
 @dataclass(frozen=True)
 class Problems:
-    """Problems with their fixes, as the doctor lists them.
-
-    Text: ``[FIX] subject: message`` then ``    -> fix`` per fix; HTML: one bullet
-    per problem coloured by its severity, its fixes nested.
-    """
+    """Problems with their fixes: ``[FIX] subject: message`` then ``    -> fix`` per fix."""
 
     items: Sequence[Problem]
     title: str = ""
@@ -293,12 +279,8 @@ def to_html(blocks: Sequence[Block]) -> str:
 
 
 class Result:
-    """Mixin for result objects: text, HTML, JSON and pandas from one definition.
-
-    Subclasses say their content once in ``content()``; text and HTML are drawn from
-    it. ``to_dict()`` defaults to the dataclass's own fields (``_serial.to_data``);
-    rows for ``to_frame()`` come from ``records()``.
-    """
+    """Mixin for result objects: text and HTML from ``content()``, JSON from the fields
+    (``_serial.to_data``) unless ``to_dict`` differs, pandas from ``records()``."""
 
     def content(self) -> Sequence[Block]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -328,7 +310,6 @@ class Result:
     FRAME_COLUMNS: tuple[str, ...] = ()
 
     def simulated_fleet(self) -> str | None:
-        """The simulated fleet's name when this result comes from one, else None."""
         return None
 
     def to_frame(self) -> Any:

@@ -1,18 +1,15 @@
 """Frozen dataclasses to JSON-ready data and back, driven by their type hints.
 
 Plans and fleets travel as JSON (``nbgpu plan --json > p.json``, ``nbgpu status --json >
-pod.json``), so every field must come back exactly. Instead of a hand-written loader per
-class, the field annotations say what to build: ``int``, ``str``, ``float``, ``bool``,
-``X | None``, ``Literal[...]`` (one of these words), ``tuple[X, ...]``, fixed tuples,
-``frozenset[X]`` and nested dataclasses. A wrong document raises one line naming the field
-path (``gpus[1].processes[0].pid``) and what is accepted there; a class's own checks
-(``__post_init__`` raising ``ValueError`` with ``"field = value; expected ..."``) are
-reported at their path too.
+pod.json``), so every field must come back exactly; the field annotations say what to
+build (``int``, ``str``, ``float``, ``bool``, ``X | None``, ``Literal[...]``, ``tuple[X,
+...]``, fixed tuples, ``frozenset[X]``, nested dataclasses). A wrong document raises one
+line naming the field path (``gpus[1].processes[0].pid``) and what is accepted there, a
+class's own ``__post_init__`` ``ValueError`` (``"field = value; expected ..."``) included.
 
-Derived values a reader may want (a role's ``cuda_visible_devices``) are written too,
-listed in a class's ``JSON_EXTRAS``; they are recomputed, never read back.
-
-Standard library and ``nbgpu.errors`` only: every layer may use it.
+Derived values in a class's ``JSON_EXTRAS`` (a role's ``cuda_visible_devices``) are
+written too, never read back. Standard library and ``nbgpu.errors`` only: every layer
+may use it.
 """
 
 from __future__ import annotations
@@ -150,8 +147,5 @@ def from_data(
     error: type[UserInputError] = UserInputError,
 ) -> T:
     """Build *cls* from :func:`to_data` output; unknown keys are ignored (newer writers).
-
-    Every mistake raises *error* (a :class:`UserInputError`) as one line starting with
-    *prefix*.
-    """
+    Every mistake raises *error* as one line starting with *prefix*."""
     return _Reader(prefix, error).build(cls, data, where)

@@ -55,11 +55,8 @@ _CELL_STYLE = "padding:2px 8px;text-align:left;border-bottom:1px solid #dddddd"
 
 @dataclass(frozen=True)
 class Cell:
-    """A table cell with its own severity (coloured in HTML) or a memory bar.
-
-    *bar* is ``(used_bytes, total_bytes)``: HTML draws the bar beside the figures,
-    text shows *text*.
-    """
+    """A table cell with its own severity, or a *bar* ``(used_bytes, total_bytes)`` that
+    HTML draws beside the figures (text shows *text*)."""
 
     text: str
     level: str = ""
@@ -71,12 +68,8 @@ class Cell:
 
 @dataclass
 class Table:
-    """Rows of cells rendered as aligned text or an HTML table.
-
-    A row's *level* colours its background in HTML; a :class:`Cell` colours one
-    cell or draws a memory bar. A header carries its unit in its text
-    (``"GPU mem"`` cells say ``22.5 GiB``; a bare number column says ``[GiB]``).
-    """
+    """Rows of cells as aligned text or an HTML table. A header carries its unit in its
+    text (``"GPU mem"`` cells say ``22.5 GiB``; a bare number column says ``[GiB]``)."""
 
     headers: Sequence[str]
     rows: list[Sequence[str]] = field(default_factory=list)
@@ -106,9 +99,7 @@ class Table:
             widest = widths.index(max(widths))
             widths[widest] -= 1
             total -= 1
-        lines = []
-        if self.title:
-            lines.append(self.title)
+        lines = [self.title] if self.title else []
         lines.append(
             "  ".join(
                 shorten(h, w).ljust(w) for h, w in zip(self.headers, widths, strict=True)
@@ -122,10 +113,8 @@ class Table:
     def _cell_html(self, r: int, i: int, text: str, background: str) -> str:
         style = _CELL_STYLE + background
         cell = self.cells[r].get(i)
-        if cell is not None and cell.bar is not None:
-            body = memory_bar_html(*cell.bar) or html.escape(text)
-        else:
-            body = html.escape(text)
+        bar = memory_bar_html(*cell.bar) if cell is not None and cell.bar is not None else None
+        body = bar or html.escape(text)
         if cell is not None and cell.level in COLOURS and cell.level != "ok":
             style += f";color:{COLOURS[cell.level]};font-weight:bold"
         return f'<td style="{style}">{body}</td>'

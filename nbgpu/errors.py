@@ -52,10 +52,7 @@ class VisibleDevicesError(UserInputError):
 
 
 class NvmlError(NbgpuError):
-    """The NVIDIA management library reported an error.
-
-    ``code`` is NVML's return code (``NVML_ERROR_*``), ``None`` if unknown.
-    """
+    """The NVIDIA management library reported an error; ``code`` is its ``NVML_ERROR_*``."""
 
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)

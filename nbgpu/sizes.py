@@ -61,9 +61,9 @@ def fmt_bytes(value: int | None) -> str:
     size = float(value)
     for unit in _PRINTED_UNITS:
         if abs(size) < 1024 or unit == _PRINTED_UNITS[-1]:
-            return f"{size:.0f} {unit}" if unit in ("B", "KiB") else f"{size:.1f} {unit}"
+            break
         size /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    return f"{size:.0f} {unit}" if unit in ("B", "KiB") else f"{size:.1f} {unit}"
 
 
 def fmt_used_total(used: int | None, total: int | None) -> str:

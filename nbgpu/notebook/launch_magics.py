@@ -1,10 +1,6 @@
 """``%%torchrun``, ``%gpu_runs``, ``%gpu_stop``, ``%gpu_stacks``, ``%gpu_diagnose``: the
-launch face in a notebook.
-
-Parses arguments, calls :mod:`nbgpu.launch`, and renders; where a run's lines go
-(the cell, a widget panel, a background display) is ``widgets.py``. Warm jobs:
-``--keep`` starts one, ``--on NAME`` runs a cell on it. Imports of the launch engine
-happen inside the magics.
+launch face in a notebook. Parses arguments, calls :mod:`nbgpu.launch` (imported inside
+the magics), and renders; where a run's lines go is ``widgets.py``.
 """
 
 from __future__ import annotations
@@ -286,12 +282,8 @@ def keep_empty_cell_body(lines: list[str]) -> list[str]:
     cell a blank body lets ``%%torchrun`` name what is wrong (``nproc 'banana' is not
     a number``) or say that the cell has no code.
     """
-    if (
-        lines
-        and lines[0].startswith("%%torchrun")
-        and lines[0][len("%%torchrun") :][:1] in ("", " ", "\t", "\n")
-        and not any(line.strip() for line in lines[1:])
-    ):
+    head = lines[0].split()[:1] if lines else []
+    if head == ["%%torchrun"] and not any(line.strip() for line in lines[1:]):
         return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]
     return lines
 

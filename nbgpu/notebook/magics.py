@@ -73,7 +73,6 @@ def user_errors() -> Iterator[None]:
 
 
 def _usage_name(magics: Magics, name: str) -> str:
-    """'%%torchrun' for a cell magic, '%gpu_status' for a line magic."""
     return f"%%{name}" if name in magics.magics["cell"] else f"%{name}"
 
 

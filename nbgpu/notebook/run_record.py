@@ -65,7 +65,6 @@ class RankTail:
         return f"{shown:,} line{'s' if shown != 1 else ''}"
 
     def text(self) -> str:
-        """The lines, after the note of the earlier ones."""
         note = self.earlier_note()
         body = "\n".join(self.lines)
         return f"… {note}\n{body}" if note else body

@@ -1,12 +1,9 @@
 """``%gpu_watch``: a live GPU dashboard in the cell's output.
 
-The sampling lives in :mod:`nbgpu.devices.watch` (a background thread, bounded
-history); this face draws it: utilisation and memory of every GPU over time as SVG
-lines, a table with a memory bar, temperature, power and the processes on each GPU
-with the holders' states (a dead holder in red, the kernel's own process and the
-ranks of nbgpu runs named), and Pause / Stop buttons. The dashboard is a
-:class:`~nbgpu.notebook.live.LiveView`: its face is static HTML redrawn on each
-sample, so a notebook saved while it runs, or after it stopped, keeps the last picture.
+:mod:`nbgpu.devices.watch` samples (a background thread, bounded history); this face
+draws the samples as a :class:`~nbgpu.notebook.live.LiveView` whose face is static HTML
+redrawn on each sample, so a notebook saved while it runs, or after it stopped, keeps
+the last picture.
 
 Sampling stops with the Stop button, ``%gpu_watch --stop``, the kernel's end, or when the
 front end no longer shows the dashboard (its output cleared, the notebook closed): the

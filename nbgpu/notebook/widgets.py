@@ -3,16 +3,10 @@
 A foreground run (or a warm cell) writes prefixed text into the cell that runs it, within
 the screen budget, or into a widget panel on request. A background run writes through a
 display handle created in the cell that started it, so its output never lands in
-whatever cell runs later; once it ends, that display shows the run's static record.
-
-The panel is a :class:`~nbgpu.notebook.live.LiveView`. Its face (static HTML, redrawn
-at most 4 times a second) shows the headline, a state badge per rank, the picked rank's
-newest lines in a fixed-height box that follows the newest line (the full log is on
-disk, and the box says how many earlier lines only the log has), and the ranks'
-memory. The controls are the Stop button (background runs) and the rank picker. When
-the run (or a warm cell) ends, the face becomes the run's record
-(:mod:`nbgpu.notebook.run_record`): every rank's last lines, the badges, the summary.
-ipywidgets is imported here only.
+whatever cell runs later. Either view is a :class:`~nbgpu.notebook.live.LiveView` whose
+face (:mod:`nbgpu.notebook.run_record`) becomes the run's record when the run (or a warm
+cell) ends; the panel's controls are the Stop button (background runs) and the rank
+picker. ipywidgets is imported here only.
 """
 
 from __future__ import annotations
@@ -101,14 +95,9 @@ def _write_stdout(text: str) -> None:
 
 
 class _BackgroundView:
-    """A bounded live tail of a background run, kept in the cell that started it.
-
-    A :class:`~nbgpu.notebook.live.LiveView` without controls: its face is the run's
-    headline, the node's memory and the newest lines; once the run ends, the run's
-    record (each rank's last lines, the badges, the summary) as HTML and text. As the
-    run's line sink it keeps the tails for the record and passes every line on to a
-    :class:`~nbgpu.launch.streams.ScreenWriter` that writes into the face.
-    """
+    """A bounded live tail of a background run, in the cell that started it: a LiveView
+    without controls (headline, node memory, newest lines) that ends as the run's record.
+    As the run's line sink it keeps the tails and hands every line to a ScreenWriter."""
 
     def __init__(self, run: Run, *, quiet: bool) -> None:
         from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
