@@ -1,8 +1,6 @@
-"""The process-group backends ``torch.distributed`` knows by name: one list for the
-launch flag (``--backend``) and for ``nbgpu.rank.init()``.
-
-A module of its own so that declaring the flags (at ``%load_ext``) does not load
-``nbgpu.rank``; standard library only.
+"""The process-group backends ``torch.distributed`` knows by name, for ``--backend`` and
+``nbgpu.rank.init()``: its own module so that declaring the flags (at ``%load_ext``)
+does not load ``nbgpu.rank``. Standard library only.
 """
 
 from __future__ import annotations

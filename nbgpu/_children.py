@@ -36,11 +36,8 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def set_parent_death_signal(sig: int) -> str | None:
-    """Ask the kernel to send *sig* when our parent dies; the reason if it refused.
-
-    prctl reports failure through its return value, not an exception: checking it is
-    what turns a silently lost guarantee into a line the user sees.
-    """
+    """Ask the kernel to send *sig* when our parent dies; the reason if it refused (prctl
+    fails through its return value: unchecked, the guarantee would be lost silently)."""
     if sys.platform != "linux":
         return f"no parent-death signal on {sys.platform}"
     try:
@@ -100,12 +97,9 @@ def package_root() -> str:
 
 
 def with_package_importable(environ: Mapping[str, str]) -> dict[str, str]:
-    """A copy of *environ* in which a child Python imports this same nbgpu.
-
-    A checkout that is not installed goes in front of PYTHONPATH. An installed copy is
-    already importable, and putting site-packages on PYTHONPATH would move it in front
-    of the standard library, so it is left alone.
-    """
+    """A copy of *environ* in which a child Python imports this same nbgpu: a checkout
+    that is not installed goes in front of PYTHONPATH. An installed copy is left alone
+    (site-packages on PYTHONPATH would come before the standard library)."""
     env = dict(environ)
     root = package_root()
     site_dirs: set[str] = set()
@@ -152,11 +146,8 @@ class Finished:
 
 
 def run_with_deadline(argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float) -> Finished:
-    """Run ``argv`` in its own session; past ``timeout_s`` kill its whole process group.
-
-    Raises ``OSError`` when the child cannot be started. An interrupt (or any other
-    exception) while waiting kills the group before it propagates: no child is left.
-    """
+    """Run ``argv`` in its own session; past ``timeout_s`` kill its whole process group, as
+    on an interrupt while waiting. ``OSError`` when the child cannot be started."""
     started = time.perf_counter()
     proc = subprocess.Popen(
         list(argv),
@@ -195,9 +186,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
         wait_gone([proc.pid], _group_gone, time.monotonic() + _REAP_TIMEOUT_S, poll_s=0.01)
         return proc.communicate(timeout=_REAP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        # Uninterruptible sleep in the driver (it dies when the driver lets go), or a
-        # descendant that left the group: either holds the pipes open, so reading them
-        # would block too.
+        # Uninterruptible sleep in the driver (it dies when the driver lets go), or a descendant
+        # that left the group: either holds the pipes open, so reading them would block too.
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()

@@ -1,14 +1,12 @@
 """Each result says its content once; this module renders it as text and as HTML.
 
-A result's :meth:`Result.content` is a list of blocks (:class:`Title`, :class:`Line`,
-:class:`Table`, :class:`Problems`, :class:`Bullets`, :class:`Pre`, :class:`Figure`,
-:class:`Section`, :class:`Blank`). :func:`to_text` draws them for terminals, nbval and
-80 columns; :func:`to_html` for notebooks. The HTML carries its colours in inline
-``style`` attributes only: JupyterLab and Notebook strip ``<style>`` blocks from
-untrusted output (every notebook a colleague sends, every tutorial opened fresh),
-GitHub and nbviewer drop them too, and an inline style also beats the front ends' own
-table rules without ``!important``. Colours are hex values, a form JupyterLab's
-sanitizer keeps in untrusted output.
+A result's :meth:`Result.content` is a list of blocks (:data:`Block`); :func:`to_text`
+draws them for terminals, nbval and 80 columns, :func:`to_html` for notebooks. The HTML
+carries its colours in inline ``style`` attributes only: JupyterLab and Notebook strip
+``<style>`` blocks from untrusted output (every notebook a colleague sends, every
+tutorial opened fresh), GitHub and nbviewer drop them too, and an inline style beats the
+front ends' own table rules without ``!important``. Colours are hex values, a form
+JupyterLab's sanitizer keeps in untrusted output.
 
 Pure standard library: no IPython, no pandas (``to_frame`` imports it when asked).
 """

@@ -23,12 +23,10 @@ _BAR_CELLS = 10
 
 
 def memory_bar_html(used: int | None, total: int | None) -> str | None:
-    """A memory bar for an HTML table cell: ``█████░░░░░ 28.3/79.6 GiB``.
+    """A memory bar for an HTML table cell, ``█████░░░░░ 28.3/79.6 GiB``; None when unknown.
 
     Block characters, not SVG or CSS widths: GitHub's notebook view strips styles and
-    inline SVG, nbconvert and every notebook front end keep text, so the picture
-    survives everywhere the table does. The colour (a span style) is a bonus where
-    styles are kept. None when the figures are unknown.
+    inline SVG, while text survives everywhere the table does (the colour is a bonus).
     """
     if used is None or not total:
         return None

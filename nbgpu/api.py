@@ -1,8 +1,8 @@
 """The Python API behind every face: ``nbgpu.status()``, ``nbgpu.doctor()``, ``nbgpu.clean()``.
 
-Magics (``notebook/``) and the CLI (``cli.py``) only parse arguments and call these.
-Each takes the environment as a mapping (default ``os.environ``) so tests and
-scripts never patch the process environment. Never imports IPython.
+Magics and the CLI only parse arguments and call these; never imports IPython. Each takes
+the environment as a mapping (default ``os.environ``): tests and scripts never patch the
+process environment.
 """
 
 from __future__ import annotations

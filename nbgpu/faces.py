@@ -1,8 +1,7 @@
 """Hints name the face the user is in: a terminal user is told ``nbgpu run -n 4``.
 
-The same engine serves three faces: the notebook magics, the ``nbgpu`` command and
-the Python API. A message that suggests a command must suggest one the user can
-type where they are. Standard library only.
+A message that suggests a command suggests one the user can type where they are: in the
+notebook magics, the ``nbgpu`` command or the Python API. Standard library only.
 """
 
 from __future__ import annotations

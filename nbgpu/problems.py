@@ -1,9 +1,6 @@
-"""One problem with its fixes: what the doctor finds, a plan warns of, an estimate
-flags and a diagnosis names.
-
-Every layer reports trouble with this one type, so a problem reads, renders and
-serialises the same wherever it appears (``%gpu_doctor``, ``%gpu_plan``,
-``%gpu_diagnose``, ``nbgpu.estimate``). Standard library only.
+"""One problem with its fixes, the one type every layer reports trouble with, so a
+problem reads, renders and serialises the same in ``%gpu_doctor``, ``%gpu_plan``,
+``%gpu_diagnose`` and ``nbgpu.estimate``. Standard library only.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The notebook face: magics and widgets, the only layer that imports IPython.
 
-``%load_ext nbgpu`` registers the Magics classes, ``%unload_ext nbgpu`` removes them.
-The magics are whatever the classes declare (IPython's ``magics_class`` records each
-class's line and cell magics in ``cls.magics``): unloading removes exactly those names,
-so a magic added to a class needs no second list here. Loading imports IPython's magic
-machinery only.
+``%unload_ext nbgpu`` removes exactly the magics the classes declare (``cls.magics``,
+recorded by IPython's ``magics_class``), so a new magic needs no second list here.
+Loading imports IPython's magic machinery only.
 """
 
 from __future__ import annotations

@@ -277,10 +277,8 @@ class LaunchMagics(Magics):
 def keep_empty_cell_body(lines: list[str]) -> list[str]:
     """Input transformer: let ``%%torchrun ARGS`` with an empty body reach the magic.
 
-    IPython answers a cell magic whose body is empty itself, with "did you mean the
-    line magic %torchrun?", and the line magic can only send the user back. Giving the
-    cell a blank body lets ``%%torchrun`` name what is wrong (``nproc 'banana' is not
-    a number``) or say that the cell has no code.
+    IPython answers an empty cell magic itself ("did you mean the line magic
+    %torchrun?"); a blank body lets ``%%torchrun`` name a bad argument or the empty cell.
     """
     head = lines[0].split()[:1] if lines else []
     if head == ["%%torchrun"] and not any(line.strip() for line in lines[1:]):

@@ -47,12 +47,9 @@ _CONTROLS: list[Any] = []  # every controls widget, closed when the kernel exits
 
 
 class LiveView:
-    """A face kept current through a display handle, and controls above it.
-
-    *face* returns the bundle to show (``text/plain``, and ``text/html`` where the
-    view has one); it is called from whichever thread refreshes. *on_exit* is what
-    the kernel's exit does with a view still live (default: :meth:`end`).
-    """
+    """A face kept current through a display handle, and controls above it. *face* is
+    called from whichever thread refreshes; *on_exit* is what the kernel's exit does with
+    a view still live (default: :meth:`end`)."""
 
     #: False once a process without a front end exits: its views end without a word.
     publish = True
@@ -136,11 +133,8 @@ def svg_img(svg: str, alt: str) -> str:
 
 
 def _end_all() -> None:
-    """At the kernel's exit: every live view ends, every controls widget closes.
-
-    The updates still reach a page that is open (measured), which then holds only
-    static outputs. Outside a kernel (a terminal, a test run) nothing is shown then.
-    """
+    """At the kernel's exit every live view ends and every controls widget closes: the
+    updates still reach an open page (measured). Outside a kernel nothing is shown."""
     from IPython import get_ipython  # noqa: PLC0415
 
     LiveView.publish = getattr(get_ipython(), "kernel", None) is not None

@@ -1,10 +1,9 @@
 """IPython magics: a thin face that parses arguments and calls :mod:`nbgpu.api`.
 
 The GPU and memory magics, and what every magic shares: ``-h``, and user mistakes as
-``UsageError`` (one line, no traceback). Results are returned so the notebook renders
-them. Everything heavy (pynvml, psutil, the inventory, the launch engine) is imported
-inside the magic that needs it, so ``%load_ext nbgpu`` stays cheap. Each magic reads the
-kernel's environment as it is now (``%env`` changes ``os.environ`` in place).
+``UsageError`` (one line, no traceback). Anything heavy is imported inside the magic that
+needs it (``%load_ext nbgpu`` stays cheap); each magic reads ``os.environ`` as it is now
+(``%env`` changes it in place).
 """
 
 from __future__ import annotations

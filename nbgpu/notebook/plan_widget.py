@@ -1,15 +1,12 @@
 """``%gpu_plan --widget``: the plan's inputs as controls, the plan redrawn as they change.
 
-State lives in the model layer: every change builds a new :class:`nbgpu.plan.Plan` from
-the controls' values with :func:`nbgpu.plan` (one inventory snapshot taken when the widget
-opens), and the widget only draws it: validity, batch alternatives and memory table (the
-plan's own HTML), or the one-line reason an input is refused, shown as an invalid state.
-The current plan is kept in the user's namespace under ``--name`` (default ``p``), so the
-launch line the widget shows, ``%%torchrun --plan p --role train``, launches exactly what
-is on screen; the Copy button puts that line on the clipboard (in front ends that allow
-it; the line is also in a text box to copy by hand). The widget is a
-:class:`~nbgpu.notebook.live.LiveView`: the controls above, the plan and its launch line
-as the static face below, so a saved notebook keeps the last plan (HTML and text).
+Every change builds a new :class:`nbgpu.plan.Plan` with :func:`nbgpu.plan` from the
+controls' values (one inventory snapshot taken when the widget opens); the widget only
+draws it, or the one-line reason an input is refused. The plan is kept in the user's
+namespace (``p``), so the launch line shown, ``%%torchrun --plan p --role train``,
+launches exactly what is on screen (Copy puts it on the clipboard where the front end
+allows it). A :class:`~nbgpu.notebook.live.LiveView`: the controls above, the plan and
+its launch line as the static face below, which a saved notebook keeps.
 """
 
 from __future__ import annotations

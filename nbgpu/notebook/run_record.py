@@ -1,14 +1,10 @@
 """What a run's face shows: live (the picked rank's newest lines) and once it ended.
 
-The live face and the record are the two states of a run's
-:class:`~nbgpu.notebook.live.LiveView`: both are static HTML and text, so a notebook
-saved at any moment holds a readable picture. The record has the run's headline, a
-state badge per rank, each rank's last lines (and how many earlier lines only its
-``rank{N}.log`` holds, with the path), the run's summary (ranks table, failure
-summary, diagnosis) and the ranks' memory over time.
-
-Pure rendering over a :class:`~nbgpu.launch.run.Run` (duck-typed) and the tails that
-the view kept; no IPython, no ipywidgets.
+Both states of a run's :class:`~nbgpu.notebook.live.LiveView` are static HTML and text,
+so a notebook saved at any moment holds a readable picture. The record has the run's
+headline, a state badge per rank, each rank's last lines (and how many earlier lines
+only its ``rank{N}.log`` holds), the run's summary and the ranks' memory over time.
+Pure rendering over a :class:`~nbgpu.launch.run.Run` (duck-typed); no IPython, no ipywidgets.
 """
 
 from __future__ import annotations
@@ -157,12 +153,9 @@ def live_bundle(run: Any, tail: RankTail | None, memory: str, note: str | None =
 
 
 def _scroll_box(text: str, height: str = "16em") -> str:
-    """*text* in a box of at most *height* that shows its newest (last) line.
-
-    ``column-reverse`` anchors the scroll position at the end of the content, so the
-    box opens at the bottom and stays there as it is re-rendered: no script needed,
-    which a saved notebook could not run anyway.
-    """
+    """*text* in a box of at most *height* that opens at its newest (last) line:
+    ``column-reverse`` anchors the scroll position at the end, with no script (which a
+    saved notebook could not run)."""
     return (
         f'<div class="nbgpu-scroll" style="max-height:{height};overflow:auto;display:flex;'
         'flex-direction:column-reverse;border:1px solid #ddd;margin:2px 0 6px 0">'
@@ -201,10 +194,9 @@ def record_bundle(run: Any, tails: Tails, extra: Iterable[tuple[str, str]] = ())
 
 
 # -- the memory timeline ----------------------------------------------------------------
-# One line per rank and the node's total, drawn as a small SVG image (no matplotlib in the
+# One line per rank and the node's total, as a small SVG image (no matplotlib in the
 # refresh loop: a redraw costs microseconds), read at most once a second from the ranks'
-# memory records (:class:`nbgpu.profile.live.MemoryFollower`). The full figure is
-# ``%gpu_memory NAME`` once the run is over.
+# memory records. The full figure is ``%gpu_memory NAME`` once the run is over.
 
 MEMORY_REFRESH_S = 1.0
 _LINE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",

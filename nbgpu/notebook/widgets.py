@@ -206,13 +206,10 @@ class RunPanel:
         threading.Thread(target=self.run.stop, args=("stopped",), daemon=True).start()
 
 
-# -- a warm cell, read like a finished run --------------------------------------------
-# A warm cell ends while its job goes on, so the record is of the *cell*: which cell, how
-# it ended on each rank, how long it took, and that the ranks are kept.
-
-
 class CellView:
-    """What the record functions read of a run, answered for one warm cell."""
+    """What the record functions read of a run, answered for one warm cell: the cell ends
+    while its job goes on, so the record says which cell, how it ended on each rank, how
+    long it took, and that the ranks are kept."""
 
     def __init__(self, run: Run, result: CellResult) -> None:
         self._run = run
