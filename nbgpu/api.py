@@ -7,7 +7,9 @@ process environment.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nbgpu.devices.inventory import Inventory, take_inventory
@@ -91,9 +93,6 @@ def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = Non
     name under the runs directory (``NBGPU_RUNS_DIR``). No argument: this process's last
     run, else this process's own phases (``nbgpu.phase``, ``%%gpu_phase``).
     """
-    import re  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
     from nbgpu.launch.execute import runs  # noqa: PLC0415
     from nbgpu.launch.rundirs import runs_root  # noqa: PLC0415
     from nbgpu.profile.phases import recorder  # noqa: PLC0415

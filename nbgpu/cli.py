@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import NbgpuError, UserInputError
@@ -194,11 +196,7 @@ def _run_script(args: argparse.Namespace) -> int:
 
         plan = plan_from_json(args.plan)
     prepared = prepare(script=args.script, plan=plan, face="terminal", **options)
-
-    def write(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
+    write = functools.partial(print, end="", flush=True)
     tty = sys.stdout.isatty()
     run = execute(
         prepared,
@@ -259,8 +257,6 @@ def _memory(args: argparse.Namespace) -> int:
 
     report = memory(args.run)
     if args.png:
-        from pathlib import Path  # noqa: PLC0415
-
         try:
             Path(args.png).expanduser().write_bytes(report.png())
         except OSError as exc:
@@ -325,18 +321,16 @@ def _run(args: argparse.Namespace) -> int:
         print(cleaned.text())
         failed = [o for o in cleaned.outcomes if o.result.startswith("failed")]
         return EXIT_PROBLEM if failed else EXIT_OK
-    if args.command == "run":
-        return _run_script(args)
-    if args.command == "diagnose":
-        return _diagnose(args)
-    if args.command == "estimate":
-        return _estimate(args)
-    if args.command == "memory":
-        return _memory(args)
-    if args.command == "runs":
-        return _runs(args)
-    if args.command == "stacks":
-        return _stacks(args)
+    commands = {
+        "run": _run_script,
+        "diagnose": _diagnose,
+        "estimate": _estimate,
+        "memory": _memory,
+        "runs": _runs,
+        "stacks": _stacks,
+    }
+    if args.command in commands:
+        return commands[args.command](args)
     if args.command == "plan":
         result = plan_from_args(args)
         print(render_plan_output(result, args) or result.text())

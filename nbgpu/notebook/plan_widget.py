@@ -22,21 +22,14 @@ __all__ = ["PlanWidget", "plan_inputs"]
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 
 
-def _int_or_none(value: int) -> int | None:
-    return value if value > 0 else None
-
-
 def plan_inputs(values: dict[str, Any]) -> dict[str, Any]:
     """The controls' values as :func:`nbgpu.plan` keyword arguments (0 and "" mean unset)."""
-    return {
-        "allocation": values.get("allocation", "").strip() or None,
-        "exclude": values.get("exclude", "").strip() or None,
-        "global_batch": _int_or_none(int(values.get("global_batch", 0))),
-        "micro_batch": _int_or_none(int(values.get("micro_batch", 0))),
-        "grad_accum": _int_or_none(int(values.get("grad_accum", 0))),
-        "strategy": values.get("strategy", "ddp"),
-        "model": values.get("model", "").strip() or None,
+    inputs = {
+        key: values.get(key, "").strip() or None for key in ("allocation", "exclude", "model")
     }
+    for key in ("global_batch", "micro_batch", "grad_accum"):
+        inputs[key] = max(0, int(values.get(key, 0))) or None
+    return {**inputs, "strategy": values.get("strategy", "ddp")}
 
 
 class PlanWidget:

@@ -11,8 +11,8 @@ picker. ipywidgets is imported here only.
 
 from __future__ import annotations
 
+import functools
 import os
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -68,12 +68,9 @@ def foreground_output(args: Namespace) -> Callable[[Run], Output]:
         # Opt-in for foreground runs: their text then lives in the panel's tabs,
         # which static exports and nbval do not show (auto keeps text here).
         return lambda run: _panel_output(run, stoppable=False)
-    return to_screen(
-        _write_stdout,
-        quiet=args.quiet,
-        color=True,
-        live_status=not _under_test_runner(),  # the node's memory, one line
-    )
+    write = functools.partial(print, end="", flush=True)
+    live = not _under_test_runner()  # live_status: the node's memory, one line
+    return to_screen(write, quiet=args.quiet, color=True, live_status=live)
 
 
 def _panel_output(run: Run, *, stoppable: bool = True) -> Output:
@@ -87,11 +84,6 @@ def _panel_output(run: Run, *, stoppable: bool = True) -> Output:
 def _under_test_runner() -> bool:
     # nbval/pytest kernels have no widget manager: their output must be plain text.
     return "PYTEST_CURRENT_TEST" in os.environ
-
-
-def _write_stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
 
 
 class _BackgroundView:
