@@ -101,13 +101,10 @@ def _colour(level: str) -> str:
 def title_html(title: str, *, simulated: bool) -> str:
     """A result's title as escaped HTML, its word SIMULATED marked (inline colour)."""
     text = html.escape(title)
-    if simulated:
-        text = text.replace(
-            "SIMULATED",
-            f'<span class="nbgpu-sim" style="color:{SIMULATED_COLOUR};font-weight:bold">'
-            "SIMULATED</span>",
-        )
-    return text
+    if not simulated:
+        return text
+    mark = f'<span class="nbgpu-sim" style="color:{SIMULATED_COLOUR};font-weight:bold">'
+    return text.replace("SIMULATED", f"{mark}SIMULATED</span>")
 
 
 def simulated_label(fleet: str) -> str:

@@ -32,8 +32,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """``%unload_ext nbgpu``: remove exactly the magics that loading added."""
-    # IPython has no public unregister; remove exactly the names the classes declare.
+    """``%unload_ext nbgpu``: remove the magics the classes declare (no public unregister)."""
     from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
 
     manager = ipython.magics_manager

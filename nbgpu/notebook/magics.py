@@ -28,9 +28,8 @@ __all__ = ["GPUMagics", "helped", "parse_or_help", "user_errors", "words"]
 
 
 # -- what every magic shares ----------------------------------------------------------
-# IPython's magic parser has no help flag of its own (``%magic?`` opens a pager that
-# nbval and terminals do not show), so each magic answers -h with its docstring, the
-# usage text magic_arguments writes.
+# IPython's magic parser has no help flag (``%magic?`` opens a pager that nbval and
+# terminals do not show): each magic answers -h with its docstring, magic_arguments' usage.
 
 
 def helped(magics: Magics, name: str, line: str) -> bool:

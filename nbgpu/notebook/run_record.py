@@ -33,6 +33,7 @@ LIVE_HEIGHT = "20em"
 _ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 _BADGE_COLOURS = {"running": "#2a7ae2", "ok": "#2e8b57", "failed": "#c0392b", "stopped": "#7f8c8d"}
 _SMALL = '<div style="font-size:11px">'
+_RUN_KINDS = {"succeeded": "ok", "stopped": "stopped", "interrupted": "stopped"}
 
 
 def strip_ansi(text: str) -> str:
@@ -103,9 +104,7 @@ def _badges(run: Any) -> list[tuple[int, str, str]]:
         if state is None and not run.done:
             kind, text = "running", "running"
         elif state is None:
-            kind = {"succeeded": "ok", "stopped": "stopped", "interrupted": "stopped"}.get(
-                run.state, "failed"
-            )
+            kind = _RUN_KINDS.get(run.state, "failed")
             text = run.state.replace("_", " ")
         elif state == "ok":
             kind, text = "ok", "ok"

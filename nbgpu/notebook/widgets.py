@@ -115,10 +115,9 @@ class _BackgroundView:
                 head += f"\n{self._memory}"
         return {"text/plain": f"{head}\n{body}" if body else head}
 
-    def write(self, text: str) -> object:
+    def write(self, text: str) -> None:
         with self._lock:
             self._lines.extend(strip_ansi(text).rstrip("\n").split("\n"))
-        return None
 
     def tick(self, run: Run) -> None:
         if run.done and self.record is None:
