@@ -5,8 +5,7 @@
 vendors and Hugging Face's ``max_memory="80GB"`` mean). So ``80G`` is 80 GiB and
 ``80GB`` is 74.5 GiB, in ``--mem-limit``, ``nbgpu.estimate(budget=)``,
 ``plan --gpu-memory`` and ``--keep-bytes`` alike, and every answer that repeats a size
-prints its unit (:func:`fmt_bytes`: binary units, as nvidia-smi's MiB). Standard
-library only: ranks use it too.
+prints its unit (:func:`fmt_bytes`). Standard library only: ranks use it too.
 """
 
 from __future__ import annotations

@@ -35,8 +35,7 @@ __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 
 def _launch_flags(method: Any) -> Any:
     """Give the magic the notebook's launch flags, as declared once in ``launch/flags.py``."""
-    # magic_arguments lists arguments in the order their decorators are written, i.e.
-    # applied last-first: apply the declaration backwards.
+    # Decorators apply last-first; magic_arguments lists them as written: go backwards.
     for names, keywords in reversed(arguments(NOTEBOOK)):
         method = argument(*names, **keywords)(method)
     return magic_arguments()(method)
@@ -91,7 +90,7 @@ class LaunchMagics(Magics):
             options, pushed = self._options(args)
             prepared = prepare(
                 code=cell,
-                plan=None if args.plan is None else _variable(self._namespace, "--plan", args.plan),
+                plan=None if args.plan is None else self._variable("--plan", args.plan),
                 push=pushed,
                 **{**options, "script_args": script_args},
             )
@@ -108,8 +107,7 @@ class LaunchMagics(Magics):
                 f"%gpu_stop {run.name}, nbgpu.runs()['{run.name}'].wait()"
             )
             return None
-        # A failed run raises RunFailed; the ranks' output (tracebacks included) is
-        # already in this cell.
+        # A failed run raises RunFailed: the ranks' output (tracebacks too) is in this cell.
         run = execute(
             prepared,
             foreground_output(args),
@@ -143,9 +141,12 @@ class LaunchMagics(Magics):
             on_done=lambda r: self._deliver(r, options, announce=True),
         )
 
-    @property
-    def _namespace(self) -> dict[str, Any]:
-        return self.shell.user_ns if self.shell is not None else {}
+    def _variable(self, flag: str, name: str) -> Any:
+        """The notebook variable a flag names (``--plan p``, ``--push x``)."""
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        if name not in namespace:
+            raise UserInputError(f"{flag} {name}: no variable {name!r} in the notebook")
+        return namespace[name]
 
     def _options(self, args: Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         """``prepare()`` keywords from the flags (checked), and the ``--push`` values."""
@@ -153,7 +154,7 @@ class LaunchMagics(Magics):
         if args.on is not None:
             check_cell_flags(args)
         options = prepare_options(args)
-        pushed = {n: _variable(self._namespace, "--push", n) for n in pushed_names(args)}
+        pushed = {n: self._variable("--push", n) for n in pushed_names(args)}
         return options, pushed
 
     def _deliver(self, run: Run | CellResult, options: dict[str, Any], *, announce: bool) -> None:
@@ -305,10 +306,3 @@ def _prune(tokens: list[str]) -> Any:
             keep = int(value[0])
     with user_errors():
         return retention.prune(policy=retention.policy_from_options(keep, budget))
-
-
-def _variable(namespace: dict[str, Any], flag: str, name: str) -> Any:
-    """The notebook variable a flag names (``--plan p``, ``--push x``)."""
-    if name not in namespace:
-        raise UserInputError(f"{flag} {name}: no variable {name!r} in the notebook")
-    return namespace[name]
