@@ -28,8 +28,7 @@ __all__ = ["MemoryTimeline", "RankTail", "Tails", "live_bundle", "record_bundle"
 RECORD_TAIL_LINES = 40
 #: Height of the live panel's scroll area: it stays this size however much a rank prints.
 LIVE_HEIGHT = "20em"
-# Any CSI sequence (colours, cursor moves) and the two-byte escapes: a static record
-# is read where nothing interprets them.
+# CSI sequences (colours, cursor moves) and two-byte escapes: a static record shows them raw.
 _ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 _BADGE_COLOURS = {"running": "#2a7ae2", "ok": "#2e8b57", "failed": "#c0392b", "stopped": "#7f8c8d"}
 _SMALL = '<div style="font-size:11px">'
