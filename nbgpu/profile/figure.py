@@ -1,9 +1,5 @@
 """The memory figure: every rank over time, phases as bands, the node's total, the limits.
 
-Three stacked panels sharing the time axis: host memory per rank (PSS, RSS where PSS
-is unknown) with the node's sum of all ranks and the machine's memory and
-``--mem-limit`` as lines; GPU memory per rank (allocated) when any rank used CUDA; and
-one bar per rank showing its phases, the phase a rank died in marked with a cross.
 Built on ``matplotlib.figure.Figure`` (no pyplot state, no backend switch), so it
 renders the same in a kernel, a terminal (``--png``) and a saved notebook. It draws a
 :class:`~nbgpu.profile.records.MemoryTimeline` (the report is one, and shows the
@@ -116,8 +112,7 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
 def _label(
     ax: Any, text: str, xy: tuple[float, float], offset: tuple[int, int], **style: Any
 ) -> None:
-    """Bold text beside a point; near the right edge (offset to the left) it ends there,
-    so it stays inside the axes."""
+    # Near the right edge (offset to the left) the text ends at the point: inside the axes.
     ha = "right" if offset[0] < 0 else "left"
     ax.annotate(
         text,

@@ -1,9 +1,7 @@
 """Following a running job's memory records: a one-line node summary, a timeline.
 
 :class:`MemoryFollower` reads only the bytes each ``mem-rank{N}.jsonl`` gained since
-the last call (complete lines; a partial last line waits for the next call), and keeps
-per rank its newest sample, its open phases and the timeline points. The launcher
-asks it for :meth:`summary` at most once a second. Standard library only.
+the last call (a partial last line waits for the next call). Standard library only.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ _GIB = 1024**3
 
 
 def _of(used: int, total: int | None) -> str:
-    """``3.1/23.5`` (GiB), or ``3.1`` without the total."""
     return f"{used / _GIB:.1f}" + (f"/{total / _GIB:.1f}" if total else "")
 
 

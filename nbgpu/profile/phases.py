@@ -8,8 +8,7 @@ Each process has one :class:`~nbgpu.profile.recorder.Recorder`. Inside a rank la
 by nbgpu it appends to ``mem-rank{N}.jsonl`` in the run directory (``NBGPU_RUN_DIR``;
 ``NBGPU_MEM_DIR`` for other jobs), crash-safe (a slow disk delays a record by the page
 cache's write, never by a flush). Outside any run (the notebook kernel, a plain script)
-records are kept in memory: ``nbgpu.phase.report()`` shows them. Each phase records
-memory at its start and end and its peak (see the recorder). Standard library only.
+records are kept in memory: ``nbgpu.phase.report()`` shows them. Standard library only.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import UserInputError
@@ -139,12 +137,8 @@ class Phase:
     def __enter__(self) -> Phase:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
+        exc = exc_info[1]
         self.stop(error=None if exc is None else f"{type(exc).__name__}: {exc}"[:300])
 
 

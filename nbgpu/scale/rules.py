@@ -1,12 +1,6 @@
 """The rules (which key follows which rule, how a rule moves a value to the target) and
-the checks verl and vLLM make at start, run on the scaled values before anything runs.
-
-A global batch scales with the GPU count and moves to the nearest valid value; a
-tensor-parallel size is kept, scaled or set. Then: batch divisibility by the GPU count
-and the micro batch, mini <= train batch, the rollout world by the tensor-parallel size,
-token budgets, and whether each inference engine's memory fraction holds the model and
-the KV cache its sequences need (``reference/memory.md`` §5c). Pure arithmetic; never
-reads files.
+the checks verl and vLLM make at start (the package docstring lists both), run on the
+scaled values before anything runs. Pure arithmetic; never reads files.
 """
 
 from __future__ import annotations
