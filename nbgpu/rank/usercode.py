@@ -5,10 +5,8 @@ The code runs as its leading import block and the rest, each a recorded memory p
 at the user's first frame, and torchelastic's error file is written as ``@record`` does.
 
 A warm job's rank connects to the job's private channel (a ``multiprocessing`` Client
-with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``). For each
-cell it marks the boundary in its log, says it started, runs the code as phases
-``cell N imports`` and ``cell N``, and answers with how it ended and the pulled values.
-An exception fails the cell, not the rank. SIGINT interrupts a running cell only; the
+with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``) and runs
+the cells it sends. An exception fails the cell, not the rank. SIGINT interrupts a running cell only; the
 kernel saying ``stop``, or hanging up, ends the loop and the rank exits normally.
 Standard library (and nbgpu's recording side).
 """
@@ -106,12 +104,9 @@ def run_code(
     phases: tuple[str, str] = ("imports", "run"),
     empty_imports_phase: bool = True,
 ) -> None:
-    """Run code as its leading import block, then the rest, each a recorded phase.
-
-    Cells, scripts and warm cells alike, so ``--serial-imports`` serialises a script's
+    """Cells, scripts and warm cells alike, so ``--serial-imports`` serialises a script's
     leading imports like a cell's. *open_phase* (the rank's ``start``) ends once the code
-    compiled; without *empty_imports_phase*, no leading imports means no imports phase.
-    """
+    compiled; without *empty_imports_phase*, no leading imports means no imports phase."""
     head, tail, imports = _split_leading_imports(source, filename)
     if open_phase is not None:
         rec.end(open_phase)
