@@ -23,12 +23,6 @@ _PHASE_COLORS = (
 )  # fmt: skip
 
 
-def _phase_colors(report: MemoryTimeline) -> dict[str, str]:
-    spans = (s for r in report.ranks for s in sorted(r.phases, key=lambda s: s.start_t))
-    names = dict.fromkeys(s.name for s in spans)
-    return {n: _PHASE_COLORS[i % len(_PHASE_COLORS)] for i, n in enumerate(names)}
-
-
 def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: PLR0915  (one figure, top to bottom)
     from matplotlib.figure import Figure  # noqa: PLC0415
 
@@ -40,7 +34,9 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     host, bars = axes[0], axes[-1]
     t0 = report.origin
-    colors = _phase_colors(report)
+    spans = (s for r in report.ranks for s in sorted(r.phases, key=lambda s: s.start_t))
+    entered = dict.fromkeys(s.name for s in spans)  # the order phases were first entered
+    colors = {n: _PHASE_COLORS[i % len(_PHASE_COLORS)] for i, n in enumerate(entered)}
     line_colors = {}
     peak_seen = 0.0
     report_end = max((r.last_t or t0) - t0 for r in ranks) if ranks else 1.0

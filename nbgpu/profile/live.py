@@ -91,11 +91,9 @@ class MemoryFollower:
                 live.points.append((float(record["t"]), live.host_bytes))
 
     def summary(self) -> str | None:
-        """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``.
-
-        Over several nodes each node's own sum against its own memory (the busiest ones
-        first, at most three), never a sum across machines.
-        """
+        """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``;
+        over several nodes each node's own sum against its own memory (the busiest ones
+        first, at most three), never a sum across machines."""
         self.poll()
         alive = [r for r in self.ranks.values() if r.last and not r.closed]
         if not alive:

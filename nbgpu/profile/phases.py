@@ -47,8 +47,6 @@ def parse_sample_interval(value: object) -> float:
     return seconds
 
 
-# --------------------------------------------------------------------- the process's one
-
 _RECORDER: list[Recorder] = []
 _SETUP = threading.Lock()
 

@@ -98,7 +98,12 @@ class MemoryReport(MemoryTimeline, Result):
             table.add(name, *cells, level=level)
         return table
 
-    def _headline(self) -> str:
+    def content(self) -> list[Block]:
+        if not self.ranks:
+            return [
+                Title(f"memory of {self.source}: no records"),
+                *(Line(n, wrap=False) for n in self.notes),
+            ]
         parts = [f"memory of {self.source}", f"{len(self.ranks)} process(es)"]
         if self.mem_total_bytes:
             parts.append(f"machine {fmt_bytes(self.mem_total_bytes)}")
@@ -106,15 +111,7 @@ class MemoryReport(MemoryTimeline, Result):
             parts.append(f"--mem-limit {fmt_bytes(self.mem_limit_bytes)} per rank")
         if self.simulated:
             parts.append(f"SIMULATED fleet '{self.simulated}'")
-        return " · ".join(parts)
-
-    def content(self) -> list[Block]:
-        if not self.ranks:
-            return [
-                Title(f"memory of {self.source}: no records"),
-                *(Line(n, wrap=False) for n in self.notes),
-            ]
-        blocks: list[Block] = [Title(self._headline(), simulated=bool(self.simulated))]
+        blocks: list[Block] = [Title(" · ".join(parts), simulated=bool(self.simulated))]
         if self.png_base64:
             alt = f"figure: memory of {self.source} over time, per rank, phases as bands"
             blocks.append(Figure(alt, png_base64=self.png_base64))

@@ -34,22 +34,6 @@ def _write(path: Path, data: dict[str, Any]) -> None:
             print(f"nbgpu agent: could not write {path.name}: {exc}", file=sys.stderr)
 
 
-def _failures(exc: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "rank": int(rank),
-            "local_rank": int(failure.local_rank),
-            "pid": int(failure.pid),
-            "exit_code": int(failure.exitcode),
-            "signal": failure.signal_name() if int(failure.exitcode) < 0 else None,
-            "error_file": failure.error_file or None,
-            "timestamp": failure.timestamp,
-            "message": failure.message,
-        }
-        for rank, failure in sorted(exc.failures.items())
-    ]
-
-
 def _as_torchrun_reports(exc: Any) -> None:
     """What torchrun itself leaves for a failed child: ``@record`` copies the first failed
     rank's error file to ``TORCHELASTIC_ERROR_FILE`` (``agent-error.json``), and the uncaught
@@ -112,7 +96,19 @@ def main(argv: list[str]) -> int:
     try:
         run(args)
     except ChildFailedError as exc:
-        result["failures"] = _failures(exc)
+        result["failures"] = [
+            {
+                "rank": int(rank),
+                "local_rank": int(failure.local_rank),
+                "pid": int(failure.pid),
+                "exit_code": int(failure.exitcode),
+                "signal": failure.signal_name() if int(failure.exitcode) < 0 else None,
+                "error_file": failure.error_file or None,
+                "timestamp": failure.timestamp,
+                "message": failure.message,
+            }
+            for rank, failure in sorted(exc.failures.items())
+        ]
         first_rank, _ = exc.get_first_failure()
         result["first_failure_rank"] = int(first_rank)
         _as_torchrun_reports(exc)

@@ -95,9 +95,6 @@ def _announce(line: str) -> None:
         _write(line + "\n", sys.stderr)
 
 
-# -- the process group ---------------------------------------------------------------------
-
-
 def init(
     backend: str | None = None,
     timeout_s: float = 300,

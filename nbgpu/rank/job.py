@@ -116,9 +116,6 @@ def _write(text: str, stream: TextIO, *, flush: bool = True) -> None:
         stream.flush()
 
 
-# -- one rank of the node at a time ---------------------------------------------------------
-
-
 @contextlib.contextmanager
 def one_at_a_time(
     name: str = "imports", environ: Mapping[str, str] | None = None
@@ -176,9 +173,6 @@ def _lock_dir(env: Mapping[str, str]) -> Path:
     directory = base / run_id
     directory.mkdir(mode=0o700, exist_ok=True)
     return directory
-
-
-# -- a cap on the address space -------------------------------------------------------------
 
 
 def parse_size(size: int | str) -> int:

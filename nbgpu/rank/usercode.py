@@ -148,9 +148,6 @@ def _enter(
     sys.argv = [filename, *args]
 
 
-# -- a cold run: the cell or the script, once ---------------------------------------------
-
-
 def run_once(
     spec: dict[str, Any],
     namespace: dict[str, Any],
@@ -190,8 +187,6 @@ def run_once(
         return 130 if isinstance(exc, KeyboardInterrupt) else 1, namespace
     return 0, namespace
 
-
-# -- a warm job: cells from the kernel's channel ------------------------------------------
 
 _in_cell = [False]  # whether SIGINT means KeyboardInterrupt right now
 

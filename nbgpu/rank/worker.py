@@ -2,9 +2,7 @@
 
 Before any user code: die with the agent (parent-death signal); send stdout and stderr,
 at the file-descriptor level (NCCL too), into ``rank{N}.log``, complete on disk even if
-the rank is killed right after writing; apply the address-space limit. Then the user's
-code (``usercode``), the pulled variables, and leaving the process group. Standard
-library at import time.
+the rank is killed right after writing. Standard library at import time.
 """
 
 from __future__ import annotations
