@@ -27,10 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Phase", "configure", "parse_sample_interval", "phase", "recorder"]
 
-_MEM_DIR_ENV = "NBGPU_MEM_DIR"
-_SAMPLE_ENV = "NBGPU_MEM_SAMPLE"
-_RUN_DIR_ENV = "NBGPU_RUN_DIR"
-
 
 def parse_sample_interval(value: object) -> float:
     """Seconds between samples from ``0.1``, ``"0.5"`` or ``0`` (off); else one clear line."""
@@ -90,9 +86,9 @@ def recorder(environ: Mapping[str, str] | None = None) -> Recorder:
     if _RECORDER:
         return _RECORDER[0]
     env = os.environ if environ is None else environ
-    where = env.get(_MEM_DIR_ENV) or env.get(_RUN_DIR_ENV)
+    where = env.get("NBGPU_MEM_DIR") or env.get("NBGPU_RUN_DIR")
     try:
-        sample_s = parse_sample_interval(env.get(_SAMPLE_ENV, DEFAULT_SAMPLE_S))
+        sample_s = parse_sample_interval(env.get("NBGPU_MEM_SAMPLE", DEFAULT_SAMPLE_S))
     except UserInputError:
         sample_s = DEFAULT_SAMPLE_S
     identity = _identity(env)
@@ -123,9 +119,8 @@ class Phase:
     def start(self) -> Phase:
         if self._id is not None:
             raise UserInputError(f"phase {self.name!r} was already started")
-        rec = self._recorder or recorder()
-        self._recorder = rec
-        self._id = rec.begin(self.name)
+        self._recorder = self._recorder or recorder()
+        self._id = self._recorder.begin(self.name)
         return self
 
     def stop(self, *, error: str | None = None) -> None:

@@ -109,8 +109,7 @@ def main(argv: list[str]) -> int:
             }
             for rank, failure in sorted(exc.failures.items())
         ]
-        first_rank, _ = exc.get_first_failure()
-        result["first_failure_rank"] = int(first_rank)
+        result["first_failure_rank"] = int(exc.get_first_failure()[0])
         _as_torchrun_reports(exc)
         code = 1
     except SignalException as exc:

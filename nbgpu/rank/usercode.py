@@ -1,14 +1,10 @@
 """The user's code inside a rank: once (a cold run), or cell after cell (a warm job).
 
-The code runs as its leading import block and the rest, each a recorded memory phase
-(``--serial-imports`` takes the first one rank at a time); a failure's traceback starts
-at the user's first frame, and torchelastic's error file is written as ``@record`` does.
-
 A warm job's rank connects to the job's private channel (a ``multiprocessing`` Client
 with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``) and runs
-the cells it sends. An exception fails the cell, not the rank. SIGINT interrupts a running cell only; the
-kernel saying ``stop``, or hanging up, ends the loop and the rank exits normally.
-Standard library (and nbgpu's recording side).
+the cells it sends. An exception fails the cell, not the rank. SIGINT interrupts a
+running cell only; the kernel saying ``stop``, or hanging up, ends the loop and the rank
+exits normally. Standard library (and nbgpu's recording side).
 """
 
 from __future__ import annotations

@@ -9,11 +9,8 @@ follows the sequences each inference engine serves. The new values then pass the
 verl and vLLM make at start and, with a model and a GPU size, the KV cache each GPU can
 hold is checked with ``reference/memory.md`` §5c's formula.
 
-Modules: ``values`` (a config as entries; value text; bash arithmetic) · ``rules`` (the
-rules, verl's start-up checks and the KV-cache check) · ``scaler`` (:func:`scale_config`
-and :class:`ScalePlan`) · ``files`` (a file read by its form and rewritten in its own
-layout) · ``script`` (reading a launch script) · ``yamldoc`` (ruamel.yaml). ``nbgpu.plan.scale()``
-is the face: it reads the file and the inventory, then calls :func:`scale_config`.
+``nbgpu.plan.scale()`` is the face: it reads the file (``files``: YAML, JSON or a launch
+script) and the inventory, then calls :func:`scale_config`.
 
 This package only re-exports, from modules that work on plain data: importing it (or
 :class:`ScalePlan`) never loads ruamel.yaml or the shell lexer (``files``, ``script`` and

@@ -160,7 +160,6 @@ def _edit_for(
 
 
 def _variable_at(script: LaunchScript, position: int) -> str | None:
-    """The variable whose assignment holds *position*, if any."""
     holds = (
         a.name
         for a in script.assignments

@@ -1,6 +1,7 @@
 """The rules (which key follows which rule, how a rule moves a value to the target) and
 the checks verl and vLLM make at start (batch divisibility, the tensor-parallel size,
-token budgets, the KV cache), run on the scaled values before anything runs. Pure arithmetic; never reads files.
+token budgets, the KV cache), run on the scaled values before anything runs. Pure
+arithmetic; never reads files.
 """
 
 from __future__ import annotations

@@ -93,10 +93,8 @@ class LaunchScript:
 
     def resolve(self, value: ScriptValue, depth: int = 0, *, split: bool = True) -> str | None:
         """The text bash would pass (variables the script does not set: their default or None).
-
         ``split``: the value is a command's argument, where bash splits an unquoted expansion
-        at spaces; an assignment's value is never split.
-        """
+        at spaces; an assignment's value is never split."""
         out = []
         for part in value.parts:
             if part.kind == "literal":
