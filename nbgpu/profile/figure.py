@@ -109,13 +109,12 @@ def _label(
     ax: Any, text: str, xy: tuple[float, float], offset: tuple[int, int], **style: Any
 ) -> None:
     # Near the right edge (offset to the left) the text ends at the point: inside the axes.
-    ha = "right" if offset[0] < 0 else "left"
     ax.annotate(
         text,
         xy,
         textcoords="offset points",
         xytext=offset,
-        ha=ha,
+        ha="right" if offset[0] < 0 else "left",
         fontsize=9,
         fontweight="bold",
         **style,

@@ -22,10 +22,6 @@ from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_
 __all__ = ["MemoryReport", "memory_report", "report_from_recorder"]
 
 
-def _gib(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1024**3:.2f}"
-
-
 # A cell's mark and the row's severity by phase status (a death outranks a failure).
 _MARKS = {"died in": (" ✗died", "bad"), "running": (" …", ""), "failed": (" !", "warn")}
 
@@ -93,7 +89,8 @@ class MemoryReport(MemoryTimeline, Result):
                     cells.append("")
                     continue
                 mark, severity = _MARKS.get(row["status"], ("", ""))
-                cells.append(_gib(row[metric]) + mark)
+                value = row[metric]
+                cells.append(("-" if value is None else f"{value / 1024**3:.2f}") + mark)
                 level = "bad" if "bad" in (level, severity) else level or severity
             table.add(name, *cells, level=level)
         return table

@@ -39,9 +39,7 @@ def _as_torchrun_reports(exc: Any) -> None:
     rank's error file to ``TORCHELASTIC_ERROR_FILE`` (``agent-error.json``), and the uncaught
     ChildFailedError prints the "Root Cause" banner on stderr (``agent.log``).
     """
-    from torch.distributed.elastic.multiprocessing.errors import (  # noqa: PLC0415
-        get_error_handler,
-    )
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler  # noqa: PLC0415
 
     _, failure = exc.get_first_failure()
     # A rank killed by a signal wrote no error file (torchrun says "<N/A>"): torchrun

@@ -77,10 +77,8 @@ def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any, int]:
     tree = ast.parse(source, filename)
     cut = 0
     for node in tree.body:
-        is_docstring = (
-            cut == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-        )
-        if isinstance(node, ast.Import | ast.ImportFrom) or is_docstring:
+        is_doc = cut == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if isinstance(node, ast.Import | ast.ImportFrom) or is_doc:
             cut += 1
         else:
             break
@@ -208,14 +206,13 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
                 return 0
             if message.get("op") != "cell":
                 continue
-            number = int(message["cell"])
             try:
                 answer = _run_cell(message, namespace, rec, conn, rank)
             except KeyboardInterrupt:
                 # Landed after the cell's code, before its answer: still an interrupted cell.
                 answer = {
                     "op": "done",
-                    "cell": number,
+                    "cell": int(message["cell"]),
                     "status": "interrupted",
                     "error": "KeyboardInterrupt",
                 }

@@ -81,18 +81,15 @@ def _redirect_output(log_path: Path, marker: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.stdout = _tolerant_stream(1, marker)
-    sys.stderr = _tolerant_stream(2, marker)
-
-
-def _tolerant_stream(fd: int, marker: Path) -> io.TextIOWrapper:
     # Unbuffered, as `python -u` makes it: the log is complete up to the last write.
-    raw = _DiskFullTolerant(fd, marker)
-    return io.TextIOWrapper(
-        raw,  # type: ignore[arg-type]
-        encoding="utf-8",
-        errors="backslashreplace",
-        write_through=True,
+    sys.stdout, sys.stderr = (
+        io.TextIOWrapper(  # type: ignore[type-var]
+            _DiskFullTolerant(std_fd, marker),
+            encoding="utf-8",
+            errors="backslashreplace",
+            write_through=True,
+        )
+        for std_fd in (1, 2)
     )
 
 
@@ -111,15 +108,6 @@ def _register_stack_dumps(run_dir: Path, rank: int) -> None:
         (run_dir / f"stacks-rank{rank}.pid").write_text(str(os.getpid()), encoding="utf-8")
     except (OSError, RuntimeError, ValueError):
         pass  # no stacks on request; the run itself is unaffected
-
-
-def _pull(spec: dict[str, Any], namespace: dict[str, Any], run_dir: Path, rank: int) -> None:
-    names = spec.get("pull") or []
-    if not names or (rank != 0 and not spec.get("pull_all_ranks")):
-        return
-    tmp = run_dir / f".pull-rank{rank}.pkl.tmp"
-    tmp.write_bytes(pickle.dumps(pull_payload(names, namespace)))
-    tmp.replace(run_dir / f"pull-rank{rank}.pkl")  # atomic: never read half-written
 
 
 def main() -> int:
@@ -163,9 +151,12 @@ def main() -> int:
     else:
         code, namespace = run_once(spec, namespace, rec, start_phase, error_path)
     exit_phase = rec.begin("exit")
+    pull = spec.get("pull") if rank == 0 or spec.get("pull_all_ranks") else None
     try:
-        if code == 0 and not spec.get("keep"):
-            _pull(spec, namespace, run_dir, rank)
+        if code == 0 and pull and not spec.get("keep"):
+            tmp = run_dir / f".pull-rank{rank}.pkl.tmp"
+            tmp.write_bytes(pickle.dumps(pull_payload(pull, namespace)))
+            tmp.replace(run_dir / f"pull-rank{rank}.pkl")  # atomic: never read half-written
     except BaseException as exc:  # noqa: BLE001  (an unpicklable pull is reported, not fatal)
         report_error(exc, error_path)
         code = 1

@@ -331,8 +331,7 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
             i = 1
         while i < len(command):
             word = command[i]
-            raw = text[word.start : word.end]
-            m = _ASSIGNMENT.match(raw)
+            m = _ASSIGNMENT.match(text[word.start : word.end])
             if m is None or not word.parts or word.parts[0].kind != "literal":
                 break
             value = _value_of(text, word, word.start + m.end() - 1)
