@@ -37,8 +37,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def _as_torchrun_reports(exc: Any) -> None:
     """What torchrun itself leaves for a failed child: ``@record`` copies the first failed
     rank's error file to ``TORCHELASTIC_ERROR_FILE`` (``agent-error.json``), and the uncaught
-    ChildFailedError prints the "Root Cause" banner on stderr (``agent.log``).
-    """
+    ChildFailedError prints the "Root Cause" banner on stderr (``agent.log``)."""
     from torch.distributed.elastic.multiprocessing.errors import get_error_handler  # noqa: PLC0415
 
     _, failure = exc.get_first_failure()

@@ -88,8 +88,7 @@ def local_world_size(environ: Mapping[str, str] | None = None) -> int:
 
 def is_main(environ: Mapping[str, str] | None = None) -> bool:
     """True on global rank 0, and in a process outside any job (RANK unset): code guarded
-    by ``is_main()`` runs the same in the kernel and on rank 0 of ``%%torchrun``.
-    """
+    by ``is_main()`` runs the same in the kernel and on rank 0 of ``%%torchrun``."""
     env = _env(environ)
     return not _in_job(env) or _job_int(env, "RANK") == 0
 

@@ -42,10 +42,7 @@ def user_traceback(exc: BaseException) -> str:
     while (
         tb is not None
         and tb.tb_next is not None
-        and (
-            tb.tb_frame.f_code.co_filename.startswith(_OURS)
-            or tb.tb_frame.f_code.co_filename == runpy.__file__
-        )
+        and tb.tb_frame.f_code.co_filename.startswith((_OURS, runpy.__file__))
     ):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))

@@ -39,12 +39,10 @@ def die_with(parent_env: str, sig: int, run_dir: Path | None, who: str) -> None:
 
 
 class _DiskFullTolerant(io.RawIOBase):
-    """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output, never the rank.
-
-    Without this, a print() on a full disk raises OSError(ENOSPC) in the user's code. The
-    first failure is noted (``logfull-rank{N}.txt``, when a few bytes still fit); output is
-    dropped until writes succeed again.
-    """
+    """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output (a print() would
+    raise OSError(ENOSPC) in the user's code), never the rank. The first failure is noted
+    (``logfull-rank{N}.txt``, when a few bytes still fit); output is dropped until writes
+    succeed again."""
 
     def __init__(self, fd: int, marker: Path) -> None:
         super().__init__()
@@ -99,8 +97,7 @@ _stack_files: list[Any] = []  # kept open for the life of the rank
 
 def _register_stack_dumps(run_dir: Path, rank: int) -> None:
     """`nbgpu stacks` / `%gpu_stacks`: every thread's Python stack on a signal, written by
-    faulthandler from the handler itself, so a rank blocked in a collective answers too.
-    """
+    faulthandler from the handler itself, so a rank blocked in a collective answers too."""
     try:
         dump = (run_dir / f"stacks-rank{rank}.txt").open("ab", buffering=0)
         faulthandler.register(_STACKS_SIGNAL, file=dump, all_threads=True, chain=False)
