@@ -355,9 +355,10 @@ class Recorder:
             # it rose during the phase, the new maximum was reached in the phase; otherwise
             # the phase's peak is what was seen at its samples and its ends.
             start_max = closing.gpu_peak_at_start
-            record["gpu_peak"] = max(closing.gpu_peak, int(snap["gpu_alloc"]))
             if start_max is not None and snap["gpu_max"] > start_max:
                 record["gpu_peak"] = int(snap["gpu_max"])
+            else:
+                record["gpu_peak"] = max(closing.gpu_peak, int(snap["gpu_alloc"]))
             record["nvml_used"], record["nvml_why"] = _nvml_used_by(os.getpid())
         if error:
             record["error"] = error
