@@ -1,9 +1,5 @@
 """The memory figure: every rank over time, phases as bands, the node's total, the limits.
 
-Three stacked panels sharing the time axis: host memory per rank (PSS, RSS where PSS
-is unknown) with the node's sum of all ranks and the machine's memory and
-``--mem-limit`` as lines; GPU memory per rank (allocated) when any rank used CUDA; and
-one bar per rank showing its phases, the phase a rank died in marked with a cross.
 Built on ``matplotlib.figure.Figure`` (no pyplot state, no backend switch), so it
 renders the same in a kernel, a terminal (``--png``) and a saved notebook. It draws a
 :class:`~nbgpu.profile.records.MemoryTimeline` (the report is one, and shows the
@@ -27,12 +23,6 @@ _PHASE_COLORS = (
 )  # fmt: skip
 
 
-def _phase_colors(report: MemoryTimeline) -> dict[str, str]:
-    spans = (s for r in report.ranks for s in sorted(r.phases, key=lambda s: s.start_t))
-    names = dict.fromkeys(s.name for s in spans)
-    return {n: _PHASE_COLORS[i % len(_PHASE_COLORS)] for i, n in enumerate(names)}
-
-
 def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: PLR0915  (one figure, top to bottom)
     from matplotlib.figure import Figure  # noqa: PLC0415
 
@@ -44,7 +34,9 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     host, bars = axes[0], axes[-1]
     t0 = report.origin
-    colors = _phase_colors(report)
+    spans = (s for r in report.ranks for s in sorted(r.phases, key=lambda s: s.start_t))
+    entered = dict.fromkeys(s.name for s in spans)  # the order phases were first entered
+    colors = {n: _PHASE_COLORS[i % len(_PHASE_COLORS)] for i, n in enumerate(entered)}
     line_colors = {}
     peak_seen = 0.0
     report_end = max((r.last_t or t0) - t0 for r in ranks) if ranks else 1.0
@@ -116,15 +108,13 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
 def _label(
     ax: Any, text: str, xy: tuple[float, float], offset: tuple[int, int], **style: Any
 ) -> None:
-    """Bold text beside a point; near the right edge (offset to the left) it ends there,
-    so it stays inside the axes."""
-    ha = "right" if offset[0] < 0 else "left"
+    # Near the right edge (offset to the left) the text ends at the point: inside the axes.
     ax.annotate(
         text,
         xy,
         textcoords="offset points",
         xytext=offset,
-        ha=ha,
+        ha="right" if offset[0] < 0 else "left",
         fontsize=9,
         fontweight="bold",
         **style,

@@ -1,9 +1,7 @@
 """Following a running job's memory records: a one-line node summary, a timeline.
 
 :class:`MemoryFollower` reads only the bytes each ``mem-rank{N}.jsonl`` gained since
-the last call (complete lines; a partial last line waits for the next call), and keeps
-per rank its newest sample, its open phases and the timeline points. The launcher
-asks it for :meth:`summary` at most once a second. Standard library only.
+the last call (a partial last line waits for the next call). Standard library only.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ _GIB = 1024**3
 
 
 def _of(used: int, total: int | None) -> str:
-    """``3.1/23.5`` (GiB), or ``3.1`` without the total."""
     return f"{used / _GIB:.1f}" + (f"/{total / _GIB:.1f}" if total else "")
 
 
@@ -94,11 +91,9 @@ class MemoryFollower:
                 live.points.append((float(record["t"]), live.host_bytes))
 
     def summary(self) -> str | None:
-        """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``.
-
-        Over several nodes each node's own sum against its own memory (the busiest ones
-        first, at most three), never a sum across machines.
-        """
+        """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``;
+        over several nodes each node's own sum against its own memory (the busiest ones
+        first, at most three), never a sum across machines."""
         self.poll()
         alive = [r for r in self.ranks.values() if r.last and not r.closed]
         if not alive:

@@ -8,8 +8,7 @@ Each process has one :class:`~nbgpu.profile.recorder.Recorder`. Inside a rank la
 by nbgpu it appends to ``mem-rank{N}.jsonl`` in the run directory (``NBGPU_RUN_DIR``;
 ``NBGPU_MEM_DIR`` for other jobs), crash-safe (a slow disk delays a record by the page
 cache's write, never by a flush). Outside any run (the notebook kernel, a plain script)
-records are kept in memory: ``nbgpu.phase.report()`` shows them. Each phase records
-memory at its start and end and its peak (see the recorder). Standard library only.
+records are kept in memory: ``nbgpu.phase.report()`` shows them. Standard library only.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import UserInputError
@@ -28,10 +26,6 @@ if TYPE_CHECKING:
     from nbgpu.profile.report import MemoryReport
 
 __all__ = ["Phase", "configure", "parse_sample_interval", "phase", "recorder"]
-
-_MEM_DIR_ENV = "NBGPU_MEM_DIR"
-_SAMPLE_ENV = "NBGPU_MEM_SAMPLE"
-_RUN_DIR_ENV = "NBGPU_RUN_DIR"
 
 
 def parse_sample_interval(value: object) -> float:
@@ -48,8 +42,6 @@ def parse_sample_interval(value: object) -> float:
         )
     return seconds
 
-
-# --------------------------------------------------------------------- the process's one
 
 _RECORDER: list[Recorder] = []
 _SETUP = threading.Lock()
@@ -94,9 +86,9 @@ def recorder(environ: Mapping[str, str] | None = None) -> Recorder:
     if _RECORDER:
         return _RECORDER[0]
     env = os.environ if environ is None else environ
-    where = env.get(_MEM_DIR_ENV) or env.get(_RUN_DIR_ENV)
+    where = env.get("NBGPU_MEM_DIR") or env.get("NBGPU_RUN_DIR")
     try:
-        sample_s = parse_sample_interval(env.get(_SAMPLE_ENV, DEFAULT_SAMPLE_S))
+        sample_s = parse_sample_interval(env.get("NBGPU_MEM_SAMPLE", DEFAULT_SAMPLE_S))
     except UserInputError:
         sample_s = DEFAULT_SAMPLE_S
     identity = _identity(env)
@@ -127,9 +119,8 @@ class Phase:
     def start(self) -> Phase:
         if self._id is not None:
             raise UserInputError(f"phase {self.name!r} was already started")
-        rec = self._recorder or recorder()
-        self._recorder = rec
-        self._id = rec.begin(self.name)
+        self._recorder = self._recorder or recorder()
+        self._id = self._recorder.begin(self.name)
         return self
 
     def stop(self, *, error: str | None = None) -> None:
@@ -139,12 +130,8 @@ class Phase:
     def __enter__(self) -> Phase:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
+        exc = exc_info[1]
         self.stop(error=None if exc is None else f"{type(exc).__name__}: {exc}"[:300])
 
 

@@ -150,10 +150,8 @@ def node_memory() -> NodeMemory:
 
 
 def cuda_memory() -> tuple[CudaMemory | None, str]:
-    """The current device's allocator figures, or None and why there are none.
-
-    Reads only what exists: never imports torch, never initialises CUDA.
-    """
+    """The current device's allocator figures, or None and why there are none (reads only
+    what exists: never imports torch, never initialises CUDA)."""
     torch: Any = sys.modules.get("torch")
     if torch is None:
         return None, "torch not imported in this process"
@@ -353,7 +351,14 @@ class Recorder:
             "hwm_why": self.hwm_reset_problem,
         }
         if "gpu_alloc" in snap:
-            record["gpu_peak"] = self._gpu_peak(closing, snap)
+            # torch's max_memory_allocated is the peak since start (or the user's reset): if
+            # it rose during the phase, the new maximum was reached in the phase; otherwise
+            # the phase's peak is what was seen at its samples and its ends.
+            start_max = closing.gpu_peak_at_start
+            if start_max is not None and snap["gpu_max"] > start_max:
+                record["gpu_peak"] = int(snap["gpu_max"])
+            else:
+                record["gpu_peak"] = max(closing.gpu_peak, int(snap["gpu_alloc"]))
             record["nvml_used"], record["nvml_why"] = _nvml_used_by(os.getpid())
         if error:
             record["error"] = error
@@ -363,16 +368,6 @@ class Recorder:
                 "which stay open"
             )
         self._emit(record)
-
-    @staticmethod
-    def _gpu_peak(closing: _Open, snap: dict[str, Any]) -> int:
-        # torch's max_memory_allocated is the peak since start (or the user's reset): if
-        # it rose during the phase, the new maximum was reached in the phase; otherwise
-        # the phase's peak is what was seen at its samples and its ends.
-        start_max = closing.gpu_peak_at_start
-        if start_max is not None and snap["gpu_max"] > start_max:
-            return int(snap["gpu_max"])
-        return max(closing.gpu_peak, int(snap["gpu_alloc"]))
 
     @staticmethod
     def _fold(opened: _Open, snap: dict[str, Any]) -> None:

@@ -1,16 +1,10 @@
 """Memory records read back, and what they add up to on one clock.
 
-:func:`read_file` / :func:`read_run_dir` turn each process's ``mem-*.jsonl`` into a
-:class:`RankRecords`, tolerating what crashes leave: a last line cut off mid-write, a
-phase entered and never left (the rank died inside it, or is still running), a phase
-ended before the phases nested in it - each a note or a status, never an exception.
-
-:class:`MemoryTimeline` holds every rank's records and answers what they add up to: a
-rank's points in time order, its host memory (PSS; RSS moves it between PSS readings),
-the ranks' sum per node and its peak, each phase's peak, and :func:`import_storm` (what
-``--serial-imports`` would have done to the peak, from the measured numbers). The report
-renders it, the figure draws it, the diagnosis reads it. Standard library only (and the
-recorder's /proc helpers).
+Reading tolerates what crashes leave: a last line cut off mid-write, a phase entered and
+never left (the rank died inside it, or is still running), a phase ended before the
+phases nested in it - each a note or a status, never an exception. The report renders a
+:class:`MemoryTimeline`, the figure draws it, the diagnosis reads it. Standard library
+only (and the recorder's /proc helpers).
 """
 
 from __future__ import annotations
@@ -310,12 +304,9 @@ class MemoryTimeline:
         return [(t - t0, v) for t, v in self._host(rank) if v is not None]
 
     def node_series(self, node: str | None = None) -> list[tuple[float, int]]:
-        """(seconds, the ranks' summed host memory) at every recorded moment of any rank.
-
-        Each rank counts with its newest value from its first record to its last, so a
-        rank that died stops counting there; PSS where known (shared pages once), else RSS.
-        *node*: only that node's ranks (a run over several nodes); None: every rank.
-        """
+        """(seconds, the summed host memory of *node*'s ranks, None: of every rank) at each
+        recorded moment. Each rank counts with its newest value from its first record to its
+        last, so a rank that died stops counting there; PSS (shared pages once), else RSS."""
         events: list[tuple[float, int, str, int | None]] = []
         for rank in self.on_node(node):
             values = self._host(rank)

@@ -1,13 +1,8 @@
 """The memory report: phase x rank, the node's total over time, and what stands out.
 
-:func:`memory_report` reads a run directory's ``mem-rank{N}.jsonl`` files;
-:func:`report_from_recorder` turns this process's in-memory records into the same
-report (the notebook kernel's ``%%gpu_phase`` cells). A :class:`MemoryReport` is a
-:class:`~nbgpu.profile.records.MemoryTimeline` (the numbers) that says its content
-once: a phase x rank table of peaks, what stands out, why a column is empty, and its
-figure when drawn in (:meth:`MemoryReport.with_figure`). It converts with
-``to_frame()`` (pandas, indexed by phase and rank) and ``to_dict()``, and draws itself
-with ``figure()`` (matplotlib, imported there).
+Of a run directory's ``mem-rank{N}.jsonl`` files (:func:`memory_report`), or of this
+process's in-memory records (:func:`report_from_recorder`: the kernel's ``%%gpu_phase``
+cells). matplotlib is imported only by ``figure()``.
 """
 
 from __future__ import annotations
@@ -25,10 +20,6 @@ from nbgpu.errors import UserInputError
 from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_run_dir
 
 __all__ = ["MemoryReport", "memory_report", "report_from_recorder"]
-
-
-def _gib(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1024**3:.2f}"
 
 
 # A cell's mark and the row's severity by phase status (a death outranks a failure).
@@ -86,10 +77,9 @@ class MemoryReport(MemoryTimeline, Result):
                 rows.append(dict(zip(self.FRAME_COLUMNS, values, strict=True)))
         return rows
 
-    def _table(self, metric: str, title: str) -> Table:
+    def _table(self, by: dict[tuple[str, str], dict[str, Any]], metric: str, title: str) -> Table:
         labels = [r.label for r in self.ranks]
         table = _WideTable(["phase", *labels], title=title)
-        by = {(row["phase"], row["rank"]): row for row in self.records()}
         for name in self.phase_names():
             cells = []
             level = ""
@@ -99,20 +89,11 @@ class MemoryReport(MemoryTimeline, Result):
                     cells.append("")
                     continue
                 mark, severity = _MARKS.get(row["status"], ("", ""))
-                cells.append(_gib(row[metric]) + mark)
+                value = row[metric]
+                cells.append(("-" if value is None else f"{value / 1024**3:.2f}") + mark)
                 level = "bad" if "bad" in (level, severity) else level or severity
             table.add(name, *cells, level=level)
         return table
-
-    def _headline(self) -> str:
-        parts = [f"memory of {self.source}", f"{len(self.ranks)} process(es)"]
-        if self.mem_total_bytes:
-            parts.append(f"machine {fmt_bytes(self.mem_total_bytes)}")
-        if self.mem_limit_bytes:
-            parts.append(f"--mem-limit {fmt_bytes(self.mem_limit_bytes)} per rank")
-        if self.simulated:
-            parts.append(f"SIMULATED fleet '{self.simulated}'")
-        return " · ".join(parts)
 
     def content(self) -> list[Block]:
         if not self.ranks:
@@ -120,13 +101,21 @@ class MemoryReport(MemoryTimeline, Result):
                 Title(f"memory of {self.source}: no records"),
                 *(Line(n, wrap=False) for n in self.notes),
             ]
-        blocks: list[Block] = [Title(self._headline(), simulated=bool(self.simulated))]
+        parts = [f"memory of {self.source}", f"{len(self.ranks)} process(es)"]
+        if self.mem_total_bytes:
+            parts.append(f"machine {fmt_bytes(self.mem_total_bytes)}")
+        if self.mem_limit_bytes:
+            parts.append(f"--mem-limit {fmt_bytes(self.mem_limit_bytes)} per rank")
+        if self.simulated:
+            parts.append(f"SIMULATED fleet '{self.simulated}'")
+        blocks: list[Block] = [Title(" · ".join(parts), simulated=bool(self.simulated))]
         if self.png_base64:
             alt = f"figure: memory of {self.source} over time, per rank, phases as bands"
             blocks.append(Figure(alt, png_base64=self.png_base64))
-        blocks.append(self._table("peak_rss_bytes", "peak host memory (RSS, GiB) by phase:"))
+        by = {(row["phase"], row["rank"]): row for row in self.records()}
+        blocks.append(self._table(by, "peak_rss_bytes", "peak host memory (RSS, GiB) by phase:"))
         if self.has_gpu:
-            blocks.append(self._table("gpu_peak_allocated_bytes", "peak GPU allocated (GiB):"))
+            blocks.append(self._table(by, "gpu_peak_allocated_bytes", "peak GPU allocated (GiB):"))
         return [
             *blocks,
             Bullets(self.findings(), marker="* ", level="warn"),
@@ -214,8 +203,7 @@ class MemoryReport(MemoryTimeline, Result):
         return png_bytes(self.figure())
 
     def with_figure(self) -> MemoryReport:
-        """This report with its figure drawn in: HTML shows it above the table, text
-        names it (a report without records has no figure)."""
+        """This report with its figure drawn in (HTML shows it; no records, no figure)."""
         if not self.ranks:
             return self
         return replace(self, png_base64=base64.b64encode(self.png()).decode("ascii"))
@@ -242,13 +230,12 @@ def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryRep
     spec = _json(directory / "bootstrap.json")
     notes = [n for r in ranks for n in r.notes]
     if not ranks:
-        why = (
+        notes.append(
             "memory sampling was off (--mem-sample 0) and no phases were recorded"
             if spec.get("mem_sample_s") == 0
             else "no memory records (mem-rank*.jsonl): a run from an older nbgpu, or not an "
             "nbgpu run directory"
         )
-        notes.append(why)
     totals = [int(r.proc["mem_total"]) for r in ranks if isinstance(r.proc.get("mem_total"), int)]
     # Over several nodes each rank wrote the node it ran on.
     nodes = {

@@ -34,30 +34,11 @@ def _write(path: Path, data: dict[str, Any]) -> None:
             print(f"nbgpu agent: could not write {path.name}: {exc}", file=sys.stderr)
 
 
-def _failures(exc: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "rank": int(rank),
-            "local_rank": int(failure.local_rank),
-            "pid": int(failure.pid),
-            "exit_code": int(failure.exitcode),
-            "signal": failure.signal_name() if int(failure.exitcode) < 0 else None,
-            "error_file": failure.error_file or None,
-            "timestamp": failure.timestamp,
-            "message": failure.message,
-        }
-        for rank, failure in sorted(exc.failures.items())
-    ]
-
-
 def _as_torchrun_reports(exc: Any) -> None:
     """What torchrun itself leaves for a failed child: ``@record`` copies the first failed
     rank's error file to ``TORCHELASTIC_ERROR_FILE`` (``agent-error.json``), and the uncaught
-    ChildFailedError prints the "Root Cause" banner on stderr (``agent.log``).
-    """
-    from torch.distributed.elastic.multiprocessing.errors import (  # noqa: PLC0415
-        get_error_handler,
-    )
+    ChildFailedError prints the "Root Cause" banner on stderr (``agent.log``)."""
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler  # noqa: PLC0415
 
     _, failure = exc.get_first_failure()
     # A rank killed by a signal wrote no error file (torchrun says "<N/A>"): torchrun
@@ -112,9 +93,20 @@ def main(argv: list[str]) -> int:
     try:
         run(args)
     except ChildFailedError as exc:
-        result["failures"] = _failures(exc)
-        first_rank, _ = exc.get_first_failure()
-        result["first_failure_rank"] = int(first_rank)
+        result["failures"] = [
+            {
+                "rank": int(rank),
+                "local_rank": int(failure.local_rank),
+                "pid": int(failure.pid),
+                "exit_code": int(failure.exitcode),
+                "signal": failure.signal_name() if int(failure.exitcode) < 0 else None,
+                "error_file": failure.error_file or None,
+                "timestamp": failure.timestamp,
+                "message": failure.message,
+            }
+            for rank, failure in sorted(exc.failures.items())
+        ]
+        result["first_failure_rank"] = int(exc.get_first_failure()[0])
         _as_torchrun_reports(exc)
         code = 1
     except SignalException as exc:

@@ -1,9 +1,6 @@
 """A rank's device, checked the way CUDA would check it, and the job's process group.
 
-An ordinal past the visible devices fails with torch's own "invalid device ordinal"
-before CUDA is touched; under ``NBGPU_SIMULATE`` the answer comes from
-``nbgpu.devices.sim.cuda``, imported only then. ``init`` picks the backend, checks the
-device first and records the ``init`` memory phase. torch is imported lazily.
+torch is imported lazily; ``nbgpu.devices.sim.cuda`` only under ``NBGPU_SIMULATE``.
 """
 
 from __future__ import annotations
@@ -56,7 +53,7 @@ def device(environ: Mapping[str, str] | None = None) -> torch.device:
         answer = simulated_device(source, ordinal, env)
         if answer.cuda_error is not None:
             raise _cuda_error(answer.cuda_error, answer.line) from None
-        _announce(answer.line)  # CUDA's behaviour on the simulated fleet: the CPU, labelled
+        _announce(answer.line)
         return torch.device("cpu")
     if not torch.cuda.is_available():
         return torch.device("cpu")
@@ -98,9 +95,6 @@ def _announce(line: str) -> None:
         _write(line + "\n", sys.stderr)
 
 
-# -- the process group ---------------------------------------------------------------------
-
-
 def init(
     backend: str | None = None,
     timeout_s: float = 300,
@@ -129,7 +123,6 @@ def _init_group(backend: str | None, timeout_s: float, environ: Mapping[str, str
     if not dist.is_available():
         raise UserInputError("this torch build has no torch.distributed; install a full torch")
     env = _env(environ)
-    # %%torchrun --backend sets the default for every rank; an explicit argument wins.
     wanted = _check_backend(backend if backend is not None else env.get("NBGPU_BACKEND") or None)
     if timeout_s <= 0:
         raise UserInputError(f"timeout_s={timeout_s!r}: expected a number of seconds > 0")

@@ -88,8 +88,7 @@ def local_world_size(environ: Mapping[str, str] | None = None) -> int:
 
 def is_main(environ: Mapping[str, str] | None = None) -> bool:
     """True on global rank 0, and in a process outside any job (RANK unset): code guarded
-    by ``is_main()`` runs the same in the kernel and on rank 0 of ``%%torchrun``.
-    """
+    by ``is_main()`` runs the same in the kernel and on rank 0 of ``%%torchrun``."""
     env = _env(environ)
     return not _in_job(env) or _job_int(env, "RANK") == 0
 
@@ -114,9 +113,6 @@ def _write(text: str, stream: TextIO, *, flush: bool = True) -> None:
     stream.write(text)
     if flush:
         stream.flush()
-
-
-# -- one rank of the node at a time ---------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -176,9 +172,6 @@ def _lock_dir(env: Mapping[str, str]) -> Path:
     directory = base / run_id
     directory.mkdir(mode=0o700, exist_ok=True)
     return directory
-
-
-# -- a cap on the address space -------------------------------------------------------------
 
 
 def parse_size(size: int | str) -> int:

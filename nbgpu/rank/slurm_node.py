@@ -45,21 +45,18 @@ def _node_address(name: str) -> str:
     return socket.gethostname()
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def _publish(run_dir: Path, name: str) -> dict[str, object]:
+    host = _node_address(name)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a free port
         try:
             sock.bind((host, 0))
         except OSError:
             sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
-def _publish(run_dir: Path, name: str) -> dict[str, object]:
-    host = _node_address(name)
+        port = int(sock.getsockname()[1])
     nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     rdzv = {
         "host": host,
-        "port": _free_port(host),
+        "port": port,
         "first_node": name,
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "step_id": os.environ.get("SLURM_STEP_ID"),

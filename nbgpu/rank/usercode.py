@@ -1,16 +1,10 @@
 """The user's code inside a rank: once (a cold run), or cell after cell (a warm job).
 
-The code runs as its leading import block and the rest, each a recorded memory phase
-(``--serial-imports`` takes the first one rank at a time); a failure's traceback starts
-at the user's first frame, and torchelastic's error file is written as ``@record`` does.
-
 A warm job's rank connects to the job's private channel (a ``multiprocessing`` Client
-with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``). For each
-cell it marks the boundary in its log, says it started, runs the code as phases
-``cell N imports`` and ``cell N``, and answers with how it ended and the pulled values.
-An exception fails the cell, not the rank. SIGINT interrupts a running cell only; the
-kernel saying ``stop``, or hanging up, ends the loop and the rank exits normally.
-Standard library (and nbgpu's recording side).
+with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``) and runs
+the cells it sends. An exception fails the cell, not the rank. SIGINT interrupts a
+running cell only; the kernel saying ``stop``, or hanging up, ends the loop and the rank
+exits normally. Standard library (and nbgpu's recording side).
 """
 
 from __future__ import annotations
@@ -48,10 +42,7 @@ def user_traceback(exc: BaseException) -> str:
     while (
         tb is not None
         and tb.tb_next is not None
-        and (
-            tb.tb_frame.f_code.co_filename.startswith(_OURS)
-            or tb.tb_frame.f_code.co_filename == runpy.__file__
-        )
+        and tb.tb_frame.f_code.co_filename.startswith((_OURS, runpy.__file__))
     ):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb))
@@ -83,10 +74,8 @@ def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any, int]:
     tree = ast.parse(source, filename)
     cut = 0
     for node in tree.body:
-        is_docstring = (
-            cut == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-        )
-        if isinstance(node, ast.Import | ast.ImportFrom) or is_docstring:
+        is_doc = cut == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if isinstance(node, ast.Import | ast.ImportFrom) or is_doc:
             cut += 1
         else:
             break
@@ -106,12 +95,9 @@ def run_code(
     phases: tuple[str, str] = ("imports", "run"),
     empty_imports_phase: bool = True,
 ) -> None:
-    """Run code as its leading import block, then the rest, each a recorded phase.
-
-    Cells, scripts and warm cells alike, so ``--serial-imports`` serialises a script's
+    """Cells, scripts and warm cells alike, so ``--serial-imports`` serialises a script's
     leading imports like a cell's. *open_phase* (the rank's ``start``) ends once the code
-    compiled; without *empty_imports_phase*, no leading imports means no imports phase.
-    """
+    compiled; without *empty_imports_phase*, no leading imports means no imports phase."""
     head, tail, imports = _split_leading_imports(source, filename)
     if open_phase is not None:
         rec.end(open_phase)
@@ -151,9 +137,6 @@ def _enter(
     namespace.update({name: pickle.loads(blob) for name, blob in push.items()})  # noqa: S301
     namespace["__file__"] = filename
     sys.argv = [filename, *args]
-
-
-# -- a cold run: the cell or the script, once ---------------------------------------------
 
 
 def run_once(
@@ -196,8 +179,6 @@ def run_once(
     return 0, namespace
 
 
-# -- a warm job: cells from the kernel's channel ------------------------------------------
-
 _in_cell = [False]  # whether SIGINT means KeyboardInterrupt right now
 
 
@@ -222,14 +203,13 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
                 return 0
             if message.get("op") != "cell":
                 continue
-            number = int(message["cell"])
             try:
                 answer = _run_cell(message, namespace, rec, conn, rank)
             except KeyboardInterrupt:
                 # Landed after the cell's code, before its answer: still an interrupted cell.
                 answer = {
                     "op": "done",
-                    "cell": number,
+                    "cell": int(message["cell"]),
                     "status": "interrupted",
                     "error": "KeyboardInterrupt",
                 }

@@ -2,9 +2,7 @@
 
 Before any user code: die with the agent (parent-death signal); send stdout and stderr,
 at the file-descriptor level (NCCL too), into ``rank{N}.log``, complete on disk even if
-the rank is killed right after writing; apply the address-space limit. Then the user's
-code (``usercode``), the pulled variables, and leaving the process group. Standard
-library at import time.
+the rank is killed right after writing. Standard library at import time.
 """
 
 from __future__ import annotations
@@ -41,12 +39,10 @@ def die_with(parent_env: str, sig: int, run_dir: Path | None, who: str) -> None:
 
 
 class _DiskFullTolerant(io.RawIOBase):
-    """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output, never the rank.
-
-    Without this, a print() on a full disk raises OSError(ENOSPC) in the user's code. The
-    first failure is noted (``logfull-rank{N}.txt``, when a few bytes still fit); output is
-    dropped until writes succeed again.
-    """
+    """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output (a print() would
+    raise OSError(ENOSPC) in the user's code), never the rank. The first failure is noted
+    (``logfull-rank{N}.txt``, when a few bytes still fit); output is dropped until writes
+    succeed again."""
 
     def __init__(self, fd: int, marker: Path) -> None:
         super().__init__()
@@ -83,18 +79,15 @@ def _redirect_output(log_path: Path, marker: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.stdout = _tolerant_stream(1, marker)
-    sys.stderr = _tolerant_stream(2, marker)
-
-
-def _tolerant_stream(fd: int, marker: Path) -> io.TextIOWrapper:
     # Unbuffered, as `python -u` makes it: the log is complete up to the last write.
-    raw = _DiskFullTolerant(fd, marker)
-    return io.TextIOWrapper(
-        raw,  # type: ignore[arg-type]
-        encoding="utf-8",
-        errors="backslashreplace",
-        write_through=True,
+    sys.stdout, sys.stderr = (
+        io.TextIOWrapper(  # type: ignore[type-var]
+            _DiskFullTolerant(std_fd, marker),
+            encoding="utf-8",
+            errors="backslashreplace",
+            write_through=True,
+        )
+        for std_fd in (1, 2)
     )
 
 
@@ -104,8 +97,7 @@ _stack_files: list[Any] = []  # kept open for the life of the rank
 
 def _register_stack_dumps(run_dir: Path, rank: int) -> None:
     """`nbgpu stacks` / `%gpu_stacks`: every thread's Python stack on a signal, written by
-    faulthandler from the handler itself, so a rank blocked in a collective answers too.
-    """
+    faulthandler from the handler itself, so a rank blocked in a collective answers too."""
     try:
         dump = (run_dir / f"stacks-rank{rank}.txt").open("ab", buffering=0)
         faulthandler.register(_STACKS_SIGNAL, file=dump, all_threads=True, chain=False)
@@ -113,15 +105,6 @@ def _register_stack_dumps(run_dir: Path, rank: int) -> None:
         (run_dir / f"stacks-rank{rank}.pid").write_text(str(os.getpid()), encoding="utf-8")
     except (OSError, RuntimeError, ValueError):
         pass  # no stacks on request; the run itself is unaffected
-
-
-def _pull(spec: dict[str, Any], namespace: dict[str, Any], run_dir: Path, rank: int) -> None:
-    names = spec.get("pull") or []
-    if not names or (rank != 0 and not spec.get("pull_all_ranks")):
-        return
-    tmp = run_dir / f".pull-rank{rank}.pkl.tmp"
-    tmp.write_bytes(pickle.dumps(pull_payload(names, namespace)))
-    tmp.replace(run_dir / f"pull-rank{rank}.pkl")  # atomic: never read half-written
 
 
 def main() -> int:
@@ -165,9 +148,12 @@ def main() -> int:
     else:
         code, namespace = run_once(spec, namespace, rec, start_phase, error_path)
     exit_phase = rec.begin("exit")
+    pull = spec.get("pull") if rank == 0 or spec.get("pull_all_ranks") else None
     try:
-        if code == 0 and not spec.get("keep"):
-            _pull(spec, namespace, run_dir, rank)
+        if code == 0 and pull and not spec.get("keep"):
+            tmp = run_dir / f".pull-rank{rank}.pkl.tmp"
+            tmp.write_bytes(pickle.dumps(pull_payload(pull, namespace)))
+            tmp.replace(run_dir / f"pull-rank{rank}.pkl")  # atomic: never read half-written
     except BaseException as exc:  # noqa: BLE001  (an unpicklable pull is reported, not fatal)
         report_error(exc, error_path)
         code = 1

@@ -1,12 +1,10 @@
 """A config as its file holds it (YAML, JSON or a launch script), and the same file rescaled.
 
 ``scaler.py`` works on data; the user works on a file with comments, a key order, quotes
-and line continuations. :func:`read_config` keeps the file's text next to its data, and
-:func:`rescaled_text` writes the new values back into that text and nowhere else, in the
-file's own form: YAML through ruamel.yaml's round trip (``yamldoc.py``), a launch script
-by editing each value where bash reads it (:func:`rewrite_script`: a literal in place, a
-``$VAR`` at its assignment when every reader of it moves together, else the key gets its
-own literal, with a note), JSON with the file's indentation and key order.
+and line continuations. :func:`rescaled_text` writes the new values back into the file's
+text and nowhere else, in its own form: YAML through ruamel.yaml's round trip
+(``yamldoc.py``), a launch script where bash reads each value (:func:`rewrite_script`),
+JSON with the file's indentation and key order.
 
 :func:`read_text` and :func:`write_text` are the one place planning opens files (a config,
 a plan file, a cluster file): every failure is one ``UserInputError`` line naming the file.
@@ -162,7 +160,6 @@ def _edit_for(
 
 
 def _variable_at(script: LaunchScript, position: int) -> str | None:
-    """The variable whose assignment holds *position*, if any."""
     holds = (
         a.name
         for a in script.assignments
@@ -182,12 +179,11 @@ def rewrite_script(
 ) -> tuple[str, list[str]]:
     """The script with *changes* (key → new value text); and notes about what else moved.
 
-    Keys are overrides as read (or ``CUDA_VISIBLE_DEVICES``). A value is changed where it is
-    written: its literal, the assignment of the variable it reads, the default of
-    ``${VAR:-4}``. Then the new script is read again, and every key of *changes* and of
-    *unchanged* (key → the value it must keep) that does not come out as intended (an
-    expression, or a variable shared with a key that needs another value) gets its own
-    literal in place of what it had, with a note.
+    A value is changed where it is written: its literal, the assignment of the variable it
+    reads, the default of ``${VAR:-4}``. Then the new script is read again, and every key of
+    *changes* and *unchanged* (key → the value it must keep) that does not come out as
+    intended (an expression, a variable shared with a key that needs another value) gets its
+    own literal in place of what it had, with a note.
     """
     from nbgpu.scale.script import NAME, read_script  # noqa: PLC0415
 

@@ -1,12 +1,7 @@
 """The rules (which key follows which rule, how a rule moves a value to the target) and
-the checks verl and vLLM make at start, run on the scaled values before anything runs.
-
-A global batch scales with the GPU count and moves to the nearest valid value; a
-tensor-parallel size is kept, scaled or set. Then: batch divisibility by the GPU count
-and the micro batch, mini <= train batch, the rollout world by the tensor-parallel size,
-token budgets, and whether each inference engine's memory fraction holds the model and
-the KV cache its sequences need (``reference/memory.md`` §5c). Pure arithmetic; never
-reads files.
+the checks verl and vLLM make at start (batch divisibility, the tensor-parallel size,
+token budgets, the KV cache), run on the scaled values before anything runs. Pure
+arithmetic; never reads files.
 """
 
 from __future__ import annotations
@@ -257,10 +252,6 @@ def check_start_up(ctx: ScaleContext) -> None:
                 )
         if rule == "memory_fraction" and isinstance(v, int | float) and not 0 < v <= 1:
             ctx.bad("memory_fraction", e.dotted, f"{e.dotted} {v} is not a fraction in (0, 1]")
-        if rule == "gpu_count" and isinstance(v, int) and v * ctx.nnodes != ctx.to_gpus:
-            ctx.bad(
-                "gpu_count", e.dotted, f"{e.dotted} {v} × nnodes {ctx.nnodes} ≠ {ctx.to_gpus} GPUs"
-            )
     model_len = config_model_len(entries, value)
     for e in entries:
         if e.leaf != "max_num_batched_tokens" or not isinstance(value(e), int):

@@ -1,10 +1,6 @@
-"""``scale_config``: apply the rules to a config for a new GPU count, then check it; and
-its result, :class:`ScalePlan`: each step explained, with its diff, overrides, rescaled
-file text and JSON.
-
-Finds the GPUs the config was made for, moves every recognised value, raises the train
-batch where a mini batch outgrew it, and runs the start-up and KV checks. Pure; never
-reads files (``files.py`` does) nor loads ruamel.yaml unless YAML is asked for.
+"""``scale_config``: the rules applied to a config for a new GPU count, then checked; its
+result, :class:`ScalePlan`. Pure; never reads files (``files.py`` does) nor loads
+ruamel.yaml unless YAML is asked for.
 """
 
 from __future__ import annotations
@@ -68,14 +64,9 @@ class ScaleStep:
 
 @dataclass(frozen=True)
 class ScalePlan(Result):
-    """A config rescaled from ``from_gpus`` to ``to_gpus`` GPUs.
-
-    ``config`` is the new config as data (a nested mapping, or a list of ``key=value``
-    overrides); ``to_text()`` is the new file in its own form and layout (a YAML file keeps
-    its comments, a launch script its lines), ``diff()`` compares it with the old one;
-    ``steps`` explains every recognised key, changed or not; ``problems`` block, ``warnings``
-    do not.
-    """
+    """A config rescaled from ``from_gpus`` to ``to_gpus`` GPUs: ``config`` as data (a
+    mapping, or ``key=value`` overrides), ``steps`` every recognised key, changed or not;
+    ``problems`` block, ``warnings`` do not."""
 
     from_gpus: int
     to_gpus: int
@@ -110,7 +101,8 @@ class ScalePlan(Result):
         return dump_yaml(self.config)
 
     def to_text(self) -> str:
-        """The new config in the form it came in: the file's own text, changed values only."""
+        """The new config in the form and layout it came in (a YAML file keeps its comments,
+        a launch script its lines): changed values only."""
         return self.new_text if self.new_text is not None else self.to_yaml()
 
     def save(self, path: str | os.PathLike[str]) -> ScalePlan:

@@ -93,10 +93,8 @@ class LaunchScript:
 
     def resolve(self, value: ScriptValue, depth: int = 0, *, split: bool = True) -> str | None:
         """The text bash would pass (variables the script does not set: their default or None).
-
         ``split``: the value is a command's argument, where bash splits an unquoted expansion
-        at spaces; an assignment's value is never split.
-        """
+        at spaces; an assignment's value is never split."""
         out = []
         for part in value.parts:
             if part.kind == "literal":
@@ -333,8 +331,7 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
             i = 1
         while i < len(command):
             word = command[i]
-            raw = text[word.start : word.end]
-            m = _ASSIGNMENT.match(raw)
+            m = _ASSIGNMENT.match(text[word.start : word.end])
             if m is None or not word.parts or word.parts[0].kind != "literal":
                 break
             value = _value_of(text, word, word.start + m.end() - 1)

@@ -102,9 +102,6 @@ def config_model_len(entries: Sequence[Entry], value: Any) -> int | None:
     return None
 
 
-# ------------------------------------------------------------------------ value text
-
-
 def value_text(value: Any) -> str:
     """A value as written in a config or a command line: ``4``, ``0.34``, ``true``, ``[0,1]``."""
     if value is None:
@@ -164,8 +161,6 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         out[key.strip()] = parse_value(value)
     return out
 
-
-# ------------------------------------------------------------------ bash arithmetic
 
 _ARITH_OPS: Mapping[type, Callable[[int, int], int]] = {
     ast.Add: operator.add,

@@ -87,21 +87,6 @@ def _styled(old: Any, new: Any) -> Any:
     return new
 
 
-def _set(doc: Any, path: Sequence[Any], new: Any) -> None:
-    node = functools.reduce(operator.getitem, path[:-1], doc)
-    old = node[path[-1]]
-    if isinstance(old, CommentedSeq) and isinstance(new, list | tuple):
-        # Item by item, in place: the list keeps its style and each item its comment.
-        for i, item in enumerate(new):
-            if i < len(old):
-                old[i] = _styled(old[i], item)
-            else:
-                old.append(item)
-        del old[len(new) :]
-        return
-    node[path[-1]] = _styled(old, new)
-
-
 def _node_at(root: Node, path: Sequence[Any]) -> Node | None:
     node: Node | None = root
     for key in path:
@@ -215,7 +200,18 @@ def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str =
         return out
     doc = load_yaml(out, where)
     for path, value in pending.items():
-        _set(doc, path, value)
+        node = functools.reduce(operator.getitem, path[:-1], doc)
+        old = node[path[-1]]
+        if isinstance(old, CommentedSeq) and isinstance(value, list | tuple):
+            # Item by item, in place: the list keeps its style and each item its comment.
+            for i, item in enumerate(value):
+                if i < len(old):
+                    old[i] = _styled(old[i], item)
+                else:
+                    old.append(item)
+            del old[len(value) :]
+        else:
+            node[path[-1]] = _styled(old, value)
     stream = io.StringIO()
     _round_trip(out).dump(doc, stream)
     return stream.getvalue()
