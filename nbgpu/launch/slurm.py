@@ -1,17 +1,14 @@
 """SLURM from the kernel: the checks before ``srun``, the command, the queue, ``scancel``,
 and ``nbgpu status --slurm``.
 
-``srun`` starts one task per node, each running ``nbgpu.rank.slurm_node`` (the c10d
-rendezvous, then torchrun's agent), as a step of the kernel's allocation
-(``SLURM_JOB_ID``) or in an allocation requested for the run. Checked first, each as one
-line in SLURM's words where it gave some: SLURM missing, an unknown partition, more nodes
-than it holds, a malformed ``--time``. While the job is pending, :class:`QueueWatch` says
-why, and cancels a job the partition will never start. Stopping cancels the step (or the
-allocation nbgpu requested).
+``srun`` starts one ``nbgpu.rank.slurm_node`` per node (the c10d rendezvous, then
+torchrun's agent), as a step of the kernel's allocation (``SLURM_JOB_ID``) or in one
+requested for the run. What SLURM would refuse or queue forever is refused first, in one
+line (in SLURM's words where it gave some). While the job is pending, :class:`QueueWatch`
+says why, and cancels a job the partition will never start.
 
-``status --slurm`` runs ``python -m nbgpu.launch.slurm`` once per node (in the kernel's
-allocation, or one requested for the look); each prints its inventory as ``nbgpu status
---json`` writes it, plus its name and each GPU's health, and the kernel merges them.
+``status --slurm`` runs this module once per node: each prints its inventory as ``nbgpu
+status --json`` writes it, its name and each GPU's health; the kernel merges them.
 """
 
 from __future__ import annotations
@@ -47,12 +44,7 @@ JOIN_TIMEOUT_S = 120  # how long the nodes wait for each other at the rendezvous
 def _run(argv: Sequence[str], environ: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
-            list(argv),
-            env=dict(environ),
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
+            list(argv), env=dict(environ), capture_output=True, text=True, timeout=30, check=False
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise UserInputError(f"SLURM: {argv[0]} failed to run ({exc})") from None
@@ -98,7 +90,8 @@ def nodes_up(partition: str | None, environ: Mapping[str, str]) -> int:
 
 
 def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str]) -> list[str]:
-    """Refuse what SLURM would refuse or queue forever; the notes to announce."""
+    """Refuse what SLURM would refuse or queue forever (no srun, an unknown partition, more
+    nodes than it holds); the notes to announce."""
     if shutil.which("srun", path=environ.get("PATH")) is None:
         raise UserInputError(
             "--slurm: SLURM is not installed here (no srun on PATH); run on a cluster's login "
@@ -142,7 +135,6 @@ def srun_argv(config: LaunchConfig, run_dir: Path, run_id: str) -> list[str]:
 
 
 def request_args(options: SlurmOptions) -> list[str]:
-    """The ``srun`` options that say what to request (partition, time, account, GPUs)."""
     argv = []
     if options.partition:
         argv += ["--partition", options.partition]
