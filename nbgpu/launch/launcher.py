@@ -1,10 +1,9 @@
 """``nbgpu.torchrun(...)``: from what the user asked to a validated config and a Run.
 
-This is where the probe meets the launch. Without ``--gpus`` the ranks default to the
-healthy visible GPUs, and unhealthy ones (busy, held by a dead process, lost) are left
-out of ``CUDA_VISIBLE_DEVICES`` with a note, so rank 0 never lands on a busy GPU 0.
-``--gpus`` is checked against the inventory and the CUDA probe (``force`` overrides);
-more ranks than GPUs is refused before anything starts. No GPU: the ranks run on CPU.
+Without ``--gpus`` the ranks default to the healthy visible GPUs, and unhealthy ones (busy,
+held by a dead process, lost) are left out of ``CUDA_VISIBLE_DEVICES`` with a note, so rank
+0 never lands on a busy GPU 0. ``--gpus`` is checked against the inventory and the CUDA
+probe (``force`` overrides); more ranks than GPUs is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -250,9 +249,7 @@ def prepare(
             nproc = slurm.gpus_per_node
         notes.extend(check_request(nnodes, slurm, environ))
     else:
-        inv = (
-            inventory if inventory is not None else take_inventory(environ, scan_device_files=False)
-        )
+        inv = inventory or take_inventory(environ, scan_device_files=False)
         if gpus is not None:
             nproc, cvd, chosen = _named_gpus(
                 inv, gpus, nproc, force=force, notes=notes, environ=environ, face=face
