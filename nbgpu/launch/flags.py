@@ -2,8 +2,7 @@
 
 Both faces build their parsers from :data:`FLAGS` and turn the parsed namespace into
 ``prepare()`` keywords with :func:`prepare_options`, so a flag, its help and its checks
-exist in one place; ``faces`` says which face has it, ``per_cell`` that it may come
-with ``--on``.
+exist in one place.
 """
 
 from __future__ import annotations
@@ -265,7 +264,6 @@ def arguments(face: str) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the terminal's launch flags (``nbgpu run``) to *parser*."""
     for names, keywords in arguments(TERMINAL):
         parser.add_argument(*names, **keywords)
     return parser

@@ -74,7 +74,7 @@ class Run(RunView):
         cfg = self.config
         pruned = prune_before_run(self.environ)
         if pruned is not None:
-            self.notices.add(pruned)
+            self.notices.pending.append(pruned)
         self.dir = make_run_dir(cfg.name, self.environ)
         self.notices.run_dir = self.dir
         channel = None
@@ -305,7 +305,7 @@ class Run(RunView):
             return
         report = stop_processes(self.run_id, None, first_signal=signal.SIGTERM, grace_s=2.0)
         alive = f" (still alive: {', '.join(map(str, report.survivors))})"
-        self.notices.add(
+        self.notices.pending.append(
             f"{len(leftovers)} processes started by the ranks outlived them; stopped"
             + (alive if report.survivors else "")
         )

@@ -71,7 +71,6 @@ def check_name(name: str) -> str:
 
 
 def make_run_dir(name: str, environ: Mapping[str, str] | None = None) -> Path:
-    """Create a fresh private run directory and return its path."""
     root = runs_root(environ)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -121,7 +120,6 @@ def write_bootstrap(run_dir: Path, config: LaunchConfig, channel: tuple[str, str
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    """``run.json``: what the run says of itself (retention, stacks and diagnose read it)."""
     try:
         (run_dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     except OSError as exc:

@@ -122,7 +122,6 @@ def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str])
 
 
 def srun_argv(config: LaunchConfig, run_dir: Path, run_id: str) -> list[str]:
-    """The ``srun`` command that starts one agent per node."""
     argv = ["srun", "--nodes", str(config.nnodes), "--ntasks-per-node", "1"]
     argv += ["--job-name", f"nbgpu-{config.name}"]
     argv.append("--kill-on-bad-exit=1")  # one node's agent failing ends every node's

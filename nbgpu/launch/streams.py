@@ -103,7 +103,6 @@ class LogTail:
         return _resolve_cr(self._pending)
 
     def close(self) -> list[str]:
-        """Read what is left, flush the decoder, and return the final lines."""
         lines = self.poll()
         tail = self._pending + self._decoder.decode(b"", final=True)
         self._pending = ""
@@ -177,11 +176,9 @@ NEWEST_LINE_CHARS = 200  # over the budget, the newest line shown per rank or no
 
 
 class ScreenWriter:
-    """Prefixed, coalesced, budgeted output for a notebook cell or a terminal.
-
-    ``add`` collects; ``flush`` (once per tick) writes in one call: lines that fit the byte
-    budget whole, otherwise per rank a count of what was held back and its newest line.
-    ``finish`` shows the last lines of every rank that were not shown.
+    """Prefixed output for a notebook cell or a terminal: ``flush`` (once per tick) writes in
+    one call the lines that fit the byte budget, otherwise per rank a count of what was held
+    back and its newest line; ``finish`` shows every rank's last lines that were not shown.
     """
 
     def __init__(
