@@ -191,9 +191,6 @@ def diagnose_failure(
     return diagnosis, None, root
 
 
-# -- while it runs: notices --------------------------------------------------------------
-
-
 class RunNotices:
     """The one-line notices of one run; ``run_dir`` is set once the directory exists."""
 

@@ -259,13 +259,8 @@ class RunStacks(Result):
     def content(self) -> list[Block]:
         blocks: list[Block] = [Title(f"stacks of {self.run_dir.name} ({len(self.ranks)} ranks)")]
         for r in self.ranks:
-            blocks.append(
-                Line(
-                    f"── rank {r.rank} (pid {r.pid or '-'}): {r.state}",
-                    level="" if r.state == "dumped" else "warn",
-                    wrap=False,
-                )
-            )
+            head = f"── rank {r.rank} (pid {r.pid or '-'}): {r.state}"
+            blocks.append(Line(head, level="" if r.state == "dumped" else "warn", wrap=False))
             dump = [*r.python.rstrip().splitlines(), *r.native.rstrip().splitlines()]
             if dump:
                 blocks.append(Pre("\n".join("   " + line for line in dump)))
@@ -312,14 +307,9 @@ def _py_spy(pid: int) -> str:
     exe = shutil.which("py-spy")
     if exe is None:
         return ""
+    argv = [exe, "dump", "--native", "--pid", str(pid)]
     try:
-        done = subprocess.run(
-            [exe, "dump", "--native", "--pid", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"py-spy: {exc}"
     if done.returncode != 0:

@@ -323,9 +323,6 @@ class RunFailed(NbgpuError):
         return self.run.failure_lines(output_shown=self.output_shown)
 
 
-# -- a rendezvous that timed out --------------------------------------------------------
-
-
 def rendezvous_timeout_words(run_dir: Path, config: LaunchConfig, waited_s: float) -> str:
     """Who never came, for the failure summary: through SLURM the step's nodes
     (``rdzv.json``) that left no ``node{N}.started``; by hand, the command for the others."""
