@@ -52,11 +52,10 @@ class LogTail:
     def __init__(self, path: Path, *, keep_open: bool = True) -> None:
         self.path = path
         self.keep_open = keep_open
-        self._offset = 0  # bytes read so far: where a reopened file is read from
+        self.bytes_read = 0  # also where a reopened file is read from
         self._fd: int | None = None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # text after the last newline
-        self.bytes_read = 0
 
     def _open(self) -> bool:
         if self._fd is None:
@@ -64,8 +63,8 @@ class LogTail:
                 self._fd = os.open(self.path, os.O_RDONLY)
             except FileNotFoundError:
                 return False
-            if self._offset:
-                os.lseek(self._fd, self._offset, os.SEEK_SET)
+            if self.bytes_read:
+                os.lseek(self._fd, self.bytes_read, os.SEEK_SET)
         return True
 
     def _release(self) -> None:
@@ -87,12 +86,11 @@ class LogTail:
                 chunks.append(data)
                 total += len(data)
         finally:
-            self._offset += total
+            self.bytes_read += total
             if not self.keep_open:
                 self._release()
         if not chunks:
             return []
-        self.bytes_read += total
         text = self._pending + self._decoder.decode(b"".join(chunks))
         *complete, self._pending = text.split("\n")
         return [_resolve_cr(line) for line in complete]
@@ -159,10 +157,7 @@ class RankLogs:
 def _resolve_cr(line: str) -> str:
     # "\r\n" is a plain newline; otherwise the text after the last "\r" is what a
     # terminal shows (tqdm pads each update, so overwriting is replacing).
-    line = line.removesuffix("\r")
-    if "\r" in line:
-        line = line.rsplit("\r", 1)[1]
-    return line
+    return line.removesuffix("\r").rsplit("\r", 1)[-1]
 
 
 # Over the budget, at most this many lines a tick: a line per rank up to it, then a line
