@@ -229,8 +229,6 @@ def prepare(
             f"plan role '{chosen_role.name}': GPUs {gpus}, {chosen_role.nproc_per_node} ranks, "
             f"port {master_port}"
         )
-    if nproc is not None and nproc < 1:
-        raise UserInputError(f"nproc {nproc}: expected a whole number >= 1")
     cvd: str | None = None
     chosen: tuple[int, ...] | None = None
     if slurm is not None:

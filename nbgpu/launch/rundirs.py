@@ -1,13 +1,12 @@
 """Run directories: where a run's cell, logs, error files and results live, and how many
 are kept.
 
-``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs``; each run gets
-``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``, private (0700): logs can hold secrets. Every run
-keeps its full logs, so by default only the last ``DEFAULT_KEEP`` runs and at most
-``DEFAULT_BUDGET`` bytes stay (``NBGPU_KEEP_RUNS``, ``NBGPU_RUNS_BUDGET``; ``0``: no
-limit), applied before each new run and on request (``%gpu_runs --prune``). A directory
-in use is never removed: a live process carries its run id, its ``run.json`` says it is
-not over and changed recently, or it holds a ``KEEP`` file.
+``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs``; each run's is private (0700): logs
+can hold secrets. Every run keeps its full logs, so by default only the last
+``DEFAULT_KEEP`` runs and at most ``DEFAULT_BUDGET`` bytes stay (``0``: no limit), applied
+before each new run and on request (``%gpu_runs --prune``). A directory in use is never
+removed: a live process carries its run id, its ``run.json`` says it is not over and
+changed recently, or it holds a ``KEEP`` file.
 """
 
 from __future__ import annotations
@@ -350,8 +349,7 @@ def prune(
     live: set[str] | None = None  # the /proc scan only when something may be removed
     removed: list[tuple[str, int]] = []
     protected: list[tuple[str, str]] = []
-    kept = 0
-    kept_bytes = 0
+    kept = kept_bytes = 0
     limit = max(0, policy.keep_runs - keep_newest_extra) if policy.keep_runs else 0
     for entry in entries:  # newest first
         over_count = bool(policy.keep_runs) and kept >= max(limit, 1)
@@ -374,12 +372,7 @@ def prune(
         kept += 1
         kept_bytes += entry.size_bytes
     return PruneReport(
-        root=runs_root(environ),
-        policy=policy,
-        removed=tuple(removed),
-        protected=tuple(protected),
-        kept_runs=kept,
-        kept_bytes=kept_bytes,
+        runs_root(environ), policy, tuple(removed), tuple(protected), kept, kept_bytes
     )
 
 
