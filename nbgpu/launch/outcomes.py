@@ -118,8 +118,7 @@ def _error_details(
             return str(message.get("message")), info.get("py_callstack"), stamp
         except (ValueError, KeyError, TypeError, OSError, AttributeError):
             continue
-    # No error file: the rank died by a signal or exited without raising; the exit
-    # code and signal tell that story, not a message.
+    # No error file: a signal or an exit without raising; the exit code and signal tell it.
     return None, None, None
 
 

@@ -338,11 +338,9 @@ def prune(
     policy: RetentionPolicy | None = None,
     keep_newest_extra: int = 0,
 ) -> PruneReport:
-    """Remove the oldest run directories beyond the policy; never one in use.
-
-    ``keep_newest_extra`` makes room for a run about to start. The newest finished run is
-    always kept, even alone over budget: its logs are the ones the user is about to read.
-    """
+    """Remove the oldest run directories beyond the policy, never one in use nor the newest
+    (even alone over budget: its logs are the ones the user is about to read);
+    ``keep_newest_extra`` makes room for a run about to start."""
     policy = policy or RetentionPolicy.from_env(environ)
     entries = run_dirs(environ)
     now = time.time()

@@ -1,11 +1,9 @@
 """Streaming rank output: follow log files, decode safely, coalesce for the screen.
 
 Each rank writes straight into its own log file, complete whatever happens on screen.
-:class:`LogTail` follows one: bytes until there are no more, an incremental UTF-8
-decoder (a character split across reads stays intact), ``\\r`` as a terminal would.
-:class:`ScreenWriter` prefixes lines by rank, writes once per tick and keeps to a byte
-budget (Jupyter's server *drops* output above ~1 MB/s): what it holds back is counted,
-and the last lines of every rank are shown at the end. Standard library only.
+:class:`LogTail` follows one with an incremental UTF-8 decoder (a character split across
+reads stays intact); :class:`ScreenWriter` keeps to a byte budget, as Jupyter's server
+*drops* output above ~1 MB/s. Standard library only.
 """
 
 from __future__ import annotations
