@@ -288,9 +288,6 @@ class Prepared:
     notes: tuple[str, ...] = field(default=())
 
 
-# -- what the launcher reads from a plan --------------------------------------------------
-
-
 class PlanRole(Protocol):
     """One role of an ``nbgpu.plan`` result."""
 

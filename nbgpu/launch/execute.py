@@ -117,9 +117,6 @@ def execute_cell(
     return follow()
 
 
-# -- more cells on a warm job -------------------------------------------------------------
-
-
 def warm_run(name: str, flag: str = "--on") -> Run:
     run = RUNS.get(name)
     if run is None or run.warm is None:
@@ -229,9 +226,6 @@ class WarmJob:
         warm = self.run.warm
         detail = warm.describe() if warm is not None and self.state == "warm" else self.state
         return f"<WarmJob {self.name!r}: {self.run.config.nproc} ranks, {detail}>"
-
-
-# -- this process's runs -----------------------------------------------------------------
 
 
 def runs() -> dict[str, Run]:

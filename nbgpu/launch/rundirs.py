@@ -127,9 +127,6 @@ def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
             raise
 
 
-# -- how many are kept ----------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class RetentionPolicy:
     keep_runs: int  # 0: no limit on the count

@@ -181,8 +181,6 @@ def cancel(run_dir: Path, environ: Mapping[str, str], *, requested: bool) -> str
     return target
 
 
-# -- a job in the queue ------------------------------------------------------------------
-
 REFUSED_FILE = "slurm-refused.txt"
 _CHECK_EVERY_S = 2.0
 _QUEUED = re.compile(r"srun: job (\d+) queued and waiting for resources")
@@ -273,9 +271,6 @@ class QueueWatch:
             state, _, reason = (out.stdout.strip().splitlines() or [""])[0].partition("|")
             return state.strip(), reason.strip()
         return "", ""
-
-
-# -- `nbgpu status --slurm`: every node's GPUs, from the nodes themselves ---------------
 
 
 @dataclass(frozen=True)
