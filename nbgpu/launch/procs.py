@@ -1,14 +1,11 @@
 """A run's processes: the first one it starts, all of them found and stopped, and every
 rank's Python stack on request.
 
-The first process (:func:`start_agent`, in its own session, output in ``agent.log``) is
-nbgpu's wrapped torchrun (``nbgpu.rank.agent``), or through SLURM ``srun``.
-
-torchrun puts each worker in its own session, so killing the agent's process group does
-not reach them, and a SIGKILLed agent orphans them. A run's processes are therefore found
-two ways (the agent's descendants, and any process of this user whose environment carries
-the run's ``NBGPU_RUN_ID``) and stopped with a ladder: a first signal (SIGINT or SIGTERM),
-SIGTERM, then SIGKILL, sharing one deadline.
+The first process (:func:`start_agent`: nbgpu's wrapped torchrun, or ``srun``) has its
+own session. torchrun puts each worker in its own session too, so killing the agent's
+process group does not reach them, and a SIGKILLed agent orphans them: a run's processes
+are the agent's descendants and any process of this user whose environment carries the
+run's ``NBGPU_RUN_ID``.
 
 For runs that hang, each rank registers ``faulthandler`` on ``STACKS_SIGNAL`` before any
 user code (``nbgpu.rank.worker``): its dumps go to ``stacks-rank{N}.txt``, its pid to
@@ -228,8 +225,6 @@ def stop_processes(
         alive = _signal_and_wait(alive, signal.SIGKILL, time.monotonic() + KILL_WAIT_S)
     return StopReport(len(procs), killed, tuple(p.pid for p in alive))
 
-
-# -- every rank's Python stack at once, without ptrace: for runs that hang ------------------
 
 # A real-time signal: nothing in Python, torch or common launchers uses it, unlike
 # SIGUSR1 (Lightning, Slurm preemption) and SIGUSR2.

@@ -106,8 +106,6 @@ class Run(RunView):
             threading.Thread(target=self._watch_idle, name=name, daemon=True).start()
         return self
 
-    # -- while running -------------------------------------------------------------
-
     def follow(
         self,
         writer: LineSink,
@@ -252,8 +250,6 @@ class Run(RunView):
                 return
             finally:
                 warm.lock.release()
-
-    # -- the end -------------------------------------------------------------------
 
     def stop(
         self, reason: str = "stopped", *, first_signal: int = signal.SIGTERM, grace_s: float = 3.0
