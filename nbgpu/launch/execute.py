@@ -70,8 +70,7 @@ def execute(
     """Start *prepared* and follow it into ``output(run)``; the run, finished unless
     *background* (a warm job: its first cell has run). In the foreground a failed run
     raises :class:`RunFailed` with *check* (``on_done`` then sees successes only); in the
-    background ``on_done`` sees every run.
-    """
+    background ``on_done`` sees every run."""
     for note in prepared.notes:
         announce(f"[nbgpu] {note}")
     config = prepared.config
@@ -94,8 +93,7 @@ def execute_cell(
 ) -> CellResult | None:
     """Follow *run* into ``output(run)``; with *cell*, run it on every rank of the warm job
     and return its result (None when the job ended). With *check*, a failed cell raises
-    :class:`CellFailed` (the job stays up), a run or job that ended :class:`RunFailed`.
-    """
+    :class:`CellFailed` (the job stays up), a run or job that ended :class:`RunFailed`."""
     out = output(run)
 
     def follow() -> CellResult | None:

@@ -280,8 +280,7 @@ _AS_PARSED = ("gpus", "role", "force", "name", "serial_imports", "mem_limit", "m
 
 def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
     """``prepare()``'s keywords from either face's parsed flags, each checked; ``push`` and
-    ``pull`` come back as names (a notebook variable or a plan file is the face's to resolve).
-    """
+    ``pull`` come back as names (a notebook variable or a plan file is the face's to resolve)."""
     nproc = None if args.nproc is None else parse_nproc(str(args.nproc))
     per_node = getattr(args, "nproc_per_node", None)
     if per_node is not None:

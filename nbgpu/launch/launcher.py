@@ -113,8 +113,7 @@ def _probe(
     inv: Inventory, chosen: tuple[int, ...], text: str, environ: Mapping[str, str], face: str
 ) -> None:
     """Create a context on each named GPU (in a subprocess) before committing ranks to it:
-    NVML can look clean while CUDA refuses the GPU (a holder in another container).
-    """
+    NVML can look clean while CUDA refuses the GPU (a holder in another container)."""
     env = {**environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     report = probe_gpus(env, inv.gpus, 30.0)

@@ -44,8 +44,7 @@ class RankOutcome:
 
 def read_agent_result(run_dir: Path) -> dict[str, Any]:
     """The agent's ``result.json`` (empty when it could not write one); over several nodes
-    their ``result-node{N}.json`` merged: failures by global rank, well only if every node's.
-    """
+    their ``result-node{N}.json`` merged: failures by global rank, well only if every node's."""
     results = []
     for path in [run_dir / "result.json", *sorted(run_dir.glob("result-node*.json"))]:
         with contextlib.suppress(ValueError, OSError):
@@ -236,8 +235,7 @@ class RunNotices:
 
 def _disk_full_since(run_dir: Path) -> float | None:
     """When the disk under the run directory filled, if it did: a rank's own marker (ranks
-    drop their output instead of failing) or, too full for markers, the disk's free space.
-    """
+    drop their output instead of failing) or, too full for markers, the disk's free space."""
     stamps = []
     for path in run_dir.glob("logfull-rank*.txt"):
         with contextlib.suppress(OSError, ValueError):

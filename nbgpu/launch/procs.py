@@ -202,8 +202,7 @@ def stop_processes(
 ) -> StopReport:
     """Signal the whole run, escalate within one deadline, and report survivors: the first
     signal to the agent only (torchrun forwards it and shuts its workers down in order),
-    SIGTERM to all at half the grace period, SIGKILL at the deadline.
-    """
+    SIGTERM to all at half the grace period, SIGKILL at the deadline."""
     started = time.monotonic()
     procs = run_processes(run_id, root_pid)
     if not procs:

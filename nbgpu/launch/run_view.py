@@ -159,8 +159,7 @@ class RunView(Result):
     def failure_lines(self, *, output_shown: bool = False) -> list[str]:
         """The failure, each thing said once: summary (the rank that failed first, as the
         diagnosis decided), cause, fixes, then the traceback (not repeated when
-        ``output_shown``: it is above). Never hard-wrapped: a notebook wraps to its width.
-        """
+        ``output_shown``: it is above). Never hard-wrapped: a notebook wraps to its width."""
         lines = [f"RunFailed: {self.failure_summary()}"]
         if self.diagnosis_error is not None:
             how = "exit codes and error files" if self.root_cause is not None else "nothing"

@@ -95,8 +95,7 @@ def error_file(run_dir: Path, rank: int) -> Path:
 
 def write_bootstrap(run_dir: Path, config: LaunchConfig, channel: tuple[str, str] | None) -> None:
     """What every rank reads before the user's code: a warm job's ranks take every cell
-    from the *channel* (socket path, token); otherwise the cell or script, pushed values.
-    """
+    from the *channel* (socket path, token); otherwise the cell or script, pushed values."""
     spec: dict[str, Any] = {
         "serial_imports": config.serial_imports,
         "mem_limit_bytes": config.mem_limit_bytes,

@@ -342,8 +342,7 @@ def cluster_status(
     wait_s: int = 60,
 ) -> ClusterStatus:
     """Ask every node of the allocation (or *nodes* nodes of a fresh one) for its GPUs;
-    outside an allocation, wait at most *wait_s* for nodes (``srun --immediate``).
-    """
+    outside an allocation, wait at most *wait_s* for nodes (``srun --immediate``)."""
     job = environ.get("SLURM_JOB_ID")
     count = nodes or int(environ.get("SLURM_JOB_NUM_NODES") or 0) or 1
     check_request(count, options, environ)

@@ -41,11 +41,9 @@ class LineSink(Protocol):
 
 
 class LogTail:
-    """Follow one growing log file: completed lines, and the live partial line.
-
-    ``keep_open=False`` opens the file for each poll: thousands of ranks would otherwise hold
-    a descriptor each (the usual limit is 1024), and on NFS a fresh open sees other nodes.
-    """
+    """Follow one growing log file. ``keep_open=False`` opens it for each poll: thousands of
+    ranks would otherwise hold a descriptor each (the usual limit is 1024), and on NFS a
+    fresh open sees other nodes."""
 
     def __init__(self, path: Path, *, keep_open: bool = True) -> None:
         self.path = path
@@ -116,10 +114,8 @@ def in_turn(count: int, cursor: int, limit: int = MAX_LOGS_PER_POLL) -> tuple[li
 
 
 class RankLogs:
-    """Every rank's log of one run, followed: new lines by rank. Beyond
-    :data:`MAX_LOGS_PER_POLL` ranks the logs take turns; lines starting with *skip* (a warm
-    job's cell marks) are not shown.
-    """
+    """Every rank's log of one run, followed (beyond :data:`MAX_LOGS_PER_POLL` ranks, in
+    turns); lines starting with *skip* (a warm job's cell marks) are not shown."""
 
     def __init__(self, paths: dict[int, Path], *, skip: str | None = None) -> None:
         few = len(paths) <= MAX_LOGS_PER_POLL
@@ -171,8 +167,7 @@ NEWEST_LINE_CHARS = 200  # over the budget, the newest line shown per rank or no
 class ScreenWriter:
     """Prefixed output for a notebook cell or a terminal: ``flush`` (once per tick) writes in
     one call the lines that fit the byte budget, otherwise per rank a count of what was held
-    back and its newest line; ``finish`` shows every rank's last lines that were not shown.
-    """
+    back and its newest line; ``finish`` shows every rank's last lines that were not shown."""
 
     def __init__(
         self,
@@ -278,8 +273,7 @@ class ScreenWriter:
 
     def _by_node(self, pending: dict[str, list[str]]) -> list[str]:
         """Too many ranks for a line each: a line per node (``n17/rank136`` is node ``n17``'s:
-        ranks that printed, lines skipped, the newest), or one for the whole job.
-        """
+        ranks that printed, lines skipped, the newest), or one for the whole job."""
         nodes: dict[str, list[str]] = {}
         for label in pending:
             nodes.setdefault(label.split("/", 1)[0] if "/" in label else "", []).append(label)
