@@ -67,10 +67,9 @@ def execute(
     on_done: Callable[[Run | CellResult], None] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Run:
-    """Start *prepared* and follow it into ``output(run)``; the run, finished unless
-    *background* (a warm job: its first cell has run). In the foreground a failed run
-    raises :class:`RunFailed` with *check* (``on_done`` then sees successes only); in the
-    background ``on_done`` sees every run."""
+    """Start *prepared* and follow it into ``output(run)``; the run, finished unless *background*
+    (a warm job: its first cell has run). In the foreground a failed run raises :class:`RunFailed`
+    with *check* and ``on_done`` sees successes only; in the background it sees every run."""
     for note in prepared.notes:
         announce(f"[nbgpu] {note}")
     config = prepared.config
@@ -163,7 +162,7 @@ def prepare_cell(
             f"nproc {nproc} with --on {name}: the job has {run.config.nproc} ranks (give "
             f"{run.config.nproc} or no count; a different count needs a new job)"
         )
-    request = CellRequest(
+    return run, CellRequest(
         code=code,
         push=pickle_pushed(list(push), push) if push else {},
         pull=tuple(pull),
@@ -172,7 +171,6 @@ def prepare_cell(
         timeout_s=timeout_s,
         quiet=quiet,
     )
-    return run, request
 
 
 def run_cell(

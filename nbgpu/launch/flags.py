@@ -1,8 +1,7 @@
 """The launch flags, declared once for ``%%torchrun`` and ``nbgpu run``.
 
 Both faces build their parsers from :data:`FLAGS` and turn the parsed namespace into
-``prepare()`` keywords with :func:`prepare_options`, so a flag, its help and its checks
-exist in one place.
+``prepare()`` keywords with :func:`prepare_options`: a flag, its help and its checks are here.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """A Run: one torchrun job's life in the kernel, from start to collected outcomes.
 
-``start()`` enters the run in :data:`RUNS` (stopped when the process exits); ``follow()``
-is the one follow loop, for a cold run and for each cell of a warm job (``run.warm``,
-watched between cells by the idle watchdog); ``stop()`` ends the process tree on one
-deadline; ``finish()`` collects the outcomes and a failed run's diagnosis. How a run reads
-is the base class (``run_view.py``).
+``start()`` enters the run in :data:`RUNS` (stopped when the process exits); ``follow()`` is
+the one follow loop, for a cold run and for each cell of a warm job (``run.warm``, watched
+between cells by the idle watchdog); ``stop()`` ends the process tree on one deadline;
+``finish()`` collects the outcomes and a failed run's diagnosis; how it reads is ``RunView``.
 """
 
 from __future__ import annotations
@@ -113,13 +112,11 @@ class Run(RunView):
         cell: CellRequest | None = None,
         on_tick: Callable[[Run], None] | None = None,
     ) -> CellResult | None:
-        """Stream the run into *writer* until it ends; stop it on timeout or interrupt.
-
-        With *cell* (a warm job), run it on every rank and return its result. An interrupt or
-        its ``--timeout`` interrupts the cell and waits a bounded time for answers (a rank stuck
-        in a collective is reported, not waited for); a second interrupt ends the job. A run
-        that ended is stopped, swept of orphans and collected, its last lines shown (None).
-        """
+        """Stream the run into *writer* until it ends; stop it on timeout or interrupt. With
+        *cell* (a warm job), run it on every rank and return its result: an interrupt or its
+        ``--timeout`` interrupts the cell and waits a bounded time for answers (a rank stuck in
+        a collective is reported, not waited for), a second interrupt ends the job. A run that
+        ended is stopped, swept of orphans and collected, its last lines shown (None)."""
         self.writer = writer
         flight = None
         if cell is not None:

@@ -34,9 +34,7 @@ class LineSink(Protocol):
     """Where a run's lines go: a terminal/cell text stream, or a widget panel."""
 
     def add(self, label: str, lines: list[str]) -> None: ...
-
     def flush(self) -> None: ...
-
     def finish(self, log_hint: str) -> None: ...
 
 
