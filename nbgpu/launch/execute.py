@@ -46,15 +46,10 @@ def to_screen(
     color: bool = False,
     live_status: bool = False,
 ) -> Callable[[Run], Output]:
-    """Prefixed text through *write* within the screen budget (nothing when *quiet*)."""
-
-    def make(_run: Run) -> Output:
-        sink = ScreenWriter(
-            (lambda _text: None) if quiet else write, color=color, live_status=live_status
-        )
-        return Output(sink)
-
-    return make
+    """Prefixed text through *write* within the screen budget (nothing when *quiet*); a new
+    writer for each run or cell."""
+    target = (lambda _text: None) if quiet else write
+    return lambda _run: Output(ScreenWriter(target, color=color, live_status=live_status))
 
 
 def execute(
@@ -233,7 +228,7 @@ def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, floa
     ``NBGPU_SILENT_AFTER`` or 120 s): (rank, seconds)."""
     if run.state != "running" or run.started_at is None:
         return []
-    if run.warm is not None and not run.warm.in_cell:
+    if run.warm is not None and not run.warm.busy:
         return []  # between cells a warm job's ranks are quiet by design
     if after_s is None:
         try:

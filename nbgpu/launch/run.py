@@ -196,8 +196,7 @@ class Run(RunView):
             on_tick(self)
 
     def _take_notices(self) -> list[str]:
-        """Retention, a lost parent-death guarantee (also in run.json), a full disk, a SLURM
-        job waiting in the queue (and why)."""
+        """Retention, a lost parent-death guarantee, a full disk, a job in SLURM's queue."""
         if self.queue is not None:
             self.notices.pending += self.queue.poll()
         return self.notices.take(on_guarantee_lost=lambda: write_meta(self.dir, self.meta()))

@@ -302,7 +302,7 @@ class RunView(Result):
             else {
                 "cells": self.warm.cells,
                 "idle_s": self.warm.idle_s,
-                "in_cell": self.warm.in_cell,
+                "in_cell": bool(self.warm.busy),
                 "idle_timeout_s": self.warm.idle_timeout_s,
                 "ended_reason": self.warm.ended_reason,
             },

@@ -369,8 +369,7 @@ def prune(
 
 
 def prune_before_run(environ: Mapping[str, str]) -> str | None:
-    """Prune old run directories before adding one; the notice to show, if any (the
-    policy is told once per process). Never blocks a launch."""
+    """Prune before a new run; the notice to show, if any. Never blocks a launch."""
     try:
         report = prune(environ, keep_newest_extra=1)
     except (UserInputError, OSError) as exc:

@@ -90,8 +90,7 @@ def nodes_up(partition: str | None, environ: Mapping[str, str]) -> int:
 
 
 def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str]) -> list[str]:
-    """Refuse what SLURM would refuse or queue forever (no srun, an unknown partition, more
-    nodes than it holds); the notes to announce."""
+    """Refuse what SLURM would refuse or queue forever; the notes to announce."""
     if shutil.which("srun", path=environ.get("PATH")) is None:
         raise UserInputError(
             "--slurm: SLURM is not installed here (no srun on PATH); run on a cluster's login "

@@ -135,10 +135,6 @@ class WarmState:
         self.log_offsets: dict[int, int] = {}  # each rank log's size when the cell began
 
     @property
-    def in_cell(self) -> bool:
-        return bool(self.busy)
-
-    @property
     def idle_s(self) -> float | None:
         """Seconds since the last cell ended (None in a cell, or once the job is over)."""
         return None if self.busy or self.server.closed else time.time() - self.idle_since
