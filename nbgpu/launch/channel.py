@@ -42,8 +42,6 @@ class CellServer:
     """The kernel's end: accept the ranks, hear what they say, tell them all one thing."""
 
     def __init__(self, run_dir: Path, token: str) -> None:
-        # The socket lives in the run directory when its address fits; otherwise in a
-        # directory mkdtemp makes 0700 for this user, like the run directory.
         self.path = run_dir / "cells.sock"
         self._temp_dir: Path | None = None
         if len(os.fsencode(self.path)) > _MAX_SOCKET_PATH:

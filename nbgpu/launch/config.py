@@ -1,11 +1,9 @@
-"""What to launch: a validated, typed description of one torchrun job (or one more cell
-of a warm job), and what the launcher reads from a plan (launch never imports plan/): a
-plan across nodes chooses the nodes and each node's GPUs, and what the user also typed
-must agree with it.
+"""What to launch: a checked description of one torchrun job (or one more cell of a warm
+job), and what the launcher reads from a plan (launch never imports plan/).
 
-Every user-facing value is checked here, before anything starts, so a mistake is
-one line naming the value and the accepted form and no process is ever spawned for
-it. Pure: the only outside facts it uses come in as arguments.
+Every value a user gives is checked here, before anything starts: a mistake is one line
+naming the value and the accepted form, and no process is spawned for it. Pure: outside
+facts come in as arguments.
 """
 
 from __future__ import annotations
@@ -288,9 +286,6 @@ class Prepared:
 
     config: LaunchConfig
     notes: tuple[str, ...] = field(default=())
-
-
-# -- what the launcher reads from a plan --------------------------------------------------
 
 
 class PlanRole(Protocol):

@@ -1,13 +1,9 @@
 """The one way a job runs under every face, and this process's runs by name.
 
-``%%torchrun``, ``nbgpu run`` and ``nbgpu.torchrun`` call :func:`execute`: announce the
-launcher's notes, start the run, follow it into the face's output (a terminal, a cell, a
-widget panel, a display handle) in the foreground or a background thread, raise
-``RunFailed`` when asked, and hand the finished run to ``on_done``. Every cell of a warm
-job goes through the same follow (:func:`execute_cell`); :func:`prepare_cell` finds the
-job by name and checks the request (only ``CELL_OPTIONS`` may change between cells). The
-faces ask this process's runs (:data:`~nbgpu.launch.run.RUNS`) through ``runs()``,
-``runs_table()`` (``%gpu_runs``: silent ranks marked) and ``stop_runs()``.
+``%%torchrun``, ``nbgpu run`` and ``nbgpu.torchrun`` call :func:`execute`, and every cell
+of a warm job goes through the same follow (:func:`execute_cell`), into the face's output
+(a terminal, a cell, a widget panel, a display handle). The faces ask this process's runs
+(:data:`~nbgpu.launch.run.RUNS`) through ``runs()``, ``runs_table()`` and ``stop_runs()``.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from typing import Any
 from nbgpu._render import Block, Line, Result, Table, to_text
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import CELL_OPTIONS, CellRequest, Prepared, pickle_pushed, start_only
+from nbgpu.launch.procs import StopReport
 from nbgpu.launch.run import RUNS, Run, RunFailed
 from nbgpu.launch.streams import LineSink, ScreenWriter
 from nbgpu.launch.warm import CellFailed, CellResult, span
@@ -49,15 +46,10 @@ def to_screen(
     color: bool = False,
     live_status: bool = False,
 ) -> Callable[[Run], Output]:
-    """Prefixed text through *write* within the screen budget (nothing when *quiet*)."""
-
-    def make(_run: Run) -> Output:
-        sink = ScreenWriter(
-            (lambda _text: None) if quiet else write, color=color, live_status=live_status
-        )
-        return Output(sink)
-
-    return make
+    """Prefixed text through *write* within the screen budget (nothing when *quiet*); a new
+    writer for each run or cell."""
+    target = (lambda _text: None) if quiet else write
+    return lambda _run: Output(ScreenWriter(target, color=color, live_status=live_status))
 
 
 def execute(
@@ -70,13 +62,9 @@ def execute(
     on_done: Callable[[Run | CellResult], None] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Run:
-    """Start *prepared* and follow it into ``output(run)``; the run, finished unless
-    *background* (a warm job: its first cell has run).
-
-    ``announce`` gets each note as one line. In the foreground a failed run raises
-    :class:`RunFailed` with *check* (``on_done`` then sees successes only); in the
-    background ``on_done`` sees every run.
-    """
+    """Start *prepared* and follow it into ``output(run)``; the run, finished unless *background*
+    (a warm job: its first cell has run). In the foreground a failed run raises :class:`RunFailed`
+    with *check* and ``on_done`` sees successes only; in the background it sees every run."""
     for note in prepared.notes:
         announce(f"[nbgpu] {note}")
     config = prepared.config
@@ -97,12 +85,9 @@ def execute_cell(
     on_done: Callable[[Run | CellResult], None] | None = None,
     background: bool = False,
 ) -> CellResult | None:
-    """Follow *run* into ``output(run)``; with *cell*, run that cell on every rank of the
-    warm job and return its result (None when the job ended).
-
-    With *check*, a failed cell raises :class:`CellFailed` (the job stays up) and a run or
-    job that ended raises :class:`RunFailed`; ``on_done`` sees what succeeded.
-    """
+    """Follow *run* into ``output(run)``; with *cell*, run it on every rank of the warm job
+    and return its result (None when the job ended). With *check*, a failed cell raises
+    :class:`CellFailed` (the job stays up), a run or job that ended :class:`RunFailed`."""
     out = output(run)
 
     def follow() -> CellResult | None:
@@ -124,11 +109,7 @@ def execute_cell(
     return follow()
 
 
-# -- more cells on a warm job -------------------------------------------------------------
-
-
 def warm_run(name: str, flag: str = "--on") -> Run:
-    """The warm job called *name*, ready for a cell; a one-line error otherwise."""
     run = RUNS.get(name)
     if run is None or run.warm is None:
         warm = [n for n, r in RUNS.items() if r.warm is not None and not r.done]
@@ -169,14 +150,14 @@ def prepare_cell(
     timeout_s: float | None = None,
     quiet: bool = False,
 ) -> tuple[Run, CellRequest]:
-    """The warm job and the checked cell for it; nothing is sent on a bad value."""
+    """The warm job and the checked cell for it (only ``CELL_OPTIONS`` may change)."""
     run = warm_run(name)
     if nproc is not None and nproc != run.config.nproc:
         raise UserInputError(
             f"nproc {nproc} with --on {name}: the job has {run.config.nproc} ranks (give "
             f"{run.config.nproc} or no count; a different count needs a new job)"
         )
-    request = CellRequest(
+    return run, CellRequest(
         code=code,
         push=pickle_pushed(list(push), push) if push else {},
         pull=tuple(pull),
@@ -185,7 +166,6 @@ def prepare_cell(
         timeout_s=timeout_s,
         quiet=quiet,
     )
-    return run, request
 
 
 def run_cell(
@@ -239,11 +219,7 @@ class WarmJob:
         return f"<WarmJob {self.name!r}: {self.run.config.nproc} ranks, {detail}>"
 
 
-# -- this process's runs -----------------------------------------------------------------
-
-
 def runs() -> dict[str, Run]:
-    """The runs started by this process (this kernel), by name."""
     return dict(RUNS)
 
 
@@ -252,7 +228,7 @@ def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, floa
     ``NBGPU_SILENT_AFTER`` or 120 s): (rank, seconds)."""
     if run.state != "running" or run.started_at is None:
         return []
-    if run.warm is not None and not run.warm.in_cell:
+    if run.warm is not None and not run.warm.busy:
         return []  # between cells a warm job's ranks are quiet by design
     if after_s is None:
         try:
@@ -290,14 +266,8 @@ class RunsTable(Result):
             if silent:
                 ranks = ",".join(str(r) for r, _s in silent)
                 quiet = f"rank {ranks} silent {span(max(s for _r, s in silent))}"
-                hints.append(
-                    Line(
-                        f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks "
-                        f"{run.name} shows every rank's stack",
-                        level="warn",
-                        wrap=False,
-                    )
-                )
+                hint = f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name}"
+                hints.append(Line(hint + " shows every rank's stack", level="warn", wrap=False))
             gpus = run.config.cuda_visible_devices
             level = {"failed": "bad", "timed_out": "bad", "running": ""}.get(run.state, "ok")
             state = run.state.replace("_", " ")
@@ -379,9 +349,6 @@ def stop_runs(name: str | None) -> StopSummary:
     targets = [RUNS[name]] if name is not None else [r for r in RUNS.values() if not r.done]
     out: list[Stopped] = []
     for run in targets:
-        if run.done:
-            out.append(Stopped(run.name, 0, 0, ()))
-            continue
-        report = run.end("stopped")
+        report = StopReport(0, 0, ()) if run.done else run.end("stopped")
         out.append(Stopped(run.name, report.signalled, report.escalated_to_kill, report.survivors))
     return StopSummary(tuple(out))

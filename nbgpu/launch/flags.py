@@ -1,9 +1,7 @@
 """The launch flags, declared once for ``%%torchrun`` and ``nbgpu run``.
 
 Both faces build their parsers from :data:`FLAGS` and turn the parsed namespace into
-``prepare()`` keywords with :func:`prepare_options`, so a flag, its help and its checks
-exist in one place; ``faces`` says which face has it, ``per_cell`` that it may come
-with ``--on``.
+``prepare()`` keywords with :func:`prepare_options`: a flag, its help and its checks are here.
 """
 
 from __future__ import annotations
@@ -265,7 +263,6 @@ def arguments(face: str) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the terminal's launch flags (``nbgpu run``) to *parser*."""
     for names, keywords in arguments(TERMINAL):
         parser.add_argument(*names, **keywords)
     return parser
@@ -282,8 +279,7 @@ _AS_PARSED = ("gpus", "role", "force", "name", "serial_imports", "mem_limit", "m
 
 def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
     """``prepare()``'s keywords from either face's parsed flags, each checked; ``push`` and
-    ``pull`` come back as names (a notebook variable or a plan file is the face's to resolve).
-    """
+    ``pull`` come back as names (a notebook variable or a plan file is the face's to resolve)."""
     nproc = None if args.nproc is None else parse_nproc(str(args.nproc))
     per_node = getattr(args, "nproc_per_node", None)
     if per_node is not None:

@@ -1,10 +1,9 @@
 """``nbgpu.torchrun(...)``: from what the user asked to a validated config and a Run.
 
-This is where the probe meets the launch. Without ``--gpus`` the ranks default to the
-healthy visible GPUs, and unhealthy ones (busy, held by a dead process, lost) are left
-out of ``CUDA_VISIBLE_DEVICES`` with a note, so rank 0 never lands on a busy GPU 0.
-``--gpus`` is checked against the inventory and the CUDA probe (``force`` overrides);
-more ranks than GPUs is refused before anything starts. No GPU: the ranks run on CPU.
+Without ``--gpus`` the ranks default to the healthy visible GPUs, and unhealthy ones (busy,
+held by a dead process, lost) are left out of ``CUDA_VISIBLE_DEVICES`` with a note, so rank
+0 never lands on a busy GPU 0. ``--gpus`` is checked against the inventory and the CUDA
+probe (``force`` overrides); more ranks than GPUs is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -114,8 +113,7 @@ def _probe(
     inv: Inventory, chosen: tuple[int, ...], text: str, environ: Mapping[str, str], face: str
 ) -> None:
     """Create a context on each named GPU (in a subprocess) before committing ranks to it:
-    NVML can look clean while CUDA refuses the GPU (a holder in another container).
-    """
+    NVML can look clean while CUDA refuses the GPU (a holder in another container)."""
     env = {**environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     report = probe_gpus(env, inv.gpus, 30.0)
@@ -230,8 +228,6 @@ def prepare(
             f"plan role '{chosen_role.name}': GPUs {gpus}, {chosen_role.nproc_per_node} ranks, "
             f"port {master_port}"
         )
-    if nproc is not None and nproc < 1:
-        raise UserInputError(f"nproc {nproc}: expected a whole number >= 1")
     cvd: str | None = None
     chosen: tuple[int, ...] | None = None
     if slurm is not None:
@@ -250,9 +246,7 @@ def prepare(
             nproc = slurm.gpus_per_node
         notes.extend(check_request(nnodes, slurm, environ))
     else:
-        inv = (
-            inventory if inventory is not None else take_inventory(environ, scan_device_files=False)
-        )
+        inv = inventory or take_inventory(environ, scan_device_files=False)
         if gpus is not None:
             nproc, cvd, chosen = _named_gpus(
                 inv, gpus, nproc, force=force, notes=notes, environ=environ, face=face

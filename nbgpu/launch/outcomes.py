@@ -1,11 +1,7 @@
-"""What a run's processes leave in its directory, read by the kernel.
-
-Once it ended, what each rank did: ``result.json`` from the wrapped agent (exit codes,
-signals), each rank's torchelastic error file (the exception, its traceback, a
-sub-second clock), the values ranks wrote for ``--pull``. Which rank failed *first* is
-the diagnosis' answer; :func:`first_failure_without_diagnosis` is for a run whose
-diagnosis failed. While it runs, the markers behind one-line notices
-(:class:`RunNotices`): a refused parent-death signal, a full disk.
+"""What a run's processes leave in its directory, read by the kernel: once it ended, the
+agent's ``result.json`` (exit codes, signals), each rank's torchelastic error file (the
+exception, its traceback, a sub-second clock) and the ``--pull`` values; while it runs,
+the markers behind one-line notices (a refused parent-death signal, a full disk).
 """
 
 from __future__ import annotations
@@ -48,8 +44,7 @@ class RankOutcome:
 
 def read_agent_result(run_dir: Path) -> dict[str, Any]:
     """The agent's ``result.json`` (empty when it could not write one); over several nodes
-    their ``result-node{N}.json`` merged: failures by global rank, well only if every node's.
-    """
+    their ``result-node{N}.json`` merged: failures by global rank, well only if every node's."""
     results = []
     for path in [run_dir / "result.json", *sorted(run_dir.glob("result-node*.json"))]:
         with contextlib.suppress(ValueError, OSError):
@@ -79,7 +74,6 @@ def read_agent_result(run_dir: Path) -> dict[str, Any]:
 def rank_outcomes(
     run_dir: Path, nproc: int, agent_result: dict[str, Any], agent_exit_code: int | None
 ) -> tuple[RankOutcome, ...]:
-    """One outcome per rank, from the agent's result and the ranks' error files."""
     failures = {f["rank"]: f for f in agent_result.get("failures", [])}
     # torchrun exits 0 only when every rank did (also when a full disk kept the agent
     # from writing result.json).
@@ -123,8 +117,7 @@ def _error_details(
             return str(message.get("message")), info.get("py_callstack"), stamp
         except (ValueError, KeyError, TypeError, OSError, AttributeError):
             continue
-    # No error file: the rank died by a signal or exited without raising; the exit
-    # code and signal tell that story, not a message.
+    # No error file: a signal or an exit without raising; the exit code and signal tell it.
     return None, None, None
 
 
@@ -165,9 +158,8 @@ def collect_pulled(run_dir: Path, nproc: int) -> Pulled:
 
 
 def first_failure_without_diagnosis(ranks: Sequence[RankOutcome]) -> RankOutcome | None:
-    """When the diagnosis failed: the failed rank with the earliest error-file clock, ranks
-    the agent stopped (SIGTERM/SIGINT) after another failed last.
-    """
+    """Which rank failed first is the diagnosis' answer; when it failed: the earliest
+    error-file clock, ranks the agent stopped (SIGTERM/SIGINT) after another failed last."""
     failed = [r for r in ranks if r.exit_code not in (0, None)]
 
     def weight(r: RankOutcome) -> tuple[int, float, int]:
@@ -197,9 +189,6 @@ def diagnose_failure(
     return diagnosis, None, root
 
 
-# -- while it runs: notices --------------------------------------------------------------
-
-
 class RunNotices:
     """The one-line notices of one run; ``run_dir`` is set once the directory exists."""
 
@@ -209,9 +198,6 @@ class RunNotices:
         self.pending: list[str] = []
         self.disk_full_since: float | None = None  # when the run directory's disk filled
         self._guarantee_told = False
-
-    def add(self, text: str) -> None:
-        self.pending.append(text)
 
     def guarantee_record(self) -> dict[str, Any]:
         """Processes (agent, rankN) whose parent-death signal the kernel refused, and why."""
@@ -249,17 +235,15 @@ class RunNotices:
 
 def _disk_full_since(run_dir: Path) -> float | None:
     """When the disk under the run directory filled, if it did: a rank's own marker (ranks
-    drop their output instead of failing) or, too full for markers, the disk's free space.
-    """
+    drop their output instead of failing) or, too full for markers, the disk's free space."""
     stamps = []
     for path in run_dir.glob("logfull-rank*.txt"):
         with contextlib.suppress(OSError, ValueError):
             stamps.append(float(path.read_text(encoding="utf-8")))
-    try:
-        st = os.statvfs(run_dir)
-        full = st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES
-    except OSError:
-        full = False
     if stamps:
         return min(stamps)
-    return time.time() if full else None
+    with contextlib.suppress(OSError):
+        st = os.statvfs(run_dir)
+        if st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES:
+            return time.time()
+    return None

@@ -1,24 +1,15 @@
 """A run's processes: the first one it starts, all of them found and stopped, and every
 rank's Python stack on request.
 
-The first process (:func:`start_agent`, in its own session, output in ``agent.log``) is
-nbgpu's wrapped torchrun (``nbgpu.rank.agent``): on one node with a static rendezvous on
-a free loopback port; over several nodes started by hand (``--rdzv-endpoint``) with
-torchrun's c10d rendezvous, the same cell run on every node; through SLURM it is
-``srun``, one task per node (``slurm.srun_argv``).
-
-torchrun puts each worker in its own session, so killing the agent's process group does
-not reach them, and a SIGKILLed agent orphans them. nbgpu therefore finds a run's
-processes two ways (the agent's descendants, and any process of this user whose
-environment carries the run's ``NBGPU_RUN_ID``) and stops them with a ladder: a first
-signal (SIGINT or SIGTERM), SIGTERM, then SIGKILL, sharing one deadline.
+The first process (:func:`start_agent`: nbgpu's wrapped torchrun, or ``srun``) has its own
+session. torchrun puts each worker in its own session too, so killing the agent's process
+group does not reach them, and a SIGKILLed agent orphans them: a run's processes are the
+agent's descendants and any process of this user whose environment carries its run id.
 
 For runs that hang, each rank registers ``faulthandler`` on ``STACKS_SIGNAL`` before any
-user code (``nbgpu.rank.worker``), dumping into ``stacks-rank{N}.txt`` and announcing
-its pid in ``stacks-rank{N}.pid``. :func:`rank_stacks` signals each rank whose pid still
-carries the run's id and reads the dumps, without ptrace: a rank blocked in C code (a
-collective) still answers, one stopped with SIGSTOP is named as such. Native frames come
-from py-spy when it can attach. Never IPython.
+user code (``nbgpu.rank.worker``): its dumps go to ``stacks-rank{N}.txt``, its pid to
+``stacks-rank{N}.pid``. No ptrace: a rank blocked in C code (a collective) still answers,
+one stopped with SIGSTOP is named as such; native frames come from py-spy.
 """
 
 from __future__ import annotations
@@ -63,7 +54,7 @@ def agent_log(run_dir: Path) -> Path:
 
 
 def free_port(taken: set[int] | None = None) -> int:
-    """A TCP port nobody listens on now (the kernel picks; we skip ports our runs hold)."""
+    """A port the kernel picks, not one of *taken* (the rendezvous ports our runs hold)."""
     for _ in range(50):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
@@ -74,7 +65,6 @@ def free_port(taken: set[int] | None = None) -> int:
 
 
 def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> list[str]:
-    """The argv of the process a run starts (the agent, or ``srun``)."""
     if config.slurm is not None:
         return srun_argv(config, run_dir, run_id)
     argv = [sys.executable, "-m", "nbgpu.rank.agent", str(run_dir / "result.json"), "--"]
@@ -82,6 +72,7 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
         argv += ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1"]
         argv += ["--master-port", str(port)]
     else:
+        # Nodes started by hand: torchrun's c10d rendezvous, the same cell on every node.
         argv += ["--nnodes", str(config.nnodes), "--rdzv-backend", "c10d"]
         argv += ["--rdzv-endpoint", str(config.rdzv_endpoint)]
         # Every node's cell must use the same id: the run's name is what they share.
@@ -96,7 +87,6 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
 def agent_env(
     config: LaunchConfig, environ: Mapping[str, str], run_dir: Path, run_id: str
 ) -> dict[str, str]:
-    """The environment of the agent and, through it, of every rank."""
     env = with_package_importable({**environ, **config.env})
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets anyway, minus its banner
@@ -119,7 +109,6 @@ def agent_env(
 def start_agent(
     config: LaunchConfig, run_dir: Path, run_id: str, port: int, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
-    """Start the run's first process, its output in ``agent.log``."""
     # srun is not ours to change: the kernel sets its parent-death signal (a killed srun
     # ends its step on every node). Our agent sets its own.
     dies = partial(set_parent_death_signal, signal.SIGTERM) if config.slurm is not None else None
@@ -178,9 +167,7 @@ def run_processes(run_id: str, root_pid: int | None = None) -> list[psutil.Proce
     if root_pid is not None:
         with contextlib.suppress(psutil.Error):
             root = psutil.Process(root_pid)
-            found[root.pid] = root
-            for child in root.children(recursive=True):
-                found[child.pid] = child
+            found.update((p.pid, p) for p in [root, *root.children(recursive=True)])
     me = os.getpid()
     for proc in _user_processes():
         if proc.pid != me and proc.pid not in found and carries_run_id(proc.pid, run_id):
@@ -210,16 +197,11 @@ def _signal_and_wait(procs: list[psutil.Process], sig: int, until: float) -> lis
 
 
 def stop_processes(
-    run_id: str,
-    root_pid: int | None,
-    *,
-    first_signal: int = signal.SIGTERM,
-    grace_s: float = 3.0,
+    run_id: str, root_pid: int | None, *, first_signal: int = signal.SIGTERM, grace_s: float = 3.0
 ) -> StopReport:
     """Signal the whole run, escalate within one deadline, and report survivors: the first
     signal to the agent only (torchrun forwards it and shuts its workers down in order),
-    SIGTERM to all at half the grace period, SIGKILL at the deadline.
-    """
+    SIGTERM to all at half the grace period, SIGKILL at the deadline."""
     started = time.monotonic()
     procs = run_processes(run_id, root_pid)
     if not procs:
@@ -241,8 +223,6 @@ def stop_processes(
         alive = _signal_and_wait(alive, signal.SIGKILL, time.monotonic() + KILL_WAIT_S)
     return StopReport(len(procs), killed, tuple(p.pid for p in alive))
 
-
-# -- every rank's Python stack at once, without ptrace: for runs that hang ------------------
 
 # A real-time signal: nothing in Python, torch or common launchers uses it, unlike
 # SIGUSR1 (Lightning, Slurm preemption) and SIGUSR2.
@@ -272,13 +252,8 @@ class RunStacks(Result):
     def content(self) -> list[Block]:
         blocks: list[Block] = [Title(f"stacks of {self.run_dir.name} ({len(self.ranks)} ranks)")]
         for r in self.ranks:
-            blocks.append(
-                Line(
-                    f"── rank {r.rank} (pid {r.pid or '-'}): {r.state}",
-                    level="" if r.state == "dumped" else "warn",
-                    wrap=False,
-                )
-            )
+            head = f"── rank {r.rank} (pid {r.pid or '-'}): {r.state}"
+            blocks.append(Line(head, level="" if r.state == "dumped" else "warn", wrap=False))
             dump = [*r.python.rstrip().splitlines(), *r.native.rstrip().splitlines()]
             if dump:
                 blocks.append(Pre("\n".join("   " + line for line in dump)))
@@ -325,14 +300,9 @@ def _py_spy(pid: int) -> str:
     exe = shutil.which("py-spy")
     if exe is None:
         return ""
+    argv = [exe, "dump", "--native", "--pid", str(pid)]
     try:
-        done = subprocess.run(
-            [exe, "dump", "--native", "--pid", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"py-spy: {exc}"
     if done.returncode != 0:

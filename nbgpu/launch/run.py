@@ -1,12 +1,9 @@
 """A Run: one torchrun job's life in the kernel, from start to collected outcomes.
 
-``start()`` writes the run directory, starts the agent and enters the run in
-:data:`RUNS` (stopped when the process exits); ``follow()`` is the one follow loop, for a
-cold run and for each cell of a warm job; ``stop()`` ends the process tree on one
-deadline; ``end()`` stops and collects a run whoever follows it; ``finish()`` collects
-the outcomes and, for a failed run, the diagnosis. A warm job's state is ``run.warm``,
-watched between cells by the idle watchdog; the run's state and how it reads is the base
-class (``run_view.py``). Never imports IPython, ipywidgets or matplotlib.
+``start()`` enters the run in :data:`RUNS` (stopped when the process exits); ``follow()`` is
+the one follow loop, for a cold run and for each cell of a warm job (``run.warm``, watched
+between cells by the idle watchdog); ``stop()`` ends the process tree on one deadline;
+``finish()`` collects the outcomes and a failed run's diagnosis; how it reads is ``RunView``.
 """
 
 from __future__ import annotations
@@ -76,7 +73,7 @@ class Run(RunView):
         cfg = self.config
         pruned = prune_before_run(self.environ)
         if pruned is not None:
-            self.notices.add(pruned)
+            self.notices.pending.append(pruned)
         self.dir = make_run_dir(cfg.name, self.environ)
         self.notices.run_dir = self.dir
         channel = None
@@ -90,7 +87,7 @@ class Run(RunView):
             self.port = cfg.master_port or free_port(ports_in_use())
         else:
             self.port = None  # the nodes meet at a c10d endpoint, not at a local port
-        self._write_meta()
+        write_meta(self.dir, self.meta())
         env = agent_env(cfg, self.environ, self.dir, self.run_id)
         self.started_at = time.time()
         self.agent = start_agent(cfg, self.dir, self.run_id, self.port or 0, env)
@@ -108,11 +105,6 @@ class Run(RunView):
             threading.Thread(target=self._watch_idle, name=name, daemon=True).start()
         return self
 
-    def _write_meta(self) -> None:
-        write_meta(self.dir, self.meta())
-
-    # -- while running -------------------------------------------------------------
-
     def follow(
         self,
         writer: LineSink,
@@ -120,14 +112,11 @@ class Run(RunView):
         cell: CellRequest | None = None,
         on_tick: Callable[[Run], None] | None = None,
     ) -> CellResult | None:
-        """Stream the run into *writer* until it ends; stop it on timeout or interrupt.
-
-        With *cell* (a warm job), run that cell on every rank and return its result once they
-        all answered; the job goes on. An interrupt, or the cell's ``--timeout``, interrupts the
-        cell and waits a bounded time for the answers (a rank stuck in a collective is reported,
-        not waited for); a second interrupt ends the job. However a run ends, it is stopped, its
-        orphans swept, its last lines shown and its outcomes collected (the result is None).
-        """
+        """Stream the run into *writer* until it ends; stop it on timeout or interrupt. With
+        *cell* (a warm job), run it on every rank and return its result: an interrupt or its
+        ``--timeout`` interrupts the cell and waits a bounded time for answers (a rank stuck in
+        a collective is reported, not waited for), a second interrupt ends the job. A run that
+        ended is stopped, swept of orphans and collected, its last lines shown (None)."""
         self.writer = writer
         flight = None
         if cell is not None:
@@ -158,10 +147,7 @@ class Run(RunView):
         return result
 
     def _loop(
-        self,
-        writer: LineSink,
-        flight: Cell | None,
-        on_tick: Callable[[Run], None] | None,
+        self, writer: LineSink, flight: Cell | None, on_tick: Callable[[Run], None] | None
     ) -> None:
         timeout = self.config.timeout_s if flight is None else flight.request.timeout_s
         began = self.started_at if flight is None else flight.started
@@ -202,7 +188,6 @@ class Run(RunView):
             writer.add("nbgpu", list(notices))
 
     def _tick(self, writer: LineSink, on_tick: Callable[[Run], None] | None) -> None:
-        """One refresh of the output: the memory line, notices, the lines, the face's own."""
         if isinstance(writer, ScreenWriter) and writer.live_status:
             writer.status(self.memory_status())
         self._show(writer, [], self._take_notices())
@@ -211,11 +196,10 @@ class Run(RunView):
             on_tick(self)
 
     def _take_notices(self) -> list[str]:
-        """Messages not shown yet: retention, a lost parent-death guarantee (also recorded
-        in run.json), a full disk, a SLURM job waiting in the queue (and why)."""
+        """Retention, a lost parent-death guarantee, a full disk, a job in SLURM's queue."""
         if self.queue is not None:
             self.notices.pending += self.queue.poll()
-        return self.notices.take(on_guarantee_lost=self._write_meta)
+        return self.notices.take(on_guarantee_lost=lambda: write_meta(self.dir, self.meta()))
 
     @property
     def first_output_at(self) -> float | None:
@@ -263,13 +247,11 @@ class Run(RunView):
             finally:
                 warm.lock.release()
 
-    # -- the end -------------------------------------------------------------------
-
     def stop(
         self, reason: str = "stopped", *, first_signal: int = signal.SIGTERM, grace_s: float = 3.0
     ) -> StopReport:
-        """End every process of the run (agent, ranks, orphans) against one deadline; an
-        idle warm job's ranks are first asked to leave their loop and exit normally."""
+        """End every process of the run against one deadline; an idle warm job's ranks are
+        first asked to leave their loop and exit normally."""
         with self._lock:
             if self.stop_reason is None:
                 self.stop_reason = reason
@@ -279,12 +261,8 @@ class Run(RunView):
         if self.config.slurm is not None:
             # SLURM ends the tasks on every node; the local stop below ends srun itself.
             cancel(self.dir, self.environ, requested="SLURM_JOB_ID" not in self.environ)
-        report = stop_processes(
-            self.run_id,
-            self.agent.pid if self.agent else None,
-            first_signal=first_signal,
-            grace_s=grace_s,
-        )
+        root = self.agent.pid if self.agent else None
+        report = stop_processes(self.run_id, root, first_signal=first_signal, grace_s=grace_s)
         if self.agent is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.agent.wait(timeout=1.0)  # reap our child
@@ -301,7 +279,6 @@ class Run(RunView):
         return report
 
     def _end(self, writer: LineSink | None) -> None:
-        """Stop what still runs, sweep orphans, show the last lines, collect the outcome."""
         if not self.agent_done:
             self.stop(self.stop_reason or "stopped")
         self._sweep_orphans()
@@ -320,13 +297,12 @@ class Run(RunView):
             return
         report = stop_processes(self.run_id, None, first_signal=signal.SIGTERM, grace_s=2.0)
         alive = f" (still alive: {', '.join(map(str, report.survivors))})"
-        self.notices.add(
+        self.notices.pending.append(
             f"{len(leftovers)} processes started by the ranks outlived them; stopped"
             + (alive if report.survivors else "")
         )
 
     def finish(self) -> None:
-        """Collect outcomes once the agent has exited (or was stopped)."""
         if self.done:
             return
         if self.agent is not None and self.agent.poll() is None:
@@ -350,7 +326,7 @@ class Run(RunView):
             self.state = "succeeded"
         else:
             self.state = "failed"
-        self._write_meta()
+        write_meta(self.dir, self.meta())
         if self.state == "failed":
             self.diagnosis, self.diagnosis_error, self.root_cause = diagnose_failure(
                 self.dir, self.environ, self.name, self.ranks

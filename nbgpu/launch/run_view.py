@@ -1,10 +1,5 @@
 """A run's state and how it reads: headline, per-rank table, failure report, JSON and
 ``run.json``; no processes (its life is :class:`~nbgpu.launch.run.Run`).
-
-The failure report says each thing once: the rank that failed first (as the diagnosis
-decided), the cause and its fixes, then where the traceback is. A rendezvous that timed
-out names who never came: through SLURM the step's nodes (``rdzv.json``) that left no
-``node{N}.started``; started by hand, the command to run on the other nodes.
 """
 
 from __future__ import annotations
@@ -162,10 +157,9 @@ class RunView(Result):
         return head
 
     def failure_lines(self, *, output_shown: bool = False) -> list[str]:
-        """The failure, each thing said once: summary, cause, fixes, then the traceback (not
-        repeated when ``output_shown``: it is above, in the streamed output). Lines are never
-        hard-wrapped: a notebook wraps them to its own width.
-        """
+        """The failure, each thing said once: summary (the rank that failed first, as the
+        diagnosis decided), cause, fixes, then the traceback (not repeated when
+        ``output_shown``: it is above). Never hard-wrapped: a notebook wraps to its width."""
         lines = [f"RunFailed: {self.failure_summary()}"]
         if self.diagnosis_error is not None:
             how = "exit codes and error files" if self.root_cause is not None else "nothing"
@@ -308,7 +302,7 @@ class RunView(Result):
             else {
                 "cells": self.warm.cells,
                 "idle_s": self.warm.idle_s,
-                "in_cell": self.warm.in_cell,
+                "in_cell": bool(self.warm.busy),
                 "idle_timeout_s": self.warm.idle_timeout_s,
                 "ended_reason": self.warm.ended_reason,
             },
@@ -328,11 +322,9 @@ class RunFailed(NbgpuError):
         return self.run.failure_lines(output_shown=self.output_shown)
 
 
-# -- a rendezvous that timed out --------------------------------------------------------
-
-
 def rendezvous_timeout_words(run_dir: Path, config: LaunchConfig, waited_s: float) -> str:
-    """One clause for the failure summary, e.g. "node n2 never started its agent ..."."""
+    """Who never came, for the failure summary: through SLURM the step's nodes
+    (``rdzv.json``) that left no ``node{N}.started``; by hand, the command for the others."""
     within = f"the {config.nnodes} nodes did not meet within {waited_s:g} s (--rdzv-timeout)"
     if config.slurm is not None:
         started = []
@@ -356,11 +348,9 @@ def rendezvous_timeout_words(run_dir: Path, config: LaunchConfig, waited_s: floa
     ranks = ""
     if config.node_rank is not None:
         others = [str(r) for r in range(config.nnodes) if r != config.node_rank]
-        ranks = (
-            f" and --node-rank {others[0]}"
-            if len(others) == 1
-            else (f" and --node-rank {others[0]}..{others[-1]} (not {config.node_rank})")
-        )
+        ranks = f" and --node-rank {others[0]}"
+        if len(others) > 1:
+            ranks += f"..{others[-1]} (not {config.node_rank})"
     return (
         f"{within}: the other nodes never joined at {config.rdzv_endpoint}; run the same cell on "
         f"each of them with --nodes {config.nnodes} --rdzv-endpoint {config.rdzv_endpoint} "

@@ -1,13 +1,10 @@
-"""Run directories: where a run's cell, logs, error files and results live, and how many
-are kept.
+"""Run directories: where a run's cell, logs, error files and results live, and how many are kept.
 
-``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs``; each run gets
-``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``, private (0700): logs can hold secrets. Every run
-keeps its full logs, so by default only the last ``DEFAULT_KEEP`` runs and at most
-``DEFAULT_BUDGET`` bytes stay (``NBGPU_KEEP_RUNS``, ``NBGPU_RUNS_BUDGET``; ``0``: no
-limit), applied before each new run and on request (``%gpu_runs --prune``). A directory
-in use is never removed: a live process carries its run id, its ``run.json`` says it is
-not over and changed recently, or it holds a ``KEEP`` file.
+``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs``; each run's is private (0700): logs can
+hold secrets. Every run keeps its full logs, so by default only the last ``DEFAULT_KEEP`` runs
+and at most ``DEFAULT_BUDGET`` bytes stay (``0``: no limit), applied before each new run and on
+request (``%gpu_runs --prune``). A directory in use is never removed: a live process carries its
+run id, its ``run.json`` says it is not over and changed recently, or it holds a ``KEEP`` file.
 """
 
 from __future__ import annotations
@@ -71,7 +68,6 @@ def check_name(name: str) -> str:
 
 
 def make_run_dir(name: str, environ: Mapping[str, str] | None = None) -> Path:
-    """Create a fresh private run directory and return its path."""
     root = runs_root(environ)
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -97,8 +93,7 @@ def error_file(run_dir: Path, rank: int) -> Path:
 
 def write_bootstrap(run_dir: Path, config: LaunchConfig, channel: tuple[str, str] | None) -> None:
     """What every rank reads before the user's code: a warm job's ranks take every cell
-    from the *channel* (socket path, token); otherwise the cell or script, pushed values.
-    """
+    from the *channel* (socket path, token); otherwise the cell or script, pushed values."""
     spec: dict[str, Any] = {
         "serial_imports": config.serial_imports,
         "mem_limit_bytes": config.mem_limit_bytes,
@@ -121,16 +116,12 @@ def write_bootstrap(run_dir: Path, config: LaunchConfig, channel: tuple[str, str
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    """``run.json``: what the run says of itself (retention, stacks and diagnose read it)."""
     try:
         (run_dir / "run.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     except OSError as exc:
         # A full disk must not turn a finished run into a crash of the launcher.
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-
-
-# -- how many are kept ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -341,19 +332,16 @@ def prune(
     policy: RetentionPolicy | None = None,
     keep_newest_extra: int = 0,
 ) -> PruneReport:
-    """Remove the oldest run directories beyond the policy; never one in use.
-
-    ``keep_newest_extra`` makes room for a run about to start. The newest finished run is
-    always kept, even alone over budget: its logs are the ones the user is about to read.
-    """
+    """Remove the oldest run directories beyond the policy, never one in use nor the newest
+    (even alone over budget: its logs are the ones the user is about to read);
+    ``keep_newest_extra`` makes room for a run about to start."""
     policy = policy or RetentionPolicy.from_env(environ)
     entries = run_dirs(environ)
     now = time.time()
     live: set[str] | None = None  # the /proc scan only when something may be removed
     removed: list[tuple[str, int]] = []
     protected: list[tuple[str, str]] = []
-    kept = 0
-    kept_bytes = 0
+    kept = kept_bytes = 0
     limit = max(0, policy.keep_runs - keep_newest_extra) if policy.keep_runs else 0
     for entry in entries:  # newest first
         over_count = bool(policy.keep_runs) and kept >= max(limit, 1)
@@ -376,18 +364,12 @@ def prune(
         kept += 1
         kept_bytes += entry.size_bytes
     return PruneReport(
-        root=runs_root(environ),
-        policy=policy,
-        removed=tuple(removed),
-        protected=tuple(protected),
-        kept_runs=kept,
-        kept_bytes=kept_bytes,
+        runs_root(environ), policy, tuple(removed), tuple(protected), kept, kept_bytes
     )
 
 
 def prune_before_run(environ: Mapping[str, str]) -> str | None:
-    """Prune old run directories before adding one; the notice to show, if any (the
-    policy is told once per process). Never blocks a launch."""
+    """Prune before a new run; the notice to show, if any. Never blocks a launch."""
     try:
         report = prune(environ, keep_newest_extra=1)
     except (UserInputError, OSError) as exc:

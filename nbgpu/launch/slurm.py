@@ -1,17 +1,14 @@
 """SLURM from the kernel: the checks before ``srun``, the command, the queue, ``scancel``,
 and ``nbgpu status --slurm``.
 
-``srun`` starts one task per node, each running ``nbgpu.rank.slurm_node`` (the c10d
-rendezvous, then torchrun's agent), as a step of the kernel's allocation
-(``SLURM_JOB_ID``) or in an allocation requested for the run. Checked first, each as one
-line in SLURM's words where it gave some: SLURM missing, an unknown partition, more nodes
-than it holds, a malformed ``--time``. While the job is pending, :class:`QueueWatch` says
-why, and cancels a job the partition will never start. Stopping cancels the step (or the
-allocation nbgpu requested).
+``srun`` starts one ``nbgpu.rank.slurm_node`` per node (the c10d rendezvous, then
+torchrun's agent), as a step of the kernel's allocation (``SLURM_JOB_ID``) or in one
+requested for the run. What SLURM would refuse or queue forever is refused first, in one
+line (in SLURM's words where it gave some). While the job is pending, :class:`QueueWatch`
+says why, and cancels a job the partition will never start.
 
-``status --slurm`` runs ``python -m nbgpu.launch.slurm`` once per node (in the kernel's
-allocation, or one requested for the look); each prints its inventory as ``nbgpu status
---json`` writes it, plus its name and each GPU's health, and the kernel merges them.
+``status --slurm`` runs this module once per node: each prints its inventory as ``nbgpu
+status --json`` writes it, its name and each GPU's health; the kernel merges them.
 """
 
 from __future__ import annotations
@@ -47,12 +44,7 @@ JOIN_TIMEOUT_S = 120  # how long the nodes wait for each other at the rendezvous
 def _run(argv: Sequence[str], environ: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
-            list(argv),
-            env=dict(environ),
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
+            list(argv), env=dict(environ), capture_output=True, text=True, timeout=30, check=False
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise UserInputError(f"SLURM: {argv[0]} failed to run ({exc})") from None
@@ -129,7 +121,6 @@ def check_request(nodes: int, options: SlurmOptions, environ: Mapping[str, str])
 
 
 def srun_argv(config: LaunchConfig, run_dir: Path, run_id: str) -> list[str]:
-    """The ``srun`` command that starts one agent per node."""
     argv = ["srun", "--nodes", str(config.nnodes), "--ntasks-per-node", "1"]
     argv += ["--job-name", f"nbgpu-{config.name}"]
     argv.append("--kill-on-bad-exit=1")  # one node's agent failing ends every node's
@@ -142,7 +133,6 @@ def srun_argv(config: LaunchConfig, run_dir: Path, run_id: str) -> list[str]:
 
 
 def request_args(options: SlurmOptions) -> list[str]:
-    """The ``srun`` options that say what to request (partition, time, account, GPUs)."""
     argv = []
     if options.partition:
         argv += ["--partition", options.partition]
@@ -189,8 +179,6 @@ def cancel(run_dir: Path, environ: Mapping[str, str], *, requested: bool) -> str
         _run(["scancel", target], environ)
     return target
 
-
-# -- a job in the queue ------------------------------------------------------------------
 
 REFUSED_FILE = "slurm-refused.txt"
 _CHECK_EVERY_S = 2.0
@@ -284,9 +272,6 @@ class QueueWatch:
         return "", ""
 
 
-# -- `nbgpu status --slurm`: every node's GPUs, from the nodes themselves ---------------
-
-
 @dataclass(frozen=True)
 class NodeStatus:
     node: str
@@ -356,8 +341,7 @@ def cluster_status(
     wait_s: int = 60,
 ) -> ClusterStatus:
     """Ask every node of the allocation (or *nodes* nodes of a fresh one) for its GPUs;
-    outside an allocation, wait at most *wait_s* for nodes (``srun --immediate``).
-    """
+    outside an allocation, wait at most *wait_s* for nodes (``srun --immediate``)."""
     job = environ.get("SLURM_JOB_ID")
     count = nodes or int(environ.get("SLURM_JOB_NUM_NODES") or 0) or 1
     check_request(count, options, environ)

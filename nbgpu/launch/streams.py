@@ -1,11 +1,9 @@
 """Streaming rank output: follow log files, decode safely, coalesce for the screen.
 
 Each rank writes straight into its own log file, complete whatever happens on screen.
-:class:`LogTail` follows one: bytes until there are no more, an incremental UTF-8
-decoder (a character split across reads stays intact), ``\\r`` as a terminal would.
-:class:`ScreenWriter` prefixes lines by rank, writes once per tick and keeps to a byte
-budget (Jupyter's server *drops* output above ~1 MB/s): what it holds back is counted,
-and the last lines of every rank are shown at the end. Standard library only.
+:class:`LogTail` follows one with an incremental UTF-8 decoder (a character split across
+reads stays intact); :class:`ScreenWriter` keeps to a byte budget, as Jupyter's server
+*drops* output above ~1 MB/s. Standard library only.
 """
 
 from __future__ import annotations
@@ -36,27 +34,22 @@ class LineSink(Protocol):
     """Where a run's lines go: a terminal/cell text stream, or a widget panel."""
 
     def add(self, label: str, lines: list[str]) -> None: ...
-
     def flush(self) -> None: ...
-
     def finish(self, log_hint: str) -> None: ...
 
 
 class LogTail:
-    """Follow one growing log file: completed lines, and the live partial line.
-
-    ``keep_open=False`` opens the file for each poll: thousands of ranks would otherwise hold
-    a descriptor each (the usual limit is 1024), and on NFS a fresh open sees other nodes.
-    """
+    """Follow one growing log file. ``keep_open=False`` opens it for each poll: thousands of
+    ranks would otherwise hold a descriptor each (the usual limit is 1024), and on NFS a
+    fresh open sees other nodes."""
 
     def __init__(self, path: Path, *, keep_open: bool = True) -> None:
         self.path = path
         self.keep_open = keep_open
-        self._offset = 0  # bytes read so far: where a reopened file is read from
+        self.bytes_read = 0  # also where a reopened file is read from
         self._fd: int | None = None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # text after the last newline
-        self.bytes_read = 0
 
     def _open(self) -> bool:
         if self._fd is None:
@@ -64,8 +57,8 @@ class LogTail:
                 self._fd = os.open(self.path, os.O_RDONLY)
             except FileNotFoundError:
                 return False
-            if self._offset:
-                os.lseek(self._fd, self._offset, os.SEEK_SET)
+            if self.bytes_read:
+                os.lseek(self._fd, self.bytes_read, os.SEEK_SET)
         return True
 
     def _release(self) -> None:
@@ -87,12 +80,11 @@ class LogTail:
                 chunks.append(data)
                 total += len(data)
         finally:
-            self._offset += total
+            self.bytes_read += total
             if not self.keep_open:
                 self._release()
         if not chunks:
             return []
-        self.bytes_read += total
         text = self._pending + self._decoder.decode(b"".join(chunks))
         *complete, self._pending = text.split("\n")
         return [_resolve_cr(line) for line in complete]
@@ -103,7 +95,6 @@ class LogTail:
         return _resolve_cr(self._pending)
 
     def close(self) -> list[str]:
-        """Read what is left, flush the decoder, and return the final lines."""
         lines = self.poll()
         tail = self._pending + self._decoder.decode(b"", final=True)
         self._pending = ""
@@ -121,10 +112,8 @@ def in_turn(count: int, cursor: int, limit: int = MAX_LOGS_PER_POLL) -> tuple[li
 
 
 class RankLogs:
-    """Every rank's log of one run, followed: new lines by rank. Beyond
-    :data:`MAX_LOGS_PER_POLL` ranks the logs take turns; lines starting with *skip* (a warm
-    job's cell marks) are not shown.
-    """
+    """Every rank's log of one run, followed (beyond :data:`MAX_LOGS_PER_POLL` ranks, in
+    turns); lines starting with *skip* (a warm job's cell marks) are not shown."""
 
     def __init__(self, paths: dict[int, Path], *, skip: str | None = None) -> None:
         few = len(paths) <= MAX_LOGS_PER_POLL
@@ -160,10 +149,7 @@ class RankLogs:
 def _resolve_cr(line: str) -> str:
     # "\r\n" is a plain newline; otherwise the text after the last "\r" is what a
     # terminal shows (tqdm pads each update, so overwriting is replacing).
-    line = line.removesuffix("\r")
-    if "\r" in line:
-        line = line.rsplit("\r", 1)[1]
-    return line
+    return line.removesuffix("\r").rsplit("\r", 1)[-1]
 
 
 # Over the budget, at most this many lines a tick: a line per rank up to it, then a line
@@ -177,12 +163,9 @@ NEWEST_LINE_CHARS = 200  # over the budget, the newest line shown per rank or no
 
 
 class ScreenWriter:
-    """Prefixed, coalesced, budgeted output for a notebook cell or a terminal.
-
-    ``add`` collects; ``flush`` (once per tick) writes in one call: lines that fit the byte
-    budget whole, otherwise per rank a count of what was held back and its newest line.
-    ``finish`` shows the last lines of every rank that were not shown.
-    """
+    """Prefixed output for a notebook cell or a terminal: ``flush`` (once per tick) writes in
+    one call the lines that fit the byte budget, otherwise per rank a count of what was held
+    back and its newest line; ``finish`` shows every rank's last lines that were not shown."""
 
     def __init__(
         self,
@@ -288,8 +271,7 @@ class ScreenWriter:
 
     def _by_node(self, pending: dict[str, list[str]]) -> list[str]:
         """Too many ranks for a line each: a line per node (``n17/rank136`` is node ``n17``'s:
-        ranks that printed, lines skipped, the newest), or one for the whole job.
-        """
+        ranks that printed, lines skipped, the newest), or one for the whole job."""
         nodes: dict[str, list[str]] = {}
         for label in pending:
             nodes.setdefault(label.split("/", 1)[0] if "/" in label else "", []).append(label)

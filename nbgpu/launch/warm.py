@@ -1,11 +1,7 @@
 """The kernel's side of a warm job (a run started with ``keep``): its ranks between and
-during cells.
-
-:class:`WarmState` (``run.warm``): which cell each rank is in, how long the job has been
-idle, interrupting ranks, asking idle ranks to leave their loop. :class:`Cell`: one cell
-in flight, sent once every rank connected, answers heard as they come, read as a
-:class:`CellResult`. Neither knows the run: its follow loop drives the cell, its idle
-watchdog ends a job whose ranks died or that sat idle too long.
+during cells (:class:`WarmState`, ``run.warm``), and one cell in flight (:class:`Cell`).
+Neither knows the run: its follow loop drives the cell, its idle watchdog ends a job whose
+ranks died or that sat idle too long.
 """
 
 from __future__ import annotations
@@ -137,10 +133,6 @@ class WarmState:
         self.ended_reason: str | None = None
         self.last: CellResult | None = None  # the latest cell's result (a panel records it)
         self.log_offsets: dict[int, int] = {}  # each rank log's size when the cell began
-
-    @property
-    def in_cell(self) -> bool:
-        return bool(self.busy)
 
     @property
     def idle_s(self) -> float | None:
