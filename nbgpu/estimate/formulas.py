@@ -20,14 +20,9 @@ holds (Ψ = params / (tensor × pipeline degree)):
 - ``zero2``:           P Ψ + (G + K) Ψ / N     (gradients too)
 - ``zero3``/``fsdp``:  (P + G + K) Ψ / N       (parameters too; FSDP full shard)
 
-Inference weights are P Ψ. KV cache per token (memory.md §5c) is
-``2 · layers · ceil(kv_heads / tp) · head_dim · dtype_bytes`` bytes on each GPU.
-:func:`analytic_terms` adds activations (Korthikanti et al.), logits and loss, and the
-reserves the allocator never sees (CUDA context, NCCL buffers, DDP buckets, gathered
-FSDP layers, fragmentation), each a :class:`~nbgpu.estimate.result.Term` with its
-formula and source.
-
-Pure arithmetic on a model shape and a layout; never imports torch.
+Inference weights are P Ψ. :func:`analytic_terms` adds activations (Korthikanti et al.),
+logits and loss, the KV cache, and the reserves the allocator never sees (CUDA context, NCCL
+buffers, DDP buckets, gathered FSDP layers, fragmentation). Never imports torch.
 """
 
 from __future__ import annotations
@@ -37,23 +32,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
-from nbgpu.estimate.result import (
-    CUDA_CONTEXT_BYTES,
-    NCCL_BYTES_PER_GROUP,
-    SRC_ACT,
-    SRC_CTX,
-    SRC_DDP,
-    SRC_FRAG,
-    SRC_KV,
-    SRC_LOGITS,
-    SRC_NCCL,
-    SRC_ZERO,
-    Layout,
-    Term,
-)
+from nbgpu.estimate.result import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_GROUP, Layout, Term
 from nbgpu.estimate.shapes import TORCH_DTYPES, ModelConfig, ModelShape
+from nbgpu.sizes import fmt_bytes
 
 __all__ = [
     "OPTIMIZERS",
@@ -82,6 +64,18 @@ STRATEGIES: Mapping[str, tuple[bool, bool, bool]] = {
     "fsdp": (True, True, True),
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
+
+SRC_ZERO = "Rajbhandari et al., ZeRO (SC'20, arXiv 1910.02054) §5a"
+SRC_ACT = "Korthikanti et al. (MLSys'23, arXiv 2205.05198) §4"
+SRC_KV = "2·L·kv_heads·head_dim·bytes per token (vLLM's KV page size)"
+SRC_LOGITS = (
+    "logits b·s·V in 16 bit plus fp32 copies for the loss, and the fp32 "
+    "logits gradient of the backward pass (traced)"
+)
+SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (lazy vs eager module loading)"
+SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
+SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
+SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
 
 _DTYPE_ALIASES = {name: key for key, name in TORCH_DTYPES.items()} | {
     "half": "fp16",
@@ -282,7 +276,6 @@ def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[in
     qkv = 2 * s * b * h + 4 * s * b * kv_width  # Q, K, V saved for the attention product
     attn_out = 2 * s * b * h
     mlp = (8 if cfg.gated_mlp else 4) * s * b * cfg.intermediate_size
-    # Flash attention keeps a fp32 logsumexp per head and token instead of the scores.
     flash = (4 * a * s * b, "4·a·s·b (flash)")
     scores, scores_text = flash if lay.flash_attention else (5 * a * s * s * b, "5·a·s²·b")
     per_layer = replicated + (qkv + attn_out + mlp + scores) / t
