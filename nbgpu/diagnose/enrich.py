@@ -1,21 +1,16 @@
 """What a found cause's ``details`` say beyond the catalog's generic text.
 
-:func:`specifics`: the numbers the log gives, turned into advice - the batch and world
-sizes that do not divide (and the nearest valid ones), the collective and its timeout,
-the allocation that failed, the port that was taken, the ranks that found no GPU.
-
-:func:`add_facts`: what the logs do not say. With an ``Inventory`` (``nbgpu.status()``,
-live or simulated) the root cause names "rank 0 -> cuda:0 -> physical GPU 0,
-exclusive-process, held by dead pid 4242" and the exact fix (``nbgpu clean``,
-``%%torchrun --gpus 1,2,3``); a rank's GPU comes from run.json (``gpus``, else
-``cuda_visible_devices`` mapped as CUDA maps it), else from the inventory's own view.
-An OOM in a run directory with memory records adds the phase each rank died in, the
-node's ``MemAvailable`` at the last sample and the measured case for
-``--serial-imports`` (``nbgpu.profile.records.import_storm``).
+:func:`specifics`: the numbers the log gives, turned into advice (the nearest batch sizes
+that divide, the collective and its timeout, the failed allocation, the taken port).
+:func:`add_facts`: what the logs do not say. With an ``Inventory`` the root cause names
+"rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held by dead pid 4242" and the exact
+fix; a rank's GPU comes from run.json (``gpus``, else ``cuda_visible_devices`` mapped as CUDA
+maps it), else from the inventory's own view. An OOM with memory records adds the phase each
+rank died in, the node's ``MemAvailable`` at the last sample and the measured case for
+``--serial-imports``.
 
 The inventory is used through its attributes only (importing ``nbgpu.devices.inventory``
-would pull psutil in). Imports the standard library, ``nbgpu.devices.visible`` and
-profile's reading side; never raises on bad memory records.
+would pull psutil in); never raises on bad memory records.
 """
 
 from __future__ import annotations
@@ -206,7 +201,6 @@ def specifics(
 # -- this machine's GPUs ---------------------------------------------------------------
 
 _GPU_CAUSES = ("cuda_busy", "cuda_oom", "illegal_access", "device_assert", "gpu_lost")
-_OOM = ("host_oom", "cuda_oom")
 _STALE = {"exclusive_dead_holder", "zombie_holder", "dead_holder"}
 _BLOCKED = {*_STALE, "exclusive_busy", "prohibited", "other_namespace_holder"}
 _MODES = {"exclusive_process": "exclusive-process", "exclusive_thread": "exclusive-thread",
@@ -218,7 +212,6 @@ Facts = tuple[list[str], list[str]]  # (details, fixes)
 
 
 def describe_inventory(inventory: Inventory) -> str:
-    """How the report names the inventory it used."""
     if inventory.simulated:
         return f"simulated fleet '{inventory.fleet_name or '?'}'"
     return f"host {inventory.hostname}"
@@ -421,7 +414,7 @@ def add_facts(
             details.append(
                 f"rank {root.first_rank} ran on cuda:{where[0]} = physical GPU {where[1]} (run.json)"
             )
-    if run is not None and root.cause in _OOM:
+    if run is not None and root.cause in ("host_oom", "cuda_oom"):
         details.extend(memory_details(run.path))
     # A concrete fix ("exclude it: --gpus 1,2,3") replaces the generic one it refines.
     generic = [

@@ -16,8 +16,7 @@ and torchelastic error files, :func:`rank_failures` decides:
 3. causes: the root cause first; other causes seen follow as consequences (secondary
    causes, later failures) or "also" (another primary cause on another rank).
 
-Pure functions over the scan results; imports only the standard library and sibling
-modules (no I/O).
+Pure functions over the scan results (no I/O).
 """
 
 from __future__ import annotations

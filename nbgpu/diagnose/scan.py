@@ -5,8 +5,7 @@ a pasted string, the call stack of an error file) and keeps, within fixed bounds
 ranking needs: the first few :class:`Hit` objects per cause and rank, torchrun's
 ``ChildFailedError`` banner and ``failed (exitcode: N) local_rank: R`` lines as
 :class:`ExitRecord` objects, and the exception lines with the traceback above them.
-Nothing here decides the root cause (``rootcause.py`` does). Imports only the standard
-library and the catalog/line helpers.
+Nothing here decides the root cause (``rootcause.py`` does).
 """
 
 from __future__ import annotations
@@ -144,7 +143,6 @@ class SourceScan:
             self.feed(lineno, text)
 
     def feed(self, lineno: int | None, text: str) -> None:
-        """One decoded line."""
         self.lines_seen += 1
         line = parse_line(text, self.default_rank)
         body = line.body
@@ -191,7 +189,7 @@ class SourceScan:
             self._unmatched = (first_lineno, first, joined, left - 1)
 
     def finish(self) -> None:
-        """Flush tracebacks that never reached their exception line."""
+        """Close the banner entry the source ended in."""
         self._end_entry()
         self._pending.clear()
 

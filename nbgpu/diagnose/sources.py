@@ -16,8 +16,7 @@ Any other directory is searched (a few levels deep) for ``*.log``, ``*.txt``, ``
 ``*.err`` and torchelastic's ``error.json`` files; torchelastic's ``--log-dir`` layout
 (``attempt_0/<local_rank>/stdout.log``) gives each file its rank. Files are read in
 chunks, never whole. A missing path is a one-line ``UserInputError``; a malformed
-run.json or error file becomes a note, never an exception. Imports only the standard
-library, ``nbgpu.errors``, ``lines.Stamp``, ``scan.ExitRecord`` and profile's ``read_node``.
+run.json or error file becomes a note, never an exception.
 """
 
 from __future__ import annotations
