@@ -87,8 +87,6 @@ class _Rank:
 
 @dataclass
 class _RankCause:
-    """One rank's own cause."""
-
     state: _Rank
     cause: Cause
     confidence: float
@@ -322,7 +320,6 @@ def rank_failures(
         root, by_clock = min(rank_causes, key=lambda v: (-v.confidence, v.order)), False
     root_rank = root.state.rank
     causes_on = {v.state.rank: v for v in rank_causes}
-
     confidence = root.confidence
     if root.state.error is not None and any(h.source.startswith("error-") for h in root.hits):
         confidence = min(0.99, confidence + 0.03)  # the rank's own error file agrees

@@ -219,14 +219,11 @@ class SourceScan:
     # -- torchrun's reports --------------------------------------------------------------
 
     def _banner(self, lineno: int | None, body: str) -> None:
-        if "Root Cause (first observed failure)" in body:
-            self._end_entry()
-            self._banner_root = True
-            return
         stripped = body.strip()
-        if stripped.startswith("Failures:"):
+        root = "Root Cause (first observed failure)" in body
+        if root or stripped.startswith("Failures:"):
             self._end_entry()
-            self._banner_root = False
+            self._banner_root = root
             return
         if stripped.startswith(("====", "----")):
             self._end_entry()

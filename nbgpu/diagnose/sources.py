@@ -51,8 +51,6 @@ _ACCEPTED = "a log file, a run directory, '-' for stdin, a stream, or the log te
 
 @dataclass(frozen=True)
 class LogInput:
-    """One log to stream."""
-
     name: str  # shown in evidence: "rank1.log", "<text>", "<stdin>"
     path: Path | None = None
     default_rank: int | None = None  # rank of lines without a rank prefix
@@ -96,8 +94,6 @@ class ErrorRecord:
 
 @dataclass
 class Inputs:
-    """Everything :func:`resolve` found."""
-
     kind: str  # text | file | dir | run | stream
     label: str  # what the report calls the input
     logs: list[LogInput] = field(default_factory=list)

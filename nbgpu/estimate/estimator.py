@@ -34,9 +34,6 @@ def parse_bytes(value: Any, label: str = "budget") -> int:
     return parse_size(value, f"{label}=")
 
 
-# ------------------------------------------------------------------------ the estimate
-
-
 def _batch_size(example: Any) -> int | None:
     """Dim 0 of the first tensor-like leaf of an example batch (None: no batch given)."""
     if isinstance(example, Mapping):

@@ -75,6 +75,8 @@ SRC_LOGITS = (
 SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (lazy vs eager module loading)"
 SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
 SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
+SRC_PREFILL = "prefill transient: one layer's hidden and MLP tensors (nbgpu heuristic)"
+SRC_FSDP = "FSDP2 FSDPMemTracker categories"
 SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
 
 _DTYPE_ALIASES = {name: key for key, name in TORCH_DTYPES.items()} | {
@@ -323,15 +325,9 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
     if s is not None:
         # Prefill of one micro batch: the largest transient is the MLP's intermediate.
         transient = b * s * (cfg.hidden_size * 4 + cfg.intermediate_size * 2 * 2) // tp
-        terms.append(
-            Term(
-                "activations",
-                math.ceil(transient * size / 2),
-                "b·s·(4·h + 4·I) per forward (one layer live at a time)",
-                "prefill transient: one layer's hidden and MLP tensors (nbgpu heuristic)",
-                "activations",
-            )
-        )
+        formula = "b·s·(4·h + 4·I) per forward (one layer live at a time)"
+        act = math.ceil(transient * size / 2)
+        terms.append(Term("activations", act, formula, SRC_PREFILL, "activations"))
     return terms
 
 
@@ -341,14 +337,9 @@ def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Te
     nccl = f"0.75 GiB × {len(groups)} communicator(s)" + (
         f" ({', '.join(groups)})" if groups else " (one process: none)"
     )
+    context = "0.5 GiB per process (0.3-0.6 GiB with lazy loading)"
     terms = [
-        Term(
-            "CUDA context",
-            CUDA_CONTEXT_BYTES,
-            "0.5 GiB per process (0.3-0.6 GiB with lazy loading)",
-            SRC_CTX,
-            "reserve",
-        ),
+        Term("CUDA context", CUDA_CONTEXT_BYTES, context, SRC_CTX, "reserve"),
         Term("NCCL buffers", NCCL_BYTES_PER_GROUP * len(groups), nccl, SRC_NCCL, "reserve"),
     ]
     if lay.role == "train" and lay.strategy == "ddp" and lay.data_parallel > 1:
@@ -363,9 +354,7 @@ def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Te
         layer_params = (shape.parameters - cfg.vocab_size * cfg.hidden_size) / cfg.num_layers
         size = math.ceil(2 * 2 * PRECISIONS[lay.precision] * layer_params / lay.model_parallel)
         gathered = "2 layers (current + prefetched) × unsharded params and grads"
-        terms.append(
-            Term("gathered layers", size, gathered, "FSDP2 FSDPMemTracker categories", "reserve")
-        )
+        terms.append(Term("gathered layers", size, gathered, SRC_FSDP, "reserve"))
     margin = f"{lay.fragmentation:.0%} of the allocator's tensors"
     fragmentation = math.ceil(lay.fragmentation * tensor_bytes)
     return [*terms, Term("fragmentation", fragmentation, margin, SRC_FRAG, "margin")]

@@ -53,9 +53,6 @@ __all__ = [
 TOOL = "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode"
 
 
-# -------------------------------------------------------------------------- the step
-
-
 def _make_optimizer(name: str, params: Any, foreach: bool) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)
@@ -94,9 +91,6 @@ def run_step(
     loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-# ----------------------------------------------------------------------- the inputs
 
 
 def _fake_batch(value: Any, micro_batch: int | None, mode: Any, dtype: torch.dtype | None) -> Any:
