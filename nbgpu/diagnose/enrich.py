@@ -205,6 +205,7 @@ _STALE = {"exclusive_dead_holder", "zombie_holder", "dead_holder"}
 _BLOCKED = {*_STALE, "exclusive_busy", "prohibited", "other_namespace_holder"}
 _MODES = {"exclusive_process": "exclusive-process", "exclusive_thread": "exclusive-thread",
           "prohibited": "prohibited", "default": "default mode"}  # fmt: skip
+_STATE_WORDS = {"alive": "running", "other_namespace": "in another PID namespace"}
 # Commands a concrete fix names with this machine's values; the generic fix naming the
 # same command with placeholder values is then dropped.
 _REFINED = ("nbgpu clean", "--gpus")
@@ -261,9 +262,7 @@ def _holder(gpu: Gpu) -> str:
     who = f"pid {proc.pid}"
     if proc.holder is not None and proc.holder.user:
         who += f" (user {proc.holder.user})"
-    state = {"alive": "running", "other_namespace": "in another PID namespace"}.get(
-        proc.state, proc.state
-    )
+    state = _STATE_WORDS.get(proc.state, proc.state)
     return f", held by {state} {who}"
 
 
@@ -420,10 +419,8 @@ def add_facts(
     generic = [
         f for f in root.fixes if not any(m in f and any(m in c for c in fixes) for m in _REFINED)
     ]
-    causes = (
-        replace(root, details=(*root.details, *details), fixes=(*fixes, *generic)),
-        *causes[1:],
-    )
+    root = replace(root, details=(*root.details, *details), fixes=(*fixes, *generic))
+    causes = (root, *causes[1:])
     if run is not None and run.nodes:
         # A run over several nodes: each cause names where its first rank ran.
         causes = tuple(

@@ -10,11 +10,9 @@ progress bar stays one line. Memory is bounded: one chunk, a short tail of previ
 lines, and a cap on any single line (a megabyte without a newline is cut, its matching
 pieces kept). ``full=True`` hands over every line (small inputs, tests).
 
-:func:`parse_line` undoes the decorations launchers and libraries put on a line:
-torchrun's ``--tee`` prefix (``[default3]:``) and torch's rank prefix (``[rank3]:``), glog
-headers (``E0227 17:39:41.510000 293816 api.py:732]``), NCCL's ``host:pid:tid [3] NCCL``,
-bracketed ISO timestamps, ANSI colours. A timestamp keeps its *kind*: glog stamps have
-no year, so they are only compared with other glog stamps.
+:func:`parse_line` undoes the decorations launchers and libraries put on a line (each
+pattern below names one). A timestamp keeps its *kind*: glog stamps have no year, so they
+are only compared with other glog stamps.
 """
 
 from __future__ import annotations

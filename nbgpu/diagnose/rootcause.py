@@ -297,9 +297,7 @@ def rank_failures(
 ) -> Ranking:
     """Decide the root cause and order the causes found."""
     states = _collect(scans, errors, run)
-    rank_causes = _merge_unranked(
-        [v for v in (_rank_cause(s) for s in states.values()) if v is not None]
-    )
+    rank_causes = _merge_unranked([v for s in states.values() if (v := _rank_cause(s)) is not None])
     notes: list[str] = []
     clean_exit = (
         run is not None

@@ -11,7 +11,7 @@ Nothing here decides the root cause (``rootcause.py`` does).
 from __future__ import annotations
 
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -123,7 +123,7 @@ class SourceScan:
         self.exceptions: list[ExceptionLine] = []
         self.ranks_seen: set[int] = set()
         self.lines_seen = 0
-        self._kept: dict[tuple[str, int | None], int] = {}
+        self._kept: Counter[tuple[str, int | None]] = Counter()
         self._pending: list[Hit] = []  # hits still taking the lines after them
         self._tracebacks: dict[int | None, _Traceback] = {}
         self._banner_root = False
@@ -197,10 +197,9 @@ class SourceScan:
         self, cause_id: str, pattern: Pattern, body: str, lineno: int | None, line: ParsedLine
     ) -> None:
         key = (cause_id, line.rank)
-        kept = self._kept.get(key, 0)
-        if kept >= _HITS_PER_KEY:
+        if self._kept[key] >= _HITS_PER_KEY:
             return
-        self._kept[key] = kept + 1
+        self._kept[key] += 1
         hit = Hit(
             cause=cause_id,
             confidence=pattern.confidence,
@@ -215,8 +214,6 @@ class SourceScan:
         )
         self.hits.append(hit)
         self._pending.append(hit)
-
-    # -- torchrun's reports --------------------------------------------------------------
 
     def _banner(self, lineno: int | None, body: str) -> None:
         stripped = body.strip()
@@ -301,10 +298,8 @@ class SourceScan:
                 tb.lines.append(text)
                 tb.last = lineno
             return
-        frames: tuple[str, ...] = ()
-        if tb is not None:
-            frames = (*tb.lines, text)
-            del self._tracebacks[rank]
+        frames: tuple[str, ...] = () if tb is None else (*tb.lines, text)
+        self._tracebacks.pop(rank, None)
         if len(self.exceptions) >= _MAX_EXCEPTIONS:
             self.exceptions.pop(_MAX_EXCEPTIONS // 2)  # keep the first and the latest ones
         exc_name = m.group(1) if m.re is _EXCEPTION else "UsageError"

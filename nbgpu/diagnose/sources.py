@@ -21,6 +21,7 @@ run.json or error file becomes a note, never an exception.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -102,9 +103,6 @@ class Inputs:
     notes: list[str] = field(default_factory=list)
 
 
-# -- reading -------------------------------------------------------------------------
-
-
 def chunks(log: LogInput, size: int = _CHUNK_BYTES) -> Iterator[bytes | bytearray]:
     """The log's bytes in chunks; text streams are encoded as UTF-8.
 
@@ -115,21 +113,16 @@ def chunks(log: LogInput, size: int = _CHUNK_BYTES) -> Iterator[bytes | bytearra
             yield log.data[start : start + size]
         return
     if log.stream is not None:
-        while True:
-            piece = log.stream.read(size)
-            if not piece:
-                return
+        while piece := log.stream.read(size):
             yield piece.encode("utf-8", "surrogateescape") if isinstance(piece, str) else piece
+        return
     if log.path is not None:
         # One reused buffer: a fresh megabyte per read costs page faults on every chunk.
         buffer = bytearray(size)
         view = memoryview(buffer)
         with log.path.open("rb") as handle:
             handle.seek(log.offset)
-            while True:
-                got = handle.readinto(buffer)
-                if not got:
-                    return
+            while got := handle.readinto(buffer):
                 yield buffer if got == size else bytes(view[:got])
 
 
@@ -137,10 +130,8 @@ def _epoch(value: object) -> Stamp | None:
     """A run.json / error-file time: epoch seconds (number or digits) or ISO text."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
-    try:
+    with contextlib.suppress(ValueError):
         return Stamp("epoch", float(value))
-    except ValueError:
-        pass
     try:
         moment = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00").replace("_", "T"))
     except ValueError:
@@ -252,9 +243,6 @@ def load_error_file(path: Path, rank: int | None, notes: list[str]) -> ErrorReco
     return ErrorRecord(rank, path, text, callstack, stamp, code)
 
 
-# -- resolving -----------------------------------------------------------------------
-
-
 def _looks_like_text(value: str) -> bool:
     if not value.strip() or "\n" in value or "\r" in value or len(value) > 4096 or "\x00" in value:
         return True  # "" would otherwise be Path(""), the current directory
@@ -281,10 +269,8 @@ def _rank_from_path(path: Path, root: Path) -> int | None:
 
 def _walk(root: Path) -> Iterator[Path]:
     for directory, subdirs, files in os.walk(root):
-        depth = len(Path(directory).relative_to(root).parts)
-        subdirs[:] = (
-            sorted(d for d in subdirs if not d.startswith(".")) if depth < _MAX_DEPTH else []
-        )
+        deep = len(Path(directory).relative_to(root).parts) >= _MAX_DEPTH
+        subdirs[:] = [] if deep else sorted(d for d in subdirs if not d.startswith("."))
         yield from (Path(directory) / name for name in sorted(files) if not name.startswith("."))
 
 

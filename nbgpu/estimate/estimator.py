@@ -136,8 +136,7 @@ def estimate_memory(
     traced: tuple[Term, ...] = ()
     note = ""
     module = all(callable(getattr(model, name, None)) for name in ("parameters", "forward"))
-    if trace is None:
-        trace = module
+    trace = module if trace is None else trace
     if trace and not module:
         note = "traced: not tried (tracing needs a live torch.nn.Module; analytic used)"
     elif trace:

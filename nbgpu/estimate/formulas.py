@@ -75,6 +75,7 @@ SRC_LOGITS = (
 SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (lazy vs eager module loading)"
 SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
 SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
+SRC_SERVING = "weights at the serving precision"
 SRC_PREFILL = "prefill transient: one layer's hidden and MLP tensors (nbgpu heuristic)"
 SRC_FSDP = "FSDP2 FSDPMemTracker categories"
 SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
@@ -222,17 +223,12 @@ def weight_bytes(
     return math.ceil(size * parameters / (tensor_parallel * pipeline_parallel))
 
 
-# ------------------------------------------------------------------ the analytic terms
-
-
 def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
     if lay.role == "inference":
         size, shard = PRECISIONS[lay.precision], lay.model_parallel
         formula = f"{size} B × Ψ" + (f" / (tp·pp = {shard})" if shard > 1 else "")
         weights = math.ceil(size * shape.parameters / shard)
-        return [
-            Term("weights", weights, formula, "weights at the serving precision", "model states")
-        ]
+        return [Term("weights", weights, formula, SRC_SERVING, "model states")]
     states = model_states(
         shape.parameters,
         strategy=lay.strategy,

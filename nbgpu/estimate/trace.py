@@ -123,9 +123,6 @@ def _example(module: nn.Module, example_input: Any, micro_batch: int, seq_len: i
     )
 
 
-# ----------------------------------------------------------------------------- trace
-
-
 @dataclass(frozen=True)
 class TracedPeak:
     """Bytes per category at the traced step's peak (``MemTracker``'s categories)."""
@@ -306,9 +303,6 @@ def trace_terms(
         f"{fmt_bytes(peak.total)} on one process before sharding); reserves are analytic"
     )
     return tuple(terms), note
-
-
-# ------------------------------------------------------------------- measured
 
 
 def measure_step(
