@@ -1,8 +1,8 @@
 """The results: :class:`Diagnosis` (what ``nbgpu.diagnose`` returns) and its :class:`FoundCause` s.
 
-Each says its content once (``content()``; 80-column text and HTML from it) and is, as the
-problem every layer reports, :attr:`FoundCause.problem`. The diagnosis orders the causes root
-first and adds a per-rank table.
+Each says its content once (``content()``: 80-column text and HTML). A found cause is also
+the problem every layer reports (:attr:`FoundCause.problem`); the diagnosis orders the
+causes root first and adds a per-rank table.
 """
 
 from __future__ import annotations

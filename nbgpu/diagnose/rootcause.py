@@ -146,7 +146,7 @@ def _collect(
         for r in run.ranks:
             s = state(r.rank)
             s.exit_code = r.exit_code if r.exit_code is not None else s.exit_code
-            s.signal = r.signal or s.signal or SIGNAL_OF_CODE.get(r.exit_code or 0)
+            s.signal = r.signal or s.signal  # else the exit code's, below
             s.ended = r.stamp
     for s in states.values():
         if s.signal is None and s.exit_code is not None:

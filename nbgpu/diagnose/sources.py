@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -312,12 +313,8 @@ def _directory(root: Path) -> Inputs:
 def resolve(source: object, *, name: str | None = None) -> Inputs:
     """What to read for ``source``; raises ``UserInputError`` for a path that does not exist."""
     if isinstance(source, str) and source == "-":
-        import sys  # noqa: PLC0415  (only this input needs it)
-
-        stream = getattr(sys.stdin, "buffer", sys.stdin)
-        return Inputs(
-            kind="stream", label="<stdin>", logs=[LogInput(name or "<stdin>", stream=stream)]
-        )
+        log = LogInput(name or "<stdin>", stream=getattr(sys.stdin, "buffer", sys.stdin))
+        return Inputs(kind="stream", label="<stdin>", logs=[log])
     if isinstance(source, bytes | bytearray) or (
         isinstance(source, str) and _looks_like_text(source)
     ):
