@@ -213,6 +213,7 @@ Facts = tuple[list[str], list[str]]  # (details, fixes)
 
 
 def describe_inventory(inventory: Inventory) -> str:
+    """How the report names the inventory it used."""
     if inventory.simulated:
         return f"simulated fleet '{inventory.fleet_name or '?'}'"
     return f"host {inventory.hostname}"

@@ -85,8 +85,7 @@ def _glog(m: re.Match[str]) -> Stamp | None:
 
 def parse_stamp_text(text: str) -> Stamp | None:
     """An ISO-like timestamp anywhere in ``text`` (torchelastic's ``2024-03-05_07:01:51`` too)."""
-    m = _ISO.search(text)
-    return _iso(m) if m else None
+    return _iso(m) if (m := _ISO.search(text)) else None
 
 
 def parse_line(text: str, default_rank: int | None = None) -> ParsedLine:

@@ -120,13 +120,12 @@ class FoundCause(Result):
         """Two or three lines, for a cause beside the root (the root gets the detail)."""
         who = _ranks_text(self.ranks)
         head = f"{self.title} [{self.cause}]" + (f" on {who}" if who else "")
-        level = _SEVERITIES[self.role]
         blocks: list[Block] = [
             Line(f"{head} · confidence {self.confidence:.2f}", label=_BRIEF_HEADS[self.role])
         ]
         if self.evidence:
             blocks.append(Pre(self.evidence[0].lines("  ", 1)))
-        return Section(blocks, level=level)
+        return Section(blocks, level=_SEVERITIES[self.role])
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "evidence": [e.to_dict() for e in self.evidence]}
@@ -212,8 +211,7 @@ class Diagnosis(Result):
             return "nothing to diagnose: the input is empty"
         if self.status == "no_logs":
             return "nothing to diagnose: no log files found"
-        root = self.root
-        if root is None:
+        if (root := self.root) is None:
             return "no failure found"
         fix = (root.details[:1] or root.fixes[:1] or ("",))[0]
         where = f" on rank {root.first_rank}" if root.first_rank is not None else ""

@@ -143,6 +143,7 @@ class SourceScan:
             self.feed(lineno, text)
 
     def feed(self, lineno: int | None, text: str) -> None:
+        """One decoded line."""
         self.lines_seen += 1
         line = parse_line(text, self.default_rank)
         body = line.body
