@@ -5,18 +5,11 @@
     nbgpu.diagnose("train.log", inventory=nbgpu.status())
     nbgpu.diagnose(log_text).root.fixes
 
-The package is callable (``nbgpu.diagnose(...)`` calls :func:`diagnose`; ``.Diagnosis``,
-``.CATALOG`` etc. stay attributes). :func:`diagnose` is the one entry point behind
-``nbgpu.diagnose(...)``, ``nbgpu diagnose FILE|DIR|-`` and the automatic diagnosis of
-failed runs: it owns the order of the steps and the bad-input answers (empty input,
-binary data, a directory without logs, no failure); the steps live in their modules.
-
-Layout (one idea per module): ``catalog`` (causes, patterns, fixes: data) · ``lines``
-(streaming bytes to the lines worth reading; prefixes, ranks, timestamps) · ``scan``
-(hits, exits, tracebacks of one source) · ``sources`` (strings, files, run directories,
-run.json, error files) · ``rootcause`` (which rank failed first and why) · ``enrich``
-(the numbers in the log turned into advice; what the logs do not say: this machine's
-GPUs, the run's memory records) · ``report`` (the results).
+The package is callable: :func:`diagnose` is the one entry point behind
+``nbgpu.diagnose(...)``, ``nbgpu diagnose FILE|DIR|-`` and the automatic diagnosis of failed
+runs. It owns the order of the steps and the bad-input answers (empty input, binary data, a
+directory without logs, no failure); the steps live in ``catalog`` (data) · ``lines`` ·
+``scan`` (one source) · ``sources`` · ``rootcause`` · ``enrich`` · ``report`` (the results).
 
 Takes an optional inventory (passed in, never taken here). Never imports IPython, torch,
 pynvml or psutil.
@@ -190,8 +183,6 @@ def diagnose(
 
 
 class _CallableModule(types.ModuleType):
-    """This package's module type: calling the module calls :func:`diagnose`."""
-
     __call__ = staticmethod(diagnose)
 
 

@@ -6,12 +6,6 @@ flags, and :class:`Pattern` objects: regular expressions for the phrasings seen 
 logs across torch, CUDA, NCCL, DeepSpeed and launcher versions (``tests/diagnose/corpus``
 holds the logs they were written against). A pattern carries its own confidence: an
 exact CUDA error name is near-certain, an exit code of -9 only suggests the OOM killer.
-
-``SECONDARY`` patterns name no cause: they mark a rank that failed *because* another one
-did (the agent's SIGTERM, "Connection reset by peer", an aborted communicator).
-``TRIGGERS`` are the byte strings the streaming scanner looks for before it decodes a
-line; every pattern here must sit within a few lines of one of them (a test checks the
-corpus). Imports only the standard library.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """What a found cause's ``details`` say beyond the catalog's generic text.
 
-:func:`specifics`: the numbers the log gives, turned into advice - the batch and world
-sizes that do not divide (and the nearest valid ones), the collective and its timeout,
-the allocation that failed, the port that was taken, the ranks that found no GPU.
-
-:func:`add_facts`: what the logs do not say. With an ``Inventory`` (``nbgpu.status()``,
-live or simulated) the root cause names "rank 0 -> cuda:0 -> physical GPU 0,
-exclusive-process, held by dead pid 4242" and the exact fix (``nbgpu clean``,
-``%%torchrun --gpus 1,2,3``); a rank's GPU comes from run.json (``gpus``, else
-``cuda_visible_devices`` mapped as CUDA maps it), else from the inventory's own view.
-An OOM in a run directory with memory records adds the phase each rank died in, the
-node's ``MemAvailable`` at the last sample and the measured case for
-``--serial-imports`` (``nbgpu.profile.records.import_storm``).
+:func:`specifics`: the numbers the log gives, turned into advice (the nearest batch sizes
+that divide, the collective and its timeout, the failed allocation, the taken port).
+:func:`add_facts`: what the logs do not say. With an ``Inventory`` the root cause names
+"rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held by dead pid 4242" and the exact
+fix; a rank's GPU comes from run.json (``gpus``, else ``cuda_visible_devices`` mapped as CUDA
+maps it), else from the inventory's own view. An OOM with memory records adds the phase each
+rank died in, the node's ``MemAvailable`` at the last sample and the measured case for
+``--serial-imports``.
 
 The inventory is used through its attributes only (importing ``nbgpu.devices.inventory``
-would pull psutil in). Imports the standard library, ``nbgpu.devices.visible`` and
-profile's reading side; never raises on bad memory records.
+would pull psutil in); never raises on bad memory records.
 """
 
 from __future__ import annotations
@@ -206,11 +201,11 @@ def specifics(
 # -- this machine's GPUs ---------------------------------------------------------------
 
 _GPU_CAUSES = ("cuda_busy", "cuda_oom", "illegal_access", "device_assert", "gpu_lost")
-_OOM = ("host_oom", "cuda_oom")
 _STALE = {"exclusive_dead_holder", "zombie_holder", "dead_holder"}
 _BLOCKED = {*_STALE, "exclusive_busy", "prohibited", "other_namespace_holder"}
 _MODES = {"exclusive_process": "exclusive-process", "exclusive_thread": "exclusive-thread",
           "prohibited": "prohibited", "default": "default mode"}  # fmt: skip
+_STATE_WORDS = {"alive": "running", "other_namespace": "in another PID namespace"}
 # Commands a concrete fix names with this machine's values; the generic fix naming the
 # same command with placeholder values is then dropped.
 _REFINED = ("nbgpu clean", "--gpus")
@@ -268,9 +263,7 @@ def _holder(gpu: Gpu) -> str:
     who = f"pid {proc.pid}"
     if proc.holder is not None and proc.holder.user:
         who += f" (user {proc.holder.user})"
-    state = {"alive": "running", "other_namespace": "in another PID namespace"}.get(
-        proc.state, proc.state
-    )
+    state = _STATE_WORDS.get(proc.state, proc.state)
     return f", held by {state} {who}"
 
 
@@ -421,16 +414,14 @@ def add_facts(
             details.append(
                 f"rank {root.first_rank} ran on cuda:{where[0]} = physical GPU {where[1]} (run.json)"
             )
-    if run is not None and root.cause in _OOM:
+    if run is not None and root.cause in ("host_oom", "cuda_oom"):
         details.extend(memory_details(run.path))
     # A concrete fix ("exclude it: --gpus 1,2,3") replaces the generic one it refines.
     generic = [
         f for f in root.fixes if not any(m in f and any(m in c for c in fixes) for m in _REFINED)
     ]
-    causes = (
-        replace(root, details=(*root.details, *details), fixes=(*fixes, *generic)),
-        *causes[1:],
-    )
+    root = replace(root, details=(*root.details, *details), fixes=(*fixes, *generic))
+    causes = (root, *causes[1:])
     if run is not None and run.nodes:
         # A run over several nodes: each cause names where its first rank ran.
         causes = tuple(

@@ -10,13 +10,9 @@ progress bar stays one line. Memory is bounded: one chunk, a short tail of previ
 lines, and a cap on any single line (a megabyte without a newline is cut, its matching
 pieces kept). ``full=True`` hands over every line (small inputs, tests).
 
-:func:`parse_line` undoes the decorations launchers and libraries put on a line:
-torchrun's ``--tee`` prefix (``[default3]:``) and torch's rank prefix (``[rank3]:``), glog
-headers (``E0227 17:39:41.510000 293816 api.py:732]``), NCCL's ``host:pid:tid [3] NCCL``,
-bracketed ISO timestamps, ANSI colours. A timestamp keeps its *kind*: glog stamps have
-no year, so they are only compared with other glog stamps.
-
-Imports only the standard library and the catalog's trigger list.
+:func:`parse_line` undoes the decorations launchers and libraries put on a line (each
+pattern below names one). A timestamp keeps its *kind*: glog stamps have no year, so they
+are only compared with other glog stamps.
 """
 
 from __future__ import annotations
@@ -89,8 +85,7 @@ def _glog(m: re.Match[str]) -> Stamp | None:
 
 def parse_stamp_text(text: str) -> Stamp | None:
     """An ISO-like timestamp anywhere in ``text`` (torchelastic's ``2024-03-05_07:01:51`` too)."""
-    m = _ISO.search(text)
-    return _iso(m) if m else None
+    return _iso(m) if (m := _ISO.search(text)) else None
 
 
 def parse_line(text: str, default_rank: int | None = None) -> ParsedLine:
@@ -183,7 +178,10 @@ class WindowScanner:
                 self._region(data, start, last + 1)
             self._carry = bytes(data[last + 1 :])
         if len(self._carry) > _MAX_CARRY:
-            self._long_piece(self._carry)
+            # Part of a line that never ends: hand over its matching pieces now, under the
+            # line number the line will have, so memory stays bounded.
+            if self._full or self._hits(self._carry):
+                self._emit(self._next, self._trim(self._carry))
             self._carry = self._carry[-MAX_LINE_BYTES:]
 
     def close(self) -> None:
@@ -228,12 +226,6 @@ class WindowScanner:
         pieces = [p for p in line.split(b"\r") if any(k in p for k in TRIGGERS)]
         pieces = pieces or [line.rsplit(b"\r", 1)[-1]]
         return b"\r".join(p[-MAX_LINE_BYTES // 4 :] for p in pieces[-4:])
-
-    def _long_piece(self, piece: bytes) -> None:
-        # Part of a line that never ends: hand over its matching pieces now, under the
-        # line number the line will have, so memory stays bounded.
-        if self._full or self._hits(piece):
-            self._emit(self._next, self._trim(piece))
 
     def _region(self, buf: bytes | bytearray, start: int, stop: int | None) -> None:
         """Complete lines ``buf[start:stop]`` (the slice ends with a newline)."""

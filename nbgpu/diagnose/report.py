@@ -1,14 +1,8 @@
 """The results: :class:`Diagnosis` (what ``nbgpu.diagnose`` returns) and its :class:`FoundCause` s.
 
-Each says its content once (``content()``), drawn by :mod:`nbgpu._render` as 80-column
-text and inline-styled HTML; JSON comes from the fields (``to_dict()``/``to_json()``),
-rows from ``records()`` (``to_frame()``). A found cause names a cause id from the
-catalog, how sure we are, the failing ranks, the evidence lines (file and line number),
-the explanation and the fixes; as the problem every layer reports it is
-:attr:`FoundCause.problem`. The diagnosis orders the causes root first and adds a
-per-rank table.
-
-Imports only the standard library, ``nbgpu._render`` and ``nbgpu.problems``.
+Each says its content once (``content()``: 80-column text and HTML). A found cause is also
+the problem every layer reports (:attr:`FoundCause.problem`); the diagnosis orders the
+causes root first and adds a per-rank table.
 """
 
 from __future__ import annotations
@@ -89,8 +83,7 @@ class FoundCause(Result):
 
     @property
     def problem(self) -> Problem:
-        """This cause as the problem doctor, plan and estimate report too: code = cause id,
-        subject = the rank that failed first (else the ranks showing it), the fixes."""
+        """This cause as the problem doctor, plan and estimate report too."""
         subject = self._first() if self.first_rank is not None else _ranks_text(self.ranks)
         message = f"{self.title}: {self.explanation}"
         return Problem(_SEVERITIES[self.role], self.cause, subject or "run", message, self.fixes)
@@ -127,13 +120,12 @@ class FoundCause(Result):
         """Two or three lines, for a cause beside the root (the root gets the detail)."""
         who = _ranks_text(self.ranks)
         head = f"{self.title} [{self.cause}]" + (f" on {who}" if who else "")
-        level = _SEVERITIES[self.role]
         blocks: list[Block] = [
             Line(f"{head} · confidence {self.confidence:.2f}", label=_BRIEF_HEADS[self.role])
         ]
         if self.evidence:
             blocks.append(Pre(self.evidence[0].lines("  ", 1)))
-        return Section(blocks, level=level)
+        return Section(blocks, level=_SEVERITIES[self.role])
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "evidence": [e.to_dict() for e in self.evidence]}
@@ -219,8 +211,7 @@ class Diagnosis(Result):
             return "nothing to diagnose: the input is empty"
         if self.status == "no_logs":
             return "nothing to diagnose: no log files found"
-        root = self.root
-        if root is None:
+        if (root := self.root) is None:
             return "no failure found"
         fix = (root.details[:1] or root.fixes[:1] or ("",))[0]
         where = f" on rank {root.first_rank}" if root.first_rank is not None else ""
@@ -237,14 +228,6 @@ class Diagnosis(Result):
         )
         return " · ".join(parts)
 
-    def _rank_table(self) -> Table:
-        table = Table(["rank", "exit", "signal", "cause", "role"])
-        for r in self.ranks:
-            level = {"root": "bad", "failed": "warn", "secondary": "warn"}.get(r.role, "")
-            exit_code = "-" if r.exit_code is None else r.exit_code
-            table.add(r.rank, exit_code, r.signal or "-", r.cause or "-", r.role, level=level)
-        return table
-
     def content(self) -> list[Block]:
         blocks: list[Block] = [Title(self._header())]
         if self.inventory:
@@ -254,7 +237,12 @@ class Diagnosis(Result):
         for found in self.causes:
             blocks += [Blank(), *(found.content() if found.root else [found.brief()])]
         if len(self.ranks) > 1 or any(r.role != "ok" for r in self.ranks):
-            blocks += [Blank(), self._rank_table()]
+            table = Table(["rank", "exit", "signal", "cause", "role"])
+            for r in self.ranks:
+                level = {"root": "bad", "failed": "warn", "secondary": "warn"}.get(r.role, "")
+                exit_code = "-" if r.exit_code is None else r.exit_code
+                table.add(r.rank, exit_code, r.signal or "-", r.cause or "-", r.role, level=level)
+            blocks += [Blank(), table]
         if self.notes:
             blocks += [Blank(), Bullets(self.notes, marker="note: ")]
         return blocks

@@ -16,8 +16,7 @@ and torchelastic error files, :func:`rank_failures` decides:
 3. causes: the root cause first; other causes seen follow as consequences (secondary
    causes, later failures) or "also" (another primary cause on another rank).
 
-Pure functions over the scan results; imports only the standard library and sibling
-modules (no I/O).
+Pure functions over the scan results (no I/O).
 """
 
 from __future__ import annotations
@@ -88,8 +87,6 @@ class _Rank:
 
 @dataclass
 class _RankCause:
-    """One rank's own cause."""
-
     state: _Rank
     cause: Cause
     confidence: float
@@ -149,7 +146,7 @@ def _collect(
         for r in run.ranks:
             s = state(r.rank)
             s.exit_code = r.exit_code if r.exit_code is not None else s.exit_code
-            s.signal = r.signal or s.signal or SIGNAL_OF_CODE.get(r.exit_code or 0)
+            s.signal = r.signal or s.signal  # else the exit code's, below
             s.ended = r.stamp
     for s in states.values():
         if s.signal is None and s.exit_code is not None:
@@ -300,9 +297,7 @@ def rank_failures(
 ) -> Ranking:
     """Decide the root cause and order the causes found."""
     states = _collect(scans, errors, run)
-    rank_causes = _merge_unranked(
-        [v for v in (_rank_cause(s) for s in states.values()) if v is not None]
-    )
+    rank_causes = _merge_unranked([v for s in states.values() if (v := _rank_cause(s)) is not None])
     notes: list[str] = []
     clean_exit = (
         run is not None
@@ -323,7 +318,6 @@ def rank_failures(
         root, by_clock = min(rank_causes, key=lambda v: (-v.confidence, v.order)), False
     root_rank = root.state.rank
     causes_on = {v.state.rank: v for v in rank_causes}
-
     confidence = root.confidence
     if root.state.error is not None and any(h.source.startswith("error-") for h in root.hits):
         confidence = min(0.99, confidence + 0.03)  # the rank's own error file agrees

@@ -5,14 +5,13 @@ a pasted string, the call stack of an error file) and keeps, within fixed bounds
 ranking needs: the first few :class:`Hit` objects per cause and rank, torchrun's
 ``ChildFailedError`` banner and ``failed (exitcode: N) local_rank: R`` lines as
 :class:`ExitRecord` objects, and the exception lines with the traceback above them.
-Nothing here decides the root cause (``rootcause.py`` does). Imports only the standard
-library and the catalog/line helpers.
+Nothing here decides the root cause (``rootcause.py`` does).
 """
 
 from __future__ import annotations
 
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -124,7 +123,7 @@ class SourceScan:
         self.exceptions: list[ExceptionLine] = []
         self.ranks_seen: set[int] = set()
         self.lines_seen = 0
-        self._kept: dict[tuple[str, int | None], int] = {}
+        self._kept: Counter[tuple[str, int | None]] = Counter()
         self._pending: list[Hit] = []  # hits still taking the lines after them
         self._tracebacks: dict[int | None, _Traceback] = {}
         self._banner_root = False
@@ -191,7 +190,7 @@ class SourceScan:
             self._unmatched = (first_lineno, first, joined, left - 1)
 
     def finish(self) -> None:
-        """Flush tracebacks that never reached their exception line."""
+        """Close the banner entry the source ended in."""
         self._end_entry()
         self._pending.clear()
 
@@ -199,10 +198,9 @@ class SourceScan:
         self, cause_id: str, pattern: Pattern, body: str, lineno: int | None, line: ParsedLine
     ) -> None:
         key = (cause_id, line.rank)
-        kept = self._kept.get(key, 0)
-        if kept >= _HITS_PER_KEY:
+        if self._kept[key] >= _HITS_PER_KEY:
             return
-        self._kept[key] = kept + 1
+        self._kept[key] += 1
         hit = Hit(
             cause=cause_id,
             confidence=pattern.confidence,
@@ -218,17 +216,12 @@ class SourceScan:
         self.hits.append(hit)
         self._pending.append(hit)
 
-    # -- torchrun's reports --------------------------------------------------------------
-
     def _banner(self, lineno: int | None, body: str) -> None:
-        if "Root Cause (first observed failure)" in body:
-            self._end_entry()
-            self._banner_root = True
-            return
         stripped = body.strip()
-        if stripped.startswith("Failures:"):
+        root = "Root Cause (first observed failure)" in body
+        if root or stripped.startswith("Failures:"):
             self._end_entry()
-            self._banner_root = False
+            self._banner_root = root
             return
         if stripped.startswith(("====", "----")):
             self._end_entry()
@@ -306,10 +299,8 @@ class SourceScan:
                 tb.lines.append(text)
                 tb.last = lineno
             return
-        frames: tuple[str, ...] = ()
-        if tb is not None:
-            frames = (*tb.lines, text)
-            del self._tracebacks[rank]
+        frames: tuple[str, ...] = () if tb is None else (*tb.lines, text)
+        self._tracebacks.pop(rank, None)
         if len(self.exceptions) >= _MAX_EXCEPTIONS:
             self.exceptions.pop(_MAX_EXCEPTIONS // 2)  # keep the first and the latest ones
         exc_name = m.group(1) if m.re is _EXCEPTION else "UsageError"

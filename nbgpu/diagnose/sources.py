@@ -16,16 +16,17 @@ Any other directory is searched (a few levels deep) for ``*.log``, ``*.txt``, ``
 ``*.err`` and torchelastic's ``error.json`` files; torchelastic's ``--log-dir`` layout
 (``attempt_0/<local_rank>/stdout.log``) gives each file its rank. Files are read in
 chunks, never whole. A missing path is a one-line ``UserInputError``; a malformed
-run.json or error file becomes a note, never an exception. Imports only the standard
-library, ``nbgpu.errors``, ``lines.Stamp``, ``scan.ExitRecord`` and profile's ``read_node``.
+run.json or error file becomes a note, never an exception.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -52,8 +53,6 @@ _ACCEPTED = "a log file, a run directory, '-' for stdin, a stream, or the log te
 
 @dataclass(frozen=True)
 class LogInput:
-    """One log to stream."""
-
     name: str  # shown in evidence: "rank1.log", "<text>", "<stdin>"
     path: Path | None = None
     default_rank: int | None = None  # rank of lines without a rank prefix
@@ -97,17 +96,12 @@ class ErrorRecord:
 
 @dataclass
 class Inputs:
-    """Everything :func:`resolve` found."""
-
     kind: str  # text | file | dir | run | stream
     label: str  # what the report calls the input
     logs: list[LogInput] = field(default_factory=list)
     errors: list[ErrorRecord] = field(default_factory=list)
     run: RunInfo | None = None
     notes: list[str] = field(default_factory=list)
-
-
-# -- reading -------------------------------------------------------------------------
 
 
 def chunks(log: LogInput, size: int = _CHUNK_BYTES) -> Iterator[bytes | bytearray]:
@@ -120,21 +114,16 @@ def chunks(log: LogInput, size: int = _CHUNK_BYTES) -> Iterator[bytes | bytearra
             yield log.data[start : start + size]
         return
     if log.stream is not None:
-        while True:
-            piece = log.stream.read(size)
-            if not piece:
-                return
+        while piece := log.stream.read(size):
             yield piece.encode("utf-8", "surrogateescape") if isinstance(piece, str) else piece
+        return
     if log.path is not None:
         # One reused buffer: a fresh megabyte per read costs page faults on every chunk.
         buffer = bytearray(size)
         view = memoryview(buffer)
         with log.path.open("rb") as handle:
             handle.seek(log.offset)
-            while True:
-                got = handle.readinto(buffer)
-                if not got:
-                    return
+            while got := handle.readinto(buffer):
                 yield buffer if got == size else bytes(view[:got])
 
 
@@ -142,10 +131,8 @@ def _epoch(value: object) -> Stamp | None:
     """A run.json / error-file time: epoch seconds (number or digits) or ISO text."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
-    try:
+    with contextlib.suppress(ValueError):
         return Stamp("epoch", float(value))
-    except ValueError:
-        pass
     try:
         moment = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00").replace("_", "T"))
     except ValueError:
@@ -257,9 +244,6 @@ def load_error_file(path: Path, rank: int | None, notes: list[str]) -> ErrorReco
     return ErrorRecord(rank, path, text, callstack, stamp, code)
 
 
-# -- resolving -----------------------------------------------------------------------
-
-
 def _looks_like_text(value: str) -> bool:
     if not value.strip() or "\n" in value or "\r" in value or len(value) > 4096 or "\x00" in value:
         return True  # "" would otherwise be Path(""), the current directory
@@ -286,10 +270,8 @@ def _rank_from_path(path: Path, root: Path) -> int | None:
 
 def _walk(root: Path) -> Iterator[Path]:
     for directory, subdirs, files in os.walk(root):
-        depth = len(Path(directory).relative_to(root).parts)
-        subdirs[:] = (
-            sorted(d for d in subdirs if not d.startswith(".")) if depth < _MAX_DEPTH else []
-        )
+        deep = len(Path(directory).relative_to(root).parts) >= _MAX_DEPTH
+        subdirs[:] = [] if deep else sorted(d for d in subdirs if not d.startswith("."))
         yield from (Path(directory) / name for name in sorted(files) if not name.startswith("."))
 
 
@@ -331,12 +313,8 @@ def _directory(root: Path) -> Inputs:
 def resolve(source: object, *, name: str | None = None) -> Inputs:
     """What to read for ``source``; raises ``UserInputError`` for a path that does not exist."""
     if isinstance(source, str) and source == "-":
-        import sys  # noqa: PLC0415  (only this input needs it)
-
-        stream = getattr(sys.stdin, "buffer", sys.stdin)
-        return Inputs(
-            kind="stream", label="<stdin>", logs=[LogInput(name or "<stdin>", stream=stream)]
-        )
+        log = LogInput(name or "<stdin>", stream=getattr(sys.stdin, "buffer", sys.stdin))
+        return Inputs(kind="stream", label="<stdin>", logs=[log])
     if isinstance(source, bytes | bytearray) or (
         isinstance(source, str) and _looks_like_text(source)
     ):

@@ -5,11 +5,9 @@
     nbgpu.estimate.largest_micro_batch("meta-llama/Llama-3.1-8B", "80GB", seq_len=4096)
     nbgpu.estimate.compare(module, batch)      # one real CPU step beside both estimates
 
-This package is callable: ``nbgpu.estimate(...)`` is :func:`estimate_memory`. Its modules:
-``shapes`` (a model as the formulas see it; common open models) · ``formulas`` ·
-``result`` (:class:`MemoryEstimate`) · ``estimator`` · ``trace`` (a fake-tensor step and a
-real CPU one: the one module that imports torch, when given a module). This face only
-re-exports; it never imports torch, files or the inventory.
+The package is callable (``nbgpu.estimate(...)`` is :func:`estimate_memory`) and only
+re-exports; it never imports torch, files or the inventory (``trace``, the one module that
+imports torch, is loaded only for a module).
 """
 
 from __future__ import annotations
@@ -46,8 +44,6 @@ __all__ = [
 
 
 class _CallableEstimateModule(types.ModuleType):
-    """The ``nbgpu.estimate`` module itself: calling it is :func:`estimate_memory`."""
-
     __call__ = staticmethod(estimate_memory)
 
     def __repr__(self) -> str:

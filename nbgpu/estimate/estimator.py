@@ -1,13 +1,9 @@
-"""Per-GPU memory of a training or inference process, term by term, with formulas and sources.
-
-``estimate_memory()`` (``nbgpu.estimate(...)``) answers "how many bytes will each GPU need"
-before anything runs: **analytic** terms always (:mod:`~nbgpu.estimate.formulas`), and for a
-live ``torch.nn.Module`` **traced** ones, from one step under fake tensors
-(:mod:`~nbgpu.estimate.trace`), so the activations are your module's, not a formula's; when
-tracing fails the analytic answer stands, with the reason. Activations, logits and the KV
-cache grow linearly with the micro batch and everything else does not, so the largest micro
-batch that fits a budget is one division (:func:`largest_micro_batch`): no out-of-memory
-trials. Pure arithmetic; never imports torch, except ``trace`` when a module is given.
+"""Per-GPU memory before anything runs: **analytic** terms always, and for a live
+``torch.nn.Module`` **traced** ones from one step under fake tensors (the activations are
+the module's, not a formula's; when tracing fails the analytic answer stands, with the
+reason). Activations, logits and the KV cache grow linearly with the micro batch and
+nothing else does, so the largest micro batch within a budget is one division: no
+out-of-memory trials. Never imports torch, except ``trace`` when a module is given.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import (
     OPTIMIZERS,
@@ -29,7 +24,7 @@ from nbgpu.estimate.formulas import (
 )
 from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, Layout, MemoryEstimate, Term
 from nbgpu.estimate.shapes import ModelShape, model_shape
-from nbgpu.sizes import parse_size
+from nbgpu.sizes import fmt_bytes, parse_size
 
 __all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes"]
 
@@ -37,9 +32,6 @@ __all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes"]
 def parse_bytes(value: Any, label: str = "budget") -> int:
     """A byte budget as written (``80e9``, ``"80GB"``, ``"24GiB"``; :mod:`nbgpu.sizes`)."""
     return parse_size(value, f"{label}=")
-
-
-# ------------------------------------------------------------------------ the estimate
 
 
 def _batch_size(example: Any) -> int | None:
@@ -144,8 +136,7 @@ def estimate_memory(
     traced: tuple[Term, ...] = ()
     note = ""
     module = all(callable(getattr(model, name, None)) for name in ("parameters", "forward"))
-    if trace is None:
-        trace = module
+    trace = module if trace is None else trace
     if trace and not module:
         note = "traced: not tried (tracing needs a live torch.nn.Module; analytic used)"
     elif trace:
@@ -181,8 +172,7 @@ def estimate_memory(
                 f"{fmt_bytes(weights.bytes_per_gpu if weights else None)}, optimizer and "
                 "reserves); expected a budget above that, more GPUs or a sharded strategy"
             )
-        # Memory is affine in the micro batch: the largest that fits is one division (None:
-        # nothing scales with the batch in what we could compute).
+        # None: nothing we could compute scales with the batch.
         slope = per_sample / lay.micro_batch
         best = max(0, math.floor((budget_bytes - fixed) / slope)) if slope > 0 else None
         result = replace(result, max_micro_batch=best)
@@ -192,11 +182,9 @@ def estimate_memory(
 def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimate:
     """The estimate at the largest micro batch that fits *budget* (bytes, or per-GPU list).
 
-    *budget* may be a list of per-GPU free bytes (heterogeneous GPUs): the smallest decides,
-    since data-parallel ranks run the same micro batch. Computed, never tried on hardware:
-    analytic memory is affine in the micro batch, so one estimate gives the answer; a traced
-    module is traced at b and 2b for the slope, then checked (and nudged by one) with fake
-    traces, still without a single real step.
+    Of a list of per-GPU free bytes the smallest decides: data-parallel ranks run the same
+    micro batch. Never tried on hardware: a traced module is traced at b and 2b for the
+    slope, then checked with fake traces.
     """
     if isinstance(budget, list | tuple):
         if not budget:

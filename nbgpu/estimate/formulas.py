@@ -20,14 +20,9 @@ holds (Ψ = params / (tensor × pipeline degree)):
 - ``zero2``:           P Ψ + (G + K) Ψ / N     (gradients too)
 - ``zero3``/``fsdp``:  (P + G + K) Ψ / N       (parameters too; FSDP full shard)
 
-Inference weights are P Ψ. KV cache per token (memory.md §5c) is
-``2 · layers · ceil(kv_heads / tp) · head_dim · dtype_bytes`` bytes on each GPU.
-:func:`analytic_terms` adds activations (Korthikanti et al.), logits and loss, and the
-reserves the allocator never sees (CUDA context, NCCL buffers, DDP buckets, gathered
-FSDP layers, fragmentation), each a :class:`~nbgpu.estimate.result.Term` with its
-formula and source.
-
-Pure arithmetic on a model shape and a layout; never imports torch.
+Inference weights are P Ψ. :func:`analytic_terms` adds activations (Korthikanti et al.),
+logits and loss, the KV cache, and the reserves the allocator never sees (CUDA context, NCCL
+buffers, DDP buckets, gathered FSDP layers, fragmentation). Never imports torch.
 """
 
 from __future__ import annotations
@@ -37,23 +32,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
-from nbgpu.estimate.result import (
-    CUDA_CONTEXT_BYTES,
-    NCCL_BYTES_PER_GROUP,
-    SRC_ACT,
-    SRC_CTX,
-    SRC_DDP,
-    SRC_FRAG,
-    SRC_KV,
-    SRC_LOGITS,
-    SRC_NCCL,
-    SRC_ZERO,
-    Layout,
-    Term,
-)
+from nbgpu.estimate.result import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_GROUP, Layout, Term
 from nbgpu.estimate.shapes import TORCH_DTYPES, ModelConfig, ModelShape
+from nbgpu.sizes import fmt_bytes
 
 __all__ = [
     "OPTIMIZERS",
@@ -82,6 +64,21 @@ STRATEGIES: Mapping[str, tuple[bool, bool, bool]] = {
     "fsdp": (True, True, True),
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
+
+SRC_ZERO = "Rajbhandari et al., ZeRO (SC'20, arXiv 1910.02054) §5a"
+SRC_ACT = "Korthikanti et al. (MLSys'23, arXiv 2205.05198) §4"
+SRC_KV = "2·L·kv_heads·head_dim·bytes per token (vLLM's KV page size)"
+SRC_LOGITS = (
+    "logits b·s·V in 16 bit plus fp32 copies for the loss, and the fp32 "
+    "logits gradient of the backward pass (traced)"
+)
+SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (lazy vs eager module loading)"
+SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
+SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
+SRC_SERVING = "weights at the serving precision"
+SRC_PREFILL = "prefill transient: one layer's hidden and MLP tensors (nbgpu heuristic)"
+SRC_FSDP = "FSDP2 FSDPMemTracker categories"
+SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
 
 _DTYPE_ALIASES = {name: key for key, name in TORCH_DTYPES.items()} | {
     "half": "fp16",
@@ -226,17 +223,12 @@ def weight_bytes(
     return math.ceil(size * parameters / (tensor_parallel * pipeline_parallel))
 
 
-# ------------------------------------------------------------------ the analytic terms
-
-
 def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
     if lay.role == "inference":
         size, shard = PRECISIONS[lay.precision], lay.model_parallel
         formula = f"{size} B × Ψ" + (f" / (tp·pp = {shard})" if shard > 1 else "")
         weights = math.ceil(size * shape.parameters / shard)
-        return [
-            Term("weights", weights, formula, "weights at the serving precision", "model states")
-        ]
+        return [Term("weights", weights, formula, SRC_SERVING, "model states")]
     states = model_states(
         shape.parameters,
         strategy=lay.strategy,
@@ -282,7 +274,6 @@ def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[in
     qkv = 2 * s * b * h + 4 * s * b * kv_width  # Q, K, V saved for the attention product
     attn_out = 2 * s * b * h
     mlp = (8 if cfg.gated_mlp else 4) * s * b * cfg.intermediate_size
-    # Flash attention keeps a fp32 logsumexp per head and token instead of the scores.
     flash = (4 * a * s * b, "4·a·s·b (flash)")
     scores, scores_text = flash if lay.flash_attention else (5 * a * s * s * b, "5·a·s²·b")
     per_layer = replicated + (qkv + attn_out + mlp + scores) / t
@@ -330,15 +321,9 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
     if s is not None:
         # Prefill of one micro batch: the largest transient is the MLP's intermediate.
         transient = b * s * (cfg.hidden_size * 4 + cfg.intermediate_size * 2 * 2) // tp
-        terms.append(
-            Term(
-                "activations",
-                math.ceil(transient * size / 2),
-                "b·s·(4·h + 4·I) per forward (one layer live at a time)",
-                "prefill transient: one layer's hidden and MLP tensors (nbgpu heuristic)",
-                "activations",
-            )
-        )
+        formula = "b·s·(4·h + 4·I) per forward (one layer live at a time)"
+        act = math.ceil(transient * size / 2)
+        terms.append(Term("activations", act, formula, SRC_PREFILL, "activations"))
     return terms
 
 
@@ -348,14 +333,9 @@ def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Te
     nccl = f"0.75 GiB × {len(groups)} communicator(s)" + (
         f" ({', '.join(groups)})" if groups else " (one process: none)"
     )
+    context = "0.5 GiB per process (0.3-0.6 GiB with lazy loading)"
     terms = [
-        Term(
-            "CUDA context",
-            CUDA_CONTEXT_BYTES,
-            "0.5 GiB per process (0.3-0.6 GiB with lazy loading)",
-            SRC_CTX,
-            "reserve",
-        ),
+        Term("CUDA context", CUDA_CONTEXT_BYTES, context, SRC_CTX, "reserve"),
         Term("NCCL buffers", NCCL_BYTES_PER_GROUP * len(groups), nccl, SRC_NCCL, "reserve"),
     ]
     if lay.role == "train" and lay.strategy == "ddp" and lay.data_parallel > 1:
@@ -370,9 +350,7 @@ def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Te
         layer_params = (shape.parameters - cfg.vocab_size * cfg.hidden_size) / cfg.num_layers
         size = math.ceil(2 * 2 * PRECISIONS[lay.precision] * layer_params / lay.model_parallel)
         gathered = "2 layers (current + prefetched) × unsharded params and grads"
-        terms.append(
-            Term("gathered layers", size, gathered, "FSDP2 FSDPMemTracker categories", "reserve")
-        )
+        terms.append(Term("gathered layers", size, gathered, SRC_FSDP, "reserve"))
     margin = f"{lay.fragmentation:.0%} of the allocator's tensors"
     fragmentation = math.ceil(lay.fragmentation * tensor_bytes)
     return [*terms, Term("fragmentation", fragmentation, margin, SRC_FRAG, "margin")]

@@ -9,20 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-from nbgpu._render import (
-    Block,
-    Bullets,
-    Figure,
-    Line,
-    Result,
-    Table,
-    Title,
-    fmt_bytes,
-    to_text,
-    wrap,
-)
+from nbgpu._render import Block, Bullets, Figure, Line, Result, Table, Title, to_text, wrap
+from nbgpu.sizes import fmt_bytes
 
 __all__ = [
     "CUDA_CONTEXT_BYTES",
@@ -48,18 +38,6 @@ NCCL_BYTES_PER_GROUP = 3 * GiB // 4
 FRAGMENTATION = 0.05
 
 ROLES = ("train", "inference")
-
-SRC_ZERO = "Rajbhandari et al., ZeRO (SC'20, arXiv 1910.02054) §5a"
-SRC_ACT = "Korthikanti et al. (MLSys'23, arXiv 2205.05198) §4"
-SRC_KV = "2·L·kv_heads·head_dim·bytes per token (vLLM's KV page size)"
-SRC_LOGITS = (
-    "logits b·s·V in 16 bit plus fp32 copies for the loss, and the fp32 "
-    "logits gradient of the backward pass (traced)"
-)
-SRC_CTX = "PyTorch PR #86509, issues #107667/#109888 (lazy vs eager module loading)"
-SRC_NCCL = "NCCL_BUFFSIZE docs, NCCL issues #964/#1685; heuristic"
-SRC_DDP = "DistributedDataParallel docs: bucket_cap_mb, gradient_as_bucket_view"
-SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
 
 # Which terms scale with the micro batch (the rest is fixed per GPU); a trace's transient
 # buffers grow with it too.
@@ -120,16 +98,9 @@ class MemoryEstimate(Result):
     budget_bytes: int | None = None
     max_micro_batch: int | None = None  # the largest micro batch within budget_bytes
     notes: tuple[str, ...] = ()
-    JSON_EXTRAS: ClassVar[tuple[str, ...]] = (
-        "method",
-        "analytic_bytes",
-        "traced_bytes",
-        "total_bytes",
-        "fits",
-    )
+    JSON_EXTRAS = ("method", "analytic_bytes", "traced_bytes", "total_bytes", "fits")
     FRAME_COLUMNS = ("term", "kind", "analytic_bytes", "traced_bytes", "formula", "source")
 
-    # --------------------------------------------------------------- totals
     @staticmethod
     def _sum(terms: Sequence[Term]) -> int:
         return sum(t.bytes_per_gpu or 0 for t in terms)
@@ -168,7 +139,6 @@ class MemoryEstimate(Result):
             (t for t in (self.traced_terms if traced else self.terms) if t.name == name), None
         )
 
-    # --------------------------------------------------------------- views
     def _sources(self) -> dict[str, int]:
         """Each distinct source, numbered for the text view's ``[n]`` marks."""
         every = [t.source for t in (*self.terms, *self.traced_terms)]
@@ -223,11 +193,9 @@ class MemoryEstimate(Result):
                 "(memory that is free at that moment, e.g. gradients set to None, shows 0)"
             )
         if self.uncounted:
-            how = "pass a model name or an HF config.json, and seq_len"
-            missing = ", ".join(self.uncounted)
             lines.append(
-                f"analytic terms not computable without the model's shape or seq_len: "
-                f"{missing} ({how})"
+                "analytic terms not computable without the model's shape or seq_len: "
+                f"{', '.join(self.uncounted)} (pass a model name or an HF config.json, and seq_len)"
             )
         lines.extend(self.notes)
         return lines
@@ -307,7 +275,7 @@ class StepComparison(Result):
     analytic_bytes: int | None  # model states + activations formulas (None: no shape)
     trace_note: str
     measure_seconds: float
-    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("methods",)
+    JSON_EXTRAS = ("methods",)
     FRAME_COLUMNS = ("method", "bytes", "error_vs_measured")
 
     def _error(self, value: int | None) -> float | None:

@@ -13,6 +13,7 @@ anything, never imports torch (a module's parameters are counted by duck typing)
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import re
@@ -257,17 +258,13 @@ for _name, _cfg in BUILTIN_MODELS.items():
 def find_model(name: str) -> ModelConfig | None:
     """The built-in shape for a HF repo name (case-insensitive, ``org/`` optional), or None."""
     key = str(name).strip().lower()
-    hit = _BY_KEY.get(key)
-    if hit is None and "/" in key:
-        # A different org (a fine-tune re-upload) with a known repo name keeps the shape.
-        hit = _BY_KEY.get(key.rsplit("/", 1)[1])
-    return hit
+    # A different org (a fine-tune re-upload) with a known repo name keeps the shape.
+    return _BY_KEY.get(key) or _BY_KEY.get(key.rsplit("/", 1)[-1])
 
 
 def lookup_model(name: str) -> ModelConfig:
     """Like :func:`find_model`, but an unknown name is a one-line ``UserInputError``."""
-    hit = find_model(name)
-    if hit is not None:
+    if (hit := find_model(name)) is not None:
         return hit
     bare = sorted({n.split("/", 1)[1] for n in BUILTIN_MODELS})
     key = str(name).strip().rsplit("/", 1)[-1]
@@ -327,8 +324,7 @@ def read_hf_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
             config = {**inner, "torch_dtype": config.get("torch_dtype", inner.get("torch_dtype"))}
             break
     found = {field: _int_field(config, keys) for field, keys in _REQUIRED}
-    missing = [field for field, value in found.items() if value is None]
-    if missing:
+    if missing := [field for field, value in found.items() if value is None]:
         raise UserInputError(
             f"config {where} lacks {', '.join(missing)} (needed: hidden_size, "
             "num_hidden_layers, num_attention_heads, vocab_size; a HF config.json path or dict)"
@@ -442,10 +438,8 @@ def model_shape(model: Any) -> ModelShape:
         architecture: ModelConfig | None = None
         hf_config = getattr(model, "config", None)
         if hf_config is not None and hasattr(hf_config, "to_dict"):
-            try:
+            with contextlib.suppress(UserInputError):
                 architecture = read_hf_config(hf_config.to_dict())
-            except UserInputError:
-                architecture = None
         return ModelShape(sum(seen.values()), "torch module", architecture)
     raise UserInputError(f"model of type {type(model).__name__}: {_MODEL_FORMS}")
 

@@ -2,9 +2,8 @@
 
 **Traced** (:func:`trace_terms`): a copy of the module whose parameters and buffers are
 *fake tensors* (``FakeTensorMode``: shapes and dtypes without bytes) runs one forward +
-backward + optimizer step under PyTorch's own ``MemTracker``, which reports parameters,
-buffers, gradients, activations, temporaries and optimizer state at the peak. Nothing real
-is allocated, so a 100M-parameter model traces in seconds on a laptop CPU. Pitfalls
+backward + optimizer step under PyTorch's own ``MemTracker``. Nothing real is allocated,
+so a 100M-parameter model traces in seconds on a laptop CPU. Pitfalls
 (memory.md §3): the copy is ``deepcopy(module, memo)`` with every real tensor mapped to its
 fake twin (``deepcopy`` under fake mode would re-use real storage); dtypes change *after*
 fakeifying, so no real bf16 copy is made; fake tensors stay on the CPU device (a CPU build
@@ -15,9 +14,8 @@ on CUDA only and it holds whole-list temporaries at the peak.
 the CPU under ``torch.profiler`` with ``profile_memory=True``, whose memory timeline (the
 c10 CPU allocator's own allocation and free events) gives the peak of live tensor bytes.
 
-Imports torch at module level: only :mod:`nbgpu.estimate.estimator` imports this, and only
-when it is given a module. Never imports IPython, pynvml or the inventory, and never moves
-a tensor to a GPU.
+Imports torch at module level: the estimator imports this only when given a module. Never
+imports IPython, pynvml or the inventory, and never moves a tensor to a GPU.
 """
 
 from __future__ import annotations
@@ -33,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import STRATEGIES
 from nbgpu.estimate.result import StepComparison, Term
 from nbgpu.estimate.shapes import TORCH_DTYPES
+from nbgpu.sizes import fmt_bytes
 
 if TYPE_CHECKING:
     from nbgpu.estimate.result import Layout, MemoryEstimate
@@ -53,9 +51,6 @@ __all__ = [
 ]
 
 TOOL = "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode"
-
-
-# -------------------------------------------------------------------------- the step
 
 
 def _make_optimizer(name: str, params: Any, foreach: bool) -> torch.optim.Optimizer:
@@ -93,13 +88,9 @@ def run_step(
     else:
         output = module(*batch) if isinstance(batch, tuple | list) else module(batch)
     loss = (loss_fn or _default_loss)(output, batch)
-    # torch types Tensor.backward without annotations.
-    loss.backward()  # type: ignore[no-untyped-call]
+    loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-# ----------------------------------------------------------------------- the inputs
 
 
 def _fake_batch(value: Any, micro_batch: int | None, mode: Any, dtype: torch.dtype | None) -> Any:
@@ -130,9 +121,6 @@ def _example(module: nn.Module, example_input: Any, micro_batch: int, seq_len: i
         f"tracing {type(module).__name__} needs example_input= (a tensor, tuple or dict with "
         "the batch in dim 0), or seq_len= for a token model with config.vocab_size"
     )
-
-
-# ----------------------------------------------------------------------------- trace
 
 
 @dataclass(frozen=True)
@@ -258,7 +246,6 @@ def trace_terms(
     loss_fn: Callable[..., torch.Tensor] | None,
 ) -> tuple[tuple[Term, ...], str]:
     """Traced per-GPU terms for :func:`nbgpu.estimate.estimate_memory`, and a note."""
-
     if layout.role != "train":
         return (), "traced: not tried (the traced step is a training step; analytic used)"
     try:
@@ -316,9 +303,6 @@ def trace_terms(
         f"{fmt_bytes(peak.total)} on one process before sharding); reserves are analytic"
     )
     return tuple(terms), note
-
-
-# ------------------------------------------------------------------- measured
 
 
 def measure_step(
