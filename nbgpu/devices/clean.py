@@ -32,9 +32,7 @@ from nbgpu._render import Block, Line, Result, Section, Title
 from nbgpu.devices.holders import HolderInfo, _clip, describe_pid
 from nbgpu.errors import UserInputError
 
-__all__ = [
-    "CleanEntry", "CleanOutcome", "CleanPlan", "CleanReport", "execute_clean", "plan_clean",
-]  # fmt: skip
+__all__ = ["CleanEntry", "CleanOutcome", "CleanPlan", "CleanReport", "execute_clean", "plan_clean"]
 
 # How often the wait loop looks again; short enough that a clean finishes promptly.
 _POLL_S = 0.02

@@ -114,13 +114,10 @@ def torch_cuda_message(code: int) -> str:
             "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html "
             "for more information."
         )
-    return "\n".join(
-        [
-            f"CUDA error: {text}",
-            help_line,
-            "For more detailed error information, run with CUDA_LOG_FILE=stderr",
-            "Device-side assertion tracking was not enabled by user.",
-        ]
+    return (
+        f"CUDA error: {text}\n{help_line}\n"
+        "For more detailed error information, run with CUDA_LOG_FILE=stderr\n"
+        "Device-side assertion tracking was not enabled by user."
     )
 
 

@@ -138,8 +138,7 @@ class Device:
 
 
 def deref(ref: Any) -> Any:
-    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself
-    (the fake NVML library uses it too)."""
+    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself."""
     if hasattr(ref, "_obj"):  # byref() gives a CArgObject holding the original object
         return ref._obj
     if isinstance(ref, ctypes._Pointer):  # ctypes exposes no public pointer base class
@@ -157,7 +156,7 @@ class RankProcess(NamedTuple):
     rss_bytes: int
 
 
-_CACHE_S = 1.0
+_CACHE_S = 1.0  # NVML asks per GPU and per call
 _cache: dict[str, tuple[float, dict[int, list[RankProcess]]]] = {}
 
 
@@ -184,7 +183,9 @@ def _running(psutil: Any, pid: int) -> bool:
 
 
 def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
-    """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
+    """{physical GPU index: live ranks} launched on the simulated ``fleet_spec``, by the GPU
+    their LOCAL_RANK maps to, with their host memory (RSS): else a simulated board looks
+    empty while nbgpu's ranks run "on" it."""
     import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
 
     now = time.monotonic()
