@@ -1,9 +1,8 @@
 """The doctor: one report with each GPU's health, the findings and their fixes.
 
 It reads an inventory (with the active probe unless told not to), then adds what no
-single GPU shows: NVML/driver failures, what the probe confirmed, the launch
-environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``NPROC_PER_NODE``,
-``MASTER_PORT``, ``CUDA_VISIBLE_DEVICES`` against the visible, healthy GPUs), and a
+single GPU shows: NVML/driver failures, what the probe confirmed, the launch environment
+(:data:`DIST_VARS`, ``CUDA_VISIBLE_DEVICES``) against the visible, healthy GPUs, and a
 recommendation for how many ranks on which GPUs. Pure logic over the inventory (and one
 socket bind to test a port); never imports IPython or torch.
 """

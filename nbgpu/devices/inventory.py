@@ -99,10 +99,9 @@ class Inventory(Result):
         return (self.fleet_name or "simulated") if self.simulated else None
 
     def headline(self, command: str = "nbgpu status") -> str:
-        if self.simulated:
-            source = f"SIMULATED fleet '{self.fleet_name}'"
-        else:
-            source = f"host {self.hostname}"
+        source = (
+            f"SIMULATED fleet '{self.fleet_name}'" if self.simulated else f"host {self.hostname}"
+        )
         parts = [f"{command} — {source}"]
         if self.driver_version:
             parts.append(f"driver {self.driver_version}")
@@ -323,12 +322,9 @@ def take_inventory(
     probe_timeout_s: float = 30.0,
     scan_device_files: bool = True,
 ) -> Inventory:
-    """Snapshot the GPUs as *environ* sees them (default: ``os.environ``).
-
-    ``visible_devices`` shows the cuda:N mapping for that ``CUDA_VISIBLE_DEVICES``
-    value instead of the environment's. ``probe`` runs the active CUDA probe in a
-    subprocess (creates a context per GPU; off by default).
-    """
+    """Snapshot the GPUs as *environ* (default ``os.environ``) sees them; ``visible_devices``
+    maps cuda:N for that ``CUDA_VISIBLE_DEVICES`` value instead of the environment's;
+    ``probe`` runs the active CUDA probe (a context per GPU, in a subprocess)."""
     started = time.perf_counter()
     env = dict(os.environ) if environ is None else dict(environ)
     container = holders_mod.detect_container()
