@@ -377,7 +377,6 @@ def _with_holder(proc: GpuProcess, backend: nvml.Backend, container: ContainerIn
     observed = backend.recorded_process(proc.pid)
     if observed is None:
         return replace(proc, holder=holders_mod.describe_pid(proc.pid, container=container))
-    # What a capture recorded (a fleet file): not looked up here.
     from nbgpu.devices.capture import observed_holder  # noqa: PLC0415
 
     return replace(proc, holder=observed_holder(proc.pid, observed))

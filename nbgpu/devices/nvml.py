@@ -376,14 +376,12 @@ def read_system(environ: Mapping[str, str]) -> SystemSnapshot:
         count = pynvml.nvmlDeviceGetCount()
     except pynvml.NVMLError as exc:
         raise _translate(exc, "the driver") from None
-    cuda: int | None
-    try:
+    # Very old drivers cannot say these: they are then simply unknown.
+    cuda: int | None = None
+    nvml_version: str | None = None
+    with contextlib.suppress(pynvml.NVMLError):
         cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
-    except pynvml.NVMLError:
-        cuda = None  # very old drivers; the CUDA version is then simply unknown
-    try:
-        nvml_version: str | None = _text(pynvml.nvmlSystemGetNVMLVersion())
-    except pynvml.NVMLError:
-        nvml_version = None
+    with contextlib.suppress(pynvml.NVMLError):
+        nvml_version = _text(pynvml.nvmlSystemGetNVMLVersion())
     gpus = tuple(_read_gpu(i) for i in range(count))
     return SystemSnapshot(backend, driver, cuda, nvml_version, count, gpus)

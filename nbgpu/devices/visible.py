@@ -14,10 +14,9 @@ It answers as CUDA does (the CUDA env-var docs, PyTorch's ``_parse_visible_devic
 - a process sees at most one MIG instance, and then nothing else.
 
 Everything CUDA would do silently is said in ``VisibleMap.problems``; ``strict=True`` turns a
-mistake that hides a device the user named into a one-line ``VisibleDevicesError``.
-
-Pure functions, no I/O. Imports only the standard library, ``nbgpu.errors`` and the
-renderer; never pynvml, psutil, torch or IPython.
+mistake that hides a device the user named into a one-line ``VisibleDevicesError``. Pure
+functions, no I/O: the standard library, ``nbgpu.errors`` and the renderer; never pynvml,
+psutil, torch or IPython.
 """
 
 from __future__ import annotations
@@ -158,11 +157,9 @@ def resolve_visible(
     key: str = "CUDA_VISIBLE_DEVICES",
     strict: bool = False,
 ) -> VisibleMap:
-    """Map each logical ``cuda:N`` of a process with ``environ`` to a physical GPU.
-
-    Never raises unless ``strict``; then an entry that CUDA would drop (invalid, repeated, or
-    hidden by the one-MIG-instance rule) raises ``VisibleDevicesError`` with one line.
-    """
+    """Map each logical ``cuda:N`` of a process with ``environ`` to a physical GPU. Never
+    raises unless ``strict``; then an entry that CUDA would drop (invalid, repeated, or
+    hidden by the one-MIG-instance rule) raises ``VisibleDevicesError`` with one line."""
     raw = environ.get(key)
     problems: list[str] = []
     order = _device_order(environ.get("CUDA_DEVICE_ORDER"), problems)
@@ -245,11 +242,8 @@ def _cuda_order(gpus: Sequence[GpuIdentity], order: str) -> list[GpuIdentity]:
 
 
 def _index_slots(ordered: Sequence[GpuIdentity]) -> list[_Target]:
-    """What integer entries index into.
-
-    Observed by datadog on CUDA 12.4: GPUs without MIG come first, then each MIG-enabled GPU
-    as its first MIG instance; a MIG-enabled GPU without instances is not listed at all.
-    """
+    """What integer entries index into (observed by datadog on CUDA 12.4): GPUs without MIG
+    first, then each MIG-enabled GPU as its first MIG instance (none: not listed at all)."""
     whole = [_Target(g) for g in ordered if not g.mig_enabled]
     mig = [_Target(g, g.mig_uuids[0]) for g in ordered if g.mig_enabled and g.mig_uuids]
     return whole + mig

@@ -154,8 +154,7 @@ class SimulatedCudaLibrary:
         )
 
     def __getattr__(self, name: str) -> Callable[..., int]:
-        # Only reached for names that are not attributes of the object: the C symbols,
-        # each served by the method of its name with a leading underscore.
+        # Only reached for the C symbols (not attributes), each served by ``_<name>``.
         if not self._exports(name):
             raise AttributeError(f"{LIBCUDA_SONAME}: undefined symbol: {name}")
         function = getattr(self, "_" + name)
