@@ -65,8 +65,7 @@ def _head(entry: CleanEntry) -> Line:
 
 @dataclass(frozen=True)
 class CleanEntry:
-    """A process that holds a GPU, and why clean stops it (the evidence that it is stale)
-    or leaves it alone (and what the user can do about it instead)."""
+    """A GPU holder, and why clean stops it (the evidence it is stale) or leaves it alone."""
 
     holder: HolderInfo
     gpus: tuple[int, ...]  # NVML indices it holds; empty if it only holds a /dev/nvidia* fd

@@ -39,8 +39,7 @@ class CudaCallError(Exception):
 
 
 class CudaDriver:
-    """Python-shaped calls over a driver library object (real ``CDLL`` or simulated): ctypes
-    objects passed as C code would, :class:`CudaCallError` when the driver refuses."""
+    """Python-shaped calls on a driver library; :class:`CudaCallError` when the driver refuses."""
 
     def __init__(self, library: object) -> None:
         self.library = library

@@ -260,11 +260,10 @@ def probe_devices(
     # The backend also validates NBGPU_SIMULATE here, so a typo is a one-line
     # FleetSpecError, not a failed subprocess.
     backend = backend_for(env)
-    if nvml_index_by_uuid is None:
-        nvml_index_by_uuid = backend.nvml_index_by_uuid()
+    uuids = backend.nvml_index_by_uuid() if nvml_index_by_uuid is None else nvml_index_by_uuid
     child_env = {**with_package_importable(env), PARENT_ENV: str(os.getpid())}
     run = _run_child([sys.executable, "-m", _CHILD_MODULE], child_env, timeout_s=timeout_s)
-    return _report(run, timeout_s, simulated=backend.simulated, uuids=nvml_index_by_uuid or {})
+    return _report(run, timeout_s, simulated=backend.simulated, uuids=uuids)
 
 
 def _run_child(argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float) -> Finished:

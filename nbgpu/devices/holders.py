@@ -271,10 +271,10 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
 def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's fields)
     pid: int,
     observed: str,
-    user: str | None,
-    command: str | None,
-    visible_devices: str | None,
-    start_time: float | None,
+    user: str | None = None,
+    command: str | None = None,
+    visible_devices: str | None = None,
+    start_time: float | None = None,
 ) -> HolderInfo:
     """A holder as a fleet file recorded it where it was captured (never looked up here);
     ``observed`` is a holder state (``dead``, ``zombie``, ...) or a psutil status."""
@@ -299,9 +299,6 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
         visible_devices=visible_devices,
         recorded=True,
     )
-
-
-# --------------------------------------------------------------------------- /proc/*/fd
 
 
 def _readlink(name: str, dir_fd: int) -> str | None:

@@ -165,9 +165,7 @@ class Inventory(Result):
                     level=_STATE_LEVELS.get(proc.state, ""),
                 )
         for pid, paths in sorted(self.device_files.items()):
-            h = self.device_file_holders.get(pid) or recorded_holder(
-                pid, "dead", None, None, None, None
-            )
+            h = self.device_file_holders.get(pid) or recorded_holder(pid, "dead")
             table.add(
                 "fd",
                 pid,
@@ -252,8 +250,7 @@ class Inventory(Result):
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """The capture (:mod:`nbgpu.devices.capture`): a fleet file the simulator replays,
-        plus what was observed here."""
+        """The capture: a fleet file the simulator replays, plus what was observed here."""
         from nbgpu.devices.capture import write_capture  # noqa: PLC0415
 
         return write_capture({f.name: getattr(self, f.name) for f in fields(self)})
@@ -305,8 +302,7 @@ def saved_inventory(source: str) -> Inventory | None:
 
 
 def probe_gpus(env: Mapping[str, str], gpus: Sequence[Gpu], timeout_s: float) -> ProbeReport:
-    """The CUDA probe in *env*, its answers tied back to *gpus* by GPU or MIG UUID (CUDA
-    numbers devices its own way)."""
+    """The CUDA probe in *env*, tied back to *gpus* by GPU or MIG UUID (CUDA numbers its own)."""
     by_uuid = {g.uuid: g.nvml_index for g in gpus if g.uuid}
     by_uuid.update({m.uuid: g.nvml_index for g in gpus for m in g.mig_devices})
     from nbgpu.devices.health import probe_devices  # noqa: PLC0415

@@ -44,6 +44,8 @@ _ORDINAL = re.compile(r"([+-]?)(\d+)(.*)", re.DOTALL)
 _HEX = re.compile(r"[0-9a-fA-F-]+")
 _LEGACY_MIG = re.compile(r"MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)")
 _PCI = re.compile(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])")
+# The entries CUDA takes, each with what it resolves to; the entry is None when unset.
+_Chosen = list[tuple[str | None, "_Target"]]
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def resolve_visible(
         if strict:
             raise VisibleDevicesError(message)
 
-    chosen: list[tuple[str | None, _Target]] = []  # (entry text, target); entry None = unset
+    chosen: _Chosen = []
     stopped_at = None
     used_indices = raw is None
     if raw is None:
@@ -264,12 +266,8 @@ def _mig_numbering(gpus: Sequence[GpuIdentity]) -> list[str]:
 
 
 def _one_mig_instance(
-    chosen: list[tuple[str | None, _Target]],
-    key: str,
-    raw: str | None,
-    problems: list[str],
-    fail: Callable[[str], None],
-) -> list[tuple[str | None, _Target]]:
+    chosen: _Chosen, key: str, raw: str | None, problems: list[str], fail: Callable[[str], None]
+) -> _Chosen:
     """CUDA enumerates a single MIG instance, and then no other device (datadog, CUDA 12.4)."""
     first = next((i for i, (_, t) in enumerate(chosen) if t.mig_uuid), None)
     if first is None or len(chosen) == 1:
@@ -320,11 +318,7 @@ def _accepted(count: int) -> str:
 
 
 def _resolve_entry(
-    entry: str,
-    gpus: Sequence[GpuIdentity],
-    slots: Sequence[_Target],
-    setting: str,
-    problems: list[str],
+    entry: str, gpus: Sequence[GpuIdentity], slots: list[_Target], setting: str, problems: list[str]
 ) -> tuple[_Target | _Bad, bool]:
     """Resolve one entry; the flag says it was read as an index (so CUDA order matters)."""
     if not entry:

@@ -122,8 +122,7 @@ class Fleet:
 
 @dataclass(frozen=True)
 class Device:
-    """What a driver call addresses: a whole GPU, or one MIG instance of it (a CUDA
-    device here, an NVML handle in the fake NVML library)."""
+    """What a driver call addresses (a CUDA device, an NVML handle): a GPU or a MIG instance."""
 
     gpu: SimGpu
     mig: MigDevice | None

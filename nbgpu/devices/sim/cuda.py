@@ -166,8 +166,6 @@ class SimulatedCudaLibrary:
         call.__name__ = name
         return call
 
-    # -- the driver API -------------------------------------------------------------
-
     def _cuInit(self, flags: Any) -> int:
         if self.fleet.init_error is not None:
             return _INIT_ERRORS.get(self.fleet.init_error, CUDA_ERROR_UNKNOWN)
