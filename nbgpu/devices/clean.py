@@ -84,12 +84,11 @@ class CleanPlan(Result):
         """The listing shown before anything is signalled; fits 80 columns."""
         if not self.candidates and not self.skipped:
             return [Title("nbgpu clean: no process holds a GPU or a /dev/nvidia* file.")]
-        blocks: list[Block] = [
-            Title(
-                f"nbgpu clean: {len(self.candidates)} stale process(es) of yours to stop, "
-                f"{len(self.skipped)} left alone."
-            )
-        ]
+        title = (
+            f"nbgpu clean: {len(self.candidates)} stale process(es) of yours to stop, "
+            f"{len(self.skipped)} left alone."
+        )
+        blocks: list[Block] = [Title(title)]
         for title, group, level in (
             ("To stop (SIGTERM, then SIGKILL if still running):", self.candidates, "warn"),
             ("Left alone:", self.skipped, ""),
@@ -232,9 +231,7 @@ def plan_clean(
             holders.setdefault(holder.pid, holder)
             gpus.setdefault(holder.pid, set()).add(index)
     files = {pid: tuple(sorted(paths)) for pid, paths in (device_files or {}).items()}
-    for pid in files:
-        if pid not in holders:
-            holders[pid] = describe_pid(pid)
+    holders |= {pid: describe_pid(pid) for pid in files if pid not in holders}
 
     candidates: list[CleanEntry] = []
     skipped: list[CleanEntry] = []

@@ -139,8 +139,7 @@ def _container_evidence(proc_root: Path, root: Path) -> str | None:
 
 def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
     """(host_pid_namespace, why), or (None, None) when /proc cannot tell."""
-    # NSpid lists our pid in every nested namespace that this procfs can see: more than
-    # one entry means we sit in a child PID namespace.
+    # NSpid lists our pid in each nested namespace procfs sees: several mean a child namespace.
     for line in (_read_text(proc_root / "self" / "status") or "").splitlines():
         if line.startswith("NSpid:") and len(line.split()) > 2:
             return False, "NSpid shows nested PID namespaces"
@@ -197,8 +196,7 @@ def _ask(read: Callable[[], T], default: T) -> T:
 def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
     if cmdline:
         return " ".join(cmdline)
-    # Kernel threads, zombies and processes mid-exit have an empty cmdline; ps shows
-    # their name in brackets, and so do we.
+    # Kernel threads, zombies, exiting processes: no cmdline; ps shows [name], and so do we.
     return f"[{name}]" if name else None
 
 

@@ -4,9 +4,8 @@
 (``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``), per-GPU findings
 (``model.py``) and, opt-in, the CUDA probe (``health.py``). The result renders as text,
 HTML and a pandas frame, and serialises itself as a *capture* (``nbgpu status --json``,
-written and read back by ``capture.py``).
-
-Never imports IPython, ipywidgets, matplotlib or torch; pandas only in ``to_frame``.
+written and read back by ``capture.py``). Never imports IPython, ipywidgets, matplotlib
+or torch; pandas only in ``to_frame``.
 """
 
 from __future__ import annotations
@@ -330,8 +329,8 @@ def take_inventory(
             taken_at=time.time(),
             hostname=socket.gethostname(),
             simulated=backend.simulated,
-            fleet_name=backend.fleet_name,
-            fleet_description=backend.fleet_description,
+            fleet_name=backend.fleet.name if backend.fleet else None,
+            fleet_description=backend.fleet.description if backend.fleet else None,
             container=container,
             gpus=tuple(gpus),
             **facts,

@@ -111,8 +111,7 @@ class Gpu:
     retired_pages_pending: bool | None = None
     compute_capability: tuple[int, int] | None = None
     processes: tuple[GpuProcess, ...] = ()
-    # Capabilities NVML answered NotSupported / FunctionNotFound for, and the older
-    # API used instead: shown so "N/A" is never a mystery.
+    # Capabilities NVML answered NotSupported / FunctionNotFound, older APIs used: "N/A" said.
     unsupported: tuple[str, ...] = ()
     fallbacks: tuple[str, ...] = ()
 
@@ -414,8 +413,7 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Problem, ...]:
     return tuple(sorted(_facts(seen), key=lambda f: -SEVERITY_ORDER[f.severity]))
 
 
-# Each kind of finding: its severity, and the health word it gives its GPU in the status
-# and doctor tables when it is the worst one (None: information only).
+# Each finding's severity, and its GPU's health word in the tables when worst (None: info).
 _KINDS: dict[str, tuple[str, str | None]] = {
     "gpu_lost": ("bad", "LOST"),
     "no_permission": ("bad", "no access"),

@@ -55,14 +55,6 @@ class Backend:
     # What NVML itself cannot say. On hardware the process table and the inventory
     # answer; a simulated fleet answers from its file, so callers never ask which it is.
 
-    @property
-    def fleet_name(self) -> str | None:
-        return self.fleet.name if self.fleet is not None else None
-
-    @property
-    def fleet_description(self) -> str | None:
-        return self.fleet.description if self.fleet is not None else None
-
     def recorded_process(self, pid: int) -> ObservedProcess | None:
         """What the fleet recorded of *pid* where it was captured; None: look it up here."""
         gpus = self.fleet.gpus if self.fleet is not None else ()

@@ -164,8 +164,18 @@ def resolve_visible(
     hidden by the one-MIG-instance rule) raises ``VisibleDevicesError`` with one line."""
     raw = environ.get(key)
     problems: list[str] = []
-    order = _device_order(environ.get("CUDA_DEVICE_ORDER"), problems)
-    slots = _index_slots(_cuda_order(gpus, order))
+    requested = (environ.get("CUDA_DEVICE_ORDER") or "").strip()
+    order = requested if requested in ORDERS else FASTEST_FIRST
+    if requested and requested not in ORDERS:
+        value = environ["CUDA_DEVICE_ORDER"]
+        problems.append(
+            f"CUDA_DEVICE_ORDER={value!r} is not {' or '.join(ORDERS)}: CUDA uses {FASTEST_FIRST}"
+        )
+    # What integer entries index into (observed by datadog on CUDA 12.4): GPUs without MIG
+    # first, then each MIG-enabled GPU as its first MIG instance (none: not listed at all).
+    ordered = _cuda_order(gpus, order)
+    slots = [_Target(g) for g in ordered if not g.mig_enabled]
+    slots += [_Target(g, g.mig_uuids[0]) for g in ordered if g.mig_enabled and g.mig_uuids]
 
     def fail(message: str) -> None:
         if strict:
@@ -205,25 +215,13 @@ def resolve_visible(
 
     chosen = _one_mig_instance(chosen, key, raw, problems, fail)
     # Warn about the heuristic only when it decided something and nobody asked for it.
-    asked = (environ.get("CUDA_DEVICE_ORDER") or "").strip() == FASTEST_FIRST
-    if order == FASTEST_FIRST and used_indices and not asked:
+    if order == FASTEST_FIRST and used_indices and requested != FASTEST_FIRST:
         problems.extend(_heuristic_warning(gpus))
     devices = tuple(
         VisibleDevice(n, t.gpu.nvml_index, t.gpu.uuid, t.mig_uuid)
         for n, (_, t) in enumerate(chosen)
     )
     return VisibleMap(raw, order, devices, stopped_at, tuple(problems), key)
-
-
-def _device_order(value: str | None, problems: list[str]) -> str:
-    setting = (value or "").strip()
-    if setting in ORDERS:
-        return setting
-    if setting:
-        problems.append(
-            f"CUDA_DEVICE_ORDER={value!r} is not {' or '.join(ORDERS)}: CUDA uses {FASTEST_FIRST}"
-        )
-    return FASTEST_FIRST
 
 
 def _pci_fields(bus_id: str) -> tuple[int, ...] | None:
@@ -241,14 +239,6 @@ def _cuda_order(gpus: Sequence[GpuIdentity], order: str) -> list[GpuIdentity]:
         return (-major, -minor, bus, g.nvml_index)
 
     return sorted(gpus, key=key)
-
-
-def _index_slots(ordered: Sequence[GpuIdentity]) -> list[_Target]:
-    """What integer entries index into (observed by datadog on CUDA 12.4): GPUs without MIG
-    first, then each MIG-enabled GPU as its first MIG instance (none: not listed at all)."""
-    whole = [_Target(g) for g in ordered if not g.mig_enabled]
-    mig = [_Target(g, g.mig_uuids[0]) for g in ordered if g.mig_enabled and g.mig_uuids]
-    return whole + mig
 
 
 def _mig_numbering(gpus: Sequence[GpuIdentity]) -> list[str]:

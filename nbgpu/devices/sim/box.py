@@ -69,8 +69,7 @@ class SimGpu:
     pci_device_id: int = 0
     fault: GpuFault | None = None  # NVML fails on this handle
     processes: tuple[ProcessRecord, ...] = ()
-    # What creating a CUDA context on this GPU returns (CUDA driver error code).
-    # None means "derive it": busy (46) when exclusive and held, or prohibited.
+    # A context's CUDA error here; None: derived (busy when exclusive and held, or prohibited).
     cuda_error: int | None = None
 
     @property
