@@ -349,8 +349,7 @@ def run_doctor(
         fix = "check `nvidia-smi -L`; in a container pass --gpus all"
         message = "The driver is loaded but reports no GPU."
         findings.append(Problem("bad", "no_gpu", "driver", message, (fix,)))
-    for gpu_findings in inventory.findings:
-        findings.extend(gpu_findings)
+    findings.extend(f for gpu_findings in inventory.findings for f in gpu_findings)
     findings.extend(_probe_findings(inventory))
     findings.extend(_environment_findings(inventory, env, nproc, face))
     if inventory.container.in_container and not inventory.container.host_pid_namespace:

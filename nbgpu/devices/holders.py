@@ -299,6 +299,9 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
     )
 
 
+# --------------------------------------------------------------------------- /proc/*/fd
+
+
 def _readlink(name: str, dir_fd: int) -> str | None:
     try:
         return os.readlink(name, dir_fd=dir_fd)

@@ -296,8 +296,7 @@ def saved_inventory(source: str) -> Inventory | None:
         return None
     from nbgpu.devices.capture import is_capture  # noqa: PLC0415
 
-    where = f"inventory file {path!r}"
-    return Inventory.from_dict(data, where=where) if is_capture(data) else None
+    return Inventory.from_dict(data, where=f"inventory file {path!r}") if is_capture(data) else None
 
 
 def probe_gpus(env: Mapping[str, str], gpus: Sequence[Gpu], timeout_s: float) -> ProbeReport:

@@ -328,6 +328,9 @@ _BY_HOLDER_STATE: dict[str, Callable[[_Seen, GpuProcess], Problem | None]] = {
 }
 
 
+# ------------------------------------------------------------- the GPU's own facts
+
+
 def _facts(g: _Seen) -> Iterator[Problem]:
     """One rule per fact about the GPU itself, in this order (the sort keeps it)."""
     gpu, i = g.gpu, g.i

@@ -265,8 +265,7 @@ def parse_spec(spec: str) -> Fleet:
       used=I:SIZE   memory used on GPU I, e.g. used=0:20GiB
       driver=X.Y.Z  driver version;  cuda=12.4  CUDA driver version
       init=NAME     NVML init fails: one of INIT_ERRORS
-      old           driver too old for the _v2/_v3 NVML symbols
-    """
+      old           driver too old for the _v2/_v3 NVML symbols"""
     text = spec.strip()
     if not text:
         raise FleetSpecError(f"fleet spec is empty; {_SPEC_HELP}")
