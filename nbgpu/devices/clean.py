@@ -84,11 +84,11 @@ class CleanPlan(Result):
         """The listing shown before anything is signalled; fits 80 columns."""
         if not self.candidates and not self.skipped:
             return [Title("nbgpu clean: no process holds a GPU or a /dev/nvidia* file.")]
-        title = (
+        headline = (
             f"nbgpu clean: {len(self.candidates)} stale process(es) of yours to stop, "
             f"{len(self.skipped)} left alone."
         )
-        blocks: list[Block] = [Title(title)]
+        blocks: list[Block] = [Title(headline)]
         for title, group, level in (
             ("To stop (SIGTERM, then SIGKILL if still running):", self.candidates, "warn"),
             ("Left alone:", self.skipped, ""),
