@@ -152,12 +152,8 @@ def _gpu(data: Any, where: str, prefix: str) -> Gpu:
     if not isinstance(data, dict):
         raise UserInputError(f"{prefix}: {where} is not an object")
     error = data.get("error", data.get("fault"))
-    gpu = from_data(
-        Gpu,
-        {**data, "nvml_index": data.get("index"), "error": error, "processes": []},
-        where=where,
-        prefix=prefix,
-    )
+    facts = {**data, "nvml_index": data.get("index"), "error": error, "processes": []}
+    gpu = from_data(Gpu, facts, where=where, prefix=prefix)
     listed = {"processes": data.get("processes") or []}
     records = from_data(_Processes, listed, where=where, prefix=prefix).processes
     holders = {r.pid: observed_holder(r.pid, r.observed) for r in records if r.observed}

@@ -8,10 +8,8 @@ record), not this process, an ancestor or a protected pid, holds a GPU or a
 Everything else is *skipped with a reason* saying what to do instead; matching by name
 never selects anything. :func:`execute_clean` asks, re-checks each pid's identity (pid
 reuse, through a pidfd that pins the process), sends SIGTERM, waits on one shared
-deadline, then SIGKILLs what is left.
-
-Standard library, psutil and ``holders`` only; never pynvml, torch or IPython (NVML's
-holders arrive as :class:`~nbgpu.devices.holders.HolderInfo` from the caller).
+deadline, then SIGKILLs what is left. Standard library, psutil and ``holders`` only;
+never pynvml, torch or IPython (NVML's holders arrive as ``HolderInfo`` from the caller).
 """
 
 from __future__ import annotations
@@ -32,9 +30,7 @@ from nbgpu._render import Block, Line, Result, Section, Title
 from nbgpu.devices.holders import HolderInfo, _clip, describe_pid
 from nbgpu.errors import UserInputError
 
-__all__ = [
-    "CleanEntry", "CleanOutcome", "CleanPlan", "CleanReport", "execute_clean", "plan_clean",
-]  # fmt: skip
+__all__ = ["CleanEntry", "CleanOutcome", "CleanPlan", "CleanReport", "execute_clean", "plan_clean"]
 
 # How often the wait loop looks again; short enough that a clean finishes promptly.
 _POLL_S = 0.02
@@ -69,8 +65,7 @@ def _head(entry: CleanEntry) -> Line:
 
 @dataclass(frozen=True)
 class CleanEntry:
-    """A process that holds a GPU, and why clean stops it (the evidence that it is stale)
-    or leaves it alone (and what the user can do about it instead)."""
+    """A GPU holder, and why clean stops it (the evidence it is stale) or leaves it alone."""
 
     holder: HolderInfo
     gpus: tuple[int, ...]  # NVML indices it holds; empty if it only holds a /dev/nvidia* fd
@@ -89,12 +84,11 @@ class CleanPlan(Result):
         """The listing shown before anything is signalled; fits 80 columns."""
         if not self.candidates and not self.skipped:
             return [Title("nbgpu clean: no process holds a GPU or a /dev/nvidia* file.")]
-        blocks: list[Block] = [
-            Title(
-                f"nbgpu clean: {len(self.candidates)} stale process(es) of yours to stop, "
-                f"{len(self.skipped)} left alone."
-            )
-        ]
+        headline = (
+            f"nbgpu clean: {len(self.candidates)} stale process(es) of yours to stop, "
+            f"{len(self.skipped)} left alone."
+        )
+        blocks: list[Block] = [Title(headline)]
         for title, group, level in (
             ("To stop (SIGTERM, then SIGKILL if still running):", self.candidates, "warn"),
             ("Left alone:", self.skipped, ""),
@@ -237,9 +231,7 @@ def plan_clean(
             holders.setdefault(holder.pid, holder)
             gpus.setdefault(holder.pid, set()).add(index)
     files = {pid: tuple(sorted(paths)) for pid, paths in (device_files or {}).items()}
-    for pid in files:
-        if pid not in holders:
-            holders[pid] = describe_pid(pid)
+    holders |= {pid: describe_pid(pid) for pid in files if pid not in holders}
 
     candidates: list[CleanEntry] = []
     skipped: list[CleanEntry] = []
@@ -344,29 +336,22 @@ def _changed(holder: HolderInfo, start_time: float, uid: int, status: str) -> st
     return "gone" if status == psutil.STATUS_ZOMBIE else None
 
 
-def _send(target: _Target, sig: signal.Signals) -> str | None:
-    """Send ``sig``; return an outcome if that already settles the target, else None."""
-    try:
-        target.send(sig)
-        if target.stopped and sig == signal.SIGTERM:
-            # A stopped process with a SIGTERM handler would sit on the signal until
-            # continued; let it run its handler instead of waiting for SIGKILL.
-            target.send(signal.SIGCONT)
-    except (ProcessLookupError, psutil.NoSuchProcess):
-        # Vanished before SIGTERM: it went by itself. Before SIGKILL: SIGTERM did it, late.
-        return "gone" if sig == signal.SIGTERM else "terminated"
-    except (PermissionError, psutil.AccessDenied):
-        return f"failed: permission denied sending {sig.name}"
-    except OSError as exc:
-        return f"failed: {sig.name}: {exc.strerror}"
-    return None
-
-
 def _signal_all(targets: list[_Target], sig: signal.Signals, results: dict[int, str]) -> None:
+    """Send ``sig`` to each target; record an outcome where that already settles it."""
     for target in targets:
-        outcome = _send(target, sig)
-        if outcome is not None:
-            results[target.pid] = outcome
+        try:
+            target.send(sig)
+            if target.stopped and sig == signal.SIGTERM:
+                # A stopped process with a SIGTERM handler would sit on the signal until
+                # continued; let it run its handler instead of waiting for SIGKILL.
+                target.send(signal.SIGCONT)
+        except (ProcessLookupError, psutil.NoSuchProcess):  # noqa: PERF203  (a few pids, once)
+            # Vanished before SIGTERM: it went by itself. Before SIGKILL: SIGTERM did it, late.
+            results[target.pid] = "gone" if sig == signal.SIGTERM else "terminated"
+        except (PermissionError, psutil.AccessDenied):
+            results[target.pid] = f"failed: permission denied sending {sig.name}"
+        except OSError as exc:
+            results[target.pid] = f"failed: {sig.name}: {exc.strerror}"
 
 
 def execute_clean(
@@ -377,12 +362,10 @@ def execute_clean(
     grace_s: float = 3.0,
     kill_wait_s: float = 2.0,
 ) -> CleanReport:
-    """Carry out ``plan``: ask, re-check identities, SIGTERM, wait, SIGKILL, wait.
-
-    ``dry_run`` signals and asks nothing; ``confirm=None`` means the user already said yes
-    (``--yes``), else ``confirm(plan)`` is asked once. All candidates share one ``grace_s``
-    deadline after SIGTERM; survivors get SIGKILL and ``kill_wait_s`` more to disappear.
-    """
+    """Carry out ``plan``. ``dry_run`` signals and asks nothing; ``confirm=None`` means the
+    user already said yes (``--yes``), else ``confirm(plan)`` is asked once. All candidates
+    share one ``grace_s`` deadline after SIGTERM; survivors get SIGKILL and ``kill_wait_s``
+    more to disappear."""
     if grace_s < 0 or kill_wait_s < 0:
         raise UserInputError(f"grace_s={grace_s}, kill_wait_s={kill_wait_s}: expected seconds >= 0")
     if dry_run or not plan.candidates:

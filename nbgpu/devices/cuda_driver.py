@@ -1,12 +1,10 @@
 """A thin ctypes binding of the CUDA *driver* API (``libcuda.so.1``), for the health probe.
 
 Only creating a CUDA context reveals "CUDA-capable device(s) is/are busy or unavailable"
-(CUDA_ERROR_DEVICE_UNAVAILABLE, 46); NVML cannot. :class:`CudaDriver` makes the few
-C-shaped calls the probe needs (ctypes objects, ``byref`` out-parameters, ``CUresult``
-ints) on a library object: the real ``ctypes.CDLL("libcuda.so.1")`` or the fake of
-``sim/cuda.py``, which it never imports. Calling it creates CUDA contexts, which hold a
-GPU: it is meant for the probe's short-lived child, never for the Jupyter kernel. Never
-imports torch, pynvml, psutil or IPython.
+(46); NVML cannot. :class:`CudaDriver` makes the probe's few C-shaped calls on a library
+object: the real ``ctypes.CDLL("libcuda.so.1")`` or the fake of ``sim/cuda.py``, which it
+never imports. The contexts it creates hold a GPU: it is for the probe's short-lived
+child, never for the Jupyter kernel. Never imports torch, pynvml, psutil or IPython.
 """
 
 from __future__ import annotations
@@ -31,11 +29,8 @@ class CUuuid(ctypes.Structure):
 
 
 class CudaCallError(Exception):
-    """A driver call returned a CUresult other than CUDA_SUCCESS.
-
-    Raised and caught inside the probe process only; it never reaches a user (the probe
-    reports codes as outcomes), so it is not part of ``nbgpu.errors``.
-    """
+    """A driver call returned a CUresult other than CUDA_SUCCESS. Caught inside the probe
+    process, which reports codes as outcomes: never a user's, so not in ``nbgpu.errors``."""
 
     def __init__(self, function: str, code: int) -> None:
         super().__init__(f"{function} returned {code} ({error_name(code) or 'unknown code'})")
@@ -44,8 +39,7 @@ class CudaCallError(Exception):
 
 
 class CudaDriver:
-    """Python-shaped calls over a driver library object (real ``CDLL`` or simulated): ctypes
-    objects passed as C code would, :class:`CudaCallError` when the driver refuses."""
+    """Python-shaped calls on a driver library; :class:`CudaCallError` when the driver refuses."""
 
     def __init__(self, library: object) -> None:
         self.library = library
@@ -95,10 +89,8 @@ class CudaDriver:
         return buffer.value.decode("ascii", errors="replace")
 
     def uuid(self, device: int) -> str:
-        """The 16 UUID bytes as ``xxxxxxxx-xxxx-...``, without NVML's ``GPU-``/``MIG-``.
-
-        ``_v2`` (CUDA 11.4+) when exported: it gives a MIG instance's own UUID.
-        """
+        """The 16 UUID bytes as ``xxxxxxxx-xxxx-...``, without NVML's ``GPU-``/``MIG-``;
+        ``_v2`` (CUDA 11.4+) when exported, which gives a MIG instance's own UUID."""
         raw = CUuuid()
         self._call(self._newest("cuDeviceGetUuid"), ctypes.byref(raw), ctypes.c_int(device))
         return str(uuidlib.UUID(bytes=bytes(raw.bytes)))
@@ -113,11 +105,9 @@ class CudaDriver:
         self._call(self._newest("cuDevicePrimaryCtxRelease"), ctypes.c_int(device))
 
     def error_name(self, code: int) -> str | None:
-        """``cuGetErrorName``, falling back to the built-in table."""
         return self._error_text("cuGetErrorName", code) or error_name(code)
 
     def error_string(self, code: int) -> str | None:
-        """``cuGetErrorString``, falling back to the built-in table."""
         return self._error_text("cuGetErrorString", code) or error_string(code)
 
     def _error_text(self, function: str, code: int) -> str | None:

@@ -101,8 +101,7 @@ def torch_cuda_message(code: int) -> str:
     device, else where to look the name up), ``get_cuda_async_error_suffix`` (the
     CUDA_LAUNCH_BLOCKING hint only for asynchronous kernel faults, never for the
     context and ordinal errors nbgpu raises) and the device-side-assertion line, which
-    CUDA builds of 2.13 always compile in and leave disabled at runtime.
-    """
+    CUDA builds of 2.13 always compile in and leave disabled at runtime."""
     # The runtime's strings equal the driver's for every code a context can return.
     text = error_string(code) or "unrecognized error code"
     if code == CUDA_ERROR_INVALID_DEVICE:
@@ -114,13 +113,10 @@ def torch_cuda_message(code: int) -> str:
             "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html "
             "for more information."
         )
-    return "\n".join(
-        [
-            f"CUDA error: {text}",
-            help_line,
-            "For more detailed error information, run with CUDA_LOG_FILE=stderr",
-            "Device-side assertion tracking was not enabled by user.",
-        ]
+    return (
+        f"CUDA error: {text}\n{help_line}\n"
+        "For more detailed error information, run with CUDA_LOG_FILE=stderr\n"
+        "Device-side assertion tracking was not enabled by user."
     )
 
 

@@ -1,9 +1,8 @@
 """The doctor: one report with each GPU's health, the findings and their fixes.
 
 It reads an inventory (with the active probe unless told not to), then adds what no
-single GPU shows: NVML/driver failures, what the probe confirmed, the launch
-environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``NPROC_PER_NODE``,
-``MASTER_PORT``, ``CUDA_VISIBLE_DEVICES`` against the visible, healthy GPUs), and a
+single GPU shows: NVML/driver failures, what the probe confirmed, the launch environment
+(:data:`DIST_VARS`, ``CUDA_VISIBLE_DEVICES``) against the visible, healthy GPUs, and a
 recommendation for how many ranks on which GPUs. Pure logic over the inventory (and one
 socket bind to test a port); never imports IPython or torch.
 """
@@ -350,8 +349,7 @@ def run_doctor(
         fix = "check `nvidia-smi -L`; in a container pass --gpus all"
         message = "The driver is loaded but reports no GPU."
         findings.append(Problem("bad", "no_gpu", "driver", message, (fix,)))
-    for gpu_findings in inventory.findings:
-        findings.extend(gpu_findings)
+    findings.extend(f for gpu_findings in inventory.findings for f in gpu_findings)
     findings.extend(_probe_findings(inventory))
     findings.extend(_environment_findings(inventory, env, nproc, face))
     if inventory.container.in_container and not inventory.container.host_pid_namespace:

@@ -7,10 +7,9 @@ caller's environment (so ``CUDA_VISIBLE_DEVICES`` and ``NBGPU_SIMULATE`` apply),
 session, against a deadline: a hung driver is a real failure mode, so past it the process
 group is killed and the report says so in one line. CUDA's codes become outcomes
 (``busy``, ``lost``, ...), each with what to do; devices are matched to NVML indices by UUID.
-
 Never in the Jupyter kernel: a context there would itself hold the GPU (in exclusive mode,
-locking the user's own job out). Never imports torch, pynvml, psutil or IPython, and this
-side never loads libcuda.
+locking the user's own job out). Never imports torch, pynvml, psutil or IPython; this side
+never loads libcuda.
 """
 
 from __future__ import annotations
@@ -178,15 +177,12 @@ class ProbeReport(Result):
     def _table(self) -> Table:
         table = Table(["cuda", "GPU", "name", "outcome", "detail"])
         for r in self.results:
-            detail = (
-                f"context in {_ms(r.elapsed_ms)}" if r.ok else f"{r.error_name or r.cuda_error}"
-            )
             table.add(
                 f"cuda:{r.cuda_index}",
                 "-" if r.nvml_index is None else r.nvml_index,
                 r.name or "-",
                 r.outcome,
-                detail,
+                f"context in {_ms(r.elapsed_ms)}" if r.ok else str(r.error_name or r.cuda_error),
                 level="ok" if r.ok else "bad",
             )
         return table
@@ -237,7 +233,7 @@ class ProbeReport(Result):
 
 
 def _renamed(doc: dict[str, Any], key: str, json_key: str) -> dict[str, Any]:
-    """``doc`` with ``key`` spelled ``json_key``, in place: the JSON keeps the name users
+    """A copy of ``doc`` with ``key`` spelled ``json_key``: the JSON keeps the name users
     parse (``verdict``) while the code says what it is (the probe's outcome)."""
     return {json_key if k == key else k: v for k, v in doc.items()}
 
@@ -251,14 +247,11 @@ def probe_devices(
     timeout_s: float = 30.0,
     nvml_index_by_uuid: Mapping[str, int] | None = None,
 ) -> ProbeReport:
-    """Create and release one CUDA context per visible device, in a subprocess run in
-    *environ* (default ``os.environ``). ``nvml_index_by_uuid`` matches results back to
-    physical GPUs (simulated, the fleet gives it).
-
-    Never raises for a GPU or driver problem: those are outcomes. ``FleetSpecError`` for a
-    malformed ``NBGPU_SIMULATE``, ``UserInputError`` for a bad timeout, ``ProbeError`` if
-    the probe process cannot be started at all.
-    """
+    """The probe in *environ* (default ``os.environ``); ``nvml_index_by_uuid`` matches
+    results back to physical GPUs (simulated, the fleet gives it). Never raises for a GPU or
+    driver problem (those are outcomes): ``FleetSpecError`` for a malformed
+    ``NBGPU_SIMULATE``, ``UserInputError`` for a bad timeout, ``ProbeError`` if the probe
+    process cannot be started at all."""
     if not (timeout_s > 0 and math.isfinite(timeout_s)):
         raise UserInputError(f"probe timeout {timeout_s!r}; expected a positive number of seconds")
     env = dict(os.environ if environ is None else environ)
@@ -267,11 +260,10 @@ def probe_devices(
     # The backend also validates NBGPU_SIMULATE here, so a typo is a one-line
     # FleetSpecError, not a failed subprocess.
     backend = backend_for(env)
-    if nvml_index_by_uuid is None:
-        nvml_index_by_uuid = backend.nvml_index_by_uuid()
+    uuids = backend.nvml_index_by_uuid() if nvml_index_by_uuid is None else nvml_index_by_uuid
     child_env = {**with_package_importable(env), PARENT_ENV: str(os.getpid())}
     run = _run_child([sys.executable, "-m", _CHILD_MODULE], child_env, timeout_s=timeout_s)
-    return _report(run, timeout_s, simulated=backend.simulated, uuids=nvml_index_by_uuid or {})
+    return _report(run, timeout_s, simulated=backend.simulated, uuids=uuids)
 
 
 def _run_child(argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float) -> Finished:

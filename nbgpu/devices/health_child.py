@@ -36,13 +36,10 @@ PARENT_ENV = "NBGPU_PROBE_PARENT"
 
 
 def load_cuda_library(environ: Mapping[str, str]) -> object:
-    """The CUDA driver library this process should call: the simulated one for
-    ``NBGPU_SIMULATE`` (it honours *environ*'s ``CUDA_VISIBLE_DEVICES`` as the driver
-    would), else ``libcuda.so.1`` (which reads this process's own environment).
-
-    Raises ``OSError`` when the library cannot be loaded (no driver here), real or
-    simulated alike; ``FleetSpecError`` for a malformed ``NBGPU_SIMULATE``.
-    """
+    """The driver library to call: the simulated one for ``NBGPU_SIMULATE`` (it honours
+    *environ*'s ``CUDA_VISIBLE_DEVICES`` as the driver would), else ``libcuda.so.1`` (which
+    reads this process's own environment). ``OSError`` when it cannot be loaded (no
+    driver), real or simulated; ``FleetSpecError`` for a malformed ``NBGPU_SIMULATE``."""
     source = simulation_source(environ)
     if source is None:
         return ctypes.CDLL(LIBCUDA_SONAME)
@@ -53,7 +50,6 @@ def load_cuda_library(environ: Mapping[str, str]) -> object:
 
 
 def _progress(step: str) -> None:
-    # Flushed before each call that can hang, so a timeout can name the step.
     sys.stderr.write(f"{PROGRESS}{step}\n")
     sys.stderr.flush()
 
@@ -142,14 +138,7 @@ def _die_with_parent() -> None:
     die_with_parent(signal.SIGKILL, int(expected) if expected.isdigit() else None)
 
 
-def _child_main() -> int:
-    """``python -m nbgpu.devices.health_child``: probe, print one JSON document on stdout."""
-    _die_with_parent()
-    doc = _probe_in_process(os.environ)
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(_child_main())
+    _die_with_parent()
+    sys.stdout.write(json.dumps(_probe_in_process(os.environ)) + "\n")
+    sys.stdout.flush()

@@ -1,16 +1,13 @@
 """Who holds a GPU: turn a pid from NVML into facts about a process on this machine.
 
-NVML only says *which* pids hold a GPU. This module answers the rest from the operating
-system (psutil and ``/proc``), never from guesses: is the pid alive, a zombie, stopped,
-gone, or a host pid we cannot see from inside a container; whose is it, what is it
-running, was it orphaned (its launcher gone: read from the traces a fork leaves, and "not
-orphaned" when in doubt, since ``clean`` offers to stop orphans), is it a torchrun worker,
-which ``CUDA_VISIBLE_DEVICES`` did it start with. It also scans ``/proc/*/fd`` for open
-``/dev/nvidia*`` files (what ``lsof /dev/nvidia*`` shows), and tells whether we run in a
-container and in the host's PID namespace.
-
-Standard library, psutil and :mod:`nbgpu.errors` only: never pynvml, torch, IPython or
-the rest of nbgpu (``model.py`` names these types, so this module stays light).
+NVML only says *which* pids hold a GPU; the operating system (psutil, ``/proc``) answers
+the rest, never guesses: alive, zombie, stopped, gone, or a host pid a container cannot
+see; whose, running what, orphaned (its launcher gone: read from the traces a fork leaves;
+"not orphaned" when in doubt, since ``clean`` offers to stop orphans), a torchrun worker,
+started with which ``CUDA_VISIBLE_DEVICES``. Also the ``/dev/nvidia*`` files open in
+``/proc/*/fd`` (what ``lsof /dev/nvidia*`` shows), and whether we run in a container and in
+the host's PID namespace. Standard library, psutil and :mod:`nbgpu.errors` only: never
+pynvml, torch, IPython or the rest of nbgpu (``model.py`` names these types).
 """
 
 from __future__ import annotations
@@ -142,8 +139,7 @@ def _container_evidence(proc_root: Path, root: Path) -> str | None:
 
 def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
     """(host_pid_namespace, why), or (None, None) when /proc cannot tell."""
-    # NSpid lists our pid in every nested namespace that this procfs can see: more than
-    # one entry means we sit in a child PID namespace.
+    # NSpid lists our pid in each nested namespace procfs sees: several mean a child namespace.
     for line in (_read_text(proc_root / "self" / "status") or "").splitlines():
         if line.startswith("NSpid:") and len(line.split()) > 2:
             return False, "NSpid shows nested PID namespaces"
@@ -169,12 +165,10 @@ def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
 
 
 def detect_container(proc_root: Path = Path("/proc"), root: Path = Path("/")) -> ContainerInfo:
-    """Read the container markers and PID namespace facts of this machine.
-
-    ``host_pid_namespace`` decides what a pid that NVML reports but ``/proc`` lacks
-    means: in the host's namespace the process is dead; in a container's own namespace
-    it is a host pid we cannot see (``docker run`` without ``--pid=host``).
-    """
+    """This machine's container markers and PID namespace. ``host_pid_namespace`` decides
+    what a pid NVML reports but ``/proc`` lacks means: in the host's namespace the process
+    is dead; in a container's own it is a host pid we cannot see (``docker run`` without
+    ``--pid=host``)."""
     container_why = _container_evidence(proc_root, root)
     host_ns, ns_why = _pid_namespace_evidence(proc_root)
     in_container = container_why is not None
@@ -202,8 +196,7 @@ def _ask(read: Callable[[], T], default: T) -> T:
 def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
     if cmdline:
         return " ".join(cmdline)
-    # Kernel threads, zombies and processes mid-exit have an empty cmdline; ps shows
-    # their name in brackets, and so do we.
+    # Kernel threads, zombies, exiting processes: no cmdline; ps shows [name], and so do we.
     return f"[{name}]" if name else None
 
 
@@ -276,16 +269,13 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
 def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's fields)
     pid: int,
     observed: str,
-    user: str | None,
-    command: str | None,
-    visible_devices: str | None,
-    start_time: float | None,
+    user: str | None = None,
+    command: str | None = None,
+    visible_devices: str | None = None,
+    start_time: float | None = None,
 ) -> HolderInfo:
-    """A holder as a fleet file recorded it where it was captured (never looked up here).
-
-    ``observed`` is a holder state (``dead``, ``zombie``, ``other_namespace``, ``no_access``)
-    or a psutil status (``running``, ``sleeping``, ``disk-sleep``, ``stopped``, ...).
-    """
+    """A holder as a fleet file recorded it where it was captured (never looked up here);
+    ``observed`` is a holder state (``dead``, ``zombie``, ...) or a psutil status."""
     if observed in _RECORDED_STATES:
         state = observed
     elif observed in _STOPPED_STATES:
@@ -323,10 +313,8 @@ def device_file_holders(
     proc_root: Path = Path("/proc"), pattern: str = "/dev/nvidia"
 ) -> dict[int, tuple[str, ...]]:
     """Map pid -> sorted open files whose path starts with ``pattern`` (``lsof /dev/nvidia*``).
-
-    Pids whose fd table we may not read (other users, unless root) or that exit during
-    the scan are skipped silently: the scan reports what it can prove.
-    """
+    Pids whose fd table we may not read (other users, unless root) or that exit during the
+    scan are skipped silently: the scan reports what it can prove."""
     found: dict[int, tuple[str, ...]] = {}
     try:
         entries = os.listdir(proc_root)  # noqa: PTH208  (plain strings: this loop must be fast)
@@ -359,7 +347,6 @@ _AGENT_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"}
 
 
 def _is_torchelastic(environ: Mapping[str, str]) -> bool:
-    """Whether a process's environment marks it as a worker torchrun started."""
     # torch.distributed.elastic sets these for every worker it starts (local_elastic_agent).
     return "TORCHELASTIC_RUN_ID" in environ or ("LOCAL_RANK" in environ and "WORLD_SIZE" in environ)
 
@@ -377,13 +364,10 @@ def _self_is_subreaper() -> bool:
 
 
 def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
-    """True when ``cmdline`` starts torchrun's elastic agent.
-
-    Recognises ``torchrun ...``, ``python .../torchrun ...`` and ``python -m
-    torch.distributed.run`` (or ``.launch``) by the program and interpreter options only,
-    never by an argument of the script. Used only to *spare* workers whose parent is
-    such an agent; clean never selects a process by its command.
-    """
+    """True when ``cmdline`` starts torchrun's elastic agent: ``torchrun ...``, ``python
+    .../torchrun ...`` or ``python -m torch.distributed.run`` (or ``.launch``), recognised by
+    the program and interpreter options only, never by an argument of the script. Used only
+    to *spare* workers whose parent is such an agent; clean never selects by command."""
     if not cmdline:
         return False
     program = Path(cmdline[0]).name
@@ -408,14 +392,12 @@ def _getsid(pid: int) -> int | None:
 
 
 def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -> str | None:
-    """Why we believe ``pid`` was reparented (its launcher is gone), or None.
-
-    Linux does not record who forked a process, so this reads the traces a fork leaves:
-    a child inherits its launcher's session unless it makes its own (setsid), and a
-    launcher always starts before its child. Adoption by a subreaper that shares the
-    child's session, and a session-leader child adopted by one, leave no trace; those
-    stay "not orphaned", the safe side for a tool that offers to kill orphans.
-    """
+    """Why we believe ``pid`` was reparented (its launcher is gone), or None. Linux does
+    not record who forked a process, so this reads the traces a fork leaves: a child
+    inherits its launcher's session unless it makes its own (setsid), and a launcher always
+    starts before its child. Adoption by a subreaper that shares the child's session, and a
+    session-leader child adopted by one, leave no trace; those stay "not orphaned", the
+    safe side for a tool that offers to kill orphans."""
     if ppid <= 0:
         # The parent lives outside this PID namespace (docker exec) or this is pid 1.
         return None

@@ -4,9 +4,8 @@
 (``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``), per-GPU findings
 (``model.py``) and, opt-in, the CUDA probe (``health.py``). The result renders as text,
 HTML and a pandas frame, and serialises itself as a *capture* (``nbgpu status --json``,
-written and read back by ``capture.py``).
-
-Never imports IPython, ipywidgets, matplotlib or torch; pandas only in ``to_frame``.
+written and read back by ``capture.py``). Never imports IPython, ipywidgets, matplotlib
+or torch; pandas only in ``to_frame``.
 """
 
 from __future__ import annotations
@@ -99,10 +98,9 @@ class Inventory(Result):
         return (self.fleet_name or "simulated") if self.simulated else None
 
     def headline(self, command: str = "nbgpu status") -> str:
-        if self.simulated:
-            source = f"SIMULATED fleet '{self.fleet_name}'"
-        else:
-            source = f"host {self.hostname}"
+        source = (
+            f"SIMULATED fleet '{self.fleet_name}'" if self.simulated else f"host {self.hostname}"
+        )
         parts = [f"{command} — {source}"]
         if self.driver_version:
             parts.append(f"driver {self.driver_version}")
@@ -166,9 +164,7 @@ class Inventory(Result):
                     level=_STATE_LEVELS.get(proc.state, ""),
                 )
         for pid, paths in sorted(self.device_files.items()):
-            h = self.device_file_holders.get(pid) or recorded_holder(
-                pid, "dead", None, None, None, None
-            )
+            h = self.device_file_holders.get(pid) or recorded_holder(pid, "dead")
             table.add(
                 "fd",
                 pid,
@@ -253,8 +249,7 @@ class Inventory(Result):
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        """The capture (:mod:`nbgpu.devices.capture`): a fleet file the simulator replays,
-        plus what was observed here."""
+        """The capture: a fleet file the simulator replays, plus what was observed here."""
         from nbgpu.devices.capture import write_capture  # noqa: PLC0415
 
         return write_capture({f.name: getattr(self, f.name) for f in fields(self)})
@@ -301,13 +296,11 @@ def saved_inventory(source: str) -> Inventory | None:
         return None
     from nbgpu.devices.capture import is_capture  # noqa: PLC0415
 
-    where = f"inventory file {path!r}"
-    return Inventory.from_dict(data, where=where) if is_capture(data) else None
+    return Inventory.from_dict(data, where=f"inventory file {path!r}") if is_capture(data) else None
 
 
 def probe_gpus(env: Mapping[str, str], gpus: Sequence[Gpu], timeout_s: float) -> ProbeReport:
-    """The CUDA probe in *env*, its answers tied back to *gpus* by GPU or MIG UUID (CUDA
-    numbers devices its own way)."""
+    """The CUDA probe in *env*, tied back to *gpus* by GPU or MIG UUID (CUDA numbers its own)."""
     by_uuid = {g.uuid: g.nvml_index for g in gpus if g.uuid}
     by_uuid.update({m.uuid: g.nvml_index for g in gpus for m in g.mig_devices})
     from nbgpu.devices.health import probe_devices  # noqa: PLC0415
@@ -323,12 +316,9 @@ def take_inventory(
     probe_timeout_s: float = 30.0,
     scan_device_files: bool = True,
 ) -> Inventory:
-    """Snapshot the GPUs as *environ* sees them (default: ``os.environ``).
-
-    ``visible_devices`` shows the cuda:N mapping for that ``CUDA_VISIBLE_DEVICES``
-    value instead of the environment's. ``probe`` runs the active CUDA probe in a
-    subprocess (creates a context per GPU; off by default).
-    """
+    """Snapshot the GPUs as *environ* (default ``os.environ``) sees them; ``visible_devices``
+    maps cuda:N for that ``CUDA_VISIBLE_DEVICES`` value instead of the environment's;
+    ``probe`` runs the active CUDA probe (a context per GPU, in a subprocess)."""
     started = time.perf_counter()
     env = dict(os.environ) if environ is None else dict(environ)
     container = holders_mod.detect_container()
@@ -338,8 +328,8 @@ def take_inventory(
             taken_at=time.time(),
             hostname=socket.gethostname(),
             simulated=backend.simulated,
-            fleet_name=backend.fleet_name,
-            fleet_description=backend.fleet_description,
+            fleet_name=backend.fleet.name if backend.fleet else None,
+            fleet_description=backend.fleet.description if backend.fleet else None,
             container=container,
             gpus=tuple(gpus),
             **facts,
@@ -381,7 +371,6 @@ def _with_holder(proc: GpuProcess, backend: nvml.Backend, container: ContainerIn
     observed = backend.recorded_process(proc.pid)
     if observed is None:
         return replace(proc, holder=holders_mod.describe_pid(proc.pid, container=container))
-    # What a capture recorded (a fleet file): not looked up here.
     from nbgpu.devices.capture import observed_holder  # noqa: PLC0415
 
     return replace(proc, holder=observed_holder(proc.pid, observed))

@@ -1,12 +1,11 @@
 """A GPU as nbgpu knows it, and what is wrong with it.
 
-The inventory's data types: frozen dataclasses with units in field names, ``None`` for
-"not reported", never a magic string. A capture (``nbgpu status --json``) is written in
-the simulator's fleet format, so the records it shares with a fleet are defined here once;
-several nodes' captures make a cluster file (:func:`cluster_nodes`). Then the doctor's
-findings on one GPU (:func:`assess_gpu`), each a :class:`~nbgpu.problems.Problem` naming
-the GPU, pid and mode involved with concrete fixes, condensed to one health word by
-:func:`gpu_health`. No I/O and light imports only (the probe's child imports this).
+The inventory's data types: frozen dataclasses, units in field names, ``None`` for "not
+reported", never a magic string. A capture (``nbgpu status --json``) is in the simulator's
+fleet format, so the records it shares with a fleet are defined here once; several nodes'
+captures make a cluster file. Then the doctor's findings on one GPU (:func:`assess_gpu`),
+each a ``Problem`` with concrete fixes, condensed to one health word by :func:`gpu_health`.
+No I/O and light imports only (the probe's child imports this).
 """
 
 from __future__ import annotations
@@ -112,8 +111,7 @@ class Gpu:
     retired_pages_pending: bool | None = None
     compute_capability: tuple[int, int] | None = None
     processes: tuple[GpuProcess, ...] = ()
-    # Capabilities NVML answered NotSupported / FunctionNotFound for, and the older
-    # API used instead: shown so "N/A" is never a mystery.
+    # Capabilities NVML answered NotSupported / FunctionNotFound, older APIs used: "N/A" said.
     unsupported: tuple[str, ...] = ()
     fallbacks: tuple[str, ...] = ()
 
@@ -418,8 +416,7 @@ def assess_gpu(gpu: Gpu, gpu_count: int | None = None) -> tuple[Problem, ...]:
     return tuple(sorted(_facts(seen), key=lambda f: -SEVERITY_ORDER[f.severity]))
 
 
-# Each kind of finding: its severity, and the health word it gives its GPU in the status
-# and doctor tables when it is the worst one (None: information only).
+# Each finding's severity, and its GPU's health word in the tables when worst (None: info).
 _KINDS: dict[str, tuple[str, str | None]] = {
     "gpu_lost": ("bad", "LOST"),
     "no_permission": ("bad", "no access"),

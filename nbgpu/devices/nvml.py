@@ -55,14 +55,6 @@ class Backend:
     # What NVML itself cannot say. On hardware the process table and the inventory
     # answer; a simulated fleet answers from its file, so callers never ask which it is.
 
-    @property
-    def fleet_name(self) -> str | None:
-        return self.fleet.name if self.fleet is not None else None
-
-    @property
-    def fleet_description(self) -> str | None:
-        return self.fleet.description if self.fleet is not None else None
-
     def recorded_process(self, pid: int) -> ObservedProcess | None:
         """What the fleet recorded of *pid* where it was captured; None: look it up here."""
         gpus = self.fleet.gpus if self.fleet is not None else ()
@@ -376,14 +368,12 @@ def read_system(environ: Mapping[str, str]) -> SystemSnapshot:
         count = pynvml.nvmlDeviceGetCount()
     except pynvml.NVMLError as exc:
         raise _translate(exc, "the driver") from None
-    cuda: int | None
-    try:
+    # Very old drivers cannot say these: they are then simply unknown.
+    cuda: int | None = None
+    nvml_version: str | None = None
+    with contextlib.suppress(pynvml.NVMLError):
         cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())
-    except pynvml.NVMLError:
-        cuda = None  # very old drivers; the CUDA version is then simply unknown
-    try:
-        nvml_version: str | None = _text(pynvml.nvmlSystemGetNVMLVersion())
-    except pynvml.NVMLError:
-        nvml_version = None
+    with contextlib.suppress(pynvml.NVMLError):
+        nvml_version = _text(pynvml.nvmlSystemGetNVMLVersion())
     gpus = tuple(_read_gpu(i) for i in range(count))
     return SystemSnapshot(backend, driver, cuda, nvml_version, count, gpus)

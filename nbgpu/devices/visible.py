@@ -14,10 +14,9 @@ It answers as CUDA does (the CUDA env-var docs, PyTorch's ``_parse_visible_devic
 - a process sees at most one MIG instance, and then nothing else.
 
 Everything CUDA would do silently is said in ``VisibleMap.problems``; ``strict=True`` turns a
-mistake that hides a device the user named into a one-line ``VisibleDevicesError``.
-
-Pure functions, no I/O. Imports only the standard library, ``nbgpu.errors`` and the
-renderer; never pynvml, psutil, torch or IPython.
+mistake that hides a device the user named into a one-line ``VisibleDevicesError``. Pure
+functions, no I/O: the standard library, ``nbgpu.errors`` and the renderer; never pynvml,
+psutil, torch or IPython.
 """
 
 from __future__ import annotations
@@ -45,6 +44,8 @@ _ORDINAL = re.compile(r"([+-]?)(\d+)(.*)", re.DOTALL)
 _HEX = re.compile(r"[0-9a-fA-F-]+")
 _LEGACY_MIG = re.compile(r"MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)")
 _PCI = re.compile(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])")
+# The entries CUDA takes, each with what it resolves to; the entry is None when unset.
+_Chosen = list[tuple[str | None, "_Target"]]
 
 
 @dataclass(frozen=True)
@@ -158,21 +159,29 @@ def resolve_visible(
     key: str = "CUDA_VISIBLE_DEVICES",
     strict: bool = False,
 ) -> VisibleMap:
-    """Map each logical ``cuda:N`` of a process with ``environ`` to a physical GPU.
-
-    Never raises unless ``strict``; then an entry that CUDA would drop (invalid, repeated, or
-    hidden by the one-MIG-instance rule) raises ``VisibleDevicesError`` with one line.
-    """
+    """Map each logical ``cuda:N`` of a process with ``environ`` to a physical GPU. Never
+    raises unless ``strict``; then an entry that CUDA would drop (invalid, repeated, or
+    hidden by the one-MIG-instance rule) raises ``VisibleDevicesError`` with one line."""
     raw = environ.get(key)
     problems: list[str] = []
-    order = _device_order(environ.get("CUDA_DEVICE_ORDER"), problems)
-    slots = _index_slots(_cuda_order(gpus, order))
+    requested = (environ.get("CUDA_DEVICE_ORDER") or "").strip()
+    order = requested if requested in ORDERS else FASTEST_FIRST
+    if requested and requested not in ORDERS:
+        value = environ["CUDA_DEVICE_ORDER"]
+        problems.append(
+            f"CUDA_DEVICE_ORDER={value!r} is not {' or '.join(ORDERS)}: CUDA uses {FASTEST_FIRST}"
+        )
+    # What integer entries index into (observed by datadog on CUDA 12.4): GPUs without MIG
+    # first, then each MIG-enabled GPU as its first MIG instance (none: not listed at all).
+    ordered = _cuda_order(gpus, order)
+    slots = [_Target(g) for g in ordered if not g.mig_enabled]
+    slots += [_Target(g, g.mig_uuids[0]) for g in ordered if g.mig_enabled and g.mig_uuids]
 
     def fail(message: str) -> None:
         if strict:
             raise VisibleDevicesError(message)
 
-    chosen: list[tuple[str | None, _Target]] = []  # (entry text, target); entry None = unset
+    chosen: _Chosen = []
     stopped_at = None
     used_indices = raw is None
     if raw is None:
@@ -206,25 +215,13 @@ def resolve_visible(
 
     chosen = _one_mig_instance(chosen, key, raw, problems, fail)
     # Warn about the heuristic only when it decided something and nobody asked for it.
-    asked = (environ.get("CUDA_DEVICE_ORDER") or "").strip() == FASTEST_FIRST
-    if order == FASTEST_FIRST and used_indices and not asked:
+    if order == FASTEST_FIRST and used_indices and requested != FASTEST_FIRST:
         problems.extend(_heuristic_warning(gpus))
     devices = tuple(
         VisibleDevice(n, t.gpu.nvml_index, t.gpu.uuid, t.mig_uuid)
         for n, (_, t) in enumerate(chosen)
     )
     return VisibleMap(raw, order, devices, stopped_at, tuple(problems), key)
-
-
-def _device_order(value: str | None, problems: list[str]) -> str:
-    setting = (value or "").strip()
-    if setting in ORDERS:
-        return setting
-    if setting:
-        problems.append(
-            f"CUDA_DEVICE_ORDER={value!r} is not {' or '.join(ORDERS)}: CUDA uses {FASTEST_FIRST}"
-        )
-    return FASTEST_FIRST
 
 
 def _pci_fields(bus_id: str) -> tuple[int, ...] | None:
@@ -244,17 +241,6 @@ def _cuda_order(gpus: Sequence[GpuIdentity], order: str) -> list[GpuIdentity]:
     return sorted(gpus, key=key)
 
 
-def _index_slots(ordered: Sequence[GpuIdentity]) -> list[_Target]:
-    """What integer entries index into.
-
-    Observed by datadog on CUDA 12.4: GPUs without MIG come first, then each MIG-enabled GPU
-    as its first MIG instance; a MIG-enabled GPU without instances is not listed at all.
-    """
-    whole = [_Target(g) for g in ordered if not g.mig_enabled]
-    mig = [_Target(g, g.mig_uuids[0]) for g in ordered if g.mig_enabled and g.mig_uuids]
-    return whole + mig
-
-
 def _mig_numbering(gpus: Sequence[GpuIdentity]) -> list[str]:
     """With the variable unset, say how MIG changes the list (once per MIG-enabled GPU)."""
     notes = []
@@ -270,12 +256,8 @@ def _mig_numbering(gpus: Sequence[GpuIdentity]) -> list[str]:
 
 
 def _one_mig_instance(
-    chosen: list[tuple[str | None, _Target]],
-    key: str,
-    raw: str | None,
-    problems: list[str],
-    fail: Callable[[str], None],
-) -> list[tuple[str | None, _Target]]:
+    chosen: _Chosen, key: str, raw: str | None, problems: list[str], fail: Callable[[str], None]
+) -> _Chosen:
     """CUDA enumerates a single MIG instance, and then no other device (datadog, CUDA 12.4)."""
     first = next((i for i, (_, t) in enumerate(chosen) if t.mig_uuid), None)
     if first is None or len(chosen) == 1:
@@ -326,11 +308,7 @@ def _accepted(count: int) -> str:
 
 
 def _resolve_entry(
-    entry: str,
-    gpus: Sequence[GpuIdentity],
-    slots: Sequence[_Target],
-    setting: str,
-    problems: list[str],
+    entry: str, gpus: Sequence[GpuIdentity], slots: list[_Target], setting: str, problems: list[str]
 ) -> tuple[_Target | _Bad, bool]:
     """Resolve one entry; the flag says it was read as an index (so CUDA order matters)."""
     if not entry:

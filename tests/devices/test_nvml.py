@@ -146,9 +146,9 @@ def test_the_backend_answers_what_nvml_cannot_without_being_asked_which_it_is():
     assert simulated.recorded_process(held.pid) == held.observed
     assert simulated.recorded_process(1) is None
     assert simulated.nvml_index_by_uuid()[simulated.fleet.gpus[2].uuid] == 2
-    assert simulated.fleet_name == "busy-gpu0"
+    assert simulated.fleet.name == "busy-gpu0"
     hardware = nvml.Backend(simulated=False, fleet=None)
     assert hardware.recorded_process(held.pid) is None
     assert hardware.nvml_index_by_uuid() == {}
-    assert hardware.fleet_name is None
+    assert hardware.fleet is None
     nvml.reset()

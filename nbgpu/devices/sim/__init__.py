@@ -26,11 +26,9 @@ def simulation_source(environ: Mapping[str, str]) -> str | None:
 
 
 def simulated_node(environ: Mapping[str, str]) -> str:
-    """Which node of a simulated cluster this process plays (a cluster fleet file's key).
-
-    On a SLURM node it is the node's SLURM name (``SLURMD_NODENAME``, set for every task);
-    a rank started by nbgpu on a node also has ``NBGPU_NODE``; elsewhere the host name.
-    """
+    """Which node of a simulated cluster this process plays (a cluster fleet file's key):
+    on SLURM ``SLURMD_NODENAME`` (set for every task), for a rank nbgpu started on a node
+    ``NBGPU_NODE``, elsewhere the host name."""
     for key in ("SLURMD_NODENAME", "NBGPU_NODE"):
         name = environ.get(key, "").strip()
         if name:

@@ -69,8 +69,7 @@ class SimGpu:
     pci_device_id: int = 0
     fault: GpuFault | None = None  # NVML fails on this handle
     processes: tuple[ProcessRecord, ...] = ()
-    # What creating a CUDA context on this GPU returns (CUDA driver error code).
-    # None means "derive it": busy (46) when exclusive and held, or prohibited.
+    # A context's CUDA error here; None: derived (busy when exclusive and held, or prohibited).
     cuda_error: int | None = None
 
     @property
@@ -122,8 +121,7 @@ class Fleet:
 
 @dataclass(frozen=True)
 class Device:
-    """What a driver call addresses: a whole GPU, or one MIG instance of it (a CUDA
-    device here, an NVML handle in the fake NVML library)."""
+    """What a driver call addresses (a CUDA device, an NVML handle): a GPU or a MIG instance."""
 
     gpu: SimGpu
     mig: MigDevice | None
@@ -138,8 +136,7 @@ class Device:
 
 
 def deref(ref: Any) -> Any:
-    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself
-    (the fake NVML library uses it too)."""
+    """The ctypes object behind ``byref(obj)`` / ``pointer(obj)``, or the object itself."""
     if hasattr(ref, "_obj"):  # byref() gives a CArgObject holding the original object
         return ref._obj
     if isinstance(ref, ctypes._Pointer):  # ctypes exposes no public pointer base class
@@ -157,7 +154,7 @@ class RankProcess(NamedTuple):
     rss_bytes: int
 
 
-_CACHE_S = 1.0
+_CACHE_S = 1.0  # NVML asks per GPU and per call
 _cache: dict[str, tuple[float, dict[int, list[RankProcess]]]] = {}
 
 
@@ -184,7 +181,9 @@ def _running(psutil: Any, pid: int) -> bool:
 
 
 def ranks_on_gpus(fleet_spec: str) -> dict[int, list[RankProcess]]:
-    """{physical GPU index: live ranks}, for ranks launched on the simulated ``fleet_spec``."""
+    """{physical GPU index: live ranks} launched on the simulated ``fleet_spec``, by the GPU
+    their LOCAL_RANK maps to, with their host memory (RSS): else a simulated board looks
+    empty while nbgpu's ranks run "on" it."""
     import psutil  # noqa: PLC0415  (only when a simulated fleet is asked for processes)
 
     now = time.monotonic()

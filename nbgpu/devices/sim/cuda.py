@@ -1,19 +1,15 @@
-"""A fake CUDA driver *library* that serves a :class:`~nbgpu.devices.sim.box.Fleet`,
-and what CUDA answers nbgpu's ranks on a simulated fleet.
+"""A fake CUDA driver *library* serving a :class:`~nbgpu.devices.sim.box.Fleet`, and
+what CUDA answers nbgpu's ranks on a simulated fleet.
 
-:class:`SimulatedCudaLibrary` stands in for ``ctypes.CDLL("libcuda.so.1")`` (the driver's
-symbols and C calling shape), so :class:`~nbgpu.devices.cuda_driver.CudaDriver` and the
-probe run unchanged on it. As the driver on that fleet it enumerates only what
-``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` make visible, never a cgroup-restricted
-GPU (so SLURM jobs see ``cuda:0`` upwards); a context gets ``SimGpu.effective_cuda_error``;
-the fleet's ``init_error`` makes the machine driverless; ``_v2`` symbols an older driver
-lacks are missing here too.
-
-:func:`simulated_device` is what CUDA answers a rank (``nbgpu.rank.device()``): CUDA's
-own code and one ``[nbgpu]`` line naming the physical GPU that refused, or a label for
-computing on the CPU.
-
-Never imports torch, pynvml or IPython.
+:class:`SimulatedCudaLibrary` has the symbols and C calling shape of
+``ctypes.CDLL("libcuda.so.1")``, so :class:`~nbgpu.devices.cuda_driver.CudaDriver` and the
+probe run unchanged on it. It enumerates only what ``CUDA_VISIBLE_DEVICES`` /
+``CUDA_DEVICE_ORDER`` make visible, never a cgroup-restricted GPU (so SLURM jobs see
+``cuda:0`` upwards); a context gets ``SimGpu.effective_cuda_error``; the fleet's
+``init_error`` makes the machine driverless; ``_v2`` symbols an older driver lacks are
+missing here too. :func:`simulated_device` is what CUDA answers a rank
+(``nbgpu.rank.device()``): CUDA's code and one ``[nbgpu]`` line naming the physical GPU
+that refused, or a label for computing on the CPU. Never imports torch, pynvml or IPython.
 """
 
 from __future__ import annotations
@@ -158,8 +154,7 @@ class SimulatedCudaLibrary:
         )
 
     def __getattr__(self, name: str) -> Callable[..., int]:
-        # Only reached for names that are not attributes of the object: the C symbols,
-        # each served by the method of its name with a leading underscore.
+        # Only reached for the C symbols (not attributes), each served by ``_<name>``.
         if not self._exports(name):
             raise AttributeError(f"{LIBCUDA_SONAME}: undefined symbol: {name}")
         function = getattr(self, "_" + name)
@@ -170,8 +165,6 @@ class SimulatedCudaLibrary:
 
         call.__name__ = name
         return call
-
-    # -- the driver API -------------------------------------------------------------
 
     def _cuInit(self, flags: Any) -> int:
         if self.fleet.init_error is not None:
@@ -323,9 +316,3 @@ def _refusal(gpu: SimGpu, code: int) -> str:
     if code == CUDA_ERROR_UNKNOWN and gpu.fault == "lost":
         return "which has fallen off the bus (Xid 79)"
     return f"which refuses a CUDA context (CUDA error {code})"
-
-
-# -- nbgpu's ranks on a simulated fleet, as the GPUs' processes ------------------------------
-# A simulated GPU would show an empty board while nbgpu's own ranks run "on" it: the ranks
-# on the same fleet are listed on the GPU their LOCAL_RANK maps to, with the host memory
-# they use (RSS). Cached for a second: NVML is asked per GPU and per call.

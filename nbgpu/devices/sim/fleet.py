@@ -8,10 +8,9 @@ or a short spec: a count and a GPU model from real captures, then options that i
 each failure mode the simulator knows (``8xH100,busy=0,load=60``; a named fleet takes the
 same options: ``busy-gpu0,procs=8``). A process on a simulated GPU is *live* (looked up
 on this machine: tests stand real processes in as holders) or *recorded* (its
-``observed`` record says what was seen where the fleet was captured).
-
-Each mistake is one ``FleetSpecError`` line naming the value and what is accepted. Reads
-the one file named; imports neither pynvml nor psutil.
+``observed`` record says what was seen where the fleet was captured). Each mistake is one
+``FleetSpecError`` line naming the value and what is accepted. Reads the one file named;
+imports neither pynvml nor psutil.
 """
 
 from __future__ import annotations
@@ -51,8 +50,6 @@ __all__ = [
 ]
 
 MIB = 1024 * 1024
-
-# --------------------------------------------------------------------------- GPU models
 
 
 @dataclass(frozen=True)
@@ -143,19 +140,15 @@ def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
     gpus = data.get("gpus")
     if isinstance(gpus, list):
         # What a capture could not read is null (a lost GPU's UUID, name and size).
-        data = {
-            **data,
-            "gpus": [
-                _with_position_defaults(g, i) if isinstance(g, dict) else g
-                for i, g in enumerate(gpus)
-            ],
-        }
+        data = {**data, "gpus": [_with_position_defaults(g, i) for i, g in enumerate(gpus)]}
     return from_data(
         Fleet, {"name": default_name, **data}, prefix="fleet JSON", error=FleetSpecError
     )
 
 
-def _with_position_defaults(gpu: dict[str, Any], position: int) -> dict[str, Any]:
+def _with_position_defaults(gpu: Any, position: int) -> Any:
+    if not isinstance(gpu, dict):
+        return gpu  # from_data names what is wrong with it
     uuid, bus_id = _uuid_for(f"json/{position}"), _bus_id_for(position)
     defaults = {"index": position, "uuid": uuid, "pci_bus_id": bus_id}
     unread = {"name": "Unknown GPU", "memory_total_bytes": 0}
@@ -272,8 +265,7 @@ def parse_spec(spec: str) -> Fleet:
       used=I:SIZE   memory used on GPU I, e.g. used=0:20GiB
       driver=X.Y.Z  driver version;  cuda=12.4  CUDA driver version
       init=NAME     NVML init fails: one of INIT_ERRORS
-      old           driver too old for the _v2/_v3 NVML symbols
-    """
+      old           driver too old for the _v2/_v3 NVML symbols"""
     text = spec.strip()
     if not text:
         raise FleetSpecError(f"fleet spec is empty; {_SPEC_HELP}")
@@ -314,11 +306,9 @@ def _indices(key: str, value: str, count: int) -> list[int]:
 
 
 def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet:  # noqa: PLR0915
-    """*fleet* with the spec's options applied (``busy=0``, ``lost=3``...); see parse_spec.
-
-    Also how a named scenario takes extra options: ``busy-gpu0,procs=8``. Processes added
-    here get fictional pids above every pid the fleet already holds.
-    """
+    """*fleet* with a spec's options (``busy=0``, ...: see :func:`parse_spec`), a named
+    scenario's too (``busy-gpu0,procs=8``). Added processes get fictional pids above every
+    pid the fleet already holds."""
     count = len(fleet.gpus)
     held = [p.pid for gpu in fleet.gpus for p in gpu.processes]
     next_pid = max([FICTIONAL_PID_BASE - 1, *held]) + 1

@@ -5,12 +5,10 @@ passing ctypes objects. :class:`FakeNvmlLibrary` has functions of the same names
 write into those objects and return NVML's codes, so the real pynvml wrappers, nbgpu's
 NVML module, gpustat and nvitop run unchanged on it: only the hardware is fake. Memory
 and utilisation follow the fleet, its load profile and the ranks nbgpu launched on it
-(``cuda.ranks_on_gpus``); failures answer as the driver does: a symbol the fleet removed
+(``box.ranks_on_gpus``); failures answer as the driver does: a symbol the fleet removed
 raises ``AttributeError`` (pynvml's FunctionNotFound), a lost GPU ``GPU_IS_LOST``, a
-cgroup-restricted one ``NO_PERMISSION``, anything not modelled ``NOT_SUPPORTED``.
-
-Never imports pynvml (only ``devices/nvml.py`` does) or IPython; psutil only when the
-processes on a GPU are asked for.
+cgroup-restricted one ``NO_PERMISSION``, anything not modelled ``NOT_SUPPORTED``. Never
+imports pynvml or IPython; psutil only when a GPU's processes are asked for.
 """
 
 from __future__ import annotations
@@ -166,11 +164,7 @@ def _process_list(kind: str) -> _Call:
 
 
 class FakeNvmlLibrary:
-    """Stands in for ``CDLL("libnvidia-ml.so.1")``; see the module docstring.
-
-    pynvml looks each symbol up by name: ``nvmlX`` is served by ``_nvmlX``; a name this
-    fake does not model answers ``NOT_SUPPORTED`` unless the fleet removed it.
-    """
+    """Stands in for ``CDLL("libnvidia-ml.so.1")``: NVML's ``nvmlX`` is served by ``_nvmlX``."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
