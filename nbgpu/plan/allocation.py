@@ -247,18 +247,15 @@ def _check_backend(text: str, part: str, backend: str | None, degrees: dict[str,
     if expert > 1:
         mesh = degrees.get("d", 1) * degrees.get("t", 1) * degrees.get("c", 1)
         if mesh % expert:
+            fits = max(k for k in range(1, min(mesh, expert) + 1) if mesh % k == 0)
             raise UserInputError(
                 f"allocation {text!r}: {part!r}: expert-parallel e{expert} must divide the "
-                f"GPUs of one pipeline stage (d × t × c = {mesh}); e.g. e{_largest_divisor(mesh, expert)}"
+                f"GPUs of one pipeline stage (d × t × c = {mesh}); e.g. e{fits}"
             )
 
 
 def _listing(letters: list[str]) -> str:
     return " and ".join(f"{_DEGREE_NAMES[b]} ({b})" for b in letters)
-
-
-def _largest_divisor(n: int, below: int) -> int:
-    return max(k for k in range(1, min(n, below) + 1) if n % k == 0)
 
 
 def _parse_moe(
@@ -358,6 +355,4 @@ def _same_world(first: RoleSpec, role: RoleSpec) -> str:
 
 
 def _short(role: RoleSpec) -> str:
-    return _dims(
-        {k: getattr(role, field) for k, field in _FIELDS.items() if getattr(role, field) > 1}
-    )
+    return _dims({k: getattr(role, name) for k, name in _FIELDS.items() if getattr(role, name) > 1})

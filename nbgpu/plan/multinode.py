@@ -20,13 +20,7 @@ from typing import Any, ClassVar
 from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes, to_text
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
-from nbgpu.plan.job import (
-    BatchCheck,
-    Job,
-    check_job_batch,
-    nearest_batch,
-    whole_number,
-)
+from nbgpu.plan.job import BatchCheck, Job, check_job_batch, nearest_batch, whole_number
 from nbgpu.plan.memcheck import (
     auto_max_micro,
     free_bytes,
@@ -336,20 +330,18 @@ def build_nodes_plan(
     problems: list[Problem] = []
     if len(chosen) < nodes or nproc_per_node < 1:
         short = [f"{n.node}: {n.reason}" for n in left_out if not n.reason.startswith("not ")]
-        fixes = [
+        fixes = dict.fromkeys(
             f"on {n.name}: {c.problems[0].fixes[0]}"
             for n in every
             for c in n.candidates
             if not c.usable and c.recoverable and c.problems and c.problems[0].fixes
-        ]
+        )
         shape = f"{nodes} node(s) × {per_node} GPUs"
         message = (
             f"{shape} needs {nodes} node(s) with {per_node} usable GPUs each; {len(fits)} of "
             f"the {len(every)} node(s) do" + (f" ({'; '.join(short)})" if short else "")
         )
-        problems.append(
-            Problem("bad", "not_enough_nodes", shape, message, tuple(dict.fromkeys(fixes)))
-        )
+        problems.append(Problem("bad", "not_enough_nodes", shape, message, tuple(fixes)))
     world = nodes * per_node
     if len({g.memory_total_bytes for n in chosen for g in n.gpus}) > 1:
         why = "every rank holds the same micro batch, so the smallest decides"

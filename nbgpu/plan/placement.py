@@ -24,7 +24,7 @@ import errno
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from nbgpu._render import fmt_bytes
 from nbgpu.devices.model import gpu_health
@@ -207,14 +207,13 @@ def assign(
     return out
 
 
-T = TypeVar("T")
-
-
-def shared_groups(allocation: Allocation, groups: list[list[T]] | None) -> list[list[T]] | None:
+def shared_groups(
+    allocation: Allocation, groups: list[list[Candidate]] | None
+) -> list[list[Candidate]] | None:
     """One GPU list per role: a colocated role gets the list of the role it shares with."""
     if groups is None:
         return None
-    by_name: dict[str, list[T]] = {}  # role names are unique: one list per role, in order
+    by_name: dict[str, list[Candidate]] = {}  # role names are unique: one list per role, in order
     own = iter(groups)
     for role in allocation.roles:
         by_name[role.name] = by_name[role.colocated_with] if role.colocated_with else next(own)
