@@ -1,7 +1,5 @@
-"""The plan face's arguments, shared by ``nbgpu plan`` and ``%gpu_plan``.
-
-One parser for both faces so their flags can never drift apart. It only parses and
-calls :mod:`nbgpu.plan`; results are returned for the face to print or display.
+"""The plan face's arguments: one parser for ``nbgpu plan`` and ``%gpu_plan``, so their flags
+never drift apart. It parses and calls :mod:`nbgpu.plan`; the face prints or shows the result.
 """
 
 from __future__ import annotations

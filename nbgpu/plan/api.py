@@ -1,12 +1,9 @@
 """The planning functions users call: ``nbgpu.plan()``, ``.sweep()``, ``.nodes()``, ``.scale()``
-and ``.plan_from_json()``.
-
-They check the input once (one ``UserInputError`` line per mistake), take the inventory
-snapshot, or each node's for a cluster, read config and plan files, and hand plain data to
-the pure modules. A saved inventory is read back as the inventory it is, so its GPUs keep
-the findings, health and holders they had where it was taken. The only module of
-``plan/`` that takes an inventory or reads files; never imports IPython, pynvml or psutil
-directly (the inventory module, which does, is imported when a snapshot is taken).
+and ``.plan_from_json()``. They check the input once, take the inventory (each node's for a
+cluster; a saved one is read back with the findings, health and holders it had), read config
+and plan files, the only module of ``plan/`` that does either, and hand plain data to the pure
+modules. Never imports IPython, pynvml or psutil itself (the inventory module, which does, is
+imported when a snapshot is taken).
 """
 
 from __future__ import annotations

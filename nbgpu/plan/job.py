@@ -218,9 +218,6 @@ def make_job(request: JobRequest) -> Job:
     return Job(**{**vars(r), **checked}, max_micro_auto=auto)
 
 
-# ---------------------------------------------------------------------- batches
-
-
 @dataclass(frozen=True)
 class Split:
     """One way to reach the global batch: ``micro_batch`` per rank × ``grad_accum`` steps."""

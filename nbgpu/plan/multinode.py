@@ -210,9 +210,6 @@ class NodesPlan(Result):
         return {"nbgpu_nodes_plan": PLAN_FILE_FORMAT, **to_data(self)}
 
 
-# ------------------------------------------------------------------ the planner
-
-
 @dataclass(frozen=True)
 class _Node:
     name: str
@@ -236,21 +233,16 @@ class _Node:
 
 
 def default_shape(capacities: Sequence[int], nodes: int | None) -> tuple[int, int]:
-    """(nodes, ranks per node) when the user left one or both out.
-
-    With *nodes* given: the most ranks per node that many nodes can all hold. Without:
-    the ranks per node that give the largest world, the larger per-node count on a tie
-    (fewer nodes, less traffic between them).
-    """
+    """(nodes, ranks per node) when the user left one or both out. With *nodes*: the most
+    ranks per node that many nodes can all hold; without: the largest world, the larger
+    per-node count on a tie (fewer nodes, less traffic between them)."""
     ordered = sorted(capacities, reverse=True)
     if nodes is not None:
         return nodes, ordered[nodes - 1] if nodes <= len(ordered) else 0
-    best = (0, 0)
-    for per_node in sorted(set(ordered) - {0}, reverse=True):
-        count = sum(1 for c in ordered if c >= per_node)
-        if count * per_node > best[0] * best[1]:
-            best = (count, per_node)
-    return best
+    shapes = [
+        (sum(1 for c in ordered if c >= per_node), per_node) for per_node in set(ordered) - {0}
+    ]
+    return max(shapes, key=lambda shape: (shape[0] * shape[1], shape[1]), default=(0, 0))
 
 
 def _memory(
@@ -292,8 +284,7 @@ def build_nodes_plan(
     nproc_per_node: int | None,
     alternatives: bool = True,
 ) -> NodesPlan:
-    """Place one training job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs (read
-    from *source*)."""
+    """Place one job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs (from *source*)."""
     if not node_candidates:
         raise UserInputError("the cluster has no node to plan on")
     asked_nodes = whole_number("nodes", nodes)

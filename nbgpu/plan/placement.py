@@ -163,9 +163,6 @@ def planned_gpus(members: Sequence[Candidate]) -> tuple[PlannedGpu, ...]:
     )
 
 
-# ------------------------------------------------------------------- assignment
-
-
 def order_pool(candidates: Sequence[Candidate], require: Sequence[int] = ()) -> list[Candidate]:
     """Usable candidates in the order they should be handed out."""
     usable = {c.nvml_index: c for c in candidates if c.usable}
@@ -219,8 +216,6 @@ def shared_groups(
         by_name[role.name] = by_name[role.colocated_with] if role.colocated_with else next(own)
     return [list(members) for members in by_name.values()]
 
-
-# ------------------------------------------------------------------------ ports
 
 # How far past the base port to look before giving up: a box with a thousand ports taken
 # in a row has a problem a plan cannot solve.

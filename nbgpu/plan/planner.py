@@ -226,9 +226,6 @@ def build_plan(
     return plan
 
 
-# ------------------------------------------------------------------ alternatives
-
-
 def _smaller_allocation(allocation: Allocation, usable: int) -> Allocation | None:
     # Shrink the data-parallel degree, biggest training role first, inference last: the
     # job keeps its shape (tensor/pipeline degrees) and only runs on fewer replicas.

@@ -1,18 +1,15 @@
 """Sweeps: one box split into disjoint GPU sets with distinct ports, one plan per run.
 
 Concurrent sweep runs started by hand tend to share GPUs and one MASTER_PORT (12345). A
-:class:`SweepPlan` gives every run its own GPUs (never shared, never unusable) and its own
-free port, each run a complete :class:`~nbgpu.plan.result.Plan` that a background
-``%%torchrun --plan sweep.runs[i]`` can launch. Runs are filled with identical GPUs where
-the box allows it, and clean GPUs before ones with caveats.
+:class:`SweepPlan` gives every run its own GPUs (never shared, never unusable; identical and
+clean ones first) and its own free port, each run a complete :class:`~nbgpu.plan.result.Plan`
+that a background ``%%torchrun --plan sweep.runs[i]`` can launch.
 
-A run placed on GPUs that other jobs are using now would share their compute and memory
-(a 97 %-busy GPU gives a new run a fraction of its speed, and its free memory, not its
-total): such a run is not ready unless the sweep is asked to share (``share=True``), and
-the sweep says how many runs fit on free GPUs now. Asked for as many runs as fit, a sweep
-that does not share leaves GPUs in use out.
-
-Pure: builds on ``assign`` and ``planner``; the port check is injected.
+A run on GPUs other jobs are using now would share their compute and memory (a 97 %-busy
+GPU gives a new run a fraction of its speed, and its free memory, not its total): it is not
+ready unless the sweep shares (``share=True``); the sweep says how many runs fit on free GPUs
+now, and one asked for as many runs as fit leaves GPUs in use out. Pure: builds on
+``assign`` and ``planner``; the port check is injected.
 """
 
 from __future__ import annotations
@@ -169,11 +166,7 @@ def build_sweep(
     is_free: PortChecker,
     share: bool = False,
 ) -> SweepPlan:
-    """Split the usable GPUs (of *pool*, if given) into disjoint runs of *job*.
-
-    ``share``: runs may go on GPUs other jobs are using (otherwise such runs are not ready,
-    and ``runs=None`` leaves those GPUs out).
-    """
+    """Split the usable GPUs (of *pool*, if given) into disjoint runs of *job*."""
     whole_number("runs", runs)
     whole_number("gpus_per_run", gpus_per_run)
     if not candidates:
