@@ -21,13 +21,7 @@ from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes, to_text
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.job import BatchCheck, Job, check_job_batch, nearest_batch, whole_number
-from nbgpu.plan.memcheck import (
-    auto_max_micro,
-    free_bytes,
-    memory_check,
-    memory_problems,
-    smallest_free,
-)
+from nbgpu.plan.memcheck import auto_max_micro, memory_check, memory_problems, smallest_free
 from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
 from nbgpu.plan.planner import batch_problem, caveats
 from nbgpu.plan.result import (
@@ -90,8 +84,7 @@ class NodesAlternative:
             return ""
         if self.plan.ok:
             return " — ready"
-        first = self.plan.problems[0].message if self.plan.problems else "not ready"
-        return f" — also blocked ({first})"
+        return f" — also blocked ({self.plan.problems[0].message})"  # not ok: it has problems
 
 
 @dataclass(frozen=True)
@@ -141,8 +134,6 @@ class NodesPlan(Result):
 
     def simulated_fleet(self) -> str | None:
         return self.source if self.simulated else None
-
-    # -- rendering ---------------------------------------------------------------
 
     def _table(self) -> Table:
         table = Table(["node", "GPUs (CUDA_VISIBLE_DEVICES)", "ranks", "GPU", "left out"])
@@ -196,8 +187,6 @@ class NodesPlan(Result):
         return blocks + alternative_blocks(
             [(f"{a.title}{a.status}: {a.reason}", ()) for a in self.alternatives]
         )
-
-    # -- data --------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
         rows = []
@@ -257,12 +246,8 @@ def _memory(
     """The memory check on the node whose smallest free GPU is the smallest of all."""
     if job.model is None or not chosen:
         return job, (), None
-
-    def tightest(node: NodeGpus) -> int:
-        smallest = smallest_free(node.gpus)
-        return 2**63 if smallest is None else free_bytes(smallest) or 0
-
-    deciding = min(chosen, key=tightest)
+    smallest = smallest_free([g for node in chosen for g in node.gpus])
+    deciding = next((node for node in chosen if smallest in node.gpus), chosen[0])
     # The job as one data-parallel training role over every rank of every node.
     role = RolePlan("train", "train", None, world, gpus=deciding.gpus)
     job = auto_max_micro([role], job, warnings)

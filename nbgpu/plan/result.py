@@ -299,8 +299,6 @@ class Plan(Result):
                 return role
         raise KeyError(f"{name!r}: roles are {', '.join(r.name for r in self.roles)}")
 
-    # -- rendering ---------------------------------------------------------------
-
     def _role_table(self) -> Table:
         table = Table(["role", "kind", "degrees", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port"])
         for r in self.roles:
@@ -398,8 +396,6 @@ class Plan(Result):
         return blocks + alternative_blocks(
             [(f"{a.title}{a.status}: {a.reason}", a.fixes) for a in self.alternatives]
         )
-
-    # -- data --------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
         rows = []
