@@ -66,9 +66,8 @@ def _gpus(
             f"the inventory has no GPU (NVML: {snapshot.nvml_error}); plan for another box "
             "with inventory='pod.json' (from `nbgpu status --json`) or a spec such as '4xA40'"
         )
-    if snapshot.simulated:
-        return candidates_from_inventory(snapshot), snapshot.fleet_name or "simulated", True
-    return candidates_from_inventory(snapshot), snapshot.hostname, False
+    name = (snapshot.fleet_name or "simulated") if snapshot.simulated else snapshot.hostname
+    return candidates_from_inventory(snapshot), name, snapshot.simulated
 
 
 F = TypeVar("F", bound=Callable[..., Any])

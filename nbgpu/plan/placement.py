@@ -24,6 +24,7 @@ import errno
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from nbgpu._render import fmt_bytes
@@ -247,10 +248,5 @@ def pick_ports(
     Returns fewer when the scan limit or port 65535 is reached first; the caller says so.
     """
     avoid = set(taken)
-    found: list[int] = []
-    port = base_port
-    while len(found) < count and port <= min(MAX_PORT, base_port + SCAN_LIMIT):
-        if port not in avoid and is_free(port):
-            found.append(port)
-        port += 1
-    return tuple(found)
+    scan = range(base_port, min(MAX_PORT, base_port + SCAN_LIMIT) + 1)
+    return tuple(islice((port for port in scan if port not in avoid and is_free(port)), count))

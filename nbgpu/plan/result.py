@@ -92,14 +92,13 @@ class PlannedGpu:
 class RolePlan(RoleSpec):
     """One role placed: which physical GPUs in which order, how many processes, which port.
 
-    ``gpus`` is in logical order: ``gpus[k]`` is ``cuda:k`` inside the role's processes.
-    ``cuda_visible_devices`` lists their NVML indices (nvidia-smi's numbers) in that order;
-    they mean those GPUs only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which ``env`` sets
-    (``cuda_visible_devices_uuids`` is the order-independent UUID form).
-    ``nproc_per_node`` is the number of processes to start: data × tensor × pipeline ×
-    context. A role ``colocated_with`` another runs on that role's GPUs (AReaL's ``|``).
-    ``master_port`` is a free port for the role's rendezvous (torchrun's MASTER_PORT; a
-    server may use it for its own process group), distinct across the plan.
+    ``gpus[k]`` is ``cuda:k`` inside the role's processes; ``cuda_visible_devices`` lists
+    their NVML indices (nvidia-smi's numbers) in that order, meaning those GPUs only with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which ``env`` (the variables to set) sets
+    (``cuda_visible_devices_uuids``: the order-independent form). ``nproc_per_node``: data ×
+    tensor × pipeline × context processes. A role ``colocated_with`` another runs on its GPUs
+    (AReaL's ``|``). ``master_port``: a free port for the role's rendezvous (torchrun's
+    MASTER_PORT; a server may use it for its own process group), distinct across the plan.
     """
 
     JSON_EXTRAS: ClassVar[tuple[str, ...]] = (
@@ -250,11 +249,8 @@ class Plan(Result):
     What launchers read (``%%torchrun --plan p``, ``nbgpu run --plan FILE``):
 
     - ``ok``: no blocking problem; launch only then.
-    - ``roles``: per role ``name``, ``kind``, ``gpus`` (each with ``nvml_index``, ``uuid``
-      and ``cuda_index``, the logical order), ``nvml_indices``, ``uuids``,
-      ``cuda_visible_devices`` (NVML indices in order; valid with
-      ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), ``nproc_per_node``, ``master_port`` and ``env``
-      (the variables to set, including ``CUDA_DEVICE_ORDER``).
+    - ``roles``: a :class:`RolePlan` each: ``name``, ``kind``, ``gpus``, ``nvml_indices``,
+      ``uuids``, ``cuda_visible_devices``, ``nproc_per_node``, ``master_port`` and ``env``.
     - ``cuda_visible_devices``: all roles' GPUs in role order, for launchers that take
       one list and split it by position (AReaL): logical device 0 is the first role's.
     - ``problems`` (blocking) and ``warnings``: each a ``nbgpu.problems.Problem`` with ``code``,
