@@ -178,12 +178,8 @@ class NodesPlan(Result):
         sim = "SIMULATED " if self.simulated else ""
         verdict = "ready" if self.ok else "NOT READY"
         title = f"nbgpu plan — {shape} on {sim}{self.source} · {verdict}"
-        blocks: list[Block] = [
-            Title(title, simulated=self.simulated),
-            self._table(),
-            *self._footer(),
-        ]
-        blocks += problem_blocks(self.problems, self.warnings)
+        blocks: list[Block] = [Title(title, simulated=self.simulated), self._table()]
+        blocks += self._footer() + problem_blocks(self.problems, self.warnings)
         return blocks + alternative_blocks(
             [(f"{a.title}{a.status}: {a.reason}", ()) for a in self.alternatives]
         )

@@ -370,13 +370,9 @@ class Plan(Result):
         return lines
 
     def content(self) -> list[Block]:
-        run = f"{self.name}: " if self.name else ""
-        blocks: list[Block] = [
-            plan_title(
-                "plan", f"{run}{self.allocation}", self.fleet, simulated=self.simulated, ok=self.ok
-            ),
-            self._role_table(),
-        ]
+        what = f"{self.name}: {self.allocation}" if self.name else self.allocation
+        title = plan_title("plan", what, self.fleet, simulated=self.simulated, ok=self.ok)
+        blocks: list[Block] = [title, self._role_table()]
         if any(r.gpus for r in self.roles):
             blocks.append(self._gpu_table())
         if self.excluded:

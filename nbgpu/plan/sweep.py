@@ -83,10 +83,8 @@ class SweepPlan(Result):
 
     def content(self) -> list[Block]:
         what = f"{len(self.runs)} runs × {self.gpus_per_run} GPUs ({self.allocation})"
-        blocks: list[Block] = [
-            plan_title("plan sweep", what, self.fleet, simulated=self.simulated, ok=self.ok),
-            self._table(),
-        ]
+        title = plan_title("plan sweep", what, self.fleet, simulated=self.simulated, ok=self.ok)
+        blocks: list[Block] = [title, self._table()]
         if self.excluded:
             left = "; ".join(f"GPU {e.nvml_index} ({e.health})" for e in self.excluded)
             blocks.append(Line(left, label="left out"))
