@@ -189,11 +189,8 @@ def _pick(remaining: list[Candidate], count: int) -> list[Candidate]:
 def assign(
     pool: Sequence[Candidate], counts: Sequence[int], *, keep_order: bool = False
 ) -> list[list[Candidate]] | None:
-    """Disjoint GPU lists, one per count, or None if the pool is too small.
-
-    ``keep_order`` hands GPUs out strictly in pool order (required GPUs given by the
-    user); otherwise each role prefers a set of identical GPUs.
-    """
+    """Disjoint GPU lists, one per count, or None if the pool is too small; ``keep_order``
+    (required GPUs) hands them out in pool order, else each role prefers identical GPUs."""
     if sum(counts) > len(pool):
         return None
     remaining = list(pool)
@@ -243,10 +240,8 @@ def pick_ports(
     taken: Iterable[int] = (),
     is_free: PortChecker = port_is_free,
 ) -> tuple[int, ...]:
-    """*count* distinct ports from *base_port* upward that are free and not in *taken*.
-
-    Returns fewer when the scan limit or port 65535 is reached first; the caller says so.
-    """
+    """*count* distinct ports from *base_port* upward that are free and not in *taken*; fewer
+    when the scan limit or port 65535 is reached first (the caller says so)."""
     avoid = set(taken)
     scan = range(base_port, min(MAX_PORT, base_port + SCAN_LIMIT) + 1)
     return tuple(islice((port for port in scan if port not in avoid and is_free(port)), count))

@@ -214,12 +214,11 @@ def build_sweep(
         problems.append(Problem("bad", "not_enough_gpus", "sweep", message, tuple(fixes)))
     plans: list[Plan] = []
     taken: list[int] = []
+    run_job = replace(job, allocation=allocation, num_gpus=None, require=(), exclude=())
     for n, group in enumerate(assign(ordered, [per_run] * count) or []):
-        run_job = replace(
-            job, allocation=allocation, num_gpus=None, require=(), exclude=(), name=f"run{n}"
-        )
+        named = replace(run_job, name=f"run{n}")
         plan = build_plan(
-            group, fleet, simulated, run_job, is_free=is_free, taken_ports=taken, alternatives=False
+            group, fleet, simulated, named, is_free=is_free, taken_ports=taken, alternatives=False
         )
         taken.extend(r.master_port for r in plan.roles if r.master_port is not None)
         plans.append(plan)
