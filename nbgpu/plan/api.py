@@ -189,11 +189,7 @@ def sweep(
 
 @_takes_job_keywords(but=_NOT_NODES)
 def nodes(
-    cluster: Any,
-    *,
-    nodes: int | None = None,
-    nproc_per_node: int | None = None,
-    **job: Any,
+    cluster: Any, *, nodes: int | None = None, nproc_per_node: int | None = None, **job: Any
 ) -> NodesPlan:
     """Plan one training job across a cluster's nodes: which nodes, which GPUs on each.
 

@@ -342,17 +342,12 @@ def build_nodes_plan(
         asked_per_node,
     )
     if alternatives and problems:
-        alts = _alternatives(node_candidates, source, simulated, job, plan)
-        plan = replace(plan, alternatives=alts)
+        plan = replace(plan, alternatives=_alternatives(node_candidates, job, plan))
     return plan
 
 
 def _alternatives(
-    node_candidates: Mapping[str, Sequence[Candidate]],
-    source: str,
-    simulated: bool,
-    job: Job,
-    plan: NodesPlan,
+    node_candidates: Mapping[str, Sequence[Candidate]], job: Job, plan: NodesPlan
 ) -> tuple[NodesAlternative, ...]:
     """Shapes that fit the usable GPUs: fewer nodes, or fewer ranks on each."""
     capacities = [len(order_pool(c)) for c in node_candidates.values()]
@@ -369,8 +364,8 @@ def _alternatives(
         alt_job, note = nearest_batch(job, count * ranks)
         alt = build_nodes_plan(
             node_candidates,
-            source,
-            simulated,
+            plan.source,
+            plan.simulated,
             alt_job,
             nodes=count,
             nproc_per_node=ranks,

@@ -178,8 +178,7 @@ class MemoryCheck:
 
     @property
     def fits(self) -> bool | None:
-        available = self.available_bytes
-        return None if available is None else self.needed_bytes <= available
+        return None if self.available_bytes is None else self.needed_bytes <= self.available_bytes
 
     @property
     def verdict(self) -> str:
