@@ -135,19 +135,18 @@ def plan(
 ) -> Plan:
     """Place a job's roles on healthy GPUs and check its batch and memory.
 
-    ``allocation``: ``"sglang.d1t1p1+d3t1p1"`` (AReaL), ``"inference:1,train:3"``, or None
-    for one training role on ``num_gpus`` GPUs (default: every usable GPU).
-    ``require``/``exclude``: GPUs (NVML indices) that must / must not be used; required ones
-    come first, in the order given. ``global_batch``, ``micro_batch``, ``grad_accum``,
-    ``max_micro_batch``: checked against the first training role's data-parallel size;
-    ``divisors`` must divide the global batch, ``step_divisors`` the ranks × micro batch
-    (TRL GRPO's ``num_generations``). ``model`` (a parameter count, ``"7B"``, an HF config
-    dict or its ``config.json`` path, a built-in name such as ``"Qwen/Qwen2.5-7B-Instruct"``,
-    or a torch module) with ``precision``/``strategy``/``optimizer`` adds a per-GPU
-    memory check of every term (:func:`nbgpu.estimate`); ``seq_len`` adds activations, logits
-    and the KV cache, and ``max_micro_batch="auto"`` computes the largest micro batch the
-    smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test
-    (tests pass a function).
+    ``allocation``: ``"sglang.d1t1p1+d3t1p1"`` (AReaL), ``"inference:1,train:3"``, or None for
+    one training role on ``num_gpus`` GPUs (default: every usable GPU). ``require``/``exclude``:
+    GPUs (NVML indices) that must / must not be used; required ones come first, in the order
+    given. ``global_batch``, ``micro_batch``, ``grad_accum``, ``max_micro_batch``: checked
+    against the first training role's data-parallel size; ``divisors`` must divide the global
+    batch, ``step_divisors`` the ranks × micro batch (TRL GRPO's ``num_generations``). ``model``
+    (a parameter count, ``"7B"``, an HF config dict or its ``config.json`` path, a built-in name
+    such as ``"Qwen/Qwen2.5-7B-Instruct"``, or a torch module) with ``precision``/``strategy``/
+    ``optimizer`` adds a per-GPU memory check of every term (:func:`nbgpu.estimate`);
+    ``seq_len`` adds activations, logits and the KV cache, and ``max_micro_batch="auto"``
+    computes the largest micro batch the smallest GPU of the first training role holds.
+    ``port_is_free`` replaces the socket test (tests pass a function).
     """
     job_ = _job("nbgpu.plan()", {"allocation": allocation, **job})
     return build_plan(*_gpus(inventory, environ), job_, is_free=port_is_free or _port_is_free)
@@ -226,14 +225,13 @@ def scale(
     rewritten (comments, order, quoting, ``$VAR`` references and line continuations kept);
     ``save(path)`` writes it.
 
-    ``to_gpus`` defaults to the usable GPUs of ``inventory``. ``batch="scale"`` keeps the
-    per-GPU work (global batches grow with the GPUs), ``"keep"`` keeps global batches and
-    checks them. ``tensor_parallel``: ``"keep"`` (more engines), ``"scale"`` (bigger
-    engines) or a number. ``rules`` maps your own keys to a rule (see
-    ``nbgpu.scale.RULES``). With ``model`` (an HF config dict) and a GPU size
-    (``inventory`` or ``gpu_memory_bytes``) the KV cache per GPU is checked. Unlike
-    :func:`plan`, no inventory is taken unless ``inventory`` is given: configs are often
-    scaled for another box.
+    ``to_gpus`` defaults to the usable GPUs of ``inventory``. ``batch="scale"`` keeps the per-GPU
+    work (global batches grow with the GPUs), ``"keep"`` keeps global batches and checks them.
+    ``tensor_parallel``: ``"keep"`` (more engines), ``"scale"`` (bigger engines) or a number.
+    ``rules`` maps your own keys to a rule (see ``nbgpu.scale.RULES``). With ``model`` (an HF
+    config dict) and a GPU size (``inventory`` or ``gpu_memory_bytes``) the KV cache per GPU is
+    checked. Unlike :func:`plan`, no inventory is taken unless ``inventory`` is given: configs
+    are often scaled for another box.
     """
     source = None
     text_source = None

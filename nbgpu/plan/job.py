@@ -403,10 +403,9 @@ def check_batch(
             splits=found[:MAX_SPLITS],
         )
     # Valid batches repeat with this period (every multiple of it is valid when the micro
-    # batch is free), so a valid value above any batch lies within one period of it.
-    period = math.lcm(data_parallel, *(k for _, k in divisors))
-    for _, k in step_divisors:
-        period = math.lcm(period, data_parallel * k // math.gcd(data_parallel, k))
+    # batch is free), so a valid value above any batch lies within one period of it. A step
+    # divisor k asks dp × micro to divide by k: lcm(dp, k), which dp already divides.
+    period = math.lcm(data_parallel, *(k for _, k in (*divisors, *step_divisors)))
     span = period * (micro_batch or 1) * (grad_accum or 1) + data_parallel
     nearest = []
     below = range(global_batch - 1, max(0, global_batch - span - 1), -1)

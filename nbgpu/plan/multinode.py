@@ -154,8 +154,7 @@ class NodesPlan(Result):
             free = "" if m.available_bytes is None else f" free {fmt_bytes(m.available_bytes)}"
             where = f"{m.verdict} on node {self.memory_node} GPU {m.deciding_gpu}{free}"
             needed = f"{fmt_bytes(m.needed_bytes)}, {where} (the smallest of the job)"
-            lines.append(Line(needed, label="memory per GPU"))
-            lines.append(Line(m.accounting, indent="  "))
+            lines += [Line(needed, label="memory per GPU"), Line(m.accounting, indent="  ")]
             if m.max_micro_batch is not None:
                 largest = f"{m.max_micro_batch} (computed, no trials)"
                 lines.append(Line(largest, label="largest micro batch"))
