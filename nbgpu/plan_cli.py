@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -253,8 +254,6 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
         )
     cluster = fleet
     if args.slurm:
-        import os  # noqa: PLC0415
-
         from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
         from nbgpu.launch.slurm import cluster_status, nodes_up  # noqa: PLC0415
 

@@ -4,11 +4,10 @@ torchrun starts the same number of ranks *P* on every node, so a node can take t
 when it has *P* usable GPUs (the one-box sorting of findings). The planner keeps such
 nodes, clean ones first, and checks the batch and the memory for the whole world of
 ``nodes × P`` ranks: ZeRO and FSDP shard over all of them, and the smallest free GPU of
-any chosen node decides what fits. Without *P*: the most ranks per node that still give
-the most ranks in total; without *nodes*: every node that can hold *P*. A job that does
-not fit names each node that falls short and offers fewer nodes or fewer ranks per node,
-batch checked again. The rendezvous port is picked on the first node when the job starts.
-Pure: never reads an inventory, files or sockets.
+any chosen node decides what fits (:func:`default_shape` fills in *nodes* or *P*). A job
+that does not fit names each node that falls short and offers fewer nodes or fewer ranks per
+node, batch checked again. The rendezvous port is picked on the first node when the job
+starts. Pure: never reads an inventory, files or sockets.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 It composes ``placement``, ``job`` and ``memcheck`` and turns their findings into problems,
 warnings and alternatives. An unusable GPU is never given a role: it is listed in
 ``excluded`` with its reason, and when the job cannot be placed without it the plan offers
-the same shape on fewer data-parallel replicas (biggest training role first, inference
-last) with a batch they can run, or the steps that free the GPU. Pure: the only outside
-call is the injected ``is_free`` port check; never imports the inventory module, sockets,
-files, psutil or IPython.
+the same shape (tensor/pipeline degrees) on fewer data-parallel replicas (biggest training
+role first, inference last) with a batch they can run, or the steps that free the GPU.
+Pure: the only outside call is the injected ``is_free`` port check; never imports the
+inventory module, sockets, files, psutil or IPython.
 """
 
 from __future__ import annotations
@@ -227,8 +227,6 @@ def build_plan(
 
 
 def _smaller_allocation(allocation: Allocation, usable: int) -> Allocation | None:
-    # Shrink the data-parallel degree, biggest training role first, inference last: the
-    # job keeps its shape (tensor/pipeline degrees) and only runs on fewer replicas.
     if allocation.colocated:
         return None  # colocated roles shrink together; the user picks the new shape
     alloc = allocation
