@@ -199,19 +199,7 @@ def build_plan(
     if batch is not None and not batch.ok:
         problems.append(batch_problem(batch, f"role {allocation.train_roles[0].name}"))
     memory = _role_checks(roles, by_index, job, batch, problems=problems, warnings=warnings)
-    plan = Plan(
-        allocation.text,
-        tuple(roles),
-        tuple(problems),
-        tuple(warnings),
-        excluded,
-        batch,
-        tuple(memory),
-        (),
-        fleet,
-        simulated,
-        job.name,
-    )
+    alts: tuple[Alternative, ...] = ()
     if alternatives and (groups is None or required_bad):
         same_gpus = partial(build_plan, candidates, fleet, simulated, is_free=is_free)
         alts = _alternatives(
@@ -222,8 +210,19 @@ def build_plan(
             required_bad=required_bad,
             sub_plan=partial(same_gpus, taken_ports=taken_ports, alternatives=False),
         )
-        plan = replace(plan, alternatives=alts)
-    return plan
+    return Plan(
+        allocation.text,
+        tuple(roles),
+        tuple(problems),
+        tuple(warnings),
+        excluded,
+        batch,
+        tuple(memory),
+        alts,
+        fleet,
+        simulated,
+        job.name,
+    )
 
 
 def _smaller_allocation(allocation: Allocation, usable: int) -> Allocation | None:
