@@ -75,6 +75,12 @@ P = TypeVar("P", Plan, SweepPlan, NodesPlan)
 # The job keywords a sweep and a plan across nodes do not take (they choose those themselves).
 _NOT_SWEEP = ("num_gpus", "require")
 _NOT_NODES = ("allocation", "num_gpus", "require", "exclude", "base_port")
+_CLUSTER_FORMS = (
+    "expected a cluster: %gpu_status --slurm's result, the JSON file `nbgpu status --slurm "
+    "--json` writes, or a mapping of node names to fleets such as {'n1': '4xA40', 'n2': "
+    "'4xA40,busy=0'}"
+)
+_SEVERITY_OF = {"problems": "bad", "warnings": "warn"}  # plan files older than severities
 
 
 def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
@@ -233,8 +239,7 @@ def scale(
     checked. Unlike :func:`plan`, no inventory is taken unless ``inventory`` is given: configs
     are often scaled for another box.
     """
-    source = None
-    text_source = None
+    source = text_source = None
     if isinstance(config, str | os.PathLike):
         source = os.fspath(config)
         text_source = read_config(read_text(config, "config"), source)
@@ -287,13 +292,6 @@ def scale(
         new_text=new_text,
         warnings=result.warnings + notes_,
     )
-
-
-_CLUSTER_FORMS = (
-    "expected a cluster: %gpu_status --slurm's result, the JSON file `nbgpu status --slurm "
-    "--json` writes, or a mapping of node names to fleets such as {'n1': '4xA40', 'n2': "
-    "'4xA40,busy=0'}"
-)
 
 
 def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
@@ -399,9 +397,6 @@ def _plan_file(data: Any, kind: type[P], key: str) -> P:
         )
     prefix = "sweep JSON" if kind is SweepPlan else "plan JSON"
     return from_data(kind, _upgraded(data), prefix=prefix)
-
-
-_SEVERITY_OF = {"problems": "bad", "warnings": "warn"}
 
 
 def _upgraded(data: Any, key: str = "") -> Any:

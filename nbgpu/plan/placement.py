@@ -60,6 +60,10 @@ _NOT_RUNNING = frozenset({"zombie", "dead"})
 _RECOVERABLE = frozenset(
     {"exclusive_dead_holder", "zombie_holder", "exclusive_busy", "prohibited", "reset_required"}
 )
+# How far past the base port to look before giving up: a box with a thousand ports taken
+# in a row has a problem a plan cannot solve.
+SCAN_LIMIT = 1000
+PortChecker = Callable[[int], bool]
 
 
 @dataclass(frozen=True)
@@ -213,13 +217,6 @@ def shared_groups(
     for role in allocation.roles:
         by_name[role.name] = by_name[role.colocated_with] if role.colocated_with else next(own)
     return [list(members) for members in by_name.values()]
-
-
-# How far past the base port to look before giving up: a box with a thousand ports taken
-# in a row has a problem a plan cannot solve.
-SCAN_LIMIT = 1000
-
-PortChecker = Callable[[int], bool]
 
 
 def port_is_free(port: int) -> bool:

@@ -52,6 +52,9 @@ MASTER_ADDR = "127.0.0.1"
 TIGHT_SHARE = 0.8
 # A plan's frame: each role's row holds these of its fields.
 _ROLE_KEYS = ("kind", "degrees", "nproc_per_node", "master_port", "cuda_visible_devices")
+#: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
+PLAN_FILE_FORMAT = 1
+MEMORY_NOT_CHECKED = Line("not checked (pass model= to compare with free memory)", label="memory")
 
 
 @dataclass(frozen=True)
@@ -201,9 +204,6 @@ def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -
     return Title(title, simulated=simulated)
 
 
-MEMORY_NOT_CHECKED = Line("not checked (pass model= to compare with free memory)", label="memory")
-
-
 def problem_blocks(*problems: Sequence[Problem]) -> list[Block]:
     """Problems and warnings, each with its fixes, after a blank line (nothing when none)."""
     every = [p for group in problems for p in group]
@@ -221,10 +221,6 @@ def alternative_blocks(alternatives: Sequence[tuple[str, Sequence[str]]]) -> lis
             for n, (head, steps) in enumerate(alternatives, 1)
         ),
     ]
-
-
-#: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
-PLAN_FILE_FORMAT = 1
 
 
 @dataclass(frozen=True)

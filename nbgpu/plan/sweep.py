@@ -30,6 +30,8 @@ from nbgpu.problems import Problem
 
 __all__ = ["SweepPlan", "build_sweep"]
 
+IN_USE = "gpus_in_use"
+
 
 @dataclass(frozen=True)
 class SweepPlan(Result):
@@ -102,9 +104,6 @@ class SweepPlan(Result):
         data: dict[str, Any] = to_data(self)
         data["runs"] = [run.to_dict() for run in self.runs]
         return {"nbgpu_sweep": PLAN_FILE_FORMAT, "ok": self.ok, **data}
-
-
-IN_USE = "gpus_in_use"
 
 
 def _in_use_text(cands: Sequence[Candidate]) -> str:
