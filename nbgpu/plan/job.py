@@ -1,14 +1,13 @@
 """The job a plan is made for, validated once with one-line errors, and its batch arithmetic.
 
-Every user-facing value is checked here and becomes a frozen :class:`Job`; the planner
-never sees raw input (values that need an inventory, such as a GPU index, it checks).
-**Batches** follow llm-analysis (``reference/memory.md`` §6): ``global = micro × accum ×
-dp``; the micro batch is the largest divisor of ``global / dp`` allowed, the rest is
-accumulation. ``divisors`` divide the global batch (AReaL's GRPO ``group_size``),
-``step_divisors`` divide ``dp × micro``, the samples of one step (TRL's GRPO
-``num_generations``). An invalid batch gets the reason and the nearest valid values below
-and above, with their splits: batch 8 on 3 trainers → 6 or 9. Pure: never imports the
-inventory, sockets or files.
+Every user-facing value is checked here and becomes a frozen :class:`Job`; the planner never
+sees raw input (values that need an inventory, such as a GPU index, it checks). **Batches**
+follow llm-analysis (``reference/memory.md`` §6): ``global = micro × accum × dp``; the micro
+batch is the largest divisor of ``global / dp`` allowed, the rest is accumulation.
+``divisors`` divide the global batch (AReaL's GRPO ``group_size``), ``step_divisors`` divide
+``dp × micro``, the samples of one step (TRL's GRPO ``num_generations``). An invalid batch
+gets the reason and the nearest valid values below and above, with their splits: batch 8 on
+3 trainers → 6 or 9. Pure: never imports the inventory, sockets or files.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ _ROLE_KEYS = ("kind", "degrees", "nproc_per_node", "master_port", "cuda_visible_
 #: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
 PLAN_FILE_FORMAT = 1
 MEMORY_NOT_CHECKED = Line("not checked (pass model= to compare with free memory)", label="memory")
+_PCI_ORDER = Line("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
 
 
 @dataclass(frozen=True)
@@ -359,9 +360,7 @@ class Plan(Result):
             )
             lines.append(Line(one_list, label="one-list form"))
         if any(r.gpus for r in self.roles):
-            lines.append(
-                Line("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
-            )
+            lines.append(_PCI_ORDER)
         return lines
 
     def content(self) -> list[Block]:

@@ -70,8 +70,7 @@ class SweepPlan(Result):
 
     def _problems(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
         # Every run carries the same batch verdict: say it once.
-        problems = list(self.problems)
-        warnings = list(self.warnings)
+        problems, warnings = list(self.problems), list(self.warnings)
         for run in self.runs:
             # The sweep says once which runs share GPUs in use; each run's copy is for launch.
             problems.extend(p for p in run.problems if p not in problems and p.code != IN_USE)
