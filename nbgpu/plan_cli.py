@@ -1,7 +1,5 @@
-"""The plan face's arguments, shared by ``nbgpu plan`` and ``%gpu_plan``.
-
-One parser for both faces so their flags can never drift apart. It only parses and
-calls :mod:`nbgpu.plan`; results are returned for the face to print or display.
+"""The plan face's arguments: one parser for ``nbgpu plan`` and ``%gpu_plan``, so their flags
+never drift apart. It parses and calls :mod:`nbgpu.plan`; the face prints or shows the result.
 """
 
 from __future__ import annotations
@@ -9,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -255,8 +254,6 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
         )
     cluster = fleet
     if args.slurm:
-        import os  # noqa: PLC0415
-
         from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
         from nbgpu.launch.slurm import cluster_status, nodes_up  # noqa: PLC0415
 

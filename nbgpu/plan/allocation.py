@@ -21,10 +21,9 @@ plans: ``c`` or ``e`` on an inference engine (engines take d, t, p), ``p``/``e``
 (Megatron or Archon plan them), colocated parts of different world sizes, ``e`` that does
 not divide the GPUs of its part.
 
-The role listed first owns logical device 0 of a job that shares one
-``CUDA_VISIBLE_DEVICES`` (AReaL splits it by position), which is why order is kept.
-
-Pure parsing: imports only ``nbgpu.errors``; never the inventory, sockets or files.
+Order is kept: the first role owns logical device 0 of a job that shares one
+``CUDA_VISIBLE_DEVICES`` (AReaL splits it by position). Pure parsing: imports only
+``nbgpu.errors``; never the inventory, sockets or files.
 """
 
 from __future__ import annotations
@@ -140,7 +139,6 @@ class Allocation:
         return any(r.colocated_with is not None for r in self.roles)
 
     def with_data_parallel(self, name: str, data_parallel: int) -> Allocation:
-        """The same allocation with role *name* at another data-parallel degree."""
         roles = (
             replace(r, data_parallel=data_parallel) if r.name == name else r for r in self.roles
         )
@@ -156,16 +154,6 @@ def _default_name(backend: str | None) -> str:
 
 def _kind_of(name: str | None) -> str:
     return "inference" if name is not None and name.lower() in _INFERENCE_NAMES else "train"
-
-
-def _unique(names: list[str]) -> list[str]:
-    # "d2t1p1+d2t1p1" has two unnamed trainers: train, train2 (a plan needs distinct names).
-    seen: dict[str, int] = {}
-    out = []
-    for name in names:
-        seen[name] = seen.get(name, 0) + 1
-        out.append(name if seen[name] == 1 else f"{name}{seen[name]}")
-    return out
 
 
 def _parse_roles(text: str) -> Allocation:
@@ -247,18 +235,15 @@ def _check_backend(text: str, part: str, backend: str | None, degrees: dict[str,
     if expert > 1:
         mesh = degrees.get("d", 1) * degrees.get("t", 1) * degrees.get("c", 1)
         if mesh % expert:
+            fits = max(k for k in range(1, min(mesh, expert) + 1) if mesh % k == 0)
             raise UserInputError(
                 f"allocation {text!r}: {part!r}: expert-parallel e{expert} must divide the "
-                f"GPUs of one pipeline stage (d × t × c = {mesh}); e.g. e{_largest_divisor(mesh, expert)}"
+                f"GPUs of one pipeline stage (d × t × c = {mesh}); e.g. e{fits}"
             )
 
 
 def _listing(letters: list[str]) -> str:
     return " and ".join(f"{_DEGREE_NAMES[b]} ({b})" for b in letters)
-
-
-def _largest_divisor(n: int, below: int) -> int:
-    return max(k for k in range(1, min(n, below) + 1) if n % k == 0)
 
 
 def _parse_moe(
@@ -326,7 +311,10 @@ def parse_allocation(text: str) -> Allocation:
             parsed.append((backend, name, degrees, anchor))
             if anchor is None:
                 anchor = len(parsed) - 1
-    names = _unique([name or _default_name(backend) for backend, name, _, _ in parsed])
+    given = [name or _default_name(backend) for backend, name, _, _ in parsed]
+    # "d2t1p1+d2t1p1" has two unnamed trainers: train, train2 (a plan needs distinct names).
+    seen = [given[: n + 1].count(name) for n, name in enumerate(given)]
+    names = [name if k == 1 else f"{name}{k}" for name, k in zip(given, seen, strict=True)]
     roles: list[RoleSpec] = []
     for (backend, _name, degrees, anchor), role_name in zip(parsed, names, strict=True):
         role = RoleSpec(
@@ -358,6 +346,4 @@ def _same_world(first: RoleSpec, role: RoleSpec) -> str:
 
 
 def _short(role: RoleSpec) -> str:
-    return _dims(
-        {k: getattr(role, field) for k, field in _FIELDS.items() if getattr(role, field) > 1}
-    )
+    return _dims({k: getattr(role, name) for k, name in _FIELDS.items() if getattr(role, name) > 1})

@@ -1,12 +1,9 @@
 """The planning functions users call: ``nbgpu.plan()``, ``.sweep()``, ``.nodes()``, ``.scale()``
-and ``.plan_from_json()``.
-
-They check the input once (one ``UserInputError`` line per mistake), take the inventory
-snapshot, or each node's for a cluster, read config and plan files, and hand plain data to
-the pure modules. A saved inventory is read back as the inventory it is, so its GPUs keep
-the findings, health and holders they had where it was taken. The only module of
-``plan/`` that takes an inventory or reads files; never imports IPython, pynvml or psutil
-directly (the inventory module, which does, is imported when a snapshot is taken).
+and ``.plan_from_json()``. They check the input once, take the inventory (each node's for a
+cluster; a saved one is read back with the findings, health and holders it had), read config
+and plan files, the only module of ``plan/`` that does either, and hand plain data to the pure
+modules. Never imports IPython, pynvml or psutil itself (the inventory module, which does, is
+imported when a snapshot is taken).
 """
 
 from __future__ import annotations
@@ -69,9 +66,8 @@ def _gpus(
             f"the inventory has no GPU (NVML: {snapshot.nvml_error}); plan for another box "
             "with inventory='pod.json' (from `nbgpu status --json`) or a spec such as '4xA40'"
         )
-    if snapshot.simulated:
-        return candidates_from_inventory(snapshot), snapshot.fleet_name or "simulated", True
-    return candidates_from_inventory(snapshot), snapshot.hostname, False
+    name = (snapshot.fleet_name or "simulated") if snapshot.simulated else snapshot.hostname
+    return candidates_from_inventory(snapshot), name, snapshot.simulated
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,6 +75,12 @@ P = TypeVar("P", Plan, SweepPlan, NodesPlan)
 # The job keywords a sweep and a plan across nodes do not take (they choose those themselves).
 _NOT_SWEEP = ("num_gpus", "require")
 _NOT_NODES = ("allocation", "num_gpus", "require", "exclude", "base_port")
+_CLUSTER_FORMS = (
+    "expected a cluster: %gpu_status --slurm's result, the JSON file `nbgpu status --slurm "
+    "--json` writes, or a mapping of node names to fleets such as {'n1': '4xA40', 'n2': "
+    "'4xA40,busy=0'}"
+)
+_SEVERITY_OF = {"problems": "bad", "warnings": "warn"}  # plan files older than severities
 
 
 def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
@@ -139,19 +141,18 @@ def plan(
 ) -> Plan:
     """Place a job's roles on healthy GPUs and check its batch and memory.
 
-    ``allocation``: ``"sglang.d1t1p1+d3t1p1"`` (AReaL), ``"inference:1,train:3"``, or None
-    for one training role on ``num_gpus`` GPUs (default: every usable GPU).
-    ``require``/``exclude``: GPUs (NVML indices) that must / must not be used; required ones
-    come first, in the order given. ``global_batch``, ``micro_batch``, ``grad_accum``,
-    ``max_micro_batch``: checked against the first training role's data-parallel size;
-    ``divisors`` must divide the global batch, ``step_divisors`` the ranks × micro batch
-    (TRL GRPO's ``num_generations``). ``model`` (a parameter count, ``"7B"``, an HF config
-    dict or its ``config.json`` path, a built-in name such as ``"Qwen/Qwen2.5-7B-Instruct"``,
-    or a torch module) with ``precision``/``strategy``/``optimizer`` adds a per-GPU
-    memory check of every term (:func:`nbgpu.estimate`); ``seq_len`` adds activations, logits
-    and the KV cache, and ``max_micro_batch="auto"`` computes the largest micro batch the
-    smallest GPU of the first training role holds. ``port_is_free`` replaces the socket test
-    (tests pass a function).
+    ``allocation``: ``"sglang.d1t1p1+d3t1p1"`` (AReaL), ``"inference:1,train:3"``, or None for
+    one training role on ``num_gpus`` GPUs (default: every usable GPU). ``require``/``exclude``:
+    GPUs (NVML indices) that must / must not be used; required ones come first, in the order
+    given. ``global_batch``, ``micro_batch``, ``grad_accum``, ``max_micro_batch``: checked
+    against the first training role's data-parallel size; ``divisors`` must divide the global
+    batch, ``step_divisors`` the ranks × micro batch (TRL GRPO's ``num_generations``). ``model``
+    (a parameter count, ``"7B"``, an HF config dict or its ``config.json`` path, a built-in name
+    such as ``"Qwen/Qwen2.5-7B-Instruct"``, or a torch module) with ``precision``/``strategy``/
+    ``optimizer`` adds a per-GPU memory check of every term (:func:`nbgpu.estimate`);
+    ``seq_len`` adds activations, logits and the KV cache, and ``max_micro_batch="auto"``
+    computes the largest micro batch the smallest GPU of the first training role holds.
+    ``port_is_free`` replaces the socket test (tests pass a function).
     """
     job_ = _job("nbgpu.plan()", {"allocation": allocation, **job})
     return build_plan(*_gpus(inventory, environ), job_, is_free=port_is_free or _port_is_free)
@@ -193,11 +194,7 @@ def sweep(
 
 @_takes_job_keywords(but=_NOT_NODES)
 def nodes(
-    cluster: Any,
-    *,
-    nodes: int | None = None,
-    nproc_per_node: int | None = None,
-    **job: Any,
+    cluster: Any, *, nodes: int | None = None, nproc_per_node: int | None = None, **job: Any
 ) -> NodesPlan:
     """Plan one training job across a cluster's nodes: which nodes, which GPUs on each.
 
@@ -234,17 +231,15 @@ def scale(
     rewritten (comments, order, quoting, ``$VAR`` references and line continuations kept);
     ``save(path)`` writes it.
 
-    ``to_gpus`` defaults to the usable GPUs of ``inventory``. ``batch="scale"`` keeps the
-    per-GPU work (global batches grow with the GPUs), ``"keep"`` keeps global batches and
-    checks them. ``tensor_parallel``: ``"keep"`` (more engines), ``"scale"`` (bigger
-    engines) or a number. ``rules`` maps your own keys to a rule (see
-    ``nbgpu.scale.RULES``). With ``model`` (an HF config dict) and a GPU size
-    (``inventory`` or ``gpu_memory_bytes``) the KV cache per GPU is checked. Unlike
-    :func:`plan`, no inventory is taken unless ``inventory`` is given: configs are often
-    scaled for another box.
+    ``to_gpus`` defaults to the usable GPUs of ``inventory``. ``batch="scale"`` keeps the per-GPU
+    work (global batches grow with the GPUs), ``"keep"`` keeps global batches and checks them.
+    ``tensor_parallel``: ``"keep"`` (more engines), ``"scale"`` (bigger engines) or a number.
+    ``rules`` maps your own keys to a rule (see ``nbgpu.scale.RULES``). With ``model`` (an HF
+    config dict) and a GPU size (``inventory`` or ``gpu_memory_bytes``) the KV cache per GPU is
+    checked. Unlike :func:`plan`, no inventory is taken unless ``inventory`` is given: configs
+    are often scaled for another box.
     """
-    source = None
-    text_source = None
+    source = text_source = None
     if isinstance(config, str | os.PathLike):
         source = os.fspath(config)
         text_source = read_config(read_text(config, "config"), source)
@@ -297,13 +292,6 @@ def scale(
         new_text=new_text,
         warnings=result.warnings + notes_,
     )
-
-
-_CLUSTER_FORMS = (
-    "expected a cluster: %gpu_status --slurm's result, the JSON file `nbgpu status --slurm "
-    "--json` writes, or a mapping of node names to fleets such as {'n1': '4xA40', 'n2': "
-    "'4xA40,busy=0'}"
-)
 
 
 def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
@@ -409,9 +397,6 @@ def _plan_file(data: Any, kind: type[P], key: str) -> P:
         )
     prefix = "sweep JSON" if kind is SweepPlan else "plan JSON"
     return from_data(kind, _upgraded(data), prefix=prefix)
-
-
-_SEVERITY_OF = {"problems": "bad", "warnings": "warn"}
 
 
 def _upgraded(data: Any, key: str = "") -> Any:

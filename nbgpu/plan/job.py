@@ -1,14 +1,13 @@
 """The job a plan is made for, validated once with one-line errors, and its batch arithmetic.
 
-Every user-facing value is checked here and becomes a frozen :class:`Job`; the planner
-never sees raw input (values that need an inventory, such as a GPU index, it checks).
-**Batches** follow llm-analysis (``reference/memory.md`` §6): ``global = micro × accum ×
-dp``; the micro batch is the largest divisor of ``global / dp`` allowed, the rest is
-accumulation. ``divisors`` divide the global batch (AReaL's GRPO ``group_size``),
-``step_divisors`` divide ``dp × micro``, the samples of one step (TRL's GRPO
-``num_generations``). An invalid batch gets the reason and the nearest valid values below
-and above, with their splits: batch 8 on 3 trainers → 6 or 9. Pure: never imports the
-inventory, sockets or files.
+Every user-facing value is checked here and becomes a frozen :class:`Job`; the planner never
+sees raw input (values that need an inventory, such as a GPU index, it checks). **Batches**
+follow llm-analysis (``reference/memory.md`` §6): ``global = micro × accum × dp``; the micro
+batch is the largest divisor of ``global / dp`` allowed, the rest is accumulation.
+``divisors`` divide the global batch (AReaL's GRPO ``group_size``), ``step_divisors`` divide
+``dp × micro``, the samples of one step (TRL's GRPO ``num_generations``). An invalid batch
+gets the reason and the nearest valid values below and above, with their splits: batch 8 on
+3 trainers → 6 or 9. Pure: never imports the inventory, sockets or files.
 """
 
 from __future__ import annotations
@@ -218,9 +217,6 @@ def make_job(request: JobRequest) -> Job:
     return Job(**{**vars(r), **checked}, max_micro_auto=auto)
 
 
-# ---------------------------------------------------------------------- batches
-
-
 @dataclass(frozen=True)
 class Split:
     """One way to reach the global batch: ``micro_batch`` per rank × ``grad_accum`` steps."""
@@ -406,10 +402,9 @@ def check_batch(
             splits=found[:MAX_SPLITS],
         )
     # Valid batches repeat with this period (every multiple of it is valid when the micro
-    # batch is free), so a valid value above any batch lies within one period of it.
-    period = math.lcm(data_parallel, *(k for _, k in divisors))
-    for _, k in step_divisors:
-        period = math.lcm(period, data_parallel * k // math.gcd(data_parallel, k))
+    # batch is free), so a valid value above any batch lies within one period of it. A step
+    # divisor k asks dp × micro to divide by k: lcm(dp, k), which dp already divides.
+    period = math.lcm(data_parallel, *(k for _, k in (*divisors, *step_divisors)))
     span = period * (micro_batch or 1) * (grad_accum or 1) + data_parallel
     nearest = []
     below = range(global_batch - 1, max(0, global_batch - span - 1), -1)

@@ -4,11 +4,10 @@ torchrun starts the same number of ranks *P* on every node, so a node can take t
 when it has *P* usable GPUs (the one-box sorting of findings). The planner keeps such
 nodes, clean ones first, and checks the batch and the memory for the whole world of
 ``nodes × P`` ranks: ZeRO and FSDP shard over all of them, and the smallest free GPU of
-any chosen node decides what fits. Without *P*: the most ranks per node that still give
-the most ranks in total; without *nodes*: every node that can hold *P*. A job that does
-not fit names each node that falls short and offers fewer nodes or fewer ranks per node,
-batch checked again. The rendezvous port is picked on the first node when the job starts.
-Pure: never reads an inventory, files or sockets.
+any chosen node decides what fits (:func:`default_shape` fills in *nodes* or *P*). A job
+that does not fit names each node that falls short and offers fewer nodes or fewer ranks per
+node, batch checked again. The rendezvous port is picked on the first node when the job
+starts. Pure: never reads an inventory, files or sockets.
 """
 
 from __future__ import annotations
@@ -20,20 +19,8 @@ from typing import Any, ClassVar
 from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes, to_text
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
-from nbgpu.plan.job import (
-    BatchCheck,
-    Job,
-    check_job_batch,
-    nearest_batch,
-    whole_number,
-)
-from nbgpu.plan.memcheck import (
-    auto_max_micro,
-    free_bytes,
-    memory_check,
-    memory_problems,
-    smallest_free,
-)
+from nbgpu.plan.job import BatchCheck, Job, check_job_batch, nearest_batch, whole_number
+from nbgpu.plan.memcheck import auto_max_micro, memory_check, memory_problems, smallest_free
 from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
 from nbgpu.plan.planner import batch_problem, caveats
 from nbgpu.plan.result import (
@@ -96,8 +83,7 @@ class NodesAlternative:
             return ""
         if self.plan.ok:
             return " — ready"
-        first = self.plan.problems[0].message if self.plan.problems else "not ready"
-        return f" — also blocked ({first})"
+        return f" — also blocked ({self.plan.problems[0].message})"  # not ok: it has problems
 
 
 @dataclass(frozen=True)
@@ -148,8 +134,6 @@ class NodesPlan(Result):
     def simulated_fleet(self) -> str | None:
         return self.source if self.simulated else None
 
-    # -- rendering ---------------------------------------------------------------
-
     def _table(self) -> Table:
         table = Table(["node", "GPUs (CUDA_VISIBLE_DEVICES)", "ranks", "GPU", "left out"])
         for n in self.nodes:
@@ -169,8 +153,7 @@ class NodesPlan(Result):
             free = "" if m.available_bytes is None else f" free {fmt_bytes(m.available_bytes)}"
             where = f"{m.verdict} on node {self.memory_node} GPU {m.deciding_gpu}{free}"
             needed = f"{fmt_bytes(m.needed_bytes)}, {where} (the smallest of the job)"
-            lines.append(Line(needed, label="memory per GPU"))
-            lines.append(Line(m.accounting, indent="  "))
+            lines += [Line(needed, label="memory per GPU"), Line(m.accounting, indent="  ")]
             if m.max_micro_batch is not None:
                 largest = f"{m.max_micro_batch} (computed, no trials)"
                 lines.append(Line(largest, label="largest micro batch"))
@@ -193,17 +176,11 @@ class NodesPlan(Result):
         sim = "SIMULATED " if self.simulated else ""
         verdict = "ready" if self.ok else "NOT READY"
         title = f"nbgpu plan — {shape} on {sim}{self.source} · {verdict}"
-        blocks: list[Block] = [
-            Title(title, simulated=self.simulated),
-            self._table(),
-            *self._footer(),
-        ]
-        blocks += problem_blocks(self.problems, self.warnings)
+        blocks: list[Block] = [Title(title, simulated=self.simulated), self._table()]
+        blocks += self._footer() + problem_blocks(self.problems, self.warnings)
         return blocks + alternative_blocks(
             [(f"{a.title}{a.status}: {a.reason}", ()) for a in self.alternatives]
         )
-
-    # -- data --------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
         rows = []
@@ -214,9 +191,6 @@ class NodesPlan(Result):
 
     def to_dict(self) -> dict[str, Any]:
         return {"nbgpu_nodes_plan": PLAN_FILE_FORMAT, **to_data(self)}
-
-
-# ------------------------------------------------------------------ the planner
 
 
 @dataclass(frozen=True)
@@ -242,21 +216,16 @@ class _Node:
 
 
 def default_shape(capacities: Sequence[int], nodes: int | None) -> tuple[int, int]:
-    """(nodes, ranks per node) when the user left one or both out.
-
-    With *nodes* given: the most ranks per node that many nodes can all hold. Without:
-    the ranks per node that give the largest world, the larger per-node count on a tie
-    (fewer nodes, less traffic between them).
-    """
+    """(nodes, ranks per node) when the user left one or both out. With *nodes*: the most
+    ranks per node that many nodes can all hold; without: the largest world, the larger
+    per-node count on a tie (fewer nodes, less traffic between them)."""
     ordered = sorted(capacities, reverse=True)
     if nodes is not None:
         return nodes, ordered[nodes - 1] if nodes <= len(ordered) else 0
-    best = (0, 0)
-    for per_node in sorted(set(ordered) - {0}, reverse=True):
-        count = sum(1 for c in ordered if c >= per_node)
-        if count * per_node > best[0] * best[1]:
-            best = (count, per_node)
-    return best
+    shapes = [
+        (sum(1 for c in ordered if c >= per_node), per_node) for per_node in set(ordered) - {0}
+    ]
+    return max(shapes, key=lambda shape: (shape[0] * shape[1], shape[1]), default=(0, 0))
 
 
 def _memory(
@@ -271,12 +240,8 @@ def _memory(
     """The memory check on the node whose smallest free GPU is the smallest of all."""
     if job.model is None or not chosen:
         return job, (), None
-
-    def tightest(node: NodeGpus) -> int:
-        smallest = smallest_free(node.gpus)
-        return 2**63 if smallest is None else free_bytes(smallest) or 0
-
-    deciding = min(chosen, key=tightest)
+    smallest = smallest_free([g for node in chosen for g in node.gpus])
+    deciding = next((node for node in chosen if smallest in node.gpus), chosen[0])
     # The job as one data-parallel training role over every rank of every node.
     role = RolePlan("train", "train", None, world, gpus=deciding.gpus)
     job = auto_max_micro([role], job, warnings)
@@ -298,8 +263,7 @@ def build_nodes_plan(
     nproc_per_node: int | None,
     alternatives: bool = True,
 ) -> NodesPlan:
-    """Place one training job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs (read
-    from *source*)."""
+    """Place one job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs (from *source*)."""
     if not node_candidates:
         raise UserInputError("the cluster has no node to plan on")
     asked_nodes = whole_number("nodes", nodes)
@@ -336,20 +300,18 @@ def build_nodes_plan(
     problems: list[Problem] = []
     if len(chosen) < nodes or nproc_per_node < 1:
         short = [f"{n.node}: {n.reason}" for n in left_out if not n.reason.startswith("not ")]
-        fixes = [
+        fixes = dict.fromkeys(
             f"on {n.name}: {c.problems[0].fixes[0]}"
             for n in every
             for c in n.candidates
             if not c.usable and c.recoverable and c.problems and c.problems[0].fixes
-        ]
+        )
         shape = f"{nodes} node(s) × {per_node} GPUs"
         message = (
             f"{shape} needs {nodes} node(s) with {per_node} usable GPUs each; {len(fits)} of "
             f"the {len(every)} node(s) do" + (f" ({'; '.join(short)})" if short else "")
         )
-        problems.append(
-            Problem("bad", "not_enough_nodes", shape, message, tuple(dict.fromkeys(fixes)))
-        )
+        problems.append(Problem("bad", "not_enough_nodes", shape, message, tuple(fixes)))
     world = nodes * per_node
     if len({g.memory_total_bytes for n in chosen for g in n.gpus}) > 1:
         why = "every rank holds the same micro batch, so the smallest decides"
@@ -378,17 +340,12 @@ def build_nodes_plan(
         asked_per_node,
     )
     if alternatives and problems:
-        alts = _alternatives(node_candidates, source, simulated, job, plan)
-        plan = replace(plan, alternatives=alts)
+        plan = replace(plan, alternatives=_alternatives(node_candidates, job, plan))
     return plan
 
 
 def _alternatives(
-    node_candidates: Mapping[str, Sequence[Candidate]],
-    source: str,
-    simulated: bool,
-    job: Job,
-    plan: NodesPlan,
+    node_candidates: Mapping[str, Sequence[Candidate]], job: Job, plan: NodesPlan
 ) -> tuple[NodesAlternative, ...]:
     """Shapes that fit the usable GPUs: fewer nodes, or fewer ranks on each."""
     capacities = [len(order_pool(c)) for c in node_candidates.values()]
@@ -405,8 +362,8 @@ def _alternatives(
         alt_job, note = nearest_batch(job, count * ranks)
         alt = build_nodes_plan(
             node_candidates,
-            source,
-            simulated,
+            plan.source,
+            plan.simulated,
             alt_job,
             nodes=count,
             nproc_per_node=ranks,

@@ -1,21 +1,19 @@
 """Which GPUs a plan may use, which ones each role gets, and which ports.
 
 **Assignment** (:func:`assign`), in order of importance: only usable candidates are ever
-given out; GPUs the user requires come first, in the order given (a hand workaround such
-as ``3,2,1,0``); otherwise clean GPUs before ones with caveats, then by NVML index (the
-first role, which owns logical device 0, gets the best GPU); a role gets GPUs of one model
-and memory size when the box allows it (data-parallel ranks share one micro batch, so on
-a mixed set the smallest GPU decides). Colocated roles (AReaL's ``|``) get the GPUs of the
-role they share with (:func:`shared_groups`).
+given out; GPUs the user requires come first, in the order given (a hand workaround such as
+``3,2,1,0``); otherwise clean GPUs before ones with caveats, then by NVML index (the first
+role, which owns logical device 0, gets the best GPU); a role gets GPUs of one model and
+memory size when the box allows it (data-parallel ranks share one micro batch, so on a mixed
+set the smallest GPU decides). Colocated roles (AReaL's ``|``) get the GPUs of the role they
+share with (:func:`shared_groups`).
 
-**Ports** (:func:`pick_ports`): distinct free TCP ports, asked of an injected
-``port_is_free`` so plans are deterministic under test. :func:`port_is_free` is the one
-place in ``plan/`` that touches the system: it binds a socket and lets it go. A port free
-now can be taken before the job starts (hand-started sweep runs often all use 12345):
-distinct ports per plan stop *our* runs from colliding; the launcher re-checks at start.
-
-Reads an ``Inventory`` snapshot, importing its type only for checking; never pynvml,
-psutil or files.
+**Ports** (:func:`pick_ports`): distinct free TCP ports, asked of an injected ``port_is_free``
+so plans are deterministic under test; :func:`port_is_free`, the one place in ``plan/`` that
+touches the system, binds a socket and lets it go. A port free now can be taken before the
+job starts (hand-started sweep runs often all use 12345): distinct ports per plan stop *our*
+runs from colliding; the launcher re-checks at start. Reads an ``Inventory`` snapshot,
+importing its type only for checking; never pynvml, psutil or files.
 """
 
 from __future__ import annotations
@@ -24,7 +22,8 @@ import errno
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from itertools import islice
+from typing import TYPE_CHECKING
 
 from nbgpu._render import fmt_bytes
 from nbgpu.devices.model import gpu_health
@@ -59,6 +58,10 @@ _NOT_RUNNING = frozenset({"zombie", "dead"})
 _RECOVERABLE = frozenset(
     {"exclusive_dead_holder", "zombie_holder", "exclusive_busy", "prohibited", "reset_required"}
 )
+# How far past the base port to look before giving up: a box with a thousand ports taken
+# in a row has a problem a plan cannot solve.
+SCAN_LIMIT = 1000
+PortChecker = Callable[[int], bool]
 
 
 @dataclass(frozen=True)
@@ -163,9 +166,6 @@ def planned_gpus(members: Sequence[Candidate]) -> tuple[PlannedGpu, ...]:
     )
 
 
-# ------------------------------------------------------------------- assignment
-
-
 def order_pool(candidates: Sequence[Candidate], require: Sequence[int] = ()) -> list[Candidate]:
     """Usable candidates in the order they should be handed out."""
     usable = {c.nvml_index: c for c in candidates if c.usable}
@@ -191,11 +191,8 @@ def _pick(remaining: list[Candidate], count: int) -> list[Candidate]:
 def assign(
     pool: Sequence[Candidate], counts: Sequence[int], *, keep_order: bool = False
 ) -> list[list[Candidate]] | None:
-    """Disjoint GPU lists, one per count, or None if the pool is too small.
-
-    ``keep_order`` hands GPUs out strictly in pool order (required GPUs given by the
-    user); otherwise each role prefers a set of identical GPUs.
-    """
+    """Disjoint GPU lists, one per count, or None if the pool is too small; ``keep_order``
+    (required GPUs) hands them out in pool order, else each role prefers identical GPUs."""
     if sum(counts) > len(pool):
         return None
     remaining = list(pool)
@@ -207,27 +204,17 @@ def assign(
     return out
 
 
-T = TypeVar("T")
-
-
-def shared_groups(allocation: Allocation, groups: list[list[T]] | None) -> list[list[T]] | None:
+def shared_groups(
+    allocation: Allocation, groups: list[list[Candidate]] | None
+) -> list[list[Candidate]] | None:
     """One GPU list per role: a colocated role gets the list of the role it shares with."""
     if groups is None:
         return None
-    by_name: dict[str, list[T]] = {}  # role names are unique: one list per role, in order
+    by_name: dict[str, list[Candidate]] = {}  # role names are unique: one list per role, in order
     own = iter(groups)
     for role in allocation.roles:
         by_name[role.name] = by_name[role.colocated_with] if role.colocated_with else next(own)
     return [list(members) for members in by_name.values()]
-
-
-# ------------------------------------------------------------------------ ports
-
-# How far past the base port to look before giving up: a box with a thousand ports taken
-# in a row has a problem a plan cannot solve.
-SCAN_LIMIT = 1000
-
-PortChecker = Callable[[int], bool]
 
 
 def port_is_free(port: int) -> bool:
@@ -248,15 +235,8 @@ def pick_ports(
     taken: Iterable[int] = (),
     is_free: PortChecker = port_is_free,
 ) -> tuple[int, ...]:
-    """*count* distinct ports from *base_port* upward that are free and not in *taken*.
-
-    Returns fewer when the scan limit or port 65535 is reached first; the caller says so.
-    """
+    """*count* distinct ports from *base_port* upward that are free and not in *taken*; fewer
+    when the scan limit or port 65535 is reached first (the caller says so)."""
     avoid = set(taken)
-    found: list[int] = []
-    port = base_port
-    while len(found) < count and port <= min(MAX_PORT, base_port + SCAN_LIMIT):
-        if port not in avoid and is_free(port):
-            found.append(port)
-        port += 1
-    return tuple(found)
+    scan = range(base_port, min(MAX_PORT, base_port + SCAN_LIMIT) + 1)
+    return tuple(islice((port for port in scan if port not in avoid and is_free(port)), count))

@@ -3,16 +3,17 @@
 It composes ``placement``, ``job`` and ``memcheck`` and turns their findings into problems,
 warnings and alternatives. An unusable GPU is never given a role: it is listed in
 ``excluded`` with its reason, and when the job cannot be placed without it the plan offers
-the same shape on fewer data-parallel replicas (biggest training role first, inference
-last) with a batch they can run, or the steps that free the GPU. Pure: the only outside
-call is the injected ``is_free`` port check; never imports the inventory module, sockets,
-files, psutil or IPython.
+the same shape (tensor/pipeline degrees) on fewer data-parallel replicas (biggest training
+role first, inference last) with a batch they can run, or the steps that free the GPU.
+Pure: the only outside call is the injected ``is_free`` port check; never imports the
+inventory module, sockets, files, psutil or IPython.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
@@ -97,20 +98,19 @@ def _trainer_batch(allocation: Allocation, job: Job, warnings: list[Problem]) ->
     return check_job_batch(job, trainers[0].data_parallel)
 
 
-def _mixed_warning(role: RolePlan) -> Problem | None:
+def _mixed_warning(role: RolePlan) -> list[Problem]:
     if len({g.memory_total_bytes for g in role.gpus}) < 2:
-        return None
+        return []
     smallest = min(role.gpus, key=lambda g: g.memory_total_bytes or 0)
     listing = ", ".join(f"GPU {g.nvml_index}: {fmt_bytes(g.memory_total_bytes)}" for g in role.gpus)
-    train = role.kind == "train"
-    why = (
-        "data-parallel ranks share one micro batch" if train else "tensor-parallel shards are equal"
-    )
+    why = "tensor-parallel shards are equal"
+    if role.kind == "train":
+        why = "data-parallel ranks share one micro batch"
     message = (
         f"role {role.name} mixes GPU sizes ({listing}): {why}, so the smallest "
         f"(GPU {smallest.nvml_index}) decides what fits; the memory check uses it"
     )
-    return Problem("warn", "mixed_gpus", f"role {role.name}", message)
+    return [Problem("warn", "mixed_gpus", f"role {role.name}", message)]
 
 
 def _role_checks(
@@ -126,9 +126,7 @@ def _role_checks(
     memory: list[MemoryCheck] = []
     for role in (r for r in roles if r.gpus):
         warnings.extend(caveats(f"role {role.name}", (by_index[i] for i in role.nvml_indices)))
-        mixed = _mixed_warning(role)
-        if mixed is not None:
-            warnings.append(mixed)
+        warnings.extend(_mixed_warning(role))
         if job.model is not None:
             memory.append(memory_check(role, job, batch))
             memory_problems(memory[-1], role, job, problems, warnings)
@@ -201,7 +199,18 @@ def build_plan(
     if batch is not None and not batch.ok:
         problems.append(batch_problem(batch, f"role {allocation.train_roles[0].name}"))
     memory = _role_checks(roles, by_index, job, batch, problems=problems, warnings=warnings)
-    plan = Plan(
+    alts: tuple[Alternative, ...] = ()
+    if alternatives and (groups is None or required_bad):
+        same_gpus = partial(build_plan, candidates, fleet, simulated, is_free=is_free)
+        alts = _alternatives(
+            job,
+            allocation=allocation,
+            usable=len(usable),
+            excluded=excluded,
+            required_bad=required_bad,
+            sub_plan=partial(same_gpus, taken_ports=taken_ports, alternatives=False),
+        )
+    return Plan(
         allocation.text,
         tuple(roles),
         tuple(problems),
@@ -209,38 +218,14 @@ def build_plan(
         excluded,
         batch,
         tuple(memory),
-        (),
+        alts,
         fleet,
         simulated,
         job.name,
     )
-    if alternatives and (groups is None or required_bad):
-        alts = _alternatives(
-            job,
-            allocation=allocation,
-            usable=len(usable),
-            excluded=excluded,
-            required_bad=required_bad,
-            sub_plan=lambda changed: build_plan(
-                candidates,
-                fleet,
-                simulated,
-                changed,
-                is_free=is_free,
-                taken_ports=taken_ports,
-                alternatives=False,
-            ),
-        )
-        plan = replace(plan, alternatives=alts)
-    return plan
-
-
-# ------------------------------------------------------------------ alternatives
 
 
 def _smaller_allocation(allocation: Allocation, usable: int) -> Allocation | None:
-    # Shrink the data-parallel degree, biggest training role first, inference last: the
-    # job keeps its shape (tensor/pipeline degrees) and only runs on fewer replicas.
     if allocation.colocated:
         return None  # colocated roles shrink together; the user picks the new shape
     alloc = allocation

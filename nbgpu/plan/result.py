@@ -52,6 +52,10 @@ MASTER_ADDR = "127.0.0.1"
 TIGHT_SHARE = 0.8
 # A plan's frame: each role's row holds these of its fields.
 _ROLE_KEYS = ("kind", "degrees", "nproc_per_node", "master_port", "cuda_visible_devices")
+#: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
+PLAN_FILE_FORMAT = 1
+MEMORY_NOT_CHECKED = Line("not checked (pass model= to compare with free memory)", label="memory")
+_PCI_ORDER = Line("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,13 @@ class PlannedGpu:
 class RolePlan(RoleSpec):
     """One role placed: which physical GPUs in which order, how many processes, which port.
 
-    ``gpus`` is in logical order: ``gpus[k]`` is ``cuda:k`` inside the role's processes.
-    ``cuda_visible_devices`` lists their NVML indices (nvidia-smi's numbers) in that order;
-    they mean those GPUs only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which ``env`` sets
-    (``cuda_visible_devices_uuids`` is the order-independent UUID form).
-    ``nproc_per_node`` is the number of processes to start: data × tensor × pipeline ×
-    context. A role ``colocated_with`` another runs on that role's GPUs (AReaL's ``|``).
-    ``master_port`` is a free port for the role's rendezvous (torchrun's MASTER_PORT; a
-    server may use it for its own process group), distinct across the plan.
+    ``gpus[k]`` is ``cuda:k`` inside the role's processes; ``cuda_visible_devices`` lists
+    their NVML indices (nvidia-smi's numbers) in that order, meaning those GPUs only with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which ``env`` (the variables to set) sets
+    (``cuda_visible_devices_uuids``: the order-independent form). ``nproc_per_node``: data ×
+    tensor × pipeline × context processes. A role ``colocated_with`` another runs on its GPUs
+    (AReaL's ``|``). ``master_port``: a free port for the role's rendezvous (torchrun's
+    MASTER_PORT; a server may use it for its own process group), distinct across the plan.
     """
 
     JSON_EXTRAS: ClassVar[tuple[str, ...]] = (
@@ -179,8 +182,7 @@ class MemoryCheck:
 
     @property
     def fits(self) -> bool | None:
-        available = self.available_bytes
-        return None if available is None else self.needed_bytes <= available
+        return None if self.available_bytes is None else self.needed_bytes <= self.available_bytes
 
     @property
     def verdict(self) -> str:
@@ -203,9 +205,6 @@ def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -
     return Title(title, simulated=simulated)
 
 
-MEMORY_NOT_CHECKED = Line("not checked (pass model= to compare with free memory)", label="memory")
-
-
 def problem_blocks(*problems: Sequence[Problem]) -> list[Block]:
     """Problems and warnings, each with its fixes, after a blank line (nothing when none)."""
     every = [p for group in problems for p in group]
@@ -223,10 +222,6 @@ def alternative_blocks(alternatives: Sequence[tuple[str, Sequence[str]]]) -> lis
             for n, (head, steps) in enumerate(alternatives, 1)
         ),
     ]
-
-
-#: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
-PLAN_FILE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -250,11 +245,8 @@ class Plan(Result):
     What launchers read (``%%torchrun --plan p``, ``nbgpu run --plan FILE``):
 
     - ``ok``: no blocking problem; launch only then.
-    - ``roles``: per role ``name``, ``kind``, ``gpus`` (each with ``nvml_index``, ``uuid``
-      and ``cuda_index``, the logical order), ``nvml_indices``, ``uuids``,
-      ``cuda_visible_devices`` (NVML indices in order; valid with
-      ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), ``nproc_per_node``, ``master_port`` and ``env``
-      (the variables to set, including ``CUDA_DEVICE_ORDER``).
+    - ``roles``: a :class:`RolePlan` each: ``name``, ``kind``, ``gpus``, ``nvml_indices``,
+      ``uuids``, ``cuda_visible_devices``, ``nproc_per_node``, ``master_port`` and ``env``.
     - ``cuda_visible_devices``: all roles' GPUs in role order, for launchers that take
       one list and split it by position (AReaL): logical device 0 is the first role's.
     - ``problems`` (blocking) and ``warnings``: each a ``nbgpu.problems.Problem`` with ``code``,
@@ -298,8 +290,6 @@ class Plan(Result):
             if role.name == name:
                 return role
         raise KeyError(f"{name!r}: roles are {', '.join(r.name for r in self.roles)}")
-
-    # -- rendering ---------------------------------------------------------------
 
     def _role_table(self) -> Table:
         table = Table(["role", "kind", "degrees", "GPUs (CUDA_VISIBLE_DEVICES)", "nproc", "port"])
@@ -370,19 +360,13 @@ class Plan(Result):
             )
             lines.append(Line(one_list, label="one-list form"))
         if any(r.gpus for r in self.roles):
-            lines.append(
-                Line("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
-            )
+            lines.append(_PCI_ORDER)
         return lines
 
     def content(self) -> list[Block]:
-        run = f"{self.name}: " if self.name else ""
-        blocks: list[Block] = [
-            plan_title(
-                "plan", f"{run}{self.allocation}", self.fleet, simulated=self.simulated, ok=self.ok
-            ),
-            self._role_table(),
-        ]
+        what = f"{self.name}: {self.allocation}" if self.name else self.allocation
+        title = plan_title("plan", what, self.fleet, simulated=self.simulated, ok=self.ok)
+        blocks: list[Block] = [title, self._role_table()]
         if any(r.gpus for r in self.roles):
             blocks.append(self._gpu_table())
         if self.excluded:
@@ -398,8 +382,6 @@ class Plan(Result):
         return blocks + alternative_blocks(
             [(f"{a.title}{a.status}: {a.reason}", a.fixes) for a in self.alternatives]
         )
-
-    # -- data --------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
         rows = []

@@ -1,18 +1,15 @@
 """Sweeps: one box split into disjoint GPU sets with distinct ports, one plan per run.
 
 Concurrent sweep runs started by hand tend to share GPUs and one MASTER_PORT (12345). A
-:class:`SweepPlan` gives every run its own GPUs (never shared, never unusable) and its own
-free port, each run a complete :class:`~nbgpu.plan.result.Plan` that a background
-``%%torchrun --plan sweep.runs[i]`` can launch. Runs are filled with identical GPUs where
-the box allows it, and clean GPUs before ones with caveats.
+:class:`SweepPlan` gives every run its own GPUs (never shared, never unusable; identical and
+clean ones first) and its own free port, each run a complete :class:`~nbgpu.plan.result.Plan`
+that a background ``%%torchrun --plan sweep.runs[i]`` can launch.
 
-A run placed on GPUs that other jobs are using now would share their compute and memory
-(a 97 %-busy GPU gives a new run a fraction of its speed, and its free memory, not its
-total): such a run is not ready unless the sweep is asked to share (``share=True``), and
-the sweep says how many runs fit on free GPUs now. Asked for as many runs as fit, a sweep
-that does not share leaves GPUs in use out.
-
-Pure: builds on ``assign`` and ``planner``; the port check is injected.
+A run on GPUs other jobs are using now would share their compute and memory (a 97 %-busy
+GPU gives a new run a fraction of its speed, and its free memory, not its total): it is not
+ready unless the sweep shares (``share=True``); the sweep says how many runs fit on free GPUs
+now, and one asked for as many runs as fit leaves GPUs in use out. Pure: builds on
+``assign`` and ``planner``; the port check is injected.
 """
 
 from __future__ import annotations
@@ -32,6 +29,8 @@ from nbgpu.plan.result import PLAN_FILE_FORMAT, ExcludedGpu, Plan, plan_title, p
 from nbgpu.problems import Problem
 
 __all__ = ["SweepPlan", "build_sweep"]
+
+IN_USE = "gpus_in_use"
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,7 @@ class SweepPlan(Result):
 
     def _problems(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
         # Every run carries the same batch verdict: say it once.
-        problems = list(self.problems)
-        warnings = list(self.warnings)
+        problems, warnings = list(self.problems), list(self.warnings)
         for run in self.runs:
             # The sweep says once which runs share GPUs in use; each run's copy is for launch.
             problems.extend(p for p in run.problems if p not in problems and p.code != IN_USE)
@@ -86,10 +84,8 @@ class SweepPlan(Result):
 
     def content(self) -> list[Block]:
         what = f"{len(self.runs)} runs × {self.gpus_per_run} GPUs ({self.allocation})"
-        blocks: list[Block] = [
-            plan_title("plan sweep", what, self.fleet, simulated=self.simulated, ok=self.ok),
-            self._table(),
-        ]
+        title = plan_title("plan sweep", what, self.fleet, simulated=self.simulated, ok=self.ok)
+        blocks: list[Block] = [title, self._table()]
         if self.excluded:
             left = "; ".join(f"GPU {e.nvml_index} ({e.health})" for e in self.excluded)
             blocks.append(Line(left, label="left out"))
@@ -107,9 +103,6 @@ class SweepPlan(Result):
         data: dict[str, Any] = to_data(self)
         data["runs"] = [run.to_dict() for run in self.runs]
         return {"nbgpu_sweep": PLAN_FILE_FORMAT, "ok": self.ok, **data}
-
-
-IN_USE = "gpus_in_use"
 
 
 def _in_use_text(cands: Sequence[Candidate]) -> str:
@@ -169,11 +162,7 @@ def build_sweep(
     is_free: PortChecker,
     share: bool = False,
 ) -> SweepPlan:
-    """Split the usable GPUs (of *pool*, if given) into disjoint runs of *job*.
-
-    ``share``: runs may go on GPUs other jobs are using (otherwise such runs are not ready,
-    and ``runs=None`` leaves those GPUs out).
-    """
+    """Split the usable GPUs (of *pool*, if given) into disjoint runs of *job*."""
     whole_number("runs", runs)
     whole_number("gpus_per_run", gpus_per_run)
     if not candidates:
@@ -223,12 +212,11 @@ def build_sweep(
         problems.append(Problem("bad", "not_enough_gpus", "sweep", message, tuple(fixes)))
     plans: list[Plan] = []
     taken: list[int] = []
+    run_job = replace(job, allocation=allocation, num_gpus=None, require=(), exclude=())
     for n, group in enumerate(assign(ordered, [per_run] * count) or []):
-        run_job = replace(
-            job, allocation=allocation, num_gpus=None, require=(), exclude=(), name=f"run{n}"
-        )
+        named = replace(run_job, name=f"run{n}")
         plan = build_plan(
-            group, fleet, simulated, run_job, is_free=is_free, taken_ports=taken, alternatives=False
+            group, fleet, simulated, named, is_free=is_free, taken_ports=taken, alternatives=False
         )
         taken.extend(r.master_port for r in plan.roles if r.master_port is not None)
         plans.append(plan)
