@@ -336,7 +336,8 @@ def _run(args: argparse.Namespace) -> int:
         print(render_plan_output(result, args) or result.text())
         return EXIT_OK if result.ok else EXIT_PROBLEM
     raise UserInputError(
-        "nbgpu: choose a command: status, doctor, clean, run, runs, stacks, plan or diagnose (see `nbgpu -h`)"
+        "nbgpu: choose a command: status, doctor, clean, run, runs, stacks, memory, plan, "
+        "estimate or diagnose (see `nbgpu -h`)"
     )
 
 

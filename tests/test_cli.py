@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from nbgpu import cli
 from tests.conftest import NO_DRIVER, real_nvml_present
 
 NBGPU = [sys.executable, "-m", "nbgpu"]
@@ -93,6 +94,13 @@ def test_usage_errors_are_one_line_exit_2(args, simulate, fragment):
     assert len(lines) == 1, out.stderr
     assert fragment in lines[0]
     assert lines[0].startswith("nbgpu: error: ")
+
+
+def test_no_command_names_every_command():
+    out = run([], simulate="healthy")
+    said = out.stderr.split("choose a command:")[1]
+    for name in cli._build_parser()._subparsers._group_actions[0].choices:
+        assert name in said, name
 
 
 def test_bad_fleet_json_file(tmp_path):
