@@ -84,6 +84,7 @@ def test_routine_trigger_lines_open_no_window_however_long_the_log() -> None:
     # Besides the windows, each 64 KiB piece keeps its last 12 lines for the next one
     # (and the line it completes, left over from the piece before).
     assert long.walked <= 2 * len(got_long) + 13 * (len(data) // 65536 + 1)
+    assert _scan(data, 4093)[1] == got_long  # the same lines, however the bytes arrive
     # The failure at the end is still read, with the traceback above it.
     tail = list(got_long.values())[-len(_FAILURE) :]
     assert tail == [line.encode() for line in _FAILURE]
