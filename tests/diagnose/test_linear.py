@@ -11,9 +11,11 @@ from __future__ import annotations
 import string
 
 from nbgpu.diagnose import diagnose
-from nbgpu.diagnose.catalog import CATALOG
+from nbgpu.diagnose.catalog import CATALOG, SECONDARY
 from nbgpu.diagnose.lines import ROUTINE_REPEATS, WindowScanner
-from nbgpu.diagnose.scan import SourceScan
+from nbgpu.diagnose.scan import SECONDARY_ID, SourceScan
+
+from .helpers import corpus_logs
 
 _DDP = (
     "UserWarning: Grad strides do not match bucket view strides. This may indicate grad was "
@@ -139,3 +141,42 @@ def test_every_line_a_trigger_gives_the_full_scans_answer() -> None:
     full = diagnose(text, full_scan=True)
     assert windowed.cause == full.cause == "cuda_oom"
     assert windowed.failed_rank == full.failed_rank == 2
+
+
+def test_the_keyword_prefilter_finds_what_every_cause_finds() -> None:
+    # Every line of every corpus log: the causes matched through the shared keyword pass
+    # are the ones each cause finds with its own keywords and patterns.
+    scan = SourceScan("corpus", counter=iter(range(10**9)))
+    for log in corpus_logs():
+        for line in log.text.splitlines():
+            lowered = line.lower()
+            every = [(c, p) for c in CATALOG if (p := c.match(lowered, line)) is not None]
+            assert scan._matches(line, lowered) == every, line
+
+
+_SECONDARY_SAMPLES = (
+    "ConnectionResetError: [Errno 104] Connection reset by peer",
+    "Connection closed by remote peer",
+    "BrokenPipeError: [Errno 32] Broken pipe",
+    "Sending process 4301 closing signal SIGTERM",
+    "torch.distributed.elastic.agent.server.api:Received 1 death signal, shutting down workers",
+    "got signal: 15",
+    "Signal 15 (SIGTERM) received by PID 4301",
+    "exitcode  : -15 (pid: 4303)",
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 42 got signal: 1",
+    "Fatal Python error: Aborted",
+    "Signal 6 (SIGABRT) received by PID 4302",
+    "exitcode: -6",
+    "terminate called after throwing ... taking the entire process down",
+)
+
+
+def test_secondary_markers_pass_their_keyword_test() -> None:
+    # Each SECONDARY pattern has a sample here, and every sample still becomes a hit
+    # behind the keyword test that now runs first.
+    assert all(any(p.regex.search(s) for s in _SECONDARY_SAMPLES) for p in SECONDARY)
+    scan = SourceScan("agent.log", counter=iter(range(10**9)))
+    for number, sample in enumerate(_SECONDARY_SAMPLES, 1):
+        hits = len(scan.hits)
+        scan.feed(number, f"[rank{number}]:{sample}")
+        assert any(h.cause == SECONDARY_ID for h in scan.hits[hits:]), sample
