@@ -13,9 +13,10 @@ pieces kept). ``full=True`` hands over every line (small inputs, tests).
 Linear time, whatever the log looks like: every line is walked a bounded number of
 times (found by the trigger search, its shape taken once if it holds a trigger, walked
 once by the window that hands it over), and a line that is routine output - a trigger
-line whose shape, the line without its digits, was already seen ``ROUTINE_REPEATS``
-times: the same warning from every rank at every step, a retried request's traceback, a
-loss line with a field named ``error`` - opens no window. Its first occurrences are read
+line whose shape, the line without its digits and lower-case hex letters (ranks, steps,
+sizes, addresses, ids), was already seen ``ROUTINE_REPEATS`` times: the same warning
+from every rank at every step, a retried request's traceback, a loss line with a field
+named ``error`` - opens no window. Its first occurrences are read
 in full, so what it says is still known; a log that prints it a million times is not
 read a million times.
 
@@ -149,7 +150,9 @@ ROUTINE_REPEATS = 32
 # Shapes remembered (a hash each): beyond this many distinct ones, new shapes open
 # windows as before, so memory stays bounded and nothing is missed.
 _MAX_SHAPES = 8192
-_DIGITS = b"0123456789"
+# What varies between repeats of one line: numbers, and hex (0x7f3a2c... addresses,
+# ids). Dropping a-f from words too merges only lines that differ in those letters alone.
+_VARYING = b"0123456789abcdef"
 
 
 class WindowScanner:
@@ -241,7 +244,7 @@ class WindowScanner:
         """One hit per trigger line (sorted), leaving out the lines whose shape is routine.
 
         O(length of the trigger lines): each one is cut out, stripped of its digits and
-        hashed once, however many triggers it holds.
+        hex letters and hashed once, however many triggers it holds.
         """
         hits.sort()
         fresh: list[int] = []
@@ -254,7 +257,7 @@ class WindowScanner:
             if line_end == -1:
                 line_end = stop
             text = bytes(buf[line_start : min(line_end, line_start + MAX_LINE_BYTES)])
-            shape = hash(text.translate(None, _DIGITS))
+            shape = hash(text.translate(None, _VARYING))
             seen = self._shapes.get(shape, 0)
             if seen >= ROUTINE_REPEATS:
                 self.routine += 1
