@@ -6,6 +6,7 @@ import io
 import json
 import random
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,13 @@ def test_run_object_with_run_dir(tmp_path: Path) -> None:
     result = diagnose(Run())
     assert result.cause == "cuda_oom"
     assert result.failed_rank == 0
+
+
+def test_nbgpus_own_run_object(tmp_path: Path) -> None:
+    # nbgpu.runs()[name] keeps its directory in .dir: diagnosing the run itself works.
+    (tmp_path / "rank0.log").write_text(OOM)
+    run = types.SimpleNamespace(dir=tmp_path, name="train")
+    assert diagnose(run).cause == "cuda_oom"
 
 
 def test_malformed_run_json_and_error_files_become_notes(tmp_path: Path) -> None:
