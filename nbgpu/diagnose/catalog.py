@@ -52,14 +52,8 @@ class Cause:
     # NCCL errors) rank below any primary cause, whatever their timing.
     secondary: bool = False
 
-    def match(self, lowered: str, text: str) -> Pattern | None:
-        """The first pattern matching ``text`` (``lowered`` is its lower-case copy)."""
-        if not any(k in lowered for k in self.keywords):
-            return None
-        return self.search(text)
-
     def search(self, text: str) -> Pattern | None:
-        """The first pattern matching ``text``, without the keyword test (done by the caller)."""
+        """The first pattern matching ``text``, without the keyword test (:func:`candidates`)."""
         return next((p for p in self.patterns if p.regex.search(text)), None)
 
 
