@@ -225,14 +225,16 @@ def runs() -> dict[str, Run]:
 
 def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, float]]:
     """Ranks of a running run that have written nothing for *after_s* (default
-    ``NBGPU_SILENT_AFTER`` or 120 s): (rank, seconds)."""
+    ``NBGPU_SILENT_AFTER``, else the run's ``--hang-after``, else 120 s): (rank, seconds)."""
     if run.state != "running" or run.started_at is None:
         return []
     if run.warm is not None and not run.warm.busy:
         return []  # between cells a warm job's ranks are quiet by design
     if after_s is None:
         try:
-            after_s = float(os.environ.get("NBGPU_SILENT_AFTER") or SILENT_AFTER_S)
+            after_s = float(
+                os.environ.get("NBGPU_SILENT_AFTER") or run.config.hang_after_s or SILENT_AFTER_S
+            )
         except ValueError:
             after_s = SILENT_AFTER_S
     now = time.time()
@@ -258,18 +260,25 @@ class RunsTable(Result):
     def content(self) -> list[Block]:
         if not self.entries:
             return [Line("No runs in this kernel yet (start one with %%torchrun N).", wrap=False)]
-        table = Table(["name", "state", "ranks", "GPUs", "port", "age", "quiet", "log dir"])
+        table = Table(
+            ["name", "state", "ranks", "GPUs", "port", "age", "quiet (--hang-after)", "log dir"]
+        )
         hints = []
         for run in self.entries:
             silent = silent_ranks(run)
             quiet = "-"
-            if silent:
+            if run.stall_lines and run.stalls is not None and run.stalls.reported_at:
+                quiet = "STALLED: " + "; ".join(run.stall_lines)
+                silent = []  # said once, by the stall
+            elif silent:
                 ranks = ",".join(str(r) for r, _s in silent)
                 quiet = f"rank {ranks} silent {span(max(s for _r, s in silent))}"
                 hint = f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name}"
                 hints.append(Line(hint + " shows every rank's stack", level="warn", wrap=False))
             gpus = run.config.cuda_visible_devices
-            level = {"failed": "bad", "timed_out": "bad", "running": ""}.get(run.state, "ok")
+            level = {"failed": "bad", "timed_out": "bad", "hung": "bad", "running": ""}.get(
+                run.state, "ok"
+            )
             state = run.state.replace("_", " ")
             if run.warm is not None and not run.done:
                 state = run.warm.describe()
@@ -282,9 +291,9 @@ class RunsTable(Result):
                 "-" if gpus is None else gpus or "none",
                 run.port or "-",
                 "-" if run.started_at is None else span(time.time() - run.started_at),
-                quiet,
+                quiet + (f" (stall: {span(hang)})" if (hang := run.config.hang_after_s) else ""),
                 str(run.dir),
-                level="warn" if silent else level,
+                level="warn" if silent or quiet.startswith("STALLED") else level,
             )
         return [table, *hints]
 

@@ -195,6 +195,18 @@ FLAGS: tuple[Flag, ...] = (
         per_cell=True,
     ),
     Flag(
+        ("--hang-after",),
+        "a job with no output and a collective pending for S seconds is stalled: find the "
+        "rank and the line (default 120; 0: never look; %gpu_runs shows it)",
+        {"type": float, "metavar": "S"},
+    ),
+    Flag(
+        ("--on-hang",),
+        "what a stall does after its report: report (the job goes on: a slow step may "
+        "finish) or stop",
+        {"choices": ["report", "stop"], "default": "report"},
+    ),
+    Flag(
         ("--env",),
         "extra environment for the ranks (repeatable)",
         {"action": "append", "default": [], "metavar": "K=V"},
@@ -307,6 +319,8 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
         "nnodes": args.nodes,
         "slurm": _slurm_options(args),
         "rdzv_timeout_s": args.rdzv_timeout,
+        "hang_after_s": args.hang_after,
+        "on_hang": args.on_hang,
     }
 
 

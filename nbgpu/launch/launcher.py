@@ -20,6 +20,7 @@ from nbgpu.devices.model import gpu_health
 from nbgpu.errors import UserInputError
 from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (
+    HANG_AFTER_S,
     LaunchConfig,
     LaunchPlan,
     NodesLaunchPlan,
@@ -195,6 +196,8 @@ def prepare(
     node_rank: int | None = None,
     rdzv_endpoint: str | None = None,
     rdzv_timeout_s: float | None = None,
+    hang_after_s: float | None = None,
+    on_hang: str = "report",
     face: str = "notebook",
 ) -> Prepared:
     """Validate everything and decide nproc and GPUs; starts nothing.
@@ -288,6 +291,8 @@ def prepare(
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
         rdzv_timeout_s=rdzv_timeout_s,
+        hang_after_s=HANG_AFTER_S if hang_after_s is None else hang_after_s,
+        on_hang=on_hang,
     )
     return Prepared(config=config, notes=tuple(notes))
 
