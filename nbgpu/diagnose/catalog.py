@@ -13,7 +13,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["CATALOG", "CAUSE_IDS", "SECONDARY", "TRIGGERS", "UNKNOWN", "Cause", "Pattern", "cause"]
+__all__ = [
+    "CATALOG",
+    "CAUSE_IDS",
+    "SECONDARY",
+    "STALLED",
+    "TRIGGERS",
+    "UNKNOWN",
+    "Cause",
+    "Pattern",
+    "cause",
+]
 
 
 @dataclass(frozen=True)
@@ -207,6 +217,26 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"DistBackendError", 0.7, "dist-backend-error"),
         ),
         keywords=("nccl", "unhandled", "distbackenderror", "remote process"), priority=30, secondary=True,
+    ),
+    Cause("collective_mismatch", "Ranks called collectives that do not match",
+        "The ranks reached the same collective call slot with different operations or "
+        "tensor sizes (one rank reduces 8 floats while the others reduce 16, one calls "
+        "barrier while the others all_reduce). Gloo detects the size difference and "
+        "aborts the rank; NCCL may instead hang or corrupt data silently.",
+        fixes=(
+            ("make every rank call the same collectives, in the same order, with tensors of the "
+             "same shape: look for `if rank == ...` around a collective and for per-rank "
+             "shapes (the last batch of an uneven split)"),
+            ("`%%torchrun --env TORCH_DISTRIBUTED_DEBUG=DETAIL` checks every call and names the "
+             "mismatching op and shapes before it runs"),
+        ),
+        patterns=(
+            _p(r"Received data size doesn't match expected size", 0.9, "gloo-size-mismatch"),
+            _p(r"Detected mismatch between collectives", 0.95, "debug-detail-mismatch"),
+            _p(r"collective mismatch|mismatched collective", 0.8, "collective-mismatch"),
+        ),
+        keywords=("match expected size", "mismatch between collectives", "collective mismatch",
+                  "mismatched collective"), priority=65,
     ),
     Cause("port_in_use", "Rendezvous port already in use",
         "The master (rank 0 / the torchrun agent) could not listen on MASTER_PORT: "
@@ -434,6 +464,25 @@ UNKNOWN = Cause("unknown", "Unrecognised failure",
     keywords=(), priority=10,
 )
 
+#: A job waiting in a collective for a rank that never came: found from the ranks' flight
+#: records (nbgpu's stall.json, NCCL's dumps on a timeout), not from a log line.
+STALLED = Cause("stalled_collective", "The job stalled in a collective",
+    "Every rank that reached a collective waits in it for a rank that never came (it "
+    "is still in its own code: a sleep, a data loader, a rank-dependent branch) or "
+    "that called a different collective. Nothing fails until NCCL's watchdog (10 min) "
+    "or gloo's timeout (30 min) ends the job, so no log line says which rank it was; "
+    "each rank's flight recorder does.",
+    fixes=(
+        ("the rank named is where to look: a branch on the rank around a collective, an "
+         "uneven split (one rank has fewer batches), a DataLoader worker stuck on storage"),
+        "every rank's full stack while it hangs: `%gpu_stacks NAME` (`nbgpu stacks RUNDIR`)",
+        ("let a stall end the job once it is reported: `%%torchrun --on-hang stop` "
+         "(`--hang-after S` to look sooner or later than 120 s)"),
+    ),
+    patterns=(),
+    keywords=(), priority=55,
+)
+
 #: Lines that mark a rank as a casualty of another rank's failure.
 SECONDARY: tuple[Pattern, ...] = (
     _p(r"Connection reset by peer|Connection closed by (?:remote )?peer|Broken pipe", 0.5, "peer-gone", consequence=True),
@@ -444,8 +493,9 @@ SECONDARY: tuple[Pattern, ...] = (
 )
 # fmt: on
 
+# What a log can show (STALLED comes from flight records, never from a line).
 CAUSE_IDS: tuple[str, ...] = (*(c.id for c in CATALOG), UNKNOWN.id)
-_BY_ID = {c.id: c for c in (*CATALOG, UNKNOWN)}
+_BY_ID = {c.id: c for c in (*CATALOG, STALLED, UNKNOWN)}
 
 
 def cause(cause_id: str) -> Cause:

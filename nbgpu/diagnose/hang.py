@@ -104,14 +104,15 @@ class Stall:
     different: dict[int, Collective] = field(default_factory=dict)
     unanswered: list[int] = field(default_factory=list)  # ranks that gave no record
     places: dict[int, RankPlace] = field(default_factory=dict)
-    waited_s: float = 0.0
+    waited_s: float | None = 0.0  # None: not known (a dump has no clock)
 
     @property
     def culprits(self) -> list[int]:
         return sorted({*self.absent, *self.different, *self.unanswered})
 
     def lines(self, source: dict[str, list[str]] | None = None) -> list[str]:
-        head = f"stalled {_span(self.waited_s)} in {self.collective.words()}"
+        waited = "" if self.waited_s is None else f" {_span(self.waited_s)}"
+        head = f"stalled{waited} in {self.collective.words()}"
         if self.waiting:
             who = "rank" if len(self.waiting) == 1 else "ranks"
             head += f" ({who} {_ranks(self.waiting)} waiting)"
@@ -141,7 +142,7 @@ class Stall:
             "seq": c.seq,
             "group": c.group,
             "sizes": [list(s) for s in c.sizes],
-            "waited_s": round(self.waited_s, 1),
+            "waited_s": None if self.waited_s is None else round(self.waited_s, 1),
             "waiting": self.waiting,
             "never_entered": {str(r): s for r, s in sorted(self.absent.items())},
             "no_record": self.unanswered,

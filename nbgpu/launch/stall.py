@@ -121,11 +121,12 @@ class StallWatch:
         if stall is None:
             return []
         self.stall, self.reported_at = stall, time.time()
-        with contextlib.suppress(OSError):
+        lines = stall.lines()
+        with contextlib.suppress(OSError):  # what `nbgpu diagnose RUNDIR` reads
             (self.run_dir / "stall.json").write_text(
-                json.dumps(stall.to_dict(), indent=1) + "\n", encoding="utf-8"
+                json.dumps({"lines": lines, **stall.to_dict()}, indent=1) + "\n", encoding="utf-8"
             )
-        return stall.lines()
+        return lines
 
     def _look(self) -> Stall | None:
         ranks = list(range(self.world_size))
@@ -133,7 +134,7 @@ class StallWatch:
         clock = max((int(r.get("time_ns", 0)) for r in records.values()), default=0)
         traces = {rank: r.get("trace") or {} for rank, r in records.items()}
         stall = find_stall(traces, now_ns=clock or time.time_ns(), world=ranks)
-        if stall is None or stall.waited_s < self.after_s:
+        if stall is None or (stall.waited_s or 0.0) < self.after_s:
             return None
         for entry in rank_stacks(self.run_dir, timeout_s=_STACKS_S).ranks:
             if entry.rank not in stall.culprits or not entry.python:

@@ -31,6 +31,7 @@ REQUIRED = {
     "illegal_access",
     "segfault",
     "gpu_lost",
+    "collective_mismatch",
     "unknown",
 }
 PACKAGE = Path(nbgpu.diagnose.__file__).parent

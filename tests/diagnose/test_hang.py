@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from nbgpu.diagnose import diagnose
 from nbgpu.diagnose.hang import (
     Frame,
     RankPlace,
@@ -159,3 +160,55 @@ def test_a_rank_in_its_own_code_shows_the_line(tmp_path):
     worker = (Frame(str(script), 4, "load_batch"),)
     both = RankPlace(main_thread(parse_stacks(STACKS)), worker).words()
     assert both.endswith("; its DataLoader worker is in train.py:4 load_batch(): time.sleep(600)")
+
+
+def _nccl_dumps(directory):
+    """The real gloo dumps, written as NCCL writes its dump on a timeout (a pickle each)."""
+    for rank, trace in _dumps("barrier").items():
+        (directory / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(trace))
+
+
+def test_diagnose_reads_the_flight_records_nccl_leaves(tmp_path):
+    _nccl_dumps(tmp_path)
+    for source in (tmp_path, tmp_path / "nccl_trace_rank_1"):  # the folder, or one dump
+        result = diagnose(source)
+        assert result.cause == "stalled_collective", result.text()
+        assert result.failed_rank == 1
+        assert [e.text for e in result.root.evidence] == [
+            "stalled in all_reduce #4 [1000] (rank 0 waiting)",
+            "rank 1 entered barrier #4 instead",
+        ]
+
+
+def test_an_unreadable_dump_is_a_note_not_a_traceback(tmp_path):
+    _nccl_dumps(tmp_path)
+    (tmp_path / "nccl_trace_rank_2").write_bytes(b"\x80\x04garbage")
+    result = diagnose(tmp_path)
+    assert result.cause == "stalled_collective"
+    assert any("nccl_trace_rank_2: not read as a flight record" in n for n in result.notes)
+
+
+TIMEOUT_LOG = (Path(__file__).parent / "corpus/nccl_timeout/basicsr_737_allreduce.log").read_text()
+
+
+def _stalled_run(directory, log):
+    (directory / "rank0.log").write_text(log)
+    lines = ["stalled 5 min in all_reduce #808 (ranks 0,2 waiting)", "rank 1 never entered it"]
+    stall = {"lines": lines, "never_entered": {"1": 807}, "entered_other": {}}
+    (directory / "stall.json").write_text(json.dumps(stall))
+
+
+def test_a_recorded_stall_explains_the_timeouts_it_caused(tmp_path):
+    _stalled_run(tmp_path, TIMEOUT_LOG)
+    result = diagnose(tmp_path)
+    assert result.cause == "stalled_collective", result.text()
+    assert result.failed_rank == 1
+    assert {f.cause: f.role for f in result.findings}["nccl_timeout"] == "consequence"
+
+
+def test_a_crash_stays_the_root_of_the_stall_it_caused(tmp_path):
+    oom = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    _stalled_run(tmp_path, TIMEOUT_LOG + oom)
+    result = diagnose(tmp_path)
+    assert result.cause == "cuda_oom", result.text()
+    assert {f.cause: f.role for f in result.findings}["stalled_collective"] == "also"

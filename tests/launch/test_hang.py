@@ -118,3 +118,11 @@ def test_a_slow_step_is_not_a_hang(env):
     assert run.state == "succeeded", out
     assert "stalled" not in out
     assert not (run.dir / "stall.json").exists()
+
+
+def test_diagnose_reads_the_stall_afterwards(env):
+    run, _out = _run(env, SLEEPING_RANK, hang_after_s=3, on_hang="stop")
+    result = nbgpu.diagnose(run.dir)
+    assert result.cause == "stalled_collective", result.text()
+    assert result.failed_rank == 1
+    assert "load_batch(): time.sleep(600)" in result.text()
