@@ -132,8 +132,8 @@ def diagnose(
 
     ``source`` is a log file path, a run directory (``run.json``, ``rank{N}.log``,
     ``error-rank{N}.json``, ``agent.log``), ``"-"`` for stdin, a binary or text stream,
-    the log text itself (``str`` or ``bytes``), or a run object with a ``run_dir``
-    attribute. ``inventory`` is an ``nbgpu.status()`` snapshot (live or simulated): with
+    the log text itself (``str`` or ``bytes``), or a run (``nbgpu.runs()[name]``, or an
+    object with a ``run_dir`` attribute). ``inventory`` is an ``nbgpu.status()`` snapshot (live or simulated): with
     it a found cause names the physical GPU, its holder and the exact ``--gpus`` to use.
     ``name`` labels a text or stream source in the evidence. ``full_scan`` forces
     (True) or forbids (False) reading every line instead of the trigger windows.

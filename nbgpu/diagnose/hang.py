@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import re
+import sysconfig
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +24,14 @@ from typing import Any
 
 __all__ = ["Collective", "Frame", "RankPlace", "Stall", "find_stall", "parse_stacks", "read_trace"]
 
-# Frames from these places are machinery, not where the user's code is: the answer names the
-# innermost frame outside them (and the innermost frame overall, when it says more).
-_LIBRARY = re.compile(r"[/\\](?:site-packages|dist-packages|lib/python\d\.\d+|nbgpu)[/\\]")
+# Frames from these places are machinery, not where the user's code is: installed packages
+# (any interpreter's), the standard library, frozen modules, and nbgpu's own rank code. A
+# path match, not a "/nbgpu/" anywhere: run directories live under ~/.cache/nbgpu/.
+_LIBRARY = re.compile(r"[/\\](?:site-packages|dist-packages)[/\\]|^<")
+_OWN = (
+    str(Path(__file__).resolve().parents[1]) + os.sep,
+    *{sysconfig.get_path(name) + os.sep for name in ("stdlib", "platstdlib")},
+)
 _FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)')
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 
@@ -57,7 +64,7 @@ class Frame:
 
     @property
     def library(self) -> bool:
-        return bool(_LIBRARY.search(self.file))
+        return bool(_LIBRARY.search(self.file)) or self.file.startswith(_OWN)
 
     def words(self) -> str:
         return f"{Path(self.file).name}:{self.line} {self.function}()"

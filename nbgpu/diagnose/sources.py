@@ -334,7 +334,15 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
     if hasattr(source, "read") and not isinstance(source, str | os.PathLike):
         label = name or str(getattr(source, "name", "<stream>"))
         return Inputs(kind="stream", label=label, logs=[LogInput(label, stream=source)])  # type: ignore[arg-type]  # duck-typed stream
-    run_dir = getattr(source, "run_dir", None) or getattr(source, "directory", None)
+    # A run object: nbgpu's own Run (.dir), or anything with .run_dir / .directory.
+    run_dir = next(
+        (
+            v
+            for a in ("run_dir", "directory", "dir")
+            if isinstance(v := getattr(source, a, None), str | os.PathLike)
+        ),
+        None,
+    )
     if run_dir is not None and not isinstance(source, str | os.PathLike):
         source = run_dir
     if not isinstance(source, str | os.PathLike):

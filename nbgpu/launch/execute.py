@@ -17,7 +17,14 @@ from typing import Any
 
 from nbgpu._render import Block, Line, Result, Table, to_text
 from nbgpu.errors import UserInputError
-from nbgpu.launch.config import CELL_OPTIONS, CellRequest, Prepared, pickle_pushed, start_only
+from nbgpu.launch.config import (
+    CELL_OPTIONS,
+    HANG_AFTER_S,
+    CellRequest,
+    Prepared,
+    pickle_pushed,
+    start_only,
+)
 from nbgpu.launch.procs import StopReport
 from nbgpu.launch.run import RUNS, Run, RunFailed
 from nbgpu.launch.streams import LineSink, ScreenWriter
@@ -260,15 +267,14 @@ class RunsTable(Result):
     def content(self) -> list[Block]:
         if not self.entries:
             return [Line("No runs in this kernel yet (start one with %%torchrun N).", wrap=False)]
-        table = Table(
-            ["name", "state", "ranks", "GPUs", "port", "age", "quiet (--hang-after)", "log dir"]
-        )
+        table = Table(["name", "state", "ranks", "GPUs", "port", "age", "quiet", "log dir"])
         hints = []
         for run in self.entries:
             silent = silent_ranks(run)
             quiet = "-"
             if run.stall_lines and run.stalls is not None and run.stalls.reported_at:
-                quiet = "STALLED: " + "; ".join(run.stall_lines)
+                quiet = "STALLED"
+                hints.append(Line(f"{run.name}: " + "; ".join(run.stall_lines), level="bad"))
                 silent = []  # said once, by the stall
             elif silent:
                 ranks = ",".join(str(r) for r, _s in silent)
@@ -291,11 +297,16 @@ class RunsTable(Result):
                 "-" if gpus is None else gpus or "none",
                 run.port or "-",
                 "-" if run.started_at is None else span(time.time() - run.started_at),
-                quiet + (f" (stall: {span(hang)})" if (hang := run.config.hang_after_s) else ""),
+                quiet + _hang_after(run.config.hang_after_s),
                 str(run.dir),
                 level="warn" if silent or quiet.startswith("STALLED") else level,
             )
-        return [table, *hints]
+        stall = Line(
+            f"a run quiet for {span(HANG_AFTER_S)} with a collective pending is stalled: nbgpu "
+            "names the rank and the line (--hang-after S for another time, 0: never)",
+            wrap=False,
+        )
+        return [table, *hints, stall]
 
     def text(self) -> str:
         return to_text(self.content(), width=120)  # a row per run: wider than 80 columns
@@ -308,6 +319,13 @@ class RunsTable(Result):
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": self.records()}
+
+
+def _hang_after(seconds: float) -> str:
+    """A run's own --hang-after, next to its quiet time (the default is said once)."""
+    if seconds == HANG_AFTER_S:
+        return ""
+    return " (no stall look)" if not seconds else f" (stall after {span(seconds)})"
 
 
 def runs_table() -> RunsTable:

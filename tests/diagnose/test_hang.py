@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import nbgpu.rank.worker
 from nbgpu.diagnose import diagnose
 from nbgpu.diagnose.hang import (
     Frame,
@@ -212,3 +213,11 @@ def test_a_crash_stays_the_root_of_the_stall_it_caused(tmp_path):
     result = diagnose(tmp_path)
     assert result.cause == "cuda_oom", result.text()
     assert {f.cause: f.role for f in result.findings}["stalled_collective"] == "also"
+
+
+def test_a_cell_under_nbgpus_runs_directory_is_the_users_code():
+    # Run directories live under ~/.cache/nbgpu/runs: "nbgpu" in a path is not nbgpu's code.
+    cell = Frame("/home/me/.cache/nbgpu/runs/stuck-20261126-1120/cell.py", 14, "load_batch")
+    assert not cell.library
+    assert Frame("<frozen runpy>", 88, "_run_code").library
+    assert Frame(nbgpu.rank.worker.__file__, 140, "main").library

@@ -1,11 +1,16 @@
 """A job that hangs, found and explained by itself: real gloo ranks, each way a job gets stuck."""
 
 import json
+import threading
+import time
 
 import pytest
 
 import nbgpu
-from nbgpu.launch.run import leftover_processes
+from nbgpu.launch.execute import runs_table
+from nbgpu.launch.launcher import prepare
+from nbgpu.launch.run import Run, leftover_processes
+from nbgpu.launch.streams import ScreenWriter
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +127,30 @@ def test_a_slow_step_is_not_a_hang(env):
 
 def test_diagnose_reads_the_stall_afterwards(env):
     run, _out = _run(env, SLEEPING_RANK, hang_after_s=3, on_hang="stop")
-    result = nbgpu.diagnose(run.dir)
+    result = nbgpu.diagnose(run)  # the run itself, as a notebook user has it
     assert result.cause == "stalled_collective", result.text()
     assert result.failed_rank == 1
     assert "load_batch(): time.sleep(600)" in result.text()
+
+
+def test_a_reported_stall_leaves_the_job_running_and_shows_in_gpu_runs(env):
+    prepared = prepare(code=SLEEPING_RANK, nproc=2, environ=env, hang_after_s=3)
+    run = Run(prepared.config, environ=env).start()
+    lines = []
+    follower = threading.Thread(target=run.follow, args=(ScreenWriter(lines.append),))
+    follower.start()
+    try:
+        deadline = time.time() + 60
+        while not run.stall_lines and time.time() < deadline:
+            time.sleep(0.2)
+        assert run.stall_lines, "".join(lines)
+        assert run.state == "running"  # --on-hang report (the default): the job goes on
+        shown = runs_table().text()
+        assert "STALLED (stall after 3 s)" in shown
+        assert f"{run.name}: stalled " in shown
+        assert "a run quiet for 2 min with a collective pending is stalled" in shown
+    finally:
+        run.stop("stopped")
+        follower.join(60)
+    assert run.state == "stopped"
+    assert leftover_processes(run) == []
