@@ -31,6 +31,11 @@ REQUIRED = {
     "illegal_access",
     "segfault",
     "gpu_lost",
+    "cpu_torch",
+    "missing_module",
+    "agent_hangup",
+    "exit_barrier",
+    "ray_oom",
     "unknown",
 }
 PACKAGE = Path(nbgpu.diagnose.__file__).parent
