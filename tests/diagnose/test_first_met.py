@@ -133,3 +133,12 @@ def test_ray_memory_numbers_and_the_node_to_ask() -> None:
     assert root is not None
     assert "Ray killed 12 worker(s) on node 172.31.105.218" in root.details[0]
     assert "`ray logs raylet.out -ip 172.31.105.218`" in root.details[1]
+
+
+def test_python_m_names_its_own_interpreter() -> None:
+    # `sudo bash script.sh` ran the system python, which has no torch.
+    text = (HERE / "corpus/missing_module/squash_27_python_m_launch.log").read_text()
+    root = diagnose(text).root
+    assert root is not None
+    assert "they ran /usr/bin/python (its own message)" in root.details[0]
+    assert "`/usr/bin/python -m pip install torch`" in root.fixes[0]

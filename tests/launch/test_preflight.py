@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,13 @@ def test_the_line_comes_before_the_ranks_and_the_run_still_starts(env) -> None:
     assert text.index("asks for CUDA") < text.index("[rank")
     assert run.state == "failed"  # it started, and every rank met the CPU build there
     assert "module 'torch._C' has no attribute '_cuda_setDevice'" in text
+    # run.json names the interpreter the ranks ran, for a diagnosis of a missing module.
+    assert json.loads((run.dir / "run.json").read_text())["python"] == sys.executable
+
+
+def test_simulated_fleet_with_a_cuda_build_names_the_fleet() -> None:
+    config = LaunchConfig(nproc=2, code=ASKS_CUDA)
+    line = cuda_line(config, CUDA_BUILD, gpus_here=False, fleet="4xA40")
+    assert line is not None
+    assert "the simulated fleet '4xA40' has no CUDA behind it" in line
+    assert "nbgpu.rank.device()" in line
