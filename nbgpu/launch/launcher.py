@@ -388,7 +388,8 @@ def torchrun(
     ``force``, ``name``, ``timeout_s``, ``env``, ``push`` (dict of values),
     ``pull``, ``pull_all_ranks``, ``serial_imports``, ``mem_limit``, ``mem_sample``
     (seconds between memory samples in every rank, 0 off; ``run.memory`` reports them),
-    ``backend``, ``quiet``, ``script_args``.
+    ``backend``, ``quiet``, ``script_args``, ``strict`` (refuse code that asks for CUDA
+    this machine's torch cannot give; without it, one line and the run starts).
 
     ``keep=True`` keeps the ranks (their globals, process group, CUDA context) after
     the code ran and returns a :class:`WarmJob` (``idle_timeout_s`` ends it when
