@@ -35,6 +35,7 @@ _ASKS = (
     (re.compile(r"""(?:torch\.device|\.to)\s*\(\s*f?["']cuda"""), '"cuda" device'),
     (re.compile(r"""backend\s*=\s*["']nccl["']|init_process_group\s*\(\s*["']nccl["']"""), "nccl"),
 )
+_CHOOSES = re.compile(r"cuda\.(?:is_available|device_count)\s*\(")
 _SCRIPT_BYTES = 2 * 1024 * 1024  # a script larger than this is not read
 _CUDA_LINE = re.compile(r"""^cuda\s*(?::[^=]*)?=\s*(?:["']([^"']*)["']|None)""", re.MULTILINE)
 
@@ -83,8 +84,15 @@ def _code_lines(source: str) -> list[tuple[int, str]]:
 
 
 def cuda_asks(source: str) -> tuple[int, str] | None:
-    """The first line of ``source`` that asks torch for CUDA, and what it asks."""
-    for number, line in _code_lines(source):
+    """The first line of ``source`` that asks torch for CUDA, and what it asks.
+
+    Code that asks torch whether CUDA is there (``torch.cuda.is_available()``,
+    ``device_count()``) chooses its device itself: it asks for nothing.
+    """
+    lines = _code_lines(source)
+    if any(_CHOOSES.search(line) for _number, line in lines):
+        return None
+    for number, line in lines:
         for pattern, words in _ASKS:
             if pattern.search(line):
                 return number, words

@@ -83,6 +83,9 @@ def test_a_cuda_build_is_read_from_its_version_file(tmp_path: Path) -> None:
         ("# torch.cuda.set_device(0) on the GPU box\nprint(1)\n", None),
         (PORTABLE, None),
         ("%%time\nx = 1\n", None),  # IPython syntax: read as text, nothing asked
+        # Code that looks before it asks chooses its own device.
+        ("device = 'cuda' if torch.cuda.is_available() else 'cpu'\n", None),
+        ("if torch.cuda.device_count():\n    model.cuda()\n", None),
     ],
 )
 def test_what_asks_for_cuda(source: str, expected: tuple[int, str] | None) -> None:
