@@ -225,7 +225,8 @@ def install_fixes(
             f" (this session's python: in a notebook, `%pip install {named[1]}`)" if kernel else ""
         )
         return (f"install it where the ranks look: `{exe} -m pip install {named[1]}`{same}",)
-    if cause_id == "cpu_torch":
+    if cause_id == "cpu_torch" and not any("No CUDA GPUs" in t for t in texts):
+        # A CPU build (a CUDA build that sees no GPU needs a GPU, not another torch).
         command = f"{exe} -m pip install torch --index-url https://download.pytorch.org/whl/cu124"
         fix = f"install the CUDA build where the ranks look: `{command}` (a cuXYZ no newer "
         return (fix + "than `nvidia-smi` shows)",)

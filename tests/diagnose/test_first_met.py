@@ -74,9 +74,18 @@ def test_cpu_build_shadows_the_driver_reading_of_the_same_line() -> None:
 
 
 def test_no_gpu_visible_is_told_apart_from_a_cpu_build() -> None:
-    log = "  torch._C._cuda_init()\nRuntimeError: No CUDA GPUs are available\n"
-    (detail, *_) = diagnose(log).root.details  # type: ignore[union-attr]
-    assert "sees no GPU" in detail
+    text = (HERE / "corpus/cpu_torch/corgs_23_no_cuda_gpus_set_device.log").read_text()
+    root = diagnose(text).root
+    assert root is not None
+    assert "sees no GPU" in root.details[0]
+    # A CUDA build that sees no GPU needs a GPU, not another torch.
+    assert not any("install the CUDA build where the ranks look" in f for f in root.fixes)
+    cpu = diagnose((REPRODUCED / "cpu_torch/set_device_on_cpu_build_2ranks.log").read_text())
+    assert cpu.root is not None
+    assert cpu.root.fixes[0].startswith(
+        "install the CUDA build where the ranks look: `/work/main/.venv/bin/python -m pip "
+        "install torch --index-url https://download.pytorch.org/whl/cu124`"
+    )
 
 
 def test_missing_module_names_the_interpreter_run_json_recorded(tmp_path: Path) -> None:
