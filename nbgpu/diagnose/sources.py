@@ -80,6 +80,7 @@ class RunInfo:
     cell: int | None = None  # a warm job: the cell it was in (or had run last) when it ended
     cell_offsets: dict[int, int] = field(default_factory=dict)  # rank -> its log's size then
     nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, over several nodes
+    python: str | None = None  # the interpreter the ranks ran (the launcher's own)
 
     @property
     def world_size(self) -> int | None:
@@ -215,6 +216,7 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
         cuda_visible_devices=cvd if isinstance(cvd, str) else None,
         ranks=tuple(sorted(ranks, key=lambda r: r.rank or 0)),  # every one has a rank
         agent_exit_code=_int(data.get("agent_exit_code")),
+        python=python if isinstance(python := data.get("python"), str) and python else None,
         cell=_int(warm.get("cell")),
         cell_offsets={
             rank: offset

@@ -92,6 +92,7 @@ class LaunchConfig:
     backend: str | None = None
     master_port: int | None = None  # None: pick a free one at start
     quiet: bool = False
+    strict: bool = False  # refuse to start when the code asks for CUDA the ranks lack
     keep: bool = False  # a warm job: the ranks stay up for more cells (--keep)
     idle_timeout_s: float | None = None  # a warm job ends after this long without a cell
     nnodes: int = 1

@@ -249,6 +249,12 @@ FLAGS: tuple[Flag, ...] = (
         "default process-group backend for nbgpu.rank.init()",
         {"choices": list(BACKENDS)},
     ),
+    Flag(
+        ("--strict",),
+        "refuse to start when the {code} asks for CUDA that this machine's torch cannot give "
+        "(a CPU build, no GPU visible); without it that is one line and the run starts",
+        {"action": "store_true"},
+    ),
     Flag(("--quiet",), "do not stream rank output", {"action": "store_true"}, per_cell=True),
     Flag(
         ("--view",),
@@ -315,6 +321,7 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
         "pull_all_ranks": bool(getattr(args, "all_ranks", False)),
         "script_args": script_args,
         "keep": bool(getattr(args, "keep", False)),
+        "strict": bool(getattr(args, "strict", False)),
         "idle_timeout_s": getattr(args, "idle_timeout", None),
         "nnodes": args.nodes,
         "slurm": _slurm_options(args),

@@ -90,6 +90,9 @@ class RunView(Result):
             else self.environ.get("CUDA_VISIBLE_DEVICES"),
             "master_port": self.port,
             "simulated": self.environ.get("NBGPU_SIMULATE"),
+            # The agent runs this interpreter and torchrun starts the ranks with the agent's:
+            # a diagnosis names it when a rank cannot import a module.
+            "python": sys.executable,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "state": self.state,

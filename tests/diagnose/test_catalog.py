@@ -32,6 +32,11 @@ REQUIRED = {
     "segfault",
     "gpu_lost",
     "collective_mismatch",
+    "cpu_torch",
+    "missing_module",
+    "agent_hangup",
+    "exit_barrier",
+    "ray_oom",
     "unknown",
 }
 PACKAGE = Path(nbgpu.diagnose.__file__).parent
