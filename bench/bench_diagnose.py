@@ -1,6 +1,7 @@
 """Diagnose a 200 MB training log: wall time and peak memory (budget: < 5 s, constant memory).
 
     .venv/bin/python bench/bench_diagnose.py [--mb 200] [--n 3]
+    .venv/bin/python bench/bench_diagnose.py --density 0,1/1000,1/10,1 [--mb 200] [--n 3]
 
 Self-contained: writes a realistic log into a temporary directory - four ranks'
 interleaved ``[rankN]:`` output (loss lines, ``\\r`` tqdm bars, warnings with "Error" in
@@ -13,6 +14,13 @@ words over the same file (one C pass: the floor any scan pays), in the same run
 ``RUSAGE_CHILDREN``). A 20 MB log is diagnosed too: equal peak memory for 20 and
 200 MB shows the memory does not grow with the log. Prints a Markdown table; nothing
 here fails on a slow number (OK/OVER is printed next to the budget).
+
+``--density`` writes one 200 MB log per trigger density instead: the fraction of filler
+lines (loss lines, bars, NCCL chatter) that carry a trigger word and are still not the
+failure - a loss line with a field named ``eval_error``, DDP's "This is not an error"
+UserWarning repeated by every rank, a retried request's traceback logged by one rank -
+as users' logs look at their worst. Each density is timed next to ``grep -E`` on the
+same file and judged against both budgets: under 5 s and within 40x ``grep -E``.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BUDGET_S = 5.0
+BUDGET_GREP_RATIO = 40.0  # diagnose may take at most this many times grep -E
 MB = 1024 * 1024
 
 _CHILD = """
@@ -125,13 +134,59 @@ _NOISY_WARNINGS = (
 )
 
 
-def write_log(path: Path, size_bytes: int) -> int:
+# Filler that carries a trigger word and is still not the failure (``--density``).
+_DDP_STRIDES = (
+    "/usr/lib/python3/site-packages/torch/autograd/graph.py:825: UserWarning: Grad strides do "
+    "not match bucket view strides. This may indicate grad was not created according to the "
+    "gradient layout contract, or that the param's strides changed since DDP was constructed. "
+    "This is not an error, but may impair performance."
+)
+_RETRY_TRACEBACK = (
+    "Traceback (most recent call last):",
+    '  File "/usr/lib/python3/site-packages/wandb/sdk/internal/internal_api.py", line 212, in execute',
+    "    return self.client.execute(*args, **kwargs)",
+    (
+        "requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='api.wandb.ai', port=443): "
+        "Read timed out. (read timeout=20)"
+    ),
+)
+
+
+def _triggered(kind: int, rank: int, step: int) -> str:
+    """A filler line with a trigger word in it (a traceback: several lines)."""
+    prefix = f"[rank{rank}]:"
+    if kind == 0:  # the same loss line, one field renamed
+        return (
+            f"{prefix}step {step} loss={2.5 - (step % 1000) / 1000:.4f} lr=3.0e-04 "
+            f"eval_error={(step % 13) / 100:.2f} tokens/s={11800 + step % 500} mem=40.1GiB\n"
+        )
+    if kind == 1:  # every rank prints the same warning
+        return "".join(f"[rank{r}]:{_DDP_STRIDES}\n" for r in range(4))
+    return "".join(f"{prefix}{line}\n" for line in _RETRY_TRACEBACK)
+
+
+def write_log(path: Path, size_bytes: int, density: float | None = None) -> int:
     """A training log of about ``size_bytes``, failing at the end; returns its size.
 
     What ``NCCL_DEBUG=INFO`` runs look like: every fifth line NCCL INFO chatter, four
     ranks interleaved with ``[rankN]:`` prefixes, tqdm bars redrawn with ``\r``, and now
-    and then a warning with "Error" in it that is not the failure.
+    and then a warning with "Error" in it that is not the failure. With ``density`` (0 to
+    1) that fraction of the filler lines is replaced by lines with a trigger word in them
+    (the rotation of :func:`_triggered`), and the occasional warnings are left out, so
+    density 0 has no trigger before the failure.
     """
+    every = round(1 / density) if density else 0
+    filler = 0
+    triggered = 0
+
+    def line(text: str, rank: int, step: int) -> str:
+        nonlocal filler, triggered
+        filler += 1
+        if every and filler % every == 0:
+            triggered += 1
+            return _triggered(triggered % 3, rank, step)
+        return text
+
     with path.open("w", encoding="utf-8") as out:
         step = 0
         written = 0
@@ -139,28 +194,31 @@ def write_log(path: Path, size_bytes: int) -> int:
         while written < size_bytes:
             rank = step % 4
             block.append(
-                f"[rank{rank}]:step {step} loss={2.5 - (step % 1000) / 1000:.4f} lr=3.0e-04 "
-                f"grad_norm={(step % 13) / 10:.2f} tokens/s={11800 + step % 500} mem=40.1GiB\n"
+                line(
+                    f"[rank{rank}]:step {step} loss={2.5 - (step % 1000) / 1000:.4f} lr=3.0e-04 "
+                    f"grad_norm={(step % 13) / 10:.2f} tokens/s={11800 + step % 500} mem=40.1GiB\n",
+                    rank,
+                    step,
+                )
             )
             if step % 3 == 0:  # with the loss line and the bar: one line in five
                 chatter = _NCCL_CHATTER[(step // 4) % len(_NCCL_CHATTER)]
-                block.append(
-                    chatter.format(
-                        pid=4301 + rank, tid=4400 + rank, r=rank, n=(rank + 1) % 4, c=step % 24
-                    )
-                    + "\n"
+                text = chatter.format(
+                    pid=4301 + rank, tid=4400 + rank, r=rank, n=(rank + 1) % 4, c=step % 24
                 )
+                block.append(line(text + "\n", rank, step))
             if step % 4 == 0:
                 bars = "".join(
                     f"\r {p:3d}%|{'#' * (p // 10):<10}| {p * 10}/1000 [01:2{p % 10}<01:40,  5.4{p % 10}it/s]"
                     for p in range(0, 100, 20)
                 )
-                block.append(f"[rank{rank}]:{bars}\n")
-            if step % 5000 == 0:
+                block.append(line(f"[rank{rank}]:{bars}\n", rank, step))
+            if step % 5000 == 0 and density is None:
                 warning = _NOISY_WARNINGS[(step // 5000) % len(_NOISY_WARNINGS)]
                 block.append(f"[rank{rank}]:{warning}\n")
             step += 1
-            if len(block) >= 4096:
+            # A block of triggered filler is long: flush sooner, so the size stays near.
+            if len(block) >= (4096 if density is None else 256):
                 text = "".join(block)
                 out.write(text)
                 written += len(text)
@@ -220,6 +278,68 @@ def grep_once(log: Path) -> dict[str, float]:
     }
 
 
+def _density(text: str) -> float:
+    """``0``, ``0.1``, ``1/1000`` or ``1`` (a fraction of the filler lines)."""
+    try:
+        num, _, den = text.partition("/")
+        value = float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"density {text!r}: expected a fraction from 0 to 1, like 0, 1/1000, 0.1 or 1"
+        )
+    return value
+
+
+def _label(density: float) -> str:
+    if density in (0.0, 1.0):
+        return "0" if density == 0.0 else "every line"
+    return f"1 in {round(1 / density):,}"
+
+
+def _timed(log: Path, n: int) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    runs, greps = [], []
+    for _ in range(n):  # alternate, so both see the same page cache and load
+        greps.append(grep_once(log))
+        runs.append(run_once(log))
+    return runs, greps
+
+
+def main_density(densities: list[float], n: int = 3, mb: int = 200) -> None:
+    """One log of ``mb`` MB per trigger density, each timed next to ``grep -E``."""
+    n = max(1, min(n, 5))
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"diagnose by trigger density: {mb} MB logs, {n} run(s) each, fresh interpreter per "
+        f"run, alternating with grep -E; load before: {load}\n"
+    )
+    print(
+        "| density | lines | lines grep matches | diagnose (median, range) | `grep -E` (median) | "
+        "ratio (median, worst) | peak RSS | cause / rank | < 5 s and < 40× |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="nbgpu-bench-diagnose-") as tmp:
+        for density in densities:
+            log = Path(tmp) / "train.log"
+            actual = write_log(log, mb * MB, density)
+            runs, greps = _timed(log, n)
+            times = [r["diagnose_s"] for r in runs]
+            ratios = [r["diagnose_s"] / g["wall_s"] for r, g in zip(runs, greps, strict=True)]
+            med, grep = statistics.median(times), statistics.median(g["wall_s"] for g in greps)
+            ok = max(times) < BUDGET_S and max(ratios) < BUDGET_GREP_RATIO
+            first = runs[0]
+            print(
+                f"| {_label(density)} | {int(first['lines']):,} | {int(greps[0]['matches']):,} | "
+                f"{med:.2f} s ({min(times):.2f}-{max(times):.2f}) | {grep:.2f} s | "
+                f"{statistics.median(ratios):.1f}×, {max(ratios):.1f}× | "
+                f"{max(r['maxrss_mib'] for r in runs):.0f} MiB | {first['cause']} / {first['rank']} | "
+                f"{'OK' if ok else 'OVER'} ({actual / MB:.0f} MB) |",
+                flush=True,
+            )
+            log.unlink()
+
+
 def main(n: int = 3, mb: int = 200) -> None:
     """Print the table; ``n`` timed runs per log size (run_all passes its --n)."""
     n = max(1, min(n, 5))  # each run reads the whole file: a few runs are enough
@@ -228,10 +348,7 @@ def main(n: int = 3, mb: int = 200) -> None:
         for size in (max(1, mb // 10), mb):
             log = Path(tmp) / f"train-{size}mb.log"
             actual = write_log(log, size * MB)
-            runs, greps = [], []
-            for _ in range(n):  # alternate, so both see the same page cache and load
-                greps.append(grep_once(log))
-                runs.append(run_once(log))
+            runs, greps = _timed(log, n)
             rows.append((size, actual, runs, greps))
         print(
             f"diagnose: {n} run(s) per size, fresh interpreter per run; budget < {BUDGET_S:.0f} s for {mb} MB\n"
@@ -261,5 +378,13 @@ if __name__ == "__main__":
     parser.add_argument(
         "--mb", type=int, default=200, help="size of the big log in MB (default 200)"
     )
+    parser.add_argument(
+        "--density",
+        type=lambda text: [_density(part) for part in text.split(",")],
+        help="comma-separated trigger densities, one log each (e.g. 0,1/1000,1/10,1)",
+    )
     args = parser.parse_args()
-    main(n=args.n, mb=args.mb)
+    if args.density is None:
+        main(n=args.n, mb=args.mb)
+    else:
+        main_density(args.density, n=args.n, mb=args.mb)

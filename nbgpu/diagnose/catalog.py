@@ -13,17 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = [
-    "CATALOG",
-    "CAUSE_IDS",
-    "SECONDARY",
-    "STALLED",
-    "TRIGGERS",
-    "UNKNOWN",
-    "Cause",
-    "Pattern",
-    "cause",
-]
+__all__ = ["CATALOG", "CAUSE_IDS", "SECONDARY", "SECONDARY_KEYWORDS", "STALLED", "TRIGGERS",
+           "UNKNOWN", "Cause", "Pattern", "candidates", "cause"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -65,6 +56,10 @@ class Cause:
         """The first pattern matching ``text`` (``lowered`` is its lower-case copy)."""
         if not any(k in lowered for k in self.keywords):
             return None
+        return self.search(text)
+
+    def search(self, text: str) -> Pattern | None:
+        """The first pattern matching ``text``, without the keyword test (done by the caller)."""
         return next((p for p in self.patterns if p.regex.search(text)), None)
 
 
@@ -603,6 +598,11 @@ SECONDARY: tuple[Pattern, ...] = (
 )
 # fmt: on
 
+#: Lower-case substrings one of which every SECONDARY match contains (tested first).
+SECONDARY_KEYWORDS: tuple[str, ...] = ("connection", "broken pipe", "sigterm", "death signal",
+                                       "signal: 15", "-15", "signalexception", "aborted",
+                                       "sigabrt", "-6", "entire process")  # fmt: skip
+
 # What a log can show (STALLED comes from flight records, never from a line).
 CAUSE_IDS: tuple[str, ...] = (*(c.id for c in CATALOG), UNKNOWN.id)
 _BY_ID = {c.id: c for c in (*CATALOG, STALLED, UNKNOWN)}
@@ -611,6 +611,30 @@ _BY_ID = {c.id: c for c in (*CATALOG, STALLED, UNKNOWN)}
 def cause(cause_id: str) -> Cause:
     """The catalog entry for ``cause_id`` (``KeyError`` for an unknown id)."""
     return _BY_ID[cause_id]
+
+
+def _keyword_index() -> tuple[tuple[str, frozenset[int]], ...]:
+    causes_of: dict[str, set[int]] = {}
+    for index, entry in enumerate(CATALOG):
+        for keyword in entry.keywords:
+            causes_of.setdefault(keyword, set()).add(index)
+    return tuple((k, frozenset(v)) for k, v in causes_of.items())
+
+
+# Every keyword of the catalog once, with the causes it stands for. Asking each cause in
+# turn tests a shared keyword ("timed out", "assert") once per cause and costs a generator
+# per cause per line; one pass over the distinct keywords costs one substring test each.
+_KEYWORD_INDEX = _keyword_index()
+
+
+def candidates(lowered: str) -> list[Cause]:
+    """The causes, in catalog order, one of whose keywords ``lowered`` contains.
+
+    One substring test per distinct keyword of the catalog, whatever the line: the cheap
+    prefilter in front of the regular expressions, which only these causes run.
+    """
+    found = [i for keyword, causes in _KEYWORD_INDEX if keyword in lowered for i in causes]
+    return [CATALOG[i] for i in sorted(set(found))] if found else []
 
 
 #: What the scanner searches raw bytes for (case-sensitive, ~0.2 s per key per 200 MB):

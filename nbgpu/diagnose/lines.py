@@ -10,6 +10,16 @@ progress bar stays one line. Memory is bounded: one chunk, a short tail of previ
 lines, and a cap on any single line (a megabyte without a newline is cut, its matching
 pieces kept). ``full=True`` hands over every line (small inputs, tests).
 
+Linear time, whatever the log looks like: every line is walked a bounded number of
+times (found by the trigger search, its shape taken once if it holds a trigger, walked
+once by the window that hands it over), and a line that is routine output - a trigger
+line whose shape, the line without its digits and lower-case hex letters (ranks, steps,
+sizes, addresses, ids), was already seen ``ROUTINE_REPEATS`` times: the same warning
+from every rank at every step, a retried request's traceback, a loss line with a field
+named ``error`` - opens no window. Its first occurrences are read
+in full, so what it says is still known; a log that prints it a million times is not
+read a million times.
+
 :func:`parse_line` undoes the decorations launchers and libraries put on a line (each
 pattern below names one). A timestamp keeps its *kind*: glog stamps have no year, so they
 are only compared with other glog stamps.
@@ -133,6 +143,17 @@ _MAX_CARRY = 1024 * 1024
 # A trigger's harmless continuation: "NCCL" starting "NCCL INFO" is progress chatter.
 _CHATTER: dict[bytes, bytes] = {b"NCCL": b"NCCL INFO"}
 
+#: A trigger line whose shape was seen this many times opens no more windows. Above the
+#: hits kept per cause and rank (3) times the ranks of a node (8), so a failure echoed by
+#: every rank is still read on each of them.
+ROUTINE_REPEATS = 32
+# Shapes remembered (a hash each): beyond this many distinct ones, new shapes open
+# windows as before, so memory stays bounded and nothing is missed.
+_MAX_SHAPES = 8192
+# What varies between repeats of one line: numbers, and hex (0x7f3a2c... addresses,
+# ids). Dropping a-f from words too merges only lines that differ in those letters alone.
+_VARYING = b"0123456789abcdef"
+
 
 class WindowScanner:
     """Feed bytes with :meth:`feed`, finish with :meth:`close`; ``emit(lineno, line)`` gets lines."""
@@ -155,8 +176,14 @@ class WindowScanner:
         self._tail: deque[tuple[int, bytes]] = deque(maxlen=before)
         self._emitted = first_line - 1  # highest line number handed over
         self._after_until = 0  # lines up to here must be handed over (look-ahead)
+        # Where the line after the last one handed over starts, in the region being read
+        # (its number, its offset): a window that overlaps the previous one starts there.
+        self._resume: tuple[int, int] | None = None
+        self._shapes: dict[int, int] = {}  # hash of a trigger line's shape -> times seen
         self.bytes_read = 0
         self.lines = 0
+        self.walked = 0  # lines stepped over by windows and tails (the linearity test reads it)
+        self.routine = 0  # trigger lines that opened no window: their shape was routine
 
     def feed(self, data: bytes | bytearray) -> None:
         """More bytes; ``data`` may be a buffer the caller reuses (nothing keeps it)."""
@@ -213,6 +240,33 @@ class WindowScanner:
                 pos = buf.find(key, end + 1, stop)
         return found
 
+    def _fresh(self, buf: bytes | bytearray, start: int, stop: int, hits: list[int]) -> list[int]:
+        """One hit per trigger line (sorted), leaving out the lines whose shape is routine.
+
+        O(length of the trigger lines): each one is cut out, stripped of its digits and
+        hex letters and hashed once, however many triggers it holds.
+        """
+        hits.sort()
+        fresh: list[int] = []
+        line_end = -1
+        for pos in hits:
+            if pos < line_end:
+                continue  # a second trigger on the same line
+            line_start = buf.rfind(b"\n", start, pos) + 1 or start
+            line_end = buf.find(b"\n", pos, stop)
+            if line_end == -1:
+                line_end = stop
+            text = bytes(buf[line_start : min(line_end, line_start + MAX_LINE_BYTES)])
+            shape = hash(text.translate(None, _VARYING))
+            seen = self._shapes.get(shape, 0)
+            if seen >= ROUTINE_REPEATS:
+                self.routine += 1
+                continue
+            fresh.append(pos)
+            if seen or len(self._shapes) < _MAX_SHAPES:
+                self._shapes[shape] = seen + 1
+        return fresh
+
     def _hand_over(self, lineno: int, line: bytes) -> None:
         if lineno <= self._emitted:
             return
@@ -233,11 +287,12 @@ class WindowScanner:
         first = self._next
         count = buf.count(b"\n", start, stop)
         self._next += count
+        self._resume = None
         if self._full:
             for i, line in enumerate(bytes(buf[start:stop]).split(b"\n")[:-1]):
                 self._hand_over(first + i, line)
             return
-        hits = self._hits(buf, start, stop)
+        hits = self._fresh(buf, start, stop, self._hits(buf, start, stop))
         if hits or self._after_until >= first:
             self._windows(buf, start, stop, first, hits)
         self._remember_tail(buf, start, stop, first, count)
@@ -245,10 +300,15 @@ class WindowScanner:
     def _windows(
         self, buf: bytes | bytearray, start: int, stop: int, first: int, hits: list[int]
     ) -> None:
-        """Hand over the lines around each hit, walking from the hit instead of splitting."""
+        """Hand over the lines around each hit, walking from the hit instead of splitting.
+
+        O(lines of the region): the hits are taken in order and counted forward from the
+        previous one; a window walks back only to the last line handed over and forward
+        from the first line not handed over yet, so overlapping windows - a trigger on
+        every line - never walk a line twice.
+        """
         if self._after_until >= first:
             self._forward(buf, start, stop, first, self._after_until)
-        hits.sort()
         index, previous = 0, start
         for pos in hits:
             index += buf.count(b"\n", previous, pos)
@@ -267,6 +327,7 @@ class WindowScanner:
         spans: list[tuple[int, int, int]] = []
         pos, number = line_start, lineno
         while number > lowest and pos > start:
+            self.walked += 1
             begin = buf.rfind(b"\n", start, pos - 1) + 1 or start
             number -= 1
             spans.append((number, begin, pos - 1))
@@ -282,7 +343,12 @@ class WindowScanner:
         self, buf: bytes | bytearray, pos: int, stop: int, lineno: int, until: int
     ) -> None:
         """Lines ``lineno`` .. ``until`` starting at ``pos`` (within this region)."""
+        if lineno <= self._emitted and self._resume is not None:
+            # Lines up to _emitted were handed over by an earlier window of this region:
+            # start after them instead of walking them again.
+            lineno, pos = self._resume
         while lineno <= until and pos < stop:
+            self.walked += 1
             end = buf.find(b"\n", pos, stop)
             if end == -1:
                 end = stop
@@ -290,6 +356,7 @@ class WindowScanner:
                 self._hand_over(lineno, bytes(buf[pos:end]))
             lineno += 1
             pos = end + 1
+        self._resume = (lineno, pos)
 
     def _remember_tail(
         self, buf: bytes | bytearray, start: int, stop: int, first: int, count: int
@@ -301,6 +368,7 @@ class WindowScanner:
         keep: list[tuple[int, bytes]] = []
         lineno = first + count - 1
         while len(keep) < self._before and end >= start and lineno >= first:
+            self.walked += 1
             begin = max(buf.rfind(b"\n", start, end) + 1, start)
             keep.append((lineno, bytes(buf[max(begin, end - MAX_LINE_BYTES) : end])))
             lineno -= 1

@@ -15,7 +15,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from nbgpu.diagnose.catalog import CATALOG, SECONDARY, Cause, Pattern
+from nbgpu.diagnose.catalog import SECONDARY, SECONDARY_KEYWORDS, Cause, Pattern, candidates
 from nbgpu.diagnose.lines import ParsedLine, Stamp, parse_line, parse_stamp_text
 
 __all__ = ["ExceptionLine", "ExitRecord", "Hit", "SourceScan"]
@@ -110,7 +110,14 @@ class _Traceback:
 
 
 class SourceScan:
-    """Everything worth keeping from one source; feed it lines in order."""
+    """Everything worth keeping from one source; feed it lines in order.
+
+    Cost per line fed: a fixed number of regular expressions (the prefix, the banner, the
+    exception shape), the catalog's keywords tested once on the lowered line, and the
+    patterns of the causes whose keyword the line holds - at most three times for a line
+    that starts an exception message a terminal wrapped (it is joined with the next two).
+    ``catalog_lookups`` and ``cause_checks`` count those lookups and cause tests.
+    """
 
     def __init__(
         self, name: str, *, default_rank: int | None = None, counter: Iterator[int]
@@ -131,6 +138,8 @@ class SourceScan:
         self._entry_rank: int | None = None
         self._in_entry_traceback = False
         self._unmatched: tuple[int | None, ParsedLine, str, int] | None = None
+        self.catalog_lookups = 0  # texts looked up in the catalog (a line, a joined line)
+        self.cause_checks = 0  # causes whose patterns were run on them
 
     def feed_raw(self, lineno: int | None, raw: bytes) -> None:
         """One raw line from a file (bytes, possibly with ``\\r`` progress updates)."""
@@ -162,15 +171,17 @@ class SourceScan:
         self._pending = [h for h in self._pending if len(h.context) < _CONTEXT_LINES]
         if not body.strip():
             return
-        matches = list(_matches(body))
+        lowered = body.lower()
+        matches = self._matches(body, lowered)
         for cause, pattern in matches:
             self._keep(cause.id, pattern, body, lineno, line)
         if not matches:
             self._wrapped(body, lineno, line)
-        for pattern in SECONDARY:
-            if pattern.regex.search(body):
-                self._keep(SECONDARY_ID, pattern, body, lineno, line)
-                break
+        if any(k in lowered for k in SECONDARY_KEYWORDS):
+            for pattern in SECONDARY:
+                if pattern.regex.search(body):
+                    self._keep(SECONDARY_ID, pattern, body, lineno, line)
+                    break
         self._agent_lines(lineno, body, line.stamp)
         self._python(lineno, body, rank)
 
@@ -184,10 +195,20 @@ class SourceScan:
             return
         first_lineno, first, joined, left = waiting
         joined = f"{joined} {body.strip()}"
-        if (match := next(_matches(joined), None)) is not None:
-            self._keep(match[0].id, match[1], joined, first_lineno, first)
+        if matches := self._matches(joined, joined.lower()):
+            self._keep(matches[0][0].id, matches[0][1], joined, first_lineno, first)
         elif left > 1:
             self._unmatched = (first_lineno, first, joined, left - 1)
+
+    def _matches(self, text: str, lowered: str) -> list[tuple[Cause, Pattern]]:
+        """The causes ``text`` matches, each with its first matching pattern, in catalog order."""
+        self.catalog_lookups += 1
+        found = []
+        for cause in candidates(lowered):
+            self.cause_checks += 1
+            if (pattern := cause.search(text)) is not None:
+                found.append((cause, pattern))
+        return found
 
     def finish(self) -> None:
         """Close the banner entry the source ended in."""
@@ -308,11 +329,3 @@ class SourceScan:
         self.exceptions.append(
             ExceptionLine(exc_name, text[:_TEXT_CHARS], rank, self.name, lineno, order, frames)
         )
-
-
-def _matches(text: str) -> Iterator[tuple[Cause, Pattern]]:
-    """The catalog's causes ``text`` matches, each with its first matching pattern."""
-    lowered = text.lower()
-    for cause in CATALOG:
-        if (pattern := cause.match(lowered, text)) is not None:
-            yield cause, pattern
