@@ -154,3 +154,22 @@ def test_a_reported_stall_leaves_the_job_running_and_shows_in_gpu_runs(env):
         follower.join(60)
     assert run.state == "stopped"
     assert leftover_processes(run) == []
+
+
+MISMATCHED_SIZES = (
+    PRELUDE
+    + """
+dist.all_reduce(torch.ones(8) if rank == 2 else t)  # the last, uneven batch on rank 2
+"""
+)
+
+
+def test_mismatched_sizes_are_named_on_the_rank_that_had_them(env):
+    # gloo checks sizes: the job fails at once instead of hanging, and says why.
+    lines = []
+    run = nbgpu.torchrun(MISMATCHED_SIZES, 3, check=False, write=lines.append, environ=env)
+    assert run.state == "failed"
+    result = nbgpu.diagnose(run)
+    assert result.cause == "collective_mismatch", result.text()
+    assert result.failed_rank == 2
+    assert leftover_processes(run) == []
