@@ -1,7 +1,7 @@
 """Diagnose a 200 MB training log: wall time and peak memory (budget: < 5 s, constant memory).
 
     .venv/bin/python bench/bench_diagnose.py [--mb 200] [--n 3]
-    .venv/bin/python bench/bench_diagnose.py --density 0,1/1000,1/10,1 [--mb 200] [--n 3]
+    .venv/bin/python bench/bench_diagnose.py --density 0,1/1000,1/10,1 [--mb 200] [--n 3] [--fresh]
 
 Self-contained: writes a realistic log into a temporary directory - four ranks'
 interleaved ``[rankN]:`` output (loss lines, ``\\r`` tqdm bars, warnings with "Error" in
@@ -21,6 +21,8 @@ failure - a loss line with a field named ``eval_error``, DDP's "This is not an e
 UserWarning repeated by every rank, a retried request's traceback logged by one rank -
 as users' logs look at their worst. Each density is timed next to ``grep -E`` on the
 same file and judged against both budgets: under 5 s and within 40x ``grep -E``.
+``--fresh`` makes every such line new text (wandb's upload error naming a file no earlier
+line named): no two alike, so none is routine output.
 """
 
 from __future__ import annotations
@@ -162,10 +164,15 @@ def _triggered(kind: int, rank: int, step: int) -> str:
         )
     if kind == 1:  # every rank prints the same warning
         return "".join(f"[rank{r}]:{_DDP_STRIDES}\n" for r in range(4))
+    if kind == 3:  # --fresh: new text every time (a file name no earlier line had)
+        name = "".join(chr(97 + int(d)) for d in f"{step:07d}")
+        return f'{prefix}wandb: ERROR Error uploading "media/images/sample_{name}.png", retrying\n'
     return "".join(f"{prefix}{line}\n" for line in _RETRY_TRACEBACK)
 
 
-def write_log(path: Path, size_bytes: int, density: float | None = None) -> int:
+def write_log(
+    path: Path, size_bytes: int, density: float | None = None, *, fresh: bool = False
+) -> int:
     """A training log of about ``size_bytes``, failing at the end; returns its size.
 
     What ``NCCL_DEBUG=INFO`` runs look like: every fifth line NCCL INFO chatter, four
@@ -184,7 +191,7 @@ def write_log(path: Path, size_bytes: int, density: float | None = None) -> int:
         filler += 1
         if every and filler % every == 0:
             triggered += 1
-            return _triggered(triggered % 3, rank, step)
+            return _triggered(3 if fresh else triggered % 3, rank, step)
         return text
 
     with path.open("w", encoding="utf-8") as out:
@@ -306,7 +313,7 @@ def _timed(log: Path, n: int) -> tuple[list[dict[str, float]], list[dict[str, fl
     return runs, greps
 
 
-def main_density(densities: list[float], n: int = 3, mb: int = 200) -> None:
+def main_density(densities: list[float], n: int = 3, mb: int = 200, *, fresh: bool = False) -> None:
     """One log of ``mb`` MB per trigger density, each timed next to ``grep -E``."""
     n = max(1, min(n, 5))
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -322,7 +329,7 @@ def main_density(densities: list[float], n: int = 3, mb: int = 200) -> None:
     with tempfile.TemporaryDirectory(prefix="nbgpu-bench-diagnose-") as tmp:
         for density in densities:
             log = Path(tmp) / "train.log"
-            actual = write_log(log, mb * MB, density)
+            actual = write_log(log, mb * MB, density, fresh=fresh)
             runs, greps = _timed(log, n)
             times = [r["diagnose_s"] for r in runs]
             ratios = [r["diagnose_s"] / g["wall_s"] for r, g in zip(runs, greps, strict=True)]
@@ -330,7 +337,7 @@ def main_density(densities: list[float], n: int = 3, mb: int = 200) -> None:
             ok = max(times) < BUDGET_S and max(ratios) < BUDGET_GREP_RATIO
             first = runs[0]
             print(
-                f"| {_label(density)} | {int(first['lines']):,} | {int(greps[0]['matches']):,} | "
+                f"| {_label(density)}{', new text each' if fresh else ''} | {int(first['lines']):,} | {int(greps[0]['matches']):,} | "
                 f"{med:.2f} s ({min(times):.2f}-{max(times):.2f}) | {grep:.2f} s | "
                 f"{statistics.median(ratios):.1f}×, {max(ratios):.1f}× | "
                 f"{max(r['maxrss_mib'] for r in runs):.0f} MiB | {first['cause']} / {first['rank']} | "
@@ -383,8 +390,13 @@ if __name__ == "__main__":
         type=lambda text: [_density(part) for part in text.split(",")],
         help="comma-separated trigger densities, one log each (e.g. 0,1/1000,1/10,1)",
     )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="with --density: every trigger line is new text (an upload error naming a new file)",
+    )
     args = parser.parse_args()
     if args.density is None:
         main(n=args.n, mb=args.mb)
     else:
-        main_density(args.density, n=args.n, mb=args.mb)
+        main_density(args.density, n=args.n, mb=args.mb, fresh=args.fresh)

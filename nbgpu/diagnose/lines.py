@@ -18,7 +18,9 @@ sizes, addresses, ids), was already seen ``ROUTINE_REPEATS`` times: the same war
 from every rank at every step, a retried request's traceback, a loss line with a field
 named ``error`` - opens no window. Its first occurrences are read
 in full, so what it says is still known; a log that prints it a million times is not
-read a million times.
+read a million times. A trigger line that cannot begin a failure's story (no exception,
+traceback, exit code, signal, no cause's keyword: an upload error naming a new file each
+time) is handed over alone, without its neighbours.
 
 :func:`parse_line` undoes the decorations launchers and libraries put on a line (each
 pattern below names one). A timestamp keeps its *kind*: glog stamps have no year, so they
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from nbgpu.diagnose.catalog import TRIGGERS
+from nbgpu.diagnose.catalog import SECONDARY_KEYWORDS, TRIGGERS, candidates
 
 __all__ = ["MAX_LINE_BYTES", "ParsedLine", "Stamp", "WindowScanner", "parse_line",
            "parse_stamp_text"]  # fmt: skip
@@ -153,6 +155,21 @@ _MAX_SHAPES = 8192
 # What varies between repeats of one line: numbers, and hex (0x7f3a2c... addresses,
 # ids). Dropping a-f from words too merges only lines that differ in those letters alone.
 _VARYING = b"0123456789abcdef"
+# A trigger line opens a window only when it can begin a failure's story: an exception or
+# a traceback, torchrun's verdict (an exit code, a signal), or a line naming a catalog cause
+# or a casualty. Any other ("wandb: ERROR Error uploading x.png, retrying", new text every
+# time) is handed over alone: read, but no reason to read its neighbours. Without this, a
+# log with such a line every few lines is read whole, line by line, in Python.
+_STORY = re.compile(
+    rb"Traceback|(?:Error|Exception|Interrupt|Exit|Failure)\b\s*(?::|$)|exitcode|error_file|[Ss]ignal"
+)
+
+
+def _opens_window(line: bytes) -> bool:
+    if _STORY.search(line):
+        return True
+    lowered = line.decode("utf-8", "replace").lower()
+    return bool(candidates(lowered)) or any(k in lowered for k in SECONDARY_KEYWORDS)
 
 
 class WindowScanner:
@@ -262,7 +279,8 @@ class WindowScanner:
             if seen >= ROUTINE_REPEATS:
                 self.routine += 1
                 continue
-            fresh.append(pos)
+            # A line that opens no window is marked by its negative offset (-1 - pos).
+            fresh.append(pos if _opens_window(text) else -1 - pos)
             if seen or len(self._shapes) < _MAX_SHAPES:
                 self._shapes[shape] = seen + 1
         return fresh
@@ -310,13 +328,17 @@ class WindowScanner:
         if self._after_until >= first:
             self._forward(buf, start, stop, first, self._after_until)
         index, previous = 0, start
-        for pos in hits:
+        for hit in hits:
+            pos = hit if hit >= 0 else -1 - hit
             index += buf.count(b"\n", previous, pos)
             previous = pos
             lineno = first + index
             if lineno + self._after <= self._emitted:
                 continue
             line_start = buf.rfind(b"\n", start, pos) + 1 or start
+            if hit < 0:  # a line of its own (see _opens_window)
+                self._forward(buf, line_start, stop, lineno, lineno)
+                continue
             self._backward(buf, start, line_start, lineno)
             self._forward(buf, line_start, stop, lineno, lineno + self._after)
             self._after_until = max(self._after_until, lineno + self._after)
