@@ -33,6 +33,7 @@ from nbgpu.diagnose.report import Diagnosis, Evidence, FoundCause, RankSummary, 
 from nbgpu.diagnose.rootcause import rank_failures
 from nbgpu.diagnose.scan import SourceScan
 from nbgpu.diagnose.sources import Inputs, LogInput, chunks, resolve
+from nbgpu.diagnose.stalled import stall_cause, with_stall
 from nbgpu.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -144,12 +145,15 @@ def diagnose(
         raise UserInputError(f"max_evidence={max_evidence}: expected a whole number >= 1")
     started = time.perf_counter()
     inputs = resolve(source, name=name)
+    stall = stall_cause(inputs)  # a stall's record, nbgpu's or NCCL's (it may add notes)
     notes = list(inputs.notes)
 
     def answer(status: str, **fields: Any) -> Diagnosis:
         elapsed_ms = (time.perf_counter() - started) * 1000
         return Diagnosis(status=status, input=inputs.label, elapsed_ms=elapsed_ms, **fields)
 
+    if stall is not None and not inputs.logs and not inputs.errors:  # NCCL's dumps alone
+        return answer("failure", causes=(stall,), notes=tuple(notes))
     if not inputs.logs and not inputs.errors:
         notes.append("no log files (*.log, *.txt, *.out, *.err) or error files found")
         return answer("no_logs", causes=(), notes=tuple(notes))
@@ -171,9 +175,10 @@ def diagnose(
     ranking = rank_failures(
         scans, inputs.errors, inputs.run, max_evidence=max_evidence, world_size=world
     )
+    causes = add_facts(ranking.causes, inputs.run, inventory)
     return answer(
-        "failure" if ranking.failed else "no_failure",
-        causes=add_facts(ranking.causes, inputs.run, inventory),
+        "failure" if ranking.failed or stall is not None else "no_failure",
+        causes=causes if stall is None else with_stall(causes, stall),
         ranks=ranking.ranks,
         sources=sources,
         notes=(*notes, *ranking.notes),

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["CATALOG", "CAUSE_IDS", "SECONDARY", "SECONDARY_KEYWORDS", "TRIGGERS", "UNKNOWN", "Cause",
-           "Pattern", "candidates", "cause"]  # fmt: skip
+__all__ = ["CATALOG", "CAUSE_IDS", "SECONDARY", "SECONDARY_KEYWORDS", "STALLED", "TRIGGERS",
+           "UNKNOWN", "Cause", "Pattern", "candidates", "cause"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -207,6 +207,26 @@ CATALOG: tuple[Cause, ...] = (
         ),
         keywords=("nccl", "unhandled", "distbackenderror", "remote process"), priority=30, secondary=True,
     ),
+    Cause("collective_mismatch", "Ranks called collectives that do not match",
+        "The ranks reached the same collective call slot with different operations or "
+        "tensor sizes (one rank reduces 8 floats while the others reduce 16, one calls "
+        "barrier while the others all_reduce). Gloo detects the size difference and "
+        "aborts the rank; NCCL may instead hang or corrupt data silently.",
+        fixes=(
+            ("make every rank call the same collectives, in the same order, with tensors of the "
+             "same shape: look for `if rank == ...` around a collective and for per-rank "
+             "shapes (the last batch of an uneven split)"),
+            ("`%%torchrun --env TORCH_DISTRIBUTED_DEBUG=DETAIL` checks every call and names the "
+             "mismatching op and shapes before it runs"),
+        ),
+        patterns=(
+            _p(r"Received data size doesn't match expected size", 0.9, "gloo-size-mismatch"),
+            _p(r"Detected mismatch between collectives", 0.95, "debug-detail-mismatch"),
+            _p(r"collective mismatch|mismatched collective", 0.8, "collective-mismatch"),
+        ),
+        keywords=("match expected size", "mismatch between collectives", "collective mismatch",
+                  "mismatched collective"), priority=65,
+    ),
     Cause("port_in_use", "Rendezvous port already in use",
         "The master (rank 0 / the torchrun agent) could not listen on MASTER_PORT: "
         "another job - often a second run on the same box, or a stale run of yours - "
@@ -265,6 +285,8 @@ CATALOG: tuple[Cause, ...] = (
             _p(r"batch[ _-]?size.{0,60}(?:must be|not) (?:a )?multiple of", 0.9, "batch-multiple"),
             # A bare "assert batch_size % world_size == 0" shows only in the traceback's code line.
             _p(r"assert .{0,40}batch.{0,40}%", 0.75, "batch-assert-code"),
+            # The same for any size split across ranks (nanoGPT's gradient_accumulation_steps).
+            _p(r"assert .{0,60}%\s*\(?\s*(?:\w+_)?world_size\b", 0.8, "world-size-assert-code"),
         ),
         keywords=("divisible", "equal chunk", "micro_batch", "micro batch", "multiple of", "assert"), priority=75,
     ),
@@ -417,6 +439,114 @@ CATALOG: tuple[Cause, ...] = (
         ),
         keywords=("bus", "lost", "xid", "ecc", "device handle", "reset", "unknown error", "cuda_error_unknown"), priority=95,
     ),
+    Cause("cpu_torch", "This torch has no CUDA (a CPU build), or sees no GPU",
+        "The script asked for CUDA (torch.cuda.set_device, .cuda(), device='cuda', NCCL) "
+        "but the torch the ranks imported cannot give it: a CPU-only build (its version "
+        "ends in +cpu, torch.version.cuda is None, and torch._C has no _cuda_* functions), "
+        "or a CUDA build that sees no GPU (no GPU on the machine, or CUDA_VISIBLE_DEVICES "
+        "naming none that exists). Every rank fails the same way, at its first CUDA call.",
+        fixes=(
+            ("see what the ranks import: `python -c \"import torch; print(torch.__version__, "
+             "torch.version.cuda, torch.cuda.device_count())\"`"),
+            ("on a GPU machine install the CUDA build into that python: `pip install torch "
+             "--index-url https://download.pytorch.org/whl/cu124` (a cuXYZ no newer than "
+             "`nvidia-smi` shows)"),
+            ("to rehearse on CPU: `%%torchrun 2 --backend gloo` (`nbgpu run -n 2 --backend gloo "
+             "script.py`), with the device from `nbgpu.rank.device()` instead of `cuda:LOCAL_RANK`"),
+            ("a CUDA build that sees no GPU: `%gpu_status` (`nbgpu status`) lists the GPUs; "
+             "`%%torchrun --gpus 0,1` sets CUDA_VISIBLE_DEVICES to GPUs that exist"),
+        ),
+        patterns=(
+            _p(r"module 'torch\._C' has no attribute '_cuda_\w+'", 0.95, "cpu-build-cuda-attr"),
+            _p(r"Torch not compiled with CUDA enabled", 0.95, "not-compiled-with-cuda"),
+            _p(r"No CUDA GPUs are available", 0.9, "no-cuda-gpus"),
+        ),
+        keywords=("_cuda_", "compiled with cuda", "no cuda gpus"), priority=88,
+    ),
+    Cause("missing_module", "A module is missing in the ranks' Python",
+        "A rank imported a module that is not installed in the Python environment the "
+        "ranks run. That interpreter is the one the launcher was started with: for "
+        "`%%torchrun` the notebook kernel's, for a `torchrun` typed in a shell the one "
+        "that `torchrun` on PATH belongs to, which is often not the environment the "
+        "package was installed into.",
+        fixes=(
+            ("install it into the ranks' interpreter (named above when known): "
+             "`/path/to/python -m pip install PACKAGE`; in a notebook `%pip install PACKAGE` "
+             "installs into the kernel's, the one `%%torchrun` ranks run"),
+            ("from a shell, check which environment `torchrun` runs: `which torchrun`; "
+             "`python -m torch.distributed.run ...` runs the python you name"),
+        ),
+        patterns=(
+            _p(r"ModuleNotFoundError: No module named", 0.9, "module-not-found"),
+            # `python -m MODULE` names its interpreter: "/usr/bin/python: No module named torch.x".
+            _p(r"python[\d.]*: No module named", 0.85, "python-m-no-module"),
+        ),
+        keywords=("no module named",), priority=70,
+    ),
+    Cause("agent_hangup", "The launcher got SIGHUP: the terminal that started it closed",
+        "torchrun's agent received SIGHUP (signal 1) and stopped every rank: the "
+        "terminal or SSH session that started it closed. torchrun installs its own "
+        "SIGHUP handler, so `nohup torchrun ...` alone does not protect it. The ranks "
+        "did not fail; they were stopped.",
+        fixes=(
+            ("keep the run alive without the terminal: run it inside `tmux` or `screen`, or "
+             "start it in its own session: `setsid nbgpu run ... > run.log 2>&1 &`"),
+            ("with plain torchrun, `nohup` works only if torchrun leaves SIGHUP alone: "
+             "`nohup torchrun --signals-to-handle SIGTERM,SIGINT,SIGQUIT ... &`"),
+            ("from a notebook, `%%torchrun --bg` runs in the kernel, not a terminal; start "
+             "Jupyter itself under tmux so closing its terminal does not end the kernel"),
+        ),
+        patterns=(
+            _p(r"Received (?:1|Signals\.SIGHUP) death signal", 0.95, "death-signal-hup"),
+            _p(r"closing signal SIGHUP", 0.9, "closing-sighup"),
+            _p(r"SignalException: Process \d+ got signal: 1$", 0.9, "signal-exception-hup"),
+        ),
+        keywords=("death signal", "sighup", "got signal: 1"), priority=55,
+    ),
+    Cause("exit_barrier", "torchrun's exit barrier timed out (nodes finished far apart)",
+        "When a node's ranks finish, its torchrun agent waits up to 300 s for the agents "
+        "of the other nodes (the exit barrier). One node's ranks were still running, "
+        "hung or dead after that wait: uneven work at the end (rank 0 alone saving a "
+        "checkpoint or evaluating), a node that crashed, or one that never got the "
+        "last collective.",
+        fixes=(
+            ("end every rank's work together: a `dist.barrier()` after the last save or "
+             "evaluation, before the script returns, so no node's ranks exit minutes early"),
+            ("if another node failed, its own log holds the root cause: `nbgpu diagnose "
+             "NODE_LOG` (`%gpu_diagnose`) on that node's log or run directory"),
+            ("torch 2.13's torchrun has no flag for the 300 s wait: shorten the uneven tail "
+             "instead (save shards from every rank, evaluate on all ranks)"),
+        ),
+        patterns=(
+            _p(r"Error waiting on exit barrier", 0.95, "exit-barrier"),
+            # The store key the agents' exit barrier waits on, in the timeout's own message.
+            _p(r"torchelastic/agent/terminal_state", 0.85, "exit-barrier-store-key"),
+        ),
+        keywords=("exit barrier", "terminal_state"), priority=50,
+    ),
+    Cause("ray_oom", "Ray killed workers for host memory pressure",
+        "Ray's memory monitor (in the raylet) saw the node's RAM use pass its threshold "
+        "(RAY_memory_usage_threshold, 0.95 by default) and killed workers (tasks or "
+        "actors) to keep the node alive. This is host memory, not GPU memory: too many "
+        "workers at once, large CPU-side buffers (rollouts, datasets, offloaded "
+        "weights), or a leak that grows each step.",
+        fixes=(
+            ("lower host memory per worker: fewer rollout or data workers, smaller CPU-side "
+             "batches and buffers, less CPU offload"),
+            ("run fewer tasks at once: request more CPUs per task (`num_cpus=` in "
+             "`@ray.remote` or the trainer's resources)"),
+            ("`ray logs raylet.out -ip NODE_IP` shows which processes held the memory; "
+             "raising RAY_memory_usage_threshold only hands the kill to the kernel's OOM killer"),
+            ("measure a worker's host memory phase by phase on one box first: a `%%torchrun` run "
+             "records it (`%gpu_memory NAME`, `nbgpu memory RUNDIR`)"),
+        ),
+        patterns=(
+            _p(r"killed due to memory pressure \(OOM\)", 0.95, "raylet-memory-pressure"),
+            _p(r"Task was killed due to the node running low on memory", 0.95, "ray-task-low-memory"),
+            _p(r"ray\.exceptions\.OutOfMemoryError", 0.9, "ray-oom-exception"),
+        ),
+        keywords=("memory pressure", "running low on memory", "ray.exceptions.outofmemory"), priority=78,
+    ),
 )
 
 #: The cause reported when a rank failed but nothing in the catalog matched.
@@ -431,6 +561,25 @@ UNKNOWN = Cause("unknown", "Unrecognised failure",
     ),
     patterns=(),
     keywords=(), priority=10,
+)
+
+#: A job waiting in a collective for a rank that never came: found from the ranks' flight
+#: records (nbgpu's stall.json, NCCL's dumps on a timeout), not from a log line.
+STALLED = Cause("stalled_collective", "The job stalled in a collective",
+    "Every rank that reached a collective waits in it for a rank that never came (it "
+    "is still in its own code: a sleep, a data loader, a rank-dependent branch) or "
+    "that called a different collective. Nothing fails until NCCL's watchdog (10 min) "
+    "or gloo's timeout (30 min) ends the job, so no log line says which rank it was; "
+    "each rank's flight recorder does.",
+    fixes=(
+        ("the rank named is where to look: a branch on the rank around a collective, an "
+         "uneven split (one rank has fewer batches), a DataLoader worker stuck on storage"),
+        "every rank's full stack while it hangs: `%gpu_stacks NAME` (`nbgpu stacks RUNDIR`)",
+        ("let a stall end the job once it is reported: `%%torchrun --on-hang stop` "
+         "(`--hang-after S` to look sooner or later than 120 s)"),
+    ),
+    patterns=(),
+    keywords=(), priority=55,
 )
 
 #: Lines that mark a rank as a casualty of another rank's failure.
@@ -448,8 +597,9 @@ SECONDARY_KEYWORDS: tuple[str, ...] = ("connection", "broken pipe", "sigterm", "
                                        "signal: 15", "-15", "signalexception", "aborted",
                                        "sigabrt", "-6", "entire process")  # fmt: skip
 
+# What a log can show (STALLED comes from flight records, never from a line).
 CAUSE_IDS: tuple[str, ...] = (*(c.id for c in CATALOG), UNKNOWN.id)
-_BY_ID = {c.id: c for c in (*CATALOG, UNKNOWN)}
+_BY_ID = {c.id: c for c in (*CATALOG, STALLED, UNKNOWN)}
 
 
 def cause(cause_id: str) -> Cause:
@@ -499,4 +649,5 @@ TRIGGERS: tuple[bytes, ...] = (
     b"is lost",  # nvidia-smi: GPU is lost
     b"NVIDIA driver",  # nvidia-smi "couldn't communicate with the NVIDIA driver", "too old"
     b"failed to connect",  # c10d's warnings: "The client socket has failed to connect to ..."
+    b"memory pressure",  # Ray's raylet: "N Workers (tasks / actors) killed due to memory pressure"
 )

@@ -1,7 +1,6 @@
-"""What a found cause's ``details`` say beyond the catalog's generic text.
+"""What a found cause's ``details`` say beyond the catalog's generic text and the log.
 
-:func:`specifics`: the numbers the log gives, turned into advice (the nearest batch sizes
-that divide, the collective and its timeout, the failed allocation, the taken port).
+(:mod:`nbgpu.diagnose.specifics` turns the log's own numbers into advice.)
 :func:`add_facts`: what the logs do not say. With an ``Inventory`` the root cause names
 "rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held by dead pid 4242" and the exact
 fix; a rank's GPU comes from run.json (``gpus``, else ``cuda_visible_devices`` mapped as CUDA
@@ -15,8 +14,8 @@ would pull psutil in); never raises on bad memory records.
 
 from __future__ import annotations
 
+import ast
 import re
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
 from nbgpu.diagnose.report import FoundCause
 from nbgpu.diagnose.sources import RunInfo
+from nbgpu.diagnose.specifics import nearest
 from nbgpu.profile.records import gib, import_storm
 from nbgpu.profile.report import memory_report
 
@@ -32,171 +32,7 @@ if TYPE_CHECKING:
     from nbgpu.devices.model import Gpu
     from nbgpu.problems import Problem
 
-__all__ = ["add_facts", "describe_inventory", "memory_details", "specifics"]
-
-# -- numbers from the log ---------------------------------------------------------------
-
-_NUM = r"\(?(\d+)\)?"
-_BATCH_WORLD = re.compile(
-    rf"batch[ _]?size\s*{_NUM}\s*(?:must|should) be divisible by\s*[\w ]*?{_NUM}", re.IGNORECASE
-)
-_DEEPSPEED = re.compile(r"world_size\s*(\d+)\s*!=\s*(\d+)\s*\*\s*(\d+)\s*\*\s*(\d+)")
-_CHUNK = re.compile(r"size of DataProto (\d+) and chunk (\d+)")
-_MEGATRON = re.compile(
-    rf"global batch size\s*{_NUM}\s*is not divisible by micro batch size\s*{_NUM}\s*times data "
-    rf"parallel size\s*{_NUM}",
-    re.IGNORECASE,
-)
-_GENERIC_DIV = re.compile(r"(\d+)\s*(?:is not|must be|should be) (?:evenly )?divisible by\s*(\d+)")
-_OP = re.compile(r"OpType=(\w+)")
-_TIMEOUT = re.compile(r"Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds")
-_ALLOC = re.compile(r"Tried to allocate ([\d.]+ ?[KMGT]?i?B)")
-_GPU_TOTAL = re.compile(r"GPU (\d+)?\s*(?:has a total capac\w* of|;)\s*([\d.]+ ?[KMGT]i?B)")
-_FREE = re.compile(r"of which ([\d.]+ ?[KMGT]?i?B) is free|([\d.]+ ?[KMGT]?i?B) free")
-_PORT = re.compile(r"(?:\[::\]|0\.0\.0\.0|port)\s*:?\s*(\d{2,5})\b")
-_ENDPOINT = re.compile(r"connect to \(?([\w.\-]+)[, :]+(\d{2,5})\)?")
-_ASSERTION = re.compile(r"Assertion `(.+?)` failed")
-_DRIVER_VERSION = re.compile(r"found version (\d+)")
-
-
-def _near(value: int, divisor: int) -> str:
-    """The multiples of ``divisor`` just below and above ``value`` (positive only)."""
-    low = (value // divisor) * divisor if divisor > 0 else 0
-    near = (low, low + divisor) if divisor > 0 else ()
-    return " or ".join(str(v) for v in near if v > 0 and v != value)
-
-
-def _deepspeed(m: re.Match[str], world_size: int | None) -> list[str]:
-    train, micro, gas, world = (int(g) for g in m.groups())
-    sizes = f"micro_batch_per_gpu x gradient_accumulation x world_size = {micro} x {gas} x {world}"
-    out = [f"DeepSpeed needs train_batch_size = {sizes} = {micro * gas * world}, but it is {train}"]
-    if world_size and world == 1 < world_size:
-        out.append(
-            f"DeepSpeed counted world_size 1 while {world_size} ranks ran: the ranks did "
-            "not join one process group (launch through torchrun/deepspeed, not python)"
-        )
-    step = micro * world
-    if train % step == 0:
-        out.append(f"keep {train} with gradient_accumulation_steps = {train // step}")
-    else:
-        low = (train // step) * step
-        near = [n for n in (low, low + step) if n > 0 and n != train]
-        options = ", ".join(f"{n} (gradient accumulation {n // step})" for n in near)
-        out.append(f"valid train_batch_size values near {train}: {options}")
-    return out
-
-
-def _batch(text: str, world_size: int | None) -> str | None:
-    if m := _MEGATRON.search(text):
-        batch, micro, dp = (int(g) for g in m.groups())
-        return (
-            f"global batch {batch} must be a multiple of micro batch x data-parallel size "
-            f"= {micro} x {dp}; nearest valid: {_near(batch, micro * dp)}"
-        )
-    if m := _CHUNK.search(text):
-        batch, parts = int(m.group(1)), int(m.group(2))
-        return (
-            f"a batch of {batch} cannot be split into {parts} equal parts (one per rank); "
-            f"use a multiple of {parts}: {_near(batch, parts) or parts}"
-        )
-    if m := _BATCH_WORLD.search(text):
-        batch, world = int(m.group(1)), int(m.group(2))
-        return (
-            f"batch size {batch} is not divisible by world size {world}; nearest valid "
-            f"batch sizes: {_near(batch, world)}, or use a number of ranks that divides {batch}"
-        )
-    if m := _GENERIC_DIV.search(text):
-        value, divisor = int(m.group(1)), int(m.group(2))
-        return f"{value} is not divisible by {divisor}; nearest multiples: {_near(value, divisor)}"
-    if world_size:
-        return (
-            f"the job ran with world size {world_size}: sizes split across ranks must be "
-            f"multiples of {world_size}"
-        )
-    return None
-
-
-def _timeout(text: str) -> str | None:
-    op, t = _OP.search(text), _TIMEOUT.search(text)
-    what = op.group(1) if op else "a collective"
-    if t:
-        waited, limit = int(t.group(2)) / 1000, int(t.group(1)) / 1000
-        return (
-            f"{what} waited {waited:.0f} s (timeout {limit:.0f} s) for a rank that never joined it"
-        )
-    return f"{what} timed out waiting for a rank that never joined it" if op else None
-
-
-def _oom_numbers(text: str) -> str | None:
-    alloc, total, free = _ALLOC.search(text), _GPU_TOTAL.search(text), _FREE.search(text)
-    if not alloc:
-        return None
-    sentence = f"tried to allocate {alloc.group(1)}"
-    if total:
-        gpu = f"GPU {total.group(1)} " if total.group(1) else "a GPU "
-        sentence += f" on {gpu}of {total.group(2)}"
-    if free:
-        sentence += f" with {free.group(1) or free.group(2)} free"
-    return sentence
-
-
-def _port(text: str) -> str | None:
-    if not (m := _PORT.search(text)):
-        return None
-    port = int(m.group(1))
-    if port < 1024:
-        return f"port {port} is privileged (< 1024): use a port above 1024"
-    shared = " (torchrun's default, shared by every job that keeps it)" if port == 29500 else ""
-    return f"port {port} was already taken{shared}"
-
-
-def _no_gpu_ranks(ranks: Sequence[int], world_size: int | None) -> str | None:
-    first = min(ranks, default=0)
-    if first > 0 and (world_size is None or max(ranks) == world_size - 1):
-        s = "s" if first != 1 else ""
-        return (
-            f"ranks {first} and up found no GPU while ranks below {first} did: the job sees "
-            f"{first} GPU{s}, so start {first} rank{s} per node (`%%torchrun {first}`)"
-        )
-    return None
-
-
-def _driver_version(text: str) -> str | None:
-    if not (m := _DRIVER_VERSION.search(text)):
-        return None
-    v = int(m.group(1))
-    return (
-        f"the driver supports CUDA up to {v // 1000}.{(v % 1000) // 10} (found version {v}); "
-        "the installed torch needs a newer one"
-    )
-
-
-def specifics(
-    cause_id: str, texts: Sequence[str], ranks: Sequence[int], world_size: int | None
-) -> tuple[str, ...]:
-    """Sentences with the numbers the evidence gives for ``cause_id``."""
-    text = " ".join(texts)
-    found: str | None = None
-    if cause_id == "batch_divisibility":
-        if m := _DEEPSPEED.search(text):
-            return tuple(_deepspeed(m, world_size))
-        found = _batch(text, world_size)
-    elif cause_id == "invalid_ordinal":
-        found = _no_gpu_ranks(ranks, world_size)
-    elif cause_id == "rendezvous" and (m := _ENDPOINT.search(text)):
-        found = f"could not reach the rendezvous store at {m.group(1)}:{m.group(2)}"
-    elif cause_id == "device_assert" and (m := _ASSERTION.search(text)):
-        found = f"the failed kernel assertion: {m.group(1)}"
-    else:
-        by_text = {
-            "nccl_timeout": _timeout,
-            "cuda_oom": _oom_numbers,
-            "port_in_use": _port,
-            "driver": _driver_version,
-        }
-        found = by_text[cause_id](text) if cause_id in by_text else None
-    return (found,) if found else ()
-
+__all__ = ["add_facts", "describe_inventory", "memory_details"]
 
 # -- this machine's GPUs ---------------------------------------------------------------
 
@@ -371,6 +207,71 @@ _ENRICHERS = {
 }
 
 
+# -- the script's own source ------------------------------------------------------------
+
+_FRAME = re.compile(r'File "([^"<>]+\.py)", line (\d+)')
+_ASSERTED = re.compile(r"assert\s+\(?\s*(\w+)\s*%")
+_SCRIPT_BYTES = 1024 * 1024
+_OPS = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__,
+        ast.FloorDiv: int.__floordiv__}  # fmt: skip
+
+
+def _whole(node: ast.expr) -> int | None:
+    """An expression of whole-number literals (``5 * 8``), evaluated; anything else None."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _whole(node.left), _whole(node.right)
+        if left is not None and right is not None and (right or type(node.op) is not ast.FloorDiv):
+            return _OPS[type(node.op)](left, right)
+    return None
+
+
+def _assigned(path: Path, name: str, before: int) -> tuple[int, int] | None:
+    """``(value, line)`` of the last whole-number assignment to ``name`` above ``before``."""
+    try:
+        if path.stat().st_size > _SCRIPT_BYTES:
+            return None
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and node.lineno < before:
+            named = any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            value = _whole(node.value) if named else None
+            if value is not None and (found is None or node.lineno > found[1]):
+                found = (value, node.lineno)
+    return found
+
+
+def _divided(root: FoundCause, run: RunInfo | None) -> list[str]:
+    """``assert x % world_size == 0`` failed: x's value from the script, and what passes.
+
+    The assertion prints no numbers; the script (on this machine, at the traceback's
+    path) says what ``x`` was, when it is written as whole-number arithmetic.
+    """
+    world = run.world_size if run is not None and run.world_size else None
+    world = world or (max(root.ranks) + 1 if root.ranks else None)
+    for i, line in enumerate(root.traceback):
+        asserted = _ASSERTED.search(line)
+        frame = next((m for f in reversed(root.traceback[:i]) if (m := _FRAME.search(f))), None)
+        if asserted is None or frame is None or world is None:
+            continue
+        found = _assigned(Path(frame.group(1)), asserted.group(1), int(frame.group(2)))
+        if found is None:
+            return []
+        value, lineno = found
+        ranks = [n for n in range(1, min(value, 64) + 1) if value % n == 0]
+        where = f"{asserted.group(1)} = {value} ({Path(frame.group(1)).name} line {lineno})"
+        dividing = ", ".join(map(str, ranks))
+        near = nearest(value, world)
+        return [
+            f"{where}: valid for {world} ranks: {near}; or run {dividing} ranks (they divide it)"
+        ]
+    return []
+
+
 # -- the run's memory records ------------------------------------------------------------
 
 
@@ -416,6 +317,8 @@ def add_facts(
             )
     if run is not None and root.cause in ("host_oom", "cuda_oom"):
         details.extend(memory_details(run.path))
+    if root.cause == "batch_divisibility":
+        details.extend(_divided(root, run))
     # A concrete fix ("exclude it: --gpus 1,2,3") replaces the generic one it refines.
     generic = [
         f for f in root.fixes if not any(m in f and any(m in c for c in fixes) for m in _REFINED)

@@ -22,11 +22,10 @@ Pure functions over the scan results (no I/O).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nbgpu.diagnose.catalog import UNKNOWN, Cause, cause
-from nbgpu.diagnose.enrich import specifics
 from nbgpu.diagnose.lines import Stamp
 from nbgpu.diagnose.report import Evidence, FoundCause, RankSummary
 from nbgpu.diagnose.scan import (
@@ -38,6 +37,7 @@ from nbgpu.diagnose.scan import (
     SourceScan,
 )
 from nbgpu.diagnose.sources import ErrorRecord, RunInfo
+from nbgpu.diagnose.specifics import install_fixes, specifics
 
 __all__ = ["Ranking", "rank_failures"]
 
@@ -140,6 +140,8 @@ def _collect(
             if s.exit_code is None:
                 s.exit_code = ex.exit_code
             s.signal = s.signal or ex.signal
+    for s in states.values():
+        s.hits = _most_specific(s.hits)
     for record in errors:
         state(record.rank).error = record
     if run is not None:
@@ -152,6 +154,29 @@ def _collect(
         if s.signal is None and s.exit_code is not None:
             s.signal = SIGNAL_OF_CODE.get(s.exit_code)
     return states
+
+
+def _most_specific(hits: list[Hit]) -> list[Hit]:
+    """One cause per line: where two causes match the same line, the higher priority.
+
+    "Torch not compiled with CUDA enabled" names a CPU build (``cpu_torch``) and also
+    reads as a driver problem; the line says one thing, so only its most specific cause
+    counts (for the rank's cause and for the causes listed after the root).
+    """
+    best: dict[tuple[str, int | None], int] = {}
+    for h in hits:
+        # Only a primary cause speaks for its line: echoes (NCCL errors, timeouts) keep
+        # the ranking they have among themselves.
+        if h.cause == SECONDARY_ID or h.lineno is None or h.consequence:
+            continue
+        if not (c := cause(h.cause)).secondary:
+            key = (h.source, h.lineno)
+            best[key] = max(best.get(key, 0), c.priority)
+    return [
+        h
+        for h in hits
+        if h.cause == SECONDARY_ID or cause(h.cause).priority >= best.get((h.source, h.lineno), 0)
+    ]
 
 
 def _rank_cause(s: _Rank) -> _RankCause | None:
@@ -332,6 +357,9 @@ def rank_failures(
     evidence = evidence or _unknown_evidence(root)
     ranks = _ranks(v.state.rank for v in rank_causes if v.cause is root.cause)
     texts = [h.joined for h in sorted(root_hits, key=lambda h: h.order)[:max_evidence]]
+    # Traceback lines name the interpreter and the torch the ranks ran.
+    frames = [line for s in states.values() for e in s.exceptions for line in e.traceback]
+    python = run.python if run is not None else None
     found = _found(
         root.cause,
         "root",
@@ -339,9 +367,13 @@ def rank_failures(
         ranks=ranks,
         first_rank=root_rank,
         evidence=evidence,
-        details=specifics(root.cause.id, texts, ranks, world_size),
+        details=specifics(root.cause.id, texts, ranks, world_size, frames=frames, python=python),
         traceback=_traceback(root),
     )
+    if concrete := install_fixes(root.cause.id, texts, frames, python):
+        # The command with the ranks' own interpreter replaces the generic install advice.
+        rest = [f for f in found.fixes if "pip install" not in f]
+        found = replace(found, fixes=(*concrete, *rest))
     causes = (found, *_others(states, root, max_evidence))
     return Ranking(causes, _summaries(states, root, causes_on), failed=True, notes=tuple(notes))
 

@@ -38,8 +38,8 @@ from nbgpu.diagnose.scan import ExitRecord
 from nbgpu.errors import UserInputError
 from nbgpu.profile.records import read_node
 
-__all__ = ["ErrorRecord", "Inputs", "LogInput", "RunInfo", "chunks", "load_error_file",
-           "load_run_json", "resolve"]  # fmt: skip
+__all__ = ["STALL_FILE", "ErrorRecord", "Inputs", "LogInput", "RunInfo", "chunks",
+           "load_error_file", "load_run_json", "resolve"]  # fmt: skip
 
 _CHUNK_BYTES = 1024 * 1024
 _LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
@@ -48,6 +48,10 @@ _MAX_DEPTH = 4
 _MAX_JSON_BYTES = 8 * 1024 * 1024
 _RANK_LOG = re.compile(r"^rank[_-]?(\d+)\.(?:log|txt|out|err)$")
 _ERROR_FILE = re.compile(r"^error(?:[_-]rank[_-]?(\d+))?\.json$")
+# NCCL's flight-recorder dump on a watchdog timeout (TORCH_NCCL_DUMP_ON_TIMEOUT): the
+# prefix TORCH_NCCL_DEBUG_INFO_TEMP_FILE names (default /tmp/nccl_trace_rank_) + the rank.
+_FLIGHT_DUMP = re.compile(r"^nccl_trace_rank_(\d+)$")
+STALL_FILE = "stall.json"  # what nbgpu's follow loop writes when it finds a stall
 _ACCEPTED = "a log file, a run directory, '-' for stdin, a stream, or the log text itself"
 
 
@@ -76,6 +80,7 @@ class RunInfo:
     cell: int | None = None  # a warm job: the cell it was in (or had run last) when it ended
     cell_offsets: dict[int, int] = field(default_factory=dict)  # rank -> its log's size then
     nodes: dict[int, str] = field(default_factory=dict)  # rank -> node, over several nodes
+    python: str | None = None  # the interpreter the ranks ran (the launcher's own)
 
     @property
     def world_size(self) -> int | None:
@@ -102,6 +107,8 @@ class Inputs:
     errors: list[ErrorRecord] = field(default_factory=list)
     run: RunInfo | None = None
     notes: list[str] = field(default_factory=list)
+    flight: dict[int, Path] = field(default_factory=dict)  # rank -> flight-recorder dump
+    stall: Path | None = None  # nbgpu's stall.json
 
 
 def chunks(log: LogInput, size: int = _CHUNK_BYTES) -> Iterator[bytes | bytearray]:
@@ -209,6 +216,7 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
         cuda_visible_devices=cvd if isinstance(cvd, str) else None,
         ranks=tuple(sorted(ranks, key=lambda r: r.rank or 0)),  # every one has a rank
         agent_exit_code=_int(data.get("agent_exit_code")),
+        python=python if isinstance(python := data.get("python"), str) and python else None,
         cell=_int(warm.get("cell")),
         cell_offsets={
             rank: offset
@@ -287,7 +295,11 @@ def _directory(root: Path) -> Inputs:
             continue
         rel = str(path.relative_to(root))
         rank = _rank_from_path(path, root)
-        if _ERROR_FILE.match(path.name):
+        if m := _FLIGHT_DUMP.match(path.name):
+            inputs.flight[int(m.group(1))] = path
+        elif path.name == STALL_FILE and path.parent == root:
+            inputs.stall = path
+        elif _ERROR_FILE.match(path.name):
             if (record := load_error_file(path, rank, inputs.notes)) is not None:
                 inputs.errors.append(record)
         elif path.name.endswith(_LOG_SUFFIXES):
@@ -345,6 +357,12 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
     if path.is_dir():
         return _directory(path)
     rank = _rank_from_path(path, path.parent)
+    if _FLIGHT_DUMP.match(path.name):  # one rank's dump: read its siblings too
+        inputs = Inputs(kind="file", label=str(path.parent))
+        for dump in path.parent.iterdir():
+            if m := _FLIGHT_DUMP.match(dump.name):
+                inputs.flight[int(m.group(1))] = dump
+        return inputs
     if _ERROR_FILE.match(path.name):
         inputs = Inputs(kind="file", label=str(path))
         if (record := load_error_file(path, rank, inputs.notes)) is not None:

@@ -21,13 +21,17 @@ from nbgpu.errors import UserInputError
 from nbgpu.sizes import parse_size as _parse_size
 
 __all__ = [
-    "BACKENDS", "CELL_OPTIONS", "NODE_GPUS_ENV", "CellRequest", "LaunchConfig", "LaunchPlan",
-    "NodesLaunchPlan", "Prepared", "SlurmOptions", "is_nodes_plan", "parse_env_pairs",
-    "parse_gpu_list", "parse_nproc", "parse_size", "pickle_pushed", "start_only",
-    "take_nodes_plan",
+    "BACKENDS", "CELL_OPTIONS", "HANG_AFTER_S", "NODE_GPUS_ENV", "ON_HANG", "CellRequest",
+    "LaunchConfig", "LaunchPlan", "NodesLaunchPlan", "Prepared", "SlurmOptions",
+    "is_nodes_plan", "parse_env_pairs", "parse_gpu_list", "parse_nproc", "parse_size",
+    "pickle_pushed", "start_only", "take_nodes_plan",
 ]  # fmt: skip
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A job with a collective pending this long and no output is stalled (launch/stall.py).
+# NCCL's own watchdog gives up after 10 min; a look at 2 min leaves time to act.
+HANG_AFTER_S = 120.0
+ON_HANG = ("report", "stop")
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
 
 
@@ -88,6 +92,7 @@ class LaunchConfig:
     backend: str | None = None
     master_port: int | None = None  # None: pick a free one at start
     quiet: bool = False
+    strict: bool = False  # refuse to start when the code asks for CUDA the ranks lack
     keep: bool = False  # a warm job: the ranks stay up for more cells (--keep)
     idle_timeout_s: float | None = None  # a warm job ends after this long without a cell
     nnodes: int = 1
@@ -95,6 +100,8 @@ class LaunchConfig:
     node_rank: int | None = None  # without SLURM: this node's rank (--node-rank)
     rdzv_endpoint: str | None = None  # without SLURM: HOST:PORT every node meets at
     rdzv_timeout_s: float | None = None  # several nodes: how long they wait for each other
+    hang_after_s: float = HANG_AFTER_S  # stalled: no output and a collective pending this long
+    on_hang: str = "report"  # or "stop": end the job once the stall is reported
 
     @property
     def world_size(self) -> int:
@@ -129,6 +136,13 @@ class LaunchConfig:
                 raise UserInputError(
                     f"--idle-timeout {self.idle_timeout_s!r}: expected seconds > 0 (e.g. 3600)"
                 )
+        if self.hang_after_s != 0 and not 1 <= self.hang_after_s <= 86400:
+            raise UserInputError(
+                f"--hang-after {self.hang_after_s!r}: expected seconds from 1 to 86400 "
+                "(e.g. 300), or 0 to never look for a stall"
+            )
+        if self.on_hang not in ON_HANG:
+            raise UserInputError(f"--on-hang {self.on_hang!r}: expected {' or '.join(ON_HANG)}")
         self._check_nodes()
         if self.keep and self.script is not None:
             raise UserInputError(

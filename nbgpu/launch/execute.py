@@ -17,7 +17,14 @@ from typing import Any
 
 from nbgpu._render import Block, Line, Result, Table, to_text
 from nbgpu.errors import UserInputError
-from nbgpu.launch.config import CELL_OPTIONS, CellRequest, Prepared, pickle_pushed, start_only
+from nbgpu.launch.config import (
+    CELL_OPTIONS,
+    HANG_AFTER_S,
+    CellRequest,
+    Prepared,
+    pickle_pushed,
+    start_only,
+)
 from nbgpu.launch.procs import StopReport
 from nbgpu.launch.run import RUNS, Run, RunFailed
 from nbgpu.launch.streams import LineSink, ScreenWriter
@@ -225,14 +232,16 @@ def runs() -> dict[str, Run]:
 
 def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, float]]:
     """Ranks of a running run that have written nothing for *after_s* (default
-    ``NBGPU_SILENT_AFTER`` or 120 s): (rank, seconds)."""
+    ``NBGPU_SILENT_AFTER``, else the run's ``--hang-after``, else 120 s): (rank, seconds)."""
     if run.state != "running" or run.started_at is None:
         return []
     if run.warm is not None and not run.warm.busy:
         return []  # between cells a warm job's ranks are quiet by design
     if after_s is None:
         try:
-            after_s = float(os.environ.get("NBGPU_SILENT_AFTER") or SILENT_AFTER_S)
+            after_s = float(
+                os.environ.get("NBGPU_SILENT_AFTER") or run.config.hang_after_s or SILENT_AFTER_S
+            )
         except ValueError:
             after_s = SILENT_AFTER_S
     now = time.time()
@@ -263,13 +272,19 @@ class RunsTable(Result):
         for run in self.entries:
             silent = silent_ranks(run)
             quiet = "-"
-            if silent:
+            if run.stall_lines and run.stalls is not None and run.stalls.reported_at:
+                quiet = "STALLED"
+                hints.append(Line(f"{run.name}: " + "; ".join(run.stall_lines), level="bad"))
+                silent = []  # said once, by the stall
+            elif silent:
                 ranks = ",".join(str(r) for r, _s in silent)
                 quiet = f"rank {ranks} silent {span(max(s for _r, s in silent))}"
                 hint = f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name}"
                 hints.append(Line(hint + " shows every rank's stack", level="warn", wrap=False))
             gpus = run.config.cuda_visible_devices
-            level = {"failed": "bad", "timed_out": "bad", "running": ""}.get(run.state, "ok")
+            level = {"failed": "bad", "timed_out": "bad", "hung": "bad", "running": ""}.get(
+                run.state, "ok"
+            )
             state = run.state.replace("_", " ")
             if run.warm is not None and not run.done:
                 state = run.warm.describe()
@@ -282,11 +297,16 @@ class RunsTable(Result):
                 "-" if gpus is None else gpus or "none",
                 run.port or "-",
                 "-" if run.started_at is None else span(time.time() - run.started_at),
-                quiet,
+                quiet + _hang_after(run.config.hang_after_s),
                 str(run.dir),
-                level="warn" if silent else level,
+                level="warn" if silent or quiet.startswith("STALLED") else level,
             )
-        return [table, *hints]
+        stall = Line(
+            f"a run quiet for {span(HANG_AFTER_S)} with a collective pending is stalled: nbgpu "
+            "names the rank and the line (--hang-after S for another time, 0: never)",
+            wrap=False,
+        )
+        return [table, *hints, stall]
 
     def text(self) -> str:
         return to_text(self.content(), width=120)  # a row per run: wider than 80 columns
@@ -299,6 +319,13 @@ class RunsTable(Result):
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": self.records()}
+
+
+def _hang_after(seconds: float) -> str:
+    """A run's own --hang-after, next to its quiet time (the default is said once)."""
+    if seconds == HANG_AFTER_S:
+        return ""
+    return " (no stall look)" if not seconds else f" (stall after {span(seconds)})"
 
 
 def runs_table() -> RunsTable:

@@ -195,6 +195,18 @@ FLAGS: tuple[Flag, ...] = (
         per_cell=True,
     ),
     Flag(
+        ("--hang-after",),
+        "a job with no output and a collective pending for S seconds is stalled: find the "
+        "rank and the line (default 120; 0: never look; %gpu_runs shows it)",
+        {"type": float, "metavar": "S"},
+    ),
+    Flag(
+        ("--on-hang",),
+        "what a stall does after its report: report (the job goes on: a slow step may "
+        "finish) or stop",
+        {"choices": ["report", "stop"], "default": "report"},
+    ),
+    Flag(
         ("--env",),
         "extra environment for the ranks (repeatable)",
         {"action": "append", "default": [], "metavar": "K=V"},
@@ -236,6 +248,12 @@ FLAGS: tuple[Flag, ...] = (
         ("--backend",),
         "default process-group backend for nbgpu.rank.init()",
         {"choices": list(BACKENDS)},
+    ),
+    Flag(
+        ("--strict",),
+        "refuse to start when the {code} asks for CUDA that this machine's torch cannot give "
+        "(a CPU build, no GPU visible); without it that is one line and the run starts",
+        {"action": "store_true"},
     ),
     Flag(("--quiet",), "do not stream rank output", {"action": "store_true"}, per_cell=True),
     Flag(
@@ -303,10 +321,13 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
         "pull_all_ranks": bool(getattr(args, "all_ranks", False)),
         "script_args": script_args,
         "keep": bool(getattr(args, "keep", False)),
+        "strict": bool(getattr(args, "strict", False)),
         "idle_timeout_s": getattr(args, "idle_timeout", None),
         "nnodes": args.nodes,
         "slurm": _slurm_options(args),
         "rdzv_timeout_s": args.rdzv_timeout,
+        "hang_after_s": args.hang_after,
+        "on_hang": args.on_hang,
     }
 
 

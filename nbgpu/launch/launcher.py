@@ -20,6 +20,7 @@ from nbgpu.devices.model import gpu_health
 from nbgpu.errors import UserInputError
 from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (
+    HANG_AFTER_S,
     LaunchConfig,
     LaunchPlan,
     NodesLaunchPlan,
@@ -34,6 +35,7 @@ from nbgpu.launch.config import (
     take_nodes_plan,
 )
 from nbgpu.launch.execute import WarmJob, execute, run_cell, to_screen
+from nbgpu.launch.preflight import cuda_line, torch_build
 from nbgpu.launch.run import RUNS, Run
 from nbgpu.launch.rundirs import check_name
 from nbgpu.launch.slurm import check_request
@@ -182,6 +184,7 @@ def prepare(
     mem_sample: float | str = 0.1,
     backend: str | None = None,
     quiet: bool = False,
+    strict: bool = False,
     script_args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     inventory: Inventory | None = None,
@@ -195,6 +198,8 @@ def prepare(
     node_rank: int | None = None,
     rdzv_endpoint: str | None = None,
     rdzv_timeout_s: float | None = None,
+    hang_after_s: float | None = None,
+    on_hang: str = "report",
     face: str = "notebook",
 ) -> Prepared:
     """Validate everything and decide nproc and GPUs; starts nothing.
@@ -202,7 +207,8 @@ def prepare(
     ``face`` ("notebook", "terminal", "python"): hints name commands the user can type
     there. ``plan`` (``nbgpu.plan``) supplies GPUs, nproc and port for one of its roles
     (``role``; default: the only one, or "train"); a plan across nodes supplies the nodes,
-    ranks per node and each node's GPUs of a SLURM run.
+    ranks per node and each node's GPUs of a SLURM run. Code that asks for CUDA this
+    machine's torch cannot give is a note (``strict``: a ``UserInputError``).
     """
     environ = dict(os.environ if environ is None else environ)
     notes: list[str] = []
@@ -230,6 +236,7 @@ def prepare(
         )
     cvd: str | None = None
     chosen: tuple[int, ...] | None = None
+    inv: Inventory | None = None
     if slurm is not None:
         # The GPUs are the nodes', not this machine's: SLURM assigns them (--gpus-per-node).
         if gpus is not None:
@@ -281,6 +288,7 @@ def prepare(
         backend=backend,
         master_port=master_port,
         quiet=quiet,
+        strict=strict,
         keep=keep,
         idle_timeout_s=idle_timeout_s,
         nnodes=nnodes,
@@ -288,8 +296,21 @@ def prepare(
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
         rdzv_timeout_s=rdzv_timeout_s,
+        hang_after_s=HANG_AFTER_S if hang_after_s is None else hang_after_s,
+        on_hang=on_hang,
     )
+    if inv is not None and (line := _cuda_line(config, inv)) is not None:
+        if strict:
+            raise UserInputError(f"--strict: {line}")
+        notes.append(line)
     return Prepared(config=config, notes=tuple(notes))
+
+
+def _cuda_line(config: LaunchConfig, inv: Inventory) -> str | None:
+    """The preflight's line for this machine (SLURM's nodes are not this machine: no line)."""
+    real_gpus = bool(inv.gpus) and not inv.nvml_error and not inv.simulated
+    fleet = (inv.fleet_name or "?") if inv.simulated else None
+    return cuda_line(config, torch_build(), gpus_here=real_gpus, fleet=fleet)
 
 
 def _plan_role(plan: LaunchPlan, role: str | None) -> PlanRole:
@@ -372,7 +393,8 @@ def torchrun(
     ``force``, ``name``, ``timeout_s``, ``env``, ``push`` (dict of values),
     ``pull``, ``pull_all_ranks``, ``serial_imports``, ``mem_limit``, ``mem_sample``
     (seconds between memory samples in every rank, 0 off; ``run.memory`` reports them),
-    ``backend``, ``quiet``, ``script_args``.
+    ``backend``, ``quiet``, ``script_args``, ``strict`` (refuse code that asks for CUDA
+    this machine's torch cannot give; without it, one line and the run starts).
 
     ``keep=True`` keeps the ranks (their globals, process group, CUDA context) after
     the code ran and returns a :class:`WarmJob` (``idle_timeout_s`` ends it when

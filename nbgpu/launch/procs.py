@@ -39,14 +39,19 @@ from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.slurm import srun_argv
 
 __all__ = [
-    "STACKS_SIGNAL", "RunStacks", "StopReport", "free_port", "rank_stacks", "run_processes",
-    "stop_processes",
+    "FR_BUFFER", "STACKS_SIGNAL", "RunStacks", "StopReport", "free_port", "rank_stacks",
+    "run_processes", "stop_processes", "wait_for_dump",
 ]  # fmt: skip
 
 RUN_ID_ENV = "NBGPU_RUN_ID"
 KILL_WAIT_S = 2.0  # after SIGKILL: how long to wait for the processes to go
 # Nodes started by hand (a cell on each) can take minutes to all arrive: torchrun's default.
 MANUAL_JOIN_TIMEOUT_S = 600.0
+
+
+# Entries each rank's flight recorder keeps. Recording costs no measurable time a step; what
+# grows with it is the dump a stall look asks of each rank (2,000: 28 ms, 1 MB; bench_flight).
+FR_BUFFER = 2000
 
 
 def agent_log(run_dir: Path) -> Path:
@@ -96,6 +101,13 @@ def agent_env(
     env["NBGPU_LAUNCHER_PID"] = str(os.getpid())
     # torchrun's agent-level error file (each rank gets its own from torchrun).
     env["TORCHELASTIC_ERROR_FILE"] = str(run_dir / "agent-error.json")
+    # Every rank keeps its last collectives (PyTorch's flight recorder): how a stalled job
+    # names the rank that never joined (launch/stall.py). On GPUs NCCL also dumps them
+    # when its watchdog times out, here where `nbgpu diagnose RUN_DIR` reads them.
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
+        env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER))
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(run_dir / "nccl_trace_rank_"))
     if config.backend:
         env["NBGPU_BACKEND"] = config.backend
     if config.cuda_visible_devices is not None:
@@ -278,7 +290,7 @@ def _stopped(pid: int) -> bool:
         return False
 
 
-def _wait_for_dump(path: Path, start: int, timeout_s: float) -> str:
+def wait_for_dump(path: Path, start: int, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     last_size, last_change = start, time.monotonic()
     while time.monotonic() < deadline:
@@ -345,7 +357,7 @@ def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) 
     dumps: dict[int, str] = {}
     for rank, (_pid, offset) in asked.items():
         left = max(0.5, deadline - time.monotonic())
-        dumps[rank] = _wait_for_dump(run_dir / f"stacks-rank{rank}.txt", offset, left)
+        dumps[rank] = wait_for_dump(run_dir / f"stacks-rank{rank}.txt", offset, left)
     for rank, (pid, _offset) in asked.items():
         state = "dumped" if dumps[rank] else f"no answer within {timeout_s:g} s"
         if not dumps[rank] and _stopped(pid):

@@ -40,6 +40,7 @@ from nbgpu.launch.rundirs import (
     write_meta,
 )
 from nbgpu.launch.slurm import QueueWatch, cancel, srun_error
+from nbgpu.launch.stall import StallWatch
 from nbgpu.launch.streams import LineSink, RankLogs, ScreenWriter
 from nbgpu.launch.warm import WATCH_S, Cell, CellResult, WarmState, span
 
@@ -66,6 +67,7 @@ class Run(RunView):
         self.thread: threading.Thread | None = None  # a background follower
         self._logs = RankLogs({})
         self._memory: MemoryFollower | None = None  # made on first use
+        self.stalls: StallWatch | None = None  # --hang-after (0: none)
         self._lock = threading.Lock()
         self._finished = threading.Event()
 
@@ -96,6 +98,8 @@ class Run(RunView):
             self.queue = QueueWatch(self.dir, env)
         logs = {rank: rank_log(self.dir, rank) for rank in range(cfg.world_size)}
         self._logs = RankLogs(logs, skip=CELL_MARK if cfg.keep else None)
+        if cfg.hang_after_s:
+            self.stalls = StallWatch(self.dir, cfg.world_size, cfg.hang_after_s)
         RUNS[self.name] = self
         if not _EXIT_HOOK:
             _EXIT_HOOK.append(True)
@@ -163,6 +167,9 @@ class Run(RunView):
                     last_flush = now
                 if self.agent_done or (flight is not None and flight.over()):
                     return
+                if self._stalled(writer, began) and self.config.on_hang == "stop":
+                    self.stop("hung", first_signal=signal.SIGTERM)
+                    return
                 if flight is not None and flight.ranks_died():
                     self.stop("failed")
                     return
@@ -178,6 +185,21 @@ class Run(RunView):
                 if flight is None or not flight.sent or flight.interrupted_at is not None:
                     raise  # a run, a cell not sent yet, or a second interrupt: stop the job
                 flight.interrupt()
+
+    def _stalled(self, writer: LineSink, began: float | None) -> bool:
+        """Look for a stall (quiet since the run or cell began, or its last output); say
+        what is found. True when a stall was just reported."""
+        if self.stalls is None or began is None:
+            return False
+        lines = self.stalls.check(max(began, self._logs.last_output_at or 0.0))
+        if not lines:
+            return False
+        self._show(writer, [], lines)
+        if self.stalls.reported_at is None:  # progress again after a stall
+            return False
+        self.stall_lines = lines
+        write_meta(self.dir, self.meta())
+        return True
 
     def _show(
         self, writer: LineSink, polled: list[tuple[int, list[str]]], notices: Sequence[str] = ()
@@ -320,7 +342,7 @@ class Run(RunView):
             self.pull_problems.extend(pulled.problems)
         if self.stop_reason == "idle_timeout":
             self.state = "stopped"
-        elif self.stop_reason in ("timed_out", "interrupted", "stopped"):
+        elif self.stop_reason in ("timed_out", "interrupted", "stopped", "hung"):
             self.state = self.stop_reason
         elif agent_code == 0 and all(r.exit_code == 0 for r in self.ranks):
             self.state = "succeeded"

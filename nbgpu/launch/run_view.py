@@ -44,6 +44,7 @@ class RunView(Result):
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.stop_reason: str | None = None
+        self.stall_lines: list[str] = []  # the last stall found (--hang-after), as said
         self.agent: subprocess.Popen[bytes] | None = None
         self.agent_result: dict[str, Any] = {}
         self.ranks: tuple[RankOutcome, ...] = ()
@@ -89,10 +90,15 @@ class RunView(Result):
             else self.environ.get("CUDA_VISIBLE_DEVICES"),
             "master_port": self.port,
             "simulated": self.environ.get("NBGPU_SIMULATE"),
+            # The agent runs this interpreter and torchrun starts the ranks with the agent's:
+            # a diagnosis names it when a rank cannot import a module.
+            "python": sys.executable,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "state": self.state,
             "stop_reason": self.stop_reason,
+            "hang_after_s": cfg.hang_after_s,
+            "stall": self.stall_lines or None,
             "ranks": [
                 {
                     "rank": r.rank,
@@ -137,6 +143,8 @@ class RunView(Result):
         head = f"run '{self.name}' {self.state.replace('_', ' ')}"
         if self.stop_reason == "timed_out":
             head += f" after {self.config.timeout_s:g} s (--timeout)"
+        if self.stop_reason == "hung" and self.stall_lines:
+            return f"{head} (--on-hang stop): " + "; ".join(self.stall_lines)
         rc = self.root_cause
         if rc is not None:
             who = f"rank {rc.rank}"
@@ -256,7 +264,7 @@ class RunView(Result):
         """Everything below the headline (a saved record opens with its own headline)."""
         blocks: list[Block] = [self._table()] if self.ranks else []
         if self.state not in ("succeeded", "running", "created"):
-            level = "bad" if self.state in ("failed", "timed_out") else "warn"
+            level = "bad" if self.state in ("failed", "timed_out", "hung") else "warn"
             blocks.append(Line(self.failure_summary(), level=level, wrap=False))
         if self.diagnosis_error is not None:
             blocks.append(
@@ -294,6 +302,7 @@ class RunView(Result):
             "ended_at": self.ended_at,
             "duration_s": self.duration_s,
             "stop_reason": self.stop_reason,
+            "stall": self.stall_lines or None,
             "root_cause_rank": None if self.root_cause is None else self.root_cause.rank,
             "ranks": self.records(),
             "pulled": sorted(self.pulled),

@@ -45,7 +45,7 @@ KEEP_MARKER = "KEEP"
 # SIGKILLed) is removable once it has been quiet this long.
 STALE_AFTER_S = 600.0
 #: The states a run ends in (``run.json``'s ``state``); any other means "not over".
-FINAL_STATES = ("succeeded", "failed", "stopped", "timed_out", "interrupted")
+FINAL_STATES = ("succeeded", "failed", "stopped", "timed_out", "interrupted", "hung")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _RETENTION_ANNOUNCED: list[bool] = []  # the policy is told once per process
 

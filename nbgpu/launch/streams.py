@@ -121,6 +121,7 @@ class RankLogs:
         self._cursor = 0  # where the next poll starts when the logs take turns
         self._skip = skip
         self.first_output_at: float | None = None
+        self.last_output_at: float | None = None  # any byte, a progress bar's too (stalls)
 
     def poll(self, *, every: bool = False) -> list[tuple[int, list[str]]]:
         """New lines, by rank (``every``: read every log, not this poll's turn)."""
@@ -128,7 +129,12 @@ class RankLogs:
         turn = list(range(len(ranks)))
         if not every:
             turn, self._cursor = in_turn(len(ranks), self._cursor)
-        return self._shown((ranks[i], self._tails[ranks[i]].poll()) for i in turn)
+        tails = [(ranks[i], self._tails[ranks[i]]) for i in turn]
+        before = sum(tail.bytes_read for _, tail in tails)
+        polled = [(rank, tail.poll()) for rank, tail in tails]
+        if sum(tail.bytes_read for _, tail in tails) != before:
+            self.last_output_at = time.time()
+        return self._shown(polled)
 
     def drain(self) -> list[tuple[int, list[str]]]:
         """The last lines of every log (a final line without newline too); closes them."""

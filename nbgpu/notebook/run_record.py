@@ -109,7 +109,7 @@ def _badges(run: Any) -> list[tuple[int, str, str]]:
             kind, text = "ok", "ok"
         elif run.stop_reason is not None and run.root_cause is None:
             # Stopped by the user, a timeout or an interrupt: grey, not a crash's red.
-            kind = "failed" if run.state == "timed_out" else "stopped"
+            kind = "failed" if run.state in ("timed_out", "hung") else "stopped"
             text = state
         else:
             kind, text = "failed", state

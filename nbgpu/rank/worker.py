@@ -22,6 +22,7 @@ from typing import Any
 
 from nbgpu._children import die_with_parent
 from nbgpu.profile.phases import configure
+from nbgpu.rank import flight
 from nbgpu.rank.group import destroy
 from nbgpu.rank.job import set_memory_limit
 from nbgpu.rank.usercode import pull_payload, report_error, run_once, serve
@@ -122,6 +123,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _redirect_output(run_dir / f"rank{rank}.log", run_dir / f"logfull-rank{rank}.txt")
     _register_stack_dumps(run_dir, rank)
+    flight.serve(run_dir, rank)
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
     sample_s = spec.get("mem_sample_s", 0.1)
     rec = configure(  # this rank's memory records (mem-rank{N}.jsonl) and its sampler

@@ -31,6 +31,12 @@ REQUIRED = {
     "illegal_access",
     "segfault",
     "gpu_lost",
+    "collective_mismatch",
+    "cpu_torch",
+    "missing_module",
+    "agent_hangup",
+    "exit_barrier",
+    "ray_oom",
     "unknown",
 }
 PACKAGE = Path(nbgpu.diagnose.__file__).parent

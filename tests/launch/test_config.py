@@ -121,3 +121,20 @@ def test_slurm_time_is_read_in_slurms_forms(value):
         SlurmOptions(time=value)
     for fine in ("30", "1:00:00", "1-12", "2-00:30:00", "UNLIMITED"):
         SlurmOptions(time=fine)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        (
+            {"hang_after_s": -1},
+            r"^--hang-after -1: expected seconds from 1 to 86400 \(e\.g\. 300\)",
+        ),
+        ({"hang_after_s": 0.5}, r"^--hang-after 0\.5: expected seconds from 1 to 86400"),
+        ({"on_hang": "kill"}, r"^--on-hang 'kill': expected report or stop$"),
+    ],
+)
+def test_stall_options_are_checked_before_anything_starts(keywords, message):
+    with pytest.raises(UserInputError, match=message):
+        LaunchConfig(nproc=2, code="x = 1", **keywords)
+    assert LaunchConfig(nproc=2, code="x = 1", hang_after_s=0).hang_after_s == 0  # 0: never look
