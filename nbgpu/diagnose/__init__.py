@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu.diagnose.catalog import CATALOG, CAUSE_IDS, UNKNOWN, Cause, cause
 from nbgpu.diagnose.enrich import add_facts, describe_inventory
+from nbgpu.diagnose.hang import stall_cause, with_stall
 from nbgpu.diagnose.lines import WindowScanner
 from nbgpu.diagnose.report import Diagnosis, Evidence, FoundCause, RankSummary, SourceSummary
 from nbgpu.diagnose.rootcause import rank_failures
 from nbgpu.diagnose.scan import SourceScan
 from nbgpu.diagnose.sources import Inputs, LogInput, chunks, resolve
-from nbgpu.diagnose.stalled import stall_cause, with_stall
 from nbgpu.errors import UserInputError
 
 if TYPE_CHECKING:

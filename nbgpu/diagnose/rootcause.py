@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from nbgpu.diagnose.catalog import UNKNOWN, Cause, cause
 from nbgpu.diagnose.lines import Stamp
@@ -300,18 +299,6 @@ def _ranks(ranks: Iterable[int | None]) -> tuple[int, ...]:
     return tuple(sorted({r for r in ranks if r is not None}))
 
 
-def _found(c: Cause, role: str, confidence: float, **fields: Any) -> FoundCause:
-    return FoundCause(
-        cause=c.id,
-        title=c.title,
-        role=role,
-        confidence=round(confidence, 3),
-        explanation=c.explanation,
-        fixes=c.fixes,
-        **fields,
-    )
-
-
 def rank_failures(
     scans: Sequence[SourceScan],
     errors: Sequence[ErrorRecord],
@@ -360,7 +347,7 @@ def rank_failures(
     # Traceback lines name the interpreter and the torch the ranks ran.
     frames = [line for s in states.values() for e in s.exceptions for line in e.traceback]
     python = run.python if run is not None else None
-    found = _found(
+    found = FoundCause.of(
         root.cause,
         "root",
         confidence,
@@ -394,7 +381,9 @@ def _others(
         confidence = max(h.confidence for h in hits) * (0.4 if consequence else 0.6)
         ranks = _ranks(h.rank for h in hits)
         evidence = _evidence(hits, max_evidence)
-        out.append(_found(c, role, confidence, ranks=ranks, first_rank=None, evidence=evidence))
+        out.append(
+            FoundCause.of(c, role, confidence, ranks=ranks, first_rank=None, evidence=evidence)
+        )
     out.sort(key=lambda f: (f.role != "also", -f.confidence))
     return out
 
