@@ -1,15 +1,11 @@
-"""What a found cause's ``details`` say beyond the catalog's generic text and the log.
+"""What the logs do not say, added to the root cause (:func:`add_facts`).
 
-(:mod:`nbgpu.diagnose.specifics` turns the log's own numbers into advice.)
-:func:`add_facts`: what the logs do not say. With an ``Inventory`` the root cause names
-"rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held by dead pid 4242" and the exact
-fix; a rank's GPU comes from run.json (``gpus``, else ``cuda_visible_devices`` mapped as CUDA
-maps it), else from the inventory's own view. An OOM with memory records adds the phase each
-rank died in, the node's ``MemAvailable`` at the last sample and the measured case for
-``--serial-imports``.
-
-The inventory is used through its attributes only (importing ``nbgpu.devices.inventory``
-would pull psutil in); never raises on bad memory records.
+With an ``Inventory`` it names "rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held
+by dead pid 4242" and the exact fix; a rank's GPU comes from run.json (``gpus``, else
+``cuda_visible_devices`` mapped as CUDA maps it), else from the inventory's own view. An OOM
+with memory records adds the phase each rank died in, the node's ``MemAvailable`` at the
+last sample and the measured case for ``--serial-imports``. The inventory is used through
+its attributes only (importing ``nbgpu.devices.inventory`` would pull psutil in).
 """
 
 from __future__ import annotations
@@ -49,7 +45,6 @@ Facts = tuple[list[str], list[str]]  # (details, fixes)
 
 
 def describe_inventory(inventory: Inventory) -> str:
-    """How the report names the inventory it used."""
     if inventory.simulated:
         return f"simulated fleet '{inventory.fleet_name or '?'}'"
     return f"host {inventory.hostname}"
@@ -246,11 +241,8 @@ def _assigned(path: Path, name: str, before: int) -> tuple[int, int] | None:
 
 
 def _divided(root: FoundCause, run: RunInfo | None) -> list[str]:
-    """``assert x % world_size == 0`` failed: x's value from the script, and what passes.
-
-    The assertion prints no numbers; the script (on this machine, at the traceback's
-    path) says what ``x`` was, when it is written as whole-number arithmetic.
-    """
+    """``assert x % world_size == 0`` failed: the assertion prints no numbers, but the
+    script at the traceback's path says what ``x`` was (in whole-number arithmetic)."""
     world = run.world_size if run is not None and run.world_size else None
     world = world or (max(root.ranks) + 1 if root.ranks else None)
     for i, line in enumerate(root.traceback):
@@ -301,7 +293,6 @@ def memory_details(run_dir: Path) -> tuple[str, ...]:
 def add_facts(
     causes: tuple[FoundCause, ...], run: RunInfo | None, inventory: Inventory | None
 ) -> tuple[FoundCause, ...]:
-    """The causes found, with what the logs do not say added to the root cause."""
     root = causes[0] if causes and causes[0].root else None
     if root is None:
         return causes

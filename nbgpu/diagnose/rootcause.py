@@ -1,22 +1,17 @@
-"""Root cause, not the loudest line: which rank failed first, and why.
+"""Root cause, not the loudest line: which rank failed first, and why (no I/O).
 
-Given what the scans found (catalog hits, exits, exceptions) plus the launcher's run.json
-and torchelastic error files, :func:`rank_failures` decides:
+From the scans (catalog hits, exits, exceptions), run.json and torchelastic's error files:
 
-1. per rank, its own cause: the earliest *primary* hit (a specific cause such as an OOM
-   or a busy GPU); failing that a cause implied by how it died (SIGKILL -> host OOM,
-   SIGSEGV -> segfault); failing that an unexplained Python exception (``unknown``).
-   Ranks with only collective timeouts, NCCL errors, "Connection reset by peer" or the
-   agent's SIGTERM failed *because of* another rank: they are secondary.
-2. the root rank: among ranks with a cause of their own, the one that failed first by
-   the best clock every candidate has (run.json ``ended_at``, error-file timestamps, log
-   timestamps), then torchrun's own "Root Cause (first observed failure)", then the
-   order of lines within one log. Without any clock across several logs the more
-   specific cause wins and the confidence drops.
-3. causes: the root cause first; other causes seen follow as consequences (secondary
-   causes, later failures) or "also" (another primary cause on another rank).
-
-Pure functions over the scan results (no I/O).
+1. each rank's own cause: its earliest *primary* hit (an OOM, a busy GPU); else how it
+   died (SIGKILL -> host OOM, SIGSEGV -> segfault); else an unexplained exception
+   (``unknown``). Ranks with only collective timeouts, NCCL errors, "Connection reset by
+   peer" or the agent's SIGTERM failed *because of* another rank: they are secondary.
+2. the root rank: among ranks with a cause of their own, the first to fail by the best
+   clock they all have (run.json ``ended_at``, error files, log timestamps), then
+   torchrun's "Root Cause (first observed failure)", then line order within one log.
+   With no clock across several logs the more specific cause wins, at lower confidence.
+3. the root cause first; the others follow as consequences (secondary causes, later
+   failures) or "also" (another primary cause on another rank).
 """
 
 from __future__ import annotations
@@ -156,16 +151,11 @@ def _collect(
 
 
 def _most_specific(hits: list[Hit]) -> list[Hit]:
-    """One cause per line: where two causes match the same line, the higher priority.
-
-    "Torch not compiled with CUDA enabled" names a CPU build (``cpu_torch``) and also
-    reads as a driver problem; the line says one thing, so only its most specific cause
-    counts (for the rank's cause and for the causes listed after the root).
-    """
+    """One cause per line, the highest priority: "Torch not compiled with CUDA enabled" is
+    a CPU build (``cpu_torch``), not also a driver problem. Only primary causes speak for
+    their line: echoes (NCCL errors, timeouts) keep their ranking among themselves."""
     best: dict[tuple[str, int | None], int] = {}
     for h in hits:
-        # Only a primary cause speaks for its line: echoes (NCCL errors, timeouts) keep
-        # the ranking they have among themselves.
         if h.cause == SECONDARY_ID or h.lineno is None or h.consequence:
             continue
         if not (c := cause(h.cause)).secondary:
@@ -212,11 +202,8 @@ def _rank_cause(s: _Rank) -> _RankCause | None:
 
 
 def _merge_unranked(rank_causes: list[_RankCause]) -> list[_RankCause]:
-    """Give the cause found in unprefixed lines to the ranks known only by their exit code.
-
-    A plain log interleaves the ranks' tracebacks without prefixes, while torchrun's
-    banner names the failed ranks: the tracebacks' cause belongs to those ranks.
-    """
+    """The cause found in unprefixed lines, given to the ranks known only by their exit
+    code: a plain log interleaves tracebacks, while torchrun's banner names the ranks."""
     loose = next((v for v in rank_causes if v.state.rank is None and not v.secondary), None)
     if loose is None or (loose.cause is UNKNOWN and loose.exception is None):
         return rank_causes
@@ -307,7 +294,6 @@ def rank_failures(
     max_evidence: int = 5,
     world_size: int | None = None,
 ) -> Ranking:
-    """Decide the root cause and order the causes found."""
     states = _collect(scans, errors, run)
     rank_causes = _merge_unranked([v for s in states.values() if (v := _rank_cause(s)) is not None])
     notes: list[str] = []
@@ -403,7 +389,7 @@ def _summaries(
             role = "secondary"
         elif v is not None:
             role = "failed"
-        elif s.exit_code in (None,) and not s.hits:
+        elif s.exit_code is None and not s.hits:
             role = "unknown"
         elif s.exit_code == 0:
             role = "ok"

@@ -1,9 +1,7 @@
-"""What a cause's evidence says in numbers and names, turned into advice.
-
-:func:`specifics`: the nearest batch sizes that divide, the collective and its timeout,
-the failed allocation, the taken port, the module a rank could not import and the
-interpreter it ran, the memory Ray saw when it killed workers. Pure functions over the
-evidence text; what the logs do not say is :mod:`nbgpu.diagnose.enrich`'s.
+"""What a cause's evidence says in numbers and names, turned into advice: the nearest batch
+sizes that divide, the collective and its timeout, the failed allocation, the taken port,
+the module a rank could not import and the interpreter it ran, the memory Ray saw. What
+the logs do not say is :mod:`nbgpu.diagnose.enrich`'s.
 """
 
 from __future__ import annotations
@@ -104,24 +102,21 @@ def _batch(text: str, world_size: int | None) -> str | None:
             f"{value} is not divisible by {divisor}; nearest multiples: {nearest(value, divisor)}"
         )
     if m := _ASSERT_DIV.search(text):
-        return _assert_divides(m.group(1), m.group(2), world_size)
+        # ``assert gradient_accumulation_steps % world_size == 0``: the values that pass.
+        what, by = m.groups()
+        if world_size is None:
+            return f"{what} must be a multiple of {by} (the number of ranks)"
+        valid = ", ".join(str(world_size * k) for k in range(1, 4))
+        return (
+            f"{what} must be a multiple of {by} = {world_size} ranks: {valid}, ...; "
+            f"or start a number of ranks that divides {what}"
+        )
     if world_size:
         return (
             f"the job ran with world size {world_size}: sizes split across ranks must be "
             f"multiples of {world_size}"
         )
     return None
-
-
-def _assert_divides(value: str, divisor: str, world_size: int | None) -> str:
-    """``assert gradient_accumulation_steps % world_size == 0``: the values that pass."""
-    if world_size is None:
-        return f"{value} must be a multiple of {divisor} (the number of ranks)"
-    valid = ", ".join(str(world_size * k) for k in range(1, 4))
-    return (
-        f"{value} must be a multiple of {divisor} = {world_size} ranks: {valid}, ...; "
-        f"or start a number of ranks that divides {value}"
-    )
 
 
 def _timeout(text: str) -> str | None:
@@ -273,13 +268,9 @@ def specifics(
     frames: Sequence[str] = (),
     python: str | None = None,
 ) -> tuple[str, ...]:
-    """Sentences with the numbers the evidence gives for ``cause_id``.
-
-    ``frames``: traceback lines of the run (they name the interpreter and torch the
-    ranks used); ``python``: the ranks' interpreter as run.json recorded it.
-    """
+    """Sentences with the numbers the evidence gives for ``cause_id``. ``frames``: the run's
+    traceback lines (they name the ranks' interpreter and torch); ``python``: run.json's."""
     text = " ".join(texts)
-    found: str | None = None
     if cause_id == "missing_module":
         return _missing(text, frames, python)
     if cause_id == "cpu_torch":
