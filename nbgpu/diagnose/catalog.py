@@ -607,26 +607,18 @@ def cause(cause_id: str) -> Cause:
     return _BY_ID[cause_id]
 
 
-def _keyword_index() -> tuple[tuple[str, frozenset[int]], ...]:
-    causes_of: dict[str, set[int]] = {}
-    for index, entry in enumerate(CATALOG):
-        for keyword in entry.keywords:
-            causes_of.setdefault(keyword, set()).add(index)
-    return tuple((k, frozenset(v)) for k, v in causes_of.items())
-
-
 # Every keyword of the catalog once, with the causes it stands for. Asking each cause in
 # turn tests a shared keyword ("timed out", "assert") once per cause and costs a generator
 # per cause per line; one pass over the distinct keywords costs one substring test each.
-_KEYWORD_INDEX = _keyword_index()
+_KEYWORD_INDEX = tuple(
+    (keyword, frozenset(i for i, entry in enumerate(CATALOG) if keyword in entry.keywords))
+    for keyword in dict.fromkeys(k for entry in CATALOG for k in entry.keywords)
+)
 
 
 def candidates(lowered: str) -> list[Cause]:
-    """The causes, in catalog order, one of whose keywords ``lowered`` contains.
-
-    One substring test per distinct keyword of the catalog, whatever the line: the cheap
-    prefilter in front of the regular expressions, which only these causes run.
-    """
+    """The causes, in catalog order, one of whose keywords ``lowered`` contains: the cheap
+    prefilter in front of the regular expressions, which only these causes run."""
     found = [i for keyword, causes in _KEYWORD_INDEX if keyword in lowered for i in causes]
     return [CATALOG[i] for i in sorted(set(found))] if found else []
 

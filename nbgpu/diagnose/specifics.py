@@ -143,37 +143,6 @@ def _oom_numbers(text: str) -> str | None:
     return sentence
 
 
-def _port(text: str) -> str | None:
-    if not (m := _PORT.search(text)):
-        return None
-    port = int(m.group(1))
-    if port < 1024:
-        return f"port {port} is privileged (< 1024): use a port above 1024"
-    shared = " (torchrun's default, shared by every job that keeps it)" if port == 29500 else ""
-    return f"port {port} was already taken{shared}"
-
-
-def _no_gpu_ranks(ranks: Sequence[int], world_size: int | None) -> str | None:
-    first = min(ranks, default=0)
-    if first > 0 and (world_size is None or max(ranks) == world_size - 1):
-        s = "s" if first != 1 else ""
-        return (
-            f"ranks {first} and up found no GPU while ranks below {first} did: the job sees "
-            f"{first} GPU{s}, so start {first} rank{s} per node (`%%torchrun {first}`)"
-        )
-    return None
-
-
-def _driver_version(text: str) -> str | None:
-    if not (m := _DRIVER_VERSION.search(text)):
-        return None
-    v = int(m.group(1))
-    return (
-        f"the driver supports CUDA up to {v // 1000}.{(v % 1000) // 10} (found version {v}); "
-        "the installed torch needs a newer one"
-    )
-
-
 def interpreter(frames: Sequence[str], python: str | None) -> str | None:
     """The python the ranks ran: run.json's, else the one a traceback's paths point to."""
     if python:
@@ -271,6 +240,7 @@ def specifics(
     """Sentences with the numbers the evidence gives for ``cause_id``. ``frames``: the run's
     traceback lines (they name the ranks' interpreter and torch); ``python``: run.json's."""
     text = " ".join(texts)
+    found: str | None = None
     if cause_id == "missing_module":
         return _missing(text, frames, python)
     if cause_id == "cpu_torch":
@@ -284,17 +254,31 @@ def specifics(
             return tuple(_deepspeed(m, world_size))
         found = _batch(text, world_size)
     elif cause_id == "invalid_ordinal":
-        found = _no_gpu_ranks(ranks, world_size)
+        first = min(ranks, default=0)
+        if first > 0 and (world_size is None or max(ranks) == world_size - 1):
+            s = "s" if first != 1 else ""
+            found = (
+                f"ranks {first} and up found no GPU while ranks below {first} did: the job sees "
+                f"{first} GPU{s}, so start {first} rank{s} per node (`%%torchrun {first}`)"
+            )
     elif cause_id == "rendezvous" and (m := _ENDPOINT.search(text)):
         found = f"could not reach the rendezvous store at {m.group(1)}:{m.group(2)}"
     elif cause_id == "device_assert" and (m := _ASSERTION.search(text)):
         found = f"the failed kernel assertion: {m.group(1)}"
-    else:
-        by_text = {
-            "nccl_timeout": _timeout,
-            "cuda_oom": _oom_numbers,
-            "port_in_use": _port,
-            "driver": _driver_version,
-        }
-        found = by_text[cause_id](text) if cause_id in by_text else None
+    elif cause_id == "nccl_timeout":
+        found = _timeout(text)
+    elif cause_id == "cuda_oom":
+        found = _oom_numbers(text)
+    elif cause_id == "port_in_use" and (m := _PORT.search(text)):
+        port = int(m.group(1))
+        if port < 1024:
+            return (f"port {port} is privileged (< 1024): use a port above 1024",)
+        shared = " (torchrun's default, shared by every job that keeps it)" if port == 29500 else ""
+        found = f"port {port} was already taken{shared}"
+    elif cause_id == "driver" and (m := _DRIVER_VERSION.search(text)):
+        version = int(m.group(1))
+        found = (
+            f"the driver supports CUDA up to {version // 1000}.{(version % 1000) // 10} "
+            f"(found version {version}); the installed torch needs a newer one"
+        )
     return (found,) if found else ()
