@@ -131,15 +131,13 @@ def diagnose(
     """Name the cause of a failed run, the rank that failed first, the evidence and the fix.
 
     ``source`` is a log file path, a run directory (``run.json``, ``rank{N}.log``,
-    ``error-rank{N}.json``, ``agent.log``), ``"-"`` for stdin, a binary or text stream,
-    the log text itself (``str`` or ``bytes``), or a run (``nbgpu.runs()[name]``, or an
-    object with a ``run_dir`` attribute). ``inventory`` is an ``nbgpu.status()`` snapshot (live or simulated): with
-    it a found cause names the physical GPU, its holder and the exact ``--gpus`` to use.
-    ``name`` labels a text or stream source in the evidence. ``full_scan`` forces
-    (True) or forbids (False) reading every line instead of the trigger windows.
-
-    A path that does not exist raises ``UserInputError``; every other input gets an
-    answer, "no failure found" included.
+    ``error-rank{N}.json``, ``agent.log``), ``"-"`` for stdin, a binary or text stream, the
+    log text itself (``str`` or ``bytes``), or a run (``nbgpu.runs()[name]``, or an object
+    with a ``run_dir`` attribute). With ``inventory`` (an ``nbgpu.status()`` snapshot, live or
+    simulated) a found cause names the physical GPU, its holder and the exact ``--gpus``.
+    ``name`` labels a text or stream source in the evidence. ``full_scan`` forces (True) or
+    forbids (False) reading every line instead of the trigger windows. A path that does not
+    exist raises ``UserInputError``; any other input gets an answer, "no failure found" too.
     """
     if max_evidence < 1:
         raise UserInputError(f"max_evidence={max_evidence}: expected a whole number >= 1")

@@ -91,11 +91,8 @@ def _holder(gpu: Gpu) -> str:
     if not gpu.processes:
         return ""
     proc = gpu.processes[0]
-    who = f"pid {proc.pid}"
-    if proc.holder is not None and proc.holder.user:
-        who += f" (user {proc.holder.user})"
-    state = _STATE_WORDS.get(proc.state, proc.state)
-    return f", held by {state} {who}"
+    user = f" (user {proc.holder.user})" if proc.holder is not None and proc.holder.user else ""
+    return f", held by {_STATE_WORDS.get(proc.state, proc.state)} pid {proc.pid}{user}"
 
 
 def _gpus_but(inventory: Inventory, bad: set[int]) -> str:
@@ -106,7 +103,7 @@ def _busy(found: FoundCause, run: RunInfo | None, inventory: Inventory) -> Facts
     details: list[str] = []
     bad: set[int] = set()
     stale = False
-    for rank in found.ranks or ((found.first_rank,) if found.first_rank is not None else ()):
+    for rank in found.ranks:  # the first failing rank's among them
         where = _gpu_for_rank(rank, run, inventory)
         gpu, findings = _gpu(inventory, where[1]) if where is not None else (None, ())
         if where is None or gpu is None:
@@ -254,9 +251,8 @@ def _divided(root: FoundCause, run: RunInfo | None) -> list[str]:
         if found is None:
             return []
         value, lineno = found
-        ranks = [n for n in range(1, min(value, 64) + 1) if value % n == 0]
+        dividing = ", ".join(str(n) for n in range(1, min(value, 64) + 1) if value % n == 0)
         where = f"{asserted.group(1)} = {value} ({Path(frame.group(1)).name} line {lineno})"
-        dividing = ", ".join(map(str, ranks))
         near = nearest(value, world)
         return [
             f"{where}: valid for {world} ranks: {near}; or run {dividing} ranks (they divide it)"

@@ -189,10 +189,8 @@ def _span(seconds: float) -> str:
 def _module_of(path: str) -> str:
     parts = Path(path).with_suffix("").parts
     if "site-packages" in parts:
-        parts = parts[parts.index("site-packages") + 1 :]
-    elif len(parts) > 1:
-        parts = parts[-1:]
-    return ".".join(parts)
+        return ".".join(parts[parts.index("site-packages") + 1 :])
+    return parts[-1] if parts else ""
 
 
 def _source_line(frame: Frame, source: dict[str, list[str]] | None) -> str:

@@ -315,7 +315,6 @@ def rank_failures(
         # Only symptoms: the most telling one stands in for the (unseen) root cause.
         root, by_clock = min(rank_causes, key=lambda v: (-v.confidence, v.order)), False
     root_rank = root.state.rank
-    causes_on = {v.state.rank: v for v in rank_causes}
     confidence = root.confidence
     if root.state.error is not None and any(h.source.startswith("error-") for h in root.hits):
         confidence = min(0.99, confidence + 0.03)  # the rank's own error file agrees
@@ -348,7 +347,8 @@ def rank_failures(
         rest = [f for f in found.fixes if "pip install" not in f]
         found = replace(found, fixes=(*concrete, *rest))
     causes = (found, *_others(states, root, max_evidence))
-    return Ranking(causes, _summaries(states, root, causes_on), failed=True, notes=tuple(notes))
+    summaries = _summaries(states, root, {v.state.rank: v for v in rank_causes})
+    return Ranking(causes, summaries, failed=True, notes=tuple(notes))
 
 
 def _others(
