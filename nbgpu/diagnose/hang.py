@@ -292,8 +292,7 @@ def find_stall(
         if group != "0" and not mine:
             continue  # not a member of that sub-group
         last[rank] = max((c.seq for c in mine), default=0)
-        found = next((c for c in mine if c.seq == seq), None)
-        if found is not None:
+        if (found := next((c for c in mine if c.seq == seq), None)) is not None:
             at[rank] = found
     usual = Counter(at[r].signature for r in sorted(at) if not at[r].done).most_common(1)[0][0]
     # Every rank is in the default group; a sub-group's members are those that recorded it.

@@ -41,6 +41,11 @@ _CLOCKS = ("epoch", "iso", "glog")
 _LAST = 10**12  # order of a rank's cause that no log line supports (exit code or signal only)
 
 
+def _primary(hit: Hit) -> bool:
+    """A cause of the rank's own: not a marker, nor the echo of a peer's failure."""
+    return hit.cause != SECONDARY_ID and not hit.consequence and not cause(hit.cause).secondary
+
+
 @dataclass
 class _Rank:
     """Everything known about one rank (``None``: lines without a rank)."""
@@ -56,14 +61,10 @@ class _Rank:
     banner_root: bool = False
 
     def primary(self) -> list[Hit]:
-        return [
-            h
-            for h in self.hits
-            if h.cause != SECONDARY_ID and not h.consequence and not cause(h.cause).secondary
-        ]
+        return [h for h in self.hits if _primary(h)]
 
     def secondary(self) -> list[Hit]:
-        return [h for h in self.hits if h.cause != SECONDARY_ID and h not in self.primary()]
+        return [h for h in self.hits if h.cause != SECONDARY_ID and not _primary(h)]
 
     def markers(self) -> list[Hit]:
         return [h for h in self.hits if h.cause == SECONDARY_ID]
@@ -156,11 +157,9 @@ def _most_specific(hits: list[Hit]) -> list[Hit]:
     their line: echoes (NCCL errors, timeouts) keep their ranking among themselves."""
     best: dict[tuple[str, int | None], int] = {}
     for h in hits:
-        if h.cause == SECONDARY_ID or h.lineno is None or h.consequence:
-            continue
-        if not (c := cause(h.cause)).secondary:
+        if _primary(h) and h.lineno is not None:
             key = (h.source, h.lineno)
-            best[key] = max(best.get(key, 0), c.priority)
+            best[key] = max(best.get(key, 0), cause(h.cause).priority)
     return [
         h
         for h in hits
@@ -169,8 +168,7 @@ def _most_specific(hits: list[Hit]) -> list[Hit]:
 
 
 def _rank_cause(s: _Rank) -> _RankCause | None:
-    primary = s.primary()
-    if primary:
+    if primary := s.primary():
         # The rank's log shows the first symptom; its error file only the last exception.
         first = min(primary, key=lambda h: (h.source.startswith("error-"), h.order))
         same = [h for h in primary if h.cause == first.cause]
