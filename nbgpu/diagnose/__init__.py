@@ -9,10 +9,9 @@ The package is callable: :func:`diagnose` is the one entry point behind
 ``nbgpu.diagnose(...)``, ``nbgpu diagnose FILE|DIR|-`` and the automatic diagnosis of failed
 runs. It owns the order of the steps and the bad-input answers (empty input, binary data, a
 directory without logs, no failure); the steps live in ``catalog`` (data) · ``lines`` ·
-``scan`` (one source) · ``sources`` · ``rootcause`` · ``enrich`` · ``report`` (the results).
-
-Takes an optional inventory (passed in, never taken here). Never imports IPython, torch,
-pynvml or psutil.
+``scan`` (one source) · ``sources`` · ``hang`` (a stall) · ``rootcause`` · ``enrich`` ·
+``report`` (the results). Takes an optional inventory (passed in, never taken here). Never
+imports IPython, torch, pynvml or psutil.
 """
 
 from __future__ import annotations
