@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
+
+from nbgpu.diagnose.report import FoundCause
 
 __all__ = ["CATALOG", "CAUSE_IDS", "SECONDARY", "SECONDARY_KEYWORDS", "STALLED", "TRIGGERS",
            "UNKNOWN", "Cause", "Pattern", "candidates", "cause"]  # fmt: skip
@@ -51,6 +54,18 @@ class Cause:
     # Causes that are usually the echo of another rank's failure (collective timeouts,
     # NCCL errors) rank below any primary cause, whatever their timing.
     secondary: bool = False
+
+    def found(self, role: str, confidence: float, **fields: Any) -> FoundCause:
+        """This cause found in a run, with its title, explanation and fixes."""
+        return FoundCause(
+            cause=self.id,
+            title=self.title,
+            role=role,
+            confidence=round(confidence, 3),
+            explanation=self.explanation,
+            fixes=self.fixes,
+            **fields,
+        )
 
     def search(self, text: str) -> Pattern | None:
         """The first pattern matching ``text``, without the keyword test (:func:`candidates`)."""

@@ -349,8 +349,7 @@ def stall_cause(inputs: Inputs) -> FoundCause | None:
     culprits = sorted(
         int(r) for key in ("never_entered", "entered_other") for r in data.get(key) or {}
     )
-    return FoundCause.of(
-        STALLED,
+    return STALLED.found(
         "root",
         0.9,
         ranks=tuple(culprits),

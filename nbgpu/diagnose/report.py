@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbgpu._render import Blank, Block, Bullets, Line, Pre, Result, Section, Table, Title, shorten
 from nbgpu.problems import Problem
-
-if TYPE_CHECKING:
-    from nbgpu.diagnose.catalog import Cause
 
 __all__ = ["Diagnosis", "Evidence", "FoundCause", "RankSummary", "SourceSummary"]
 
@@ -75,19 +72,6 @@ class FoundCause(Result):
     details: tuple[str, ...] = ()  # specifics: numbers from the log, this machine's GPUs
     traceback: tuple[str, ...] = ()  # the first failing rank's traceback, when seen
     first_node: str | None = None  # over several nodes: where first_rank ran
-
-    @classmethod
-    def of(cls, cause: Cause, role: str, confidence: float, **fields: Any) -> FoundCause:
-        """*cause* found, with the catalog's title, explanation and fixes."""
-        return cls(
-            cause=cause.id,
-            title=cause.title,
-            role=role,
-            confidence=round(confidence, 3),
-            explanation=cause.explanation,
-            fixes=cause.fixes,
-            **fields,
-        )
 
     @property
     def root(self) -> bool:

@@ -330,8 +330,7 @@ def rank_failures(
     # Traceback lines name the interpreter and the torch the ranks ran.
     frames = [line for s in states.values() for e in s.exceptions for line in e.traceback]
     python = run.python if run is not None else None
-    found = FoundCause.of(
-        root.cause,
+    found = root.cause.found(
         "root",
         confidence,
         ranks=ranks,
@@ -365,9 +364,7 @@ def _others(
         confidence = max(h.confidence for h in hits) * (0.4 if consequence else 0.6)
         ranks = _ranks(h.rank for h in hits)
         evidence = _evidence(hits, max_evidence)
-        out.append(
-            FoundCause.of(c, role, confidence, ranks=ranks, first_rank=None, evidence=evidence)
-        )
+        out.append(c.found(role, confidence, ranks=ranks, first_rank=None, evidence=evidence))
     out.sort(key=lambda f: (f.role != "also", -f.confidence))
     return out
 
