@@ -132,11 +132,8 @@ def _collect(
             s = state(exit_rank(ex))
             s.exits.append(ex)
             s.banner_root = s.banner_root or ex.root
-            if s.exit_code is None:
-                s.exit_code = ex.exit_code
+            s.exit_code = ex.exit_code if s.exit_code is None else s.exit_code
             s.signal = s.signal or ex.signal
-    for s in states.values():
-        s.hits = _most_specific(s.hits)
     for record in errors:
         state(record.rank).error = record
     if run is not None:
@@ -146,6 +143,7 @@ def _collect(
             s.signal = r.signal or s.signal  # else the exit code's, below
             s.ended = r.stamp
     for s in states.values():
+        s.hits = _most_specific(s.hits)
         if s.signal is None and s.exit_code is not None:
             s.signal = SIGNAL_OF_CODE.get(s.exit_code)
     return states
@@ -269,8 +267,7 @@ def _traceback(v: _RankCause) -> tuple[str, ...]:
 
 
 def _unknown_evidence(v: _RankCause) -> tuple[Evidence, ...]:
-    if v.exception is not None:
-        e = v.exception
+    if (e := v.exception) is not None:
         return (Evidence(e.source, e.lineno, e.text, e.rank),)
     if v.state.error is not None:
         return (Evidence(v.state.error.path.name, None, v.state.error.message, v.state.rank),)
