@@ -59,10 +59,8 @@ _FULL_SCAN_BYTES = 4 * 1024 * 1024
 
 def _binary(sample: bytes | bytearray) -> bool:
     """Mostly non-text bytes: NULs, or invalid UTF-8 that is not Latin-1 text."""
-    if sample.count(b"\x00") > len(sample) // 100:
-        return True
     text = sample.decode("utf-8", "replace")
-    return text.count("\ufffd") > len(text) // 10
+    return sample.count(b"\x00") > len(sample) // 100 or text.count("\ufffd") > len(text) // 10
 
 
 def _size(log: LogInput) -> int | None:

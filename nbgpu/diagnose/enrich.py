@@ -143,14 +143,11 @@ def _ordinal(_found: FoundCause, run: RunInfo | None, inventory: Inventory) -> F
     count = len(vmap.devices)
     setting = "unset" if vmap.raw is None else repr(vmap.raw)
     world = f", but the run started {run.nproc} ranks per node" if run and run.nproc else ""
-    details = [
-        f"CUDA sees {count} GPU{'s' if count != 1 else ''} here (CUDA_VISIBLE_DEVICES {setting})"
-        + world
-    ]
+    sees = f"CUDA sees {count} GPU{'s' if count != 1 else ''} here (CUDA_VISIBLE_DEVICES {setting})"
     healthy = _gpus_but(inventory, set())
     pick = f" or `%%torchrun --gpus {healthy}`" if healthy else ""
     fixes = [f"start at most {count} ranks per node: `%%torchrun {count}`{pick}"] if count else []
-    return details, fixes
+    return [sees + world], fixes
 
 
 def _oom(found: FoundCause, run: RunInfo | None, inventory: Inventory) -> Facts:

@@ -219,11 +219,9 @@ class _PlainData(pickle.Unpickler):
 def read_trace(data: bytes) -> dict[str, Any]:
     """A flight-recorder dump, JSON (``_dump_fr_trace_json``, nbgpu's records) or pickle
     (NCCL's dump on timeout), as a dict; ValueError for anything else."""
+    text = data[:1] in (b"{", b"[")
     try:
-        if data[:1] in (b"{", b"["):
-            found = json.loads(data)
-        else:
-            found = _PlainData(io.BytesIO(data)).load()
+        found = json.loads(data) if text else _PlainData(io.BytesIO(data)).load()
     except Exception as exc:  # a truncated or foreign file: pickle raises many kinds
         raise ValueError(f"not a flight-recorder dump ({type(exc).__name__})") from exc
     if not isinstance(found, dict):
