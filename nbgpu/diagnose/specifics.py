@@ -119,30 +119,6 @@ def _batch(text: str, world_size: int | None) -> str | None:
     return None
 
 
-def _timeout(text: str) -> str | None:
-    op, t = _OP.search(text), _TIMEOUT.search(text)
-    what = op.group(1) if op else "a collective"
-    if t:
-        waited, limit = int(t.group(2)) / 1000, int(t.group(1)) / 1000
-        return (
-            f"{what} waited {waited:.0f} s (timeout {limit:.0f} s) for a rank that never joined it"
-        )
-    return f"{what} timed out waiting for a rank that never joined it" if op else None
-
-
-def _oom_numbers(text: str) -> str | None:
-    alloc, total, free = _ALLOC.search(text), _GPU_TOTAL.search(text), _FREE.search(text)
-    if not alloc:
-        return None
-    sentence = f"tried to allocate {alloc.group(1)}"
-    if total:
-        gpu = f"GPU {total.group(1)} " if total.group(1) else "a GPU "
-        sentence += f" on {gpu}of {total.group(2)}"
-    if free:
-        sentence += f" with {free.group(1) or free.group(2)} free"
-    return sentence
-
-
 def interpreter(frames: Sequence[str], python: str | None) -> str | None:
     """The python the ranks ran: run.json's, else the one a traceback's paths point to."""
     if python:
@@ -266,9 +242,25 @@ def specifics(
     elif cause_id == "device_assert" and (m := _ASSERTION.search(text)):
         found = f"the failed kernel assertion: {m.group(1)}"
     elif cause_id == "nccl_timeout":
-        found = _timeout(text)
-    elif cause_id == "cuda_oom":
-        found = _oom_numbers(text)
+        op, t = _OP.search(text), _TIMEOUT.search(text)
+        what = op.group(1) if op else "a collective"
+        if t:
+            waited, limit = int(t.group(2)) / 1000, int(t.group(1)) / 1000
+            found = (
+                f"{what} waited {waited:.0f} s (timeout {limit:.0f} s) for a rank that never "
+                "joined it"
+            )
+        elif op:
+            found = f"{what} timed out waiting for a rank that never joined it"
+    elif cause_id == "cuda_oom" and (alloc := _ALLOC.search(text)):
+        total, free = _GPU_TOTAL.search(text), _FREE.search(text)
+        sentence = f"tried to allocate {alloc.group(1)}"
+        if total:
+            gpu = f"GPU {total.group(1)} " if total.group(1) else "a GPU "
+            sentence += f" on {gpu}of {total.group(2)}"
+        if free:
+            sentence += f" with {free.group(1) or free.group(2)} free"
+        found = sentence
     elif cause_id == "port_in_use" and (m := _PORT.search(text)):
         port = int(m.group(1))
         if port < 1024:
