@@ -9,10 +9,9 @@ The package is callable: :func:`diagnose` is the one entry point behind
 ``nbgpu.diagnose(...)``, ``nbgpu diagnose FILE|DIR|-`` and the automatic diagnosis of failed
 runs. It owns the order of the steps and the bad-input answers (empty input, binary data, a
 directory without logs, no failure); the steps live in ``catalog`` (data) · ``lines`` ·
-``scan`` (one source) · ``sources`` · ``rootcause`` · ``enrich`` · ``report`` (the results).
-
-Takes an optional inventory (passed in, never taken here). Never imports IPython, torch,
-pynvml or psutil.
+``scan`` (one source) · ``sources`` · ``hang`` (a stall) · ``rootcause`` · ``enrich`` ·
+``report`` (the results). Takes an optional inventory (passed in, never taken here). Never
+imports IPython, torch, pynvml or psutil.
 """
 
 from __future__ import annotations
@@ -28,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu.diagnose.catalog import CATALOG, CAUSE_IDS, UNKNOWN, Cause, cause
 from nbgpu.diagnose.enrich import add_facts, describe_inventory
+from nbgpu.diagnose.hang import stall_cause, with_stall
 from nbgpu.diagnose.lines import WindowScanner
 from nbgpu.diagnose.report import Diagnosis, Evidence, FoundCause, RankSummary, SourceSummary
 from nbgpu.diagnose.rootcause import rank_failures
 from nbgpu.diagnose.scan import SourceScan
 from nbgpu.diagnose.sources import Inputs, LogInput, chunks, resolve
-from nbgpu.diagnose.stalled import stall_cause, with_stall
 from nbgpu.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -60,10 +59,8 @@ _FULL_SCAN_BYTES = 4 * 1024 * 1024
 
 def _binary(sample: bytes | bytearray) -> bool:
     """Mostly non-text bytes: NULs, or invalid UTF-8 that is not Latin-1 text."""
-    if sample.count(b"\x00") > len(sample) // 100:
-        return True
     text = sample.decode("utf-8", "replace")
-    return text.count("\ufffd") > len(text) // 10
+    return sample.count(b"\x00") > len(sample) // 100 or text.count("\ufffd") > len(text) // 10
 
 
 def _size(log: LogInput) -> int | None:
@@ -131,15 +128,13 @@ def diagnose(
     """Name the cause of a failed run, the rank that failed first, the evidence and the fix.
 
     ``source`` is a log file path, a run directory (``run.json``, ``rank{N}.log``,
-    ``error-rank{N}.json``, ``agent.log``), ``"-"`` for stdin, a binary or text stream,
-    the log text itself (``str`` or ``bytes``), or a run (``nbgpu.runs()[name]``, or an
-    object with a ``run_dir`` attribute). ``inventory`` is an ``nbgpu.status()`` snapshot (live or simulated): with
-    it a found cause names the physical GPU, its holder and the exact ``--gpus`` to use.
-    ``name`` labels a text or stream source in the evidence. ``full_scan`` forces
-    (True) or forbids (False) reading every line instead of the trigger windows.
-
-    A path that does not exist raises ``UserInputError``; every other input gets an
-    answer, "no failure found" included.
+    ``error-rank{N}.json``, ``agent.log``), ``"-"`` for stdin, a binary or text stream, the
+    log text itself (``str`` or ``bytes``), or a run (``nbgpu.runs()[name]``, or an object
+    with a ``run_dir`` attribute). With ``inventory`` (an ``nbgpu.status()`` snapshot, live or
+    simulated) a found cause names the physical GPU, its holder and the exact ``--gpus``.
+    ``name`` labels a text or stream source in the evidence. ``full_scan`` forces (True) or
+    forbids (False) reading every line instead of the trigger windows. A path that does not
+    exist raises ``UserInputError``; any other input gets an answer, "no failure found" too.
     """
     if max_evidence < 1:
         raise UserInputError(f"max_evidence={max_evidence}: expected a whole number >= 1")

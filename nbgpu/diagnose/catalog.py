@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
+
+from nbgpu.diagnose.report import FoundCause
 
 __all__ = ["CATALOG", "CAUSE_IDS", "SECONDARY", "SECONDARY_KEYWORDS", "STALLED", "TRIGGERS",
            "UNKNOWN", "Cause", "Pattern", "candidates", "cause"]  # fmt: skip
@@ -51,6 +54,18 @@ class Cause:
     # Causes that are usually the echo of another rank's failure (collective timeouts,
     # NCCL errors) rank below any primary cause, whatever their timing.
     secondary: bool = False
+
+    def found(self, role: str, confidence: float, **fields: Any) -> FoundCause:
+        """This cause found in a run, with its title, explanation and fixes."""
+        return FoundCause(
+            cause=self.id,
+            title=self.title,
+            role=role,
+            confidence=round(confidence, 3),
+            explanation=self.explanation,
+            fixes=self.fixes,
+            **fields,
+        )
 
     def search(self, text: str) -> Pattern | None:
         """The first pattern matching ``text``, without the keyword test (:func:`candidates`)."""
@@ -607,26 +622,18 @@ def cause(cause_id: str) -> Cause:
     return _BY_ID[cause_id]
 
 
-def _keyword_index() -> tuple[tuple[str, frozenset[int]], ...]:
-    causes_of: dict[str, set[int]] = {}
-    for index, entry in enumerate(CATALOG):
-        for keyword in entry.keywords:
-            causes_of.setdefault(keyword, set()).add(index)
-    return tuple((k, frozenset(v)) for k, v in causes_of.items())
-
-
 # Every keyword of the catalog once, with the causes it stands for. Asking each cause in
 # turn tests a shared keyword ("timed out", "assert") once per cause and costs a generator
 # per cause per line; one pass over the distinct keywords costs one substring test each.
-_KEYWORD_INDEX = _keyword_index()
+_KEYWORD_INDEX = tuple(
+    (keyword, frozenset(i for i, entry in enumerate(CATALOG) if keyword in entry.keywords))
+    for keyword in dict.fromkeys(k for entry in CATALOG for k in entry.keywords)
+)
 
 
 def candidates(lowered: str) -> list[Cause]:
-    """The causes, in catalog order, one of whose keywords ``lowered`` contains.
-
-    One substring test per distinct keyword of the catalog, whatever the line: the cheap
-    prefilter in front of the regular expressions, which only these causes run.
-    """
+    """The causes, in catalog order, one of whose keywords ``lowered`` contains: the cheap
+    prefilter in front of the regular expressions, which only these causes run."""
     found = [i for keyword, causes in _KEYWORD_INDEX if keyword in lowered for i in causes]
     return [CATALOG[i] for i in sorted(set(found))] if found else []
 

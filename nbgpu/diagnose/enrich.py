@@ -1,15 +1,11 @@
-"""What a found cause's ``details`` say beyond the catalog's generic text and the log.
+"""What the logs do not say, added to the root cause (:func:`add_facts`).
 
-(:mod:`nbgpu.diagnose.specifics` turns the log's own numbers into advice.)
-:func:`add_facts`: what the logs do not say. With an ``Inventory`` the root cause names
-"rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held by dead pid 4242" and the exact
-fix; a rank's GPU comes from run.json (``gpus``, else ``cuda_visible_devices`` mapped as CUDA
-maps it), else from the inventory's own view. An OOM with memory records adds the phase each
-rank died in, the node's ``MemAvailable`` at the last sample and the measured case for
-``--serial-imports``.
-
-The inventory is used through its attributes only (importing ``nbgpu.devices.inventory``
-would pull psutil in); never raises on bad memory records.
+With an ``Inventory`` it names "rank 0 -> cuda:0 -> physical GPU 0, exclusive-process, held
+by dead pid 4242" and the exact fix; a rank's GPU comes from run.json (``gpus``, else
+``cuda_visible_devices`` mapped as CUDA maps it), else from the inventory's own view. An OOM
+with memory records adds the phase each rank died in, the node's ``MemAvailable`` at the
+last sample and the measured case for ``--serial-imports``. The inventory is used through
+its attributes only (importing ``nbgpu.devices.inventory`` would pull psutil in).
 """
 
 from __future__ import annotations
@@ -49,7 +45,6 @@ Facts = tuple[list[str], list[str]]  # (details, fixes)
 
 
 def describe_inventory(inventory: Inventory) -> str:
-    """How the report names the inventory it used."""
     if inventory.simulated:
         return f"simulated fleet '{inventory.fleet_name or '?'}'"
     return f"host {inventory.hostname}"
@@ -96,11 +91,8 @@ def _holder(gpu: Gpu) -> str:
     if not gpu.processes:
         return ""
     proc = gpu.processes[0]
-    who = f"pid {proc.pid}"
-    if proc.holder is not None and proc.holder.user:
-        who += f" (user {proc.holder.user})"
-    state = _STATE_WORDS.get(proc.state, proc.state)
-    return f", held by {state} {who}"
+    user = f" (user {proc.holder.user})" if proc.holder is not None and proc.holder.user else ""
+    return f", held by {_STATE_WORDS.get(proc.state, proc.state)} pid {proc.pid}{user}"
 
 
 def _gpus_but(inventory: Inventory, bad: set[int]) -> str:
@@ -111,7 +103,7 @@ def _busy(found: FoundCause, run: RunInfo | None, inventory: Inventory) -> Facts
     details: list[str] = []
     bad: set[int] = set()
     stale = False
-    for rank in found.ranks or ((found.first_rank,) if found.first_rank is not None else ()):
+    for rank in found.ranks:  # the first failing rank's among them
         where = _gpu_for_rank(rank, run, inventory)
         gpu, findings = _gpu(inventory, where[1]) if where is not None else (None, ())
         if where is None or gpu is None:
@@ -151,14 +143,11 @@ def _ordinal(_found: FoundCause, run: RunInfo | None, inventory: Inventory) -> F
     count = len(vmap.devices)
     setting = "unset" if vmap.raw is None else repr(vmap.raw)
     world = f", but the run started {run.nproc} ranks per node" if run and run.nproc else ""
-    details = [
-        f"CUDA sees {count} GPU{'s' if count != 1 else ''} here (CUDA_VISIBLE_DEVICES {setting})"
-        + world
-    ]
+    sees = f"CUDA sees {count} GPU{'s' if count != 1 else ''} here (CUDA_VISIBLE_DEVICES {setting})"
     healthy = _gpus_but(inventory, set())
     pick = f" or `%%torchrun --gpus {healthy}`" if healthy else ""
     fixes = [f"start at most {count} ranks per node: `%%torchrun {count}`{pick}"] if count else []
-    return details, fixes
+    return [sees + world], fixes
 
 
 def _oom(found: FoundCause, run: RunInfo | None, inventory: Inventory) -> Facts:
@@ -246,11 +235,8 @@ def _assigned(path: Path, name: str, before: int) -> tuple[int, int] | None:
 
 
 def _divided(root: FoundCause, run: RunInfo | None) -> list[str]:
-    """``assert x % world_size == 0`` failed: x's value from the script, and what passes.
-
-    The assertion prints no numbers; the script (on this machine, at the traceback's
-    path) says what ``x`` was, when it is written as whole-number arithmetic.
-    """
+    """``assert x % world_size == 0`` failed: the assertion prints no numbers, but the
+    script at the traceback's path says what ``x`` was (in whole-number arithmetic)."""
     world = run.world_size if run is not None and run.world_size else None
     world = world or (max(root.ranks) + 1 if root.ranks else None)
     for i, line in enumerate(root.traceback):
@@ -262,9 +248,8 @@ def _divided(root: FoundCause, run: RunInfo | None) -> list[str]:
         if found is None:
             return []
         value, lineno = found
-        ranks = [n for n in range(1, min(value, 64) + 1) if value % n == 0]
+        dividing = ", ".join(str(n) for n in range(1, min(value, 64) + 1) if value % n == 0)
         where = f"{asserted.group(1)} = {value} ({Path(frame.group(1)).name} line {lineno})"
-        dividing = ", ".join(map(str, ranks))
         near = nearest(value, world)
         return [
             f"{where}: valid for {world} ranks: {near}; or run {dividing} ranks (they divide it)"
@@ -301,7 +286,6 @@ def memory_details(run_dir: Path) -> tuple[str, ...]:
 def add_facts(
     causes: tuple[FoundCause, ...], run: RunInfo | None, inventory: Inventory | None
 ) -> tuple[FoundCause, ...]:
-    """The causes found, with what the logs do not say added to the root cause."""
     root = causes[0] if causes and causes[0].root else None
     if root is None:
         return causes

@@ -1,16 +1,20 @@
-"""Where a stalled job is stuck: each rank's flight record and Python stack, read together.
+"""A stalled job explained: where each rank is stuck, and the stall as a diagnosis.
 
-PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE``) keeps, in every rank, the last
-collectives it entered: process group, sequence number, op, tensor sizes, and whether it
-completed. The oldest collective still pending anywhere is the one the job waits in; a rank
-whose record stops before it never entered it, and a rank whose record holds another op or
-other sizes at that number entered a different one. The stacks (faulthandler's dump, as
-``%gpu_stacks`` takes it) say where each of those ranks is instead. Imports only the
-standard library.
+PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE``) keeps each rank's last collectives:
+process group, sequence number, op, tensor sizes, completed or not. The oldest collective
+still pending anywhere is the one the job waits in; a rank whose record stops before it never
+entered it, one whose record holds another op or sizes at that number entered a different
+one. The stacks (faulthandler's dump, as ``%gpu_stacks`` takes it) say where those ranks are.
+
+A stalled job's logs say only how it ended (NCCL's watchdog timeout, on every rank alike);
+the stall's record names the rank: nbgpu's ``stall.json``, or the ``nccl_trace_rank_N``
+files NCCL dumps on a timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``). It becomes the root cause,
+ahead of the timeouts it explains.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -18,11 +22,25 @@ import pickle
 import re
 import sysconfig
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Collective", "Frame", "RankPlace", "Stall", "find_stall", "parse_stacks", "read_trace"]
+from nbgpu.diagnose.catalog import STALLED, cause
+from nbgpu.diagnose.report import Evidence, FoundCause
+from nbgpu.diagnose.sources import Inputs
+
+__all__ = [
+    "Collective",
+    "Frame",
+    "RankPlace",
+    "Stall",
+    "find_stall",
+    "parse_stacks",
+    "read_trace",
+    "stall_cause",
+    "with_stall",
+]
 
 # Frames from these places are machinery, not where the user's code is: installed packages
 # (any interpreter's), the standard library, frozen modules, and nbgpu's own rank code. A
@@ -78,10 +96,9 @@ class RankPlace:
     worker: tuple[Frame, ...] = ()  # a data-loader worker's stack, when the rank waits on one
 
     def words(self, source: dict[str, list[str]] | None = None) -> str:
-        """``train.py:88 load_batch(): time.sleep(600)`` when the rank is in its own code;
-        ``train.py:90 step() → torch.distributed.distributed_c10d.barrier`` when it is in a
-        library it called (the innermost frame of that library's package: the call the user
-        made, not the selector or lock it ended in)."""
+        """``train.py:88 load_batch(): time.sleep(600)`` in its own code; in a library it
+        called, ``train.py:90 step() → torch.distributed.distributed_c10d.barrier`` (that
+        package's innermost frame: the call made, not the selector or lock it ended in)."""
         at = next((i for i, f in enumerate(self.frames) if not f.library), None)
         if at is None:
             return self.frames[0].words() if self.frames else "no Python stack"
@@ -122,19 +139,18 @@ class Stall:
         head = f"stalled{waited} in {self.collective.words()}"
         if self.waiting:
             who = "rank" if len(self.waiting) == 1 else "ranks"
-            head += f" ({who} {_ranks(self.waiting)} waiting)"
+            head += f" ({who} {','.join(map(str, self.waiting))} waiting)"
         out = [head]
         for rank in self.culprits:
             where = self.places.get(rank)
             at = f": it is in {where.words(source)}" if where else ""
             if rank in self.unanswered:
-                out.append(
-                    f"rank {rank} gave no flight record (stopped, or native code holds it){at}"
-                )
+                said = f"rank {rank} gave no flight record (stopped, or native code holds it)"
             elif rank in self.absent:
-                out.append(f"rank {rank} never entered it{at}")
+                said = f"rank {rank} never entered it"
             else:
-                out.append(f"rank {rank} entered {self.different[rank].words()} instead{at}")
+                said = f"rank {rank} entered {self.different[rank].words()} instead"
+            out.append(said + at)
         if not self.culprits and len(self.waiting) > 1:
             out.append(
                 "every rank entered it: the transport is stuck (a peer's network or device), "
@@ -170,17 +186,11 @@ def _span(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
-def _ranks(ranks: list[int]) -> str:
-    return ",".join(map(str, ranks))
-
-
 def _module_of(path: str) -> str:
     parts = Path(path).with_suffix("").parts
     if "site-packages" in parts:
-        parts = parts[parts.index("site-packages") + 1 :]
-    elif len(parts) > 1:
-        parts = parts[-1:]
-    return ".".join(parts)
+        return ".".join(parts[parts.index("site-packages") + 1 :])
+    return parts[-1] if parts else ""
 
 
 def _source_line(frame: Frame, source: dict[str, list[str]] | None) -> str:
@@ -209,11 +219,9 @@ class _PlainData(pickle.Unpickler):
 def read_trace(data: bytes) -> dict[str, Any]:
     """A flight-recorder dump, JSON (``_dump_fr_trace_json``, nbgpu's records) or pickle
     (NCCL's dump on timeout), as a dict; ValueError for anything else."""
+    text = data[:1] in (b"{", b"[")
     try:
-        if data[:1] in (b"{", b"["):
-            found = json.loads(data)
-        else:
-            found = _PlainData(io.BytesIO(data)).load()
+        found = json.loads(data) if text else _PlainData(io.BytesIO(data)).load()
     except Exception as exc:  # a truncated or foreign file: pickle raises many kinds
         raise ValueError(f"not a flight-recorder dump ({type(exc).__name__})") from exc
     if not isinstance(found, dict):
@@ -222,23 +230,18 @@ def read_trace(data: bytes) -> dict[str, Any]:
 
 
 def collectives(trace: dict[str, Any]) -> list[Collective]:
-    out = []
-    for e in trace.get("entries") or []:
-        if e.get("is_p2p"):
-            continue
-        group = e.get("process_group") or ["0"]
-        state = e.get("state")
-        out.append(
-            Collective(
-                group=str(group[0]),
-                seq=int(e.get("collective_seq_id", 0)),
-                op=str(e.get("profiling_name", "?")).split(":", 1)[-1],
-                sizes=tuple(tuple(int(n) for n in s) for s in e.get("input_sizes") or []),
-                done=bool(e.get("retired")) or state == "completed",
-                created_ns=int(e.get("time_created_ns", 0)),
-            )
+    return [
+        Collective(
+            group=str((e.get("process_group") or ["0"])[0]),
+            seq=int(e.get("collective_seq_id", 0)),
+            op=str(e.get("profiling_name", "?")).split(":", 1)[-1],
+            sizes=tuple(tuple(int(n) for n in s) for s in e.get("input_sizes") or []),
+            done=bool(e.get("retired")) or e.get("state") == "completed",
+            created_ns=int(e.get("time_created_ns", 0)),
         )
-    return out
+        for e in trace.get("entries") or []
+        if not e.get("is_p2p")
+    ]
 
 
 def parse_stacks(text: str) -> list[tuple[Frame, ...]]:
@@ -287,8 +290,7 @@ def find_stall(
         if group != "0" and not mine:
             continue  # not a member of that sub-group
         last[rank] = max((c.seq for c in mine), default=0)
-        found = next((c for c in mine if c.seq == seq), None)
-        if found is not None:
+        if (found := next((c for c in mine if c.seq == seq), None)) is not None:
             at[rank] = found
     usual = Counter(at[r].signature for r in sorted(at) if not at[r].done).most_common(1)[0][0]
     # Every rank is in the default group; a sub-group's members are those that recorded it.
@@ -302,3 +304,64 @@ def find_stall(
         different={r: at[r] for r in sorted(at) if at[r].signature != usual},
         waited_s=max(0.0, (now_ns - oldest.created_ns) / 1e9),
     )
+
+
+# -- the stall as a diagnosis ------------------------------------------------------------
+
+
+def _recorded(inputs: Inputs) -> tuple[list[str], dict[str, Any]] | None:
+    """What nbgpu said when it found the stall, and its record."""
+    if inputs.stall is None:
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(inputs.stall.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("lines"), list):
+            return [str(line) for line in data["lines"]], data
+    return None
+
+
+def _read(path: Path, notes: list[str]) -> dict[str, Any] | None:
+    try:
+        return read_trace(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        notes.append(f"{path.name}: not read as a flight record ({exc})")
+        return None
+
+
+def _from_dumps(inputs: Inputs) -> tuple[list[str], dict[str, Any]] | None:
+    traces = {rank: _read(path, inputs.notes) for rank, path in sorted(inputs.flight.items())}
+    stall = find_stall({r: t for r, t in traces.items() if t is not None}, now_ns=0)
+    if stall is None:
+        return None
+    stall.waited_s = None  # a dump has no clock: how long it waited is not in it
+    return stall.lines(), stall.to_dict()
+
+
+def stall_cause(inputs: Inputs) -> FoundCause | None:
+    """The stall the inputs record, as a found cause (its lines are the evidence)."""
+    found = _recorded(inputs) or _from_dumps(inputs)
+    if found is None:
+        return None
+    lines, data = found
+    source = inputs.stall.name if inputs.stall is not None else "flight recorder"
+    culprits = sorted(
+        int(r) for key in ("never_entered", "entered_other") for r in data.get(key) or {}
+    )
+    return STALLED.found(
+        "root",
+        0.9,
+        ranks=tuple(culprits),
+        first_rank=culprits[0] if culprits else None,
+        evidence=tuple(Evidence(source, None, line) for line in lines),
+    )
+
+
+def with_stall(causes: tuple[FoundCause, ...], stall: FoundCause) -> tuple[FoundCause, ...]:
+    """The stall as the root; a root found in the logs stays the root when it is a primary
+    failure (a crash explains a stall), and becomes its consequence when it is what the
+    stall looks like from outside (a timeout, an NCCL error)."""
+    root = next((c for c in causes if c.root), None)
+    if root is not None and not cause(root.cause).secondary:
+        return (*causes, replace(stall, role="also"))
+    demoted = tuple(replace(c, role="consequence") if c.root else c for c in causes)
+    return (stall, *demoted)

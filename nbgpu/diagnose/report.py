@@ -89,7 +89,6 @@ class FoundCause(Result):
         return Problem(_SEVERITIES[self.role], self.cause, subject or "run", message, self.fixes)
 
     def summary(self) -> str:
-        """One line: cause, rank, confidence."""
         where = f" on {self._first()}" if self.first_rank is not None else ""
         return f"{self.title} ({self.cause}){where}, confidence {self.confidence:.2f}"
 
@@ -187,7 +186,6 @@ class Diagnosis(Result):
 
     @property
     def problems(self) -> tuple[Problem, ...]:
-        """Each cause as a :class:`~nbgpu.problems.Problem`, root first."""
         return tuple(c.problem for c in self.causes)
 
     @property
@@ -218,7 +216,7 @@ class Diagnosis(Result):
         line = f"{root.title}{where} [{root.cause}]"
         return f"{line} - {fix}" if fix else line
 
-    def _header(self) -> str:
+    def content(self) -> list[Block]:
         lines = sum(s.lines for s in self.sources)
         parts = [f"nbgpu diagnose - {self.input}"]
         if self.world_size:
@@ -226,10 +224,7 @@ class Diagnosis(Result):
         parts.append(
             f"{len(self.sources)} source{'s' if len(self.sources) != 1 else ''}, {lines:,} lines"
         )
-        return " · ".join(parts)
-
-    def content(self) -> list[Block]:
-        blocks: list[Block] = [Title(self._header())]
+        blocks: list[Block] = [Title(" · ".join(parts))]
         if self.inventory:
             blocks.append(Line(f"(GPU facts from {self.inventory})", indent="  ", wrap=False))
         if self.root is None:

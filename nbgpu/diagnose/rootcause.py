@@ -1,29 +1,23 @@
-"""Root cause, not the loudest line: which rank failed first, and why.
+"""Root cause, not the loudest line: which rank failed first, and why (no I/O).
 
-Given what the scans found (catalog hits, exits, exceptions) plus the launcher's run.json
-and torchelastic error files, :func:`rank_failures` decides:
+From the scans (catalog hits, exits, exceptions), run.json and torchelastic's error files:
 
-1. per rank, its own cause: the earliest *primary* hit (a specific cause such as an OOM
-   or a busy GPU); failing that a cause implied by how it died (SIGKILL -> host OOM,
-   SIGSEGV -> segfault); failing that an unexplained Python exception (``unknown``).
-   Ranks with only collective timeouts, NCCL errors, "Connection reset by peer" or the
-   agent's SIGTERM failed *because of* another rank: they are secondary.
-2. the root rank: among ranks with a cause of their own, the one that failed first by
-   the best clock every candidate has (run.json ``ended_at``, error-file timestamps, log
-   timestamps), then torchrun's own "Root Cause (first observed failure)", then the
-   order of lines within one log. Without any clock across several logs the more
-   specific cause wins and the confidence drops.
-3. causes: the root cause first; other causes seen follow as consequences (secondary
-   causes, later failures) or "also" (another primary cause on another rank).
-
-Pure functions over the scan results (no I/O).
+1. each rank's own cause: its earliest *primary* hit (an OOM, a busy GPU); else how it
+   died (SIGKILL -> host OOM, SIGSEGV -> segfault); else an unexplained exception
+   (``unknown``). Ranks with only collective timeouts, NCCL errors, "Connection reset by
+   peer" or the agent's SIGTERM failed *because of* another rank: they are secondary.
+2. the root rank: among ranks with a cause of their own, the first to fail by the best
+   clock they all have (run.json ``ended_at``, error files, log timestamps), then
+   torchrun's "Root Cause (first observed failure)", then line order within one log.
+   With no clock across several logs the more specific cause wins, at lower confidence.
+3. the root cause first; the others follow as consequences (secondary causes, later
+   failures) or "also" (another primary cause on another rank).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from nbgpu.diagnose.catalog import UNKNOWN, Cause, cause
 from nbgpu.diagnose.lines import Stamp
@@ -47,6 +41,11 @@ _CLOCKS = ("epoch", "iso", "glog")
 _LAST = 10**12  # order of a rank's cause that no log line supports (exit code or signal only)
 
 
+def _primary(hit: Hit) -> bool:
+    """A cause of the rank's own: not a marker, nor the echo of a peer's failure."""
+    return hit.cause != SECONDARY_ID and not hit.consequence and not cause(hit.cause).secondary
+
+
 @dataclass
 class _Rank:
     """Everything known about one rank (``None``: lines without a rank)."""
@@ -62,14 +61,10 @@ class _Rank:
     banner_root: bool = False
 
     def primary(self) -> list[Hit]:
-        return [
-            h
-            for h in self.hits
-            if h.cause != SECONDARY_ID and not h.consequence and not cause(h.cause).secondary
-        ]
+        return [h for h in self.hits if _primary(h)]
 
     def secondary(self) -> list[Hit]:
-        return [h for h in self.hits if h.cause != SECONDARY_ID and h not in self.primary()]
+        return [h for h in self.hits if h.cause != SECONDARY_ID and not _primary(h)]
 
     def markers(self) -> list[Hit]:
         return [h for h in self.hits if h.cause == SECONDARY_ID]
@@ -137,11 +132,8 @@ def _collect(
             s = state(exit_rank(ex))
             s.exits.append(ex)
             s.banner_root = s.banner_root or ex.root
-            if s.exit_code is None:
-                s.exit_code = ex.exit_code
+            s.exit_code = ex.exit_code if s.exit_code is None else s.exit_code
             s.signal = s.signal or ex.signal
-    for s in states.values():
-        s.hits = _most_specific(s.hits)
     for record in errors:
         state(record.rank).error = record
     if run is not None:
@@ -151,27 +143,21 @@ def _collect(
             s.signal = r.signal or s.signal  # else the exit code's, below
             s.ended = r.stamp
     for s in states.values():
+        s.hits = _most_specific(s.hits)
         if s.signal is None and s.exit_code is not None:
             s.signal = SIGNAL_OF_CODE.get(s.exit_code)
     return states
 
 
 def _most_specific(hits: list[Hit]) -> list[Hit]:
-    """One cause per line: where two causes match the same line, the higher priority.
-
-    "Torch not compiled with CUDA enabled" names a CPU build (``cpu_torch``) and also
-    reads as a driver problem; the line says one thing, so only its most specific cause
-    counts (for the rank's cause and for the causes listed after the root).
-    """
+    """One cause per line, the highest priority: "Torch not compiled with CUDA enabled" is
+    a CPU build (``cpu_torch``), not also a driver problem. Only primary causes speak for
+    their line: echoes (NCCL errors, timeouts) keep their ranking among themselves."""
     best: dict[tuple[str, int | None], int] = {}
     for h in hits:
-        # Only a primary cause speaks for its line: echoes (NCCL errors, timeouts) keep
-        # the ranking they have among themselves.
-        if h.cause == SECONDARY_ID or h.lineno is None or h.consequence:
-            continue
-        if not (c := cause(h.cause)).secondary:
+        if _primary(h) and h.lineno is not None:
             key = (h.source, h.lineno)
-            best[key] = max(best.get(key, 0), c.priority)
+            best[key] = max(best.get(key, 0), cause(h.cause).priority)
     return [
         h
         for h in hits
@@ -180,8 +166,7 @@ def _most_specific(hits: list[Hit]) -> list[Hit]:
 
 
 def _rank_cause(s: _Rank) -> _RankCause | None:
-    primary = s.primary()
-    if primary:
+    if primary := s.primary():
         # The rank's log shows the first symptom; its error file only the last exception.
         first = min(primary, key=lambda h: (h.source.startswith("error-"), h.order))
         same = [h for h in primary if h.cause == first.cause]
@@ -213,11 +198,8 @@ def _rank_cause(s: _Rank) -> _RankCause | None:
 
 
 def _merge_unranked(rank_causes: list[_RankCause]) -> list[_RankCause]:
-    """Give the cause found in unprefixed lines to the ranks known only by their exit code.
-
-    A plain log interleaves the ranks' tracebacks without prefixes, while torchrun's
-    banner names the failed ranks: the tracebacks' cause belongs to those ranks.
-    """
+    """The cause found in unprefixed lines, given to the ranks known only by their exit
+    code: a plain log interleaves tracebacks, while torchrun's banner names the ranks."""
     loose = next((v for v in rank_causes if v.state.rank is None and not v.secondary), None)
     if loose is None or (loose.cause is UNKNOWN and loose.exception is None):
         return rank_causes
@@ -285,8 +267,7 @@ def _traceback(v: _RankCause) -> tuple[str, ...]:
 
 
 def _unknown_evidence(v: _RankCause) -> tuple[Evidence, ...]:
-    if v.exception is not None:
-        e = v.exception
+    if (e := v.exception) is not None:
         return (Evidence(e.source, e.lineno, e.text, e.rank),)
     if v.state.error is not None:
         return (Evidence(v.state.error.path.name, None, v.state.error.message, v.state.rank),)
@@ -300,18 +281,6 @@ def _ranks(ranks: Iterable[int | None]) -> tuple[int, ...]:
     return tuple(sorted({r for r in ranks if r is not None}))
 
 
-def _found(c: Cause, role: str, confidence: float, **fields: Any) -> FoundCause:
-    return FoundCause(
-        cause=c.id,
-        title=c.title,
-        role=role,
-        confidence=round(confidence, 3),
-        explanation=c.explanation,
-        fixes=c.fixes,
-        **fields,
-    )
-
-
 def rank_failures(
     scans: Sequence[SourceScan],
     errors: Sequence[ErrorRecord],
@@ -320,7 +289,6 @@ def rank_failures(
     max_evidence: int = 5,
     world_size: int | None = None,
 ) -> Ranking:
-    """Decide the root cause and order the causes found."""
     states = _collect(scans, errors, run)
     rank_causes = _merge_unranked([v for s in states.values() if (v := _rank_cause(s)) is not None])
     notes: list[str] = []
@@ -342,7 +310,6 @@ def rank_failures(
         # Only symptoms: the most telling one stands in for the (unseen) root cause.
         root, by_clock = min(rank_causes, key=lambda v: (-v.confidence, v.order)), False
     root_rank = root.state.rank
-    causes_on = {v.state.rank: v for v in rank_causes}
     confidence = root.confidence
     if root.state.error is not None and any(h.source.startswith("error-") for h in root.hits):
         confidence = min(0.99, confidence + 0.03)  # the rank's own error file agrees
@@ -360,8 +327,7 @@ def rank_failures(
     # Traceback lines name the interpreter and the torch the ranks ran.
     frames = [line for s in states.values() for e in s.exceptions for line in e.traceback]
     python = run.python if run is not None else None
-    found = _found(
-        root.cause,
+    found = root.cause.found(
         "root",
         confidence,
         ranks=ranks,
@@ -375,7 +341,8 @@ def rank_failures(
         rest = [f for f in found.fixes if "pip install" not in f]
         found = replace(found, fixes=(*concrete, *rest))
     causes = (found, *_others(states, root, max_evidence))
-    return Ranking(causes, _summaries(states, root, causes_on), failed=True, notes=tuple(notes))
+    summaries = _summaries(states, root, {v.state.rank: v for v in rank_causes})
+    return Ranking(causes, summaries, failed=True, notes=tuple(notes))
 
 
 def _others(
@@ -394,7 +361,7 @@ def _others(
         confidence = max(h.confidence for h in hits) * (0.4 if consequence else 0.6)
         ranks = _ranks(h.rank for h in hits)
         evidence = _evidence(hits, max_evidence)
-        out.append(_found(c, role, confidence, ranks=ranks, first_rank=None, evidence=evidence))
+        out.append(c.found(role, confidence, ranks=ranks, first_rank=None, evidence=evidence))
     out.sort(key=lambda f: (f.role != "also", -f.confidence))
     return out
 
@@ -414,7 +381,7 @@ def _summaries(
             role = "secondary"
         elif v is not None:
             role = "failed"
-        elif s.exit_code in (None,) and not s.hits:
+        elif s.exit_code is None and not s.hits:
             role = "unknown"
         elif s.exit_code == 0:
             role = "ok"

@@ -1,9 +1,7 @@
-"""What a cause's evidence says in numbers and names, turned into advice.
-
-:func:`specifics`: the nearest batch sizes that divide, the collective and its timeout,
-the failed allocation, the taken port, the module a rank could not import and the
-interpreter it ran, the memory Ray saw when it killed workers. Pure functions over the
-evidence text; what the logs do not say is :mod:`nbgpu.diagnose.enrich`'s.
+"""What a cause's evidence says in numbers and names, turned into advice: the nearest batch
+sizes that divide, the collective and its timeout, the failed allocation, the taken port,
+the module a rank could not import and the interpreter it ran, the memory Ray saw. What
+the logs do not say is :mod:`nbgpu.diagnose.enrich`'s.
 """
 
 from __future__ import annotations
@@ -104,79 +102,21 @@ def _batch(text: str, world_size: int | None) -> str | None:
             f"{value} is not divisible by {divisor}; nearest multiples: {nearest(value, divisor)}"
         )
     if m := _ASSERT_DIV.search(text):
-        return _assert_divides(m.group(1), m.group(2), world_size)
+        # ``assert gradient_accumulation_steps % world_size == 0``: the values that pass.
+        what, by = m.groups()
+        if world_size is None:
+            return f"{what} must be a multiple of {by} (the number of ranks)"
+        valid = ", ".join(str(world_size * k) for k in range(1, 4))
+        return (
+            f"{what} must be a multiple of {by} = {world_size} ranks: {valid}, ...; "
+            f"or start a number of ranks that divides {what}"
+        )
     if world_size:
         return (
             f"the job ran with world size {world_size}: sizes split across ranks must be "
             f"multiples of {world_size}"
         )
     return None
-
-
-def _assert_divides(value: str, divisor: str, world_size: int | None) -> str:
-    """``assert gradient_accumulation_steps % world_size == 0``: the values that pass."""
-    if world_size is None:
-        return f"{value} must be a multiple of {divisor} (the number of ranks)"
-    valid = ", ".join(str(world_size * k) for k in range(1, 4))
-    return (
-        f"{value} must be a multiple of {divisor} = {world_size} ranks: {valid}, ...; "
-        f"or start a number of ranks that divides {value}"
-    )
-
-
-def _timeout(text: str) -> str | None:
-    op, t = _OP.search(text), _TIMEOUT.search(text)
-    what = op.group(1) if op else "a collective"
-    if t:
-        waited, limit = int(t.group(2)) / 1000, int(t.group(1)) / 1000
-        return (
-            f"{what} waited {waited:.0f} s (timeout {limit:.0f} s) for a rank that never joined it"
-        )
-    return f"{what} timed out waiting for a rank that never joined it" if op else None
-
-
-def _oom_numbers(text: str) -> str | None:
-    alloc, total, free = _ALLOC.search(text), _GPU_TOTAL.search(text), _FREE.search(text)
-    if not alloc:
-        return None
-    sentence = f"tried to allocate {alloc.group(1)}"
-    if total:
-        gpu = f"GPU {total.group(1)} " if total.group(1) else "a GPU "
-        sentence += f" on {gpu}of {total.group(2)}"
-    if free:
-        sentence += f" with {free.group(1) or free.group(2)} free"
-    return sentence
-
-
-def _port(text: str) -> str | None:
-    if not (m := _PORT.search(text)):
-        return None
-    port = int(m.group(1))
-    if port < 1024:
-        return f"port {port} is privileged (< 1024): use a port above 1024"
-    shared = " (torchrun's default, shared by every job that keeps it)" if port == 29500 else ""
-    return f"port {port} was already taken{shared}"
-
-
-def _no_gpu_ranks(ranks: Sequence[int], world_size: int | None) -> str | None:
-    first = min(ranks, default=0)
-    if first > 0 and (world_size is None or max(ranks) == world_size - 1):
-        s = "s" if first != 1 else ""
-        return (
-            f"ranks {first} and up found no GPU while ranks below {first} did: the job sees "
-            f"{first} GPU{s}, so start {first} rank{s} per node (`%%torchrun {first}`)"
-        )
-    return None
-
-
-def _driver_version(text: str) -> str | None:
-    if not (m := _DRIVER_VERSION.search(text)):
-        return None
-    v = int(m.group(1))
-    return (
-        f"the driver supports CUDA up to {v // 1000}.{(v % 1000) // 10} (found version {v}); "
-        "the installed torch needs a newer one"
-    )
 
 
 def interpreter(frames: Sequence[str], python: str | None) -> str | None:
@@ -273,11 +213,8 @@ def specifics(
     frames: Sequence[str] = (),
     python: str | None = None,
 ) -> tuple[str, ...]:
-    """Sentences with the numbers the evidence gives for ``cause_id``.
-
-    ``frames``: traceback lines of the run (they name the interpreter and torch the
-    ranks used); ``python``: the ranks' interpreter as run.json recorded it.
-    """
+    """Sentences with the numbers the evidence gives for ``cause_id``. ``frames``: the run's
+    traceback lines (they name the ranks' interpreter and torch); ``python``: run.json's."""
     text = " ".join(texts)
     found: str | None = None
     if cause_id == "missing_module":
@@ -293,17 +230,47 @@ def specifics(
             return tuple(_deepspeed(m, world_size))
         found = _batch(text, world_size)
     elif cause_id == "invalid_ordinal":
-        found = _no_gpu_ranks(ranks, world_size)
+        first = min(ranks, default=0)
+        if first > 0 and (world_size is None or max(ranks) == world_size - 1):
+            s = "s" if first != 1 else ""
+            found = (
+                f"ranks {first} and up found no GPU while ranks below {first} did: the job sees "
+                f"{first} GPU{s}, so start {first} rank{s} per node (`%%torchrun {first}`)"
+            )
     elif cause_id == "rendezvous" and (m := _ENDPOINT.search(text)):
         found = f"could not reach the rendezvous store at {m.group(1)}:{m.group(2)}"
     elif cause_id == "device_assert" and (m := _ASSERTION.search(text)):
         found = f"the failed kernel assertion: {m.group(1)}"
-    else:
-        by_text = {
-            "nccl_timeout": _timeout,
-            "cuda_oom": _oom_numbers,
-            "port_in_use": _port,
-            "driver": _driver_version,
-        }
-        found = by_text[cause_id](text) if cause_id in by_text else None
+    elif cause_id == "nccl_timeout":
+        op, t = _OP.search(text), _TIMEOUT.search(text)
+        what = op.group(1) if op else "a collective"
+        if t:
+            waited, limit = int(t.group(2)) / 1000, int(t.group(1)) / 1000
+            found = (
+                f"{what} waited {waited:.0f} s (timeout {limit:.0f} s) for a rank that never "
+                "joined it"
+            )
+        elif op:
+            found = f"{what} timed out waiting for a rank that never joined it"
+    elif cause_id == "cuda_oom" and (alloc := _ALLOC.search(text)):
+        total, free = _GPU_TOTAL.search(text), _FREE.search(text)
+        sentence = f"tried to allocate {alloc.group(1)}"
+        if total:
+            gpu = f"GPU {total.group(1)} " if total.group(1) else "a GPU "
+            sentence += f" on {gpu}of {total.group(2)}"
+        if free:
+            sentence += f" with {free.group(1) or free.group(2)} free"
+        found = sentence
+    elif cause_id == "port_in_use" and (m := _PORT.search(text)):
+        port = int(m.group(1))
+        if port < 1024:
+            return (f"port {port} is privileged (< 1024): use a port above 1024",)
+        shared = " (torchrun's default, shared by every job that keeps it)" if port == 29500 else ""
+        found = f"port {port} was already taken{shared}"
+    elif cause_id == "driver" and (m := _DRIVER_VERSION.search(text)):
+        version = int(m.group(1))
+        found = (
+            f"the driver supports CUDA up to {version // 1000}.{(version % 1000) // 10} "
+            f"(found version {version}); the installed torch needs a newer one"
+        )
     return (found,) if found else ()
