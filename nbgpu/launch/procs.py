@@ -102,7 +102,7 @@ def agent_env(
     # torchrun's agent-level error file (each rank gets its own from torchrun).
     env["TORCHELASTIC_ERROR_FILE"] = str(run_dir / "agent-error.json")
     # Every rank keeps its last collectives (PyTorch's flight recorder): how a stalled job
-    # names the rank that never joined (launch/stall.py). On GPUs NCCL also dumps them
+    # names the rank that never joined (launch/outcomes.py). On GPUs NCCL also dumps them
     # when its watchdog times out, here where `nbgpu diagnose RUN_DIR` reads them.
     if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
         env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER))

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 from nbgpu.errors import UserInputError
 from nbgpu.launch.channel import CELL_MARK, CellServer
 from nbgpu.launch.config import CellRequest, LaunchConfig
-from nbgpu.launch.outcomes import collect_pulled, diagnose_failure, rank_outcomes, read_agent_result
+from nbgpu.launch.outcomes import (
+    StallWatch,
+    collect_pulled,
+    diagnose_failure,
+    rank_outcomes,
+    read_agent_result,
+)
 from nbgpu.launch.procs import (
     StopReport,
     agent_env,
@@ -40,7 +46,6 @@ from nbgpu.launch.rundirs import (
     write_meta,
 )
 from nbgpu.launch.slurm import QueueWatch, cancel, srun_error
-from nbgpu.launch.stall import StallWatch
 from nbgpu.launch.streams import LineSink, RankLogs, ScreenWriter
 from nbgpu.launch.warm import WATCH_S, Cell, CellResult, WarmState, span
 
