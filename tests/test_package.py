@@ -216,7 +216,7 @@ STDLIB_ONLY = (
     "_children.py",
     "devices/sim/__init__.py",
     "devices/cuda_errors.py",
-    "launch/channel.py",
+    "launch/streams.py",
     "rank/slurm_node.py",
 )
 

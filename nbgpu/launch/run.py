@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.channel import CELL_MARK, CellServer
 from nbgpu.launch.config import CellRequest, LaunchConfig
 from nbgpu.launch.outcomes import (
     StallWatch,
@@ -46,8 +45,8 @@ from nbgpu.launch.rundirs import (
     write_meta,
 )
 from nbgpu.launch.slurm import QueueWatch, cancel, srun_error
-from nbgpu.launch.streams import LineSink, RankLogs, ScreenWriter
-from nbgpu.launch.warm import WATCH_S, Cell, CellResult, WarmState, span
+from nbgpu.launch.streams import CellServer, LineSink, RankLogs, ScreenWriter
+from nbgpu.launch.warm import CELL_MARK, WATCH_S, Cell, CellResult, WarmState, span
 
 if TYPE_CHECKING:
     from nbgpu.profile.live import MemoryFollower
