@@ -36,6 +36,7 @@ __all__ = [
 ]  # fmt: skip
 
 SILENT_AFTER_S = 120.0  # a rank quiet this long is marked (a hang shows up as silence)
+_LEVELS = {"failed": "bad", "timed_out": "bad", "hung": "bad", "running": ""}  # else "ok"
 
 
 @dataclass(frozen=True)
@@ -282,9 +283,7 @@ class RunsTable(Result):
                 hint = f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name}"
                 hints.append(Line(hint + " shows every rank's stack", level="warn", wrap=False))
             gpus = run.config.cuda_visible_devices
-            level = {"failed": "bad", "timed_out": "bad", "hung": "bad", "running": ""}.get(
-                run.state, "ok"
-            )
+            level = _LEVELS.get(run.state, "ok")
             state = run.state.replace("_", " ")
             if run.warm is not None and not run.done:
                 state = run.warm.describe()

@@ -3,13 +3,12 @@ agent's ``result.json`` (exit codes, signals), each rank's torchelastic error fi
 exception, its traceback, a sub-second clock) and the ``--pull`` values; while it runs,
 the markers behind one-line notices (a refused parent-death signal, a full disk, a stall).
 
-A job stalls when no rank writes anything for ``--hang-after`` seconds and a collective has
-been pending that long: :class:`StallWatch` then asks every rank for its flight record
-(``nbgpu.rank.flight`` answers from a thread, since a rank stuck in a collective runs no
-signal handler) and its stack (a DataLoader worker's too), and names, once, the collective,
-the ranks that never entered it or entered another, and where they are; ``stall.json``
-keeps it for ``nbgpu diagnose``. A quiet job with no collective pending is computing: it is
-looked at again after another ``--hang-after``.
+A job stalls when no rank writes for ``--hang-after`` seconds with a collective pending that
+long: :class:`StallWatch` asks every rank for its flight record (``nbgpu.rank.flight``
+answers from a thread: a rank stuck in a collective runs no signal handler) and its stack (a
+DataLoader worker's too), and names once the collective, the ranks that never entered it or
+entered another, and where they are (``stall.json`` keeps it for ``nbgpu diagnose``). A
+quiet job with no collective pending is computing: it is looked at again later.
 """
 
 from __future__ import annotations
@@ -279,9 +278,7 @@ def flight_records(
     deadline = time.monotonic() + timeout_s
     while len(found) < len(ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
-        for rank in ranks:
-            if rank in found:
-                continue
+        for rank in [r for r in ranks if r not in found]:
             with contextlib.suppress(OSError, ValueError):
                 data = (run_dir / f"fr-rank{rank}.json").read_bytes()
                 if token.encode() in data[:64]:  # the answer to this request, not an older one
@@ -290,11 +287,9 @@ def flight_records(
 
 
 def _worker_stack(run_dir: Path, rank: int, pid: int) -> tuple[hang.Frame, ...]:
-    """The stack of the DataLoader worker a rank waits on, if one is in user code.
-
-    Forked workers carry the rank's stack handler; an exec'd child has none (the signal
-    would kill it): only children with the rank's command line are asked, one at a time.
-    """
+    """The stack of the DataLoader worker a rank waits on, if one is in user code. Forked
+    workers carry the rank's stack handler; an exec'd child has none (the signal would kill
+    it): only children with the rank's command line are asked, one at a time."""
     try:
         parent = psutil.Process(pid)
         same = parent.cmdline()

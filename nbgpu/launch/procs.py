@@ -77,7 +77,6 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
         argv += ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1"]
         argv += ["--master-port", str(port)]
     else:
-        # Nodes started by hand: torchrun's c10d rendezvous, the same cell on every node.
         argv += ["--nnodes", str(config.nnodes), "--rdzv-backend", "c10d"]
         argv += ["--rdzv-endpoint", str(config.rdzv_endpoint)]
         # Every node's cell must use the same id: the run's name is what they share.
@@ -153,13 +152,8 @@ def carries_run_id(pid: int, run_id: str | None) -> bool:
 
 
 def _user_processes() -> list[psutil.Process]:
-    uid = os.getuid()
-    out = []
-    for proc in psutil.process_iter(["uids"]):
-        with contextlib.suppress(psutil.Error, AttributeError, TypeError):
-            if proc.info["uids"].real == uid:
-                out.append(proc)
-    return out
+    uid = os.getuid()  # (a process we may not read has uids None: not ours)
+    return [p for p in psutil.process_iter(["uids"]) if getattr(p.info["uids"], "real", -1) == uid]
 
 
 def live_run_ids() -> set[str]:
