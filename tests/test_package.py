@@ -216,7 +216,7 @@ STDLIB_ONLY = (
     "_children.py",
     "devices/sim/__init__.py",
     "devices/cuda_errors.py",
-    "launch/channel.py",
+    "launch/streams.py",
     "rank/slurm_node.py",
 )
 
@@ -356,8 +356,8 @@ def test_the_kernel_and_its_ranks_use_the_same_words():
     # rank/ never imports launch/ (nor the reverse): each side names what crosses the
     # process boundary itself, and this ties the two names together.
     from nbgpu.launch.config import NODE_GPUS_ENV  # noqa: PLC0415
+    from nbgpu.launch.outcomes import FR_REQUEST  # noqa: PLC0415
     from nbgpu.launch.procs import STACKS_SIGNAL  # noqa: PLC0415
-    from nbgpu.launch.stall import FR_REQUEST  # noqa: PLC0415
     from nbgpu.rank import flight, slurm_node, worker  # noqa: PLC0415
 
     assert worker._STACKS_SIGNAL == STACKS_SIGNAL

@@ -28,7 +28,7 @@ __all__ = [
 ]  # fmt: skip
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# A job with a collective pending this long and no output is stalled (launch/stall.py).
+# A job with a collective pending this long and no output is stalled (launch/outcomes.py).
 # NCCL's own watchdog gives up after 10 min; a look at 2 min leaves time to act.
 HANG_AFTER_S = 120.0
 ON_HANG = ("report", "stop")

@@ -36,6 +36,7 @@ __all__ = [
 ]  # fmt: skip
 
 SILENT_AFTER_S = 120.0  # a rank quiet this long is marked (a hang shows up as silence)
+_LEVELS = {"failed": "bad", "timed_out": "bad", "hung": "bad", "running": ""}  # else "ok"
 
 
 @dataclass(frozen=True)
@@ -281,10 +282,11 @@ class RunsTable(Result):
                 quiet = f"rank {ranks} silent {span(max(s for _r, s in silent))}"
                 hint = f"{run.name}: ranks silent for a while (a hang?): %gpu_stacks {run.name}"
                 hints.append(Line(hint + " shows every rank's stack", level="warn", wrap=False))
+            after = run.config.hang_after_s
+            if after != HANG_AFTER_S:  # a run's own --hang-after (the default is said once)
+                quiet += " (no stall look)" if not after else f" (stall after {span(after)})"
             gpus = run.config.cuda_visible_devices
-            level = {"failed": "bad", "timed_out": "bad", "hung": "bad", "running": ""}.get(
-                run.state, "ok"
-            )
+            level = _LEVELS.get(run.state, "ok")
             state = run.state.replace("_", " ")
             if run.warm is not None and not run.done:
                 state = run.warm.describe()
@@ -297,7 +299,7 @@ class RunsTable(Result):
                 "-" if gpus is None else gpus or "none",
                 run.port or "-",
                 "-" if run.started_at is None else span(time.time() - run.started_at),
-                quiet + _hang_after(run.config.hang_after_s),
+                quiet,
                 str(run.dir),
                 level="warn" if silent or quiet.startswith("STALLED") else level,
             )
@@ -319,13 +321,6 @@ class RunsTable(Result):
 
     def to_dict(self) -> dict[str, Any]:
         return {"runs": self.records()}
-
-
-def _hang_after(seconds: float) -> str:
-    """A run's own --hang-after, next to its quiet time (the default is said once)."""
-    if seconds == HANG_AFTER_S:
-        return ""
-    return " (no stall look)" if not seconds else f" (stall after {span(seconds)})"
 
 
 def runs_table() -> RunsTable:

@@ -299,18 +299,15 @@ def prepare(
         hang_after_s=HANG_AFTER_S if hang_after_s is None else hang_after_s,
         on_hang=on_hang,
     )
-    if inv is not None and (line := _cuda_line(config, inv)) is not None:
-        if strict:
-            raise UserInputError(f"--strict: {line}")
-        notes.append(line)
+    if inv is not None:  # (SLURM's nodes are not this machine: no preflight line)
+        real_gpus = bool(inv.gpus) and not inv.nvml_error and not inv.simulated
+        fleet = (inv.fleet_name or "?") if inv.simulated else None
+        line = cuda_line(config, torch_build(), gpus_here=real_gpus, fleet=fleet)
+        if line is not None:
+            if strict:
+                raise UserInputError(f"--strict: {line}")
+            notes.append(line)
     return Prepared(config=config, notes=tuple(notes))
-
-
-def _cuda_line(config: LaunchConfig, inv: Inventory) -> str | None:
-    """The preflight's line for this machine (SLURM's nodes are not this machine: no line)."""
-    real_gpus = bool(inv.gpus) and not inv.nvml_error and not inv.simulated
-    fleet = (inv.fleet_name or "?") if inv.simulated else None
-    return cuda_line(config, torch_build(), gpus_here=real_gpus, fleet=fleet)
 
 
 def _plan_role(plan: LaunchPlan, role: str | None) -> PlanRole:

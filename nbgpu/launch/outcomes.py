@@ -1,7 +1,14 @@
 """What a run's processes leave in its directory, read by the kernel: once it ended, the
 agent's ``result.json`` (exit codes, signals), each rank's torchelastic error file (the
 exception, its traceback, a sub-second clock) and the ``--pull`` values; while it runs,
-the markers behind one-line notices (a refused parent-death signal, a full disk).
+the markers behind one-line notices (a refused parent-death signal, a full disk, a stall).
+
+A job stalls when no rank writes for ``--hang-after`` seconds with a collective pending that
+long: :class:`StallWatch` asks every rank for its flight record (``nbgpu.rank.flight``
+answers from a thread: a rank stuck in a collective runs no signal handler) and its stack (a
+DataLoader worker's too), and names once the collective, the ranks that never entered it or
+entered another, and where they are (``stall.json`` keeps it for ``nbgpu diagnose``). A
+quiet job with no collective pending is computing: it is looked at again later.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import contextlib
 import json
 import os
 import pickle
+import secrets
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,14 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
+from nbgpu.diagnose import hang
+from nbgpu.launch.procs import STACKS_SIGNAL, rank_stacks, wait_for_dump
 from nbgpu.launch.rundirs import error_file, rank_log
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
 
 __all__ = [
-    "Pulled", "RankOutcome", "RunNotices", "add_pulled", "collect_pulled", "diagnose_failure",
-    "rank_outcomes", "read_agent_result",
+    "FR_REQUEST", "Pulled", "RankOutcome", "RunNotices", "StallWatch", "add_pulled",
+    "collect_pulled", "diagnose_failure", "flight_records", "rank_outcomes", "read_agent_result",
 ]  # fmt: skip
 
 DISK_FULL_BELOW_BYTES = 64 * 1024  # less free space than this under the run dir: full
@@ -247,3 +259,105 @@ def _disk_full_since(run_dir: Path) -> float | None:
         if st.f_bavail * st.f_frsize < DISK_FULL_BELOW_BYTES:
             return time.time()
     return None
+
+
+FR_REQUEST = "fr-request"  # what nbgpu.rank.flight reads (a test ties the two)
+_ANSWER_S = 3.0  # how long ranks get to write their records (they look twice a second)
+_STACKS_S = 5.0
+
+
+def flight_records(
+    run_dir: Path, ranks: list[int], timeout_s: float = _ANSWER_S
+) -> dict[int, dict[str, Any]]:
+    """Every live rank's flight record, fresh: rank -> {"trace", "time_ns" (its clock)}."""
+    token = secrets.token_hex(8)
+    tmp = run_dir / f".{FR_REQUEST}.tmp"
+    tmp.write_text(token, encoding="utf-8")
+    tmp.replace(run_dir / FR_REQUEST)
+    found: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(found) < len(ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        for rank in [r for r in ranks if r not in found]:
+            with contextlib.suppress(OSError, ValueError):
+                data = (run_dir / f"fr-rank{rank}.json").read_bytes()
+                if token.encode() in data[:64]:  # the answer to this request, not an older one
+                    found[rank] = hang.read_trace(data)
+    return found
+
+
+def _worker_stack(run_dir: Path, rank: int, pid: int) -> tuple[hang.Frame, ...]:
+    """The stack of the DataLoader worker a rank waits on, if one is in user code. Forked
+    workers carry the rank's stack handler; an exec'd child has none (the signal would kill
+    it): only children with the rank's command line are asked, one at a time."""
+    try:
+        parent = psutil.Process(pid)
+        same = parent.cmdline()
+        children = [c for c in parent.children() if c.cmdline() == same]
+    except psutil.Error:
+        return ()
+    path = run_dir / f"stacks-rank{rank}.txt"
+    for child in children:
+        offset = path.stat().st_size if path.exists() else 0
+        try:
+            os.kill(child.pid, STACKS_SIGNAL)
+        except OSError:
+            continue
+        frames = hang.main_thread(hang.parse_stacks(wait_for_dump(path, offset, 2.0)))
+        if any(not f.library for f in frames):
+            return frames
+    return ()
+
+
+class StallWatch:
+    """One run's stall detector: quiet for ``after_s``, then one look at its collectives."""
+
+    def __init__(self, run_dir: Path, world_size: int, after_s: float) -> None:
+        self.run_dir = run_dir
+        self.world_size = world_size
+        self.after_s = after_s
+        self.reported_at: float | None = None  # when the current stall was said
+        self._next_look = 0.0
+
+    def check(self, last_output_at: float) -> list[str]:
+        """Lines to show: a stall found, or progress after one; nothing most of the time."""
+        quiet_s = time.time() - last_output_at
+        if self.reported_at is not None:
+            if quiet_s >= self.after_s:
+                return []
+            waited = time.time() - self.reported_at  # output again: it was a slow step
+            self.reported_at, self._next_look = None, 0.0
+            return [f"output again, {waited:.0f} s after the stall was reported"]
+        now = time.monotonic()
+        if quiet_s < self.after_s or now < self._next_look:
+            return []
+        self._next_look = now + self.after_s
+        stall = self._look()
+        if stall is None:
+            return []
+        self.reported_at = time.time()
+        lines = stall.lines()
+        with contextlib.suppress(OSError):  # what `nbgpu diagnose RUNDIR` reads
+            (self.run_dir / "stall.json").write_text(
+                json.dumps({"lines": lines, **stall.to_dict()}, indent=1) + "\n", encoding="utf-8"
+            )
+        return lines
+
+    def _look(self) -> hang.Stall | None:
+        ranks = list(range(self.world_size))
+        records = flight_records(self.run_dir, ranks)
+        clock = max((int(r.get("time_ns", 0)) for r in records.values()), default=0)
+        traces = {rank: r.get("trace") or {} for rank, r in records.items()}
+        stall = hang.find_stall(traces, now_ns=clock or time.time_ns(), world=ranks)
+        if stall is None or (stall.waited_s or 0.0) < self.after_s:
+            return None
+        for entry in rank_stacks(self.run_dir, timeout_s=_STACKS_S).ranks:
+            if entry.rank not in stall.culprits or not entry.python:
+                continue
+            frames = hang.main_thread(hang.parse_stacks(entry.python))
+            worker: tuple[hang.Frame, ...] = ()
+            on_loader = any("torch/utils/data" in f.file.replace("\\", "/") for f in frames[:8])
+            if entry.pid and on_loader:
+                worker = _worker_stack(self.run_dir, entry.rank, entry.pid)
+            stall.places[entry.rank] = hang.RankPlace(frames, worker)
+        return stall

@@ -1,20 +1,17 @@
 """Before launch: code that asks for CUDA where the ranks' torch cannot give it.
 
-A script written for a GPU box (``torch.cuda.set_device(local_rank)``, ``.cuda()``,
-``device="cuda"``, ``backend="nccl"``) started on a machine whose torch is a CPU build
-fails on every rank at that line, after the imports and the rendezvous. :func:`cuda_line`
-says so in one line before anything starts (``--strict`` makes it a refusal).
-
-The torch the ranks import is this interpreter's (the agent runs ``sys.executable``). Its
-build is read without importing torch: a kernel that has not imported it yet keeps its
-``%load_ext`` promise, and ``torch/version.py`` read as text costs a file read, not the
-seconds an import takes. A simulated fleet has NVML GPUs but no CUDA behind them: its
-ranks run gloo on CPU, so only real CUDA calls are worth a line there;
-``nbgpu.rank.device()`` picks the CPU by itself and is never one.
+Code written for a GPU box (``.cuda()``, ``backend="nccl"``) started where torch is a CPU
+build fails on every rank at that line, after the imports and the rendezvous:
+:func:`cuda_line` says so before anything starts (``--strict`` makes it a refusal). The
+ranks' torch is this interpreter's (the agent runs ``sys.executable``); its build is read
+without importing it (``%load_ext`` imports no torch; a file read, not seconds). A simulated
+fleet has no CUDA behind its GPUs (ranks run gloo on CPU), so only real CUDA calls are worth a
+line there; ``nbgpu.rank.device()`` picks the CPU by itself and is never one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import io
 import re
@@ -68,27 +65,19 @@ def torch_build() -> TorchBuild | None:
 
 
 def _code_lines(source: str) -> list[tuple[int, str]]:
-    """``(line number, code)`` with comments and docstrings blanked (they ask for nothing)."""
-    blank: dict[int, list[tuple[int, int]]] = {}
-    try:
+    """``(line number, code)`` with comments cut (they ask for nothing)."""
+    starts: dict[int, int] = {}  # line -> where its comment starts (one a line at most)
+    # A cell with IPython syntax does not tokenize: it is read as it is.
+    with contextlib.suppress(tokenize.TokenError, IndentationError, SyntaxError):
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type == tokenize.COMMENT:
-                blank.setdefault(tok.start[0], []).append((tok.start[1], len(tok.line)))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        pass  # a cell with IPython syntax: read it as it is
-    out = []
-    for number, line in enumerate(source.splitlines(), 1):
-        cut = min((start for start, _end in blank.get(number, ())), default=len(line))
-        out.append((number, line[:cut]))
-    return out
+                starts[tok.start[0]] = tok.start[1]
+    return [(n, line[: starts.get(n, len(line))]) for n, line in enumerate(source.splitlines(), 1)]
 
 
 def cuda_asks(source: str) -> tuple[int, str] | None:
-    """The first line of ``source`` that asks torch for CUDA, and what it asks.
-
-    Code that asks torch whether CUDA is there (``torch.cuda.is_available()``,
-    ``device_count()``) chooses its device itself: it asks for nothing.
-    """
+    """The first line of ``source`` that asks torch for CUDA, and what it asks; None for code
+    that asks whether CUDA is there (``is_available()``, ``device_count()``): it chooses."""
     lines = _code_lines(source)
     if any(_CHOOSES.search(line) for _number, line in lines):
         return None
@@ -114,17 +103,12 @@ def _source(config: LaunchConfig) -> tuple[str, str] | None:
 
 
 def cuda_line(
-    config: LaunchConfig,
-    build: TorchBuild | None,
-    *,
-    gpus_here: bool,
-    fleet: str | None = None,
+    config: LaunchConfig, build: TorchBuild | None, *, gpus_here: bool, fleet: str | None = None
 ) -> str | None:
     """One line when the code asks for CUDA that the ranks will not have, else None.
 
-    ``gpus_here``: this machine has GPUs CUDA can use (a simulated fleet's do not count);
-    ``fleet``: the simulated fleet's name, when the simulation is on.
-    """
+    ``gpus_here``: GPUs CUDA can use (a simulated fleet's do not count); ``fleet``: the
+    simulated fleet's name, when the simulation is on."""
     if build is None:
         return None  # no torch here: the ranks fail at `import torch`, which says it all
     found = None

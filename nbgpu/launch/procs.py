@@ -77,7 +77,6 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
         argv += ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1"]
         argv += ["--master-port", str(port)]
     else:
-        # Nodes started by hand: torchrun's c10d rendezvous, the same cell on every node.
         argv += ["--nnodes", str(config.nnodes), "--rdzv-backend", "c10d"]
         argv += ["--rdzv-endpoint", str(config.rdzv_endpoint)]
         # Every node's cell must use the same id: the run's name is what they share.
@@ -102,7 +101,7 @@ def agent_env(
     # torchrun's agent-level error file (each rank gets its own from torchrun).
     env["TORCHELASTIC_ERROR_FILE"] = str(run_dir / "agent-error.json")
     # Every rank keeps its last collectives (PyTorch's flight recorder): how a stalled job
-    # names the rank that never joined (launch/stall.py). On GPUs NCCL also dumps them
+    # names the rank that never joined (launch/outcomes.py). On GPUs NCCL also dumps them
     # when its watchdog times out, here where `nbgpu diagnose RUN_DIR` reads them.
     if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
         env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER))
@@ -153,13 +152,8 @@ def carries_run_id(pid: int, run_id: str | None) -> bool:
 
 
 def _user_processes() -> list[psutil.Process]:
-    uid = os.getuid()
-    out = []
-    for proc in psutil.process_iter(["uids"]):
-        with contextlib.suppress(psutil.Error, AttributeError, TypeError):
-            if proc.info["uids"].real == uid:
-                out.append(proc)
-    return out
+    uid = os.getuid()  # (a process we may not read has uids None: not ours)
+    return [p for p in psutil.process_iter(["uids"]) if getattr(p.info["uids"], "real", -1) == uid]
 
 
 def live_run_ids() -> set[str]:

@@ -19,9 +19,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.channel import CELL_MARK, CellServer
 from nbgpu.launch.config import CellRequest, LaunchConfig
-from nbgpu.launch.outcomes import collect_pulled, diagnose_failure, rank_outcomes, read_agent_result
+from nbgpu.launch.outcomes import (
+    StallWatch,
+    collect_pulled,
+    diagnose_failure,
+    rank_outcomes,
+    read_agent_result,
+)
 from nbgpu.launch.procs import (
     StopReport,
     agent_env,
@@ -40,9 +45,8 @@ from nbgpu.launch.rundirs import (
     write_meta,
 )
 from nbgpu.launch.slurm import QueueWatch, cancel, srun_error
-from nbgpu.launch.stall import StallWatch
-from nbgpu.launch.streams import LineSink, RankLogs, ScreenWriter
-from nbgpu.launch.warm import WATCH_S, Cell, CellResult, WarmState, span
+from nbgpu.launch.streams import CellServer, LineSink, RankLogs, ScreenWriter
+from nbgpu.launch.warm import CELL_MARK, WATCH_S, Cell, CellResult, WarmState, span
 
 if TYPE_CHECKING:
     from nbgpu.profile.live import MemoryFollower

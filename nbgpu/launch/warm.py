@@ -17,16 +17,19 @@ from typing import Any
 
 from nbgpu._render import Block, Line, Result, fmt_bytes
 from nbgpu.errors import NbgpuError
-from nbgpu.launch.channel import CELL_MARK, CellServer
 from nbgpu.launch.config import CellRequest
 from nbgpu.launch.outcomes import Pulled, add_pulled
 from nbgpu.launch.rundirs import rank_log
+from nbgpu.launch.streams import CellServer
 
-__all__ = ["INTERRUPT_WAIT_S", "Cell", "CellFailed", "CellResult", "WarmState", "span"]
+__all__ = ["CELL_MARK", "INTERRUPT_WAIT_S", "Cell", "CellFailed", "CellResult", "WarmState", "span"]
 
 WATCH_S = 0.5  # how often an idle job is checked (rank deaths, idle timeout)
 INTERRUPT_WAIT_S = 5.0  # how long interrupted ranks get to answer before we say so
 DEATH_WAIT_S = 10.0  # a rank hung up: time for torchrun to notice and end the job
+#: How a rank's log marks where a warm cell begins: ``#### nbgpu cell 3 ####`` (the rank
+#: prints the line the cell's message carries).
+CELL_MARK = "#### nbgpu cell "
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ class WarmState:
         return None if self.busy or self.server.closed else time.time() - self.idle_since
 
     def pids(self) -> dict[int, int]:
-        return self.server.pids()
+        return dict(self.server.pids)
 
     def describe(self) -> str:
         """One phrase for ``%gpu_runs``: idle time, cells, the ranks' memory, idle timeout."""

@@ -1,7 +1,7 @@
 """The user's code inside a rank: once (a cold run), or cell after cell (a warm job).
 
 A warm job's rank connects to the job's private channel (a ``multiprocessing`` Client
-with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``) and runs
+with the job's token as authkey; the kernel's end is ``nbgpu.launch.streams``) and runs
 the cells it sends. An exception fails the cell, not the rank. SIGINT interrupts a
 running cell only; the kernel saying ``stop``, or hanging up, ends the loop and the rank
 exits normally. Standard library (and nbgpu's recording side).
