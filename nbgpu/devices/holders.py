@@ -6,8 +6,7 @@ see; whose, running what, orphaned (its launcher gone: read from the traces a fo
 "not orphaned" when in doubt, since ``clean`` offers to stop orphans), a torchrun worker,
 started with which ``CUDA_VISIBLE_DEVICES``. Also the ``/dev/nvidia*`` files open in
 ``/proc/*/fd`` (what ``lsof /dev/nvidia*`` shows), and whether we run in a container and in
-the host's PID namespace. Standard library, psutil and :mod:`nbgpu.errors` only: never
-pynvml, torch, IPython or the rest of nbgpu (``model.py`` names these types).
+the host's PID namespace. Of nbgpu only :mod:`nbgpu.errors` (``model.py`` names these types).
 """
 
 from __future__ import annotations
@@ -364,10 +363,9 @@ def _self_is_subreaper() -> bool:
 
 
 def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
-    """True when ``cmdline`` starts torchrun's elastic agent: ``torchrun ...``, ``python
-    .../torchrun ...`` or ``python -m torch.distributed.run`` (or ``.launch``), recognised by
-    the program and interpreter options only, never by an argument of the script. Used only
-    to *spare* workers whose parent is such an agent; clean never selects by command."""
+    """``torchrun ...``, ``python .../torchrun ...`` or ``python -m torch.distributed.run``
+    (or ``.launch``), by the program and interpreter options only, never a script argument.
+    Used only to *spare* workers whose parent is an agent; clean never selects by command."""
     if not cmdline:
         return False
     program = Path(cmdline[0]).name

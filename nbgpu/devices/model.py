@@ -1,11 +1,10 @@
 """A GPU as nbgpu knows it, and what is wrong with it.
 
-The inventory's data types: frozen dataclasses, units in field names, ``None`` for "not
-reported", never a magic string. A capture (``nbgpu status --json``) is in the simulator's
-fleet format, so the records it shares with a fleet are defined here once; several nodes'
-captures make a cluster file. Then the doctor's findings on one GPU (:func:`assess_gpu`),
-each a ``Problem`` with concrete fixes, condensed to one health word by :func:`gpu_health`.
-No I/O and light imports only (the probe's child imports this).
+The inventory's data types (``None``: not reported). A capture (``nbgpu status --json``)
+is in the simulator's fleet format, so the records it shares with a fleet are defined here
+once; several nodes' captures make a cluster file. Then the doctor's findings on one GPU
+(:func:`assess_gpu`), condensed to one health word by :func:`gpu_health`. No I/O and light
+imports only (a simulated probe's child imports this).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The one module that imports pynvml (ruff's banned-api rule enforces it).
 
-It owns choosing the library (the real ``libnvidia-ml.so.1``, or the simulated one when
+It chooses the library (the real ``libnvidia-ml.so.1``, or the simulated one when
 ``NBGPU_SIMULATE`` is set: the seam where ``devices/sim/`` is imported, and only then),
-lazy initialisation, mapping NVML errors to nbgpu's exception tree, per-capability
-NotSupported handling, fallbacks for old drivers without ``_v2``/``_v3`` symbols, and
-reading one snapshot of every GPU into :mod:`nbgpu.devices.model` types. No pynvml object
-leaves this module. Never imports psutil, torch, IPython, pandas or matplotlib.
+initialises lazily, maps NVML errors to nbgpu's exceptions, says "N/A" per capability,
+falls back for old drivers without ``_v2``/``_v3`` symbols, and reads one snapshot of every
+GPU into :mod:`nbgpu.devices.model` types. No pynvml object leaves this module.
 """
 
 from __future__ import annotations

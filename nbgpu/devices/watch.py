@@ -3,8 +3,7 @@
 :class:`Watcher` takes an inventory snapshot every ``interval_s`` seconds on a daemon
 thread (NVML and ``/proc`` only: no CUDA, no device-file scan) and keeps the last
 ``history`` samples. A stopped watcher never samples again; a sample that raises ends the
-thread with the error kept (``error``), never silently. Faces (``%gpu_watch``) draw from
-:attr:`samples` and may label the processes they know (``label_pid``). Hardware only.
+thread with the error kept (``error``), never silently.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """A simulated GPU box as data: its GPUs as NVML would describe them, and the driver facts.
 
-What a fleet file holds (the format ``nbgpu status --json`` writes, :data:`FLEET_FORMAT`),
-read by these types; :mod:`nbgpu.devices.sim.fleet` builds one from what
-``NBGPU_SIMULATE`` names, and the fake NVML and CUDA libraries serve it. Also what both
-libraries share: a :class:`Device` (a GPU or one MIG instance), ctypes argument helpers,
-and :func:`ranks_on_gpus`, the live ranks on a simulated fleet, which the fake NVML
-library lists as the GPUs' processes (psutil only there). Here, not in the CUDA fake, so
-that a simulated ``nbgpu status`` loads no CUDA or ``CUDA_VISIBLE_DEVICES`` code.
+What a fleet file holds (the format ``nbgpu status --json`` writes), read by these types.
+Also what the fake NVML and CUDA libraries share: a :class:`Device` (a GPU or one MIG
+instance), ctypes argument helpers, and :func:`ranks_on_gpus`, the live ranks on a
+simulated fleet, which the fake NVML library lists as the GPUs' processes (psutil only
+there). Here, not in the CUDA fake, so that a simulated ``nbgpu status`` loads no CUDA or
+``CUDA_VISIBLE_DEVICES`` code.
 """
 
 from __future__ import annotations

@@ -5,11 +5,10 @@ what CUDA answers nbgpu's ranks on a simulated fleet.
 ``ctypes.CDLL("libcuda.so.1")``, so :class:`~nbgpu.devices.cuda_driver.CudaDriver` and the
 probe run unchanged on it. It enumerates only what ``CUDA_VISIBLE_DEVICES`` /
 ``CUDA_DEVICE_ORDER`` make visible, never a cgroup-restricted GPU (so SLURM jobs see
-``cuda:0`` upwards); a context gets ``SimGpu.effective_cuda_error``; the fleet's
-``init_error`` makes the machine driverless; ``_v2`` symbols an older driver lacks are
-missing here too. :func:`simulated_device` is what CUDA answers a rank
-(``nbgpu.rank.device()``): CUDA's code and one ``[nbgpu]`` line naming the physical GPU
-that refused, or a label for computing on the CPU. Never imports torch, pynvml or IPython.
+``cuda:0`` upwards); ``_v2`` symbols an older driver lacks are missing here too.
+:func:`simulated_device` is what CUDA answers a rank (``nbgpu.rank.device()``): CUDA's
+code and one ``[nbgpu]`` line naming the physical GPU that refused, or a label for
+computing on the CPU. Never imports torch, pynvml or IPython.
 """
 
 from __future__ import annotations
@@ -132,8 +131,6 @@ def _on_device(method: Callable[..., int]) -> Callable[..., int]:
 
 
 class SimulatedCudaLibrary:
-    """Stands in for ``CDLL("libcuda.so.1")``; see the module docstring."""
-
     def __init__(self, fleet: Fleet, environ: Mapping[str, str]) -> None:
         self.fleet = fleet
         # The real driver reads CUDA_VISIBLE_DEVICES once, when the process initialises it.

@@ -1,8 +1,7 @@
 """A fake NVML *library* that serves a :class:`~nbgpu.devices.sim.box.Fleet`.
 
-pynvml calls the C library through ``pynvml.nvmlLib``, looking each symbol up by name and
-passing ctypes objects. :class:`FakeNvmlLibrary` has functions of the same names that
-write into those objects and return NVML's codes, so the real pynvml wrappers, nbgpu's
+pynvml calls the C library through ``pynvml.nvmlLib``, by symbol name, with ctypes
+objects; :class:`FakeNvmlLibrary` answers those names the same way, so pynvml, nbgpu's
 NVML module, gpustat and nvitop run unchanged on it: only the hardware is fake. Memory
 and utilisation follow the fleet, its load profile and the ranks nbgpu launched on it
 (``box.ranks_on_gpus``); failures answer as the driver does: a symbol the fleet removed
@@ -64,10 +63,6 @@ ERROR_STRINGS = {
 _FAULT_CODES: dict[str | None, int] = {"lost": GPU_IS_LOST, "no_permission": NO_PERMISSION}
 
 
-def _store(ref: Any, value: Any) -> None:
-    deref(ref).value = value
-
-
 def _write_pointer(ref: Any, address: int) -> None:
     # pynvml's device handle is a ctypes POINTER; write the raw address into it so
     # the wrapper hands our opaque token back to us on the next call.
@@ -108,7 +103,7 @@ def _number(read: Callable[[_Handle], int | tuple[int, ...] | None]) -> _Call:
             return NOT_SUPPORTED
         values = value if isinstance(value, tuple) else (value,)
         for ref, number in zip(args[-len(values) :], values, strict=True):
-            _store(ref, number)
+            deref(ref).value = number
         return SUCCESS
 
     return _on_device(query)
@@ -120,7 +115,7 @@ def _system(read: Callable[[FakeNvmlLibrary], Any]) -> _Call:
     def query(self: FakeNvmlLibrary, ref: Any, *_args: Any) -> int:
         if not self.initialised:
             return UNINITIALIZED
-        _store(ref, read(self))
+        deref(ref).value = read(self)
         return SUCCESS
 
     return query
@@ -132,7 +127,7 @@ def _mig_id(field: str) -> _Call:
     def query(_self: FakeNvmlLibrary, h: _Handle, ref: Any) -> int:
         if h.mig is None:
             return INVALID_ARGUMENT
-        _store(ref, getattr(h.mig, field))
+        deref(ref).value = getattr(h.mig, field)
         return SUCCESS
 
     return _on_device(query)
