@@ -134,9 +134,6 @@ class CleanReport(Result):
         return [*blocks, Line("Outcome:"), *outcomes]
 
 
-# --------------------------------------------------------------------------- planning
-
-
 def _self_and_ancestors() -> dict[int, str]:
     protected = {os.getpid(): "this process"}
     try:
@@ -245,9 +242,6 @@ def plan_clean(
             reason = f"alive, {_parent_phrase(holder)} still running: stop that job instead"
         skipped.append(CleanEntry(holder, held, reason, held_files))
     return CleanPlan(tuple(candidates), tuple(skipped))
-
-
-# --------------------------------------------------------------------------- executing
 
 
 @dataclass(eq=False)  # compared by identity in the wait loop

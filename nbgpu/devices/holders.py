@@ -116,9 +116,6 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-# --------------------------------------------------------------------------- container
-
-
 def _read_text(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8", errors="replace")
@@ -179,9 +176,6 @@ def detect_container(proc_root: Path = Path("/proc"), root: Path = Path("/")) ->
     # The ordinary case (no container, the host's namespace) needs no explanation.
     reasons = [] if not in_container and host_ns else [r for r in (container_why, ns_why) if r]
     return ContainerInfo(in_container, host_ns, "; ".join(reasons) or None)
-
-
-# --------------------------------------------------------------------------- one pid
 
 
 def _ask(read: Callable[[], T], default: T) -> T:
@@ -298,9 +292,6 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
     )
 
 
-# --------------------------------------------------------------------------- /proc/*/fd
-
-
 def _readlink(name: str, dir_fd: int) -> str | None:
     try:
         return os.readlink(name, dir_fd=dir_fd)
@@ -337,8 +328,6 @@ def device_file_holders(
             found[int(entry)] = tuple(paths)
     return found
 
-
-# --------------------------------------------------------------------------- orphans
 
 # prctl(2) option: is this process a child subreaper?
 _PR_GET_CHILD_SUBREAPER = 37

@@ -90,8 +90,6 @@ class Inventory(Result):
             and g.nvml_index not in failed_probe
         )
 
-    # -- rendering -------------------------------------------------------------
-
     def simulated_fleet(self) -> str | None:
         return (self.fleet_name or "simulated") if self.simulated else None
 
@@ -231,8 +229,6 @@ class Inventory(Result):
             blocks.append(Blank())
             blocks += [Line(msg, indent=marks.get(sev, "-  "), level=sev) for sev, msg in notes]
         return blocks
-
-    # -- data --------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
         return [

@@ -253,9 +253,6 @@ def _unreadable(g: _Seen) -> Problem:
     return g.finding("nvml_error", f"NVML could not read GPU {g.i}: {g.gpu.error}")
 
 
-# ------------------------------------------------------- one rule per holder state
-
-
 def _dead_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
     if g.exclusive:
         return g.finding(
@@ -325,9 +322,6 @@ _BY_HOLDER_STATE: dict[str, Callable[[_Seen, GpuProcess], Problem | None]] = {
     "stopped": _exclusive_busy,
     "no_access": _exclusive_busy,
 }
-
-
-# ------------------------------------------------------------- the GPU's own facts
 
 
 def _facts(g: _Seen) -> Iterator[Problem]:

@@ -123,9 +123,6 @@ def _bus_id_for(index: int) -> str:
     return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
 
 
-# --------------------------------------------------------------------------- files
-
-
 def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
     """A decoded fleet JSON document as a Fleet, read by the model's own types (a GPU's
     index, UUID and bus id default from its position); errors name the field."""
@@ -216,8 +213,6 @@ def _fleet_file(path: Path, text: str, node: str | None) -> Fleet:
         )
     return fleet_from_dict(nodes[node], default_name=f"{path.name}:{node}")
 
-
-# --------------------------------------------------------------------------- specs
 
 _SPEC_HEAD = re.compile(r"^(?:(\d+)\s*[xX\u00d7]\s*)?([A-Za-z0-9-]+)$")  # 4xA40, 4×A40
 _SPEC_HELP = (
