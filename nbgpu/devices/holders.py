@@ -329,7 +329,6 @@ def device_file_holders(
     return found
 
 
-# prctl(2) option: is this process a child subreaper?
 _PR_GET_CHILD_SUBREAPER = 37
 _AGENT_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 

@@ -294,9 +294,6 @@ def _heuristic_warning(gpus: Sequence[GpuIdentity]) -> list[str]:
     return [warning]
 
 
-# -- one entry, as CUDA reads it: an index, a UUID, a MIG device ----------------------
-
-
 def _accepted(count: int) -> str:
     if count == 0:
         return "this machine has no GPU CUDA can use"

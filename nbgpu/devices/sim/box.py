@@ -115,9 +115,6 @@ class Fleet:
         return json.dumps(self.to_dict(), indent=indent)
 
 
-# -- shared by the fake NVML and CUDA libraries ------------------------------------
-
-
 @dataclass(frozen=True)
 class Device:
     """What a driver call addresses (a CUDA device, an NVML handle): a GPU or a MIG instance."""

@@ -253,9 +253,6 @@ def load_simulated_cuda(source: str, environ: Mapping[str, str]) -> SimulatedCud
     return SimulatedCudaLibrary(fleet, environ)
 
 
-# -- what CUDA answers a simulated rank ----------------------------------------
-
-
 @dataclass(frozen=True)
 class SimulatedDevice:
     """CUDA's answer for one rank: a refusal to raise, or a label for running on CPU."""

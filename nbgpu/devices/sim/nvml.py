@@ -203,8 +203,6 @@ class FakeNvmlLibrary:
             return INVALID_ARGUMENT, None
         return _FAULT_CODES.get(found.gpu.fault, SUCCESS), found
 
-    # -- what the fleet does over time -------------------------------------------
-
     def _load(self, gpu: SimGpu) -> float:
         """0..1: where this GPU is in the fleet's load cycle now (0 without a profile)."""
         period = self.fleet.load_period_s
@@ -231,8 +229,6 @@ class FakeNvmlLibrary:
         extra += sum(r.rss_bytes for r in self._ranks(gpu))
         used = min(gpu.effective_used_bytes + extra, gpu.memory_total_bytes)
         return gpu.memory_total_bytes, gpu.memory_reserved_bytes, used
-
-    # -- init and system -----------------------------------------------------------
 
     def _nvmlInitWithFlags(self, _flags: Any = 0) -> int:
         if self.fleet.init_error is not None:
@@ -268,8 +264,6 @@ class FakeNvmlLibrary:
                     return SUCCESS
         return NOT_FOUND
 
-    # -- enumeration -------------------------------------------------------------------
-
     # v2 counts every GPU, even those we may not open (cgroup-restricted).
     _nvmlDeviceGetCount_v2 = _system(lambda lib: len(lib.fleet.gpus))
     _nvmlDeviceGetCount = _system(
@@ -302,8 +296,6 @@ class FakeNvmlLibrary:
 
     _nvmlDeviceGetIndex = _number(lambda h: h.gpu.index)
 
-    # -- identity ------------------------------------------------------------------------
-
     @_on_device
     def _nvmlDeviceGetName(self, h: _Handle, buf: Any, _size: Any) -> int:
         buf.value = h.name.encode()
@@ -332,8 +324,6 @@ class FakeNvmlLibrary:
     _nvmlDeviceGetPciInfo = _nvmlDeviceGetPciInfo_v3
 
     _nvmlDeviceGetCudaComputeCapability = _number(lambda h: h.gpu.compute_capability)
-
-    # -- memory, utilisation, sensors --------------------------------------------------
 
     @_on_device
     def _nvmlDeviceGetMemoryInfo(self, h: _Handle, ref: Any) -> int:
@@ -383,15 +373,11 @@ class FakeNvmlLibrary:
     _nvmlDeviceGetComputeMode = _number(lambda h: COMPUTE_MODES[h.gpu.compute_mode])
     _nvmlDeviceGetPersistenceMode = _number(lambda h: h.gpu.persistence_mode)
 
-    # -- health ----------------------------------------------------------------------------
-
     _nvmlDeviceGetTotalEccErrors = _number(lambda h: h.gpu.ecc_uncorrected_volatile)
     _nvmlDeviceGetRetiredPagesPendingStatus = _number(lambda h: h.gpu.retired_pages_pending)
     _nvmlDeviceGetRemappedRows = _number(
         lambda h: None if h.gpu.remapped_rows is None else astuple(h.gpu.remapped_rows)
     )
-
-    # -- MIG ---------------------------------------------------------------------------------
 
     # (current, pending): nothing is ever pending here.
     _nvmlDeviceGetMigMode = _number(
@@ -413,8 +399,6 @@ class FakeNvmlLibrary:
     _nvmlDeviceIsMigDeviceHandle = _number(lambda h: h.mig is not None)
     _nvmlDeviceGetGpuInstanceId = _mig_id("gpu_instance_id")
     _nvmlDeviceGetComputeInstanceId = _mig_id("compute_instance_id")
-
-    # -- processes ---------------------------------------------------------------------------
 
     _nvmlDeviceGetComputeRunningProcesses_v3 = _process_list("compute")
     _nvmlDeviceGetComputeRunningProcesses_v2 = _nvmlDeviceGetComputeRunningProcesses_v3
