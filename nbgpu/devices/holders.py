@@ -205,11 +205,9 @@ def _parent_command(ppid: int) -> str | None:
 
 
 def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
-    """Look ``pid`` up on this machine: ``dead`` (no such pid here, in the host's PID
-    namespace, or anywhere), ``other_namespace`` (no such pid in a container's own
-    namespace: NVML reports host pids), ``zombie``, ``stopped``, ``no_access`` or
-    ``alive``. ``container`` (default :func:`detect_container`) is read only when the pid
-    is missing."""
+    """Look ``pid`` up on this machine. A missing pid is ``dead`` in the host's PID
+    namespace, ``other_namespace`` in a container's own (NVML reports host pids):
+    ``container`` (default :func:`detect_container`) is read only then."""
     if pid <= 0 or pid >= PID_MAX_LIMIT:
         return HolderInfo(pid, "dead", detail="no such process (not a valid Linux pid)")
     try:
