@@ -99,16 +99,12 @@ class CleanPlan(Result):
 
 @dataclass(frozen=True)
 class CleanOutcome:
-    """What happened to one candidate."""
-
     pid: int
     result: str  # "terminated" | "killed" | "gone" | "failed: <reason>"
 
 
 @dataclass(frozen=True)
 class CleanReport(Result):
-    """The plan, whether it was carried out, and each candidate's outcome."""
-
     plan: CleanPlan
     outcomes: tuple[CleanOutcome, ...]
     dry_run: bool

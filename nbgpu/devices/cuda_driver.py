@@ -22,8 +22,6 @@ _BUS_ID_BYTES = 64
 
 
 class CUuuid(ctypes.Structure):
-    """``struct CUuuid_st { char bytes[16]; }``."""
-
     _fields_ = [("bytes", ctypes.c_ubyte * 16)]
 
 

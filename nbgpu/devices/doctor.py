@@ -242,7 +242,6 @@ def _port_in_use(host: str, port: int) -> bool:
 def _environment_findings(
     inventory: Inventory, environ: Mapping[str, str], nproc: int | None, face: str
 ) -> list[Problem]:
-    """The launch environment against the visible, healthy GPUs."""
     out: list[Problem] = []
     if inventory.nvml_error:
         return out

@@ -53,8 +53,6 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ContainerInfo:
-    """Whether we run in a container, and whether host pids are visible from here."""
-
     in_container: bool
     host_pid_namespace: bool  # False when our PID namespace is not the host's
     reason: str | None  # the evidence, e.g. "/.dockerenv exists"

@@ -64,8 +64,6 @@ class GpuIdentity:
 
 @dataclass(frozen=True)
 class VisibleDevice:
-    """One logical CUDA device and the physical GPU behind it."""
-
     cuda_index: int  # logical ordinal, cuda:N
     nvml_index: int  # physical GPU (NVML index, = nvidia-smi index)
     uuid: str  # the physical GPU's UUID
@@ -108,8 +106,6 @@ class VisibleMap(Result):
 
 @dataclass(frozen=True)
 class _Target:
-    """What one entry resolves to: a whole GPU, or one MIG instance on it."""
-
     gpu: GpuIdentity
     mig_uuid: str | None = None
 
@@ -121,8 +117,6 @@ class _Target:
 
 @dataclass(frozen=True)
 class _Bad:
-    """Why CUDA rejects an entry, and what it would have accepted."""
-
     reason: str
     accepted: str
 

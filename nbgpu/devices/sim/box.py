@@ -93,8 +93,6 @@ class SimGpu:
 
 @dataclass(frozen=True)
 class Fleet:
-    """A whole box: driver facts plus its GPUs."""
-
     gpus: tuple[SimGpu, ...]
     name: str = "custom"
     description: str = ""
