@@ -108,12 +108,8 @@ def _visible_devices(fleet: Fleet, environ: Mapping[str, str]) -> tuple[Device, 
     openable = [g for g in fleet.gpus if g.fault != "no_permission"]
     visible = resolve_visible([_identity(g) for g in openable], environ)
     by_uuid = {g.uuid: g for g in openable}
-    devices = []
-    for entry in visible.devices:
-        gpu = by_uuid[entry.uuid]
-        mig = next((m for m in gpu.mig_devices if m.uuid == entry.mig_uuid), None)
-        devices.append(Device(gpu, mig))
-    return tuple(devices)
+    migs = {m.uuid: m for g in openable for m in g.mig_devices}
+    return tuple(Device(by_uuid[e.uuid], migs.get(e.mig_uuid or "")) for e in visible.devices)
 
 
 def _on_device(method: Callable[..., int]) -> Callable[..., int]:

@@ -8,9 +8,8 @@ or a short spec: a count and a GPU model from real captures, then options that i
 each failure mode the simulator knows (``8xH100,busy=0,load=60``; a named fleet takes the
 same options: ``busy-gpu0,procs=8``). A process on a simulated GPU is *live* (looked up
 on this machine: tests stand real processes in as holders) or *recorded* (its
-``observed`` record says what was seen where the fleet was captured). Each mistake is one
-``FleetSpecError`` line naming the value and what is accepted. Reads the one file named;
-imports neither pynvml nor psutil.
+``observed`` record says what was seen where the fleet was captured). Reads the one file
+named; imports neither pynvml nor psutil.
 """
 
 from __future__ import annotations
