@@ -336,10 +336,9 @@ def _last_json(stdout: bytes) -> dict[str, Any] | None:
 
 
 def _signal_name(number: int) -> str:
-    try:
+    with contextlib.suppress(ValueError):
         return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    return f"signal {number}"
 
 
 # -- the child side: the driver, one context per device, one JSON line ------------
@@ -402,10 +401,9 @@ def _probe_library(driver: CudaDriver, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _optional(read: Any, device: int) -> str | None:
-    try:
+    with contextlib.suppress(CudaCallError):
         return str(read(device))
-    except CudaCallError:
-        return None
+    return None
 
 
 def _probe_device(driver: CudaDriver, ordinal: int) -> dict[str, Any]:

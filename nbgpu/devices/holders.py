@@ -115,10 +115,9 @@ def _clip(text: str, width: int) -> str:
 
 
 def _read_text(path: Path) -> str | None:
-    try:
+    with contextlib.suppress(OSError):
         return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
+    return None
 
 
 def _container_evidence(proc_root: Path, root: Path) -> str | None:
@@ -178,10 +177,10 @@ def detect_container(proc_root: Path = Path("/proc"), root: Path = Path("/")) ->
 
 def _ask(read: Callable[[], T], default: T) -> T:
     """A /proc read that may fail: the process exited (or is a zombie), or is not ours."""
-    try:
+    # A ZombieProcess is a NoSuchProcess.
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
         return read()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
-        return default
+    return default
 
 
 def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
@@ -289,10 +288,9 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
 
 
 def _readlink(name: str, dir_fd: int) -> str | None:
-    try:
+    with contextlib.suppress(OSError):  # closed since the directory was listed
         return os.readlink(name, dir_fd=dir_fd)
-    except OSError:  # closed since the directory was listed
-        return None
+    return None
 
 
 def device_file_holders(
@@ -367,10 +365,9 @@ def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
 
 
 def _getsid(pid: int) -> int | None:
-    try:
+    with contextlib.suppress(OSError):
         return os.getsid(pid)
-    except OSError:
-        return None
+    return None
 
 
 def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -> str | None:

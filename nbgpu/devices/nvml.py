@@ -14,7 +14,7 @@ import ctypes
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pynvml  # noqa: TID251  (this is the one allowed importer)
 
@@ -136,8 +136,7 @@ def _select(environ: Mapping[str, str]) -> Backend:
         _install(library)
         new = Backend(simulated=fleet is not None, fleet=fleet)
         _state.update(key=(source, node), backend=new, initialised=False)
-    backend: Backend = _state["backend"]
-    return backend
+    return cast("Backend", _state["backend"])
 
 
 def _simulated_library(source: str, node: str | None) -> tuple[Fleet, Any]:

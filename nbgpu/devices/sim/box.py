@@ -35,9 +35,8 @@ __all__ = [
 ]  # fmt: skip
 
 #: The words a fleet file may use for a compute mode (read by their type: ``_serial.py``),
-#: in the order of NVML's constants.
+#: in the order of NVML's constants: ``COMPUTE_MODES`` maps each to its NVML value.
 ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
-#: NVML compute modes, by the names nbgpu uses everywhere (value = NVML constant).
 COMPUTE_MODES: Mapping[str, int] = {name: i for i, name in enumerate(typing.get_args(ComputeMode))}
 
 

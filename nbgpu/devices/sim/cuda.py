@@ -13,6 +13,7 @@ computing on the CPU. Never imports torch, pynvml or IPython.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import uuid as uuidlib
 from collections import Counter
@@ -72,11 +73,10 @@ def _write_text(buffer: Any, length: Any, text: str) -> int:
 def _uuid_bytes(text: str) -> bytes:
     """16 bytes of an NVML UUID (``GPU-…`` / ``MIG-…``), as cuDeviceGetUuid writes them."""
     body = text.split("-", 1)[1] if text[:4] in ("GPU-", "MIG-") else text
-    try:
+    with contextlib.suppress(ValueError):
         return uuidlib.UUID(body).bytes
-    except ValueError:
-        # A hand-written fleet UUID that is not hex: still give a stable, distinct id.
-        return uuidlib.uuid5(uuidlib.NAMESPACE_URL, "nbgpu:" + text).bytes
+    # A hand-written fleet UUID that is not hex: still give a stable, distinct id.
+    return uuidlib.uuid5(uuidlib.NAMESPACE_URL, "nbgpu:" + text).bytes
 
 
 def _cuda_bus_id(nvml_bus_id: str) -> str:
@@ -84,10 +84,9 @@ def _cuda_bus_id(nvml_bus_id: str) -> str:
     domain, sep, rest = nvml_bus_id.partition(":")
     if not sep:
         return nvml_bus_id
-    try:
+    with contextlib.suppress(ValueError):
         return f"{int(domain, 16):04x}:{rest}"
-    except ValueError:
-        return nvml_bus_id
+    return nvml_bus_id
 
 
 def _identity(gpu: SimGpu) -> GpuIdentity:
