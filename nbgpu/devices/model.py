@@ -173,8 +173,6 @@ def cluster_nodes(data: Mapping[str, Any], where: str) -> dict[str, dict[str, ob
     return out
 
 
-# --------------------------------------------------------------- findings on one GPU
-
 # Real drivers keep a few hundred MiB per context that no process is charged for;
 # only a remainder well above that is worth a warning.
 GHOST_THRESHOLD_BYTES = 2**30
