@@ -400,20 +400,15 @@ def _probe_library(driver: CudaDriver, doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _optional(read: Any, device: int) -> str | None:
-    with contextlib.suppress(CudaCallError):
-        return str(read(device))
-    return None
-
-
 def _probe_device(driver: CudaDriver, ordinal: int) -> dict[str, Any]:
     _progress(f"cuda:{ordinal} context")
     record: dict[str, Any] = {"cuda_index": ordinal, "name": None, "uuid": None, "pci_bus_id": None}
     elapsed_ms = 0.0
     try:
         device = driver.device(ordinal)
-        for key in ("name", "uuid", "pci_bus_id"):
-            record[key] = _optional(getattr(driver, key), device)
+        for key in ("name", "uuid", "pci_bus_id"):  # each stays None if the driver refuses
+            with contextlib.suppress(CudaCallError):
+                record[key] = str(getattr(driver, key)(device))
         started = time.perf_counter()
         try:
             driver.retain_primary_context(device)

@@ -15,7 +15,7 @@ import contextlib
 import ctypes
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -227,7 +227,10 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
     cmdline: list[str] = _ask(proc.cmdline, [])
     # Another user's environment is private; a zombie has none left.
     environ: dict[str, str] = _ask(proc.environ, {})
-    torchelastic = _is_torchelastic(environ)
+    # torch.distributed.elastic sets these for every worker it starts (local_elastic_agent).
+    torchelastic = "TORCHELASTIC_RUN_ID" in environ or (
+        "LOCAL_RANK" in environ and "WORLD_SIZE" in environ
+    )
     orphan_reason, detail = None, None
     if status == psutil.STATUS_ZOMBIE:
         state, detail = "zombie", f"exited; parent pid {ppid} must reap it"
@@ -325,11 +328,6 @@ def device_file_holders(
 
 _PR_GET_CHILD_SUBREAPER = 37
 _AGENT_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
-
-
-def _is_torchelastic(environ: Mapping[str, str]) -> bool:
-    # torch.distributed.elastic sets these for every worker it starts (local_elastic_agent).
-    return "TORCHELASTIC_RUN_ID" in environ or ("LOCAL_RANK" in environ and "WORLD_SIZE" in environ)
 
 
 def _self_is_subreaper() -> bool:
