@@ -2,9 +2,8 @@
 
 A capture is the simulator's fleet file (so ``NBGPU_SIMULATE=pod.json`` replays the box)
 plus what was observed where it was taken: findings, the CUDA mapping, ``/dev/nvidia*``
-files, the probe, the container. :func:`write_capture` turns an inventory's fields into
-that document and :func:`read_capture` reads one back as those fields, as it was taken
-(no simulator). Both work on the fields, not on the ``Inventory`` class, which calls them.
+files, the probe, the container. Both directions work on an inventory's fields, not on the
+``Inventory`` class, which calls them; read back, a capture is as it was taken (no simulator).
 """
 
 from __future__ import annotations

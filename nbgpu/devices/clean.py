@@ -1,15 +1,13 @@
 """Stop stale GPU holders: this user's orphans only, listed first, confirmed, by pid.
 
-The folklore this replaces is ``pkill -9 -f sglang`` and ``fuser -k /dev/nvidia*``: kill
-by name, kill everything, kill other people's jobs. Here a process is a candidate only
-when it is the current user's (real uid), looked up on this machine (not a fleet file's
-record), not this process, an ancestor or a protected pid, holds a GPU or a
-``/dev/nvidia*`` file, and is stale: orphaned, or a torchrun worker whose agent is gone.
-Everything else is *skipped with a reason* saying what to do instead; matching by name
-never selects anything. :func:`execute_clean` asks, re-checks each pid's identity (pid
-reuse, through a pidfd that pins the process), sends SIGTERM, waits on one shared
-deadline, then SIGKILLs what is left. Standard library, psutil and ``holders`` only;
-never pynvml, torch or IPython (NVML's holders arrive as ``HolderInfo`` from the caller).
+It replaces the folklore ``pkill -9 -f sglang`` and ``fuser -k /dev/nvidia*``: by name, all
+of them, other people's jobs too. A candidate is the current user's (real uid), looked up
+on this machine (not a fleet file's record), not this process, an ancestor or a protected
+pid, holds a GPU or a ``/dev/nvidia*`` file, and is stale: orphaned, or a torchrun worker
+whose agent is gone. Everything else is *skipped with a reason* saying what to do instead;
+a name never selects anything. :func:`execute_clean` asks, re-checks each pid's identity
+through a pidfd that pins it (pid reuse), sends SIGTERM, waits on one shared deadline, then
+SIGKILLs what is left. NVML's holders arrive as ``HolderInfo`` from the caller: no pynvml.
 """
 
 from __future__ import annotations
@@ -81,7 +79,7 @@ class CleanPlan(Result):
     skipped: tuple[CleanEntry, ...]  # left alone
 
     def content(self) -> list[Block]:
-        """The listing shown before anything is signalled; fits 80 columns."""
+        # The listing shown before anything is signalled; fits 80 columns.
         if not self.candidates and not self.skipped:
             return [Title("nbgpu clean: no process holds a GPU or a /dev/nvidia* file.")]
         headline = (
@@ -101,16 +99,12 @@ class CleanPlan(Result):
 
 @dataclass(frozen=True)
 class CleanOutcome:
-    """What happened to one candidate."""
-
     pid: int
     result: str  # "terminated" | "killed" | "gone" | "failed: <reason>"
 
 
 @dataclass(frozen=True)
 class CleanReport(Result):
-    """The plan, whether it was carried out, and each candidate's outcome."""
-
     plan: CleanPlan
     outcomes: tuple[CleanOutcome, ...]
     dry_run: bool
@@ -134,9 +128,6 @@ class CleanReport(Result):
             for o in self.outcomes
         ]
         return [*blocks, Line("Outcome:"), *outcomes]
-
-
-# --------------------------------------------------------------------------- planning
 
 
 def _self_and_ancestors() -> dict[int, str]:
@@ -213,10 +204,9 @@ def plan_clean(
     uid: int | None = None,
     protect: Collection[int] = (),
 ) -> CleanPlan:
-    """Decide, for every GPU holder (by NVML index) and ``/dev/nvidia*`` holder (pid ->
-    open paths, looked up here when NVML did not list it), stop or leave alone. ``uid``
-    defaults to ours; ``protect`` adds pids never to touch (this process and its
-    ancestors always are)."""
+    """Stop or leave alone each GPU holder (by NVML index) and ``/dev/nvidia*`` holder (pid
+    -> open paths; looked up here when NVML did not list it). ``protect``: pids never to
+    touch, on top of this process and its ancestors."""
     own_uid = os.getuid() if uid is None else uid
     protected = _self_and_ancestors()
     for pid in protect:
@@ -248,9 +238,6 @@ def plan_clean(
             reason = f"alive, {_parent_phrase(holder)} still running: stop that job instead"
         skipped.append(CleanEntry(holder, held, reason, held_files))
     return CleanPlan(tuple(candidates), tuple(skipped))
-
-
-# --------------------------------------------------------------------------- executing
 
 
 @dataclass(eq=False)  # compared by identity in the wait loop
@@ -362,10 +349,9 @@ def execute_clean(
     grace_s: float = 3.0,
     kill_wait_s: float = 2.0,
 ) -> CleanReport:
-    """Carry out ``plan``. ``dry_run`` signals and asks nothing; ``confirm=None`` means the
-    user already said yes (``--yes``), else ``confirm(plan)`` is asked once. All candidates
-    share one ``grace_s`` deadline after SIGTERM; survivors get SIGKILL and ``kill_wait_s``
-    more to disappear."""
+    """Carry out ``plan``. ``confirm=None``: the user already said yes (``--yes``), else
+    ``confirm(plan)`` is asked once. All candidates share one ``grace_s`` deadline after
+    SIGTERM; survivors get SIGKILL and ``kill_wait_s`` more to disappear."""
     if grace_s < 0 or kill_wait_s < 0:
         raise UserInputError(f"grace_s={grace_s}, kill_wait_s={kill_wait_s}: expected seconds >= 0")
     if dry_run or not plan.candidates:

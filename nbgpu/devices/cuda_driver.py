@@ -1,10 +1,9 @@
 """A thin ctypes binding of the CUDA *driver* API (``libcuda.so.1``), for the health probe.
 
-Only creating a CUDA context reveals "CUDA-capable device(s) is/are busy or unavailable"
-(46); NVML cannot. :class:`CudaDriver` makes the probe's few C-shaped calls on a library
-object: the real ``ctypes.CDLL("libcuda.so.1")`` or the fake of ``sim/cuda.py``, which it
-never imports. The contexts it creates hold a GPU: it is for the probe's short-lived
-child, never for the Jupyter kernel. Never imports torch, pynvml, psutil or IPython.
+:class:`CudaDriver` makes the probe's few C-shaped calls on a library object: the real
+``ctypes.CDLL("libcuda.so.1")`` or the fake of ``sim/cuda.py``, which it never imports.
+The contexts it creates hold a GPU: it is for the probe's short-lived child, never for the
+Jupyter kernel. Never imports torch, pynvml, psutil or IPython.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ _BUS_ID_BYTES = 64
 
 
 class CUuuid(ctypes.Structure):
-    """``struct CUuuid_st { char bytes[16]; }``."""
-
     _fields_ = [("bytes", ctypes.c_ubyte * 16)]
 
 

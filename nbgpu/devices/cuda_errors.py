@@ -94,14 +94,13 @@ def cuda_version(version: int) -> str:
 
 
 def torch_cuda_message(code: int) -> str:
-    """The text torch 2.13 raises for a failed CUDA runtime call returning ``code``.
-
-    ``c10_cuda_check_implementation`` (c10/cuda/CUDAException.cpp) joins: "CUDA error: "
-    + cudaGetErrorString, ``get_cuda_error_help`` (its own sentence for an invalid
-    device, else where to look the name up), ``get_cuda_async_error_suffix`` (the
-    CUDA_LAUNCH_BLOCKING hint only for asynchronous kernel faults, never for the
-    context and ordinal errors nbgpu raises) and the device-side-assertion line, which
-    CUDA builds of 2.13 always compile in and leave disabled at runtime."""
+    """The text torch 2.13 raises for a failed CUDA runtime call returning ``code``, as
+    ``c10_cuda_check_implementation`` (c10/cuda/CUDAException.cpp) joins it: "CUDA error: "
+    + cudaGetErrorString, ``get_cuda_error_help`` (its own sentence for an invalid device,
+    else where to look the name up), ``get_cuda_async_error_suffix`` (the
+    CUDA_LAUNCH_BLOCKING hint, for asynchronous kernel faults only: never for the context
+    and ordinal errors nbgpu raises) and the device-side-assertion line (CUDA builds of 2.13
+    always compile it in, disabled at runtime)."""
     # The runtime's strings equal the driver's for every code a context can return.
     text = error_string(code) or "unrecognized error code"
     if code == CUDA_ERROR_INVALID_DEVICE:

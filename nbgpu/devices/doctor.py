@@ -1,10 +1,9 @@
 """The doctor: one report with each GPU's health, the findings and their fixes.
 
-It reads an inventory (with the active probe unless told not to), then adds what no
-single GPU shows: NVML/driver failures, what the probe confirmed, the launch environment
-(:data:`DIST_VARS`, ``CUDA_VISIBLE_DEVICES``) against the visible, healthy GPUs, and a
-recommendation for how many ranks on which GPUs. Pure logic over the inventory (and one
-socket bind to test a port); never imports IPython or torch.
+An inventory (probed unless told not to), plus what no single GPU shows: NVML/driver
+failures, what the probe confirmed, the launch environment (:data:`DIST_VARS`,
+``CUDA_VISIBLE_DEVICES``) against the visible, healthy GPUs, and how many ranks to launch
+on which GPUs. Pure logic over the inventory, and one socket bind to test a port.
 """
 
 from __future__ import annotations
@@ -243,7 +242,6 @@ def _port_in_use(host: str, port: int) -> bool:
 def _environment_findings(
     inventory: Inventory, environ: Mapping[str, str], nproc: int | None, face: str
 ) -> list[Problem]:
-    """The launch environment against the visible, healthy GPUs."""
     out: list[Problem] = []
     if inventory.nvml_error:
         return out

@@ -1,41 +1,49 @@
 """The active health probe: one CUDA context per visible GPU, in a short-lived subprocess.
 
-NVML can predict, but only creating a CUDA context *reveals*, "CUDA-capable device(s) is/are
-busy or unavailable" (error 46), a lost GPU, a stub or mismatched driver. :func:`probe_devices`
-(``--probe``, ``nbgpu doctor``) runs ``python -m nbgpu.devices.health_child`` with the
-caller's environment (so ``CUDA_VISIBLE_DEVICES`` and ``NBGPU_SIMULATE`` apply), in its own
-session, against a deadline: a hung driver is a real failure mode, so past it the process
-group is killed and the report says so in one line. CUDA's codes become outcomes
-(``busy``, ``lost``, ...), each with what to do; devices are matched to NVML indices by UUID.
-Never in the Jupyter kernel: a context there would itself hold the GPU (in exclusive mode,
-locking the user's own job out). Never imports torch, pynvml, psutil or IPython; this side
-never loads libcuda.
+Only creating a CUDA context *reveals* "CUDA-capable device(s) is/are busy or unavailable"
+(error 46), a lost GPU, a stub or mismatched driver; NVML can only predict them.
+:func:`probe_devices` (``--probe``, ``nbgpu doctor``) runs this module as a child with the
+caller's environment (``CUDA_VISIBLE_DEVICES``, ``NBGPU_SIMULATE``), in its own session,
+against a deadline: drivers do hang, so past it the process group is killed and the report
+names the step the child was in. CUDA's codes become outcomes (``busy``, ``lost``, ...), each
+with what to do; devices are matched to NVML indices by UUID. Only the child loads libcuda:
+a context in the Jupyter kernel would itself hold the GPU (in exclusive mode, locking the
+user's own job out). Never imports torch, pynvml, psutil or IPython.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from nbgpu._children import Finished, run_with_deadline, with_package_importable
+from nbgpu._children import Finished, die_with_parent, run_with_deadline, with_package_importable
 from nbgpu._render import Block, Bullets, Result, Table, Title
 from nbgpu._serial import from_data
+from nbgpu.devices.cuda_driver import CudaCallError, CudaDriver
 from nbgpu.devices.cuda_errors import LIBCUDA_SONAME, cuda_version, error_name, error_string
-from nbgpu.devices.health_child import DOC_FORMAT, PARENT_ENV, PROGRESS
+from nbgpu.devices.sim import simulation_source
 from nbgpu.errors import ProbeError, UserInputError
 
 __all__ = [
-    "INIT_OUTCOMES", "OUTCOMES", "ProbeReport", "ProbeResult", "outcome_for", "probe_devices",
+    "DOC_FORMAT", "INIT_OUTCOMES", "OUTCOMES", "PARENT_ENV", "PROGRESS", "ProbeReport",
+    "ProbeResult", "load_cuda_library", "outcome_for", "probe_devices",
 ]  # fmt: skip
 
-_CHILD_MODULE = "nbgpu.devices.health_child"
+#: The version of the JSON document the child prints (the parent checks it).
+DOC_FORMAT = 1
+#: The prefix of the stderr lines naming the step the child is in.
+PROGRESS = "nbgpu-probe: "
+#: The pid the child must die with.
+PARENT_ENV = "NBGPU_PROBE_PARENT"
 
 #: Per-device outcomes, with what each means and what to do about it.
 OUTCOMES: Mapping[str, str] = {
@@ -70,8 +78,7 @@ OUTCOMES: Mapping[str, str] = {
     "error": "an unexpected CUDA error: see its name and message",
 }
 
-#: Outcomes only the probe as a whole can get (``ProbeReport.init_outcome``), on top of
-#: the per-device ones for the CUDA code ``cuInit`` returned.
+#: Outcomes of the probe as a whole (``init_outcome``); cuInit's code maps as a device's would.
 INIT_OUTCOMES: Mapping[str, str] = {
     "no_driver": (
         f"the NVIDIA driver library {LIBCUDA_SONAME} is not installed here (or a container "
@@ -105,10 +112,6 @@ _OUTCOME_BY_CODE: Mapping[int, str] = {
     800: "not_permitted",
     214: "ecc",
 }
-
-
-def _ms(value: float) -> str:
-    return f"{value:.1f} ms" if value < 10 else f"{value:.0f} ms"
 
 
 def _sentences(fact: str, hint: str) -> str:
@@ -156,14 +159,13 @@ class ProbeReport(Result):
 
     @property
     def ok(self) -> bool:
-        """CUDA initialised and every visible device accepted a context."""
         return self.init_error is None and all(r.ok for r in self.results)
 
     def for_nvml_index(self, nvml_index: int) -> ProbeResult | None:
         """The first result on physical GPU ``nvml_index`` (None: not probed or not matched)."""
         return next((r for r in self.results if r.nvml_index == nvml_index), None)
 
-    def _title(self) -> str:
+    def content(self) -> list[Block]:
         parts = ["CUDA probe"]
         if self.simulated:
             parts.append("SIMULATED")
@@ -172,20 +174,22 @@ class ProbeReport(Result):
         if self.init_error is None:
             parts.append(f"{len(self.results)} device{'s' if len(self.results) != 1 else ''}")
         parts.append(f"{self.elapsed_ms / 1000:.2f} s")
-        return " · ".join(parts)
-
-    def _table(self) -> Table:
-        table = Table(["cuda", "GPU", "name", "outcome", "detail"])
-        for r in self.results:
-            table.add(
-                f"cuda:{r.cuda_index}",
-                "-" if r.nvml_index is None else r.nvml_index,
-                r.name or "-",
-                r.outcome,
-                f"context in {_ms(r.elapsed_ms)}" if r.ok else str(r.error_name or r.cuda_error),
-                level="ok" if r.ok else "bad",
-            )
-        return table
+        blocks: list[Block] = [Title(" · ".join(parts), simulated=self.simulated)]
+        if self.init_error is None:
+            table = Table(["cuda", "GPU", "name", "outcome", "detail"])
+            for r in self.results:
+                ms = f"{r.elapsed_ms:.1f}" if r.elapsed_ms < 10 else f"{r.elapsed_ms:.0f}"
+                table.add(
+                    f"cuda:{r.cuda_index}",
+                    "-" if r.nvml_index is None else r.nvml_index,
+                    r.name or "-",
+                    r.outcome,
+                    f"context in {ms} ms" if r.ok else str(r.error_name or r.cuda_error),
+                    level="ok" if r.ok else "bad",
+                )
+            blocks.append(table)
+        # One sentence per problem; UUIDs and error names are never broken.
+        return [*blocks, Bullets(self.notes(), marker="! ", level="bad")]
 
     def notes(self) -> list[str]:
         """One sentence per problem: CUDA's words first, then what to do."""
@@ -204,17 +208,8 @@ class ProbeReport(Result):
             lines.append(_sentences(f"{where}: {code}: {r.message}", OUTCOMES.get(r.outcome, "")))
         return lines
 
-    def content(self) -> list[Block]:
-        blocks: list[Block] = [Title(self._title(), simulated=self.simulated)]
-        if self.init_error is None:
-            blocks.append(self._table())
-        # One sentence per problem; UUIDs and error names are never broken.
-        return [*blocks, Bullets(self.notes(), marker="! ", level="bad")]
-
     def to_dict(self) -> dict[str, Any]:
-        doc = _renamed(asdict(self), "init_outcome", "init_verdict")
-        doc["results"] = self.records()
-        return doc
+        return {**_renamed(asdict(self), "init_outcome", "init_verdict"), "results": self.records()}
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str = "probe JSON") -> ProbeReport:
@@ -238,9 +233,6 @@ def _renamed(doc: dict[str, Any], key: str, json_key: str) -> dict[str, Any]:
     return {json_key if k == key else k: v for k, v in doc.items()}
 
 
-# -- the parent side: the child against a deadline, its answer read back ----------
-
-
 def probe_devices(
     *,
     environ: Mapping[str, str] | None = None,
@@ -248,26 +240,23 @@ def probe_devices(
     nvml_index_by_uuid: Mapping[str, int] | None = None,
 ) -> ProbeReport:
     """The probe in *environ* (default ``os.environ``); ``nvml_index_by_uuid`` matches
-    results back to physical GPUs (simulated, the fleet gives it). Never raises for a GPU or
-    driver problem (those are outcomes): ``FleetSpecError`` for a malformed
-    ``NBGPU_SIMULATE``, ``UserInputError`` for a bad timeout, ``ProbeError`` if the probe
-    process cannot be started at all."""
+    results back to physical GPUs (simulated, the fleet gives it). GPU and driver problems
+    are outcomes: it raises only ``FleetSpecError`` for a malformed ``NBGPU_SIMULATE``,
+    ``UserInputError`` for a bad timeout, ``ProbeError`` if the probe cannot start."""
     if not (timeout_s > 0 and math.isfinite(timeout_s)):
         raise UserInputError(f"probe timeout {timeout_s!r}; expected a positive number of seconds")
     env = dict(os.environ if environ is None else environ)
     from nbgpu.devices.nvml import backend_for  # noqa: PLC0415  (loads pynvml)
 
-    # The backend also validates NBGPU_SIMULATE here, so a typo is a one-line
-    # FleetSpecError, not a failed subprocess.
+    # It validates NBGPU_SIMULATE too: a typo is a one-line FleetSpecError, not a failed child.
     backend = backend_for(env)
     uuids = backend.nvml_index_by_uuid() if nvml_index_by_uuid is None else nvml_index_by_uuid
     child_env = {**with_package_importable(env), PARENT_ENV: str(os.getpid())}
-    run = _run_child([sys.executable, "-m", _CHILD_MODULE], child_env, timeout_s=timeout_s)
+    run = _run_child([sys.executable, "-m", "nbgpu.devices.health"], child_env, timeout_s=timeout_s)
     return _report(run, timeout_s, simulated=backend.simulated, uuids=uuids)
 
 
 def _run_child(argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float) -> Finished:
-    """Run the probe process against the deadline; ``ProbeError`` if it cannot start."""
     try:
         return run_with_deadline(argv, env, timeout_s=timeout_s)
     except OSError as exc:
@@ -283,7 +272,6 @@ def _uuid_body(uuid: str) -> str:
 def _report(
     run: Finished, timeout_s: float, *, simulated: bool, uuids: Mapping[str, int]
 ) -> ProbeReport:
-    # What every answer shares; each outcome below fills in the rest.
     base = ProbeReport((), None, None, None, simulated, timed_out=False, elapsed_ms=run.elapsed_ms)
     stderr = run.stderr.decode("utf-8", errors="replace")
     if run.timed_out:
@@ -317,21 +305,9 @@ def _report(
         if device.get("uuid"):
             # CUDA gives bare UUID bytes; NVML's prefix tells a GPU from a MIG instance.
             uuid, nvml_index = by_body.get(device["uuid"].lower(), ("GPU-" + device["uuid"], None))
-        code = int(device["cuda_error"])
-        results.append(
-            ProbeResult(
-                cuda_index=int(device["cuda_index"]),
-                nvml_index=nvml_index,
-                uuid=uuid,
-                name=device.get("name"),
-                outcome=outcome_for(code),
-                cuda_error=code,
-                error_name=device.get("error_name"),
-                message=device.get("message") or "",
-                elapsed_ms=float(device.get("elapsed_ms", 0.0)),
-                pci_bus_id=device.get("pci_bus_id"),
-            )
-        )
+        # The child's record holds every other field, in the dataclass's words.
+        fields = {**device, "uuid": uuid, "nvml_index": nvml_index}
+        results.append(ProbeResult(**fields, outcome=outcome_for(device["cuda_error"])))
     return replace(base, results=tuple(results))
 
 
@@ -360,7 +336,107 @@ def _last_json(stdout: bytes) -> dict[str, Any] | None:
 
 
 def _signal_name(number: int) -> str:
-    try:
+    with contextlib.suppress(ValueError):
         return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    return f"signal {number}"
+
+
+# -- the child side: the driver, one context per device, one JSON line ------------
+
+
+def load_cuda_library(environ: Mapping[str, str]) -> object:
+    """The simulated library for ``NBGPU_SIMULATE`` (honouring *environ*'s
+    ``CUDA_VISIBLE_DEVICES``), else ``libcuda.so.1`` (reading this process's environment).
+    ``OSError`` when it cannot be loaded; ``FleetSpecError`` for a bad ``NBGPU_SIMULATE``."""
+    source = simulation_source(environ)
+    if source is None:
+        return ctypes.CDLL(LIBCUDA_SONAME)
+    # Imported here: the fleet and CUDA_VISIBLE_DEVICES machinery is only needed simulated.
+    from nbgpu.devices.sim.cuda import load_simulated_cuda  # noqa: PLC0415
+
+    return load_simulated_cuda(source, environ)
+
+
+def _progress(step: str) -> None:
+    print(PROGRESS + step, file=sys.stderr, flush=True)
+
+
+def _probe_in_process(environ: Mapping[str, str]) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "format": DOC_FORMAT,
+        "simulated": simulation_source(environ) is not None,
+        "driver_version": None,
+        "init": None,
+        "devices": [],
+    }
+    _progress("loading " + LIBCUDA_SONAME)
+    try:
+        library = load_cuda_library(environ)
+    except OSError as exc:
+        doc["init"] = {"stage": "load", "detail": str(exc)}
+        return doc
+    except UserInputError as exc:  # a bad NBGPU_SIMULATE; the parent checks first
+        doc["init"] = {"stage": "NBGPU_SIMULATE", "detail": str(exc)}
+        return doc
+    return _probe_library(CudaDriver(library), doc)
+
+
+def _probe_library(driver: CudaDriver, doc: dict[str, Any]) -> dict[str, Any]:
+    with contextlib.suppress(CudaCallError):  # a stub answers 34 here too; cuInit says so
+        doc["driver_version"] = driver.driver_version()
+    _progress("cuInit")
+    try:
+        driver.init()
+        count = driver.device_count()
+    except CudaCallError as exc:
+        doc["init"] = {
+            "stage": exc.function,
+            "code": exc.code,
+            "name": driver.error_name(exc.code),
+            "message": driver.error_string(exc.code),
+        }
+        return doc
+    doc["devices"] = [_probe_device(driver, ordinal) for ordinal in range(count)]
+    return doc
+
+
+def _probe_device(driver: CudaDriver, ordinal: int) -> dict[str, Any]:
+    _progress(f"cuda:{ordinal} context")
+    record: dict[str, Any] = {"cuda_index": ordinal, "name": None, "uuid": None, "pci_bus_id": None}
+    elapsed_ms = 0.0
+    try:
+        device = driver.device(ordinal)
+        for key in ("name", "uuid", "pci_bus_id"):  # each stays None if the driver refuses
+            with contextlib.suppress(CudaCallError):
+                record[key] = str(getattr(driver, key)(device))
+        started = time.perf_counter()
+        try:
+            driver.retain_primary_context(device)
+            # Released at once: in exclusive mode the probe itself would otherwise lock the
+            # GPU. A failed release is harmless; the context dies with this process.
+            with contextlib.suppress(CudaCallError):
+                driver.release_primary_context(device)
+        finally:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+        code = 0
+    except CudaCallError as exc:
+        code = exc.code
+    record.update(
+        cuda_error=code,
+        error_name=driver.error_name(code) if code else None,
+        message=(driver.error_string(code) or "") if code else "CUDA context created and released",
+        elapsed_ms=round(elapsed_ms, 3),
+    )
+    return record
+
+
+def _die_with_parent() -> None:
+    """Die with the prober (a kernel killed with -9 while the probe hangs in the driver)."""
+    expected = os.environ.get(PARENT_ENV, "")
+    # Nowhere to record a refusal: the probe's answer is one JSON line on stdout.
+    die_with_parent(signal.SIGKILL, int(expected) if expected.isdigit() else None)
+
+
+if __name__ == "__main__":
+    _die_with_parent()
+    print(json.dumps(_probe_in_process(os.environ)), flush=True)

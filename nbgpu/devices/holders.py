@@ -6,8 +6,7 @@ see; whose, running what, orphaned (its launcher gone: read from the traces a fo
 "not orphaned" when in doubt, since ``clean`` offers to stop orphans), a torchrun worker,
 started with which ``CUDA_VISIBLE_DEVICES``. Also the ``/dev/nvidia*`` files open in
 ``/proc/*/fd`` (what ``lsof /dev/nvidia*`` shows), and whether we run in a container and in
-the host's PID namespace. Standard library, psutil and :mod:`nbgpu.errors` only: never
-pynvml, torch, IPython or the rest of nbgpu (``model.py`` names these types).
+the host's PID namespace. Of nbgpu only :mod:`nbgpu.errors` (``model.py`` names these types).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import contextlib
 import ctypes
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,8 +53,6 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ContainerInfo:
-    """Whether we run in a container, and whether host pids are visible from here."""
-
     in_container: bool
     host_pid_namespace: bool  # False when our PID namespace is not the host's
     reason: str | None  # the evidence, e.g. "/.dockerenv exists"
@@ -117,14 +114,10 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-# --------------------------------------------------------------------------- container
-
-
 def _read_text(path: Path) -> str | None:
-    try:
+    with contextlib.suppress(OSError):
         return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
+    return None
 
 
 def _container_evidence(proc_root: Path, root: Path) -> str | None:
@@ -182,15 +175,12 @@ def detect_container(proc_root: Path = Path("/proc"), root: Path = Path("/")) ->
     return ContainerInfo(in_container, host_ns, "; ".join(reasons) or None)
 
 
-# --------------------------------------------------------------------------- one pid
-
-
 def _ask(read: Callable[[], T], default: T) -> T:
     """A /proc read that may fail: the process exited (or is a zombie), or is not ours."""
-    try:
+    # A ZombieProcess is a NoSuchProcess.
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
         return read()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
-        return default
+    return default
 
 
 def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
@@ -212,11 +202,9 @@ def _parent_command(ppid: int) -> str | None:
 
 
 def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
-    """Look ``pid`` up on this machine: ``dead`` (no such pid here, in the host's PID
-    namespace, or anywhere), ``other_namespace`` (no such pid in a container's own
-    namespace: NVML reports host pids), ``zombie``, ``stopped``, ``no_access`` or
-    ``alive``. ``container`` (default :func:`detect_container`) is read only when the pid
-    is missing."""
+    """Look ``pid`` up on this machine. A missing pid is ``dead`` in the host's PID
+    namespace, ``other_namespace`` in a container's own (NVML reports host pids):
+    ``container`` (default :func:`detect_container`) is read only then."""
     if pid <= 0 or pid >= PID_MAX_LIMIT:
         return HolderInfo(pid, "dead", detail="no such process (not a valid Linux pid)")
     try:
@@ -239,7 +227,10 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
     cmdline: list[str] = _ask(proc.cmdline, [])
     # Another user's environment is private; a zombie has none left.
     environ: dict[str, str] = _ask(proc.environ, {})
-    torchelastic = _is_torchelastic(environ)
+    # torch.distributed.elastic sets these for every worker it starts (local_elastic_agent).
+    torchelastic = "TORCHELASTIC_RUN_ID" in environ or (
+        "LOCAL_RANK" in environ and "WORLD_SIZE" in environ
+    )
     orphan_reason, detail = None, None
     if status == psutil.STATUS_ZOMBIE:
         state, detail = "zombie", f"exited; parent pid {ppid} must reap it"
@@ -299,14 +290,10 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
     )
 
 
-# --------------------------------------------------------------------------- /proc/*/fd
-
-
 def _readlink(name: str, dir_fd: int) -> str | None:
-    try:
+    with contextlib.suppress(OSError):  # closed since the directory was listed
         return os.readlink(name, dir_fd=dir_fd)
-    except OSError:  # closed since the directory was listed
-        return None
+    return None
 
 
 def device_file_holders(
@@ -339,16 +326,8 @@ def device_file_holders(
     return found
 
 
-# --------------------------------------------------------------------------- orphans
-
-# prctl(2) option: is this process a child subreaper?
 _PR_GET_CHILD_SUBREAPER = 37
 _AGENT_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
-
-
-def _is_torchelastic(environ: Mapping[str, str]) -> bool:
-    # torch.distributed.elastic sets these for every worker it starts (local_elastic_agent).
-    return "TORCHELASTIC_RUN_ID" in environ or ("LOCAL_RANK" in environ and "WORLD_SIZE" in environ)
 
 
 def _self_is_subreaper() -> bool:
@@ -364,10 +343,9 @@ def _self_is_subreaper() -> bool:
 
 
 def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
-    """True when ``cmdline`` starts torchrun's elastic agent: ``torchrun ...``, ``python
-    .../torchrun ...`` or ``python -m torch.distributed.run`` (or ``.launch``), recognised by
-    the program and interpreter options only, never by an argument of the script. Used only
-    to *spare* workers whose parent is such an agent; clean never selects by command."""
+    """``torchrun ...``, ``python .../torchrun ...`` or ``python -m torch.distributed.run``
+    (or ``.launch``), by the program and interpreter options only, never a script argument.
+    Used only to *spare* workers whose parent is an agent; clean never selects by command."""
     if not cmdline:
         return False
     program = Path(cmdline[0]).name
@@ -385,10 +363,9 @@ def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
 
 
 def _getsid(pid: int) -> int | None:
-    try:
+    with contextlib.suppress(OSError):
         return os.getsid(pid)
-    except OSError:
-        return None
+    return None
 
 
 def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -> str | None:

@@ -2,10 +2,8 @@
 
 ``take_inventory()`` joins NVML's view (``nvml.py``), the OS's view of each holder pid
 (``holders.py``), the ``CUDA_VISIBLE_DEVICES`` mapping (``visible.py``), per-GPU findings
-(``model.py``) and, opt-in, the CUDA probe (``health.py``). The result renders as text,
-HTML and a pandas frame, and serialises itself as a *capture* (``nbgpu status --json``,
-written and read back by ``capture.py``). Never imports IPython, ipywidgets, matplotlib
-or torch; pandas only in ``to_frame``.
+(``model.py``) and, opt-in, the CUDA probe (``health.py``). It serialises itself as a
+*capture* (``nbgpu status --json``, by ``capture.py``); pandas only in ``to_frame``.
 """
 
 from __future__ import annotations
@@ -91,8 +89,6 @@ class Inventory(Result):
             and not any(f.severity == "bad" for f in fs)
             and g.nvml_index not in failed_probe
         )
-
-    # -- rendering -------------------------------------------------------------
 
     def simulated_fleet(self) -> str | None:
         return (self.fleet_name or "simulated") if self.simulated else None
@@ -233,8 +229,6 @@ class Inventory(Result):
             blocks.append(Blank())
             blocks += [Line(msg, indent=marks.get(sev, "-  "), level=sev) for sev, msg in notes]
         return blocks
-
-    # -- data --------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
         return [

@@ -1,11 +1,10 @@
 """A GPU as nbgpu knows it, and what is wrong with it.
 
-The inventory's data types: frozen dataclasses, units in field names, ``None`` for "not
-reported", never a magic string. A capture (``nbgpu status --json``) is in the simulator's
-fleet format, so the records it shares with a fleet are defined here once; several nodes'
-captures make a cluster file. Then the doctor's findings on one GPU (:func:`assess_gpu`),
-each a ``Problem`` with concrete fixes, condensed to one health word by :func:`gpu_health`.
-No I/O and light imports only (the probe's child imports this).
+The inventory's data types (``None``: not reported). A capture (``nbgpu status --json``)
+is in the simulator's fleet format, so the records it shares with a fleet are defined here
+once; several nodes' captures make a cluster file. Then the doctor's findings on one GPU
+(:func:`assess_gpu`), condensed to one health word by :func:`gpu_health`. No I/O and light
+imports only (a simulated probe's child imports this).
 """
 
 from __future__ import annotations
@@ -174,8 +173,6 @@ def cluster_nodes(data: Mapping[str, Any], where: str) -> dict[str, dict[str, ob
     return out
 
 
-# --------------------------------------------------------------- findings on one GPU
-
 # Real drivers keep a few hundred MiB per context that no process is charged for;
 # only a remainder well above that is worth a warning.
 GHOST_THRESHOLD_BYTES = 2**30
@@ -254,9 +251,6 @@ def _unreadable(g: _Seen) -> Problem:
     return g.finding("nvml_error", f"NVML could not read GPU {g.i}: {g.gpu.error}")
 
 
-# ------------------------------------------------------- one rule per holder state
-
-
 def _dead_holder(g: _Seen, proc: GpuProcess) -> Problem | None:
     if g.exclusive:
         return g.finding(
@@ -326,9 +320,6 @@ _BY_HOLDER_STATE: dict[str, Callable[[_Seen, GpuProcess], Problem | None]] = {
     "stopped": _exclusive_busy,
     "no_access": _exclusive_busy,
 }
-
-
-# ------------------------------------------------------------- the GPU's own facts
 
 
 def _facts(g: _Seen) -> Iterator[Problem]:

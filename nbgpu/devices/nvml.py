@@ -1,11 +1,10 @@
 """The one module that imports pynvml (ruff's banned-api rule enforces it).
 
-It owns choosing the library (the real ``libnvidia-ml.so.1``, or the simulated one when
+It chooses the library (the real ``libnvidia-ml.so.1``, or the simulated one when
 ``NBGPU_SIMULATE`` is set: the seam where ``devices/sim/`` is imported, and only then),
-lazy initialisation, mapping NVML errors to nbgpu's exception tree, per-capability
-NotSupported handling, fallbacks for old drivers without ``_v2``/``_v3`` symbols, and
-reading one snapshot of every GPU into :mod:`nbgpu.devices.model` types. No pynvml object
-leaves this module. Never imports psutil, torch, IPython, pandas or matplotlib.
+initialises lazily, maps NVML errors to nbgpu's exceptions, says "N/A" per capability,
+falls back for old drivers without ``_v2``/``_v3`` symbols, and reads one snapshot of every
+GPU into :mod:`nbgpu.devices.model` types. No pynvml object leaves this module.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import ctypes
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pynvml  # noqa: TID251  (this is the one allowed importer)
 
@@ -137,8 +136,7 @@ def _select(environ: Mapping[str, str]) -> Backend:
         _install(library)
         new = Backend(simulated=fleet is not None, fleet=fleet)
         _state.update(key=(source, node), backend=new, initialised=False)
-    backend: Backend = _state["backend"]
-    return backend
+    return cast("Backend", _state["backend"])
 
 
 def _simulated_library(source: str, node: str | None) -> tuple[Fleet, Any]:

@@ -1,9 +1,9 @@
 """Which physical GPU ``cuda:N`` means: ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``.
 
-This module owns one question: given the GPUs NVML reports and a process environment, which
-logical CUDA ordinals exist and which physical GPU (NVML index, UUID, MIG instance) each one is.
-It answers as CUDA does (the CUDA env-var docs, PyTorch's ``_parse_visible_devices`` and
-``_transform_uuid_to_ordinals``, nvitop, datadog-agent's ``pkg/gpu/cuda/env.go``):
+Given the GPUs NVML reports and a process environment: which logical CUDA ordinals exist,
+and which GPU (NVML index, UUID, MIG instance) each is. Answered as CUDA does (the CUDA
+env-var docs, PyTorch's ``_parse_visible_devices`` and ``_transform_uuid_to_ordinals``,
+nvitop, datadog-agent's ``pkg/gpu/cuda/env.go``):
 
 - unset means every GPU; an empty value means none;
 - entries are indices (read like ``strtoul``: ``1gpu2`` is 1), ``GPU-`` UUIDs or unique UUID
@@ -15,8 +15,7 @@ It answers as CUDA does (the CUDA env-var docs, PyTorch's ``_parse_visible_devic
 
 Everything CUDA would do silently is said in ``VisibleMap.problems``; ``strict=True`` turns a
 mistake that hides a device the user named into a one-line ``VisibleDevicesError``. Pure
-functions, no I/O: the standard library, ``nbgpu.errors`` and the renderer; never pynvml,
-psutil, torch or IPython.
+functions, no I/O.
 """
 
 from __future__ import annotations
@@ -65,8 +64,6 @@ class GpuIdentity:
 
 @dataclass(frozen=True)
 class VisibleDevice:
-    """One logical CUDA device and the physical GPU behind it."""
-
     cuda_index: int  # logical ordinal, cuda:N
     nvml_index: int  # physical GPU (NVML index, = nvidia-smi index)
     uuid: str  # the physical GPU's UUID
@@ -93,7 +90,6 @@ class VisibleMap(Result):
         return next((d.cuda_index for d in self.devices if d.nvml_index == nvml_index), None)
 
     def content(self) -> list[Block]:
-        """Readable at 80 columns: one line per logical device, then the problems."""
         setting = f"{self.key}={self.raw!r}" if self.raw is not None else f"{self.key} unset"
         blocks: list[Block] = [Line(f"{setting}, order {self.order}", wrap=False)]
         for d in self.devices:
@@ -110,8 +106,6 @@ class VisibleMap(Result):
 
 @dataclass(frozen=True)
 class _Target:
-    """What one entry resolves to: a whole GPU, or one MIG instance on it."""
-
     gpu: GpuIdentity
     mig_uuid: str | None = None
 
@@ -123,8 +117,6 @@ class _Target:
 
 @dataclass(frozen=True)
 class _Bad:
-    """Why CUDA rejects an entry, and what it would have accepted."""
-
     reason: str
     accepted: str
 
@@ -296,9 +288,6 @@ def _heuristic_warning(gpus: Sequence[GpuIdentity]) -> list[str]:
     return [warning]
 
 
-# -- one entry, as CUDA reads it: an index, a UUID, a MIG device ----------------------
-
-
 def _accepted(count: int) -> str:
     if count == 0:
         return "this machine has no GPU CUDA can use"
@@ -310,7 +299,7 @@ def _accepted(count: int) -> str:
 def _resolve_entry(
     entry: str, gpus: Sequence[GpuIdentity], slots: list[_Target], setting: str, problems: list[str]
 ) -> tuple[_Target | _Bad, bool]:
-    """Resolve one entry; the flag says it was read as an index (so CUDA order matters)."""
+    """The entry's target; the flag says it was read as an index (so CUDA order matters)."""
     if not entry:
         return _Bad("is empty", _accepted(len(slots))), False
     if entry.startswith("MIG-GPU-"):

@@ -3,8 +3,7 @@
 :class:`Watcher` takes an inventory snapshot every ``interval_s`` seconds on a daemon
 thread (NVML and ``/proc`` only: no CUDA, no device-file scan) and keeps the last
 ``history`` samples. A stopped watcher never samples again; a sample that raises ends the
-thread with the error kept (``error``), never silently. Faces (``%gpu_watch``) draw from
-:attr:`samples` and may label the processes they know (``label_pid``). Hardware only.
+thread with the error kept (``error``), never silently.
 """
 
 from __future__ import annotations
@@ -60,7 +59,6 @@ class Sample:
 
 
 def parse_watch_options(interval: str | float, history: str | int) -> tuple[float, int]:
-    """Validate ``--interval`` and ``--history``; one line naming a bad value."""
     try:
         interval_s = float(interval)
     except (TypeError, ValueError):
@@ -87,7 +85,6 @@ def parse_watch_options(interval: str | float, history: str | int) -> tuple[floa
 def take_sample(
     environ: Mapping[str, str], label_pid: Callable[[int], str | None] | None = None
 ) -> Sample:
-    """One snapshot of every GPU: utilisation, memory, sensors and processes."""
     from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
 
     inv = take_inventory(environ, scan_device_files=False)
@@ -119,8 +116,6 @@ def take_sample(
 
 
 class Watcher:
-    """Samples on a daemon thread into a bounded history; see the module docstring."""
-
     def __init__(
         self,
         *,

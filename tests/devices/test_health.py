@@ -1,6 +1,6 @@
 """The active CUDA probe: real probe subprocesses against simulated fleets, no GPU.
 
-Most tests run ``probe_devices`` end to end (a real ``python -m nbgpu.devices.health_child`` child
+Most tests run ``probe_devices`` end to end (a real ``python -m nbgpu.devices.health`` child
 loading the simulated libcuda); a few drive the fake library in-process to check what the
 probe did call, and the process tests prove no child survives a timeout or an interrupt.
 """
@@ -22,7 +22,6 @@ import psutil
 import pytest
 
 from nbgpu.devices import health as health_probe
-from nbgpu.devices import health_child
 from nbgpu.devices.cuda_driver import CudaDriver
 from nbgpu.devices.health import OUTCOMES, ProbeReport, outcome_for, probe_devices
 from nbgpu.devices.sim.cuda import SimulatedCudaLibrary
@@ -259,7 +258,7 @@ def test_real_driver_path_without_a_driver_is_a_clean_outcome():
 
 def test_probe_module_imports_nothing_heavy():
     code = (
-        "import sys, nbgpu.devices.health_child, nbgpu.devices.sim.cuda\n"
+        "import sys, nbgpu.devices.health, nbgpu.devices.sim.cuda\n"
         "print(sorted({'torch', 'pynvml', 'psutil', 'IPython'} & set(sys.modules)))"
     )
     out = subprocess.run(
@@ -359,7 +358,7 @@ def test_probe_process_dies_with_a_sigkilled_parent(tmp_path):
     pidfile = tmp_path / "pid"
     child = (
         "import os, time\n"
-        "from nbgpu.devices.health_child import _die_with_parent\n"
+        "from nbgpu.devices.health import _die_with_parent\n"
         "_die_with_parent()\n"
         f"open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
         f"os.replace({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\n"
@@ -417,7 +416,7 @@ def new_doc() -> dict[str, object]:
 def test_probe_releases_every_context_it_creates():
     library = SimulatedCudaLibrary(parse_spec("4xA40,busy=0,lost=3"), {})
 
-    doc = health_child._probe_library(CudaDriver(library), new_doc())
+    doc = health_probe._probe_library(CudaDriver(library), new_doc())
 
     assert [d["cuda_error"] for d in doc["devices"]] == [46, 0, 0, 999]
     assert library.calls["cuDevicePrimaryCtxRetain"] == 4  # one context per device
@@ -455,7 +454,7 @@ def test_old_driver_lacks_v2_symbols_and_the_probe_falls_back():
     assert not hasattr(library, "cuDeviceGetUuid_v2")
     with pytest.raises(AttributeError, match="undefined symbol: cuDeviceGetUuid_v2"):
         _ = library.cuDeviceGetUuid_v2
-    doc = health_child._probe_library(CudaDriver(library), new_doc())
+    doc = health_probe._probe_library(CudaDriver(library), new_doc())
 
     assert doc["driver_version"] == 11000
     assert all(d["uuid"] and d["cuda_error"] == 0 for d in doc["devices"])
@@ -466,7 +465,7 @@ def test_missing_context_symbol_is_an_error_outcome_not_a_crash():
     fleet = replace(parse_spec("1xA40"), missing_functions=frozenset({"cuDevicePrimaryCtxRetain"}))
     library = SimulatedCudaLibrary(fleet, {})
 
-    doc = health_child._probe_library(CudaDriver(library), new_doc())
+    doc = health_probe._probe_library(CudaDriver(library), new_doc())
 
     (device,) = doc["devices"]
     assert (device["cuda_error"], device["error_name"]) == (500, "CUDA_ERROR_NOT_FOUND")

@@ -1,12 +1,11 @@
 """A simulated GPU box as data: its GPUs as NVML would describe them, and the driver facts.
 
-What a fleet file holds (the format ``nbgpu status --json`` writes, :data:`FLEET_FORMAT`),
-read by these types; :mod:`nbgpu.devices.sim.fleet` builds one from what
-``NBGPU_SIMULATE`` names, and the fake NVML and CUDA libraries serve it. Also what both
-libraries share: a :class:`Device` (a GPU or one MIG instance), ctypes argument helpers,
-and :func:`ranks_on_gpus`, the live ranks on a simulated fleet, which the fake NVML
-library lists as the GPUs' processes (psutil only there). Here, not in the CUDA fake, so
-that a simulated ``nbgpu status`` loads no CUDA or ``CUDA_VISIBLE_DEVICES`` code.
+What a fleet file holds (the format ``nbgpu status --json`` writes), read by these types.
+Also what the fake NVML and CUDA libraries share: a :class:`Device` (a GPU or one MIG
+instance), ctypes argument helpers, and :func:`ranks_on_gpus`, the live ranks on a
+simulated fleet, which the fake NVML library lists as the GPUs' processes (psutil only
+there). Here, not in the CUDA fake, so that a simulated ``nbgpu status`` loads no CUDA or
+``CUDA_VISIBLE_DEVICES`` code.
 """
 
 from __future__ import annotations
@@ -36,9 +35,8 @@ __all__ = [
 ]  # fmt: skip
 
 #: The words a fleet file may use for a compute mode (read by their type: ``_serial.py``),
-#: in the order of NVML's constants.
+#: in the order of NVML's constants: ``COMPUTE_MODES`` maps each to its NVML value.
 ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
-#: NVML compute modes, by the names nbgpu uses everywhere (value = NVML constant).
 COMPUTE_MODES: Mapping[str, int] = {name: i for i, name in enumerate(typing.get_args(ComputeMode))}
 
 
@@ -94,8 +92,6 @@ class SimGpu:
 
 @dataclass(frozen=True)
 class Fleet:
-    """A whole box: driver facts plus its GPUs."""
-
     gpus: tuple[SimGpu, ...]
     name: str = "custom"
     description: str = ""
@@ -114,9 +110,6 @@ class Fleet:
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
-
-
-# -- shared by the fake NVML and CUDA libraries ------------------------------------
 
 
 @dataclass(frozen=True)

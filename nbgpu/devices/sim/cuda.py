@@ -5,15 +5,15 @@ what CUDA answers nbgpu's ranks on a simulated fleet.
 ``ctypes.CDLL("libcuda.so.1")``, so :class:`~nbgpu.devices.cuda_driver.CudaDriver` and the
 probe run unchanged on it. It enumerates only what ``CUDA_VISIBLE_DEVICES`` /
 ``CUDA_DEVICE_ORDER`` make visible, never a cgroup-restricted GPU (so SLURM jobs see
-``cuda:0`` upwards); a context gets ``SimGpu.effective_cuda_error``; the fleet's
-``init_error`` makes the machine driverless; ``_v2`` symbols an older driver lacks are
-missing here too. :func:`simulated_device` is what CUDA answers a rank
-(``nbgpu.rank.device()``): CUDA's code and one ``[nbgpu]`` line naming the physical GPU
-that refused, or a label for computing on the CPU. Never imports torch, pynvml or IPython.
+``cuda:0`` upwards); ``_v2`` symbols an older driver lacks are missing here too.
+:func:`simulated_device` is what CUDA answers a rank (``nbgpu.rank.device()``): CUDA's
+code and one ``[nbgpu]`` line naming the physical GPU that refused, or a label for
+computing on the CPU. Never imports torch, pynvml or IPython.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import uuid as uuidlib
 from collections import Counter
@@ -73,11 +73,10 @@ def _write_text(buffer: Any, length: Any, text: str) -> int:
 def _uuid_bytes(text: str) -> bytes:
     """16 bytes of an NVML UUID (``GPU-…`` / ``MIG-…``), as cuDeviceGetUuid writes them."""
     body = text.split("-", 1)[1] if text[:4] in ("GPU-", "MIG-") else text
-    try:
+    with contextlib.suppress(ValueError):
         return uuidlib.UUID(body).bytes
-    except ValueError:
-        # A hand-written fleet UUID that is not hex: still give a stable, distinct id.
-        return uuidlib.uuid5(uuidlib.NAMESPACE_URL, "nbgpu:" + text).bytes
+    # A hand-written fleet UUID that is not hex: still give a stable, distinct id.
+    return uuidlib.uuid5(uuidlib.NAMESPACE_URL, "nbgpu:" + text).bytes
 
 
 def _cuda_bus_id(nvml_bus_id: str) -> str:
@@ -85,10 +84,9 @@ def _cuda_bus_id(nvml_bus_id: str) -> str:
     domain, sep, rest = nvml_bus_id.partition(":")
     if not sep:
         return nvml_bus_id
-    try:
+    with contextlib.suppress(ValueError):
         return f"{int(domain, 16):04x}:{rest}"
-    except ValueError:
-        return nvml_bus_id
+    return nvml_bus_id
 
 
 def _identity(gpu: SimGpu) -> GpuIdentity:
@@ -109,12 +107,8 @@ def _visible_devices(fleet: Fleet, environ: Mapping[str, str]) -> tuple[Device, 
     openable = [g for g in fleet.gpus if g.fault != "no_permission"]
     visible = resolve_visible([_identity(g) for g in openable], environ)
     by_uuid = {g.uuid: g for g in openable}
-    devices = []
-    for entry in visible.devices:
-        gpu = by_uuid[entry.uuid]
-        mig = next((m for m in gpu.mig_devices if m.uuid == entry.mig_uuid), None)
-        devices.append(Device(gpu, mig))
-    return tuple(devices)
+    migs = {m.uuid: m for g in openable for m in g.mig_devices}
+    return tuple(Device(by_uuid[e.uuid], migs.get(e.mig_uuid or "")) for e in visible.devices)
 
 
 def _on_device(method: Callable[..., int]) -> Callable[..., int]:
@@ -132,8 +126,6 @@ def _on_device(method: Callable[..., int]) -> Callable[..., int]:
 
 
 class SimulatedCudaLibrary:
-    """Stands in for ``CDLL("libcuda.so.1")``; see the module docstring."""
-
     def __init__(self, fleet: Fleet, environ: Mapping[str, str]) -> None:
         self.fleet = fleet
         # The real driver reads CUDA_VISIBLE_DEVICES once, when the process initialises it.
@@ -254,9 +246,6 @@ def load_simulated_cuda(source: str, environ: Mapping[str, str]) -> SimulatedCud
             f"{LIBCUDA_SONAME}: cannot open shared object file: No such file or directory"
         )
     return SimulatedCudaLibrary(fleet, environ)
-
-
-# -- what CUDA answers a simulated rank ----------------------------------------
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,8 @@ or a short spec: a count and a GPU model from real captures, then options that i
 each failure mode the simulator knows (``8xH100,busy=0,load=60``; a named fleet takes the
 same options: ``busy-gpu0,procs=8``). A process on a simulated GPU is *live* (looked up
 on this machine: tests stand real processes in as holders) or *recorded* (its
-``observed`` record says what was seen where the fleet was captured). Each mistake is one
-``FleetSpecError`` line naming the value and what is accepted. Reads the one file named;
-imports neither pynvml nor psutil.
+``observed`` record says what was seen where the fleet was captured). Reads the one file
+named; imports neither pynvml nor psutil.
 """
 
 from __future__ import annotations
@@ -123,9 +122,6 @@ def _bus_id_for(index: int) -> str:
     return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
 
 
-# --------------------------------------------------------------------------- files
-
-
 def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
     """A decoded fleet JSON document as a Fleet, read by the model's own types (a GPU's
     index, UUID and bus id default from its position); errors name the field."""
@@ -216,8 +212,6 @@ def _fleet_file(path: Path, text: str, node: str | None) -> Fleet:
         )
     return fleet_from_dict(nodes[node], default_name=f"{path.name}:{node}")
 
-
-# --------------------------------------------------------------------------- specs
 
 _SPEC_HEAD = re.compile(r"^(?:(\d+)\s*[xX\u00d7]\s*)?([A-Za-z0-9-]+)$")  # 4xA40, 4×A40
 _SPEC_HELP = (

@@ -1,8 +1,7 @@
 """A fake NVML *library* that serves a :class:`~nbgpu.devices.sim.box.Fleet`.
 
-pynvml calls the C library through ``pynvml.nvmlLib``, looking each symbol up by name and
-passing ctypes objects. :class:`FakeNvmlLibrary` has functions of the same names that
-write into those objects and return NVML's codes, so the real pynvml wrappers, nbgpu's
+pynvml calls the C library through ``pynvml.nvmlLib``, by symbol name, with ctypes
+objects; :class:`FakeNvmlLibrary` answers those names the same way, so pynvml, nbgpu's
 NVML module, gpustat and nvitop run unchanged on it: only the hardware is fake. Memory
 and utilisation follow the fleet, its load profile and the ranks nbgpu launched on it
 (``box.ranks_on_gpus``); failures answer as the driver does: a symbol the fleet removed
@@ -64,10 +63,6 @@ ERROR_STRINGS = {
 _FAULT_CODES: dict[str | None, int] = {"lost": GPU_IS_LOST, "no_permission": NO_PERMISSION}
 
 
-def _store(ref: Any, value: Any) -> None:
-    deref(ref).value = value
-
-
 def _write_pointer(ref: Any, address: int) -> None:
     # pynvml's device handle is a ctypes POINTER; write the raw address into it so
     # the wrapper hands our opaque token back to us on the next call.
@@ -108,7 +103,7 @@ def _number(read: Callable[[_Handle], int | tuple[int, ...] | None]) -> _Call:
             return NOT_SUPPORTED
         values = value if isinstance(value, tuple) else (value,)
         for ref, number in zip(args[-len(values) :], values, strict=True):
-            _store(ref, number)
+            deref(ref).value = number
         return SUCCESS
 
     return _on_device(query)
@@ -120,7 +115,7 @@ def _system(read: Callable[[FakeNvmlLibrary], Any]) -> _Call:
     def query(self: FakeNvmlLibrary, ref: Any, *_args: Any) -> int:
         if not self.initialised:
             return UNINITIALIZED
-        _store(ref, read(self))
+        deref(ref).value = read(self)
         return SUCCESS
 
     return query
@@ -132,7 +127,7 @@ def _mig_id(field: str) -> _Call:
     def query(_self: FakeNvmlLibrary, h: _Handle, ref: Any) -> int:
         if h.mig is None:
             return INVALID_ARGUMENT
-        _store(ref, getattr(h.mig, field))
+        deref(ref).value = getattr(h.mig, field)
         return SUCCESS
 
     return _on_device(query)
@@ -208,8 +203,6 @@ class FakeNvmlLibrary:
             return INVALID_ARGUMENT, None
         return _FAULT_CODES.get(found.gpu.fault, SUCCESS), found
 
-    # -- what the fleet does over time -------------------------------------------
-
     def _load(self, gpu: SimGpu) -> float:
         """0..1: where this GPU is in the fleet's load cycle now (0 without a profile)."""
         period = self.fleet.load_period_s
@@ -236,8 +229,6 @@ class FakeNvmlLibrary:
         extra += sum(r.rss_bytes for r in self._ranks(gpu))
         used = min(gpu.effective_used_bytes + extra, gpu.memory_total_bytes)
         return gpu.memory_total_bytes, gpu.memory_reserved_bytes, used
-
-    # -- init and system -----------------------------------------------------------
 
     def _nvmlInitWithFlags(self, _flags: Any = 0) -> int:
         if self.fleet.init_error is not None:
@@ -273,8 +264,6 @@ class FakeNvmlLibrary:
                     return SUCCESS
         return NOT_FOUND
 
-    # -- enumeration -------------------------------------------------------------------
-
     # v2 counts every GPU, even those we may not open (cgroup-restricted).
     _nvmlDeviceGetCount_v2 = _system(lambda lib: len(lib.fleet.gpus))
     _nvmlDeviceGetCount = _system(
@@ -307,8 +296,6 @@ class FakeNvmlLibrary:
 
     _nvmlDeviceGetIndex = _number(lambda h: h.gpu.index)
 
-    # -- identity ------------------------------------------------------------------------
-
     @_on_device
     def _nvmlDeviceGetName(self, h: _Handle, buf: Any, _size: Any) -> int:
         buf.value = h.name.encode()
@@ -337,8 +324,6 @@ class FakeNvmlLibrary:
     _nvmlDeviceGetPciInfo = _nvmlDeviceGetPciInfo_v3
 
     _nvmlDeviceGetCudaComputeCapability = _number(lambda h: h.gpu.compute_capability)
-
-    # -- memory, utilisation, sensors --------------------------------------------------
 
     @_on_device
     def _nvmlDeviceGetMemoryInfo(self, h: _Handle, ref: Any) -> int:
@@ -388,15 +373,11 @@ class FakeNvmlLibrary:
     _nvmlDeviceGetComputeMode = _number(lambda h: COMPUTE_MODES[h.gpu.compute_mode])
     _nvmlDeviceGetPersistenceMode = _number(lambda h: h.gpu.persistence_mode)
 
-    # -- health ----------------------------------------------------------------------------
-
     _nvmlDeviceGetTotalEccErrors = _number(lambda h: h.gpu.ecc_uncorrected_volatile)
     _nvmlDeviceGetRetiredPagesPendingStatus = _number(lambda h: h.gpu.retired_pages_pending)
     _nvmlDeviceGetRemappedRows = _number(
         lambda h: None if h.gpu.remapped_rows is None else astuple(h.gpu.remapped_rows)
     )
-
-    # -- MIG ---------------------------------------------------------------------------------
 
     # (current, pending): nothing is ever pending here.
     _nvmlDeviceGetMigMode = _number(
@@ -418,8 +399,6 @@ class FakeNvmlLibrary:
     _nvmlDeviceIsMigDeviceHandle = _number(lambda h: h.mig is not None)
     _nvmlDeviceGetGpuInstanceId = _mig_id("gpu_instance_id")
     _nvmlDeviceGetComputeInstanceId = _mig_id("compute_instance_id")
-
-    # -- processes ---------------------------------------------------------------------------
 
     _nvmlDeviceGetComputeRunningProcesses_v3 = _process_list("compute")
     _nvmlDeviceGetComputeRunningProcesses_v2 = _nvmlDeviceGetComputeRunningProcesses_v3
