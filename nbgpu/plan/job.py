@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, normalize_precision
+from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, choose, normalize_precision
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.plan.allocation import Allocation, parse_allocation
 
@@ -125,17 +125,10 @@ def _parse_divisors(value: Divisors, label: str) -> tuple[tuple[str, int], ...]:
     return tuple(pairs)
 
 
-def _choice(label: str, value: str, choices: Sequence[str]) -> str:
-    key = str(value).strip().lower()
-    if key not in choices:
-        raise UserInputError(f"{label}={value!r}: expected one of {', '.join(choices)}")
-    return key
-
-
 @dataclass(frozen=True)
 class JobRequest:
-    """A job as the user asks for it: the one declaration of the keywords ``nbgpu.plan()``,
-    ``nbgpu.sweep()``, ``nbgpu plan`` and ``%gpu_plan`` take. :func:`make_job` checks it."""
+    """The one declaration of the job keywords ``nbgpu.plan()``, ``.sweep()``, ``nbgpu plan``
+    and ``%gpu_plan`` take, unchecked (:func:`make_job` checks them)."""
 
     allocation: str | None = None
     num_gpus: int | None = None
@@ -209,8 +202,8 @@ def make_job(request: JobRequest) -> Job:
         "step_divisors": _parse_divisors(r.step_divisors, "step_divisors"),
         "model": None if r.model is None else model_shape(r.model),
         "precision": normalize_precision(r.precision),
-        "strategy": _choice("strategy", r.strategy, tuple(STRATEGIES)),
-        "optimizer": _choice("optimizer", r.optimizer, OPTIMIZERS),
+        "strategy": choose("strategy", r.strategy, STRATEGIES),
+        "optimizer": choose("optimizer", r.optimizer, OPTIMIZERS),
         "activation_checkpointing": bool(r.activation_checkpointing),
     }
     # The other keywords (batch sizes, port, name, seq_len) are kept as given, checked.
@@ -428,8 +421,7 @@ def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
 
 
 def nearest_batch(job: Job, data_parallel: int | None) -> tuple[Job, str]:
-    """*job* with its global batch moved to the nearest one *data_parallel* ranks can run,
-    and a note saying so (the job as it is when its batch works or nothing is near)."""
+    """*job* at the nearest global batch *data_parallel* ranks run, and a note ("": unchanged)."""
     check = None if data_parallel is None else check_job_batch(job, data_parallel)
     if check is None or check.ok or check.global_batch is None or not check.nearest:
         return job, ""
