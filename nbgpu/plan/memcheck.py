@@ -1,12 +1,10 @@
 """Each role's per-GPU memory checked against its smallest GPU, term by term, the largest
 micro batch that fits (``max_micro_batch='auto'``), and the problems that follow.
 
-Colocated roles (AReaL's ``|``: ``sglang:d4|fsdp:d4`` starts the engine and the trainer on
-the same four GPUs, alternating generate and train) hold every role's memory at once unless
-the engine releases its memory while the trainer steps (SGLang's and vLLM's sleep/offload
-modes), so the engine's memory fraction (SGLang ``mem_fraction_static``, vLLM
-``gpu_memory_utilization``) must leave room for the trainer: :func:`colocation_problems` says
-so for every group and checks the sum. Pure arithmetic; never reads files nor imports torch.
+Colocated roles (``sglang:d4|fsdp:d4``: engine and trainer on the same GPUs, alternating
+generate and train) hold every role's memory at once unless the engine releases its own while
+the trainer steps (SGLang's and vLLM's sleep/offload modes): :func:`colocation_problems` says
+so per group and checks the sum. Pure arithmetic; never reads files nor imports torch.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """Which GPUs a plan may use, which ones each role gets, and which ports.
 
-**Assignment** (:func:`assign`), in order of importance: only usable candidates are ever
-given out; GPUs the user requires come first, in the order given (a hand workaround such as
-``3,2,1,0``); otherwise clean GPUs before ones with caveats, then by NVML index (the first
-role, which owns logical device 0, gets the best GPU); a role gets GPUs of one model and
-memory size when the box allows it (data-parallel ranks share one micro batch, so on a mixed
-set the smallest GPU decides). Colocated roles (AReaL's ``|``) get the GPUs of the role they
-share with (:func:`shared_groups`).
+**Assignment** (:func:`assign`): only usable candidates are given out; required GPUs come
+first, in the order given (a hand workaround such as ``3,2,1,0``); then clean GPUs before ones
+with caveats, then NVML order (the first role owns logical device 0); a role gets GPUs of one
+model and size when the box allows (data-parallel ranks share one micro batch: on a mixed set
+the smallest decides). Colocated roles share their anchor's GPUs (:func:`shared_groups`).
 
-**Ports** (:func:`pick_ports`): distinct free TCP ports, asked of an injected ``port_is_free``
-so plans are deterministic under test; :func:`port_is_free`, the one place in ``plan/`` that
-touches the system, binds a socket and lets it go. A port free now can be taken before the
-job starts (hand-started sweep runs often all use 12345): distinct ports per plan stop *our*
-runs from colliding; the launcher re-checks at start. Reads an ``Inventory`` snapshot,
-importing its type only for checking; never pynvml, psutil or files.
+**Ports** (:func:`pick_ports`): distinct free TCP ports from an injected ``port_is_free``, so
+plans are deterministic under test; :func:`port_is_free`, the one system call of ``plan/``,
+binds a socket and lets it go. A port free now can be taken before the job starts
+(hand-started sweep runs often all use 12345): distinct ports per plan stop *our* runs
+colliding; the launcher re-checks at start. Never imports pynvml, psutil or files.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The planner: from usable GPUs and a job to a :class:`~nbgpu.plan.result.Plan`.
 
-It composes ``placement``, ``job`` and ``memcheck`` and turns their findings into problems,
-warnings and alternatives. An unusable GPU is never given a role: it is listed in
-``excluded`` with its reason, and when the job cannot be placed without it the plan offers
-the same shape (tensor/pipeline degrees) on fewer data-parallel replicas (biggest training
-role first, inference last) with a batch they can run, or the steps that free the GPU.
-Pure: the only outside call is the injected ``is_free`` port check; never imports the
-inventory module, sockets, files, psutil or IPython.
+An unusable GPU is never given a role: it is listed in ``excluded`` with its reason, and when
+the job cannot be placed without it the plan offers the same tensor/pipeline shape on fewer
+data-parallel replicas (biggest training role first, inference last) with a batch they can
+run, or the steps that free the GPU. Pure: the only outside call is the injected ``is_free``
+port check; never imports the inventory module, sockets, files, psutil or IPython.
 """
 
 from __future__ import annotations
