@@ -47,6 +47,7 @@ __all__ = [
     "byte_accounting",
     "check_count",
     "choose",
+    "layout_states",
     "model_states",
     "normalize_precision",
     "weight_bytes",
@@ -214,6 +215,12 @@ def model_states(
     )
 
 
+def layout_states(parameters: int, lay: Layout) -> ModelStates:
+    words = ("strategy", "precision", "optimizer")
+    degrees = ("data_parallel", "tensor_parallel", "pipeline_parallel")
+    return model_states(parameters, **{k: getattr(lay, k) for k in (*words, *degrees)})
+
+
 def weight_bytes(
     parameters: int, precision: str = "bf16", tensor_parallel: int = 1, pipeline_parallel: int = 1
 ) -> int:
@@ -229,15 +236,7 @@ def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         formula = f"{size} B × Ψ" + (f" / (tp·pp = {shard})" if shard > 1 else "")
         weights = math.ceil(size * shape.parameters / shard)
         return [Term("weights", weights, formula, SRC_SERVING, "model states")]
-    states = model_states(
-        shape.parameters,
-        strategy=lay.strategy,
-        precision=lay.precision,
-        optimizer=lay.optimizer,
-        data_parallel=lay.data_parallel,
-        tensor_parallel=lay.tensor_parallel,
-        pipeline_parallel=lay.pipeline_parallel,
-    )
+    states = layout_states(shape.parameters, lay)
     acc = states.accounting
     psi = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
     parts = (

@@ -1,8 +1,6 @@
-"""An estimate's named terms and the estimate itself: analytic and traced, side by side.
-
-Each term carries its bytes per GPU, the formula and its source; the sourced figures the
-formulas use are here too, and the layout they read; :class:`StepComparison` sets one
-measured step beside both. Pure data and rendering; never imports torch.
+"""An estimate's named terms (bytes per GPU, formula, source) and the estimate itself,
+analytic and traced side by side; the sourced figures and the layout the formulas read;
+:class:`StepComparison`, one measured step beside both. Pure data; never imports torch.
 """
 
 from __future__ import annotations

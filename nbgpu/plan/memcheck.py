@@ -16,7 +16,7 @@ from typing import Any
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.estimator import estimate_memory
-from nbgpu.estimate.formulas import STRATEGIES, model_states
+from nbgpu.estimate.formulas import STRATEGIES, layout_states
 from nbgpu.plan.job import BatchCheck, Job
 from nbgpu.plan.result import MemoryCheck, MemoryLine, PlannedGpu, RolePlan
 from nbgpu.problems import Problem
@@ -82,15 +82,7 @@ def memory_check(role: RolePlan, job: Job, batch: BatchCheck | None = None) -> M
     what = f"micro batch {micro}" + (f" × seq {job.seq_len}" if job.seq_len else "")
     params = f"Ψ = {job.model.parameters:,}"
     if role.kind == "train":
-        states = model_states(
-            job.model.parameters,
-            strategy=job.strategy,
-            precision=job.precision,
-            optimizer=job.optimizer,
-            data_parallel=role.data_parallel,
-            tensor_parallel=role.tensor_parallel,
-            pipeline_parallel=role.pipeline_parallel,
-        )
+        states = layout_states(job.model.parameters, est.layout)
         accounting = f"{states.accounting.text}; {states.formula} with {params} parameters; {what}"
     else:
         accounting = f"{job.precision} weights with {params}; {what}"
