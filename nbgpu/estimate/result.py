@@ -171,9 +171,8 @@ class MemoryEstimate(Result):
         ckpt = ", activation checkpointing" if lay.activation_checkpointing else ""
         return (
             f"memory estimate ({self.method}): {self.model} ({self.parameters:,} parameters), "
-            f"{lay.role}, {lay.precision}"
-            f"{' ' + lay.optimizer if lay.role == 'train' else ''}, {par}, micro batch "
-            f"{lay.micro_batch}{seq}{ckpt}"
+            f"{lay.role}, {lay.precision}{' ' + lay.optimizer if lay.role == 'train' else ''}, "
+            f"{par}, micro batch {lay.micro_batch}{seq}{ckpt}"
         )
 
     def _footer(self) -> list[str]:

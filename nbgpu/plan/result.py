@@ -360,8 +360,7 @@ class Plan(Result):
             blocks.append(self._gpu_table())
         if self.excluded:
             left = [
-                f"GPU {e.nvml_index} ({e.health}): " + " ".join(p.message for p in e.problems)
-                for e in self.excluded
+                f"GPU {e.nvml_index} ({e.health}): {' '.join(e.reasons)}" for e in self.excluded
             ]
             blocks.append(Bullets(left, title="left out:", marker="  "))
         blocks += self._footer()
