@@ -85,8 +85,6 @@ _KNOBS = ("flash_attention", "gradient_as_bucket_view", "fragmentation", "kv_tok
 
 @dataclass(frozen=True)
 class MemoryEstimate(Result):
-    """Per-GPU bytes, analytic and (for a module) traced, side by side."""
-
     model: str  # how the model was given: "7.5B parameters", "Qwen/Qwen2.5-7B-Instruct"
     parameters: int
     layout: Layout

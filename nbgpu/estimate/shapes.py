@@ -357,7 +357,6 @@ def read_hf_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
 
 
 def resolve_model_config(model: str | Path | Mapping[str, Any]) -> ModelConfig:
-    """A built-in name, a ``config.json`` path (or its directory) or a config dict."""
     if isinstance(model, Mapping):
         return read_hf_config(model)
     text = str(model)
@@ -442,7 +441,6 @@ def model_shape(model: Any) -> ModelShape:
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
-    """KV-cache bytes one token takes on each GPU of a tensor-parallel group."""
     if shape.config is None:
         raise UserInputError(
             "the KV cache needs num_hidden_layers, num_key_value_heads and head_dim: pass the "

@@ -345,7 +345,6 @@ def compare_step(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     estimate: MemoryEstimate | None = None,
 ) -> StepComparison:
-    """Run one real CPU step of *module* on *batch*; measured beside traced and analytic."""
     if not isinstance(module, nn.Module):
         raise UserInputError(
             f"compare needs a torch.nn.Module, got {type(module).__name__}; "

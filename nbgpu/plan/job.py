@@ -151,7 +151,6 @@ class JobRequest:
 
 
 def make_job(request: JobRequest) -> Job:
-    """Validate everything the user gave; each mistake is one ``UserInputError`` line."""
     r = request
     parsed = None if r.allocation is None else parse_allocation(r.allocation)
     num_gpus = whole_number("num_gpus", r.num_gpus)
@@ -212,8 +211,6 @@ def make_job(request: JobRequest) -> Job:
 
 @dataclass(frozen=True)
 class Split:
-    """One way to reach the global batch: ``micro_batch`` per rank × ``grad_accum`` steps."""
-
     micro_batch: int
     grad_accum: int
 
@@ -411,7 +408,6 @@ def check_batch(
 
 
 def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
-    """The job's batch keywords checked for *data_parallel* ranks (None: it gave none)."""
     if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
         return None
     keywords = ("global_batch", "micro_batch", "grad_accum", "max_micro_batch", "divisors")

@@ -252,7 +252,6 @@ def build_nodes_plan(
     nproc_per_node: int | None,
     alternatives: bool = True,
 ) -> NodesPlan:
-    """Place one job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs (from *source*)."""
     if not node_candidates:
         raise UserInputError("the cluster has no node to plan on")
     asked_nodes = whole_number("nodes", nodes)

@@ -63,8 +63,6 @@ PortChecker = Callable[[int], bool]
 
 @dataclass(frozen=True)
 class Candidate:
-    """One GPU as the planner sees it."""
-
     nvml_index: int
     uuid: str | None
     name: str | None
@@ -144,7 +142,6 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
 def excluded_gpus(
     candidates: Sequence[Candidate], exclude: Sequence[int] = ()
 ) -> tuple[ExcludedGpu, ...]:
-    """The GPUs a plan leaves out: excluded by request, or unusable (with their problems)."""
     out = []
     for c in candidates:
         if c.nvml_index in exclude:
@@ -156,7 +153,6 @@ def excluded_gpus(
 
 
 def planned_gpus(members: Sequence[Candidate]) -> tuple[PlannedGpu, ...]:
-    """The GPUs given to a role (or a node's ranks), in ``cuda:k`` order."""
     return tuple(
         PlannedGpu(k, c.nvml_index, c.uuid, c.name, c.memory_total_bytes, c.memory_free_bytes)
         for k, c in enumerate(members)
@@ -164,7 +160,6 @@ def planned_gpus(members: Sequence[Candidate]) -> tuple[PlannedGpu, ...]:
 
 
 def order_pool(candidates: Sequence[Candidate], require: Sequence[int] = ()) -> list[Candidate]:
-    """Usable candidates in the order they should be handed out."""
     usable = {c.nvml_index: c for c in candidates if c.usable}
     first = [usable[i] for i in require if i in usable]
     rest = sorted(

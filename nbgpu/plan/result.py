@@ -152,8 +152,6 @@ class RolePlan(RoleSpec):
 
 @dataclass(frozen=True)
 class MemoryLine:
-    """One component of per-GPU memory: bytes on each GPU of the role, and how computed."""
-
     component: str  # "weights", "gradients", "optimizer states", "activations", ...
     bytes_per_gpu: int
     formula: str
