@@ -309,7 +309,6 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         logits = math.ceil(b * s * cfg.vocab_size * per / tp)
         formula = f"b·s·V·{per} B" + (f" / {tp}" if tp > 1 else "")
         return [*terms, Term("logits/loss", logits, formula, SRC_LOGITS, "activations")]
-    # inference
     if cfg is None:
         return [Term("KV cache", None, "needs layers, KV heads, head dim", SRC_KV, "kv")]
     tokens = lay.kv_tokens if lay.kv_tokens is not None else b * (s or 0)

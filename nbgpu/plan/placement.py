@@ -45,7 +45,6 @@ __all__ = [
     "shared_groups",
 ]
 
-# A candidate's fields read from the inventory's GPU as they are.
 _FROM_GPU = ("nvml_index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
 # A warn-level finding that still makes context creation fail: exclusive mode, live holder.
 _BLOCKING_WARNINGS = frozenset({"exclusive_busy"})

@@ -49,7 +49,6 @@ __all__ = [
 MASTER_ADDR = "127.0.0.1"
 # Model states above this share of a GPU leave too little for activations and overheads.
 TIGHT_SHARE = 0.8
-# A plan's frame: each role's row holds these of its fields.
 _ROLE_KEYS = ("kind", "degrees", "nproc_per_node", "master_port", "cuda_visible_devices")
 #: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
 PLAN_FILE_FORMAT = 1
