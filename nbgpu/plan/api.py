@@ -83,8 +83,7 @@ _SEVERITY_OF = {"problems": "bad", "warnings": "warn"}  # plan files older than 
 
 
 def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """Show the :class:`JobRequest` fields (declared once, there) in the signature of a
-    function taking ``**job``, for ``help(nbgpu.plan)``, IPython's ``?`` and editors."""
+    """Show the :class:`JobRequest` fields in a ``**job`` function's signature (help, ``?``)."""
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
