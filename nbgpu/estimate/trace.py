@@ -2,13 +2,12 @@
 
 **Traced** (:func:`trace_terms`): a copy of the module whose parameters and buffers are
 *fake tensors* (``FakeTensorMode``: shapes and dtypes without bytes) runs one forward +
-backward + optimizer step under PyTorch's own ``MemTracker``. Nothing real is allocated, so
-a 100M-parameter model traces in seconds on a laptop CPU. Pitfalls (memory.md §3): the copy
-is ``deepcopy(module, memo)`` with every real tensor mapped to its fake twin (``deepcopy``
-under fake mode would re-use real storage); dtypes change *after* fakeifying, so no real bf16
-copy is made; fake tensors stay on the CPU device (a CPU build lacks fake CUDA backward
-kernels); ``foreach`` is chosen explicitly: PyTorch picks it on CUDA only, and it holds
-whole-list temporaries at the peak.
+backward + optimizer step under PyTorch's own ``MemTracker``. Nothing real is allocated, so a
+100M-parameter model traces in seconds on a laptop CPU. Pitfalls (memory.md §3): the copy is
+``deepcopy(module, memo)`` with every real tensor mapped to its fake twin (``deepcopy`` under fake
+mode would re-use real storage); dtypes change *after* fakeifying, so no real bf16 copy is made;
+fake tensors stay on the CPU device (a CPU build lacks fake CUDA backward kernels); ``foreach`` is
+chosen explicitly: PyTorch picks it on CUDA only, and it holds whole-list temporaries at the peak.
 
 **Measured** (:func:`measure_step`, :func:`compare_step`): the same step run for real on
 the CPU under ``torch.profiler`` with ``profile_memory=True``, whose memory timeline (the
