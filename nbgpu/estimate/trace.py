@@ -211,13 +211,11 @@ def trace_step(
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
     if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors_in(v)]
+        value = list(value.values())
     if isinstance(value, tuple | list):
         return [t for v in value for t in _tensors_in(v)]
-    return []
+    return [value] if isinstance(value, torch.Tensor) else []
 
 
 def _failure_reason(exc: BaseException) -> str:
