@@ -144,8 +144,7 @@ class RolePlan(RoleSpec):
             "NPROC_PER_NODE": str(self.nproc_per_node),
         }
         if self.master_port is not None:
-            env["MASTER_ADDR"] = MASTER_ADDR
-            env["MASTER_PORT"] = str(self.master_port)
+            env |= {"MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(self.master_port)}
         return env
 
 
