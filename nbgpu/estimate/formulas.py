@@ -144,10 +144,8 @@ def byte_accounting(precision: str = "bf16", optimizer: str = "adamw") -> ByteAc
     prec = normalize_precision(precision)
     opt = choose("optimizer", optimizer, OPTIMIZERS)
     value = PRECISIONS[prec]
-    if prec == "fp32":
-        states = 4 if opt == "sgd" else 8
-    else:
-        states = 8 if opt == "sgd" else 12  # fp32 master copy + fp32 moments
+    # fp32 momentum, or Adam's m and v; mixed precision adds an fp32 master copy.
+    states = (4 if opt == "sgd" else 8) + (0 if prec == "fp32" else 4)
     return ByteAccounting(prec, opt, value, value, states)
 
 

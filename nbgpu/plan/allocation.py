@@ -145,9 +145,7 @@ class Allocation:
 
 def _default_name(backend: str | None) -> str:
     """A part without a name: an inference engine is named by its backend, a trainer 'train'."""
-    if backend and _kind_of(backend) == "inference":
-        return backend.lower()
-    return "train"
+    return backend.lower() if backend and _kind_of(backend) == "inference" else "train"
 
 
 def _kind_of(name: str | None) -> str:
