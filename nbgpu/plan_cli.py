@@ -152,7 +152,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan_from_args(args: argparse.Namespace) -> Any:
-    """Call nbgpu.plan / .sweep / .scale for parsed arguments; returns the result."""
     from nbgpu import plan as planning  # noqa: PLC0415  (heavy-ish; only when planning)
 
     common: dict[str, Any] = {
@@ -229,7 +228,6 @@ def _is_cluster_file(fleet: str | None) -> bool:
 
 
 def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
-    """``--slurm`` / ``--nodes``: one training job across nodes (nbgpu.plan.nodes)."""
     from nbgpu import plan as planning  # noqa: PLC0415
 
     for flag, value in (

@@ -81,12 +81,11 @@ def estimate_memory(
 
     *model*: a parameter count (``7.5e9``, ``"7B"``), a built-in name
     (``"Qwen/Qwen2.5-7B-Instruct"``), an HF ``config.json`` (path or dict) or a live
-    ``torch.nn.Module`` (traced with fake tensors; pass ``example_input=``, a batch with
-    the batch in dim 0, unless it is a token model and ``seq_len`` is given).
-    ``precision`` (bf16, fp16, fp32), ``optimizer`` (adamw, adam, sgd), ``strategy``
-    (ddp, zero1, zero2, zero3, fsdp), ``role`` ("train" or "inference"), ``kv_tokens``
-    (inference: KV-cache tokens per GPU), ``budget`` (bytes or "80GB": adds the largest
-    micro batch within it).
+    ``torch.nn.Module`` (traced with fake tensors; pass ``example_input=``, a batch with the batch
+    in dim 0, unless it is a token model and ``seq_len`` is given). ``precision`` (bf16, fp16,
+    fp32), ``optimizer`` (adamw, adam, sgd), ``strategy`` (ddp, zero1, zero2, zero3, fsdp), ``role``
+    ("train" or "inference"), ``kv_tokens`` (inference: KV-cache tokens per GPU), ``budget`` (bytes
+    or "80GB": adds the largest micro batch within it).
     """
     if micro_batch is None:
         micro_batch = _batch_size(example_input) or 1

@@ -47,6 +47,7 @@ __all__ = [
     "byte_accounting",
     "check_count",
     "choose",
+    "layout_states",
     "model_states",
     "normalize_precision",
     "weight_bytes",
@@ -143,10 +144,8 @@ def byte_accounting(precision: str = "bf16", optimizer: str = "adamw") -> ByteAc
     prec = normalize_precision(precision)
     opt = choose("optimizer", optimizer, OPTIMIZERS)
     value = PRECISIONS[prec]
-    if prec == "fp32":
-        states = 4 if opt == "sgd" else 8
-    else:
-        states = 8 if opt == "sgd" else 12  # fp32 master copy + fp32 moments
+    # fp32 momentum, or Adam's m and v; mixed precision adds an fp32 master copy.
+    states = (4 if opt == "sgd" else 8) + (0 if prec == "fp32" else 4)
     return ByteAccounting(prec, opt, value, value, states)
 
 
@@ -214,6 +213,12 @@ def model_states(
     )
 
 
+def layout_states(parameters: int, lay: Layout) -> ModelStates:
+    words = ("strategy", "precision", "optimizer")
+    degrees = ("data_parallel", "tensor_parallel", "pipeline_parallel")
+    return model_states(parameters, **{k: getattr(lay, k) for k in (*words, *degrees)})
+
+
 def weight_bytes(
     parameters: int, precision: str = "bf16", tensor_parallel: int = 1, pipeline_parallel: int = 1
 ) -> int:
@@ -229,15 +234,7 @@ def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         formula = f"{size} B × Ψ" + (f" / (tp·pp = {shard})" if shard > 1 else "")
         weights = math.ceil(size * shape.parameters / shard)
         return [Term("weights", weights, formula, SRC_SERVING, "model states")]
-    states = model_states(
-        shape.parameters,
-        strategy=lay.strategy,
-        precision=lay.precision,
-        optimizer=lay.optimizer,
-        data_parallel=lay.data_parallel,
-        tensor_parallel=lay.tensor_parallel,
-        pipeline_parallel=lay.pipeline_parallel,
-    )
+    states = layout_states(shape.parameters, lay)
     acc = states.accounting
     psi = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
     parts = (
@@ -310,7 +307,6 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         logits = math.ceil(b * s * cfg.vocab_size * per / tp)
         formula = f"b·s·V·{per} B" + (f" / {tp}" if tp > 1 else "")
         return [*terms, Term("logits/loss", logits, formula, SRC_LOGITS, "activations")]
-    # inference
     if cfg is None:
         return [Term("KV cache", None, "needs layers, KV heads, head dim", SRC_KV, "kv")]
     tokens = lay.kv_tokens if lay.kv_tokens is not None else b * (s or 0)

@@ -1,8 +1,6 @@
-"""An estimate's named terms and the estimate itself: analytic and traced, side by side.
-
-Each term carries its bytes per GPU, the formula and its source; the sourced figures the
-formulas use are here too, and the layout they read; :class:`StepComparison` sets one
-measured step beside both. Pure data and rendering; never imports torch.
+"""An estimate's named terms (bytes per GPU, formula, source) and the estimate itself,
+analytic and traced side by side; the sourced figures and the layout the formulas read;
+:class:`StepComparison`, one measured step beside both. Pure data; never imports torch.
 """
 
 from __future__ import annotations
@@ -87,8 +85,6 @@ _KNOBS = ("flash_attention", "gradient_as_bucket_view", "fragmentation", "kv_tok
 
 @dataclass(frozen=True)
 class MemoryEstimate(Result):
-    """Per-GPU bytes, analytic and (for a module) traced, side by side."""
-
     model: str  # how the model was given: "7.5B parameters", "Qwen/Qwen2.5-7B-Instruct"
     parameters: int
     layout: Layout
@@ -173,9 +169,8 @@ class MemoryEstimate(Result):
         ckpt = ", activation checkpointing" if lay.activation_checkpointing else ""
         return (
             f"memory estimate ({self.method}): {self.model} ({self.parameters:,} parameters), "
-            f"{lay.role}, {lay.precision}"
-            f"{' ' + lay.optimizer if lay.role == 'train' else ''}, {par}, micro batch "
-            f"{lay.micro_batch}{seq}{ckpt}"
+            f"{lay.role}, {lay.precision}{' ' + lay.optimizer if lay.role == 'train' else ''}, "
+            f"{par}, micro batch {lay.micro_batch}{seq}{ckpt}"
         )
 
     def _footer(self) -> list[str]:

@@ -1,14 +1,12 @@
 """What the formulas know of a model: a count, ``"7B"``, a built-in name, an HF
 ``config.json`` (path or dict) or a torch module, read into one :class:`ModelShape`.
 
-The built-in table holds the shapes of common open models, so ``nbgpu.estimate(
-"Qwen/Qwen2.5-7B-Instruct")`` and the KV-cache check of rollout engines work offline: the
-fields the formulas need are copied from each model's published ``config.json`` on the
-Hugging Face Hub (the source of each family is named above its rows); parameter counts are
-computed from the shape (:attr:`ModelConfig.parameters`) and tested against the counts the
-model cards publish. A ``config.json`` names the same fields differently per architecture;
-one clear line names what is missing. Reads the one file the user names; never downloads
-anything, never imports torch (a module's parameters are counted by duck typing).
+The built-in table, copied from each model's published ``config.json`` (named above each
+family's rows), makes ``nbgpu.estimate("Qwen/Qwen2.5-7B-Instruct")`` and the engines' KV-cache
+check work offline; parameter counts are computed from the shape and tested against the model
+cards. A ``config.json`` names the same fields differently per architecture; one line names
+what is missing. Reads the one file the user names; never downloads anything, never imports
+torch (a module's parameters are counted by duck typing).
 """
 
 from __future__ import annotations
@@ -359,7 +357,6 @@ def read_hf_config(source: str | Path | Mapping[str, Any]) -> ModelConfig:
 
 
 def resolve_model_config(model: str | Path | Mapping[str, Any]) -> ModelConfig:
-    """A built-in name, a ``config.json`` path (or its directory) or a config dict."""
     if isinstance(model, Mapping):
         return read_hf_config(model)
     text = str(model)
@@ -370,9 +367,8 @@ def resolve_model_config(model: str | Path | Mapping[str, Any]) -> ModelConfig:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the formulas know of a model: its parameter count, where that came from, and
-    its architecture when the input named one (a built-in name, a config.json, a module's
-    HF config); activations, logits and the KV cache need it."""
+    """A parameter count, where it came from, and the architecture when the input has one
+    (a built-in name, a config.json, a module's HF config): activations and KV cache need it."""
 
     parameters: int
     source: str  # "7B", "parameter count", "HF config", "torch module", the model's name
@@ -445,7 +441,6 @@ def model_shape(model: Any) -> ModelShape:
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
-    """KV-cache bytes one token takes on each GPU of a tensor-parallel group."""
     if shape.config is None:
         raise UserInputError(
             "the KV cache needs num_hidden_layers, num_key_value_heads and head_dim: pass the "

@@ -2,13 +2,12 @@
 
 **Traced** (:func:`trace_terms`): a copy of the module whose parameters and buffers are
 *fake tensors* (``FakeTensorMode``: shapes and dtypes without bytes) runs one forward +
-backward + optimizer step under PyTorch's own ``MemTracker``. Nothing real is allocated,
-so a 100M-parameter model traces in seconds on a laptop CPU. Pitfalls
-(memory.md §3): the copy is ``deepcopy(module, memo)`` with every real tensor mapped to its
-fake twin (``deepcopy`` under fake mode would re-use real storage); dtypes change *after*
-fakeifying, so no real bf16 copy is made; fake tensors stay on the CPU device (a CPU build
-lacks fake CUDA backward kernels); ``foreach`` is chosen explicitly, since PyTorch picks it
-on CUDA only and it holds whole-list temporaries at the peak.
+backward + optimizer step under PyTorch's own ``MemTracker``. Nothing real is allocated, so a
+100M-parameter model traces in seconds on a laptop CPU. Pitfalls (memory.md §3): the copy is
+``deepcopy(module, memo)`` with every real tensor mapped to its fake twin (``deepcopy`` under fake
+mode would re-use real storage); dtypes change *after* fakeifying, so no real bf16 copy is made;
+fake tensors stay on the CPU device (a CPU build lacks fake CUDA backward kernels); ``foreach`` is
+chosen explicitly: PyTorch picks it on CUDA only, and it holds whole-list temporaries at the peak.
 
 **Measured** (:func:`measure_step`, :func:`compare_step`): the same step run for real on
 the CPU under ``torch.profiler`` with ``profile_memory=True``, whose memory timeline (the
@@ -56,9 +55,8 @@ TOOL = "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode"
 def _make_optimizer(name: str, params: Any, foreach: bool) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=1e-3, foreach=foreach)
-    return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
+    adam = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+    return adam(params, lr=1e-3, foreach=foreach)
 
 
 def _default_loss(output: Any, _batch: Any = None) -> torch.Tensor:
@@ -213,13 +211,11 @@ def trace_step(
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
     if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors_in(v)]
+        value = list(value.values())
     if isinstance(value, tuple | list):
         return [t for v in value for t in _tensors_in(v)]
-    return []
+    return [value] if isinstance(value, torch.Tensor) else []
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -313,12 +309,9 @@ def measure_step(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     foreach: bool = False,
 ) -> int:
-    """Peak live tensor bytes of one real CPU training step (the allocator's own events).
-
-    Like :func:`trace_step`, the second step is measured (the first creates the optimizer
-    state); parameters, optimizer state and the batch exist before it and count. Runs on a
-    deep copy, so *module* is not trained.
-    """
+    """Peak live tensor bytes of one real CPU training step (the allocator's own events): as
+    in :func:`trace_step` the second (parameters, optimizer state and batch count), on a deep
+    copy, so *module* is not trained."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
     from torch.profiler._memory_profiler import Action  # noqa: PLC0415
 
@@ -349,7 +342,6 @@ def compare_step(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     estimate: MemoryEstimate | None = None,
 ) -> StepComparison:
-    """Run one real CPU step of *module* on *batch*; measured beside traced and analytic."""
     if not isinstance(module, nn.Module):
         raise UserInputError(
             f"compare needs a torch.nn.Module, got {type(module).__name__}; "

@@ -8,11 +8,10 @@
     c = nbgpu.plan.scale("ppo_2gpu.yaml", to_gpus=4)             # every change explained
     print(c.diff()); print(c.to_yaml())
 
-This package is callable: ``nbgpu.plan(...)`` is :func:`plan`. It re-exports the functions
-of ``api.py`` (input checked, inventory taken, files read) and the result types of the pure
-modules beside it (``job``: the job keywords and batch arithmetic; ``result``: the ``Plan``).
-Memory formulas are :mod:`nbgpu.estimate`'s, config rescaling :mod:`nbgpu.scale`'s. Importing it or a result type loads no YAML or shell parser, and never
-imports IPython, pynvml or psutil (the inventory is imported when a snapshot is taken).
+This package is callable (``nbgpu.plan(...)`` is :func:`plan`) and only re-exports the
+functions of ``api.py`` and the result types of the pure modules beside it. Importing it or a
+result type loads no YAML or shell parser, and never imports IPython, pynvml or psutil (the
+inventory is imported when a snapshot is taken).
 """
 
 from __future__ import annotations
@@ -60,8 +59,6 @@ __all__ = [
 
 
 class _CallablePlanModule(types.ModuleType):
-    """The ``nbgpu.plan`` module itself: calling it is :func:`plan`."""
-
     __call__ = staticmethod(plan)
 
 

@@ -1,29 +1,27 @@
 """Allocation strings: which roles a job has and how many GPUs each one needs.
 
-Two spellings are accepted and give the same :class:`Allocation`:
+Two spellings give the same :class:`Allocation`:
 
-- AReaL's allocation mode, as its reference documents it (docs/en/reference/alloc_mode.md
-  in github.com/inclusionAI/AReaL, "Allocation Mode"): parts ``[backend[name]:]dims``
-  joined by ``+`` (separate GPU pools) or ``|`` (colocated: the parts after the first run on
-  the first one's GPUs; ``|`` binds tighter than ``+``, so ``a+b|c`` is ``a + (b|c)``).
-  Dimensions are ``d`` (data), ``t`` (tensor; ``m`` is AReaL's older name), ``p``
-  (pipeline), ``c`` (context: splits the sequence, counts in the world size) and ``e``
-  (expert: redistributes MoE experts inside the same GPUs, does not count), in any order,
-  each at most once, missing ones 1: world size = d × t × p × c. The backend is followed by
-  ``:`` (``sglang:d4t2``) or, in AReaL's older spelling, ``.`` (``sglang.d1t1p1+d3t1p1``);
-  a bare ``d4t2`` is a trainer. Megatron's MoE form ``megatron:(attn:d4p2t2c2|ffn:d2p2t4e2)``
-  gives attention and experts their own layouts over the same GPUs.
+- AReaL's allocation mode (docs/en/reference/alloc_mode.md in github.com/inclusionAI/AReaL):
+  parts ``[backend[name]:]dims`` joined by ``+`` (separate GPU pools) or ``|`` (colocated: the
+  parts after the first run on its GPUs; ``|`` binds tighter: ``a+b|c`` is ``a + (b|c)``).
+  Dimensions ``d`` (data), ``t`` (tensor; ``m`` is AReaL's older name), ``p`` (pipeline),
+  ``c`` (context: splits the sequence, counts in the world size) and ``e`` (expert: places
+  MoE experts inside the same GPUs, does not count), in any order, each at most once, missing
+  ones 1: world size = d × t × p × c. The backend is followed by ``:`` or, in AReaL's older
+  spelling, ``.`` (``sglang.d1t1p1+d3t1p1``); a bare ``d4t2`` is a trainer. Megatron's MoE
+  form ``megatron:(attn:d4p2t2c2|ffn:d2p2t4e2)`` lays attention and experts out differently
+  over the same GPUs.
 - roles with GPU counts: ``inference:1,train:3``. A role named like an inference engine
   or server (inference, rollout, gen, sglang, vllm, ...) is an inference role.
 
-What AReaL itself refuses is refused here with the reason and the nearest form nbgpu
-plans: ``c`` or ``e`` on an inference engine (engines take d, t, p), ``p``/``e`` on FSDP
-(Megatron or Archon plan them), colocated parts of different world sizes, ``e`` that does
-not divide the GPUs of its part.
+What AReaL refuses is refused here with the reason and the nearest form nbgpu plans: ``c``
+or ``e`` on an inference engine, ``p``/``e`` on FSDP, colocated parts of different world
+sizes, ``e`` that does not divide the GPUs of its part.
 
 Order is kept: the first role owns logical device 0 of a job that shares one
-``CUDA_VISIBLE_DEVICES`` (AReaL splits it by position). Pure parsing: imports only
-``nbgpu.errors``; never the inventory, sockets or files.
+``CUDA_VISIBLE_DEVICES`` (AReaL splits it by position). Pure parsing: never imports the
+inventory, sockets or files.
 """
 
 from __future__ import annotations
@@ -147,9 +145,7 @@ class Allocation:
 
 def _default_name(backend: str | None) -> str:
     """A part without a name: an inference engine is named by its backend, a trainer 'train'."""
-    if backend and _kind_of(backend) == "inference":
-        return backend.lower()
-    return "train"
+    return backend.lower() if backend and _kind_of(backend) == "inference" else "train"
 
 
 def _kind_of(name: str | None) -> str:

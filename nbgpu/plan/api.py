@@ -1,8 +1,7 @@
-"""The planning functions users call: ``nbgpu.plan()``, ``.sweep()``, ``.nodes()``, ``.scale()``
-and ``.plan_from_json()``. They check the input once, take the inventory (each node's for a
-cluster; a saved one is read back with the findings, health and holders it had), read config
-and plan files, the only module of ``plan/`` that does either, and hand plain data to the pure
-modules. Never imports IPython, pynvml or psutil itself (the inventory module, which does, is
+"""The planning functions users call (``nbgpu.plan()``, ``.sweep()``, ``.nodes()``, ``.scale()``,
+``.plan_from_json()``): the one module of ``plan/`` that takes inventories (a saved one is read
+back with its findings and holders) or reads files; it checks the input once and hands plain
+data on. Never imports IPython, pynvml or psutil itself (the inventory module, which does, is
 imported when a snapshot is taken).
 """
 
@@ -84,8 +83,7 @@ _SEVERITY_OF = {"problems": "bad", "warnings": "warn"}  # plan files older than 
 
 
 def _takes_job_keywords(but: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """Show the :class:`JobRequest` fields (declared once, there) in the signature of a
-    function taking ``**job``, for ``help(nbgpu.plan)``, IPython's ``?`` and editors."""
+    """Show the :class:`JobRequest` fields in a ``**job`` function's signature (help, ``?``)."""
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
@@ -109,8 +107,7 @@ def _model(model: Any) -> Any:
 
 
 def _job(where: str, keywords: Mapping[str, Any], but: tuple[str, ...] = (), why: str = "") -> Job:
-    """The checked job of *keywords*; an unknown one is a one-line error naming the rest
-    (*why*: what to say instead when it is one of *but*, the job keywords left out)."""
+    """The checked job; an unknown keyword is one line naming the known (*why*: for one of *but*)."""
     known = [f.name for f in fields(JobRequest) if f.name not in but]
     unknown = sorted(set(keywords) - set(known), key=lambda k: (k not in but, k))
     if unknown:
@@ -400,9 +397,8 @@ def _plan_file(data: Any, kind: type[P], key: str) -> P:
 
 
 def _upgraded(data: Any, key: str = "") -> Any:
-    """Plan files of earlier versions, read as today's: a left-out GPU's health was called
-    "verdict" (before 0.1) and its problems "reasons" and "fixes"; problems and warnings
-    had neither severity nor subject."""
+    """Older plan files as today's: a left-out GPU's health was "verdict" (before 0.1), its
+    problems "reasons" and "fixes"; problems and warnings had no severity nor subject."""
     if isinstance(data, list):
         return [_upgraded(item, key) for item in data]
     if not isinstance(data, dict):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, normalize_precision
+from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, choose, normalize_precision
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.plan.allocation import Allocation, parse_allocation
 
@@ -125,17 +125,10 @@ def _parse_divisors(value: Divisors, label: str) -> tuple[tuple[str, int], ...]:
     return tuple(pairs)
 
 
-def _choice(label: str, value: str, choices: Sequence[str]) -> str:
-    key = str(value).strip().lower()
-    if key not in choices:
-        raise UserInputError(f"{label}={value!r}: expected one of {', '.join(choices)}")
-    return key
-
-
 @dataclass(frozen=True)
 class JobRequest:
-    """A job as the user asks for it: the one declaration of the keywords ``nbgpu.plan()``,
-    ``nbgpu.sweep()``, ``nbgpu plan`` and ``%gpu_plan`` take. :func:`make_job` checks it."""
+    """The one declaration of the job keywords ``nbgpu.plan()``, ``.sweep()``, ``nbgpu plan``
+    and ``%gpu_plan`` take, unchecked (:func:`make_job` checks them)."""
 
     allocation: str | None = None
     num_gpus: int | None = None
@@ -158,7 +151,6 @@ class JobRequest:
 
 
 def make_job(request: JobRequest) -> Job:
-    """Validate everything the user gave; each mistake is one ``UserInputError`` line."""
     r = request
     parsed = None if r.allocation is None else parse_allocation(r.allocation)
     num_gpus = whole_number("num_gpus", r.num_gpus)
@@ -209,8 +201,8 @@ def make_job(request: JobRequest) -> Job:
         "step_divisors": _parse_divisors(r.step_divisors, "step_divisors"),
         "model": None if r.model is None else model_shape(r.model),
         "precision": normalize_precision(r.precision),
-        "strategy": _choice("strategy", r.strategy, tuple(STRATEGIES)),
-        "optimizer": _choice("optimizer", r.optimizer, OPTIMIZERS),
+        "strategy": choose("strategy", r.strategy, STRATEGIES),
+        "optimizer": choose("optimizer", r.optimizer, OPTIMIZERS),
         "activation_checkpointing": bool(r.activation_checkpointing),
     }
     # The other keywords (batch sizes, port, name, seq_len) are kept as given, checked.
@@ -219,8 +211,6 @@ def make_job(request: JobRequest) -> Job:
 
 @dataclass(frozen=True)
 class Split:
-    """One way to reach the global batch: ``micro_batch`` per rank × ``grad_accum`` steps."""
-
     micro_batch: int
     grad_accum: int
 
@@ -418,7 +408,6 @@ def check_batch(
 
 
 def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
-    """The job's batch keywords checked for *data_parallel* ranks (None: it gave none)."""
     if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
         return None
     keywords = ("global_batch", "micro_batch", "grad_accum", "max_micro_batch", "divisors")
@@ -428,8 +417,7 @@ def check_job_batch(job: Job, data_parallel: int) -> BatchCheck | None:
 
 
 def nearest_batch(job: Job, data_parallel: int | None) -> tuple[Job, str]:
-    """*job* with its global batch moved to the nearest one *data_parallel* ranks can run,
-    and a note saying so (the job as it is when its batch works or nothing is near)."""
+    """*job* at the nearest global batch *data_parallel* ranks run, and a note ("": unchanged)."""
     check = None if data_parallel is None else check_job_batch(job, data_parallel)
     if check is None or check.ok or check.global_batch is None or not check.nearest:
         return job, ""

@@ -1,12 +1,10 @@
 """Each role's per-GPU memory checked against its smallest GPU, term by term, the largest
 micro batch that fits (``max_micro_batch='auto'``), and the problems that follow.
 
-Colocated roles (AReaL's ``|``: ``sglang:d4|fsdp:d4`` starts the engine and the trainer on
-the same four GPUs, alternating generate and train) hold every role's memory at once unless
-the engine releases its memory while the trainer steps (SGLang's and vLLM's sleep/offload
-modes), so the engine's memory fraction (SGLang ``mem_fraction_static``, vLLM
-``gpu_memory_utilization``) must leave room for the trainer: :func:`colocation_problems` says
-so for every group and checks the sum. Pure arithmetic; never reads files nor imports torch.
+Colocated roles (``sglang:d4|fsdp:d4``: engine and trainer on the same GPUs, alternating
+generate and train) hold every role's memory at once unless the engine releases its own while
+the trainer steps (SGLang's and vLLM's sleep/offload modes): :func:`colocation_problems` says
+so per group and checks the sum. Pure arithmetic; never reads files nor imports torch.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from typing import Any
 from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.estimator import estimate_memory
-from nbgpu.estimate.formulas import STRATEGIES, model_states
+from nbgpu.estimate.formulas import STRATEGIES, layout_states
 from nbgpu.plan.job import BatchCheck, Job
 from nbgpu.plan.result import MemoryCheck, MemoryLine, PlannedGpu, RolePlan
 from nbgpu.problems import Problem
@@ -84,15 +82,7 @@ def memory_check(role: RolePlan, job: Job, batch: BatchCheck | None = None) -> M
     what = f"micro batch {micro}" + (f" × seq {job.seq_len}" if job.seq_len else "")
     params = f"Ψ = {job.model.parameters:,}"
     if role.kind == "train":
-        states = model_states(
-            job.model.parameters,
-            strategy=job.strategy,
-            precision=job.precision,
-            optimizer=job.optimizer,
-            data_parallel=role.data_parallel,
-            tensor_parallel=role.tensor_parallel,
-            pipeline_parallel=role.pipeline_parallel,
-        )
+        states = layout_states(job.model.parameters, est.layout)
         accounting = f"{states.accounting.text}; {states.formula} with {params} parameters; {what}"
     else:
         accounting = f"{job.precision} weights with {params}; {what}"

@@ -1,13 +1,11 @@
 """One training job across several nodes: which nodes, which GPUs on each, checked.
 
-torchrun starts the same number of ranks *P* on every node, so a node can take the job
-when it has *P* usable GPUs (the one-box sorting of findings). The planner keeps such
-nodes, clean ones first, and checks the batch and the memory for the whole world of
-``nodes × P`` ranks: ZeRO and FSDP shard over all of them, and the smallest free GPU of
-any chosen node decides what fits (:func:`default_shape` fills in *nodes* or *P*). A job
-that does not fit names each node that falls short and offers fewer nodes or fewer ranks per
-node, batch checked again. The rendezvous port is picked on the first node when the job
-starts. Pure: never reads an inventory, files or sockets.
+torchrun starts the same number of ranks *P* on every node, so a node can take the job when
+it has *P* usable GPUs. Such nodes are kept, clean ones first; batch and memory are checked
+for the whole world of ``nodes × P`` ranks (ZeRO and FSDP shard over all of them; the
+smallest free GPU of any chosen node decides what fits). A job that does not fit names each
+node that falls short and offers fewer nodes or fewer ranks per node. The rendezvous port is
+picked on the first node at launch. Pure: never reads an inventory, files or sockets.
 """
 
 from __future__ import annotations
@@ -63,16 +61,12 @@ class NodeGpus:
 
 @dataclass(frozen=True)
 class NodeLeftOut:
-    """A node the job does not use, and why."""
-
     node: str
     reason: str
 
 
 @dataclass(frozen=True)
 class NodesAlternative:
-    """Another shape that fits when this plan cannot run."""
-
     title: str
     reason: str
     plan: NodesPlan | None = None
@@ -88,14 +82,9 @@ class NodesAlternative:
 
 @dataclass(frozen=True)
 class NodesPlan(Result):
-    """One training job on several nodes: which nodes, which GPUs on each, checked.
-
-    What launchers read: ``ok``; ``nodelist`` (the nodes, for ``srun --nodelist``);
-    ``nproc_per_node``; ``node_gpus`` (node → ``CUDA_VISIBLE_DEVICES``). Also
-    ``world_size``, ``left_out`` (nodes not used, and why), ``batch`` (checked for every
-    rank of every node), ``memory`` (on ``memory_node``, whose smallest free GPU is the
-    smallest of the job), ``problems``, ``warnings`` and ``alternatives``.
-    """
+    """What launchers read: ``ok``, ``nodelist`` (for ``srun --nodelist``), ``nproc_per_node``,
+    ``node_gpus`` (node → ``CUDA_VISIBLE_DEVICES``). ``memory`` is checked on ``memory_node``,
+    whose smallest free GPU is the smallest of the job; ``batch`` for every rank."""
 
     JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("ok", "nodelist", "world_size", "node_gpus")
     FRAME_COLUMNS = ("node", "cuda_index", "nvml_index", "uuid")
@@ -263,7 +252,6 @@ def build_nodes_plan(
     nproc_per_node: int | None,
     alternatives: bool = True,
 ) -> NodesPlan:
-    """Place one job of *nodes* × *nproc_per_node* ranks on the nodes' GPUs (from *source*)."""
     if not node_candidates:
         raise UserInputError("the cluster has no node to plan on")
     asked_nodes = whole_number("nodes", nodes)

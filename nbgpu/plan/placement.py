@@ -1,19 +1,16 @@
 """Which GPUs a plan may use, which ones each role gets, and which ports.
 
-**Assignment** (:func:`assign`), in order of importance: only usable candidates are ever
-given out; GPUs the user requires come first, in the order given (a hand workaround such as
-``3,2,1,0``); otherwise clean GPUs before ones with caveats, then by NVML index (the first
-role, which owns logical device 0, gets the best GPU); a role gets GPUs of one model and
-memory size when the box allows it (data-parallel ranks share one micro batch, so on a mixed
-set the smallest GPU decides). Colocated roles (AReaL's ``|``) get the GPUs of the role they
-share with (:func:`shared_groups`).
+**Assignment** (:func:`assign`): only usable candidates are given out; required GPUs come
+first, in the order given (a hand workaround such as ``3,2,1,0``); then clean GPUs before ones
+with caveats, then NVML order (the first role owns logical device 0); a role gets GPUs of one
+model and size when the box allows (data-parallel ranks share one micro batch: on a mixed set
+the smallest decides). Colocated roles share their anchor's GPUs (:func:`shared_groups`).
 
-**Ports** (:func:`pick_ports`): distinct free TCP ports, asked of an injected ``port_is_free``
-so plans are deterministic under test; :func:`port_is_free`, the one place in ``plan/`` that
-touches the system, binds a socket and lets it go. A port free now can be taken before the
-job starts (hand-started sweep runs often all use 12345): distinct ports per plan stop *our*
-runs from colliding; the launcher re-checks at start. Reads an ``Inventory`` snapshot,
-importing its type only for checking; never pynvml, psutil or files.
+**Ports** (:func:`pick_ports`): distinct free TCP ports from an injected ``port_is_free``, so
+plans are deterministic under test; :func:`port_is_free`, the one system call of ``plan/``,
+binds a socket and lets it go. A port free now can be taken before the job starts
+(hand-started sweep runs often all use 12345): distinct ports per plan stop *our* runs
+colliding; the launcher re-checks at start. Never imports pynvml, psutil or files.
 """
 
 from __future__ import annotations
@@ -48,7 +45,6 @@ __all__ = [
     "shared_groups",
 ]
 
-# A candidate's fields read from the inventory's GPU as they are.
 _FROM_GPU = ("nvml_index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
 # A warn-level finding that still makes context creation fail: exclusive mode, live holder.
 _BLOCKING_WARNINGS = frozenset({"exclusive_busy"})
@@ -66,8 +62,6 @@ PortChecker = Callable[[int], bool]
 
 @dataclass(frozen=True)
 class Candidate:
-    """One GPU as the planner sees it."""
-
     nvml_index: int
     uuid: str | None
     name: str | None
@@ -147,7 +141,6 @@ def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
 def excluded_gpus(
     candidates: Sequence[Candidate], exclude: Sequence[int] = ()
 ) -> tuple[ExcludedGpu, ...]:
-    """The GPUs a plan leaves out: excluded by request, or unusable (with their problems)."""
     out = []
     for c in candidates:
         if c.nvml_index in exclude:
@@ -159,7 +152,6 @@ def excluded_gpus(
 
 
 def planned_gpus(members: Sequence[Candidate]) -> tuple[PlannedGpu, ...]:
-    """The GPUs given to a role (or a node's ranks), in ``cuda:k`` order."""
     return tuple(
         PlannedGpu(k, c.nvml_index, c.uuid, c.name, c.memory_total_bytes, c.memory_free_bytes)
         for k, c in enumerate(members)
@@ -167,7 +159,6 @@ def planned_gpus(members: Sequence[Candidate]) -> tuple[PlannedGpu, ...]:
 
 
 def order_pool(candidates: Sequence[Candidate], require: Sequence[int] = ()) -> list[Candidate]:
-    """Usable candidates in the order they should be handed out."""
     usable = {c.nvml_index: c for c in candidates if c.usable}
     first = [usable[i] for i in require if i in usable]
     rest = sorted(

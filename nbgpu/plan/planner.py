@@ -1,12 +1,10 @@
 """The planner: from usable GPUs and a job to a :class:`~nbgpu.plan.result.Plan`.
 
-It composes ``placement``, ``job`` and ``memcheck`` and turns their findings into problems,
-warnings and alternatives. An unusable GPU is never given a role: it is listed in
-``excluded`` with its reason, and when the job cannot be placed without it the plan offers
-the same shape (tensor/pipeline degrees) on fewer data-parallel replicas (biggest training
-role first, inference last) with a batch they can run, or the steps that free the GPU.
-Pure: the only outside call is the injected ``is_free`` port check; never imports the
-inventory module, sockets, files, psutil or IPython.
+An unusable GPU is never given a role: it is listed in ``excluded`` with its reason, and when
+the job cannot be placed without it the plan offers the same tensor/pipeline shape on fewer
+data-parallel replicas (biggest training role first, inference last) with a batch they can
+run, or the steps that free the GPU. Pure: the only outside call is the injected ``is_free``
+port check; never imports the inventory module, sockets, files, psutil or IPython.
 """
 
 from __future__ import annotations
@@ -65,7 +63,6 @@ def check_known(
 
 
 def caveats(subject: str, given: Iterable[Candidate]) -> list[Problem]:
-    """The warnings of the GPUs given to *subject* (a role, a node), said for it."""
     return [
         Problem("warn", "gpu_caveat", subject, f"{subject}: {p.message}")
         for c in given
@@ -75,7 +72,6 @@ def caveats(subject: str, given: Iterable[Candidate]) -> list[Problem]:
 
 
 def batch_problem(check: BatchCheck, subject: str) -> Problem:
-    """A batch that does not work, as a problem whose fixes are the nearest valid batches."""
     fixes = tuple(f"global_batch={o.text}" for o in check.nearest)
     return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)
 
@@ -122,7 +118,6 @@ def _role_checks(
     problems: list[Problem],
     warnings: list[Problem],
 ) -> list[MemoryCheck]:
-    """Caveats of the GPUs given out, mixed sizes, and memory per role and colocated group."""
     memory: list[MemoryCheck] = []
     for role in (r for r in roles if r.gpus):
         warnings.extend(caveats(f"role {role.name}", (by_index[i] for i in role.nvml_indices)))

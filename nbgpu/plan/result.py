@@ -1,10 +1,9 @@
 """What a plan is: roles on physical GPUs, with ports, problems, warnings and alternatives.
 
-A :class:`Plan` is data, frozen, JSON round-trippable (a plan file, ``nbgpu plan --json``,
-for ``nbgpu run --plan``; ``api.plan_from_json`` reads it), and renders as text, HTML and a
-pandas frame through the ``Result`` mixin. Launchers read the fields documented on
-:class:`Plan` and :class:`RolePlan`; everything else is for people. Pure: never imports the
-inventory, sockets or files.
+A :class:`Plan` is frozen data, JSON round-trippable (``nbgpu plan --json`` writes plan files
+for ``nbgpu run --plan``), rendered by the ``Result`` mixin. Launchers read the fields
+documented on :class:`Plan` and :class:`RolePlan`; the rest is for people. Pure: never
+imports the inventory, sockets or files.
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ __all__ = [
 MASTER_ADDR = "127.0.0.1"
 # Model states above this share of a GPU leave too little for activations and overheads.
 TIGHT_SHARE = 0.8
-# A plan's frame: each role's row holds these of its fields.
 _ROLE_KEYS = ("kind", "degrees", "nproc_per_node", "master_port", "cuda_visible_devices")
 #: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
 PLAN_FILE_FORMAT = 1
@@ -98,11 +96,10 @@ class RolePlan(RoleSpec):
 
     ``gpus[k]`` is ``cuda:k`` inside the role's processes; ``cuda_visible_devices`` lists
     their NVML indices (nvidia-smi's numbers) in that order, meaning those GPUs only with
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which ``env`` (the variables to set) sets
-    (``cuda_visible_devices_uuids``: the order-independent form). ``nproc_per_node``: data ×
-    tensor × pipeline × context processes. A role ``colocated_with`` another runs on its GPUs
-    (AReaL's ``|``). ``master_port``: a free port for the role's rendezvous (torchrun's
-    MASTER_PORT; a server may use it for its own process group), distinct across the plan.
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which ``env`` sets (``cuda_visible_devices_uuids``: the
+    order-independent form). ``nproc_per_node``: d × t × p × c. ``master_port``: a free port
+    for the role's rendezvous (torchrun's MASTER_PORT; a server may use it for its own
+    process group), distinct across the plan.
     """
 
     JSON_EXTRAS: ClassVar[tuple[str, ...]] = (
@@ -147,15 +144,12 @@ class RolePlan(RoleSpec):
             "NPROC_PER_NODE": str(self.nproc_per_node),
         }
         if self.master_port is not None:
-            env["MASTER_ADDR"] = MASTER_ADDR
-            env["MASTER_PORT"] = str(self.master_port)
+            env |= {"MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(self.master_port)}
         return env
 
 
 @dataclass(frozen=True)
 class MemoryLine:
-    """One component of per-GPU memory: bytes on each GPU of the role, and how computed."""
-
     component: str  # "weights", "gradients", "optimizer states", "activations", ...
     bytes_per_gpu: int
     formula: str
@@ -195,8 +189,7 @@ class MemoryCheck:
 
 
 def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -> Title:
-    """``nbgpu plan — WHAT on SIMULATED fleet 'F' · ready``: every plan's headline; a long
-    fleet spec goes on its own line (80 columns)."""
+    """Every plan's headline; past 80 columns the fleet goes on its own line."""
     source = simulated_label(fleet) if simulated else f"host {fleet}"
     title = f"nbgpu {kind} — {what} on {source} · {'ready' if ok else 'NOT READY'}"
     if len(title) > 80:
@@ -206,13 +199,11 @@ def plan_title(kind: str, what: str, fleet: str, *, simulated: bool, ok: bool) -
 
 
 def problem_blocks(*problems: Sequence[Problem]) -> list[Block]:
-    """Problems and warnings, each with its fixes, after a blank line (nothing when none)."""
     every = [p for group in problems for p in group]
     return [Blank(), Problems(every)] if every else []
 
 
 def alternative_blocks(alternatives: Sequence[tuple[str, Sequence[str]]]) -> list[Block]:
-    """What would work instead, numbered once, each with its steps nested under it."""
     if not alternatives:
         return []
     return [
@@ -242,19 +233,13 @@ class Alternative:
 class Plan(Result):
     """A launchable answer: which GPUs each role gets, in what order, on which port.
 
-    What launchers read (``%%torchrun --plan p``, ``nbgpu run --plan FILE``):
-
-    - ``ok``: no blocking problem; launch only then.
-    - ``roles``: a :class:`RolePlan` each: ``name``, ``kind``, ``gpus``, ``nvml_indices``,
-      ``uuids``, ``cuda_visible_devices``, ``nproc_per_node``, ``master_port`` and ``env``.
-    - ``cuda_visible_devices``: all roles' GPUs in role order, for launchers that take
-      one list and split it by position (AReaL): logical device 0 is the first role's.
-    - ``problems`` (blocking) and ``warnings``: each a ``nbgpu.problems.Problem`` with ``code``,
-      ``message`` (the reason) and ``fixes``.
-
-    Also: ``excluded`` (GPUs left out, and why), ``batch`` (divisibility, nearest valid
-    values, micro/accumulation splits), ``memory`` (per-GPU model states versus free
-    memory), ``alternatives`` (ready plans or steps when this one cannot run).
+    What launchers read (``%%torchrun --plan p``, ``nbgpu run --plan FILE``): ``ok`` (no
+    blocking problem: launch only then), ``roles`` (a :class:`RolePlan` each),
+    ``cuda_visible_devices`` (all roles' GPUs in role order, for launchers that split one list
+    by position, as AReaL: logical device 0 is the first role's), ``problems`` (blocking) and
+    ``warnings``. Also: ``excluded`` (GPUs left out, and why), ``batch`` (divisibility, nearest
+    valid values, splits), ``memory`` (per-GPU terms versus free memory), ``alternatives``
+    (ready plans or steps when this one cannot run).
     """
 
     JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("ok", "cuda_visible_devices")
@@ -371,8 +356,7 @@ class Plan(Result):
             blocks.append(self._gpu_table())
         if self.excluded:
             left = [
-                f"GPU {e.nvml_index} ({e.health}): " + " ".join(p.message for p in e.problems)
-                for e in self.excluded
+                f"GPU {e.nvml_index} ({e.health}): {' '.join(e.reasons)}" for e in self.excluded
             ]
             blocks.append(Bullets(left, title="left out:", marker="  "))
         blocks += self._footer()

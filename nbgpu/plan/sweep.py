@@ -1,15 +1,13 @@
 """Sweeps: one box split into disjoint GPU sets with distinct ports, one plan per run.
 
-Concurrent sweep runs started by hand tend to share GPUs and one MASTER_PORT (12345). A
-:class:`SweepPlan` gives every run its own GPUs (never shared, never unusable; identical and
-clean ones first) and its own free port, each run a complete :class:`~nbgpu.plan.result.Plan`
-that a background ``%%torchrun --plan sweep.runs[i]`` can launch.
+Sweep runs started by hand tend to share GPUs and one MASTER_PORT (12345). Here every run
+gets its own usable GPUs (identical and clean ones first) and free port: a complete
+:class:`~nbgpu.plan.result.Plan` for a background ``%%torchrun --plan sweep.runs[i]``.
 
-A run on GPUs other jobs are using now would share their compute and memory (a 97 %-busy
-GPU gives a new run a fraction of its speed, and its free memory, not its total): it is not
-ready unless the sweep shares (``share=True``); the sweep says how many runs fit on free GPUs
-now, and one asked for as many runs as fit leaves GPUs in use out. Pure: builds on
-``assign`` and ``planner``; the port check is injected.
+A run on GPUs other jobs use now would share their compute and memory (a 97 %-busy GPU gives
+it a fraction of its speed, and its free memory, not its total): it is not ready unless
+``share=True``; the sweep says how many runs fit on free GPUs now, and ``runs=None`` leaves
+GPUs in use out. Pure: the port check is injected; never reads files or an inventory.
 """
 
 from __future__ import annotations

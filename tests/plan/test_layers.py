@@ -41,9 +41,9 @@ def _path(module: str) -> Path:
     return Path(importlib.import_module(module).__file__)
 
 
-# trace.py runs a fake-tensor step and measure.py a real CPU one: the modules that import
-# torch. Others import them inside the function that needs them only (tested below).
-TORCH = ("nbgpu.estimate.trace", "nbgpu.estimate.measure")
+# trace.py runs a fake-tensor step and a real CPU one: the module that imports torch.
+# Others import it inside the function that needs it only (tested below).
+TORCH = ("nbgpu.estimate.trace",)
 ALLOWED = {module: {"torch"} for module in TORCH}
 
 
