@@ -358,10 +358,10 @@ def test_the_kernel_and_its_ranks_use_the_same_words():
     from nbgpu.launch.config import NODE_GPUS_ENV  # noqa: PLC0415
     from nbgpu.launch.procs import STACKS_SIGNAL  # noqa: PLC0415
     from nbgpu.launch.stall import FR_REQUEST  # noqa: PLC0415
-    from nbgpu.rank import flight, slurm_node, worker  # noqa: PLC0415
+    from nbgpu.rank import slurm_node, worker  # noqa: PLC0415
 
     assert worker._STACKS_SIGNAL == STACKS_SIGNAL
-    assert flight.REQUEST == FR_REQUEST
+    assert worker.FR_REQUEST == FR_REQUEST
     assert slurm_node._NODE_GPUS_ENV == NODE_GPUS_ENV
 
 

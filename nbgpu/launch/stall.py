@@ -2,7 +2,7 @@
 
 The follow loop calls :meth:`StallWatch.check` on every refresh. Once no rank has written
 anything for ``--hang-after`` seconds, it asks every rank for its flight record (the
-collectives it entered and left; ``nbgpu.rank.flight`` answers from a thread, since a rank
+collectives it entered and left; ``nbgpu.rank.worker`` answers from a thread, since a rank
 stuck in a collective runs no signal handler). If a collective has been pending that long,
 the job is stalled: every rank's Python stack is taken the way ``%gpu_stacks`` takes it (and,
 for a rank waiting on its DataLoader, the worker's), and one answer names the collective,
@@ -36,7 +36,7 @@ from nbgpu.launch.procs import STACKS_SIGNAL, rank_stacks, wait_for_dump
 
 __all__ = ["FR_REQUEST", "StallWatch", "flight_records"]
 
-FR_REQUEST = "fr-request"  # what nbgpu.rank.flight reads (a test ties the two)
+FR_REQUEST = "fr-request"  # what nbgpu.rank.worker reads (a test ties the two)
 _ANSWER_S = 3.0  # how long ranks get to write their records (they look twice a second)
 _STACKS_S = 5.0
 
