@@ -69,8 +69,7 @@ def report_error(exc: BaseException, error_path: str) -> None:
 
 
 def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any, int]:
-    """Compile the code as (leading import block, rest), keeping line numbers; the
-    block's statement count."""
+    """(leading import block, rest), compiled with their line numbers; the block's length."""
     tree = ast.parse(source, filename)
     cut = 0
     for node in tree.body:
@@ -114,8 +113,7 @@ def run_code(
 
 
 def pull_payload(names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """The pulled variables, each pickled on its own so one bad value does not hide the
-    others: values, missing names, reasons."""
+    """The pulled variables, each pickled on its own: one bad value hides no other."""
     payload: dict[str, Any] = {"values": {}, "missing": [], "errors": {}}
     for name in names:
         if name not in namespace:

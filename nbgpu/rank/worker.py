@@ -41,10 +41,9 @@ def die_with(parent_env: str, sig: int, run_dir: Path | None, who: str) -> None:
 
 
 class _DiskFullTolerant(io.RawIOBase):
-    """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output (a print() would
-    raise OSError(ENOSPC) in the user's code), never the rank. The first failure is noted
-    (``logfull-rank{N}.txt``, when a few bytes still fit); output is dropped until writes
-    succeed again."""
+    """fd 1/2 under sys.stdout/sys.stderr: a full disk drops output until writes succeed
+    again (a print() would raise ENOSPC in the user's code), never the rank; the first
+    failure is noted in ``logfull-rank{N}.txt`` when a few bytes still fit."""
 
     def __init__(self, fd: int, marker: Path) -> None:
         super().__init__()
@@ -112,10 +111,10 @@ def _register_stack_dumps(run_dir: Path, rank: int) -> None:
 FR_REQUEST = "fr-request"  # what nbgpu.launch.stall writes (a test ties the two)
 
 
-def dump_flight_record(run_dir: Path, rank: int, token: str) -> bool:
-    """Write ``fr-rank{N}.json``: PyTorch's record of this rank's last collectives (kept when
-    ``TORCH_FR_BUFFER_SIZE`` is set, as the launcher does), tagged with *token*. The trace is
-    empty when the user's code never imported torch.distributed, or this torch has none."""
+def dump_flight_record(run_dir: Path, rank: int, token: str) -> None:
+    """``fr-rank{N}.json``: PyTorch's record of this rank's last collectives (kept when
+    ``TORCH_FR_BUFFER_SIZE`` is set, as the launcher does), tagged with *token*; an empty
+    trace when the user's code never imported torch.distributed or this torch has none."""
     trace = b"{}"  # an answer all the same: the kernel need not wait for this rank
     # Taken from sys.modules, never imported: a rank imports no torch before the user's code
     # does (tests/test_package.py). torch 2.13 has it, CPU builds too.
@@ -129,8 +128,6 @@ def dump_flight_record(run_dir: Path, rank: int, token: str) -> bool:
     with contextlib.suppress(OSError):
         tmp.write_bytes(head.encode() + trace + b"}")
         tmp.replace(path)  # atomic: the kernel never reads half a record
-        return True
-    return False
 
 
 def _flight_request(request: Path) -> str | None:
@@ -140,7 +137,7 @@ def _flight_request(request: Path) -> str | None:
         return None
 
 
-def _answer_flight_requests(run_dir: Path, rank: int) -> None:
+def _serve_flight(run_dir: Path, rank: int) -> None:
     request = run_dir / FR_REQUEST
     seen = _flight_request(request)  # a request older than this rank is not for it
     while True:
@@ -152,16 +149,12 @@ def _answer_flight_requests(run_dir: Path, rank: int) -> None:
 
 
 def serve_flight_records(run_dir: Path, rank: int) -> None:
-    """Answer the kernel's requests for this rank's flight record, for the life of the rank.
-
-    Only the rank can read its record, and a rank stuck in a collective runs no Python signal
-    handler, so a daemon thread looks for a new token in ``fr-request`` twice a second (a file,
-    not a signal or a pipe: it works on every node of a run dir shared over NFS)."""
+    """Answer the kernel's requests for this rank's flight record from a daemon thread (only
+    the rank can read it, and a rank stuck in a collective runs no Python signal handler): a
+    new token in ``fr-request``, looked for twice a second (a file, not a signal or a pipe:
+    every node of a run dir shared over NFS sees it)."""
     threading.Thread(
-        target=_answer_flight_requests,
-        args=(run_dir, rank),
-        name="nbgpu-flight-recorder",
-        daemon=True,
+        target=_serve_flight, args=(run_dir, rank), name="nbgpu-flight-recorder", daemon=True
     ).start()
 
 

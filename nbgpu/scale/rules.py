@@ -90,8 +90,7 @@ def rules_for(entries: Sequence[Entry], rules: Mapping[str, str]) -> dict[str, s
 
 @dataclass
 class ScaleContext:
-    """One rescaling under way: the config's entries and their rules, the target, the values
-    the rules set so far, and the problems found."""
+    """One rescaling under way: what the rules read, set and found."""
 
     entries: Sequence[Entry]
     rules: Mapping[str, str]  # dotted key → rule

@@ -101,8 +101,7 @@ class ScalePlan(Result):
         return dump_yaml(self.config)
 
     def to_text(self) -> str:
-        """The new config in the form and layout it came in (a YAML file keeps its comments,
-        a launch script its lines): changed values only."""
+        """The new config in its own form and layout (YAML comments, a script's lines kept)."""
         return self.new_text if self.new_text is not None else self.to_yaml()
 
     def save(self, path: str | os.PathLike[str]) -> ScalePlan:

@@ -61,8 +61,7 @@ class _Part:
 
 @dataclass(frozen=True)
 class ScriptValue:
-    """A value (or a whole word) as written in the script: its raw span, its parts, and what
-    it resolves to."""
+    """A value (or a whole word) as written in the script: its span and its parts."""
 
     start: int  # the value's span in the script (after ``key=``)
     end: int

@@ -70,8 +70,7 @@ def _indentation(text: str) -> tuple[int, int, int]:
 
 def load_yaml(text: str, where: str = "config", *, plain: bool = False) -> Any:
     """The round-trip document (mappings keep their comments and style); *plain*: plain
-    dicts, lists and scalars (``int``, ``float``, ``str``...), as ruamel.yaml's safe loader
-    builds them."""
+    dicts, lists and scalars, as ruamel.yaml's safe loader builds them."""
     try:
         return (YAML(typ="safe", pure=True) if plain else _round_trip(text)).load(text)
     except YAMLError as exc:
