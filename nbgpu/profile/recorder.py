@@ -1,11 +1,10 @@
 """One process's memory, read from /proc, and its phase stack recorded as crash-safe JSON lines.
 
-The :class:`Recorder` behind ``nbgpu.phase``: one ``os.write`` per record on an
-``O_APPEND`` descriptor, so a rank killed by the OOM killer leaves every phase it entered
-and its last samples on disk, and nothing is shared between ranks (no lock, no fsync).
-A :class:`Sampler` thread folds host memory (and CUDA figures once the process uses CUDA)
-into the open phases' peaks; the training thread never waits for it, sharing only a short
-lock around the phase stack.
+The :class:`Recorder` behind ``nbgpu.phase``: one ``os.write`` per record on an ``O_APPEND``
+descriptor, so a rank killed by the OOM killer leaves every phase it entered and its last samples on
+disk, and nothing is shared between ranks (no lock, no fsync). A :class:`Sampler` thread folds host
+memory (and CUDA figures once the process uses CUDA) into the open phases' peaks; the training
+thread never waits for it, sharing only a short lock around the phase stack.
 
 The readings: RSS; USS (private pages: what the process frees on exit) and PSS (shared
 pages divided among the sharers: sums across ranks without counting torch's libraries
@@ -35,8 +34,6 @@ from typing import Any
 __all__ = ["DEFAULT_SAMPLE_S", "CudaMemory", "NodeMemory", "ProcessMemory", "Recorder",
            "Sampler", "cuda_memory", "node_memory", "peak_rss", "process_memory",
            "process_start_time", "records_file", "reset_peak_rss", "resident_bytes"]  # fmt: skip
-
-# -- readings --------------------------------------------------------------------
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -160,8 +157,6 @@ def cuda_memory() -> tuple[CudaMemory | None, str]:
     except Exception as exc:  # noqa: BLE001  (a broken CUDA must not break the rank)
         return None, f"CUDA figures unavailable ({type(exc).__name__})"
 
-
-# -- recording ------------------------------------------------------------------
 
 DEFAULT_SAMPLE_S = 0.1
 PSS_EVERY_S = 1.0  # samples read USS/PSS (smaps_rollup) at most this often; RSS every time

@@ -167,9 +167,8 @@ def main() -> int:
     if os.environ.get("NBGPU_NODE"):  # several nodes: say where this rank runs (its label)
         with contextlib.suppress(OSError):
             (run_dir / f"rank{rank}.node").write_text(os.environ["NBGPU_NODE"], encoding="utf-8")
-    # Interrupting a run means SIGINT (torchrun forwards it): the user's code gets
-    # KeyboardInterrupt even when an ancestor ignored SIGINT (nohup, `cmd &`, CI),
-    # which Python would otherwise keep.
+    # Interrupting a run means SIGINT (torchrun forwards it): the user's code gets KeyboardInterrupt
+    # even when an ancestor ignored SIGINT (nohup, `cmd &`, CI), which Python would otherwise keep.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _redirect_output(run_dir / f"rank{rank}.log", run_dir / f"logfull-rank{rank}.txt")
     _register_stack_dumps(run_dir, rank)
@@ -182,11 +181,10 @@ def main() -> int:
         extra={"mem_limit": spec.get("mem_limit_bytes")},
     )
     start_phase = rec.begin("start")
-    # No Python SIGTERM handler for a last sample: Python runs handlers only when the
-    # main thread returns to the interpreter, so a rank blocked in a collective or a
-    # rendezvous would ignore torchrun's SIGTERM for its whole grace period (30 s) and
-    # every stop would wait for SIGKILL. The sampler's last record is at most one
-    # sampling interval old.
+    # No Python SIGTERM handler for a last sample: Python runs handlers only when the main thread
+    # returns to the interpreter, so a rank blocked in a collective or a rendezvous would ignore
+    # torchrun's SIGTERM for its whole grace period (30 s) and every stop would wait for SIGKILL.
+    # The sampler's last record is at most one sampling interval old.
     if spec.get("mem_limit_bytes"):
         set_memory_limit(int(spec["mem_limit_bytes"]))
     error_path = os.environ.get("TORCHELASTIC_ERROR_FILE") or str(

@@ -1,10 +1,9 @@
 """A config as its file holds it (YAML, JSON or a launch script), and the same file rescaled.
 
-``scaler.py`` works on data; the user works on a file with comments, a key order, quotes
-and line continuations. :func:`rescaled_text` writes the new values back into the file's
-text and nowhere else, in its own form: YAML through ruamel.yaml's round trip
-(``yamldoc.py``), a launch script where bash reads each value (:func:`rewrite_script`),
-JSON with the file's indentation and key order.
+``scaler.py`` works on data; the user works on a file with comments, a key order, quotes and line
+continuations. :func:`rescaled_text` writes the new values back into the file's text and nowhere
+else, in its own form: YAML through ruamel.yaml's round trip (``yamldoc.py``), a launch script where
+bash reads each value (:func:`rewrite_script`), JSON with the file's indentation and key order.
 
 :func:`read_text` and :func:`write_text` are the one place planning opens files (a config,
 a plan file, a cluster file): every failure is one ``UserInputError`` line naming the file.
@@ -128,9 +127,6 @@ def rescaled_text(source: ConfigSource, plan: Rescaled) -> tuple[str, list[str]]
 def load_config(path: str | os.PathLike[str]) -> Any:
     """A YAML or JSON config file as plain data (dicts, lists, scalars)."""
     return read_config(read_text(path, "config"), os.fspath(path)).data
-
-
-# ------------------------------------------------------------- launch scripts
 
 
 @dataclass(frozen=True)

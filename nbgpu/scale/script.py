@@ -10,11 +10,10 @@ verl and VAGEN users keep a run as a shell script::
         trainer.n_gpus_per_node=${N_GPUS} \\
         "$@"
 
-:func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or
-accelerate program word) and the variables the script sets, and resolves ``$VAR``,
-``${VAR}`` and ``${VAR:-default}`` the way bash would with those variables unset in the
-environment; every value keeps its spans, so :func:`~nbgpu.scale.files.rewrite_script`
-can change it where it is written.
+:func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or accelerate
+program word) and the variables the script sets, and resolves ``$VAR``, ``${VAR}`` and
+``${VAR:-default}`` the way bash would with those variables unset in the environment; every value
+keeps its spans, so :func:`~nbgpu.scale.files.rewrite_script` can change it where it is written.
 
 The shell grammar read here is the part such scripts use: words, single and double quotes,
 backslash escapes and line continuations, ``#`` comments, ``;``/``&&``/``||``/``|``/``&``
@@ -154,9 +153,6 @@ def looks_like_script(text: str, name: str = "") -> bool:
     if name.endswith((".sh", ".bash")) or text.startswith("#!"):
         return True
     return bool(re.search(r"^\s*(?:\S+=\S*\s+)*python[0-9.]*\s+.*\\$", text, re.MULTILINE))
-
-
-# ----------------------------------------------------------------------- the lexer
 
 
 class _Lexer:
