@@ -178,6 +178,7 @@ def run_once(
 
 
 _in_cell = [False]  # whether SIGINT means KeyboardInterrupt right now
+_INTERRUPTED = {"status": "interrupted", "error": "KeyboardInterrupt"}
 
 
 def _on_interrupt(_signum: int, _frame: FrameType | None) -> None:
@@ -187,8 +188,7 @@ def _on_interrupt(_signum: int, _frame: FrameType | None) -> None:
 
 def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, rank: int) -> int:
     """Run cells until the kernel says stop or goes away; the rank's exit code (0)."""
-    # Only warm jobs' ranks pay for this import.
-    from multiprocessing.connection import Client  # noqa: PLC0415
+    from multiprocessing.connection import Client  # noqa: PLC0415  (only warm jobs' ranks)
 
     # Both ends prove they hold the job's token before anything is unpickled.
     conn = Client(spec["channel"], family="AF_UNIX", authkey=spec["token"].encode())
@@ -205,12 +205,7 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
                 answer = _run_cell(message, namespace, rec, conn, rank)
             except KeyboardInterrupt:
                 # Landed after the cell's code, before its answer: still an interrupted cell.
-                answer = {
-                    "op": "done",
-                    "cell": int(message["cell"]),
-                    "status": "interrupted",
-                    "error": "KeyboardInterrupt",
-                }
+                answer = {"op": "done", "cell": int(message["cell"]), **_INTERRUPTED}
             sys.stdout.flush()
             sys.stderr.flush()
             conn.send(answer)

@@ -323,17 +323,8 @@ def scale_config(
     for step in steps:
         set_value(data, step.path, step.new)
     result: Any = [f"{k}={override_text(v)}" for k, v in data.items()] if overrides else data
-    return ScalePlan(
-        start,
-        to_gpus,
-        steps,
-        tuple(ctx.problems),
-        tuple(ctx.warnings),
-        kv,
-        config=result,
-        original=original,
-        source=source,
-    )
+    problems, warnings = tuple(ctx.problems), tuple(ctx.warnings)
+    return ScalePlan(start, to_gpus, steps, problems, warnings, kv, result, original, source=source)
 
 
 def _engines(world: int, tp: Any) -> int:
