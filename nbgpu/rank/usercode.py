@@ -1,10 +1,10 @@
 """The user's code inside a rank: once (a cold run), or cell after cell (a warm job).
 
-A warm job's rank connects to the job's private channel (a ``multiprocessing`` Client
-with the job's token as authkey; the kernel's end is ``nbgpu.launch.channel``) and runs
-the cells it sends. An exception fails the cell, not the rank. SIGINT interrupts a
-running cell only; the kernel saying ``stop``, or hanging up, ends the loop and the rank
-exits normally. Standard library (and nbgpu's recording side).
+A warm job's rank runs the cells the kernel sends over the job's private channel (a
+``multiprocessing`` Client, the job's token as authkey; the kernel's end is
+``nbgpu.launch.channel``). An exception fails the cell, not the rank; SIGINT interrupts a
+running cell only; ``stop`` or a hang-up ends the loop and the rank exits normally.
+Standard library (and nbgpu's recording side).
 """
 
 from __future__ import annotations
@@ -94,9 +94,8 @@ def run_code(
     phases: tuple[str, str] = ("imports", "run"),
     empty_imports_phase: bool = True,
 ) -> None:
-    """Cells, scripts and warm cells alike, so ``--serial-imports`` serialises a script's
-    leading imports like a cell's. *open_phase* (the rank's ``start``) ends once the code
-    compiled; without *empty_imports_phase*, no leading imports means no imports phase."""
+    """Cells, scripts and warm cells alike (``--serial-imports`` serialises a script's leading
+    imports too). *open_phase* (the rank's ``start``) ends once the code compiled."""
     head, tail, imports = _split_leading_imports(source, filename)
     if open_phase is not None:
         rec.end(open_phase)

@@ -175,11 +175,10 @@ def rewrite_script(
 ) -> tuple[str, list[str]]:
     """The script with *changes* (key → new value text); and notes about what else moved.
 
-    A value is changed where it is written: its literal, the assignment of the variable it
-    reads, the default of ``${VAR:-4}``. Then the new script is read again, and every key of
-    *changes* and *unchanged* (key → the value it must keep) that does not come out as
-    intended (an expression, a variable shared with a key that needs another value) gets its
-    own literal in place of what it had, with a note.
+    A value is changed where it is written: its literal, its variable's assignment, the default
+    of ``${VAR:-4}``. Any key of *changes* or *unchanged* (key → the value it must keep) that the
+    new script does not resolve as intended (an expression, a variable shared with a key that
+    needs another value) gets its own literal, with a note.
     """
     from nbgpu.scale.script import NAME, read_script  # noqa: PLC0415
 
