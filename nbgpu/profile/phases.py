@@ -48,16 +48,9 @@ _SETUP = threading.Lock()
 
 
 def _identity(environ: Mapping[str, str]) -> dict[str, Any]:
-    def number(key: str) -> int | None:
-        raw = environ.get(key, "").strip()
-        return int(raw) if raw.isdigit() else None
-
-    return {
-        "rank": number("RANK"),
-        "local_rank": number("LOCAL_RANK"),
-        "world_size": number("WORLD_SIZE"),
-        "run": environ.get("NBGPU_RUN_NAME") or None,
-    }
+    raw = {key: environ.get(key, "").strip() for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    identity: dict[str, Any] = {k.lower(): int(v) if v.isdigit() else None for k, v in raw.items()}
+    return {**identity, "run": environ.get("NBGPU_RUN_NAME") or None}
 
 
 def configure(

@@ -142,9 +142,8 @@ class LaunchScript:
             value = self.value_of(key)
             if value is not None:
                 text = self.resolve(value, split=key in self.overrides)
-                out[key] = (
-                    parse_value(text) if text is not None else self.text[value.start : value.end]
-                )
+                written = self.text[value.start : value.end]
+                out[key] = parse_value(text) if text is not None else written
         return out
 
 
