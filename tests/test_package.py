@@ -263,7 +263,7 @@ def test_the_cuda_driver_and_its_simulation_do_not_import_each_other():
 SIM_SEAMS = {
     "devices/nvml.py": "the fake NVML library, when NBGPU_SIMULATE names a fleet",
     "devices/health_child.py": "the fake CUDA driver, in the probe's child",
-    "rank/group.py": "what CUDA answers a simulated rank",
+    "rank/job.py": "what CUDA answers a simulated rank",
 }
 
 

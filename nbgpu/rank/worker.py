@@ -24,8 +24,7 @@ from typing import Any
 
 from nbgpu._children import die_with_parent
 from nbgpu.profile.phases import configure
-from nbgpu.rank.group import destroy
-from nbgpu.rank.job import set_memory_limit
+from nbgpu.rank.job import destroy, set_memory_limit
 from nbgpu.rank.usercode import pull_payload, report_error, run_once, serve
 
 __all__ = ["FR_REQUEST", "die_with", "dump_flight_record", "main", "serve_flight_records"]
