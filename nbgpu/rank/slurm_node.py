@@ -84,7 +84,6 @@ def _await(run_dir: Path) -> dict[str, object]:
 
 
 def _take_planned_gpus(name: str) -> None:
-    """This node's GPUs from a plan across nodes, when the run has one."""
     planned = os.environ.pop(_NODE_GPUS_ENV, None)
     if planned is None:
         return

@@ -66,8 +66,6 @@ def write_text(path: str | os.PathLike[str], text: str, *, like: str | None = No
 
 @dataclass(frozen=True)
 class ConfigSource:
-    """A config file: its form, its text and its data."""
-
     form: str  # "yaml" | "json" | "script"
     name: str
     text: str

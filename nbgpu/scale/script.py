@@ -48,8 +48,6 @@ CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
 @dataclass(frozen=True)
 class _Part:
-    """One piece of a word: a literal, or a variable reference."""
-
     kind: str  # "literal" | "var" | "arith" ($((...))) | "complex" ($(cmd), $@, ...)
     text: str  # the literal text / the variable name / the raw expression
     start: int  # span in the script of the editable text (literal) or the whole part
