@@ -218,8 +218,5 @@ def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str =
 def dump_yaml(data: Any) -> str:
     """Plain data as block YAML (for configs given as a dict, with no text to keep)."""
     out = io.StringIO()
-    yaml = _round_trip()
-    if isinstance(data, Mapping):
-        data = CommentedMap(data)
-    yaml.dump(data, out)
+    _round_trip().dump(CommentedMap(data) if isinstance(data, Mapping) else data, out)
     return out.getvalue()
