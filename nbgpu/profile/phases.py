@@ -4,11 +4,10 @@
         model = build()
     nbgpu.phase.mark("POST-MODEL")    # a point in time, like the MEM: prints it replaces
 
-Each process has one :class:`~nbgpu.profile.recorder.Recorder`. Inside a rank launched
-by nbgpu it appends to ``mem-rank{N}.jsonl`` in the run directory (``NBGPU_RUN_DIR``;
-``NBGPU_MEM_DIR`` for other jobs), crash-safe (a slow disk delays a record by the page
-cache's write, never by a flush). Outside any run (the notebook kernel, a plain script)
-records are kept in memory: ``nbgpu.phase.report()`` shows them. Standard library only.
+Each process has one :class:`~nbgpu.profile.recorder.Recorder`: in a rank it appends to
+``mem-rank{N}.jsonl`` in ``NBGPU_RUN_DIR`` (``NBGPU_MEM_DIR`` for other jobs; a slow disk delays
+a record by the page cache's write, never by a flush); outside any run (the notebook kernel, a
+plain script) it keeps them in memory for ``nbgpu.phase.report()``. Standard library only.
 """
 
 from __future__ import annotations

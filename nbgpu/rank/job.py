@@ -1,11 +1,9 @@
-"""A rank's place in its job (rank, sizes, rank 0), its device and the job's process group,
-turns across a node's ranks (``one_at_a_time``) and a cap on its address space
-(``set_memory_limit``).
+"""A rank's place in its job (rank, sizes, rank 0), its device and process group, turns across a
+node's ranks (``one_at_a_time``) and a cap on its address space (``set_memory_limit``).
 
-Every function reads ``environ`` (default ``os.environ``). ``is_main()`` and ``print0()``
-treat a process outside any job as the single rank 0; the other queries raise a
-one-line ``UserInputError`` there. torch is imported lazily; ``nbgpu.devices.sim.cuda``
-only under ``NBGPU_SIMULATE``.
+Every function reads ``environ`` (default ``os.environ``). ``is_main()`` and ``print0()`` treat a
+process outside any job as the single rank 0; the other queries raise a one-line ``UserInputError``
+there. torch is imported lazily; ``nbgpu.devices.sim.cuda`` only under ``NBGPU_SIMULATE``.
 """
 
 from __future__ import annotations
