@@ -127,8 +127,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         result["error"] = f"{type(exc).__name__}: {exc}"
         code = 1
-    result["ended_at"] = time.time()
-    result["agent_exit_code"] = code
+    result.update(ended_at=time.time(), agent_exit_code=code)
     _write(result_path, result)
     return code
 
