@@ -4,7 +4,7 @@
 
 Every run nbgpu starts sets ``TORCH_FR_BUFFER_SIZE`` (PyTorch's flight recorder: each
 rank keeps its last N collectives) and starts a thread in each rank that answers a request
-for the record (``nbgpu.rank.flight``). This measures what that costs. The same script runs
+for the record (``nbgpu.rank.worker``). This measures what that costs. The same script runs
 under bare torchrun, 2 ranks, gloo, one thread each: a DDP step of an MLP (about 1.1 M
 parameters, so a few all_reduce buckets a step) timed over ``--steps`` steps after a
 warm-up, in alternating rounds:
@@ -43,8 +43,8 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 if os.environ.get("BENCH_THREAD"):
     from pathlib import Path
-    from nbgpu.rank import flight
-    flight.serve(Path(os.environ["BENCH_DIR"]), rank)
+    from nbgpu.rank.worker import serve_flight_records
+    serve_flight_records(Path(os.environ["BENCH_DIR"]), rank)
 torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(
     torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512),

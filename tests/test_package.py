@@ -263,7 +263,7 @@ def test_the_cuda_driver_and_its_simulation_do_not_import_each_other():
 SIM_SEAMS = {
     "devices/nvml.py": "the fake NVML library, when NBGPU_SIMULATE names a fleet",
     "devices/health.py": "the fake CUDA driver, in the probe's child",
-    "rank/group.py": "what CUDA answers a simulated rank",
+    "rank/job.py": "what CUDA answers a simulated rank",
 }
 
 
@@ -358,10 +358,10 @@ def test_the_kernel_and_its_ranks_use_the_same_words():
     from nbgpu.launch.config import NODE_GPUS_ENV  # noqa: PLC0415
     from nbgpu.launch.outcomes import FR_REQUEST  # noqa: PLC0415
     from nbgpu.launch.procs import STACKS_SIGNAL  # noqa: PLC0415
-    from nbgpu.rank import flight, slurm_node, worker  # noqa: PLC0415
+    from nbgpu.rank import slurm_node, worker  # noqa: PLC0415
 
     assert worker._STACKS_SIGNAL == STACKS_SIGNAL
-    assert flight.REQUEST == FR_REQUEST
+    assert worker.FR_REQUEST == FR_REQUEST
     assert slurm_node._NODE_GPUS_ENV == NODE_GPUS_ENV
 
 

@@ -4,7 +4,7 @@ exception, its traceback, a sub-second clock) and the ``--pull`` values; while i
 the markers behind one-line notices (a refused parent-death signal, a full disk, a stall).
 
 A job stalls when no rank writes for ``--hang-after`` seconds with a collective pending that
-long: :class:`StallWatch` asks every rank for its flight record (``nbgpu.rank.flight``
+long: :class:`StallWatch` asks every rank for its flight record (``nbgpu.rank.worker``
 answers from a thread: a rank stuck in a collective runs no signal handler) and its stack (a
 DataLoader worker's too), and names once the collective, the ranks that never entered it or
 entered another, and where they are (``stall.json`` keeps it for ``nbgpu diagnose``). A
@@ -261,7 +261,7 @@ def _disk_full_since(run_dir: Path) -> float | None:
     return None
 
 
-FR_REQUEST = "fr-request"  # what nbgpu.rank.flight reads (a test ties the two)
+FR_REQUEST = "fr-request"  # what nbgpu.rank.worker reads (a test ties the two)
 _ANSWER_S = 3.0  # how long ranks get to write their records (they look twice a second)
 _STACKS_S = 5.0
 

@@ -92,8 +92,7 @@ class MemoryFollower:
 
     def summary(self) -> str | None:
         """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``;
-        over several nodes each node's own sum against its own memory (the busiest ones
-        first, at most three), never a sum across machines."""
+        over several nodes each node's sum against its own memory (busiest first, at most 3)."""
         self.poll()
         alive = [r for r in self.ranks.values() if r.last and not r.closed]
         if not alive:

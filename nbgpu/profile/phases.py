@@ -4,11 +4,10 @@
         model = build()
     nbgpu.phase.mark("POST-MODEL")    # a point in time, like the MEM: prints it replaces
 
-Each process has one :class:`~nbgpu.profile.recorder.Recorder`. Inside a rank launched
-by nbgpu it appends to ``mem-rank{N}.jsonl`` in the run directory (``NBGPU_RUN_DIR``;
-``NBGPU_MEM_DIR`` for other jobs), crash-safe (a slow disk delays a record by the page
-cache's write, never by a flush). Outside any run (the notebook kernel, a plain script)
-records are kept in memory: ``nbgpu.phase.report()`` shows them. Standard library only.
+Each process has one :class:`~nbgpu.profile.recorder.Recorder`: in a rank it appends to
+``mem-rank{N}.jsonl`` in ``NBGPU_RUN_DIR`` (``NBGPU_MEM_DIR`` for other jobs; a slow disk delays
+a record by the page cache's write, never by a flush); outside any run (the notebook kernel, a
+plain script) it keeps them in memory for ``nbgpu.phase.report()``. Standard library only.
 """
 
 from __future__ import annotations
@@ -48,16 +47,9 @@ _SETUP = threading.Lock()
 
 
 def _identity(environ: Mapping[str, str]) -> dict[str, Any]:
-    def number(key: str) -> int | None:
-        raw = environ.get(key, "").strip()
-        return int(raw) if raw.isdigit() else None
-
-    return {
-        "rank": number("RANK"),
-        "local_rank": number("LOCAL_RANK"),
-        "world_size": number("WORLD_SIZE"),
-        "run": environ.get("NBGPU_RUN_NAME") or None,
-    }
+    raw = {key: environ.get(key, "").strip() for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    identity: dict[str, Any] = {k.lower(): int(v) if v.isdigit() else None for k, v in raw.items()}
+    return {**identity, "run": environ.get("NBGPU_RUN_NAME") or None}
 
 
 def configure(

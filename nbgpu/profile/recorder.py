@@ -1,21 +1,18 @@
 """One process's memory, read from /proc, and its phase stack recorded as crash-safe JSON lines.
 
-The :class:`Recorder` behind ``nbgpu.phase``: one ``os.write`` per record on an
-``O_APPEND`` descriptor, so a rank killed by the OOM killer leaves every phase it entered
-and its last samples on disk, and nothing is shared between ranks (no lock, no fsync).
-A sampling thread (:class:`Sampler`) folds host memory (and CUDA figures once the
-process uses CUDA) into the open phases' peaks; the training thread never waits for it:
-a sample reads /proc and appends one line on the sampler's own thread, sharing only
-this process's short lock around the phase stack.
+The :class:`Recorder` behind ``nbgpu.phase``: one ``os.write`` per record on an ``O_APPEND``
+descriptor, so a rank killed by the OOM killer leaves every phase it entered and its last samples on
+disk, and nothing is shared between ranks (no lock, no fsync). A :class:`Sampler` thread folds host
+memory (and CUDA figures once the process uses CUDA) into the open phases' peaks; the training
+thread never waits for it, sharing only a short lock around the phase stack.
 
-The readings: RSS, and from ``/proc/PID/smaps_rollup`` USS (private pages: what the
-process frees on exit) and PSS (shared pages divided among the sharers: the figure that
-sums across ranks without counting torch's libraries eight times); the kernel's
-high-water mark ``VmHWM`` and its reset through ``/proc/self/clear_refs``, which some
-kernels and containers refuse (then the reason is returned, never a guess); the node's
-``MemTotal`` and ``MemAvailable``; the caching allocator's figures, only when ``torch``
-is already imported *and* CUDA already initialised here: the profiler must never create
-a CUDA context (hundreds of MiB per GPU, and a busy GPU would fail).
+The readings: RSS; USS (private pages: what the process frees on exit) and PSS (shared
+pages divided among the sharers: sums across ranks without counting torch's libraries
+eight times) from ``smaps_rollup``; the kernel's high-water mark ``VmHWM`` and its reset
+through ``/proc/self/clear_refs``, which some kernels and containers refuse (then the
+reason is returned, never a guess); the node's ``MemTotal`` and ``MemAvailable``; the
+caching allocator's figures only when torch is imported *and* CUDA initialised here: the
+profiler must never create a CUDA context (hundreds of MiB per GPU; a busy GPU would fail).
 
 Standard library only at import time (this runs inside every rank, every 100 ms).
 """
@@ -37,8 +34,6 @@ from typing import Any
 __all__ = ["DEFAULT_SAMPLE_S", "CudaMemory", "NodeMemory", "ProcessMemory", "Recorder",
            "Sampler", "cuda_memory", "node_memory", "peak_rss", "process_memory",
            "process_start_time", "records_file", "reset_peak_rss", "resident_bytes"]  # fmt: skip
-
-# -- readings --------------------------------------------------------------------
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -117,16 +112,12 @@ def reset_peak_rss() -> str | None:
     """Reset this process's ``VmHWM``; None when done, else why it could not be."""
     try:
         fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
-    except OSError as exc:
-        return (
-            f"VmHWM cannot be reset here (/proc/self/clear_refs: {exc.strerror}): peak since start"
-        )
-    try:
-        os.write(fd, b"5")
+        try:
+            os.write(fd, b"5")
+        finally:
+            os.close(fd)
     except OSError as exc:
         return f"VmHWM cannot be reset here (clear_refs: {exc.strerror}): peak since start"
-    finally:
-        os.close(fd)
     return None
 
 
@@ -167,8 +158,6 @@ def cuda_memory() -> tuple[CudaMemory | None, str]:
         return None, f"CUDA figures unavailable ({type(exc).__name__})"
 
 
-# -- recording ------------------------------------------------------------------
-
 DEFAULT_SAMPLE_S = 0.1
 PSS_EVERY_S = 1.0  # samples read USS/PSS (smaps_rollup) at most this often; RSS every time
 PSS_CPU_SHARE = 0.002  # ... and less often if reading it would take more of a core than this
@@ -176,10 +165,8 @@ _KEEP_SAMPLES = 200_000  # in-memory recorders (the kernel): ~6 h at 10 Hz
 
 
 def records_file(directory: Path, rank: int | None) -> Path:
-    """Where a process's records go in *directory*: by rank in a job, by pid otherwise."""
-    return directory / (
-        f"mem-rank{rank}.jsonl" if rank is not None else f"mem-pid{os.getpid()}.jsonl"
-    )
+    who = f"rank{rank}" if rank is not None else f"pid{os.getpid()}"  # by pid outside a job
+    return directory / f"mem-{who}.jsonl"
 
 
 @dataclass

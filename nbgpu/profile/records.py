@@ -1,10 +1,9 @@
 """Memory records read back, and what they add up to on one clock.
 
-Reading tolerates what crashes leave: a last line cut off mid-write, a phase entered and
-never left (the rank died inside it, or is still running), a phase ended before the
-phases nested in it - each a note or a status, never an exception. The report renders a
-:class:`MemoryTimeline`, the figure draws it, the diagnosis reads it. Standard library
-only (and the recorder's /proc helpers).
+Reading tolerates what crashes leave: a last line cut off mid-write, a phase entered and never left
+(the rank died inside it, or is still running), a phase ended before the phases nested in it - each
+a note or a status, never an exception. The report renders a :class:`MemoryTimeline`, the figure
+draws it, the diagnosis reads it. Standard library only (and the recorder's /proc helpers).
 """
 
 from __future__ import annotations
@@ -225,9 +224,6 @@ def read_node(directory: Path, rank: int) -> str | None:
     with contextlib.suppress(OSError):
         return (directory / f"rank{rank}.node").read_text(encoding="utf-8").strip()
     return None
-
-
-# -- the numbers ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

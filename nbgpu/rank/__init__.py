@@ -14,10 +14,14 @@ never torch at module level, never IPython, pynvml or psutil.
 
 from __future__ import annotations
 
-from nbgpu.rank.group import all_reduce_sum, barrier, destroy, device, init
 from nbgpu.rank.job import (
     NOT_IN_JOB,
     RUN_DIR_ENV,
+    all_reduce_sum,
+    barrier,
+    destroy,
+    device,
+    init,
     is_main,
     local_rank,
     local_world_size,

@@ -1,9 +1,8 @@
 """The torchrun agent, wrapped: ``python -m nbgpu.rank.agent RESULT.json -- <torchrun args>``.
 
-It is torchrun, keeping what torchrun leaves when a rank fails (the "Root Cause" banner
-in ``agent.log``, the first failed rank's error file as ``agent-error.json``), plus: it
-dies with the process that launched it, tells the workers its pid so they can do the
-same, and writes a machine-readable result (per-rank exit codes, signals, error files).
+It is torchrun (what torchrun leaves when a rank fails: see :func:`_as_torchrun_reports`),
+plus: it dies with the process that launched it, tells the workers its pid so they can do
+the same, and writes a machine-readable result (per-rank exit codes, signals, error files).
 """
 
 from __future__ import annotations
@@ -128,8 +127,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         result["error"] = f"{type(exc).__name__}: {exc}"
         code = 1
-    result["ended_at"] = time.time()
-    result["agent_exit_code"] = code
+    result.update(ended_at=time.time(), agent_exit_code=code)
     _write(result_path, result)
     return code
 

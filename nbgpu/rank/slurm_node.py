@@ -1,11 +1,10 @@
 """One node of a SLURM job: find the rendezvous, then become torchrun's agent.
 
-``srun`` starts ``python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S``
-on each node. The first node (``SLURM_NODEID`` 0) writes ``rdzv.json``: its address as
-SLURM knows it, a free port, and the job and step ids the kernel cancels; the others wait
-for it on the shared run directory. Each node takes its GPUs from a plan
-(``NBGPU_NODE_GPUS``) and ``exec``s nbgpu's agent, so SLURM's signals reach torchrun.
-Standard library only.
+``srun`` starts ``python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S`` on each node.
+The first node (``SLURM_NODEID`` 0) writes ``rdzv.json``: its address as SLURM knows it, a free
+port, and the job and step ids the kernel cancels; the others wait for it on the shared run
+directory. Each node takes its GPUs from a plan (``NBGPU_NODE_GPUS``) and ``exec``s nbgpu's agent,
+so SLURM's signals reach torchrun. Standard library only.
 """
 
 from __future__ import annotations
@@ -85,7 +84,6 @@ def _await(run_dir: Path) -> dict[str, object]:
 
 
 def _take_planned_gpus(name: str) -> None:
-    """This node's GPUs from a plan across nodes, when the run has one."""
     planned = os.environ.pop(_NODE_GPUS_ENV, None)
     if planned is None:
         return

@@ -1,10 +1,10 @@
 """The user's code inside a rank: once (a cold run), or cell after cell (a warm job).
 
-A warm job's rank connects to the job's private channel (a ``multiprocessing`` Client
-with the job's token as authkey; the kernel's end is ``nbgpu.launch.streams``) and runs
-the cells it sends. An exception fails the cell, not the rank. SIGINT interrupts a
-running cell only; the kernel saying ``stop``, or hanging up, ends the loop and the rank
-exits normally. Standard library (and nbgpu's recording side).
+A warm job's rank runs the cells the kernel sends over the job's private channel (a
+``multiprocessing`` Client, the job's token as authkey; the kernel's end is
+``nbgpu.launch.streams``). An exception fails the cell, not the rank; SIGINT interrupts a
+running cell only; ``stop`` or a hang-up ends the loop and the rank exits normally.
+Standard library (and nbgpu's recording side).
 """
 
 from __future__ import annotations
@@ -69,8 +69,7 @@ def report_error(exc: BaseException, error_path: str) -> None:
 
 
 def _split_leading_imports(source: str, filename: str) -> tuple[Any, Any, int]:
-    """Compile the code as (leading import block, rest), keeping line numbers; the
-    block's statement count."""
+    """(leading import block, rest), compiled with their line numbers; the block's length."""
     tree = ast.parse(source, filename)
     cut = 0
     for node in tree.body:
@@ -95,9 +94,8 @@ def run_code(
     phases: tuple[str, str] = ("imports", "run"),
     empty_imports_phase: bool = True,
 ) -> None:
-    """Cells, scripts and warm cells alike, so ``--serial-imports`` serialises a script's
-    leading imports like a cell's. *open_phase* (the rank's ``start``) ends once the code
-    compiled; without *empty_imports_phase*, no leading imports means no imports phase."""
+    """Cells, scripts and warm cells alike (``--serial-imports`` serialises a script's leading
+    imports too). *open_phase* (the rank's ``start``) ends once the code compiled."""
     head, tail, imports = _split_leading_imports(source, filename)
     if open_phase is not None:
         rec.end(open_phase)
@@ -114,8 +112,7 @@ def run_code(
 
 
 def pull_payload(names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """The pulled variables, each pickled on its own so one bad value does not hide the
-    others: values, missing names, reasons."""
+    """The pulled variables, each pickled on its own: one bad value hides no other."""
     payload: dict[str, Any] = {"values": {}, "missing": [], "errors": {}}
     for name in names:
         if name not in namespace:
@@ -180,6 +177,7 @@ def run_once(
 
 
 _in_cell = [False]  # whether SIGINT means KeyboardInterrupt right now
+_INTERRUPTED = {"status": "interrupted", "error": "KeyboardInterrupt"}
 
 
 def _on_interrupt(_signum: int, _frame: FrameType | None) -> None:
@@ -189,8 +187,7 @@ def _on_interrupt(_signum: int, _frame: FrameType | None) -> None:
 
 def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, rank: int) -> int:
     """Run cells until the kernel says stop or goes away; the rank's exit code (0)."""
-    # Only warm jobs' ranks pay for this import.
-    from multiprocessing.connection import Client  # noqa: PLC0415
+    from multiprocessing.connection import Client  # noqa: PLC0415  (only warm jobs' ranks)
 
     # Both ends prove they hold the job's token before anything is unpickled.
     conn = Client(spec["channel"], family="AF_UNIX", authkey=spec["token"].encode())
@@ -207,12 +204,7 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
                 answer = _run_cell(message, namespace, rec, conn, rank)
             except KeyboardInterrupt:
                 # Landed after the cell's code, before its answer: still an interrupted cell.
-                answer = {
-                    "op": "done",
-                    "cell": int(message["cell"]),
-                    "status": "interrupted",
-                    "error": "KeyboardInterrupt",
-                }
+                answer = {"op": "done", "cell": int(message["cell"]), **_INTERRUPTED}
             sys.stdout.flush()
             sys.stderr.flush()
             conn.send(answer)

@@ -2,7 +2,8 @@
 
 Before any user code: die with the agent (parent-death signal); send stdout and stderr,
 at the file-descriptor level (NCCL too), into ``rank{N}.log``, complete on disk even if
-the rank is killed right after writing. Standard library at import time.
+the rank is killed right after writing; answer the kernel's requests for stacks and flight
+records. Standard library at import time; torch only once the user's code has imported it.
 """
 
 from __future__ import annotations
@@ -16,18 +17,17 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from nbgpu._children import die_with_parent
 from nbgpu.profile.phases import configure
-from nbgpu.rank import flight
-from nbgpu.rank.group import destroy
-from nbgpu.rank.job import set_memory_limit
+from nbgpu.rank.job import destroy, set_memory_limit
 from nbgpu.rank.usercode import pull_payload, report_error, run_once, serve
 
-__all__ = ["die_with", "main"]
+__all__ = ["FR_REQUEST", "die_with", "dump_flight_record", "main", "serve_flight_records"]
 
 
 def die_with(parent_env: str, sig: int, run_dir: Path | None, who: str) -> None:
@@ -40,10 +40,9 @@ def die_with(parent_env: str, sig: int, run_dir: Path | None, who: str) -> None:
 
 
 class _DiskFullTolerant(io.RawIOBase):
-    """fd 1/2 for Python's sys.stdout/sys.stderr: a full disk drops output (a print() would
-    raise OSError(ENOSPC) in the user's code), never the rank. The first failure is noted
-    (``logfull-rank{N}.txt``, when a few bytes still fit); output is dropped until writes
-    succeed again."""
+    """fd 1/2 under sys.stdout/sys.stderr: a full disk drops output until writes succeed
+    again (a print() would raise ENOSPC in the user's code), never the rank; the first
+    failure is noted in ``logfull-rank{N}.txt`` when a few bytes still fit."""
 
     def __init__(self, fd: int, marker: Path) -> None:
         super().__init__()
@@ -108,6 +107,56 @@ def _register_stack_dumps(run_dir: Path, rank: int) -> None:
         pass  # no stacks on request; the run itself is unaffected
 
 
+FR_REQUEST = "fr-request"  # what nbgpu.launch.outcomes writes (a test ties the two)
+
+
+def dump_flight_record(run_dir: Path, rank: int, token: str) -> None:
+    """``fr-rank{N}.json``: PyTorch's record of this rank's last collectives (kept when
+    ``TORCH_FR_BUFFER_SIZE`` is set, as the launcher does), tagged with *token*; an empty
+    trace when the user's code never imported torch.distributed or this torch has none."""
+    trace = b"{}"  # an answer all the same: the kernel need not wait for this rank
+    # Taken from sys.modules, never imported: a rank imports no torch before the user's code
+    # does (tests/test_package.py). torch 2.13 has it, CPU builds too.
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    if "torch.distributed" in sys.modules and c10d is not None:
+        with contextlib.suppress(AttributeError, RuntimeError):
+            trace = bytes(c10d._dump_fr_trace_json())
+    head = f'{{"token": "{token}", "pid": {os.getpid()}, "time_ns": {time.time_ns()}, "trace": '
+    path = run_dir / f"fr-rank{rank}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(OSError):
+        tmp.write_bytes(head.encode() + trace + b"}")
+        tmp.replace(path)  # atomic: the kernel never reads half a record
+
+
+def _flight_request(request: Path) -> str | None:
+    try:
+        return request.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def _serve_flight(run_dir: Path, rank: int) -> None:
+    request = run_dir / FR_REQUEST
+    seen = _flight_request(request)  # a request older than this rank is not for it
+    while True:
+        time.sleep(0.5)
+        token = _flight_request(request)
+        if token is not None and token != seen:
+            seen = token
+            dump_flight_record(run_dir, rank, token)
+
+
+def serve_flight_records(run_dir: Path, rank: int) -> None:
+    """Answer the kernel's requests for this rank's flight record from a daemon thread (only
+    the rank can read it, and a rank stuck in a collective runs no Python signal handler): a
+    new token in ``fr-request``, looked for twice a second (a file, not a signal or a pipe:
+    every node of a run dir shared over NFS sees it)."""
+    threading.Thread(
+        target=_serve_flight, args=(run_dir, rank), name="nbgpu-flight-recorder", daemon=True
+    ).start()
+
+
 def main() -> int:
     run_dir = Path(os.environ["NBGPU_RUN_DIR"])
     rank = int(os.environ.get("RANK", "0"))
@@ -117,13 +166,12 @@ def main() -> int:
     if os.environ.get("NBGPU_NODE"):  # several nodes: say where this rank runs (its label)
         with contextlib.suppress(OSError):
             (run_dir / f"rank{rank}.node").write_text(os.environ["NBGPU_NODE"], encoding="utf-8")
-    # Interrupting a run means SIGINT (torchrun forwards it): the user's code gets
-    # KeyboardInterrupt even when an ancestor ignored SIGINT (nohup, `cmd &`, CI),
-    # which Python would otherwise keep.
+    # Interrupting a run means SIGINT (torchrun forwards it): the user's code gets KeyboardInterrupt
+    # even when an ancestor ignored SIGINT (nohup, `cmd &`, CI), which Python would otherwise keep.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _redirect_output(run_dir / f"rank{rank}.log", run_dir / f"logfull-rank{rank}.txt")
     _register_stack_dumps(run_dir, rank)
-    flight.serve(run_dir, rank)
+    serve_flight_records(run_dir, rank)
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
     sample_s = spec.get("mem_sample_s", 0.1)
     rec = configure(  # this rank's memory records (mem-rank{N}.jsonl) and its sampler
@@ -132,11 +180,10 @@ def main() -> int:
         extra={"mem_limit": spec.get("mem_limit_bytes")},
     )
     start_phase = rec.begin("start")
-    # No Python SIGTERM handler for a last sample: Python runs handlers only when the
-    # main thread returns to the interpreter, so a rank blocked in a collective or a
-    # rendezvous would ignore torchrun's SIGTERM for its whole grace period (30 s) and
-    # every stop would wait for SIGKILL. The sampler's last record is at most one
-    # sampling interval old.
+    # No Python SIGTERM handler for a last sample: Python runs handlers only when the main thread
+    # returns to the interpreter, so a rank blocked in a collective or a rendezvous would ignore
+    # torchrun's SIGTERM for its whole grace period (30 s) and every stop would wait for SIGKILL.
+    # The sampler's last record is at most one sampling interval old.
     if spec.get("mem_limit_bytes"):
         set_memory_limit(int(spec["mem_limit_bytes"]))
     error_path = os.environ.get("TORCHELASTIC_ERROR_FILE") or str(

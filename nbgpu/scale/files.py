@@ -1,10 +1,9 @@
 """A config as its file holds it (YAML, JSON or a launch script), and the same file rescaled.
 
-``scaler.py`` works on data; the user works on a file with comments, a key order, quotes
-and line continuations. :func:`rescaled_text` writes the new values back into the file's
-text and nowhere else, in its own form: YAML through ruamel.yaml's round trip
-(``yamldoc.py``), a launch script where bash reads each value (:func:`rewrite_script`),
-JSON with the file's indentation and key order.
+``scaler.py`` works on data; the user works on a file with comments, a key order, quotes and line
+continuations. :func:`rescaled_text` writes the new values back into the file's text and nowhere
+else, in its own form: YAML through ruamel.yaml's round trip (``yamldoc.py``), a launch script where
+bash reads each value (:func:`rewrite_script`), JSON with the file's indentation and key order.
 
 :func:`read_text` and :func:`write_text` are the one place planning opens files (a config,
 a plan file, a cluster file): every failure is one ``UserInputError`` line naming the file.
@@ -67,8 +66,6 @@ def write_text(path: str | os.PathLike[str], text: str, *, like: str | None = No
 
 @dataclass(frozen=True)
 class ConfigSource:
-    """A config file: its form, its text and its data."""
-
     form: str  # "yaml" | "json" | "script"
     name: str
     text: str
@@ -130,9 +127,6 @@ def load_config(path: str | os.PathLike[str]) -> Any:
     return read_config(read_text(path, "config"), os.fspath(path)).data
 
 
-# ------------------------------------------------------------- launch scripts
-
-
 @dataclass(frozen=True)
 class _Edit:
     start: int
@@ -179,11 +173,10 @@ def rewrite_script(
 ) -> tuple[str, list[str]]:
     """The script with *changes* (key → new value text); and notes about what else moved.
 
-    A value is changed where it is written: its literal, the assignment of the variable it
-    reads, the default of ``${VAR:-4}``. Then the new script is read again, and every key of
-    *changes* and *unchanged* (key → the value it must keep) that does not come out as
-    intended (an expression, a variable shared with a key that needs another value) gets its
-    own literal in place of what it had, with a note.
+    A value is changed where it is written: its literal, its variable's assignment, the default
+    of ``${VAR:-4}``. Any key of *changes* or *unchanged* (key → the value it must keep) that the
+    new script does not resolve as intended (an expression, a variable shared with a key that
+    needs another value) gets its own literal, with a note.
     """
     from nbgpu.scale.script import NAME, read_script  # noqa: PLC0415
 

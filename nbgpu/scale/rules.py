@@ -1,7 +1,6 @@
-"""The rules (which key follows which rule, how a rule moves a value to the target) and
-the checks verl and vLLM make at start (batch divisibility, the tensor-parallel size,
-token budgets, the KV cache), run on the scaled values before anything runs. Pure
-arithmetic; never reads files.
+"""The rules (which key follows which rule, how a rule moves a value to the target) and the checks
+verl and vLLM make at start (batch divisibility, the tensor-parallel size, token budgets, the KV
+cache), run on the scaled values before anything runs. Pure arithmetic; never reads files.
 """
 
 from __future__ import annotations
@@ -65,9 +64,6 @@ _LEAVES: Mapping[str, str] = {
 }
 
 
-# ------------------------------------------------------------------------ the rules
-
-
 def rules_for(entries: Sequence[Entry], rules: Mapping[str, str]) -> dict[str, str]:
     """dotted key → rule, built-ins first, then the caller's rules (which must match)."""
     out = {e.dotted: _LEAVES[e.leaf.lower()] for e in entries if e.leaf.lower() in _LEAVES}
@@ -90,8 +86,7 @@ def rules_for(entries: Sequence[Entry], rules: Mapping[str, str]) -> dict[str, s
 
 @dataclass
 class ScaleContext:
-    """One rescaling under way: the config's entries and their rules, the target, the values
-    the rules set so far, and the problems found."""
+    """One rescaling under way: what the rules read, set and found."""
 
     entries: Sequence[Entry]
     rules: Mapping[str, str]  # dotted key → rule
@@ -187,9 +182,6 @@ def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) ->
     return max(options) if options else old, why + "more GPUs"
 
 
-# ------------------------------------------------------------- start-up checks
-
-
 def check_start_up(ctx: ScaleContext) -> None:
     """verl's and vLLM's start-up checks on the new values."""
     world, entries, value = ctx.to_gpus, ctx.entries, ctx.now
@@ -274,8 +266,6 @@ def check_start_up(ctx: ScaleContext) -> None:
                 f"max_num_batched_tokens={model_len}",
             )
 
-
-# ------------------------------------------------------------------- the KV cache
 
 #: Per-GPU bytes inside the engine's memory fraction that are neither weights nor KV cache:
 #: the profile run's activations, CUDA graphs and non-torch allocations such as NCCL

@@ -101,8 +101,7 @@ class ScalePlan(Result):
         return dump_yaml(self.config)
 
     def to_text(self) -> str:
-        """The new config in the form and layout it came in (a YAML file keeps its comments,
-        a launch script its lines): changed values only."""
+        """The new config in its own form and layout (YAML comments, a script's lines kept)."""
         return self.new_text if self.new_text is not None else self.to_yaml()
 
     def save(self, path: str | os.PathLike[str]) -> ScalePlan:
@@ -324,17 +323,8 @@ def scale_config(
     for step in steps:
         set_value(data, step.path, step.new)
     result: Any = [f"{k}={override_text(v)}" for k, v in data.items()] if overrides else data
-    return ScalePlan(
-        start,
-        to_gpus,
-        steps,
-        tuple(ctx.problems),
-        tuple(ctx.warnings),
-        kv,
-        config=result,
-        original=original,
-        source=source,
-    )
+    problems, warnings = tuple(ctx.problems), tuple(ctx.warnings)
+    return ScalePlan(start, to_gpus, steps, problems, warnings, kv, result, original, source=source)
 
 
 def _engines(world: int, tp: Any) -> int:

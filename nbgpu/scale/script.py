@@ -10,11 +10,10 @@ verl and VAGEN users keep a run as a shell script::
         trainer.n_gpus_per_node=${N_GPUS} \\
         "$@"
 
-:func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or
-accelerate program word) and the variables the script sets, and resolves ``$VAR``,
-``${VAR}`` and ``${VAR:-default}`` the way bash would with those variables unset in the
-environment; every value keeps its spans, so :func:`~nbgpu.scale.files.rewrite_script`
-can change it where it is written.
+:func:`read_script` finds the overrides (``key=value`` words after a Python, torchrun or accelerate
+program word) and the variables the script sets, and resolves ``$VAR``, ``${VAR}`` and
+``${VAR:-default}`` the way bash would with those variables unset in the environment; every value
+keeps its spans, so :func:`~nbgpu.scale.files.rewrite_script` can change it where it is written.
 
 The shell grammar read here is the part such scripts use: words, single and double quotes,
 backslash escapes and line continuations, ``#`` comments, ``;``/``&&``/``||``/``|``/``&``
@@ -49,8 +48,6 @@ CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
 @dataclass(frozen=True)
 class _Part:
-    """One piece of a word: a literal, or a variable reference."""
-
     kind: str  # "literal" | "var" | "arith" ($((...))) | "complex" ($(cmd), $@, ...)
     text: str  # the literal text / the variable name / the raw expression
     start: int  # span in the script of the editable text (literal) or the whole part
@@ -61,8 +58,7 @@ class _Part:
 
 @dataclass(frozen=True)
 class ScriptValue:
-    """A value (or a whole word) as written in the script: its raw span, its parts, and what
-    it resolves to."""
+    """A value (or a whole word) as written in the script: its span and its parts."""
 
     start: int  # the value's span in the script (after ``key=``)
     end: int
@@ -144,9 +140,8 @@ class LaunchScript:
             value = self.value_of(key)
             if value is not None:
                 text = self.resolve(value, split=key in self.overrides)
-                out[key] = (
-                    parse_value(text) if text is not None else self.text[value.start : value.end]
-                )
+                written = self.text[value.start : value.end]
+                out[key] = parse_value(text) if text is not None else written
         return out
 
 
@@ -155,9 +150,6 @@ def looks_like_script(text: str, name: str = "") -> bool:
     if name.endswith((".sh", ".bash")) or text.startswith("#!"):
         return True
     return bool(re.search(r"^\s*(?:\S+=\S*\s+)*python[0-9.]*\s+.*\\$", text, re.MULTILINE))
-
-
-# ----------------------------------------------------------------------- the lexer
 
 
 class _Lexer:

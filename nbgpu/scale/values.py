@@ -1,10 +1,8 @@
-"""A config's values: flat entries found by their last name, typed override text, bash
-arithmetic.
+"""A config's values: flat entries found by their last name, typed override text, bash arithmetic.
 
-Nested YAML, flat ``a.b.c`` keys and Hydra overrides all become the same :class:`Entry`
-list, so the rules match a key by its last name anywhere in the config. A launch script's
-``$((...))`` is evaluated over whole numbers by Python's ``ast``. Pure text; never reads
-files nor executes code.
+Nested YAML, flat ``a.b.c`` keys and Hydra overrides all become the same :class:`Entry` list, so the
+rules match a key by its last name anywhere in the config. A launch script's ``$((...))`` is
+evaluated over whole numbers by Python's ``ast``. Pure text; never reads files nor executes code.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """YAML configs read and rewritten with ruamel.yaml: comments, order, quoting kept.
 
-A user's verl/VAGEN config carries comments that explain its values, a key order that
-follows the trainer's structure, and quotes where a value must stay a string
-(``CUDA_VISIBLE_DEVICES: "0,1"``). :func:`rewrite_yaml` changes the values it is given and
-no other byte: ruamel.yaml's round-trip composer gives the exact span of every value in the
-text, and each new value, written by ruamel.yaml's emitter in the old one's style (quotes,
-flow list; a block list keeps its items' lines and adds new ones like its last), replaces
-just that span. Dumping the whole round-trip document would also keep comments and order,
-but it rewrites ``True`` as ``true`` and ``null`` as nothing, and drops comments above
-``---``; only a value that changes shape (a scalar that becomes a list, a list that
-becomes empty) goes through that dump, with the file's indentation read from its text
-since ruamel.yaml cannot guess it.
+:func:`rewrite_yaml` changes the values it is given and no other byte of a user's config (its
+comments, key order, and quotes where a value must stay a string: ``CUDA_VISIBLE_DEVICES: "0,1"``):
+ruamel.yaml's round-trip composer gives the exact span of every value, and each new value, written
+by ruamel.yaml's emitter in the old one's style (quotes, flow list; a block list keeps its items'
+lines and adds new ones like its last), replaces just that span. Dumping the whole round-trip
+document would rewrite ``True`` as ``true`` and ``null`` as nothing, and drop comments above
+``---``: only a value that changes shape (a scalar that becomes a list, a list that becomes empty)
+goes through that dump, with the file's indentation read from its text (ruamel.yaml cannot guess).
 
 Pure: text in, text out; never reads or writes files (``files.py`` does).
 """
@@ -70,8 +67,7 @@ def _indentation(text: str) -> tuple[int, int, int]:
 
 def load_yaml(text: str, where: str = "config", *, plain: bool = False) -> Any:
     """The round-trip document (mappings keep their comments and style); *plain*: plain
-    dicts, lists and scalars (``int``, ``float``, ``str``...), as ruamel.yaml's safe loader
-    builds them."""
+    dicts, lists and scalars, as ruamel.yaml's safe loader builds them."""
     try:
         return (YAML(typ="safe", pure=True) if plain else _round_trip(text)).load(text)
     except YAMLError as exc:
@@ -220,8 +216,5 @@ def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str =
 def dump_yaml(data: Any) -> str:
     """Plain data as block YAML (for configs given as a dict, with no text to keep)."""
     out = io.StringIO()
-    yaml = _round_trip()
-    if isinstance(data, Mapping):
-        data = CommentedMap(data)
-    yaml.dump(data, out)
+    _round_trip().dump(CommentedMap(data) if isinstance(data, Mapping) else data, out)
     return out.getvalue()

@@ -87,11 +87,11 @@ def test_the_launch_flag_and_rank_init_accept_the_same_backends():
     import argparse  # noqa: PLC0415
 
     from nbgpu.cli import _build_parser  # noqa: PLC0415
-    from nbgpu.rank import group  # noqa: PLC0415
+    from nbgpu.rank import job  # noqa: PLC0415
 
     sub = next(a for a in _build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     backend = next(a for a in sub.choices["run"]._actions if "--backend" in a.option_strings)
-    assert tuple(backend.choices) == group.BACKENDS
+    assert tuple(backend.choices) == job.BACKENDS
     assert "ucc" in backend.choices  # what torch accepts, not a subset
 
 
