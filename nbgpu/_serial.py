@@ -42,11 +42,6 @@ def to_data(value: Any) -> Any:
     return value
 
 
-def _kind(tp: Any) -> str:
-    names = {int: "a whole number", str: "a string", float: "a number", bool: "true/false"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
-
-
 class _Reader:
     def __init__(self, prefix: str, error: type[UserInputError]) -> None:
         self.prefix = prefix
@@ -89,7 +84,9 @@ class _Reader:
             and not (tp is int and isinstance(data, bool))
         ):
             return data
-        raise self.fail(f"{where} = {data!r} is not {_kind(tp)}")
+        names = {int: "a whole number", str: "a string", float: "a number", bool: "true/false"}
+        kind = names.get(tp, getattr(tp, "__name__", str(tp)))
+        raise self.fail(f"{where} = {data!r} is not {kind}")
 
     def _sequence(self, tp: Any, origin: Any, data: Any, where: str) -> Any:
         args = typing.get_args(tp)

@@ -153,9 +153,7 @@ class LaunchMagics(Magics):
         check_keep_flags(args)
         if args.on is not None:
             check_cell_flags(args)
-        options = prepare_options(args)
-        pushed = {n: self._variable("--push", n) for n in pushed_names(args)}
-        return options, pushed
+        return prepare_options(args), {n: self._variable("--push", n) for n in pushed_names(args)}
 
     def _deliver(self, run: Run | CellResult, options: dict[str, Any], *, announce: bool) -> None:
         """The ``--pull`` values of a run or cell that ended, into the notebook."""
@@ -276,11 +274,9 @@ class LaunchMagics(Magics):
 
 
 def keep_empty_cell_body(lines: list[str]) -> list[str]:
-    """Input transformer: let ``%%torchrun ARGS`` with an empty body reach the magic.
-
-    IPython answers an empty cell magic itself ("did you mean the line magic
-    %torchrun?"); a blank body lets ``%%torchrun`` name a bad argument or the empty cell.
-    """
+    """Input transformer: IPython answers an empty cell magic itself ("did you mean the line
+    magic %torchrun?"); a blank body lets ``%%torchrun ARGS`` name a bad argument or the
+    empty cell."""
     head = lines[0].split()[:1] if lines else []
     if head == ["%%torchrun"] and not any(line.strip() for line in lines[1:]):
         return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]

@@ -257,8 +257,6 @@ class GPUMagics(Magics):
         kernel's high-water mark), the node's available memory and CUDA figures if the
         kernel uses CUDA. ``%gpu_memory kernel`` shows every phase of this kernel.
         """
-        # The cell runs inside nbgpu.phase(NAME) in the kernel process itself: loading a
-        # model in the notebook is a phase too.
         if (args := parse_or_help(self, "gpu_phase", line)) is None:
             return
         from nbgpu.profile.phases import Phase, parse_sample_interval, recorder  # noqa: PLC0415

@@ -217,10 +217,6 @@ class Dashboard:
             return "stopped"
         return "paused" if self.watcher.paused else f"live, every {self.watcher.interval_s:g} s"
 
-    @property
-    def updates(self) -> int:
-        return self.view.updates
-
     def _face(self, *, final: bool = False) -> dict[str, str]:
         samples = list(self.watcher.samples)
         state = self.state if samples or final else "starting"
