@@ -74,11 +74,8 @@ _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 
 
 def fix_html(text: str) -> str:
-    """Fix text as HTML: escaped, `backticked` spans as <code> (terminals keep the backticks).
-
-    Every result renders fixes through here, so a command looks the same in
-    ``%gpu_doctor``, ``%gpu_plan``, ``%gpu_diagnose`` and a failed run's summary.
-    """
+    """Fix text as HTML: escaped, `backticked` spans as <code> (terminals keep the backticks),
+    so a command looks the same in every result (doctor, plan, diagnosis, a run's summary)."""
     return _CODE_SPAN.sub(lambda m: f"<code>{m.group(1)}</code>", html.escape(text, quote=False))
 
 
@@ -107,10 +104,8 @@ _BAR_CELLS = 10
 
 def memory_bar_html(used: int | None, total: int | None) -> str | None:
     """A memory bar for an HTML table cell, ``█████░░░░░ 28.3/79.6 GiB``; None when unknown.
-
-    Block characters, not SVG or CSS widths: GitHub's notebook view strips styles and
-    inline SVG, while text survives everywhere the table does (the colour is a bonus).
-    """
+    Block characters, not SVG or CSS widths: GitHub's notebook view strips styles and inline
+    SVG, while text survives everywhere the table does (the colour is a bonus)."""
     if used is None or not total:
         return None
     share = max(0.0, min(1.0, used / total))

@@ -1,12 +1,9 @@
 """Frozen dataclasses to JSON-ready data and back, driven by their type hints.
 
 Plans and fleets travel as JSON (``nbgpu plan --json > p.json``, ``nbgpu status --json >
-pod.json``), so every field must come back exactly; the field annotations say what to
-build (``int``, ``str``, ``float``, ``bool``, ``X | None``, ``Literal[...]``, ``tuple[X,
-...]``, fixed tuples, ``frozenset[X]``, nested dataclasses). A wrong document raises one
-line naming the field path (``gpus[1].processes[0].pid``) and what is accepted there, a
-class's own ``__post_init__`` ``ValueError`` (``"field = value; expected ..."``) included.
-
+pod.json``), so every field must come back exactly. A wrong document raises one line
+naming the field path (``gpus[1].processes[0].pid``) and what is accepted there, a class's
+own ``__post_init__`` ``ValueError`` (``"field = value; expected ..."``) included.
 Derived values in a class's ``JSON_EXTRAS`` (a role's ``cuda_visible_devices``) are
 written too, never read back. Standard library and ``nbgpu.errors`` only: every layer
 may use it.

@@ -1,10 +1,7 @@
 """What a run's face shows: live (the picked rank's newest lines) and once it ended.
 
 Both states of a run's :class:`~nbgpu.notebook.live.LiveView` are static HTML and text,
-so a notebook saved at any moment holds a readable picture. The record has the run's
-headline, a state badge per rank, each rank's last lines (and how many earlier lines
-only its ``rank{N}.log`` holds), the run's summary and the ranks' memory over time.
-Pure rendering over a :class:`~nbgpu.launch.run.Run` (duck-typed); no IPython, no ipywidgets.
+so a notebook saved at any moment holds a readable picture. Pure rendering over a :class:`~nbgpu.launch.run.Run` (duck-typed); no IPython, no ipywidgets.
 """
 
 from __future__ import annotations
@@ -220,9 +217,8 @@ def _timeline_svg(
     top = max(*(v for _, v in total), 1) * 1.15
 
     def xy(t: float, v: int) -> str:
-        return (
-            f"{(t - t0) / t1 * (width - 40) + 36:.1f},{height - 14 - v / top * (height - 24):.1f}"
-        )
+        x, y = (t - t0) / t1 * (width - 40) + 36, height - 14 - v / top * (height - 24)
+        return f"{x:.1f},{y:.1f}"
 
     head = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
     parts = [
