@@ -14,14 +14,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.flags import (
-    NOTEBOOK,
-    arguments,
-    check_cell_flags,
-    check_keep_flags,
-    prepare_options,
-    pushed_names,
-)
+from nbgpu.launch import flags
 from nbgpu.notebook.magics import helped, parse_or_help, user_errors, words
 
 if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
@@ -36,7 +29,7 @@ __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 def _launch_flags(method: Any) -> Any:
     """Give the magic the notebook's launch flags, as declared once in ``launch/flags.py``."""
     # Decorators apply last-first; magic_arguments lists them as written: go backwards.
-    for names, keywords in reversed(arguments(NOTEBOOK)):
+    for names, keywords in reversed(flags.arguments(flags.NOTEBOOK)):
         method = argument(*names, **keywords)(method)
     return magic_arguments()(method)
 
@@ -150,10 +143,11 @@ class LaunchMagics(Magics):
 
     def _options(self, args: Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         """``prepare()`` keywords from the flags (checked), and the ``--push`` values."""
-        check_keep_flags(args)
+        flags.check_keep_flags(args)
         if args.on is not None:
-            check_cell_flags(args)
-        return prepare_options(args), {n: self._variable("--push", n) for n in pushed_names(args)}
+            flags.check_cell_flags(args)
+        options = flags.prepare_options(args)
+        return options, {n: self._variable("--push", n) for n in flags.pushed_names(args)}
 
     def _deliver(self, run: Run | CellResult, options: dict[str, Any], *, announce: bool) -> None:
         """The ``--pull`` values of a run or cell that ended, into the notebook."""
