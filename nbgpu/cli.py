@@ -1,15 +1,4 @@
-"""``nbgpu`` in a terminal: the same engine as the magics, as text.
-
-    nbgpu status [--json] [--probe] [--env CVD]
-    nbgpu doctor [--no-probe] [--nproc N] [--json]
-    nbgpu clean  [--yes] [--dry-run] [--grace S]
-    nbgpu run    [-n N] [--gpus 0,1] [--timeout S] [...] script.py [script args]
-    nbgpu plan   [ALLOCATION] [--batch N] [--sweep RUNS] [--scale CONFIG --to N] [...]
-    nbgpu diagnose FILE|DIR|- [--json] [--inventory]
-    nbgpu estimate MODEL [--strategy zero2] [--world-size 8] [--micro 4] [--seq-len 4096] [--json]
-    nbgpu memory RUNDIR|NAME [--png FILE] [--json]
-    nbgpu runs   [--prune [--keep N] [--budget SIZE]] [--json]
-    nbgpu stacks RUN [--native]
+"""``nbgpu`` in a terminal (``nbgpu -h``): the same engine as the magics, as text.
 
 Only parses arguments and calls the API (``nbgpu.api``, ``nbgpu.launch``,
 ``nbgpu.plan``, ``nbgpu.diagnose``). Exit codes: 0 fine; 1 a problem was found (doctor
