@@ -333,8 +333,7 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     try:
-        args = parser.parse_args(argv)
-        return _run(args)
+        return _run(parser.parse_args(argv))
     except UserInputError as exc:
         print(f"nbgpu: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

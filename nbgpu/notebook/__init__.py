@@ -42,5 +42,4 @@ def unload_ipython_extension(ipython: Any) -> None:
                 manager.magics[kind].pop(name, None)
         manager.registry.pop(cls.__name__, None)
     cleanup = getattr(ipython, "input_transformers_cleanup", [])
-    while keep_empty_cell_body in cleanup:
-        cleanup.remove(keep_empty_cell_body)
+    cleanup[:] = [step for step in cleanup if step is not keep_empty_cell_body]

@@ -27,7 +27,6 @@ __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 
 
 def _launch_flags(method: Any) -> Any:
-    """Give the magic the notebook's launch flags, as declared once in ``launch/flags.py``."""
     # Decorators apply last-first; magic_arguments lists them as written: go backwards.
     for names, keywords in reversed(flags.arguments(flags.NOTEBOOK)):
         method = argument(*names, **keywords)(method)

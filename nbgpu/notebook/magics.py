@@ -222,7 +222,6 @@ class GPUMagics(Magics):
                     "%gpu_plan --widget plans one box; across nodes drop --widget "
                     "(p = %gpu_plan --slurm --nproc-per-node P ...)"
                 )
-            # The other flags give the controls their first values.
             initial = {
                 "allocation": args.allocation or "",
                 "global_batch": args.batch or 0,

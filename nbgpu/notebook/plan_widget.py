@@ -85,7 +85,6 @@ class PlanWidget:
         self.update()
 
     def show(self) -> PlanWidget:
-        """Display the controls, and under them the plan as the view's face."""
         from nbgpu.notebook.live import LiveView  # noqa: PLC0415
 
         self.view = LiveView(self.record, controls=self.box, interval_s=0.1)

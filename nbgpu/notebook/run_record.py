@@ -77,7 +77,6 @@ class Tails:
         return list(self._logs)
 
     def extend(self, label: str, lines: list[str]) -> None:
-        """Keep *lines* of *label* (nothing for a label that is not a rank)."""
         if label in self._lines:
             with self._lock:
                 self._lines[label].extend(lines)
