@@ -96,13 +96,10 @@ def _badges(run: Any) -> list[tuple[int, str, str]]:
     out = []
     for r in range(run.config.world_size):
         state = states.get(r)
-        if state is None and not run.done:
-            kind, text = "running", "running"
+        if (state is None and not run.done) or state == "ok":
+            kind = text = state or "running"
         elif state is None:
-            kind = _RUN_KINDS.get(run.state, "failed")
-            text = run.state.replace("_", " ")
-        elif state == "ok":
-            kind, text = "ok", "ok"
+            kind, text = _RUN_KINDS.get(run.state, "failed"), run.state.replace("_", " ")
         elif run.stop_reason is not None and run.root_cause is None:
             # Stopped by the user, a timeout or an interrupt: grey, not a crash's red.
             kind = "failed" if run.state in ("timed_out", "hung") else "stopped"
