@@ -3,12 +3,10 @@
 A result's :meth:`Result.content` is a list of blocks (:data:`Block`); :func:`to_text`
 draws them for terminals, nbval and 80 columns, :func:`to_html` for notebooks. The HTML
 carries its colours in inline ``style`` attributes only: JupyterLab and Notebook strip
-``<style>`` blocks from untrusted output (every notebook a colleague sends, every
-tutorial opened fresh), GitHub and nbviewer drop them too, and an inline style beats the
-front ends' own table rules without ``!important``. Colours are hex values, a form
-JupyterLab's sanitizer keeps in untrusted output.
-
-Pure standard library: no IPython, no pandas (``to_frame`` imports it when asked).
+``<style>`` blocks from untrusted output (every notebook a colleague sends, every tutorial
+opened fresh), GitHub and nbviewer drop them too, and an inline style beats the front
+ends' own table rules without ``!important``. Colours are hex values, a form JupyterLab's
+sanitizer keeps. Pure standard library (``to_frame`` imports pandas when asked).
 """
 
 from __future__ import annotations
