@@ -47,11 +47,9 @@ def chart_svg(samples: list[Any], metric: str, title: str, width: int = 420) -> 
     for sample in samples:
         x = left + plot_w * ((sample.at - t0) / span if len(samples) > 1 else 1.0)
         for gpu in sample.gpus:
-            value = _percent(gpu, metric)
-            if value is None:
-                continue
-            y = top + plot_h * (1 - value / 100)
-            lines.setdefault(gpu.index, []).append(f"{x:.1f},{y:.1f}")
+            if (value := _percent(gpu, metric)) is not None:
+                y = top + plot_h * (1 - value / 100)
+                lines.setdefault(gpu.index, []).append(f"{x:.1f},{y:.1f}")
     parts = [
         (
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
