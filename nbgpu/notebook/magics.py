@@ -282,9 +282,7 @@ class GPUMagics(Magics):
         if (end := next(ends, None)) is not None:
             begins = (r for r in rec.records if r.get("k") == "begin" and r.get("id") == end["id"])
             begin = next(begins, {})
-            peak = max(
-                end.get("peak_rss") or 0, end.get("hwm") or 0 if not end.get("hwm_why") else 0
-            )
+            peak = max(end.get("peak_rss") or 0, 0 if end.get("hwm_why") else end.get("hwm") or 0)
             print(
                 f"[nbgpu] phase {name!r}: {end['t'] - begin.get('t', end['t']):.1f} s · RSS "
                 f"{_gib(begin.get('rss'))} -> {_gib(end.get('rss'))} · peak {_gib(peak)} · "
