@@ -85,8 +85,7 @@ def _under_test_runner() -> bool:
 
 class _BackgroundView:
     """A bounded live tail of a background run, in the cell that started it: a LiveView
-    without controls (headline, node memory, newest lines) that ends as the run's record.
-    As the run's line sink it keeps the tails and hands every line to a ScreenWriter."""
+    without controls (headline, node memory, newest lines) that ends as the run's record."""
 
     def __init__(self, run: Run, *, quiet: bool) -> None:
         from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415
