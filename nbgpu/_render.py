@@ -294,7 +294,7 @@ _TAGS = {"bad": "[FIX]", "warn": "[WARN]", "info": "[info]", "ok": "[ok]"}
 
 
 def _block_text(block: Block, width: int) -> list[str]:
-    if isinstance(block, Title):
+    if isinstance(block, Title | Pre):
         return [block.text]
     if isinstance(block, Line):
         prefix = block.indent + (f"{block.label}: " if block.label else "")
@@ -314,8 +314,6 @@ def _block_text(block: Block, width: int) -> list[str]:
             lines.append(wrap(message, f"{_TAGS[p.severity]} ".ljust(7)))
             lines.extend(wrap(fix, "    -> ") for fix in p.fixes)
         return lines
-    if isinstance(block, Pre):
-        return [block.text]
     if isinstance(block, Figure):
         return [block.alt] if block.alt else []
     if isinstance(block, Section):
@@ -352,9 +350,8 @@ def _block_html(block: Block) -> str:
         items = []
         for p in block.items:
             # As in text: a message that starts with its subject ("GPU 0 is ...") says it once.
-            subject = (
-                "" if p.message.startswith(p.subject) else f"<b>{html.escape(p.subject)}</b>: "
-            )
+            said = p.message.startswith(p.subject)
+            subject = "" if said else f"<b>{html.escape(p.subject)}</b>: "
             fixes = _list_html(p.fixes) if p.fixes else ""
             items.append(f"<li{_colour(p.severity)}>{subject}{fix_html(p.message)}{fixes}</li>")
         return f'{title}<ul style="margin:2px 0">{"".join(items)}</ul>' if items else title
@@ -367,11 +364,8 @@ def _block_html(block: Block) -> str:
         return block.svg
     if isinstance(block, Section):
         colour = COLOURS.get(block.level, "#bdbdbd")
-        inner = "".join(_block_html(b) for b in block.blocks)
-        return (
-            f'<div style="border-left:3px solid {colour};padding-left:6px;margin:4px 0">'
-            f"{inner}</div>"
-        )
+        style = f"border-left:3px solid {colour};padding-left:6px;margin:4px 0"
+        return f'<div style="{style}">{"".join(map(_block_html, block.blocks))}</div>'
     return block.html()
 
 
