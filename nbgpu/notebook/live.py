@@ -114,7 +114,6 @@ class LiveView:
             self.ended = True
             if self._timer is not None:
                 self._timer.cancel()
-                self._timer = None
             if self._controls_handle is not None and self.publish:
                 self._controls_handle.update(EMPTY, raw=True)
             self._send(final if final is not None else self._face())
