@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import NbgpuError, UserInputError
-from nbgpu.launch.flags import add_flags
+from nbgpu.launch.flags import add_flags, prepare_options
 from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output
 
 if TYPE_CHECKING:
@@ -175,7 +175,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _run_script(args: argparse.Namespace) -> int:
     from nbgpu.launch.execute import execute, to_screen  # noqa: PLC0415
-    from nbgpu.launch.flags import prepare_options  # noqa: PLC0415
     from nbgpu.launch.launcher import prepare  # noqa: PLC0415
 
     options = prepare_options(args)

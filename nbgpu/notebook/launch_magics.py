@@ -15,6 +15,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch import flags
+from nbgpu.launch.config import parse_nproc
 from nbgpu.notebook.magics import helped, parse_or_help, user_errors, words
 
 if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
@@ -56,8 +57,6 @@ class LaunchMagics(Magics):
         if (args := parse_or_help(self, "torchrun", head)) is None:
             return None
         if args.nproc is not None:
-            from nbgpu.launch.config import parse_nproc  # noqa: PLC0415
-
             with user_errors():
                 parse_nproc(args.nproc)
         # A bad value is named first (above), wherever it was typed: sending the user
