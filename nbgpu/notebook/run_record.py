@@ -1,7 +1,8 @@
 """What a run's face shows: live (the picked rank's newest lines) and once it ended.
 
 Both states of a run's :class:`~nbgpu.notebook.live.LiveView` are static HTML and text,
-so a notebook saved at any moment holds a readable picture. Pure rendering over a :class:`~nbgpu.launch.run.Run` (duck-typed); no IPython, no ipywidgets.
+so a notebook saved at any moment holds a readable picture. Pure rendering over a
+:class:`~nbgpu.launch.run.Run` (duck-typed); no IPython, no ipywidgets.
 """
 
 from __future__ import annotations
