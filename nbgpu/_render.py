@@ -144,12 +144,9 @@ class Table:
     headers: Sequence[str]
     rows: list[Sequence[str]] = field(default_factory=list)
     title: str | None = None
-    # Per-row severity for HTML ("ok", "warn", "bad"); text shows no colour.
-    row_levels: list[str] = field(default_factory=list)
-    # The column to shorten first when the table is too wide (free text, e.g. a command).
-    flex: int | None = None
-    # Per-row {column: Cell} for cells with their own severity or a bar.
-    cells: list[dict[int, Cell]] = field(default_factory=list)
+    row_levels: list[str] = field(default_factory=list)  # per-row severity, for HTML only
+    flex: int | None = None  # the column shortened first when too wide (free text: a command)
+    cells: list[dict[int, Cell]] = field(default_factory=list)  # per row, {column: Cell}
 
     def add(self, *values: object, level: str = "") -> None:
         self.rows.append([str(v) for v in values])
