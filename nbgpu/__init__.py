@@ -33,10 +33,7 @@ __all__ = [
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
-    "status": "nbgpu.api",
-    "doctor": "nbgpu.api",
-    "clean": "nbgpu.api",
-    "memory": "nbgpu.api",
+    **dict.fromkeys(("status", "doctor", "clean", "memory"), "nbgpu.api"),
     "phase": "nbgpu.profile.phases",  # nbgpu.phase("model"), nbgpu.phase.mark("POST-MODEL")
     "torchrun": "nbgpu.launch.launcher",
     "runs": "nbgpu.launch.execute",
@@ -44,8 +41,7 @@ _LAZY = {
     "diagnose": "nbgpu.diagnose",  # a callable module: nbgpu.diagnose(run_or_path)
     "estimate": "nbgpu.estimate",  # nbgpu.estimate(...), nbgpu.estimate.compare(...)
     # %load_ext / %unload_ext nbgpu: nbgpu.notebook imports IPython's magic machinery only.
-    "load_ipython_extension": "nbgpu.notebook",
-    "unload_ipython_extension": "nbgpu.notebook",
+    **dict.fromkeys(("load_ipython_extension", "unload_ipython_extension"), "nbgpu.notebook"),
 }
 
 if TYPE_CHECKING:

@@ -1,6 +1,5 @@
-"""The process-group backends ``torch.distributed`` knows by name, for ``--backend`` and
-``nbgpu.rank.init()``: its own module so that declaring the flags (at ``%load_ext``)
-does not load ``nbgpu.rank``. Standard library only.
+"""The process-group backends ``torch.distributed`` knows, for ``--backend`` and
+``nbgpu.rank.init()``: its own module so that ``%load_ext`` does not load ``nbgpu.rank``.
 """
 
 from __future__ import annotations

@@ -51,13 +51,10 @@ def set_parent_death_signal(sig: int) -> str | None:
 
 
 def die_with_parent(sig: int, expected_parent: int | None) -> str | None:
-    """Receive *sig* when the parent dies, and exit now if it already has; the reason the
-    signal could not be set up, else None.
-
-    The parent may have died while this interpreter started, before prctl took effect:
-    then the kernel will never signal us. *expected_parent* (the launcher's pid) must still
-    be an ancestor, not the parent: a wrapper (``sudo``, a venv shim) may sit in between.
-    """
+    """Receive *sig* when the parent dies, and exit now if it died while this interpreter
+    started (before prctl took effect, so no signal will come); why the signal could not be
+    set up, else None. *expected_parent* (the launcher's pid) must still be an ancestor, not
+    the parent: a wrapper (``sudo``, a venv shim) may sit in between."""
     problem = set_parent_death_signal(sig)
     if expected_parent and not _is_ancestor(expected_parent):
         os._exit(128 + int(sig))
@@ -84,11 +81,10 @@ def _is_ancestor(pid: int) -> bool:
 
 def _exists(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):  # alive, under another user
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True  # alive, under another user
     return True
 
 

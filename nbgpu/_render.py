@@ -3,12 +3,10 @@
 A result's :meth:`Result.content` is a list of blocks (:data:`Block`); :func:`to_text`
 draws them for terminals, nbval and 80 columns, :func:`to_html` for notebooks. The HTML
 carries its colours in inline ``style`` attributes only: JupyterLab and Notebook strip
-``<style>`` blocks from untrusted output (every notebook a colleague sends, every
-tutorial opened fresh), GitHub and nbviewer drop them too, and an inline style beats the
-front ends' own table rules without ``!important``. Colours are hex values, a form
-JupyterLab's sanitizer keeps in untrusted output.
-
-Pure standard library: no IPython, no pandas (``to_frame`` imports it when asked).
+``<style>`` blocks from untrusted output (every notebook a colleague sends, every tutorial
+opened fresh), GitHub and nbviewer drop them too, and an inline style beats the front
+ends' own table rules without ``!important``. Colours are hex values, a form JupyterLab's
+sanitizer keeps. Pure standard library (``to_frame`` imports pandas when asked).
 """
 
 from __future__ import annotations
@@ -17,11 +15,9 @@ import html
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-# Tables are a block like the others; their own module for size, re-exported here.
-from nbgpu._table import COLOURS, ROW_BACKGROUNDS, Cell, Table, memory_bar_html, shorten
 from nbgpu.problems import Problem
 
 # Re-exported for the result modules that format a table's cells.
@@ -76,11 +72,8 @@ _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 
 
 def fix_html(text: str) -> str:
-    """Fix text as HTML: escaped, `backticked` spans as <code> (terminals keep the backticks).
-
-    Every result renders fixes through here, so a command looks the same in
-    ``%gpu_doctor``, ``%gpu_plan``, ``%gpu_diagnose`` and a failed run's summary.
-    """
+    """Fix text as HTML: escaped, `backticked` spans as <code> (terminals keep the backticks),
+    so a command looks the same in every result (doctor, plan, diagnosis, a run's summary)."""
     return _CODE_SPAN.sub(lambda m: f"<code>{m.group(1)}</code>", html.escape(text, quote=False))
 
 
@@ -88,9 +81,121 @@ def fmt_opt(value: object, suffix: str = "") -> str:
     return "-" if value is None else f"{value}{suffix}"
 
 
+#: Text colour per severity (problem bullets, a cell's own level, a line's level).
+COLOURS = {"ok": "#2e7d32", "info": "#546e7a", "warn": "#9a7d0a", "bad": "#c0392b"}
+#: Row background per severity: translucent, so light and dark themes both read.
+ROW_BACKGROUNDS = {"warn": "#b5890026", "bad": "#dc322f26"}
 SIMULATED_COLOUR = "#6c71c4"
 ROOT_STYLE = "font-family:monospace;font-size:12px"
 _PRE_STYLE = "margin:2px 0;white-space:pre-wrap"
+
+
+# -- tables: aligned text for terminals, an HTML table for notebooks ---------------------
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(1, width - 1)] + "…"
+
+
+_BAR_CELLS = 10
+
+
+def memory_bar_html(used: int | None, total: int | None) -> str | None:
+    """A memory bar for an HTML table cell, ``█████░░░░░ 28.3/79.6 GiB``; None when unknown.
+    Block characters, not SVG or CSS widths: GitHub's notebook view strips styles and inline
+    SVG, while text survives everywhere the table does (the colour is a bonus)."""
+    if used is None or not total:
+        return None
+    share = max(0.0, min(1.0, used / total))
+    filled = round(share * _BAR_CELLS)
+    if used and not filled:
+        filled = 1  # a GPU with anything on it never looks empty
+    colour = "#c62828" if share >= 0.9 else "#ef6c00" if share >= 0.6 else COLOURS["ok"]
+    bar = (
+        f'<span style="font-family:monospace;color:{colour}" title="{share:.0%} used">'
+        f"{'█' * filled}</span>"
+        f'<span style="font-family:monospace;color:#bdbdbd">{"░" * (_BAR_CELLS - filled)}</span>'
+    )
+    return f"{bar} {html.escape(fmt_used_total(used, total))}"
+
+
+_TABLE_STYLE = "border-collapse:collapse;margin:4px 0"
+_CELL_STYLE = "padding:2px 8px;text-align:left;border-bottom:1px solid #dddddd"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A table cell with its own severity, or a *bar* ``(used_bytes, total_bytes)`` that
+    HTML draws beside the figures (text shows *text*)."""
+
+    text: str
+    level: str = ""
+    bar: tuple[int | None, int | None] | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass
+class Table:
+    """Rows of cells as aligned text or an HTML table. A header carries its unit in its
+    text (``"GPU mem"`` cells say ``22.5 GiB``; a bare number column says ``[GiB]``)."""
+
+    headers: Sequence[str]
+    rows: list[Sequence[str]] = field(default_factory=list)
+    title: str | None = None
+    row_levels: list[str] = field(default_factory=list)  # per-row severity, for HTML only
+    flex: int | None = None  # the column shortened first when too wide (free text: a command)
+    cells: list[dict[int, Cell]] = field(default_factory=list)  # per row, {column: Cell}
+
+    def add(self, *values: object, level: str = "") -> None:
+        self.rows.append([str(v) for v in values])
+        self.row_levels.append(level)
+        self.cells.append({i: v for i, v in enumerate(values) if isinstance(v, Cell)})
+
+    def text(self, max_width: int = 80) -> str:
+        widths = [max(map(len, column)) for column in zip(self.headers, *self.rows, strict=True)]
+        total = sum(widths) + 2 * (len(widths) - 1)
+        if self.flex is not None and total > max_width:
+            # Free text gives way first, down to a readable minimum.
+            cut = min(total - max_width, max(0, widths[self.flex] - 12))
+            widths[self.flex] -= cut
+            total -= cut
+        # Then squeeze the widest column until the table fits the terminal.
+        while total > max_width and max(widths) > 8:
+            widest = widths.index(max(widths))
+            widths[widest] -= 1
+            total -= 1
+        lines = [self.title] if self.title else []
+        for row in [self.headers, *self.rows]:
+            cells = [shorten(c, w).ljust(w) for c, w in zip(row, widths, strict=True)]
+            lines.append("  ".join(cells).rstrip())
+        return "\n".join(lines)
+
+    def _cell_html(self, r: int, i: int, text: str, background: str) -> str:
+        style = _CELL_STYLE + background
+        cell = self.cells[r].get(i)
+        bar = memory_bar_html(*cell.bar) if cell is not None and cell.bar is not None else None
+        body = bar or html.escape(text)
+        if cell is not None and cell.level in COLOURS and cell.level != "ok":
+            style += f";color:{COLOURS[cell.level]};font-weight:bold"
+        return f'<td style="{style}">{body}</td>'
+
+    def html(self) -> str:
+        head = "".join(f'<th style="{_CELL_STYLE}">{html.escape(h)}</th>' for h in self.headers)
+        body = []
+        for r, (row, level) in enumerate(zip(self.rows, self.row_levels, strict=True)):
+            colour = ROW_BACKGROUNDS.get(level)
+            background = f";background-color:{colour}" if colour else ""
+            cls = f' class="nbgpu-{level}"' if level else ""
+            cells = "".join(self._cell_html(r, i, c, background) for i, c in enumerate(row))
+            body.append(f"<tr{cls}>{cells}</tr>")
+        title = html.escape(self.title or "")
+        caption = f'<caption style="text-align:left">{title}</caption>' if title else ""
+        return (
+            f'<table class="nbgpu-table" style="{_TABLE_STYLE}">{caption}'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        )
 
 
 def _colour(level: str) -> str:
@@ -186,7 +291,7 @@ _TAGS = {"bad": "[FIX]", "warn": "[WARN]", "info": "[info]", "ok": "[ok]"}
 
 
 def _block_text(block: Block, width: int) -> list[str]:
-    if isinstance(block, Title):
+    if isinstance(block, Title | Pre):
         return [block.text]
     if isinstance(block, Line):
         prefix = block.indent + (f"{block.label}: " if block.label else "")
@@ -206,8 +311,6 @@ def _block_text(block: Block, width: int) -> list[str]:
             lines.append(wrap(message, f"{_TAGS[p.severity]} ".ljust(7)))
             lines.extend(wrap(fix, "    -> ") for fix in p.fixes)
         return lines
-    if isinstance(block, Pre):
-        return [block.text]
     if isinstance(block, Figure):
         return [block.alt] if block.alt else []
     if isinstance(block, Section):
@@ -244,9 +347,8 @@ def _block_html(block: Block) -> str:
         items = []
         for p in block.items:
             # As in text: a message that starts with its subject ("GPU 0 is ...") says it once.
-            subject = (
-                "" if p.message.startswith(p.subject) else f"<b>{html.escape(p.subject)}</b>: "
-            )
+            said = p.message.startswith(p.subject)
+            subject = "" if said else f"<b>{html.escape(p.subject)}</b>: "
             fixes = _list_html(p.fixes) if p.fixes else ""
             items.append(f"<li{_colour(p.severity)}>{subject}{fix_html(p.message)}{fixes}</li>")
         return f'{title}<ul style="margin:2px 0">{"".join(items)}</ul>' if items else title
@@ -259,11 +361,8 @@ def _block_html(block: Block) -> str:
         return block.svg
     if isinstance(block, Section):
         colour = COLOURS.get(block.level, "#bdbdbd")
-        inner = "".join(_block_html(b) for b in block.blocks)
-        return (
-            f'<div style="border-left:3px solid {colour};padding-left:6px;margin:4px 0">'
-            f"{inner}</div>"
-        )
+        style = f"border-left:3px solid {colour};padding-left:6px;margin:4px 0"
+        return f'<div style="{style}">{"".join(map(_block_html, block.blocks))}</div>'
     return block.html()
 
 
@@ -308,14 +407,10 @@ class Result:
         return None
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per record (pandas is imported only here).
-
-        A frame from a simulated fleet says so where people look: its index is named
-        ``SIMULATED fleet 'NAME'`` (a header line in text and HTML, kept by column
-        selections such as ``frame[cols]`` and ``frame.filter(items=...)`` and by row
-        filters, which a renamed column header row is not), and
-        ``frame.attrs["nbgpu_simulated"]`` holds the fleet's name for code.
-        """
+        """A pandas DataFrame, one row per record. A simulated fleet's frame has its index
+        named ``SIMULATED fleet 'NAME'`` (a header line in text and HTML that column
+        selections and row filters keep, unlike a renamed column header) and the name in
+        ``frame.attrs["nbgpu_simulated"]``."""
         import pandas as pd  # noqa: PLC0415  (heavy; only when asked for)
 
         records = self.records()

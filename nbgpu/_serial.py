@@ -1,12 +1,9 @@
 """Frozen dataclasses to JSON-ready data and back, driven by their type hints.
 
 Plans and fleets travel as JSON (``nbgpu plan --json > p.json``, ``nbgpu status --json >
-pod.json``), so every field must come back exactly; the field annotations say what to
-build (``int``, ``str``, ``float``, ``bool``, ``X | None``, ``Literal[...]``, ``tuple[X,
-...]``, fixed tuples, ``frozenset[X]``, nested dataclasses). A wrong document raises one
-line naming the field path (``gpus[1].processes[0].pid``) and what is accepted there, a
-class's own ``__post_init__`` ``ValueError`` (``"field = value; expected ..."``) included.
-
+pod.json``), so every field must come back exactly. A wrong document raises one line
+naming the field path (``gpus[1].processes[0].pid``) and what is accepted there, a class's
+own ``__post_init__`` ``ValueError`` (``"field = value; expected ..."``) included.
 Derived values in a class's ``JSON_EXTRAS`` (a role's ``cuda_visible_devices``) are
 written too, never read back. Standard library and ``nbgpu.errors`` only: every layer
 may use it.
@@ -40,11 +37,6 @@ def to_data(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): to_data(v) for k, v in value.items()}
     return value
-
-
-def _kind(tp: Any) -> str:
-    names = {int: "a whole number", str: "a string", float: "a number", bool: "true/false"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 class _Reader:
@@ -89,7 +81,9 @@ class _Reader:
             and not (tp is int and isinstance(data, bool))
         ):
             return data
-        raise self.fail(f"{where} = {data!r} is not {_kind(tp)}")
+        names = {int: "a whole number", str: "a string", float: "a number", bool: "true/false"}
+        kind = names.get(tp, getattr(tp, "__name__", str(tp)))
+        raise self.fail(f"{where} = {data!r} is not {kind}")
 
     def _sequence(self, tp: Any, origin: Any, data: Any, where: str) -> Any:
         args = typing.get_args(tp)

@@ -29,12 +29,10 @@ def status(
     visible_devices: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Inventory:
-    """Snapshot every GPU: health, memory, holders and the cuda:N → GPU mapping.
-
-    ``visible_devices`` shows the mapping for that ``CUDA_VISIBLE_DEVICES`` value
-    instead of this environment's. ``probe=True`` also creates a CUDA context on each
-    GPU in a short-lived subprocess (the only way to see "busy or unavailable").
-    """
+    """Snapshot every GPU: health, memory, holders and the cuda:N → GPU mapping (for the
+    ``CUDA_VISIBLE_DEVICES`` value ``visible_devices`` instead of this environment's, if
+    given). ``probe=True`` also creates a CUDA context on each GPU in a short-lived
+    subprocess (the only way to see "busy or unavailable")."""
     return take_inventory(environ, visible_devices=visible_devices, probe=probe)
 
 
@@ -45,11 +43,9 @@ def doctor(
     environ: Mapping[str, str] | None = None,
     face: str = "python",
 ) -> DoctorReport:
-    """One report: each GPU's health, the launch environment checked, and fixes.
-
-    ``nproc`` checks a planned number of ranks per node against the visible GPUs
-    (``NPROC_PER_NODE`` from the environment is checked either way).
-    """
+    """One report: each GPU's health, the launch environment checked, and fixes. ``nproc``
+    checks a planned number of ranks per node against the visible GPUs (``NPROC_PER_NODE``
+    from the environment is checked either way)."""
     if nproc is not None and nproc < 1:
         raise UserInputError(f"nproc={nproc}: expected a whole number >= 1")
     from nbgpu.devices.doctor import run_doctor  # noqa: PLC0415
@@ -65,12 +61,10 @@ def clean(
     confirm: Callable[[CleanPlan], bool] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> CleanReport:
-    """List this user's stale GPU holders, then stop them by pid after confirmation.
-
-    Never another user's process, never a match by name. ``dry_run`` only lists.
-    Without ``yes`` the ``confirm`` callback is asked (the CLI and the magic ask on
-    the terminal / in the cell); with neither, nothing is signalled.
-    """
+    """List this user's stale GPU holders, then stop them by pid after confirmation: never
+    another user's process, never a match by name. ``dry_run`` only lists. Without ``yes``
+    the ``confirm`` callback is asked (the CLI and the magic ask on the terminal / in the
+    cell); with neither, nothing is signalled."""
     if grace_s < 0:
         raise UserInputError(f"grace_s={grace_s}: expected seconds >= 0")
     from nbgpu.devices.clean import execute_clean, plan_clean  # noqa: PLC0415
@@ -81,18 +75,15 @@ def clean(
         for gpu in inventory.gpus
     }
     plan = plan_clean(holders, inventory.device_files)
-    # Neither yes nor confirm: nobody to ask, so list only.
     asker = None if yes else confirm or (lambda _plan: False)
     return execute_clean(plan, confirm=asker, dry_run=dry_run, grace_s=grace_s)
 
 
 def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = None) -> MemoryReport:
-    """Memory by phase and rank: ``nbgpu.memory(run)``, a run name, or a run directory.
-
-    A name is looked up among this process's runs, then as the newest directory of that
-    name under the runs directory (``NBGPU_RUNS_DIR``). No argument: this process's last
-    run, else this process's own phases (``nbgpu.phase``, ``%%gpu_phase``).
-    """
+    """Memory by phase and rank: ``nbgpu.memory(run)``, a run name (this process's runs
+    first, then the newest directory of that name under ``NBGPU_RUNS_DIR``) or a run
+    directory. No argument: this process's last run, else this process's own phases
+    (``nbgpu.phase``, ``%%gpu_phase``)."""
     from nbgpu.launch.execute import runs  # noqa: PLC0415
     from nbgpu.launch.rundirs import runs_root  # noqa: PLC0415
     from nbgpu.profile.phases import recorder  # noqa: PLC0415

@@ -1,15 +1,4 @@
-"""``nbgpu`` in a terminal: the same engine as the magics, as text.
-
-    nbgpu status [--json] [--probe] [--env CVD]
-    nbgpu doctor [--no-probe] [--nproc N] [--json]
-    nbgpu clean  [--yes] [--dry-run] [--grace S]
-    nbgpu run    [-n N] [--gpus 0,1] [--timeout S] [...] script.py [script args]
-    nbgpu plan   [ALLOCATION] [--batch N] [--sweep RUNS] [--scale CONFIG --to N] [...]
-    nbgpu diagnose FILE|DIR|- [--json] [--inventory]
-    nbgpu estimate MODEL [--strategy zero2] [--world-size 8] [--micro 4] [--seq-len 4096] [--json]
-    nbgpu memory RUNDIR|NAME [--png FILE] [--json]
-    nbgpu runs   [--prune [--keep N] [--budget SIZE]] [--json]
-    nbgpu stacks RUN [--native]
+"""``nbgpu`` in a terminal (``nbgpu -h``): the same engine as the magics, as text.
 
 Only parses arguments and calls the API (``nbgpu.api``, ``nbgpu.launch``,
 ``nbgpu.plan``, ``nbgpu.diagnose``). Exit codes: 0 fine; 1 a problem was found (doctor
@@ -29,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import NbgpuError, UserInputError
-from nbgpu.launch.flags import add_flags
+from nbgpu.launch.flags import add_flags, prepare_options
 from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output
 
 if TYPE_CHECKING:
@@ -186,7 +175,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _run_script(args: argparse.Namespace) -> int:
     from nbgpu.launch.execute import execute, to_screen  # noqa: PLC0415
-    from nbgpu.launch.flags import prepare_options  # noqa: PLC0415
     from nbgpu.launch.launcher import prepare  # noqa: PLC0415
 
     options = prepare_options(args)
@@ -344,8 +332,7 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     try:
-        args = parser.parse_args(argv)
-        return _run(args)
+        return _run(parser.parse_args(argv))
     except UserInputError as exc:
         print(f"nbgpu: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,15 +1,4 @@
-"""nbgpu's exceptions: a small tree, so callers can catch by meaning.
-
-    NbgpuError                      anything nbgpu raises on purpose
-    ├── UserInputError (ValueError) the user gave a value we cannot accept; the
-    │   │                           message names the value and the accepted form
-    │   ├── FleetSpecError          NBGPU_SIMULATE spec or fleet JSON is malformed
-    │   └── VisibleDevicesError     CUDA_VISIBLE_DEVICES cannot be parsed for this fleet
-    ├── NvmlError                   the NVIDIA management library failed
-    │   ├── NvmlUnavailable         no library, no driver, driver/library mismatch
-    │   ├── NvmlPermissionError     the driver refused us (cgroup, container rules)
-    │   └── GpuLostError            a GPU fell off the bus (Xid 79)
-    └── ProbeError                  the active CUDA health probe could not run
+"""nbgpu's exceptions: a small tree under :class:`NbgpuError`, so callers can catch by meaning.
 
 User mistakes render as one line in a notebook (``_render_traceback_``) and in the
 CLI (exit code 2); only bugs show a traceback. This module imports nothing else of
@@ -40,7 +29,8 @@ class NbgpuError(Exception):
 
 
 class UserInputError(NbgpuError, ValueError):
-    """A value from the user that nbgpu cannot accept."""
+    """A value from the user that nbgpu cannot accept; the message names the value and the
+    accepted form."""
 
 
 class FleetSpecError(UserInputError):
@@ -68,7 +58,7 @@ class NvmlPermissionError(NvmlError):
 
 
 class GpuLostError(NvmlError):
-    """The GPU has fallen off the bus or is otherwise inaccessible."""
+    """The GPU has fallen off the bus (Xid 79) or is otherwise inaccessible."""
 
 
 class ProbeError(NbgpuError):

@@ -1,7 +1,5 @@
-"""Hints name the face the user is in: a terminal user is told ``nbgpu run -n 4``.
-
-A message that suggests a command suggests one the user can type where they are: in the
-notebook magics, the ``nbgpu`` command or the Python API. Standard library only.
+"""Hints name the face the user is in: a command a message suggests is one the user can
+type where they are (``%%torchrun 4``, ``nbgpu run -n 4``, ``nbgpu.torchrun(code, 4)``).
 """
 
 from __future__ import annotations

@@ -18,12 +18,9 @@ SEVERITY_ORDER: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
 
 @dataclass(frozen=True)
 class Problem:
-    """Something the user should know, where, and what to do about it.
-
-    ``code`` is a stable identifier scripts may match on (``exclusive_dead_holder``);
-    ``subject`` says where (``GPU 0``, ``environment``, ``role trainer``); ``message``
-    and ``fixes`` are sentences in which `backticked` spans are commands.
-    """
+    """Something the user should know: ``code``, a stable identifier scripts may match on
+    (``exclusive_dead_holder``); ``subject``, where (``GPU 0``, ``role trainer``); ``message``
+    and ``fixes``, sentences in which `backticked` spans are commands."""
 
     severity: str  # one of SEVERITIES (checked: files and callers pass plain words)
     code: str

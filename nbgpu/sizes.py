@@ -31,11 +31,8 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?(?:[eE]\+?\d+)?)\s*([a-zA-Z]*)\s*")
 
 
 def parse_size(value: object, label: str = "size ") -> int:
-    """Bytes from ``80G``, ``80GiB``, ``80GB``, ``"4096"`` or a whole number of bytes.
-
-    *label* starts the one-line error (``"--mem-limit "``, ``"budget="``), which
-    names the value and :data:`SIZE_FORM`.
-    """
+    """Bytes from ``80G``, ``80GiB``, ``80GB``, ``"4096"`` or a whole number of bytes;
+    *label* (``"--mem-limit "``, ``"budget="``) starts the one-line error."""
     size: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
         # A float is a byte count only when whole (80e9); 1.5 bytes is a mistake.

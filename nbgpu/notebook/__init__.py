@@ -1,8 +1,5 @@
-"""The notebook face: magics and widgets, the only layer that imports IPython.
-
-``%unload_ext nbgpu`` removes exactly the magics the classes declare (``cls.magics``,
-recorded by IPython's ``magics_class``), so a new magic needs no second list here.
-Loading imports IPython's magic machinery only.
+"""The notebook face: magics and widgets, the only layer that imports IPython (and loading
+imports IPython's magic machinery only).
 """
 
 from __future__ import annotations
@@ -32,7 +29,8 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """``%unload_ext nbgpu``: remove the magics the classes declare (no public unregister)."""
+    """``%unload_ext nbgpu``: remove exactly the magics the classes declare (``cls.magics``, from
+    ``magics_class``; IPython has no public unregister), so a new magic needs no second list."""
     from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
 
     manager = ipython.magics_manager
@@ -42,5 +40,4 @@ def unload_ipython_extension(ipython: Any) -> None:
                 manager.magics[kind].pop(name, None)
         manager.registry.pop(cls.__name__, None)
     cleanup = getattr(ipython, "input_transformers_cleanup", [])
-    while keep_empty_cell_body in cleanup:
-        cleanup.remove(keep_empty_cell_body)
+    cleanup[:] = [step for step in cleanup if step is not keep_empty_cell_body]

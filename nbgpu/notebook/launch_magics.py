@@ -14,14 +14,8 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.flags import (
-    NOTEBOOK,
-    arguments,
-    check_cell_flags,
-    check_keep_flags,
-    prepare_options,
-    pushed_names,
-)
+from nbgpu.launch import flags
+from nbgpu.launch.config import parse_nproc
 from nbgpu.notebook.magics import helped, parse_or_help, user_errors, words
 
 if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
@@ -34,9 +28,8 @@ __all__ = ["LaunchMagics", "keep_empty_cell_body"]
 
 
 def _launch_flags(method: Any) -> Any:
-    """Give the magic the notebook's launch flags, as declared once in ``launch/flags.py``."""
     # Decorators apply last-first; magic_arguments lists them as written: go backwards.
-    for names, keywords in reversed(arguments(NOTEBOOK)):
+    for names, keywords in reversed(flags.arguments(flags.NOTEBOOK)):
         method = argument(*names, **keywords)(method)
     return magic_arguments()(method)
 
@@ -64,8 +57,6 @@ class LaunchMagics(Magics):
         if (args := parse_or_help(self, "torchrun", head)) is None:
             return None
         if args.nproc is not None:
-            from nbgpu.launch.config import parse_nproc  # noqa: PLC0415
-
             with user_errors():
                 parse_nproc(args.nproc)
         # A bad value is named first (above), wherever it was typed: sending the user
@@ -150,12 +141,11 @@ class LaunchMagics(Magics):
 
     def _options(self, args: Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         """``prepare()`` keywords from the flags (checked), and the ``--push`` values."""
-        check_keep_flags(args)
+        flags.check_keep_flags(args)
         if args.on is not None:
-            check_cell_flags(args)
-        options = prepare_options(args)
-        pushed = {n: self._variable("--push", n) for n in pushed_names(args)}
-        return options, pushed
+            flags.check_cell_flags(args)
+        options = flags.prepare_options(args)
+        return options, {n: self._variable("--push", n) for n in flags.pushed_names(args)}
 
     def _deliver(self, run: Run | CellResult, options: dict[str, Any], *, announce: bool) -> None:
         """The ``--pull`` values of a run or cell that ended, into the notebook."""
@@ -276,11 +266,9 @@ class LaunchMagics(Magics):
 
 
 def keep_empty_cell_body(lines: list[str]) -> list[str]:
-    """Input transformer: let ``%%torchrun ARGS`` with an empty body reach the magic.
-
-    IPython answers an empty cell magic itself ("did you mean the line magic
-    %torchrun?"); a blank body lets ``%%torchrun`` name a bad argument or the empty cell.
-    """
+    """Input transformer: IPython answers an empty cell magic itself ("did you mean the line
+    magic %torchrun?"); a blank body lets ``%%torchrun ARGS`` name a bad argument or the
+    empty cell."""
     head = lines[0].split()[:1] if lines else []
     if head == ["%%torchrun"] and not any(line.strip() for line in lines[1:]):
         return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]

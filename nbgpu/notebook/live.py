@@ -1,27 +1,24 @@
 """One live view in a cell, and the one saved form every live view leaves.
 
 What front ends do with a saved output (measured with JupyterLab 4.6, ipywidgets 8.1 and
-Chromium; the browser tests in ``tests/browser/test_saved_form.py`` keep it true):
+Chromium; ``tests/browser/test_saved_form.py`` keeps it true):
 
-- An output that holds the widget-view mimetype shows "Error displaying widget: model
-  not found" once its model is gone (a new kernel, or the widget closed), even when the
-  same output also holds ``text/html``: in a trusted notebook the widget renderer always
-  wins. VS Code's renderer does the same (vscode-jupyter#8635). Untrusted notebooks,
-  nbconvert and GitHub show the ``text/html`` instead.
-- Updating an output that holds a widget re-renders the widget (a text field loses
-  the cursor), so a static copy cannot ride along in the widget's own output.
-- Display updates reach the page that saw the display; a page opened later shows the
-  output as it was saved. Updates sent while the kernel shuts down still reach an open page.
-- Untrusted notebooks keep inline ``style`` attributes but strip inline ``<svg>`` (its
-  labels are left as a jumble of text); an ``<img>`` with an SVG data URI stays
-  (:func:`svg_img`).
+- An output holding the widget-view mimetype shows "Error displaying widget: model not
+  found" once its model is gone (a new kernel, the widget closed), even beside
+  ``text/html``: a trusted notebook's widget renderer always wins (VS Code's too,
+  vscode-jupyter#8635). Untrusted notebooks, nbconvert and GitHub show the ``text/html``.
+- Updating an output that holds a widget re-renders it (a text field loses the cursor),
+  so a static copy cannot ride along in the widget's own output.
+- Display updates reach the page that saw the display, even while the kernel shuts down;
+  a page opened later shows the output as saved.
+- Untrusted notebooks keep inline ``style`` but strip inline ``<svg>`` (its labels left as
+  a jumble of text); an ``<img>`` with an SVG data URI stays (:func:`svg_img`).
 
-So a live view is two outputs. The *face* is ``text/html`` and ``text/plain`` only,
-behind a display handle, redrawn at most every ``interval_s`` (the last change always
-lands): whenever the notebook is saved, the file holds the state as it was, readable
-everywhere. The optional *controls* (ipywidgets) sit in their own output, which is
-emptied when the view ends and when the kernel exits. Their models stay open until
-the kernel exits, so a page reopened meanwhile finds them instead of an error.
+So a live view is two outputs. The *face*, ``text/html`` and ``text/plain`` behind a
+display handle, is redrawn at most every ``interval_s`` (the last change always lands), so
+a saved notebook holds the state as it was, readable everywhere. The optional *controls*
+(ipywidgets) sit in their own output, emptied when the view ends and when the kernel
+exits; their models stay open until then, so a page reopened meanwhile finds them.
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ _CONTROLS: list[Any] = []  # every controls widget, closed when the kernel exits
 
 class LiveView:
     """A face kept current through a display handle, and controls above it. *face* is
-    called from whichever thread refreshes; *on_exit* is what the kernel's exit does with
-    a view still live (default: :meth:`end`)."""
+    called from whichever thread refreshes; *on_exit* runs at the kernel's exit."""
 
     #: False once a process without a front end exits: its views end without a word.
     publish = True
@@ -118,7 +114,6 @@ class LiveView:
             self.ended = True
             if self._timer is not None:
                 self._timer.cancel()
-                self._timer = None
             if self._controls_handle is not None and self.publish:
                 self._controls_handle.update(EMPTY, raw=True)
             self._send(final if final is not None else self._face())
@@ -133,8 +128,8 @@ def svg_img(svg: str, alt: str) -> str:
 
 
 def _end_all() -> None:
-    """At the kernel's exit every live view ends and every controls widget closes: the
-    updates still reach an open page (measured). Outside a kernel nothing is shown."""
+    """At the kernel's exit views end and controls close (an open page still gets the
+    updates); outside a kernel nothing is shown."""
     from IPython import get_ipython  # noqa: PLC0415
 
     LiveView.publish = getattr(get_ipython(), "kernel", None) is not None

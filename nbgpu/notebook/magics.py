@@ -222,7 +222,6 @@ class GPUMagics(Magics):
                     "%gpu_plan --widget plans one box; across nodes drop --widget "
                     "(p = %gpu_plan --slurm --nproc-per-node P ...)"
                 )
-            # The other flags give the controls their first values.
             initial = {
                 "allocation": args.allocation or "",
                 "global_batch": args.batch or 0,
@@ -257,8 +256,6 @@ class GPUMagics(Magics):
         kernel's high-water mark), the node's available memory and CUDA figures if the
         kernel uses CUDA. ``%gpu_memory kernel`` shows every phase of this kernel.
         """
-        # The cell runs inside nbgpu.phase(NAME) in the kernel process itself: loading a
-        # model in the notebook is a phase too.
         if (args := parse_or_help(self, "gpu_phase", line)) is None:
             return
         from nbgpu.profile.phases import Phase, parse_sample_interval, recorder  # noqa: PLC0415
@@ -285,9 +282,7 @@ class GPUMagics(Magics):
         if (end := next(ends, None)) is not None:
             begins = (r for r in rec.records if r.get("k") == "begin" and r.get("id") == end["id"])
             begin = next(begins, {})
-            peak = max(
-                end.get("peak_rss") or 0, end.get("hwm") or 0 if not end.get("hwm_why") else 0
-            )
+            peak = max(end.get("peak_rss") or 0, 0 if end.get("hwm_why") else end.get("hwm") or 0)
             print(
                 f"[nbgpu] phase {name!r}: {end['t'] - begin.get('t', end['t']):.1f} s · RSS "
                 f"{_gib(begin.get('rss'))} -> {_gib(end.get('rss'))} · peak {_gib(peak)} · "

@@ -1,12 +1,10 @@
 """``%gpu_plan --widget``: the plan's inputs as controls, the plan redrawn as they change.
 
-Every change builds a new :class:`nbgpu.plan.Plan` with :func:`nbgpu.plan` from the
-controls' values (one inventory snapshot taken when the widget opens); the widget only
-draws it, or the one-line reason an input is refused. The plan is kept in the user's
-namespace (``p``), so the launch line shown, ``%%torchrun --plan p --role train``,
-launches exactly what is on screen (Copy puts it on the clipboard where the front end
-allows it). A :class:`~nbgpu.notebook.live.LiveView`: the controls above, the plan and
-its launch line as the static face below, which a saved notebook keeps.
+Every change builds a new plan with :func:`nbgpu.plan` (on one inventory snapshot taken
+when the widget opens) and keeps it in the user's namespace (``p``), so the launch line
+shown, ``%%torchrun --plan p --role train``, launches exactly what is on screen. A
+:class:`~nbgpu.notebook.live.LiveView`: the controls above, the plan and its launch line
+as the static face below, which a saved notebook keeps.
 """
 
 from __future__ import annotations
@@ -33,8 +31,6 @@ def plan_inputs(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class PlanWidget:
-    """Controls above, the plan below; see the module docstring."""
-
     def __init__(
         self, namespace: dict[str, Any], *, name: str = "p", initial: dict[str, Any] | None = None
     ) -> None:
@@ -89,7 +85,6 @@ class PlanWidget:
         self.update()
 
     def show(self) -> PlanWidget:
-        """Display the controls, and under them the plan as the view's face."""
         from nbgpu.notebook.live import LiveView  # noqa: PLC0415
 
         self.view = LiveView(self.record, controls=self.box, interval_s=0.1)

@@ -1,10 +1,8 @@
 """What a run's face shows: live (the picked rank's newest lines) and once it ended.
 
 Both states of a run's :class:`~nbgpu.notebook.live.LiveView` are static HTML and text,
-so a notebook saved at any moment holds a readable picture. The record has the run's
-headline, a state badge per rank, each rank's last lines (and how many earlier lines
-only its ``rank{N}.log`` holds), the run's summary and the ranks' memory over time.
-Pure rendering over a :class:`~nbgpu.launch.run.Run` (duck-typed); no IPython, no ipywidgets.
+so a notebook saved at any moment holds a readable picture. Pure rendering over a
+:class:`~nbgpu.launch.run.Run` (duck-typed); no IPython, no ipywidgets.
 """
 
 from __future__ import annotations
@@ -80,7 +78,6 @@ class Tails:
         return list(self._logs)
 
     def extend(self, label: str, lines: list[str]) -> None:
-        """Keep *lines* of *label* (nothing for a label that is not a rank)."""
         if label in self._lines:
             with self._lock:
                 self._lines[label].extend(lines)
@@ -100,13 +97,10 @@ def _badges(run: Any) -> list[tuple[int, str, str]]:
     out = []
     for r in range(run.config.world_size):
         state = states.get(r)
-        if state is None and not run.done:
-            kind, text = "running", "running"
+        if (state is None and not run.done) or state == "ok":
+            kind = text = state or "running"
         elif state is None:
-            kind = _RUN_KINDS.get(run.state, "failed")
-            text = run.state.replace("_", " ")
-        elif state == "ok":
-            kind, text = "ok", "ok"
+            kind, text = _RUN_KINDS.get(run.state, "failed"), run.state.replace("_", " ")
         elif run.stop_reason is not None and run.root_cause is None:
             # Stopped by the user, a timeout or an interrupt: grey, not a crash's red.
             kind = "failed" if run.state in ("timed_out", "hung") else "stopped"
@@ -220,9 +214,8 @@ def _timeline_svg(
     top = max(*(v for _, v in total), 1) * 1.15
 
     def xy(t: float, v: int) -> str:
-        return (
-            f"{(t - t0) / t1 * (width - 40) + 36:.1f},{height - 14 - v / top * (height - 24):.1f}"
-        )
+        x, y = (t - t0) / t1 * (width - 40) + 36, height - 14 - v / top * (height - 24)
+        return f"{x:.1f},{y:.1f}"
 
     head = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
     parts = [

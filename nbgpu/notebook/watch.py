@@ -1,14 +1,11 @@
 """``%gpu_watch``: a live GPU dashboard in the cell's output.
 
-:mod:`nbgpu.devices.watch` samples (a background thread, bounded history); this face
-draws the samples as a :class:`~nbgpu.notebook.live.LiveView` whose face is static HTML
-redrawn on each sample, so a notebook saved while it runs, or after it stopped, keeps
-the last picture.
-
-Sampling stops with the Stop button, ``%gpu_watch --stop``, the kernel's end, or when the
-front end no longer shows the dashboard (its output cleared, the notebook closed): the
-controls count their views, and a dashboard nobody sees for a few seconds stops. The
-text view has no such count; it stops with ``--stop`` or the kernel.
+:mod:`nbgpu.devices.watch` samples; this face draws the samples as a
+:class:`~nbgpu.notebook.live.LiveView` of static HTML, so a saved notebook keeps the last
+picture. Sampling stops with the Stop button, ``--stop``, the kernel's end, or when the
+front end has shown the dashboard nowhere for a few seconds (its output cleared, the
+notebook closed: the controls count their views). The text view stops with ``--stop``
+or the kernel only.
 """
 
 from __future__ import annotations
@@ -50,11 +47,9 @@ def chart_svg(samples: list[Any], metric: str, title: str, width: int = 420) -> 
     for sample in samples:
         x = left + plot_w * ((sample.at - t0) / span if len(samples) > 1 else 1.0)
         for gpu in sample.gpus:
-            value = _percent(gpu, metric)
-            if value is None:
-                continue
-            y = top + plot_h * (1 - value / 100)
-            lines.setdefault(gpu.index, []).append(f"{x:.1f},{y:.1f}")
+            if (value := _percent(gpu, metric)) is not None:
+                y = top + plot_h * (1 - value / 100)
+                lines.setdefault(gpu.index, []).append(f"{x:.1f},{y:.1f}")
     parts = [
         (
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -200,9 +195,7 @@ class Dashboard:
             self.pause_button.observe(self._on_pause, names="value")
             self.stop_button.on_click(lambda _b: self.stop())
             self.controls = w.HBox([self.pause_button, self.stop_button])
-            # The front end counts the views it shows; when the output is cleared (or the
-            # notebook closed) the count drops to 0 and, unless a view comes back soon
-            # (a re-render), sampling stops: nothing samples for a view nobody has.
+            # A count that drops to 0 and stays there (no re-render) stops sampling.
             self.controls._view_count = 0
             self.controls.observe(self._on_views, names="_view_count")
             self._orphan_timer: threading.Timer | None = None
@@ -216,10 +209,6 @@ class Dashboard:
         if self.watcher.stopped:
             return "stopped"
         return "paused" if self.watcher.paused else f"live, every {self.watcher.interval_s:g} s"
-
-    @property
-    def updates(self) -> int:
-        return self.view.updates
 
     def _face(self, *, final: bool = False) -> dict[str, str]:
         samples = list(self.watcher.samples)

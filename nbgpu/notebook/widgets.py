@@ -1,12 +1,9 @@
 """A run's lines in a notebook: the running cell, a widget panel, or a background display.
 
-A foreground run (or a warm cell) writes prefixed text into the cell that runs it, within
-the screen budget, or into a widget panel on request. A background run writes through a
-display handle created in the cell that started it, so its output never lands in
-whatever cell runs later. Either view is a :class:`~nbgpu.notebook.live.LiveView` whose
-face (:mod:`nbgpu.notebook.run_record`) becomes the run's record when the run (or a warm
-cell) ends; the panel's controls are the Stop button (background runs) and the rank
-picker. ipywidgets is imported here only.
+A background run writes through a display handle created in the cell that started it, so
+its output never lands in whatever cell runs later. Each view is a
+:class:`~nbgpu.notebook.live.LiveView` whose face (:mod:`nbgpu.notebook.run_record`)
+becomes the run's record when the run (or a warm cell) ends.
 """
 
 from __future__ import annotations
@@ -88,8 +85,7 @@ def _under_test_runner() -> bool:
 
 class _BackgroundView:
     """A bounded live tail of a background run, in the cell that started it: a LiveView
-    without controls (headline, node memory, newest lines) that ends as the run's record.
-    As the run's line sink it keeps the tails and hands every line to a ScreenWriter."""
+    without controls (headline, node memory, newest lines) that ends as the run's record."""
 
     def __init__(self, run: Run, *, quiet: bool) -> None:
         from nbgpu.launch.streams import ScreenWriter  # noqa: PLC0415

@@ -59,7 +59,7 @@ def test_live_view_updates_and_stop_ends_the_thread(ip, view):
     ip.run_line_magic("gpu_watch", f"--view {view} --interval 0.2 --history 20")
     dashboard = watch.DASHBOARDS[-1]
     assert dashboard.widgets == (view == "widgets")
-    _wait(lambda: dashboard.updates >= 3)
+    _wait(lambda: dashboard.view.updates >= 3)
     samples = list(dashboard.watcher.samples)
     assert len({tuple(g.utilization_pct for g in s.gpus) for s in samples}) > 1
     if view == "widgets":
