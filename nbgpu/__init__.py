@@ -14,22 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0.dev0"
 
-__all__ = [
-    "__version__",
-    "clean",
-    "diagnose",
-    "doctor",
-    "errors",
-    "estimate",
-    "load_ipython_extension",
-    "memory",
-    "phase",
-    "plan",
-    "runs",
-    "status",
-    "torchrun",
-    "unload_ipython_extension",
-]
+__all__ = ["__version__", "clean", "diagnose", "doctor", "errors", "estimate",
+           "load_ipython_extension", "memory", "phase", "plan", "runs", "status", "torchrun",
+           "unload_ipython_extension"]  # fmt: skip
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {

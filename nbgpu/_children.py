@@ -22,15 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = [
-    "Finished",
-    "die_with_parent",
-    "package_root",
-    "run_with_deadline",
-    "set_parent_death_signal",
-    "wait_gone",
-    "with_package_importable",
-]
+__all__ = ["Finished", "die_with_parent", "package_root", "run_with_deadline",
+           "set_parent_death_signal", "wait_gone", "with_package_importable"]  # fmt: skip
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

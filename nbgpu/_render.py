@@ -23,34 +23,10 @@ from nbgpu.problems import Problem
 # Re-exported for the result modules that format a table's cells.
 from nbgpu.sizes import fmt_bytes, fmt_used_total
 
-__all__ = [
-    "COLOURS",
-    "ROOT_STYLE",
-    "ROW_BACKGROUNDS",
-    "Blank",
-    "Block",
-    "Bullets",
-    "Cell",
-    "Figure",
-    "Line",
-    "Pre",
-    "Problems",
-    "Result",
-    "Section",
-    "Table",
-    "Title",
-    "fix_html",
-    "fmt_bytes",
-    "fmt_opt",
-    "fmt_used_total",
-    "memory_bar_html",
-    "shorten",
-    "simulated_label",
-    "title_html",
-    "to_html",
-    "to_text",
-    "wrap",
-]
+__all__ = ["COLOURS", "ROOT_STYLE", "ROW_BACKGROUNDS", "Blank", "Block", "Bullets", "Cell",
+           "Figure", "Line", "Pre", "Problems", "Result", "Section", "Table", "Title", "fix_html",
+           "fmt_bytes", "fmt_opt", "fmt_used_total", "memory_bar_html", "shorten",
+           "simulated_label", "title_html", "to_html", "to_text", "wrap"]  # fmt: skip
 
 
 def wrap(text: str, prefix: str, width: int = 80) -> str:

@@ -7,17 +7,8 @@ nbgpu and may be imported from every layer.
 
 from __future__ import annotations
 
-__all__ = [
-    "FleetSpecError",
-    "GpuLostError",
-    "NbgpuError",
-    "NvmlError",
-    "NvmlPermissionError",
-    "NvmlUnavailable",
-    "ProbeError",
-    "UserInputError",
-    "VisibleDevicesError",
-]
+__all__ = ["FleetSpecError", "GpuLostError", "NbgpuError", "NvmlError", "NvmlPermissionError",
+           "NvmlUnavailable", "ProbeError", "UserInputError", "VisibleDevicesError"]  # fmt: skip
 
 
 class NbgpuError(Exception):

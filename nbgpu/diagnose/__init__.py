@@ -38,19 +38,8 @@ from nbgpu.errors import UserInputError
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
 
-__all__ = [
-    "CATALOG",
-    "CAUSE_IDS",
-    "UNKNOWN",
-    "Cause",
-    "Diagnosis",
-    "Evidence",
-    "FoundCause",
-    "RankSummary",
-    "SourceSummary",
-    "cause",
-    "diagnose",
-]
+__all__ = ["CATALOG", "CAUSE_IDS", "UNKNOWN", "Cause", "Diagnosis", "Evidence", "FoundCause",
+           "RankSummary", "SourceSummary", "cause", "diagnose"]  # fmt: skip
 
 # Inputs up to this size are read line by line in full; larger ones through the trigger
 # windows (same causes on the corpus, a test checks; far faster on big logs).

@@ -30,17 +30,8 @@ from nbgpu.diagnose.catalog import STALLED, cause
 from nbgpu.diagnose.report import Evidence, FoundCause
 from nbgpu.diagnose.sources import Inputs
 
-__all__ = [
-    "Collective",
-    "Frame",
-    "RankPlace",
-    "Stall",
-    "find_stall",
-    "parse_stacks",
-    "read_trace",
-    "stall_cause",
-    "with_stall",
-]
+__all__ = ["Collective", "Frame", "RankPlace", "Stall", "find_stall", "parse_stacks", "read_trace",
+           "stall_cause", "with_stall"]  # fmt: skip
 
 # Frames from these places are machinery, not where the user's code is: installed packages
 # (any interpreter's), the standard library, frozen modules, and nbgpu's own rank code. A

@@ -25,22 +25,9 @@ from nbgpu.estimate.result import (
 )
 from nbgpu.estimate.shapes import ModelConfig, ModelShape, lookup_model, model_shape
 
-__all__ = [
-    "CUDA_CONTEXT_BYTES",
-    "FRAGMENTATION",
-    "NCCL_BYTES_PER_GROUP",
-    "MemoryEstimate",
-    "ModelConfig",
-    "ModelShape",
-    "Term",
-    "compare",
-    "estimate",
-    "estimate_memory",
-    "largest_micro_batch",
-    "lookup_model",
-    "model_shape",
-    "parse_bytes",
-]
+__all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION", "NCCL_BYTES_PER_GROUP", "MemoryEstimate",
+           "ModelConfig", "ModelShape", "Term", "compare", "estimate", "estimate_memory",
+           "largest_micro_batch", "lookup_model", "model_shape", "parse_bytes"]  # fmt: skip
 
 
 class _CallableEstimateModule(types.ModuleType):

@@ -37,21 +37,9 @@ from nbgpu.estimate.result import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_GROUP, Layo
 from nbgpu.estimate.shapes import TORCH_DTYPES, ModelConfig, ModelShape
 from nbgpu.sizes import fmt_bytes
 
-__all__ = [
-    "OPTIMIZERS",
-    "PRECISIONS",
-    "STRATEGIES",
-    "ByteAccounting",
-    "ModelStates",
-    "analytic_terms",
-    "byte_accounting",
-    "check_count",
-    "choose",
-    "layout_states",
-    "model_states",
-    "normalize_precision",
-    "weight_bytes",
-]
+__all__ = ["OPTIMIZERS", "PRECISIONS", "STRATEGIES", "ByteAccounting", "ModelStates",
+           "analytic_terms", "byte_accounting", "check_count", "choose", "layout_states",
+           "model_states", "normalize_precision", "weight_bytes"]  # fmt: skip
 
 #: Bytes of one value of each training/inference precision.
 PRECISIONS: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}

@@ -12,17 +12,8 @@ from typing import Any
 from nbgpu._render import Block, Bullets, Figure, Line, Result, Table, Title, to_text, wrap
 from nbgpu.sizes import fmt_bytes
 
-__all__ = [
-    "CUDA_CONTEXT_BYTES",
-    "FRAGMENTATION",
-    "NCCL_BYTES_PER_GROUP",
-    "PER_SAMPLE",
-    "ROLES",
-    "Layout",
-    "MemoryEstimate",
-    "StepComparison",
-    "Term",
-]
+__all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION", "NCCL_BYTES_PER_GROUP", "PER_SAMPLE", "ROLES",
+           "Layout", "MemoryEstimate", "StepComparison", "Term"]  # fmt: skip
 
 GiB = 1024**3
 #: CUDA context per process: 287 MB lazy vs 667 MB eager loading (PyTorch PR #86509);

@@ -22,18 +22,9 @@ from typing import Any
 
 from nbgpu.errors import UserInputError
 
-__all__ = [
-    "BUILTIN_MODELS",
-    "TORCH_DTYPES",
-    "ModelConfig",
-    "ModelShape",
-    "find_model",
-    "kv_bytes_per_token",
-    "lookup_model",
-    "model_shape",
-    "read_hf_config",
-    "resolve_model_config",
-]
+__all__ = ["BUILTIN_MODELS", "TORCH_DTYPES", "ModelConfig", "ModelShape", "find_model",
+           "kv_bytes_per_token", "lookup_model", "model_shape", "read_hf_config",
+           "resolve_model_config"]  # fmt: skip
 
 #: torch's name of each precision (a config.json's ``torch_dtype``).
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

@@ -39,15 +39,8 @@ from nbgpu.sizes import fmt_bytes
 if TYPE_CHECKING:
     from nbgpu.estimate.result import Layout, MemoryEstimate
 
-__all__ = [
-    "StepComparison",
-    "TracedPeak",
-    "compare_step",
-    "measure_step",
-    "run_step",
-    "trace_step",
-    "trace_terms",
-]
+__all__ = ["StepComparison", "TracedPeak", "compare_step", "measure_step", "run_step", "trace_step",
+           "trace_terms"]  # fmt: skip
 
 TOOL = "torch.distributed._tools.mem_tracker.MemTracker under FakeTensorMode"
 

@@ -34,28 +34,9 @@ from nbgpu.plan.result import (
 from nbgpu.plan.sweep import SweepPlan
 from nbgpu.scale import KvCheck, ScalePlan, ScaleStep
 
-__all__ = [
-    "Alternative",
-    "BatchCheck",
-    "BatchOption",
-    "ExcludedGpu",
-    "KvCheck",
-    "MemoryCheck",
-    "MemoryLine",
-    "NodesPlan",
-    "Plan",
-    "PlannedGpu",
-    "RolePlan",
-    "ScalePlan",
-    "ScaleStep",
-    "Split",
-    "SweepPlan",
-    "nodes",
-    "plan",
-    "plan_from_json",
-    "scale",
-    "sweep",
-]
+__all__ = ["Alternative", "BatchCheck", "BatchOption", "ExcludedGpu", "KvCheck", "MemoryCheck",
+           "MemoryLine", "NodesPlan", "Plan", "PlannedGpu", "RolePlan", "ScalePlan", "ScaleStep",
+           "Split", "SweepPlan", "nodes", "plan", "plan_from_json", "scale", "sweep"]  # fmt: skip
 
 
 class _CallablePlanModule(types.ModuleType):

@@ -22,22 +22,9 @@ from nbgpu.estimate.formulas import OPTIMIZERS, STRATEGIES, choose, normalize_pr
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.plan.allocation import Allocation, parse_allocation
 
-__all__ = [
-    "DEFAULT_BASE_PORT",
-    "MAX_PORT",
-    "BatchCheck",
-    "BatchOption",
-    "Job",
-    "JobRequest",
-    "Split",
-    "check_batch",
-    "check_job_batch",
-    "make_job",
-    "nearest_batch",
-    "parse_gpu_list",
-    "splits_for",
-    "whole_number",
-]
+__all__ = ["DEFAULT_BASE_PORT", "MAX_PORT", "BatchCheck", "BatchOption", "Job", "JobRequest",
+           "Split", "check_batch", "check_job_batch", "make_job", "nearest_batch", "parse_gpu_list",
+           "splits_for", "whole_number"]  # fmt: skip
 
 #: torchrun's own default MASTER_PORT; plans count up from it.
 DEFAULT_BASE_PORT = 29500

@@ -21,14 +21,8 @@ from nbgpu.plan.job import BatchCheck, Job
 from nbgpu.plan.result import MemoryCheck, MemoryLine, PlannedGpu, RolePlan
 from nbgpu.problems import Problem
 
-__all__ = [
-    "auto_max_micro",
-    "colocation_problems",
-    "free_bytes",
-    "memory_check",
-    "memory_problems",
-    "smallest_free",
-]
+__all__ = ["auto_max_micro", "colocation_problems", "free_bytes", "memory_check", "memory_problems",
+           "smallest_free"]  # fmt: skip
 
 
 def _estimate(role: RolePlan, job: Job, micro_batch: int, budget: int | None = None) -> Any:

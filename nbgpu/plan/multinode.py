@@ -33,14 +33,8 @@ from nbgpu.plan.result import (
 )
 from nbgpu.problems import Problem
 
-__all__ = [
-    "NodeGpus",
-    "NodeLeftOut",
-    "NodesAlternative",
-    "NodesPlan",
-    "build_nodes_plan",
-    "default_shape",
-]
+__all__ = ["NodeGpus", "NodeLeftOut", "NodesAlternative", "NodesPlan", "build_nodes_plan",
+           "default_shape"]  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -32,18 +32,8 @@ from nbgpu.problems import Problem
 if TYPE_CHECKING:  # the inventory module pulls in psutil; planning only reads its data
     from nbgpu.devices.inventory import Inventory
 
-__all__ = [
-    "Candidate",
-    "PortChecker",
-    "assign",
-    "candidates_from_inventory",
-    "excluded_gpus",
-    "order_pool",
-    "pick_ports",
-    "planned_gpus",
-    "port_is_free",
-    "shared_groups",
-]
+__all__ = ["Candidate", "PortChecker", "assign", "candidates_from_inventory", "excluded_gpus",
+           "order_pool", "pick_ports", "planned_gpus", "port_is_free", "shared_groups"]  # fmt: skip
 
 _FROM_GPU = ("nvml_index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
 # A warn-level finding that still makes context creation fail: exclusive mode, live holder.

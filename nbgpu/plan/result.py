@@ -30,20 +30,9 @@ from nbgpu.plan.allocation import RoleSpec
 from nbgpu.plan.job import BatchCheck
 from nbgpu.problems import Problem
 
-__all__ = [
-    "MEMORY_NOT_CHECKED",
-    "PLAN_FILE_FORMAT",
-    "Alternative",
-    "ExcludedGpu",
-    "MemoryCheck",
-    "MemoryLine",
-    "Plan",
-    "PlannedGpu",
-    "RolePlan",
-    "alternative_blocks",
-    "plan_title",
-    "problem_blocks",
-]
+__all__ = ["MEMORY_NOT_CHECKED", "PLAN_FILE_FORMAT", "Alternative", "ExcludedGpu", "MemoryCheck",
+           "MemoryLine", "Plan", "PlannedGpu", "RolePlan", "alternative_blocks", "plan_title",
+           "problem_blocks"]  # fmt: skip
 
 #: The address every role's rendezvous uses: plans are for one node.
 MASTER_ADDR = "127.0.0.1"

@@ -19,12 +19,5 @@ This package only re-exports, from modules that work on plain data: importing it
 from nbgpu.scale.rules import KV_RESERVE_BYTES, RULES, KvCheck, builtin_shape
 from nbgpu.scale.scaler import ScalePlan, ScaleStep, scale_config
 
-__all__ = [
-    "KV_RESERVE_BYTES",
-    "RULES",
-    "KvCheck",
-    "ScalePlan",
-    "ScaleStep",
-    "builtin_shape",
-    "scale_config",
-]
+__all__ = ["KV_RESERVE_BYTES", "RULES", "KvCheck", "ScalePlan", "ScaleStep", "builtin_shape",
+           "scale_config"]  # fmt: skip

@@ -28,16 +28,8 @@ from nbgpu.scale.values import value_text
 if TYPE_CHECKING:
     from nbgpu.scale.script import LaunchScript, ScriptValue
 
-__all__ = [
-    "ConfigSource",
-    "Rescaled",
-    "load_config",
-    "read_config",
-    "read_text",
-    "rescaled_text",
-    "rewrite_script",
-    "write_text",
-]
+__all__ = ["ConfigSource", "Rescaled", "load_config", "read_config", "read_text", "rescaled_text",
+           "rewrite_script", "write_text"]  # fmt: skip
 
 
 def read_text(path: str | os.PathLike[str], what: str = "file") -> str:

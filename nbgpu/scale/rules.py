@@ -18,20 +18,9 @@ from nbgpu.estimate.shapes import ModelShape, find_model, kv_bytes_per_token
 from nbgpu.problems import Problem
 from nbgpu.scale.values import Entry, config_model_len, find_entry, int_of
 
-__all__ = [
-    "KV_RESERVE_BYTES",
-    "RULES",
-    "KvCheck",
-    "ScaleContext",
-    "batch_divisor",
-    "builtin_shape",
-    "check_start_up",
-    "kv_check",
-    "named_model",
-    "rules_for",
-    "scale_global",
-    "scale_tensor_parallel",
-]
+__all__ = ["KV_RESERVE_BYTES", "RULES", "KvCheck", "ScaleContext", "batch_divisor", "builtin_shape",
+           "check_start_up", "kv_check", "named_model", "rules_for", "scale_global",
+           "scale_tensor_parallel"]  # fmt: skip
 
 
 #: Rules a key can follow, and what each does (also the accepted values of ``rules=``).

@@ -17,21 +17,9 @@ from typing import Any
 
 from nbgpu.errors import UserInputError
 
-__all__ = [
-    "Entry",
-    "arithmetic",
-    "config_model_len",
-    "device_count",
-    "entries_of",
-    "find_entry",
-    "int_of",
-    "override_text",
-    "parse_overrides",
-    "parse_value",
-    "set_value",
-    "short_text",
-    "value_text",
-]
+__all__ = ["Entry", "arithmetic", "config_model_len", "device_count", "entries_of", "find_entry",
+           "int_of", "override_text", "parse_overrides", "parse_value", "set_value", "short_text",
+           "value_text"]  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -39,14 +39,8 @@ from nbgpu.devices.sim.box import Fleet, SimGpu
 from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.sizes import parse_size
 
-__all__ = [
-    "FICTIONAL_PID_BASE",
-    "MODELS",
-    "SCENARIOS",
-    "fleet_from_dict",
-    "load_fleet",
-    "parse_spec",
-]
+__all__ = ["FICTIONAL_PID_BASE", "MODELS", "SCENARIOS", "fleet_from_dict", "load_fleet",
+           "parse_spec"]  # fmt: skip
 
 MIB = 1024 * 1024
 
