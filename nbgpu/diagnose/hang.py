@@ -172,9 +172,7 @@ class Stall:
 
 
 def _span(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _module_of(path: str) -> str:
@@ -260,10 +258,7 @@ def main_thread(stacks: list[tuple[Frame, ...]]) -> tuple[Frame, ...]:
 
 
 def find_stall(
-    traces: dict[int, dict[str, Any]],
-    *,
-    now_ns: int,
-    world: list[int] | None = None,
+    traces: dict[int, dict[str, Any]], *, now_ns: int, world: list[int] | None = None
 ) -> Stall | None:
     """The oldest pending collective across ranks (their records by rank), and who is not
     in it; None when no rank waits in a collective (the job computes, or waits on something

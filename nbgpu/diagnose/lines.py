@@ -12,15 +12,12 @@ pieces kept). ``full=True`` hands over every line (small inputs, tests).
 
 Linear time, whatever the log looks like: every line is walked a bounded number of
 times (found by the trigger search, its shape taken once if it holds a trigger, walked
-once by the window that hands it over), and a line that is routine output - a trigger
-line whose shape, the line without its digits and lower-case hex letters (ranks, steps,
-sizes, addresses, ids), was already seen ``ROUTINE_REPEATS`` times: the same warning
-from every rank at every step, a retried request's traceback, a loss line with a field
-named ``error`` - opens no window. Its first occurrences are read
-in full, so what it says is still known; a log that prints it a million times is not
-read a million times. A trigger line that cannot begin a failure's story (no exception,
-traceback, exit code, signal, no cause's keyword: an upload error naming a new file each
-time) opens no window either: a window around a story-telling line still hands it over.
+once by the window that hands it over). A trigger line opens no window when it is routine
+output, its shape (``_VARYING``) seen ``ROUTINE_REPEATS`` times - the same warning from
+every rank at every step, a retried request's traceback, a loss line with a field named
+``error``: its first occurrences are read in full, so what it says is still known, but not
+a million of them. Nor does one that cannot begin a failure's story (``_STORY``); a window
+around a story-telling line still hands it over.
 
 :func:`parse_line` undoes the decorations launchers and libraries put on a line (each
 pattern below names one). A timestamp keeps its *kind*: glog stamps have no year, so they
