@@ -112,10 +112,8 @@ class Inputs:
 
 
 def chunks(log: LogInput, size: int = _CHUNK_BYTES) -> Iterator[bytes | bytearray]:
-    """The log's bytes in chunks; text streams are encoded as UTF-8.
-
-    A file's chunks share one buffer: use each before asking for the next.
-    """
+    """The log's bytes in chunks (text streams encoded as UTF-8). A file's chunks share one
+    buffer: use each before asking for the next."""
     if log.data is not None:
         for start in range(0, len(log.data), size):
             yield log.data[start : start + size]
