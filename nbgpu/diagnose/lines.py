@@ -239,12 +239,9 @@ class WindowScanner:
         self.lines = self._next - 1
 
     def _openers(self, buf: bytes | bytearray, start: int, stop: int) -> list[int]:
-        """Where each trigger line that opens a window starts, in order.
-
-        O(length of the region): one search resumed after each trigger line's newline (a
-        line with a thousand triggers costs one), and each trigger line is cut out,
-        stripped of its digits and hex letters and hashed once.
-        """
+        """Where each trigger line that opens a window starts, in order. O(length of the
+        region): one search resumed after each trigger line's newline (a line with a
+        thousand triggers costs one); each trigger line is cut out and its shape hashed once."""
         openers: list[int] = []
         pos = start
         while match := _TRIGGER.search(buf, pos, stop):
@@ -300,13 +297,10 @@ class WindowScanner:
     def _windows(
         self, buf: bytes | bytearray, start: int, stop: int, first: int, hits: list[int]
     ) -> None:
-        """Hand over the lines around each hit, walking from the hit instead of splitting.
-
-        O(lines of the region): the hits are taken in order and counted forward from the
-        previous one; a window walks back only to the last line handed over and forward
-        from the first line not handed over yet, so overlapping windows - a trigger on
-        every line - never walk a line twice.
-        """
+        """Hand over the lines around each hit, walking from it instead of splitting. O(lines
+        of the region): hits are counted forward from the previous one; a window walks back
+        only to the last line handed over and forward from the first one not handed over, so
+        overlapping windows (a trigger on every line) never walk a line twice."""
         if self._after_until >= first:
             self._forward(buf, start, stop, first, self._after_until)
         index, previous = 0, start

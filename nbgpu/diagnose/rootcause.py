@@ -318,7 +318,9 @@ def rank_failures(
     evidence = _evidence([h for h in root_hits if h.rank == root_rank] + root_hits, max_evidence)
     evidence = evidence or _unknown_evidence(root)
     ranks = _ranks(v.state.rank for v in rank_causes if v.cause is root.cause)
-    texts = [h.joined for h in sorted(root_hits, key=lambda h: h.order)[:max_evidence]]
+    # Each hit with the lines after it: a message wrapped over lines keeps its numbers.
+    first_hits = sorted(root_hits, key=lambda h: h.order)[:max_evidence]
+    texts = [" ".join([h.text, *h.context]) for h in first_hits]
     # Traceback lines name the interpreter and the torch the ranks ran.
     frames = [line for s in states.values() for e in s.exceptions for line in e.traceback]
     python = run.python if run is not None else None
