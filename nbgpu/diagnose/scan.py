@@ -104,14 +104,11 @@ class _Traceback:
 
 
 class SourceScan:
-    """Everything worth keeping from one source; feed it lines in order.
-
-    Cost per line fed: a fixed number of regular expressions (the prefix, the banner, the
-    exception shape), the catalog's keywords tested once on the lowered line, and the
-    patterns of the causes whose keyword the line holds - at most three times for a line
-    that starts an exception message a terminal wrapped (it is joined with the next two).
-    ``catalog_lookups`` and ``cause_checks`` count those lookups and cause tests.
-    """
+    """Everything worth keeping from one source; feed it lines in order. Cost per line: a
+    fixed number of regular expressions (prefix, banner, exception shape), the catalog's
+    keywords tested once on the lowered line, and the patterns of the causes whose keyword
+    it holds - at most three times for the start of an exception message a terminal wrapped
+    (it is joined with the next two)."""
 
     def __init__(
         self, name: str, *, default_rank: int | None = None, counter: Iterator[int]
