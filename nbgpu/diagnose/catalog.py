@@ -56,7 +56,6 @@ class Cause:
     secondary: bool = False
 
     def found(self, role: str, confidence: float, **fields: Any) -> FoundCause:
-        """This cause found in a run, with its title, explanation and fixes."""
         return FoundCause(
             cause=self.id,
             title=self.title,

@@ -172,9 +172,7 @@ class Stall:
 
 
 def _span(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _module_of(path: str) -> str:
@@ -260,10 +258,7 @@ def main_thread(stacks: list[tuple[Frame, ...]]) -> tuple[Frame, ...]:
 
 
 def find_stall(
-    traces: dict[int, dict[str, Any]],
-    *,
-    now_ns: int,
-    world: list[int] | None = None,
+    traces: dict[int, dict[str, Any]], *, now_ns: int, world: list[int] | None = None
 ) -> Stall | None:
     """The oldest pending collective across ranks (their records by rank), and who is not
     in it; None when no rank waits in a collective (the job computes, or waits on something
@@ -311,17 +306,14 @@ def _recorded(inputs: Inputs) -> tuple[list[str], dict[str, Any]] | None:
     return None
 
 
-def _read(path: Path, notes: list[str]) -> dict[str, Any] | None:
-    try:
-        return read_trace(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        notes.append(f"{path.name}: not read as a flight record ({exc})")
-        return None
-
-
 def _from_dumps(inputs: Inputs) -> tuple[list[str], dict[str, Any]] | None:
-    traces = {rank: _read(path, inputs.notes) for rank, path in sorted(inputs.flight.items())}
-    stall = find_stall({r: t for r, t in traces.items() if t is not None}, now_ns=0)
+    traces: dict[int, dict[str, Any]] = {}
+    for rank, path in sorted(inputs.flight.items()):
+        try:
+            traces[rank] = read_trace(path.read_bytes())
+        except (OSError, ValueError) as exc:  # noqa: PERF203  (one file per rank, once)
+            inputs.notes.append(f"{path.name}: not read as a flight record ({exc})")
+    stall = find_stall(traces, now_ns=0)
     if stall is None:
         return None
     stall.waited_s = None  # a dump has no clock: how long it waited is not in it

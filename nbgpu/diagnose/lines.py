@@ -12,15 +12,12 @@ pieces kept). ``full=True`` hands over every line (small inputs, tests).
 
 Linear time, whatever the log looks like: every line is walked a bounded number of
 times (found by the trigger search, its shape taken once if it holds a trigger, walked
-once by the window that hands it over), and a line that is routine output - a trigger
-line whose shape, the line without its digits and lower-case hex letters (ranks, steps,
-sizes, addresses, ids), was already seen ``ROUTINE_REPEATS`` times: the same warning
-from every rank at every step, a retried request's traceback, a loss line with a field
-named ``error`` - opens no window. Its first occurrences are read
-in full, so what it says is still known; a log that prints it a million times is not
-read a million times. A trigger line that cannot begin a failure's story (no exception,
-traceback, exit code, signal, no cause's keyword: an upload error naming a new file each
-time) opens no window either: a window around a story-telling line still hands it over.
+once by the window that hands it over). A trigger line opens no window when it is routine
+output, its shape (``_VARYING``) seen ``ROUTINE_REPEATS`` times - the same warning from
+every rank at every step, a retried request's traceback, a loss line with a field named
+``error``: its first occurrences are read in full, so what it says is still known, but not
+a million of them. Nor does one that cannot begin a failure's story (``_STORY``); a window
+around a story-telling line still hands it over.
 
 :func:`parse_line` undoes the decorations launchers and libraries put on a line (each
 pattern below names one). A timestamp keeps its *kind*: glog stamps have no year, so they
@@ -242,12 +239,9 @@ class WindowScanner:
         self.lines = self._next - 1
 
     def _openers(self, buf: bytes | bytearray, start: int, stop: int) -> list[int]:
-        """Where each trigger line that opens a window starts, in order.
-
-        O(length of the region): one search resumed after each trigger line's newline (a
-        line with a thousand triggers costs one), and each trigger line is cut out,
-        stripped of its digits and hex letters and hashed once.
-        """
+        """Where each trigger line that opens a window starts, in order. O(length of the
+        region): one search resumed after each trigger line's newline (a line with a
+        thousand triggers costs one); each trigger line is cut out and its shape hashed once."""
         openers: list[int] = []
         pos = start
         while match := _TRIGGER.search(buf, pos, stop):
@@ -303,13 +297,10 @@ class WindowScanner:
     def _windows(
         self, buf: bytes | bytearray, start: int, stop: int, first: int, hits: list[int]
     ) -> None:
-        """Hand over the lines around each hit, walking from the hit instead of splitting.
-
-        O(lines of the region): the hits are taken in order and counted forward from the
-        previous one; a window walks back only to the last line handed over and forward
-        from the first line not handed over yet, so overlapping windows - a trigger on
-        every line - never walk a line twice.
-        """
+        """Hand over the lines around each hit, walking from it instead of splitting. O(lines
+        of the region): hits are counted forward from the previous one; a window walks back
+        only to the last line handed over and forward from the first one not handed over, so
+        overlapping windows (a trigger on every line) never walk a line twice."""
         if self._after_until >= first:
             self._forward(buf, start, stop, first, self._after_until)
         index, previous = 0, start

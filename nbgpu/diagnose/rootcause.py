@@ -60,12 +60,6 @@ class _Rank:
     ended: Stamp | None = None
     banner_root: bool = False
 
-    def primary(self) -> list[Hit]:
-        return [h for h in self.hits if _primary(h)]
-
-    def secondary(self) -> list[Hit]:
-        return [h for h in self.hits if h.cause != SECONDARY_ID and not _primary(h)]
-
     def markers(self) -> list[Hit]:
         return [h for h in self.hits if h.cause == SECONDARY_ID]
 
@@ -166,7 +160,7 @@ def _most_specific(hits: list[Hit]) -> list[Hit]:
 
 
 def _rank_cause(s: _Rank) -> _RankCause | None:
-    if primary := s.primary():
+    if primary := [h for h in s.hits if _primary(h)]:
         # The rank's log shows the first symptom; its error file only the last exception.
         first = min(primary, key=lambda h: (h.source.startswith("error-"), h.order))
         same = [h for h in primary if h.cause == first.cause]
@@ -180,7 +174,8 @@ def _rank_cause(s: _Rank) -> _RankCause | None:
         (e for e in s.exceptions if not e.launcher and (e.source, e.lineno) not in explained),
         key=lambda e: e.order,
     )
-    secondary = [h for h in s.secondary() if not h.consequence] or s.secondary()
+    symptoms = [h for h in s.hits if h.cause != SECONDARY_ID and not _primary(h)]
+    secondary = [h for h in symptoms if not h.consequence] or symptoms
     # Among symptoms, the most telling one (a collective timeout over the generic
     # DistBackendError wrapping it), then the earliest.
     telling = min(secondary, key=lambda h: (-h.confidence, h.order)) if secondary else None
@@ -323,7 +318,9 @@ def rank_failures(
     evidence = _evidence([h for h in root_hits if h.rank == root_rank] + root_hits, max_evidence)
     evidence = evidence or _unknown_evidence(root)
     ranks = _ranks(v.state.rank for v in rank_causes if v.cause is root.cause)
-    texts = [h.joined for h in sorted(root_hits, key=lambda h: h.order)[:max_evidence]]
+    # Each hit with the lines after it: a message wrapped over lines keeps its numbers.
+    first_hits = sorted(root_hits, key=lambda h: h.order)[:max_evidence]
+    texts = [" ".join([h.text, *h.context]) for h in first_hits]
     # Traceback lines name the interpreter and the torch the ranks ran.
     frames = [line for s in states.values() for e in s.exceptions for line in e.traceback]
     python = run.python if run is not None else None

@@ -1,11 +1,10 @@
 """What one log says: catalog hits, exits, exceptions and tracebacks, line by line.
 
-:class:`SourceScan` consumes the lines of one source (a rank's log, torchrun's own output,
-a pasted string, the call stack of an error file) and keeps, within fixed bounds, what the
-ranking needs: the first few :class:`Hit` objects per cause and rank, torchrun's
-``ChildFailedError`` banner and ``failed (exitcode: N) local_rank: R`` lines as
-:class:`ExitRecord` objects, and the exception lines with the traceback above them.
-Nothing here decides the root cause (``rootcause.py`` does).
+:class:`SourceScan` reads one source (a rank's log, torchrun's output, a pasted string, an
+error file's call stack) and keeps, within fixed bounds: the first few :class:`Hit` s per
+cause and rank, torchrun's ``ChildFailedError`` banner and ``failed (exitcode: N)
+local_rank: R`` lines as :class:`ExitRecord` s, and the exception lines with the traceback
+above them. Nothing here decides the root cause (``rootcause.py`` does).
 """
 
 from __future__ import annotations
@@ -63,12 +62,7 @@ class Hit:
     local_rank: int | None
     stamp: Stamp | None
     order: int
-    context: list[str] = field(default_factory=list)
-
-    @property
-    def joined(self) -> str:
-        """The line and the lines after it (messages wrapped over lines)."""
-        return " ".join([self.text, *self.context])
+    context: list[str] = field(default_factory=list)  # the lines after it (see rootcause)
 
 
 @dataclass(frozen=True)
@@ -110,14 +104,11 @@ class _Traceback:
 
 
 class SourceScan:
-    """Everything worth keeping from one source; feed it lines in order.
-
-    Cost per line fed: a fixed number of regular expressions (the prefix, the banner, the
-    exception shape), the catalog's keywords tested once on the lowered line, and the
-    patterns of the causes whose keyword the line holds - at most three times for a line
-    that starts an exception message a terminal wrapped (it is joined with the next two).
-    ``catalog_lookups`` and ``cause_checks`` count those lookups and cause tests.
-    """
+    """Everything worth keeping from one source; feed it lines in order. Cost per line: a
+    fixed number of regular expressions (prefix, banner, exception shape), the catalog's
+    keywords tested once on the lowered line, and the patterns of the causes whose keyword
+    it holds - at most three times for the start of an exception message a terminal wrapped
+    (it is joined with the next two)."""
 
     def __init__(
         self, name: str, *, default_rank: int | None = None, counter: Iterator[int]
@@ -152,7 +143,6 @@ class SourceScan:
             self.feed(lineno, text)
 
     def feed(self, lineno: int | None, text: str) -> None:
-        """One decoded line."""
         self.lines_seen += 1
         line = parse_line(text, self.default_rank)
         body = line.body

@@ -112,10 +112,8 @@ class Inputs:
 
 
 def chunks(log: LogInput, size: int = _CHUNK_BYTES) -> Iterator[bytes | bytearray]:
-    """The log's bytes in chunks; text streams are encoded as UTF-8.
-
-    A file's chunks share one buffer: use each before asking for the next.
-    """
+    """The log's bytes in chunks (text streams encoded as UTF-8). A file's chunks share one
+    buffer: use each before asking for the next."""
     if log.data is not None:
         for start in range(0, len(log.data), size):
             yield log.data[start : start + size]
@@ -203,10 +201,8 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
     ]
     cvd = data.get("cuda_visible_devices")
     name = data.get("name")
-    warm = data.get("warm")
-    warm = warm if isinstance(warm, dict) else {}
-    offsets = warm.get("log_offsets")
-    offsets = offsets if isinstance(offsets, dict) else {}
+    warm = data["warm"] if isinstance(data.get("warm"), dict) else {}
+    offsets = warm["log_offsets"] if isinstance(warm.get("log_offsets"), dict) else {}
     return RunInfo(
         path=path.parent,
         name=name if isinstance(name, str) else None,
@@ -337,16 +333,11 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
         label = name or str(getattr(source, "name", "<stream>"))
         return Inputs(kind="stream", label=label, logs=[LogInput(label, stream=source)])  # type: ignore[arg-type]  # duck-typed stream
     # A run object: nbgpu's own Run (.dir), or anything with .run_dir / .directory.
-    run_dir = next(
-        (
-            v
-            for a in ("run_dir", "directory", "dir")
-            if isinstance(v := getattr(source, a, None), str | os.PathLike)
-        ),
-        None,
-    )
-    if run_dir is not None and not isinstance(source, str | os.PathLike):
-        source = run_dir
+    for attribute in ("run_dir", "directory", "dir"):
+        if isinstance(source, str | os.PathLike):
+            break
+        if isinstance(run_dir := getattr(source, attribute, None), str | os.PathLike):
+            source = run_dir
     if not isinstance(source, str | os.PathLike):
         raise UserInputError(f"cannot diagnose a {type(source).__name__}: expected {_ACCEPTED}")
     path = Path(os.fspath(source)).expanduser()
