@@ -299,10 +299,7 @@ def _announce(line: str) -> None:
 
 
 def init(
-    backend: str | None = None,
-    timeout_s: float = 300,
-    *,
-    environ: Mapping[str, str] | None = None,
+    backend: str | None = None, timeout_s: float = 300, *, environ: Mapping[str, str] | None = None
 ) -> None:
     """Join the job's process group from torchrun's environment; a second call is a no-op.
 
