@@ -139,8 +139,7 @@ class Table:
             total -= cut
         # Then squeeze the widest column until the table fits the terminal.
         while total > max_width and max(widths) > 8:
-            widest = widths.index(max(widths))
-            widths[widest] -= 1
+            widths[widths.index(max(widths))] -= 1
             total -= 1
         lines = [self.title] if self.title else []
         for row in [self.headers, *self.rows]:
@@ -152,10 +151,9 @@ class Table:
         style = _CELL_STYLE + background
         cell = self.cells[r].get(i)
         bar = memory_bar_html(*cell.bar) if cell is not None and cell.bar is not None else None
-        body = bar or html.escape(text)
         if cell is not None and cell.level in COLOURS and cell.level != "ok":
             style += f";color:{COLOURS[cell.level]};font-weight:bold"
-        return f'<td style="{style}">{body}</td>'
+        return f'<td style="{style}">{bar or html.escape(text)}</td>'
 
     def html(self) -> str:
         head = "".join(f'<th style="{_CELL_STYLE}">{html.escape(h)}</th>' for h in self.headers)
@@ -300,8 +298,7 @@ def to_text(blocks: Sequence[Block], width: int = 80) -> str:
 
 def _list_html(items: Sequence[str], *, ordered: bool = False, level: str = "") -> str:
     tag = "ol" if ordered else "ul"
-    colour = _colour(level)
-    body = "".join(f"<li{colour}>{fix_html(item)}</li>" for item in items)
+    body = "".join(f"<li{_colour(level)}>{fix_html(item)}</li>" for item in items)
     return f'<{tag} style="margin:2px 0">{body}</{tag}>'
 
 
@@ -344,8 +341,7 @@ def _block_html(block: Block) -> str:
 
 def to_html(blocks: Sequence[Block]) -> str:
     """The blocks as one HTML fragment, styled inline (no ``<style>`` block)."""
-    body = "".join(map(_block_html, blocks))
-    return f'<div class="nbgpu" style="{ROOT_STYLE}">{body}</div>'
+    return f'<div class="nbgpu" style="{ROOT_STYLE}">{"".join(map(_block_html, blocks))}</div>'
 
 
 class Result:

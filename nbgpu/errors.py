@@ -20,8 +20,7 @@ class NbgpuError(Exception):
 
 
 class UserInputError(NbgpuError, ValueError):
-    """A value from the user that nbgpu cannot accept; the message names the value and the
-    accepted form."""
+    """A user's value nbgpu cannot accept; the message names it and the accepted form."""
 
 
 class FleetSpecError(UserInputError):

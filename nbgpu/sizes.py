@@ -15,7 +15,7 @@ import re
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["SIZE_FORM", "fmt_bytes", "fmt_used_total", "parse_size"]
+__all__ = ["SIZE_FORM", "fmt_bytes", "fmt_used_total", "gib", "parse_size"]
 
 SIZE_FORM = (
     "a size in bytes, or with a unit: K/M/G/T or KiB/MiB/GiB/TiB (powers of 1024), "
@@ -70,3 +70,7 @@ def fmt_used_total(used: int | None, total: int | None) -> str:
     scale = 1024 ** _PRINTED_UNITS.index(unit)
     used_text = "-" if used is None else f"{used / scale:.1f}"
     return f"{used_text}/{number} {unit}"
+
+
+def gib(value: float) -> str:
+    return f"{value / 1024**3:.2f} GiB"

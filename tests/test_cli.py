@@ -14,13 +14,19 @@ from tests.conftest import NO_DRIVER, real_nvml_present
 NBGPU = [sys.executable, "-m", "nbgpu"]
 
 
-def run(args, simulate=None, **env):
+def run(args, simulate=None, stdin=None, **env):
     environ = {k: v for k, v in os.environ.items() if k not in ("NBGPU_SIMULATE", "NPROC_PER_NODE")}
     if simulate is not None:
         environ["NBGPU_SIMULATE"] = simulate
     environ.update(env)
     return subprocess.run(
-        NBGPU + args, capture_output=True, text=True, env=environ, timeout=120, check=False
+        NBGPU + args,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=120,
+        check=False,
     )
 
 
@@ -123,23 +129,9 @@ def test_diagnose_a_log_file_and_stdin():
     out = run(["diagnose", str(log)])
     assert out.returncode == 1  # a failure was found
     assert "[cuda_oom]" in out.stdout
-    piped = subprocess.run(
-        [*NBGPU, "diagnose", "-", "--json"],
-        input=log.read_text(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    piped = run(["diagnose", "-", "--json"], stdin=log.read_text())
     assert json.loads(piped.stdout)["cause"] == "cuda_oom"
-    clean = subprocess.run(
-        [*NBGPU, "diagnose", "-"],
-        input="all good\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    clean = run(["diagnose", "-"], stdin="all good\n")
     assert clean.returncode == 0
     missing = run(["diagnose", "/no/such/file.log"])
     assert missing.returncode == 2
@@ -159,23 +151,8 @@ def test_estimate_command_text_and_json():
 
 
 def test_estimate_command_largest_micro_and_bad_input():
-    out = run(
-        [
-            "estimate",
-            "llama-3.1-8b",
-            "--strategy",
-            "zero3",
-            "--world-size",
-            "8",
-            "--seq-len",
-            "4096",
-            "--checkpointing",
-            "--budget",
-            "40GB",
-            "--max-micro",
-            "auto",
-        ]
-    )
+    args = "estimate llama-3.1-8b --strategy zero3 --world-size 8 --seq-len 4096 --checkpointing"
+    out = run([*args.split(), "--budget", "40GB", "--max-micro", "auto"])
     assert out.returncode == 0, out.stderr
     assert "largest micro batch" in out.stdout
     bad = run(["estimate", "7B", "--precision", "fp8"])
@@ -188,24 +165,8 @@ def test_estimate_command_largest_micro_and_bad_input():
 
 
 def test_plan_with_model_name_seq_len_and_max_micro_auto():
-    out = run(
-        [
-            "plan",
-            "d4t1p1",
-            "--fleet",
-            "4xA40",
-            "--model",
-            "Qwen/Qwen2.5-1.5B-Instruct",
-            "--seq-len",
-            "2048",
-            "--max-micro",
-            "auto",
-            "--strategy",
-            "zero2",
-            "--batch",
-            "64",
-        ]
-    )
+    args = "plan d4t1p1 --fleet 4xA40 --model Qwen/Qwen2.5-1.5B-Instruct --seq-len 2048"
+    out = run([*args.split(), "--max-micro", "auto", "--strategy", "zero2", "--batch", "64"])
     assert out.returncode == 0, out.stderr + out.stdout
     assert "logits/loss" in out.stdout
     assert "largest micro batch" in out.stdout

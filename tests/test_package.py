@@ -17,11 +17,6 @@ PACKAGE = Path(nbgpu.__file__).parent
 HEAVY = ("torch", "pynvml", "pandas", "matplotlib", "ipywidgets")
 
 
-def _modules():
-    for info in pkgutil.walk_packages([str(PACKAGE)], prefix="nbgpu."):
-        yield info.name
-
-
 def test_all_is_complete_and_resolvable():
     for name in nbgpu.__all__:
         assert getattr(nbgpu, name) is not None, name
@@ -42,7 +37,7 @@ def test_unknown_attribute_is_a_clear_error():
 
 
 def test_every_module_declares_a_true_all():
-    for name in _modules():
+    for name in (i.name for i in pkgutil.walk_packages([str(PACKAGE)], prefix="nbgpu.")):
         if name.endswith("__main__"):
             continue
         module = importlib.import_module(name)
@@ -110,8 +105,7 @@ print(json.dumps({{"added": added, "heavy": heavy, "cells": added_cells, "left":
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["added"] == [
-        "gpu_clean", "gpu_diagnose", "gpu_doctor", "gpu_memory", "gpu_plan", "gpu_runs",
-        "gpu_stacks",
+        "gpu_clean", "gpu_diagnose", "gpu_doctor", "gpu_memory", "gpu_plan", "gpu_runs", "gpu_stacks",
         "gpu_status", "gpu_stop", "gpu_watch", "torchrun",
     ]  # fmt: skip
     assert result["cells"] == ["gpu_phase", "torchrun"]
@@ -181,8 +175,7 @@ FORBIDDEN = {
     # diagnose may read nbgpu.profile's records (memory at the failure), nothing else of it.
     "diagnose": ("nbgpu.launch", "nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api",
                  "nbgpu.profile.phases", "nbgpu.profile.recorder",
-                 "nbgpu.profile.live",
-                 "nbgpu.profile.figure"),
+                 "nbgpu.profile.live", "nbgpu.profile.figure"),
     # launch watches the ranks from the kernel; what runs inside them is rank/'s alone.
     "launch": ("nbgpu.plan", "nbgpu.notebook", "nbgpu.cli", "nbgpu.api", "nbgpu.rank"),
     # rank/ runs inside child processes: it never imports the kernel's side of a run.
@@ -205,8 +198,7 @@ def test_layers_import_one_way():
     worker_profile = {m for m in _nbgpu_imports(PACKAGE / "rank" / "worker.py") if "profile" in m}
     # Ranks record through the light modules only (standard library at import time).
     assert worker_profile <= {"nbgpu.profile.phases", "nbgpu.profile.phases.configure",
-                              "nbgpu.profile.recorder",
-                              "nbgpu.profile.recorder.Recorder"}  # fmt: skip
+                              "nbgpu.profile.recorder", "nbgpu.profile.recorder.Recorder"}  # fmt: skip
 
 
 # Modules every process imports early (ranks, the probe's child, torchrun's agent): the

@@ -132,11 +132,10 @@ class PlanWidget:
             text = f"nbgpu plan widget: invalid: {self.error}"
             body = f'<b style="color:{COLOURS["bad"]}">{html.escape(text)}</b>'
             return {"text/plain": text, "text/html": f'<div style="{ROOT_STYLE}">{body}</div>'}
-        line = html.escape(self.launch_line())
         return {
             "text/plain": f"{self.plan.text()}\nlaunch: {self.launch_line()}",
             "text/html": (
                 f'<div class="nbgpu" style="{ROOT_STYLE}">{self.plan.html_body()}'
-                f"<div>launch: <code>{line}</code></div></div>"
+                f"<div>launch: <code>{html.escape(self.launch_line())}</code></div></div>"
             ),
         }

@@ -149,9 +149,7 @@ def _bands(ax: Any, report: MemoryTimeline, colors: dict[str, str], *, labels: b
     if first is None:
         return
     t0 = report.origin
-    for span in first.phases:
-        if span.depth:
-            continue
+    for span in (s for s in first.phases if not s.depth):
         end = first.span_end(span)
         ax.axvspan(
             span.start_t - t0, end - t0, color=colors.get(span.name, "#ddd"), alpha=0.18, lw=0

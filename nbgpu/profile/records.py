@@ -19,16 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from nbgpu.profile.recorder import process_start_time
+from nbgpu.sizes import gib
 
 __all__ = ["MemoryTimeline", "NodePeak", "PhaseSpan", "RankRecords", "gib", "host_value",
            "import_storm", "read_file", "read_node", "read_records", "read_run_dir"]  # fmt: skip
 
 _FILE = re.compile(r"^mem-(rank|pid)(\d+)\.jsonl$")
 Base = tuple[int, int] | None  # (pss, rss) of the last full reading
-
-
-def gib(value: float) -> str:
-    return f"{value / 1024**3:.2f} GiB"
 
 
 def host_value(point: dict[str, Any], base: Base) -> tuple[int | None, Base]:

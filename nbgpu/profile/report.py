@@ -55,13 +55,12 @@ class MemoryReport(MemoryTimeline, Result):
             for span in rank.phases:
                 end = span.end or {}
                 peak_rss, peak_pss = self.phase_peak(rank, span)
-                duration = round(rank.span_end(span) - span.start_t, 3)
                 values = (
                     span.path,
                     rank.label,
                     span.status,
                     round(span.start_t - t0, 3),
-                    duration,
+                    round(rank.span_end(span) - span.start_t, 3),
                     span.begin.get("rss"),
                     end.get("rss"),
                     peak_rss,

@@ -29,6 +29,7 @@ from nbgpu.devices.cuda_errors import (
 )
 from nbgpu.devices.sim import simulation_source
 from nbgpu.errors import UserInputError
+from nbgpu.sizes import gib
 from nbgpu.sizes import parse_size as _parse_size
 
 if TYPE_CHECKING:
@@ -207,13 +208,13 @@ def set_memory_limit(size: int | str) -> int:
     current = _address_space_bytes()
     if current is not None and limit <= current:
         raise UserInputError(
-            f"memory limit {size!r} ({_gib(limit)}) is below this rank's current address "
-            f"space ({_gib(current)}): it would fail at once; expected more, e.g. 60G"
+            f"memory limit {size!r} ({gib(limit)}) is below this rank's current address "
+            f"space ({gib(current)}): it would fail at once; expected more, e.g. 60G"
         )
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY and limit > hard:
         raise UserInputError(
-            f"memory limit {size!r} ({_gib(limit)}) is above the hard limit {_gib(hard)} "
+            f"memory limit {size!r} ({gib(limit)}) is above the hard limit {gib(hard)} "
             "that this process may not raise; expected at most that"
         )
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
@@ -227,10 +228,6 @@ def _address_space_bytes() -> int | None:
             if line.startswith("VmSize:"):
                 return int(line.split()[1]) * 1024
     return None
-
-
-def _gib(value: int) -> str:
-    return f"{value / 1024**3:.2f} GiB"
 
 
 def device(environ: Mapping[str, str] | None = None) -> torch.device:
@@ -299,10 +296,7 @@ def _announce(line: str) -> None:
 
 
 def init(
-    backend: str | None = None,
-    timeout_s: float = 300,
-    *,
-    environ: Mapping[str, str] | None = None,
+    backend: str | None = None, timeout_s: float = 300, *, environ: Mapping[str, str] | None = None
 ) -> None:
     """Join the job's process group from torchrun's environment; a second call is a no-op.
 

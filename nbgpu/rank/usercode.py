@@ -215,11 +215,7 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
 
 
 def _run_cell(
-    message: dict[str, Any],
-    namespace: dict[str, Any],
-    rec: Recorder,
-    conn: Connection,
-    rank: int,
+    message: dict[str, Any], namespace: dict[str, Any], rec: Recorder, conn: Connection, rank: int
 ) -> dict[str, Any]:
     number = int(message["cell"])
     filename = str(message["filename"])

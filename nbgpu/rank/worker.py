@@ -98,13 +98,12 @@ _stack_files: list[Any] = []  # kept open for the life of the rank
 def _register_stack_dumps(run_dir: Path, rank: int) -> None:
     """`nbgpu stacks` / `%gpu_stacks`: every thread's Python stack on a signal, written by
     faulthandler from the handler itself, so a rank blocked in a collective answers too."""
-    try:
+    # On failure: no stacks on request; the run itself is unaffected.
+    with contextlib.suppress(OSError, RuntimeError, ValueError):
         dump = (run_dir / f"stacks-rank{rank}.txt").open("ab", buffering=0)
         faulthandler.register(_STACKS_SIGNAL, file=dump, all_threads=True, chain=False)
         _stack_files.append(dump)
         (run_dir / f"stacks-rank{rank}.pid").write_text(str(os.getpid()), encoding="utf-8")
-    except (OSError, RuntimeError, ValueError):
-        pass  # no stacks on request; the run itself is unaffected
 
 
 FR_REQUEST = "fr-request"  # what nbgpu.launch.outcomes writes (a test ties the two)

@@ -292,9 +292,7 @@ def scale_config(
     if to_gpus % nnodes:
         raise UserInputError(f"to_gpus={to_gpus} cannot be split over nnodes={nnodes} nodes evenly")
     start = _source_gpus(entries, rule_of, nnodes, from_gpus)
-    model_name = None
-    if model is None:
-        model_name, model = named_model(entries)
+    model_name, model = named_model(entries) if model is None else (None, model)
     ctx = ScaleContext(
         entries=entries,
         rules=rule_of,

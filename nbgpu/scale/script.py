@@ -317,10 +317,8 @@ def read_script(text: str, where: str = "script") -> LaunchScript:
     """Find the overrides and assignments of a launch script."""
     script = LaunchScript(text)
     for command in _Lexer(text, where).commands():
-        i = 0
         exported = command[0].parts and command[0].parts[0].text in ("export", "declare", "local")
-        if exported and len(command[0].parts) == 1:
-            i = 1
+        i = 1 if exported and len(command[0].parts) == 1 else 0
         while i < len(command):
             word = command[i]
             m = _ASSIGNMENT.match(text[word.start : word.end])

@@ -98,8 +98,7 @@ def _node_at(root: Node, path: Sequence[Any]) -> Node | None:
 def _scalar_text(value: Any, style: str | None) -> str | None:
     """*value* as ruamel.yaml writes it on one line, in *style* (quotes) when it is a string."""
     if isinstance(value, str) and style in ("'", '"'):
-        kind = SingleQuotedScalarString if style == "'" else DoubleQuotedScalarString
-        value = kind(value)
+        value = (SingleQuotedScalarString if style == "'" else DoubleQuotedScalarString)(value)
     out = io.StringIO()
     yaml = _round_trip()
     if isinstance(value, list):

@@ -129,10 +129,7 @@ SCALARS = st.one_of(
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    st.dictionaries(KEYS, SCALARS, min_size=1, max_size=6),
-    st.data(),
-)
+@given(st.dictionaries(KEYS, SCALARS, min_size=1, max_size=6), st.data())
 def test_any_scalar_change_reads_back_and_touches_one_line(values, data):
     text = "".join(f"{k}: {json.dumps(v)}  # note {i}\n" for i, (k, v) in enumerate(values.items()))
     key = data.draw(st.sampled_from(sorted(values)))
