@@ -169,18 +169,6 @@ def collect_pulled(run_dir: Path, nproc: int) -> Pulled:
     return pulled
 
 
-def first_failure_without_diagnosis(ranks: Sequence[RankOutcome]) -> RankOutcome | None:
-    """Which rank failed first is the diagnosis' answer; when it failed: the earliest
-    error-file clock, ranks the agent stopped (SIGTERM/SIGINT) after another failed last."""
-    failed = [r for r in ranks if r.exit_code not in (0, None)]
-
-    def weight(r: RankOutcome) -> tuple[int, float, int]:
-        stopped = r.signal in ("SIGTERM", "SIGINT") and r.error is None
-        return (int(stopped), r.failed_at or float("inf"), r.rank)
-
-    return min(failed, key=weight) if failed else None
-
-
 def diagnose_failure(
     run_dir: Path, environ: Mapping[str, str], name: str, ranks: Sequence[RankOutcome]
 ) -> tuple[Diagnosis | None, str | None, RankOutcome | None]:
@@ -196,7 +184,16 @@ def diagnose_failure(
         # ...nor hide its own failure: the summary says it failed and why.
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-        return None, error, first_failure_without_diagnosis(ranks)
+        # Which rank failed first is the diagnosis' answer; without it: the earliest
+        # error-file clock, ranks the agent stopped (SIGTERM/SIGINT) after another failed last.
+        failed = [r for r in ranks if r.exit_code not in (0, None)]
+        stopped = {r.rank for r in failed if r.signal in ("SIGTERM", "SIGINT") and r.error is None}
+        earliest = min(
+            failed,
+            key=lambda r: (r.rank in stopped, r.failed_at or float("inf"), r.rank),
+            default=None,
+        )
+        return None, error, earliest
     root = next((r for r in ranks if r.rank == diagnosis.failed_rank), None)
     return diagnosis, None, root
 

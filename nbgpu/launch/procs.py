@@ -195,8 +195,10 @@ class StopReport:
     survivors: tuple[int, ...]  # pids still alive after the deadline (should be empty)
 
 
-def _signal_and_wait(procs: list[psutil.Process], sig: int, until: float) -> list[psutil.Process]:
-    for proc in procs:
+def _signal_and_wait(
+    procs: list[psutil.Process], sig: int, until: float, only: list[psutil.Process] | None = None
+) -> list[psutil.Process]:
+    for proc in only or procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
     return wait_gone(procs, lambda p: not _alive(p), until)
@@ -213,10 +215,7 @@ def stop_processes(
     if not procs:
         return StopReport(0, 0, ())
     root = [p for p in procs if p.pid == root_pid]
-    for proc in root or procs:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(first_signal)
-    alive = wait_gone(procs, lambda p: not _alive(p), started + grace_s / 2)
+    alive = _signal_and_wait(procs, first_signal, started + grace_s / 2, only=root)
     if alive:
         # Refresh: the agent may have spawned or orphaned processes meanwhile.
         alive = _signal_and_wait(
