@@ -346,11 +346,7 @@ def _slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
             raise UserInputError(f"{stray[0]} asks SLURM for something: add --slurm")
         return None
     return SlurmOptions(
-        partition=args.partition,
-        time=args.time,
-        account=args.account,
-        gpus_per_node=args.gpus_per_node,
-        extra=tuple(args.slurm_arg or ()),
+        args.partition, args.time, args.account, args.gpus_per_node, tuple(args.slurm_arg or ())
     )
 
 

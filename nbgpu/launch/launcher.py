@@ -193,14 +193,11 @@ def prepare(
     on_hang: str = "report",
     face: str = "notebook",
 ) -> Prepared:
-    """Validate everything and decide nproc and GPUs; starts nothing.
-
-    ``face`` ("notebook", "terminal", "python"): hints name commands the user can type
-    there. ``plan`` (``nbgpu.plan``) supplies GPUs, nproc and port for one of its roles
-    (``role``; default: the only one, or "train"); a plan across nodes supplies the nodes,
-    ranks per node and each node's GPUs of a SLURM run. Code that asks for CUDA this
-    machine's torch cannot give is a note (``strict``: a ``UserInputError``).
-    """
+    """Validate everything and decide nproc and GPUs; starts nothing. Hints name commands
+    the user can type in the ``face`` ("notebook", "terminal", "python"). ``plan``
+    (``nbgpu.plan``) supplies GPUs, nproc and port for its ``role`` (default: the only one, or
+    "train"); a plan across nodes, the nodes, ranks per node and each node's GPUs of a SLURM
+    run. Code asking for CUDA this torch cannot give is a note (``strict``: refused)."""
     environ = dict(os.environ if environ is None else environ)
     notes: list[str] = []
     if plan is not None and is_nodes_plan(plan):

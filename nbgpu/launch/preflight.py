@@ -106,9 +106,7 @@ def cuda_line(
     config: LaunchConfig, build: TorchBuild | None, *, gpus_here: bool, fleet: str | None = None
 ) -> str | None:
     """One line when the code asks for CUDA that the ranks will not have, else None.
-
-    ``gpus_here``: GPUs CUDA can use (a simulated fleet's do not count); ``fleet``: the
-    simulated fleet's name, when the simulation is on."""
+    ``gpus_here``: GPUs CUDA can use (a simulated fleet's do not count)."""
     if build is None:
         return None  # no torch here: the ranks fail at `import torch`, which says it all
     found = None
