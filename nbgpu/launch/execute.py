@@ -8,6 +8,7 @@ of a warm job goes through the same follow (:func:`execute_cell`), into the face
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -239,19 +240,17 @@ def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, floa
     if run.warm is not None and not run.warm.busy:
         return []  # between cells a warm job's ranks are quiet by design
     if after_s is None:
-        try:
+        after_s = SILENT_AFTER_S
+        with contextlib.suppress(ValueError):
             after_s = float(
                 os.environ.get("NBGPU_SILENT_AFTER") or run.config.hang_after_s or SILENT_AFTER_S
             )
-        except ValueError:
-            after_s = SILENT_AFTER_S
     now = time.time()
     out = []
     for rank in range(run.config.world_size):
-        try:
+        last = run.started_at
+        with contextlib.suppress(OSError):
             last = max(run.logs[f"rank{rank}"].stat().st_mtime, run.started_at)
-        except OSError:
-            last = run.started_at
         if now - last >= after_s:
             out.append((rank, now - last))
     return out

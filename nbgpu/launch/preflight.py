@@ -54,10 +54,9 @@ def torch_build() -> TorchBuild | None:
         dist = importlib.metadata.distribution("torch")
     except importlib.metadata.PackageNotFoundError:
         return None
-    try:
+    text = ""
+    with contextlib.suppress(OSError):
         text = Path(str(dist.locate_file("torch/version.py"))).read_text(encoding="utf-8")
-    except OSError:
-        text = ""
     if m := _CUDA_LINE.search(text):
         return TorchBuild(dist.version, m.group(1) or None)
     # No version.py to read: the wheel's local version says it (2.5.1+cpu).
@@ -94,12 +93,10 @@ def _source(config: LaunchConfig) -> tuple[str, str] | None:
         return "the cell", config.code
     if config.script is None:
         return None
-    try:
-        if config.script.stat().st_size > _SCRIPT_BYTES:
-            return None
-        return config.script.name, config.script.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
+    with contextlib.suppress(OSError):
+        if config.script.stat().st_size <= _SCRIPT_BYTES:
+            return config.script.name, config.script.read_text(encoding="utf-8", errors="replace")
+    return None
 
 
 def cuda_line(

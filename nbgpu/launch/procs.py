@@ -140,10 +140,9 @@ def start_agent(
 
 
 def _environ(pid: int) -> list[bytes]:
-    try:
+    with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
+    return []
 
 
 def carries_run_id(pid: int, run_id: str | None) -> bool:
@@ -182,10 +181,9 @@ def run_processes(run_id: str, root_pid: int | None = None) -> list[psutil.Proce
 
 
 def _alive(proc: psutil.Process) -> bool:
-    try:
+    with contextlib.suppress(psutil.Error):
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return False
 
 
 @dataclass(frozen=True)
@@ -277,10 +275,9 @@ _STOPPED = "stopped (SIGSTOP): it answers only after SIGCONT"
 
 
 def _stopped(pid: int) -> bool:
-    try:
+    with contextlib.suppress(psutil.Error):
         return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except psutil.Error:
-        return False
+    return False
 
 
 def wait_for_dump(path: Path, start: int, timeout_s: float) -> str:

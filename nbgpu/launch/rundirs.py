@@ -143,10 +143,9 @@ class RetentionPolicy:
 def _count(value: str | int | None, label: str) -> int:
     if value is None or str(value).strip() == "":
         return DEFAULT_KEEP
-    try:
+    count = -1
+    with contextlib.suppress(ValueError):
         count = int(value)
-    except ValueError:
-        count = -1
     if count < 0:
         raise UserInputError(
             f"{label}{value!r}: expected a whole number of runs >= 0 (0: no limit)"

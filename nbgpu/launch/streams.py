@@ -317,7 +317,6 @@ class ScreenWriter:
         recent.extend((line, i >= cut) for i, line in enumerate(lines[start:], start))
 
     def finish(self, log_hint: str) -> None:
-        """Flush, then show each rank's last lines that the budget held back."""
         self._status = ""
         self.flush()
         pieces: list[str] = [self._erase_status()] if self._status_shown else []

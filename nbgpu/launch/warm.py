@@ -185,12 +185,9 @@ class WarmState:
 
     def interrupt(self, ranks: list[int]) -> None:
         """SIGINT to *ranks* (their user code gets KeyboardInterrupt; the rank stays)."""
-        pids = self.pids()
-        for rank in ranks:
-            pid = pids.get(rank)
-            if pid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGINT)
+        for pid in filter(None, map(self.pids().get, ranks)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
 
     def ask_to_stop(self) -> bool:
         """Ask idle ranks to leave their loop and exit normally; whether they were asked."""
@@ -302,10 +299,9 @@ class Cell:
 
 
 def _size(path: Path) -> int:
-    try:
+    with contextlib.suppress(OSError):
         return path.stat().st_size
-    except OSError:
-        return 0
+    return 0
 
 
 def span(seconds: float) -> str:
