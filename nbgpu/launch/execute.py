@@ -1,9 +1,8 @@
-"""The one way a job runs under every face, and this process's runs by name.
-
-``%%torchrun``, ``nbgpu run`` and ``nbgpu.torchrun`` call :func:`execute`, and every cell
-of a warm job goes through the same follow (:func:`execute_cell`), into the face's output
-(a terminal, a cell, a widget panel, a display handle). The faces ask this process's runs
-(:data:`~nbgpu.launch.run.RUNS`) through ``runs()``, ``runs_table()`` and ``stop_runs()``.
+"""The one way a job runs under every face, and this process's runs by name: ``%%torchrun``,
+``nbgpu run`` and ``nbgpu.torchrun`` call :func:`execute`, and every cell of a warm job goes
+through the same follow (:func:`execute_cell`), into the face's output (a terminal, a cell, a
+widget panel, a display handle). The faces ask :data:`~nbgpu.launch.run.RUNS` through
+``runs()``, ``runs_table()`` and ``stop_runs()``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The launch flags, declared once for ``%%torchrun`` and ``nbgpu run``.
-
-Both faces build their parsers from :data:`FLAGS` and turn the parsed namespace into
-``prepare()`` keywords with :func:`prepare_options`: a flag, its help and its checks are here.
+"""The launch flags, declared once for ``%%torchrun`` and ``nbgpu run``: both faces build their
+parsers from :data:`FLAGS` and get ``prepare()``'s keywords from :func:`prepare_options`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""``nbgpu.torchrun(...)``: from what the user asked to a validated config and a Run.
-
-Without ``--gpus`` the ranks default to the healthy visible GPUs, and unhealthy ones (busy,
-held by a dead process, lost) are left out of ``CUDA_VISIBLE_DEVICES`` with a note, so rank
-0 never lands on a busy GPU 0. ``--gpus`` is checked against the inventory and the CUDA
-probe (``force`` overrides); more ranks than GPUs is refused before anything starts.
+"""``nbgpu.torchrun(...)``: from what the user asked to a validated config and a Run. Without
+``--gpus`` the ranks default to the healthy visible GPUs, and unhealthy ones (busy, held by a
+dead process, lost) are left out of ``CUDA_VISIBLE_DEVICES`` with a note, so rank 0 never lands
+on a busy GPU 0. ``--gpus`` is checked against the inventory and the CUDA probe (``force``
+overrides); more ranks than GPUs is refused before anything starts.
 """
 
 from __future__ import annotations

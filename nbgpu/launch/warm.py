@@ -277,10 +277,7 @@ class Cell:
         errors: dict[int, str] = {}
         pulled = Pulled()
         for rank in range(self.warm.nproc):
-            answer = self.answers.get(rank)
-            if answer is None:
-                statuses[rank] = "no answer"
-                continue
+            answer = self.answers.get(rank, {"status": "no answer"})
             statuses[rank] = str(answer.get("status"))
             if answer.get("error"):
                 errors[rank] = str(answer["error"])
