@@ -54,8 +54,7 @@ def to_screen(
     color: bool = False,
     live_status: bool = False,
 ) -> Callable[[Run], Output]:
-    """Prefixed text through *write* within the screen budget (nothing when *quiet*); a new
-    writer for each run or cell."""
+    """A new ScreenWriter for each run or cell, through *write* (nothing when *quiet*)."""
     target = (lambda _text: None) if quiet else write
     return lambda _run: Output(ScreenWriter(target, color=color, live_status=live_status))
 

@@ -150,9 +150,8 @@ def add_pulled(pulled: Pulled, rank: int, payload: dict[str, Any]) -> None:
             values[name] = pickle.loads(blob)  # noqa: S301  (written by our own ranks)
         except Exception as exc:  # noqa: BLE001, PERF203  (e.g. a class the notebook lacks)
             pulled.problems.append(f"--pull {name}: the value cannot be loaded here ({exc})")
-    who = "rank 0" if rank == 0 else f"rank {rank}"
     pulled.problems.extend(
-        f"--pull {name}: {who} never set {name!r}" for name in payload["missing"]
+        f"--pull {name}: rank {rank} never set {name!r}" for name in payload["missing"]
     )
     pulled.problems.extend(f"--pull {name}: {why}" for name, why in payload["errors"].items())
     if rank == 0:

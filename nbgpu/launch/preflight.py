@@ -1,7 +1,5 @@
-"""Before launch: code that asks for CUDA where the ranks' torch cannot give it.
-
-Code written for a GPU box (``.cuda()``, ``backend="nccl"``) started where torch is a CPU
-build fails on every rank at that line, after the imports and the rendezvous:
+"""Before launch: code written for a GPU box (``.cuda()``, ``backend="nccl"``) started where
+torch is a CPU build fails on every rank at that line, after the imports and the rendezvous:
 :func:`cuda_line` says so before anything starts (``--strict`` makes it a refusal). The
 ranks' torch is this interpreter's (the agent runs ``sys.executable``); its build is read
 without importing it (``%load_ext`` imports no torch; a file read, not seconds). A simulated

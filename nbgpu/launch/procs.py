@@ -1,10 +1,8 @@
 """A run's processes: the first one it starts, all of them found and stopped, and every
-rank's Python stack on request.
-
-The first process (:func:`start_agent`: nbgpu's wrapped torchrun, or ``srun``) has its own
-session. torchrun puts each worker in its own session too, so killing the agent's process
-group does not reach them, and a SIGKILLed agent orphans them: a run's processes are the
-agent's descendants and any process of this user whose environment carries its run id.
+rank's Python stack on request. The first process (:func:`start_agent`: nbgpu's wrapped
+torchrun, or ``srun``) has its own session. torchrun puts each worker in its own session too,
+so killing the agent's process group does not reach them, and a SIGKILLed agent orphans them:
+a run's processes are the agent's descendants and this user's processes carrying its run id.
 
 For runs that hang, each rank registers ``faulthandler`` on ``STACKS_SIGNAL`` before any
 user code (``nbgpu.rank.worker``): its dumps go to ``stacks-rank{N}.txt``, its pid to

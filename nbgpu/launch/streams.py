@@ -1,6 +1,5 @@
 """What flows between the kernel and its ranks: their output (log files followed, decoded,
 coalesced for the screen) and a warm job's cells (a private channel). Standard library only.
-
 Each rank writes straight into its own log file, complete whatever happens on screen.
 :class:`LogTail` follows one with an incremental UTF-8 decoder (a character split across
 reads stays intact); :class:`ScreenWriter` keeps to a byte budget, as Jupyter's server
@@ -133,11 +132,10 @@ class RankLogs:
 
     def poll(self, *, every: bool = False) -> list[tuple[int, list[str]]]:
         """New lines, by rank (``every``: read every log, not this poll's turn)."""
-        ranks = list(self._tails)
-        turn = list(range(len(ranks)))
+        tails = list(self._tails.items())
         if not every:
-            turn, self._cursor = in_turn(len(ranks), self._cursor)
-        tails = [(ranks[i], self._tails[ranks[i]]) for i in turn]
+            turn, self._cursor = in_turn(len(tails), self._cursor)
+            tails = [tails[i] for i in turn]
         before = sum(tail.bytes_read for _, tail in tails)
         polled = [(rank, tail.poll()) for rank, tail in tails]
         if sum(tail.bytes_read for _, tail in tails) != before:

@@ -152,7 +152,7 @@ class WarmState:
         if self.busy:
             return f"warm, cell {max(self.busy.values())} running"
         text = f"warm, idle {span(self.idle_s or 0.0)}, {self.cells} cells"
-        sizes = [resident_bytes(pid) for pid in self.pids().values() if pid]
+        sizes = map(resident_bytes, filter(None, self.pids().values()))
         known = [size for size in sizes if size is not None]
         if known:
             text += f", {fmt_bytes(sum(known))} RSS"
