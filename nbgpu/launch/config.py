@@ -1,9 +1,7 @@
 """What to launch: a checked description of one torchrun job (or one more cell of a warm
-job), and what the launcher reads from a plan (launch never imports plan/).
-
-Every value a user gives is checked here, before anything starts: a mistake is one line
-naming the value and the accepted form, and no process is spawned for it. Pure: outside
-facts come in as arguments.
+job), and what the launcher reads from a plan (launch never imports plan/). Every value a
+user gives is checked here, before anything starts: a mistake is one line naming the value
+and the accepted form, and no process is spawned for it. Outside facts come in as arguments.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""The one way a job runs under every face, and this process's runs by name.
-
-``%%torchrun``, ``nbgpu run`` and ``nbgpu.torchrun`` call :func:`execute`, and every cell
-of a warm job goes through the same follow (:func:`execute_cell`), into the face's output
-(a terminal, a cell, a widget panel, a display handle). The faces ask this process's runs
-(:data:`~nbgpu.launch.run.RUNS`) through ``runs()``, ``runs_table()`` and ``stop_runs()``.
+"""The one way a job runs under every face, and this process's runs by name: ``%%torchrun``,
+``nbgpu run`` and ``nbgpu.torchrun`` call :func:`execute`, and every cell of a warm job goes
+through the same follow (:func:`execute_cell`), into the face's output (a terminal, a cell, a
+widget panel, a display handle). The faces ask :data:`~nbgpu.launch.run.RUNS` through
+``runs()``, ``runs_table()`` and ``stop_runs()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -54,8 +54,7 @@ def to_screen(
     color: bool = False,
     live_status: bool = False,
 ) -> Callable[[Run], Output]:
-    """Prefixed text through *write* within the screen budget (nothing when *quiet*); a new
-    writer for each run or cell."""
+    """A new ScreenWriter for each run or cell, through *write* (nothing when *quiet*)."""
     target = (lambda _text: None) if quiet else write
     return lambda _run: Output(ScreenWriter(target, color=color, live_status=live_status))
 
@@ -239,19 +238,17 @@ def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, floa
     if run.warm is not None and not run.warm.busy:
         return []  # between cells a warm job's ranks are quiet by design
     if after_s is None:
-        try:
+        after_s = SILENT_AFTER_S
+        with contextlib.suppress(ValueError):
             after_s = float(
                 os.environ.get("NBGPU_SILENT_AFTER") or run.config.hang_after_s or SILENT_AFTER_S
             )
-        except ValueError:
-            after_s = SILENT_AFTER_S
     now = time.time()
     out = []
     for rank in range(run.config.world_size):
-        try:
+        last = run.started_at
+        with contextlib.suppress(OSError):
             last = max(run.logs[f"rank{rank}"].stat().st_mtime, run.started_at)
-        except OSError:
-            last = run.started_at
         if now - last >= after_s:
             out.append((rank, now - last))
     return out

@@ -1,7 +1,5 @@
-"""The launch flags, declared once for ``%%torchrun`` and ``nbgpu run``.
-
-Both faces build their parsers from :data:`FLAGS` and turn the parsed namespace into
-``prepare()`` keywords with :func:`prepare_options`: a flag, its help and its checks are here.
+"""The launch flags, declared once for ``%%torchrun`` and ``nbgpu run``: both faces build their
+parsers from :data:`FLAGS` and get ``prepare()``'s keywords from :func:`prepare_options`.
 """
 
 from __future__ import annotations
@@ -346,11 +344,7 @@ def _slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
             raise UserInputError(f"{stray[0]} asks SLURM for something: add --slurm")
         return None
     return SlurmOptions(
-        partition=args.partition,
-        time=args.time,
-        account=args.account,
-        gpus_per_node=args.gpus_per_node,
-        extra=tuple(args.slurm_arg or ()),
+        args.partition, args.time, args.account, args.gpus_per_node, tuple(args.slurm_arg or ())
     )
 
 

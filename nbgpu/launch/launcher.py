@@ -1,16 +1,14 @@
-"""``nbgpu.torchrun(...)``: from what the user asked to a validated config and a Run.
-
-Without ``--gpus`` the ranks default to the healthy visible GPUs, and unhealthy ones (busy,
-held by a dead process, lost) are left out of ``CUDA_VISIBLE_DEVICES`` with a note, so rank
-0 never lands on a busy GPU 0. ``--gpus`` is checked against the inventory and the CUDA
-probe (``force`` overrides); more ranks than GPUs is refused before anything starts.
+"""``nbgpu.torchrun(...)``: from what the user asked to a validated config and a Run. Without
+``--gpus`` the ranks default to the healthy visible GPUs, and unhealthy ones (busy, held by a
+dead process, lost) are left out of ``CUDA_VISIBLE_DEVICES`` with a note, so rank 0 never lands
+on a busy GPU 0. ``--gpus`` is checked against the inventory and the CUDA probe (``force``
+overrides); more ranks than GPUs is refused before anything starts.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast, overload
@@ -100,7 +98,19 @@ def _named_gpus(
         if reason:
             notes.append(f"GPU {index} used despite: {reason} (--force)")
     if not force:
-        _probe(inv, chosen, text, environ, face)
+        # A context on each named GPU (in a subprocess) before committing ranks to it: NVML
+        # can look clean while CUDA refuses the GPU (a holder in another container).
+        env = {**environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
+        report = probe_gpus({**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, inv.gpus, 30.0)
+        # (An init_error: CUDA itself cannot start here; the ranks will say so in their words.)
+        failed = [r for r in report.results if r.outcome != "ok" and report.init_error is None]
+        if failed:
+            where = f"GPU {failed[0].nvml_index}" if failed[0].nvml_index is not None else "a GPU"
+            raise UserInputError(
+                f"--gpus {text}: {where} fails the CUDA probe: {failed[0].message} "
+                f"({failed[0].error_name or failed[0].cuda_error}); see {doctor_hint(face)} "
+                "(--force to use it anyway)"
+            )
     if nproc is None:
         nproc = len(chosen)
     elif nproc > len(chosen) and not force:
@@ -109,26 +119,6 @@ def _named_gpus(
             f"{nproc - 1} would fail with 'invalid device ordinal' (--force to launch anyway)"
         )
     return nproc, ",".join(str(i) for i in chosen), chosen
-
-
-def _probe(
-    inv: Inventory, chosen: tuple[int, ...], text: str, environ: Mapping[str, str], face: str
-) -> None:
-    """Create a context on each named GPU (in a subprocess) before committing ranks to it:
-    NVML can look clean while CUDA refuses the GPU (a holder in another container)."""
-    env = {**environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    report = probe_gpus(env, inv.gpus, 30.0)
-    if report.init_error is not None:
-        return  # CUDA itself cannot start here; the ranks will say so in their own words
-    for result in report.results:
-        if result.outcome != "ok":
-            where = f"GPU {result.nvml_index}" if result.nvml_index is not None else "a GPU"
-            raise UserInputError(
-                f"--gpus {text}: {where} fails the CUDA probe: {result.message} "
-                f"({result.error_name or result.cuda_error}); see {doctor_hint(face)} (--force to use it "
-                "anyway)"
-            )
 
 
 def _visible_gpus(
@@ -202,14 +192,11 @@ def prepare(
     on_hang: str = "report",
     face: str = "notebook",
 ) -> Prepared:
-    """Validate everything and decide nproc and GPUs; starts nothing.
-
-    ``face`` ("notebook", "terminal", "python"): hints name commands the user can type
-    there. ``plan`` (``nbgpu.plan``) supplies GPUs, nproc and port for one of its roles
-    (``role``; default: the only one, or "train"); a plan across nodes supplies the nodes,
-    ranks per node and each node's GPUs of a SLURM run. Code that asks for CUDA this
-    machine's torch cannot give is a note (``strict``: a ``UserInputError``).
-    """
+    """Validate everything and decide nproc and GPUs; starts nothing. Hints name commands
+    the user can type in the ``face`` ("notebook", "terminal", "python"). ``plan``
+    (``nbgpu.plan``) supplies GPUs, nproc and port for its ``role`` (default: the only one, or
+    "train"); a plan across nodes, the nodes, ranks per node and each node's GPUs of a SLURM
+    run. Code asking for CUDA this torch cannot give is a note (``strict``: refused)."""
     environ = dict(os.environ if environ is None else environ)
     notes: list[str] = []
     if plan is not None and is_nodes_plan(plan):
@@ -398,7 +385,7 @@ def torchrun(
     unused); ``on="name"`` runs the code on that warm job's ranks and returns the
     cell's :class:`CellResult` (a cell that raised is ``CellFailed`` with ``check``).
     """
-    out = write or _stdout_write
+    out = write or (lambda text: print(text, end="", flush=True))
     if on is not None:
         if keep:
             raise start_only("keep=", on)
@@ -422,8 +409,3 @@ def torchrun(
         environ=environ,
     )
     return WarmJob(run, out) if keep else run
-
-
-def _stdout_write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()

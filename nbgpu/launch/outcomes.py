@@ -150,9 +150,8 @@ def add_pulled(pulled: Pulled, rank: int, payload: dict[str, Any]) -> None:
             values[name] = pickle.loads(blob)  # noqa: S301  (written by our own ranks)
         except Exception as exc:  # noqa: BLE001, PERF203  (e.g. a class the notebook lacks)
             pulled.problems.append(f"--pull {name}: the value cannot be loaded here ({exc})")
-    who = "rank 0" if rank == 0 else f"rank {rank}"
     pulled.problems.extend(
-        f"--pull {name}: {who} never set {name!r}" for name in payload["missing"]
+        f"--pull {name}: rank {rank} never set {name!r}" for name in payload["missing"]
     )
     pulled.problems.extend(f"--pull {name}: {why}" for name, why in payload["errors"].items())
     if rank == 0:
@@ -167,18 +166,6 @@ def collect_pulled(run_dir: Path, nproc: int) -> Pulled:
         if path.exists():
             add_pulled(pulled, r, pickle.loads(path.read_bytes()))  # noqa: S301  (our own ranks)
     return pulled
-
-
-def first_failure_without_diagnosis(ranks: Sequence[RankOutcome]) -> RankOutcome | None:
-    """Which rank failed first is the diagnosis' answer; when it failed: the earliest
-    error-file clock, ranks the agent stopped (SIGTERM/SIGINT) after another failed last."""
-    failed = [r for r in ranks if r.exit_code not in (0, None)]
-
-    def weight(r: RankOutcome) -> tuple[int, float, int]:
-        stopped = r.signal in ("SIGTERM", "SIGINT") and r.error is None
-        return (int(stopped), r.failed_at or float("inf"), r.rank)
-
-    return min(failed, key=weight) if failed else None
 
 
 def diagnose_failure(
@@ -196,7 +183,16 @@ def diagnose_failure(
         # ...nor hide its own failure: the summary says it failed and why.
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-        return None, error, first_failure_without_diagnosis(ranks)
+        # Which rank failed first is the diagnosis' answer; without it: the earliest
+        # error-file clock, ranks the agent stopped (SIGTERM/SIGINT) after another failed last.
+        failed = [r for r in ranks if r.exit_code not in (0, None)]
+        stopped = {r.rank for r in failed if r.signal in ("SIGTERM", "SIGINT") and r.error is None}
+        earliest = min(
+            failed,
+            key=lambda r: (r.rank in stopped, r.failed_at or float("inf"), r.rank),
+            default=None,
+        )
+        return None, error, earliest
     root = next((r for r in ranks if r.rank == diagnosis.failed_rank), None)
     return diagnosis, None, root
 

@@ -1,7 +1,5 @@
-"""Before launch: code that asks for CUDA where the ranks' torch cannot give it.
-
-Code written for a GPU box (``.cuda()``, ``backend="nccl"``) started where torch is a CPU
-build fails on every rank at that line, after the imports and the rendezvous:
+"""Before launch: code written for a GPU box (``.cuda()``, ``backend="nccl"``) started where
+torch is a CPU build fails on every rank at that line, after the imports and the rendezvous:
 :func:`cuda_line` says so before anything starts (``--strict`` makes it a refusal). The
 ranks' torch is this interpreter's (the agent runs ``sys.executable``); its build is read
 without importing it (``%load_ext`` imports no torch; a file read, not seconds). A simulated
@@ -54,10 +52,9 @@ def torch_build() -> TorchBuild | None:
         dist = importlib.metadata.distribution("torch")
     except importlib.metadata.PackageNotFoundError:
         return None
-    try:
+    text = ""
+    with contextlib.suppress(OSError):
         text = Path(str(dist.locate_file("torch/version.py"))).read_text(encoding="utf-8")
-    except OSError:
-        text = ""
     if m := _CUDA_LINE.search(text):
         return TorchBuild(dist.version, m.group(1) or None)
     # No version.py to read: the wheel's local version says it (2.5.1+cpu).
@@ -94,21 +91,17 @@ def _source(config: LaunchConfig) -> tuple[str, str] | None:
         return "the cell", config.code
     if config.script is None:
         return None
-    try:
-        if config.script.stat().st_size > _SCRIPT_BYTES:
-            return None
-        return config.script.name, config.script.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
+    with contextlib.suppress(OSError):
+        if config.script.stat().st_size <= _SCRIPT_BYTES:
+            return config.script.name, config.script.read_text(encoding="utf-8", errors="replace")
+    return None
 
 
 def cuda_line(
     config: LaunchConfig, build: TorchBuild | None, *, gpus_here: bool, fleet: str | None = None
 ) -> str | None:
     """One line when the code asks for CUDA that the ranks will not have, else None.
-
-    ``gpus_here``: GPUs CUDA can use (a simulated fleet's do not count); ``fleet``: the
-    simulated fleet's name, when the simulation is on."""
+    ``gpus_here``: GPUs CUDA can use (a simulated fleet's do not count)."""
     if build is None:
         return None  # no torch here: the ranks fail at `import torch`, which says it all
     found = None

@@ -1,10 +1,8 @@
 """A run's processes: the first one it starts, all of them found and stopped, and every
-rank's Python stack on request.
-
-The first process (:func:`start_agent`: nbgpu's wrapped torchrun, or ``srun``) has its own
-session. torchrun puts each worker in its own session too, so killing the agent's process
-group does not reach them, and a SIGKILLed agent orphans them: a run's processes are the
-agent's descendants and any process of this user whose environment carries its run id.
+rank's Python stack on request. The first process (:func:`start_agent`: nbgpu's wrapped
+torchrun, or ``srun``) has its own session. torchrun puts each worker in its own session too,
+so killing the agent's process group does not reach them, and a SIGKILLed agent orphans them:
+a run's processes are the agent's descendants and this user's processes carrying its run id.
 
 For runs that hang, each rank registers ``faulthandler`` on ``STACKS_SIGNAL`` before any
 user code (``nbgpu.rank.worker``): its dumps go to ``stacks-rank{N}.txt``, its pid to
@@ -140,10 +138,9 @@ def start_agent(
 
 
 def _environ(pid: int) -> list[bytes]:
-    try:
+    with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
+    return []
 
 
 def carries_run_id(pid: int, run_id: str | None) -> bool:
@@ -182,10 +179,9 @@ def run_processes(run_id: str, root_pid: int | None = None) -> list[psutil.Proce
 
 
 def _alive(proc: psutil.Process) -> bool:
-    try:
+    with contextlib.suppress(psutil.Error):
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return False
 
 
 @dataclass(frozen=True)
@@ -195,8 +191,10 @@ class StopReport:
     survivors: tuple[int, ...]  # pids still alive after the deadline (should be empty)
 
 
-def _signal_and_wait(procs: list[psutil.Process], sig: int, until: float) -> list[psutil.Process]:
-    for proc in procs:
+def _signal_and_wait(
+    procs: list[psutil.Process], sig: int, until: float, only: list[psutil.Process] | None = None
+) -> list[psutil.Process]:
+    for proc in only or procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
     return wait_gone(procs, lambda p: not _alive(p), until)
@@ -213,10 +211,7 @@ def stop_processes(
     if not procs:
         return StopReport(0, 0, ())
     root = [p for p in procs if p.pid == root_pid]
-    for proc in root or procs:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(first_signal)
-    alive = wait_gone(procs, lambda p: not _alive(p), started + grace_s / 2)
+    alive = _signal_and_wait(procs, first_signal, started + grace_s / 2, only=root)
     if alive:
         # Refresh: the agent may have spawned or orphaned processes meanwhile.
         alive = _signal_and_wait(
@@ -278,10 +273,9 @@ _STOPPED = "stopped (SIGSTOP): it answers only after SIGCONT"
 
 
 def _stopped(pid: int) -> bool:
-    try:
+    with contextlib.suppress(psutil.Error):
         return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except psutil.Error:
-        return False
+    return False
 
 
 def wait_for_dump(path: Path, start: int, timeout_s: float) -> str:

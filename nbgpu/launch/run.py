@@ -1,9 +1,7 @@
-"""A Run: one torchrun job's life in the kernel, from start to collected outcomes.
-
-``start()`` enters the run in :data:`RUNS` (stopped when the process exits); ``follow()`` is
-the one follow loop, for a cold run and for each cell of a warm job (``run.warm``, watched
-between cells by the idle watchdog); ``stop()`` ends the process tree on one deadline;
-``finish()`` collects the outcomes and a failed run's diagnosis; how it reads is ``RunView``.
+"""A Run: one torchrun job's life in the kernel, from start to collected outcomes and a failed
+run's diagnosis (how it reads is ``RunView``). A started run is in :data:`RUNS`, stopped when
+the process exits; one follow loop serves a cold run and each cell of a warm job (``run.warm``,
+watched between cells by the idle watchdog); ``stop()`` ends the tree on one deadline.
 """
 
 from __future__ import annotations

@@ -31,8 +31,6 @@ __all__ = ["RunFailed", "RunView", "rendezvous_timeout_words"]
 
 
 class RunView(Result):
-    """A run's state, rendered (the base of :class:`~nbgpu.launch.run.Run`)."""
-
     def __init__(self, config: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.environ = dict(os.environ if environ is None else environ)

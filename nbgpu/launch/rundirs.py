@@ -1,10 +1,9 @@
-"""Run directories: where a run's cell, logs, error files and results live, and how many are kept.
-
-``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs``; each run's is private (0700): logs can
-hold secrets. Every run keeps its full logs, so by default only the last ``DEFAULT_KEEP`` runs
-and at most ``DEFAULT_BUDGET`` bytes stay (``0``: no limit), applied before each new run and on
-request (``%gpu_runs --prune``). A directory in use is never removed: a live process carries its
-run id, its ``run.json`` says it is not over and changed recently, or it holds a ``KEEP`` file.
+"""Run directories: where a run's cell, logs, error files and results live, and how many are
+kept. ``$NBGPU_RUNS_DIR`` or ``$XDG_CACHE_HOME/nbgpu/runs``; each run's is private (0700): logs
+can hold secrets. Runs keep their full logs, so by default only the last ``DEFAULT_KEEP`` runs
+and at most ``DEFAULT_BUDGET`` bytes stay (``0``: no limit), pruned before each new run and on
+request (``%gpu_runs --prune``). A directory in use stays: a live process carries its run id,
+its ``run.json`` says it is not over and changed recently, or it holds a ``KEEP`` file.
 """
 
 from __future__ import annotations
@@ -143,10 +142,9 @@ class RetentionPolicy:
 def _count(value: str | int | None, label: str) -> int:
     if value is None or str(value).strip() == "":
         return DEFAULT_KEEP
-    try:
+    count = -1
+    with contextlib.suppress(ValueError):
         count = int(value)
-    except ValueError:
-        count = -1
     if count < 0:
         raise UserInputError(
             f"{label}{value!r}: expected a whole number of runs >= 0 (0: no limit)"

@@ -1,10 +1,7 @@
-"""SLURM from the kernel: the checks before ``srun``, the command, the queue, ``scancel``,
-and ``nbgpu status --slurm``.
-
-``srun`` starts one ``nbgpu.rank.slurm_node`` per node (the c10d rendezvous, then
-torchrun's agent), as a step of the kernel's allocation (``SLURM_JOB_ID``) or in one
-requested for the run. What SLURM would refuse or queue forever is refused first, in one
-line (in SLURM's words where it gave some). While the job is pending, :class:`QueueWatch`
+"""SLURM from the kernel. ``srun`` starts one ``nbgpu.rank.slurm_node`` per node (the c10d
+rendezvous, then torchrun's agent), as a step of the kernel's allocation (``SLURM_JOB_ID``) or
+in one requested for the run. What SLURM would refuse or queue forever is refused first, in
+one line (in SLURM's words where it gave some). While the job is pending, :class:`QueueWatch`
 says why, and cancels a job the partition will never start.
 
 ``status --slurm`` runs this module once per node: each prints its inventory as ``nbgpu
@@ -124,8 +121,7 @@ def srun_argv(config: LaunchConfig, run_dir: Path, run_id: str) -> list[str]:
     argv = ["srun", "--nodes", str(config.nnodes), "--ntasks-per-node", "1"]
     argv += ["--job-name", f"nbgpu-{config.name}"]
     argv.append("--kill-on-bad-exit=1")  # one node's agent failing ends every node's
-    argv.append("--label")  # agent.log lines start with the node's task number
-    argv.append("--unbuffered")
+    argv += ["--label", "--unbuffered"]  # --label: each agent.log line names its node's task
     argv += request_args(config.slurm or SlurmOptions())
     join_s = f"{config.rdzv_timeout_s or JOIN_TIMEOUT_S:g}"
     node = [sys.executable, "-m", "nbgpu.rank.slurm_node", str(run_dir), str(config.nnodes)]
@@ -390,9 +386,8 @@ _PIECE = 800
 def _send(report: dict[str, Any]) -> None:
     blob = base64.b64encode(zlib.compress(json.dumps(report).encode())).decode()
     pieces = [blob[i : i + _PIECE] for i in range(0, len(blob), _PIECE)] or [""]
-    node = report["node"]
     for i, piece in enumerate(pieces):
-        print(f"{_MARK} {node} {i} {len(pieces)} {piece}", flush=True)
+        print(f"{_MARK} {report['node']} {i} {len(pieces)} {piece}", flush=True)
 
 
 def _reports(stdout: str) -> list[dict[str, Any]]:

@@ -1,6 +1,5 @@
 """What flows between the kernel and its ranks: their output (log files followed, decoded,
 coalesced for the screen) and a warm job's cells (a private channel). Standard library only.
-
 Each rank writes straight into its own log file, complete whatever happens on screen.
 :class:`LogTail` follows one with an incremental UTF-8 decoder (a character split across
 reads stays intact); :class:`ScreenWriter` keeps to a byte budget, as Jupyter's server
@@ -13,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import itertools
 import os
 import shutil
 import socket
@@ -132,11 +132,10 @@ class RankLogs:
 
     def poll(self, *, every: bool = False) -> list[tuple[int, list[str]]]:
         """New lines, by rank (``every``: read every log, not this poll's turn)."""
-        ranks = list(self._tails)
-        turn = list(range(len(ranks)))
+        tails = list(self._tails.items())
         if not every:
-            turn, self._cursor = in_turn(len(ranks), self._cursor)
-        tails = [(ranks[i], self._tails[ranks[i]]) for i in turn]
+            turn, self._cursor = in_turn(len(tails), self._cursor)
+            tails = [tails[i] for i in turn]
         before = sum(tail.bytes_read for _, tail in tails)
         polled = [(rank, tail.poll()) for rank, tail in tails]
         if sum(tail.bytes_read for _, tail in tails) != before:
@@ -252,21 +251,18 @@ class ScreenWriter:
         )
         self._refilled_at = now
         pieces: list[str] = []
-        if size <= budget:
+        fits = size <= budget  # else each rank's newest line, and a count of the others
+        if fits or len(pending) <= MAX_CUT_LINES:
+            limit = MAX_LINE_CHARS if fits else NEWEST_LINE_CHARS
             for label, lines in pending.items():
                 prefix = self._prefix(label)
-                pieces.extend(f"{prefix}{self._clip(line, MAX_LINE_CHARS)}\n" for line in lines)
-                self._remember(label, lines, shown_last=len(lines))
-                self.lines_shown += len(lines)
-        elif len(pending) <= MAX_CUT_LINES:
-            for label, lines in pending.items():
-                prefix = self._prefix(label)
-                held = len(lines) - 1
+                shown = lines if fits else lines[-1:]
+                held = len(lines) - len(shown)
                 if held:
                     pieces.append(f"{prefix}… {held} lines not shown (output rate limit)\n")
-                pieces.append(f"{prefix}{self._clip(lines[-1], NEWEST_LINE_CHARS)}\n")
-                self._remember(label, lines, shown_last=1)
-                self.lines_shown += 1
+                pieces.extend(f"{prefix}{self._clip(line, limit)}\n" for line in shown)
+                self._remember(label, lines, shown_last=len(shown))
+                self.lines_shown += len(shown)
                 self.lines_not_shown += held
         else:
             pieces.extend(self._by_node(pending))
@@ -319,7 +315,6 @@ class ScreenWriter:
         recent.extend((line, i >= cut) for i, line in enumerate(lines[start:], start))
 
     def finish(self, log_hint: str) -> None:
-        """Flush, then show each rank's last lines that the budget held back."""
         self._status = ""
         self.flush()
         pieces: list[str] = [self._erase_status()] if self._status_shown else []
@@ -333,9 +328,8 @@ class ScreenWriter:
             prefix = self._prefix(label)
             pieces.append(f"{prefix}… last lines (complete log: {log_hint}):\n")
             # Everything from the first unseen line on, so the order reads naturally.
-            first = next(i for i, (_line, shown) in enumerate(recent) if not shown)
-            tail = [line for line, _shown in list(recent)[first:]]
-            pieces.extend(f"{prefix}{self._clip(line, MAX_LINE_CHARS)}\n" for line in tail)
+            tail = itertools.dropwhile(lambda entry: entry[1], recent)
+            pieces.extend(f"{prefix}{self._clip(line, MAX_LINE_CHARS)}\n" for line, _ in tail)
             self.lines_not_shown -= len(unseen)
             self.lines_shown += len(unseen)
         if len(behind) > MAX_FINAL_TAILS:

@@ -152,7 +152,7 @@ class WarmState:
         if self.busy:
             return f"warm, cell {max(self.busy.values())} running"
         text = f"warm, idle {span(self.idle_s or 0.0)}, {self.cells} cells"
-        sizes = [resident_bytes(pid) for pid in self.pids().values() if pid]
+        sizes = map(resident_bytes, filter(None, self.pids().values()))
         known = [size for size in sizes if size is not None]
         if known:
             text += f", {fmt_bytes(sum(known))} RSS"
@@ -185,12 +185,9 @@ class WarmState:
 
     def interrupt(self, ranks: list[int]) -> None:
         """SIGINT to *ranks* (their user code gets KeyboardInterrupt; the rank stays)."""
-        pids = self.pids()
-        for rank in ranks:
-            pid = pids.get(rank)
-            if pid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGINT)
+        for pid in filter(None, map(self.pids().get, ranks)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
 
     def ask_to_stop(self) -> bool:
         """Ask idle ranks to leave their loop and exit normally; whether they were asked."""
@@ -280,10 +277,7 @@ class Cell:
         errors: dict[int, str] = {}
         pulled = Pulled()
         for rank in range(self.warm.nproc):
-            answer = self.answers.get(rank)
-            if answer is None:
-                statuses[rank] = "no answer"
-                continue
+            answer = self.answers.get(rank, {"status": "no answer"})
             statuses[rank] = str(answer.get("status"))
             if answer.get("error"):
                 errors[rank] = str(answer["error"])
@@ -302,10 +296,9 @@ class Cell:
 
 
 def _size(path: Path) -> int:
-    try:
+    with contextlib.suppress(OSError):
         return path.stat().st_size
-    except OSError:
-        return 0
+    return 0
 
 
 def span(seconds: float) -> str:
