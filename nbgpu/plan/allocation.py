@@ -190,15 +190,9 @@ def _degrees(text: str, part: str, degree_text: str) -> dict[str, int]:
 
 
 def _split_top(text: str, sep: str) -> list[str]:
-    """Split at *sep* outside parentheses (Megatron's ``(attn:..|ffn:..)`` keeps its ``|``)."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if ch == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
+    """Split at *sep* outside parentheses (Megatron's ``(attn:..|ffn:..)`` keeps its ``|``):
+    at each *sep* not followed by a ``)`` before the next ``(``."""
+    return re.split(rf"{re.escape(sep)}(?![^(]*\))", text)
 
 
 def _dims(degrees: dict[str, int]) -> str:
