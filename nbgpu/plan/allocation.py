@@ -75,11 +75,8 @@ class Degrees:
     def degrees(self) -> str:
         """``d4t2p1`` (plus ``c``/``e`` only when used): how plans and reports name a part."""
         text = f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
-        if self.context_parallel > 1:
-            text += f"c{self.context_parallel}"
-        if self.expert_parallel > 1:
-            text += f"e{self.expert_parallel}"
-        return text
+        extra = (("c", self.context_parallel), ("e", self.expert_parallel))
+        return text + "".join(f"{k}{degree}" for k, degree in extra if degree > 1)
 
 
 @dataclass(frozen=True)
