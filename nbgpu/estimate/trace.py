@@ -301,9 +301,8 @@ def measure_step(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     foreach: bool = False,
 ) -> int:
-    """Peak live tensor bytes of one real CPU training step (the allocator's own events): as
-    in :func:`trace_step` the second (parameters, optimizer state and batch count), on a deep
-    copy, so *module* is not trained."""
+    """Peak live tensor bytes of one real CPU training step: the second, as in :func:`trace_step`
+    (parameters, optimizer state and batch count), on a deep copy, so *module* is not trained."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
     from torch.profiler._memory_profiler import Action  # noqa: PLC0415
 

@@ -187,8 +187,7 @@ def _degrees(text: str, part: str, degree_text: str) -> dict[str, int]:
 
 
 def _split_top(text: str, sep: str) -> list[str]:
-    """Split at *sep* outside parentheses (Megatron's ``(attn:..|ffn:..)`` keeps its ``|``):
-    at each *sep* not followed by a ``)`` before the next ``(``."""
+    """Split at each *sep* with no ``)`` before the next ``(``: Megatron's ``(attn:..|ffn:..)``."""
     return re.split(rf"{re.escape(sep)}(?![^(]*\))", text)
 
 

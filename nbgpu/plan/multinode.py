@@ -280,8 +280,7 @@ def build_nodes_plan(  # noqa: PLR0915  (one plan across nodes, top to bottom)
     memory: tuple[MemoryCheck, ...] = ()
     memory_node = None
     if job.model is not None and chosen:
-        # Checked on the node whose smallest free GPU is the smallest of all, for the job as
-        # one data-parallel training role over every rank of every node.
+        # One data-parallel role over all ranks, on the node holding the job's smallest free GPU.
         smallest = smallest_free([g for node in chosen for g in node.gpus])
         deciding = next((node for node in chosen if smallest in node.gpus), chosen[0])
         role = RolePlan("train", "train", None, world, gpus=deciding.gpus)
