@@ -190,12 +190,8 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         return result if args.output is None else result.save(args.output)
     if args.diff or args.yaml or args.overrides or args.output:
         raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
-    if (
-        args.slurm
-        or args.nodes is not None
-        or args.nproc_per_node is not None
-        or _is_cluster_file(args.fleet)
-    ):
+    node_flags = args.slurm or args.nodes is not None or args.nproc_per_node is not None
+    if node_flags or _is_cluster_file(args.fleet):
         return _across_nodes(args, common)
     if args.partition is not None:
         raise UserInputError("--partition goes with --slurm (plan across a SLURM allocation)")

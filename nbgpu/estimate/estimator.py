@@ -190,11 +190,10 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
             raise UserInputError("budget=[]: expected at least one GPU's free bytes")
         budget = min(parse_bytes(b, "budget") for b in budget)
     kwargs.setdefault("micro_batch", 1)
-    evaluations = 0
+    evaluations: list[int | None] = []  # the micro batches estimated
 
     def at(micro: int | None) -> MemoryEstimate:
-        nonlocal evaluations
-        evaluations += 1
+        evaluations.append(micro)
         return estimate_memory(model, budget=budget, **{**kwargs, "micro_batch": micro})
 
     first = at(kwargs["micro_batch"])
@@ -238,7 +237,7 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
                 break
             best, final = best + 1, above
     how = "fake-tensor traces" if first.traced_terms else "analytic evaluations"
-    note = f"largest micro batch found with {evaluations} {how}, 0 real steps"
+    note = f"largest micro batch found with {len(evaluations)} {how}, 0 real steps"
     return replace(final, max_micro_batch=best, notes=(*final.notes, note))
 
 

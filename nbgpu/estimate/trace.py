@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass, replace
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -185,9 +186,7 @@ def trace_step(
         with tracker:
             run_step(fake_module, batch, opt, loss_fn)
         snap = tracker.get_tracker_snapshot("peak")
-    by_kind: Counter[Any] = Counter()
-    for per_device in snap.values():
-        by_kind.update(per_device)
+    by_kind: Counter[Any] = sum(map(Counter, snap.values()), Counter())
     # The batch was made outside the tracker: it is live for the whole step.
     inputs = sum(t.nbytes for t in _tensors_in(batch))
     ref = _MemRefType
@@ -302,9 +301,8 @@ def measure_step(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     foreach: bool = False,
 ) -> int:
-    """Peak live tensor bytes of one real CPU training step (the allocator's own events): as
-    in :func:`trace_step` the second (parameters, optimizer state and batch count), on a deep
-    copy, so *module* is not trained."""
+    """Peak live tensor bytes of one real CPU training step: the second, as in :func:`trace_step`
+    (parameters, optimizer state and batch count), on a deep copy, so *module* is not trained."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
     from torch.profiler._memory_profiler import Action  # noqa: PLC0415
 
@@ -315,13 +313,9 @@ def measure_step(
         activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
     ) as prof:
         run_step(work, batch, opt, loss_fn)
-    current = peak = 0
-    for _, action, _, size in prof._memory_profile().timeline:
-        if action in (Action.PREEXISTING, Action.CREATE):
-            current += size
-        elif action == Action.DESTROY:
-            current -= size
-        peak = max(peak, current)
+    sign = {Action.PREEXISTING: 1, Action.CREATE: 1, Action.DESTROY: -1}
+    steps = (sign.get(action, 0) * size for _, action, _, size in prof._memory_profile().timeline)
+    peak: int = max(accumulate(steps, initial=0))
     # Tensors the step never touched (frozen parameters, unused buffers) are still live.
     idle = sum(p.nbytes for p in work.parameters() if not p.requires_grad)
     return peak + idle

@@ -75,11 +75,8 @@ class Degrees:
     def degrees(self) -> str:
         """``d4t2p1`` (plus ``c``/``e`` only when used): how plans and reports name a part."""
         text = f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
-        if self.context_parallel > 1:
-            text += f"c{self.context_parallel}"
-        if self.expert_parallel > 1:
-            text += f"e{self.expert_parallel}"
-        return text
+        extra = (("c", self.context_parallel), ("e", self.expert_parallel))
+        return text + "".join(f"{k}{degree}" for k, degree in extra if degree > 1)
 
 
 @dataclass(frozen=True)
@@ -190,15 +187,8 @@ def _degrees(text: str, part: str, degree_text: str) -> dict[str, int]:
 
 
 def _split_top(text: str, sep: str) -> list[str]:
-    """Split at *sep* outside parentheses (Megatron's ``(attn:..|ffn:..)`` keeps its ``|``)."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if ch == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
+    """Split at each *sep* with no ``)`` before the next ``(``: Megatron's ``(attn:..|ffn:..)``."""
+    return re.split(rf"{re.escape(sep)}(?![^(]*\))", text)
 
 
 def _dims(degrees: dict[str, int]) -> str:

@@ -1,8 +1,7 @@
 """The planning functions users call (``nbgpu.plan()``, ``.sweep()``, ``.nodes()``, ``.scale()``,
 ``.plan_from_json()``): the one module of ``plan/`` that takes inventories (a saved one is read
 back with its findings and holders) or reads files; it checks the input once and hands plain
-data on. Never imports IPython, pynvml or psutil itself (the inventory module, which does, is
-imported when a snapshot is taken).
+data on. Never imports IPython; pynvml and psutil only with the inventory, for a snapshot.
 """
 
 from __future__ import annotations

@@ -52,7 +52,6 @@ class SweepPlan(Result):
 
     @property
     def runs_ready(self) -> int:
-        """How many of the planned runs can start now."""
         return sum(1 for r in self.runs if r.ok)
 
     def _table(self) -> Table:
