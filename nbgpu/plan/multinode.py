@@ -211,7 +211,32 @@ def default_shape(capacities: Sequence[int], nodes: int | None) -> tuple[int, in
     return max(shapes, key=lambda shape: (shape[0] * shape[1], shape[1]), default=(0, 0))
 
 
-def build_nodes_plan(  # noqa: PLR0915  (one plan across nodes, top to bottom)
+def _memory(
+    chosen: Sequence[NodeGpus],
+    job: Job,
+    world: int,
+    batch: BatchCheck | None,
+    *,
+    problems: list[Problem],
+    warnings: list[Problem],
+) -> tuple[Job, tuple[MemoryCheck, ...], str | None]:
+    """The memory check on the node whose smallest free GPU is the smallest of all."""
+    if job.model is None or not chosen:
+        return job, (), None
+    smallest = smallest_free([g for node in chosen for g in node.gpus])
+    deciding = next((node for node in chosen if smallest in node.gpus), chosen[0])
+    # The job as one data-parallel training role over every rank of every node.
+    role = RolePlan("train", "train", None, world, gpus=deciding.gpus)
+    job = auto_max_micro([role], job, warnings)
+    check = memory_check(role, job, batch)
+    found: list[Problem] = []
+    memory_problems(check, role, job, found, warnings)
+    node = f"node {deciding.node}"
+    problems.extend(replace(p, subject=node, message=f"{node}: {p.message}") for p in found)
+    return job, (check,), deciding.node
+
+
+def build_nodes_plan(
     node_candidates: Mapping[str, Sequence[Candidate]],
     source: str,
     simulated: bool,
@@ -277,20 +302,9 @@ def build_nodes_plan(  # noqa: PLR0915  (one plan across nodes, top to bottom)
     batch = check_job_batch(job, world)
     if batch is not None and not batch.ok:
         problems.append(batch_problem(batch, f"{world} ranks"))
-    memory: tuple[MemoryCheck, ...] = ()
-    memory_node = None
-    if job.model is not None and chosen:
-        # One data-parallel role over all ranks, on the node holding the job's smallest free GPU.
-        smallest = smallest_free([g for node in chosen for g in node.gpus])
-        deciding = next((node for node in chosen if smallest in node.gpus), chosen[0])
-        role = RolePlan("train", "train", None, world, gpus=deciding.gpus)
-        job = auto_max_micro([role], job, warnings)
-        check = memory_check(role, job, batch)
-        found: list[Problem] = []
-        memory_problems(check, role, job, found, warnings)
-        node = f"node {deciding.node}"
-        problems.extend(replace(p, subject=node, message=f"{node}: {p.message}") for p in found)
-        memory, memory_node = (check,), deciding.node
+    job, memory, memory_node = _memory(
+        chosen, job, world, batch, problems=problems, warnings=warnings
+    )
     plan = NodesPlan(
         tuple(chosen),
         tuple(left_out),

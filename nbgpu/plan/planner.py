@@ -109,7 +109,27 @@ def _mixed_warning(role: RolePlan) -> list[Problem]:
     return [Problem("warn", "mixed_gpus", f"role {role.name}", message)]
 
 
-def build_plan(  # noqa: PLR0915  (one placement, top to bottom)
+def _role_checks(
+    roles: Sequence[RolePlan],
+    by_index: dict[int, Candidate],
+    job: Job,
+    batch: BatchCheck | None,
+    *,
+    problems: list[Problem],
+    warnings: list[Problem],
+) -> list[MemoryCheck]:
+    memory: list[MemoryCheck] = []
+    for role in (r for r in roles if r.gpus):
+        warnings.extend(caveats(f"role {role.name}", (by_index[i] for i in role.nvml_indices)))
+        warnings.extend(_mixed_warning(role))
+        if job.model is not None:
+            memory.append(memory_check(role, job, batch))
+            memory_problems(memory[-1], role, job, problems, warnings)
+    colocation_problems(roles, memory, problems, warnings)
+    return memory
+
+
+def build_plan(
     candidates: Sequence[Candidate],
     fleet: str,
     simulated: bool,
@@ -173,14 +193,7 @@ def build_plan(  # noqa: PLR0915  (one placement, top to bottom)
     batch = _trainer_batch(allocation, job, warnings)
     if batch is not None and not batch.ok:
         problems.append(batch_problem(batch, f"role {allocation.train_roles[0].name}"))
-    memory: list[MemoryCheck] = []
-    for role in (r for r in roles if r.gpus):
-        warnings.extend(caveats(f"role {role.name}", (by_index[i] for i in role.nvml_indices)))
-        warnings.extend(_mixed_warning(role))
-        if job.model is not None:
-            memory.append(memory_check(role, job, batch))
-            memory_problems(memory[-1], role, job, problems, warnings)
-    colocation_problems(roles, memory, problems, warnings)
+    memory = _role_checks(roles, by_index, job, batch, problems=problems, warnings=warnings)
     alts: tuple[Alternative, ...] = ()
     if alternatives and (groups is None or required_bad):
         same_gpus = partial(build_plan, candidates, fleet, simulated, is_free=is_free)
