@@ -188,15 +188,6 @@ def _skip_reason(holder: HolderInfo, uid: int, protected: Mapping[int, str]) -> 
     return None
 
 
-def _stale_reason(holder: HolderInfo, gpus: Sequence[int], files: Sequence[str]) -> str | None:
-    if not holder.orphaned:
-        return None
-    why = holder.orphan_reason or "launcher gone"
-    if holder.torchelastic:
-        return f"orphaned torchrun rank (agent gone: {why}); holds {_holds(gpus, files)}"
-    return f"orphaned ({why}); holds {_holds(gpus, files)} with no live parent job"
-
-
 def plan_clean(
     gpu_holders: Mapping[int, Sequence[HolderInfo]],
     device_files: Mapping[int, Sequence[str]] | None = None,
@@ -230,11 +221,14 @@ def plan_clean(
         held = tuple(sorted(gpus.get(pid, ())))
         held_files = files.get(pid, ())
         reason = _skip_reason(holder, own_uid, protected)
+        if reason is None and holder.orphaned:
+            why, holds = holder.orphan_reason or "launcher gone", _holds(held, held_files)
+            stale = f"orphaned ({why}); holds {holds} with no live parent job"
+            if holder.torchelastic:
+                stale = f"orphaned torchrun rank (agent gone: {why}); holds {holds}"
+            candidates.append(CleanEntry(holder, held, stale, held_files))
+            continue
         if reason is None:
-            stale = _stale_reason(holder, held, held_files)
-            if stale is not None:
-                candidates.append(CleanEntry(holder, held, stale, held_files))
-                continue
             reason = f"alive, {_parent_phrase(holder)} still running: stop that job instead"
         skipped.append(CleanEntry(holder, held, reason, held_files))
     return CleanPlan(tuple(candidates), tuple(skipped))
