@@ -184,9 +184,7 @@ def _probe_findings(inventory: Inventory) -> list[Problem]:
         for g, fs in zip(inventory.gpus, inventory.findings, strict=True)
         if any(f.severity == "bad" for f in fs)
     }
-    for r in probe.results:
-        if r.outcome == "ok":
-            continue
+    for r in (r for r in probe.results if not r.ok):
         where = f"GPU {r.nvml_index}" if r.nvml_index is not None else f"cuda:{r.cuda_index}"
         fails = f"{where} (cuda:{r.cuda_index}) fails with {r.message} "
         fails += f"({r.error_name or 'CUDA error'} {r.cuda_error})"

@@ -198,9 +198,7 @@ class ProbeReport(Result):
             hint = INIT_OUTCOMES.get(outcome) or OUTCOMES.get(outcome, "")
             return [_sentences(self.init_error, hint)]
         lines = []
-        for r in self.results:
-            if r.ok:
-                continue
+        for r in (r for r in self.results if not r.ok):
             where = f"cuda:{r.cuda_index}"
             if r.nvml_index is not None:
                 where += f" (GPU {r.nvml_index})"

@@ -97,9 +97,7 @@ class HolderInfo:
         return f"{' '.join(parts)} ({', '.join(notes)})"
 
     def _state_phrase(self) -> str:
-        phrase = self.state
-        if self.state in ("alive", "stopped") and self.status:
-            phrase = self.status
+        phrase = self.status if self.state in ("alive", "stopped") and self.status else self.state
         if self.recorded:
             phrase += ", recorded"
         if self.detail:
@@ -136,7 +134,6 @@ def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
     for line in (_read_text(proc_root / "self" / "status") or "").splitlines():
         if line.startswith("NSpid:") and len(line.split()) > 2:
             return False, "NSpid shows nested PID namespaces"
-    # Kernel threads exist only in the initial PID namespace.
     stat = _read_text(proc_root / "2" / "stat")
     if stat is not None:
         fields = stat.rpartition(")")[2].split()
