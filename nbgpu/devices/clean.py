@@ -344,8 +344,7 @@ def execute_clean(
     kill_wait_s: float = 2.0,
 ) -> CleanReport:
     """Carry out ``plan``. ``confirm=None``: the user already said yes (``--yes``), else
-    ``confirm(plan)`` is asked once. All candidates share one ``grace_s`` deadline after
-    SIGTERM; survivors get SIGKILL and ``kill_wait_s`` more to disappear."""
+    ``confirm(plan)`` is asked once. ``grace_s``: the one deadline after SIGTERM."""
     if grace_s < 0 or kill_wait_s < 0:
         raise UserInputError(f"grace_s={grace_s}, kill_wait_s={kill_wait_s}: expected seconds >= 0")
     if dry_run or not plan.candidates:

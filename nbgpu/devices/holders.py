@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import psutil
 
@@ -49,6 +49,7 @@ _RECORDED_STATES = frozenset({"dead", "zombie", "other_namespace", "no_access"})
 _PF_KTHREAD = 0x00200000
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,15 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _read_text(path: Path) -> str | None:
+def _or_none(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
+    """``call(...)``, or None when the OS refuses: a file closed or a process gone since."""
     with contextlib.suppress(OSError):
-        return path.read_text(encoding="utf-8", errors="replace")
+        return call(*args, **kwargs)
     return None
+
+
+def _read_text(path: Path) -> str | None:
+    return _or_none(path.read_text, encoding="utf-8", errors="replace")
 
 
 def _container_evidence(proc_root: Path, root: Path) -> str | None:
@@ -155,10 +161,8 @@ def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
 
 
 def detect_container(proc_root: Path = Path("/proc"), root: Path = Path("/")) -> ContainerInfo:
-    """This machine's container markers and PID namespace. ``host_pid_namespace`` decides
-    what a pid NVML reports but ``/proc`` lacks means: in the host's namespace the process
-    is dead; in a container's own it is a host pid we cannot see (``docker run`` without
-    ``--pid=host``)."""
+    """This machine's container markers and PID namespace: the namespace decides what a pid
+    NVML reports but ``/proc`` lacks means (:func:`describe_pid`)."""
     container_why = _container_evidence(proc_root, root)
     host_ns, ns_why = _pid_namespace_evidence(proc_root)
     in_container = container_why is not None
@@ -200,8 +204,9 @@ def _parent_command(ppid: int) -> str | None:
 
 def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
     """Look ``pid`` up on this machine. A missing pid is ``dead`` in the host's PID
-    namespace, ``other_namespace`` in a container's own (NVML reports host pids):
-    ``container`` (default :func:`detect_container`) is read only then."""
+    namespace, ``other_namespace`` in a container's own (NVML reports host pids, which
+    ``docker run`` without ``--pid=host`` hides): ``container`` (default
+    :func:`detect_container`) is read only then."""
     if pid <= 0 or pid >= PID_MAX_LIMIT:
         return HolderInfo(pid, "dead", detail="no such process (not a valid Linux pid)")
     try:
@@ -287,12 +292,6 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
     )
 
 
-def _readlink(name: str, dir_fd: int) -> str | None:
-    with contextlib.suppress(OSError):  # closed since the directory was listed
-        return os.readlink(name, dir_fd=dir_fd)
-    return None
-
-
 def device_file_holders(
     proc_root: Path = Path("/proc"), pattern: str = "/dev/nvidia"
 ) -> dict[int, tuple[str, ...]]:
@@ -312,7 +311,8 @@ def device_file_holders(
         except OSError:
             continue
         try:
-            links = [_readlink(fd, dir_fd) for fd in os.listdir(dir_fd)]  # noqa: PTH208  (a dir fd)
+            fds = os.listdir(dir_fd)  # noqa: PTH208  (a dir fd)
+            links = [_or_none(os.readlink, fd, dir_fd=dir_fd) for fd in fds]
         except OSError:
             links = []
         finally:
@@ -359,12 +359,6 @@ def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
     return i < len(args) and Path(args[i]).name == "torchrun"
 
 
-def _getsid(pid: int) -> int | None:
-    with contextlib.suppress(OSError):
-        return os.getsid(pid)
-    return None
-
-
 def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -> str | None:
     """Why we believe ``pid`` was reparented (its launcher is gone), or None. Linux does
     not record who forked a process, so this reads the traces a fork leaves: a child
@@ -375,9 +369,9 @@ def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -
     if ppid <= 0:
         # The parent lives outside this PID namespace (docker exec) or this is pid 1.
         return None
-    sid = _getsid(pid)
+    sid = _or_none(os.getsid, pid)
     if ppid == 1:
-        init_sid = _getsid(1)
+        init_sid = _or_none(os.getsid, 1)
         if sid is not None and sid not in (0, pid) and sid == init_sid:
             # Still in pid 1's own session: pid 1 is its launcher (a container whose
             # entrypoint is the job itself), not an init that adopted it.
@@ -400,7 +394,7 @@ def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -
         # nbgpu never starts torchrun workers itself: only an agent does, so a worker
         # whose parent is this subreaper was adopted after its agent died.
         return "adopted by this process (a subreaper): its torchrun agent is gone"
-    parent_sid = _getsid(ppid)
+    parent_sid = _or_none(os.getsid, ppid)
     if sid is not None and sid not in (0, pid) and parent_sid is not None and parent_sid != sid:
         return f"adopted by pid {ppid}: it is not in its parent's session, so its launcher is gone"
     return None

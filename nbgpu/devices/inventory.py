@@ -278,9 +278,8 @@ def _age(start_time: float | None, now: float) -> str:
 
 
 def saved_inventory(source: str) -> Inventory | None:
-    """The inventory a ``nbgpu status --json`` file holds, read back; None when *source*
-    is not such a file (a spec, a named fleet, a fleet file written by hand, a missing
-    file: those are for the simulator, which says what is wrong with them)."""
+    """The inventory a ``nbgpu status --json`` file holds; None for any other *source* (a
+    spec, a named fleet, a hand-written fleet file, a missing file: the simulator's to judge)."""
     path = source.strip()
     if not path.endswith(".json"):
         return None
