@@ -25,7 +25,7 @@ import psutil
 
 from nbgpu._children import wait_gone
 from nbgpu._render import Block, Line, Result, Section, Title
-from nbgpu.devices.holders import HolderInfo, _clip, describe_pid
+from nbgpu.devices.holders import _STOPPED_STATES, HolderInfo, _clip, describe_pid
 from nbgpu.errors import UserInputError
 
 __all__ = ["CleanEntry", "CleanOutcome", "CleanPlan", "CleanReport", "execute_clean", "plan_clean"]
@@ -297,8 +297,7 @@ def _verify(candidate: CleanEntry) -> _Target | CleanOutcome:
     else:
         changed = _changed(holder, start_time, uid, status)
         if changed is None:
-            stopped = status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-            return _Target(holder.pid, proc, pidfd, stopped)
+            return _Target(holder.pid, proc, pidfd, stopped=status in _STOPPED_STATES)
         outcome = changed
     if pidfd is not None:
         os.close(pidfd)

@@ -2,11 +2,10 @@
 
 NVML only says *which* pids hold a GPU; the operating system (psutil, ``/proc``) answers
 the rest, never guesses: alive, zombie, stopped, gone, or a host pid a container cannot
-see; whose, running what, orphaned (its launcher gone: read from the traces a fork leaves;
-"not orphaned" when in doubt, since ``clean`` offers to stop orphans), a torchrun worker,
-started with which ``CUDA_VISIBLE_DEVICES``. Also the ``/dev/nvidia*`` files open in
-``/proc/*/fd`` (what ``lsof /dev/nvidia*`` shows), and whether we run in a container and in
-the host's PID namespace. Of nbgpu only :mod:`nbgpu.errors` (``model.py`` names these types).
+see; whose, running what, orphaned (its launcher gone), a torchrun worker, started with
+which ``CUDA_VISIBLE_DEVICES``. Also the ``/dev/nvidia*`` files open in ``/proc/*/fd``
+(what ``lsof /dev/nvidia*`` shows), and whether we run in a container and in the host's
+PID namespace. Of nbgpu only :mod:`nbgpu.errors` (``model.py`` names these types).
 """
 
 from __future__ import annotations

@@ -216,9 +216,7 @@ class SimulatedCudaLibrary:
     def _cuDevicePrimaryCtxRelease(self, _found: Device, ordinal: int) -> int:
         if self.retained[ordinal] <= 0:
             return CUDA_ERROR_INVALID_CONTEXT
-        self.retained[ordinal] -= 1
-        if not self.retained[ordinal]:
-            del self.retained[ordinal]
+        self.retained -= Counter([ordinal])  # drops the ordinal at zero
         return CUDA_SUCCESS
 
     _cuDeviceGetUuid_v2 = _cuDeviceGetUuid
