@@ -196,8 +196,7 @@ def plan_clean(
     protect: Collection[int] = (),
 ) -> CleanPlan:
     """Stop or leave alone each GPU holder (by NVML index) and ``/dev/nvidia*`` holder (pid
-    -> open paths; looked up here when NVML did not list it). ``protect``: pids never to
-    touch, on top of this process and its ancestors."""
+    -> open paths; looked up here when NVML did not list it); ``protect``: more pids to spare."""
     own_uid = os.getuid() if uid is None else uid
     protected = _self_and_ancestors()
     for pid in protect:

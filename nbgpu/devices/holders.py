@@ -160,8 +160,8 @@ def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
 
 
 def detect_container(proc_root: Path = Path("/proc"), root: Path = Path("/")) -> ContainerInfo:
-    """This machine's container markers and PID namespace: the namespace decides what a pid
-    NVML reports but ``/proc`` lacks means (:func:`describe_pid`)."""
+    """This machine's container markers and PID namespace (a container's own without
+    ``--pid=host``), which decides what a missing pid means (:func:`describe_pid`)."""
     container_why = _container_evidence(proc_root, root)
     host_ns, ns_why = _pid_namespace_evidence(proc_root)
     in_container = container_why is not None
@@ -203,9 +203,8 @@ def _parent_command(ppid: int) -> str | None:
 
 def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
     """Look ``pid`` up on this machine. A missing pid is ``dead`` in the host's PID
-    namespace, ``other_namespace`` in a container's own (NVML reports host pids, which
-    ``docker run`` without ``--pid=host`` hides): ``container`` (default
-    :func:`detect_container`) is read only then."""
+    namespace, ``other_namespace`` in a container's own (NVML reports host pids):
+    ``container`` (default :func:`detect_container`) is read only then."""
     if pid <= 0 or pid >= PID_MAX_LIMIT:
         return HolderInfo(pid, "dead", detail="no such process (not a valid Linux pid)")
     try:

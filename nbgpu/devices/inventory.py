@@ -309,9 +309,8 @@ def take_inventory(
     probe_timeout_s: float = 30.0,
     scan_device_files: bool = True,
 ) -> Inventory:
-    """Snapshot the GPUs as *environ* (default ``os.environ``) sees them; ``visible_devices``
-    maps cuda:N for that ``CUDA_VISIBLE_DEVICES`` value instead of the environment's;
-    ``probe`` runs the active CUDA probe (a context per GPU, in a subprocess)."""
+    """Snapshot the GPUs as *environ* (default ``os.environ``) sees them, cuda:N mapped for
+    ``visible_devices`` if given (a ``CUDA_VISIBLE_DEVICES`` value), probed if asked."""
     started = time.perf_counter()
     env = dict(os.environ) if environ is None else dict(environ)
     container = holders_mod.detect_container()
