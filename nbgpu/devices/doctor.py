@@ -240,18 +240,14 @@ def _port_in_use(host: str, port: int) -> bool:
 def _environment_findings(
     inventory: Inventory, environ: Mapping[str, str], nproc: int | None, face: str
 ) -> list[Problem]:
-    out: list[Problem] = []
     if inventory.nvml_error:
-        return out
+        return []
     visible = inventory.visible.devices if inventory.visible is not None else ()
     n_visible = len(visible)
     healthy = set(inventory.healthy_indices)
     n_healthy = len([d for d in visible if d.nvml_index in healthy])
-    if inventory.visible is not None:
-        out.extend(
-            Problem("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", problem)
-            for problem in inventory.visible.problems
-        )
+    problems = inventory.visible.problems if inventory.visible is not None else ()
+    out = [Problem("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", p) for p in problems]
     if inventory.gpus and n_visible == 0:
         message = (
             f"CUDA_VISIBLE_DEVICES={inventory.visible_value!r} hides every GPU: CUDA will "

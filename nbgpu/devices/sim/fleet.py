@@ -163,7 +163,6 @@ def load_fleet(source: str, *, node: str | None = None) -> Fleet:
         fleet = fleet_from_dict(json.loads(path.read_text(encoding="utf-8")), default_name=head)
         if not comma:
             return fleet
-        # A scenario with more options: "busy-gpu0,procs=8" adds them to the scenario.
         options = [part.strip() for part in extra.split(",")]
         return replace(apply_options(fleet, options, spec=text), name=text)
     path = Path(text).expanduser()
