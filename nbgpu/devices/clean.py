@@ -25,7 +25,7 @@ import psutil
 
 from nbgpu._children import wait_gone
 from nbgpu._render import Block, Line, Result, Section, Title
-from nbgpu.devices.holders import HolderInfo, _clip, describe_pid
+from nbgpu.devices.holders import _STOPPED_STATES, HolderInfo, _clip, describe_pid
 from nbgpu.errors import UserInputError
 
 __all__ = ["CleanEntry", "CleanOutcome", "CleanPlan", "CleanReport", "execute_clean", "plan_clean"]
@@ -188,15 +188,6 @@ def _skip_reason(holder: HolderInfo, uid: int, protected: Mapping[int, str]) -> 
     return None
 
 
-def _stale_reason(holder: HolderInfo, gpus: Sequence[int], files: Sequence[str]) -> str | None:
-    if not holder.orphaned:
-        return None
-    why = holder.orphan_reason or "launcher gone"
-    if holder.torchelastic:
-        return f"orphaned torchrun rank (agent gone: {why}); holds {_holds(gpus, files)}"
-    return f"orphaned ({why}); holds {_holds(gpus, files)} with no live parent job"
-
-
 def plan_clean(
     gpu_holders: Mapping[int, Sequence[HolderInfo]],
     device_files: Mapping[int, Sequence[str]] | None = None,
@@ -205,8 +196,7 @@ def plan_clean(
     protect: Collection[int] = (),
 ) -> CleanPlan:
     """Stop or leave alone each GPU holder (by NVML index) and ``/dev/nvidia*`` holder (pid
-    -> open paths; looked up here when NVML did not list it). ``protect``: pids never to
-    touch, on top of this process and its ancestors."""
+    -> open paths; looked up here when NVML did not list it); ``protect``: more pids to spare."""
     own_uid = os.getuid() if uid is None else uid
     protected = _self_and_ancestors()
     for pid in protect:
@@ -230,11 +220,14 @@ def plan_clean(
         held = tuple(sorted(gpus.get(pid, ())))
         held_files = files.get(pid, ())
         reason = _skip_reason(holder, own_uid, protected)
+        if reason is None and holder.orphaned:
+            why, holds = holder.orphan_reason or "launcher gone", _holds(held, held_files)
+            stale = f"orphaned ({why}); holds {holds} with no live parent job"
+            if holder.torchelastic:
+                stale = f"orphaned torchrun rank (agent gone: {why}); holds {holds}"
+            candidates.append(CleanEntry(holder, held, stale, held_files))
+            continue
         if reason is None:
-            stale = _stale_reason(holder, held, held_files)
-            if stale is not None:
-                candidates.append(CleanEntry(holder, held, stale, held_files))
-                continue
             reason = f"alive, {_parent_phrase(holder)} still running: stop that job instead"
         skipped.append(CleanEntry(holder, held, reason, held_files))
     return CleanPlan(tuple(candidates), tuple(skipped))
@@ -303,8 +296,7 @@ def _verify(candidate: CleanEntry) -> _Target | CleanOutcome:
     else:
         changed = _changed(holder, start_time, uid, status)
         if changed is None:
-            stopped = status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-            return _Target(holder.pid, proc, pidfd, stopped)
+            return _Target(holder.pid, proc, pidfd, stopped=status in _STOPPED_STATES)
         outcome = changed
     if pidfd is not None:
         os.close(pidfd)
@@ -350,8 +342,7 @@ def execute_clean(
     kill_wait_s: float = 2.0,
 ) -> CleanReport:
     """Carry out ``plan``. ``confirm=None``: the user already said yes (``--yes``), else
-    ``confirm(plan)`` is asked once. All candidates share one ``grace_s`` deadline after
-    SIGTERM; survivors get SIGKILL and ``kill_wait_s`` more to disappear."""
+    ``confirm(plan)`` is asked once. ``grace_s``: the one deadline after SIGTERM."""
     if grace_s < 0 or kill_wait_s < 0:
         raise UserInputError(f"grace_s={grace_s}, kill_wait_s={kill_wait_s}: expected seconds >= 0")
     if dry_run or not plan.candidates:

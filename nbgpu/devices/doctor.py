@@ -184,9 +184,7 @@ def _probe_findings(inventory: Inventory) -> list[Problem]:
         for g, fs in zip(inventory.gpus, inventory.findings, strict=True)
         if any(f.severity == "bad" for f in fs)
     }
-    for r in probe.results:
-        if r.outcome == "ok":
-            continue
+    for r in (r for r in probe.results if not r.ok):
         where = f"GPU {r.nvml_index}" if r.nvml_index is not None else f"cuda:{r.cuda_index}"
         fails = f"{where} (cuda:{r.cuda_index}) fails with {r.message} "
         fails += f"({r.error_name or 'CUDA error'} {r.cuda_error})"
@@ -242,18 +240,14 @@ def _port_in_use(host: str, port: int) -> bool:
 def _environment_findings(
     inventory: Inventory, environ: Mapping[str, str], nproc: int | None, face: str
 ) -> list[Problem]:
-    out: list[Problem] = []
     if inventory.nvml_error:
-        return out
+        return []
     visible = inventory.visible.devices if inventory.visible is not None else ()
     n_visible = len(visible)
     healthy = set(inventory.healthy_indices)
     n_healthy = len([d for d in visible if d.nvml_index in healthy])
-    if inventory.visible is not None:
-        out.extend(
-            Problem("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", problem)
-            for problem in inventory.visible.problems
-        )
+    problems = inventory.visible.problems if inventory.visible is not None else ()
+    out = [Problem("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", p) for p in problems]
     if inventory.gpus and n_visible == 0:
         message = (
             f"CUDA_VISIBLE_DEVICES={inventory.visible_value!r} hides every GPU: CUDA will "

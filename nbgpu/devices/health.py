@@ -198,9 +198,7 @@ class ProbeReport(Result):
             hint = INIT_OUTCOMES.get(outcome) or OUTCOMES.get(outcome, "")
             return [_sentences(self.init_error, hint)]
         lines = []
-        for r in self.results:
-            if r.ok:
-                continue
+        for r in (r for r in self.results if not r.ok):
             where = f"cuda:{r.cuda_index}"
             if r.nvml_index is not None:
                 where += f" (GPU {r.nvml_index})"
@@ -265,10 +263,6 @@ def _run_child(argv: Sequence[str], env: Mapping[str, str], *, timeout_s: float)
         ) from None
 
 
-def _uuid_body(uuid: str) -> str:
-    return (uuid[4:] if uuid[:4] in ("GPU-", "MIG-") else uuid).lower()
-
-
 def _report(
     run: Finished, timeout_s: float, *, simulated: bool, uuids: Mapping[str, int]
 ) -> ProbeReport:
@@ -298,7 +292,10 @@ def _report(
     if doc.get("init") is not None:
         message, outcome = _init_failure(doc["init"])
         return replace(base, init_error=message, init_outcome=outcome)
-    by_body = {_uuid_body(full): (full, index) for full, index in uuids.items()}
+    by_body = {
+        (full[4:] if full[:4] in ("GPU-", "MIG-") else full).lower(): (full, index)
+        for full, index in uuids.items()
+    }
     results = []
     for device in doc.get("devices", []):
         uuid, nvml_index = None, None
@@ -372,11 +369,9 @@ def _probe_in_process(environ: Mapping[str, str]) -> dict[str, Any]:
     _progress("loading " + LIBCUDA_SONAME)
     try:
         library = load_cuda_library(environ)
-    except OSError as exc:
-        doc["init"] = {"stage": "load", "detail": str(exc)}
-        return doc
-    except UserInputError as exc:  # a bad NBGPU_SIMULATE; the parent checks first
-        doc["init"] = {"stage": "NBGPU_SIMULATE", "detail": str(exc)}
+    except (OSError, UserInputError) as exc:  # UserInputError: a bad NBGPU_SIMULATE
+        stage = "load" if isinstance(exc, OSError) else "NBGPU_SIMULATE"  # the parent checks first
+        doc["init"] = {"stage": stage, "detail": str(exc)}
         return doc
     return _probe_library(CudaDriver(library), doc)
 

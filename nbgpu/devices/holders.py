@@ -2,11 +2,10 @@
 
 NVML only says *which* pids hold a GPU; the operating system (psutil, ``/proc``) answers
 the rest, never guesses: alive, zombie, stopped, gone, or a host pid a container cannot
-see; whose, running what, orphaned (its launcher gone: read from the traces a fork leaves;
-"not orphaned" when in doubt, since ``clean`` offers to stop orphans), a torchrun worker,
-started with which ``CUDA_VISIBLE_DEVICES``. Also the ``/dev/nvidia*`` files open in
-``/proc/*/fd`` (what ``lsof /dev/nvidia*`` shows), and whether we run in a container and in
-the host's PID namespace. Of nbgpu only :mod:`nbgpu.errors` (``model.py`` names these types).
+see; whose, running what, orphaned (its launcher gone), a torchrun worker, started with
+which ``CUDA_VISIBLE_DEVICES``. Also the ``/dev/nvidia*`` files open in ``/proc/*/fd``
+(what ``lsof /dev/nvidia*`` shows), and whether we run in a container and in the host's
+PID namespace. Of nbgpu only :mod:`nbgpu.errors` (``model.py`` names these types).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import psutil
 
@@ -49,6 +48,7 @@ _RECORDED_STATES = frozenset({"dead", "zombie", "other_namespace", "no_access"})
 _PF_KTHREAD = 0x00200000
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,7 @@ class HolderInfo:
         return f"{' '.join(parts)} ({', '.join(notes)})"
 
     def _state_phrase(self) -> str:
-        phrase = self.state
-        if self.state in ("alive", "stopped") and self.status:
-            phrase = self.status
+        phrase = self.status if self.state in ("alive", "stopped") and self.status else self.state
         if self.recorded:
             phrase += ", recorded"
         if self.detail:
@@ -114,10 +112,15 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _read_text(path: Path) -> str | None:
+def _or_none(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
+    """``call(...)``, or None when the OS refuses: a file closed or a process gone since."""
     with contextlib.suppress(OSError):
-        return path.read_text(encoding="utf-8", errors="replace")
+        return call(*args, **kwargs)
     return None
+
+
+def _read_text(path: Path) -> str | None:
+    return _or_none(path.read_text, encoding="utf-8", errors="replace")
 
 
 def _container_evidence(proc_root: Path, root: Path) -> str | None:
@@ -136,7 +139,6 @@ def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
     for line in (_read_text(proc_root / "self" / "status") or "").splitlines():
         if line.startswith("NSpid:") and len(line.split()) > 2:
             return False, "NSpid shows nested PID namespaces"
-    # Kernel threads exist only in the initial PID namespace.
     stat = _read_text(proc_root / "2" / "stat")
     if stat is not None:
         fields = stat.rpartition(")")[2].split()
@@ -158,10 +160,8 @@ def _pid_namespace_evidence(proc_root: Path) -> tuple[bool | None, str | None]:
 
 
 def detect_container(proc_root: Path = Path("/proc"), root: Path = Path("/")) -> ContainerInfo:
-    """This machine's container markers and PID namespace. ``host_pid_namespace`` decides
-    what a pid NVML reports but ``/proc`` lacks means: in the host's namespace the process
-    is dead; in a container's own it is a host pid we cannot see (``docker run`` without
-    ``--pid=host``)."""
+    """This machine's container markers and PID namespace (a container's own without
+    ``--pid=host``), which decides what a missing pid means (:func:`describe_pid`)."""
     container_why = _container_evidence(proc_root, root)
     host_ns, ns_why = _pid_namespace_evidence(proc_root)
     in_container = container_why is not None
@@ -290,12 +290,6 @@ def recorded_holder(  # noqa: PLR0917  (positional: mirrors the fleet record's f
     )
 
 
-def _readlink(name: str, dir_fd: int) -> str | None:
-    with contextlib.suppress(OSError):  # closed since the directory was listed
-        return os.readlink(name, dir_fd=dir_fd)
-    return None
-
-
 def device_file_holders(
     proc_root: Path = Path("/proc"), pattern: str = "/dev/nvidia"
 ) -> dict[int, tuple[str, ...]]:
@@ -315,7 +309,8 @@ def device_file_holders(
         except OSError:
             continue
         try:
-            links = [_readlink(fd, dir_fd) for fd in os.listdir(dir_fd)]  # noqa: PTH208  (a dir fd)
+            fds = os.listdir(dir_fd)  # noqa: PTH208  (a dir fd)
+            links = [_or_none(os.readlink, fd, dir_fd=dir_fd) for fd in fds]
         except OSError:
             links = []
         finally:
@@ -362,12 +357,6 @@ def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
     return i < len(args) and Path(args[i]).name == "torchrun"
 
 
-def _getsid(pid: int) -> int | None:
-    with contextlib.suppress(OSError):
-        return os.getsid(pid)
-    return None
-
-
 def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -> str | None:
     """Why we believe ``pid`` was reparented (its launcher is gone), or None. Linux does
     not record who forked a process, so this reads the traces a fork leaves: a child
@@ -378,9 +367,9 @@ def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -
     if ppid <= 0:
         # The parent lives outside this PID namespace (docker exec) or this is pid 1.
         return None
-    sid = _getsid(pid)
+    sid = _or_none(os.getsid, pid)
     if ppid == 1:
-        init_sid = _getsid(1)
+        init_sid = _or_none(os.getsid, 1)
         if sid is not None and sid not in (0, pid) and sid == init_sid:
             # Still in pid 1's own session: pid 1 is its launcher (a container whose
             # entrypoint is the job itself), not an init that adopted it.
@@ -403,7 +392,7 @@ def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -
         # nbgpu never starts torchrun workers itself: only an agent does, so a worker
         # whose parent is this subreaper was adopted after its agent died.
         return "adopted by this process (a subreaper): its torchrun agent is gone"
-    parent_sid = _getsid(ppid)
+    parent_sid = _or_none(os.getsid, ppid)
     if sid is not None and sid not in (0, pid) and parent_sid is not None and parent_sid != sid:
         return f"adopted by pid {ppid}: it is not in its parent's session, so its launcher is gone"
     return None

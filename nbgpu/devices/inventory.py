@@ -278,9 +278,8 @@ def _age(start_time: float | None, now: float) -> str:
 
 
 def saved_inventory(source: str) -> Inventory | None:
-    """The inventory a ``nbgpu status --json`` file holds, read back; None when *source*
-    is not such a file (a spec, a named fleet, a fleet file written by hand, a missing
-    file: those are for the simulator, which says what is wrong with them)."""
+    """The inventory a ``nbgpu status --json`` file holds; None for any other *source* (a
+    spec, a named fleet, a hand-written fleet file, a missing file: the simulator's to judge)."""
     path = source.strip()
     if not path.endswith(".json"):
         return None
@@ -310,9 +309,8 @@ def take_inventory(
     probe_timeout_s: float = 30.0,
     scan_device_files: bool = True,
 ) -> Inventory:
-    """Snapshot the GPUs as *environ* (default ``os.environ``) sees them; ``visible_devices``
-    maps cuda:N for that ``CUDA_VISIBLE_DEVICES`` value instead of the environment's;
-    ``probe`` runs the active CUDA probe (a context per GPU, in a subprocess)."""
+    """Snapshot the GPUs as *environ* (default ``os.environ``) sees them, cuda:N mapped for
+    ``visible_devices`` if given (a ``CUDA_VISIBLE_DEVICES`` value), probed if asked."""
     started = time.perf_counter()
     env = dict(os.environ) if environ is None else dict(environ)
     container = holders_mod.detect_container()

@@ -154,8 +154,7 @@ class ProcessRecord:
 
 
 def is_cluster(data: object) -> bool:
-    """Whether a decoded JSON document is a cluster file (one capture per node, under
-    ``"nodes"``: what ``nbgpu status --slurm --json`` writes)."""
+    """Whether a decoded JSON document is a cluster file (``nbgpu status --slurm --json``)."""
     return (
         isinstance(data, dict) and "nbgpu_fleet" not in data and isinstance(data.get("nodes"), list)
     )

@@ -132,20 +132,17 @@ def _select(environ: Mapping[str, str]) -> Backend:
     node = simulated_node(environ) if source else None  # a cluster file: this node's fleet
     if _state["key"] != (source, node):
         _shutdown()
-        fleet, library = _simulated_library(source, node) if source else (None, None)
+        fleet, library = None, None
+        if source:  # the seam: the fake library and its fleet are imported for a simulation only
+            from nbgpu.devices.sim.fleet import load_fleet  # noqa: PLC0415
+            from nbgpu.devices.sim.nvml import FakeNvmlLibrary  # noqa: PLC0415
+
+            fleet = load_fleet(source, node=node)
+            library = FakeNvmlLibrary(fleet)
         _install(library)
         new = Backend(simulated=fleet is not None, fleet=fleet)
         _state.update(key=(source, node), backend=new, initialised=False)
     return cast("Backend", _state["backend"])
-
-
-def _simulated_library(source: str, node: str | None) -> tuple[Fleet, Any]:
-    # The seam: the fake library and its fleet are imported here, for a simulation only.
-    from nbgpu.devices.sim.fleet import load_fleet  # noqa: PLC0415
-    from nbgpu.devices.sim.nvml import FakeNvmlLibrary  # noqa: PLC0415
-
-    fleet = load_fleet(source, node=node)
-    return fleet, FakeNvmlLibrary(fleet)
 
 
 def activate(environ: Mapping[str, str]) -> Backend:

@@ -151,9 +151,8 @@ def resolve_visible(
     key: str = "CUDA_VISIBLE_DEVICES",
     strict: bool = False,
 ) -> VisibleMap:
-    """Map each logical ``cuda:N`` of a process with ``environ`` to a physical GPU. Never
-    raises unless ``strict``; then an entry that CUDA would drop (invalid, repeated, or
-    hidden by the one-MIG-instance rule) raises ``VisibleDevicesError`` with one line."""
+    """Map each logical ``cuda:N`` of a process with ``environ`` to a physical GPU; raises
+    only if ``strict``, for an entry CUDA would drop (invalid, repeated, or a hidden MIG)."""
     raw = environ.get(key)
     problems: list[str] = []
     requested = (environ.get("CUDA_DEVICE_ORDER") or "").strip()

@@ -88,10 +88,9 @@ def take_sample(
     from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
 
     inv = take_inventory(environ, scan_device_files=False)
-    me = os.getpid()
 
     def label(pid: int) -> str | None:
-        if pid == me:
+        if pid == os.getpid():
             return "this kernel"
         return label_pid(pid) if label_pid is not None else None
 

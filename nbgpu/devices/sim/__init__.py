@@ -26,11 +26,7 @@ def simulation_source(environ: Mapping[str, str]) -> str | None:
 
 
 def simulated_node(environ: Mapping[str, str]) -> str:
-    """Which node of a simulated cluster this process plays (a cluster fleet file's key):
-    on SLURM ``SLURMD_NODENAME`` (set for every task), for a rank nbgpu started on a node
-    ``NBGPU_NODE``, elsewhere the host name."""
-    for key in ("SLURMD_NODENAME", "NBGPU_NODE"):
-        name = environ.get(key, "").strip()
-        if name:
-            return name
-    return socket.gethostname()
+    """The node of a simulated cluster this process plays (a cluster file's key): SLURM's
+    ``SLURMD_NODENAME`` (every task), else ``NBGPU_NODE`` (nbgpu's ranks), else the host name."""
+    names = (environ.get(key, "").strip() for key in ("SLURMD_NODENAME", "NBGPU_NODE"))
+    return next(filter(None, names), None) or socket.gethostname()

@@ -19,6 +19,7 @@ import uuid as uuidlib
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partialmethod
 from typing import Any
 
 from nbgpu.devices.cuda_errors import (
@@ -215,26 +216,20 @@ class SimulatedCudaLibrary:
     def _cuDevicePrimaryCtxRelease(self, _found: Device, ordinal: int) -> int:
         if self.retained[ordinal] <= 0:
             return CUDA_ERROR_INVALID_CONTEXT
-        self.retained[ordinal] -= 1
-        if not self.retained[ordinal]:
-            del self.retained[ordinal]
+        self.retained -= Counter([ordinal])  # drops the ordinal at zero
         return CUDA_SUCCESS
 
     _cuDeviceGetUuid_v2 = _cuDeviceGetUuid
     _cuDevicePrimaryCtxRelease_v2 = _cuDevicePrimaryCtxRelease
 
-    def _cuGetErrorName(self, code: Any, text: Any) -> int:
-        return _error_text(code, text, 0)
+    def _error_text(self, code: Any, text: Any, which: int) -> int:
+        # Like the driver: works without cuInit; unknown codes get NULL and INVALID_VALUE.
+        entry = CUDA_ERRORS.get(int_arg(code))
+        deref(text).value = entry[which].encode("ascii") if entry else None
+        return CUDA_SUCCESS if entry else CUDA_ERROR_INVALID_VALUE
 
-    def _cuGetErrorString(self, code: Any, text: Any) -> int:
-        return _error_text(code, text, 1)
-
-
-def _error_text(code: Any, text: Any, which: int) -> int:
-    # Like the driver: works without cuInit; unknown codes get NULL and INVALID_VALUE.
-    entry = CUDA_ERRORS.get(int_arg(code))
-    deref(text).value = entry[which].encode("ascii") if entry else None
-    return CUDA_SUCCESS if entry else CUDA_ERROR_INVALID_VALUE
+    _cuGetErrorName = partialmethod(_error_text, which=0)
+    _cuGetErrorString = partialmethod(_error_text, which=1)
 
 
 def load_simulated_cuda(source: str, environ: Mapping[str, str]) -> SimulatedCudaLibrary:

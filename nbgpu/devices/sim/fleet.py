@@ -163,7 +163,6 @@ def load_fleet(source: str, *, node: str | None = None) -> Fleet:
         fleet = fleet_from_dict(json.loads(path.read_text(encoding="utf-8")), default_name=head)
         if not comma:
             return fleet
-        # A scenario with more options: "busy-gpu0,procs=8" adds them to the scenario.
         options = [part.strip() for part in extra.split(",")]
         return replace(apply_options(fleet, options, spec=text), name=text)
     path = Path(text).expanduser()
@@ -294,9 +293,8 @@ def _indices(key: str, value: str, count: int) -> list[int]:
 
 
 def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet:  # noqa: PLR0915
-    """*fleet* with a spec's options (``busy=0``, ...: see :func:`parse_spec`), a named
-    scenario's too (``busy-gpu0,procs=8``). Added processes get fictional pids above every
-    pid the fleet already holds."""
+    """*fleet* with a spec's or a named scenario's options (see :func:`parse_spec`); added
+    processes get fictional pids above every pid the fleet already holds."""
     count = len(fleet.gpus)
     held = [p.pid for gpu in fleet.gpus for p in gpu.processes]
     next_pid = max([FICTIONAL_PID_BASE - 1, *held]) + 1
