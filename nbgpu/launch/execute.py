@@ -245,10 +245,11 @@ def silent_ranks(run: Run, after_s: float | None = None) -> list[tuple[int, floa
             )
     now = time.time()
     out = []
+    logs = run.logs  # one dict: the property builds every rank's path
     for rank in range(run.config.world_size):
         last = run.started_at
         with contextlib.suppress(OSError):
-            last = max(run.logs[f"rank{rank}"].stat().st_mtime, run.started_at)
+            last = max(logs[f"rank{rank}"].stat().st_mtime, run.started_at)
         if now - last >= after_s:
             out.append((rank, now - last))
     return out

@@ -290,7 +290,7 @@ def _names(text: str | None) -> list[str]:
 
 # Flags whose parsed value is prepare()'s keyword of the same name, as it is.
 _AS_PARSED = ("gpus", "role", "force", "name", "serial_imports", "mem_limit", "mem_sample",
-              "backend", "master_port", "quiet", "node_rank", "rdzv_endpoint")  # fmt: skip
+              "backend", "master_port", "quiet", "node_rank", "rdzv_endpoint", "on_hang")  # fmt: skip
 
 
 def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -325,7 +325,6 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
         "slurm": _slurm_options(args),
         "rdzv_timeout_s": args.rdzv_timeout,
         "hang_after_s": args.hang_after,
-        "on_hang": args.on_hang,
     }
 
 

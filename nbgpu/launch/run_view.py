@@ -62,9 +62,8 @@ class RunView(Result):
 
     @property
     def logs(self) -> dict[str, Path]:
-        out = {f"rank{r}": rank_log(self.dir, r) for r in range(self.config.world_size)}
-        out["agent"] = agent_log(self.dir)
-        return out
+        ranks = {f"rank{r}": rank_log(self.dir, r) for r in range(self.config.world_size)}
+        return {**ranks, "agent": agent_log(self.dir)}
 
     @property
     def memory(self) -> MemoryReport:
