@@ -163,28 +163,29 @@ def _gpus(value: object) -> tuple[int, ...] | None:
     return None
 
 
-_UNREADABLE = object()
-
-
-def _load_json(path: Path, notes: list[str], unreadable: str) -> object:
-    """The JSON in ``path``, or ``_UNREADABLE`` and a note (``unreadable`` is its text)."""
+def _load_json(
+    path: Path, notes: list[str], unreadable: str, invalid: str, need: str = ""
+) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (with a ``need`` key), else None and a note: ``unreadable``
+    (``{}``: the error) or ``invalid``."""
     try:
         if path.stat().st_size > _MAX_JSON_BYTES:
             notes.append(f"{path.name}: larger than 8 MiB, ignored")
-            return _UNREADABLE
-        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
+            return None
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except (OSError, ValueError) as exc:
-        notes.append(unreadable.format(name=path.name, error=exc.__class__.__name__))
-        return _UNREADABLE
+        notes.append(f"{path.name}: " + unreadable.format(exc.__class__.__name__))
+        return None
+    if isinstance(data, dict) and (not need or need in data):
+        return data
+    notes.append(f"{path.name}: {invalid}")
+    return None
 
 
 def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
     """Parse ``run.json``; anything malformed becomes a note."""
-    data = _load_json(path, notes, "{name}: unreadable ({error}), ignored")
-    if data is _UNREADABLE:
-        return None
-    if not isinstance(data, dict):
-        notes.append(f"{path.name}: expected a JSON object, ignored")
+    data = _load_json(path, notes, "unreadable ({}), ignored", "expected a JSON object, ignored")
+    if data is None:
         return None
     ranks = [
         ExitRecord(
@@ -224,11 +225,9 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
 
 def load_error_file(path: Path, rank: int | None, notes: list[str]) -> ErrorRecord | None:
     """Parse a torchelastic error file (both the dict and the newer string ``message``)."""
-    data = _load_json(path, notes, "{name}: not a readable error file ({error})")
-    if data is _UNREADABLE:
-        return None
-    if not isinstance(data, dict) or "message" not in data:
-        notes.append(f"{path.name}: no 'message' field; not a torchelastic error file")
+    invalid = "no 'message' field; not a torchelastic error file"
+    data = _load_json(path, notes, "not a readable error file ({})", invalid, need="message")
+    if data is None:
         return None
     message = data["message"]
     callstack = ""
