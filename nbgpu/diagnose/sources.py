@@ -348,11 +348,9 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
         return _directory(path)
     rank = _rank_from_path(path, path.parent)
     if _FLIGHT_DUMP.match(path.name):  # one rank's dump: read its siblings too
-        inputs = Inputs(kind="file", label=str(path.parent))
-        for dump in path.parent.iterdir():
-            if m := _FLIGHT_DUMP.match(dump.name):
-                inputs.flight[int(m.group(1))] = dump
-        return inputs
+        dumps = ((_FLIGHT_DUMP.match(p.name), p) for p in path.parent.iterdir())
+        flight = {int(m.group(1)): dump for m, dump in dumps if m}
+        return Inputs(kind="file", label=str(path.parent), flight=flight)
     if _ERROR_FILE.match(path.name):
         inputs = Inputs(kind="file", label=str(path))
         if (record := load_error_file(path, rank, inputs.notes)) is not None:
