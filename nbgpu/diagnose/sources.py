@@ -307,11 +307,11 @@ def _directory(root: Path) -> Inputs:
             rank = _int(path.name[len("rank") : -len(".node")])
             if rank is not None and (node := read_node(root, rank)) is not None:
                 inputs.run.nodes[rank] = node
-    if inputs.run is not None and inputs.run.cell_offsets:
-        inputs.notes.append(
-            f"a warm job: the rank logs are read from the start of cell {inputs.run.cell}, the "
-            "cell it ended in (the earlier cells' output is above it in the same logs)"
-        )
+        if inputs.run.cell_offsets:
+            inputs.notes.append(
+                f"a warm job: the rank logs are read from the start of cell {inputs.run.cell}, "
+                "the cell it ended in (the earlier cells' output is above it in the same logs)"
+            )
     if run_json.is_file() or any(_RANK_LOG.match(log.name) for log in inputs.logs):
         inputs.kind = "run"
     return inputs
@@ -332,11 +332,9 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
         label = name or str(getattr(source, "name", "<stream>"))
         return Inputs(kind="stream", label=label, logs=[LogInput(label, stream=source)])  # type: ignore[arg-type]  # duck-typed stream
     # A run object: nbgpu's own Run (.dir), or anything with .run_dir / .directory.
-    for attribute in ("run_dir", "directory", "dir"):
-        if isinstance(source, str | os.PathLike):
-            break
-        if isinstance(run_dir := getattr(source, attribute, None), str | os.PathLike):
-            source = run_dir
+    if not isinstance(source, str | os.PathLike):
+        found = (getattr(source, attribute, None) for attribute in ("run_dir", "directory", "dir"))
+        source = next((d for d in found if isinstance(d, str | os.PathLike)), source)
     if not isinstance(source, str | os.PathLike):
         raise UserInputError(f"cannot diagnose a {type(source).__name__}: expected {_ACCEPTED}")
     path = Path(os.fspath(source)).expanduser()
