@@ -136,9 +136,9 @@ def diagnose(
         elapsed_ms = (time.perf_counter() - started) * 1000
         return Diagnosis(status=status, input=inputs.label, elapsed_ms=elapsed_ms, **fields)
 
-    if stall is not None and not inputs.logs and not inputs.errors:  # NCCL's dumps alone
-        return answer("failure", causes=(stall,), notes=tuple(notes))
     if not inputs.logs and not inputs.errors:
+        if stall is not None:  # NCCL's dumps alone
+            return answer("failure", causes=(stall,), notes=tuple(notes))
         notes.append("no log files (*.log, *.txt, *.out, *.err) or error files found")
         return answer("no_logs", causes=(), notes=tuple(notes))
     counter = itertools.count()

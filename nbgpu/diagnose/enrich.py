@@ -237,7 +237,7 @@ def _assigned(path: Path, name: str, before: int) -> tuple[int, int] | None:
 def _divided(root: FoundCause, run: RunInfo | None) -> list[str]:
     """``assert x % world_size == 0`` failed: the assertion prints no numbers, but the
     script at the traceback's path says what ``x`` was (in whole-number arithmetic)."""
-    world = run.world_size if run is not None and run.world_size else None
+    world = run.world_size if run is not None else None
     world = world or (max(root.ranks) + 1 if root.ranks else None)
     for i, line in enumerate(root.traceback):
         asserted = _ASSERTED.search(line)

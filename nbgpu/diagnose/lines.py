@@ -53,7 +53,7 @@ _PREFIX_NOISE = re.compile(r"^(?:\[\d+\]\s+)+")  # "[80746] " process/line-numbe
 
 @dataclass(frozen=True)
 class Stamp:
-    """A point in time and the clock it was read from (``iso`` or ``glog``)."""
+    """A point in time and the clock it was read from (``epoch``, ``iso`` or ``glog``)."""
 
     kind: str
     seconds: float

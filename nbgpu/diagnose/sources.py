@@ -163,28 +163,29 @@ def _gpus(value: object) -> tuple[int, ...] | None:
     return None
 
 
-_UNREADABLE = object()
-
-
-def _load_json(path: Path, notes: list[str], unreadable: str) -> object:
-    """The JSON in ``path``, or ``_UNREADABLE`` and a note (``unreadable`` is its text)."""
+def _load_json(
+    path: Path, notes: list[str], unreadable: str, invalid: str, need: str = ""
+) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (with a ``need`` key), else None and a note: ``unreadable``
+    (``{}``: the error) or ``invalid``."""
     try:
         if path.stat().st_size > _MAX_JSON_BYTES:
             notes.append(f"{path.name}: larger than 8 MiB, ignored")
-            return _UNREADABLE
-        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
+            return None
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except (OSError, ValueError) as exc:
-        notes.append(unreadable.format(name=path.name, error=exc.__class__.__name__))
-        return _UNREADABLE
+        notes.append(f"{path.name}: " + unreadable.format(exc.__class__.__name__))
+        return None
+    if isinstance(data, dict) and (not need or need in data):
+        return data
+    notes.append(f"{path.name}: {invalid}")
+    return None
 
 
 def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
     """Parse ``run.json``; anything malformed becomes a note."""
-    data = _load_json(path, notes, "{name}: unreadable ({error}), ignored")
-    if data is _UNREADABLE:
-        return None
-    if not isinstance(data, dict):
-        notes.append(f"{path.name}: expected a JSON object, ignored")
+    data = _load_json(path, notes, "unreadable ({}), ignored", "expected a JSON object, ignored")
+    if data is None:
         return None
     ranks = [
         ExitRecord(
@@ -224,11 +225,9 @@ def load_run_json(path: Path, notes: list[str]) -> RunInfo | None:
 
 def load_error_file(path: Path, rank: int | None, notes: list[str]) -> ErrorRecord | None:
     """Parse a torchelastic error file (both the dict and the newer string ``message``)."""
-    data = _load_json(path, notes, "{name}: not a readable error file ({error})")
-    if data is _UNREADABLE:
-        return None
-    if not isinstance(data, dict) or "message" not in data:
-        notes.append(f"{path.name}: no 'message' field; not a torchelastic error file")
+    invalid = "no 'message' field; not a torchelastic error file"
+    data = _load_json(path, notes, "not a readable error file ({})", invalid, need="message")
+    if data is None:
         return None
     message = data["message"]
     callstack = ""
@@ -308,11 +307,11 @@ def _directory(root: Path) -> Inputs:
             rank = _int(path.name[len("rank") : -len(".node")])
             if rank is not None and (node := read_node(root, rank)) is not None:
                 inputs.run.nodes[rank] = node
-    if inputs.run is not None and inputs.run.cell_offsets:
-        inputs.notes.append(
-            f"a warm job: the rank logs are read from the start of cell {inputs.run.cell}, the "
-            "cell it ended in (the earlier cells' output is above it in the same logs)"
-        )
+        if inputs.run.cell_offsets:
+            inputs.notes.append(
+                f"a warm job: the rank logs are read from the start of cell {inputs.run.cell}, "
+                "the cell it ended in (the earlier cells' output is above it in the same logs)"
+            )
     if run_json.is_file() or any(_RANK_LOG.match(log.name) for log in inputs.logs):
         inputs.kind = "run"
     return inputs
@@ -333,11 +332,9 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
         label = name or str(getattr(source, "name", "<stream>"))
         return Inputs(kind="stream", label=label, logs=[LogInput(label, stream=source)])  # type: ignore[arg-type]  # duck-typed stream
     # A run object: nbgpu's own Run (.dir), or anything with .run_dir / .directory.
-    for attribute in ("run_dir", "directory", "dir"):
-        if isinstance(source, str | os.PathLike):
-            break
-        if isinstance(run_dir := getattr(source, attribute, None), str | os.PathLike):
-            source = run_dir
+    if not isinstance(source, str | os.PathLike):
+        found = (getattr(source, attribute, None) for attribute in ("run_dir", "directory", "dir"))
+        source = next((d for d in found if isinstance(d, str | os.PathLike)), source)
     if not isinstance(source, str | os.PathLike):
         raise UserInputError(f"cannot diagnose a {type(source).__name__}: expected {_ACCEPTED}")
     path = Path(os.fspath(source)).expanduser()
@@ -349,11 +346,9 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
         return _directory(path)
     rank = _rank_from_path(path, path.parent)
     if _FLIGHT_DUMP.match(path.name):  # one rank's dump: read its siblings too
-        inputs = Inputs(kind="file", label=str(path.parent))
-        for dump in path.parent.iterdir():
-            if m := _FLIGHT_DUMP.match(dump.name):
-                inputs.flight[int(m.group(1))] = dump
-        return inputs
+        dumps = ((_FLIGHT_DUMP.match(p.name), p) for p in path.parent.iterdir())
+        flight = {int(m.group(1)): dump for m, dump in dumps if m}
+        return Inputs(kind="file", label=str(path.parent), flight=flight)
     if _ERROR_FILE.match(path.name):
         inputs = Inputs(kind="file", label=str(path))
         if (record := load_error_file(path, rank, inputs.notes)) is not None:

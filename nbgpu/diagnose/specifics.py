@@ -181,11 +181,8 @@ def _cpu_torch(text: str, frames: Sequence[str]) -> tuple[str, ...]:
         )
     else:
         first = "this torch is a CPU build: it has no CUDA, whatever GPUs the machine has"
-    out = [first]
     where = next((m.group(1) for line in frames if (m := _TORCH_AT.search(line))), None)
-    if where is not None:
-        out.append(f"the ranks imported torch from {where}")
-    return tuple(out)
+    return (first, f"the ranks imported torch from {where}") if where is not None else (first,)
 
 
 def _ray_oom(text: str) -> tuple[str, ...]:
