@@ -322,11 +322,12 @@ def _from_dumps(inputs: Inputs) -> tuple[list[str], dict[str, Any]] | None:
 
 def stall_cause(inputs: Inputs) -> FoundCause | None:
     """The stall the inputs record, as a found cause (its lines are the evidence)."""
-    found = _recorded(inputs) or _from_dumps(inputs)
+    source = inputs.stall.name if inputs.stall is not None else ""
+    if (found := _recorded(inputs)) is None:
+        found, source = _from_dumps(inputs), "flight recorder"
     if found is None:
         return None
     lines, data = found
-    source = inputs.stall.name if inputs.stall is not None else "flight recorder"
     culprits = sorted(
         int(r) for key in ("never_entered", "entered_other") for r in data.get(key) or {}
     )

@@ -181,6 +181,14 @@ def test_diagnose_reads_the_flight_records_nccl_leaves(tmp_path):
         ]
 
 
+def test_the_evidence_names_the_record_it_came_from(tmp_path):
+    # A stall.json cut short (the kernel died while writing it): the dumps tell the stall.
+    _nccl_dumps(tmp_path)
+    (tmp_path / "stall.json").write_text('{"lines": ["stalled')
+    sources = {e.source for e in diagnose(tmp_path).root.evidence}
+    assert sources == {"flight recorder"}
+
+
 def test_an_unreadable_dump_is_a_note_not_a_traceback(tmp_path):
     _nccl_dumps(tmp_path)
     (tmp_path / "nccl_trace_rank_2").write_bytes(b"\x80\x04garbage")
