@@ -152,14 +152,12 @@ class LaunchMagics(Magics):
         names, all_ranks = options["pull"], options["pull_all_ranks"]
         if not names or self.shell is None:
             return
-        for name in names:
-            if all_ranks:
-                self.shell.user_ns[name] = [values.get(name) for values in run.pulled_all]
-            elif name in run.pulled:
-                self.shell.user_ns[name] = run.pulled[name]
+        got = [n for n in names if all_ranks or n in run.pulled]
+        for name in got:
+            value = [v.get(name) for v in run.pulled_all] if all_ranks else run.pulled[name]
+            self.shell.user_ns[name] = value
         for problem in run.pull_problems:
             print(f"[nbgpu] {problem}", file=sys.stderr)
-        got = [n for n in names if all_ranks or n in run.pulled]
         if announce and got:
             print(f"[nbgpu] pulled into the notebook: {', '.join(got)}")
 

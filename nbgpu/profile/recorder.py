@@ -248,10 +248,7 @@ class Recorder:
         )
 
     def _emit(self, record: dict[str, Any]) -> None:
-        if record.get("k") == "s":
-            self.samples.append(record)
-        else:
-            self.records.append(record)
+        (self.samples if record.get("k") == "s" else self.records).append(record)
         if self._fd is None:
             return
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
