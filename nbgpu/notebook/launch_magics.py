@@ -264,9 +264,8 @@ class LaunchMagics(Magics):
 
 
 def keep_empty_cell_body(lines: list[str]) -> list[str]:
-    """Input transformer: IPython answers an empty cell magic itself ("did you mean the line
-    magic %torchrun?"); a blank body lets ``%%torchrun ARGS`` name a bad argument or the
-    empty cell."""
+    """Input transformer: IPython answers an empty cell magic itself ("did you mean the line magic
+    %torchrun?"); a blank body lets ``%%torchrun ARGS`` name a bad argument or the empty cell."""
     head = lines[0].split()[:1] if lines else []
     if head == ["%%torchrun"] and not any(line.strip() for line in lines[1:]):
         return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]
