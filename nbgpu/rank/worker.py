@@ -129,10 +129,9 @@ def dump_flight_record(run_dir: Path, rank: int, token: str) -> None:
 
 
 def _flight_request(request: Path) -> str | None:
-    try:
+    with contextlib.suppress(OSError):
         return request.read_text(encoding="utf-8").strip() or None
-    except OSError:
-        return None
+    return None
 
 
 def _serve_flight(run_dir: Path, rank: int) -> None:
