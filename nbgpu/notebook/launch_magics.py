@@ -59,8 +59,7 @@ class LaunchMagics(Magics):
         if args.nproc is not None:
             with user_errors():
                 parse_nproc(args.nproc)
-        # A bad value is named first (above), wherever it was typed: sending the user
-        # from the line magic to the cell magic and back would not say what is wrong.
+        # A bad value is named first, wherever typed: a hop between the two magics would not say it.
         if cell is None:
             raise UsageError(
                 "%torchrun runs a whole cell: put %%torchrun N on the cell's first line "

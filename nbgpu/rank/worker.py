@@ -209,8 +209,7 @@ def main() -> int:
             destroy()
         sys.stdout.flush()
         sys.stderr.flush()
-        # The exit record is written here, before interpreter teardown: what happens
-        # after (atexit handlers, module cleanup) is outside every phase.
+        # The exit record comes before interpreter teardown (atexit, module cleanup): in no phase.
         rec.end(exit_phase)
         rec.close()
     # No gc.freeze() here: it would skip the finalizers of objects in reference
