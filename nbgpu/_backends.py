@@ -2,8 +2,6 @@
 ``nbgpu.rank.init()``: its own module so that ``%load_ext`` does not load ``nbgpu.rank``.
 """
 
-from __future__ import annotations
-
 __all__ = ["BACKENDS"]
 
 # torch 2.13: torch.distributed.Backend.backend_list, without "undefined".

@@ -56,8 +56,7 @@ def die_with_parent(sig: int, expected_parent: int | None) -> str | None:
 
 def _is_ancestor(pid: int) -> bool:
     current = os.getppid()
-    # Walking /proc is exact (a reused pid elsewhere does not count); without /proc,
-    # whether the pid exists at all is the best answer there is.
+    # /proc is exact (a reused pid elsewhere does not count); without it, the pid existing must do.
     for _ in range(64):
         if current == pid:
             return True

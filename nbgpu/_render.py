@@ -83,9 +83,7 @@ def memory_bar_html(used: int | None, total: int | None) -> str | None:
     if used is None or not total:
         return None
     share = max(0.0, min(1.0, used / total))
-    filled = round(share * _BAR_CELLS)
-    if used and not filled:
-        filled = 1  # a GPU with anything on it never looks empty
+    filled = max(round(share * _BAR_CELLS), 1 if used else 0)  # anything on it: never empty
     colour = "#c62828" if share >= 0.9 else "#ef6c00" if share >= 0.6 else COLOURS["ok"]
     bar = (
         f'<span style="font-family:monospace;color:{colour}" title="{share:.0%} used">'

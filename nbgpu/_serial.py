@@ -89,10 +89,9 @@ class _Reader:
         args = typing.get_args(tp)
         if not isinstance(data, list):
             raise self.fail(f"{where} = {data!r} is not a list")
-        if origin is frozenset:
-            return frozenset(self.convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(self.convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+        if origin is frozenset or (len(args) == 2 and args[1] is Ellipsis):
+            items = (self.convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
+            return frozenset(items) if origin is frozenset else tuple(items)
         if len(data) != len(args):
             raise self.fail(f"{where} has {len(data)} items; expected {len(args)}")
         return tuple(

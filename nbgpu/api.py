@@ -80,10 +80,9 @@ def clean(
 
 
 def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = None) -> MemoryReport:
-    """Memory by phase and rank: ``nbgpu.memory(run)``, a run name (this process's runs
-    first, then the newest directory of that name under ``NBGPU_RUNS_DIR``) or a run
-    directory. No argument: this process's last run, else this process's own phases
-    (``nbgpu.phase``, ``%%gpu_phase``)."""
+    """Memory by phase and rank: ``nbgpu.memory(run)``, a run name (this process's runs first, then
+    the newest directory of that name under ``NBGPU_RUNS_DIR``) or a run directory. No argument:
+    this process's last run, else this process's own phases (``nbgpu.phase``, ``%%gpu_phase``)."""
     from nbgpu.launch.execute import runs  # noqa: PLC0415
     from nbgpu.launch.rundirs import runs_root  # noqa: PLC0415
     from nbgpu.profile.phases import recorder  # noqa: PLC0415

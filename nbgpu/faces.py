@@ -13,21 +13,17 @@ def launch_hint(
     face: str, nproc: int | None = None, *, gpus: str | None = None, force: bool = False
 ) -> str:
     """The launch command with these choices, as the user would type it in *face*."""
-    if face == "python":
-        args = ["code"] + ([str(nproc)] if nproc is not None else [])
-        if gpus:
-            args.append(f'gpus="{gpus}"')
-        if force:
-            args.append("force=True")
-        return f"nbgpu.torchrun({', '.join(args)})"
+    python = face == "python"
     terminal = face == "terminal"
-    parts = ["nbgpu run" if terminal else "%%torchrun"]
+    parts = ["code" if python else "nbgpu run" if terminal else "%%torchrun"]
     if nproc is not None:
         parts.append(f"-n {nproc}" if terminal else str(nproc))
     if gpus:
-        parts.append(f"--gpus {gpus}")
+        parts.append(f'gpus="{gpus}"' if python else f"--gpus {gpus}")
     if force:
-        parts.append("--force")
+        parts.append("force=True" if python else "--force")
+    if python:
+        return f"nbgpu.torchrun({', '.join(parts)})"
     return " ".join([*parts, "script.py"] if terminal else parts)
 
 

@@ -59,8 +59,7 @@ class LaunchMagics(Magics):
         if args.nproc is not None:
             with user_errors():
                 parse_nproc(args.nproc)
-        # A bad value is named first (above), wherever it was typed: sending the user
-        # from the line magic to the cell magic and back would not say what is wrong.
+        # A bad value is named first, wherever typed: a hop between the two magics would not say it.
         if cell is None:
             raise UsageError(
                 "%torchrun runs a whole cell: put %%torchrun N on the cell's first line "
@@ -152,14 +151,12 @@ class LaunchMagics(Magics):
         names, all_ranks = options["pull"], options["pull_all_ranks"]
         if not names or self.shell is None:
             return
-        for name in names:
-            if all_ranks:
-                self.shell.user_ns[name] = [values.get(name) for values in run.pulled_all]
-            elif name in run.pulled:
-                self.shell.user_ns[name] = run.pulled[name]
+        got = [n for n in names if all_ranks or n in run.pulled]
+        for name in got:
+            value = [v.get(name) for v in run.pulled_all] if all_ranks else run.pulled[name]
+            self.shell.user_ns[name] = value
         for problem in run.pull_problems:
             print(f"[nbgpu] {problem}", file=sys.stderr)
-        got = [n for n in names if all_ranks or n in run.pulled]
         if announce and got:
             print(f"[nbgpu] pulled into the notebook: {', '.join(got)}")
 
@@ -266,9 +263,8 @@ class LaunchMagics(Magics):
 
 
 def keep_empty_cell_body(lines: list[str]) -> list[str]:
-    """Input transformer: IPython answers an empty cell magic itself ("did you mean the line
-    magic %torchrun?"); a blank body lets ``%%torchrun ARGS`` name a bad argument or the
-    empty cell."""
+    """Input transformer: IPython answers an empty cell magic itself ("did you mean the line magic
+    %torchrun?"); a blank body lets ``%%torchrun ARGS`` name a bad argument or the empty cell."""
     head = lines[0].split()[:1] if lines else []
     if head == ["%%torchrun"] and not any(line.strip() for line in lines[1:]):
         return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]

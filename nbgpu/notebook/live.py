@@ -96,8 +96,7 @@ class LiveView:
     def _trailing(self) -> None:
         with self._lock:
             self._timer = None
-            if not self.ended:
-                self._send(self._face())
+            self.refresh(force=True)
 
     def _send(self, bundle: Bundle) -> None:
         self._last = time.monotonic()

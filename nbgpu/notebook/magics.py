@@ -36,8 +36,7 @@ def helped(magics: Magics, name: str, line: str) -> bool:
     """Print the usage of the magic *name* if *line* asks for it (``-h``/``--help``)."""
     if not any(token in ("-h", "--help") for token in line.split()):
         return False
-    # magic_arguments prefixes the usage with a reST '::' marker; drop it. A cell
-    # magic's generated usage line says '%name'; say '%%name'.
+    # Drop magic_arguments' reST '::' marker; a cell magic's usage says '%name': say '%%name'.
     text = inspect.cleandoc(getattr(magics, name).__doc__ or "").removeprefix("::").strip()
     print(text.replace(f"%{name}", _usage_name(magics, name), 1))
     return True

@@ -10,7 +10,6 @@ from __future__ import annotations
 import html
 import re
 import threading
-import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -244,14 +243,11 @@ class MemoryTimeline:
 
         self.follower = MemoryFollower(run.dir, run.config.world_size)
         self.html = _timeline_svg({}, "")
-        self._last = 0.0
         self.updates = 0
 
     def refresh(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < MEMORY_REFRESH_S:
+        if not (self.follower.due(MEMORY_REFRESH_S) or force):
             return
-        self._last = now
         summary = self.follower.summary() or ""
         series = {r.label: list(r.points) for r in self.follower.ranks.values() if r.points}
         self.html = _timeline_svg(series, summary)

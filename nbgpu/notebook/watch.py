@@ -244,12 +244,10 @@ class Dashboard:
             self.stop()
 
     def _on_pause(self, change: dict[str, Any]) -> None:
-        if change["new"]:
-            self.watcher.pause()
-            self.pause_button.description, self.pause_button.icon = "Resume", "play"
-        else:
-            self.watcher.resume()
-            self.pause_button.description, self.pause_button.icon = "Pause", "pause"
+        paused = bool(change["new"])
+        (self.watcher.pause if paused else self.watcher.resume)()
+        look = ("Resume", "play") if paused else ("Pause", "pause")
+        self.pause_button.description, self.pause_button.icon = look
         self.refresh()
 
     def stop(self) -> None:

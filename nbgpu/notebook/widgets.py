@@ -62,8 +62,7 @@ def foreground_output(args: Namespace) -> Callable[[Run], Output]:
     from nbgpu.launch.execute import to_screen  # noqa: PLC0415
 
     if args.view == "widgets" and not args.quiet:
-        # Opt-in for foreground runs: their text then lives in the panel's tabs,
-        # which static exports and nbval do not show (auto keeps text here).
+        # Opt-in in the foreground: the text lives in the panel's tabs, unseen by exports and nbval.
         return lambda run: _panel_output(run, stoppable=False)
     write = functools.partial(print, end="", flush=True)
     live = not _under_test_runner()  # live_status: the node's memory, one line

@@ -5,6 +5,4 @@ Nothing here imports ``nbgpu.launch`` or ``nbgpu.notebook``; pandas and matplotl
 imported inside the functions that draw or tabulate.
 """
 
-from __future__ import annotations
-
 __all__: list[str] = []

@@ -55,8 +55,7 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
             late = xs[-1] > 0.6 * max(report_end, 1e-9)
             text = f"{rank.label} died in '{died.path}'"
             _label(host, text, (xs[-1], ys[-1]), (-8 if late else 6, 6), color="#c0392b")
-    # One node: the sum of all ranks. Several: a sum per node (each node's memory is its
-    # own), the highest one annotated with its name.
+    # One node: the sum of all ranks. Several: a sum per node (its own memory), the highest named.
     names: list[str | None] = [*report.node_names] or [None]
     sums = [(name, report.node_series(name)) for name in names]
     for name, node in sums:

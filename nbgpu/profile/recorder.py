@@ -248,10 +248,7 @@ class Recorder:
         )
 
     def _emit(self, record: dict[str, Any]) -> None:
-        if record.get("k") == "s":
-            self.samples.append(record)
-        else:
-            self.records.append(record)
+        (self.samples if record.get("k") == "s" else self.records).append(record)
         if self._fd is None:
             return
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
@@ -271,10 +268,9 @@ class Recorder:
         if started >= self._next_full:
             own = process_memory()
             out.update(rss=own.rss_bytes, uss=own.uss_bytes, pss=own.pss_bytes)
-            # smaps_rollup costs more the bigger the process (5 ms in a training torch
-            # process here): read it at most once a second, and less often when it is
-            # dear, so that it never takes more than PSS_CPU_SHARE of a core. Phases
-            # around every step then cost RSS readings, not page walks.
+            # smaps_rollup costs more the bigger the process (5 ms in a training torch process
+            # here): at most once a second, less often when dear, never more than PSS_CPU_SHARE
+            # of a core. Phases around every step then cost RSS readings, not page walks.
             cost = time.perf_counter() - started
             self._next_full = started + max(PSS_EVERY_S, cost / PSS_CPU_SHARE)
         else:
@@ -293,8 +289,7 @@ class Recorder:
     def begin(self, name: str) -> int:
         snap = self._snapshot()
         with self._lock:
-            # Resetting VmHWM for this phase would lose the enclosing phases' peak so far:
-            # fold it into them first.
+            # Resetting VmHWM would lose the enclosing phases' peak so far: fold it in first.
             current_hwm = peak_rss() or 0
             for outer in self._stack:
                 outer.hwm = max(outer.hwm, current_hwm)
@@ -338,9 +333,8 @@ class Recorder:
             "hwm_why": self.hwm_reset_problem,
         }
         if "gpu_alloc" in snap:
-            # torch's max_memory_allocated is the peak since start (or the user's reset): if
-            # it rose during the phase, the new maximum was reached in the phase; otherwise
-            # the phase's peak is what was seen at its samples and its ends.
+            # torch's max_memory_allocated is the peak since start (or the user's reset): if it
+            # rose, the phase reached it; else the phase's peak is what its samples and ends saw.
             start_max = closing.gpu_peak_at_start
             if start_max is not None and snap["gpu_max"] > start_max:
                 record["gpu_peak"] = int(snap["gpu_max"])

@@ -153,10 +153,8 @@ def read_records(
     phases = []
     for phase_id, begin in sorted(begins.items(), key=lambda kv: (kv[1].get("t", 0), kv[0])):
         end = ends.get(phase_id)
-        if end is not None:
-            status = "failed" if end.get("error") else "done"
-        else:
-            status = "running" if alive else "died in"
+        ended = "failed" if end is not None and end.get("error") else "done"
+        status = ended if end is not None else "running" if alive else "died in"
         chain, parent = [str(begin.get("phase", "?"))], begin.get("parent")
         while isinstance(parent, int) and parent in begins and len(chain) < 32:
             chain.append(str(begins[parent].get("phase", "?")))
@@ -317,9 +315,8 @@ class MemoryTimeline:
                 current[label] = value
                 total += value
             if out and abs(out[-1][0] - (t - t0)) < 1e-9:
-                out[-1] = (t - t0, total)
-            else:
-                out.append((t - t0, total))
+                out.pop()  # the same instant: its last total stands
+            out.append((t - t0, total))
         return out
 
     def node_peak(self) -> NodePeak | None:

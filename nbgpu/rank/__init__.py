@@ -12,8 +12,6 @@ Every child process nbgpu starts lives in this package too (``agent``, ``worker`
 never torch at module level, never IPython, pynvml or psutil.
 """
 
-from __future__ import annotations
-
 from nbgpu.rank.job import (
     NOT_IN_JOB,
     RUN_DIR_ENV,

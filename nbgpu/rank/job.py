@@ -165,8 +165,7 @@ def one_at_a_time(
     try:
         yield
     finally:
-        # Said just before releasing, so that in the merged output of all ranks each
-        # "released" comes before the next rank's "acquired".
+        # Said before releasing: in the merged output "released" precedes the next one's "acquired".
         _say(f"{who} LOCK: released {name!r} after {time.monotonic() - acquired:.1f} s")
         lock.release()
 

@@ -38,10 +38,9 @@ def _scontrol(*args: str) -> list[str]:
 
 def _node_address(name: str) -> str:
     """The address SLURM reaches *name* at (``NodeAddr``), else its hostname."""
-    for field in _scontrol("node", name, "-o"):
-        if field.startswith("NodeAddr="):
-            return field.split("=", 1)[1]
-    return socket.gethostname()
+    fields = _scontrol("node", name, "-o")
+    addresses = (f.removeprefix("NodeAddr=") for f in fields if f.startswith("NodeAddr="))
+    return next(addresses, socket.gethostname())
 
 
 def _publish(run_dir: Path, name: str) -> dict[str, object]:

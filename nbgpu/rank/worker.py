@@ -129,10 +129,9 @@ def dump_flight_record(run_dir: Path, rank: int, token: str) -> None:
 
 
 def _flight_request(request: Path) -> str | None:
-    try:
+    with contextlib.suppress(OSError):
         return request.read_text(encoding="utf-8").strip() or None
-    except OSError:
-        return None
+    return None
 
 
 def _serve_flight(run_dir: Path, rank: int) -> None:
@@ -210,8 +209,7 @@ def main() -> int:
             destroy()
         sys.stdout.flush()
         sys.stderr.flush()
-        # The exit record is written here, before interpreter teardown: what happens
-        # after (atexit handlers, module cleanup) is outside every phase.
+        # The exit record comes before interpreter teardown (atexit, module cleanup): in no phase.
         rec.end(exit_phase)
         rec.close()
     # No gc.freeze() here: it would skip the finalizers of objects in reference

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nbgpu.errors import UserInputError
 from nbgpu.scale.values import value_text
 
-# The shell lexer and ruamel.yaml load when a config is read, not with read_text (plan
-# files, cluster files) or this module.
+# The shell lexer and ruamel.yaml load when a config is read, not with this module or read_text.
 if TYPE_CHECKING:
     from nbgpu.scale.script import LaunchScript, ScriptValue
 

@@ -139,10 +139,8 @@ class ScalePlan(Result):
         ]
         for s in self.steps:
             change = f"{s.key}: {short_text(s.old)} → {short_text(s.new)}"
-            blocks.append(
-                Line(change, indent="* " if s.changed else "  ", level="warn" if s.changed else "")
-            )
-            blocks.append(Line(s.reason, indent="      "))
+            mark, level = ("* ", "warn") if s.changed else ("  ", "")
+            blocks += [Line(change, indent=mark, level=level), Line(s.reason, indent="      ")]
         if self.kv is not None:
             blocks.append(Line(self.kv.text))
         if self.written_to is not None:

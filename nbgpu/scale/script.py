@@ -164,8 +164,7 @@ class _Lexer:
         return self.text.count("\n", 0, pos) + 1
 
     def commands(self) -> list[list[ScriptValue]]:
-        commands: list[list[ScriptValue]] = []
-        current: list[ScriptValue] = []
+        commands: list[list[ScriptValue]] = [[]]
         text = self.text
         while self.i < len(text):
             c = text[self.i]
@@ -178,14 +177,10 @@ class _Lexer:
                 self.i = len(text) if end < 0 else end
             elif text.startswith(_SEPARATORS, self.i):
                 self.i += len(next(s for s in _SEPARATORS if text.startswith(s, self.i)))
-                if current:
-                    commands.append(current)
-                    current = []
+                commands.append([])
             else:
-                current.append(self.word())
-        if current:
-            commands.append(current)
-        return commands
+                commands[-1].append(self.word())
+        return [command for command in commands if command]
 
     def word(self) -> ScriptValue:
         text = self.text
