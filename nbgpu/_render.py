@@ -26,7 +26,7 @@ from nbgpu.sizes import fmt_bytes, fmt_used_total
 __all__ = ["COLOURS", "ROOT_STYLE", "ROW_BACKGROUNDS", "Blank", "Block", "Bullets", "Cell",
            "Figure", "Line", "Pre", "Problems", "Result", "Section", "Table", "Title", "fix_html",
            "fmt_bytes", "fmt_opt", "fmt_used_total", "memory_bar_html", "shorten",
-           "simulated_label", "title_html", "to_html", "to_text", "wrap"]  # fmt: skip
+           "simulated_label", "span", "title_html", "to_html", "to_text", "wrap"]  # fmt: skip
 
 
 def wrap(text: str, prefix: str, width: int = 80) -> str:
@@ -74,6 +74,15 @@ def shorten(text: str, width: int) -> str:
 
 
 _BAR_CELLS = 10
+
+
+def span(seconds: float) -> str:
+    """A duration in the unit a person would say: ``45 s``, ``12 min``, ``3.5 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def memory_bar_html(used: int | None, total: int | None) -> str | None:

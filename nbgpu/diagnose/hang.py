@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from nbgpu._render import span
 from nbgpu.diagnose.catalog import STALLED, cause
 from nbgpu.diagnose.report import Evidence, FoundCause
 from nbgpu.diagnose.sources import Inputs
@@ -126,7 +127,7 @@ class Stall:
         return sorted({*self.absent, *self.different, *self.unanswered})
 
     def lines(self, source: dict[str, list[str]] | None = None) -> list[str]:
-        waited = "" if self.waited_s is None else f" {_span(self.waited_s)}"
+        waited = "" if self.waited_s is None else f" {span(self.waited_s)}"
         head = f"stalled{waited} in {self.collective.words()}"
         if self.waiting:
             who = "rank" if len(self.waiting) == 1 else "ranks"
@@ -169,10 +170,6 @@ class Stall:
                 for r, p in sorted(self.places.items())
             },
         }
-
-
-def _span(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _module_of(path: str) -> str:

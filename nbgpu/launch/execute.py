@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nbgpu._render import Block, Line, Result, Table, to_text
+from nbgpu._render import Block, Line, Result, Table, span, to_text
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import (
     CELL_OPTIONS,
@@ -28,7 +28,7 @@ from nbgpu.launch.config import (
 from nbgpu.launch.procs import StopReport
 from nbgpu.launch.run import RUNS, Run, RunFailed
 from nbgpu.launch.streams import LineSink, ScreenWriter
-from nbgpu.launch.warm import CellFailed, CellResult, span
+from nbgpu.launch.warm import CellFailed, CellResult
 
 __all__ = [
     "Output", "WarmJob", "execute", "execute_cell", "prepare_cell", "run_cell", "runs",

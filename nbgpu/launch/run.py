@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from nbgpu._render import span
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import CellRequest, LaunchConfig
 from nbgpu.launch.outcomes import (
@@ -44,7 +45,7 @@ from nbgpu.launch.rundirs import (
 )
 from nbgpu.launch.slurm import QueueWatch, cancel, srun_error
 from nbgpu.launch.streams import CellServer, LineSink, RankLogs, ScreenWriter
-from nbgpu.launch.warm import CELL_MARK, WATCH_S, Cell, CellResult, WarmState, span
+from nbgpu.launch.warm import CELL_MARK, WATCH_S, Cell, CellResult, WarmState
 
 if TYPE_CHECKING:
     from nbgpu.profile.live import MemoryFollower

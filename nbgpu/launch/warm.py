@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbgpu._render import Block, Line, Result, fmt_bytes
+from nbgpu._render import Block, Line, Result, fmt_bytes, span
 from nbgpu.errors import NbgpuError
 from nbgpu.launch.config import CellRequest
 from nbgpu.launch.outcomes import Pulled, add_pulled
@@ -299,12 +299,3 @@ def _size(path: Path) -> int:
     with contextlib.suppress(OSError):
         return path.stat().st_size
     return 0
-
-
-def span(seconds: float) -> str:
-    """A duration in the unit a person would say: ``45 s``, ``12 min``, ``3.5 h``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
