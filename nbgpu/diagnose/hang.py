@@ -191,9 +191,6 @@ def _source_line(frame: Frame, source: dict[str, list[str]] | None) -> str:
     return lines[frame.line - 1].strip() if 0 < frame.line <= len(lines) else ""
 
 
-# -- reading ----------------------------------------------------------------------------
-
-
 class _PlainData(pickle.Unpickler):
     """A flight-recorder pickle holds only dicts, lists, strings and numbers: refuse any
     class, so a dump found on disk can never run code."""
@@ -249,9 +246,6 @@ def main_thread(stacks: list[tuple[Frame, ...]]) -> tuple[Frame, ...]:
         if frames and frames[-1].function not in ("_bootstrap", "_bootstrap_inner"):
             return frames
     return stacks[0] if stacks else ()
-
-
-# -- deciding ---------------------------------------------------------------------------
 
 
 def find_stall(

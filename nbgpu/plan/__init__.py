@@ -14,8 +14,6 @@ result type loads no YAML or shell parser, and never imports IPython, pynvml or 
 inventory is imported when a snapshot is taken).
 """
 
-from __future__ import annotations
-
 import sys
 import types
 
