@@ -124,9 +124,7 @@ class _Bad:
 def normalize_pci_bus_id(bus_id: str) -> str:
     """``00000000:3B:00.0`` (NVML) and ``0000:3b:00.0`` (CUDA, sysfs) -> ``0000:3b:00.0``."""
     fields = _pci_fields(bus_id)
-    if fields is None:
-        return bus_id.strip().lower()
-    return "{:04x}:{:02x}:{:02x}.{:x}".format(*fields)
+    return bus_id.strip().lower() if fields is None else "{:04x}:{:02x}:{:02x}.{:x}".format(*fields)
 
 
 def gpu_identities(gpus: Iterable[Any]) -> list[GpuIdentity]:

@@ -9,6 +9,7 @@ import copy
 import difflib
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -180,6 +181,8 @@ def _source_gpus(
     )
 
 
+# OmegaConf resolves ``${trainer.n_gpus_per_node}`` from the key it names: a value that follows.
+_INTERPOLATION = re.compile(r"\$\{[^{}]+\}")
 _KEPT = {
     "memory_fraction": (
         "kept: a fraction of each GPU's memory, and each GPU is as big as before; "
@@ -211,8 +214,11 @@ def _apply_rules(
     ranked = sorted(ctx.rules.items(), key=lambda kv: order.index(kv[1]) if kv[1] in order else 9)
     for key, rule in ranked:
         entry = by_key[key]
-        kept = (entry.value, _KEPT.get(rule, ""))
-        ctx.new[key], reasons[key] = moves[rule](entry) if rule in moves else kept
+        if isinstance(entry.value, str) and _INTERPOLATION.fullmatch(entry.value):
+            ctx.new[key], reasons[key] = entry.value, f"follows {entry.value}"
+        else:
+            kept = (entry.value, _KEPT.get(rule, ""))
+            ctx.new[key], reasons[key] = moves[rule](entry) if rule in moves else kept
     if ctx.batch == "scale":
         _train_covers_minis(ctx, reasons)
     return reasons

@@ -266,6 +266,22 @@ def test_config_files(tmp_path):
     assert nbgpu.plan.scale(yaml_path, to_gpus=4).config["data"]["train_batch_size"] == 4
 
 
+@pytest.mark.parametrize("to_gpus", [8, 16])
+def test_an_interpolation_follows_the_key_it_names(tmp_path, to_gpus):
+    # verl's agent-loop configs: the rollout manager takes the trainer's GPU count.
+    path = tmp_path / "ppo.yaml"
+    path.write_text(
+        "data:\n  train_batch_size: 64\ntrainer:\n  nnodes: 1\n  n_gpus_per_node: 8\n"
+        "rollout_manager:\n  n_gpus_per_node: ${trainer.n_gpus_per_node}\n"
+    )
+    plan = nbgpu.plan.scale(path, to_gpus=to_gpus)
+    assert "  n_gpus_per_node: ${trainer.n_gpus_per_node}\n" in plan.to_yaml()
+    assert plan.config["trainer"]["n_gpus_per_node"] == to_gpus
+    assert [s.key for s in plan.changes] == (
+        [] if to_gpus == 8 else ["data.train_batch_size", "trainer.n_gpus_per_node"]
+    )
+
+
 def test_fewer_usable_gpus_than_asked_is_a_problem(sim_env):
     plan = nbgpu.plan.scale(TWO_GPU, to_gpus=4, inventory="busy-gpu0", environ=sim_env)
     assert [p.code for p in plan.problems] == ["not_enough_gpus"]

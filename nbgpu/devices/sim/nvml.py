@@ -213,9 +213,7 @@ class FakeNvmlLibrary:
 
     def _ranks(self, gpu: SimGpu) -> list[RankProcess]:
         """nbgpu's own ranks running "on" this simulated GPU (real processes, real RSS)."""
-        if gpu.fault is not None:
-            return []
-        return ranks_on_gpus(self.fleet.name).get(gpu.index, [])
+        return [] if gpu.fault is not None else ranks_on_gpus(self.fleet.name).get(gpu.index, [])
 
     def _memory(self, h: _Handle) -> tuple[int, int, int]:
         """(total, reserved, used) of a device."""
