@@ -261,7 +261,7 @@ def scale(
                 (c.memory_total_bytes for c in chosen if c.memory_total_bytes), default=None
             )
     if to_gpus is None:
-        raise UserInputError("scale: pass to_gpus=N (or inventory= to use its usable GPUs)")
+        raise UserInputError("scale: pass to_gpus=N (--to N) or inventory= (--fleet)")
     result = scale_config(
         config,
         to_gpus=to_gpus,

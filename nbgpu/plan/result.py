@@ -41,7 +41,7 @@ TIGHT_SHARE = 0.8
 _ROLE_KEYS = ("kind", "degrees", "nproc_per_node", "master_port", "cuda_visible_devices")
 #: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
 PLAN_FILE_FORMAT = 1
-MEMORY_NOT_CHECKED = Line("not checked (pass model= to compare with free memory)", label="memory")
+MEMORY_NOT_CHECKED = Line("not checked (pass model= or --model)", label="memory")
 _PCI_ORDER = Line("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
 
 

@@ -129,12 +129,11 @@ def scale_global(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
         lower, upper = max(step, old // step * step), (old // step + 1) * step
         n = f" (× rollout.n={ctx.n})" if ctx.n > 1 else ""
         message = f"{entry.dotted}={old} is not valid on {ctx.to_gpus} GPUs: it must be a "
-        ctx.bad(
-            "batch",
-            entry.dotted,
-            f"{message}multiple of {step}{n}",
-            *(f"{entry.leaf}={v}" for v in sorted({lower, upper})),
-        )
+        # verl refuses a mini batch larger than the train batch: never propose one.
+        mini = entry.leaf == "ppo_mini_batch_size"
+        cap = int_of(find_entry(ctx.entries, "train_batch_size"), upper) if mini else upper
+        fixes = [f"{entry.leaf}={v}" for v in sorted({lower, upper}) if v <= cap]
+        ctx.bad("batch", entry.dotted, f"{message}multiple of {step}{n}", *fixes)
         return old, "kept (batch='keep')"
     target = old * ctx.factor
     low = max(step, math.floor(target / step) * step)
@@ -324,15 +323,15 @@ def kv_check(
         if ctx.model is None and ctx.model_name is not None:
             why = (
                 f"the config's model {ctx.model_name!r} is not among nbgpu's built-in model "
-                "shapes; pass model= its config.json (path or dict)"
+                "shapes; pass model= (--model) its config.json (path or dict)"
             )
         elif ctx.model is None or not ctx.model.has_kv_shape:
             why = (
-                "pass model= as an HF config dict (layers, KV heads, head_dim) and a GPU size "
-                "(inventory= or gpu_memory_bytes=)"
+                "pass model= (--model) as an HF config (layers, KV heads, head_dim) and a GPU "
+                "size (inventory= or gpu_memory_bytes=; --fleet or --gpu-memory)"
             )
         else:
-            why = "pass inventory= or gpu_memory_bytes= for the GPU size"
+            why = "pass inventory= or gpu_memory_bytes= (--fleet or --gpu-memory) for the GPU size"
         ctx.warn("kv_unchecked", "KV cache", f"KV cache not checked: {why}")
         return None
     fraction = ctx.now(fraction_entry)

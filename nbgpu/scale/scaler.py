@@ -177,7 +177,7 @@ def _source_gpus(
             return count
     raise UserInputError(
         "config does not say how many GPUs it was made for (no n_gpus_per_node or "
-        "CUDA_VISIBLE_DEVICES); pass from_gpus=N"
+        "CUDA_VISIBLE_DEVICES); pass from_gpus=N (--from N)"
     )
 
 

@@ -150,6 +150,17 @@ def test_batch_keep_flags_values_that_do_not_divide():
     assert plan.problems[0].fixes == ("train_batch_size=4", "train_batch_size=8")
 
 
+def test_batch_keep_never_proposes_a_mini_batch_larger_than_the_train_batch():
+    # verl refuses ppo_mini_batch_size > train_batch_size: 8 on 3 GPUs may become 6, not 9.
+    config = copy.deepcopy(TWO_GPU)
+    config["data"]["train_batch_size"] = 8
+    config["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] = 8
+    plan = nbgpu.plan.scale(config, to_gpus=3, batch="keep")
+    fixes = {p.subject: p.fixes for p in plan.problems}
+    assert fixes["data.train_batch_size"] == ("train_batch_size=6", "train_batch_size=9")
+    assert fixes["actor_rollout_ref.actor.ppo_mini_batch_size"] == ("ppo_mini_batch_size=6",)
+
+
 def test_uneven_scaling_moves_to_the_nearest_valid_value():
     config = copy.deepcopy(TWO_GPU)
     config["data"]["train_batch_size"] = 4
