@@ -62,6 +62,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="P",
         help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)",
     )
+    a("--gpus-per-node", **n, help="GPUs in each node (with --nodes or --scale)")
     a("--partition", metavar="P", help="with --slurm")
     a("--gpus", **n, help="GPUs for the job")
     a("--require", metavar="0,1", help="GPUs that must be used")
@@ -174,6 +175,13 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         from nbgpu.sizes import parse_size  # noqa: PLC0415
 
         memory = args.gpu_memory
+        if args.nproc_per_node is not None:
+            raise UserInputError(
+                "--nproc-per-node plans a launch; with --scale the node size is --gpus-per-node G"
+            )
+        cluster = _slurm_cluster(args) if args.slurm else None
+        if _is_cluster_file(args.fleet):
+            cluster, args.fleet = args.fleet, None
         result = planning.scale(
             args.scale,
             to_gpus=args.to,
@@ -185,6 +193,9 @@ def plan_from_args(args: argparse.Namespace) -> Any:
             max_model_len=args.max_model_len,
             precision=args.precision,
             inventory=args.fleet,
+            cluster=cluster,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
             gpu_memory_bytes=None if memory is None else parse_size(memory, "--gpu-memory "),
         )
         return result if args.output is None else result.save(args.output)
@@ -261,6 +272,18 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
             nodes=look, options=SlurmOptions(partition=args.partition), environ=os.environ
         )
     return planning.nodes(cluster, nodes=args.nodes, nproc_per_node=args.nproc_per_node, **common)
+
+
+def _slurm_cluster(args: argparse.Namespace) -> Any:
+    """The partition's nodes as they see themselves: their GPUs set the node size."""
+    from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
+    from nbgpu.launch.slurm import cluster_status, nodes_up  # noqa: PLC0415
+
+    if args.fleet is not None:
+        raise UserInputError("--slurm asks the nodes themselves; --fleet describes them: give one")
+    look = args.nodes or nodes_up(args.partition, os.environ) or None
+    options = SlurmOptions(partition=args.partition)
+    return cluster_status(nodes=look, options=options, environ=os.environ)
 
 
 def render_plan_output(result: Any, args: argparse.Namespace) -> str | None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.estimate import lookup_model, model_shape
+from nbgpu.estimate.formulas import check_count
 from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list
 from nbgpu.plan.multinode import NodesPlan, build_nodes_plan
 from nbgpu.plan.placement import Candidate, PortChecker, candidates_from_inventory, order_pool
@@ -217,6 +218,9 @@ def scale(
     max_model_len: int | None = None,
     precision: str | None = None,
     inventory: Inventory | str | None = None,
+    cluster: Any = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
     gpu_memory_bytes: int | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ScalePlan:
@@ -227,13 +231,14 @@ def scale(
     rewritten (comments, order, quoting, ``$VAR`` references and line continuations kept);
     ``save(path)`` writes it.
 
-    ``to_gpus`` defaults to the usable GPUs of ``inventory``. ``batch="scale"`` keeps the per-GPU
-    work (global batches grow with the GPUs), ``"keep"`` keeps global batches and checks them.
-    ``tensor_parallel``: ``"keep"`` (more engines), ``"scale"`` (bigger engines) or a number.
-    ``rules`` maps your own keys to a rule (see ``nbgpu.scale.RULES``). With ``model`` (an HF
-    config dict) and a GPU size (``inventory`` or ``gpu_memory_bytes``) the KV cache per GPU is
-    checked. Unlike :func:`plan`, no inventory is taken unless ``inventory`` is given: configs
-    are often scaled for another box.
+    ``to_gpus`` defaults to the usable GPUs of ``inventory`` (one node) or of ``cluster``'s nodes
+    (as :func:`nodes` takes them). Past one node the job spreads over nodes of
+    ``gpus_per_node`` GPUs (default: the inventory's, the cluster's, the config's own nodes, else
+    8, said as assumed), or over ``nodes`` nodes: ``nnodes`` and ``n_gpus_per_node`` are both
+    written. ``batch="scale"`` keeps the per-GPU work, ``"keep"`` the global batches (checked).
+    ``tensor_parallel``: ``"keep"`` (more engines), ``"scale"`` (bigger ones) or a number.
+    ``rules`` maps your keys to a rule (``nbgpu.scale.RULES``). With ``model`` (an HF config) and
+    a GPU size the KV cache per GPU is checked. No inventory is taken unless asked for.
     """
     source = text_source = None
     if isinstance(config, str | os.PathLike):
@@ -243,25 +248,26 @@ def scale(
             raise UserInputError(f"config {source!r} is not a mapping of keys to values")
         config = text_source.data
     shape = None if model is None else _scale_model(model)
-    devices = None
-    problems: list[Problem] = []
-    if inventory is not None:
-        candidates, _, _ = _gpus(inventory, environ)
-        pool = order_pool(candidates)
-        devices = [c.nvml_index for c in pool]
-        to_gpus = len(devices) if to_gpus is None else to_gpus
-        if to_gpus > len(devices):
-            left = "; ".join(f"GPU {c.nvml_index}: {c.health}" for c in candidates if not c.usable)
-            message = f"{to_gpus} GPUs asked for but {len(devices)} are usable"
-            message += f" ({left})" if left else ""
-            problems.append(Problem("bad", "not_enough_gpus", "GPUs", message))
-        if gpu_memory_bytes is None:  # the smallest GPU the config will run on
-            chosen = pool[:to_gpus] or candidates
-            gpu_memory_bytes = min(
-                (c.memory_total_bytes for c in chosen if c.memory_total_bytes), default=None
-            )
+    node_size = None if gpus_per_node is None else (gpus_per_node, "--gpus-per-node")
+    if gpus_per_node is not None:
+        check_count("gpus_per_node=", gpus_per_node)
+    gpus: dict[str, tuple[Candidate, ...]] = {}  # node → its GPUs ("": the one fleet)
+    if inventory is not None and cluster is not None:
+        raise UserInputError("scale: give inventory= (--fleet: one node) or cluster=, not both")
+    if inventory is not None or cluster is not None:
+        gpus = _cluster(cluster)[0] if cluster is not None else {"": _gpus(inventory, environ)[0]}
+        where = "the fleet's nodes" if inventory is not None else "the cluster's nodes"
+        node_size = node_size or (min(len(c) for c in gpus.values()), where)
+        usable = min(sum(c.usable for c in g) for g in gpus.values())
+        to_gpus = usable * (nodes or len(gpus)) if to_gpus is None else to_gpus
+        sizes = (c.memory_total_bytes for g in gpus.values() for c in g if c.memory_total_bytes)
+        gpu_memory_bytes = gpu_memory_bytes or min(sizes, default=None)  # the smallest GPU
+    if to_gpus is None and nodes is not None and gpus_per_node is not None:
+        to_gpus = nodes * gpus_per_node
     if to_gpus is None:
-        raise UserInputError("scale: pass to_gpus=N (--to N) or inventory= (--fleet)")
+        raise UserInputError(
+            "scale: pass to_gpus=N (--to N), inventory= (--fleet), or nodes= with gpus_per_node="
+        )
     result = scale_config(
         config,
         to_gpus=to_gpus,
@@ -272,11 +278,14 @@ def scale(
         model=shape,
         max_model_len=max_model_len,
         precision=precision,
-        devices=devices,
+        devices=[c.nvml_index for c in order_pool(gpus[""])] if "" in gpus else None,
         gpu_memory_bytes=gpu_memory_bytes,
         source=source,
-        extra_problems=problems,
+        nodes=nodes,
+        node_size=node_size,
     )
+    if gpus:
+        result = replace(result, problems=(*result.problems, *_short_nodes(result, gpus)))
     if text_source is None:
         return result
     new_text, notes = rescaled_text(text_source, result)
@@ -288,6 +297,30 @@ def scale(
         new_text=new_text,
         warnings=result.warnings + notes_,
     )
+
+
+def _short_nodes(plan: ScalePlan, gpus: Mapping[str, tuple[Candidate, ...]]) -> list[Problem]:
+    """The problem when fewer nodes than the plan takes have its GPUs per node usable (``""``:
+    one fleet, which every node is taken to be like)."""
+    per = plan.to_gpus // plan.nodes
+    short = {n: k for n, g in gpus.items() if (k := sum(c.usable for c in g)) < per}
+    if not short or ("" not in gpus and len(gpus) - len(short) >= plan.nodes):
+        return []
+    why = "; ".join(
+        f"{f'{node}: ' if node else ''}{k} usable"
+        + "".join(f" (GPU {c.nvml_index}: {c.health})" for c in gpus[node] if not c.usable)
+        for node, k in short.items()
+    )
+    fixes = [
+        f"--nodes {n}"
+        for n in range(plan.nodes, plan.to_gpus + 1)
+        if plan.to_gpus % n == 0 and plan.to_gpus // n <= min(short.values())
+    ]
+    message = f"{plan.nodes} node(s) × {per} GPUs, but the fleet has {why}"
+    if "" not in gpus:
+        fit = len(gpus) - len(short)
+        message = f"{plan.nodes} node(s) × {per} GPUs: {fit} of the {len(gpus)} nodes have {per} usable GPUs ({why})"
+    return [Problem("bad", "not_enough_gpus", "GPUs", message, tuple(fixes[:1]))]
 
 
 def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:

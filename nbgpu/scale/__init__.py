@@ -16,7 +16,8 @@ This package only re-exports, from modules that work on plain data: importing it
 ``yamldoc`` are imported when a file is read or written), the inventory, sockets or processes.
 """
 
-from nbgpu.scale.rules import KV_RESERVE_BYTES, RULES, KvCheck, builtin_shape
+from nbgpu.scale.checks import KV_RESERVE_BYTES, KvCheck
+from nbgpu.scale.rules import RULES, builtin_shape
 from nbgpu.scale.scaler import ScalePlan, ScaleStep, scale_config
 
 __all__ = ["KV_RESERVE_BYTES", "RULES", "KvCheck", "ScalePlan", "ScaleStep", "builtin_shape",

@@ -144,6 +144,16 @@ def _edit_for(
     return None
 
 
+def _added(script: LaunchScript, key: str, new: str) -> _Edit | None:
+    """A new override written after the word of its GPUs per node (``trainer.nnodes`` after
+    ``trainer.n_gpus_per_node``), else after the last; only after an unquoted word, where a
+    space starts the next argument."""
+    words = {k: v for k, v in script.overrides.items() if script.text[v.end : v.end + 1].isspace()}
+    near = words.get(f"{key.rpartition('.')[0]}.n_gpus_per_node".lstrip("."))
+    near = near or next(reversed(words.values()), None)
+    return None if near is None else _Edit(near.end, near.end, f" {key}={new}", key)
+
+
 def _variable_at(script: LaunchScript, position: int) -> str | None:
     holds = (
         a.name
@@ -175,7 +185,10 @@ def rewrite_script(
     edits: dict[tuple[int, int], _Edit] = {}
     for key, new in changes.items():
         value = script.value_of(key)
-        edit = None if value is None else _edit_for(script, value, new, key)
+        if value is None:  # a key the script leaves at its default (trainer.nnodes)
+            edit = _added(script, key, new)
+        else:
+            edit = _edit_for(script, value, new, key)
         if edit is None:
             continue
         if (edit.start, edit.end) in edits and edits[(edit.start, edit.end)].text != new:

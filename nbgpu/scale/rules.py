@@ -1,6 +1,6 @@
-"""The rules (which key follows which rule, how a rule moves a value to the target) and the checks
-verl and vLLM make at start (batch divisibility, the tensor-parallel size, token budgets, the KV
-cache), run on the scaled values before anything runs. Pure arithmetic; never reads files.
+"""The rules: which key follows which rule (told by its full path where a last name means two
+things), and how a rule moves a value to the target; the context a rescaling shares with its
+checks (``checks.py``). Pure arithmetic; never reads files.
 """
 
 from __future__ import annotations
@@ -9,18 +9,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import Any
 
-from nbgpu._render import fmt_bytes
 from nbgpu.errors import UserInputError
-from nbgpu.estimate.formulas import PRECISIONS, normalize_precision, weight_bytes
-from nbgpu.estimate.shapes import ModelShape, find_model, kv_bytes_per_token
+from nbgpu.estimate.shapes import ModelShape, find_model
 from nbgpu.problems import Problem
-from nbgpu.scale.values import Entry, config_model_len, find_entry, int_of
+from nbgpu.scale.values import Entry, find_entry, int_of
 
-__all__ = ["KV_RESERVE_BYTES", "RULES", "KvCheck", "ScaleContext", "batch_divisor", "builtin_shape",
-           "check_start_up", "kv_check", "named_model", "rules_for", "scale_global",
-           "scale_tensor_parallel"]  # fmt: skip
+__all__ = ["RULES", "ScaleContext", "batch_divisor", "builtin_shape", "named_model", "rules_for",
+           "scale_global", "scale_tensor_parallel"]  # fmt: skip
 
 
 #: Rules a key can follow, and what each does (also the accepted values of ``rules=``).
@@ -29,8 +26,10 @@ RULES: Mapping[str, str] = {
     "per_gpu": "per GPU: unchanged",
     "per_engine": "per inference engine: scaled with the sequences each engine serves",
     "tensor_parallel": "tensor-parallel size of the inference engine",
+    "model_parallel": "a training model-parallel size (Megatron TP, PP, CP): kept, checked",
     "memory_fraction": "a fraction of each GPU's memory: unchanged, KV cache checked",
     "gpu_count": "GPUs per node",
+    "node_count": "nodes",
     "devices": "the GPUs to use",
     "keep": "left as is",
 }
@@ -46,16 +45,26 @@ _LEAVES: Mapping[str, str] = {
     "micro_batch_size_per_gpu": "per_gpu",
     "max_num_seqs": "per_engine",
     "max_num_batched_tokens": "per_engine",
-    "tensor_model_parallel_size": "tensor_parallel",
+    "tensor_model_parallel_size": "tensor_parallel",  # under .megatron.: model_parallel
+    "pipeline_model_parallel_size": "model_parallel",
+    "context_parallel_size": "model_parallel",
     "gpu_memory_utilization": "memory_fraction",
     "n_gpus_per_node": "gpu_count",
+    "nnodes": "node_count",  # verl's trainer.nnodes
+    "n_nodes": "node_count",  # AReaL's cluster.n_nodes
     "cuda_visible_devices": "devices",
 }
 
 
 def rules_for(entries: Sequence[Entry], rules: Mapping[str, str]) -> dict[str, str]:
-    """dotted key → rule, built-ins first, then the caller's rules (which must match)."""
+    """dotted key → rule, built-ins first, then the caller's rules (which must match).
+
+    A key is told by its full path where its last name means two things: a Megatron
+    ``tensor_model_parallel_size`` splits the trained model, a rollout's sets its engines."""
     out = {e.dotted: _LEAVES[e.leaf.lower()] for e in entries if e.leaf.lower() in _LEAVES}
+    for key, rule in out.items():
+        if rule == "tensor_parallel" and ".megatron." in f".{key}":
+            out[key] = "model_parallel"
     for key, rule in rules.items():
         if rule not in RULES:
             raise UserInputError(
@@ -92,6 +101,40 @@ class ScaleContext:
     new: dict[str, Any] = field(default_factory=dict)  # dotted key → its scaled value
     warnings: list[Problem] = field(default_factory=list)
 
+    @property
+    def per_node(self) -> int:
+        return self.to_gpus // self.nnodes
+
+    def group(self, parent: str) -> int:
+        """TP × PP × CP of the Megatron model-parallel group configured under *parent*."""
+        sizes = [
+            self.now(e)
+            for e in self.entries
+            if e.parent == parent and self.rules.get(e.dotted) == "model_parallel"
+        ]
+        return math.prod(v for v in sizes if isinstance(v, int) and v > 0)
+
+    @property
+    def megatron_actor(self) -> str | None:
+        """Where the trained actor's Megatron sizes are (``actor_rollout_ref.actor.megatron``)."""
+        groups = (e.parent for e in self.entries if self.rules.get(e.dotted) == "model_parallel")
+        return next((g for g in groups if ".actor." in f".{g}."), None)
+
+    @property
+    def dp(self) -> int:
+        """The actor's data-parallel ranks: the world over its Megatron group, or over Ulysses
+        sequence parallel under FSDP (verl v0.7.0, validate_config and the workers)."""
+        actor = self.megatron_actor
+        return max(1, self.to_gpus // (self.group(actor) if actor else self.sp))
+
+    @property
+    def minimal_batch(self) -> tuple[int, str]:
+        """verl's smallest train batch × n, and what it is (v0.7.0 validate_config)."""
+        if self.megatron_actor is None:
+            return self.to_gpus, f"{self.to_gpus} GPUs"
+        micro = int_of(find_entry(self.entries, "actor.ppo_micro_batch_size_per_gpu"), 1)
+        return self.dp * micro, f"{self.dp} data-parallel ranks × micro batch {micro}"
+
     def now(self, e: Entry | None) -> Any:
         """The entry's value once scaled (None: no such entry)."""
         return None if e is None else self.new.get(e.dotted, e.value)
@@ -108,12 +151,11 @@ class ScaleContext:
 
 def batch_divisor(entry: Entry, ctx: ScaleContext) -> int:
     """The step every valid value of this global-batch key is a multiple of (verl's rules)."""
-    dp = max(1, ctx.to_gpus // ctx.sp)
     if entry.leaf == "ppo_mini_batch_size":
         micro = find_entry(ctx.entries, f"{entry.parent}.ppo_micro_batch_size_per_gpu")
-        need = dp * int_of(micro, 1)
+        need = ctx.dp * int_of(micro, 1)
     else:
-        need = ctx.to_gpus if entry.leaf == "train_batch_size" else dp
+        need = ctx.minimal_batch[0] if entry.leaf == "train_batch_size" else ctx.dp
     # value × n must be a multiple of need.
     return need // math.gcd(need, ctx.n)
 
@@ -168,218 +210,6 @@ def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) ->
     ]
     why = f"× {ctx.to_gpus}/{ctx.from_gpus} GPUs (tensor_parallel='scale'): one engine spans "
     return max(options) if options else old, why + "more GPUs"
-
-
-def check_start_up(ctx: ScaleContext) -> None:
-    """verl's and vLLM's start-up checks on the new values."""
-    world, entries, value = ctx.to_gpus, ctx.entries, ctx.now
-    dp = max(1, world // ctx.sp)
-    ints = {e.dotted: value(e) for e in entries if isinstance(value(e), int)}
-    train = next((e for e in entries if e.leaf == "train_batch_size"), None)
-    train_value = ints.get(train.dotted) if train is not None else None
-    if train_value is not None and (train_value * ctx.n) % world:
-        ctx.bad(
-            "batch",
-            "train_batch_size",
-            f"train_batch_size {train_value} × rollout.n {ctx.n} is not divisible by "
-            f"{world} GPUs (verl: real_train_batch_size % n_gpus == 0)",
-        )
-    for e in entries:
-        if e.leaf != "ppo_mini_batch_size" or e.dotted not in ints:
-            continue
-        mini = ints[e.dotted]
-        if train_value is not None and mini > train_value:
-            ctx.bad(
-                "batch",
-                e.dotted,
-                f"{e.dotted} {mini} is larger than train_batch_size {train_value} "
-                "(verl asserts train_batch_size >= ppo_mini_batch_size)",
-            )
-        per_gpu = mini * ctx.n // dp
-        micro_entry = find_entry(entries, f"{e.parent}.ppo_micro_batch_size_per_gpu")
-        micro = ints.get(micro_entry.dotted) if micro_entry is not None else None
-        if per_gpu < 1:
-            ctx.bad(
-                "batch",
-                e.dotted,
-                f"{e.dotted} {mini} × n {ctx.n} ÷ {dp} data-parallel GPUs = 0 per GPU "
-                "(verl: ppo_mini_batch_size must stay > 0 after normalisation)",
-            )
-        elif micro and per_gpu % micro:
-            ctx.bad(
-                "batch",
-                e.dotted,
-                f"{e.dotted} gives {per_gpu} per GPU, not divisible by "
-                f"ppo_micro_batch_size_per_gpu {micro}",
-            )
-    heads = ctx.model.num_attention_heads if ctx.model is not None else None
-    for e in entries:
-        rule, v = ctx.rules.get(e.dotted), value(e)
-        if rule == "tensor_parallel" and isinstance(v, int) and v >= 1:
-            if world % v:
-                ctx.bad(
-                    "tensor_parallel",
-                    e.dotted,
-                    f"{e.dotted} {v} does not divide {world} GPUs: the rollout world size "
-                    "must be a multiple of the tensor-parallel size",
-                )
-            if heads is not None and heads % v:
-                ctx.bad(
-                    "tensor_parallel",
-                    e.dotted,
-                    f"{e.dotted} {v} does not divide the "
-                    f"model's {heads} attention heads (vLLM requires it)",
-                )
-        if rule == "memory_fraction" and isinstance(v, int | float) and not 0 < v <= 1:
-            ctx.bad("memory_fraction", e.dotted, f"{e.dotted} {v} is not a fraction in (0, 1]")
-    model_len = config_model_len(entries, value)
-    for e in entries:
-        if e.leaf != "max_num_batched_tokens" or not isinstance(value(e), int):
-            continue
-        tokens = value(e)
-        seqs = value(find_entry(entries, f"{e.parent}.max_num_seqs"))
-        if isinstance(seqs, int) and tokens < seqs:
-            ctx.bad(
-                "engine",
-                e.dotted,
-                f"{e.dotted} {tokens} < max_num_seqs {seqs} (vLLM "
-                "requires max_num_batched_tokens >= max_num_seqs)",
-            )
-        if model_len is not None and tokens < model_len:
-            ctx.bad(
-                "engine",
-                e.dotted,
-                f"{e.dotted} {tokens} < the maximum model length {model_len} (prompt + "
-                "response): verl refuses it with chunked prefill, vLLM without",
-                f"max_num_batched_tokens={model_len}",
-            )
-
-
-#: Per-GPU bytes inside the engine's memory fraction that are neither weights nor KV cache:
-#: the profile run's activations, CUDA graphs and non-torch allocations such as NCCL
-#: (memory.md §5c/§5d). A planning heuristic, stated in every KV check.
-KV_RESERVE_BYTES = 2**30
-
-
-@dataclass(frozen=True)
-class KvCheck:
-    """The KV cache one GPU of the inference engine can hold (memory.md §5c)."""
-
-    gpu_memory_bytes: int  # total memory of the smallest target GPU
-    memory_fraction: float  # gpu_memory_utilization
-    weights_bytes: int  # per GPU: params × dtype ÷ tensor-parallel size
-    reserve_bytes: int  # KV_RESERVE_BYTES
-    bytes_per_token: int  # 2 · layers · ceil(kv_heads / tp) · head_dim · dtype
-    tensor_parallel: int
-    max_model_len: int | None
-    max_num_seqs: int | None
-    model: str | None = None  # where the model's shape came from, e.g. a built-in name
-
-    JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("budget_bytes", "capacity_tokens")
-
-    @property
-    def budget_bytes(self) -> int:
-        """total × fraction - weights - reserve: what is left for the KV cache."""
-        requested = math.floor(self.gpu_memory_bytes * self.memory_fraction)
-        return requested - self.weights_bytes - self.reserve_bytes
-
-    @property
-    def capacity_tokens(self) -> int:
-        return max(0, self.budget_bytes) // self.bytes_per_token
-
-    @property
-    def needed_tokens(self) -> int | None:
-        if self.max_model_len is None or self.max_num_seqs is None:
-            return None
-        return self.max_model_len * self.max_num_seqs
-
-    def fraction_for(self, tokens: int) -> float:
-        """The smallest memory fraction (2 decimals, rounded up) that holds *tokens*."""
-        need = self.weights_bytes + self.reserve_bytes + tokens * self.bytes_per_token
-        return math.ceil(100 * need / self.gpu_memory_bytes) / 100
-
-    @property
-    def text(self) -> str:
-        model = f" ({self.model})" if self.model else ""
-        return (
-            f"KV cache per GPU{model}: {fmt_bytes(self.gpu_memory_bytes)} × {self.memory_fraction} - "
-            f"weights {fmt_bytes(self.weights_bytes)} - reserve {fmt_bytes(self.reserve_bytes)}"
-            f" = {fmt_bytes(self.budget_bytes)} at {fmt_bytes(self.bytes_per_token)}/token "
-            f"(tp {self.tensor_parallel}) = {self.capacity_tokens:,} tokens"
-        )
-
-
-def kv_check(
-    ctx: ScaleContext,
-    *,
-    gpu_memory_bytes: int | None,
-    max_model_len: int | None,
-    precision: str | None,
-) -> KvCheck | None:
-    fraction_entry = ctx.ruled("memory_fraction")
-    if fraction_entry is None:
-        return None
-    if ctx.model is None or not ctx.model.has_kv_shape or gpu_memory_bytes is None:
-        if ctx.model is None and ctx.model_name is not None:
-            why = (
-                f"the config's model {ctx.model_name!r} is not among nbgpu's built-in model "
-                "shapes; pass model= (--model) its config.json (path or dict)"
-            )
-        elif ctx.model is None or not ctx.model.has_kv_shape:
-            why = (
-                "pass model= (--model) as an HF config (layers, KV heads, head_dim) and a GPU "
-                "size (inventory= or gpu_memory_bytes=; --fleet or --gpu-memory)"
-            )
-        else:
-            why = "pass inventory= or gpu_memory_bytes= (--fleet or --gpu-memory) for the GPU size"
-        ctx.warn("kv_unchecked", "KV cache", f"KV cache not checked: {why}")
-        return None
-    fraction = ctx.now(fraction_entry)
-    if not isinstance(fraction, int | float) or not 0 < fraction <= 1:
-        return None
-    tp = ctx.now(ctx.ruled("tensor_parallel"))
-    tp = tp if isinstance(tp, int) else 1
-    seqs = ctx.now(find_entry(ctx.entries, "max_num_seqs"))
-    model_len = max_model_len or config_model_len(ctx.entries, ctx.now)
-    dtype = normalize_precision(precision or ctx.model.dtype or "bf16")
-    check = KvCheck(
-        gpu_memory_bytes=gpu_memory_bytes,
-        memory_fraction=float(fraction),
-        weights_bytes=weight_bytes(ctx.model.parameters, dtype, tp),
-        reserve_bytes=KV_RESERVE_BYTES,
-        bytes_per_token=kv_bytes_per_token(ctx.model, PRECISIONS[dtype], tp),
-        tensor_parallel=tp,
-        max_model_len=model_len,
-        max_num_seqs=seqs if isinstance(seqs, int) else None,
-        model=ctx.model.source if ctx.model_name is not None else None,
-    )
-    key, leaf = fraction_entry.dotted, fraction_entry.leaf
-    if check.budget_bytes <= 0:
-        ctx.bad(
-            "kv_cache",
-            key,
-            f"{key} {fraction} of {fmt_bytes(gpu_memory_bytes)} holds the "
-            f"weights ({fmt_bytes(check.weights_bytes)}) and the reserve but no KV cache",
-            f"{leaf}={check.fraction_for(model_len or 1)}",
-        )
-    elif model_len is not None and check.capacity_tokens < model_len:
-        ctx.bad(
-            "kv_cache",
-            key,
-            f"the KV cache holds {check.capacity_tokens:,} tokens per GPU, "
-            f"less than one sequence of {model_len:,}: the engine refuses to start",
-            f"{leaf}={check.fraction_for(model_len)}",
-        )
-    elif check.needed_tokens is not None and check.capacity_tokens < check.needed_tokens:
-        ctx.warn(
-            "kv_cache",
-            key,
-            f"the KV cache holds {check.capacity_tokens:,} tokens = "
-            f"{check.capacity_tokens // (model_len or 1)} full-length sequences, fewer than "
-            f"max_num_seqs {check.max_num_seqs}: the engine will queue or preempt sequences",
-            f"{leaf}={check.fraction_for(check.needed_tokens)}",
-        )
-    return check
 
 
 # Keys that name the model a config trains and serves (verl, VAGEN, EasyR1, TRL).

@@ -21,12 +21,10 @@ from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import check_count
 from nbgpu.estimate.shapes import ModelShape
 from nbgpu.problems import Problem
+from nbgpu.scale.checks import KvCheck, check_start_up, kv_check
 from nbgpu.scale.rules import (
-    KvCheck,
     ScaleContext,
     batch_divisor,
-    check_start_up,
-    kv_check,
     named_model,
     rules_for,
     scale_global,
@@ -44,7 +42,11 @@ from nbgpu.scale.values import (
     short_text,
 )
 
-__all__ = ["ScalePlan", "ScaleStep", "scale_config"]
+__all__ = ["ASSUMED_NODE_GPUS", "ScalePlan", "ScaleStep", "node_layout", "scale_config"]
+
+#: GPUs in a node when nothing says how many: 8-GPU boards (HGX, DGX) are the largest common
+#: server. The plan says when it assumed this, and which flags name the real size.
+ASSUMED_NODE_GPUS = 8
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class ScalePlan(Result):
 
     from_gpus: int
     to_gpus: int
+    nodes: int
     steps: tuple[ScaleStep, ...]
     problems: tuple[Problem, ...]
     warnings: tuple[Problem, ...]
@@ -135,9 +138,9 @@ class ScalePlan(Result):
     def content(self) -> list[Block]:
         verdict = "ready" if self.ok else "NOT READY"
         src = f" {self.source}" if self.source else ""
-        blocks: list[Block] = [
-            Title(f"nbgpu plan scale{src}: {self.from_gpus} → {self.to_gpus} GPUs · {verdict}")
-        ]
+        over = f" ({self.nodes} nodes × {self.to_gpus // self.nodes})" if self.nodes > 1 else ""
+        title = f"nbgpu plan scale{src}: {self.from_gpus} → {self.to_gpus} GPUs{over} · {verdict}"
+        blocks: list[Block] = [Title(title)]
         for s in self.steps:
             change = f"{s.key}: {short_text(s.old)} → {short_text(s.new)}"
             mark, level = ("* ", "warn") if s.changed else ("  ", "")
@@ -159,6 +162,39 @@ class ScalePlan(Result):
         for text in ("original", "original_text", "new_text"):
             del data[text]
         return data
+
+
+def node_layout(
+    to_gpus: int, nodes: int | None, node_size: tuple[int, str] | None, was: tuple[int, Any]
+) -> tuple[int, str]:
+    """How many nodes *to_gpus* GPUs take, and why: *nodes* if given (refused when the node
+    size is known and too small), else the fewest nodes that split them evenly. *node_size*:
+    (GPUs per node, where that was read); *was*: the config's nodes and GPUs per node."""
+    if nodes is not None:
+        check_count("nodes=", nodes)
+        per = to_gpus // nodes
+        if to_gpus % nodes:
+            raise UserInputError(
+                f"nodes={nodes} (--nodes): {to_gpus} GPUs do not split evenly over {nodes} "
+                f"nodes; give a multiple of {nodes} GPUs (to_gpus=, --to)"
+            )
+        if node_size is not None and per > node_size[0]:
+            raise UserInputError(
+                f"nodes={nodes} (--nodes): {per} GPUs per node, but a node has {node_size[0]} "
+                f"({node_size[1]}); {-(-to_gpus // node_size[0])} nodes or more hold {to_gpus}"
+            )
+        return nodes, f"{nodes} node(s), as asked (nodes=, --nodes)"
+    was_nodes, was_per_node = was
+    per_node = was_per_node if isinstance(was_per_node, int) and was_per_node > 0 else 1
+    if node_size is not None:
+        size, where = node_size
+    elif was_nodes > 1:
+        size, where = per_node, f"as the config's {was_nodes} nodes"
+    else:
+        size = max(per_node, ASSUMED_NODE_GPUS)
+        where = "assumed: --gpus-per-node, --fleet or --slurm name the real size"
+    count = next(n for n in range(-(-to_gpus // size), to_gpus + 1) if to_gpus % n == 0)
+    return count, f"nodes of {size} GPUs ({where})"
 
 
 def _source_gpus(
@@ -194,21 +230,21 @@ _KEPT = {
 
 
 def _apply_rules(
-    ctx: ScaleContext, tensor_parallel: str | int, devices: Sequence[int] | None
+    ctx: ScaleContext, tensor_parallel: str | int, devices: Sequence[int] | None, why: str
 ) -> dict[str, str]:
     """Set ``ctx.new`` from the rules; the reason for each key."""
     reasons: dict[str, str] = {}
     by_key = {e.dotted: e for e in ctx.entries}
+    layout = f"{ctx.nnodes} node(s): {why}"
     # In this order: the per-engine keys depend on tensor parallel and the global batches.
     moves: dict[str, Callable[[Entry], tuple[Any, str]]] = {
         "tensor_parallel": lambda e: scale_tensor_parallel(e, ctx, tensor_parallel),
         "global_batch": lambda e: scale_global(e, ctx),
         "per_engine": lambda e: _scale_engine(e, ctx),
-        "gpu_count": lambda _: (
-            ctx.to_gpus // ctx.nnodes,
-            f"{ctx.to_gpus} GPUs over {ctx.nnodes} node(s)",
-        ),
-        "devices": lambda e: _devices(e.value, ctx.to_gpus, devices),
+        "model_parallel": lambda e: (e.value, _model_split(ctx.group(e.parent), ctx.to_gpus)),
+        "gpu_count": lambda _: (ctx.per_node, f"{ctx.to_gpus} GPUs over {layout}"),
+        "node_count": lambda _: (ctx.nnodes, f"{ctx.to_gpus} GPUs over {layout}"),
+        "devices": lambda e: _devices(e.value, ctx.per_node, devices),
     }
     order = list(moves)
     ranked = sorted(ctx.rules.items(), key=lambda kv: order.index(kv[1]) if kv[1] in order else 9)
@@ -262,8 +298,12 @@ def scale_config(
     gpu_memory_bytes: int | None = None,
     source: str | None = None,
     extra_problems: Sequence[Problem] = (),
+    nodes: int | None = None,
+    node_size: tuple[int, str] | None = None,
 ) -> ScalePlan:
-    """Rescale *config* (a mapping, or ``key=value`` overrides) to *to_gpus* GPUs."""
+    """Rescale *config* (a mapping, or ``key=value`` overrides) to *to_gpus* GPUs, over
+    *nodes* nodes or as many as :func:`node_layout` says (*node_size*: GPUs per node and where
+    that was read)."""
     original: Any
     if isinstance(config, Mapping):
         original = copy.deepcopy(dict(config))
@@ -292,10 +332,14 @@ def scale_config(
             "config has none of the keys nbgpu scales (train_batch_size, ppo_mini_batch_size, "
             "tensor_model_parallel_size, n_gpus_per_node, ...); name yours with rules="
         )
-    nnodes = int_of(find_entry(entries, "nnodes"), 1)
-    if to_gpus % nnodes:
-        raise UserInputError(f"to_gpus={to_gpus} cannot be split over nnodes={nnodes} nodes evenly")
-    start = _source_gpus(entries, rule_of, nnodes, from_gpus)
+    ruled = {rule: e for e in reversed(entries) if (rule := rule_of.get(e.dotted))}
+    was_nodes = int_of(ruled.get("node_count"), 1)
+    start = _source_gpus(entries, rule_of, was_nodes, from_gpus)
+    per_node = ruled["gpu_count"].value if "gpu_count" in ruled else None
+    nnodes, why = node_layout(to_gpus, nodes, node_size, (was_nodes, per_node))
+    add_nodes = nnodes != was_nodes and "node_count" not in ruled
+    if add_nodes and "gpu_count" in ruled:
+        entries = _with_node_count(entries, rule_of, ruled["gpu_count"])
     model_name, model = named_model(entries) if model is None else (None, model)
     ctx = ScaleContext(
         entries=entries,
@@ -311,7 +355,14 @@ def scale_config(
         problems=list(extra_problems),
         model_name=model_name,
     )
-    reasons = _apply_rules(ctx, tensor_parallel, devices)
+    if add_nodes and "gpu_count" not in ruled:
+        ctx.warn(
+            "nodes",
+            "nodes",
+            f"the config names no node count: start it on {nnodes} nodes with your "
+            "launcher (torchrun --nnodes, srun --nodes)",
+        )
+    reasons = _apply_rules(ctx, tensor_parallel, devices, why)
     check_start_up(ctx)
     kv = kv_check(
         ctx, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len, precision=precision
@@ -326,7 +377,23 @@ def scale_config(
         set_value(data, step.path, step.new)
     result: Any = [f"{k}={override_text(v)}" for k, v in data.items()] if overrides else data
     problems, warnings = tuple(ctx.problems), tuple(ctx.warnings)
-    return ScalePlan(start, to_gpus, steps, problems, warnings, kv, result, original, source=source)
+    return ScalePlan(
+        start, to_gpus, nnodes, steps, problems, warnings, kv, result, original, source=source
+    )
+
+
+def _with_node_count(entries: list[Entry], rule_of: dict[str, str], per_node: Entry) -> list[Entry]:
+    """The entries with the node count the config leaves at its default (verl's 1), beside
+    its GPUs-per-node key."""
+    dotted = f"{per_node.parent}.nnodes".lstrip(".")
+    flat = len(per_node.path) == 1  # overrides and scripts: one dotted key
+    rule_of[dotted] = "node_count"
+    return [*entries, Entry((dotted,) if flat else (*per_node.path[:-1], "nnodes"), dotted, 1)]
+
+
+def _model_split(group: int, world: int) -> str:
+    copies = f"{world // group} data-parallel copies" if world % group == 0 else "see below"
+    return f"kept: Megatron splits the model over {group} GPUs (TP × PP × CP); {copies}"
 
 
 def _engines(world: int, tp: Any) -> int:
@@ -337,7 +404,10 @@ def _scale_engine(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
     old = entry.value
     if not isinstance(old, int) or isinstance(old, bool):
         return old, "not a whole number: left as is"
-    tp = ctx.ruled("tensor_parallel")
+    # The engine's own tensor parallel (rollout.*), not another model's of the same name.
+    tp = find_entry(ctx.entries, f"{entry.parent}.tensor_model_parallel_size")
+    tp = tp if tp is not None and ctx.rules.get(tp.dotted) == "tensor_parallel" else None
+    tp = tp or ctx.ruled("tensor_parallel")
     old_engines = _engines(ctx.from_gpus, tp.value if tp else 1)
     new_engines = _engines(ctx.to_gpus, ctx.new.get(tp.dotted) if tp else 1)
     train = find_entry(ctx.entries, "train_batch_size")

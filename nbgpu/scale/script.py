@@ -228,8 +228,9 @@ class _Lexer:
                 self._unclosed("$" + nxt, start)
             self.i = end + 1
         if nxt == "{":
-            # ${VAR} or ${VAR:-default}; a default that expands or quotes is not followed.
-            pattern = r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])([^$'\"]*))?"
+            # ${VAR} or ${VAR:-default}, also of a positional parameter (${1:-4}: the script run
+            # without arguments); a default that expands or quotes is not followed.
+            pattern = r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:(:?[-=])([^$'\"]*))?"
             m = re.fullmatch(pattern, text[start + 2 : end], re.DOTALL)
             if m is not None:
                 default = m.group(3)  # None: no default

@@ -196,7 +196,8 @@ def rewrite_yaml(text: str, changes: Mapping[tuple[Any, ...], Any], where: str =
     doc = load_yaml(out, where)
     for path, value in pending.items():
         node = functools.reduce(operator.getitem, path[:-1], doc)
-        old = node[path[-1]]
+        # None: a key the file does not have yet (trainer.nnodes), added at its mapping's end.
+        old = node.get(path[-1]) if isinstance(node, dict) else node[path[-1]]
         if isinstance(old, CommentedSeq) and isinstance(value, list | tuple):
             # Item by item, in place: the list keeps its style and each item its comment.
             for i, item in enumerate(value):

@@ -225,14 +225,27 @@ def test_mini_batch_larger_than_train_batch_is_flagged_when_kept():
     assert scaled.ok
 
 
-def test_max_batched_tokens_below_the_model_length_is_flagged():
+@pytest.mark.parametrize(
+    ("rollout", "level"),
+    [
+        ({}, "warn"),  # verl's default: vLLM with chunked prefill
+        ({"enable_chunked_prefill": False}, "bad"),  # vLLM itself refuses it
+        ({"name": "sglang"}, None),  # a vLLM limit: not SGLang's
+    ],
+)
+def test_max_batched_tokens_below_the_model_length_is_judged_per_engine(rollout, level):
     config = copy.deepcopy(TWO_GPU)
     config["data"]["max_prompt_length"] = 1024
     config["data"]["max_response_length"] = 1024
+    config["actor_rollout_ref"]["rollout"].update(rollout)
     plan = nbgpu.plan.scale(config, to_gpus=4)
-    (problem,) = plan.problems
-    assert "1800 < the maximum model length 2048" in problem.message
-    assert problem.fixes == ("max_num_batched_tokens=2048",)
+    found = [p for p in (*plan.problems, *plan.warnings) if p.code == "engine"]
+    assert [p.severity for p in found] == ([level] if level else [])
+    for problem in found:
+        assert "1800 < the maximum model length 2048" in problem.message
+        assert problem.fixes == ("max_num_batched_tokens=2048",)
+        # Each mirrored check names the framework version it was read from.
+        assert ("f0de1a6" if level == "bad" else "verl v0.4.1-v0.6.1") in problem.message
 
 
 def test_heads_not_divisible_by_scaled_tensor_parallel():
@@ -285,7 +298,7 @@ def test_an_interpolation_follows_the_key_it_names(tmp_path, to_gpus):
         "data:\n  train_batch_size: 64\ntrainer:\n  nnodes: 1\n  n_gpus_per_node: 8\n"
         "rollout_manager:\n  n_gpus_per_node: ${trainer.n_gpus_per_node}\n"
     )
-    plan = nbgpu.plan.scale(path, to_gpus=to_gpus)
+    plan = nbgpu.plan.scale(path, to_gpus=to_gpus, gpus_per_node=16)  # one node either way
     assert "  n_gpus_per_node: ${trainer.n_gpus_per_node}\n" in plan.to_yaml()
     assert plan.config["trainer"]["n_gpus_per_node"] == to_gpus
     assert [s.key for s in plan.changes] == (
