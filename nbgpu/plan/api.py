@@ -300,8 +300,7 @@ def scale(
 
 
 def _short_nodes(plan: ScalePlan, gpus: Mapping[str, tuple[Candidate, ...]]) -> list[Problem]:
-    """The problem when fewer nodes than the plan takes have its GPUs per node usable (``""``:
-    one fleet, which every node is taken to be like)."""
+    """The problem when too few nodes have the plan's GPUs per node usable ("": one fleet)."""
     per = plan.to_gpus // plan.nodes
     short = {n: k for n, g in gpus.items() if (k := sum(c.usable for c in g)) < per}
     if not short or ("" not in gpus and len(gpus) - len(short) >= plan.nodes):
@@ -311,16 +310,17 @@ def _short_nodes(plan: ScalePlan, gpus: Mapping[str, tuple[Candidate, ...]]) -> 
         + "".join(f" (GPU {c.nvml_index}: {c.health})" for c in gpus[node] if not c.usable)
         for node, k in short.items()
     )
+    most, usable = len(gpus) if "" not in gpus else plan.to_gpus, min(short.values())
     fixes = [
         f"--nodes {n}"
-        for n in range(plan.nodes, plan.to_gpus + 1)
-        if plan.to_gpus % n == 0 and plan.to_gpus // n <= min(short.values())
-    ]
+        for n in range(plan.nodes, most + 1)
+        if plan.to_gpus % n == 0 and plan.to_gpus // n <= usable
+    ][:1] + [f"--to {plan.nodes * usable}"] * (usable > 0)
     message = f"{plan.nodes} node(s) × {per} GPUs, but the fleet has {why}"
     if "" not in gpus:
         fit = len(gpus) - len(short)
         message = f"{plan.nodes} node(s) × {per} GPUs: {fit} of the {len(gpus)} nodes have {per} usable GPUs ({why})"
-    return [Problem("bad", "not_enough_gpus", "GPUs", message, tuple(fixes[:1]))]
+    return [Problem("bad", "not_enough_gpus", "GPUs", message, tuple(fixes))]
 
 
 def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:

@@ -153,7 +153,7 @@ def test_the_node_size_comes_from_the_fleet_and_a_short_node_says_how_many_nodes
     busy = nbgpu.plan.scale(FSDP, to_gpus=16, inventory="8xH100,busy=0")
     (problem,) = busy.problems
     assert problem.message.startswith("2 node(s) × 8 GPUs, but the fleet has 7 usable (GPU 0: BUSY")
-    assert problem.fixes == ("--nodes 4",)  # 4 GPUs per node fit 7 usable
+    assert problem.fixes == ("--nodes 4", "--to 14")  # 4 GPUs per node fit 7 usable
     four = nbgpu.plan.scale(FSDP, to_gpus=16, inventory="8xH100,busy=0", nodes=4)
     assert (four.ok, four.nodes) == (True, 4)
 
@@ -165,6 +165,7 @@ def test_a_cluster_sets_the_node_size_and_counts_the_nodes_that_fit():
     short = nbgpu.plan.scale(FSDP, to_gpus=12, cluster=cluster)
     (problem,) = short.problems
     assert problem.message.startswith("3 node(s) × 4 GPUs: 2 of the 3 nodes have 4 usable GPUs")
+    assert problem.fixes == ("--to 9",)  # 4 nodes of 3 would fit, but there are 3 nodes
 
 
 def test_per_node_checks_warn_of_groups_that_straddle_nodes():

@@ -114,3 +114,31 @@ def test_a_plan_for_more_nodes_than_the_cluster_has_is_one_line(env, slurm_clust
     assert "--nodes 3: the cluster has 2 node(s)" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not slurm_cluster.squeue()
+
+
+def test_a_rescale_takes_its_node_size_from_the_partitions_nodes(env, slurm_cluster, tmp_path):
+    # Each node has 4 GPUs, 3 of them usable: 8 GPUs would take 2 nodes of 4, which the
+    # nodes cannot give; 6 take 2 nodes of 3.
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo data.train_batch_size=12 trainer.n_gpus_per_node=3\n"
+    )
+
+    def scale(to, *more):
+        argv = [sys.executable, "-m", "nbgpu.cli", "plan", "--scale", str(script), "--to", to]
+        return subprocess.run(
+            [*argv, "--slurm", *more],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    done = scale("6", "--overrides")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["data.train_batch_size=24", "trainer.nnodes=2"]
+    text = " ".join(scale("8").stdout.split())  # as one line, however the terminal wraps
+    assert "0 of the 2 nodes have 4 usable GPUs (n1: 3 usable (GPU 0: BUSY" in text, text
+    assert "n2: 3 usable (GPU 2: LOST)) -> --to 6" in text
+    assert not slurm_cluster.squeue()
