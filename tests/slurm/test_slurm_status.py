@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from nbgpu.devices.inventory import take_inventory
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
 from nbgpu.launch.slurm import cluster_status
@@ -13,19 +14,32 @@ from nbgpu.launch.slurm import cluster_status
 pytestmark = pytest.mark.slow
 
 
-def test_every_node_reports_its_gpus(slurm_cluster):
-    env = {**slurm_cluster.env, "NBGPU_SIMULATE": "4xA40,busy=0"}
+def test_every_node_reports_its_gpus(slurm_cluster, tmp_path):
+    # Each node plays its own GPUs (a cluster file as NBGPU_SIMULATE): a merge that took one
+    # node's report for both, or mixed their rows, shows here.
+    nodes = [
+        {
+            "node": node,
+            **take_inventory({"NBGPU_SIMULATE": spec}, scan_device_files=False).to_dict(),
+        }
+        for node, spec in (("n1", "4xA40,busy=0"), ("n2", "2xH100,lost=1"))
+    ]
+    fleets = tmp_path / "cluster.json"
+    fleets.write_text(json.dumps({"source": "test cluster", "nodes": nodes}))
+    env = {**slurm_cluster.env, "NBGPU_SIMULATE": str(fleets)}
     cluster = cluster_status(nodes=2, options=SlurmOptions(), environ=env)
     assert [n.node for n in cluster.nodes] == ["n1", "n2"]
     frame = cluster.records()
-    assert len(frame) == 8
-    assert {(r["node"], r["gpu"]) for r in frame} == {
-        (n, g) for n in ("n1", "n2") for g in range(4)
-    }
-    assert all(r["name"] == "NVIDIA A40" for r in frame)
-    text = cluster.text()
-    assert "2 nodes · 8 GPUs" in text
-    assert text.count("BUSY") == 2  # GPU 0 of each node, as each node saw it
+    assert [(r["node"], r["gpu"], r["name"]) for r in frame] == [
+        *(("n1", g, "NVIDIA A40") for g in range(4)),
+        ("n2", 0, "NVIDIA H100 80GB HBM3"),
+        ("n2", 1, None),  # lost: NVML gives no name
+    ]
+    health = {n.node: n.health for n in cluster.nodes}
+    assert health["n1"][0].startswith("BUSY")
+    assert health["n1"][1:] == ("ok",) * 3
+    assert health["n2"] == ("ok", "LOST")
+    assert "2 nodes · 6 GPUs" in cluster.text()
     assert not slurm_cluster.squeue()
 
 
