@@ -275,16 +275,34 @@ def test_a_controller_that_does_not_answer_is_one_line_in_slurms_words(
     assert not slurm_cluster.squeue()
 
 
-def test_memory_and_serial_imports_are_per_node(env, slurm_cluster):
-    code = "import json, os\nblob = bytearray(64 << 20)\nprint('held', len(blob))\n"
+# A module that takes a second to import and says when, on which node, for which rank.
+SLOW_IMPORT = (
+    "import os, time\n"
+    "start = time.time()\n"
+    "time.sleep(1.0)\n"
+    "with open(os.environ['IMPORT_LOG'], 'a') as f:\n"
+    "    f.write(f\"{os.environ['NBGPU_NODE']} {os.environ['RANK']} {start} {time.time()}\\n\")\n"
+)
+
+
+def test_memory_and_serial_imports_are_per_node(env, slurm_cluster, tmp_path):
+    (tmp_path / "slowimport.py").write_text(SLOW_IMPORT)
+    log = tmp_path / "imports.log"
+    env = {**env, "PYTHONPATH": str(tmp_path), "IMPORT_LOG": str(log)}
+    code = "import slowimport\nblob = bytearray(64 << 20)\nprint('held', len(blob))\n"
     run = torchrun(code, 2, nnodes=2, slurm=SlurmOptions(), environ=env, write=Screen(),
                    serial_imports=True, mem_sample=0.05)  # fmt: skip
     assert run.state == "succeeded"
-    # Each node's ranks take turns among themselves only: one lock per node.
-    assert sorted(p.name for p in run.dir.glob("imports.*.lock")) == [
-        "imports.n1.lock",
-        "imports.n2.lock",
-    ]
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for line in log.read_text().splitlines():
+        node, _, start, end = line.split()
+        spans.setdefault(node, []).append((float(start), float(end)))
+    assert sorted((n, len(s)) for n, s in spans.items()) == [("n1", 2), ("n2", 2)]
+    # Within a node the ranks import in turn; across nodes at the same time.
+    for first, second in (sorted(s) for s in spans.values()):
+        assert first[1] <= second[0], spans
+    together = [min(e1, e2) - max(s1, s2) for s1, e1 in spans["n1"] for s2, e2 in spans["n2"]]
+    assert max(together) > 0.5, spans  # one lock for all nodes: no two imports overlap
     report = run.memory
     assert sorted(report.node_names) == ["n1", "n2"]
     peak = report.node_peak()
