@@ -371,6 +371,28 @@ class LabPage:
         )
         wait_until(lambda: path.stat().st_mtime_ns != before, timeout_s, f"{path} to be saved")
 
+    def kernel_print(self, code: str) -> str:
+        """What *code* prints when this notebook's kernel runs it (as a cell would, but
+        without adding one): for asking the kernel what the page cannot show."""
+        return str(
+            self.page.evaluate(
+                """async (args) => {
+                     const panel = Array.from(window.jupyterapp.shell.widgets('main'))
+                       .find(w => w.context && w.context.path === args.path);
+                     const future = panel.sessionContext.session.kernel.requestExecute(
+                       {code: args.code, store_history: false});
+                     let text = '';
+                     future.onIOPub = (msg) => {
+                       if (msg.header.msg_type === 'stream') text += msg.content.text;
+                       if (msg.header.msg_type === 'error') text += msg.content.ename;
+                     };
+                     await future.done;
+                     return text;
+                   }""",
+                {"path": self.path, "code": code},
+            )
+        )
+
     def outputs_text(self) -> str:
         """The rendered text of every output area of the page (not the cell sources)."""
         return str(

@@ -51,8 +51,17 @@ def test_dashboard_updates_and_stop_ends_sampling(lab, lab_page, shots_dir):
         "the stopped record",
     )
     stopped_at = samples_drawn()
-    time.sleep(2)
-    # ...and nothing is sampled any more (the record would be redrawn otherwise).
+    # ...and the sampler itself has stopped: its thread is gone and it takes no sample.
+    ask = (
+        "import threading, time\n"
+        "from nbgpu.notebook.watch import DASHBOARDS\n"
+        "w = DASHBOARDS[-1].watcher\n"
+        "n = len(w.samples)\n"
+        "time.sleep(2)\n"
+        "alive = [t.name for t in threading.enumerate() if t.name == 'nbgpu-watch']\n"
+        "print(w.stopped, alive, len(w.samples) - n)\n"
+    )
+    assert lab_page.kernel_print(ask).split() == ["True", "[]", "0"]
     assert samples_drawn() == stopped_at
     text = lab_page.outputs_text()
     assert "Error displaying widget" not in text
