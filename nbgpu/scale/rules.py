@@ -6,6 +6,7 @@ checks (``checks.py``). Pure arithmetic; never reads files.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -17,7 +18,7 @@ from nbgpu.problems import Problem
 from nbgpu.scale.values import Entry, find_entry, int_of
 
 __all__ = ["RULES", "ScaleContext", "batch_divisor", "builtin_shape", "named_model", "rules_for",
-           "scale_global", "scale_tensor_parallel"]  # fmt: skip
+           "scale_allocation", "scale_global", "scale_tensor_parallel"]  # fmt: skip
 
 
 #: Rules a key can follow, and what each does (also the accepted values of ``rules=``).
@@ -30,6 +31,7 @@ RULES: Mapping[str, str] = {
     "memory_fraction": "a fraction of each GPU's memory: unchanged, KV cache checked",
     "gpu_count": "GPUs per node",
     "node_count": "nodes",
+    "allocation": "an AReaL allocation: each part's data parallel scaled, TP/PP/CP kept",
     "devices": "the GPUs to use",
     "keep": "left as is",
 }
@@ -52,6 +54,7 @@ _LEAVES: Mapping[str, str] = {
     "n_gpus_per_node": "gpu_count",
     "nnodes": "node_count",  # verl's trainer.nnodes
     "n_nodes": "node_count",  # AReaL's cluster.n_nodes
+    "allocation_mode": "allocation",  # AReaL's sglang:d4t2+fsdp:d8
     "cuda_visible_devices": "devices",
 }
 
@@ -186,6 +189,35 @@ def scale_global(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
     shown = float(target) if target.denominator != 1 else int(target)
     why = f"{old} × {ctx.to_gpus}/{ctx.from_gpus} = {shown} → {new}, the nearest multiple"
     return new, f"{why} of {step}"
+
+
+# A data-parallel degree in AReaL's grammar: `d4` at the start of a part (`sglang:d4t2`,
+# `sglang.d1t1p1+d3t1p1`, `fsdp:d4|sglang:d4`).
+_DEGREE = re.compile(r"(^|[:.+|])d(\d+)")
+
+
+def scale_allocation(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
+    """Each part of an allocation serves as many GPUs' worth of work per replica as before:
+    its data-parallel degree grows with the GPUs; its model split (t, p, c) stays."""
+    old, uneven = entry.value, []
+    if not isinstance(old, str) or not _DEGREE.search(old):
+        return old, "not an allocation: left as is"
+
+    def grow(m: re.Match[str]) -> str:
+        degree = int(m.group(2)) * ctx.factor
+        uneven.extend([m.group(0).lstrip(":.+|")] if degree.denominator != 1 else [])
+        return f"{m.group(1)}d{degree}" if degree.denominator == 1 else m.group(0)
+
+    new = _DEGREE.sub(grow, old)
+    if uneven:
+        ctx.bad(
+            "allocation",
+            entry.dotted,
+            f"{entry.dotted} {old}: {', '.join(uneven)} × {ctx.to_gpus}/{ctx.from_gpus} GPUs is "
+            "not a whole number of replicas; choose a GPU count that keeps each one whole",
+        )
+        return old, "kept: its parts do not scale to whole replicas"
+    return new, f"each part's data parallel × {ctx.to_gpus}/{ctx.from_gpus}; TP, PP, CP kept"
 
 
 def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) -> tuple[Any, str]:

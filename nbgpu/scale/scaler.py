@@ -27,6 +27,7 @@ from nbgpu.scale.rules import (
     batch_divisor,
     named_model,
     rules_for,
+    scale_allocation,
     scale_global,
     scale_tensor_parallel,
 )
@@ -241,6 +242,7 @@ def _apply_rules(
         "tensor_parallel": lambda e: scale_tensor_parallel(e, ctx, tensor_parallel),
         "global_batch": lambda e: scale_global(e, ctx),
         "per_engine": lambda e: _scale_engine(e, ctx),
+        "allocation": lambda e: scale_allocation(e, ctx),
         "model_parallel": lambda e: (e.value, _model_split(ctx.group(e.parent), ctx.to_gpus)),
         "gpu_count": lambda _: (ctx.per_node, f"{ctx.to_gpus} GPUs over {layout}"),
         "node_count": lambda _: (ctx.nnodes, f"{ctx.to_gpus} GPUs over {layout}"),

@@ -227,3 +227,22 @@ def test_a_script_that_leaves_nnodes_at_its_default_gets_it_beside_the_gpus(tmp_
     plan.save(script)
     args = verl_arguments(script, tmp_path)
     assert (args["trainer.nnodes"], args["data.train_batch_size"]) == (2, 128)
+
+
+def test_an_areal_config_scales_its_nodes_and_its_allocation(tmp_path):
+    # AReaL's keys: cluster.n_nodes, cluster.n_gpus_per_node, and an allocation whose parts'
+    # data-parallel degrees use the GPUs (its docs' Archon example: 3 nodes x 8).
+    path = tmp_path / "archon.yaml"
+    path.write_text(
+        "cluster:\n  n_nodes: 3\n  n_gpus_per_node: 8\n"
+        "allocation_mode: sglang:d4t2+archon:d4p2t2  # 8 + 16 GPUs\n"
+    )
+    plan = nbgpu.plan.scale(path, to_gpus=48)
+    assert (plan.ok, plan.from_gpus, plan.nodes) == (True, 24, 6)
+    assert plan.to_text() == (
+        "cluster:\n  n_nodes: 6\n  n_gpus_per_node: 8\n"
+        "allocation_mode: sglang:d8t2+archon:d8p2t2  # 8 + 16 GPUs\n"
+    )
+    uneven = nbgpu.plan.scale(path, to_gpus=40)
+    (problem,) = uneven.problems
+    assert "d4, d4 × 40/24 GPUs is not a whole number of replicas" in problem.message
