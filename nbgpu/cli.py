@@ -78,13 +78,12 @@ def _estimate(args: argparse.Namespace) -> int:
     skip = ("command", "model", "budget", "max_micro", "json", "checkpointing")
     kwargs = {k: v for k, v in vars(args).items() if k not in skip}
     kwargs["activation_checkpointing"] = args.checkpointing
-    model = args.model  # "7.5e9" and "7B" are read by the estimator as parameter counts
     if args.max_micro is not None:
         if args.budget is None:
             raise UserInputError("--max-micro auto needs --budget SIZE (e.g. 80GB)")
-        result = largest_micro_batch(model, args.budget, **kwargs)
+        result = largest_micro_batch(args.model, args.budget, **kwargs)
     else:
-        result = estimate_memory(model, budget=args.budget, **kwargs)
+        result = estimate_memory(args.model, budget=args.budget, **kwargs)
     print(result.to_json() if args.json else result.text())
     return EXIT_PROBLEM if result.fits is False else EXIT_OK
 

@@ -171,21 +171,16 @@ def estimate_memory(
     limit = 288 * 10**9 if budget_bytes is None else budget_bytes  # no budget: the largest GPU
     if result.total_bytes <= limit:
         return result
-    best = result.max_micro_batch
-    change = (
-        f"largest micro batch that fits: {best}"
-        if best
-        else _smallest_change(model, asked, lay, limit)
-    )
-    where = "the budget" if budget_bytes else "any GPU (the largest, NVIDIA B300, has 288 GB)"
-    note = f"{fmt_bytes(result.total_bytes)} per GPU does not fit {where}; {change}"
-    return replace(result, notes=(*result.notes, note))
+    total = fmt_bytes(result.total_bytes)
+    said = "" if budget_bytes else f"{total} per GPU fits no GPU (the largest, B300, has 288 GB); "
+    return replace(result, notes=(*result.notes, said + _smallest_change(model, asked, result)))
 
 
-def _smallest_change(model: Any, asked: dict[str, Any], lay: Layout, limit: int) -> str:
-    """The first single change, least disruptive first, whose estimate fits *limit*."""
+def _smallest_change(model: Any, asked: dict[str, Any], result: MemoryEstimate) -> str:
+    """The least disruptive single change whose estimate fits the budget (or the largest GPU)."""
+    lay, best, limit = result.layout, result.max_micro_batch, result.budget_bytes or 288 * 10**9
     train, shards = lay.role == "train", sum(STRATEGIES[lay.strategy])
-    changes: list[dict[str, Any]] = []
+    changes: list[dict[str, Any]] = [{"micro_batch": best}] if best else []
     if train:
         changes += [] if lay.activation_checkpointing else [{"activation_checkpointing": True}]
         stages = ("zero1", "zero2", "zero3")
@@ -200,10 +195,7 @@ def _smallest_change(model: Any, asked: dict[str, Any], lay: Layout, limit: int)
                 return "smallest change that fits: " + ", ".join(
                     f"{key}={value!r}" for key, value in change.items()
                 )
-    return (
-        "no single change fits (checkpointing, ZeRO stages, offload, 64× the GPUs); expected a "
-        "larger GPU, a shorter seq_len or a smaller model"
-    )
+    return "no single change fits: combine them (checkpointing, ZeRO-3, offload, up to 64× GPUs)"
 
 
 def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimate:
@@ -265,19 +257,15 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
     return replace(final, max_micro_batch=best, notes=(*final.notes, note))
 
 
-def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
+def compare(
+    module: Any, batch: Any, *, optimizer: str = "adamw", loss_fn: Any = None, **kwargs: Any
+) -> Any:
     """One real CPU step of *module* on *batch*: measured peak beside both estimates."""
     from nbgpu.estimate.trace import compare_step  # noqa: PLC0415  (imports torch)
 
-    optimizer = kwargs.pop("optimizer", "adamw")
-    loss_fn = kwargs.pop("loss_fn", None)
-    # The analytic micro batch is the batch's dim 0.
+    # The analytic micro batch is the batch's dim 0; the precision, the module's fp32.
+    kwargs.setdefault("precision", "fp32")
     analytic = estimate_memory(
-        module,
-        optimizer=optimizer,
-        trace=False,
-        example_input=batch,
-        precision=kwargs.pop("precision", "fp32"),
-        **kwargs,
+        module, optimizer=optimizer, trace=False, example_input=batch, **kwargs
     )
     return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)

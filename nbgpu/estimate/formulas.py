@@ -194,13 +194,10 @@ def model_states(
     grad_dtype: str | None = None,
 ) -> ModelStates:
     """Per-GPU parameter, gradient and optimizer bytes (ZeRO paper formulas)."""
-    for label, value in (
-        ("parameter count ", parameters),
-        ("data-parallel degree ", data_parallel),
-        ("tensor-parallel degree ", tensor_parallel),
-        ("pipeline-parallel degree ", pipeline_parallel),
-    ):
-        check_count(label, value)
+    check_count("parameter count ", parameters)
+    degrees = {"data": data_parallel, "tensor": tensor_parallel, "pipeline": pipeline_parallel}
+    for kind, degree in degrees.items():
+        check_count(f"{kind}-parallel degree ", degree)
     strat = choose("strategy", strategy, STRATEGIES)
     acc = byte_accounting(precision, optimizer, grad_dtype)
     shard = parameters / (tensor_parallel * pipeline_parallel)
@@ -237,44 +234,31 @@ def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         weights = math.ceil(size * shape.parameters / shard)
         return [Term("weights", weights, formula, SRC_SERVING, "model states")]
     states = layout_states(shape.parameters, lay)
-    acc = states.accounting
-    psi = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
-    n, moved = lay.data_parallel, ("params", "optimizer", "optimizer")  # what offloads each
-    parts = (
-        ("weights", states.params_bytes, acc.param_bytes),
-        ("gradients", states.grads_bytes, acc.grad_bytes),
-        ("optimizer states", states.optimizer_bytes, acc.optimizer_bytes),
+    acc, n, mp = states.accounting, lay.data_parallel, states.model_parallel
+    psi, src = ("Ψ" if mp == 1 else f"Ψ/{mp}"), f"{SRC_ZERO}; {acc.text}"
+    parts = (  # name, bytes on the GPU, bytes per parameter, what offloading moves it
+        ("weights", states.params_bytes, acc.param_bytes, "params"),
+        ("gradients", states.grads_bytes, acc.grad_bytes, "optimizer"),
+        ("optimizer states", states.optimizer_bytes, acc.optimizer_bytes, "optimizer"),
     )
-    terms = [
-        Term(
-            name,
-            0 if away in lay.offload else size,
-            f"{per} B × {psi}"
-            + (f" / {n}" if sharded else "")
-            + (" on the host" * (away in lay.offload)),
-            f"{SRC_ZERO}; {acc.text}",
-            "model states",
-        )
-        for (name, size, per), sharded, away in zip(
-            parts, STRATEGIES[lay.strategy], moved, strict=True
-        )
-    ]
-    # On the host (per rank): what left the GPU, in the precision the CPU step needs.
-    per_rank = shape.parameters / (states.model_parallel * n)
-    host = [
+    terms = []
+    for (name, size, per, what), sharded in zip(parts, STRATEGIES[lay.strategy], strict=True):
+        away = what in lay.offload
+        formula = f"{per} B × {psi}" + (f" / {n}" if sharded else "") + " on the host" * away
+        terms.append(Term(name, 0 if away else size, formula, src, "model states"))
+    # On the host (per rank): what left the GPU, in the precision the CPU step needs, and
+    # DeepSpeed's 16-bit pinned buffer for copying the updated parameters back.
+    host = (
         ("host parameters", acc.param_bytes, "params"),
         ("host optimizer states", acc.optimizer_bytes, "optimizer"),
         ("host fp32 gradients", 4, "optimizer"),
-        ("host pinned buffer", 2, "optimizer"),  # 16-bit H2D copy of the updated params
-    ]
-    return [
-        *terms,
-        *(
-            Term(name, math.ceil(per * per_rank), f"{per} B × {psi} / {n}", SRC_HOST, "host")
-            for name, per, what in host
-            if what in lay.offload
-        ),
-    ]
+        ("host pinned buffer", 2, "optimizer"),
+    )
+    for name, per, what in host:
+        if what in lay.offload:
+            size = math.ceil(per * shape.parameters / (mp * n))
+            terms.append(Term(name, size, f"{per} B × {psi} / {n}", SRC_HOST, "host"))
+    return terms
 
 
 def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[int, str]:

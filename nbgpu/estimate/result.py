@@ -219,12 +219,11 @@ class MemoryEstimate(Result):
         """One stacked bar of the answer's terms against the budget (static HTML)."""
         import html  # noqa: PLC0415
 
-        terms = [
-            t for t in (self.traced_terms or self.terms) if t.bytes_per_gpu and t.kind != "host"
-        ]
         scale = max(self.total_bytes, self.budget_bytes or 0) or 1
         colours = {"model states": "#4e79a7", "activations": "#f28e2b", "kv": "#59a14f"}
-        colours |= {"reserve": "#9c755f", "margin": "#bab0ac"}
+        colours |= {"reserve": "#9c755f", "margin": "#bab0ac"}  # not "host": off the GPU
+        drawn = self.traced_terms or self.terms
+        terms = [t for t in drawn if t.bytes_per_gpu and t.kind in colours]
         parts = []
         for t in terms:
             width = 100 * (t.bytes_per_gpu or 0) / scale

@@ -245,7 +245,6 @@ _REQUIRED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("num_attention_heads", ("num_attention_heads", "n_head", "num_heads")),
     ("vocab_size", ("vocab_size",)),
 )
-# model_type prefixes of encoder-only and encoder-decoder families (no KV cache shown).
 _NO_KV_CACHE = ("bert", "roberta", "xlm-roberta", "deberta", "distilbert", "electra", "t5", "bart")
 _GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "gemma", "phi3", "olmo", "granite")
 
@@ -403,9 +402,6 @@ def model_shape(model: Any) -> ModelShape:
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
-    if shape.config is None:
-        raise UserInputError(
-            "the KV cache needs num_hidden_layers, num_key_value_heads and head_dim: pass the "
-            "model as an HF config dict"
-        )
+    """KV bytes per token on one GPU of a shape whose ``has_kv_shape`` the caller checked."""
+    assert shape.config is not None  # noqa: S101  (callers check has_kv_shape)
     return shape.config.kv_bytes_per_token(dtype_bytes, tensor_parallel)
