@@ -52,9 +52,9 @@ BERT_GUESS = (
 )
 TT_PERF = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"
 TT_NOTE = (
-    "Memory(GiB) is torchtitan's peak reserved memory; FSDP2 keeps fp32 sharded params and "
-    "fp32 grads (4 + 4 + 8 = 16 B/param, the same total as bf16's 2 + 2 + 12); selective "
-    "op AC is not modelled (guessed: counted as no checkpointing)"
+    "not the measure (torchtitan logs max_reserved_gib); FSDP2 keeps fp32 sharded params "
+    "and fp32 grads (4 + 4 + 8 = 16 B/param, the same total as bf16's 2 + 2 + 12); "
+    "selective op AC is not modelled and is counted as no checkpointing"
 )
 
 # (label, kind, model, keywords, measured bytes, measure, source, guessed)
