@@ -88,7 +88,7 @@ def estimate_memory(
     (``"Qwen/Qwen2.5-7B-Instruct"``), an HF ``config.json`` (path or dict) or a live
     ``torch.nn.Module`` (traced with fake tensors; pass ``example_input=``, a batch with the batch
     in dim 0, unless it is a token model and ``seq_len`` is given). ``precision`` (bf16, fp16,
-    fp32), ``grad_dtype`` (default: precision), ``optimizer`` (adamw, adam, sgd), ``strategy``
+    fp32), ``grad_dtype`` (never below precision), ``optimizer`` (adamw, adam, sgd), ``strategy``
     (ddp, zero1, zero2, zero3, fsdp; distopt: Megatron-LM's distributed optimizer), ``offload``
     ("optimizer", "params" or both; host memory per rank and per node of ``gpus_per_node``),
     ``role`` ("train" or "inference"), ``kv_tokens`` (inference: KV-cache tokens per GPU),
@@ -123,7 +123,7 @@ def estimate_memory(
         data_parallel=world_size // model_parallel,
         micro_batch=micro_batch,
         fragmentation=float(fragmentation),
-        grad_dtype=normalize_precision(grad_dtype or precision),
+        grad_dtype=normalize_precision(grad_dtype or precision, "grad_dtype"),
         offload=moved,
         gpus_per_node=min(gpus_per_node or world_size, world_size),
         **{k: asked[k] for k in ("world_size", "tensor_parallel", "pipeline_parallel")},

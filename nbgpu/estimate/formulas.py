@@ -100,12 +100,12 @@ class ByteAccounting:
         )
 
 
-def normalize_precision(precision: str) -> str:
+def normalize_precision(precision: str, label: str = "precision") -> str:
     key = str(precision).strip().lower()
     key = _DTYPE_ALIASES.get(key.removeprefix("torch."), key)
     if key not in PRECISIONS:
         raise UserInputError(
-            f"precision={precision!r}: expected one of {', '.join(PRECISIONS)} "
+            f"{label}={precision!r}: expected one of {', '.join(PRECISIONS)} "
             "(or bfloat16, float16, float32)"
         )
     return key
@@ -144,7 +144,7 @@ def byte_accounting(
     """The per-parameter bytes nbgpu uses for *precision* and *optimizer* (see module doc)."""
     prec = normalize_precision(precision)
     opt = choose("optimizer", optimizer, OPTIMIZERS)
-    grads = PRECISIONS[normalize_precision(grad_dtype or prec)]
+    grads = PRECISIONS[normalize_precision(grad_dtype or prec, "grad_dtype")]
     # fp32 momentum, or Adam's m and v; mixed precision adds an fp32 master copy.
     states = (4 if opt == "sgd" else 8) + (0 if prec == "fp32" else 4)
     return ByteAccounting(prec, opt, PRECISIONS[prec], max(grads, PRECISIONS[prec]), states)

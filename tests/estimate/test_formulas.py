@@ -136,5 +136,5 @@ def test_grad_dtype_and_distributed_optimizer_match_megatron(
 
 def test_grad_dtype_defaults_to_the_precision():
     assert byte_accounting("bf16").grad_bytes == 2
-    with pytest.raises(UserInputError, match="precision='fp8'"):
+    with pytest.raises(UserInputError, match="grad_dtype='fp8': expected one of bf16"):
         byte_accounting("bf16", grad_dtype="fp8")
