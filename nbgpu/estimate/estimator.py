@@ -8,7 +8,6 @@ out-of-memory trials. Never imports torch, except ``trace`` when a module is giv
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import replace
@@ -29,6 +28,8 @@ from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.sizes import fmt_bytes, parse_size
 
 __all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes"]
+
+LARGEST_GPU_BYTES = 288 * 10**9  # NVIDIA B300 (Blackwell Ultra): 288 GB of HBM3e
 
 
 def parse_bytes(value: Any, label: str = "budget") -> int:
@@ -168,33 +169,34 @@ def estimate_memory(
         slope = per_sample / lay.micro_batch
         best = max(0, math.floor((budget_bytes - fixed) / slope)) if slope > 0 else None
         result = replace(result, max_micro_batch=0 if fixed > budget_bytes else best)
-    limit = 288 * 10**9 if budget_bytes is None else budget_bytes  # no budget: the largest GPU
-    if result.total_bytes <= limit:
+    if result.total_bytes <= (budget_bytes or LARGEST_GPU_BYTES):
         return result
     total = fmt_bytes(result.total_bytes)
     said = "" if budget_bytes else f"{total} per GPU fits no GPU (the largest, B300, has 288 GB); "
-    return replace(result, notes=(*result.notes, said + _smallest_change(model, asked, result)))
+    return replace(result, notes=(*result.notes, said + _smallest_change(shape, result)))
 
 
-def _smallest_change(model: Any, asked: dict[str, Any], result: MemoryEstimate) -> str:
-    """The least disruptive single change whose estimate fits the budget (or the largest GPU)."""
-    lay, best, limit = result.layout, result.max_micro_batch, result.budget_bytes or 288 * 10**9
+def _smallest_change(shape: ModelShape, result: MemoryEstimate) -> str:
+    """The least disruptive single change whose analytic total fits (the layout, re-summed)."""
+    lay, best, limit = result.layout, result.max_micro_batch, result.budget_bytes
     train, shards = lay.role == "train", sum(STRATEGIES[lay.strategy])
     changes: list[dict[str, Any]] = [{"micro_batch": best}] if best else []
     if train:
         changes += [] if lay.activation_checkpointing else [{"activation_checkpointing": True}]
-        stages = ("zero1", "zero2", "zero3")
+        stages, moves = ("zero1", "zero2", "zero3"), (("optimizer",), ("optimizer", "params"))
         changes += [{"strategy": z} for z in stages if sum(STRATEGIES[z]) > shards]
-        changes += [{"strategy": "zero3", "offload": o} for o in ("optimizer", "optimizer+params")]
+        changes += [{"strategy": "zero3", "offload": what} for what in moves]
     for k in (2, 4, 8, 16, 32, 64):  # more GPUs: ZeRO-3 for training, tensor parallel to serve
         more = {"strategy": "zero3"} if train else {"tensor_parallel": lay.tensor_parallel * k}
         changes.append({"world_size": lay.world_size * k, **more})
     for change in changes:
-        with contextlib.suppress(UserInputError):  # a world size tp × pp does not divide
-            if estimate_memory(model, **{**asked, **change}, trace=False).total_bytes <= limit:
-                return "smallest change that fits: " + ", ".join(
-                    f"{key}={value!r}" for key, value in change.items()
-                )
+        new = replace(lay, **change)
+        new = replace(new, data_parallel=new.world_size // new.model_parallel)
+        total = replace(result, terms=analytic_terms(shape, new), traced_terms=()).total_bytes
+        if total <= (limit or LARGEST_GPU_BYTES):
+            pairs = change.items()
+            said = [f"{k}={'+'.join(v) if isinstance(v, tuple) else v!r}" for k, v in pairs]
+            return "smallest change that fits: " + ", ".join(said)
     return "no single change fits: combine them (checkpointing, ZeRO-3, offload, up to 64× GPUs)"
 
 

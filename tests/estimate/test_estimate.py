@@ -298,3 +298,10 @@ def test_a_budget_too_small_says_so_with_the_smallest_change_that_fits() -> None
     batch = estimate("meta-llama/Llama-3.1-8B", seq_len=4096, micro_batch=8, budget="80GB",
                      strategy="zero3", world_size=8)  # fmt: skip
     assert "smallest change that fits: micro_batch=" in _words(batch)
+
+
+def test_a_model_no_single_change_fits_says_so_at_once() -> None:
+    # Each candidate change is summed, not estimated again: no estimate of an estimate.
+    est = estimate("meta-llama/Llama-3.1-405B", seq_len=8192, micro_batch=8)
+    assert "fits no GPU" in _words(est)
+    assert "no single change fits: combine them" in _words(est)
