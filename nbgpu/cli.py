@@ -48,20 +48,19 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
     # dest: the flags are estimate_memory's keywords, some under a shorter name.
     p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2, zero3, fsdp or distopt")
     p.add_argument("--world-size", type=int, default=1, metavar="N", help="GPUs in the job")
-    p.add_argument("--micro", type=int, default=1, dest="micro_batch", metavar="N", help="per GPU")
+    p.add_argument("--micro", type=int, dest="micro_batch", metavar="N", help="micro batch per GPU")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sample")
     p.add_argument("--precision", default="bf16", help="bf16 (default), fp16 or fp32")
     p.add_argument("--grad-dtype", metavar="P", help="gradients' precision (fp32: Megatron-LM)")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
     p.add_argument("--offload", metavar="WHAT", help="to the host: optimizer, params or both")
     p.add_argument("--gpus-per-node", type=int, metavar="N", help="ranks per host (offload)")
-    p.add_argument("--tp", type=int, default=1, dest="tensor_parallel", metavar="N", help="degree")
-    p.add_argument("--pp", type=int, default=1, dest="pipeline_parallel", metavar="N")
+    p.add_argument("--tp", type=int, dest="tensor_parallel", metavar="N", help="TP degree")
+    p.add_argument("--pp", type=int, dest="pipeline_parallel", metavar="N", help="PP degree")
+    p.set_defaults(tensor_parallel=1, pipeline_parallel=1)
     p.add_argument("--role", default="train", help="train (default) or inference")
     _flag(p, "--checkpointing", "full activation checkpointing")
-    p.add_argument(
-        "--no-flash", dest="flash_attention", action="store_false", help="scores kept (5·a·s²·b)"
-    )
+    _flag(p, "--no-flash", "attention scores materialised (5·a·s²·b)")
     p.add_argument("--kv-tokens", type=int, metavar="N", help="inference: KV tokens per GPU")
     p.add_argument("--budget", metavar="SIZE", help="per-GPU memory to fit, e.g. 80GB")
     p.add_argument(
@@ -75,9 +74,10 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
 def _estimate(args: argparse.Namespace) -> int:
     from nbgpu.estimate import estimate_memory, largest_micro_batch  # noqa: PLC0415
 
-    skip = ("command", "model", "budget", "max_micro", "json", "checkpointing")
+    skip = ("command", "model", "budget", "max_micro", "json", "checkpointing", "no_flash")
     kwargs = {k: v for k, v in vars(args).items() if k not in skip}
     kwargs["activation_checkpointing"] = args.checkpointing
+    kwargs["flash_attention"] = not args.no_flash
     if args.max_micro is not None:
         if args.budget is None:
             raise UserInputError("--max-micro auto needs --budget SIZE (e.g. 80GB)")
