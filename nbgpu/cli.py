@@ -9,7 +9,6 @@ process clean could not stop); 2 a usage error (one line on stderr, never a trac
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
 import sys
@@ -46,14 +45,19 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model", help="7B, 7.5e9, a model name (Qwen/Qwen2.5-7B-Instruct) or config.json"
     )
-    p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2, zero3 or fsdp")
+    # dest: the flags are estimate_memory's keywords, some under a shorter name.
+    p.add_argument("--strategy", default="ddp", help="ddp, zero1, zero2, zero3, fsdp or distopt")
     p.add_argument("--world-size", type=int, default=1, metavar="N", help="GPUs in the job")
-    p.add_argument("--micro", type=int, default=1, metavar="N", help="micro batch per GPU")
+    p.add_argument("--micro", type=int, dest="micro_batch", metavar="N", help="micro batch per GPU")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sample")
     p.add_argument("--precision", default="bf16", help="bf16 (default), fp16 or fp32")
+    p.add_argument("--grad-dtype", metavar="P", help="gradients' precision (fp32: Megatron-LM)")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd")
-    p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
-    p.add_argument("--pp", type=int, default=1, metavar="N", help="pipeline-parallel degree")
+    p.add_argument("--offload", metavar="WHAT", help="to the host: optimizer, params or both")
+    p.add_argument("--gpus-per-node", type=int, metavar="N", help="ranks per host (offload)")
+    p.add_argument("--tp", type=int, dest="tensor_parallel", metavar="N", help="TP degree")
+    p.add_argument("--pp", type=int, dest="pipeline_parallel", metavar="N", help="PP degree")
+    p.set_defaults(tensor_parallel=1, pipeline_parallel=1)
     p.add_argument("--role", default="train", help="train (default) or inference")
     _flag(p, "--checkpointing", "full activation checkpointing")
     _flag(p, "--no-flash", "attention scores materialised (5·a·s²·b)")
@@ -61,7 +65,7 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", metavar="SIZE", help="per-GPU memory to fit, e.g. 80GB")
     p.add_argument(
         "--max-micro",
-        metavar="auto",
+        choices=["auto"],
         help="with --budget: report the estimate at the largest micro batch that fits",
     )
     _flag(p, "--json", "print the estimate as JSON")
@@ -70,27 +74,16 @@ def _add_estimate_arguments(p: argparse.ArgumentParser) -> None:
 def _estimate(args: argparse.Namespace) -> int:
     from nbgpu.estimate import estimate_memory, largest_micro_batch  # noqa: PLC0415
 
-    # The flags are estimate_memory's keywords, some under a shorter name.
-    renamed = {
-        "micro": "micro_batch",
-        "tp": "tensor_parallel",
-        "pp": "pipeline_parallel",
-        "checkpointing": "activation_checkpointing",
-    }
-    skip = ("command", "model", "budget", "max_micro", "json", "no_flash")
-    kwargs = {renamed.get(k, k): v for k, v in vars(args).items() if k not in skip}
+    skip = ("command", "model", "budget", "max_micro", "json", "checkpointing", "no_flash")
+    kwargs = {k: v for k, v in vars(args).items() if k not in skip}
+    kwargs["activation_checkpointing"] = args.checkpointing
     kwargs["flash_attention"] = not args.no_flash
-    model: Any = args.model
-    with contextlib.suppress(ValueError):
-        model = float(model) if "e" in model.lower() and model[0].isdigit() else model
     if args.max_micro is not None:
-        if args.max_micro.strip().lower() != "auto":
-            raise UserInputError(f"--max-micro {args.max_micro!r}: expected auto")
         if args.budget is None:
             raise UserInputError("--max-micro auto needs --budget SIZE (e.g. 80GB)")
-        result = largest_micro_batch(model, args.budget, **kwargs)
+        result = largest_micro_batch(args.model, args.budget, **kwargs)
     else:
-        result = estimate_memory(model, budget=args.budget, **kwargs)
+        result = estimate_memory(args.model, budget=args.budget, **kwargs)
     print(result.to_json() if args.json else result.text())
     return EXIT_PROBLEM if result.fits is False else EXIT_OK
 

@@ -160,8 +160,22 @@ def test_estimate_command_largest_micro_and_bad_input():
     assert bad.stderr.count("\n") == 1
     assert "precision='fp8'" in bad.stderr
     small = run(["estimate", "7B", "--budget", "10GB"])
-    assert small.returncode == 2
-    assert "smaller than" in small.stderr
+    assert small.returncode == 1
+    assert "smallest change that fits: strategy='zero3'" in small.stdout
+
+
+def test_estimate_command_grad_dtype_offload_and_no_flash():
+    args = "estimate 7B --strategy zero2 --world-size 8 --gpus-per-node 4 --grad-dtype fp32"
+    out = run([*args.split(), "--offload", "optimizer", "--no-flash", "--json"])
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert (data["grad_dtype"], data["offload"], data["gpus_per_node"]) == (
+        "fp32",
+        ["optimizer"],
+        4,
+    )
+    assert data["host_bytes"] > 0
+    assert data["flash_attention"] is False
 
 
 def test_plan_with_model_name_seq_len_and_max_micro_auto():

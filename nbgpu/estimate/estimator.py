@@ -21,12 +21,15 @@ from nbgpu.estimate.formulas import (
     check_count,
     choose,
     normalize_precision,
+    parse_offload,
 )
 from nbgpu.estimate.result import FRAGMENTATION, PER_SAMPLE, ROLES, Layout, MemoryEstimate, Term
 from nbgpu.estimate.shapes import ModelShape, model_shape
 from nbgpu.sizes import fmt_bytes, parse_size
 
 __all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes"]
+
+LARGEST_GPU_BYTES = 288 * 10**9  # NVIDIA B300 (Blackwell Ultra): 288 GB of HBM3e
 
 
 def parse_bytes(value: Any, label: str = "budget") -> int:
@@ -71,6 +74,9 @@ def estimate_memory(
     gradient_as_bucket_view: bool = False,
     fragmentation: float = FRAGMENTATION,
     kv_tokens: int | None = None,
+    grad_dtype: str | None = None,
+    offload: Any = None,
+    gpus_per_node: int | None = None,
     budget: Any = None,
     example_input: Any = None,
     loss_fn: Any = None,
@@ -83,26 +89,24 @@ def estimate_memory(
     (``"Qwen/Qwen2.5-7B-Instruct"``), an HF ``config.json`` (path or dict) or a live
     ``torch.nn.Module`` (traced with fake tensors; pass ``example_input=``, a batch with the batch
     in dim 0, unless it is a token model and ``seq_len`` is given). ``precision`` (bf16, fp16,
-    fp32), ``optimizer`` (adamw, adam, sgd), ``strategy`` (ddp, zero1, zero2, zero3, fsdp), ``role``
-    ("train" or "inference"), ``kv_tokens`` (inference: KV-cache tokens per GPU), ``budget`` (bytes
-    or "80GB": adds the largest micro batch within it).
+    fp32), ``grad_dtype`` (never below precision), ``optimizer`` (adamw, adam, sgd), ``strategy``
+    (ddp, zero1, zero2, zero3, fsdp; distopt: Megatron-LM's distributed optimizer), ``offload``
+    ("optimizer", "params" or both; host memory per rank and per node of ``gpus_per_node``),
+    ``role`` ("train" or "inference"), ``kv_tokens`` (inference: KV-cache tokens per GPU),
+    ``budget`` (bytes or "80GB": the largest micro batch within it, or the smallest change).
     """
+    asked = {k: v for k, v in locals().items() if k not in ("model", "budget", "trace")}
     if micro_batch is None:
         micro_batch = _batch_size(example_input) or 1
     role = choose("role", role, ROLES)
     strategy = choose("strategy", strategy, STRATEGIES)
     optimizer = choose("optimizer", optimizer, OPTIMIZERS)
-    counts = {
-        "world_size": world_size,
-        "micro_batch": micro_batch,
-        "seq_len": seq_len,
-        "tensor_parallel": tensor_parallel,
-        "pipeline_parallel": pipeline_parallel,
-        "kv_tokens": kv_tokens,
-    }
-    for label, count in counts.items():
-        if count is not None or label not in ("seq_len", "kv_tokens"):
-            check_count(f"{label}=", count)
+    moved = parse_offload(offload, role, strategy)
+    optional = ("seq_len", "kv_tokens", "gpus_per_node")
+    for label in ("world_size", "tensor_parallel", "pipeline_parallel", *optional):
+        if asked[label] is not None or label not in optional:
+            check_count(f"{label}=", asked[label])
+    check_count("micro_batch=", micro_batch)
     model_parallel = tensor_parallel * pipeline_parallel
     if world_size % model_parallel:
         raise UserInputError(
@@ -111,23 +115,21 @@ def estimate_memory(
         )
     if not 0 <= fragmentation < 1:
         raise UserInputError(f"fragmentation={fragmentation!r}: expected a fraction in [0, 1)")
+    flags = ("activation_checkpointing", "flash_attention", "gradient_as_bucket_view", "foreach")
     lay = Layout(
         role=role,
         precision=normalize_precision(precision),
         optimizer=optimizer,
         strategy=strategy,
-        world_size=world_size,
         data_parallel=world_size // model_parallel,
-        tensor_parallel=tensor_parallel,
-        pipeline_parallel=pipeline_parallel,
         micro_batch=micro_batch,
-        seq_len=seq_len,
-        activation_checkpointing=bool(activation_checkpointing),
-        flash_attention=bool(flash_attention),
-        gradient_as_bucket_view=bool(gradient_as_bucket_view),
         fragmentation=float(fragmentation),
-        kv_tokens=kv_tokens,
-        foreach=bool(foreach),
+        grad_dtype=normalize_precision(grad_dtype or precision, "grad_dtype"),
+        offload=moved,
+        gpus_per_node=min(gpus_per_node or world_size, world_size),
+        **{k: asked[k] for k in ("world_size", "tensor_parallel", "pipeline_parallel")},
+        **{k: asked[k] for k in ("seq_len", "kv_tokens")},
+        **{k: bool(asked[k]) for k in flags},
     )
     shape = model_shape(model)
     budget_bytes = None if budget is None else parse_bytes(budget)
@@ -136,8 +138,9 @@ def estimate_memory(
     note = ""
     module = all(callable(getattr(model, name, None)) for name in ("parameters", "forward"))
     trace = module if trace is None else trace
-    if trace and not module:
-        note = "traced: not tried (tracing needs a live torch.nn.Module; analytic used)"
+    if trace and (moved or not module):
+        why = "offload is analytic only" if moved else "tracing needs a live torch.nn.Module"
+        note = f"traced: not tried ({why}; analytic used)"
     elif trace:
         from nbgpu.estimate.trace import trace_terms  # noqa: PLC0415  (imports torch)
 
@@ -162,20 +165,39 @@ def estimate_memory(
         if not traced and frag is not None and frag.bytes_per_gpu and tensors:
             per_sample += round(frag.bytes_per_gpu * per_sample / tensors)
         fixed = result.total_bytes - per_sample
-        if fixed > budget_bytes:
-            weights = result.term("weights")
-            raise UserInputError(
-                f"budget={fmt_bytes(budget_bytes)} per GPU is smaller than what "
-                f"{'training' if lay.role == 'train' else 'serving'} needs before any sample "
-                f"({fmt_bytes(fixed)}: weights "
-                f"{fmt_bytes(weights.bytes_per_gpu if weights else None)}, optimizer and "
-                "reserves); expected a budget above that, more GPUs or a sharded strategy"
-            )
-        # None: nothing we could compute scales with the batch.
+        # None: nothing we could compute scales with the batch; 0: not even the fixed part fits.
         slope = per_sample / lay.micro_batch
         best = max(0, math.floor((budget_bytes - fixed) / slope)) if slope > 0 else None
-        result = replace(result, max_micro_batch=best)
-    return result
+        result = replace(result, max_micro_batch=0 if fixed > budget_bytes else best)
+    if result.total_bytes <= (budget_bytes or LARGEST_GPU_BYTES):
+        return result
+    total = fmt_bytes(result.total_bytes)
+    said = "" if budget_bytes else f"{total} per GPU fits no GPU (the largest, B300, has 288 GB); "
+    return replace(result, notes=(*result.notes, said + _smallest_change(shape, result)))
+
+
+def _smallest_change(shape: ModelShape, result: MemoryEstimate) -> str:
+    """The least disruptive single change whose analytic total fits (the layout, re-summed)."""
+    lay, best, limit = result.layout, result.max_micro_batch, result.budget_bytes
+    train, shards = lay.role == "train", sum(STRATEGIES[lay.strategy])
+    changes: list[dict[str, Any]] = [{"micro_batch": best}] if best else []
+    if train:
+        changes += [] if lay.activation_checkpointing else [{"activation_checkpointing": True}]
+        stages, moves = ("zero1", "zero2", "zero3"), (("optimizer",), ("optimizer", "params"))
+        changes += [{"strategy": z} for z in stages if sum(STRATEGIES[z]) > shards]
+        changes += [{"strategy": "zero3", "offload": what} for what in moves]
+    for k in (2, 4, 8, 16, 32, 64):  # more GPUs: ZeRO-3 for training, tensor parallel to serve
+        more = {"strategy": "zero3"} if train else {"tensor_parallel": lay.tensor_parallel * k}
+        changes.append({"world_size": lay.world_size * k, **more})
+    for change in changes:
+        new = replace(lay, **change)
+        new = replace(new, data_parallel=new.world_size // new.model_parallel)
+        total = replace(result, terms=analytic_terms(shape, new), traced_terms=()).total_bytes
+        if total <= (limit or LARGEST_GPU_BYTES):
+            pairs = change.items()
+            said = [f"{k}={'+'.join(v) if isinstance(v, tuple) else v!r}" for k, v in pairs]
+            return "smallest change that fits: " + ", ".join(said)
+    return "no single change fits: combine them (checkpointing, ZeRO-3, offload, up to 64× GPUs)"
 
 
 def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimate:
@@ -210,12 +232,8 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
             "largest micro batch: nothing in this estimate grows with the batch; pass seq_len "
             "and a model with a shape (a name, an HF config.json or a module)"
         )
-    if best < 1:
-        raise UserInputError(
-            f"budget={fmt_bytes(first.budget_bytes)} per GPU holds no sample: micro_batch="
-            f"{first.layout.micro_batch} needs {fmt_bytes(first.total_bytes)}; expected a larger "
-            "budget, activation checkpointing or a shorter seq_len"
-        )
+    if best < 1:  # not one sample: the first estimate says so, with the smallest change
+        return replace(first, max_micro_batch=0)
     final = at(best)
     # A trace is close to, not exactly, affine (the peak can move between the forward
     # pass and the optimizer step): halve the gap down to one that fits (a tiny model's
@@ -241,19 +259,15 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
     return replace(final, max_micro_batch=best, notes=(*final.notes, note))
 
 
-def compare(module: Any, batch: Any, **kwargs: Any) -> Any:
+def compare(
+    module: Any, batch: Any, *, optimizer: str = "adamw", loss_fn: Any = None, **kwargs: Any
+) -> Any:
     """One real CPU step of *module* on *batch*: measured peak beside both estimates."""
     from nbgpu.estimate.trace import compare_step  # noqa: PLC0415  (imports torch)
 
-    optimizer = kwargs.pop("optimizer", "adamw")
-    loss_fn = kwargs.pop("loss_fn", None)
-    # The analytic micro batch is the batch's dim 0.
+    # The analytic micro batch is the batch's dim 0; the precision, the module's fp32.
+    kwargs.setdefault("precision", "fp32")
     analytic = estimate_memory(
-        module,
-        optimizer=optimizer,
-        trace=False,
-        example_input=batch,
-        precision=kwargs.pop("precision", "fp32"),
-        **kwargs,
+        module, optimizer=optimizer, trace=False, example_input=batch, **kwargs
     )
     return compare_step(module, batch, optimizer=optimizer, loss_fn=loss_fn, estimate=analytic)

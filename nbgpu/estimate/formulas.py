@@ -1,24 +1,20 @@
 """Memory formulas: bytes per GPU for model states, inference weights and the KV cache.
 
 The byte accounting is stated, not hidden (``reference/memory.md`` §5a shows ±25 % between
-tools for the same model). Per parameter, before sharding:
+tools for the same model). Per parameter, before sharding (:func:`byte_accounting`): bf16/fp16
+params 2 B, grads 2 B, AdamW 12 B (fp32 master 4 + m 4 + v 4) or SGD 8 B (master 4 +
+momentum 4); fp32 params 4 B, grads 4 B, AdamW 8 B (m 4 + v 4) or SGD 4 B (momentum).
 
-==========  =============  =============  ==========================================
-precision   parameters     gradients      optimizer state
-==========  =============  =============  ==========================================
-bf16/fp16   2 B            2 B            AdamW 12 B (fp32 master 4 + m 4 + v 4);
-                                          SGD 8 B (fp32 master 4 + momentum 4)
-fp32        4 B            4 B            AdamW 8 B (m 4 + v 4); SGD 4 B (momentum)
-==========  =============  =============  ==========================================
-
-So mixed-precision AdamW is the ZeRO paper's 16 B/param (K = 12). Per GPU, with data-parallel
-degree N, P/G/K the three columns and Ψ the parameters this GPU's model-parallel shard
-holds (Ψ = params / (tensor × pipeline degree)):
+So mixed-precision AdamW is the ZeRO paper's 16 B/param (K = 12); ``grad_dtype="fp32"``
+makes G 4 B, Megatron-LM's bf16 default (18 B/param). Per GPU, with data-parallel degree
+N, P/G/K the three columns and Ψ = params / (tensor × pipeline degree):
 
 - ``ddp``:             (P + G + K) Ψ           (everything replicated)
-- ``zero1``:           (P + G) Ψ + K Ψ / N     (optimizer state sharded)
+- ``zero1``/``distopt``: (P + G) Ψ + K Ψ / N   (optimizer state; Megatron's distributed optimizer)
 - ``zero2``:           P Ψ + (G + K) Ψ / N     (gradients too)
 - ``zero3``/``fsdp``:  (P + G + K) Ψ / N       (parameters too; FSDP full shard)
+
+``offload`` moves K (with fp32 grads and a 16-bit pinned buffer) and/or P to the host.
 
 Inference weights are P Ψ. :func:`analytic_terms` adds activations (Korthikanti et al.),
 logits and loss, the KV cache, and the reserves the allocator never sees (CUDA context, NCCL
@@ -39,7 +35,7 @@ from nbgpu.sizes import fmt_bytes
 
 __all__ = ["OPTIMIZERS", "PRECISIONS", "STRATEGIES", "ByteAccounting", "ModelStates",
            "analytic_terms", "byte_accounting", "check_count", "choose", "layout_states",
-           "model_states", "normalize_precision", "weight_bytes"]  # fmt: skip
+           "model_states", "normalize_precision", "parse_offload", "weight_bytes"]  # fmt: skip
 
 #: Bytes of one value of each training/inference precision.
 PRECISIONS: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -48,11 +44,13 @@ PRECISIONS: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 STRATEGIES: Mapping[str, tuple[bool, bool, bool]] = {
     "ddp": (False, False, False),
     "zero1": (False, False, True),
+    "distopt": (False, False, True),  # Megatron-LM --use-distributed-optimizer
     "zero2": (False, True, True),
     "zero3": (True, True, True),
     "fsdp": (True, True, True),
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
+OFFLOADS = ("optimizer", "params")
 
 SRC_ZERO = "Rajbhandari et al., ZeRO (SC'20, arXiv 1910.02054) §5a"
 SRC_ACT = "Korthikanti et al. (MLSys'23, arXiv 2205.05198) §4"
@@ -68,6 +66,7 @@ SRC_SERVING = "weights at the serving precision"
 SRC_PREFILL = "prefill transient: one layer's hidden and MLP tensors (nbgpu heuristic)"
 SRC_FSDP = "FSDP2 FSDPMemTracker categories"
 SRC_FRAG = "allocator reserved - allocated; 5 % (Lightning's finder margin; accelerate keeps 10 %)"
+SRC_HOST = "ZeRO-Offload (Ren et al., arXiv 2101.06840); DeepSpeed PR #7309 (16-bit H2D buffer)"
 
 _DTYPE_ALIASES = {name: key for key, name in TORCH_DTYPES.items()} | {
     "half": "fp16",
@@ -82,7 +81,7 @@ class ByteAccounting:
     precision: str
     optimizer: str
     param_bytes: int
-    grad_bytes: int
+    grad_bytes: int  # PRECISIONS[grad_dtype]: fp32 gradients under bf16 are 4
     optimizer_bytes: int
 
     @property
@@ -91,23 +90,22 @@ class ByteAccounting:
 
     @property
     def text(self) -> str:
-        if self.precision == "fp32":
-            states = "m 4 + v 4" if self.optimizer != "sgd" else "momentum 4"
-        else:
-            states = "fp32 master 4 + m 4 + v 4" if self.optimizer != "sgd" else "master 4 + mom. 4"
+        master = "" if self.precision == "fp32" else "fp32 master 4 + "
+        states = master + ("momentum 4" if self.optimizer == "sgd" else "m 4 + v 4")
         name = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
+        grads = "fp32 grads" if self.grad_bytes > self.param_bytes else "grads"
         return (
-            f"{self.precision} params {self.param_bytes} B + grads {self.grad_bytes} B + "
+            f"{self.precision} params {self.param_bytes} B + {grads} {self.grad_bytes} B + "
             f"{name} {self.optimizer_bytes} B ({states}) = {self.total} B/param"
         )
 
 
-def normalize_precision(precision: str) -> str:
+def normalize_precision(precision: str, label: str = "precision") -> str:
     key = str(precision).strip().lower()
     key = _DTYPE_ALIASES.get(key.removeprefix("torch."), key)
     if key not in PRECISIONS:
         raise UserInputError(
-            f"precision={precision!r}: expected one of {', '.join(PRECISIONS)} "
+            f"{label}={precision!r}: expected one of {', '.join(PRECISIONS)} "
             "(or bfloat16, float16, float32)"
         )
     return key
@@ -121,20 +119,35 @@ def choose(label: str, value: Any, words: Collection[str]) -> str:
     return word
 
 
+def parse_offload(offload: Any, role: str, strategy: str) -> tuple[str, ...]:
+    """``"optimizer"``, ``"params"`` or both (``"optimizer+params"``) as a sorted tuple."""
+    words = str(offload or "").replace("+", ",").split(",")
+    moved = tuple(sorted({choose("offload", w, OFFLOADS) for w in words if w.strip()}))
+    params_unsharded = "params" in moved and not STRATEGIES[strategy][0]
+    if moved and (role != "train" or strategy == "ddp" or params_unsharded):
+        raise UserInputError(
+            f"offload={offload!r} with {strategy} ({role}): expected training with ZeRO "
+            "(optimizer: zero1/zero2/zero3/fsdp; params: zero3 or fsdp)"
+        )
+    return moved
+
+
 def check_count(prefix: str, value: Any) -> None:
     """A whole number >= 1, or one line: *prefix* (``"world_size="``) and the value."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserInputError(f"{prefix}{value!r}: expected a whole number >= 1")
 
 
-def byte_accounting(precision: str = "bf16", optimizer: str = "adamw") -> ByteAccounting:
+def byte_accounting(
+    precision: str = "bf16", optimizer: str = "adamw", grad_dtype: str | None = None
+) -> ByteAccounting:
     """The per-parameter bytes nbgpu uses for *precision* and *optimizer* (see module doc)."""
     prec = normalize_precision(precision)
     opt = choose("optimizer", optimizer, OPTIMIZERS)
-    value = PRECISIONS[prec]
+    grads = PRECISIONS[normalize_precision(grad_dtype or prec, "grad_dtype")]
     # fp32 momentum, or Adam's m and v; mixed precision adds an fp32 master copy.
     states = (4 if opt == "sgd" else 8) + (0 if prec == "fp32" else 4)
-    return ByteAccounting(prec, opt, value, value, states)
+    return ByteAccounting(prec, opt, PRECISIONS[prec], max(grads, PRECISIONS[prec]), states)
 
 
 @dataclass(frozen=True)
@@ -178,17 +191,15 @@ def model_states(
     data_parallel: int = 1,
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    grad_dtype: str | None = None,
 ) -> ModelStates:
     """Per-GPU parameter, gradient and optimizer bytes (ZeRO paper formulas)."""
-    for label, value in (
-        ("parameter count ", parameters),
-        ("data-parallel degree ", data_parallel),
-        ("tensor-parallel degree ", tensor_parallel),
-        ("pipeline-parallel degree ", pipeline_parallel),
-    ):
-        check_count(label, value)
+    check_count("parameter count ", parameters)
+    degrees = {"data": data_parallel, "tensor": tensor_parallel, "pipeline": pipeline_parallel}
+    for kind, degree in degrees.items():
+        check_count(f"{kind}-parallel degree ", degree)
     strat = choose("strategy", strategy, STRATEGIES)
-    acc = byte_accounting(precision, optimizer)
+    acc = byte_accounting(precision, optimizer, grad_dtype)
     shard = parameters / (tensor_parallel * pipeline_parallel)
     p, g, k = (
         math.ceil(per * shard / (data_parallel if sharded else 1))
@@ -202,7 +213,7 @@ def model_states(
 
 
 def layout_states(parameters: int, lay: Layout) -> ModelStates:
-    words = ("strategy", "precision", "optimizer")
+    words = ("strategy", "precision", "optimizer", "grad_dtype")
     degrees = ("data_parallel", "tensor_parallel", "pipeline_parallel")
     return model_states(parameters, **{k: getattr(lay, k) for k in (*words, *degrees)})
 
@@ -223,23 +234,31 @@ def _model_state_terms(shape: ModelShape, lay: Layout) -> list[Term]:
         weights = math.ceil(size * shape.parameters / shard)
         return [Term("weights", weights, formula, SRC_SERVING, "model states")]
     states = layout_states(shape.parameters, lay)
-    acc = states.accounting
-    psi = "Ψ" if states.model_parallel == 1 else f"Ψ/{states.model_parallel}"
-    parts = (
-        ("weights", states.params_bytes, acc.param_bytes),
-        ("gradients", states.grads_bytes, acc.grad_bytes),
-        ("optimizer states", states.optimizer_bytes, acc.optimizer_bytes),
+    acc, n, mp = states.accounting, lay.data_parallel, states.model_parallel
+    psi, src = ("Ψ" if mp == 1 else f"Ψ/{mp}"), f"{SRC_ZERO}; {acc.text}"
+    parts = (  # name, bytes on the GPU, bytes per parameter, what offloading moves it
+        ("weights", states.params_bytes, acc.param_bytes, "params"),
+        ("gradients", states.grads_bytes, acc.grad_bytes, "optimizer"),
+        ("optimizer states", states.optimizer_bytes, acc.optimizer_bytes, "optimizer"),
     )
-    return [
-        Term(
-            name,
-            size,
-            f"{per} B × {psi}" + (f" / {lay.data_parallel}" if sharded else ""),
-            f"{SRC_ZERO}; {acc.text}",
-            "model states",
-        )
-        for (name, size, per), sharded in zip(parts, STRATEGIES[lay.strategy], strict=True)
-    ]
+    terms = []
+    for (name, size, per, what), sharded in zip(parts, STRATEGIES[lay.strategy], strict=True):
+        away = what in lay.offload
+        formula = f"{per} B × {psi}" + (f" / {n}" if sharded else "") + " on the host" * away
+        terms.append(Term(name, 0 if away else size, formula, src, "model states"))
+    # On the host (per rank): what left the GPU, in the precision the CPU step needs, and
+    # DeepSpeed's 16-bit pinned buffer for copying the updated parameters back.
+    host = (
+        ("host parameters", acc.param_bytes, "params"),
+        ("host optimizer states", acc.optimizer_bytes, "optimizer"),
+        ("host fp32 gradients", 4, "optimizer"),
+        ("host pinned buffer", 2, "optimizer"),
+    )
+    for name, per, what in host:
+        if what in lay.offload:
+            size = math.ceil(per * shape.parameters / (mp * n))
+            terms.append(Term(name, size, f"{per} B × {psi} / {n}", SRC_HOST, "host"))
+    return terms
 
 
 def _activation_bytes(cfg: ModelConfig, lay: Layout, b: int, s: int) -> tuple[int, str]:
@@ -301,7 +320,8 @@ def _per_sample_terms(shape: ModelShape, lay: Layout) -> list[Term]:
     size = PRECISIONS[lay.precision]
     per_token = cfg.kv_bytes_per_token(size, tp, lay.pipeline_parallel)
     formula = f"2·L·⌈kv/t⌉·hd·{size} B = {fmt_bytes(per_token)}/token × {tokens:,} tokens"
-    terms.append(Term("KV cache", per_token * tokens, formula, SRC_KV, "kv"))
+    if cfg.has_kv_cache:  # encoders (BERT) and T5-style encoder-decoders: none shown
+        terms.append(Term("KV cache", per_token * tokens, formula, SRC_KV, "kv"))
     if s is not None:
         # Prefill of one micro batch: the largest transient is the MLP's intermediate.
         transient = b * s * (cfg.hidden_size * 4 + cfg.intermediate_size * 2 * 2) // tp
@@ -343,5 +363,5 @@ def _reserve_terms(shape: ModelShape, lay: Layout, tensor_bytes: int) -> list[Te
 def analytic_terms(shape: ModelShape, lay: Layout) -> tuple[Term, ...]:
     states = _model_state_terms(shape, lay)
     samples = _per_sample_terms(shape, lay)
-    tensors = sum(t.bytes_per_gpu or 0 for t in (*states, *samples))
+    tensors = sum(t.bytes_per_gpu or 0 for t in (*states, *samples) if t.kind != "host")
     return (*states, *samples, *_reserve_terms(shape, lay, tensors))

@@ -41,7 +41,7 @@ class Term:
     bytes_per_gpu: int | None
     formula: str
     source: str
-    kind: str  # "model states", "activations", "reserve", "margin"
+    kind: str  # "model states", "activations", "kv", "reserve", "margin"; "host": not on the GPU
 
 
 @dataclass(frozen=True)
@@ -64,14 +64,17 @@ class Layout:
     fragmentation: float
     kv_tokens: int | None  # KV-cache tokens per GPU (inference); None: micro × seq
     foreach: bool = True  # traced optimizer: PyTorch's CUDA default (False: its CPU default)
+    grad_dtype: str = "bf16"  # the gradients' precision (fp32 under Megatron-LM's bf16)
+    offload: tuple[str, ...] = ()  # on the host: "optimizer" and/or "params"
+    gpus_per_node: int = 1  # ranks sharing one host's memory
 
     @property
     def model_parallel(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel
 
 
-# The formulas' knobs: an estimate's JSON has only the layout's words above them.
-_KNOBS = ("flash_attention", "gradient_as_bucket_view", "fragmentation", "kv_tokens", "foreach")
+# The formulas' knobs: an estimate's JSON leaves them out (it has the layout's words).
+_KNOBS = ("gradient_as_bucket_view", "fragmentation", "kv_tokens", "foreach")
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,16 @@ class MemoryEstimate(Result):
     budget_bytes: int | None = None
     max_micro_batch: int | None = None  # the largest micro batch within budget_bytes
     notes: tuple[str, ...] = ()
-    JSON_EXTRAS = ("method", "analytic_bytes", "traced_bytes", "total_bytes", "fits")
+    JSON_EXTRAS = ("method", "analytic_bytes", "traced_bytes", "total_bytes", "host_bytes", "fits")
     FRAME_COLUMNS = ("term", "kind", "analytic_bytes", "traced_bytes", "formula", "source")
 
     @staticmethod
     def _sum(terms: Sequence[Term]) -> int:
-        return sum(t.bytes_per_gpu or 0 for t in terms)
+        return sum(t.bytes_per_gpu or 0 for t in terms if t.kind != "host")
+
+    @property
+    def host_bytes(self) -> int:  # one rank's host memory (offload); × gpus_per_node per node
+        return sum(t.bytes_per_gpu or 0 for t in self.terms if t.kind == "host")
 
     @property
     def analytic_bytes(self) -> int:
@@ -112,10 +119,6 @@ class MemoryEstimate(Result):
     @property
     def model_state_bytes(self) -> int:
         return self._sum([t for t in self.terms if t.kind == "model states"])
-
-    @property
-    def uncounted(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.terms if t.bytes_per_gpu is None)
 
     @property
     def fits(self) -> bool | None:
@@ -151,17 +154,18 @@ class MemoryEstimate(Result):
 
     def _heading(self) -> str:
         lay = self.layout
-        par = f"{lay.strategy}, " if lay.role == "train" else ""
-        par += f"world size {lay.world_size}"
-        if lay.model_parallel > 1:
-            par += f" (dp {lay.data_parallel} × tp {lay.tensor_parallel} × pp "
-            par += f"{lay.pipeline_parallel})"
-        seq = f" × seq {lay.seq_len}" if lay.seq_len else ""
+        mp = f" (dp {lay.data_parallel} × tp {lay.tensor_parallel} × pp {lay.pipeline_parallel})"
+        par = (f"{lay.strategy}, " if lay.role == "train" else "") + f"world size {lay.world_size}"
+        par += mp if lay.model_parallel > 1 else ""
+        seq = f" × seq {lay.seq_len}" if lay.seq_len else " (seq_len not given)"
         ckpt = ", activation checkpointing" if lay.activation_checkpointing else ""
+        attention = "flash attention" if lay.flash_attention else "attention scores materialised"
+        extra = [f"{lay.grad_dtype} grads"] if lay.grad_dtype != lay.precision else []
+        extra += [f"{'+'.join(lay.offload)} offloaded to the host"] if lay.offload else []
         return (
             f"memory estimate ({self.method}): {self.model} ({self.parameters:,} parameters), "
             f"{lay.role}, {lay.precision}{' ' + lay.optimizer if lay.role == 'train' else ''}, "
-            f"{par}, micro batch {lay.micro_batch}{seq}{ckpt}"
+            f"{par}, micro batch {lay.micro_batch}{seq}{ckpt}, " + ", ".join([attention, *extra])
         )
 
     def _footer(self) -> list[str]:
@@ -171,6 +175,12 @@ class MemoryEstimate(Result):
             lines.append(f"budget {fmt_bytes(self.budget_bytes)} per GPU: {verdict}")
         if self.max_micro_batch is not None:
             lines.append(f"largest micro batch within the budget: {self.max_micro_batch}")
+        if self.host_bytes:
+            node = self.layout.gpus_per_node
+            lines.append(
+                f"host memory (not in the GPU total): {fmt_bytes(self.host_bytes)} per rank, "
+                f"{fmt_bytes(self.host_bytes * node)} per node of {node} ranks"
+            )
         if self.trace_note:
             lines.append(self.trace_note)
         if self.traced_terms:
@@ -178,10 +188,10 @@ class MemoryEstimate(Result):
                 "traced column: bytes per MemTracker category at the step's peak moment "
                 "(memory that is free at that moment, e.g. gradients set to None, shows 0)"
             )
-        if self.uncounted:
+        if uncounted := [t.name for t in self.terms if t.bytes_per_gpu is None]:
             lines.append(
                 "analytic terms not computable without the model's shape or seq_len: "
-                f"{', '.join(self.uncounted)} (pass a model name or an HF config.json, and seq_len)"
+                f"{', '.join(uncounted)} (pass a model name or an HF config.json, and seq_len)"
             )
         lines.extend(self.notes)
         return lines
@@ -209,10 +219,11 @@ class MemoryEstimate(Result):
         """One stacked bar of the answer's terms against the budget (static HTML)."""
         import html  # noqa: PLC0415
 
-        terms = [t for t in (self.traced_terms or self.terms) if t.bytes_per_gpu]
         scale = max(self.total_bytes, self.budget_bytes or 0) or 1
         colours = {"model states": "#4e79a7", "activations": "#f28e2b", "kv": "#59a14f"}
-        colours |= {"reserve": "#9c755f", "margin": "#bab0ac"}
+        colours |= {"reserve": "#9c755f", "margin": "#bab0ac"}  # not "host": off the GPU
+        drawn = self.traced_terms or self.terms
+        terms = [t for t in drawn if t.bytes_per_gpu and t.kind in colours]
         parts = []
         for t in terms:
             width = 100 * (t.bytes_per_gpu or 0) / scale
@@ -261,7 +272,6 @@ class StepComparison(Result):
     analytic_bytes: int | None  # model states + activations formulas (None: no shape)
     trace_note: str
     measure_seconds: float
-    JSON_EXTRAS = ("methods",)
     FRAME_COLUMNS = ("method", "bytes", "error_vs_measured")
 
     def _error(self, value: int | None) -> float | None:
@@ -278,10 +288,6 @@ class StepComparison(Result):
                 ("analytic (formulas)", self.analytic_bytes),
             )
         ]
-
-    @property
-    def methods(self) -> list[dict[str, Any]]:
-        return self.records()
 
     def content(self) -> list[Block]:
         table = Table(["method", "peak tensor bytes", "vs measured"])

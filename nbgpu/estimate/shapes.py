@@ -69,6 +69,11 @@ class ModelConfig:
         return self.num_layers * per_layer + embeddings + h  # + final norm
 
     @property
+    def has_kv_cache(self) -> bool:
+        """Decoder-only models cache K and V; encoders and encoder-decoders are not counted."""
+        return not self.family.startswith(_NO_KV_CACHE)
+
+    @property
     def active_parameters(self) -> int:
         """Parameters one token passes through (MoE: only its routed experts)."""
         unused = self.num_experts - self.experts_per_token
@@ -84,29 +89,6 @@ class ModelConfig:
         heads = -(-self.num_kv_heads // max(1, tensor_parallel))
         layers = -(-self.num_layers // pipeline_parallel)
         return 2 * layers * heads * self.head_dim * dtype_bytes
-
-    def to_hf_dict(self) -> dict[str, Any]:
-        """The fields as a HF ``config.json`` spells them (what older readers expect)."""
-        out: dict[str, Any] = {
-            "model_type": self.family,
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size,
-            "vocab_size": self.vocab_size,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "num_parameters": self.parameters,
-        }
-        if self.max_context is not None:
-            out["max_position_embeddings"] = self.max_context
-        if self.num_experts > 1:
-            out["num_local_experts"] = self.num_experts
-            out["num_experts_per_tok"] = self.experts_per_token
-        if self.dtype is not None:
-            out["torch_dtype"] = TORCH_DTYPES[self.dtype]
-        return out
 
 
 # ------------------------------------------------------------------------- built-in table
@@ -168,19 +150,11 @@ _ROWS: tuple[tuple[tuple[str, ...], ModelConfig], ...] = (
      _shape("llama", 2048, 16, 32, 8, 8192, 128256, tied=True, context=131072, head_dim=64)),
     (("meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.2-3B-Instruct"),
      _shape("llama", 3072, 28, 24, 8, 8192, 128256, tied=True, context=131072, head_dim=128)),
-    # Qwen2 - huggingface.co/Qwen/Qwen2-{0.5B,1.5B,7B,72B}/blob/main/config.json
+    # Qwen2 - huggingface.co/Qwen/Qwen2-{0.5B,1.5B,7B,72B}/blob/main/config.json (7B, 72B: below)
     (("Qwen/Qwen2-0.5B", "Qwen/Qwen2-0.5B-Instruct"),
      _shape("qwen2", 896, 24, 14, 2, 4864, 151936, tied=True, context=131072, bias=True)),
     (("Qwen/Qwen2-1.5B", "Qwen/Qwen2-1.5B-Instruct"),
      _shape("qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True, context=131072, bias=True)),
-    (("Qwen/Qwen2-7B",),
-     _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=131072, bias=True)),
-    (("Qwen/Qwen2-7B-Instruct",),
-     _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=32768, bias=True)),
-    (("Qwen/Qwen2-72B",),
-     _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=131072, bias=True)),
-    (("Qwen/Qwen2-72B-Instruct",),
-     _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=32768, bias=True)),
     # Qwen2.5 - huggingface.co/Qwen/Qwen2.5-{0.5B..72B}[-Instruct]/blob/main/config.json
     (("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct"),
      _shape("qwen2", 896, 24, 14, 2, 4864, 151936, tied=True, context=32768, bias=True)),
@@ -188,9 +162,9 @@ _ROWS: tuple[tuple[tuple[str, ...], ModelConfig], ...] = (
      _shape("qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True, context=32768, bias=True)),
     (("Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-3B-Instruct"),
      _shape("qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True, context=32768, bias=True)),
-    (("Qwen/Qwen2.5-7B",),
+    (("Qwen/Qwen2.5-7B", "Qwen/Qwen2-7B"),
      _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=131072, bias=True)),
-    (("Qwen/Qwen2.5-7B-Instruct",),
+    (("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2-7B-Instruct"),
      _shape("qwen2", 3584, 28, 28, 4, 18944, 152064, tied=False, context=32768, bias=True)),
     (("Qwen/Qwen2.5-14B",),
      _shape("qwen2", 5120, 48, 40, 8, 13824, 152064, tied=False, context=131072, bias=True)),
@@ -200,9 +174,9 @@ _ROWS: tuple[tuple[tuple[str, ...], ModelConfig], ...] = (
      _shape("qwen2", 5120, 64, 40, 8, 27648, 152064, tied=False, context=131072, bias=True)),
     (("Qwen/Qwen2.5-32B-Instruct",),
      _shape("qwen2", 5120, 64, 40, 8, 27648, 152064, tied=False, context=32768, bias=True)),
-    (("Qwen/Qwen2.5-72B",),
+    (("Qwen/Qwen2.5-72B", "Qwen/Qwen2-72B"),
      _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=131072, bias=True)),
-    (("Qwen/Qwen2.5-72B-Instruct",),
+    (("Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2-72B-Instruct"),
      _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=32768, bias=True)),
     # Qwen2.5-VL, language model only (the vision tower is not counted) -
     # huggingface.co/Qwen/Qwen2.5-VL-{3B,7B,72B}-Instruct/blob/main/config.json
@@ -214,9 +188,8 @@ _ROWS: tuple[tuple[tuple[str, ...], ModelConfig], ...] = (
      _shape("qwen2", 8192, 80, 64, 8, 29568, 152064, tied=False, context=128000, bias=True)),
     # Mistral - huggingface.co/mistralai/Mistral-7B-v0.1, Mistral-7B-Instruct-v0.2,
     # Mistral-7B-v0.3, Mistral-Nemo-Base-2407 /blob/main/config.json
-    (("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1"),
-     _shape("mistral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768)),
-    (("mistralai/Mistral-7B-Instruct-v0.2",),
+    (("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1",
+      "mistralai/Mistral-7B-Instruct-v0.2"),
      _shape("mistral", 4096, 32, 32, 8, 14336, 32000, tied=False, context=32768)),
     (("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"),
      _shape("mistral", 4096, 32, 32, 8, 14336, 32768, tied=False, context=32768)),
@@ -272,6 +245,7 @@ _REQUIRED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("num_attention_heads", ("num_attention_heads", "n_head", "num_heads")),
     ("vocab_size", ("vocab_size",)),
 )
+_NO_KV_CACHE = ("bert", "roberta", "xlm-roberta", "deberta", "distilbert", "electra", "t5", "bart")
 _GATED_FAMILIES = ("llama", "mistral", "mixtral", "qwen", "gemma", "phi3", "olmo", "granite")
 
 
@@ -367,11 +341,7 @@ class ModelShape:
 
     @property
     def has_kv_shape(self) -> bool:
-        return self.config is not None
-
-    @property
-    def num_layers(self) -> int | None:
-        return None if self.config is None else self.config.num_layers
+        return self.config is not None and self.config.has_kv_cache
 
     @property
     def num_attention_heads(self) -> int | None:
@@ -432,9 +402,6 @@ def model_shape(model: Any) -> ModelShape:
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int, tensor_parallel: int = 1) -> int:
-    if shape.config is None:
-        raise UserInputError(
-            "the KV cache needs num_hidden_layers, num_key_value_heads and head_dim: pass the "
-            "model as an HF config dict"
-        )
+    """KV bytes per token on one GPU of a shape whose ``has_kv_shape`` the caller checked."""
+    assert shape.config is not None  # noqa: S101  (callers check has_kv_shape)
     return shape.config.kv_bytes_per_token(dtype_bytes, tensor_parallel)

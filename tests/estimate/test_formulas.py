@@ -70,7 +70,7 @@ def test_model_forms():
     assert model_shape(7_000_000_000).parameters == 7_000_000_000
     assert model_shape("1.5B").parameters == 1_500_000_000
     assert model_shape("350m").parameters == 350_000_000
-    assert model_shape({"text_config": LLAMA3_8B}).num_layers == 32
+    assert model_shape({"text_config": LLAMA3_8B}).config.num_layers == 32
     assert weight_bytes(1_000, "bf16", tensor_parallel=2) == 1_000
 
 
@@ -116,3 +116,25 @@ def test_bad_model_input_is_one_line(call, fragment):
         call()
     assert fragment in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("precision", "grad_dtype", "replicated", "distributed"),
+    # Megatron-LM's distributed-optimizer table, bytes per parameter at DP size d = 8:
+    # bf16 params with fp32 grads 18 / 6 + 12/d; fp32 params and grads 16 / 8 + 8/d.
+    [("bf16", "fp32", 18, 6 + 12 / 8), ("fp32", "fp32", 16, 8 + 8 / 8)],
+)
+def test_grad_dtype_and_distributed_optimizer_match_megatron(
+    precision, grad_dtype, replicated, distributed
+):
+    psi = 1_000_000_000
+    kwargs = {"precision": precision, "grad_dtype": grad_dtype, "data_parallel": 8}
+    assert model_states(psi, strategy="ddp", **kwargs).total_bytes == replicated * psi
+    assert model_states(psi, strategy="distopt", **kwargs).total_bytes == distributed * psi
+    assert "fp32 grads 4 B" in byte_accounting("bf16", grad_dtype="fp32").text
+
+
+def test_grad_dtype_defaults_to_the_precision():
+    assert byte_accounting("bf16").grad_bytes == 2
+    with pytest.raises(UserInputError, match="grad_dtype='fp8': expected one of bf16"):
+        byte_accounting("bf16", grad_dtype="fp8")

@@ -15,6 +15,7 @@ from nbgpu.estimate.shapes import (
     read_hf_config,
     resolve_model_config,
 )
+from tests.estimate.hf_configs import hf_dict
 
 # Parameter counts as the model cards / papers publish them (billions, rounded as published).
 PUBLISHED = {
@@ -93,7 +94,7 @@ def test_every_row_is_a_consistent_shape() -> None:
 def test_reader_round_trips_a_builtin_config(tmp_path: Path) -> None:
     cfg = lookup_model("Llama-3.2-1B")
     path = tmp_path / "config.json"
-    body = cfg.to_hf_dict()
+    body = hf_dict(cfg)
     del body["num_parameters"]
     path.write_text(json.dumps(body))
     for source in (path, str(path), tmp_path):
@@ -112,7 +113,7 @@ def test_reader_takes_the_language_model_of_a_vision_config() -> None:
         "model_type": "qwen2_5_vl",
         "torch_dtype": "bfloat16",
         "vision_config": {"hidden_size": 1280},
-        "text_config": lookup_model("Qwen2.5-VL-7B-Instruct").to_hf_dict(),
+        "text_config": hf_dict(lookup_model("Qwen2.5-VL-7B-Instruct")),
     }
     assert read_hf_config(vl).hidden_size == 3584
 

@@ -104,3 +104,11 @@ def test_a_tiny_traced_model_gets_its_largest_micro_batch() -> None:
     above = estimate_memory(model, example_input=batch, micro_batch=best.max_micro_batch + 1)
     assert above.total_bytes > 10**9
     assert "fake-tensor traces, 0 real steps" in best.notes[-1]
+
+
+def test_an_offloaded_module_is_estimated_analytically_and_says_why() -> None:
+    model, batch = mlp(), torch.zeros(4, 256)
+    est = estimate(model, example_input=batch, strategy="zero2", world_size=2, offload="optimizer")
+    assert est.method == "analytic"
+    assert "offload is analytic only" in est.trace_note
+    assert est.host_bytes > 0
