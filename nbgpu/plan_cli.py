@@ -62,6 +62,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="P",
         help="ranks (GPUs) per node, with --nodes (default: the most the nodes allow)",
     )
+    a("--gpus-per-node", **n, help="GPUs in each node (with --nodes or --scale)")
     a("--partition", metavar="P", help="with --slurm")
     a("--gpus", **n, help="GPUs for the job")
     a("--require", metavar="0,1", help="GPUs that must be used")
@@ -227,7 +228,6 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     from nbgpu import plan as planning  # noqa: PLC0415
 
     for flag, value in (
-        ("an allocation", args.allocation),
         ("--gpus", args.gpus),
         ("--require", args.require),
         ("--exclude", args.exclude),
@@ -235,18 +235,26 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     ):
         if value is not None:
             raise UserInputError(
-                f"{flag} plans one box; across nodes give --nodes N --nproc-per-node P"
+                f"{flag} plans one box; across nodes the plan chooses each node's GPUs "
+                "(an allocation, --nodes N, --nproc-per-node P)"
             )
     fleet = common.pop("inventory")
     common.pop("base_port")  # the rendezvous port is picked on the first node at launch
-    if args.slurm and fleet is not None:
-        raise UserInputError("--slurm asks the nodes themselves; --fleet describes them: give one")
-    if not args.slurm and fleet is None:
+    if args.slurm + (fleet is not None) + (args.gpus_per_node is not None) > 1:
         raise UserInputError(
-            "--nodes: which nodes? add --slurm (the allocation's nodes, asked through srun) or "
-            "--fleet cluster.json (from `nbgpu status --slurm --json`)"
+            "--slurm asks the nodes themselves; --fleet, --gpus-per-node describe them: give one"
+        )
+    if not args.slurm and fleet is None and args.gpus_per_node is None:
+        raise UserInputError(
+            "--nodes: which nodes? add --slurm (the allocation's nodes, asked through srun), "
+            "--fleet cluster.json (from `nbgpu status --slurm --json`) or '24x(8xH100)' "
+            "(simulated), or --gpus-per-node G (N identical nodes, described)"
         )
     cluster = fleet
+    if args.gpus_per_node is not None:  # described: N nodes of G GPUs, not seen
+        if args.nodes is None:
+            raise UserInputError("--gpus-per-node G describes --nodes N nodes: add --nodes N")
+        cluster = f"{args.nodes}x({args.gpus_per_node})"
     if args.slurm:
         from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
         from nbgpu.launch.slurm import cluster_status, nodes_up  # noqa: PLC0415
@@ -260,7 +268,8 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
         cluster = cluster_status(
             nodes=look, options=SlurmOptions(partition=args.partition), environ=os.environ
         )
-    return planning.nodes(cluster, nodes=args.nodes, nproc_per_node=args.nproc_per_node, **common)
+    shape = {"nodes": args.nodes, "nproc_per_node": args.nproc_per_node}
+    return planning.nodes(cluster, allocation=args.allocation, **shape, **common)
 
 
 def render_plan_output(result: Any, args: argparse.Namespace) -> str | None:

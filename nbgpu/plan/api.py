@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.estimate import lookup_model, model_shape
-from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list
+from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list, whole_number
 from nbgpu.plan.multinode import NodesPlan, build_nodes_plan
 from nbgpu.plan.placement import Candidate, PortChecker, candidates_from_inventory, order_pool
 from nbgpu.plan.placement import port_is_free as _port_is_free
@@ -69,15 +70,18 @@ def _gpus(
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+_Cluster = tuple[dict[str, tuple[Candidate, ...]], str, bool]  # node → GPUs, source, simulated?
 P = TypeVar("P", Plan, SweepPlan, NodesPlan)
 # The job keywords a sweep and a plan across nodes do not take (they choose those themselves).
 _NOT_SWEEP = ("num_gpus", "require")
-_NOT_NODES = ("allocation", "num_gpus", "require", "exclude", "base_port")
+_NOT_NODES = ("num_gpus", "require", "exclude", "base_port")
 _CLUSTER_FORMS = (
     "expected a cluster: %gpu_status --slurm's result, the JSON file `nbgpu status --slurm "
-    "--json` writes, or a mapping of node names to fleets such as {'n1': '4xA40', 'n2': "
-    "'4xA40,busy=0'}"
+    "--json` writes, a mapping of node names to fleets such as {'n1': '4xA40', 'n2': "
+    "'4xA40,busy=0'}, N simulated nodes of one fleet such as '24x(8xH100)' or N described "
+    "nodes of G GPUs such as '24x(8)'"
 )
+_NODES = re.compile(r"^\s*(\d+)\s*[xX\u00d7]\s*\((.+)\)\s*$")  # 24x(8xH100,busy=0), 24x(8)
 _SEVERITY_OF = {"problems": "bad", "warnings": "warn"}  # plan files older than severities
 
 
@@ -192,17 +196,19 @@ def sweep(
 def nodes(
     cluster: Any, *, nodes: int | None = None, nproc_per_node: int | None = None, **job: Any
 ) -> NodesPlan:
-    """Plan one training job across a cluster's nodes: which nodes, which GPUs on each.
+    """Plan a job across a cluster's nodes: which nodes, which GPUs on each, for which role.
 
     ``cluster``: ``%gpu_status --slurm``'s result (``nbgpu status --slurm --json``'s file),
-    or a mapping of node names to fleets (``{"n1": "4xA40,busy=0", "n2": "4xA40"}``).
-    ``nodes`` (default: every node that can hold the ranks) × ``nproc_per_node`` ranks
-    (default: the most a node count allows); each chosen node must have that many usable
-    GPUs. Batch and model keywords are those of :func:`plan`, checked for the whole world
-    of ``nodes × nproc_per_node`` ranks. ``%%torchrun --plan p`` launches the result.
+    a mapping of node names to fleets (``{"n1": "4xA40,busy=0", "n2": "4xA40"}``),
+    ``"24x(8xH100)"`` (simulated n1..n24) or ``"24x(8)"`` (described, not seen). ``nodes``
+    (default: all that fit) × ``nproc_per_node`` ranks (default: the most a node count
+    allows), or an ``allocation`` on at most as many of each. Batch and model keywords are
+    those of :func:`plan`, for the ranks ``%%torchrun --plan p`` starts.
     """
     job_ = _job("nbgpu.plan.nodes()", job, but=_NOT_NODES)
-    return build_nodes_plan(*_cluster(cluster), job_, nodes=nodes, nproc_per_node=nproc_per_node)
+    spec = _NODES.match(cluster) if isinstance(cluster, str) else None
+    found = _spec_cluster(spec) if spec else _cluster(cluster)
+    return build_nodes_plan(*found, job_, nodes=nodes, nproc_per_node=nproc_per_node)
 
 
 def scale(
@@ -290,7 +296,20 @@ def scale(
     )
 
 
-def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
+def _spec_cluster(spec: re.Match[str]) -> _Cluster:
+    """``24x(8xH100)``: 24 simulated nodes of one fleet; ``24x(8)``: 24 described nodes."""
+    names = [f"n{i + 1}" for i in range(whole_number("nodes", int(spec[1])))]
+    if not spec[2].lstrip("-").isdigit():
+        found, _, simulated = _cluster(dict.fromkeys(names, spec[2]))
+        return found, spec[0].strip(), simulated
+    ok = Candidate(0, None, None, None, None, usable=True, grade=0, health="ok")
+    per_node = whole_number("GPUs per node", int(spec[2]))
+    source = f"{len(names)} described nodes of {per_node} GPUs (not seen)"
+    gpus = tuple(replace(ok, nvml_index=i) for i in range(per_node))
+    return dict.fromkeys(names, gpus), source, False
+
+
+def _cluster(cluster: Any) -> _Cluster:
     """(node → its GPUs as candidates, where they came from, simulated?)."""
     from nbgpu.devices.inventory import Inventory  # noqa: PLC0415
     from nbgpu.devices.model import cluster_nodes, is_cluster  # noqa: PLC0415
@@ -300,6 +319,8 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
     where, source = "the cluster", "the cluster"
     if isinstance(cluster, str | os.PathLike):
         path, name = Path(cluster).expanduser(), f"cluster file {os.fspath(cluster)!r}"
+        if not os.fspath(cluster).endswith(".json") and not path.is_file():
+            raise UserInputError(f"cluster {os.fspath(cluster)!r}: {_CLUSTER_FORMS}")
         text = read_text(path, "cluster file")
         try:
             cluster = json.loads(text)
@@ -319,6 +340,7 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
         simulated = any(inventory.simulated for inventory in inventories.values())
         source = str(cluster.get("source") or source)
     elif isinstance(cluster, Mapping) and cluster:  # nodes described by their fleets
+        seen: dict[str, Inventory] = {}  # one snapshot per fleet: 64 nodes cost one
         for node, fleet in cluster.items():
             if not isinstance(node, str) or not node:
                 raise UserInputError(f"cluster: node name {node!r}: {_CLUSTER_FORMS}")
@@ -327,7 +349,8 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
             ):
                 raise UserInputError(f"cluster: node {node!r} = {fleet!r}: {_CLUSTER_FORMS}")
             try:  # a capture is read; anything else is simulated
-                inventories[node] = _snapshot(fleet, {})
+                key = fleet if isinstance(fleet, str) else str(id(fleet))
+                inventories[node] = seen.get(key) or seen.setdefault(key, _snapshot(fleet, {}))
             except FleetSpecError as exc:
                 raise UserInputError(f"node {node}: {exc}") from None
         simulated = all(not isinstance(f, Inventory) or f.simulated for f in cluster.values())
@@ -335,11 +358,10 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
     else:
         raise UserInputError(f"cluster={type(cluster).__name__}: {_CLUSTER_FORMS}")
     # A node without a GPU has none to give; the plan says so for that node.
-    candidates = {
-        node: () if inventory.nvml_error else candidates_from_inventory(inventory)
-        for node, inventory in inventories.items()
+    gpus = {
+        id(i): () if i.nvml_error else candidates_from_inventory(i) for i in inventories.values()
     }
-    return candidates, source, simulated
+    return {node: gpus[id(i)] for node, i in inventories.items()}, source, simulated
 
 
 def plan_from_json(
