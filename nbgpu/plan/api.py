@@ -70,7 +70,6 @@ def _gpus(
 
 
 F = TypeVar("F", bound=Callable[..., Any])
-_Cluster = tuple[dict[str, tuple[Candidate, ...]], str, bool]  # node → GPUs, source, simulated?
 P = TypeVar("P", Plan, SweepPlan, NodesPlan)
 # The job keywords a sweep and a plan across nodes do not take (they choose those themselves).
 _NOT_SWEEP = ("num_gpus", "require")
@@ -206,6 +205,8 @@ def nodes(
     those of :func:`plan`, for the ranks ``%%torchrun --plan p`` starts.
     """
     job_ = _job("nbgpu.plan.nodes()", job, but=_NOT_NODES)
+    whole_number("nodes", nodes)
+    whole_number("nproc_per_node", nproc_per_node)
     spec = _NODES.match(cluster) if isinstance(cluster, str) else None
     found = _spec_cluster(spec) if spec else _cluster(cluster)
     return build_nodes_plan(*found, job_, nodes=nodes, nproc_per_node=nproc_per_node)
@@ -296,7 +297,7 @@ def scale(
     )
 
 
-def _spec_cluster(spec: re.Match[str]) -> _Cluster:
+def _spec_cluster(spec: re.Match[str]) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
     """``24x(8xH100)``: 24 simulated nodes of one fleet; ``24x(8)``: 24 described nodes."""
     names = [f"n{i + 1}" for i in range(whole_number("nodes", int(spec[1])))]
     if not spec[2].lstrip("-").isdigit():
@@ -309,7 +310,7 @@ def _spec_cluster(spec: re.Match[str]) -> _Cluster:
     return dict.fromkeys(names, gpus), source, False
 
 
-def _cluster(cluster: Any) -> _Cluster:
+def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
     """(node → its GPUs as candidates, where they came from, simulated?)."""
     from nbgpu.devices.inventory import Inventory  # noqa: PLC0415
     from nbgpu.devices.model import cluster_nodes, is_cluster  # noqa: PLC0415
@@ -319,8 +320,6 @@ def _cluster(cluster: Any) -> _Cluster:
     where, source = "the cluster", "the cluster"
     if isinstance(cluster, str | os.PathLike):
         path, name = Path(cluster).expanduser(), f"cluster file {os.fspath(cluster)!r}"
-        if not os.fspath(cluster).endswith(".json") and not path.is_file():
-            raise UserInputError(f"cluster {os.fspath(cluster)!r}: {_CLUSTER_FORMS}")
         text = read_text(path, "cluster file")
         try:
             cluster = json.loads(text)
@@ -342,11 +341,8 @@ def _cluster(cluster: Any) -> _Cluster:
     elif isinstance(cluster, Mapping) and cluster:  # nodes described by their fleets
         seen: dict[str, Inventory] = {}  # one snapshot per fleet: 64 nodes cost one
         for node, fleet in cluster.items():
-            if not isinstance(node, str) or not node:
-                raise UserInputError(f"cluster: node name {node!r}: {_CLUSTER_FORMS}")
-            if not isinstance(fleet, Inventory) and (
-                not isinstance(fleet, str) or not fleet.strip()
-            ):
+            given = isinstance(fleet, Inventory) or (isinstance(fleet, str) and fleet.strip())
+            if not isinstance(node, str) or not node or not given:
                 raise UserInputError(f"cluster: node {node!r} = {fleet!r}: {_CLUSTER_FORMS}")
             try:  # a capture is read; anything else is simulated
                 key = fleet if isinstance(fleet, str) else str(id(fleet))

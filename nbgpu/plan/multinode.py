@@ -1,12 +1,12 @@
 """A job across several nodes: which nodes, which GPUs on each, for which role, checked.
 
 torchrun starts the same number of ranks on every node, so a role takes *k* usable GPUs on
-each of its nodes, clean nodes first (in order, so small roles share one). A training job of ``N × P`` ranks is one role; an allocation's parts are
-placed in order, ranks node by node, an instance (``t × p × c`` GPUs: a server, a replica)
-inside one node, or over whole nodes with its tensor groups inside each when it is larger
-(as AReaL's SLURM launcher lays roles out). Batch and memory are checked for the role
-torchrun starts. What does not fit names each node that falls short; a job gets fewer nodes
-or ranks per node as alternatives. Pure: never reads an inventory, files or sockets.
+each of its nodes, clean ones first, in order (small roles share a node). A job of N × P
+ranks is one role; an allocation's parts are placed in order, ranks node by node, each
+instance (t × p × c GPUs: a server, a replica) inside a node, or over whole nodes with its
+tensor groups inside each when it is larger (AReaL's SLURM launcher does the same). Batch
+and memory are checked for the role torchrun starts. What does not fit names each node that
+falls short; alternatives offer fewer nodes or ranks. Pure: never reads inventories, files.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, ClassVar
 
-from nbgpu._render import Block, Line, Result, Table, Title, fmt_bytes, to_text
+from nbgpu._render import Block, Line, Result, Table, Title, to_text
 from nbgpu._serial import to_data
 from nbgpu.errors import UserInputError
 from nbgpu.plan.allocation import Allocation, RoleSpec, parse_allocation
-from nbgpu.plan.job import BatchCheck, Job, nearest_batch, whole_number
+from nbgpu.plan.job import BatchCheck, Job, nearest_batch
 from nbgpu.plan.memcheck import auto_max_micro, memory_check, memory_problems, smallest_free
 from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
 from nbgpu.plan.planner import batch_problem, caveats, trainer_batch
@@ -32,6 +32,8 @@ from nbgpu.plan.result import (
     PlannedGpu,
     RolePlan,
     alternative_blocks,
+    memory_lines,
+    memory_table,
     problem_blocks,
 )
 from nbgpu.problems import Problem
@@ -67,12 +69,10 @@ class NodeLeftOut:
 class NodesAlternative:
     title: str
     reason: str
-    plan: NodesPlan | None = None
+    plan: NodesPlan
 
     @property
     def status(self) -> str:
-        if self.plan is None:
-            return ""
         if self.plan.ok:
             return " — ready"
         return f" — also blocked ({self.plan.problems[0].message})"  # not ok: it has problems
@@ -131,53 +131,37 @@ class NodesPlan(Result):
     def _table(self) -> Table:
         table = Table(["node", "role", "GPUs (CUDA_VISIBLE_DEVICES)", "ranks", "GPU", "left out"])
         for n in self.nodes:
-            names = sorted({(g.name or "?").replace("NVIDIA ", "") for g in n.gpus})
-            out = "; ".join(f"GPU {e.nvml_index}: {e.health}" for e in n.excluded)
-            table.add(
-                n.node, n.role, n.cuda_visible_devices, len(n.gpus), "/".join(names), out or "-"
-            )
+            names = "/".join(sorted({(g.name or "?").replace("NVIDIA ", "") for g in n.gpus}))
+            out = "; ".join(f"GPU {e.nvml_index}: {e.health}" for e in n.excluded) or "-"
+            table.add(n.node, n.role, n.cuda_visible_devices, len(n.gpus), names, out)
         for left in self.left_out:
             table.add(left.node, "-", "-", 0, "-", left.reason, level="warn")
         return table
 
-    def _role_line(self, role: RoleSpec) -> Line:
-        """An allocation's role: its shape, and where its instances (t × p × c GPUs) lie."""
-        mine = [n for n in self.nodes if n.role == role.name]
-        per_node, unit = len(mine[0].gpus) if mine else 1, role.instance_gpus
-        where = f"over {-(-unit // per_node)} nodes" if per_node < unit else "within a node"
-        shape = f"{len(mine)} node(s) × {per_node} GPUs"
-        text = f"{shape}; {role.data_parallel} instance(s) of {unit} GPUs, each {where}"
-        if role.colocated_with is not None:
-            text = f"on role {role.colocated_with}'s GPUs ({shape})"
-        return Line(f"{role.degrees}: {text if mine else 'not placed'}", label=f"role {role.name}")
-
     def _footer(self) -> list[Block]:
         world = f"{self.world_size} ranks ({self.job_nodes} × {self.nproc_per_node})"
-        roles = parse_allocation(self.allocation).roles if self.allocation else ()
-        lines: list[Block] = [self._role_line(r) for r in roles] or [Line(world, label="world")]
+        lines: list[Block] = [] if self.allocation else [Line(world, label="world")]
+        for role in parse_allocation(self.allocation).roles if self.allocation else ():
+            # Where its instances (t × p × c GPUs: a server, a replica) lie.
+            mine = [n for n in self.nodes if n.role == role.name]
+            per_node, unit = len(mine[0].gpus) if mine else 1, role.instance_gpus
+            where = f"over {-(-unit // per_node)} nodes" if per_node < unit else "within a node"
+            shape = f"{len(mine)} node(s) × {per_node} GPUs"
+            text = f"{shape}; {role.data_parallel} instance(s) of {unit} GPUs, each {where}"
+            text = text if mine else "not placed"
+            lines.append(Line(f"{role.degrees}: {text}", label=f"role {role.name}"))
         if self.batch is not None and self.batch.ok:
             lines.append(Line(self.batch.summary, label="batch"))
-        for m in self.memory:
-            free = "" if m.available_bytes is None else f" free {fmt_bytes(m.available_bytes)}"
-            where = f"{m.verdict} on node {self.memory_node} GPU {m.deciding_gpu}{free}"
-            if m.deciding_gpu is None:
-                where = f"{m.verdict}: no GPU sizes"
-            needed = f"{fmt_bytes(m.needed_bytes)}, {where} (the smallest of the job)"
-            lines += [Line(needed, label="memory per GPU"), Line(m.accounting, indent="  ")]
-            if m.max_micro_batch is not None:
-                largest = f"{m.max_micro_batch} (computed, no trials)"
-                lines.append(Line(largest, label="largest micro batch"))
-        if not self.memory and self.nodes:
-            lines.append(MEMORY_NOT_CHECKED)
+        lines += memory_lines(self.memory) if self.memory else [MEMORY_NOT_CHECKED]
         launch = (
             f"%%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist {self.nodelist}; "
             "each node sets its own CUDA_VISIBLE_DEVICES); the rendezvous port is picked on "
             "the first node when the job starts"
         )
         other = "not started by --plan: start it on its nodes with their CUDA_VISIBLE_DEVICES"
-        for role in dict.fromkeys(n.role for n in self.nodes) if self.ok else ():
-            text = launch if role == self.launched else other
-            lines.append(Line(f"role {role}: {text}", label="launch"))
+        for name in dict.fromkeys(n.role for n in self.nodes) if self.ok else ():
+            text = launch if name == self.launched else other
+            lines.append(Line(f"role {name}: {text}", label="launch"))
         return lines
 
     def text(self) -> str:
@@ -191,7 +175,8 @@ class NodesPlan(Result):
         verdict = "ready" if self.ok else "NOT READY"
         title = f"nbgpu plan — {shape} on {sim}{self.source} · {verdict}"
         blocks: list[Block] = [Title(title, simulated=self.simulated), self._table()]
-        blocks += self._footer() + problem_blocks(self.problems, self.warnings)
+        blocks += self._footer() + ([memory_table(self.memory)] if self.memory else [])
+        blocks += problem_blocks(self.problems, self.warnings)
         return blocks + alternative_blocks(
             [(f"{a.title}{a.status}: {a.reason}", ()) for a in self.alternatives]
         )
@@ -295,36 +280,9 @@ def _place(
             subject = label[:-2] or shape
             problems.append(Problem("bad", "not_enough_nodes", subject, message, tuple(fixes)))
         if role.tensor_parallel > per_node:
-            message = (
-                f"{label}its tensor-parallel groups (t{role.tensor_parallel}) span nodes of "
-                f"{per_node} GPUs: their all-reduces cross the network"
-            )
-            warnings.append(Problem("warn", "tensor_across_nodes", f"role {role.name}", message))
+            why = f"t{role.tensor_parallel} spans nodes of {per_node} GPUs: all-reduces cross them"
+            warnings.append(Problem("warn", "tensor_across_nodes", f"role {role.name}", why))
     return [g for gpus in placed.values() for g in gpus], shapes, problems, warnings
-
-
-def _memory(
-    chosen: Sequence[NodeGpus],
-    job: Job,
-    spec: RoleSpec | None,
-    batch: BatchCheck | None,
-    *,
-    problems: list[Problem],
-    warnings: list[Problem],
-) -> tuple[Job, tuple[MemoryCheck, ...], str | None]:
-    """The memory check on the node whose smallest free GPU is the smallest of all."""
-    if job.model is None or not chosen or spec is None:
-        return job, (), None
-    smallest = smallest_free([g for node in chosen for g in node.gpus])
-    deciding = next((node for node in chosen if smallest in node.gpus), chosen[0])
-    role = RolePlan(**vars(spec), gpus=deciding.gpus)  # its ranks on every node
-    job = auto_max_micro([role], job, warnings)
-    check = memory_check(role, job, batch)
-    found: list[Problem] = []
-    memory_problems(check, role, job, found, warnings)
-    node = f"node {deciding.node}"
-    problems.extend(replace(p, subject=node, message=f"{node}: {p.message}") for p in found)
-    return job, (check,), deciding.node
 
 
 def build_nodes_plan(
@@ -339,8 +297,6 @@ def build_nodes_plan(
 ) -> NodesPlan:
     if not node_candidates:
         raise UserInputError("the cluster has no node to plan on")
-    whole_number("nodes", nodes)
-    whole_number("nproc_per_node", nproc_per_node)
     every = [_Node(name, tuple(c), tuple(order_pool(c))) for name, c in node_candidates.items()]
     if nodes is not None and nodes > len(every):
         raise UserInputError(
@@ -383,9 +339,18 @@ def build_nodes_plan(
     if batch is not None and not batch.ok and launched is not None:
         world = f"{job_nodes * ranks} ranks" if job.allocation is None else ""
         problems.append(batch_problem(batch, world or f"role {launched.name}"))
-    job, memory, memory_node = _memory(
-        mine, job, launched, batch, problems=problems, warnings=warnings
-    )
+    memory: tuple[MemoryCheck, ...] = ()
+    memory_node = None
+    if job.model is not None and mine and launched is not None:
+        # Checked on the node whose smallest free GPU is the smallest of the role; the role's
+        # name there says which node, in the checks and the memory table.
+        smallest = smallest_free([g for n in mine for g in n.gpus])
+        deciding = next((n for n in mine if smallest in n.gpus), mine[0])
+        name, memory_node = f"{launched.name} on {deciding.node}", deciding.node
+        role = RolePlan(**{**vars(launched), "name": name}, gpus=deciding.gpus)
+        job = auto_max_micro([role], job, warnings)
+        memory = (memory_check(role, job, batch),)
+        memory_problems(memory[0], role, job, problems, warnings)
     plan = NodesPlan(
         tuple(chosen),
         tuple(left_out),

@@ -121,7 +121,7 @@ def _plan_cli(*args, cwd=None):
     [
         (["--nodes", "2"], "--nodes: which nodes? add --slurm"),
         (["--slurm", "--fleet", "4xA40", "--nodes", "2"], "--slurm asks the nodes themselves"),
-        (["d4", "--nodes", "2", "--fleet", "4xA40"], "cluster '4xA40': expected a cluster"),
+        (["d4", "--nodes", "2", "--fleet", "4xA40"], "cluster file '4xA40' does not exist"),
         (["d4", "--nodes", "2", "--gpus", "2"], "--gpus plans one box; across nodes the plan"),
         (["--nodes", "2", "--gpus-per-node", "4", "--slurm"], "--slurm asks the nodes themselves"),
         (

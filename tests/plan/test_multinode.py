@@ -87,7 +87,7 @@ def test_memory_is_checked_on_the_tightest_node_for_the_whole_world():
     assert any(w.code == "mixed_gpus" for w in p.warnings)
     ddp = nbgpu.plan.nodes(cluster, nproc_per_node=2, model="7B")
     assert not ddp.ok
-    assert ddp.problems[0].message.startswith("node b: ")
+    assert ddp.problems[0].message.startswith("role train on b: training needs ")
 
 
 def test_json_round_trip_and_frame():
@@ -125,7 +125,7 @@ def test_a_status_file_and_a_description_plan_alike(tmp_path):
         (CLUSTER, {"nodes": 4}, r"nodes=4: the cluster has 3 node\(s\) \(n1, n2, n3\)"),
         (CLUSTER, {"nproc_per_node": -1}, r"nproc_per_node=-1: expected a whole number"),
         (CLUSTER, {"exclude": "0"}, r"exclude= is not a keyword it takes"),
-        ("4xA40", {}, r"cluster '4xA40': expected a cluster"),
+        ("4xA40", {}, r"cluster file '4xA40' does not exist"),
         ("0x(8xH100)", {}, r"nodes=0: expected a whole number >= 1"),
         ("2x(9xZZ)", {}, r"node n1: "),
         (None, {"nodes": 2}, r"cluster=NoneType: expected a cluster"),
@@ -216,7 +216,7 @@ def test_an_instance_larger_than_a_node_spans_whole_nodes_and_says_so():
     wide = nbgpu.plan.nodes("2x(8xA40)", allocation="megatron:d1t16")
     assert wide.ok
     assert [w.code for w in wide.warnings] == ["tensor_across_nodes"]
-    assert "(t16) span nodes of 8 GPUs" in wide.warnings[0].message
+    assert wide.warnings[0].message == "t16 spans nodes of 8 GPUs: all-reduces cross them"
 
 
 def test_a_node_short_of_a_gpu_does_not_split_an_instance_that_fits_a_node():
@@ -256,7 +256,7 @@ def test_memory_and_batch_are_checked_for_the_first_training_role():
     )
     assert p.memory_node == "n2"
     (check,) = p.memory
-    assert check.role == "train"
+    assert check.role == "train on n2"
     assert "Ψ/4" in check.accounting
     assert [i.code for i in p.problems] == ["batch"]
     assert p.problems[0].message.startswith("role train: global batch 5 is not divisible by 2")
