@@ -152,7 +152,8 @@ class NodesPlan(Result):
             lines.append(Line(f"{role.degrees}: {text}", label=f"role {role.name}"))
         if self.batch is not None and self.batch.ok:
             lines.append(Line(self.batch.summary, label="batch"))
-        lines += memory_lines(self.memory) if self.memory else [MEMORY_NOT_CHECKED]
+        if self.memory or self.node_gpus:  # a role not placed is not checked either
+            lines += memory_lines(self.memory) if self.memory else [MEMORY_NOT_CHECKED]
         launch = (
             f"%%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist {self.nodelist}; "
             "each node sets its own CUDA_VISIBLE_DEVICES); the rendezvous port is picked on "
@@ -295,8 +296,6 @@ def build_nodes_plan(
     nproc_per_node: int | None,
     alternatives: bool = True,
 ) -> NodesPlan:
-    if not node_candidates:
-        raise UserInputError("the cluster has no node to plan on")
     every = [_Node(name, tuple(c), tuple(order_pool(c))) for name, c in node_candidates.items()]
     if nodes is not None and nodes > len(every):
         raise UserInputError(

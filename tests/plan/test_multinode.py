@@ -220,8 +220,10 @@ def test_an_instance_larger_than_a_node_spans_whole_nodes_and_says_so():
 
 
 def test_a_node_short_of_a_gpu_does_not_split_an_instance_that_fits_a_node():
-    p = nbgpu.plan.nodes("2x(8xA40,lost=0)", allocation="d1t8")
+    p = nbgpu.plan.nodes("2x(8xA40,lost=0)", allocation="d1t8", model="7B")
     assert not p.ok
+    assert "role train: d1t8p1: not placed" in p.text()
+    assert "memory" not in p.text()  # a model was given: nothing placed, nothing to check
     (problem,) = p.problems
     assert problem.code == "not_enough_nodes"
     assert "1 node(s) with 8 usable GPUs each; 0 of the 2 node(s) do" in problem.message
