@@ -235,8 +235,7 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     ):
         if value is not None:
             raise UserInputError(
-                f"{flag} plans one box; across nodes the plan chooses each node's GPUs "
-                "(an allocation, --nodes N, --nproc-per-node P)"
+                f"{flag} plans one box; across nodes the plan chooses each node's GPUs"
             )
     fleet = common.pop("inventory")
     common.pop("base_port")  # the rendezvous port is picked on the first node at launch
@@ -246,9 +245,8 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
         )
     if not args.slurm and fleet is None and args.gpus_per_node is None:
         raise UserInputError(
-            "--nodes: which nodes? add --slurm (the allocation's nodes, asked through srun), "
-            "--fleet cluster.json (from `nbgpu status --slurm --json`) or '24x(8xH100)' "
-            "(simulated), or --gpus-per-node G (N identical nodes, described)"
+            "--nodes: which nodes? add --slurm (asked through srun), --fleet cluster.json (from "
+            "`nbgpu status --slurm --json`) or '24x(8xH100)', or --gpus-per-node G (described)"
         )
     cluster = fleet
     if args.gpus_per_node is not None:  # described: N nodes of G GPUs, not seen

@@ -80,11 +80,10 @@ class NodesAlternative:
 
 @dataclass(frozen=True)
 class NodesPlan(Result):
-    """What launchers read, for the role torchrun starts (``launched``: the job, or an
-    allocation's first training role): ``ok``, ``nodelist`` (for ``srun --nodelist``),
-    ``nproc_per_node``, ``node_gpus`` (node → ``CUDA_VISIBLE_DEVICES``). ``nodes`` holds
-    every role's GPUs per node. ``memory`` is checked on ``memory_node``, whose smallest free
-    GPU is the smallest of the launched role; ``batch`` for its data-parallel ranks."""
+    """What launchers read, for the role torchrun starts (``launched``: the job or an
+    allocation's first trainer): ``ok``, ``nodelist`` (``srun --nodelist``), ``nproc_per_node``,
+    ``node_gpus`` (node → ``CUDA_VISIBLE_DEVICES``); ``nodes`` has every role's GPUs per node.
+    ``batch`` and ``memory`` are that role's, checked on ``memory_node`` (its smallest GPU)."""
 
     JSON_EXTRAS: ClassVar[tuple[str, ...]] = ("ok", "nodelist", "world_size", "node_gpus")
     FRAME_COLUMNS = ("node", "role", "cuda_index", "nvml_index", "uuid")
