@@ -179,6 +179,8 @@ def plan_from_args(args: argparse.Namespace) -> Any:
             raise UserInputError(
                 "--nproc-per-node plans a launch; with --scale the node size is --gpus-per-node G"
             )
+        if args.slurm and args.fleet is not None:
+            raise UserInputError("--slurm asks the nodes themselves; --fleet describes them")
         cluster = _slurm_cluster(args) if args.slurm else None
         if _is_cluster_file(args.fleet):
             cluster, args.fleet = args.fleet, None
@@ -201,7 +203,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         return result if args.output is None else result.save(args.output)
     if args.diff or args.yaml or args.overrides or args.output:
         raise UserInputError("--diff, --yaml, --overrides and --output go with --scale CONFIG")
-    node_flags = args.slurm or args.nodes is not None or args.nproc_per_node is not None
+    node_flags = args.slurm or {args.nodes, args.nproc_per_node, args.gpus_per_node} != {None}
     if node_flags or _is_cluster_file(args.fleet):
         return _across_nodes(args, common)
     if args.partition is not None:
@@ -238,7 +240,6 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     from nbgpu import plan as planning  # noqa: PLC0415
 
     for flag, value in (
-        ("an allocation", args.allocation),
         ("--gpus", args.gpus),
         ("--require", args.require),
         ("--exclude", args.exclude),
@@ -246,42 +247,40 @@ def _across_nodes(args: argparse.Namespace, common: dict[str, Any]) -> Any:
     ):
         if value is not None:
             raise UserInputError(
-                f"{flag} plans one box; across nodes give --nodes N --nproc-per-node P"
+                f"{flag} plans one box; across nodes the plan chooses each node's GPUs"
             )
     fleet = common.pop("inventory")
     common.pop("base_port")  # the rendezvous port is picked on the first node at launch
-    if args.slurm and fleet is not None:
-        raise UserInputError("--slurm asks the nodes themselves; --fleet describes them: give one")
-    if not args.slurm and fleet is None:
+    if args.slurm + (fleet is not None) + (args.gpus_per_node is not None) > 1:
         raise UserInputError(
-            "--nodes: which nodes? add --slurm (the allocation's nodes, asked through srun) or "
-            "--fleet cluster.json (from `nbgpu status --slurm --json`)"
+            "--slurm asks the nodes themselves; --fleet, --gpus-per-node describe them: give one"
+        )
+    if not args.slurm and fleet is None and args.gpus_per_node is None:
+        raise UserInputError(
+            "--nodes: which nodes? add --slurm (asked through srun), --fleet cluster.json (from "
+            "`nbgpu status --slurm --json`) or '24x(8xH100)', or --gpus-per-node G (described)"
         )
     cluster = fleet
+    if args.gpus_per_node is not None:  # described: N nodes of G GPUs, not seen
+        if args.nodes is None:
+            raise UserInputError("--gpus-per-node G describes --nodes N nodes: add --nodes N")
+        cluster = f"{args.nodes}x({args.gpus_per_node})"
     if args.slurm:
-        from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
-        from nbgpu.launch.slurm import cluster_status, nodes_up  # noqa: PLC0415
-
-        # The plan chooses among nodes, so it looks at all it may choose from: the
-        # allocation's, or outside one every node of the partition that is up.
-        look = args.nodes
-        if not os.environ.get("SLURM_JOB_ID"):
-            # More than are up: the request check below says so in SLURM's terms.
-            look = max(args.nodes or 0, nodes_up(args.partition, os.environ)) or None
-        cluster = cluster_status(
-            nodes=look, options=SlurmOptions(partition=args.partition), environ=os.environ
-        )
-    return planning.nodes(cluster, nodes=args.nodes, nproc_per_node=args.nproc_per_node, **common)
+        cluster = _slurm_cluster(args)
+    shape = {"nodes": args.nodes, "nproc_per_node": args.nproc_per_node}
+    return planning.nodes(cluster, allocation=args.allocation, **shape, **common)
 
 
 def _slurm_cluster(args: argparse.Namespace) -> Any:
-    """The partition's nodes as they see themselves: their GPUs set the node size."""
+    """The nodes as they see themselves (through srun): a plan chooses among them, so it
+    looks at all it may choose from, the allocation's or every node of the partition up."""
     from nbgpu.launch.config import SlurmOptions  # noqa: PLC0415
     from nbgpu.launch.slurm import cluster_status, nodes_up  # noqa: PLC0415
 
-    if args.fleet is not None:
-        raise UserInputError("--slurm asks the nodes themselves; --fleet describes them: give one")
-    look = args.nodes or nodes_up(args.partition, os.environ) or None
+    look = args.nodes
+    if not os.environ.get("SLURM_JOB_ID"):
+        # More than are up: the request check says so in SLURM's terms.
+        look = max(args.nodes or 0, nodes_up(args.partition, os.environ)) or None
     options = SlurmOptions(partition=args.partition)
     return cluster_status(nodes=look, options=options, environ=os.environ)
 

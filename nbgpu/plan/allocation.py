@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["Allocation", "Degrees", "RoleSpec", "parse_allocation"]
+__all__ = ["Allocation", "RoleSpec", "parse_allocation"]
 
 # Backends (AReaL part prefixes) and role names that mean "an inference server".
 _INFERENCE_BACKENDS = frozenset({"sglang", "vllm", "trtllm", "tgi", "lmdeploy", "mock"})
@@ -56,31 +56,8 @@ _DEGREE_NAMES = {"d": "data-parallel", "t": "tensor-parallel", "p": "pipeline-pa
 _FIELDS = {k: name.replace("-", "_") for k, name in _DEGREE_NAMES.items()}
 
 
-class Degrees:
-    """The parallel degrees of a role, as a request (:class:`RoleSpec`) or a plan's role."""
-
-    data_parallel: int
-    tensor_parallel: int
-    pipeline_parallel: int
-    context_parallel: int  # splits each sequence: counts in the world size
-    expert_parallel: int  # places MoE experts inside the same GPUs: does not count
-
-    @property
-    def world_size(self) -> int:
-        """GPUs the role's processes span: d × t × p × c (AReaL's world size)."""
-        per_replica = self.tensor_parallel * self.pipeline_parallel * self.context_parallel
-        return self.data_parallel * per_replica
-
-    @property
-    def degrees(self) -> str:
-        """``d4t2p1`` (plus ``c``/``e`` only when used): how plans and reports name a part."""
-        text = f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
-        extra = (("c", self.context_parallel), ("e", self.expert_parallel))
-        return text + "".join(f"{k}{degree}" for k, degree in extra if degree > 1)
-
-
 @dataclass(frozen=True)
-class RoleSpec(Degrees):
+class RoleSpec:
     """One role of a job as the user asked for it (no GPUs chosen yet)."""
 
     name: str  # unique in the allocation: "sglang", "train", "inference"
@@ -89,9 +66,26 @@ class RoleSpec(Degrees):
     data_parallel: int
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
-    context_parallel: int = 1
-    expert_parallel: int = 1
+    context_parallel: int = 1  # splits each sequence: counts in the world size
+    expert_parallel: int = 1  # places MoE experts inside the same GPUs: does not count
     colocated_with: str | None = None  # the role whose GPUs this one shares ('|')
+
+    @property
+    def instance_gpus(self) -> int:
+        """GPUs of one replica or server: t × p × c."""
+        return self.tensor_parallel * self.pipeline_parallel * self.context_parallel
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the role's processes span: d × t × p × c (AReaL's world size)."""
+        return self.data_parallel * self.instance_gpus
+
+    @property
+    def degrees(self) -> str:
+        """``d4t2p1`` (plus ``c``/``e`` only when used): how plans and reports name a part."""
+        text = f"d{self.data_parallel}t{self.tensor_parallel}p{self.pipeline_parallel}"
+        extra = (("c", self.context_parallel), ("e", self.expert_parallel))
+        return text + "".join(f"{k}{degree}" for k, degree in extra if degree > 1)
 
     @property
     def gpu_count(self) -> int:
@@ -323,8 +317,7 @@ def parse_allocation(text: str) -> Allocation:
 
 def _same_world(first: RoleSpec, role: RoleSpec) -> str:
     """The colocated pair with the second part's data degree fitted to the first's GPUs."""
-    per_replica = role.tensor_parallel * role.pipeline_parallel * role.context_parallel
-    degree = max(1, first.world_size // per_replica)
+    degree = max(1, first.world_size // role.instance_gpus)
     fitted = replace(role, data_parallel=degree)
     head = f"{first.backend}:" if first.backend else ""
     tail = f"{role.backend}:" if role.backend else ""

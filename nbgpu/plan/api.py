@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -17,9 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from nbgpu._serial import from_data, to_data
 from nbgpu.errors import FleetSpecError, UserInputError
 from nbgpu.estimate import lookup_model, model_shape
-from nbgpu.estimate.formulas import check_count
-from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list
-from nbgpu.plan.multinode import NodesPlan, build_nodes_plan
+from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list, whole_number
+from nbgpu.plan.multinode import NodesPlan, build_nodes_plan, short_nodes
 from nbgpu.plan.placement import Candidate, PortChecker, candidates_from_inventory, order_pool
 from nbgpu.plan.placement import port_is_free as _port_is_free
 from nbgpu.plan.planner import build_plan
@@ -73,12 +73,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 P = TypeVar("P", Plan, SweepPlan, NodesPlan)
 # The job keywords a sweep and a plan across nodes do not take (they choose those themselves).
 _NOT_SWEEP = ("num_gpus", "require")
-_NOT_NODES = ("allocation", "num_gpus", "require", "exclude", "base_port")
+_NOT_NODES = ("num_gpus", "require", "exclude", "base_port")
 _CLUSTER_FORMS = (
     "expected a cluster: %gpu_status --slurm's result, the JSON file `nbgpu status --slurm "
-    "--json` writes, or a mapping of node names to fleets such as {'n1': '4xA40', 'n2': "
-    "'4xA40,busy=0'}"
+    "--json` writes, a mapping of node names to fleets such as {'n1': '4xA40', 'n2': "
+    "'4xA40,busy=0'}, N simulated nodes of one fleet such as '24x(8xH100)' or N described "
+    "nodes of G GPUs such as '24x(8)'"
 )
+_NODES = re.compile(r"^\s*(\d+)\s*[xX\u00d7]\s*\((.+)\)\s*$")  # 24x(8xH100,busy=0), 24x(8)
 _SEVERITY_OF = {"problems": "bad", "warnings": "warn"}  # plan files older than severities
 
 
@@ -193,17 +195,21 @@ def sweep(
 def nodes(
     cluster: Any, *, nodes: int | None = None, nproc_per_node: int | None = None, **job: Any
 ) -> NodesPlan:
-    """Plan one training job across a cluster's nodes: which nodes, which GPUs on each.
+    """Plan a job across a cluster's nodes: which nodes, which GPUs on each, for which role.
 
     ``cluster``: ``%gpu_status --slurm``'s result (``nbgpu status --slurm --json``'s file),
-    or a mapping of node names to fleets (``{"n1": "4xA40,busy=0", "n2": "4xA40"}``).
-    ``nodes`` (default: every node that can hold the ranks) × ``nproc_per_node`` ranks
-    (default: the most a node count allows); each chosen node must have that many usable
-    GPUs. Batch and model keywords are those of :func:`plan`, checked for the whole world
-    of ``nodes × nproc_per_node`` ranks. ``%%torchrun --plan p`` launches the result.
+    a mapping of node names to fleets (``{"n1": "4xA40,busy=0", "n2": "4xA40"}``),
+    ``"24x(8xH100)"`` (simulated n1..n24) or ``"24x(8)"`` (described, not seen). ``nodes``
+    (default: all that fit) × ``nproc_per_node`` ranks (default: the most a node count
+    allows), or an ``allocation`` on at most as many of each. Batch and model keywords are
+    those of :func:`plan`, for the ranks ``%%torchrun --plan p`` starts.
     """
     job_ = _job("nbgpu.plan.nodes()", job, but=_NOT_NODES)
-    return build_nodes_plan(*_cluster(cluster), job_, nodes=nodes, nproc_per_node=nproc_per_node)
+    whole_number("nodes", nodes)
+    whole_number("nproc_per_node", nproc_per_node)
+    spec = _NODES.match(cluster) if isinstance(cluster, str) else None
+    found = _spec_cluster(spec) if spec else _cluster(cluster)
+    return build_nodes_plan(*found, job_, nodes=nodes, nproc_per_node=nproc_per_node)
 
 
 def scale(
@@ -248,9 +254,8 @@ def scale(
             raise UserInputError(f"config {source!r} is not a mapping of keys to values")
         config = text_source.data
     shape = None if model is None else _scale_model(model)
-    node_size = None if gpus_per_node is None else (gpus_per_node, "--gpus-per-node")
-    if gpus_per_node is not None:
-        check_count("gpus_per_node=", gpus_per_node)
+    given = whole_number("gpus_per_node", gpus_per_node)
+    node_size = None if given is None else (given, "--gpus-per-node")
     gpus: dict[str, tuple[Candidate, ...]] = {}  # node → its GPUs ("": the one fleet)
     if inventory is not None and cluster is not None:
         raise UserInputError("scale: give inventory= (--fleet: one node) or cluster=, not both")
@@ -285,7 +290,7 @@ def scale(
         node_size=node_size,
     )
     if gpus:
-        result = replace(result, problems=(*result.problems, *_short_nodes(result, gpus)))
+        result = replace(result, problems=(*result.problems, *short_nodes(result, gpus)))
     if text_source is None:
         return result
     new_text, notes = rescaled_text(text_source, result)
@@ -299,28 +304,17 @@ def scale(
     )
 
 
-def _short_nodes(plan: ScalePlan, gpus: Mapping[str, tuple[Candidate, ...]]) -> list[Problem]:
-    """The problem when too few nodes have the plan's GPUs per node usable ("": one fleet)."""
-    per = plan.to_gpus // plan.nodes
-    short = {n: k for n, g in gpus.items() if (k := sum(c.usable for c in g)) < per}
-    if not short or ("" not in gpus and len(gpus) - len(short) >= plan.nodes):
-        return []
-    why = "; ".join(
-        f"{f'{node}: ' if node else ''}{k} usable"
-        + "".join(f" (GPU {c.nvml_index}: {c.health})" for c in gpus[node] if not c.usable)
-        for node, k in short.items()
-    )
-    most, usable = len(gpus) if "" not in gpus else plan.to_gpus, min(short.values())
-    fixes = [
-        f"--nodes {n}"
-        for n in range(plan.nodes, most + 1)
-        if plan.to_gpus % n == 0 and plan.to_gpus // n <= usable
-    ][:1] + [f"--to {plan.nodes * usable}"] * (usable > 0)
-    message = f"{plan.nodes} node(s) × {per} GPUs, but the fleet has {why}"
-    if "" not in gpus:
-        fit = len(gpus) - len(short)
-        message = f"{plan.nodes} node(s) × {per} GPUs: {fit} of the {len(gpus)} nodes have {per} usable GPUs ({why})"
-    return [Problem("bad", "not_enough_gpus", "GPUs", message, tuple(fixes))]
+def _spec_cluster(spec: re.Match[str]) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
+    """``24x(8xH100)``: 24 simulated nodes of one fleet; ``24x(8)``: 24 described nodes."""
+    names = [f"n{i + 1}" for i in range(whole_number("nodes", int(spec[1])))]
+    if not spec[2].lstrip("-").isdigit():
+        found, _, simulated = _cluster(dict.fromkeys(names, spec[2]))
+        return found, spec[0].strip(), simulated
+    ok = Candidate(0, None, None, None, None, usable=True, grade=0, health="ok")
+    per_node = whole_number("GPUs per node", int(spec[2]))
+    source = f"{len(names)} described nodes of {per_node} GPUs (not seen)"
+    gpus = tuple(replace(ok, nvml_index=i) for i in range(per_node))
+    return dict.fromkeys(names, gpus), source, False
 
 
 def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
@@ -352,15 +346,14 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
         simulated = any(inventory.simulated for inventory in inventories.values())
         source = str(cluster.get("source") or source)
     elif isinstance(cluster, Mapping) and cluster:  # nodes described by their fleets
+        seen: dict[str, Inventory] = {}  # one snapshot per fleet: 64 nodes cost one
         for node, fleet in cluster.items():
-            if not isinstance(node, str) or not node:
-                raise UserInputError(f"cluster: node name {node!r}: {_CLUSTER_FORMS}")
-            if not isinstance(fleet, Inventory) and (
-                not isinstance(fleet, str) or not fleet.strip()
-            ):
+            given = isinstance(fleet, Inventory) or (isinstance(fleet, str) and fleet.strip())
+            if not isinstance(node, str) or not node or not given:
                 raise UserInputError(f"cluster: node {node!r} = {fleet!r}: {_CLUSTER_FORMS}")
             try:  # a capture is read; anything else is simulated
-                inventories[node] = _snapshot(fleet, {})
+                key = fleet if isinstance(fleet, str) else str(id(fleet))
+                inventories[node] = seen.get(key) or seen.setdefault(key, _snapshot(fleet, {}))
             except FleetSpecError as exc:
                 raise UserInputError(f"node {node}: {exc}") from None
         simulated = all(not isinstance(f, Inventory) or f.simulated for f in cluster.values())
@@ -368,11 +361,10 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
     else:
         raise UserInputError(f"cluster={type(cluster).__name__}: {_CLUSTER_FORMS}")
     # A node without a GPU has none to give; the plan says so for that node.
-    candidates = {
-        node: () if inventory.nvml_error else candidates_from_inventory(inventory)
-        for node, inventory in inventories.items()
+    gpus = {
+        id(i): () if i.nvml_error else candidates_from_inventory(i) for i in inventories.values()
     }
-    return candidates, source, simulated
+    return {node: gpus[id(i)] for node, i in inventories.items()}, source, simulated
 
 
 def plan_from_json(

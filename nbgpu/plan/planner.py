@@ -31,7 +31,8 @@ from nbgpu.plan.placement import (
 from nbgpu.plan.result import Alternative, ExcludedGpu, MemoryCheck, Plan, RolePlan
 from nbgpu.problems import Problem
 
-__all__ = ["NO_GPU", "batch_problem", "build_plan", "caveats", "check_known", "gpu_span"]
+__all__ = ["NO_GPU", "batch_problem", "build_plan", "caveats", "check_known", "gpu_span",
+           "trainer_batch"]  # fmt: skip
 
 #: The answer for an inventory without GPUs (*example*: a fleet spec to plan for instead).
 NO_GPU = (
@@ -76,7 +77,7 @@ def batch_problem(check: BatchCheck, subject: str) -> Problem:
     return Problem("bad", "batch", subject, f"{subject}: {check.reason}", fixes)
 
 
-def _trainer_batch(allocation: Allocation, job: Job, warnings: list[Problem]) -> BatchCheck | None:
+def trainer_batch(allocation: Allocation, job: Job, warnings: list[Problem]) -> BatchCheck | None:
     """The batch checked for the first training role (what the others do is said)."""
     trainers = allocation.train_roles
     if all(v is None for v in (job.global_batch, job.micro_batch, job.grad_accum)):
@@ -190,7 +191,7 @@ def build_plan(
         port = ports[n] if gpus and n < len(ports) else None
         roles.append(RolePlan(**vars(spec), gpus=gpus, master_port=port))
     job = auto_max_micro(roles, job, warnings)
-    batch = _trainer_batch(allocation, job, warnings)
+    batch = trainer_batch(allocation, job, warnings)
     if batch is not None and not batch.ok:
         problems.append(batch_problem(batch, f"role {allocation.train_roles[0].name}"))
     memory = _role_checks(roles, by_index, job, batch, problems=problems, warnings=warnings)
@@ -227,8 +228,7 @@ def _smaller_allocation(allocation: Allocation, usable: int) -> Allocation | Non
     for spec in sorted(allocation.roles, key=lambda r: (r.kind != "train", -r.gpu_count)):
         current = next(r for r in alloc.roles if r.name == spec.name)
         room = usable - (alloc.gpu_count - current.gpu_count)
-        per_replica = current.world_size // current.data_parallel
-        degree = min(current.data_parallel, room // per_replica)
+        degree = min(current.data_parallel, room // current.instance_gpus)
         if degree >= 1:
             alloc = alloc.with_data_parallel(spec.name, degree)
         if alloc.gpu_count <= usable:

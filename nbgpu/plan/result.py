@@ -31,8 +31,8 @@ from nbgpu.plan.job import BatchCheck
 from nbgpu.problems import Problem
 
 __all__ = ["MEMORY_NOT_CHECKED", "PLAN_FILE_FORMAT", "Alternative", "ExcludedGpu", "MemoryCheck",
-           "MemoryLine", "Plan", "PlannedGpu", "RolePlan", "alternative_blocks", "plan_title",
-           "problem_blocks"]  # fmt: skip
+           "MemoryLine", "Plan", "PlannedGpu", "RolePlan", "alternative_blocks", "memory_lines",
+           "memory_table", "plan_title", "problem_blocks"]  # fmt: skip
 
 #: The address every role's rendezvous uses: plans are for one node.
 MASTER_ADDR = "127.0.0.1"
@@ -204,6 +204,43 @@ def alternative_blocks(alternatives: Sequence[tuple[str, Sequence[str]]]) -> lis
     ]
 
 
+def memory_table(memory: Sequence[MemoryCheck]) -> Table:
+    table = Table(["role", "term", "per GPU", "formula"], flex=3)
+    for m in memory:
+        for line in m.lines:
+            table.add(m.role, line.component, fmt_bytes(line.bytes_per_gpu), line.formula)
+        for missing in m.not_estimated:
+            name, _, why = missing.partition(" (")
+            table.add(m.role, name, "?", why.rstrip(")"), level="warn")
+        free = f"free {fmt_bytes(m.available_bytes)} on GPU {m.deciding_gpu}"
+        free = "free: ?" if m.available_bytes is None else free
+        level = "bad" if m.fits is False else ("warn" if m.tight else "")
+        needed = fmt_bytes(m.needed_bytes)
+        table.add(m.role, "total", needed, f"{m.verdict}: {free}", level=level)
+    return table
+
+
+def memory_lines(memory: Sequence[MemoryCheck]) -> list[Block]:
+    lines: list[Block] = [Line(m.accounting, label=f"memory {m.role}") for m in memory]
+    for m in memory:
+        if len(m.gpu_free) > 1:
+            each = ", ".join(f"GPU {i} {fmt_bytes(b)}" for i, b in m.gpu_free)
+            lines.append(Line(f"{each} (the smallest decides)", label=f"free memory {m.role}"))
+        if m.max_micro_batch is not None:
+            largest = (
+                f"{m.max_micro_batch} within GPU {m.deciding_gpu}'s free memory (computed "
+                "from the estimate, no trials)"
+            )
+            lines.append(Line(largest, label=f"largest micro batch {m.role}"))
+    if any(m.not_estimated for m in memory):
+        shape = (
+            "memory terms marked ? need the model's shape (a name such as "
+            "'Qwen/Qwen2.5-7B-Instruct' or an HF config.json) and seq_len"
+        )
+        lines.append(Line(shape, indent="  "))
+    return lines
+
+
 @dataclass(frozen=True)
 class Alternative:
     """Another way to run the job when this plan cannot: a ready plan, or steps first."""
@@ -283,47 +320,12 @@ class Plan(Result):
                 table.add(r.name, g.cuda_index, g.nvml_index, name, free, g.uuid or "-")
         return table
 
-    def _memory_table(self) -> Table:
-        table = Table(["role", "term", "per GPU", "formula"], flex=3)
-        for m in self.memory:
-            for line in m.lines:
-                table.add(m.role, line.component, fmt_bytes(line.bytes_per_gpu), line.formula)
-            for missing in m.not_estimated:
-                name, _, why = missing.partition(" (")
-                table.add(m.role, name, "?", why.rstrip(")"), level="warn")
-            free = f"free {fmt_bytes(m.available_bytes)} on GPU {m.deciding_gpu}"
-            free = "free: ?" if m.available_bytes is None else free
-            level = "bad" if m.fits is False else ("warn" if m.tight else "")
-            needed = fmt_bytes(m.needed_bytes)
-            table.add(m.role, "total", needed, f"{m.verdict}: {free}", level=level)
-        return table
-
-    def _memory_lines(self) -> list[Block]:
-        lines: list[Block] = [Line(m.accounting, label=f"memory {m.role}") for m in self.memory]
-        for m in self.memory:
-            if len(m.gpu_free) > 1:
-                each = ", ".join(f"GPU {i} {fmt_bytes(b)}" for i, b in m.gpu_free)
-                lines.append(Line(f"{each} (the smallest decides)", label=f"free memory {m.role}"))
-            if m.max_micro_batch is not None:
-                largest = (
-                    f"{m.max_micro_batch} within GPU {m.deciding_gpu}'s free memory (computed "
-                    "from the estimate, no trials)"
-                )
-                lines.append(Line(largest, label=f"largest micro batch {m.role}"))
-        if any(m.not_estimated for m in self.memory):
-            shape = (
-                "memory terms marked ? need the model's shape (a name such as "
-                "'Qwen/Qwen2.5-7B-Instruct' or an HF config.json) and seq_len"
-            )
-            lines.append(Line(shape, indent="  "))
-        return lines
-
     def _footer(self) -> list[Block]:
         lines: list[Block] = []
         if self.batch is not None and self.batch.ok:
             lines.append(Line(self.batch.summary, label="batch"))
         if self.memory:
-            lines += self._memory_lines()
+            lines += memory_lines(self.memory)
         elif self.roles and self.roles[0].gpus:
             lines.append(MEMORY_NOT_CHECKED)
         if self.cuda_visible_devices and len(self.roles) > 1:
@@ -350,7 +352,7 @@ class Plan(Result):
             blocks.append(Bullets(left, title="left out:", marker="  "))
         blocks += self._footer()
         if self.memory:
-            blocks.append(self._memory_table())
+            blocks.append(memory_table(self.memory))
         blocks += problem_blocks(self.problems, self.warnings)
         return blocks + alternative_blocks(
             [(f"{a.title}{a.status}: {a.reason}", a.fixes) for a in self.alternatives]

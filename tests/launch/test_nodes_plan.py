@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -67,6 +68,29 @@ def test_a_plan_that_is_not_ready_is_not_launched():
         take(blocked)
 
 
+def test_an_allocation_over_24_simulated_8_gpu_nodes_launches_its_trainer_there():
+    start = time.perf_counter()
+    p = nbgpu.plan.nodes("24x(8xH100)", allocation="sglang:d80m2p1+d4m2p4", global_batch=64)
+    assert time.perf_counter() - start < 1.0  # measured about 5 ms once imported
+    assert p.ok, p.text()
+    loaded = nbgpu.plan.plan_from_json(p.to_json())  # what `nbgpu run --plan FILE` reads
+    (nproc, nnodes, options, env), notes = take(loaded)
+    assert (nproc, nnodes) == (8, 4)
+    assert request_args(options) == ["--nodelist", "n21,n22,n23,n24"]
+    trainer = {f"n{i}": "0,1,2,3,4,5,6,7" for i in range(21, 25)}
+    assert json.loads(env["NBGPU_NODE_GPUS"]) == trainer
+    assert notes == [
+        f"plan across nodes: {'; '.join(f'{n}: GPUs {g}' for n, g in trainer.items())}"
+    ]
+    launch = [line for line in p.text().splitlines() if line.startswith("launch: ")]
+    assert launch[0] == (
+        "launch: role sglang: not started by --plan: start it on its nodes with their "
+        "CUDA_VISIBLE_DEVICES"
+    )
+    assert launch[1].startswith("launch: role train: %%torchrun --plan p or nbgpu run --plan FILE")
+    assert "srun --nodelist n21,n22,n23,n24;" in launch[1]
+
+
 def test_each_node_takes_its_own_gpus(monkeypatch):
     monkeypatch.setenv("NBGPU_NODE_GPUS", json.dumps({"n1": "1,2", "n2": "0,1"}))
     # Set through monkeypatch first, so what the function writes is undone after the test.
@@ -97,7 +121,13 @@ def _plan_cli(*args, cwd=None):
     [
         (["--nodes", "2"], "--nodes: which nodes? add --slurm"),
         (["--slurm", "--fleet", "4xA40", "--nodes", "2"], "--slurm asks the nodes themselves"),
-        (["d4", "--nodes", "2", "--fleet", "4xA40"], "an allocation plans one box"),
+        (["d4", "--nodes", "2", "--fleet", "4xA40"], "cluster file '4xA40' does not exist"),
+        (["d4", "--nodes", "2", "--gpus", "2"], "--gpus plans one box; across nodes the plan"),
+        (["--nodes", "2", "--gpus-per-node", "4", "--slurm"], "--slurm asks the nodes themselves"),
+        (
+            ["--nproc-per-node", "2", "--gpus-per-node", "4"],
+            "--gpus-per-node G describes --nodes N",
+        ),
         (["--partition", "debug", "--fleet", "4xA40"], "--partition goes with --slurm"),
     ],
 )
@@ -119,3 +149,13 @@ def test_a_cluster_file_given_as_fleet_plans_across_its_nodes(tmp_path):
     data = json.loads(done.stdout)
     assert data["node_gpus"] == {"n1": "1,2,3", "n2": "0,1,3"}
     assert data["ok"] is True
+
+
+def test_the_plan_face_plans_an_allocation_over_described_nodes():
+    done = _plan_cli("sglang:d80m2p1+d4m2p4", "--nodes", "24", "--gpus-per-node", "8", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["ok"] is True
+    assert data["allocation"] == "sglang.d80t2p1+d4t2p4"
+    assert data["node_gpus"] == {f"n{i}": "0,1,2,3,4,5,6,7" for i in range(21, 25)}
+    assert [n["role"] for n in data["nodes"]] == ["sglang"] * 20 + ["train"] * 4

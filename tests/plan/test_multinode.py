@@ -87,7 +87,7 @@ def test_memory_is_checked_on_the_tightest_node_for_the_whole_world():
     assert any(w.code == "mixed_gpus" for w in p.warnings)
     ddp = nbgpu.plan.nodes(cluster, nproc_per_node=2, model="7B")
     assert not ddp.ok
-    assert ddp.problems[0].message.startswith("node b: ")
+    assert ddp.problems[0].message.startswith("role train on b: training needs ")
 
 
 def test_json_round_trip_and_frame():
@@ -124,7 +124,13 @@ def test_a_status_file_and_a_description_plan_alike(tmp_path):
         (CLUSTER, {"nodes": 0}, r"nodes=0: expected a whole number >= 1"),
         (CLUSTER, {"nodes": 4}, r"nodes=4: the cluster has 3 node\(s\) \(n1, n2, n3\)"),
         (CLUSTER, {"nproc_per_node": -1}, r"nproc_per_node=-1: expected a whole number"),
-        (CLUSTER, {"allocation": "d2"}, r"allocation= is not a keyword it takes"),
+        (CLUSTER, {"exclude": "0"}, r"exclude= is not a keyword it takes"),
+        ("4xA40", {}, r"cluster file '4xA40' does not exist"),
+        ("0x(8xH100)", {}, r"nodes=0: expected a whole number >= 1"),
+        ("2x(9xZZ)", {}, r"node n1: "),
+        (None, {"nodes": 2}, r"cluster=NoneType: expected a cluster"),
+        ("2x(0)", {}, r"GPUs per node=0: expected a whole number >= 1"),
+        ("2x(-1)", {}, r"GPUs per node=-1: expected a whole number >= 1"),
         ({}, {}, r"cluster=dict: expected a cluster"),
         ({"n1": 3}, {}, r"node 'n1' = 3: expected a cluster"),
         ({"n1": "9xZZ"}, {}, r"node n1: "),
@@ -152,3 +158,125 @@ def test_a_shared_gpu_given_to_the_job_is_a_warning_naming_its_node():
     roomy = nbgpu.plan.nodes({"n1": "4xA40,procs=1", "n2": "4xA40"}, nodes=2, nproc_per_node=3)
     assert roomy.node_gpus == {"n1": "1,2,3", "n2": "0,1,2"}
     assert not [w for w in roomy.warnings if w.code == "gpu_caveat"]
+
+
+AREAL = "sglang:d80m2p1+d4m2p4"  # AReaL's published allocation for 24 nodes x 8 GPUs
+
+
+def test_an_allocation_over_24_nodes_gives_each_role_whole_nodes():
+    p = nbgpu.plan.nodes("24x(8xH100)", allocation=AREAL, global_batch=64)
+    assert p.ok, p.text()
+    assert p.simulated
+    assert {n.node: n.role for n in p.nodes} == {
+        f"n{i}": "sglang" if i <= 20 else "train" for i in range(1, 25)
+    }
+    assert {n.cuda_visible_devices for n in p.nodes} == {"0,1,2,3,4,5,6,7"}
+    assert (p.launched, p.job_nodes, p.nproc_per_node) == ("train", 4, 8)
+    assert p.nodelist == "n21,n22,n23,n24"
+    assert p.batch is not None
+    assert p.batch.data_parallel == 4  # d4 of the trainer, not its 32 GPUs
+    text = p.text()
+    assert (
+        "role sglang: d80t2p1: 20 node(s) × 8 GPUs; 80 instance(s) of 2 GPUs, each within" in text
+    )
+    assert "role train: d4t2p4: 4 node(s) × 8 GPUs; 4 instance(s) of 8 GPUs, each within" in text
+    assert nbgpu.plan.plan_from_json(p.to_json()) == p
+    assert set(p.to_frame()["role"]) == {"sglang", "train"}
+
+
+@pytest.mark.parametrize(
+    ("cluster", "allocation", "layout"),
+    [
+        # Packed in a row, the trainer's first replica would take n1's last 2 GPUs and n2's first 2.
+        ("2x(8xA40)", "sglang:d3t2+megatron:d2t2p2", [("n1", "sglang", "0,1,2,3,4,5"),
+                                                      ("n2", "train", "0,1,2,3,4,5,6,7")]),
+        # Small roles share a node; the other is not needed.
+        ("2x(4xA40)", "sglang:d2+d2", [("n1", "sglang", "0,1"), ("n1", "train", "2,3")]),
+        # Colocated roles run on the same GPUs of the same nodes.
+        ("2x(4xA40)", "sglang:d8|fsdp:d8", [("n1", "sglang", "0,1,2,3"), ("n2", "sglang", "0,1,2,3"),
+                                            ("n1", "train", "0,1,2,3"), ("n2", "train", "0,1,2,3")]),
+        # Four usable GPUs a node: each node takes whole t2 instances (2 GPUs are left).
+        ("2x(8xA40,lost=1+2)", "sglang:d4t2", [("n1", "sglang", "0,3,4,5"),
+                                               ("n2", "sglang", "0,3,4,5")]),
+    ],
+)  # fmt: skip
+def test_no_instance_straddles_nodes_when_it_fits_in_one(cluster, allocation, layout):
+    p = nbgpu.plan.nodes(cluster, allocation=allocation)
+    assert p.ok, p.text()
+    assert [(n.node, n.role, n.cuda_visible_devices) for n in p.nodes] == layout
+    assert not p.warnings
+
+
+def test_an_instance_larger_than_a_node_spans_whole_nodes_and_says_so():
+    p = nbgpu.plan.nodes("4x(8xA40)", allocation="megatron:d2t4p4")
+    assert p.ok
+    assert (p.job_nodes, p.nproc_per_node) == (4, 8)
+    assert "2 instance(s) of 16 GPUs, each over 2 nodes" in p.text()
+    assert not p.warnings  # its tensor-parallel groups (t4) stay inside a node
+    wide = nbgpu.plan.nodes("2x(8xA40)", allocation="megatron:d1t16")
+    assert wide.ok
+    assert [w.code for w in wide.warnings] == ["tensor_across_nodes"]
+    assert wide.warnings[0].message == "t16 spans nodes of 8 GPUs: all-reduces cross them"
+
+
+def test_a_node_short_of_a_gpu_does_not_split_an_instance_that_fits_a_node():
+    p = nbgpu.plan.nodes("2x(8xA40,lost=0)", allocation="d1t8", model="7B")
+    assert not p.ok
+    assert "role train: d1t8p1: not placed" in p.text()
+    assert "memory" not in p.text()  # a model was given: nothing placed, nothing to check
+    (problem,) = p.problems
+    assert problem.code == "not_enough_nodes"
+    assert "1 node(s) with 8 usable GPUs each; 0 of the 2 node(s) do" in problem.message
+    assert "n1: 7 of 8 GPUs usable, 8 needed (GPU 0: LOST)" in problem.message
+
+
+def test_roles_after_the_first_are_placed_on_what_it_left():
+    p = nbgpu.plan.nodes("23x(8)", allocation=AREAL)
+    assert not p.ok
+    assert p.problems[0].message.startswith(
+        "role train: 4 node(s) × 8 GPUs needs 4 node(s) with 8 usable GPUs each; 3 of the 23"
+    )
+    capped = nbgpu.plan.nodes("30x(8xA40)", nodes=20, allocation=AREAL)
+    assert [p.code for p in capped.problems] == ["not_enough_nodes"]
+    assert "takes 24 node(s); nodes=20 asked for" in capped.problems[0].message
+
+
+def test_described_nodes_are_planned_as_described_not_seen():
+    p = nbgpu.plan.nodes("24x(8)", allocation=AREAL, model="7B")
+    assert p.ok
+    assert not p.simulated
+    assert p.source == "24 described nodes of 8 GPUs (not seen)"
+    assert p.nodelist == "n21,n22,n23,n24"
+    (check,) = p.memory
+    assert check.fits is None  # no GPU sizes to compare with
+    assert "Ψ/8" in check.accounting  # the trainer's weights sharded over t2 x p4
+
+
+def test_memory_and_batch_are_checked_for_the_first_training_role():
+    p = nbgpu.plan.nodes(
+        "2x(8xA40)", allocation="sglang:d3t2+megatron:d2t2p2", model="7B", global_batch=5
+    )
+    assert p.memory_node == "n2"
+    (check,) = p.memory
+    assert check.role == "train on n2"
+    assert "Ψ/4" in check.accounting
+    assert [i.code for i in p.problems] == ["batch"]
+    assert p.problems[0].message.startswith("role train: global batch 5 is not divisible by 2")
+    serving = nbgpu.plan.nodes("2x(8xA40)", allocation="sglang:d8t2", global_batch=6)
+    assert serving.ok
+    assert serving.launched is None
+    assert serving.node_gpus == {}
+    assert [w.code for w in serving.warnings] == ["batch_unchecked"]
+    assert "%%torchrun" not in serving.text()
+
+
+def test_a_described_spec_takes_one_snapshot_for_many_nodes(monkeypatch):
+    from nbgpu.plan import api  # noqa: PLC0415
+
+    taken = []
+    snapshot = api._snapshot
+    monkeypatch.setattr(api, "_snapshot", lambda *a: taken.append(a) or snapshot(*a))
+    p = nbgpu.plan.nodes("64x(8xH100)", allocation="sglang:d192t2+megatron:d16t2p4")
+    assert p.ok
+    assert len(p.nodes) == 64
+    assert len(taken) == 1

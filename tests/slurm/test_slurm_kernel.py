@@ -71,8 +71,8 @@ def test_plan_across_the_nodes_then_launch_the_plan(planning_kernel, slurm_clust
     assert error is None, out
     assert "2 node(s) × 2 GPUs" in out
     assert "ready" in out
-    assert re.search(r"n1\s+1,2\s+2\s+A40\s+GPU 0: BUSY", out), out
-    assert re.search(r"n2\s+0,1\s+2\s+A40\s+GPU 2: LOST", out), out
+    assert re.search(r"n1\s+train\s+1,2\s+2\s+A40\s+GPU 0: BUSY", out), out
+    assert re.search(r"n2\s+train\s+0,1\s+2\s+A40\s+GPU 2: LOST", out), out
     out, error = _execute(
         client,
         "%%torchrun --plan p --name planned\n"
