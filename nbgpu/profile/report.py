@@ -8,14 +8,13 @@ cells). matplotlib is imported only by ``figure()``.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from nbgpu._render import Block, Bullets, Figure, Line, Result, Table, Title, fmt_bytes
-from nbgpu._serial import to_data
+from nbgpu._serial import read_json_object, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_run_dir
 
@@ -208,14 +207,6 @@ class MemoryReport(MemoryTimeline, Result):
         return replace(self, png_base64=base64.b64encode(self.png()).decode("ascii"))
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryReport:
     """The report of a run directory; a directory without records is a clear, empty report."""
     directory = Path(run_dir).expanduser()
@@ -225,8 +216,8 @@ def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryRep
             "mem-rank0.jsonl, rank0.log, ...)"
         )
     ranks = read_run_dir(directory)
-    meta = _json(directory / "run.json")
-    spec = _json(directory / "bootstrap.json")
+    meta = read_json_object(directory / "run.json")
+    spec = read_json_object(directory / "bootstrap.json")
     notes = [n for r in ranks for n in r.notes]
     if not ranks:
         notes.append(
