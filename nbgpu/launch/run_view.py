@@ -22,6 +22,7 @@ from nbgpu.launch.outcomes import RankOutcome, RunNotices
 from nbgpu.launch.procs import agent_log
 from nbgpu.launch.rundirs import rank_log
 from nbgpu.launch.warm import WarmState
+from nbgpu.profile.records import read_node
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
@@ -129,12 +130,9 @@ class RunView(Result):
         """``rank3``, or ``n2/rank3`` over several nodes (each rank names its node)."""
         if self.config.nnodes == 1:
             return f"rank{rank}"
-        node = self._nodes.get(rank)
-        if node is None:
-            with contextlib.suppress(OSError):
-                node = (self.dir / f"rank{rank}.node").read_text(encoding="utf-8").strip()
-                self._nodes[rank] = node
-        return f"{node or '?'}/rank{rank}"
+        if rank not in self._nodes and (node := read_node(self.dir, rank)) is not None:
+            self._nodes[rank] = node
+        return f"{self._nodes.get(rank) or '?'}/rank{rank}"
 
     def failure_summary(self) -> str:
         head = f"run '{self.name}' {self.state.replace('_', ' ')}"
