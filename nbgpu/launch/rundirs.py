@@ -253,7 +253,7 @@ def list_run_dirs(environ: Mapping[str, str] | None = None) -> RunDirsTable:
 
 
 def policy_from_options(
-    keep: int | None, budget: str | None, environ: Mapping[str, str] | None = None
+    keep: int | str | None, budget: str | None, environ: Mapping[str, str] | None = None
 ) -> RetentionPolicy:
     """The environment's policy with the limits given on the command line."""
     base = RetentionPolicy.from_env(environ)
