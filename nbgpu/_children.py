@@ -7,8 +7,6 @@ deadline, its whole group killed past it. Importable by every layer and by rank 
 before anything heavy is loaded.
 """
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import os

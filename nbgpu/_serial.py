@@ -9,8 +9,6 @@ written too, never read back. Standard library and ``nbgpu.errors`` only: every 
 may use it.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import types

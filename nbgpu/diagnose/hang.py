@@ -12,8 +12,6 @@ files NCCL dumps on a timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``). It becomes the r
 ahead of the timeouts it explains.
 """
 
-from __future__ import annotations
-
 import io
 import json
 import os

@@ -4,8 +4,6 @@ user gives is checked here, before anything starts: a mistake is one line naming
 and the accepted form, and no process is spawned for it. Outside facts come in as arguments.
 """
 
-from __future__ import annotations
-
 import json
 import pickle
 import re

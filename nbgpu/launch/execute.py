@@ -5,8 +5,6 @@ widget panel, a display handle). The faces ask :data:`~nbgpu.launch.run.RUNS` th
 ``runs()``, ``runs_table()`` and ``stop_runs()``.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import threading

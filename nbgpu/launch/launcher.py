@@ -5,8 +5,6 @@ on a busy GPU 0. ``--gpus`` is checked against the inventory and the CUDA probe 
 overrides); more ranks than GPUs is refused before anything starts.
 """
 
-from __future__ import annotations
-
 import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence

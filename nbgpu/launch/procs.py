@@ -10,8 +10,6 @@ user code (``nbgpu.rank.worker``): its dumps go to ``stacks-rank{N}.txt``, its p
 one stopped with SIGSTOP is named as such; native frames come from py-spy.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import shutil

@@ -8,8 +8,6 @@ says why, and cancels a job the partition will never start.
 status --json`` writes it, its name and each GPU's health; the kernel merges them.
 """
 
-from __future__ import annotations
-
 import base64
 import contextlib
 import json

@@ -6,8 +6,6 @@ a note or a status, never an exception. The report renders a :class:`MemoryTimel
 draws it, the diagnosis reads it. Standard library only (and the recorder's /proc helpers).
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import re
