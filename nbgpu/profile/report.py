@@ -195,10 +195,17 @@ class MemoryReport(MemoryTimeline, Result):
 
         return draw(self, title=title)
 
-    def png(self) -> bytes:
+    def png(self, path: str | None = None) -> bytes:
+        """The figure as PNG bytes, also written to *path* (``--png``) when given."""
         from nbgpu.profile.figure import png_bytes  # noqa: PLC0415
 
-        return png_bytes(self.figure())
+        png = png_bytes(self.figure())
+        if path is not None:
+            try:
+                Path(path).expanduser().write_bytes(png)
+            except OSError as exc:
+                raise UserInputError(f"--png {path!r}: cannot write ({exc.strerror})") from None
+        return png
 
     def with_figure(self) -> MemoryReport:
         """This report with its figure drawn in (HTML shows it; no records, no figure)."""
