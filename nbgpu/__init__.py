@@ -7,8 +7,6 @@ Importing this package is cheap: the API below is resolved lazily (PEP 562), so
 ``%load_ext nbgpu`` imports none of torch, pynvml, pandas, matplotlib or ipywidgets.
 """
 
-from __future__ import annotations
-
 import importlib
 from typing import TYPE_CHECKING, Any
 

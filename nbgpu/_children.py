@@ -7,8 +7,6 @@ deadline, its whole group killed past it. Importable by every layer and by rank 
 before anything heavy is loaded.
 """
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import os
@@ -22,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["Finished", "die_with_parent", "package_root", "run_with_deadline",
+__all__ = ["Finished", "die_with_parent", "package_root", "pid_exists", "run_with_deadline",
            "set_parent_death_signal", "wait_gone", "with_package_importable"]  # fmt: skip
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -65,13 +63,13 @@ def _is_ancestor(pid: int) -> bool:
         try:
             stat = Path(f"/proc/{current}/stat").read_text(encoding="utf-8")
         except OSError:
-            return _exists(pid)
+            return pid_exists(pid)
         # The command name (field 2) may contain spaces and parentheses: split after it.
         current = int(stat.rsplit(")", 1)[1].split()[1])
     return False
 
 
-def _exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
     try:
         with contextlib.suppress(PermissionError):  # alive, under another user
             os.kill(pid, 0)

@@ -9,16 +9,16 @@ written too, never read back. Standard library and ``nbgpu.errors`` only: every 
 may use it.
 """
 
-from __future__ import annotations
-
 import dataclasses
+import json
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 from nbgpu.errors import UserInputError
 
-__all__ = ["from_data", "to_data"]
+__all__ = ["from_data", "read_json_object", "to_data"]
 
 T = TypeVar("T")
 
@@ -125,6 +125,15 @@ class _Reader:
         except ValueError as exc:  # the class's own check: "pid = -3; expected ..."
             at = "" if where == "top level" else f"{where}."
             raise self.fail(f"{at}{exc}") from None
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in *path*; empty when the file is missing, unreadable or not an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _nullable(tp: Any) -> bool:

@@ -65,8 +65,6 @@ def clean(
     another user's process, never a match by name. ``dry_run`` only lists. Without ``yes``
     the ``confirm`` callback is asked (the CLI and the magic ask on the terminal / in the
     cell); with neither, nothing is signalled."""
-    if grace_s < 0:
-        raise UserInputError(f"grace_s={grace_s}: expected seconds >= 0")
     from nbgpu.devices.clean import execute_clean, plan_clean  # noqa: PLC0415
 
     inventory = take_inventory(environ)

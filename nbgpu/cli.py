@@ -13,7 +13,6 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import NbgpuError, UserInputError
@@ -238,10 +237,7 @@ def _memory(args: argparse.Namespace) -> int:
 
     report = memory(args.run)
     if args.png:
-        try:
-            Path(args.png).expanduser().write_bytes(report.png())
-        except OSError as exc:
-            raise UserInputError(f"--png {args.png!r}: cannot write ({exc.strerror})") from None
+        report.png(args.png)
     print(report.to_json() if args.json else report.text())
     if args.png and not args.json:
         print(f"figure: {args.png}")

@@ -5,8 +5,6 @@ CLI (exit code 2); only bugs show a traceback. This module imports nothing else 
 nbgpu and may be imported from every layer.
 """
 
-from __future__ import annotations
-
 __all__ = ["FleetSpecError", "GpuLostError", "NbgpuError", "NvmlError", "NvmlPermissionError",
            "NvmlUnavailable", "ProbeError", "UserInputError", "VisibleDevicesError"]  # fmt: skip
 

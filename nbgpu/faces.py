@@ -2,8 +2,6 @@
 type where they are (``%%torchrun 4``, ``nbgpu run -n 4``, ``nbgpu.torchrun(code, 4)``).
 """
 
-from __future__ import annotations
-
 __all__ = ["FACES", "doctor_hint", "launch_hint"]
 
 FACES = ("notebook", "terminal", "python")

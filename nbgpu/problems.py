@@ -3,8 +3,6 @@ problem reads, renders and serialises the same in ``%gpu_doctor``, ``%gpu_plan``
 ``%gpu_diagnose`` and ``nbgpu.estimate``. Standard library only.
 """
 
-from __future__ import annotations
-
 from dataclasses import asdict, dataclass
 from typing import Literal
 

@@ -8,8 +8,6 @@ vendors and Hugging Face's ``max_memory="80GB"`` mean). So ``80G`` is 80 GiB and
 prints its unit (:func:`fmt_bytes`). Standard library only: ranks use it too.
 """
 
-from __future__ import annotations
-
 import math
 import re
 

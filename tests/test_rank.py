@@ -379,8 +379,8 @@ def test_set_memory_limit_caps_the_address_space_of_a_real_process():
         """
         import resource
         import nbgpu.rank as nr
-        from nbgpu.rank.job import _address_space_bytes
-        vm = _address_space_bytes()
+        from nbgpu.profile.recorder import status_bytes
+        vm = status_bytes("VmSize")
         limit = nr.set_memory_limit(vm + 256 * 2**20)
         assert resource.getrlimit(resource.RLIMIT_AS)[0] == limit
         try:

@@ -6,8 +6,6 @@ files, the probe, the container. Both directions work on an inventory's fields, 
 ``Inventory`` class, which calls them; read back, a capture is as it was taken (no simulator).
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, cast

@@ -6,8 +6,6 @@ The contexts it creates hold a GPU: it is for the probe's short-lived child, nev
 Jupyter kernel. Never imports torch, pynvml, psutil or IPython.
 """
 
-from __future__ import annotations
-
 import ctypes
 import uuid as uuidlib
 from typing import Any

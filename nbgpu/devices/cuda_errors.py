@@ -5,8 +5,6 @@ probe and ``nbgpu.rank`` all speak these codes; keeping them here lets each of t
 import the words without importing the others. Standard library only (ranks import it).
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 
 __all__ = [

@@ -6,8 +6,6 @@ failures, what the probe confirmed, the launch environment (:data:`DIST_VARS`,
 on which GPUs. Pure logic over the inventory, and one socket bind to test a port.
 """
 
-from __future__ import annotations
-
 import errno
 import os
 import socket

@@ -8,8 +8,6 @@ which ``CUDA_VISIBLE_DEVICES``. Also the ``/dev/nvidia*`` files open in ``/proc/
 PID namespace. Of nbgpu only :mod:`nbgpu.errors` (``model.py`` names these types).
 """
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import os

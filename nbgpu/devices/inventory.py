@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -30,6 +29,7 @@ from nbgpu._render import (
     fmt_opt,
     fmt_used_total,
 )
+from nbgpu._serial import read_json_object
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices import nvml
 from nbgpu.devices.cuda_errors import cuda_version
@@ -283,10 +283,7 @@ def saved_inventory(source: str) -> Inventory | None:
     path = source.strip()
     if not path.endswith(".json"):
         return None
-    try:
-        data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    data = read_json_object(Path(path).expanduser())
     from nbgpu.devices.capture import is_capture  # noqa: PLC0415
 
     return Inventory.from_dict(data, where=f"inventory file {path!r}") if is_capture(data) else None

@@ -18,8 +18,6 @@ mistake that hides a device the user named into a one-line ``VisibleDevicesError
 functions, no I/O.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass

@@ -8,8 +8,6 @@ holds the logs they were written against). A pattern carries its own confidence:
 exact CUDA error name is near-certain, an exit code of -9 only suggests the OOM killer.
 """
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass
 from typing import Any

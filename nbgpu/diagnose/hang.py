@@ -12,9 +12,6 @@ files NCCL dumps on a timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``). It becomes the r
 ahead of the timeouts it explains.
 """
 
-from __future__ import annotations
-
-import contextlib
 import io
 import json
 import os
@@ -27,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nbgpu._render import span
+from nbgpu._serial import read_json_object
 from nbgpu.diagnose.catalog import STALLED, cause
 from nbgpu.diagnose.report import Evidence, FoundCause
 from nbgpu.diagnose.sources import Inputs
@@ -290,10 +288,9 @@ def _recorded(inputs: Inputs) -> tuple[list[str], dict[str, Any]] | None:
     """What nbgpu said when it found the stall, and its record."""
     if inputs.stall is None:
         return None
-    with contextlib.suppress(OSError, ValueError):
-        data = json.loads(inputs.stall.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and isinstance(data.get("lines"), list):
-            return [str(line) for line in data["lines"]], data
+    data = read_json_object(inputs.stall)
+    if isinstance(data.get("lines"), list):
+        return [str(line) for line in data["lines"]], data
     return None
 
 

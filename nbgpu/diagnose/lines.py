@@ -24,8 +24,6 @@ pattern below names one). A timestamp keeps its *kind*: glog stamps have no year
 are only compared with other glog stamps.
 """
 
-from __future__ import annotations
-
 import re
 from collections import deque
 from collections.abc import Callable

@@ -5,8 +5,6 @@ the problem every layer reports (:attr:`FoundCause.problem`); the diagnosis orde
 causes root first and adds a per-rank table.
 """
 
-from __future__ import annotations
-
 import textwrap
 from dataclasses import dataclass
 from typing import Any

@@ -14,8 +14,6 @@ From the scans (catalog hits, exits, exceptions), run.json and torchelastic's er
    failures) or "also" (another primary cause on another rank).
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 

@@ -7,8 +7,6 @@ local_rank: R`` lines as :class:`ExitRecord` s, and the exception lines with the
 above them. Nothing here decides the root cause (``rootcause.py`` does).
 """
 
-from __future__ import annotations
-
 import re
 from collections import Counter, deque
 from collections.abc import Iterator

@@ -19,8 +19,6 @@ chunks, never whole. A missing path is a one-line ``UserInputError``; a malforme
 run.json or error file becomes a note, never an exception.
 """
 
-from __future__ import annotations
-
 import contextlib
 import itertools
 import json

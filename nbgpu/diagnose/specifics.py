@@ -4,8 +4,6 @@ the module a rank could not import and the interpreter it ran, the memory Ray sa
 the logs do not say is :mod:`nbgpu.diagnose.enrich`'s.
 """
 
-from __future__ import annotations
-
 import re
 import sys
 from collections.abc import Sequence

@@ -4,8 +4,6 @@ user gives is checked here, before anything starts: a mistake is one line naming
 and the accepted form, and no process is spawned for it. Outside facts come in as arguments.
 """
 
-from __future__ import annotations
-
 import json
 import pickle
 import re
@@ -16,6 +14,7 @@ from typing import Any, Protocol, TypeGuard
 
 from nbgpu._backends import BACKENDS
 from nbgpu.errors import UserInputError
+from nbgpu.profile.phases import parse_sample_interval
 from nbgpu.sizes import parse_size as _parse_size
 
 __all__ = [
@@ -117,11 +116,7 @@ class LaunchConfig:
             raise UserInputError(
                 f"--backend {self.backend!r}: expected one of {', '.join(BACKENDS)}"
             )
-        if self.mem_sample_s != 0 and not 0.001 <= self.mem_sample_s <= 3600:
-            raise UserInputError(
-                f"--mem-sample {self.mem_sample_s!r}: expected seconds between memory samples, "
-                "from 0.001 to 3600 (e.g. 0.1), or 0 to turn sampling off"
-            )
+        parse_sample_interval(self.mem_sample_s)
         if self.master_port is not None and not 1024 <= self.master_port <= 65535:
             raise UserInputError(f"master port {self.master_port}: expected 1024-65535")
         if self.idle_timeout_s is not None:

@@ -5,8 +5,6 @@ widget panel, a display handle). The faces ask :data:`~nbgpu.launch.run.RUNS` th
 ``runs()``, ``runs_table()`` and ``stop_runs()``.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import threading
@@ -152,12 +150,11 @@ def prepare_cell(
     nproc: int | None = None,
     push: Mapping[str, Any] | None = None,
     pull: Sequence[str] = (),
-    pull_all_ranks: bool = False,
     script_args: Sequence[str] = (),
-    timeout_s: float | None = None,
-    quiet: bool = False,
+    **fields: Any,
 ) -> tuple[Run, CellRequest]:
-    """The warm job and the checked cell for it (only ``CELL_OPTIONS`` may change)."""
+    """The warm job and the checked cell for it (only ``CELL_OPTIONS`` may change; the
+    others, ``timeout_s``, ``quiet`` and ``pull_all_ranks``, are the request's as given)."""
     run = warm_run(name)
     if nproc is not None and nproc != run.config.nproc:
         raise UserInputError(
@@ -168,10 +165,8 @@ def prepare_cell(
         code=code,
         push=pickle_pushed(list(push), push) if push else {},
         pull=tuple(pull),
-        pull_all_ranks=pull_all_ranks,
         script_args=tuple(script_args),
-        timeout_s=timeout_s,
-        quiet=quiet,
+        **fields,
     )
 
 

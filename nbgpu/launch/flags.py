@@ -2,8 +2,6 @@
 parsers from :data:`FLAGS` and get ``prepare()``'s keywords from :func:`prepare_options`.
 """
 
-from __future__ import annotations
-
 import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field

@@ -5,8 +5,6 @@ on a busy GPU 0. ``--gpus`` is checked against the inventory and the CUDA probe 
 overrides); more ranks than GPUs is refused before anything starts.
 """
 
-from __future__ import annotations
-
 import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -164,16 +162,11 @@ def prepare(
     gpus: str | Sequence[int] | None = None,
     force: bool = False,
     name: str | None = None,
-    timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
     push: Mapping[str, Any] | None = None,
     pull: Sequence[str] = (),
-    pull_all_ranks: bool = False,
-    serial_imports: bool = False,
     mem_limit: str | int | None = None,
     mem_sample: float | str = 0.1,
-    backend: str | None = None,
-    quiet: bool = False,
     strict: bool = False,
     script_args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
@@ -181,22 +174,18 @@ def prepare(
     plan: LaunchPlan | NodesLaunchPlan | None = None,
     role: str | None = None,
     master_port: int | None = None,
-    keep: bool = False,
-    idle_timeout_s: float | None = None,
     nnodes: int = 1,
     slurm: SlurmOptions | None = None,
-    node_rank: int | None = None,
-    rdzv_endpoint: str | None = None,
-    rdzv_timeout_s: float | None = None,
     hang_after_s: float | None = None,
-    on_hang: str = "report",
     face: str = "notebook",
+    **fields: Any,
 ) -> Prepared:
     """Validate everything and decide nproc and GPUs; starts nothing. Hints name commands
     the user can type in the ``face`` ("notebook", "terminal", "python"). ``plan``
     (``nbgpu.plan``) supplies GPUs, nproc and port for its ``role`` (default: the only one, or
     "train"); a plan across nodes, the nodes, ranks per node and each node's GPUs of a SLURM
-    run. Code asking for CUDA this torch cannot give is a note (``strict``: refused)."""
+    run. Code asking for CUDA this torch cannot give is a note (``strict``: refused). Other
+    keywords are :class:`LaunchConfig` fields, as given (``timeout_s``, ``quiet``, ``keep``...)."""
     environ = dict(os.environ if environ is None else environ)
     notes: list[str] = []
     if plan is not None and is_nodes_plan(plan):
@@ -264,27 +253,17 @@ def prepare(
         name=_unique_name(name, script_path),
         cuda_visible_devices=cvd,
         gpus=chosen,
-        timeout_s=timeout_s,
         env=dict(env or {}),
         push=pickle_pushed(list(push), push) if push else {},
         pull=tuple(pull),
-        pull_all_ranks=pull_all_ranks,
-        serial_imports=serial_imports,
         mem_limit_bytes=None if mem_limit is None else parse_size(mem_limit),
         mem_sample_s=parse_sample_interval(mem_sample),
-        backend=backend,
         master_port=master_port,
-        quiet=quiet,
         strict=strict,
-        keep=keep,
-        idle_timeout_s=idle_timeout_s,
         nnodes=nnodes,
         slurm=slurm,
-        node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_timeout_s=rdzv_timeout_s,
         hang_after_s=HANG_AFTER_S if hang_after_s is None else hang_after_s,
-        on_hang=on_hang,
+        **fields,
     )
     if inv is not None:  # (SLURM's nodes are not this machine: no preflight line)
         real_gpus = bool(inv.gpus) and not inv.nvml_error and not inv.simulated

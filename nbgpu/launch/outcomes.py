@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from nbgpu._serial import read_json_object
 from nbgpu.diagnose import hang
 from nbgpu.launch.procs import STACKS_SIGNAL, rank_stacks, wait_for_dump
 from nbgpu.launch.rundirs import error_file, rank_log
@@ -57,12 +58,8 @@ class RankOutcome:
 def read_agent_result(run_dir: Path) -> dict[str, Any]:
     """The agent's ``result.json`` (empty when it could not write one); over several nodes
     their ``result-node{N}.json`` merged: failures by global rank, well only if every node's."""
-    results = []
-    for path in [run_dir / "result.json", *sorted(run_dir.glob("result-node*.json"))]:
-        with contextlib.suppress(ValueError, OSError):
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(data, dict):
-                results.append(data)
+    paths = [run_dir / "result.json", *sorted(run_dir.glob("result-node*.json"))]
+    results = [data for path in paths if (data := read_json_object(path))]
     if len(results) <= 1:
         return results[0] if results else {}
 

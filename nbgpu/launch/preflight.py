@@ -7,8 +7,6 @@ fleet has no CUDA behind its GPUs (ranks run gloo on CPU), so only real CUDA cal
 line there; ``nbgpu.rank.device()`` picks the CPU by itself and is never one.
 """
 
-from __future__ import annotations
-
 import contextlib
 import importlib.metadata
 import io

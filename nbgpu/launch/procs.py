@@ -10,10 +10,7 @@ user code (``nbgpu.rank.worker``): its dumps go to ``stacks-rank{N}.txt``, its p
 one stopped with SIGSTOP is named as such; native frames come from py-spy.
 """
 
-from __future__ import annotations
-
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -31,7 +28,7 @@ import psutil
 
 from nbgpu._children import set_parent_death_signal, wait_gone, with_package_importable
 from nbgpu._render import Block, Line, Pre, Result, Title
-from nbgpu._serial import to_data
+from nbgpu._serial import read_json_object, to_data
 from nbgpu.errors import NbgpuError
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.slurm import srun_argv
@@ -313,9 +310,7 @@ def _py_spy(pid: int) -> str:
 
 def rank_stacks(run_dir: Path, *, timeout_s: float = 5.0, native: bool = False) -> RunStacks:
     """Ask every live rank of the run for its Python stack, all at once."""
-    meta: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    meta = read_json_object(run_dir / "run.json")
     nproc = int(meta.get("nproc") or 0)
     run_id = meta.get("run_id")
     asked: dict[int, tuple[int, int]] = {}  # rank -> (pid, offset before the signal)

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import subprocess
@@ -16,12 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import Block, Bullets, Line, Result, Table, Title, simulated_label, to_text
+from nbgpu._serial import read_json_object
 from nbgpu.errors import NbgpuError
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.outcomes import RankOutcome, RunNotices
 from nbgpu.launch.procs import agent_log
 from nbgpu.launch.rundirs import rank_log
 from nbgpu.launch.warm import WarmState
+from nbgpu.profile.records import read_node
 
 if TYPE_CHECKING:
     from nbgpu.diagnose.report import Diagnosis
@@ -129,12 +130,9 @@ class RunView(Result):
         """``rank3``, or ``n2/rank3`` over several nodes (each rank names its node)."""
         if self.config.nnodes == 1:
             return f"rank{rank}"
-        node = self._nodes.get(rank)
-        if node is None:
-            with contextlib.suppress(OSError):
-                node = (self.dir / f"rank{rank}.node").read_text(encoding="utf-8").strip()
-                self._nodes[rank] = node
-        return f"{node or '?'}/rank{rank}"
+        if rank not in self._nodes and (node := read_node(self.dir, rank)) is not None:
+            self._nodes[rank] = node
+        return f"{self._nodes.get(rank) or '?'}/rank{rank}"
 
     def failure_summary(self) -> str:
         head = f"run '{self.name}' {self.state.replace('_', ' ')}"
@@ -337,10 +335,8 @@ def rendezvous_timeout_words(run_dir: Path, config: LaunchConfig, waited_s: floa
         for path in sorted(run_dir.glob("node*.started")):
             with contextlib.suppress(OSError):
                 started.append(path.read_text(encoding="utf-8").strip())
-        step_nodes: list[str] = []  # the nodes SLURM gave the step
-        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-            rdzv = json.loads((run_dir / "rdzv.json").read_text(encoding="utf-8"))
-            step_nodes = [str(n) for n in rdzv.get("node_names") or []]
+        named = read_json_object(run_dir / "rdzv.json").get("node_names")  # SLURM gave the step
+        step_nodes = [str(n) for n in named] if isinstance(named, list) else []
         missing = [n for n in step_nodes if n not in started]
         if missing:
             which = "node " + missing[0] if len(missing) == 1 else "nodes " + ", ".join(missing)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nbgpu._render import Block, Line, Result, Table, fmt_bytes, to_text
+from nbgpu._serial import read_json_object
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.procs import live_run_ids
@@ -185,11 +186,7 @@ def _tree_size(path: Path) -> int:
 
 
 def _read(path: Path) -> RunDir:
-    meta: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        loaded = json.loads((path / "run.json").read_text(encoding="utf-8"))
-        if isinstance(loaded, dict):
-            meta = loaded
+    meta = read_json_object(path / "run.json")
     started = meta.get("started_at")
     if not isinstance(started, int | float):
         started = path.stat().st_mtime
@@ -256,7 +253,7 @@ def list_run_dirs(environ: Mapping[str, str] | None = None) -> RunDirsTable:
 
 
 def policy_from_options(
-    keep: int | None, budget: str | None, environ: Mapping[str, str] | None = None
+    keep: int | str | None, budget: str | None, environ: Mapping[str, str] | None = None
 ) -> RetentionPolicy:
     """The environment's policy with the limits given on the command line."""
     base = RetentionPolicy.from_env(environ)

@@ -8,8 +8,6 @@ says why, and cancels a job the partition will never start.
 status --json`` writes it, its name and each GPU's health; the kernel merges them.
 """
 
-from __future__ import annotations
-
 import base64
 import contextlib
 import json
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nbgpu._render import Block, Line, Result, Table, Title, fmt_used_total, to_text
+from nbgpu._serial import read_json_object
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import LaunchConfig, SlurmOptions
 
@@ -163,13 +162,10 @@ def srun_error(run_dir: Path) -> str | None:
 
 def cancel(run_dir: Path, environ: Mapping[str, str], *, requested: bool) -> str | None:
     """``scancel`` the run's step (or the allocation it requested); what was cancelled."""
-    try:
-        rdzv = json.loads((run_dir / "rdzv.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # no node started yet: stopping srun withdraws the request itself
+    rdzv = read_json_object(run_dir / "rdzv.json")
     job, step = rdzv.get("job_id"), rdzv.get("step_id")
     if not job:
-        return None
+        return None  # no node started yet: stopping srun withdraws the request itself
     target = str(job) if requested or step is None else f"{job}.{step}"
     with contextlib.suppress(UserInputError):
         _run(["scancel", target], environ)

@@ -8,8 +8,6 @@ listens on a Unix socket in a 0700 directory; then ``multiprocessing.connection`
 ends hold the job's token (an HMAC challenge each way, no pickle before it).
 """
 
-from __future__ import annotations
-
 import codecs
 import contextlib
 import itertools

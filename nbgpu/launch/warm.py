@@ -4,8 +4,6 @@ Neither knows the run: its follow loop drives the cell, its idle watchdog ends a
 ranks died or that sat idle too long.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import signal

@@ -2,8 +2,6 @@
 imports IPython's magic machinery only).
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 __all__ = ["load_ipython_extension", "magics_classes", "unload_ipython_extension"]

@@ -274,19 +274,14 @@ def keep_empty_cell_body(lines: list[str]) -> list[str]:
 def _prune(tokens: list[str]) -> Any:
     from nbgpu.launch import rundirs as retention  # noqa: PLC0415
 
-    keep: int | None = None
-    budget: str | None = None
+    given: dict[str, str] = {}
     for at in range(0, len(tokens), 2):
         flag, value = tokens[at], tokens[at + 1 : at + 2]
         if flag not in ("--keep", "--budget"):
             raise UsageError(f"%gpu_runs --prune: unknown {flag!r}; accepts --keep, --budget")
         if not value:
             raise UsageError("%gpu_runs --prune: --keep and --budget need a value")
-        if flag == "--budget":
-            budget = value[0]
-        elif not value[0].isdigit():
-            raise UsageError(f"--keep {value[0]!r}: expected a whole number of runs >= 0")
-        else:
-            keep = int(value[0])
-    with user_errors():
-        return retention.prune(policy=retention.policy_from_options(keep, budget))
+        given[flag] = value[0]
+    with user_errors():  # the policy checks the values (--keep 'x' is named there)
+        policy = retention.policy_from_options(given.get("--keep"), given.get("--budget"))
+        return retention.prune(policy=policy)

@@ -12,7 +12,6 @@ import inspect
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import StdinNotImplementedError, UsageError
@@ -314,14 +313,6 @@ class GPUMagics(Magics):
         if report.ranks and not args.no_figure:
             from IPython.display import Image, display  # noqa: PLC0415
 
-            # A PNG, so that a saved notebook keeps the figure.
-            png = report.png()
-            display(Image(data=png, format="png"))
-            if args.png:
-                try:
-                    Path(args.png).expanduser().write_bytes(png)
-                except OSError as exc:
-                    raise UsageError(
-                        f"--png {shlex.quote(args.png)}: cannot write ({exc.strerror})"
-                    ) from None
+            with user_errors():  # a PNG, so that a saved notebook keeps the figure
+                display(Image(data=report.png(args.png), format="png"))
         return report

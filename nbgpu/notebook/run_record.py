@@ -5,8 +5,6 @@ so a notebook saved at any moment holds a readable picture. Pure rendering over 
 :class:`~nbgpu.launch.run.Run` (duck-typed); no IPython, no ipywidgets.
 """
 
-from __future__ import annotations
-
 import html
 import re
 import threading

@@ -4,8 +4,6 @@
 the last call (a partial last line waits for the next call). Standard library only.
 """
 
-from __future__ import annotations
-
 import json
 import time
 from collections import deque

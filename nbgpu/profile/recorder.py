@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["DEFAULT_SAMPLE_S", "CudaMemory", "NodeMemory", "ProcessMemory", "Recorder",
-           "Sampler", "cuda_memory", "node_memory", "peak_rss", "process_memory",
-           "process_start_time", "records_file", "reset_peak_rss", "resident_bytes"]  # fmt: skip
+           "Sampler", "cuda_memory", "node_memory", "process_memory", "process_start_time",
+           "records_file", "reset_peak_rss", "resident_bytes", "status_bytes"]  # fmt: skip
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -103,9 +103,10 @@ def resident_bytes(pid: int | str = "self") -> int | None:
     return int(parts[1]) * _PAGE if len(parts) > 1 and parts[1].isdigit() else None
 
 
-def peak_rss(pid: int | str = "self") -> int | None:
-    """``VmHWM``: the most resident memory since start or the last reset."""
-    return _kib_fields(_read(f"/proc/{pid}/status") or "", ("VmHWM",)).get("VmHWM")
+def status_bytes(key: str, pid: int | str = "self") -> int | None:
+    """A size ``/proc/PID/status`` gives: ``VmHWM`` (the most resident memory since start or
+    the last reset), ``VmSize`` (the address space, what ``RLIMIT_AS`` counts)."""
+    return _kib_fields(_read(f"/proc/{pid}/status") or "", (key,)).get(key)
 
 
 def reset_peak_rss() -> str | None:
@@ -290,7 +291,7 @@ class Recorder:
         snap = self._snapshot()
         with self._lock:
             # Resetting VmHWM would lose the enclosing phases' peak so far: fold it in first.
-            current_hwm = peak_rss() or 0
+            current_hwm = status_bytes("VmHWM") or 0
             for outer in self._stack:
                 outer.hwm = max(outer.hwm, current_hwm)
             problem = reset_peak_rss()
@@ -319,7 +320,7 @@ class Recorder:
             closing = self._stack.pop(index)
             inner = [p.name for p in self._stack[index:]]
             self._fold(closing, snap)
-            hwm_now = peak_rss()
+            hwm_now = status_bytes("VmHWM")
             for outer in self._stack:
                 outer.hwm = max(outer.hwm, hwm_now or 0)
         record: dict[str, Any] = {
@@ -368,7 +369,7 @@ class Recorder:
         if "pss" in snap:
             # The high-water mark since the innermost phase began: the peak a sampler
             # between two ticks can miss, kept for a phase the process may die in.
-            snap["hwm"] = peak_rss()
+            snap["hwm"] = status_bytes("VmHWM")
             if self.hwm_reset_problem:
                 snap["hwm_why"] = self.hwm_reset_problem
         with self._lock:

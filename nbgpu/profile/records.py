@@ -6,11 +6,8 @@ a note or a status, never an exception. The report renders a :class:`MemoryTimel
 draws it, the diagnosis reads it. Standard library only (and the recorder's /proc helpers).
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
-import os
 import re
 import socket
 from collections.abc import Iterable
@@ -18,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nbgpu._children import pid_exists
 from nbgpu.profile.recorder import process_start_time
 from nbgpu.sizes import gib
 
@@ -102,15 +100,9 @@ class RankRecords:
 
 def _alive(proc: dict[str, Any]) -> bool:
     pid = proc.get("pid")
-    if not isinstance(pid, int) or proc.get("host") != socket.gethostname():
+    if not isinstance(pid, int) or proc.get("host") != socket.gethostname() or not pid_exists(pid):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A reused pid is another process: its start time tells.
+    # A reused pid (another user's too) is another process: its start time tells.
     started, now = proc.get("process_started"), process_start_time(pid)
     return started is None or now is None or abs(now - started) < 2
 

@@ -8,14 +8,13 @@ cells). matplotlib is imported only by ``figure()``.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from nbgpu._render import Block, Bullets, Figure, Line, Result, Table, Title, fmt_bytes
-from nbgpu._serial import to_data
+from nbgpu._serial import read_json_object, to_data
 from nbgpu.errors import UserInputError
 from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_run_dir
 
@@ -196,24 +195,23 @@ class MemoryReport(MemoryTimeline, Result):
 
         return draw(self, title=title)
 
-    def png(self) -> bytes:
+    def png(self, path: str | None = None) -> bytes:
+        """The figure as PNG bytes, also written to *path* (``--png``) when given."""
         from nbgpu.profile.figure import png_bytes  # noqa: PLC0415
 
-        return png_bytes(self.figure())
+        png = png_bytes(self.figure())
+        if path is not None:
+            try:
+                Path(path).expanduser().write_bytes(png)
+            except OSError as exc:
+                raise UserInputError(f"--png {path!r}: cannot write ({exc.strerror})") from None
+        return png
 
     def with_figure(self) -> MemoryReport:
         """This report with its figure drawn in (HTML shows it; no records, no figure)."""
         if not self.ranks:
             return self
         return replace(self, png_base64=base64.b64encode(self.png()).decode("ascii"))
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryReport:
@@ -225,8 +223,8 @@ def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryRep
             "mem-rank0.jsonl, rank0.log, ...)"
         )
     ranks = read_run_dir(directory)
-    meta = _json(directory / "run.json")
-    spec = _json(directory / "bootstrap.json")
+    meta = read_json_object(directory / "run.json")
+    spec = read_json_object(directory / "bootstrap.json")
     notes = [n for r in ranks for n in r.notes]
     if not ranks:
         notes.append(

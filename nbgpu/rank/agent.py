@@ -5,8 +5,6 @@ plus: it dies with the process that launched it, tells the workers its pid so th
 the same, and writes a machine-readable result (per-rank exit codes, signals, error files).
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -29,6 +29,7 @@ from nbgpu.devices.cuda_errors import (
 )
 from nbgpu.devices.sim import simulation_source
 from nbgpu.errors import UserInputError
+from nbgpu.profile.recorder import status_bytes
 from nbgpu.sizes import gib
 from nbgpu.sizes import parse_size as _parse_size
 
@@ -204,7 +205,7 @@ def set_memory_limit(size: int | str) -> int:
     import resource  # noqa: PLC0415  (POSIX only, and only when asked)
 
     limit = parse_size(size)
-    current = _address_space_bytes()
+    current = status_bytes("VmSize")
     if current is not None and limit <= current:
         raise UserInputError(
             f"memory limit {size!r} ({gib(limit)}) is below this rank's current address "
@@ -218,15 +219,6 @@ def set_memory_limit(size: int | str) -> int:
         )
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     return limit
-
-
-def _address_space_bytes() -> int | None:
-    """This process's address space now (Linux: VmSize, exactly what RLIMIT_AS counts)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return None
 
 
 def device(environ: Mapping[str, str] | None = None) -> torch.device:

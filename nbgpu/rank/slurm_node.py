@@ -7,8 +7,6 @@ directory. Each node takes its GPUs from a plan (``NBGPU_NODE_GPUS``) and ``exec
 so SLURM's signals reach torchrun. Standard library only.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -6,8 +6,6 @@ the rank is killed right after writing; answer the kernel's requests for stacks 
 records. Standard library at import time; torch only once the user's code has imported it.
 """
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import faulthandler

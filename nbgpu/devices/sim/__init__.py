@@ -9,8 +9,6 @@ them): ``box`` (a box as data) · ``fleet`` (what ``NBGPU_SIMULATE`` names, as a
 simulated fleet).
 """
 
-from __future__ import annotations
-
 import socket
 from collections.abc import Mapping
 

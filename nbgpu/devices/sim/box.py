@@ -8,8 +8,6 @@ there). Here, not in the CUDA fake, so that a simulated ``nbgpu status`` loads n
 ``CUDA_VISIBLE_DEVICES`` code.
 """
 
-from __future__ import annotations
-
 import ctypes
 import json
 import time

@@ -12,8 +12,6 @@ on this machine: tests stand real processes in as holders) or *recorded* (its
 named; imports neither pynvml nor psutil.
 """
 
-from __future__ import annotations
-
 import json
 import re
 import uuid as uuidlib
