@@ -363,6 +363,11 @@ def take_nodes_plan(
     if not plan.ok:
         first = plan.problems[0].message if plan.problems else "not ready"
         raise UserInputError(f"--plan: the plan is not ready: {first}")
+    if not plan.job_nodes or not plan.nproc_per_node:
+        raise UserInputError(
+            "--plan: the plan has no training role to launch (an inference-only allocation "
+            "places servers, which torchrun does not start)"
+        )
     if gpus is not None:
         raise UserInputError(
             "--plan and --gpus both choose GPUs: give one of them (the plan chose each node's)"

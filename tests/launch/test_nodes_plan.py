@@ -68,6 +68,13 @@ def test_a_plan_that_is_not_ready_is_not_launched():
         take(blocked)
 
 
+def test_an_inference_only_allocation_is_not_launched():
+    servers = nbgpu.plan.nodes("4x(8)", allocation="sglang:d8t2")
+    assert servers.ok
+    with pytest.raises(UserInputError, match=r"--plan: the plan has no training role to launch"):
+        take(servers)
+
+
 def test_an_allocation_over_24_simulated_8_gpu_nodes_launches_its_trainer_there():
     start = time.perf_counter()
     p = nbgpu.plan.nodes("24x(8xH100)", allocation="sglang:d80m2p1+d4m2p4", global_batch=64)
