@@ -2,8 +2,6 @@
 never drift apart. It parses and calls :mod:`nbgpu.plan`; the face prints or shows the result.
 """
 
-from __future__ import annotations
-
 import argparse
 import functools
 import json

@@ -7,8 +7,6 @@ run, or the steps that free the GPU. Pure: the only outside call is the injected
 port check; never imports the inventory module, sockets, files, psutil or IPython.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import partial

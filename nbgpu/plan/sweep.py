@@ -10,8 +10,6 @@ it a fraction of its speed, and its free memory, not its total): it is not ready
 GPUs in use out. Pure: the port check is injected; never reads files or an inventory.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any

@@ -3,8 +3,6 @@ things), and how a rule moves a value to the target; the context a rescaling sha
 checks (``checks.py``). Pure arithmetic; never reads files.
 """
 
-from __future__ import annotations
-
 import math
 import re
 from collections.abc import Mapping, Sequence
