@@ -299,7 +299,6 @@ def scale_config(
     devices: Sequence[int] | None = None,
     gpu_memory_bytes: int | None = None,
     source: str | None = None,
-    extra_problems: Sequence[Problem] = (),
     nodes: int | None = None,
     node_size: tuple[int, str] | None = None,
 ) -> ScalePlan:
@@ -354,7 +353,6 @@ def scale_config(
         sp=int_of(find_entry(entries, "ulysses_sequence_parallel_size"), 1),
         nnodes=nnodes,
         model=model,
-        problems=list(extra_problems),
         model_name=model_name,
     )
     if add_nodes and "gpu_count" not in ruled:
