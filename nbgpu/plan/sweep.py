@@ -34,7 +34,6 @@ class SweepPlan(Result):
     """Disjoint runs on one box: ``runs[i]`` is a Plan with its own GPUs and port."""
 
     runs: tuple[Plan, ...]
-    requested_runs: int | None  # None: as many as fit
     gpus_per_run: int
     allocation: str  # of each run
     excluded: tuple[ExcludedGpu, ...]
@@ -219,7 +218,6 @@ def build_sweep(
         problems.extend(_mark_in_use(plans, {c.nvml_index: c for c in ordered}, runs))
     return SweepPlan(
         tuple(plans),
-        runs,
         per_run,
         allocation.text,
         excluded,
