@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from nbgpu._render import Block, Line, Result, Table, Title, to_text
 from nbgpu._serial import to_data
@@ -37,9 +37,7 @@ from nbgpu.plan.result import (
     problem_blocks,
 )
 from nbgpu.problems import Problem
-
-if TYPE_CHECKING:
-    from nbgpu.scale import ScalePlan
+from nbgpu.scale import ScalePlan
 
 __all__ = ["NodeGpus", "NodeLeftOut", "NodesAlternative", "NodesPlan", "build_nodes_plan",
            "default_shape", "short_nodes"]  # fmt: skip
