@@ -6,8 +6,6 @@ documented on :class:`Plan` and :class:`RolePlan`; the rest is for people. Pure:
 imports the inventory, sockets or files.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -248,7 +246,7 @@ class Alternative:
     title: str
     reason: str
     fixes: tuple[str, ...] = ()
-    plan: Plan | None = None
+    plan: "Plan | None" = None
 
     @property
     def status(self) -> str:

@@ -3,8 +3,6 @@ result, :class:`ScalePlan`. Pure; never reads files (``files.py`` does) nor load
 ruamel.yaml unless YAML is asked for.
 """
 
-from __future__ import annotations
-
 import copy
 import difflib
 import math
@@ -109,7 +107,7 @@ class ScalePlan(Result):
         """The new config in its own form and layout (YAML comments, a script's lines kept)."""
         return self.new_text if self.new_text is not None else self.to_yaml()
 
-    def save(self, path: str | os.PathLike[str]) -> ScalePlan:
+    def save(self, path: str | os.PathLike[str]) -> "ScalePlan":
         """Write :meth:`to_text` to *path*; the plan returned says where the file went."""
         from nbgpu.scale.files import write_text  # noqa: PLC0415  (YAML and scripts: heavy)
 
