@@ -27,7 +27,7 @@ from nbgpu.plan.result import PLAN_FILE_FORMAT, Plan
 from nbgpu.plan.sweep import SweepPlan, build_sweep
 from nbgpu.problems import Problem
 from nbgpu.scale import ScalePlan, builtin_shape, scale_config
-from nbgpu.scale.files import load_config, read_config, read_text, rescaled_text
+from nbgpu.scale.files import load_config, parse_json, read_config, read_text, rescaled_text
 
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
@@ -327,11 +327,7 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
     where, source = "the cluster", "the cluster"
     if isinstance(cluster, str | os.PathLike):
         path, name = Path(cluster).expanduser(), f"cluster file {os.fspath(cluster)!r}"
-        text = read_text(path, "cluster file")
-        try:
-            cluster = json.loads(text)
-        except ValueError as exc:
-            raise UserInputError(f"{name}: not JSON ({exc})") from None
+        cluster = parse_json(read_text(path, "cluster file"), name)
         if not is_cluster(cluster):
             raise UserInputError(f"{name}: {_CLUSTER_FORMS}")
         where, source = f"cluster file {path.name!r}", path.name
@@ -379,12 +375,7 @@ def plan_from_json(
     if text is None:
         where = f"plan file {os.fspath(source)!r}"
         text = read_text(source, "plan file")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserInputError(
-            f"{where} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
+    data = parse_json(text, where)
     if isinstance(data, dict) and "nbgpu_nodes_plan" in data:
         if run is not None:
             raise UserInputError(f"run={run!r}: {where} is a plan across nodes, not a sweep")
