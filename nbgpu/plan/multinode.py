@@ -9,8 +9,6 @@ and memory are checked for the role torchrun starts. What does not fit names eac
 falls short; alternatives offer fewer nodes or ranks. Pure: never reads inventories, files.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -70,7 +68,7 @@ class NodeLeftOut:
 class NodesAlternative:
     title: str
     reason: str
-    plan: NodesPlan
+    plan: "NodesPlan"
 
     @property
     def status(self) -> str:
