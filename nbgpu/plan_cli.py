@@ -25,14 +25,6 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, Any]:
     return out
 
 
-def _max_micro(value: str | None) -> int | str | None:
-    if value is None or value.strip().lower() == "auto":
-        return value
-    if not value.strip().isdigit() or int(value) < 1:
-        raise UserInputError(f"--max-micro {value!r}: expected a whole number >= 1 or auto")
-    return int(value)
-
-
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     n: dict[str, Any] = {"type": int, "metavar": "N"}  # a whole number, unset (None) by default
@@ -157,7 +149,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         "global_batch": args.batch,
         "micro_batch": args.micro,
         "grad_accum": args.accum,
-        "max_micro_batch": _max_micro(args.max_micro),
+        "max_micro_batch": args.max_micro,  # make_job reads "4" and "auto"
         "divisors": _pairs(args.divisor, "--divisor") or None,
         "step_divisors": _pairs(args.step_divisor, "--step-divisor") or None,
         "model": args.model,
