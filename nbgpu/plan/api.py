@@ -22,7 +22,7 @@ from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list, w
 from nbgpu.plan.multinode import NodesPlan, build_nodes_plan, short_nodes
 from nbgpu.plan.placement import Candidate, PortChecker, candidates_from_inventory, order_pool
 from nbgpu.plan.placement import port_is_free as _port_is_free
-from nbgpu.plan.planner import build_plan
+from nbgpu.plan.planner import NO_GPU, build_plan
 from nbgpu.plan.result import PLAN_FILE_FORMAT, Plan
 from nbgpu.plan.sweep import SweepPlan, build_sweep
 from nbgpu.problems import Problem
@@ -61,10 +61,8 @@ def _gpus(
     """(the snapshot's GPUs as candidates, the fleet or host name, simulated?)."""
     snapshot = _snapshot(inventory, environ)
     if snapshot.nvml_error:
-        raise UserInputError(
-            f"the inventory has no GPU (NVML: {snapshot.nvml_error}); plan for another box "
-            "with inventory='pod.json' (from `nbgpu status --json`) or a spec such as '4xA40'"
-        )
+        why = f" (NVML: {snapshot.nvml_error})"
+        raise UserInputError(NO_GPU.format(why=why, example="4xA40"))
     name = (snapshot.fleet_name or "simulated") if snapshot.simulated else snapshot.hostname
     return candidates_from_inventory(snapshot), name, snapshot.simulated
 

@@ -160,7 +160,7 @@ def build_sweep(
     whole_number("runs", runs)
     whole_number("gpus_per_run", gpus_per_run)
     if not candidates:
-        raise UserInputError(NO_GPU.format(example="8xH100"))
+        raise UserInputError(NO_GPU.format(why="", example="8xH100"))
     allocation = job.allocation
     if allocation is None:
         allocation = Allocation((RoleSpec("train", "train", None, gpus_per_run or 1),))
