@@ -2,8 +2,6 @@
 never drift apart. It parses and calls :mod:`nbgpu.plan`; the face prints or shows the result.
 """
 
-from __future__ import annotations
-
 import argparse
 import functools
 import json
@@ -25,14 +23,6 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, Any]:
             raise UserInputError(f"{flag} {item!r}: expected NAME=VALUE, e.g. {flag} group=8")
         out[key] = int(value) if value.isdigit() else value
     return out
-
-
-def _max_micro(value: str | None) -> int | str | None:
-    if value is None or value.strip().lower() == "auto":
-        return value
-    if not value.strip().isdigit() or int(value) < 1:
-        raise UserInputError(f"--max-micro {value!r}: expected a whole number >= 1 or auto")
-    return int(value)
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -159,7 +149,7 @@ def plan_from_args(args: argparse.Namespace) -> Any:
         "global_batch": args.batch,
         "micro_batch": args.micro,
         "grad_accum": args.accum,
-        "max_micro_batch": _max_micro(args.max_micro),
+        "max_micro_batch": args.max_micro,  # make_job reads "4" and "auto"
         "divisors": _pairs(args.divisor, "--divisor") or None,
         "step_divisors": _pairs(args.step_divisor, "--step-divisor") or None,
         "model": args.model,

@@ -10,8 +10,6 @@ re-exports; it never imports torch, files or the inventory (``trace``, the one m
 imports torch, is loaded only for a module).
 """
 
-from __future__ import annotations
-
 import sys
 import types
 

@@ -6,8 +6,6 @@ nothing else does, so the largest micro batch within a budget is one division: n
 out-of-memory trials. Never imports torch, except ``trace`` when a module is given.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Mapping
 from dataclasses import replace

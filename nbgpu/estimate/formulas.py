@@ -21,8 +21,6 @@ logits and loss, the KV cache, and the reserves the allocator never sees (CUDA c
 buffers, DDP buckets, gathered FSDP layers, fragmentation). Never imports torch.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass

@@ -3,8 +3,6 @@ analytic and traced side by side; the sourced figures and the layout the formula
 :class:`StepComparison`, one measured step beside both. Pure data; never imports torch.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any

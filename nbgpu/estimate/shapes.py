@@ -9,8 +9,6 @@ what is missing. Reads the one file the user names; never downloads anything, ne
 torch (a module's parameters are counted by duck typing).
 """
 
-from __future__ import annotations
-
 import contextlib
 import difflib
 import json

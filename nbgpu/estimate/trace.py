@@ -17,8 +17,6 @@ Imports torch at module level: the estimator imports this only when given a modu
 imports IPython, pynvml or the inventory, and never moves a tensor to a GPU.
 """
 
-from __future__ import annotations
-
 import copy
 import math
 import time
@@ -26,19 +24,16 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass, replace
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from nbgpu.errors import UserInputError
 from nbgpu.estimate.formulas import STRATEGIES
-from nbgpu.estimate.result import StepComparison, Term
+from nbgpu.estimate.result import Layout, MemoryEstimate, StepComparison, Term
 from nbgpu.estimate.shapes import TORCH_DTYPES
 from nbgpu.sizes import fmt_bytes
-
-if TYPE_CHECKING:
-    from nbgpu.estimate.result import Layout, MemoryEstimate
 
 __all__ = ["StepComparison", "TracedPeak", "compare_step", "measure_step", "run_step", "trace_step",
            "trace_terms"]  # fmt: skip

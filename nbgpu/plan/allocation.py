@@ -24,8 +24,6 @@ Order is kept: the first role owns logical device 0 of a job that shares one
 inventory, sockets or files.
 """
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass, replace
 
@@ -127,7 +125,7 @@ class Allocation:
     def colocated(self) -> bool:
         return any(r.colocated_with is not None for r in self.roles)
 
-    def with_data_parallel(self, name: str, data_parallel: int) -> Allocation:
+    def with_data_parallel(self, name: str, data_parallel: int) -> "Allocation":
         roles = (
             replace(r, data_parallel=data_parallel) if r.name == name else r for r in self.roles
         )

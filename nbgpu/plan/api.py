@@ -22,12 +22,12 @@ from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list, w
 from nbgpu.plan.multinode import NodesPlan, build_nodes_plan, short_nodes
 from nbgpu.plan.placement import Candidate, PortChecker, candidates_from_inventory, order_pool
 from nbgpu.plan.placement import port_is_free as _port_is_free
-from nbgpu.plan.planner import build_plan
+from nbgpu.plan.planner import NO_GPU, build_plan
 from nbgpu.plan.result import PLAN_FILE_FORMAT, Plan
 from nbgpu.plan.sweep import SweepPlan, build_sweep
 from nbgpu.problems import Problem
 from nbgpu.scale import ScalePlan, builtin_shape, scale_config
-from nbgpu.scale.files import load_config, read_config, read_text, rescaled_text
+from nbgpu.scale.files import load_config, parse_json, read_config, read_text, rescaled_text
 
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
@@ -61,10 +61,8 @@ def _gpus(
     """(the snapshot's GPUs as candidates, the fleet or host name, simulated?)."""
     snapshot = _snapshot(inventory, environ)
     if snapshot.nvml_error:
-        raise UserInputError(
-            f"the inventory has no GPU (NVML: {snapshot.nvml_error}); plan for another box "
-            "with inventory='pod.json' (from `nbgpu status --json`) or a spec such as '4xA40'"
-        )
+        why = f" (NVML: {snapshot.nvml_error})"
+        raise UserInputError(NO_GPU.format(why=why, example="4xA40"))
     name = (snapshot.fleet_name or "simulated") if snapshot.simulated else snapshot.hostname
     return candidates_from_inventory(snapshot), name, snapshot.simulated
 
@@ -327,11 +325,7 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
     where, source = "the cluster", "the cluster"
     if isinstance(cluster, str | os.PathLike):
         path, name = Path(cluster).expanduser(), f"cluster file {os.fspath(cluster)!r}"
-        text = read_text(path, "cluster file")
-        try:
-            cluster = json.loads(text)
-        except ValueError as exc:
-            raise UserInputError(f"{name}: not JSON ({exc})") from None
+        cluster = parse_json(read_text(path, "cluster file"), name)
         if not is_cluster(cluster):
             raise UserInputError(f"{name}: {_CLUSTER_FORMS}")
         where, source = f"cluster file {path.name!r}", path.name
@@ -379,12 +373,7 @@ def plan_from_json(
     if text is None:
         where = f"plan file {os.fspath(source)!r}"
         text = read_text(source, "plan file")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserInputError(
-            f"{where} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
+    data = parse_json(text, where)
     if isinstance(data, dict) and "nbgpu_nodes_plan" in data:
         if run is not None:
             raise UserInputError(f"run={run!r}: {where} is a plan across nodes, not a sweep")

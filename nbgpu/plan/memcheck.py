@@ -7,8 +7,6 @@ the trainer steps (SGLang's and vLLM's sleep/offload modes): :func:`colocation_p
 so per group and checks the sum. Pure arithmetic; never reads files nor imports torch.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any

@@ -9,12 +9,10 @@ and memory are checked for the role torchrun starts. What does not fit names eac
 falls short; alternatives offer fewer nodes or ranks. Pure: never reads inventories, files.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from nbgpu._render import Block, Line, Result, Table, Title, to_text
 from nbgpu._serial import to_data
@@ -25,21 +23,18 @@ from nbgpu.plan.memcheck import auto_max_micro, memory_check, memory_problems, s
 from nbgpu.plan.placement import Candidate, assign, excluded_gpus, order_pool, planned_gpus
 from nbgpu.plan.planner import batch_problem, caveats, trainer_batch
 from nbgpu.plan.result import (
-    MEMORY_NOT_CHECKED,
     PLAN_FILE_FORMAT,
     ExcludedGpu,
     MemoryCheck,
     PlannedGpu,
     RolePlan,
     alternative_blocks,
-    memory_lines,
+    check_lines,
     memory_table,
     problem_blocks,
 )
 from nbgpu.problems import Problem
-
-if TYPE_CHECKING:
-    from nbgpu.scale import ScalePlan
+from nbgpu.scale import ScalePlan
 
 __all__ = ["NodeGpus", "NodeLeftOut", "NodesAlternative", "NodesPlan", "build_nodes_plan",
            "default_shape", "short_nodes"]  # fmt: skip
@@ -72,7 +67,7 @@ class NodeLeftOut:
 class NodesAlternative:
     title: str
     reason: str
-    plan: NodesPlan
+    plan: "NodesPlan"
 
     @property
     def status(self) -> str:
@@ -152,10 +147,7 @@ class NodesPlan(Result):
             text = f"{shape}; {role.data_parallel} instance(s) of {unit} GPUs, each {where}"
             text = text if mine else "not placed"
             lines.append(Line(f"{role.degrees}: {text}", label=f"role {role.name}"))
-        if self.batch is not None and self.batch.ok:
-            lines.append(Line(self.batch.summary, label="batch"))
-        if self.memory or self.node_gpus:  # a role not placed is not checked either
-            lines += memory_lines(self.memory) if self.memory else [MEMORY_NOT_CHECKED]
+        lines += check_lines(self.batch, self.memory, bool(self.node_gpus))
         launch = (
             f"%%torchrun --plan p or nbgpu run --plan FILE (srun --nodelist {self.nodelist}; "
             "each node sets its own CUDA_VISIBLE_DEVICES); the rendezvous port is picked on "

@@ -13,8 +13,6 @@ binds a socket and lets it go. A port free now can be taken before the job start
 colliding; the launcher re-checks at start. Never imports pynvml, psutil or files.
 """
 
-from __future__ import annotations
-
 import errno
 import socket
 from collections.abc import Callable, Iterable, Sequence
@@ -71,7 +69,7 @@ class Candidate:
         return self.other_processes > 0
 
 
-def candidates_from_inventory(inventory: Inventory) -> tuple[Candidate, ...]:
+def candidates_from_inventory(inventory: "Inventory") -> tuple[Candidate, ...]:
     """Every GPU of the snapshot, in NVML order, sorted into usable or not."""
     results = inventory.probe.results if inventory.probe is not None else ()
     failed_probe = {

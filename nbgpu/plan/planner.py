@@ -7,8 +7,6 @@ run, or the steps that free the GPU. Pure: the only outside call is the injected
 port check; never imports the inventory module, sockets, files, psutil or IPython.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -34,9 +32,9 @@ from nbgpu.problems import Problem
 __all__ = ["NO_GPU", "batch_problem", "build_plan", "caveats", "check_known", "gpu_span",
            "trainer_batch"]  # fmt: skip
 
-#: The answer for an inventory without GPUs (*example*: a fleet spec to plan for instead).
+#: No GPU to plan on (*why*: NVML's reason, or ""; *example*: a fleet spec to plan for instead).
 NO_GPU = (
-    "the inventory has no GPU to plan on; plan for another box with a fleet: "
+    "the inventory has no GPU to plan on{why}; plan for another box with a fleet: "
     "inventory='pod.json' (from `nbgpu status --json`) or a spec such as '{example}'"
 )
 
@@ -142,7 +140,7 @@ def build_plan(
 ) -> Plan:
     """Place *job* on *candidates* (of *fleet*); bad input (a GPU that does not exist) raises."""
     if not candidates:
-        raise UserInputError(NO_GPU.format(example="4xA40"))
+        raise UserInputError(NO_GPU.format(why="", example="4xA40"))
     taken_ports = tuple(taken_ports)
     by_index = {c.nvml_index: c for c in candidates}
     check_known(by_index, (("require", job.require), ("exclude", job.exclude)), hint=True)

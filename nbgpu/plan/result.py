@@ -6,8 +6,6 @@ documented on :class:`Plan` and :class:`RolePlan`; the rest is for people. Pure:
 imports the inventory, sockets or files.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -30,9 +28,9 @@ from nbgpu.plan.allocation import RoleSpec
 from nbgpu.plan.job import BatchCheck
 from nbgpu.problems import Problem
 
-__all__ = ["MEMORY_NOT_CHECKED", "PLAN_FILE_FORMAT", "Alternative", "ExcludedGpu", "MemoryCheck",
-           "MemoryLine", "Plan", "PlannedGpu", "RolePlan", "alternative_blocks", "memory_lines",
-           "memory_table", "plan_title", "problem_blocks"]  # fmt: skip
+__all__ = ["PLAN_FILE_FORMAT", "Alternative", "ExcludedGpu", "MemoryCheck", "MemoryLine", "Plan",
+           "PlannedGpu", "RolePlan", "alternative_blocks", "check_lines", "memory_table",
+           "plan_title", "problem_blocks"]  # fmt: skip
 
 #: The address every role's rendezvous uses: plans are for one node.
 MASTER_ADDR = "127.0.0.1"
@@ -41,7 +39,6 @@ TIGHT_SHARE = 0.8
 _ROLE_KEYS = ("kind", "degrees", "nproc_per_node", "master_port", "cuda_visible_devices")
 #: The format of plan files (``nbgpu_plan``, ``nbgpu_sweep``, ``nbgpu_nodes_plan``).
 PLAN_FILE_FORMAT = 1
-MEMORY_NOT_CHECKED = Line("not checked (pass model= or --model)", label="memory")
 _PCI_ORDER = Line("GPU numbers are nvidia-smi's: each role's env sets PCI_BUS_ID order.")
 
 
@@ -220,8 +217,14 @@ def memory_table(memory: Sequence[MemoryCheck]) -> Table:
     return table
 
 
-def memory_lines(memory: Sequence[MemoryCheck]) -> list[Block]:
-    lines: list[Block] = [Line(m.accounting, label=f"memory {m.role}") for m in memory]
+def check_lines(
+    batch: BatchCheck | None, memory: Sequence[MemoryCheck], placed: bool
+) -> list[Block]:
+    """A plan's batch and memory lines; memory is said unchecked only where GPUs were placed."""
+    lines: list[Block] = [Line(batch.summary, label="batch")] if batch and batch.ok else []
+    if not memory:
+        return lines + [Line("not checked (pass model= or --model)", label="memory")] * placed
+    lines += [Line(m.accounting, label=f"memory {m.role}") for m in memory]
     for m in memory:
         if len(m.gpu_free) > 1:
             each = ", ".join(f"GPU {i} {fmt_bytes(b)}" for i, b in m.gpu_free)
@@ -248,7 +251,7 @@ class Alternative:
     title: str
     reason: str
     fixes: tuple[str, ...] = ()
-    plan: Plan | None = None
+    plan: "Plan | None" = None
 
     @property
     def status(self) -> str:
@@ -321,13 +324,7 @@ class Plan(Result):
         return table
 
     def _footer(self) -> list[Block]:
-        lines: list[Block] = []
-        if self.batch is not None and self.batch.ok:
-            lines.append(Line(self.batch.summary, label="batch"))
-        if self.memory:
-            lines += memory_lines(self.memory)
-        elif self.roles and self.roles[0].gpus:
-            lines.append(MEMORY_NOT_CHECKED)
+        lines = check_lines(self.batch, self.memory, bool(self.roles and self.roles[0].gpus))
         if self.cuda_visible_devices and len(self.roles) > 1:
             first = self.roles[0]
             one_list = (

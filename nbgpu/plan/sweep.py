@@ -10,8 +10,6 @@ it a fraction of its speed, and its free memory, not its total): it is not ready
 GPUs in use out. Pure: the port check is injected; never reads files or an inventory.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,7 +34,6 @@ class SweepPlan(Result):
     """Disjoint runs on one box: ``runs[i]`` is a Plan with its own GPUs and port."""
 
     runs: tuple[Plan, ...]
-    requested_runs: int | None  # None: as many as fit
     gpus_per_run: int
     allocation: str  # of each run
     excluded: tuple[ExcludedGpu, ...]
@@ -163,7 +160,7 @@ def build_sweep(
     whole_number("runs", runs)
     whole_number("gpus_per_run", gpus_per_run)
     if not candidates:
-        raise UserInputError(NO_GPU.format(example="8xH100"))
+        raise UserInputError(NO_GPU.format(why="", example="8xH100"))
     allocation = job.allocation
     if allocation is None:
         allocation = Allocation((RoleSpec("train", "train", None, gpus_per_run or 1),))
@@ -221,7 +218,6 @@ def build_sweep(
         problems.extend(_mark_in_use(plans, {c.nvml_index: c for c in ordered}, runs))
     return SweepPlan(
         tuple(plans),
-        runs,
         per_run,
         allocation.text,
         excluded,

@@ -4,8 +4,6 @@ holds, run on the scaled values before anything runs. Each check names the frame
 was read from. Pure arithmetic; never reads files.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 from typing import ClassVar

@@ -27,8 +27,8 @@ from nbgpu.scale.values import value_text
 if TYPE_CHECKING:
     from nbgpu.scale.script import LaunchScript, ScriptValue
 
-__all__ = ["ConfigSource", "Rescaled", "load_config", "read_config", "read_text", "rescaled_text",
-           "rewrite_script", "write_text"]  # fmt: skip
+__all__ = ["ConfigSource", "Rescaled", "load_config", "parse_json", "read_config", "read_text",
+           "rescaled_text", "rewrite_script", "write_text"]  # fmt: skip
 
 
 def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
@@ -55,6 +55,15 @@ def write_text(path: str | os.PathLike[str], text: str, *, like: str | None = No
         raise UserInputError(f"cannot write {str(path)!r}: {exc.strerror}") from None
 
 
+def parse_json(text: str, where: str) -> Any:
+    """*text* as JSON, or one line naming *where* and the place the JSON breaks."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        place = f"line {exc.lineno}, column {exc.colno}"
+        raise UserInputError(f"{where} is not valid JSON ({place}: {exc.msg})") from None
+
+
 @dataclass(frozen=True)
 class ConfigSource:
     form: str  # "yaml" | "json" | "script"
@@ -71,12 +80,7 @@ def read_config(text: str, name: str) -> ConfigSource:
 
     where = f"config {name!r}"
     if name.endswith(".json"):
-        try:
-            return ConfigSource("json", name, text, json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise UserInputError(
-                f"{where} is not valid JSON (line {exc.lineno}: {exc.msg})"
-            ) from None
+        return ConfigSource("json", name, text, parse_json(text, where))
     if looks_like_script(text, name):
         script = read_script(text, where)
         return ConfigSource("script", name, text, script.config(), script)

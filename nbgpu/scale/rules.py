@@ -3,8 +3,6 @@ things), and how a rule moves a value to the target; the context a rescaling sha
 checks (``checks.py``). Pure arithmetic; never reads files.
 """
 
-from __future__ import annotations
-
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -99,7 +97,7 @@ class ScaleContext:
     sp: int  # ulysses sequence parallel size
     nnodes: int
     model: ModelShape | None
-    problems: list[Problem]
+    problems: list[Problem] = field(default_factory=list)
     model_name: str | None = None  # the model the config names, when model= was not given
     new: dict[str, Any] = field(default_factory=dict)  # dotted key → its scaled value
     warnings: list[Problem] = field(default_factory=list)

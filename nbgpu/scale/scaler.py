@@ -3,8 +3,6 @@ result, :class:`ScalePlan`. Pure; never reads files (``files.py`` does) nor load
 ruamel.yaml unless YAML is asked for.
 """
 
-from __future__ import annotations
-
 import copy
 import difflib
 import math
@@ -109,7 +107,7 @@ class ScalePlan(Result):
         """The new config in its own form and layout (YAML comments, a script's lines kept)."""
         return self.new_text if self.new_text is not None else self.to_yaml()
 
-    def save(self, path: str | os.PathLike[str]) -> ScalePlan:
+    def save(self, path: str | os.PathLike[str]) -> "ScalePlan":
         """Write :meth:`to_text` to *path*; the plan returned says where the file went."""
         from nbgpu.scale.files import write_text  # noqa: PLC0415  (YAML and scripts: heavy)
 
@@ -299,7 +297,6 @@ def scale_config(
     devices: Sequence[int] | None = None,
     gpu_memory_bytes: int | None = None,
     source: str | None = None,
-    extra_problems: Sequence[Problem] = (),
     nodes: int | None = None,
     node_size: tuple[int, str] | None = None,
 ) -> ScalePlan:
@@ -354,7 +351,6 @@ def scale_config(
         sp=int_of(find_entry(entries, "ulysses_sequence_parallel_size"), 1),
         nnodes=nnodes,
         model=model,
-        problems=list(extra_problems),
         model_name=model_name,
     )
     if add_nodes and "gpu_count" not in ruled:

@@ -22,8 +22,6 @@ between commands, assignments before a command and ``export``. Nothing is execut
 Pure: text in, text out; never reads files (``files.py`` does).
 """
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any

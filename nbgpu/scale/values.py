@@ -5,8 +5,6 @@ rules match a key by its last name anywhere in the config. A launch script's ``$
 evaluated over whole numbers by Python's ``ast``. Pure text; never reads files nor executes code.
 """
 
-from __future__ import annotations
-
 import ast
 import functools
 import operator

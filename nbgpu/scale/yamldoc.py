@@ -12,8 +12,6 @@ goes through that dump, with the file's indentation read from its text (ruamel.y
 Pure: text in, text out; never reads or writes files (``files.py`` does).
 """
 
-from __future__ import annotations
-
 import functools
 import io
 import itertools

@@ -31,3 +31,20 @@ def test_the_request_is_checked_once_whichever_face_sent_it():
     with pytest.raises(UserInputError, match=r"^micro_batch=0: expected a whole number >= 1"):
         nbgpu.plan(inventory="4xA40", micro_batch=0)
     assert main(["plan", "--fleet", "4xA40", "--micro", "0"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        ("many", "max_micro_batch='many': expected a whole number >= 1 or 'auto'"),
+        ("0", "max_micro_batch=0: expected a whole number >= 1"),
+    ],
+)
+def test_max_micro_is_read_by_the_request_for_the_cli_as_for_the_api(capsys, value, line):
+    with pytest.raises(UserInputError) as caught:
+        nbgpu.plan(inventory="4xA40", max_micro_batch=value)
+    assert str(caught.value) == line
+    assert main(["plan", "--fleet", "4xA40", "--max-micro", value]) == 2
+    assert capsys.readouterr().err == f"nbgpu: error: {line}\n"
+    assert main(["plan", "--fleet", "4xA40", "--max-micro", "3", "--batch", "12"]) == 0
+    assert "micro 3 × accum 1" in capsys.readouterr().out

@@ -280,3 +280,22 @@ def test_a_described_spec_takes_one_snapshot_for_many_nodes(monkeypatch):
     assert p.ok
     assert len(p.nodes) == 64
     assert len(taken) == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "name", "what"),
+    [
+        (nbgpu.plan.nodes, "cluster.json", "cluster file"),
+        (nbgpu.plan.plan_from_json, "plan.json", "plan file"),
+        (lambda path: nbgpu.plan.scale(path, to_gpus=4), "ppo.json", "config"),
+    ],
+)
+def test_a_broken_json_file_is_one_line_naming_the_file_and_where_it_breaks(
+    tmp_path, call, name, what
+):
+    path = tmp_path / name
+    path.write_text('{"n1": \n', encoding="utf-8")
+    with pytest.raises(UserInputError) as caught:
+        call(str(path))
+    said = str(caught.value)
+    assert said == f"{what} {str(path)!r} is not valid JSON (line 2, column 1: Expecting value)"

@@ -221,6 +221,9 @@ def test_bad_input_is_one_line_naming_the_value(inventory, kwargs, fragment):
 def test_empty_inventory_is_bad_input(inventory):
     with pytest.raises(UserInputError, match="the inventory has no GPU"):
         plan(inventory("no-driver"), "d1")
+    # The same line as an inventory without GPUs, with NVML's reason.
+    with pytest.raises(UserInputError, match=r"no GPU to plan on \(NVML: .+\); plan for another"):
+        plan(inventory("no-driver"), "d1")
     with pytest.raises(UserInputError, match="inventory=42"):
         nbgpu.plan("d1", inventory=42)
 

@@ -133,3 +133,18 @@ def test_plan_files_with_issues_and_reasons_still_load(busy_gpu0_plan):
     assert again.excluded[0].problems[0].message == busy_gpu0_plan.excluded[0].problems[0].message
     assert again.excluded[0].fixes == busy_gpu0_plan.excluded[0].fixes
     assert again.roles == busy_gpu0_plan.roles
+
+
+@pytest.mark.parametrize("where", ["one box", "nodes"])
+def test_the_footer_says_a_batch_that_runs_and_leaves_a_refused_one_to_its_problem(where):
+    def make(batch):
+        if where == "nodes":
+            return nbgpu.plan.nodes("2x(4)", global_batch=batch)
+        return nbgpu.plan(inventory="4xA40", global_batch=batch, port_is_free=all_free)
+
+    ok, refused = make(8), make(7)
+    assert ok.ok
+    assert "batch: global batch 8 = " in ok.text()
+    assert [p.code for p in refused.problems] == ["batch"]
+    assert "batch:" not in refused.text()
+    assert "memory: not checked" in refused.text()
