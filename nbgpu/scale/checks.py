@@ -18,7 +18,10 @@ __all__ = ["KV_RESERVE_BYTES", "KvCheck", "check_start_up", "kv_check"]
 
 # Where each mirrored check was read; a framework that changes a check changes these.
 _VERL = "verl v0.7.0 validate_config"
+_VERL_ACTOR = "verl v0.7.0's ActorConfig"
+_VERL_WORKERS = "verl v0.7.0's fsdp/megatron workers"
 _VLLM = "vLLM's SchedulerConfig (vllm/config/scheduler.py at f0de1a6)"
+_VLLM_MODEL = "vLLM's ModelConfig.verify_with_parallel_config"
 
 
 def check_start_up(ctx: ScaleContext) -> None:
@@ -45,7 +48,7 @@ def check_start_up(ctx: ScaleContext) -> None:
                 "batch",
                 e.dotted,
                 f"{e.dotted} {mini} is larger than train_batch_size {train_value} "
-                "(verl's actor asserts train_batch_size >= ppo_mini_batch_size)",
+                f"({_VERL_ACTOR} asserts train_batch_size >= ppo_mini_batch_size)",
             )
         per_gpu = mini * ctx.n // dp
         micro_entry = find_entry(entries, f"{e.parent}.ppo_micro_batch_size_per_gpu")
@@ -55,14 +58,14 @@ def check_start_up(ctx: ScaleContext) -> None:
                 "batch",
                 e.dotted,
                 f"{e.dotted} {mini} × n {ctx.n} ÷ {dp} data-parallel GPUs = 0 per GPU "
-                "(verl's workers: ppo_mini_batch_size must stay > 0 after normalisation)",
+                f"({_VERL_WORKERS}: ppo_mini_batch_size must stay > 0 after normalisation)",
             )
         elif micro and per_gpu % micro:
             ctx.bad(
                 "batch",
                 e.dotted,
                 f"{e.dotted} gives {per_gpu} per GPU, not divisible by "
-                f"ppo_micro_batch_size_per_gpu {micro} (verl's workers)",
+                f"ppo_micro_batch_size_per_gpu {micro} ({_VERL_WORKERS})",
             )
     _check_parallel(ctx)
     _check_tokens(ctx)
@@ -100,7 +103,7 @@ def _check_parallel(ctx: ScaleContext) -> None:
                     "tensor_parallel",
                     e.dotted,
                     f"{e.dotted} {v} does not divide {world} GPUs: the rollout world size "
-                    "must be a multiple of the tensor-parallel size (verl's rollout workers)",
+                    f"must be a multiple of the tensor-parallel size ({_VERL_WORKERS}' mesh)",
                 )
             elif per_node % v:
                 ctx.warn(
@@ -114,7 +117,7 @@ def _check_parallel(ctx: ScaleContext) -> None:
                     "tensor_parallel",
                     e.dotted,
                     f"{e.dotted} {v} does not divide the "
-                    f"model's {heads} attention heads (vLLM requires it)",
+                    f"model's {heads} attention heads ({_VLLM_MODEL} requires it)",
                 )
         if rule == "memory_fraction" and isinstance(v, int | float) and not 0 < v <= 1:
             ctx.bad("memory_fraction", e.dotted, f"{e.dotted} {v} is not a fraction in (0, 1]")
