@@ -131,26 +131,30 @@ class Run(RunView):
                 raise UserInputError(f"run '{self.name}' is not a warm job: it takes no cells")
             flight = Cell(self.warm, cell, self.dir, serial_imports=self.config.serial_imports)
         result = None
-        with contextlib.nullcontext() if self.warm is None else self.warm.lock:
-            try:
-                self._loop(writer, flight, on_tick)
-            except KeyboardInterrupt:
-                # The notebook's stop button: SIGINT to torchrun (it forwards and shuts
-                # down), then SIGTERM/SIGKILL of whatever remains, on one short deadline.
+        try:
+            with contextlib.nullcontext() if self.warm is None else self.warm.lock:
                 try:
-                    self.stop("interrupted", first_signal=signal.SIGINT)
+                    self._loop(writer, flight, on_tick)
                 except KeyboardInterrupt:
-                    self.stop("interrupted", first_signal=signal.SIGKILL, grace_s=0.5)
-            finally:
-                ended = flight is None or self.agent_done or self.stop_reason is not None
-                if ended:
-                    self._end(writer)
-            if flight is not None and self.warm is not None and not ended:
-                self._show(writer, self._logs.poll(every=True))
-                result = self.warm.last = flight.result(self.name)  # before the panel records
-                writer.finish(str(self.dir))
-        if on_tick is not None:
-            on_tick(self)
+                    # The notebook's stop button: SIGINT to torchrun (it forwards and shuts
+                    # down), then SIGTERM/SIGKILL of whatever remains, on one short deadline.
+                    try:
+                        self.stop("interrupted", first_signal=signal.SIGINT)
+                    except KeyboardInterrupt:
+                        self.stop("interrupted", first_signal=signal.SIGKILL, grace_s=0.5)
+                finally:
+                    ended = flight is None or self.agent_done or self.stop_reason is not None
+                    if ended:
+                        self._end(writer)
+                if flight is not None and self.warm is not None and not ended:
+                    self._show(writer, self._logs.poll(every=True))
+                    result = self.warm.last = flight.result(self.name)  # before the panel records
+                    writer.finish(str(self.dir))
+            if on_tick is not None:
+                on_tick(self)
+        finally:
+            if self.done:  # after on_tick drew the record: wait() returns to a saved record
+                self._finished.set()
         return result
 
     def _loop(
@@ -313,6 +317,8 @@ class Run(RunView):
             self._show(writer, last, notices)
             writer.finish(str(self.dir))
         self.finish()
+        if writer is None:  # no follower to draw a record (%gpu_stop, the idle watchdog)
+            self._finished.set()
 
     def _sweep_orphans(self) -> None:
         """Stop processes that outlived the agent and carry the run's id: a rank's own
@@ -358,7 +364,6 @@ class Run(RunView):
             )
         if self.warm is not None:
             self.warm.server.close()
-        self._finished.set()
 
     def wait(self, timeout_s: float | None = None) -> Run:
         """Block until a background run or a warm job has finished (or *timeout_s* passes)."""

@@ -9,6 +9,7 @@ from IPython.utils.capture import capture_output
 
 from nbgpu.launch.execute import runs
 from nbgpu.launch.run import RunFailed, leftover_processes
+from nbgpu.notebook import widgets
 from nbgpu.notebook.launch_magics import keep_empty_cell_body
 
 
@@ -234,6 +235,27 @@ def test_background_text_view_leaves_a_record(ip, monkeypatch):
     assert "red from 0" in record["text/html"]
     assert "rank1 · GPU 2: ok" in record["text/plain"]
     assert "\x1b" not in record["text/plain"] + record["text/html"]
+
+
+@pytest.mark.slow
+def test_wait_returns_once_the_record_is_drawn(ip, monkeypatch):
+    # A notebook saved right after run.wait() holds the run's record: drawing it (made slow
+    # here) is done before wait() returns, not after the run is marked finished.
+    drawn = widgets.record_bundle
+
+    def slowly(*args, **kwargs):
+        time.sleep(1.0)
+        return drawn(*args, **kwargs)
+
+    monkeypatch.setattr(widgets, "record_bundle", slowly)
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "x")  # the text view, as under nbval
+    with capture_output() as shown:
+        ip.run_cell_magic("torchrun", "2 --bg --name waited", "print('hi')\n")
+        run = runs()["waited"].wait(timeout_s=120)
+        last = shown.outputs[-1].data
+    assert run.state == "succeeded"
+    assert "text/html" in last  # the record (the live view draws text only)
+    assert "hi" in last["text/plain"]
 
 
 @pytest.mark.parametrize(
