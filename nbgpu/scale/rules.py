@@ -69,14 +69,14 @@ def rules_for(entries: Sequence[Entry], rules: Mapping[str, str]) -> dict[str, s
     for key, rule in rules.items():
         if rule not in RULES:
             raise UserInputError(
-                f"rules: {key!r}: {rule!r} is not a rule; expected one of {', '.join(RULES)}"
+                f"rules (--rule): {key!r}: {rule!r} is not a rule; expected one of {', '.join(RULES)}"
             )
         matched = [e for e in entries if key in (e.dotted, e.leaf) or e.dotted.endswith("." + key)]
         if not matched:
             known = ", ".join(e.dotted for e in entries[:6])
             more = ", ..." if len(entries) > 6 else ""
             raise UserInputError(
-                f"rules: unknown key {key!r}: the config has no such key (it has {known}{more}); "
+                f"rules (--rule): unknown key {key!r}: the config has no such key (it has {known}{more}); "
                 "name a key as written in the config, or its last part"
             )
         out.update((e.dotted, rule) for e in matched)
@@ -161,6 +161,9 @@ def batch_divisor(entry: Entry, ctx: ScaleContext) -> int:
     return need // math.gcd(need, ctx.n)
 
 
+_KEPT_BATCH = "kept (batch='keep', --keep-batch)"
+
+
 def scale_global(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
     old = entry.value
     if not isinstance(old, int) or isinstance(old, bool):
@@ -168,7 +171,7 @@ def scale_global(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
     step = batch_divisor(entry, ctx)
     if ctx.batch == "keep":
         if old % step == 0:
-            return old, f"kept (batch='keep'): a multiple of {step}, valid on {ctx.to_gpus} GPUs"
+            return old, f"{_KEPT_BATCH}: a multiple of {step}, valid on {ctx.to_gpus} GPUs"
         lower, upper = max(step, old // step * step), (old // step + 1) * step
         n = f" (× rollout.n={ctx.n})" if ctx.n > 1 else ""
         message = f"{entry.dotted}={old} is not valid on {ctx.to_gpus} GPUs: it must be a "
@@ -177,7 +180,7 @@ def scale_global(entry: Entry, ctx: ScaleContext) -> tuple[Any, str]:
         cap = int_of(find_entry(ctx.entries, "train_batch_size"), upper) if mini else upper
         fixes = [f"{entry.leaf}={v}" for v in sorted({lower, upper}) if v <= cap]
         ctx.bad("batch", entry.dotted, f"{message}multiple of {step}{n}", *fixes)
-        return old, "kept (batch='keep')"
+        return old, _KEPT_BATCH
     target = old * ctx.factor
     low = max(step, math.floor(target / step) * step)
     high = max(step, math.ceil(target / step) * step)
@@ -223,13 +226,13 @@ def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) ->
     if not isinstance(old, int) or isinstance(old, bool) or old < 1:
         return old, "not a whole number: left as is"
     if isinstance(policy, int):
-        return policy, f"set to {policy} (tensor_parallel={policy})"
+        return policy, f"set to {policy} (tensor_parallel={policy}, --tp {policy})"
     if policy == "keep":
         engines = ctx.to_gpus // old if ctx.to_gpus % old == 0 else None
         what = f"{engines} engines of {old} GPUs" if engines else "engines"
         return old, (
             f"kept: the model already fits on {old} GPUs; {ctx.to_gpus} GPUs run {what} "
-            "(tensor_parallel='scale' makes one larger engine instead)"
+            "(tensor_parallel='scale', --tp scale, makes one larger engine instead)"
         )
     world = ctx.to_gpus // max(1, ctx.nnodes)
     heads = ctx.model.num_attention_heads if ctx.model is not None else None
@@ -238,7 +241,7 @@ def scale_tensor_parallel(entry: Entry, ctx: ScaleContext, policy: str | int) ->
         for t in range(1, world + 1)
         if world % t == 0 and t <= old * ctx.factor and (heads is None or heads % t == 0)
     ]
-    why = f"× {ctx.to_gpus}/{ctx.from_gpus} GPUs (tensor_parallel='scale'): one engine spans "
+    why = f"× {ctx.to_gpus}/{ctx.from_gpus} GPUs (tensor_parallel='scale', --tp scale): one engine spans "
     return max(options) if options else old, why + "more GPUs"
 
 

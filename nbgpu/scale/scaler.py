@@ -320,7 +320,7 @@ def scale_config(
     tp = tensor_parallel
     if tp not in ("keep", "scale") and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
         raise UserInputError(
-            f"tensor_parallel={tp!r}: expected 'keep', 'scale' or a whole number >= 1"
+            f"tensor_parallel={tp!r} (--tp): expected 'keep', 'scale' or a whole number >= 1"
         )
     entries = entries_of(data)
     if not entries:
@@ -329,7 +329,7 @@ def scale_config(
     if not rule_of:
         raise UserInputError(
             "config has none of the keys nbgpu scales (train_batch_size, ppo_mini_batch_size, "
-            "tensor_model_parallel_size, n_gpus_per_node, ...); name yours with rules="
+            "tensor_model_parallel_size, n_gpus_per_node, ...); name yours with rules= (--rule KEY=RULE)"
         )
     ruled = {rule: e for e in reversed(entries) if (rule := rule_of.get(e.dotted))}
     was_nodes = int_of(ruled.get("node_count"), 1)
