@@ -5,7 +5,6 @@ the magics), and renders; where a run's lines go is ``widgets.py``.
 
 from __future__ import annotations
 
-import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch import flags
-from nbgpu.launch.config import parse_nproc
-from nbgpu.notebook.magics import helped, parse_or_help, user_errors, words
+from nbgpu.notebook.magics import parse_or_help, user_errors, words
 
 if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
     from argparse import Namespace
@@ -50,16 +48,13 @@ class LaunchMagics(Magics):
         # Only flags before "--" are nbgpu's: "-- --help" is the cell's own --help.
         # '4 --gpus 0,1 -- --lr 3e-4' → '4 --gpus 0,1' and the ranks' ['--lr', '3e-4'].
         tokens = words(line, "%%torchrun")
-        head, script_args = line, []
-        if "--" in tokens:
-            cut = tokens.index("--")
-            head, script_args = shlex.join(tokens[:cut]), tokens[cut + 1 :]
-        if (args := parse_or_help(self, "torchrun", head)) is None:
+        cut = tokens.index("--") if "--" in tokens else len(tokens)
+        if (args := parse_or_help(self, "torchrun", tokens[:cut])) is None:
             return None
-        if args.nproc is not None:
-            with user_errors():
-                parse_nproc(args.nproc)
-        # A bad value is named first, wherever typed: a hop between the two magics would not say it.
+        # Every flag is checked first, wherever typed: a hop between the two magics would not say it.
+        with user_errors():
+            options, pushed = self._options(args)
+        options["script_args"] = tokens[cut + 1 :]
         if cell is None:
             raise UsageError(
                 "%torchrun runs a whole cell: put %%torchrun N on the cell's first line "
@@ -71,19 +66,14 @@ class LaunchMagics(Magics):
                 "lines below %%torchrun"
             )
         if args.on is not None:
-            return self._run_on(args, cell, script_args)
+            return self._run_on(args, cell, options, pushed)
         from nbgpu.launch.execute import execute  # noqa: PLC0415
         from nbgpu.launch.launcher import prepare  # noqa: PLC0415
         from nbgpu.notebook.widgets import background_output, foreground_output  # noqa: PLC0415
 
         with user_errors():
-            options, pushed = self._options(args)
-            prepared = prepare(
-                code=cell,
-                plan=None if args.plan is None else self._variable("--plan", args.plan),
-                push=pushed,
-                **{**options, "script_args": script_args},
-            )
+            plan = None if args.plan is None else self._variable("--plan", args.plan)
+            prepared = prepare(code=cell, plan=plan, push=pushed, **options)
         if args.bg:
             run = execute(
                 prepared,
@@ -112,17 +102,16 @@ class LaunchMagics(Magics):
             return None
         return run
 
-    def _run_on(self, args: Namespace, cell: str, script_args: list[str]) -> CellResult | None:
+    def _run_on(
+        self, args: Namespace, cell: str, options: dict[str, Any], pushed: dict[str, Any]
+    ) -> CellResult | None:
         """``%%torchrun --on NAME``: the cell on a warm job's ranks."""
         from nbgpu.launch.execute import execute_cell, prepare_cell  # noqa: PLC0415
         from nbgpu.notebook.widgets import foreground_output  # noqa: PLC0415
 
+        keys = ("nproc", "pull", "pull_all_ranks", "timeout_s", "quiet", "script_args")
         with user_errors():
-            options, pushed = self._options(args)
-            keys = ("nproc", "pull", "pull_all_ranks", "timeout_s", "quiet")
-            run, request = prepare_cell(
-                args.on, cell, push=pushed, script_args=script_args, **{k: options[k] for k in keys}
-            )
+            run, request = prepare_cell(args.on, cell, push=pushed, **{k: options[k] for k in keys})
         # A cell that raised is CellFailed (the ranks stay); a dead rank is RunFailed.
         return execute_cell(
             run,
@@ -160,38 +149,42 @@ class LaunchMagics(Magics):
         if announce and got:
             print(f"[nbgpu] pulled into the notebook: {', '.join(got)}")
 
+    @magic_arguments()
+    @argument(
+        "source",
+        nargs="?",
+        metavar="NAME|PATH",
+        help="a run of this kernel (see %%gpu_runs), a log file or a run directory "
+        "(default: the last failed run here)",
+    )
     @line_magic
     def gpu_diagnose(self, line: str = "") -> Any:
-        """%gpu_diagnose [NAME|PATH]
-
-        Name the cause of a failed run, the rank that failed first, the evidence lines and
-        the fixes. NAME is a run of this kernel (%gpu_runs); PATH a log file or run
-        directory. Without an argument: the last failed run here.
-        """
-        if helped(self, "gpu_diagnose", line):
+        """Name the cause of a failed run, the rank that failed first, the evidence lines and
+        the fixes."""
+        if (args := parse_or_help(self, "gpu_diagnose", line)) is None:
             return None
         from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
         from nbgpu.diagnose import diagnose  # noqa: PLC0415
         from nbgpu.launch.execute import runs  # noqa: PLC0415
 
-        tokens, known = line.split(), runs()
-        if len(tokens) > 1:
-            raise UsageError(f"%gpu_diagnose takes one run name or path (got {line.strip()!r})")
-        if not tokens:
+        known = runs()
+        if args.source is None:
             failed = [r for r in known.values() if r.state not in ("succeeded", "running")]
             if not failed:
                 raise UsageError("no failed run in this kernel: %gpu_diagnose NAME|PATH")
             source: Any = failed[-1].dir
         else:
-            source = known[tokens[0]].dir if tokens[0] in known else tokens[0]
+            source = known[args.source].dir if args.source in known else args.source
         with user_errors():
             return diagnose(source, inventory=take_inventory(scan_device_files=False))
 
+    @magic_arguments()
+    @argument("--prune", action="store_true", help="remove the oldest run directories instead")
+    @argument("--keep", metavar="N", help="with --prune: keep the last N runs")
+    @argument("--budget", metavar="SIZE", help="with --prune: keep at most SIZE of runs")
     @line_magic
     def gpu_runs(self, line: str = "") -> Any:
-        """%gpu_runs [--prune [--keep N] [--budget SIZE]]
-
-        List this kernel's runs: name, state, ranks, GPUs, port, age, quiet ranks (no
+        """List this kernel's runs: name, state, ranks, GPUs, port, age, quiet ranks (no
         output for NBGPU_SILENT_AFTER seconds, default 120: a hang shows up as silence;
         see %gpu_stacks), log directory. The result converts with .to_frame();
         nbgpu.runs() returns the Run objects.
@@ -201,50 +194,36 @@ class LaunchMagics(Magics):
         (default 5G); --keep and --budget override them once. Runs in use and directories
         holding a KEEP file are never removed. nbgpu prunes before each new run too.
         """
-        if helped(self, "gpu_runs", line):
+        if (args := parse_or_help(self, "gpu_runs", line)) is None:
             return None
-        tokens = line.split()
-        if tokens and tokens[0] == "--prune":
-            return _prune(tokens[1:])
-        if tokens:
-            raise UsageError(f"%gpu_runs takes only --prune (got {line.strip()!r}; see -h)")
+        from nbgpu.launch import rundirs as retention  # noqa: PLC0415
         from nbgpu.launch.execute import runs_table  # noqa: PLC0415
 
-        return runs_table()
+        if not args.prune and (args.keep is not None or args.budget is not None):
+            raise UsageError("%gpu_runs: --keep and --budget go with --prune")
+        if not args.prune:
+            return runs_table()
+        with user_errors():  # the policy checks the values (--keep 'x' is named there)
+            return retention.prune(policy=retention.policy_from_options(args.keep, args.budget))
 
+    @magic_arguments()
+    @argument("run", help="a run name of this kernel, a run directory, or a run name on disk")
+    @argument("--native", action="store_true", help="add native frames from py-spy if it may")
+    @argument("--timeout", type=float, default=5.0, metavar="S", help="seconds to wait (5)")
     @line_magic
     def gpu_stacks(self, line: str = "") -> Any:
-        """%gpu_stacks RUN [--native] [--timeout S]
-
-        Every rank's Python stack now, all at once, without ptrace: each rank dumps its
-        threads' stacks (faulthandler) into stacks-rank{N}.txt in the run directory.
-        RUN is a run name of this kernel, a run directory, or a run name on disk.
-        --native adds native frames from py-spy when it is installed and may attach.
-        """
-        if helped(self, "gpu_stacks", line):
+        """Every rank's Python stack now, all at once, without ptrace: each rank dumps its
+        threads' stacks (faulthandler) into stacks-rank{N}.txt in the run directory."""
+        if (args := parse_or_help(self, "gpu_stacks", line)) is None:
             return None
-        tokens = line.split()
-        if not tokens:
-            raise UsageError("%gpu_stacks RUN: name a run (see %gpu_runs) or a run directory")
         from nbgpu.launch.execute import runs  # noqa: PLC0415
         from nbgpu.launch.procs import rank_stacks  # noqa: PLC0415
         from nbgpu.launch.rundirs import find_run_dir  # noqa: PLC0415
 
-        rest = [t for t in tokens if t != "--native"]
-        timeout = 5.0
-        if "--timeout" in rest:
-            at = rest.index("--timeout")
-            try:
-                timeout = float(rest[at + 1])
-            except (IndexError, ValueError):
-                raise UsageError("--timeout S: expected seconds, e.g. --timeout 10") from None
-            del rest[at : at + 2]
-        if len(rest) != 1:
-            raise UsageError(f"%gpu_stacks takes one run (got {line.strip()!r})")
         known = runs()
         with user_errors():
-            where = known[rest[0]].dir if rest[0] in known else find_run_dir(rest[0])
-        return rank_stacks(where, timeout_s=timeout, native="--native" in tokens)
+            where = known[args.run].dir if args.run in known else find_run_dir(args.run)
+        return rank_stacks(where, timeout_s=args.timeout, native=args.native)
 
     @magic_arguments()
     @argument("name", nargs="?", help="the run to stop")
@@ -269,19 +248,3 @@ def keep_empty_cell_body(lines: list[str]) -> list[str]:
     if head == ["%%torchrun"] and not any(line.strip() for line in lines[1:]):
         return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]
     return lines
-
-
-def _prune(tokens: list[str]) -> Any:
-    from nbgpu.launch import rundirs as retention  # noqa: PLC0415
-
-    given: dict[str, str] = {}
-    for at in range(0, len(tokens), 2):
-        flag, value = tokens[at], tokens[at + 1 : at + 2]
-        if flag not in ("--keep", "--budget"):
-            raise UsageError(f"%gpu_runs --prune: unknown {flag!r}; accepts --keep, --budget")
-        if not value:
-            raise UsageError("%gpu_runs --prune: --keep and --budget need a value")
-        given[flag] = value[0]
-    with user_errors():  # the policy checks the values (--keep 'x' is named there)
-        policy = retention.policy_from_options(given.get("--keep"), given.get("--budget"))
-        return retention.prune(policy=policy)

@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import StdinNotImplementedError, UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
 from nbgpu.errors import UserInputError
+from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output
 
 if TYPE_CHECKING:
     from nbgpu.devices.clean import CleanPlan
 
-__all__ = ["GPUMagics", "helped", "parse_or_help", "user_errors", "words"]
+__all__ = ["GPUMagics", "parse_or_help", "user_errors", "words"]
 
 
 # -- what every magic shares ----------------------------------------------------------
@@ -31,24 +32,22 @@ __all__ = ["GPUMagics", "helped", "parse_or_help", "user_errors", "words"]
 # terminals do not show): each magic answers -h with its docstring, magic_arguments' usage.
 
 
-def helped(magics: Magics, name: str, line: str) -> bool:
-    """Print the usage of the magic *name* if *line* asks for it (``-h``/``--help``)."""
-    if not any(token in ("-h", "--help") for token in line.split()):
-        return False
-    # Drop magic_arguments' reST '::' marker; a cell magic's usage says '%name': say '%%name'.
-    text = inspect.cleandoc(getattr(magics, name).__doc__ or "").removeprefix("::").strip()
-    print(text.replace(f"%{name}", _usage_name(magics, name), 1))
-    return True
-
-
-def parse_or_help(magics: Magics, name: str, line: str) -> Any:
-    """The magic *name*'s parsed arguments, or None after printing help for ``-h``."""
-    if helped(magics, name, line):
+def parse_or_help(magics: Magics, name: str, line: str | list[str]) -> Any:
+    """The magic *name*'s arguments from *line* (or its words), or None after printing its usage
+    for ``-h``. Every magic reads its line here, with its magic_arguments parser: an open quote,
+    an unknown flag or a bad value is one UsageError line that names it."""
+    usage = f"%%{name}" if name in magics.magics["cell"] else f"%{name}"
+    tokens = words(line, usage) if isinstance(line, str) else line
+    method = getattr(magics, name)
+    if "-h" in tokens or "--help" in tokens:
+        # Drop magic_arguments' reST '::' marker; a cell magic's usage says '%name': say '%%name'.
+        text = inspect.cleandoc(method.__doc__ or "").removeprefix("::").strip()
+        print(text.replace(f"%{name}", usage, 1))
         return None
     try:
-        return parse_argstring(getattr(magics, name), line)
-    except ValueError as exc:  # shlex: an unclosed quote
-        raise UsageError(f"{_usage_name(magics, name)} {line!r}: {exc}") from None
+        return method.parser.parse_args(tokens)
+    except UsageError as exc:  # argparse's complaint, raised by IPython's parser
+        raise UsageError(f"{usage}: {exc} (see {usage} -h)") from None
 
 
 def words(line: str, name: str) -> list[str]:
@@ -56,7 +55,16 @@ def words(line: str, name: str) -> list[str]:
     try:
         return shlex.split(line)
     except ValueError as exc:
-        raise UsageError(f"{name} {line!r}: {exc}") from None
+        raise UsageError(
+            f"{name} {line!r}: {exc}; quote as a shell does: 'a b', \"it's\""
+        ) from None
+
+
+class _PlanArguments(ArgDecorator):
+    """``nbgpu plan``'s flags on ``%gpu_plan`` (:mod:`nbgpu.plan_cli` declares them once)."""
+
+    def add_to_parser(self, parser: Any, group: Any) -> None:  # noqa: ARG002  (IPython's hook)
+        add_plan_arguments(parser)
 
 
 @contextmanager
@@ -66,10 +74,6 @@ def user_errors() -> Iterator[None]:
         yield
     except UserInputError as exc:
         raise UsageError(str(exc)) from None
-
-
-def _usage_name(magics: Magics, name: str) -> str:
-    return f"%%{name}" if name in magics.magics["cell"] else f"%{name}"
 
 
 def _visible_value(text: str | None) -> str | None:
@@ -182,34 +186,25 @@ class GPUMagics(Magics):
         with user_errors():
             return clean_result(args, confirm)
 
+    @magic_arguments()
+    @argument(
+        "--widget",
+        action="store_true",
+        help="the inputs as controls; the plan redrawn as they change (kept as p)",
+    )
+    @_PlanArguments()
     @line_magic
     def gpu_plan(self, line: str = "") -> Any:
         """Plan a job before launching: roles on healthy GPUs, ports, batch sizes, memory.
 
         ``p = %gpu_plan sglang.d1t1p1+d3t1p1 --batch 8`` then ``%%torchrun --plan p``.
         Also ``--sweep RUNS --per-run K`` (disjoint runs) and ``--scale CONFIG --to N``.
-        ``--widget`` shows the inputs as controls and redraws the plan as they change
-        (the other flags give their first values; the plan is kept as ``p``).
-        Flags are those of ``nbgpu plan`` (``%gpu_plan -h`` lists them).
+        ``--widget``: the other flags give the controls' first values. The flags are
+        ``nbgpu plan``'s.
         """
-        import argparse  # noqa: PLC0415
-
-        from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output  # noqa: PLC0415
-
-        class _Parser(argparse.ArgumentParser):
-            def error(self, message: str) -> Any:
-                raise UsageError(f"%gpu_plan: {message}")
-
-        parser = _Parser(prog="%gpu_plan", add_help=False)
-        add_plan_arguments(parser)
-        tokens = words(line, "%gpu_plan")
-        if "-h" in tokens or "--help" in tokens:
-            print(
-                inspect.cleandoc(GPUMagics.gpu_plan.__doc__ or ""), parser.format_help(), sep="\n\n"
-            )
+        if (args := parse_or_help(self, "gpu_plan", line)) is None:
             return None
-        args = parser.parse_args([t for t in tokens if t != "--widget"])
-        if "--widget" in tokens:
+        if args.widget:
             from nbgpu.notebook.plan_widget import PlanWidget  # noqa: PLC0415
             from nbgpu.notebook.widgets import widgets_available  # noqa: PLC0415
 

@@ -67,11 +67,13 @@ def test_prune_and_stacks_magics(ip, capsys, tmp_path):
     assert sorted(n for n, _ in report.removed) == ["old-0", "old-1"]
     with pytest.raises(UsageError, match="--keep 'x': expected a whole number"):
         ip.run_line_magic("gpu_runs", "--prune --keep x")
-    with pytest.raises(UsageError, match="takes only --prune"):
+    with pytest.raises(UsageError, match=r"unrecognized arguments: --bogus \(see %gpu_runs -h\)"):
         ip.run_line_magic("gpu_runs", "--bogus")
+    with pytest.raises(UsageError, match="--keep and --budget go with --prune"):
+        ip.run_line_magic("gpu_runs", "--keep 1")
     assert ip.run_line_magic("gpu_stacks", "-h") is None
-    assert capsys.readouterr().out.startswith("%gpu_stacks RUN")
-    with pytest.raises(UsageError, match="name a run"):
+    assert capsys.readouterr().out.startswith("%gpu_stacks [--native] [--timeout S] run")
+    with pytest.raises(UsageError, match="required: run"):
         ip.run_line_magic("gpu_stacks", "")
     with pytest.raises(UsageError, match="'ghost': not a run directory"):
         ip.run_line_magic("gpu_stacks", "ghost")

@@ -68,7 +68,7 @@ def test_usage_error_through_run_cell_is_not_a_traceback(ip, capsys):
     result = ip.run_cell("%gpu_status --nope")
     assert isinstance(result.error_in_exec, UsageError)
     err = capsys.readouterr().err
-    assert "UsageError: unrecognized arguments: --nope" in err
+    assert "UsageError: %gpu_status: unrecognized arguments: --nope (see %gpu_status -h)" in err
     assert "Traceback" not in err
 
 
