@@ -11,6 +11,7 @@ may use it.
 
 import dataclasses
 import json
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -66,7 +67,9 @@ class _Reader:
             words = typing.get_args(tp)
             if data in words and not isinstance(data, bool):
                 return data
-            raise self.fail(f"{where} = {data!r}; expected one of {', '.join(map(str, words))}")
+            raise self.fail(
+                f"{where} = {reprlib.repr(data)}; expected one of {', '.join(map(str, words))}"
+            )
         if origin in (tuple, frozenset):
             return self._sequence(tp, origin, data, where)
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
@@ -83,12 +86,12 @@ class _Reader:
             return data
         names = {int: "a whole number", str: "a string", float: "a number", bool: "true/false"}
         kind = names.get(tp, getattr(tp, "__name__", str(tp)))
-        raise self.fail(f"{where} = {data!r} is not {kind}")
+        raise self.fail(f"{where} = {reprlib.repr(data)} is not {kind}")
 
     def _sequence(self, tp: Any, origin: Any, data: Any, where: str) -> Any:
         args = typing.get_args(tp)
         if not isinstance(data, list):
-            raise self.fail(f"{where} = {data!r} is not a list")
+            raise self.fail(f"{where} = {reprlib.repr(data)} is not a list")
         if origin is frozenset or (len(args) == 2 and args[1] is Ellipsis):
             items = (self.convert(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
             return frozenset(items) if origin is frozenset else tuple(items)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nbgpu.devices.inventory import Inventory, take_inventory
-from nbgpu.errors import UserInputError
+from nbgpu.errors import UserInputError, user_path
 
 if TYPE_CHECKING:  # clean and doctor load only when used: `nbgpu status` stays quick
     from nbgpu.devices.clean import CleanPlan, CleanReport
@@ -99,7 +99,7 @@ def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = Non
     text = str(run_or_dir)
     if text in known:
         return memory_report(known[text].dir, label=f"run '{text}'")
-    path = Path(text).expanduser()
+    path = user_path(text)
     if path.is_dir():
         return memory_report(path)
     root = runs_root(environ)

@@ -2,11 +2,14 @@
 
 User mistakes render as one line in a notebook (``_render_traceback_``) and in the
 CLI (exit code 2); only bugs show a traceback. This module imports nothing else of
-nbgpu and may be imported from every layer.
+nbgpu and may be imported from every layer; :func:`user_path` is here for that reason.
 """
 
+import os
+from pathlib import Path
+
 __all__ = ["FleetSpecError", "GpuLostError", "NbgpuError", "NvmlError", "NvmlPermissionError",
-           "NvmlUnavailable", "ProbeError", "UserInputError", "VisibleDevicesError"]  # fmt: skip
+           "NvmlUnavailable", "ProbeError", "UserInputError", "VisibleDevicesError", "user_path"]  # fmt: skip
 
 
 class NbgpuError(Exception):
@@ -19,6 +22,17 @@ class NbgpuError(Exception):
 
 class UserInputError(NbgpuError, ValueError):
     """A user's value nbgpu cannot accept; the message names it and the accepted form."""
+
+
+def user_path(text: str | os.PathLike[str]) -> Path:
+    """A path a user wrote, ``~`` expanded; ``~name`` with no such user is a UserInputError."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # pathlib: "Could not determine home directory"
+        user = os.fspath(text).split("/")[0]
+        raise UserInputError(
+            f"{os.fspath(text)!r}: no user {user[1:]!r} here: write the path"
+        ) from None
 
 
 class FleetSpecError(UserInputError):

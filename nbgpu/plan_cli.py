@@ -7,10 +7,9 @@ import functools
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from nbgpu.errors import UserInputError
+from nbgpu.errors import UserInputError, user_path
 
 __all__ = ["add_plan_arguments", "plan_from_args", "render_plan_output"]
 
@@ -221,7 +220,7 @@ def _is_cluster_file(fleet: str | None) -> bool:
     from nbgpu.devices.model import is_cluster  # noqa: PLC0415
 
     try:
-        return is_cluster(json.loads(Path(fleet).expanduser().read_text(encoding="utf-8")))
+        return is_cluster(json.loads(user_path(fleet).read_text(encoding="utf-8")))
     except (OSError, ValueError):
         return False  # the fleet reader says what is wrong with it
 

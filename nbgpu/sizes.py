@@ -40,7 +40,7 @@ def parse_size(value: object, label: str = "size ") -> int:
         m = _SIZE.fullmatch(value)
         if m and m.group(2).lower() in _UNITS:
             size = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if size is None or size < 1:
+    if size is None or not 1 <= size < math.inf:
         raise UserInputError(f"{label}{value!r}: expected {SIZE_FORM}")
     return int(size)
 

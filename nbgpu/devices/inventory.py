@@ -13,7 +13,6 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbgpu._render import (
@@ -36,7 +35,7 @@ from nbgpu.devices.cuda_errors import cuda_version
 from nbgpu.devices.holders import ContainerInfo, HolderInfo, recorded_holder
 from nbgpu.devices.model import Gpu, GpuProcess, assess_gpu, gpu_health
 from nbgpu.devices.visible import VisibleMap, gpu_identities, resolve_visible
-from nbgpu.errors import NvmlError
+from nbgpu.errors import NvmlError, user_path
 from nbgpu.problems import Problem
 
 if TYPE_CHECKING:  # the probe module loads only for --probe
@@ -283,7 +282,7 @@ def saved_inventory(source: str) -> Inventory | None:
     path = source.strip()
     if not path.endswith(".json"):
         return None
-    data = read_json_object(Path(path).expanduser())
+    data = read_json_object(user_path(path))
     from nbgpu.devices.capture import is_capture  # noqa: PLC0415
 
     return Inventory.from_dict(data, where=f"inventory file {path!r}") if is_capture(data) else None

@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from nbgpu.diagnose.lines import Stamp
 from nbgpu.diagnose.scan import ExitRecord
-from nbgpu.errors import UserInputError
+from nbgpu.errors import UserInputError, user_path
 from nbgpu.profile.records import read_node
 
 __all__ = ["STALL_FILE", "ErrorRecord", "Inputs", "LogInput", "RunInfo", "chunks",
@@ -249,7 +249,7 @@ def _looks_like_text(value: str) -> bool:
     if not value.strip() or "\n" in value or "\r" in value or len(value) > 4096 or "\x00" in value:
         return True  # "" would otherwise be Path(""), the current directory
     try:
-        if Path(value).expanduser().exists():
+        if user_path(value).exists():
             return False
     except OSError:  # a name too long for the file system is text
         return True
@@ -335,7 +335,7 @@ def resolve(source: object, *, name: str | None = None) -> Inputs:
         source = next((d for d in found if isinstance(d, str | os.PathLike)), source)
     if not isinstance(source, str | os.PathLike):
         raise UserInputError(f"cannot diagnose a {type(source).__name__}: expected {_ACCEPTED}")
-    path = Path(os.fspath(source)).expanduser()
+    path = user_path(source)
     if not path.exists():
         raise UserInputError(
             f"{os.fspath(source)!r}: no such file or directory (expected {_ACCEPTED})"

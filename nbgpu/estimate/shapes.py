@@ -12,13 +12,14 @@ torch (a module's parameters are counted by duck typing).
 import contextlib
 import difflib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nbgpu.errors import UserInputError
+from nbgpu.errors import UserInputError, user_path
 
 __all__ = ["BUILTIN_MODELS", "TORCH_DTYPES", "ModelConfig", "ModelShape", "find_model",
            "kv_bytes_per_token", "lookup_model", "model_shape", "read_hf_config",
@@ -258,7 +259,7 @@ def _int_field(config: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
 def _load(source: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
     if isinstance(source, Mapping):
         return source, str(source.get("_name_or_path") or "config dict")
-    path = Path(source).expanduser()
+    path = user_path(source)
     if path.is_dir():
         path = path / "config.json"
     try:
@@ -323,7 +324,7 @@ def resolve_model_config(model: str | Path | Mapping[str, Any]) -> ModelConfig:
     if isinstance(model, Mapping):
         return read_hf_config(model)
     text = str(model)
-    if isinstance(model, Path) or text.endswith(".json") or Path(text).expanduser().exists():
+    if isinstance(model, Path) or text.endswith(".json") or user_path(text).exists():
         return read_hf_config(model)
     return lookup_model(text)
 
@@ -370,9 +371,9 @@ def model_shape(model: Any) -> ModelShape:
         if m is None and model.strip() and not model.strip()[0].isdigit():
             config = resolve_model_config(model)
             return ModelShape(config.parameters, config.name, config)
-        count = round(float(m.group(1)) * _SCALE[m.group(2).lower()]) if m else 0
-        if count >= 1:
-            return ModelShape(parameters=count, source=model.strip())
+        count = float(m.group(1)) * _SCALE[m.group(2).lower()] if m else 0.0
+        if 1 <= count < math.inf:  # '1e400' is no count
+            return ModelShape(parameters=round(count), source=model.strip())
     if isinstance(model, bool | str):  # a size below one, or neither a size nor a name
         raise UserInputError(f"model {model!r}: {_MODEL_FORMS}")
     if isinstance(model, int):

@@ -13,7 +13,7 @@ from typing import Any, Literal, cast, overload
 
 from nbgpu.devices.inventory import Inventory, probe_gpus, take_inventory
 from nbgpu.devices.model import gpu_health
-from nbgpu.errors import UserInputError
+from nbgpu.errors import UserInputError, user_path
 from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (
     HANG_AFTER_S,
@@ -244,7 +244,7 @@ def prepare(
             )
         if inv.simulated:
             notes.append(f"SIMULATED fleet '{inv.fleet_name}': ranks compute on CPU (gloo)")
-    script_path = Path(script).expanduser() if script is not None else None
+    script_path = user_path(script) if script is not None else None
     config = LaunchConfig(
         nproc=nproc,
         code=code,

@@ -24,7 +24,7 @@ from typing import Any
 
 from nbgpu._render import Block, Line, Result, Table, fmt_bytes, to_text
 from nbgpu._serial import read_json_object
-from nbgpu.errors import UserInputError
+from nbgpu.errors import UserInputError, user_path
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.procs import live_run_ids
 from nbgpu.sizes import parse_size
@@ -53,7 +53,7 @@ _RETENTION_ANNOUNCED: list[bool] = []  # the policy is told once per process
 def runs_root(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     if env.get(RUNS_DIR_ENV):
-        return Path(env[RUNS_DIR_ENV]).expanduser()
+        return user_path(env[RUNS_DIR_ENV])
     cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "nbgpu" / "runs"
 
@@ -381,13 +381,13 @@ def prune_before_run(environ: Mapping[str, str]) -> str | None:
 
 def find_run_dir(name_or_path: str | Path) -> Path:
     """A run directory given as a path, or the newest one whose name starts with it."""
-    path = Path(name_or_path).expanduser()
+    path = user_path(name_or_path)
     if (path / "run.json").is_file():
         return path
     root = runs_root()
+    named = (p for p in root.glob("*") if p.name.startswith(f"{name_or_path}-"))  # no pattern
     matches = sorted(
-        (p for p in root.glob(f"{name_or_path}-*") if (p / "run.json").is_file()),
-        key=lambda p: p.stat().st_mtime,
+        (p for p in named if (p / "run.json").is_file()), key=lambda p: p.stat().st_mtime
     )
     if not matches:
         raise UserInputError(

@@ -12,11 +12,10 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nbgpu._serial import from_data, to_data
-from nbgpu.errors import FleetSpecError, UserInputError
+from nbgpu.errors import FleetSpecError, UserInputError, user_path
 from nbgpu.estimate import lookup_model, model_shape
 from nbgpu.plan.job import GpuList, Job, JobRequest, make_job, parse_gpu_list, whole_number
 from nbgpu.plan.multinode import NodesPlan, build_nodes_plan, short_nodes
@@ -304,12 +303,12 @@ def scale(
 
 def _spec_cluster(spec: re.Match[str]) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]:
     """``24x(8xH100)``: 24 simulated nodes of one fleet; ``24x(8)``: 24 described nodes."""
-    names = [f"n{i + 1}" for i in range(whole_number("nodes", int(spec[1])))]
+    names = [f"n{i + 1}" for i in range(whole_number("nodes", int(spec[1]), 100_000))]
     if not spec[2].lstrip("-").isdigit():
         found, _, simulated = _cluster(dict.fromkeys(names, spec[2]))
         return found, spec[0].strip(), simulated
     ok = Candidate(0, None, None, None, None, usable=True, grade=0, health="ok")
-    per_node = whole_number("GPUs per node", int(spec[2]))
+    per_node = whole_number("GPUs per node", int(spec[2]), 64)  # as a fleet spec's
     source = f"{len(names)} described nodes of {per_node} GPUs (not seen)"
     gpus = tuple(replace(ok, nvml_index=i) for i in range(per_node))
     return dict.fromkeys(names, gpus), source, False
@@ -324,7 +323,7 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
         cluster = cluster.to_dict()  # a ClusterStatus
     where, source = "the cluster", "the cluster"
     if isinstance(cluster, str | os.PathLike):
-        path, name = Path(cluster).expanduser(), f"cluster file {os.fspath(cluster)!r}"
+        path, name = user_path(cluster), f"cluster file {os.fspath(cluster)!r}"
         cluster = parse_json(read_text(path, "cluster file"), name)
         if not is_cluster(cluster):
             raise UserInputError(f"{name}: {_CLUSTER_FORMS}")

@@ -61,10 +61,13 @@ class Job:
     max_micro_auto: bool = False  # max_micro_batch="auto": the largest that fits, computed
 
 
-def whole_number(label: str, value: Any) -> Any:
-    """*value* if it is None or a whole number >= 1; otherwise one line naming *label*."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise UserInputError(f"{label}={value!r}: expected a whole number >= 1")
+def whole_number(label: str, value: Any, most: int | None = None) -> Any:
+    """*value* if it is None or a whole number >= 1 (and <= *most*); else one line naming it."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= (most or value)
+    ):
+        upto = f" and <= {most}" if most else ""
+        raise UserInputError(f"{label}={value!r}: expected a whole number >= 1{upto}")
     return value
 
 

@@ -24,6 +24,17 @@ __all__ = ["MemoryTimeline", "NodePeak", "PhaseSpan", "RankRecords", "gib", "hos
 
 _FILE = re.compile(r"^mem-(rank|pid)(\d+)\.jsonl$")
 Base = tuple[int, int] | None  # (pss, rss) of the last full reading
+# What the reader computes with; a value of another type there (a damaged line) is dropped.
+_NUMBERS = frozenset(("t", "id", "parent", "depth", "pid", "rss", "uss", "pss", "avail",
+                      "mem_total", "hwm", "peak_rss", "peak_pss", "gpu_alloc", "gpu_reserved",
+                      "gpu_peak", "nvml_used", "process_started", "sample_s"))  # fmt: skip
+
+
+def _as_written(key: str, value: object) -> bool:
+    """Whether *value* has a type the recorder writes under *key* (no list or object)."""
+    if key in _NUMBERS:
+        return value is None or isinstance(value, int | float)
+    return not isinstance(value, list | dict)
 
 
 def host_value(point: dict[str, Any], base: Base) -> tuple[int | None, Base]:
@@ -187,9 +198,9 @@ def read_file(path: Path) -> RankRecords:
                 notes.append(f"{path.name}: last record cut off mid-write (killed while writing)")
                 continue
             value = None
-        if isinstance(value, dict):
-            records.append(value)
-        else:
+        if isinstance(value, dict) and isinstance(value.get("t"), int | float):
+            records.append({k: v for k, v in value.items() if _as_written(k, v)})
+        else:  # not a record, or one without its time
             bad += 1
     if bad:
         notes.append(f"{path.name}: {bad} unreadable line(s) skipped")

@@ -15,7 +15,7 @@ from typing import Any
 
 from nbgpu._render import Block, Bullets, Figure, Line, Result, Table, Title, fmt_bytes
 from nbgpu._serial import read_json_object, to_data
-from nbgpu.errors import UserInputError
+from nbgpu.errors import UserInputError, user_path
 from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_run_dir
 
 __all__ = ["MemoryReport", "memory_report", "report_from_recorder"]
@@ -202,7 +202,7 @@ class MemoryReport(MemoryTimeline, Result):
         png = png_bytes(self.figure())
         if path is not None:
             try:
-                Path(path).expanduser().write_bytes(png)
+                user_path(path).write_bytes(png)
             except OSError as exc:
                 raise UserInputError(f"--png {path!r}: cannot write ({exc.strerror})") from None
         return png
@@ -216,7 +216,7 @@ class MemoryReport(MemoryTimeline, Result):
 
 def memory_report(run_dir: Path | str, *, label: str | None = None) -> MemoryReport:
     """The report of a run directory; a directory without records is a clear, empty report."""
-    directory = Path(run_dir).expanduser()
+    directory = user_path(run_dir)
     if not directory.is_dir():
         raise UserInputError(
             f"{str(run_dir)!r} is not a run directory (expected a directory holding "

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nbgpu.errors import UserInputError
+from nbgpu.errors import UserInputError, user_path
 from nbgpu.scale.values import value_text
 
 # The shell lexer and ruamel.yaml load when a config is read, not with this module or read_text.
@@ -32,7 +32,7 @@ __all__ = ["ConfigSource", "Rescaled", "load_config", "parse_json", "read_config
 
 
 def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
-    p = Path(path).expanduser()
+    p = user_path(path)
     try:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -46,7 +46,7 @@ def read_text(path: str | os.PathLike[str], what: str = "file") -> str:
 
 def write_text(path: str | os.PathLike[str], text: str, *, like: str | None = None) -> None:
     """Write *text* to *path*; a script keeps the permissions of the one it came from."""
-    p = Path(path).expanduser()
+    p = user_path(path)
     try:
         p.write_text(text, encoding="utf-8")
         if like is not None and Path(like).exists():

@@ -34,7 +34,7 @@ from nbgpu.devices.model import (
     is_cluster,
 )
 from nbgpu.devices.sim.box import Fleet, SimGpu
-from nbgpu.errors import FleetSpecError, UserInputError
+from nbgpu.errors import FleetSpecError, UserInputError, user_path
 from nbgpu.sizes import parse_size
 
 __all__ = ["FICTIONAL_PID_BASE", "MODELS", "SCENARIOS", "fleet_from_dict", "load_fleet",
@@ -163,7 +163,7 @@ def load_fleet(source: str, *, node: str | None = None) -> Fleet:
             return fleet
         options = [part.strip() for part in extra.split(",")]
         return replace(apply_options(fleet, options, spec=text), name=text)
-    path = Path(text).expanduser()
+    path = user_path(text)
     try:
         is_file = path.is_file()
     except OSError:  # a long spec is not a valid file name (ENAMETOOLONG)
@@ -182,8 +182,8 @@ def load_fleet(source: str, *, node: str | None = None) -> Fleet:
 
 
 def _fleet_file(path: Path, text: str, node: str | None) -> Fleet:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+    try:  # a byte that is not UTF-8 reads as U+FFFD: in a string it is kept, else named
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except FileNotFoundError:
         raise FleetSpecError(f"fleet file {text!r} does not exist") from None
     except OSError as exc:
