@@ -39,22 +39,23 @@ JSON = st.recursive(
 )
 
 
-def _mutated(draw, value: object) -> object:
-    """*value* with some nodes replaced by any JSON and some keys dropped."""
-    roll = draw(st.integers(0, 19))
-    if roll == 0:
+def _mutated(draw, value: object, odds: int) -> object:
+    """*value* with about one node in *odds* replaced by any JSON, one key in *odds* dropped."""
+    if draw(st.integers(0, odds - 1)) == 0:
         return draw(JSON)
     if isinstance(value, dict):
-        return {k: _mutated(draw, v) for k, v in value.items() if draw(st.integers(0, 19))}
+        kept = {k: v for k, v in value.items() if draw(st.integers(0, odds - 1))}
+        return {k: _mutated(draw, v, odds) for k, v in kept.items()}
     if isinstance(value, list):
-        return [_mutated(draw, v) for v in value]
+        return [_mutated(draw, v, odds) for v in value]
     return value
 
 
 @st.composite
 def documents(draw, seed: object) -> bytes:
-    """A mutated JSON document, sometimes cut short or with bytes spliced in."""
-    data = json.dumps(_mutated(draw, seed), indent=1).encode()
+    """A mutated JSON document (a few nodes of a hundred: often still valid), sometimes cut
+    short or with bytes spliced in."""
+    data = json.dumps(_mutated(draw, seed, 100), indent=1).encode()
     return _spliced(draw, data)
 
 
@@ -174,7 +175,7 @@ def memory_lines(draw, seed: list[str]) -> bytes:
         if kind == "real":
             lines.append(draw(st.sampled_from(seed)))
         elif kind == "mutated":
-            lines.append(json.dumps(_mutated(draw, json.loads(draw(st.sampled_from(seed))))))
+            lines.append(json.dumps(_mutated(draw, json.loads(draw(st.sampled_from(seed))), 8)))
         else:
             lines.append(draw(st.text(CHARS, max_size=30)))
     return _spliced(draw, "\n".join(lines).encode())
