@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 __all__ = ["FleetSpecError", "GpuLostError", "NbgpuError", "NvmlError", "NvmlPermissionError",
-           "NvmlUnavailable", "ProbeError", "UserInputError", "VisibleDevicesError", "user_path"]  # fmt: skip
+           "NvmlUnavailable", "ProbeError", "UserInputError", "VisibleDevicesError",
+           "user_path"]  # fmt: skip
 
 
 class NbgpuError(Exception):

@@ -51,7 +51,7 @@ class LaunchMagics(Magics):
         cut = tokens.index("--") if "--" in tokens else len(tokens)
         if (args := parse_or_help(self, "torchrun", tokens[:cut])) is None:
             return None
-        # Every flag is checked first, wherever typed: a hop between the two magics would not say it.
+        # Every flag checked first, wherever typed: a hop between the two magics would not say it.
         with user_errors():
             options, pushed = self._options(args)
         options["script_args"] = tokens[cut + 1 :]

@@ -1,6 +1,7 @@
 """The fuzz sandbox: HOME, the working directory and the runs directory are fresh temporary
 directories, the fleet is simulated (two T4s, nothing holding them); after every test HOME
-is unchanged and no child process is left."""
+is unchanged and no child process is left. The working directory takes what a user names
+(``--png FILE``, ``--output FILE``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ FLEET = "2xT4"
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     root = tmp_path_factory.mktemp("fuzz")
-    dirs = {name: root / name for name in ("home", "work", "runs", "inputs")}
+    dirs = {name: root / name for name in ("home", "work", "runs", "inputs", "tools")}
     for path in dirs.values():
         path.mkdir()
     (dirs["home"] / ".bashrc").write_text("# a user's file\n")
@@ -30,6 +31,10 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path
             if key != "PYTEST_CURRENT_TEST":
                 mp.delenv(key, raising=False)
         mp.setenv("HOME", str(dirs["home"]))
+        # IPython's profile and matplotlib's font cache are theirs, not nbgpu's: kept apart,
+        # so HOME shows what nbgpu writes (matplotlib caches under ~/.cache on first use).
+        mp.setenv("IPYTHONDIR", str(dirs["tools"] / "ipython"))
+        mp.setenv("MPLCONFIGDIR", str(dirs["tools"] / "matplotlib"))
         mp.setenv("NBGPU_SIMULATE", FLEET)
         mp.setenv("NBGPU_RUNS_DIR", str(dirs["runs"]))
         mp.chdir(dirs["work"])

@@ -13,7 +13,9 @@ from IPython.core.error import UsageError
 from nbgpu.cli import main
 from nbgpu.notebook import magics_classes
 
-MAGICS = [(kind, name) for cls in magics_classes() for kind, names in cls.magics.items() for name in names]  # fmt: skip
+MAGICS = [
+    (kind, name) for cls in magics_classes() for kind, names in cls.magics.items() for name in names
+]
 
 
 @pytest.mark.parametrize(("kind", "name"), MAGICS)
