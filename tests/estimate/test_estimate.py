@@ -290,6 +290,12 @@ def test_a_budget_too_small_says_so_with_the_smallest_change_that_fits() -> None
     assert "smallest change that fits: strategy='zero3', offload='optimizer+params'" in _words(est)
     changed = estimate("7B", budget="10GB", strategy="zero3", offload="optimizer+params")
     assert changed.fits
+    # Issue 23: 135 GiB per GPU fits only the largest GPUs, and the answer says so.
+    mid = estimate("Qwen/Qwen2.5-7B-Instruct", seq_len=2048)
+    said = "135.4 GiB per GPU is more than an H100's 80 GB (the B200's 180 GB and larger GPUs"
+    assert said in _words(mid)
+    assert "smallest change that fits 80 GB: strategy='zero3', offload='optimizer'" in _words(mid)
+    assert estimate("1B", seq_len=512).notes == ()  # 80 GB or less: nothing to add
     huge = estimate("meta-llama/Llama-3.1-70B", seq_len=4096)
     assert "fits no GPU" in _words(huge)
     assert "strategy='zero3', offload='optimizer'" in _words(huge)
