@@ -128,10 +128,13 @@ def test_an_offloaded_module_is_estimated_analytically_and_says_why() -> None:
 
 # The traced search for the largest micro batch (estimator.largest_micro_batch): a slope from
 # micro batches 1 and 2, then a check of its guess, stepping down when the guess does not
-# fit and up when one more sample still does. Each test forces one path with a model whose
+# fit and up, in doubling steps, while it does. Each test forces one path with a model whose
 # traced memory is affine, convex or concave in the batch, and compares the answer with
 # the traced totals themselves (fragmentation 0 keeps the totals exact).
-MLP_64 = (torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)),)
+def _mlp_64() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
 SETTINGS = {"precision": "fp32", "fragmentation": 0}
 
 
@@ -162,7 +165,7 @@ def _is_the_largest(model: torch.nn.Module, budget: int, micro: int) -> None:
 
 
 def test_an_affine_trace_is_answered_by_the_slope_and_one_check(monkeypatch) -> None:
-    model = MLP_64[0]
+    model = _mlp_64()
     assert _total(model, 3) - _total(model, 2) == _total(model, 2) - _total(model, 1)
     budget = _total(model, 7) + (_total(model, 8) - _total(model, 7)) // 2
     best, tried = _search(monkeypatch, model, budget)
@@ -197,7 +200,7 @@ def test_a_concave_trace_steps_up_from_the_slopes_guess(monkeypatch, cache_float
 
 
 def test_a_budget_below_one_sample_answers_zero(monkeypatch) -> None:
-    model = MLP_64[0]
+    model = _mlp_64()
     budget = _total(model, 1) - 1
     best, tried = _search(monkeypatch, model, budget)
     assert (best, tried) == (0, [1, 2])
