@@ -245,10 +245,8 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
     if first.traced_terms:
         b0 = first.layout.micro_batch
         slope = (at(2 * b0).total_bytes - first.total_bytes) / b0
-        best = None
-        if slope > 0:
-            fixed = first.total_bytes - slope * b0
-            best = max(0, math.floor(((first.budget_bytes or 0) - fixed) / slope))
+        left = (first.budget_bytes or 0) - first.total_bytes  # bytes to spare at b0
+        best = b0 + math.floor(left / slope) if slope > 0 else None
     if best is None:
         raise UserInputError(
             "largest micro batch: nothing in this estimate grows with the batch; pass seq_len "
@@ -258,24 +256,26 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
         return replace(first, max_micro_batch=0)
     final = at(best)
     # A trace is close to, not exactly, affine (the peak can move between the forward
-    # pass and the optimizer step): halve the gap down to one that fits (a tiny model's
-    # answer can be millions of samples), then step up while it still does.
-    if final.fits is False:
-        fitting = first if first.fits and first.layout.micro_batch < best else None
-        low, high = (fitting.layout.micro_batch if fitting else 0), best
-        while high - low > 1:
-            middle = at((low + high) // 2)
-            if middle.fits:
-                low, fitting = middle.layout.micro_batch, middle
-            else:
-                high = middle.layout.micro_batch
-        best, final = (low, fitting) if fitting else (1, at(1))
-    if first.traced_terms:
-        for _ in range(8):
-            above = at(best + 1)
-            if not above.fits:
-                break
-            best, final = best + 1, above
+    # pass and the optimizer step): from the guess, step up in doubling steps while it
+    # fits, or take the first estimate as the floor, then halve the gap to one that does
+    # not fit (a tiny model's answer can be millions of samples).
+    low, fitting, high = (best, final, None) if final.fits else (0, None, best)
+    if not final.fits and first.fits and first.layout.micro_batch < best:
+        low, fitting = first.layout.micro_batch, first
+    step = 1
+    while high is None and first.traced_terms:
+        above = at(low + step)
+        if not above.fits:
+            high = low + step
+        else:
+            low, fitting, step = low + step, above, 2 * step
+    while high is not None and high - low > 1:
+        middle = at((low + high) // 2)
+        if middle.fits:
+            low, fitting = middle.layout.micro_batch, middle
+        else:
+            high = middle.layout.micro_batch
+    best, final = (low, fitting) if fitting else (1, at(1))
     how = "fake-tensor traces" if first.traced_terms else "analytic evaluations"
     note = f"largest micro batch found with {len(evaluations)} {how}, 0 real steps"
     return replace(final, max_micro_batch=best, notes=(*final.notes, note))
