@@ -20,10 +20,25 @@ from nbgpu.profile.recorder import process_start_time
 from nbgpu.sizes import gib
 
 __all__ = ["MemoryTimeline", "NodePeak", "PhaseSpan", "RankRecords", "gib", "host_value",
-           "import_storm", "read_file", "read_node", "read_records", "read_run_dir"]  # fmt: skip
+           "import_storm", "ranks_text", "read_file", "read_node", "read_records", "read_run_dir",
+           "unit_of"]  # fmt: skip
 
 _FILE = re.compile(r"^mem-(rank|pid)(\d+)\.jsonl$")
 Base = tuple[int, int] | None  # (pss, rss) of the last full reading
+
+
+def ranks_text(ranks: tuple[int, ...]) -> str:
+    """``ranks 0-7``, ``ranks 1, 3``, ``rank 2``: ranks named once, however many."""
+    if not ranks:
+        return ""
+    if len(ranks) > 1 and ranks == tuple(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def unit_of(largest: float) -> tuple[int, str]:
+    """(bytes, name) of the unit values read in, from the largest: 50 MiB, never 0.0 GiB."""
+    return (1 << 20, "MiB") if largest < 1 << 30 else (1 << 30, "GiB")
 
 
 def host_value(point: dict[str, Any], base: Base) -> tuple[int | None, Base]:

@@ -16,7 +16,7 @@ from typing import Any
 from nbgpu._render import Block, Bullets, Figure, Line, Result, Table, Title, fmt_bytes
 from nbgpu._serial import read_json_object, to_data
 from nbgpu.errors import UserInputError
-from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_run_dir
+from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_run_dir, unit_of
 
 __all__ = ["MemoryReport", "memory_report", "report_from_recorder"]
 
@@ -75,9 +75,14 @@ class MemoryReport(MemoryTimeline, Result):
                 rows.append(dict(zip(self.FRAME_COLUMNS, values, strict=True)))
         return rows
 
-    def _table(self, by: dict[tuple[str, str], dict[str, Any]], metric: str, title: str) -> Table:
+    def _table(
+        self, by: dict[tuple[str, str], dict[str, Any]], metric: str, title: str
+    ) -> list[Block]:
+        """The phase x rank table in a unit read from its values, under *title* on a line of
+        its own (a table's caption wraps at the table's width: one rank, three lines)."""
         labels = [r.label for r in self.ranks]
-        table = _WideTable(["phase", *labels], title=title)
+        scale, unit = unit_of(max((row[metric] or 0 for row in by.values()), default=0))
+        table = _WideTable(["phase", *labels])
         for name in self.phase_names():
             cells = []
             level = ""
@@ -88,10 +93,10 @@ class MemoryReport(MemoryTimeline, Result):
                     continue
                 mark, severity = _MARKS.get(row["status"], ("", ""))
                 value = row[metric]
-                cells.append(("-" if value is None else f"{value / 1024**3:.2f}") + mark)
+                cells.append(("-" if value is None else f"{value / scale:.2f}") + mark)
                 level = "bad" if "bad" in (level, severity) else level or severity
             table.add(name, *cells, level=level)
-        return table
+        return [Line(title.format(unit), wrap=False), table]
 
     def content(self) -> list[Block]:
         if not self.ranks:
@@ -111,9 +116,9 @@ class MemoryReport(MemoryTimeline, Result):
             alt = f"figure: memory of {self.source} over time, per rank, phases as bands"
             blocks.append(Figure(alt, png_base64=self.png_base64))
         by = {(row["phase"], row["rank"]): row for row in self.records()}
-        blocks.append(self._table(by, "peak_rss_bytes", "peak host memory (RSS, GiB) by phase:"))
+        blocks += self._table(by, "peak_rss_bytes", "peak host memory (RSS, {}) by phase:")
         if self.has_gpu:
-            blocks.append(self._table(by, "gpu_peak_allocated_bytes", "peak GPU allocated (GiB):"))
+            blocks += self._table(by, "gpu_peak_allocated_bytes", "peak GPU allocated ({}):")
         return [
             *blocks,
             Bullets(self.findings(), marker="* ", level="warn"),
@@ -160,7 +165,8 @@ class MemoryReport(MemoryTimeline, Result):
             fleet = (
                 f" (simulated fleet '{self.simulated}': ranks run on CPU)" if self.simulated else ""
             )
-            out.append(f"no GPU figures: no rank initialised CUDA{fleet}")
+            by = "the kernel" if self.source == "this kernel" else "any rank"
+            out.append(f"no GPU figures: CUDA was not initialised by {by}{fleet}")
         return list(dict.fromkeys(out))
 
     def deaths(self) -> list[tuple[str, str]]:
@@ -170,19 +176,31 @@ class MemoryReport(MemoryTimeline, Result):
     def findings(self) -> list[str]:
         """What a reader should see first: deaths, the node's peak, the import storm."""
         out = [f"{label} died in '{path}'" for label, path in self.deaths()]
-        peak = self.node_peak()
-        if peak is not None and len(self.ranks) > 1:
-            on = f" on {peak.node}" if peak.node else ""
-            line = (
-                f"node peak{on}: {fmt_bytes(peak.total_bytes)} summed over {len(peak.phases)} "
-                f"ranks at {peak.t_s:.1f} s"
-            )
-            if peak.all_in:
-                line += f", every rank in '{peak.all_in}'"
-            if peak.available_bytes is not None:
-                line += f"; MemAvailable then {fmt_bytes(peak.available_bytes)}"
+        if len(self.ranks) > 1 and (line := self.peak_line()):
             out.append(line)
         return out
+
+    def peak_line(self) -> str | None:
+        """The node's peak (over several ranks) and the largest rank's, with their phases."""
+        tops = [(v, t, rank) for rank in self.ranks for t, v in self.host_series(rank)]
+        if not tops:
+            return None
+        value, t, rank = max(tops, key=lambda top: top[0])
+        largest = f"largest {rank.label}: {fmt_bytes(value)}"
+        if phase := rank.phase_at(self.origin + t):
+            largest += f" in '{phase}'"
+        if (peak := self.node_peak()) is None or len(self.ranks) < 2:
+            return largest
+        on = f" on {peak.node}" if peak.node else ""
+        line = (
+            f"node peak{on}: {fmt_bytes(peak.total_bytes)} summed over {len(peak.phases)} ranks "
+            f"at {peak.t_s:.1f} s"
+        )
+        if peak.all_in:
+            line += f", every rank in '{peak.all_in}'"
+        if peak.available_bytes is not None:
+            line += f"; MemAvailable then {fmt_bytes(peak.available_bytes)}"
+        return f"{line} · {largest}"
 
     def phase_names(self) -> list[str]:
         """Every phase path, in the order the ranks first entered them."""
