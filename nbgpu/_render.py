@@ -62,6 +62,18 @@ COLOURS = {"ok": "#2e7d32", "info": "#546e7a", "warn": "#9a7d0a", "bad": "#c0392
 #: Row background per severity: translucent, so light and dark themes both read.
 ROW_BACKGROUNDS = {"warn": "#b5890026", "bad": "#dc322f26"}
 SIMULATED_COLOUR = "#6c71c4"
+#: One colour per rank number, the same in a cell's text, the run's panel and its figures
+#: (matplotlib's tab10, so the figures' own cycle agrees).
+RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+
+
+def rank_colour(label: int | str) -> str:
+    """The colour of rank *label* (``3``, ``"rank3"``, ``"n0/rank3"``); grey without a rank."""
+    number = re.search(r"rank(\d+)$", f"rank{label}" if isinstance(label, int) else label)
+    return RANK_COLOURS[int(number[1]) % len(RANK_COLOURS)] if number else "#555555"
+
+
 ROOT_STYLE = "font-family:monospace;font-size:12px"
 _PRE_STYLE = "margin:2px 0;white-space:pre-wrap"
 

@@ -24,6 +24,8 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Any, Protocol
 
+from nbgpu._render import rank_colour
+
 __all__ = [
     "MAX_LOGS_PER_POLL", "CellServer", "LineSink", "LogTail", "RankLogs",
     "ScreenWriter", "in_turn",
@@ -37,8 +39,6 @@ MAX_LOGS_PER_POLL = 256
 
 READ_CHUNK = 1 << 16
 MAX_READ_PER_POLL = 8 << 20  # bound one poll's work; the rest is read next tick
-
-_COLORS = (36, 33, 35, 32, 34, 31, 96, 93)  # cyan, yellow, magenta, green, ...
 
 
 class LineSink(Protocol):
@@ -207,10 +207,10 @@ class ScreenWriter:
 
     def _prefix(self, label: str) -> str:
         if label not in self._prefixes:
-            color = _COLORS[len(self._prefixes) % len(_COLORS)]
-            self._prefixes[label] = (
-                f"\x1b[{color}m[{label}]\x1b[0m " if self._color else f"[{label}] "
-            )
+            # The rank's own colour (24-bit ANSI), not the order it first printed in.
+            red, green, blue = bytes.fromhex(rank_colour(label)[1:])
+            colour = f"\x1b[38;2;{red};{green};{blue}m"
+            self._prefixes[label] = f"{colour}[{label}]\x1b[0m " if self._color else f"[{label}] "
         return self._prefixes[label]
 
     def add(self, label: str, lines: list[str]) -> None:
@@ -224,9 +224,13 @@ class ScreenWriter:
     def _erase_status(self) -> str:
         if not self._status_shown:
             return ""
-        erase = "\r" + " " * len(self._status_shown) + "\r"
+        # Back over the line, blank it, back again: a terminal is left with the cursor at
+        # the line's start, and JupyterLab, which applies each backspace by deleting the
+        # character before it in the text it keeps (and saves), with nothing at all. A
+        # '\r' with padding would leave the padding in the saved text.
+        back = "\b" * len(self._status_shown)
         self._status_shown = ""
-        return erase
+        return back + " " * len(back) + back
 
     def _clip(self, line: str, limit: int) -> str:
         return line if len(line) <= limit else line[:limit] + " …"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbgpu._render import ROOT_STYLE, to_html, to_text
+from nbgpu._render import ROOT_STYLE, rank_colour, to_html, to_text
 from nbgpu.notebook.live import Bundle, svg_img
 from nbgpu.sizes import fmt_bytes
 
@@ -118,8 +118,9 @@ def _head(run: Any) -> tuple[list[str], list[str], list[tuple[int, str, str]]]:
     headline, ranks = run._headline(), _badges(run)
     row = "".join(
         f'<span style="background:{_BADGE_COLOURS[kind]};color:white;border-radius:3px;'
-        f'padding:1px 6px;margin-right:4px;white-space:nowrap">{html.escape(text)}</span>'
-        for _, kind, text in ranks
+        f"border-left:6px solid {rank_colour(r)};padding:1px 6px;margin-right:4px;"
+        f'white-space:nowrap">{html.escape(text)}</span>'
+        for r, kind, text in ranks
     )
     text = [headline, " | ".join(text for _, _, text in ranks)]
     return text, [f"<b>{html.escape(headline)}</b>", f"<div>{row}</div>"], ranks
@@ -169,6 +170,7 @@ def record_bundle(run: Any, tails: Tails, extra: Iterable[tuple[str, str]] = ())
         text.extend(strip_ansi(line) for line in tail.lines)
         parts.append(
             f"<details{' open' if number == opened else ''}><summary>"
+            f'<span style="color:{rank_colour(number)}">■</span> '
             f"{html.escape(states.get(number, tail.label))} · {html.escape(tail.heading())}"
             f"</summary>{_scroll_box(tail.text() if tail.lines else '(no output)')}</details>"
         )

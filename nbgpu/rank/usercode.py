@@ -37,15 +37,16 @@ _OURS = str(Path(__file__).parent)  # nbgpu/rank: the worker, this module
 
 
 def user_traceback(exc: BaseException) -> str:
-    """The traceback from the user's first frame on: nbgpu's and runpy's frames are noise."""
-    tb = exc.__traceback__
-    while (
-        tb is not None
-        and tb.tb_next is not None
-        and tb.tb_frame.f_code.co_filename.startswith((_OURS, runpy.__file__))
-    ):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    """The traceback without nbgpu's frames (the worker, the interrupt handler) and runpy's,
+    as IPython leaves out its own machinery: the user's frames, wherever ours were."""
+    shown = traceback.TracebackException.from_exception(exc)
+    error: traceback.TracebackException | None = shown
+    while error is not None:
+        kept = [f for f in error.stack if not f.filename.startswith((_OURS, runpy.__file__))]
+        if kept:  # an error inside nbgpu itself keeps every frame
+            error.stack = traceback.StackSummary.from_list(kept)
+        error = error.__cause__ or error.__context__
+    return "".join(shown.format())
 
 
 def report_error(exc: BaseException, error_path: str) -> None:
