@@ -191,9 +191,6 @@ def record_bundle(run: Any, tails: Tails, extra: Iterable[tuple[str, str]] = ())
 # memory records. The full figure is ``%gpu_memory NAME`` once the run is over.
 
 MEMORY_REFRESH_S = 1.0
-# tab10, indexed by rank NUMBER: a rank keeps its colour in every cell and figure.
-_LINE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
 
 
 def _timeline_svg(
@@ -225,13 +222,13 @@ def _timeline_svg(
         f'<text x="2" y="{height - 16}">0</text>',
         f'<text x="{width - 60}" y="{height - 2}">{t1:.0f} s</text>',
     ]
-    lines = [(_LINE_COLOURS[rank % 10], 1.2, pts) for rank, pts in series.items()]
+    lines = [(rank_colour(rank), 1.2, pts) for rank, pts in series.items()]
     for colour, stroke, pts in [*lines, ("black", 2, total)]:
         line = " ".join(xy(t, v) for t, v in pts)
         parts.append(
             f'<polyline fill="none" stroke="{colour}" stroke-width="{stroke}" points="{line}"/>'
         )
-    keys = [(f"rank{r}", _LINE_COLOURS[r % 10]) for r in series]
+    keys = [(f"rank{r}", rank_colour(r)) for r in series]
     if len(keys) > 8:  # more names would run off the image
         keys = [(f"{len(keys)} ranks", "#666")]
     for i, (key, colour) in enumerate([*keys, ("node", "black")]):
@@ -251,7 +248,6 @@ class MemoryTimeline:
         self.updates = 0
 
     def refresh(self, *, force: bool = False, final: str | None = None) -> None:
-        """Redraw at most once a second (*force*: now); *final* replaces the live line."""
         if not (self.follower.due(MEMORY_REFRESH_S) or force):
             return
         summary = self.follower.summary() or ""
@@ -260,8 +256,7 @@ class MemoryTimeline:
         self.updates += 1
 
     def record(self) -> tuple[str, str]:
-        """(text, html) of the final timeline, for the run's static record: the run's peak
-        (node and largest rank, with phases), not the last sample of a run that is over."""
+        """(text, html) for the run's record: its peak, not the last sample of a run now over."""
         from nbgpu.profile.report import memory_report  # noqa: PLC0415
 
         report = memory_report(self.follower.run_dir)

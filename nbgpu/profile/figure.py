@@ -8,26 +8,24 @@ figure as its own: no import back).
 
 from __future__ import annotations
 
-import io
 from typing import TYPE_CHECKING, Any
 
+from nbgpu._render import rank_colour
 from nbgpu.profile.records import ranks_text, unit_of
 from nbgpu.sizes import fmt_bytes
 
 if TYPE_CHECKING:
     from nbgpu.profile.records import MemoryTimeline, RankRecords
 
-__all__ = ["draw", "png_bytes"]
+__all__ = ["draw"]
 
 _PHASE_COLORS = (
     "#8dd3c7", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5", "#bc80bd",
     "#ccebc5", "#ffed6f",
 )  # fmt: skip
+_NOTE: dict[str, Any] = {"textcoords": "offset points", "fontsize": 9, "fontweight": "bold"}
+_BAND: dict[str, Any] = {"ha": "center", "va": "bottom", "fontsize": 7, "color": "#555"}
 _NAMED = 16  # ranks named one by one (legend, phase rows); more would cover each other
-
-
-def _colour(rank: RankRecords) -> str:
-    return f"C{(rank.rank or 0) % 10}"  # tab10 by rank NUMBER: the same colour in every cell
 
 
 def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: PLR0915  (one figure, top to bottom)
@@ -56,7 +54,7 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
         label = rank.label if len(ranks) <= _NAMED else "_" if i else f"{len(ranks)} ranks"
         # Steps, not slopes: between two samples the value is unknown, and a straight
         # line would invent a gradual climb (a rank holding the GIL takes no samples).
-        host.step(xs, ys, where="post", linewidth=1.2, label=label, color=_colour(rank))
+        host.step(xs, ys, where="post", linewidth=1.2, label=label, color=rank_colour(rank.label))
         if rank.died_in is not None and xs:
             host.plot([xs[-1]], [ys[-1]], marker="X", markersize=11, color="#c0392b", zorder=5)
             deaths.setdefault(rank.died_in.path, []).append((rank, xs[-1], ys[-1]))
@@ -79,17 +77,9 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
         text = f"node peak{f' ({peak.node})' if peak.node else ''} {fmt_bytes(peak.total_bytes)}"
         notes.append((text + where, (peak.t_s, peak.total_bytes / scale), "black"))
     for text, (x, y), colour in notes:
-        left = x > 0.6 * x_end  # then the text ends at the point: inside the axes
-        host.annotate(
-            text,
-            (x, y),
-            textcoords="offset points",
-            xytext=(-8 if left else 8, 6),
-            ha="right" if left else "left",
-            fontsize=9,
-            fontweight="bold",
-            color=colour,
-        )
+        # Near the right edge the text ends at the point: inside the axes.
+        offset, align = (-8, "right") if x > 0.6 * x_end else (8, "left")
+        host.annotate(text, (x, y), xytext=(offset, 6), ha=align, color=colour, **_NOTE)
     host.set_ylim(0, max(largest * 1.25, scale / 10) / scale)
     _limit_line(host, report.mem_total_bytes, "machine memory", ("#c0392b", "--"), scale)
     _limit_line(host, report.mem_limit_bytes, "--mem-limit (per rank)", ("#d35400", ":"), scale)
@@ -104,7 +94,7 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
         for rank, points in zip(ranks, pts, strict=True):
             xs = [p["t"] - report.origin for p in points]
             ys = [p["gpu_alloc"] / scale for p in points]
-            ax.step(xs, ys, where="post", linewidth=1.2, color=_colour(rank))
+            ax.step(xs, ys, where="post", linewidth=1.2, color=rank_colour(rank.label))
         ax.set_ylabel(f"GPU {unit}\n(allocated)")
         ax.grid(alpha=0.3)
         _bands(ax, report, colors, labels=False)
@@ -133,21 +123,18 @@ def _declutter(fig: Any, ax: Any) -> None:
     taken = [ax.get_legend().get_window_extent(renderer)]
     for text in sorted(ax.texts, key=lambda t: not isinstance(t, Annotation)):
         box = text.get_window_extent(renderer)
-        for _ in range(6 if isinstance(text, Annotation) else 0):
-            if not any(box.overlaps(other) for other in taken):
-                break
-            x, y = text.xyann
-            text.xyann = (x, y - box.height * 72 / fig.dpi - 2)
+        steps = 6 if isinstance(text, Annotation) else 0  # a band's name is only left out
+        while steps and any(box.overlaps(other) for other in taken):
+            steps -= 1
+            text.xyann = (text.xyann[0], text.xyann[1] - box.height * 72 / fig.dpi - 2)
             box = text.get_window_extent(renderer)
-        if any(box.overlaps(other) for other in taken):
-            text.set_visible(False)
-        else:
+        text.set_visible(not any(box.overlaps(other) for other in taken))
+        if text.get_visible():
             taken.append(box)
 
 
 def _limit_line(ax: Any, value: int | None, label: str, look: tuple[str, str], scale: int) -> None:
-    """A limit as a line; far above the data, in the legend only: the axis keeps the data's
-    scale rather than squash every line to the floor."""
+    """A limit's line; far above the data, in the legend only (not every line at the floor)."""
     if value:
         off = " (off scale)" if value / scale > ax.get_ylim()[1] else ""
         text = f"{label} {fmt_bytes(value)}{off}"
@@ -159,24 +146,15 @@ def _bands(ax: Any, report: MemoryTimeline, colors: dict[str, str], *, labels: b
     first = next((r for r in report.ranks if r.phases), None)
     if first is None:
         return
-    t0 = report.origin
+    t0, along = report.origin, ax.get_xaxis_transform()  # x in seconds, y in axes fractions
     for span in (s for s in first.phases if not s.depth):
         end = first.span_end(span)
         ax.axvspan(
             span.start_t - t0, end - t0, color=colors.get(span.name, "#ddd"), alpha=0.18, lw=0
         )
         if labels and end - span.start_t > 0:
-            ax.text(
-                (span.start_t + end) / 2 - t0,
-                0.02,
-                span.name,
-                transform=ax.get_xaxis_transform(),
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                color="#555",
-                clip_on=True,
-            )
+            middle = (span.start_t + end) / 2 - t0
+            ax.text(middle, 0.02, span.name, transform=along, clip_on=True, **_BAND)
 
 
 def _gantt(ax: Any, ranks: list[RankRecords], t0: float, colors: dict[str, str]) -> None:
@@ -199,17 +177,5 @@ def _gantt(ax: Any, ranks: list[RankRecords], t0: float, colors: dict[str, str])
             if span.status == "died in":
                 ax.plot([end - t0], [row], marker="X", color="#c0392b", markersize=9 / step)
     ax.set_ylabel("phases")
-    ax.legend(
-        list(seen.values()),
-        list(seen),
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
-        fontsize=7,
-        frameon=False,
-    )
-
-
-def png_bytes(fig: Any, dpi: int = 96) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
+    handles, names = list(seen.values()), list(seen)
+    ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1, 1), fontsize=7, frameon=False)

@@ -394,22 +394,21 @@ def import_storm(report: MemoryTimeline) -> str | None:
         # later phases: the process group, the model) while the others import.
         later = [v for t, v in report.host_series(rank) if t + report.origin > span.end_t]
         settled += max([end, *later])
+    at_once = f"{every} was in 'imports' at once when the node peaked at {gib(peak.total_bytes)}"
     if not all(
         any(p.name == "imports" and p.end for p in r.phases) for r in report.on_node(peak.node)
     ):
         return (
-            f"{every} was in 'imports' at once when the node peaked at "
-            f"{gib(peak.total_bytes)} ({len(peak.phases)} ranks, each up to {gib(max(tops))} "
-            "while importing): with --serial-imports one rank imports at a time, so one "
-            "import's transient is held instead of all of them (measured from these records)"
+            f"{at_once} ({len(peak.phases)} ranks, each up to {gib(max(tops))} while importing): "
+            "with --serial-imports one rank imports at a time, so one import's transient is "
+            "held instead of all of them (measured from these records)"
         )
     serial = settled + transient
     if serial >= peak.total_bytes:
         return None
     return (
-        f"{every} was in 'imports' at once when the node peaked at {gib(peak.total_bytes)} "
-        f"({len(peak.phases)} ranks): each import rose up to {gib(transient)} above where it "
-        f"settled; with --serial-imports (one rank at a time) the peak would be about "
-        f"{gib(serial)} (every rank at its most after importing, plus one import's "
-        "transient), measured from these records"
+        f"{at_once} ({len(peak.phases)} ranks): each import rose up to {gib(transient)} above "
+        f"where it settled; with --serial-imports (one rank at a time) the peak would be about "
+        f"{gib(serial)} (every rank at its most after importing, plus one import's transient), "
+        "measured from these records"
     )

@@ -8,6 +8,7 @@ cells). matplotlib is imported only by ``figure()``.
 from __future__ import annotations
 
 import base64
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -75,11 +76,9 @@ class MemoryReport(MemoryTimeline, Result):
                 rows.append(dict(zip(self.FRAME_COLUMNS, values, strict=True)))
         return rows
 
-    def _table(
-        self, by: dict[tuple[str, str], dict[str, Any]], metric: str, title: str
-    ) -> list[Block]:
-        """The phase x rank table in a unit read from its values, under *title* on a line of
-        its own (a table's caption wraps at the table's width: one rank, three lines)."""
+    def _table(self, metric: str, title: str) -> list[Block]:
+        """Phase x rank in a unit from the values, *title* a line of its own (not a caption)."""
+        by = {(row["phase"], row["rank"]): row for row in self.records()}
         labels = [r.label for r in self.ranks]
         scale, unit = unit_of(max((row[metric] or 0 for row in by.values()), default=0))
         table = _WideTable(["phase", *labels])
@@ -115,10 +114,9 @@ class MemoryReport(MemoryTimeline, Result):
         if self.png_base64:
             alt = f"figure: memory of {self.source} over time, per rank, phases as bands"
             blocks.append(Figure(alt, png_base64=self.png_base64))
-        by = {(row["phase"], row["rank"]): row for row in self.records()}
-        blocks += self._table(by, "peak_rss_bytes", "peak host memory (RSS, {}) by phase:")
+        blocks += self._table("peak_rss_bytes", "peak host memory (RSS, {}) by phase:")
         if self.has_gpu:
-            blocks += self._table(by, "gpu_peak_allocated_bytes", "peak GPU allocated ({}):")
+            blocks += self._table("gpu_peak_allocated_bytes", "peak GPU allocated ({}):")
         return [
             *blocks,
             Bullets(self.findings(), marker="* ", level="warn"),
@@ -162,9 +160,8 @@ class MemoryReport(MemoryTimeline, Result):
                 "that ended in between show RSS only"
             )
         if self.ranks and not self.has_gpu:
-            fleet = (
-                f" (simulated fleet '{self.simulated}': ranks run on CPU)" if self.simulated else ""
-            )
+            on_cpu = f" (simulated fleet '{self.simulated}': ranks run on CPU)"
+            fleet = on_cpu if self.simulated else ""
             by = "the kernel" if self.source == "this kernel" else "any rank"
             out.append(f"no GPU figures: CUDA was not initialised by {by}{fleet}")
         return list(dict.fromkeys(out))
@@ -192,10 +189,8 @@ class MemoryReport(MemoryTimeline, Result):
         if (peak := self.node_peak()) is None or len(self.ranks) < 2:
             return largest
         on = f" on {peak.node}" if peak.node else ""
-        line = (
-            f"node peak{on}: {fmt_bytes(peak.total_bytes)} summed over {len(peak.phases)} ranks "
-            f"at {peak.t_s:.1f} s"
-        )
+        total = fmt_bytes(peak.total_bytes)
+        line = f"node peak{on}: {total} summed over {len(peak.phases)} ranks at {peak.t_s:.1f} s"
         if peak.all_in:
             line += f", every rank in '{peak.all_in}'"
         if peak.available_bytes is not None:
@@ -215,9 +210,9 @@ class MemoryReport(MemoryTimeline, Result):
 
     def png(self, path: str | None = None) -> bytes:
         """The figure as PNG bytes, also written to *path* (``--png``) when given."""
-        from nbgpu.profile.figure import png_bytes  # noqa: PLC0415
-
-        png = png_bytes(self.figure())
+        buffer = io.BytesIO()
+        self.figure().savefig(buffer, format="png", dpi=96)
+        png = buffer.getvalue()
         if path is not None:
             try:
                 Path(path).expanduser().write_bytes(png)
@@ -273,9 +268,8 @@ def report_from_recorder(recorder: Any, *, label: str = "this process") -> Memor
     """This process's in-memory records (the kernel's ``%%gpu_phase`` cells) as a report."""
     lines: Sequence[dict[str, Any]] = [*recorder.records, *recorder.samples]
     ordered = sorted(lines, key=lambda r: (r.get("k") != "proc", r.get("t", 0)))
-    rank = read_records(
-        ordered, label="kernel" if label == "this kernel" else "process", alive=True
-    )
+    who = "kernel" if label == "this kernel" else "process"
+    rank = read_records(ordered, label=who, alive=True)
     total = rank.proc.get("mem_total")
     return MemoryReport(
         source=label,
