@@ -104,3 +104,15 @@ def test_a_rank_has_its_numbers_colour_whoever_else_ran(tmp_path):
     # tab10 by rank number: rank3 red, rank7 grey, though they are the first two lines.
     assert colours["rank3"] == "#d62728"
     assert colours["rank7"] == "#7f7f7f"
+
+
+def test_a_death_at_the_node_peak_steps_its_label_clear_of_the_peaks(tmp_path):
+    # rank1 holds nearly all the memory and dies at the node's peak: both labels want the
+    # same spot; one steps down a line, neither is dropped.
+    write_rank(tmp_path, 0, mib=1)
+    write_rank(tmp_path, 1, mib=100, died_in="run")
+    figure = memory_report(tmp_path).figure()
+    assert_no_overlap(figure)
+    texts = [text for text, _ in shown_texts(figure)]
+    assert "rank1 died in 'run'" in texts
+    assert any(text.startswith("node peak ") for text in texts)
