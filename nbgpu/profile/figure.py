@@ -24,6 +24,7 @@ _PHASE_COLORS = (
     "#ccebc5", "#ffed6f",
 )  # fmt: skip
 _NOTE: dict[str, Any] = {"textcoords": "offset points", "fontsize": 9, "fontweight": "bold"}
+_NOTE["bbox"] = {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1}  # no line strikes it through
 _BAND: dict[str, Any] = {"ha": "center", "va": "bottom", "fontsize": 7, "color": "#555"}
 _NAMED = 16  # ranks named one by one (legend, phase rows); more would cover each other
 
@@ -103,8 +104,7 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
     bars.set_xlabel("seconds since the " + ("first phase" if kernel else "run started"))
     heading = title or f"Memory of {report.source}"
     if not gpu:
-        who = "the kernel did not use" if kernel else "no rank used"
-        heading += f"  (no GPU figures: {who} CUDA)"
+        heading += f"  (no GPU figures: CUDA not used by {'the kernel' if kernel else 'any rank'})"
     if report.simulated:
         heading += f"  · SIMULATED fleet '{report.simulated}'"
     fig.suptitle(heading, fontsize=11)

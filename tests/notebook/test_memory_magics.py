@@ -143,7 +143,7 @@ def test_gpu_memory_kernel_speaks_of_the_kernel_not_a_run(ip):
     report = ip.run_line_magic("gpu_memory", "kernel --no-figure")
     texts = [t.get_text() for t in report.figure().findobj(Text)]
     assert "seconds since the first phase" in texts
-    assert any(t.endswith("(no GPU figures: the kernel did not use CUDA)") for t in texts)
+    assert any(t.endswith("(no GPU figures: CUDA not used by the kernel)") for t in texts)
     assert not any("run started" in t or "no rank" in t for t in texts)
     assert "CUDA was not initialised by the kernel" in report.text()
     # The caption is a line of its own: as a table's caption it wrapped at the width of
