@@ -118,6 +118,9 @@ _TABLE_STYLE = "border-collapse:collapse;margin:4px 0"
 _CELL_STYLE = "padding:2px 8px;text-align:left;border-bottom:1px solid #dddddd"
 
 
+_QUANTITY = re.compile(r"[-+]?[\d.,]+ \S{1,4}\Z")
+
+
 @dataclass(frozen=True)
 class Cell:
     """A table cell with its own severity, or a *bar* ``(used_bytes, total_bytes)`` that
@@ -167,7 +170,8 @@ class Table:
         return "\n".join(lines)
 
     def _cell_html(self, r: int, i: int, text: str, background: str) -> str:
-        style = _CELL_STYLE + background
+        # A number and its unit stay on one line however narrow the column ("154.8 GiB").
+        style = _CELL_STYLE + background + (";white-space:nowrap" * bool(_QUANTITY.match(text)))
         cell = self.cells[r].get(i)
         bar = memory_bar_html(*cell.bar) if cell is not None and cell.bar is not None else None
         if cell is not None and cell.level in COLOURS and cell.level != "ok":

@@ -24,8 +24,6 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from pathlib import Path
 from typing import Any, Protocol
 
-from nbgpu._render import rank_colour
-
 __all__ = [
     "MAX_LOGS_PER_POLL", "CellServer", "LineSink", "LogTail", "RankLogs",
     "ScreenWriter", "in_turn",
@@ -181,7 +179,7 @@ class ScreenWriter:
         self,
         write: Callable[[str], object],
         *,
-        color: bool = False,
+        colour: Callable[[str], str] | None = None,
         rate_bytes_per_s: float = 200_000,
         tail_lines: int = 20,
         live_status: bool = False,
@@ -192,7 +190,7 @@ class ScreenWriter:
         self.live_status = live_status
         self._status = ""
         self._status_shown = ""
-        self._color = color
+        self._colour = colour  # a label's colour as #rrggbb (None: plain prefixes)
         # A token bucket of bytes: refills at the rate per second, up to one second's worth.
         self._rate = rate_bytes_per_s
         self._tokens = rate_bytes_per_s
@@ -207,10 +205,11 @@ class ScreenWriter:
 
     def _prefix(self, label: str) -> str:
         if label not in self._prefixes:
-            # The rank's own colour (24-bit ANSI), not the order it first printed in.
-            red, green, blue = bytes.fromhex(rank_colour(label)[1:])
-            colour = f"\x1b[38;2;{red};{green};{blue}m"
-            self._prefixes[label] = f"{colour}[{label}]\x1b[0m " if self._color else f"[{label}] "
+            prefix = f"[{label}]"
+            if self._colour is not None:  # 24-bit ANSI: the rank's own colour everywhere
+                red, green, blue = bytes.fromhex(self._colour(label)[1:])
+                prefix = f"\x1b[38;2;{red};{green};{blue}m{prefix}\x1b[0m"
+            self._prefixes[label] = prefix + " "
         return self._prefixes[label]
 
     def add(self, label: str, lines: list[str]) -> None:

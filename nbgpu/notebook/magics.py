@@ -191,14 +191,14 @@ class GPUMagics(Magics):
         """
         import argparse  # noqa: PLC0415
 
-        from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output  # noqa: PLC0415
+        from nbgpu import plan_cli  # noqa: PLC0415
 
         class _Parser(argparse.ArgumentParser):
             def error(self, message: str) -> Any:
                 raise UsageError(f"%gpu_plan: {message}")
 
         parser = _Parser(prog="%gpu_plan", add_help=False)
-        add_plan_arguments(parser)
+        plan_cli.add_plan_arguments(parser)
         tokens = words(line, "%gpu_plan")
         if "-h" in tokens or "--help" in tokens:
             print(
@@ -212,24 +212,18 @@ class GPUMagics(Magics):
 
             if not widgets_available():
                 raise UsageError("%gpu_plan --widget needs ipywidgets; without it use the flags")
-            if args.slurm or args.nodes is not None or args.nproc_per_node is not None:
-                raise UsageError(
-                    "%gpu_plan --widget plans one box; across nodes drop --widget "
-                    "(p = %gpu_plan --slurm --nproc-per-node P ...)"
-                )
-            initial = {
-                "allocation": args.allocation or "",
-                "global_batch": args.batch or 0,
-                "micro_batch": args.micro or 0,
-                "strategy": args.strategy or "ddp",
-                "model": args.model or "",
-            }
             with user_errors():
-                PlanWidget(self.shell.user_ns if self.shell else {}, initial=initial).show()
+                if elsewhere := plan_cli.flags_not_read(parser, args):
+                    raise UsageError(
+                        "%gpu_plan --widget plans one box: drop --widget to use "
+                        + ", ".join(elsewhere)
+                    )
+                namespace = self.shell.user_ns if self.shell else {}
+                PlanWidget(namespace, plan_cli.one_box_keywords(args)).show()
             return None
         with user_errors():
-            result = plan_from_args(args)
-        text = render_plan_output(result, args)
+            result = plan_cli.plan_from_args(args)
+        text = plan_cli.render_plan_output(result, args)
         if text is not None:
             print(text)
             return None

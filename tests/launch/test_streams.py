@@ -2,6 +2,7 @@
 
 import time
 
+from nbgpu._render import rank_colour
 from nbgpu.launch.streams import LogTail, ScreenWriter, in_turn
 
 
@@ -102,7 +103,7 @@ def test_screen_writer_passes_small_output_untouched():
 
 def test_colour_prefixes_differ_per_rank():
     out = []
-    writer = ScreenWriter(out.append, color=True)
+    writer = ScreenWriter(out.append, colour=rank_colour)
     writer.add("rank0", ["a"])
     writer.add("rank1", ["b"])
     writer.flush()
@@ -116,7 +117,7 @@ def test_a_rank_keeps_its_colour_whoever_prints_first():
     # Issue 23: rank0 was cyan in one cell and yellow in the next (colours went by order).
     def prefixes(order):
         out = []
-        writer = ScreenWriter(out.append, color=True)
+        writer = ScreenWriter(out.append, colour=rank_colour)
         for label in order:
             writer.add(label, ["x"])
         writer.flush()
