@@ -19,6 +19,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbgpu.errors import UserInputError
+from nbgpu.sizes import fmt_bytes
 
 if TYPE_CHECKING:
     from nbgpu.devices.clean import CleanPlan
@@ -83,10 +84,6 @@ def _visible_value(text: str | None) -> str | None:
             "--env 2,3 or --env CUDA_VISIBLE_DEVICES=2,3"
         )
     return (value if sep else text).strip().strip("'\"")
-
-
-def _gib(value: object) -> str:
-    return f"{value / 1024**3:.2f} GiB" if isinstance(value, int) else "-"
 
 
 @magics_class
@@ -277,8 +274,8 @@ class GPUMagics(Magics):
             peak = max(end.get("peak_rss") or 0, 0 if end.get("hwm_why") else end.get("hwm") or 0)
             print(
                 f"[nbgpu] phase {name!r}: {end['t'] - begin.get('t', end['t']):.1f} s · RSS "
-                f"{_gib(begin.get('rss'))} -> {_gib(end.get('rss'))} · peak {_gib(peak)} · "
-                f"node available {_gib(end.get('avail'))}  (%gpu_memory kernel: every phase)"
+                f"{fmt_bytes(begin.get('rss'))} -> {fmt_bytes(end.get('rss'))} · peak {fmt_bytes(peak)} · "
+                f"node available {fmt_bytes(end.get('avail'))}  (%gpu_memory kernel: every phase)"
             )
 
     @magic_arguments()
