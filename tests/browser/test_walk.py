@@ -16,15 +16,15 @@ STEPS = {
     "setup": 'import nbgpu\n\nnbgpu.simulate("busy-gpu0")\n%load_ext nbgpu',
     "status": "%gpu_status",
     "doctor": "%gpu_doctor",
-    "dashboard": "%gpu_watch --interval 0.5 --for 2",
-    "stream": f"%%torchrun 2\n{STREAM}",
+    "dashboard": "%gpu_watch --interval 0.5",
+    # rank0 prints first here, rank1 first in "warm-cell": a colour by order would differ.
+    "stream": f"%%torchrun 2\nimport os, time\ntime.sleep(0.3 * (os.environ['RANK'] == '1'))\n{STREAM}",
     "background": f"%%torchrun 2 --bg --name walk-bg\n{STREAM}",
     "warm": "%%torchrun 2 --keep --name walk-w\nx = 41",
-    # rank1 prints first here: its colour must still be rank1's.
     "warm-cell": "%%torchrun --on walk-w\nimport os, time\n"
     "time.sleep(0.3 * (os.environ['RANK'] == '0'))\nprint('x is', x + 1, flush=True)",
     "failure": "try:\n    nbgpu.torchrun(\"raise ValueError('boom')\", 2, name='walk-fail')\n"
-    "except nbgpu.errors.RunFailed as failed:\n    print(failed.diagnosis.cause)",
+    "except nbgpu.errors.NbgpuError as failed:\n    print(failed)",
     "stop": "nbgpu.runs()['walk-bg'].wait()\n%gpu_stop walk-w",
     "memory": "%gpu_memory walk-bg",
 }
@@ -45,7 +45,7 @@ def test_a_new_users_path_step_by_step(lab, lab_page, shots_dir):
     write_notebook(lab.root / "walk.ipynb", list(STEPS.values()))
     lab_page.open("walk.ipynb")
     lab_page.run_all()
-    lab_page.wait_for_cells(timeout_s=300)
+    lab_page.wait_for_cells(timeout_s=150)
     page = lab_page.page
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     index = {name: i for i, name in enumerate(STEPS)}
