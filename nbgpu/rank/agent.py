@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -53,16 +54,43 @@ def _as_torchrun_reports(exc: Any) -> None:
     sys.stderr.flush()
 
 
-def _join_timeout(rdzv_conf: str) -> float:
-    """``join_timeout`` from torchrun's ``--rdzv-conf`` (``k=v,k=v``); 600 s is its default."""
-    for part in (rdzv_conf or "").split(","):
-        key, _, value = part.partition("=")
-        if key.strip() == "join_timeout":
+def _listen_on_one_address(args: Any) -> None:
+    """Every listening socket of the job on one address: loopback on one node, else the one
+    this node reaches the rendezvous host from (also its ``--local-addr``: c10d's MASTER_ADDR).
+
+    torchrun's stores (static; c10d's, and the one it shares with the ranks) listen on ``[::]``
+    whatever host they are given (``--master-addr``/``--local-addr`` change only what ranks are
+    told); ``master_listen_fd``, a socket the caller bound, holds on every torch >= 2.1: so in
+    this process (no user code) ``TCPStore`` binds one first. gloo and NCCL listen where
+    ``*_SOCKET_IFNAME`` says: on one node loopback over a user's value, on several theirs."""
+    import psutil  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    address = "127.0.0.1"
+    if args.rdzv_backend != "static":
+        host, port = args.rdzv_endpoint.rsplit(":", 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port)))  # UDP: picks the route, sends nothing
+            address = args.local_addr = args.local_addr or probe.getsockname()[0]
+    owners = [n for n, nic in psutil.net_if_addrs().items() if address in [a.address for a in nic]]
+    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # the ranks inherit them
+        if owners and (address == "127.0.0.1" or key not in os.environ):
+            os.environ[key] = owners[0]
+
+    class BoundStore(dist.TCPStore):  # type: ignore[misc,name-defined]  # exported, not by name
+        def __init__(self, host_name: str, port: int, *args: Any, **kwargs: Any) -> None:
+            if kwargs.get("is_master", args[1:2] == (True,)):  # args: world_size, is_master...
+                try:
+                    sock = socket.create_server((address, port))
+                except OSError as exc:  # c10d then joins as a client: another node hosts
+                    raise RuntimeError(f"cannot listen on {address}:{port}: {exc}") from exc
+                port, kwargs["master_listen_fd"] = sock.getsockname()[1], sock.detach()
             try:
-                return float(value)
-            except ValueError:
-                break
-    return 600.0
+                super().__init__(host_name, port, *args, **kwargs)
+            except NotImplementedError:  # torch 2.4's libuv server took no fd (its tutorial)
+                super().__init__(host_name, port, *args, **kwargs, use_libuv=False)
+
+    dist.TCPStore = BoundStore  # type: ignore[attr-defined]
 
 
 def main(argv: list[str]) -> int:
@@ -85,6 +113,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed.run import parse_args, run  # noqa: PLC0415
 
     args = parse_args(argv[2:])
+    _listen_on_one_address(args)
     result: dict[str, Any] = {"started_at": started, "failures": [], "signal": None}
     code = 0
     try:
@@ -114,7 +143,9 @@ def main(argv: list[str]) -> int:
         code = 130
     except RendezvousTimeoutError:
         # torchrun's message is empty; what the kernel needs is how long and where.
-        waited = _join_timeout(args.rdzv_conf)
+        # torchrun's default is 600 s; nbgpu always gives its own (k=v,k=v).
+        conf = dict(part.partition("=")[::2] for part in args.rdzv_conf.split(","))
+        waited = float(conf.get("join_timeout") or 600)
         result["rendezvous_timeout_s"] = waited
         result["error"] = (
             f"RendezvousTimeoutError: the {args.nnodes} nodes did not all join the rendezvous "

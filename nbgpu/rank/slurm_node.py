@@ -43,11 +43,8 @@ def _node_address(name: str) -> str:
 
 def _publish(run_dir: Path, name: str) -> dict[str, object]:
     host = _node_address(name)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a free port
-        try:
-            sock.bind((host, 0))
-        except OSError:
-            sock.bind(("", 0))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # free on every address
+        sock.bind(("", 0))  # so on the host's too (the agent listens on that one only)
         port = int(sock.getsockname()[1])
     nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     rdzv = {
