@@ -7,11 +7,11 @@ the same, and writes a machine-readable result (per-rank exit codes, signals, er
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -41,41 +41,33 @@ def _as_torchrun_reports(exc: Any) -> None:
     _, failure = exc.get_first_failure()
     # A rank killed by a signal wrote no error file (torchrun says "<N/A>"): torchrun
     # then copies nothing either, and neither must we.
-    if (
-        failure.error_file
-        and Path(failure.error_file).is_file()
-        and os.environ.get("TORCHELASTIC_ERROR_FILE")
-    ):
+    copied = failure.error_file if os.environ.get("TORCHELASTIC_ERROR_FILE") else None
+    if copied and Path(copied).is_file():
         try:
-            get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
-        except Exception:  # noqa: BLE001  (a missing child file must not hide the banner)
+            get_error_handler().dump_error_file(copied, failure.exitcode)
+        except Exception:  # noqa: BLE001  (an unreadable child file must not hide the banner)
             traceback.print_exc()
-    traceback.print_exception(exc)
-    sys.stderr.flush()
+    traceback.print_exception(exc)  # stderr is unbuffered (PYTHONUNBUFFERED)
 
 
 def _listen_on_one_address(args: Any) -> None:
     """Every listening socket of the job on one address: loopback on one node, else the one
     this node reaches the rendezvous host from (also its ``--local-addr``: c10d's MASTER_ADDR).
-
     torchrun's stores (static; c10d's, and the one it shares with the ranks) listen on ``[::]``
     whatever host they are given (``--master-addr``/``--local-addr`` change only what ranks are
-    told); ``master_listen_fd``, a socket the caller bound, holds on every torch >= 2.1: so in
-    this process (no user code) ``TCPStore`` binds one first. gloo and NCCL listen where
-    ``*_SOCKET_IFNAME`` says: on one node loopback over a user's value, on several theirs."""
-    import psutil  # noqa: PLC0415
+    told); ``master_listen_fd``, a socket the caller bound, is the one way to choose: so in
+    this process (no user code) ``TCPStore`` binds one first. On one node gloo and NCCL listen
+    on ``lo`` (their ``*_SOCKET_IFNAME``), over a user's value too: no other node needs them."""
     import torch.distributed as dist  # noqa: PLC0415
 
-    address = "127.0.0.1"
-    if args.rdzv_backend != "static":
+    if args.rdzv_backend == "static":
+        address = args.master_addr = "127.0.0.1"  # bound, and told to the ranks
+        os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")  # the ranks inherit
+    else:
         host, port = args.rdzv_endpoint.rsplit(":", 1)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((host, int(port)))  # UDP: picks the route, sends nothing
             address = args.local_addr = args.local_addr or probe.getsockname()[0]
-    owners = [n for n, nic in psutil.net_if_addrs().items() if address in [a.address for a in nic]]
-    for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # the ranks inherit them
-        if owners and (address == "127.0.0.1" or key not in os.environ):
-            os.environ[key] = owners[0]
 
     class BoundStore(dist.TCPStore):  # type: ignore[misc,name-defined]  # exported, not by name
         def __init__(self, host_name: str, port: int, *args: Any, **kwargs: Any) -> None:
@@ -87,7 +79,7 @@ def _listen_on_one_address(args: Any) -> None:
                 port, kwargs["master_listen_fd"] = sock.getsockname()[1], sock.detach()
             try:
                 super().__init__(host_name, port, *args, **kwargs)
-            except NotImplementedError:  # torch 2.4's libuv server took no fd (its tutorial)
+            except NotImplementedError:  # libuv servers before pytorch#150215 took no fd
                 super().__init__(host_name, port, *args, **kwargs, use_libuv=False)
 
     dist.TCPStore = BoundStore  # type: ignore[attr-defined]
@@ -95,8 +87,7 @@ def _listen_on_one_address(args: Any) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] != "--":
-        print("usage: python -m nbgpu.rank.agent RESULT.json -- <torchrun args>", file=sys.stderr)
-        return 2
+        raise SystemExit("usage: python -m nbgpu.rank.agent RESULT.json -- <torchrun args>")
     result_path = Path(argv[0])
     # SIGTERM, not SIGKILL: torchrun's handler then stops its workers itself; the
     # workers' own parent-death signal covers the case where that fails.
@@ -106,7 +97,6 @@ def main(argv: list[str]) -> int:
     # must not turn that into a wait for SIGTERM.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["NBGPU_AGENT_PID"] = str(os.getpid())  # inherited by every worker
-    started = time.time()
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError  # noqa: PLC0415
@@ -114,7 +104,7 @@ def main(argv: list[str]) -> int:
 
     args = parse_args(argv[2:])
     _listen_on_one_address(args)
-    result: dict[str, Any] = {"started_at": started, "failures": [], "signal": None}
+    result: dict[str, Any] = {"failures": [], "signal": None}
     code = 0
     try:
         run(args)
@@ -122,17 +112,13 @@ def main(argv: list[str]) -> int:
         result["failures"] = [
             {
                 "rank": int(rank),
-                "local_rank": int(failure.local_rank),
                 "pid": int(failure.pid),
                 "exit_code": int(failure.exitcode),
                 "signal": failure.signal_name() if int(failure.exitcode) < 0 else None,
                 "error_file": failure.error_file or None,
-                "timestamp": failure.timestamp,
-                "message": failure.message,
             }
             for rank, failure in sorted(exc.failures.items())
         ]
-        result["first_failure_rank"] = int(exc.get_first_failure()[0])
         _as_torchrun_reports(exc)
         code = 1
     except SignalException as exc:
@@ -142,8 +128,7 @@ def main(argv: list[str]) -> int:
         result["signal"] = "SIGINT"
         code = 130
     except RendezvousTimeoutError:
-        # torchrun's message is empty; what the kernel needs is how long and where.
-        # torchrun's default is 600 s; nbgpu always gives its own (k=v,k=v).
+        # torchrun says nothing; the kernel needs where and how long (k=v,k=v; else 600 s).
         conf = dict(part.partition("=")[::2] for part in args.rdzv_conf.split(","))
         waited = float(conf.get("join_timeout") or 600)
         result["rendezvous_timeout_s"] = waited
@@ -156,7 +141,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         result["error"] = f"{type(exc).__name__}: {exc}"
         code = 1
-    result.update(ended_at=time.time(), agent_exit_code=code)
+    result["agent_exit_code"] = code
     _write(result_path, result)
     return code
 
@@ -165,8 +150,6 @@ if __name__ == "__main__":
     exit_code = main(sys.argv[1:])
     # The agent runs no user code and its result is on disk: skip the interpreter's
     # teardown of torch (about a second on 2 cores) instead of making the user wait.
-    import logging
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
