@@ -64,6 +64,7 @@ class Run(RunView):
 
     def __init__(self, config: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> None:
         super().__init__(config, environ=environ)
+        self.stop_report: StopReport | None = None
         self.writer: LineSink | None = None  # where follow() streams the lines now
         self.queue: QueueWatch | None = None  # a SLURM job while it waits in the queue
         self.thread: threading.Thread | None = None  # a background follower
@@ -294,6 +295,7 @@ class Run(RunView):
         if self.agent is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.agent.wait(timeout=1.0)  # reap our child
+        self.stop_report = report
         return report
 
     def end(self, reason: str = "stopped") -> StopReport:

@@ -1,8 +1,8 @@
 """The torchrun agent, wrapped: ``python -m nbgpu.rank.agent RESULT.json -- <torchrun args>``.
 
 It is torchrun (what torchrun leaves when a rank fails: see :func:`_as_torchrun_reports`),
-plus: it dies with the process that launched it, tells the workers its pid so they can do
-the same, and writes a machine-readable result (per-rank exit codes, signals, error files).
+plus: it dies with the process that launched it (and its workers with it), listens on one
+address only, and writes a machine-readable result (per-rank exit codes, signals, error files).
 """
 
 import contextlib
@@ -128,14 +128,10 @@ def main(argv: list[str]) -> int:
         result["signal"] = "SIGINT"
         code = 130
     except RendezvousTimeoutError:
-        # torchrun says nothing; the kernel needs where and how long (k=v,k=v; else 600 s).
+        # torchrun says nothing: the kernel words it from how long (k=v,k=v; else 600 s).
         conf = dict(part.partition("=")[::2] for part in args.rdzv_conf.split(","))
         waited = float(conf.get("join_timeout") or 600)
         result["rendezvous_timeout_s"] = waited
-        result["error"] = (
-            f"RendezvousTimeoutError: the {args.nnodes} nodes did not all join the rendezvous "
-            f"at {args.rdzv_endpoint} within {waited:g} s"
-        )
         code = 1
     except Exception as exc:  # noqa: BLE001  (torchrun's own failures: report them, exit non-zero)
         traceback.print_exc()
