@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0.dev0"
 
 __all__ = ["__version__", "clean", "diagnose", "doctor", "errors", "estimate",
-           "load_ipython_extension", "memory", "phase", "plan", "runs", "status", "torchrun",
-           "unload_ipython_extension"]  # fmt: skip
+           "load_ipython_extension", "memory", "phase", "plan", "runs", "simulate", "status",
+           "torchrun", "unload_ipython_extension"]  # fmt: skip
 
 # name -> module that defines it; imported on first attribute access.
 _LAZY = {
-    **dict.fromkeys(("status", "doctor", "clean", "memory"), "nbgpu.api"),
+    **dict.fromkeys(("status", "doctor", "clean", "memory", "simulate"), "nbgpu.api"),
     "phase": "nbgpu.profile.phases",  # nbgpu.phase("model"), nbgpu.phase.mark("POST-MODEL")
     "torchrun": "nbgpu.launch.launcher",
     "runs": "nbgpu.launch.execute",
@@ -31,7 +31,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from nbgpu import diagnose, errors, estimate, plan
-    from nbgpu.api import clean, doctor, memory, status
+    from nbgpu.api import clean, doctor, memory, simulate, status
     from nbgpu.launch.execute import runs
     from nbgpu.launch.launcher import torchrun
     from nbgpu.notebook import load_ipython_extension, unload_ipython_extension

@@ -62,6 +62,18 @@ COLOURS = {"ok": "#2e7d32", "info": "#546e7a", "warn": "#9a7d0a", "bad": "#c0392
 #: Row background per severity: translucent, so light and dark themes both read.
 ROW_BACKGROUNDS = {"warn": "#b5890026", "bad": "#dc322f26"}
 SIMULATED_COLOUR = "#6c71c4"
+#: One colour per rank number, the same in a cell's text, the run's panel and its figures
+#: (matplotlib's tab10, so the figures' own cycle agrees).
+RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+
+
+def rank_colour(label: int | str) -> str:
+    """The colour of rank *label* (``3``, ``"rank3"``, ``"n0/rank3"``); grey without a rank."""
+    number = re.search(r"rank(\d+)$", f"rank{label}" if isinstance(label, int) else label)
+    return RANK_COLOURS[int(number[1]) % len(RANK_COLOURS)] if number else "#555555"
+
+
 ROOT_STYLE = "font-family:monospace;font-size:12px"
 _PRE_STYLE = "margin:2px 0;white-space:pre-wrap"
 
@@ -104,6 +116,9 @@ def memory_bar_html(used: int | None, total: int | None) -> str | None:
 
 _TABLE_STYLE = "border-collapse:collapse;margin:4px 0"
 _CELL_STYLE = "padding:2px 8px;text-align:left;border-bottom:1px solid #dddddd"
+
+
+_QUANTITY = re.compile(r"[-+]?[\d.,]+ \S{1,4}\Z")
 
 
 @dataclass(frozen=True)
@@ -155,7 +170,8 @@ class Table:
         return "\n".join(lines)
 
     def _cell_html(self, r: int, i: int, text: str, background: str) -> str:
-        style = _CELL_STYLE + background
+        # A number and its unit stay on one line however narrow the column ("154.8 GiB").
+        style = _CELL_STYLE + background + (";white-space:nowrap" * bool(_QUANTITY.match(text)))
         cell = self.cells[r].get(i)
         bar = memory_bar_html(*cell.bar) if cell is not None and cell.bar is not None else None
         if cell is not None and cell.level in COLOURS and cell.level != "ok":

@@ -7,6 +7,7 @@ process environment.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,7 +21,10 @@ if TYPE_CHECKING:  # clean and doctor load only when used: `nbgpu status` stays 
     from nbgpu.devices.doctor import DoctorReport
     from nbgpu.profile.report import MemoryReport
 
-__all__ = ["clean", "doctor", "memory", "status"]
+__all__ = ["clean", "doctor", "memory", "simulate", "status"]
+
+#: The pod every tutorial shares unless it tells its own story (``make demo`` and nbval set it).
+SHARED_FLEET = "busy-gpu0"
 
 
 def status(
@@ -116,3 +120,26 @@ def memory(run_or_dir: object = None, *, environ: Mapping[str, str] | None = Non
         f"no run named {text!r} (runs: {here}) and no run directory {str(path)!r}; give a "
         f"run name or a directory under {root}"
     )
+
+
+def simulate(fleet: str) -> str:
+    """What a notebook runs on, said in one line: this machine's GPUs when it has any, else
+    the simulated *fleet* (``NBGPU_SIMULATE``, set for this process and its runs). A fleet
+    chosen beforehand wins (``NBGPU_SIMULATE=`` empty: real GPUs, none if there are none),
+    except the shared tutorial pod, which a notebook's own *fleet* replaces. Returns the
+    simulated fleet's name, "" for real GPUs."""
+    chosen = os.environ.get("NBGPU_SIMULATE")
+    if chosen is None and status(environ={**os.environ, "NBGPU_SIMULATE": ""}).gpus:
+        chosen = ""
+    if chosen is None:
+        said = "No GPU found: this notebook shows"
+    elif chosen == SHARED_FLEET and fleet != chosen:
+        said = "This notebook uses"
+    elif chosen:
+        said, fleet = "NBGPU_SIMULATE is set: this notebook shows", chosen
+    else:
+        print("Real GPUs: nothing in this notebook is simulated.")
+        return ""
+    os.environ["NBGPU_SIMULATE"] = fleet
+    print(f"{said} the SIMULATED fleet {fleet!r}.")
+    return fleet

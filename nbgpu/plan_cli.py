@@ -11,7 +11,10 @@ from typing import Any
 
 from nbgpu.errors import UserInputError, user_path
 
-__all__ = ["add_plan_arguments", "plan_from_args", "render_plan_output"]
+__all__ = [
+    "add_plan_arguments", "flags_not_read", "one_box_keywords", "plan_from_args",
+    "render_plan_output",
+]  # fmt: skip
 
 
 def _pairs(items: Sequence[str], flag: str) -> dict[str, Any]:
@@ -144,22 +147,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 def plan_from_args(args: argparse.Namespace) -> Any:
     from nbgpu import plan as planning  # noqa: PLC0415  (heavy-ish; only when planning)
 
-    common: dict[str, Any] = {
-        "global_batch": args.batch,
-        "micro_batch": args.micro,
-        "grad_accum": args.accum,
-        "max_micro_batch": args.max_micro,  # make_job reads "4" and "auto"
-        "divisors": _pairs(args.divisor, "--divisor") or None,
-        "step_divisors": _pairs(args.step_divisor, "--step-divisor") or None,
-        "model": args.model,
-        "precision": args.precision or "bf16",
-        "strategy": args.strategy,
-        "optimizer": args.optimizer,
-        "base_port": args.base_port,
-        "inventory": args.fleet,
-        "seq_len": args.seq_len,
-        "activation_checkpointing": args.checkpointing,
-    }
+    common = _job_keywords(args)
     if args.scale is not None:
         from nbgpu.sizes import parse_size  # noqa: PLC0415
 
@@ -208,9 +196,47 @@ def plan_from_args(args: argparse.Namespace) -> Any:
             share=args.share,
             **common,
         )
-    return planning.plan(
-        args.allocation, num_gpus=args.gpus, require=args.require, exclude=args.exclude, **common
-    )
+    return planning.plan(**one_box_keywords(args))
+
+
+def _job_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """What every kind of plan takes from the flags: the job (batch, model, memory)."""
+    return {
+        "global_batch": args.batch,
+        "micro_batch": args.micro,
+        "grad_accum": args.accum,
+        "max_micro_batch": args.max_micro,  # make_job reads "4" and "auto"
+        "divisors": _pairs(args.divisor, "--divisor") or None,
+        "step_divisors": _pairs(args.step_divisor, "--step-divisor") or None,
+        "model": args.model,
+        "precision": args.precision or "bf16",
+        "strategy": args.strategy,
+        "optimizer": args.optimizer,
+        "base_port": args.base_port,
+        "inventory": args.fleet,
+        "seq_len": args.seq_len,
+        "activation_checkpointing": args.checkpointing,
+    }
+
+
+def one_box_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """``nbgpu.plan``'s keywords for a plan on one box (``%gpu_plan --widget`` starts here)."""
+    where = {"num_gpus": args.gpus, "require": args.require, "exclude": args.exclude}
+    return {"allocation": args.allocation, **where, **_job_keywords(args)}
+
+
+def flags_not_read(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The flags given that a plan on one box does not read (found by setting each back to
+    its default: no list of flags to keep in step with the parser)."""
+    read = one_box_keywords(args)
+    return [
+        max(action.option_strings, key=len)
+        for action in parser._actions
+        if action.option_strings
+        and getattr(args, action.dest) != action.default
+        and one_box_keywords(argparse.Namespace(**{**vars(args), action.dest: action.default}))
+        == read
+    ]
 
 
 def _is_cluster_file(fleet: str | None) -> bool:

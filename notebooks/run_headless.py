@@ -210,15 +210,25 @@ class HeadlessClient(NotebookClient):
         return cell
 
 
-def _resolve_carriage_returns(text: str) -> str:
-    """What a terminal or JupyterLab shows of ``text``: after a ``\\r`` the line restarts."""
-    text = re.sub(r"\r+\n", "\n", text)  # a carriage return before a newline changes nothing
+def _resolve_overwrites(text: str) -> str:
+    """What a terminal or JupyterLab shows of ``text``: a backspace deletes the character
+    before it on its line (how nbgpu erases its live memory line), and after a ``\\r`` the
+    line restarts."""
+    kept: list[str] = []
+    for char in text:
+        if char != "\b":
+            kept.append(char)
+        elif kept and kept[-1] != "\n":
+            kept.pop()
+    text = re.sub(
+        r"\r+\n", "\n", "".join(kept)
+    )  # a carriage return before a newline changes nothing
     lines = text.split("\n")
     return "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line else line for line in lines)
 
 
 def _as_a_front_end_saves(outputs: list[Any]) -> list[Any]:
-    """Merge consecutive stream outputs and resolve ``\\r`` as JupyterLab does on save.
+    """Merge consecutive stream outputs and resolve ``\\b`` and ``\\r`` as JupyterLab does on save.
 
     nbclient stores every stream message as it came; a live line refreshed with ``\\r``
     (the memory summary of a run) would otherwise be kept as dozens of entries that a
@@ -237,7 +247,7 @@ def _as_a_front_end_saves(outputs: list[Any]) -> list[Any]:
             merged.append(output)
     for output in merged:
         if output.get("output_type") == "stream":
-            output["text"] = _resolve_carriage_returns(output["text"])
+            output["text"] = _resolve_overwrites(output["text"])
     return merged
 
 

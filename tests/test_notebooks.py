@@ -183,3 +183,21 @@ def test_make_notebooks_checks_every_notebook_with_the_sanitizers():
     for notebook in TUTORIALS:
         nb = nbformat.read(notebook, as_version=4)
         assert nb.cells, notebook
+
+
+def test_a_saved_stream_keeps_what_jupyterlab_keeps_of_the_live_memory_line():
+    # nbgpu erases its live line with backspaces (tests/browser/test_saved_form.py checks
+    # JupyterLab itself); run_headless --write must store the same clean text, not the
+    # control characters nbclient received.
+    sys.path.insert(0, str(NOTEBOOKS))
+    try:
+        from run_headless import _as_a_front_end_saves  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(NOTEBOOKS))
+    line = "mem: node 11.1 MiB of 23.5 GiB"
+    erase = "\b" * len(line) + " " * len(line) + "\b" * len(line)
+    chunks = ["[rank0] a\n", line, erase + "[rank0] b\n" + line, erase + "\r50%\r100%\n"]
+    outputs = [{"output_type": "stream", "name": "stdout", "text": t} for t in chunks]
+    assert _as_a_front_end_saves(outputs) == [
+        {"output_type": "stream", "name": "stdout", "text": "[rank0] a\n[rank0] b\n100%\n"}
+    ]

@@ -195,3 +195,12 @@ def test_doctor_html_on_an_untrusted_page_keeps_its_colours():
     ]  # fmt: skip
     assert busy_rows, "GPU 0's row is marked bad inline"
     assert report.text() in str(report)
+
+
+def test_a_number_and_its_unit_never_wrap_apart():
+    # Issue 23: an estimate's "154.8 GiB" wrapped into "154.8 / GiB" beside a long formula.
+    table = Table(["term", "per GPU", "formula"])
+    table.add("activations", "154.8 GiB", "L·[10·sbh + (2·sbh + 4·sb·kv·hd + 2·sbh + 8·s·b·I)]")
+    cells = re.findall(r"<td style=\"([^\"]*)\">([^<]*)</td>", table.html())
+    nowrap = {text for style, text in cells if "white-space:nowrap" in style}
+    assert nowrap == {"154.8 GiB"}

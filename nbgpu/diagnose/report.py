@@ -11,20 +11,13 @@ from typing import Any
 
 from nbgpu._render import Blank, Block, Bullets, Line, Pre, Result, Section, Table, Title, shorten
 from nbgpu.problems import Problem
+from nbgpu.profile.records import ranks_text
 
 __all__ = ["Diagnosis", "Evidence", "FoundCause", "RankSummary", "SourceSummary"]
 
 _HEADS = {"root": "ROOT CAUSE", "consequence": "CONSEQUENCE", "also": "ALSO"}
 _BRIEF_HEADS = {"root": "root cause", "consequence": "consequence", "also": "also seen"}
 _SEVERITIES = {"root": "bad", "consequence": "warn", "also": "warn"}
-
-
-def _ranks_text(ranks: tuple[int, ...]) -> str:
-    if not ranks:
-        return ""
-    if len(ranks) > 1 and ranks == tuple(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 @dataclass(frozen=True)
@@ -82,7 +75,7 @@ class FoundCause(Result):
     @property
     def problem(self) -> Problem:
         """This cause as the problem doctor, plan and estimate report too."""
-        subject = self._first() if self.first_rank is not None else _ranks_text(self.ranks)
+        subject = self._first() if self.first_rank is not None else ranks_text(self.ranks)
         message = f"{self.title}: {self.explanation}"
         return Problem(_SEVERITIES[self.role], self.cause, subject or "run", message, self.fixes)
 
@@ -92,7 +85,7 @@ class FoundCause(Result):
 
     def content(self) -> list[Block]:
         """The full account (the root cause's): who, why, evidence, specifics, fixes."""
-        who = _ranks_text(self.ranks)
+        who = ranks_text(self.ranks)
         if self.first_rank is not None and self.root:
             who = f"{self._first()} failed first" + (f" ({who})" if len(self.ranks) > 1 else "")
         level = _SEVERITIES[self.role]
@@ -115,7 +108,7 @@ class FoundCause(Result):
 
     def brief(self) -> Section:
         """Two or three lines, for a cause beside the root (the root gets the detail)."""
-        who = _ranks_text(self.ranks)
+        who = ranks_text(self.ranks)
         head = f"{self.title} [{self.cause}]" + (f" on {who}" if who else "")
         blocks: list[Block] = [
             Line(f"{head} · confidence {self.confidence:.2f}", label=_BRIEF_HEADS[self.role])

@@ -27,7 +27,11 @@ from nbgpu.sizes import fmt_bytes, parse_size
 
 __all__ = ["compare", "estimate_memory", "largest_micro_batch", "parse_bytes"]
 
-LARGEST_GPU_BYTES = 288 * 10**9  # NVIDIA B300 (Blackwell Ultra): 288 GB of HBM3e
+#: What an answer without a budget is held to: an H100's 80 GB (the usual training GPU),
+#: then each larger one (NVIDIA's data sheets: H200 141 GB, HGX B200 1,440 GB for 8 GPUs,
+#: B300 288 GB of HBM3e).
+GPU_MEMORY = (("H100", 80 * 10**9), ("H200", 141 * 10**9), ("B200", 180 * 10**9),
+              ("B300", 288 * 10**9))  # fmt: skip
 
 
 def parse_bytes(value: Any, label: str = "budget") -> int:
@@ -167,16 +171,35 @@ def estimate_memory(
         slope = per_sample / lay.micro_batch
         best = max(0, math.floor((budget_bytes - fixed) / slope)) if slope > 0 else None
         result = replace(result, max_micro_batch=0 if fixed > budget_bytes else best)
-    if result.total_bytes <= (budget_bytes or LARGEST_GPU_BYTES):
+    return _held_to_memory(shape, result, budget_bytes)
+
+
+def _held_to_memory(
+    shape: ModelShape, result: MemoryEstimate, budget_bytes: int | None
+) -> MemoryEstimate:
+    """*result*, with a note when it does not fit *budget_bytes*: the smallest change that
+    does. Without a budget it is held to an H100, and a change sought that fits one (or
+    any GPU, if none holds it)."""
+    if result.total_bytes <= (budget_bytes or GPU_MEMORY[0][1]):
         return result
-    total = fmt_bytes(result.total_bytes)
-    said = "" if budget_bytes else f"{total} per GPU fits no GPU (the largest, B300, has 288 GB); "
-    return replace(result, notes=(*result.notes, said + _smallest_change(shape, result)))
+    if budget_bytes:
+        return replace(result, notes=(*result.notes, _smallest_change(shape, result, budget_bytes)))
+    holds = [(name, size) for name, size in GPU_MEMORY if size >= result.total_bytes]
+    name, size = holds[0] if holds else GPU_MEMORY[-1]
+    target = GPU_MEMORY[0][1] if holds else size
+    said = f"{fmt_bytes(result.total_bytes)} per GPU " + (
+        f"is more than an H100's 80 GB (the {name}'s {size // 10**9} GB and larger GPUs hold it)"
+        if holds
+        else f"fits no GPU (the largest, {name}, has {size // 10**9} GB)"
+    )
+    change = _smallest_change(shape, result, target)
+    return replace(result, notes=(*result.notes, f"{said}; {change}"))
 
 
-def _smallest_change(shape: ModelShape, result: MemoryEstimate) -> str:
-    """The least disruptive single change whose analytic total fits (the layout, re-summed)."""
-    lay, best, limit = result.layout, result.max_micro_batch, result.budget_bytes
+def _smallest_change(shape: ModelShape, result: MemoryEstimate, limit: int) -> str:
+    """The least disruptive single change whose analytic total fits *limit* bytes per GPU
+    (the layout, re-summed)."""
+    lay, best = result.layout, result.max_micro_batch
     train, shards = lay.role == "train", sum(STRATEGIES[lay.strategy])
     changes: list[dict[str, Any]] = [{"micro_batch": best}] if best else []
     if train:
@@ -191,10 +214,11 @@ def _smallest_change(shape: ModelShape, result: MemoryEstimate) -> str:
         new = replace(lay, **change)
         new = replace(new, data_parallel=new.world_size // new.model_parallel)
         total = replace(result, terms=analytic_terms(shape, new), traced_terms=()).total_bytes
-        if total <= (limit or LARGEST_GPU_BYTES):
+        if total <= limit:
             pairs = change.items()
             said = [f"{k}={'+'.join(v) if isinstance(v, tuple) else v!r}" for k, v in pairs]
-            return "smallest change that fits: " + ", ".join(said)
+            fits = "" if result.budget_bytes else f" {limit // 10**9} GB"
+            return f"smallest change that fits{fits}: " + ", ".join(said)
     return "no single change fits: combine them (checkpointing, ZeRO-3, offload, up to 64× GPUs)"
 
 
@@ -221,10 +245,8 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
     if first.traced_terms:
         b0 = first.layout.micro_batch
         slope = (at(2 * b0).total_bytes - first.total_bytes) / b0
-        best = None
-        if slope > 0:
-            fixed = first.total_bytes - slope * b0
-            best = max(0, math.floor(((first.budget_bytes or 0) - fixed) / slope))
+        left = (first.budget_bytes or 0) - first.total_bytes  # bytes to spare at b0
+        best = b0 + math.floor(left / slope) if slope > 0 else None
     if best is None:
         raise UserInputError(
             "largest micro batch: nothing in this estimate grows with the batch; pass seq_len "
@@ -234,24 +256,26 @@ def largest_micro_batch(model: Any, budget: Any, **kwargs: Any) -> MemoryEstimat
         return replace(first, max_micro_batch=0)
     final = at(best)
     # A trace is close to, not exactly, affine (the peak can move between the forward
-    # pass and the optimizer step): halve the gap down to one that fits (a tiny model's
-    # answer can be millions of samples), then step up while it still does.
-    if final.fits is False:
-        fitting = first if first.fits and first.layout.micro_batch < best else None
-        low, high = (fitting.layout.micro_batch if fitting else 0), best
-        while high - low > 1:
-            middle = at((low + high) // 2)
-            if middle.fits:
-                low, fitting = middle.layout.micro_batch, middle
-            else:
-                high = middle.layout.micro_batch
-        best, final = (low, fitting) if fitting else (1, at(1))
-    if first.traced_terms:
-        for _ in range(8):
-            above = at(best + 1)
-            if not above.fits:
-                break
-            best, final = best + 1, above
+    # pass and the optimizer step): from the guess, step up in doubling steps while it
+    # fits, or take the first estimate as the floor, then halve the gap to one that does
+    # not fit (a tiny model's answer can be millions of samples).
+    low, fitting, high = (best, final, None) if final.fits else (0, None, best)
+    if not final.fits and first.fits and first.layout.micro_batch < best:
+        low, fitting = first.layout.micro_batch, first
+    step = 1
+    while high is None and first.traced_terms:
+        above = at(low + step)
+        if not above.fits:
+            high = low + step
+        else:
+            low, fitting, step = low + step, above, 2 * step
+    while high is not None and high - low > 1:
+        middle = at((low + high) // 2)
+        if middle.fits:
+            low, fitting = middle.layout.micro_batch, middle
+        else:
+            high = middle.layout.micro_batch
+    best, final = (low, fitting) if fitting else (1, at(1))
     how = "fake-tensor traces" if first.traced_terms else "analytic evaluations"
     note = f"largest micro batch found with {len(evaluations)} {how}, 0 real steps"
     return replace(final, max_micro_batch=best, notes=(*final.notes, note))

@@ -281,9 +281,10 @@ def trace_terms(
             terms.append(t)
         elif t.name == "fragmentation":
             terms.append(replace(t, bytes_per_gpu=math.ceil(layout.fragmentation * tensors)))
+    # The sources name the tool (once); the note says what this trace found.
     note = (
-        f"traced with {TOOL} in {peak.seconds:.2f} s (peak of one step: "
-        f"{fmt_bytes(peak.total)} on one process before sharding); reserves are analytic"
+        f"traced in {peak.seconds:.2f} s (peak of one step: {fmt_bytes(peak.total)} on one "
+        "process before sharding); reserves are analytic"
     )
     return tuple(terms), note
 

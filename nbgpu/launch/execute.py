@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nbgpu._render import Block, Line, Result, Table, span, to_text
+from nbgpu._render import Block, Line, Result, Table, rank_colour, span, to_text
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import (
     CELL_OPTIONS,
@@ -54,7 +54,8 @@ def to_screen(
 ) -> Callable[[Run], Output]:
     """A new ScreenWriter for each run or cell, through *write* (nothing when *quiet*)."""
     target = (lambda _text: None) if quiet else write
-    return lambda _run: Output(ScreenWriter(target, color=color, live_status=live_status))
+    colour = rank_colour if color else None
+    return lambda _run: Output(ScreenWriter(target, colour=colour, live_status=live_status))
 
 
 def execute(

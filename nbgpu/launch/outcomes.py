@@ -69,12 +69,9 @@ def read_agent_result(run_dir: Path) -> dict[str, Any]:
     failures = sorted((f for r in results for f in r.get("failures", [])), key=lambda f: f["rank"])
     codes = [r.get("agent_exit_code") for r in results]
     return {
-        "started_at": min(r.get("started_at") or 0 for r in results),
-        "ended_at": max(r.get("ended_at") or 0 for r in results),
         "failures": failures,
         "signal": first("signal"),
         "agent_exit_code": 0 if all(c == 0 for c in codes) else next((c for c in codes if c), 1),
-        "nodes": len(results),
         "error": first("error"),
         "rendezvous_timeout_s": first("rendezvous_timeout_s"),
     }

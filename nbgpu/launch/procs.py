@@ -69,8 +69,7 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
         return srun_argv(config, run_dir, run_id)
     argv = [sys.executable, "-m", "nbgpu.rank.agent", str(run_dir / "result.json"), "--"]
     if config.nnodes == 1:
-        argv += ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1"]
-        argv += ["--master-port", str(port)]
+        argv += ["--nnodes", "1", "--master-port", str(port)]  # the agent sets the address
     else:
         argv += ["--nnodes", str(config.nnodes), "--rdzv-backend", "c10d"]
         argv += ["--rdzv-endpoint", str(config.rdzv_endpoint)]

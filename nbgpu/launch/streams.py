@@ -38,8 +38,6 @@ MAX_LOGS_PER_POLL = 256
 READ_CHUNK = 1 << 16
 MAX_READ_PER_POLL = 8 << 20  # bound one poll's work; the rest is read next tick
 
-_COLORS = (36, 33, 35, 32, 34, 31, 96, 93)  # cyan, yellow, magenta, green, ...
-
 
 class LineSink(Protocol):
     """Where a run's lines go: a terminal/cell text stream, or a widget panel."""
@@ -181,7 +179,7 @@ class ScreenWriter:
         self,
         write: Callable[[str], object],
         *,
-        color: bool = False,
+        colour: Callable[[str], str] | None = None,
         rate_bytes_per_s: float = 200_000,
         tail_lines: int = 20,
         live_status: bool = False,
@@ -192,7 +190,7 @@ class ScreenWriter:
         self.live_status = live_status
         self._status = ""
         self._status_shown = ""
-        self._color = color
+        self._colour = colour  # a label's colour as #rrggbb (None: plain prefixes)
         # A token bucket of bytes: refills at the rate per second, up to one second's worth.
         self._rate = rate_bytes_per_s
         self._tokens = rate_bytes_per_s
@@ -207,10 +205,11 @@ class ScreenWriter:
 
     def _prefix(self, label: str) -> str:
         if label not in self._prefixes:
-            color = _COLORS[len(self._prefixes) % len(_COLORS)]
-            self._prefixes[label] = (
-                f"\x1b[{color}m[{label}]\x1b[0m " if self._color else f"[{label}] "
-            )
+            prefix = f"[{label}]"
+            if self._colour is not None:  # 24-bit ANSI: the rank's own colour everywhere
+                red, green, blue = bytes.fromhex(self._colour(label)[1:])
+                prefix = f"\x1b[38;2;{red};{green};{blue}m{prefix}\x1b[0m"
+            self._prefixes[label] = prefix + " "
         return self._prefixes[label]
 
     def add(self, label: str, lines: list[str]) -> None:
@@ -224,9 +223,13 @@ class ScreenWriter:
     def _erase_status(self) -> str:
         if not self._status_shown:
             return ""
-        erase = "\r" + " " * len(self._status_shown) + "\r"
+        # Back over the line, blank it, back again: a terminal is left with the cursor at
+        # the line's start, and JupyterLab, which applies each backspace by deleting the
+        # character before it in the text it keeps (and saves), with nothing at all. A
+        # '\r' with padding would leave the padding in the saved text.
+        back = "\b" * len(self._status_shown)
         self._status_shown = ""
-        return erase
+        return back + " " * len(back) + back
 
     def _clip(self, line: str, limit: int) -> str:
         return line if len(line) <= limit else line[:limit] + " …"

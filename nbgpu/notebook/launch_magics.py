@@ -82,10 +82,6 @@ class LaunchMagics(Magics):
                 background=True,
                 on_done=lambda r: self._deliver(r, options, announce=False),
             )
-            print(
-                f"[nbgpu] run '{run.name}' started in the background: %gpu_runs, "
-                f"%gpu_stop {run.name}, nbgpu.runs()['{run.name}'].wait()"
-            )
             return None
         # A failed run raises RunFailed: the ranks' output (tracebacks too) is in this cell.
         run = execute(

@@ -18,8 +18,9 @@ from IPython.core.error import StdinNotImplementedError, UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import ArgDecorator, argument, magic_arguments
 
+from nbgpu import plan_cli
 from nbgpu.errors import UserInputError
-from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output
+from nbgpu.sizes import fmt_bytes
 
 if TYPE_CHECKING:
     from nbgpu.devices.clean import CleanPlan
@@ -64,7 +65,7 @@ class _PlanArguments(ArgDecorator):
     """``nbgpu plan``'s flags on ``%gpu_plan`` (:mod:`nbgpu.plan_cli` declares them once)."""
 
     def add_to_parser(self, parser: Any, group: Any) -> None:  # noqa: ARG002  (IPython's hook)
-        add_plan_arguments(parser)
+        plan_cli.add_plan_arguments(parser)
 
 
 @contextmanager
@@ -87,10 +88,6 @@ def _visible_value(text: str | None) -> str | None:
             "--env 2,3 or --env CUDA_VISIBLE_DEVICES=2,3"
         )
     return (value if sep else text).strip().strip("'\"")
-
-
-def _gib(value: object) -> str:
-    return f"{value / 1024**3:.2f} GiB" if isinstance(value, int) else "-"
 
 
 @magics_class
@@ -210,24 +207,19 @@ class GPUMagics(Magics):
 
             if not widgets_available():
                 raise UsageError("%gpu_plan --widget needs ipywidgets; without it use the flags")
-            if args.slurm or args.nodes is not None or args.nproc_per_node is not None:
-                raise UsageError(
-                    "%gpu_plan --widget plans one box; across nodes drop --widget "
-                    "(p = %gpu_plan --slurm --nproc-per-node P ...)"
-                )
-            initial = {
-                "allocation": args.allocation or "",
-                "global_batch": args.batch or 0,
-                "micro_batch": args.micro or 0,
-                "strategy": args.strategy or "ddp",
-                "model": args.model or "",
-            }
+            args.widget = False  # read here, not by the plan: not one of the flags it refuses
             with user_errors():
-                PlanWidget(self.shell.user_ns if self.shell else {}, initial=initial).show()
+                if elsewhere := plan_cli.flags_not_read(self.gpu_plan.parser, args):
+                    raise UsageError(
+                        "%gpu_plan --widget plans one box: drop --widget to use "
+                        + ", ".join(elsewhere)
+                    )
+                namespace = self.shell.user_ns if self.shell else {}
+                PlanWidget(namespace, plan_cli.one_box_keywords(args)).show()
             return None
         with user_errors():
-            result = plan_from_args(args)
-        text = render_plan_output(result, args)
+            result = plan_cli.plan_from_args(args)
+        text = plan_cli.render_plan_output(result, args)
         if text is not None:
             print(text)
             return None
@@ -278,8 +270,8 @@ class GPUMagics(Magics):
             peak = max(end.get("peak_rss") or 0, 0 if end.get("hwm_why") else end.get("hwm") or 0)
             print(
                 f"[nbgpu] phase {name!r}: {end['t'] - begin.get('t', end['t']):.1f} s · RSS "
-                f"{_gib(begin.get('rss'))} -> {_gib(end.get('rss'))} · peak {_gib(peak)} · "
-                f"node available {_gib(end.get('avail'))}  (%gpu_memory kernel: every phase)"
+                f"{fmt_bytes(begin.get('rss'))} -> {fmt_bytes(end.get('rss'))} · peak {fmt_bytes(peak)} · "
+                f"node available {fmt_bytes(end.get('avail'))}  (%gpu_memory kernel: every phase)"
             )
 
     @magic_arguments()

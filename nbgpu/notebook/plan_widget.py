@@ -18,39 +18,51 @@ from nbgpu.errors import NbgpuError
 __all__ = ["PlanWidget", "plan_inputs"]
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+# A long allocation in the message breaks where it must instead of widening the cell.
+_ERROR_STYLE = f"color:{COLOURS['bad']};overflow-wrap:anywhere"
+
+
+#: The keywords of :func:`nbgpu.plan` the controls set: text, then whole numbers.
+TEXT_INPUTS = ("allocation", "exclude", "model")
+NUMBER_INPUTS = ("global_batch", "micro_batch", "grad_accum", "seq_len")
 
 
 def plan_inputs(values: dict[str, Any]) -> dict[str, Any]:
     """The controls' values as :func:`nbgpu.plan` keyword arguments (0 and "" mean unset)."""
-    inputs = {
-        key: values.get(key, "").strip() or None for key in ("allocation", "exclude", "model")
-    }
-    for key in ("global_batch", "micro_batch", "grad_accum"):
+    inputs = {key: values.get(key, "").strip() or None for key in TEXT_INPUTS}
+    for key in NUMBER_INPUTS:
         inputs[key] = max(0, int(values.get(key, 0))) or None
     return {**inputs, "strategy": values.get("strategy", "ddp")}
 
 
 class PlanWidget:
+    """*keywords* are :func:`nbgpu.plan`'s (``%gpu_plan``'s flags): the controls start from
+    them and override the ones they show; the rest (``--fleet``, ``--max-micro``, ...) hold."""
+
     def __init__(
-        self, namespace: dict[str, Any], *, name: str = "p", initial: dict[str, Any] | None = None
+        self, namespace: dict[str, Any], keywords: dict[str, Any] | None = None, *, name: str = "p"
     ) -> None:
         import ipywidgets as w  # noqa: PLC0415
 
-        from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+        from nbgpu.plan.api import inventory_snapshot  # noqa: PLC0415
 
         self.namespace = namespace
         self.name = name
-        self.inventory = take_inventory(scan_device_files=False)
-        start = {"strategy": "ddp", **(initial or {})}
+        self.keywords = {"strategy": "ddp", **(keywords or {})}
+        # One snapshot (of --fleet, or of this machine) for every redraw.
+        self.keywords["inventory"] = inventory_snapshot(self.keywords.get("inventory"), None)
+        start = {k: v for k, v in self.keywords.items() if v is not None}
         style = {"description_width": "110px"}
+        wide = w.Layout(width="auto", max_width="420px")
 
         def text(key: str, description: str, placeholder: str) -> Any:
             return w.Text(
-                value=start.get(key, ""),
+                value=str(start.get(key, "")),
                 continuous_update=False,
                 description=description,
                 placeholder=placeholder,
                 style=style,
+                layout=wide,
             )
 
         def number(key: str, description: str, top: int) -> Any:
@@ -64,20 +76,32 @@ class PlanWidget:
             "global_batch": number("global_batch", "global batch", 10**7),
             "micro_batch": number("micro_batch", "micro batch", 10**6),
             "grad_accum": number("grad_accum", "accumulation", 10**6),
+            "seq_len": number("seq_len", "seq len", 10**7),
             "strategy": w.Dropdown(
                 options=STRATEGIES, value=start["strategy"], description="strategy", style=style
             ),
             "model": text("model", "model", "7B or Qwen/Qwen2.5-7B-Instruct"),
         }
         self.status = w.HTML()
-        self.launch = w.Text(description="launch", layout=w.Layout(width="300px"))
-        self.copy_button = w.Button(description="Copy", icon="copy", tooltip="copy the launch line")
+        # The launch line takes the room there is; Copy keeps its own (never "…").
+        self.launch = w.Text(
+            description="launch", style=style, layout=w.Layout(flex="1 1 auto", width="auto")
+        )
+        self.copy_button = w.Button(
+            description="Copy",
+            icon="copy",
+            tooltip="copy the launch line",
+            layout=w.Layout(flex="0 0 auto", width="auto"),
+        )
         self.copy_out = w.Output()
         self.copy_button.on_click(lambda _b: self.copy())
         for control in self.controls.values():
             control.observe(lambda _c: self.update(), names="value")
-        launch_row = w.HBox([self.launch, self.copy_button])
-        self.box = w.VBox([*self.controls.values(), launch_row, self.status, self.copy_out])
+        launch_row = w.HBox([self.launch, self.copy_button], layout=wide)
+        self.box = w.VBox(
+            [*self.controls.values(), launch_row, self.status, self.copy_out],
+            layout=w.Layout(overflow="hidden"),
+        )
         self.plan: Any = None
         self.error: str | None = None
         self.updates = 0
@@ -96,10 +120,11 @@ class PlanWidget:
 
         values = {key: control.value for key, control in self.controls.items()}
         try:
-            plan = make_plan(inventory=self.inventory, **plan_inputs(values))
+            plan = make_plan(**{**self.keywords, **plan_inputs(values)})
         except (NbgpuError, ValueError) as exc:
             self.plan, self.error = None, str(exc).splitlines()[0]
-            self.status.value = f'<b style="color:#c62828">invalid: {html.escape(self.error)}</b>'
+            # The plan below says why (once); the controls say only that it is invalid.
+            self.status.value = f'<b style="{_ERROR_STYLE}">invalid: see below</b>'
         else:
             self.plan, self.error = plan, None
             self.namespace[self.name] = plan
@@ -130,7 +155,7 @@ class PlanWidget:
         """The face: the plan on screen and its launch line (what a saved notebook shows)."""
         if self.plan is None:
             text = f"nbgpu plan widget: invalid: {self.error}"
-            body = f'<b style="color:{COLOURS["bad"]}">{html.escape(text)}</b>'
+            body = f'<b style="{_ERROR_STYLE}">{html.escape(text)}</b>'
             return {"text/plain": text, "text/html": f'<div style="{ROOT_STYLE}">{body}</div>'}
         return {
             "text/plain": f"{self.plan.text()}\nlaunch: {self.launch_line()}",

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbgpu._render import ROOT_STYLE, to_html, to_text
+from nbgpu._render import ROOT_STYLE, rank_colour, to_html, to_text
 from nbgpu.notebook.live import Bundle, svg_img
+from nbgpu.sizes import fmt_bytes
 
 __all__ = ["MemoryTimeline", "RankTail", "Tails", "live_bundle", "record_bundle", "strip_ansi"]
 
@@ -117,8 +118,9 @@ def _head(run: Any) -> tuple[list[str], list[str], list[tuple[int, str, str]]]:
     headline, ranks = run._headline(), _badges(run)
     row = "".join(
         f'<span style="background:{_BADGE_COLOURS[kind]};color:white;border-radius:3px;'
-        f'padding:1px 6px;margin-right:4px;white-space:nowrap">{html.escape(text)}</span>'
-        for _, kind, text in ranks
+        f"border-left:6px solid {rank_colour(r)};padding:1px 6px;margin-right:4px;"
+        f'white-space:nowrap">{html.escape(text)}</span>'
+        for r, kind, text in ranks
     )
     text = [headline, " | ".join(text for _, _, text in ranks)]
     return text, [f"<b>{html.escape(headline)}</b>", f"<div>{row}</div>"], ranks
@@ -168,6 +170,7 @@ def record_bundle(run: Any, tails: Tails, extra: Iterable[tuple[str, str]] = ())
         text.extend(strip_ansi(line) for line in tail.lines)
         parts.append(
             f"<details{' open' if number == opened else ''}><summary>"
+            f'<span style="color:{rank_colour(number)}">■</span> '
             f"{html.escape(states.get(number, tail.label))} · {html.escape(tail.heading())}"
             f"</summary>{_scroll_box(tail.text() if tail.lines else '(no output)')}</details>"
         )
@@ -188,14 +191,12 @@ def record_bundle(run: Any, tails: Tails, extra: Iterable[tuple[str, str]] = ())
 # memory records. The full figure is ``%gpu_memory NAME`` once the run is over.
 
 MEMORY_REFRESH_S = 1.0
-_LINE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                 "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")  # fmt: skip
 
 
 def _timeline_svg(
-    series: dict[str, list[tuple[float, int]]], summary: str, *, width: int = 560, height: int = 120
+    series: dict[int, list[tuple[float, int]]], summary: str, *, width: int = 560, height: int = 120
 ) -> str:
-    """Per-rank lines (seconds, bytes) and their sum, with the summary line under them
+    """Each rank's line (seconds, bytes) and their sum, with the summary line under them
     (an image: untrusted notebooks strip inline SVG)."""
     points = [p for pts in series.values() for p in pts]
     if not points:
@@ -203,10 +204,10 @@ def _timeline_svg(
     t0 = min(t for t, _ in points)
     t1 = max(max(t for t, _ in points) - t0, 1.0)
     # The node's total: each rank's latest value, summed at every sample.
-    current: dict[str, int] = {}
+    current: dict[int, int] = {}
     total = []
-    for t, label, v in sorted((t, label, v) for label, pts in series.items() for t, v in pts):
-        current[label] = v
+    for t, rank, v in sorted((t, rank, v) for rank, pts in series.items() for t, v in pts):
+        current[rank] = v
         total.append((t, sum(current.values())))
     top = max(*(v for _, v in total), 1) * 1.15
 
@@ -217,19 +218,22 @@ def _timeline_svg(
     head = f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
     parts = [
         f'{head} font-family="sans-serif" font-size="10">',
-        f'<text x="2" y="12">{top / 1024**3:.1f} GiB</text>',
+        f'<text x="2" y="12">{fmt_bytes(int(top))}</text>',  # its unit read from the values
         f'<text x="2" y="{height - 16}">0</text>',
         f'<text x="{width - 60}" y="{height - 2}">{t1:.0f} s</text>',
     ]
-    for i, (label, pts) in enumerate(series.items()):
-        color = _LINE_COLOURS[i % len(_LINE_COLOURS)]
+    lines = [(rank_colour(rank), 1.2, pts) for rank, pts in series.items()]
+    for colour, stroke, pts in [*lines, ("black", 2, total)]:
         line = " ".join(xy(t, v) for t, v in pts)
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.2" points="{line}"/>')
         parts.append(
-            f'<text x="{40 + 52 * i}" y="{height - 2}" fill="{color}">{html.escape(label)}</text>'
+            f'<polyline fill="none" stroke="{colour}" stroke-width="{stroke}" points="{line}"/>'
         )
-    line = " ".join(xy(t, v) for t, v in total)
-    parts.append(f'<polyline fill="none" stroke="black" stroke-width="2" points="{line}"/></svg>')
+    keys = [(f"rank{r}", rank_colour(r)) for r in series]
+    if len(keys) > 8:  # more names would run off the image
+        keys = [(f"{len(keys)} ranks", "#666")]
+    for i, (key, colour) in enumerate([*keys, ("node", "black")]):
+        parts.append(f'<text x="{40 + 52 * i}" y="{height - 2}" fill="{colour}">{key}</text>')
+    parts.append("</svg>")
     return svg_img("".join(parts), "memory per rank") + f"{_SMALL}{html.escape(summary)}</div>"
 
 
@@ -243,16 +247,19 @@ class MemoryTimeline:
         self.html = _timeline_svg({}, "")
         self.updates = 0
 
-    def refresh(self, *, force: bool = False) -> None:
+    def refresh(self, *, force: bool = False, final: str | None = None) -> None:
         if not (self.follower.due(MEMORY_REFRESH_S) or force):
             return
         summary = self.follower.summary() or ""
-        series = {r.label: list(r.points) for r in self.follower.ranks.values() if r.points}
-        self.html = _timeline_svg(series, summary)
+        series = {rank: list(r.points) for rank, r in self.follower.ranks.items() if r.points}
+        self.html = _timeline_svg(series, final or summary)
         self.updates += 1
 
     def record(self) -> tuple[str, str]:
-        """(text, html) of the final timeline, for the run's static record."""
-        self.refresh(force=True)
-        summary = self.follower.summary() or "no memory records (sampling off?)"
-        return f"memory: {summary}", self.html
+        """(text, html) for the run's record: its peak, not the last sample of a run now over."""
+        from nbgpu.profile.report import memory_report  # noqa: PLC0415
+
+        report = memory_report(self.follower.run_dir)
+        peak = report.peak_line() or "no memory records (sampling off?)"
+        self.refresh(force=True, final=peak)
+        return f"memory: {peak}", self.html

@@ -36,6 +36,11 @@ FOREGROUND_NOTE = (
 )
 
 
+def background_note(name: str) -> str:
+    """What a background run's face says while it runs (its record says what happened)."""
+    return f"running in the background: %gpu_runs, %gpu_stop {name}, nbgpu.runs()['{name}'].wait()"
+
+
 def widgets_available() -> bool:
     try:
         import ipywidgets  # noqa: F401, PLC0415
@@ -106,8 +111,7 @@ class _BackgroundView:
         head = run._headline()
         if not run.done:
             self._memory = run.memory_status() or self._memory
-            if self._memory:
-                head += f"\n{self._memory}"
+            head += f"\n{background_note(run.name)}" + (f"\n{self._memory}" if self._memory else "")
         return {"text/plain": f"{head}\n{body}" if body else head}
 
     def write(self, text: str) -> None:
@@ -142,7 +146,7 @@ class RunPanel:
         self.record: Bundle | None = None  # the static record, once the run ended
         # A foreground run keeps the kernel busy, so a click would only arrive afterwards:
         # there the notebook's interrupt button is the stop button, and the face says so.
-        self.note = None if stoppable else FOREGROUND_NOTE
+        self.note = background_note(run.name) if stoppable else FOREGROUND_NOTE
         self.stop_button = w.Button(
             description="Stop",
             button_style="danger",

@@ -31,11 +31,15 @@ from nbgpu.scale.files import load_config, parse_json, read_config, read_text, r
 if TYPE_CHECKING:
     from nbgpu.devices.inventory import Inventory
 
-__all__ = ["nodes", "plan", "plan_from_json", "scale", "sweep"]
+__all__ = ["inventory_snapshot", "nodes", "plan", "plan_from_json", "scale", "sweep"]
 
 
-def _snapshot(inventory: Inventory | str | None, environ: Mapping[str, str] | None) -> Inventory:
-    # Imported here: the inventory pulls in pynvml and psutil, planning itself needs neither.
+def inventory_snapshot(
+    inventory: Inventory | str | None, environ: Mapping[str, str] | None
+) -> Inventory:
+    """The GPUs a plan places on: *inventory* as given, read from its spec or file, or
+    this machine's now. Imported here: the inventory pulls in pynvml and psutil, planning
+    itself needs neither."""
     from nbgpu.devices.inventory import Inventory, saved_inventory, take_inventory  # noqa: PLC0415
 
     if isinstance(inventory, Inventory):
@@ -58,7 +62,7 @@ def _gpus(
     inventory: Inventory | str | None, environ: Mapping[str, str] | None
 ) -> tuple[tuple[Candidate, ...], str, bool]:
     """(the snapshot's GPUs as candidates, the fleet or host name, simulated?)."""
-    snapshot = _snapshot(inventory, environ)
+    snapshot = inventory_snapshot(inventory, environ)
     if snapshot.nvml_error:
         why = f" (NVML: {snapshot.nvml_error})"
         raise UserInputError(NO_GPU.format(why=why, example="4xA40"))
@@ -346,7 +350,9 @@ def _cluster(cluster: Any) -> tuple[dict[str, tuple[Candidate, ...]], str, bool]
                 raise UserInputError(f"cluster: node {node!r} = {fleet!r}: {_CLUSTER_FORMS}")
             try:  # a capture is read; anything else is simulated
                 key = fleet if isinstance(fleet, str) else str(id(fleet))
-                inventories[node] = seen.get(key) or seen.setdefault(key, _snapshot(fleet, {}))
+                inventories[node] = seen.get(key) or seen.setdefault(
+                    key, inventory_snapshot(fleet, {})
+                )
             except FleetSpecError as exc:
                 raise UserInputError(f"node {node}: {exc}") from None
         simulated = all(not isinstance(f, Inventory) or f.simulated for f in cluster.values())

@@ -174,8 +174,9 @@ def make_job(request: JobRequest) -> Job:
         max_micro = int(max_micro)
     if auto and (r.model is None or r.seq_len is None):
         raise UserInputError(
-            "max_micro_batch='auto' needs model= (a name such as 'Qwen/Qwen2.5-7B-Instruct' or "
-            "an HF config.json) and seq_len= to compute what fits"
+            "max_micro_batch='auto' (--max-micro auto) needs model= (--model: a name such as "
+            "'Qwen/Qwen2.5-7B-Instruct' or an HF config.json) and seq_len= (--seq-len) to compute "
+            "what fits"
         )
     for label in ("global_batch", "micro_batch", "grad_accum", "seq_len"):
         whole_number(label, getattr(r, label))

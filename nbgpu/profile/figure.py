@@ -8,19 +8,25 @@ figure as its own: no import back).
 
 from __future__ import annotations
 
-import io
 from typing import TYPE_CHECKING, Any
+
+from nbgpu._render import rank_colour
+from nbgpu.profile.records import ranks_text, unit_of
+from nbgpu.sizes import fmt_bytes
 
 if TYPE_CHECKING:
     from nbgpu.profile.records import MemoryTimeline, RankRecords
 
-__all__ = ["draw", "png_bytes"]
+__all__ = ["draw"]
 
-_GIB = 1024**3
 _PHASE_COLORS = (
     "#8dd3c7", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5", "#bc80bd",
     "#ccebc5", "#ffed6f",
 )  # fmt: skip
+_NOTE: dict[str, Any] = {"textcoords": "offset points", "fontsize": 9, "fontweight": "bold"}
+_NOTE["bbox"] = {"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1}  # no line strikes it through
+_BAND: dict[str, Any] = {"ha": "center", "va": "bottom", "fontsize": 7, "color": "#555"}
+_NAMED = 16  # ranks named one by one (legend, phase rows); more would cover each other
 
 
 def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: PLR0915  (one figure, top to bottom)
@@ -28,118 +34,111 @@ def draw(report: MemoryTimeline, *, title: str | None = None) -> Any:  # noqa: P
 
     ranks = [r for r in report.ranks if r.samples or r.phases]
     gpu = report.has_gpu
-    bars_height = 0.35 * max(len(ranks), 1) + 0.4
+    bars_height = 0.35 * min(len(ranks), _NAMED) + 0.4
     heights = [3.0, 1.8, bars_height] if gpu else [3.0, bars_height]
     fig = Figure(figsize=(10, sum(heights) + 0.9), layout="constrained")
     axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights})
     host, bars = axes[0], axes[-1]
-    t0 = report.origin
     spans = (s for r in report.ranks for s in sorted(r.phases, key=lambda s: s.start_t))
     entered = dict.fromkeys(s.name for s in spans)  # the order phases were first entered
     colors = {n: _PHASE_COLORS[i % len(_PHASE_COLORS)] for i, n in enumerate(entered)}
-    line_colors = {}
-    peak_seen = 0.0
-    report_end = max((r.last_t or t0) - t0 for r in ranks) if ranks else 1.0
-    for rank in ranks:
-        series = report.host_series(rank)
-        xs = [t for t, _v in series]
-        ys = [v / _GIB for _t, v in series]
-        # Steps, not slopes: between two samples the value is unknown, and a straight
-        # line would invent a gradual climb (a rank holding the GIL takes no samples).
-        (line,) = host.step(xs, ys, where="post", linewidth=1.2, label=rank.label)
-        line_colors[rank.label] = line.get_color()
-        peak_seen = max([peak_seen, *ys])
-        died = rank.died_in
-        if died is not None and xs:
-            host.plot([xs[-1]], [ys[-1]], marker="X", markersize=11, color="#c0392b", zorder=5)
-            late = xs[-1] > 0.6 * max(report_end, 1e-9)
-            text = f"{rank.label} died in '{died.path}'"
-            _label(host, text, (xs[-1], ys[-1]), (-8 if late else 6, 6), color="#c0392b")
     # One node: the sum of all ranks. Several: a sum per node (its own memory), the highest named.
     names: list[str | None] = [*report.node_names] or [None]
-    sums = [(name, report.node_series(name)) for name in names]
+    sums = [(name, report.node_series(name)) for name in names] if len(ranks) > 1 else []
+    lines = [report.host_series(rank) for rank in ranks]
+    largest = max((v for line in [*lines, *(s for _, s in sums)] for _, v in line), default=0)
+    scale, unit = unit_of(largest)
+    x_end = max((line[-1][0] for line in lines if line), default=0.0) or 1.0
+    deaths: dict[str, list[tuple[RankRecords, float, float]]] = {}
+    for i, (rank, line) in enumerate(zip(ranks, lines, strict=True)):
+        xs, ys = [t for t, _v in line], [v / scale for _t, v in line]
+        label = rank.label if len(ranks) <= _NAMED else "_" if i else f"{len(ranks)} ranks"
+        # Steps, not slopes: between two samples the value is unknown, and a straight
+        # line would invent a gradual climb (a rank holding the GIL takes no samples).
+        host.step(xs, ys, where="post", linewidth=1.2, label=label, color=rank_colour(rank.label))
+        if rank.died_in is not None and xs:
+            host.plot([xs[-1]], [ys[-1]], marker="X", markersize=11, color="#c0392b", zorder=5)
+            deaths.setdefault(rank.died_in.path, []).append((rank, xs[-1], ys[-1]))
     for name, node in sums:
-        if len(ranks) < 2 or not node:
-            continue
-        xs = [s[0] for s in node]
-        ys = [s[1] / _GIB for s in node]
         label = f"node {name}: its ranks (Σ PSS)" if name else "node: all ranks (Σ PSS)"
         style = {"color": "black"} if name is None else {"linestyle": "-."}
+        xs, ys = [s[0] for s in node], [s[1] / scale for s in node]
         host.step(xs, ys, where="post", linewidth=2.2, label=label, **style)
+    # One label per phase ranks died in, at the latest death: ranks that died together are
+    # one event, not labels stacked into a smear. Then the node's peak.
+    notes: list[tuple[str, tuple[float, float], str]] = []  # (text, at, colour)
+    for path, dead in deaths.items():
+        numbers = tuple(rank.rank or 0 for rank, _x, _y in dead)
+        who = dead[0][0].label if len(dead) == 1 else ranks_text(numbers)
+        _rank, x, y = max(dead, key=lambda d: d[1])
+        notes.append((f"{who} died in '{path}'", (x, y), "#c0392b"))
     peak = report.node_peak() if len(ranks) > 1 else None
-    if peak is not None:  # then some node's series has points: the peak is one of them
-        peak_seen = max(peak_seen, peak.total_bytes / _GIB)
+    if peak is not None:
         where = f" · all in '{peak.all_in}'" if peak.all_in else ""
-        on = f" ({peak.node})" if peak.node else ""
-        right = peak.t_s > 0.6 * (max(s[0] for _name, node in sums for s in node) or 1)
-        text = f"node peak{on} {peak.total_bytes / _GIB:.2f} GiB{where}"
-        xy = (peak.t_s, peak.total_bytes / _GIB)
-        _label(host, text, xy, (-8 if right else 8, 4), va="bottom")
-    top = max(peak_seen * 1.25, 0.1)
-    _limit_line(host, report.mem_total_bytes, "machine memory", "#c0392b", "--", top)
-    _limit_line(host, report.mem_limit_bytes, "--mem-limit (per rank)", "#d35400", ":", top)
-    host.set_ylim(0, top)
-    host.set_ylabel("host GiB (PSS)")
+        text = f"node peak{f' ({peak.node})' if peak.node else ''} {fmt_bytes(peak.total_bytes)}"
+        notes.append((text + where, (peak.t_s, peak.total_bytes / scale), "black"))
+    for text, (x, y), colour in notes:
+        # Near the right edge the text ends at the point: inside the axes.
+        offset, align = (-8, "right") if x > 0.6 * x_end else (8, "left")
+        host.annotate(text, (x, y), xytext=(offset, 6), ha=align, color=colour, **_NOTE)
+    host.set_ylim(0, max(largest * 1.25, scale / 10) / scale)
+    _limit_line(host, report.mem_total_bytes, "machine memory", ("#c0392b", "--"), scale)
+    _limit_line(host, report.mem_limit_bytes, "--mem-limit (per rank)", ("#d35400", ":"), scale)
+    host.set_ylabel(f"host {unit} (PSS)")
     host.grid(alpha=0.3)
-    host.legend(loc="upper left", fontsize=8, ncol=min(4, len(ranks) + 2), framealpha=0.85)
+    host.legend(loc="upper left", fontsize=8, ncol=4, framealpha=0.85)
     _bands(host, report, colors)
     if gpu:
         ax = axes[1]
-        for rank in ranks:
-            pts = [p for p in report.points(rank) if isinstance(p.get("gpu_alloc"), int)]
-            xs = [p["t"] - t0 for p in pts]
-            ys = [p["gpu_alloc"] / _GIB for p in pts]
-            ax.step(xs, ys, where="post", linewidth=1.2, color=line_colors.get(rank.label))
-        ax.set_ylabel("GPU GiB\n(allocated)")
+        pts = [[p for p in report.points(r) if isinstance(p.get("gpu_alloc"), int)] for r in ranks]
+        scale, unit = unit_of(max((p["gpu_alloc"] for ps in pts for p in ps), default=0))
+        for rank, points in zip(ranks, pts, strict=True):
+            xs = [p["t"] - report.origin for p in points]
+            ys = [p["gpu_alloc"] / scale for p in points]
+            ax.step(xs, ys, where="post", linewidth=1.2, color=rank_colour(rank.label))
+        ax.set_ylabel(f"GPU {unit}\n(allocated)")
         ax.grid(alpha=0.3)
         _bands(ax, report, colors, labels=False)
-    _gantt(bars, ranks, t0, colors)
-    bars.set_xlabel("seconds since the run started")
+    _gantt(bars, ranks, report.origin, colors)
+    kernel = report.source == "this kernel"  # not a run: its clock starts at its first record
+    bars.set_xlabel("seconds since the " + ("first phase" if kernel else "run started"))
     heading = title or f"Memory of {report.source}"
     if not gpu:
-        heading += "  (no GPU figures: no rank used CUDA)"
+        heading += f"  (no GPU figures: CUDA not used by {'the kernel' if kernel else 'any rank'})"
     if report.simulated:
         heading += f"  · SIMULATED fleet '{report.simulated}'"
     fig.suptitle(heading, fontsize=11)
+    _declutter(fig, host)
     return fig
 
 
-def _label(
-    ax: Any, text: str, xy: tuple[float, float], offset: tuple[int, int], **style: Any
-) -> None:
-    # Near the right edge (offset to the left) the text ends at the point: inside the axes.
-    ax.annotate(
-        text,
-        xy,
-        textcoords="offset points",
-        xytext=offset,
-        ha="right" if offset[0] < 0 else "left",
-        fontsize=9,
-        fontweight="bold",
-        **style,
-    )
+def _declutter(fig: Any, ax: Any) -> None:
+    """Let no two texts of *ax* (nor one and the legend) cover each other: an annotation
+    steps down a line at a time, a phase band's name (the Gantt rows name it too) is left out."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.text import Annotation  # noqa: PLC0415
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # type: ignore[no-untyped-call]  # unannotated
+    fig.draw_without_rendering()  # the layout places the texts
+    taken = [ax.get_legend().get_window_extent(renderer)]
+    for text in sorted(ax.texts, key=lambda t: not isinstance(t, Annotation)):
+        box = text.get_window_extent(renderer)
+        steps = 6 if isinstance(text, Annotation) else 0  # a band's name is only left out
+        while steps and any(box.overlaps(other) for other in taken):
+            steps -= 1
+            text.xyann = (text.xyann[0], text.xyann[1] - box.height * 72 / fig.dpi - 2)
+            box = text.get_window_extent(renderer)
+        text.set_visible(not any(box.overlaps(other) for other in taken))
+        if text.get_visible():
+            taken.append(box)
 
 
-def _limit_line(  # noqa: PLR0917  (private; the line's look in one call)
-    ax: Any, value: int | None, label: str, color: str, style: str, top: float
-) -> None:
-    if not value:
-        return
-    gib = value / _GIB
-    if gib <= top * 1.6:
-        ax.axhline(gib, color=color, linestyle=style, linewidth=1.3, label=f"{label} {gib:.1f} GiB")
-    else:
-        # Off the scale of the data: say it, rather than squash every line to the floor.
-        ax.annotate(
-            f"{label}: {gib:.1f} GiB (off scale)",
-            xy=(1, 1),
-            xycoords="axes fraction",
-            xytext=(-4, -14 if "machine" in label else -28),
-            textcoords="offset points",
-            ha="right",
-            color=color,
-            fontsize=8,
-        )
+def _limit_line(ax: Any, value: int | None, label: str, look: tuple[str, str], scale: int) -> None:
+    """A limit's line; far above the data, in the legend only (not every line at the floor)."""
+    if value:
+        off = " (off scale)" if value / scale > ax.get_ylim()[1] else ""
+        text = f"{label} {fmt_bytes(value)}{off}"
+        ax.axhline(value / scale, color=look[0], linestyle=look[1], linewidth=1.3, label=text)
 
 
 def _bands(ax: Any, report: MemoryTimeline, colors: dict[str, str], *, labels: bool = True) -> None:
@@ -147,28 +146,20 @@ def _bands(ax: Any, report: MemoryTimeline, colors: dict[str, str], *, labels: b
     first = next((r for r in report.ranks if r.phases), None)
     if first is None:
         return
-    t0 = report.origin
+    t0, along = report.origin, ax.get_xaxis_transform()  # x in seconds, y in axes fractions
     for span in (s for s in first.phases if not s.depth):
         end = first.span_end(span)
         ax.axvspan(
             span.start_t - t0, end - t0, color=colors.get(span.name, "#ddd"), alpha=0.18, lw=0
         )
         if labels and end - span.start_t > 0:
-            ax.text(
-                (span.start_t + end) / 2 - t0,
-                0.02,
-                span.name,
-                transform=ax.get_xaxis_transform(),
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                color="#555",
-                clip_on=True,
-            )
+            middle = (span.start_t + end) / 2 - t0
+            ax.text(middle, 0.02, span.name, transform=along, clip_on=True, **_BAND)
 
 
 def _gantt(ax: Any, ranks: list[RankRecords], t0: float, colors: dict[str, str]) -> None:
-    ax.set_yticks(range(len(ranks)), [r.label for r in ranks], fontsize=8)
+    step = -(-len(ranks) // _NAMED)  # every step-th row named: the names never overlap
+    ax.set_yticks(range(0, len(ranks), step), [r.label for r in ranks[::step]], fontsize=8)
     ax.set_ylim(len(ranks) - 0.5, -0.5)
     seen: dict[str, Any] = {}
     for row, rank in enumerate(ranks):
@@ -180,23 +171,11 @@ def _gantt(ax: Any, ranks: list[RankRecords], t0: float, colors: dict[str, str])
                 (row - height / 2, height),
                 facecolors=colors.get(span.name, "#ddd"),
                 edgecolors="#c0392b" if span.status == "died in" else "#666",
-                linewidth=2 if span.status == "died in" else 0.4,
+                linewidth=2 / step if span.status == "died in" else 0.4,
             )
             seen.setdefault(span.name, bar)
             if span.status == "died in":
-                ax.plot([end - t0], [row], marker="X", color="#c0392b", markersize=9)
+                ax.plot([end - t0], [row], marker="X", color="#c0392b", markersize=9 / step)
     ax.set_ylabel("phases")
-    ax.legend(
-        list(seen.values()),
-        list(seen),
-        loc="upper left",
-        bbox_to_anchor=(1.0, 1.0),
-        fontsize=7,
-        frameon=False,
-    )
-
-
-def png_bytes(fig: Any, dpi: int = 96) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
+    handles, names = list(seen.values()), list(seen)
+    ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1, 1), fontsize=7, frameon=False)

@@ -13,14 +13,14 @@ from typing import Any
 
 from nbgpu.profile.recorder import node_memory
 from nbgpu.profile.records import Base, host_value, read_node
+from nbgpu.sizes import fmt_bytes
 
 __all__ = ["MemoryFollower"]
 
-_GIB = 1024**3
-
 
 def _of(used: int, total: int | None) -> str:
-    return f"{used / _GIB:.1f}" + (f"/{total / _GIB:.1f}" if total else "")
+    # Each value in its own unit: 50 MiB of 23.5 GiB, never 0.0/23.5 GiB.
+    return fmt_bytes(used) + (f" of {fmt_bytes(total)}" if total else "")
 
 
 @dataclass
@@ -89,7 +89,7 @@ class MemoryFollower:
                 live.points.append((float(record["t"]), live.host_bytes))
 
     def summary(self) -> str | None:
-        """``mem: node 3.1/23.5 GiB · max rank 3: 0.9 GiB in 'imports' · available 18 GiB``;
+        """``mem: node 3.1 GiB of 23.5 GiB · max rank3: 900.0 MiB in 'imports' · available 18.0 GiB``;
         over several nodes each node's sum against its own memory (busiest first, at most 3)."""
         self.poll()
         alive = [r for r in self.ranks.values() if r.last and not r.closed]
@@ -107,17 +107,17 @@ class MemoryFollower:
         if len(sums) == 1:
             total, _name, ranks = sums[0]
             mem_total = self.mem_total if not self.several_nodes else ranks[0].mem_total
-            line = f"mem: node {_of(total, mem_total)} GiB (Σ PSS of {len(alive)} ranks)"
+            line = f"mem: node {_of(total, mem_total)} (Σ PSS of {len(alive)} ranks)"
         else:
             each = [f"{name} {_of(total, ranks[0].mem_total)}" for total, name, ranks in sums[:3]]
             more = f" +{len(sums) - 3} nodes" if len(sums) > 3 else ""
-            line = f"mem: {', '.join(each)}{more} GiB (Σ PSS per node)"
+            line = f"mem: {', '.join(each)}{more} (Σ PSS per node)"
         where = f" on {top.node}" if self.several_nodes and top.node else ""
-        line += f" · max {top.label}{where}: {(top.host_bytes or 0) / _GIB:.1f} GiB"
+        line += f" · max {top.label}{where}: {fmt_bytes(top.host_bytes or 0)}"
         if top.phase:
             line += f" in '{top.phase}'"
         if isinstance(avail := top.last.get("avail"), int):
-            line += f" · available {avail / _GIB:.1f} GiB"
+            line += f" · available {fmt_bytes(avail)}"
         return line
 
     def due(self, every_s: float = 1.0) -> bool:

@@ -20,7 +20,8 @@ from nbgpu.profile.recorder import process_start_time
 from nbgpu.sizes import gib
 
 __all__ = ["MemoryTimeline", "NodePeak", "PhaseSpan", "RankRecords", "gib", "host_value",
-           "import_storm", "read_file", "read_node", "read_records", "read_run_dir"]  # fmt: skip
+           "import_storm", "ranks_text", "read_file", "read_node", "read_records", "read_run_dir",
+           "unit_of"]  # fmt: skip
 
 _FILE = re.compile(r"^mem-(rank|pid)(\d+)\.jsonl$")
 Base = tuple[int, int] | None  # (pss, rss) of the last full reading
@@ -35,6 +36,20 @@ def _as_written(key: str, value: object) -> bool:
     if key in _NUMBERS:
         return value is None or isinstance(value, int | float)
     return not isinstance(value, list | dict)
+
+
+def ranks_text(ranks: tuple[int, ...]) -> str:
+    """``ranks 0-7``, ``ranks 1, 3``, ``rank 2``: ranks named once, however many."""
+    if not ranks:
+        return ""
+    if len(ranks) > 1 and ranks == tuple(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def unit_of(largest: float) -> tuple[int, str]:
+    """(bytes, name) of the unit values read in, from the largest: 50 MiB, never 0.0 GiB."""
+    return (1 << 20, "MiB") if largest < 1 << 30 else (1 << 30, "GiB")
 
 
 def host_value(point: dict[str, Any], base: Base) -> tuple[int | None, Base]:
@@ -390,22 +405,21 @@ def import_storm(report: MemoryTimeline) -> str | None:
         # later phases: the process group, the model) while the others import.
         later = [v for t, v in report.host_series(rank) if t + report.origin > span.end_t]
         settled += max([end, *later])
+    at_once = f"{every} was in 'imports' at once when the node peaked at {gib(peak.total_bytes)}"
     if not all(
         any(p.name == "imports" and p.end for p in r.phases) for r in report.on_node(peak.node)
     ):
         return (
-            f"{every} was in 'imports' at once when the node peaked at "
-            f"{gib(peak.total_bytes)} ({len(peak.phases)} ranks, each up to {gib(max(tops))} "
-            "while importing): with --serial-imports one rank imports at a time, so one "
-            "import's transient is held instead of all of them (measured from these records)"
+            f"{at_once} ({len(peak.phases)} ranks, each up to {gib(max(tops))} while importing): "
+            "with --serial-imports one rank imports at a time, so one import's transient is "
+            "held instead of all of them (measured from these records)"
         )
     serial = settled + transient
     if serial >= peak.total_bytes:
         return None
     return (
-        f"{every} was in 'imports' at once when the node peaked at {gib(peak.total_bytes)} "
-        f"({len(peak.phases)} ranks): each import rose up to {gib(transient)} above where it "
-        f"settled; with --serial-imports (one rank at a time) the peak would be about "
-        f"{gib(serial)} (every rank at its most after importing, plus one import's "
-        "transient), measured from these records"
+        f"{at_once} ({len(peak.phases)} ranks): each import rose up to {gib(transient)} above "
+        f"where it settled; with --serial-imports (one rank at a time) the peak would be about "
+        f"{gib(serial)} (every rank at its most after importing, plus one import's transient), "
+        "measured from these records"
     )

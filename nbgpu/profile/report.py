@@ -8,6 +8,7 @@ cells). matplotlib is imported only by ``figure()``.
 from __future__ import annotations
 
 import base64
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from nbgpu._render import Block, Bullets, Figure, Line, Result, Table, Title, fmt_bytes
 from nbgpu._serial import read_json_object, to_data
 from nbgpu.errors import UserInputError, user_path
-from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_run_dir
+from nbgpu.profile.records import MemoryTimeline, read_node, read_records, read_run_dir, unit_of
 
 __all__ = ["MemoryReport", "memory_report", "report_from_recorder"]
 
@@ -75,9 +76,12 @@ class MemoryReport(MemoryTimeline, Result):
                 rows.append(dict(zip(self.FRAME_COLUMNS, values, strict=True)))
         return rows
 
-    def _table(self, by: dict[tuple[str, str], dict[str, Any]], metric: str, title: str) -> Table:
+    def _table(self, metric: str, title: str) -> list[Block]:
+        """Phase x rank in a unit from the values, *title* a line of its own (not a caption)."""
+        by = {(row["phase"], row["rank"]): row for row in self.records()}
         labels = [r.label for r in self.ranks]
-        table = _WideTable(["phase", *labels], title=title)
+        scale, unit = unit_of(max((row[metric] or 0 for row in by.values()), default=0))
+        table = _WideTable(["phase", *labels])
         for name in self.phase_names():
             cells = []
             level = ""
@@ -88,10 +92,10 @@ class MemoryReport(MemoryTimeline, Result):
                     continue
                 mark, severity = _MARKS.get(row["status"], ("", ""))
                 value = row[metric]
-                cells.append(("-" if value is None else f"{value / 1024**3:.2f}") + mark)
+                cells.append(("-" if value is None else f"{value / scale:.2f}") + mark)
                 level = "bad" if "bad" in (level, severity) else level or severity
             table.add(name, *cells, level=level)
-        return table
+        return [Line(title.format(unit), wrap=False), table]
 
     def content(self) -> list[Block]:
         if not self.ranks:
@@ -110,10 +114,9 @@ class MemoryReport(MemoryTimeline, Result):
         if self.png_base64:
             alt = f"figure: memory of {self.source} over time, per rank, phases as bands"
             blocks.append(Figure(alt, png_base64=self.png_base64))
-        by = {(row["phase"], row["rank"]): row for row in self.records()}
-        blocks.append(self._table(by, "peak_rss_bytes", "peak host memory (RSS, GiB) by phase:"))
+        blocks += self._table("peak_rss_bytes", "peak host memory (RSS, {}) by phase:")
         if self.has_gpu:
-            blocks.append(self._table(by, "gpu_peak_allocated_bytes", "peak GPU allocated (GiB):"))
+            blocks += self._table("gpu_peak_allocated_bytes", "peak GPU allocated ({}):")
         return [
             *blocks,
             Bullets(self.findings(), marker="* ", level="warn"),
@@ -157,10 +160,10 @@ class MemoryReport(MemoryTimeline, Result):
                 "that ended in between show RSS only"
             )
         if self.ranks and not self.has_gpu:
-            fleet = (
-                f" (simulated fleet '{self.simulated}': ranks run on CPU)" if self.simulated else ""
-            )
-            out.append(f"no GPU figures: no rank initialised CUDA{fleet}")
+            on_cpu = f" (simulated fleet '{self.simulated}': ranks run on CPU)"
+            fleet = on_cpu if self.simulated else ""
+            by = "the kernel" if self.source == "this kernel" else "any rank"
+            out.append(f"no GPU figures: CUDA was not initialised by {by}{fleet}")
         return list(dict.fromkeys(out))
 
     def deaths(self) -> list[tuple[str, str]]:
@@ -170,19 +173,29 @@ class MemoryReport(MemoryTimeline, Result):
     def findings(self) -> list[str]:
         """What a reader should see first: deaths, the node's peak, the import storm."""
         out = [f"{label} died in '{path}'" for label, path in self.deaths()]
-        peak = self.node_peak()
-        if peak is not None and len(self.ranks) > 1:
-            on = f" on {peak.node}" if peak.node else ""
-            line = (
-                f"node peak{on}: {fmt_bytes(peak.total_bytes)} summed over {len(peak.phases)} "
-                f"ranks at {peak.t_s:.1f} s"
-            )
-            if peak.all_in:
-                line += f", every rank in '{peak.all_in}'"
-            if peak.available_bytes is not None:
-                line += f"; MemAvailable then {fmt_bytes(peak.available_bytes)}"
+        if len(self.ranks) > 1 and (line := self.peak_line()):
             out.append(line)
         return out
+
+    def peak_line(self) -> str | None:
+        """The node's peak (over several ranks) and the largest rank's, with their phases."""
+        tops = [(v, t, rank) for rank in self.ranks for t, v in self.host_series(rank)]
+        if not tops:
+            return None
+        value, t, rank = max(tops, key=lambda top: top[0])
+        largest = f"largest {rank.label}: {fmt_bytes(value)}"
+        if phase := rank.phase_at(self.origin + t):
+            largest += f" in '{phase}'"
+        if (peak := self.node_peak()) is None or len(self.ranks) < 2:
+            return largest
+        on = f" on {peak.node}" if peak.node else ""
+        total = fmt_bytes(peak.total_bytes)
+        line = f"node peak{on}: {total} summed over {len(peak.phases)} ranks at {peak.t_s:.1f} s"
+        if peak.all_in:
+            line += f", every rank in '{peak.all_in}'"
+        if peak.available_bytes is not None:
+            line += f"; MemAvailable then {fmt_bytes(peak.available_bytes)}"
+        return f"{line} · {largest}"
 
     def phase_names(self) -> list[str]:
         """Every phase path, in the order the ranks first entered them."""
@@ -197,9 +210,9 @@ class MemoryReport(MemoryTimeline, Result):
 
     def png(self, path: str | None = None) -> bytes:
         """The figure as PNG bytes, also written to *path* (``--png``) when given."""
-        from nbgpu.profile.figure import png_bytes  # noqa: PLC0415
-
-        png = png_bytes(self.figure())
+        buffer = io.BytesIO()
+        self.figure().savefig(buffer, format="png", dpi=96)
+        png = buffer.getvalue()
         if path is not None:
             try:
                 user_path(path).write_bytes(png)
@@ -255,9 +268,8 @@ def report_from_recorder(recorder: Any, *, label: str = "this process") -> Memor
     """This process's in-memory records (the kernel's ``%%gpu_phase`` cells) as a report."""
     lines: Sequence[dict[str, Any]] = [*recorder.records, *recorder.samples]
     ordered = sorted(lines, key=lambda r: (r.get("k") != "proc", r.get("t", 0)))
-    rank = read_records(
-        ordered, label="kernel" if label == "this kernel" else "process", alive=True
-    )
+    who = "kernel" if label == "this kernel" else "process"
+    rank = read_records(ordered, label=who, alive=True)
     total = rank.proc.get("mem_total")
     return MemoryReport(
         source=label,

@@ -1,16 +1,17 @@
 """The torchrun agent, wrapped: ``python -m nbgpu.rank.agent RESULT.json -- <torchrun args>``.
 
 It is torchrun (what torchrun leaves when a rank fails: see :func:`_as_torchrun_reports`),
-plus: it dies with the process that launched it, tells the workers its pid so they can do
-the same, and writes a machine-readable result (per-rank exit codes, signals, error files).
+plus: it dies with the process that launched it (and its workers with it), listens on one
+address only, and writes a machine-readable result (per-rank exit codes, signals, error files).
 """
 
 import contextlib
 import json
+import logging
 import os
 import signal
+import socket
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -40,35 +41,53 @@ def _as_torchrun_reports(exc: Any) -> None:
     _, failure = exc.get_first_failure()
     # A rank killed by a signal wrote no error file (torchrun says "<N/A>"): torchrun
     # then copies nothing either, and neither must we.
-    if (
-        failure.error_file
-        and Path(failure.error_file).is_file()
-        and os.environ.get("TORCHELASTIC_ERROR_FILE")
-    ):
+    copied = failure.error_file if os.environ.get("TORCHELASTIC_ERROR_FILE") else None
+    if copied and Path(copied).is_file():
         try:
-            get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
-        except Exception:  # noqa: BLE001  (a missing child file must not hide the banner)
+            get_error_handler().dump_error_file(copied, failure.exitcode)
+        except Exception:  # noqa: BLE001  (an unreadable child file must not hide the banner)
             traceback.print_exc()
-    traceback.print_exception(exc)
-    sys.stderr.flush()
+    traceback.print_exception(exc)  # stderr is unbuffered (PYTHONUNBUFFERED)
 
 
-def _join_timeout(rdzv_conf: str) -> float:
-    """``join_timeout`` from torchrun's ``--rdzv-conf`` (``k=v,k=v``); 600 s is its default."""
-    for part in (rdzv_conf or "").split(","):
-        key, _, value = part.partition("=")
-        if key.strip() == "join_timeout":
+def _listen_on_one_address(args: Any) -> None:
+    """Every listening socket of the job on one address: loopback on one node, else the one
+    this node reaches the rendezvous host from (also its ``--local-addr``: c10d's MASTER_ADDR).
+    torchrun's stores (static; c10d's, and the one it shares with the ranks) listen on ``[::]``
+    whatever host they are given (``--master-addr``/``--local-addr`` change only what ranks are
+    told); ``master_listen_fd``, a socket the caller bound, is the one way to choose: so in
+    this process (no user code) ``TCPStore`` binds one first. On one node gloo and NCCL listen
+    on ``lo`` (their ``*_SOCKET_IFNAME``), over a user's value too: no other node needs them."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if args.rdzv_backend == "static":
+        address = args.master_addr = "127.0.0.1"  # bound, and told to the ranks
+        os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")  # the ranks inherit
+    else:
+        host, port = args.rdzv_endpoint.rsplit(":", 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port)))  # UDP: picks the route, sends nothing
+            address = args.local_addr = args.local_addr or probe.getsockname()[0]
+
+    class BoundStore(dist.TCPStore):  # type: ignore[misc,name-defined]  # exported, not by name
+        def __init__(self, host_name: str, port: int, *args: Any, **kwargs: Any) -> None:
+            if kwargs.get("is_master", args[1:2] == (True,)):  # args: world_size, is_master...
+                try:
+                    sock = socket.create_server((address, port))
+                except OSError as exc:  # c10d then joins as a client: another node hosts
+                    raise RuntimeError(f"cannot listen on {address}:{port}: {exc}") from exc
+                port, kwargs["master_listen_fd"] = sock.getsockname()[1], sock.detach()
             try:
-                return float(value)
-            except ValueError:
-                break
-    return 600.0
+                super().__init__(host_name, port, *args, **kwargs)
+            except NotImplementedError:  # libuv servers before pytorch#150215 took no fd
+                super().__init__(host_name, port, *args, **kwargs, use_libuv=False)
+
+    dist.TCPStore = BoundStore  # type: ignore[attr-defined]
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] != "--":
-        print("usage: python -m nbgpu.rank.agent RESULT.json -- <torchrun args>", file=sys.stderr)
-        return 2
+        raise SystemExit("usage: python -m nbgpu.rank.agent RESULT.json -- <torchrun args>")
     result_path = Path(argv[0])
     # SIGTERM, not SIGKILL: torchrun's handler then stops its workers itself; the
     # workers' own parent-death signal covers the case where that fails.
@@ -78,14 +97,14 @@ def main(argv: list[str]) -> int:
     # must not turn that into a wait for SIGTERM.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["NBGPU_AGENT_PID"] = str(os.getpid())  # inherited by every worker
-    started = time.time()
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError  # noqa: PLC0415
     from torch.distributed.run import parse_args, run  # noqa: PLC0415
 
     args = parse_args(argv[2:])
-    result: dict[str, Any] = {"started_at": started, "failures": [], "signal": None}
+    _listen_on_one_address(args)
+    result: dict[str, Any] = {"failures": [], "signal": None}
     code = 0
     try:
         run(args)
@@ -93,17 +112,13 @@ def main(argv: list[str]) -> int:
         result["failures"] = [
             {
                 "rank": int(rank),
-                "local_rank": int(failure.local_rank),
                 "pid": int(failure.pid),
                 "exit_code": int(failure.exitcode),
                 "signal": failure.signal_name() if int(failure.exitcode) < 0 else None,
                 "error_file": failure.error_file or None,
-                "timestamp": failure.timestamp,
-                "message": failure.message,
             }
             for rank, failure in sorted(exc.failures.items())
         ]
-        result["first_failure_rank"] = int(exc.get_first_failure()[0])
         _as_torchrun_reports(exc)
         code = 1
     except SignalException as exc:
@@ -113,19 +128,16 @@ def main(argv: list[str]) -> int:
         result["signal"] = "SIGINT"
         code = 130
     except RendezvousTimeoutError:
-        # torchrun's message is empty; what the kernel needs is how long and where.
-        waited = _join_timeout(args.rdzv_conf)
+        # torchrun says nothing: the kernel words it from how long (k=v,k=v; else 600 s).
+        conf = dict(part.partition("=")[::2] for part in args.rdzv_conf.split(","))
+        waited = float(conf.get("join_timeout") or 600)
         result["rendezvous_timeout_s"] = waited
-        result["error"] = (
-            f"RendezvousTimeoutError: the {args.nnodes} nodes did not all join the rendezvous "
-            f"at {args.rdzv_endpoint} within {waited:g} s"
-        )
         code = 1
     except Exception as exc:  # noqa: BLE001  (torchrun's own failures: report them, exit non-zero)
         traceback.print_exc()
         result["error"] = f"{type(exc).__name__}: {exc}"
         code = 1
-    result.update(ended_at=time.time(), agent_exit_code=code)
+    result["agent_exit_code"] = code
     _write(result_path, result)
     return code
 
@@ -134,8 +146,6 @@ if __name__ == "__main__":
     exit_code = main(sys.argv[1:])
     # The agent runs no user code and its result is on disk: skip the interpreter's
     # teardown of torch (about a second on 2 cores) instead of making the user wait.
-    import logging
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

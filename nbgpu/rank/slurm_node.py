@@ -42,21 +42,15 @@ def _node_address(name: str) -> str:
 
 
 def _publish(run_dir: Path, name: str) -> dict[str, object]:
-    host = _node_address(name)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a free port
-        try:
-            sock.bind((host, 0))
-        except OSError:
-            sock.bind(("", 0))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # free on every address
+        sock.bind(("", 0))  # so on the host's too (the agent listens on that one only)
         port = int(sock.getsockname()[1])
     nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     rdzv = {
-        "host": host,
+        "host": _node_address(name),
         "port": port,
-        "first_node": name,
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "step_id": os.environ.get("SLURM_STEP_ID"),
-        "nodes": nodes,
         # SLURM's own expansion of "n[1-2]" (none: the kernel counts the nodes instead)
         "node_names": _scontrol("hostnames", nodes or name),
     }
@@ -95,13 +89,11 @@ def _take_planned_gpus(name: str) -> None:
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the plan's numbers are nvidia-smi's
 
 
-def main(argv: list[str]) -> int:  # noqa: RET503  (ends in exec, which never returns)
+def main(argv: list[str]) -> int:  # (it ends in exec, which never returns)
     if len(argv) != 5:
-        print(
-            "usage: python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S",
-            file=sys.stderr,
+        raise SystemExit(
+            "usage: python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S"
         )
-        return 2
     run_dir, nnodes, nproc, run_id, join_s = Path(argv[0]), argv[1], argv[2], argv[3], argv[4]
     node = int(os.environ.get("SLURM_NODEID", "0"))
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()

@@ -33,19 +33,26 @@ if TYPE_CHECKING:
 
 __all__ = ["pull_payload", "report_error", "run_code", "run_once", "serve"]
 
-_OURS = str(Path(__file__).parent)  # nbgpu/rank: the worker, this module
+_OURS = str(Path(__file__).parents[1])  # the nbgpu package: the worker, init, the simulation
 
 
 def user_traceback(exc: BaseException) -> str:
-    """The traceback from the user's first frame on: nbgpu's and runpy's frames are noise."""
-    tb = exc.__traceback__
-    while (
-        tb is not None
-        and tb.tb_next is not None
-        and tb.tb_frame.f_code.co_filename.startswith((_OURS, runpy.__file__))
-    ):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    """The traceback without nbgpu's frames (the worker, ``init``, the interrupt handler, the
+    simulated GPU) and runpy's, as IPython leaves out its own machinery; a cell's file is
+    named as it is in the run directory (``cell3.py``), which the record names once."""
+    run_dir = os.environ.get("NBGPU_RUN_DIR", "\0")
+    shown = traceback.TracebackException.from_exception(exc)
+    error: traceback.TracebackException | None = shown
+    while error is not None:
+        kept = [f for f in error.stack if not f.filename.startswith((_OURS, runpy.__file__))]
+        for frame in kept:
+            if frame.filename.startswith(run_dir):
+                _ = frame.line  # read from the file by its full name, before it is shortened
+                frame.filename = os.path.relpath(frame.filename, run_dir)
+        if kept:  # an error inside nbgpu itself keeps every frame
+            error.stack = traceback.StackSummary.from_list(kept)
+        error = error.__cause__ or error.__context__
+    return "".join(shown.format())
 
 
 def report_error(exc: BaseException, error_path: str) -> None:

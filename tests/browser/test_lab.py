@@ -10,6 +10,7 @@ the ranks are real torchrun processes on CPU with gloo.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import subprocess
@@ -355,6 +356,20 @@ def test_saved_notebook_keeps_a_readable_record(lab, lab_page, browser, shots_di
 TUTORIALS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
 
+def _stored_tables(tutorial: Path) -> tuple[int, int, int]:
+    """Tables, cells and cells of nbgpu's own results in the HTML outputs stored in *tutorial*."""
+    tables = cells = ours = 0
+    for cell in json.loads(tutorial.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []):
+            html = output.get("data", {}).get("text/html", "")
+            html = "".join(html) if isinstance(html, list) else html
+            tables += html.count("<table")
+            cells += len(re.findall(r"<td[\s>]", html))
+            # nbgpu's results sit in one <div class="nbgpu">: all of its cells are ours.
+            ours += len(re.findall(r"<td[\s>]", html)) if 'class="nbgpu"' in html else 0
+    return tables, cells, ours
+
+
 @pytest.mark.parametrize("tutorial", TUTORIALS, ids=lambda p: p.name)
 def test_tutorials_stored_outputs_render_clean(lab, lab_page, shots_dir, tutorial):
     # What GitHub and a reader of the repository see: the outputs stored in the
@@ -364,7 +379,18 @@ def test_tutorials_stored_outputs_render_clean(lab, lab_page, shots_dir, tutoria
     text = lab_page.outputs_text()
     assert text.strip(), f"{tutorial.name} has no stored outputs"
     _assert_outputs_clean(text)
+    # Every table the tutorial stores is drawn, cell for cell (an output that fell back to
+    # its text, or a table the sanitizer dropped, would leave fewer), and left-aligned.
+    tables, cells, ours = _stored_tables(tutorial)
+    # Each tutorial but the rescale one (its two plans are lines, not tables) stores tables.
+    assert ours or tutorial.name == "rescale-verl-script.ipynb", f"{tutorial.name}: no tables"
+    drawn = lab_page.page.evaluate(
+        """() => ['table', 'td', '.nbgpu td'].map(s => document.querySelectorAll(
+                 `.jp-OutputArea-output ${s}`).length)"""
+    )
+    assert drawn == [tables, cells, ours], (tutorial.name, drawn, [tables, cells, ours])
     aligns = _cell_text_align(lab_page.page)
+    assert len(aligns) == ours
     assert set(aligns) <= {"left"}, sorted(set(aligns))
     # Every figure stored in the tutorial is drawn as an image: decoded, not broken
     # (PNG outputs, and the SVG images of run panels' memory timelines).

@@ -227,3 +227,26 @@ def _mid_life_reopened(browser, lab, samples: int, shots_dir) -> None:
         trusted.shutdown_kernels()
     finally:
         context.close()
+
+
+def test_the_live_memory_line_leaves_nothing_in_the_saved_stream(lab, lab_page):
+    # A foreground run keeps the node's memory on one line under its output, rewritten in
+    # place; JupyterLab applies the rewrites to the text it saves, so whatever erases the
+    # line must leave no padding spaces and no blank line behind (issue 23).
+    cells = [
+        CELLS[0],
+        "%%torchrun 2\nimport time\nfor i in range(6):\n    print('step', i, flush=True)\n    time.sleep(0.7)",
+    ]
+    write_notebook(lab.root / "stream.ipynb", cells)
+    lab_page.open("stream.ipynb")
+    lab_page.run_all()
+    wait_until(lambda: "mem: node" in lab_page.outputs_text(), 60, "the live memory line")
+    lab_page.wait_for_cells(timeout_s=120)
+    lab_page.save()
+    saved = nbformat.read(lab.root / "stream.ipynb", as_version=4)
+    text = "".join(o.text for o in saved.cells[1].outputs if o.output_type == "stream")
+    lines = text.split("\n")
+    assert "step 5" in text
+    assert "mem:" not in text
+    assert [line for line in lines if line != line.rstrip()] == []
+    assert [n for n, line in enumerate(lines[:-1]) if not line.strip()] == []

@@ -2,12 +2,15 @@
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
+import nbgpu
 from nbgpu._serial import to_data
 from nbgpu.devices import holders as holders_mod
 from nbgpu.devices.inventory import Inventory, take_inventory
@@ -266,3 +269,29 @@ def test_a_saved_inventory_is_read_not_replayed_through_the_fake_library(sim_env
         check=True,
     )  # fmt: skip
     assert out.stdout.split() == ["1,2", "False"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (None, False, "import-storm", "No GPU found: this notebook shows the SIMULATED fleet"),
+        (None, True, "", "Real GPUs: nothing in this notebook is simulated."),
+        ("busy-gpu0", False, "import-storm", "This notebook uses the SIMULATED fleet"),
+        ("4xA40", False, "4xA40", "NBGPU_SIMULATE is set: this notebook shows the SIMULATED"),
+        ("", False, "", "Real GPUs: nothing in this notebook is simulated."),
+    ],
+)
+def test_a_notebook_says_in_one_call_what_it_runs_on(monkeypatch, capsys, case):
+    from nbgpu import api  # noqa: PLC0415
+
+    before, gpus_here, after, said = case
+    if before is None:
+        monkeypatch.delenv("NBGPU_SIMULATE", raising=False)
+    else:
+        monkeypatch.setenv("NBGPU_SIMULATE", before)
+    monkeypatch.setattr(api, "status", lambda **_: SimpleNamespace(gpus=[0] * gpus_here))
+    assert nbgpu.simulate("import-storm") == after
+    assert os.environ.get("NBGPU_SIMULATE", "") == after
+    printed = capsys.readouterr().out
+    assert printed.startswith(said)
+    assert printed.count("\n") == 1

@@ -20,16 +20,19 @@ LLAMA3_8B = {
 
 @pytest.mark.parametrize(
     ("strategy", "gib"),
-    # memory.md §5a worked example: Ψ = 6.74B, N = 3, the ZeRO paper row.
+    # The project's reference notes (memory.md §5a): Ψ = 6.74B, N = 3, GiB, the row that
+    # applies the ZeRO paper's formulas. Not printed in the paper: its own worked example
+    # is the next test.
     [("ddp", 100.4), ("zero1", 50.2), ("zero2", 41.8), ("zero3", 33.5), ("fsdp", 33.5)],
 )
-def test_zero_paper_worked_example(strategy, gib):
+def test_the_reference_notes_6_74b_example(strategy, gib):
     states = model_states(6_740_000_000, strategy=strategy, data_parallel=3)
     assert round(states.total_bytes / GIB, 1) == gib
 
 
 def test_paper_example_7_5b_on_64_gpus():
-    # ZeRO paper: 7.5B params, N_d = 64: 120 GB -> 31.4 -> 16.6 -> 1.9 GB (decimal).
+    # The ZeRO paper's worked example (https://arxiv.org/abs/1910.02054, Figure 1):
+    # 7.5B params, K = 12, N_d = 64: 120 GB -> 31.4 -> 16.6 -> 1.9 GB (decimal).
     totals = [
         model_states(7_500_000_000, strategy=s, data_parallel=64).total_bytes / 1e9
         for s in ("ddp", "zero1", "zero2", "zero3")

@@ -74,6 +74,45 @@ class DataDependent(nn.Module):
         return self.a(x) if x.sum() > 0 else self.b(x)
 
 
+class Gram(nn.Module):
+    """A batch × batch Gram matrix: memory grows with the square of the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return h @ h.T
+
+
+class CacheFromTwo(nn.Module):
+    """A buffer kept on the module once a batch has two or more samples: the step from
+    one sample to two costs more than any later one (memory grows less than linearly)."""
+
+    def __init__(self, cache_floats: int = 256) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+        self.cache_floats = cache_floats
+        self.cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 1:  # a shape, not a value: fake tensors decide it
+            self.cache = torch.zeros(self.cache_floats)
+        return self.a(x)
+
+
+class NoBatch(nn.Module):
+    """Takes a scalar: nothing in its step grows with a batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(torch.ones(4, 16) * x)
+
+
 def cases() -> list[tuple[str, nn.Module, list[torch.Tensor]]]:
     """(name, model, two batches of different size) for the accuracy test and bench."""
     torch.manual_seed(0)

@@ -2,6 +2,7 @@
 
 import time
 
+from nbgpu._render import rank_colour
 from nbgpu.launch.streams import LogTail, ScreenWriter, in_turn
 
 
@@ -102,7 +103,7 @@ def test_screen_writer_passes_small_output_untouched():
 
 def test_colour_prefixes_differ_per_rank():
     out = []
-    writer = ScreenWriter(out.append, color=True)
+    writer = ScreenWriter(out.append, colour=rank_colour)
     writer.add("rank0", ["a"])
     writer.add("rank1", ["b"])
     writer.flush()
@@ -110,6 +111,21 @@ def test_colour_prefixes_differ_per_rank():
     assert first.startswith("\x1b[")
     assert second.startswith("\x1b[")
     assert first.split("m", 1)[0] != second.split("m", 1)[0]
+
+
+def test_a_rank_keeps_its_colour_whoever_prints_first():
+    # Issue 23: rank0 was cyan in one cell and yellow in the next (colours went by order).
+    def prefixes(order):
+        out = []
+        writer = ScreenWriter(out.append, colour=rank_colour)
+        for label in order:
+            writer.add(label, ["x"])
+        writer.flush()
+        return {line.split("]")[0] for line in out[0].splitlines()}
+
+    assert prefixes(["rank0", "rank1", "n1/rank2"]) == prefixes(["n1/rank2", "rank1", "rank0"])
+    # rank0 is matplotlib's first colour (#1f77b4), as in the panel and the figures.
+    assert "\x1b[38;2;31;119;180m[rank0" in prefixes(["rank1", "rank0"])
 
 
 def _busy_tick(ranks, per_node=8, lines=5):

@@ -167,6 +167,10 @@ def test_interrupt_keeps_the_ranks_and_their_state(env):
         timer.join()
         assert set(failure.value.result.statuses.values()) == {"interrupted"}
         assert "KeyboardInterrupt" in screen.text
+        # Each rank's traceback shows the user's cell, not nbgpu's interrupt handler.
+        assert screen.text.count("time.sleep(0.05)") == 2
+        assert "nbgpu/rank" not in screen.text
+        assert screen.text.count('File "cell3.py", line 3, in <module>') == 2  # not the full path
         after = torchrun("pass", on="interrupt", write=screen, pull=["step"])
         assert after.pulled["step"] > 6  # the loop's progress survived the interrupt
     finally:

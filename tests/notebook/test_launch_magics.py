@@ -67,13 +67,12 @@ def test_failed_cell_raises_short_error(ip):
 
 
 @pytest.mark.slow
-def test_background_run_and_gpu_stop(ip, capsys):
+def test_background_run_and_gpu_stop(ip):
     ip.run_cell_magic(
         "torchrun",
         "2 --bg --name sleeper",
         "import time\nprint('ready', flush=True)\ntime.sleep(120)\n",
     )
-    assert "started in the background" in capsys.readouterr().out
     run = runs()["sleeper"]
     deadline = time.time() + 60
     while time.time() < deadline and not all(
@@ -256,6 +255,13 @@ def test_wait_returns_once_the_record_is_drawn(ip, monkeypatch):
     assert run.state == "succeeded"
     assert "text/html" in last  # the record (the live view draws text only)
     assert "hi" in last["text/plain"]
+    # While it ran, the face said how to follow and stop it; the record says what happened
+    # and nothing in the cell is left telling how to stop a run that is over.
+    assert (
+        "running in the background: %gpu_runs, %gpu_stop waited"
+        in shown.outputs[0].data["text/plain"]
+    )
+    assert "%gpu_stop" not in last["text/plain"] + shown.stdout
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def test_the_kernels_exit_ends_every_live_view(ip, monkeypatch):  # noqa: ARG001
 
 def test_plan_widget_face_follows_the_controls(ip):  # noqa: ARG001  (busy-gpu0)
     with capture_output() as shown:
-        widget = PlanWidget({}, initial={"allocation": "sglang.d1t1p1+d3t1p1"}).show()
+        widget = PlanWidget({}, {"allocation": "sglang.d1t1p1+d3t1p1"}).show()
         widget.controls["allocation"].value = "sglang.d1t1p1+d2t1p1"
         time.sleep(0.3)
     face = shown.outputs[-1].data

@@ -1,9 +1,11 @@
 """%%gpu_phase and %gpu_memory in a real InteractiveShell."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
 from IPython.core.error import UsageError
+from matplotlib.text import Text
 
 from nbgpu.notebook.run_record import MemoryTimeline
 from nbgpu.profile import phases
@@ -11,6 +13,7 @@ from nbgpu.profile.phases import Phase
 from nbgpu.profile.recorder import Recorder
 from nbgpu.profile.report import MemoryReport
 from tests.notebook.conftest import svg_images
+from tests.profile.test_figure import write_rank
 
 
 @pytest.fixture
@@ -100,3 +103,50 @@ def test_panel_timeline_draws_each_rank_and_the_summary(tmp_path):
     assert "in &#x27;imports&#x27;" in html
     timeline.refresh()  # within the second: no new message to the frontend
     assert timeline.updates == 1
+
+
+def _small_run(tmp_path, ranks):
+    """*ranks* of a run that died in 'run', each under 160 MiB, the higher rank the more."""
+    for rank in ranks:
+        write_rank(tmp_path, rank, mib=25 + 5 * rank, died_in="run")
+    run = SimpleNamespace(dir=tmp_path, config=SimpleNamespace(nproc=4, world_size=4), done=False)
+    return MemoryTimeline(run)
+
+
+def test_panel_timeline_of_a_small_run_says_mib_names_the_node_and_colours_by_rank(tmp_path):
+    timeline = _small_run(tmp_path, (2, 3))  # ranks 0 and 1 wrote nothing
+    timeline.refresh()
+    svg = svg_images(timeline.html)
+    assert re.search(r'<text x="2" y="12">\d+\.\d MiB</text>', svg)
+    assert "0.0 GiB" not in svg + timeline.html
+    assert svg.endswith('fill="black">node</text></svg>')
+    # tab10 by rank number: rank2 green, rank3 red (not the first two colours).
+    assert 'stroke="#2ca02c"' in svg
+    assert 'stroke="#d62728"' in svg
+    assert "#1f77b4" not in svg
+    assert re.search(r"max rank3: \d+\.\d MiB in &#x27;run&#x27;", timeline.html)
+
+
+def test_the_record_says_the_runs_peak_once(tmp_path):
+    text, page = _small_run(tmp_path, (0, 1)).record()
+    assert re.fullmatch(
+        r"memory: node peak: \d+\.\d MiB summed over 2 ranks at \d+\.\d s, every rank in 'run'"
+        r" · largest rank1: \d+\.\d MiB in 'run'",
+        text,
+    )
+    assert "mem:" not in text + page
+    assert text.removeprefix("memory: ").replace("'", "&#x27;") in page
+
+
+def test_gpu_memory_kernel_speaks_of_the_kernel_not_a_run(ip):
+    ip.run_cell_magic("gpu_phase", "load", "blob = bytearray(60 << 20)\n")
+    report = ip.run_line_magic("gpu_memory", "kernel --no-figure")
+    texts = [t.get_text() for t in report.figure().findobj(Text)]
+    assert "seconds since the first phase" in texts
+    assert any(t.endswith("(no GPU figures: CUDA not used by the kernel)") for t in texts)
+    assert not any("run started" in t or "no rank" in t for t in texts)
+    assert "CUDA was not initialised by the kernel" in report.text()
+    # The caption is a line of its own: as a table's caption it wrapped at the width of
+    # a one-rank table, three lines for one sentence.
+    assert "<caption" not in report.html()
+    assert re.search(r"peak host memory \(RSS, [MG]iB\) by phase:\n *phase +kernel", report.text())

@@ -53,5 +53,5 @@ def test_a_plan_across_a_cluster_file(ip, tmp_path):
     plan = ip.run_line_magic("gpu_plan", f"--fleet {path} --batch 4")
     assert isinstance(plan, NodesPlan)
     assert plan.node_gpus == {"n2": "0,1"}  # n1 has one usable GPU: one node of 2 ranks
-    with pytest.raises(UsageError, match="--widget plans one box; across nodes drop --widget"):
+    with pytest.raises(UsageError, match=r"--widget plans one box: drop --widget to use --slurm$"):
         ip.run_line_magic("gpu_plan", "--slurm --widget")

@@ -3,6 +3,8 @@ invalid state, never a traceback; the launch line launches what is on screen."""
 
 from __future__ import annotations
 
+import pytest
+from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from nbgpu.notebook.plan_widget import PlanWidget, plan_inputs
@@ -15,6 +17,7 @@ def test_inputs_map_unset_values_to_none():
         "global_batch": None,
         "micro_batch": 2,
         "grad_accum": None,
+        "seq_len": None,
         "strategy": "ddp",
         "model": None,
     }
@@ -23,7 +26,7 @@ def test_inputs_map_unset_values_to_none():
 def test_widget_replans_on_every_change(monkeypatch):
     monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
     ns: dict = {}
-    w = PlanWidget(ns, initial={"allocation": "sglang.d1t1p1+d3t1p1", "global_batch": 8})
+    w = PlanWidget(ns, {"allocation": "sglang.d1t1p1+d3t1p1", "global_batch": 8})
     assert w.plan is not None
     assert not w.plan.ok  # 4 GPUs asked, 3 usable; batch 8 on 3 trainers
     assert ns["p"] is w.plan
@@ -48,7 +51,7 @@ def test_widget_replans_on_every_change(monkeypatch):
 def test_impossible_combination_is_an_invalid_state_not_a_traceback(monkeypatch):
     monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
     ns: dict = {}
-    w = PlanWidget(ns, initial={"allocation": "d2"})
+    w = PlanWidget(ns, {"allocation": "d2"})
     good = w.plan
     w.controls["allocation"].value = "banana"
     assert w.plan is None
@@ -74,3 +77,31 @@ def test_magic_opens_the_widget_with_the_flags_as_first_values(ip):
     assert "application/vnd.jupyter.widget-view+json" not in face
     assert "launch: %%torchrun --plan p --role train" in face["text/plain"]
     assert "<style" not in face["text/html"]
+
+
+def test_every_flag_reaches_the_widget_or_is_refused(ip):
+    # Issue 23: --seq-len, --max-micro and --exclude were dropped (activations "? needs
+    # seq_len" for a model and a sequence length that were given).
+    line = "d2 --model Qwen/Qwen2.5-7B-Instruct --seq-len 2048 --batch 64 --max-micro 4"
+    with capture_output():
+        ip.run_line_magic("gpu_plan", f"{line} --exclude 3 --fleet 4xA40 --widget")
+    shown = ip.user_ns["p"]
+    with capture_output():
+        flags = ip.run_line_magic("gpu_plan", f"{line} --exclude 3 --fleet 4xA40")
+    assert shown.text() == flags.text()  # the widget's first plan is the flags' plan
+    assert "needs seq_len" not in shown.text()
+    assert "GPU 3" not in shown.text().split("left out")[0]
+    for other in ("--scale run.sh --to 4", "--sweep 2", "--json", "--slurm", "-o x.yaml"):
+        with pytest.raises(
+            UsageError, match=r"^%gpu_plan --widget plans one box: drop --widget to use -[-\w, ]+$"
+        ):
+            ip.run_line_magic("gpu_plan", f"d2 {other} --widget")
+
+
+def test_the_sequence_length_is_a_control(monkeypatch):
+    monkeypatch.setenv("NBGPU_SIMULATE", "busy-gpu0")
+    w = PlanWidget({}, {"allocation": "d2", "model": "Qwen/Qwen2.5-7B-Instruct", "micro_batch": 1})
+    assert "needs seq_len" in w.plan.text()
+    w.controls["seq_len"].value = 2048
+    assert "needs seq_len" not in w.plan.text()
+    assert "seq 2048" in w.plan.text()

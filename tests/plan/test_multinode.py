@@ -274,8 +274,8 @@ def test_a_described_spec_takes_one_snapshot_for_many_nodes(monkeypatch):
     from nbgpu.plan import api  # noqa: PLC0415
 
     taken = []
-    snapshot = api._snapshot
-    monkeypatch.setattr(api, "_snapshot", lambda *a: taken.append(a) or snapshot(*a))
+    snapshot = api.inventory_snapshot
+    monkeypatch.setattr(api, "inventory_snapshot", lambda *a: taken.append(a) or snapshot(*a))
     p = nbgpu.plan.nodes("64x(8xH100)", allocation="sglang:d192t2+megatron:d16t2p4")
     assert p.ok
     assert len(p.nodes) == 64

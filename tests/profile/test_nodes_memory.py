@@ -57,5 +57,5 @@ def test_one_node_sums_every_rank_as_before(tmp_path):
 def test_the_live_line_sums_each_node_against_its_own_memory(tmp_path):
     write_run(tmp_path, [1, 1, 3, 2], closed=False)
     line = MemoryFollower(tmp_path, 4, several_nodes=True).summary()
-    assert line.startswith("mem: n2 5.0/16.0, n1 2.0/16.0 GiB (Σ PSS per node)")
+    assert line.startswith("mem: n2 5.0 GiB of 16.0 GiB, n1 2.0 GiB of 16.0 GiB (Σ PSS per node)")
     assert "max rank2 on n2: 3.0 GiB" in line
