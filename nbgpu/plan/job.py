@@ -10,8 +10,6 @@ gets the reason and the nearest valid values below and above, with their splits:
 3 trainers → 6 or 9. Pure: never imports the inventory, sockets or files.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
