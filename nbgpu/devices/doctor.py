@@ -109,14 +109,10 @@ class DoctorReport(Result):
         return line
 
     def _env_line(self) -> str:
-        set_vars = [f"{k}={v}" for k, v in self.environment.items() if v is not None]
-        unset = [k for k, v in self.environment.items() if v is None]
-        parts = []
-        if set_vars:
-            parts.append(" ".join(set_vars))
-        if unset:
-            parts.append(("unset: " if set_vars else "all unset: ") + " ".join(unset))
-        return "; ".join(parts)
+        set_vars = " ".join(f"{k}={v}" for k, v in self.environment.items() if v is not None)
+        unset = " ".join(k for k, v in self.environment.items() if v is None)
+        unset = f"{'unset' if set_vars else 'all unset'}: {unset}" if unset else ""
+        return "; ".join(part for part in (set_vars, unset) if part)
 
     def content(self) -> list[Block]:
         inv = self.inventory
