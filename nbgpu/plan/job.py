@@ -294,12 +294,10 @@ def _invalid_reason(check: BatchCheck, splits: Callable[..., tuple[Split, ...]])
     if bad:
         return f"global batch {g} is not divisible by {_named(bad)}"
     per_rank = g // dp
-    if micro is not None and accum is not None:
-        if micro * accum != per_rank:
-            return (
-                f"global batch {g} ≠ {dp} ranks × micro {micro} × accum {accum} = "
-                f"{dp * micro * accum}"
-            )
+    if micro is not None and accum is not None and micro * accum != per_rank:
+        return (
+            f"global batch {g} ≠ {dp} ranks × micro {micro} × accum {accum} = {dp * micro * accum}"
+        )
     elif micro is not None and per_rank % micro:
         return f"global batch {g} gives {per_rank} per rank, not divisible by micro batch {micro}"
     elif accum is not None and per_rank % accum:
