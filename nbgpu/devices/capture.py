@@ -108,7 +108,6 @@ def read_capture(data: Any, where: str) -> dict[str, Any]:
         "gpus": gpus,
         "findings": findings,
         "visible": visible,
-        "visible_value": None if visible is None else visible.raw,
         "visible_is_override": isinstance(seen, dict) and seen.get("override") is True,
         "device_files": {f.pid: f.paths for f in doc.device_files},
         "device_file_holders": {

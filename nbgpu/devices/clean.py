@@ -45,12 +45,8 @@ def _wrapped(text: str, indent: str = " " * 6, level: str = "") -> Line:
 
 
 def _holds(gpus: Sequence[int], files: Sequence[str]) -> str:
-    parts = []
-    if gpus:
-        parts.append(("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(map(str, gpus)))
-    if files:
-        parts.append(", ".join(files))
-    return " and ".join(parts) or "nothing"
+    held = ("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(map(str, gpus)) if gpus else ""
+    return " and ".join(part for part in (held, ", ".join(files)) if part) or "nothing"
 
 
 def _head(entry: CleanEntry) -> Line:

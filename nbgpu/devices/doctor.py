@@ -109,14 +109,10 @@ class DoctorReport(Result):
         return line
 
     def _env_line(self) -> str:
-        set_vars = [f"{k}={v}" for k, v in self.environment.items() if v is not None]
-        unset = [k for k, v in self.environment.items() if v is None]
-        parts = []
-        if set_vars:
-            parts.append(" ".join(set_vars))
-        if unset:
-            parts.append(("unset: " if set_vars else "all unset: ") + " ".join(unset))
-        return "; ".join(parts)
+        set_vars = " ".join(f"{k}={v}" for k, v in self.environment.items() if v is not None)
+        unset = " ".join(k for k, v in self.environment.items() if v is None)
+        unset = f"{'unset' if set_vars else 'all unset'}: {unset}" if unset else ""
+        return "; ".join(part for part in (set_vars, unset) if part)
 
     def content(self) -> list[Block]:
         inv = self.inventory
@@ -247,10 +243,8 @@ def _environment_findings(
     problems = inventory.visible.problems if inventory.visible is not None else ()
     out = [Problem("warn", "visible_devices", "CUDA_VISIBLE_DEVICES", p) for p in problems]
     if inventory.gpus and n_visible == 0:
-        message = (
-            f"CUDA_VISIBLE_DEVICES={inventory.visible_value!r} hides every GPU: CUDA will "
-            "report no device."
-        )
+        raw = inventory.visible.raw if inventory.visible is not None else None
+        message = f"CUDA_VISIBLE_DEVICES={raw!r} hides every GPU: CUDA will report no device."
         fix = "`unset CUDA_VISIBLE_DEVICES`, or list GPUs by index or UUID (e.g. 0,1)"
         out.append(Problem("bad", "nothing_visible", "CUDA_VISIBLE_DEVICES", message, (fix,)))
     wanted = nproc if nproc is not None else _int_env(environ, "NPROC_PER_NODE", out)

@@ -80,19 +80,14 @@ class HolderInfo:
         """One line, e.g. ``pid 4242 (dead: no such process)``."""
         if self.state in ("dead", "other_namespace", "no_access") and self.command is None:
             return f"pid {self.pid} ({self._state_phrase()})"
-        parts = [f"pid {self.pid}"]
-        if self.user:
-            parts.append(self.user)
-        if self.command:
-            parts.append(_clip(self.command, 60))
-        notes = [self._state_phrase()]
-        if self.visible_devices is not None:
-            notes.append(f"CUDA_VISIBLE_DEVICES={self.visible_devices}")
-        if self.torchelastic:
-            notes.append("torchrun worker")
-        if self.orphaned:
-            notes.append(f"orphaned, {self.orphan_reason or 'launcher gone'}")
-        return f"{' '.join(parts)} ({', '.join(notes)})"
+        parts = [f"pid {self.pid}", self.user or "", _clip(self.command or "", 60)]
+        notes = [
+            self._state_phrase(),
+            "" if self.visible_devices is None else f"CUDA_VISIBLE_DEVICES={self.visible_devices}",
+            "torchrun worker" if self.torchelastic else "",
+            f"orphaned, {self.orphan_reason or 'launcher gone'}" if self.orphaned else "",
+        ]
+        return f"{' '.join(p for p in parts if p)} ({', '.join(n for n in notes if n)})"
 
     def _state_phrase(self) -> str:
         phrase = self.status if self.state in ("alive", "stopped") and self.status else self.state

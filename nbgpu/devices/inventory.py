@@ -68,7 +68,6 @@ class Inventory(Result):
     gpus: tuple[Gpu, ...] = ()
     findings: tuple[tuple[Problem, ...], ...] = ()  # per GPU, same order as gpus
     visible: VisibleMap | None = None
-    visible_value: str | None = None  # the CUDA_VISIBLE_DEVICES string that was resolved
     visible_is_override: bool = False  # True when the user passed --env, not the environment
     device_files: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     # Who those /dev/nvidia* holders are, looked up when the snapshot was taken.
@@ -177,7 +176,7 @@ class Inventory(Result):
         if self.visible is None:
             return []
         origin = "--env" if self.visible_is_override else "this environment"
-        raw = "unset" if self.visible_value is None else repr(self.visible_value)
+        raw = "unset" if self.visible.raw is None else repr(self.visible.raw)
         lines = [f"CUDA_VISIBLE_DEVICES={raw} ({origin}):"]
         if not self.visible.devices:
             lines.append("  no GPU is visible to CUDA")
@@ -346,7 +345,6 @@ def take_inventory(
         nvml_version=snap.nvml_version,
         findings=tuple(assess_gpu(g, snap.device_count) for g in gpus),
         visible=resolve_visible(gpu_identities([g for g in gpus if g.ok]), cvd_env),
-        visible_value=cvd_env.get("CUDA_VISIBLE_DEVICES"),
         visible_is_override=visible_devices is not None,
         device_files=device_files,
         device_file_holders={

@@ -214,12 +214,8 @@ class _Seen:
 
 def _who(proc: GpuProcess) -> str:
     h = proc.holder
-    parts = [f"pid {proc.pid}"]
-    if h and h.user:
-        parts.append(f"user {h.user}")
-    if h and h.command:
-        parts.append(repr(h.command[:60]))
-    return ", ".join(parts)
+    user = f", user {h.user}" if h and h.user else ""
+    return f"pid {proc.pid}{user}" + (f", {h.command[:60]!r}" if h and h.command else "")
 
 
 def _recorded(proc: GpuProcess) -> str:

@@ -213,30 +213,24 @@ def _merge_unranked(rank_causes: list[_RankCause]) -> list[_RankCause]:
     return [v for v in rank_causes if v is not loose]
 
 
+def _tiebreak(v: _RankCause) -> tuple[bool, int]:
+    """Ties broken by torchrun's "Root Cause" banner, then by the more specific cause."""
+    return not v.state.banner_root, -v.cause.priority
+
+
 def _pick_root(rank_causes: list[_RankCause]) -> tuple[_RankCause, bool]:
     """The first failing rank among ``rank_causes``; the flag says if a clock decided it."""
     stamps = {id(v): v.state.stamps() for v in rank_causes}
     for clock in _CLOCKS:
         if len(rank_causes) > 1 and all(clock in stamps[id(v)] for v in rank_causes):
-            best = min(
-                rank_causes,
-                key=lambda v: (
-                    stamps[id(v)][clock],
-                    not v.state.banner_root,
-                    -v.cause.priority,
-                    v.order,
-                ),
-            )
+            best = min(rank_causes, key=lambda v: (stamps[id(v)][clock], *_tiebreak(v), v.order))
             return best, True
     sources = {h.source for v in rank_causes for h in v.hits} | {
         v.exception.source for v in rank_causes if v.exception is not None
     }
     if len(sources) <= 1:
         return min(rank_causes, key=lambda v: (v.order, -v.cause.priority)), True
-    best = min(
-        rank_causes,
-        key=lambda v: (not v.state.banner_root, -v.cause.priority, -v.confidence, v.order),
-    )
+    best = min(rank_causes, key=lambda v: (*_tiebreak(v), -v.confidence, v.order))
     return best, len(rank_causes) == 1 or best.state.banner_root
 
 

@@ -199,11 +199,10 @@ def model_states(
     strat = choose("strategy", strategy, STRATEGIES)
     acc = byte_accounting(precision, optimizer, grad_dtype)
     shard = parameters / (tensor_parallel * pipeline_parallel)
+    per_param = (acc.param_bytes, acc.grad_bytes, acc.optimizer_bytes)
     p, g, k = (
         math.ceil(per * shard / (data_parallel if sharded else 1))
-        for per, sharded in zip(
-            (acc.param_bytes, acc.grad_bytes, acc.optimizer_bytes), STRATEGIES[strat], strict=True
-        )
+        for per, sharded in zip(per_param, STRATEGIES[strat], strict=True)
     )
     return ModelStates(
         parameters, strat, data_parallel, tensor_parallel * pipeline_parallel, acc, p, g, k

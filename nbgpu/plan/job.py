@@ -10,8 +10,6 @@ gets the reason and the nearest valid values below and above, with their splits:
 3 trainers → 6 or 9. Pure: never imports the inventory, sockets or files.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -299,12 +297,10 @@ def _invalid_reason(check: BatchCheck, splits: Callable[..., tuple[Split, ...]])
     if bad:
         return f"global batch {g} is not divisible by {_named(bad)}"
     per_rank = g // dp
-    if micro is not None and accum is not None:
-        if micro * accum != per_rank:
-            return (
-                f"global batch {g} ≠ {dp} ranks × micro {micro} × accum {accum} = "
-                f"{dp * micro * accum}"
-            )
+    if micro is not None and accum is not None and micro * accum != per_rank:
+        return (
+            f"global batch {g} ≠ {dp} ranks × micro {micro} × accum {accum} = {dp * micro * accum}"
+        )
     elif micro is not None and per_rank % micro:
         return f"global batch {g} gives {per_rank} per rank, not divisible by micro batch {micro}"
     elif accum is not None and per_rank % accum:

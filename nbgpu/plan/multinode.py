@@ -71,9 +71,7 @@ class NodesAlternative:
 
     @property
     def status(self) -> str:
-        if self.plan.ok:
-            return " — ready"
-        return f" — also blocked ({self.plan.problems[0].message})"  # not ok: it has problems
+        return " — ready" if self.plan.ok else f" — also blocked ({self.plan.problems[0].message})"
 
 
 @dataclass(frozen=True)

@@ -106,11 +106,9 @@ def _in_use_text(cands: Sequence[Candidate]) -> str:
         groups.setdefault((c.other_processes, c.utilization_pct), []).append(c.nvml_index)
     parts = []
     for (count, busy), indices in groups.items():
-        what = f"{count} process{'es' if count > 1 else ''}"
-        if len(indices) > 1:
-            what += " each"
-        if busy is not None:
-            what += f", {busy}% busy"
+        each = " each" if len(indices) > 1 else ""
+        what = f"{count} process{'es' if count > 1 else ''}{each}"
+        what += f", {busy}% busy" if busy is not None else ""
         parts.append(f"GPU{'s' if len(indices) > 1 else ''} {gpu_span(indices)}: {what}")
     return "; ".join(parts)
 

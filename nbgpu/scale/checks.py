@@ -77,10 +77,8 @@ def _check_parallel(ctx: ScaleContext) -> None:
     heads = ctx.model.num_attention_heads if ctx.model is not None else None
     groups = {e.parent for e in ctx.entries if ctx.rules.get(e.dotted) == "model_parallel"}
     for parent in sorted(groups):
-        size, tp = (
-            ctx.group(parent),
-            value(find_entry(ctx.entries, f"{parent}.tensor_model_parallel_size")),
-        )
+        size = ctx.group(parent)
+        tp = value(find_entry(ctx.entries, f"{parent}.tensor_model_parallel_size"))
         if world % size:
             ctx.bad(
                 "model_parallel",

@@ -110,8 +110,7 @@ def rescaled_text(source: ConfigSource, plan: Rescaled) -> tuple[str, list[str]]
         m = re.search(r"\n([ \t]+)\"", source.text)  # the file's own indentation
         indent = len(m.group(1).expandtabs()) if m else None
         return json.dumps(plan.config, indent=indent, ensure_ascii=False) + end, []
-    if source.script is None:  # a script is always read with its LaunchScript
-        raise TypeError(f"{source.name}: a script without its reading")
+    assert source.script is not None  # noqa: S101  (a script is read with its LaunchScript)
     changed = {str(s.path[0]): value_text(s.new) for s in plan.changes}
     kept = {str(s.path[0]): value_text(s.new) for s in plan.steps if not s.changed}
     return rewrite_script(source.script, changed, kept)

@@ -40,8 +40,6 @@ _PROGRAMS = re.compile(
 )
 _WRAPPERS = frozenset({"env", "nohup", "exec", "time", "nice", "stdbuf", "srun", "command"})
 _SEPARATORS = ("\n", ";", "&&", "||", "|", "&")  # the ends of a command
-#: Environment variables that belong to the config (``rule`` devices in ``rules.py``).
-CONFIG_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
 
 @dataclass(frozen=True)
@@ -134,7 +132,7 @@ class LaunchScript:
     def config(self) -> dict[str, Any]:
         """Overrides (and CUDA_VISIBLE_DEVICES) as a flat ``key → value`` mapping, typed."""
         out: dict[str, Any] = {}
-        for key in (*sorted(CONFIG_VARIABLES), *self.overrides):
+        for key in ("CUDA_VISIBLE_DEVICES", *self.overrides):
             value = self.value_of(key)
             if value is not None:
                 text = self.resolve(value, split=key in self.overrides)

@@ -66,9 +66,7 @@ def device_count(value: Any) -> int | None:
         return len([v for v in value.split(",") if v.strip()]) or None
     if isinstance(value, list | tuple):
         return len(value) or None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return 1
-    return None
+    return 1 if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def config_model_len(entries: Sequence[Entry], value: Any) -> int | None:
