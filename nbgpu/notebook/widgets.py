@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from nbgpu._render import Block, Line
+from nbgpu._render import Block, Line, rank_colour
 from nbgpu.notebook.live import Bundle, LiveView
 from nbgpu.notebook.run_record import MemoryTimeline, Tails, live_bundle, record_bundle, strip_ansi
 
@@ -159,10 +159,18 @@ class RunPanel:
         self.ranks = w.ToggleButtons(
             options=labels, value=labels[0] if labels else None, style={"button_width": "auto"}
         )
+        # Each rank's tab in the rank's own colour (ToggleButtons styles all its buttons
+        # alike): a style sheet beside them, live only as long as the controls are.
+        self.ranks.add_class(picker := f"nbgpu-ranks-{id(self)}")
+        rules = "".join(
+            f".{picker} button:nth-of-type({i + 1}){{color:{rank_colour(label)}}}"
+            for i, label in enumerate(labels)
+        )
+        sheet = w.HTML(f"<style>{rules}</style>")
         # The ranks' memory, read at most 1/s; its last picture joins the record.
         self.memory = MemoryTimeline(run)
         self.view = LiveView(
-            self._face, controls=w.HBox([self.stop_button, self.ranks]), interval_s=REFRESH_S
+            self._face, controls=w.HBox([self.stop_button, self.ranks, sheet]), interval_s=REFRESH_S
         )
         self.ranks.observe(lambda _change: self.view.refresh(force=True), names="value")
 

@@ -180,6 +180,9 @@ def test_stop_click_to_stopped_badge_while_ranks_stream(lab, lab_page, shots_dir
     picker = page.locator(RANK_PICKER)
     picker.wait_for(state="visible")
     assert picker.locator("button").all_text_contents() == ["rank0", "rank1"]
+    # Each tab in its rank's colour, as in the cell's text and the figures (issue 23).
+    colours = picker.locator("button").evaluate_all("bs => bs.map(b => getComputedStyle(b).color)")
+    assert colours == ["rgb(31, 119, 180)", "rgb(255, 127, 14)"], colours
     stop = page.locator(".jp-OutputArea-output button.widget-button", has_text="Stop")
     # Stop a run that is really up and streaming: the agent and both ranks, each with
     # a few thousand lines out, far more than a tab keeps.
