@@ -108,8 +108,20 @@ def test_scripts_leading_imports_are_serialised_and_recorded_like_a_cells(env, t
 
 
 def _as_terminal_shows(text):
-    """What a terminal (or Jupyter) shows: each line's text after its last '\\r'."""
-    return [line.rsplit("\r", 1)[-1] for line in text.split("\n")]
+    """What a terminal shows of each line: '\\r' moves the cursor to the line's start, a
+    backspace one place left, and a character overwrites the one under the cursor."""
+    shown = []
+    for line in text.split("\n"):
+        cells: list[str] = []
+        cursor = 0
+        for char in line:
+            if char in "\r\b":
+                cursor = 0 if char == "\r" else max(0, cursor - 1)
+                continue
+            cells[cursor : cursor + 1] = [char]
+            cursor += 1
+        shown.append("".join(cells).rstrip())
+    return shown
 
 
 def test_live_memory_line_is_refreshed_in_place_and_erased_at_the_end(env):
