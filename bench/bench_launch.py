@@ -6,6 +6,9 @@ one print per rank, ``destroy_process_group``) on 2 ranks, alternating, in one r
 a. bare ``python -m torch.distributed.run`` given the rendezvous arguments nbgpu's
    agent passes (``--nnodes 1 --node-rank 0 --nproc-per-node 2 --master-addr
    127.0.0.1 --master-port <free port> --max-restarts 0``): the anchor, same work
+t. the same as (a) through ``bench/torchrun_no_teardown.py``: a launcher that ends in
+   ``os._exit`` as nbgpu's agent does, skipping torch's interpreter teardown in the
+   launcher (the ranks tear down in every case): the like-for-like anchor
 s. bare ``torchrun --standalone --nproc-per-node 2 hello.py`` for reference: c10d
    dynamic rendezvous, with its deliberate waits (about 1 s per sync step); the
    difference (s) - (a) is the rendezvous alone, not anything nbgpu does
@@ -18,7 +21,7 @@ d. accelerate's ``notebook_launcher(hello, num_processes=2)`` in a second real k
 
 Reported: median wall time and CPU (the child and its reaped descendants; for kernels
 the kernel's own CPU plus its children's), ratios (b)/(a) and (c)/(a) against the
-1.10 budget, and the time to the first rank line as the user sees it: for
+1.10 budget, (b)/(t) and (c)/(t) against 1.00, and the time to the first rank line as the user sees it: for
 subprocesses the arrival time of the first ``hello from rank`` line on the child's
 stdout pipe, for kernels the arrival of the first iopub ``stream`` message holding it.
 
@@ -58,6 +61,7 @@ from harness import PYTHON, VENV_BIN, Case, Row, child_env, print_ratios, print_
 
 BUDGET_RATIO = 1.10
 RUN_TIMEOUT_S = 90.0
+NO_TEARDOWN = Path(__file__).resolve().parent / "torchrun_no_teardown.py"
 TAG_ENV = "NBGPU_BENCH_TAG"  # every process a benchmark starts carries it: the leak check
 ACCELERATE_SITE = Path(
     os.environ.get(
@@ -432,6 +436,7 @@ def _kernel_case(name: str, k: Kernel, make_code: Callable[[], str]) -> Callable
 
 
 CASE_A = "a. bare torchrun, nbgpu's static rendezvous"
+CASE_T = "t. bare torchrun as (a), launcher skips teardown"
 CASE_S = "s. bare torchrun --standalone (c10d)"
 CASE_B = "b. nbgpu run -n 2 (CLI)"
 CASE_C = "c. %%torchrun 2 (real kernel)"
@@ -446,10 +451,10 @@ def measure(n: int, stack: contextlib.ExitStack, work: Path, tag: str) -> dict[s
     torchrun = [PYTHON, "-m", "torch.distributed.run"]
     standalone = [*torchrun, "--standalone", "--nproc-per-node", "2", str(script)]
 
-    def static() -> list[str]:
+    def static(launcher: list[str] = torchrun) -> list[str]:
         # Exactly the rendezvous arguments nbgpu's Run.start gives its agent.
         return [
-            *torchrun,
+            *launcher,
             "--nnodes",
             "1",
             "--node-rank",
@@ -467,6 +472,7 @@ def measure(n: int, stack: contextlib.ExitStack, work: Path, tag: str) -> dict[s
 
     cases: dict[str, Callable[[], Timed]] = {
         CASE_A: _subprocess_case(CASE_A, static, env, work),
+        CASE_T: _subprocess_case(CASE_T, lambda: static([PYTHON, str(NO_TEARDOWN)]), env, work),
         CASE_S: _subprocess_case(CASE_S, standalone, env, work),
         CASE_B: _subprocess_case(
             CASE_B, [str(VENV_BIN / "nbgpu"), "run", "-n", "2", str(script)], env, work
@@ -513,51 +519,60 @@ def _paired_ratio(num: Series, den: Series) -> float:
 
 
 def report(series: dict[str, Series]) -> dict[str, float]:
-    bare = series[CASE_A]
+    bare, like = series[CASE_A], series[CASE_T]
     rows = []
     figures: dict[str, float] = {}
     for name, s in series.items():
         note = f"first rank line {s.first_line_ms:.0f} ms"
         if name in (CASE_B, CASE_C):
+            r = s.row().median_wall / like.row().median_wall
+            verdict = "OK" if r <= 1.0 else "OVER"
+            note += f"; wall/(t) {r:.2f} (goal 1.00: {verdict})"
+            note += f", per-round median {_paired_ratio(s, like):.2f}"
             r = s.row().median_wall / bare.row().median_wall
             verdict = "OK" if r <= BUDGET_RATIO else "OVER"
-            note += f"; wall/bare {r:.2f} (budget {BUDGET_RATIO:.2f}: {verdict})"
-            note += f", per-round median {_paired_ratio(s, bare):.2f}"
-        elif name in (CASE_D, CASE_S):
-            note += f"; wall/bare {s.row().median_wall / bare.row().median_wall:.2f}"
+            note += f"; wall/(a) {r:.2f} (budget {BUDGET_RATIO:.2f}: {verdict})"
+        elif name in (CASE_D, CASE_S, CASE_T):
+            note += f"; wall/(a) {s.row().median_wall / bare.row().median_wall:.2f}"
         rows.append(s.row(note))
     print_table("Launch overhead, 2 ranks, hello-world gloo (medians, alternating)", rows)
-    pairs = [
-        (f"({name[0]}) / (a)", series[name].row(), bare.row())
-        for name in (CASE_S, CASE_B, CASE_C, CASE_D)
-        if name in series
-    ]
-    print_ratios("Ratios (each / bare torchrun with the same static rendezvous)", pairs)
+    for anchor, title in (
+        (CASE_T, "the like-for-like anchor: bare torchrun whose launcher also skips teardown"),
+        (CASE_A, "bare torchrun with the same static rendezvous"),
+    ):
+        pairs = [
+            (f"({name[0]}) / ({anchor[0]})", series[name].row(), series[anchor].row())
+            for name in (CASE_T, CASE_S, CASE_B, CASE_C, CASE_D)
+            if name in series and name != anchor
+        ]
+        print_ratios(f"Ratios (each / {title})", pairs)
     a_ms, s_ms = bare.row().median_wall, series[CASE_S].row().median_wall
+    t_ms = like.row().median_wall
+    print(f"(a) - (t) = {a_ms - t_ms:+.0f} ms: torch's interpreter teardown in the launcher")
     for name in (CASE_B, CASE_C):
-        extra = series[name].row().median_wall - a_ms
+        extra = series[name].row().median_wall - t_ms
         print(
-            f"{name}: {extra:+.0f} ms over (a), same rendezvous: nbgpu's own work (CLI or "
-            "magic, inventory, agent wrapper, log following, result collection, the "
-            "orphan sweep) minus the torch teardown its agent skips (os._exit once "
-            "result.json is written; bare torchrun tears torch down)"
+            f"{name}: {extra:+.0f} ms over (t), same rendezvous, same teardown skip: "
+            "nbgpu's own work (CLI or magic, inventory, agent wrapper, log following, "
+            "result collection, the orphan sweep)"
         )
     print(f"(s) - (a) = {s_ms - a_ms:+.0f} ms: c10d's dynamic rendezvous alone (--standalone)")
     print(
-        "\n| time to first rank line | median ms | minus bare (ms) | per-round median diff (ms) |"
+        "\n| time to first rank line | median ms | minus (a) | per-round median minus (a) "
+        "| minus (t) | per-round median minus (t) |"
     )
-    print("|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for name, s in series.items():
-        diffs = [
-            (a.first_line_s - b.first_line_s) * 1000
-            for a, b in zip(s.runs, bare.runs, strict=True)
-            if a.first_line_s is not None and b.first_line_s is not None
-        ]
-        paired = statistics.median(diffs) if diffs else float("nan")
-        print(
-            f"| {name} | {s.first_line_ms:.0f} | {s.first_line_ms - bare.first_line_ms:+.0f} "
-            f"| {paired:+.0f} |"
-        )
+        cells = [f"{s.first_line_ms:.0f}"]
+        for anchor in (bare, like):
+            diffs = [
+                (a.first_line_s - b.first_line_s) * 1000
+                for a, b in zip(s.runs, anchor.runs, strict=True)
+                if a.first_line_s is not None and b.first_line_s is not None
+            ]
+            paired = statistics.median(diffs) if diffs else float("nan")
+            cells += [f"{s.first_line_ms - anchor.first_line_ms:+.0f}", f"{paired:+.0f}"]
+        print(f"| {name} | " + " | ".join(cells) + " |")
     for name, s in series.items():
         figures[f"{name[0]}_wall_ms"] = s.row().median_wall
         figures[f"{name[0]}_first_line_ms"] = s.first_line_ms
