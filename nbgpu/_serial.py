@@ -10,10 +10,12 @@ may use it.
 """
 
 import dataclasses
+import functools
 import json
 import reprlib
 import types
 import typing
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -105,7 +107,7 @@ class _Reader:
     def build(self, cls: type[T], data: Any, where: str) -> T:
         if not isinstance(data, dict):
             raise self.fail(f"{where} is not an object")
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(typing.cast(Hashable, cls))
         kwargs = {}
         for f in dataclasses.fields(typing.cast(Any, cls)):  # callers pass dataclass types
             path = f.name if where == "top level" else f"{where}.{f.name}"
@@ -128,6 +130,13 @@ class _Reader:
         except ValueError as exc:  # the class's own check: "pid = -3; expected ..."
             at = "" if where == "top level" else f"{where}."
             raise self.fail(f"{at}{exc}") from None
+
+
+@functools.cache
+def _type_hints(cls: Hashable) -> dict[str, Any]:
+    # Resolving string annotations is most of reading a fleet file (`nbgpu status` with a
+    # simulated fleet: bench/RESULTS.md section 2); a class's hints never change.
+    return typing.get_type_hints(cls)
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -16,8 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import NbgpuError, UserInputError
-from nbgpu.launch.flags import add_flags, prepare_options
-from nbgpu.plan_cli import add_plan_arguments, plan_from_args, render_plan_output
 
 if TYPE_CHECKING:
     from nbgpu.devices.clean import CleanPlan, CleanReport
@@ -87,11 +85,7 @@ def _estimate(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if result.fits is False else EXIT_OK
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="nbgpu", description="Probe, plan, launch and diagnose multi-GPU jobs.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
-    p = sub.add_parser("status", help="every GPU: health, memory, holders, cuda:N mapping")
+def _status_arguments(p: argparse.ArgumentParser) -> None:
     _flag(p, "--json", "print a JSON snapshot (a fleet file NBGPU_SIMULATE accepts)")
     _flag(p, "--probe", "create a CUDA context per GPU in a subprocess to catch busy GPUs")
     p.add_argument(
@@ -103,14 +97,16 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, metavar="N", help="with --slurm")
     p.add_argument("--partition", metavar="P", help="with --slurm")
 
-    p = sub.add_parser("doctor", help="each GPU's health, the launch environment, and fixes")
+
+def _doctor_arguments(p: argparse.ArgumentParser) -> None:
     _flag(p, "--no-probe", "skip the active CUDA probe")
     p.add_argument(
         "--nproc", type=int, metavar="N", help="check a planned number of ranks per node"
     )
     _flag(p, "--json", "print the report as JSON")
 
-    p = sub.add_parser("clean", help="stop your own stale GPU holders, after asking")
+
+def _clean_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--yes", "-y", action="store_true", help="do not ask")
     _flag(p, "--dry-run", "only list")
     p.add_argument(
@@ -120,7 +116,9 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds between SIGTERM and SIGKILL (default 3)",
     )
-    p = sub.add_parser("diagnose", help="name the cause of a failed run, its first rank, fixes")
+
+
+def _diagnose_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="a log file, a run directory, or - for standard input")
     _flag(p, "--json", "print the diagnosis as JSON")
     _flag(p, "--inventory", "add this machine's GPUs (holders, modes) to the findings")
@@ -134,18 +132,20 @@ def _build_parser() -> argparse.ArgumentParser:
     _flag(p, "--full-scan", "read every line (default: skip lines no cause can match)")
     p.add_argument("--name", help="a label for the report")
 
-    p = sub.add_parser("memory", help="memory by phase and rank of a run, as a table and figure")
+
+def _memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", metavar="RUNDIR", help="a run directory, or the name of a recent run")
     p.add_argument("--png", metavar="FILE", help="also draw the figure into FILE")
     _flag(p, "--json", "print the report as JSON")
 
-    p = sub.add_parser("plan", help="place roles on GPUs, check batch sizes, sweeps, scaling")
+
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    from nbgpu.plan_cli import add_plan_arguments  # noqa: PLC0415
+
     add_plan_arguments(p)
 
-    p = sub.add_parser("estimate", help="per-GPU memory of a model, term by term, no trials")
-    _add_estimate_arguments(p)
 
-    p = sub.add_parser("runs", help="run directories on disk; --prune applies the retention policy")
+def _runs_arguments(p: argparse.ArgumentParser) -> None:
     _flag(p, "--prune", "remove the oldest runs beyond the policy")
     p.add_argument("--keep", type=int, metavar="N", help="keep the last N runs (0: all)")
     p.add_argument(
@@ -153,20 +153,52 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _flag(p, "--json", "print JSON")
 
-    p = sub.add_parser("stacks", help="every rank's Python stack now (hung runs)")
+
+def _stacks_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="a run directory, or a run name under the runs directory")
     p.add_argument(
         "--timeout", type=float, default=5.0, metavar="S", help="wait for dumps (default 5)"
     )
     _flag(p, "--native", "add native frames with py-spy if installed")
 
-    p = sub.add_parser("run", help="run a script as a torchrun job, streaming every rank")
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    from nbgpu.launch.flags import add_flags  # noqa: PLC0415
+
     add_flags(p)
+
+
+# name: (help, its arguments), in `nbgpu -h`'s order.
+_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "status": ("every GPU: health, memory, holders, cuda:N mapping", _status_arguments),
+    "doctor": ("each GPU's health, the launch environment, and fixes", _doctor_arguments),
+    "clean": ("stop your own stale GPU holders, after asking", _clean_arguments),
+    "diagnose": ("name the cause of a failed run, its first rank, fixes", _diagnose_arguments),
+    "memory": ("memory by phase and rank of a run, as a table and figure", _memory_arguments),
+    "plan": ("place roles on GPUs, check batch sizes, sweeps, scaling", _plan_arguments),
+    "estimate": ("per-GPU memory of a model, term by term, no trials", _add_estimate_arguments),
+    "runs": ("run directories on disk; --prune applies the retention policy", _runs_arguments),
+    "stacks": ("every rank's Python stack now (hung runs)", _stacks_arguments),
+    "run": ("run a script as a torchrun job, streaming every rank", _run_arguments),
+}
+
+
+def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command, each with its arguments; given *command*, only that one's arguments
+    (the others' would import the launch and plan layers for nothing: `nbgpu status` is
+    timed against nvitop, bench/RESULTS.md section 2)."""
+    parser = _Parser(prog="nbgpu", description="Probe, plan, launch and diagnose multi-GPU jobs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (help_, add_arguments) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        if command in (None, name):
+            add_arguments(p)
     return parser
 
 
 def _run_script(args: argparse.Namespace) -> int:
     from nbgpu.launch.execute import execute, to_screen  # noqa: PLC0415
+    from nbgpu.launch.flags import prepare_options  # noqa: PLC0415
     from nbgpu.launch.launcher import prepare  # noqa: PLC0415
 
     options = prepare_options(args)
@@ -309,6 +341,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command in commands:
         return commands[args.command](args)
     if args.command == "plan":
+        from nbgpu.plan_cli import plan_from_args, render_plan_output  # noqa: PLC0415
+
         result = plan_from_args(args)
         print(render_plan_output(result, args) or result.text())
         return EXIT_OK if result.ok else EXIT_PROBLEM
@@ -319,9 +353,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+    args = sys.argv[1:] if argv is None else list(argv)
+    parser = _build_parser(args[0] if args and args[0] in _COMMANDS else None)
     try:
-        return _run(parser.parse_args(argv))
+        return _run(parser.parse_args(args))
     except UserInputError as exc:
         print(f"nbgpu: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -135,6 +135,25 @@ def test_planning_results_load_no_yaml_or_shell_parser():
     assert json.loads(out.stdout) == []
 
 
+def test_status_loads_no_launch_plan_or_profile_layer():
+    # `nbgpu status` is timed against nvitop (bench/RESULTS.md section 2): the CLI builds
+    # only the chosen command's arguments, so the other commands' layers stay unloaded.
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from nbgpu.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['status', '--json'])\n"
+        "layers = ('nbgpu.launch', 'nbgpu.plan', 'nbgpu.profile', 'nbgpu.plan_cli')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(layers))))"
+    )
+    env = {**os.environ, "NBGPU_SIMULATE": "2xA40"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env,
+        timeout=60,
+    )  # fmt: skip
+    assert json.loads(out.stdout) == []
+
+
 def test_python_dash_m_runs_the_cli():
     out = subprocess.run(
         [sys.executable, "-m", "nbgpu", "-h"],

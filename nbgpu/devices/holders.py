@@ -183,21 +183,39 @@ def _join_command(cmdline: list[str] | None, name: str | None) -> str | None:
     return f"[{name}]" if name else None
 
 
-def _parent_command(ppid: int) -> str | None:
-    if ppid <= 0:
-        return None
+#: A parent's (start time, command), None when it is gone, (None, None) when not ours to read.
+ParentFacts = tuple[float | None, str | None] | None
+
+
+def _parent_facts(ppid: int, memo: dict[int, ParentFacts] | None) -> ParentFacts:
+    """Read once per snapshot (*memo*): the 40 workers of one job share one parent."""
+    if memo is not None and ppid in memo:
+        return memo[ppid]
+    facts: ParentFacts
     try:
         parent = psutil.Process(ppid)
-        name = parent.name()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-    return _join_command(_ask(parent.cmdline, None), name)
+        with parent.oneshot():
+            start, name = parent.create_time(), parent.name()
+        facts = start, _join_command(_ask(parent.cmdline, None), name)
+    except psutil.NoSuchProcess:
+        facts = None
+    except psutil.AccessDenied:
+        facts = None, None
+    if memo is not None:
+        memo[ppid] = facts
+    return facts
 
 
-def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderInfo:
+def describe_pid(
+    pid: int,
+    *,
+    container: ContainerInfo | None = None,
+    parents: dict[int, ParentFacts] | None = None,
+) -> HolderInfo:
     """Look ``pid`` up on this machine. A missing pid is ``dead`` in the host's PID
     namespace, ``other_namespace`` in a container's own (NVML reports host pids):
-    ``container`` (default :func:`detect_container`) is read only then."""
+    ``container`` (default :func:`detect_container`) is read only then. *parents*: what
+    was read of parents so far in this snapshot (a dict to fill; default: read each)."""
     if pid <= 0 or pid >= PID_MAX_LIMIT:
         return HolderInfo(pid, "dead", detail="no such process (not a valid Linux pid)")
     try:
@@ -225,13 +243,14 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
         "LOCAL_RANK" in environ and "WORLD_SIZE" in environ
     )
     orphan_reason, detail = None, None
+    parent = _parent_facts(ppid, parents) if ppid > 0 else (None, None)
     if status == psutil.STATUS_ZOMBIE:
         state, detail = "zombie", f"exited; parent pid {ppid} must reap it"
     else:
         state = "stopped" if status in _STOPPED_STATES else "alive"
         if status == psutil.STATUS_DEAD:
             state, detail = "dead", "exiting right now"
-        orphan_reason = _orphan_reason(pid, ppid, start_time, torchelastic)
+        orphan_reason = _orphan_reason(pid, ppid, start_time, torchelastic, parent)
     return HolderInfo(
         pid=pid,
         state=state,
@@ -245,7 +264,7 @@ def describe_pid(pid: int, *, container: ContainerInfo | None = None) -> HolderI
         visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
         torchelastic=torchelastic,
         orphan_reason=orphan_reason,
-        parent_command=_parent_command(ppid),
+        parent_command=parent[1] if parent else None,
         detail=detail,
     )
 
@@ -350,7 +369,9 @@ def is_torchrun_agent(cmdline: Sequence[str]) -> bool:
     return i < len(args) and Path(args[i]).name == "torchrun"
 
 
-def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -> str | None:
+def _orphan_reason(
+    pid: int, ppid: int, start_time: float, torchelastic: bool, parent: ParentFacts
+) -> str | None:
     """Why we believe ``pid`` was reparented (its launcher is gone), or None. Linux does
     not record who forked a process, so this reads the traces a fork leaves: a child
     inherits its launcher's session unless it makes its own (setsid), and a launcher always
@@ -372,12 +393,10 @@ def _orphan_reason(pid: int, ppid: int, start_time: float, torchelastic: bool) -
             # in sessions of their own. The command only ever spares, never selects.
             return None
         return "reparented to pid 1: its launcher is gone"
-    try:
-        parent = psutil.Process(ppid)
-        parent_start = parent.create_time()
-    except psutil.NoSuchProcess:
+    if parent is None:
         return f"parent pid {ppid} is gone"
-    except psutil.AccessDenied:
+    parent_start = parent[0]
+    if parent_start is None:  # not ours to read
         return None
     if parent_start > start_time:
         return f"parent pid {ppid} started after it, so adopted it"

@@ -329,8 +329,12 @@ def take_inventory(
     except NvmlError as exc:
         # Which fleet failed to initialise is the point of a simulated failure scenario.
         return taken(nvml.backend_for(env), [], nvml_error=str(exc), nvml_error_code=exc.code)
+    parents: dict[int, holders_mod.ParentFacts] = {}
     gpus = [
-        replace(g, processes=tuple(_with_holder(p, snap.backend, container) for p in g.processes))
+        replace(
+            g,
+            processes=tuple(_with_holder(p, snap.backend, container, parents) for p in g.processes),
+        )
         for g in snap.gpus
     ]
     cvd_env = env if visible_devices is None else {**env, "CUDA_VISIBLE_DEVICES": visible_devices}
@@ -348,15 +352,22 @@ def take_inventory(
         visible_is_override=visible_devices is not None,
         device_files=device_files,
         device_file_holders={
-            pid: holders_mod.describe_pid(pid, container=container) for pid in device_files
+            pid: holders_mod.describe_pid(pid, container=container, parents=parents)
+            for pid in device_files
         },
     )
 
 
-def _with_holder(proc: GpuProcess, backend: nvml.Backend, container: ContainerInfo) -> GpuProcess:
+def _with_holder(
+    proc: GpuProcess,
+    backend: nvml.Backend,
+    container: ContainerInfo,
+    parents: dict[int, holders_mod.ParentFacts],
+) -> GpuProcess:
     observed = backend.recorded_process(proc.pid)
     if observed is None:
-        return replace(proc, holder=holders_mod.describe_pid(proc.pid, container=container))
+        holder = holders_mod.describe_pid(proc.pid, container=container, parents=parents)
+        return replace(proc, holder=holder)
     from nbgpu.devices.capture import observed_holder  # noqa: PLC0415
 
     return replace(proc, holder=observed_holder(proc.pid, observed))

@@ -252,6 +252,25 @@ def test_child_with_live_parent_is_not_orphaned(spawn):
     assert not info.torchelastic
 
 
+def test_siblings_in_one_snapshot_read_their_parent_once(spawn, monkeypatch):
+    children = [spawn.child(["sleep", "60"], env=clean_env()) for _ in range(3)]
+    for child in children:
+        wait_for(lambda c=child: psutil.Process(c.pid).cmdline() == ["sleep", "60"], what="exec")
+    read: list[int] = []
+    cmdline = psutil.Process.cmdline
+
+    def counting(self: psutil.Process) -> list[str]:
+        read.append(self.pid)
+        return cmdline(self)
+
+    monkeypatch.setattr(psutil.Process, "cmdline", counting)
+    parents: dict = {}
+    infos = [describe_pid(c.pid, parents=parents) for c in children]
+    assert read.count(os.getpid()) == 1  # 40 workers of one job: one parent lookup
+    assert {i.parent_command for i in infos} == {" ".join(cmdline(psutil.Process()))}
+    assert not any(i.orphaned for i in infos)
+
+
 def test_orphan_is_detected_whoever_adopted_it(spawn):
     orphan = spawn.orphan("sleep 60")
     info = describe_pid(orphan.pid)

@@ -14,8 +14,7 @@ named; imports neither pynvml nor psutil.
 
 import json
 import re
-import uuid as uuidlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, cast
@@ -103,10 +102,17 @@ _OLD_DRIVER: Mapping[str, Any] = {
 }  # fmt: skip
 
 
-def _uuid_for(key: str) -> str:
+def _uuid5(name: str) -> str:
     # Deterministic UUIDs: the same spec always gives the same fleet, so tests and
-    # notebooks can name GPUs by UUID.
-    return f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, 'nbgpu:' + key)}"
+    # notebooks can name GPUs by UUID. Imported here: a fleet file that names its GPUs'
+    # UUIDs (every capture) never needs the module (a few ms of `nbgpu status`).
+    import uuid  # noqa: PLC0415
+
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+
+
+def _uuid_for(key: str) -> str:
+    return f"GPU-{_uuid5('nbgpu:' + key)}"
 
 
 def _bus_id_for(index: int) -> str:
@@ -137,10 +143,13 @@ def fleet_from_dict(data: Any, *, default_name: str = "fleet.json") -> Fleet:
 def _with_position_defaults(gpu: Any, position: int) -> Any:
     if not isinstance(gpu, dict):
         return gpu  # from_data names what is wrong with it
-    uuid, bus_id = _uuid_for(f"json/{position}"), _bus_id_for(position)
-    defaults = {"index": position, "uuid": uuid, "pci_bus_id": bus_id}
+    defaults: dict[str, Callable[[], object]] = {
+        "index": lambda: position,
+        "uuid": lambda: _uuid_for(f"json/{position}"),
+        "pci_bus_id": lambda: _bus_id_for(position),
+    }
     unread = {"name": "Unknown GPU", "memory_total_bytes": 0}
-    filled = {k: v for k, v in defaults.items() if gpu.get(k) is None}
+    filled = {k: make() for k, make in defaults.items() if gpu.get(k) is None}
     filled |= {k: v for k, v in unread.items() if k in gpu and gpu[k] is None}
     return {**gpu, **filled}
 
@@ -395,7 +404,7 @@ def apply_options(fleet: Fleet, options: Sequence[str], *, spec: str) -> Fleet: 
 def _with_mig(gpu: SimGpu) -> SimGpu:
     children = tuple(
         MigDevice(
-            uuid="MIG-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{gpu.uuid}/mig/{i}")),
+            uuid="MIG-" + _uuid5(f"{gpu.uuid}/mig/{i}"),
             name=f"{gpu.name} MIG 1g.5gb",
             memory_total_bytes=_MIG_1G_BYTES,
             gpu_instance_id=7 + i,
