@@ -354,7 +354,17 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
-    parser = _build_parser(args[0] if args and args[0] in _COMMANDS else None)
+    command = args[0] if args and args[0] in _COMMANDS else None
+    if command == "run" and not {"-h", "--help", "--slurm"} & set(args):
+        from nbgpu.launch.spare import agent_started_early  # noqa: PLC0415
+
+        # The agent first: it imports torch while the run is prepared.
+        with agent_started_early():
+            return _main(_build_parser(command), args)
+    return _main(_build_parser(command), args)
+
+
+def _main(parser: argparse.ArgumentParser, args: list[str]) -> int:
     try:
         return _run(parser.parse_args(args))
     except UserInputError as exc:

@@ -26,27 +26,22 @@ from typing import Any
 
 import psutil
 
-from nbgpu._children import set_parent_death_signal, wait_gone, with_package_importable
+from nbgpu._children import set_parent_death_signal, wait_gone
 from nbgpu._render import Block, Line, Pre, Result, Title
 from nbgpu._serial import read_json_object, to_data
 from nbgpu.errors import NbgpuError
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.slurm import srun_argv
+from nbgpu.launch.spare import FR_BUFFER, RUN_ID_ENV, base_agent_env, take_spare
 
 __all__ = [
     "FR_BUFFER", "STACKS_SIGNAL", "RunStacks", "StopReport", "free_port", "rank_stacks",
     "run_processes", "stop_processes", "wait_for_dump",
 ]  # fmt: skip
 
-RUN_ID_ENV = "NBGPU_RUN_ID"
 KILL_WAIT_S = 2.0  # after SIGKILL: how long to wait for the processes to go
 # Nodes started by hand (a cell on each) can take minutes to all arrive: torchrun's default.
 MANUAL_JOIN_TIMEOUT_S = 600.0
-
-
-# Entries each rank's flight recorder keeps. Recording costs no measurable time a step; what
-# grows with it is the dump a stall look asks of each rank (2,000: 28 ms, 1 MB; bench_flight).
-FR_BUFFER = 2000
 
 
 def agent_log(run_dir: Path) -> Path:
@@ -64,10 +59,9 @@ def free_port(taken: set[int] | None = None) -> int:
     raise NbgpuError("no free TCP port found for the rendezvous")
 
 
-def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> list[str]:
-    if config.slurm is not None:
-        return srun_argv(config, run_dir, run_id)
-    argv = [sys.executable, "-m", "nbgpu.rank.agent", str(run_dir / "result.json"), "--"]
+def agent_args(config: LaunchConfig, run_dir: Path, port: int) -> list[str]:
+    """What ``python -m nbgpu.rank.agent`` is given: ``RESULT.json -- <torchrun args>``."""
+    argv = [str(run_dir / "result.json"), "--"]
     if config.nnodes == 1:
         argv += ["--nnodes", "1", "--master-port", str(port)]  # the agent sets the address
     else:
@@ -85,41 +79,42 @@ def agent_argv(config: LaunchConfig, run_dir: Path, run_id: str, port: int) -> l
 def agent_env(
     config: LaunchConfig, environ: Mapping[str, str], run_dir: Path, run_id: str
 ) -> dict[str, str]:
-    env = with_package_importable({**environ, **config.env})
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets anyway, minus its banner
+    env = base_agent_env({**environ, **config.env}, run_id)
     env["NBGPU_RUN_DIR"] = str(run_dir)
-    env[RUN_ID_ENV] = run_id
     env["NBGPU_RUN_NAME"] = config.name
-    env["NBGPU_LAUNCHER_PID"] = str(os.getpid())
     # torchrun's agent-level error file (each rank gets its own from torchrun).
     env["TORCHELASTIC_ERROR_FILE"] = str(run_dir / "agent-error.json")
-    # Every rank keeps its last collectives (PyTorch's flight recorder): how a stalled job
-    # names the rank that never joined (launch/outcomes.py). On GPUs NCCL also dumps them
-    # when its watchdog times out, here where `nbgpu diagnose RUN_DIR` reads them.
-    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
-        env.setdefault("TORCH_FR_BUFFER_SIZE", str(FR_BUFFER))
-    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    # On GPUs NCCL also dumps the flight records when its watchdog times out, here where
+    # `nbgpu diagnose RUN_DIR` reads them.
     env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(run_dir / "nccl_trace_rank_"))
     if config.backend:
         env["NBGPU_BACKEND"] = config.backend
     if config.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = config.cuda_visible_devices
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so indices mean nvidia-smi's
-    # ipykernel turns fd capture off under pytest; nothing in ranks should care.
-    env.pop("PYTEST_CURRENT_TEST", None)
     return env
 
 
 def start_agent(
     config: LaunchConfig, run_dir: Path, run_id: str, port: int, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
-    # srun is not ours to change: the kernel sets its parent-death signal (a killed srun
-    # ends its step on every node). Our agent sets its own.
-    dies = partial(set_parent_death_signal, signal.SIGTERM) if config.slurm is not None else None
+    """The run's agent: the one started early for it when there is one (``spare``)."""
+    if config.slurm is not None:
+        # srun is not ours to change: the kernel sets its parent-death signal (a killed
+        # srun ends its step on every node). Our agent on each node sets its own.
+        argv = srun_argv(config, run_dir, run_id)
+        dies = partial(set_parent_death_signal, signal.SIGTERM)
+    else:
+        args = agent_args(config, run_dir, port)
+        spare = take_spare()
+        if spare is not None and spare.run_id == run_id:
+            agent = spare.start(args, env, agent_log(run_dir))
+            if agent is not None:
+                return agent
+        argv, dies = [sys.executable, "-m", "nbgpu.rank.agent", *args], None
     with agent_log(run_dir).open("wb") as log:
         return subprocess.Popen(
-            agent_argv(config, run_dir, run_id, port),
+            argv,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -44,6 +44,7 @@ from nbgpu.launch.rundirs import (
     write_meta,
 )
 from nbgpu.launch.slurm import QueueWatch, cancel, srun_error
+from nbgpu.launch.spare import early_run_id
 from nbgpu.launch.streams import CellServer, LineSink, RankLogs, ScreenWriter
 from nbgpu.launch.warm import CELL_MARK, WATCH_S, Cell, CellResult, WarmState
 
@@ -76,6 +77,7 @@ class Run(RunView):
 
     def start(self) -> Run:
         cfg = self.config
+        self.run_id = early_run_id() or self.run_id  # an agent started early carries it
         pruned = prune_before_run(self.environ)
         if pruned is not None:
             self.notices.pending.append(pruned)
@@ -162,16 +164,24 @@ class Run(RunView):
     ) -> None:
         timeout = self.config.timeout_s if flight is None else flight.request.timeout_s
         began = self.started_at if flight is None else flight.started
-        last_flush = 0.0
+        last_flush = last_lines = 0.0
+        unsent = False
         while True:
             try:
                 if flight is not None:
                     flight.step(POLL_S)  # waits on the channel: an answer wakes us at once
-                self._show(writer, self._logs.poll())
+                polled = self._logs.poll()
+                self._show(writer, polled)
+                unsent = unsent or bool(polled)
                 now = time.monotonic()
-                if now - last_flush >= FLUSH_S or (flight is not None and flight.all_answered):
+                # Lines after a quiet spell go out at once, not at the next tick (up to FLUSH_S
+                # later); a stream of them still goes out about once per FLUSH_S.
+                due = now - last_flush >= FLUSH_S or (unsent and now - last_lines >= FLUSH_S)
+                if due or (flight is not None and flight.all_answered):
                     self._tick(writer, on_tick)
                     last_flush = now
+                    if unsent:
+                        last_lines, unsent = now, False
                 if self.agent_done or (flight is not None and flight.over()):
                     return
                 if self._stalled(writer, began) and self.config.on_hang == "stop":

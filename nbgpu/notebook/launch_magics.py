@@ -14,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch import flags
+from nbgpu.launch.spare import agent_started_early
 from nbgpu.notebook.magics import parse_or_help, user_errors, words
 
 if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
@@ -67,6 +68,13 @@ class LaunchMagics(Magics):
             )
         if args.on is not None:
             return self._run_on(args, cell, options, pushed)
+        # The agent first: it imports torch while the run is prepared (nbgpu/launch/spare.py).
+        with agent_started_early(enabled=not args.slurm):
+            return self._start(args, cell, options, pushed)
+
+    def _start(
+        self, args: Namespace, cell: str, options: dict[str, Any], pushed: dict[str, Any]
+    ) -> Any:
         from nbgpu.launch.execute import execute  # noqa: PLC0415
         from nbgpu.launch.launcher import prepare  # noqa: PLC0415
         from nbgpu.notebook.widgets import background_output, foreground_output  # noqa: PLC0415

@@ -85,23 +85,64 @@ def _listen_on_one_address(args: Any) -> None:
     dist.TCPStore = BoundStore  # type: ignore[attr-defined]
 
 
+# Environment that decides what this interpreter loaded (which Python packages and libraries,
+# torch's own logging): a run that changes one gets an agent started again with it.
+_LOADED_BY = ("PYTHON", "LD_", "TORCH_", "LOGLEVEL")
+_READ_BY_RANKS = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE",)  # nbgpu's own, per run
+
+
+def _take_run() -> list[str]:
+    """``--wait`` (nbgpu/launch/spare.py): once torch is imported, the run from stdin. Its
+    environment is applied here (the ranks inherit it), or, when it changes what this
+    interpreter loaded, this agent starts again with it."""
+    line = sys.stdin.buffer.readline()
+    if not line:
+        os._exit(0)  # the launcher started no run: nothing was done, nothing to report
+    job = json.loads(line)
+    env: dict[str, str] = job["env"]
+    os.chdir(job["cwd"])
+    # The output so far (a file the launcher gave, read-write) goes first into the log.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    early = b""
+    while chunk := os.pread(1, 1 << 16, len(early)):
+        early += chunk
+    fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    os.write(fd, early)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    changed = {k for k in {*env, *os.environ} if env.get(k) != os.environ.get(k)}
+    if any(k.startswith(_LOADED_BY) and k not in _READ_BY_RANKS for k in changed):
+        argv = [sys.executable, "-m", "nbgpu.rank.agent", *job["argv"]]
+        os.execve(sys.executable, argv, env)  # noqa: S606  (this same program, no shell)
+    os.environ.clear()
+    os.environ.update(env)
+    return list(job["argv"])
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[1] != "--":
-        raise SystemExit("usage: python -m nbgpu.rank.agent RESULT.json -- <torchrun args>")
-    result_path = Path(argv[0])
     # SIGTERM, not SIGKILL: torchrun's handler then stops its workers itself; the
-    # workers' own parent-death signal covers the case where that fails.
-    run_dir = os.environ.get("NBGPU_RUN_DIR")
-    die_with("NBGPU_LAUNCHER_PID", signal.SIGTERM, Path(run_dir) if run_dir else None, "agent")
+    # workers' own parent-death signal covers the case where that fails. Armed before the
+    # imports: an agent started early dies with its launcher while it waits for a run.
+    die_with("NBGPU_LAUNCHER_PID", signal.SIGTERM, None, "agent")
     # nbgpu stops a run with SIGINT first; an ancestor's ignored SIGINT (nohup, `cmd &`)
     # must not turn that into a wait for SIGTERM.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.environ["NBGPU_AGENT_PID"] = str(os.getpid())  # inherited by every worker
     from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: PLC0415
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError  # noqa: PLC0415
     from torch.distributed.run import parse_args, run  # noqa: PLC0415
 
+    if argv == ["--wait"]:
+        argv = _take_run()
+    if len(argv) < 2 or argv[1] != "--":
+        raise SystemExit("usage: python -m nbgpu.rank.agent RESULT.json -- <torchrun args>")
+    result_path = Path(argv[0])
+    run_dir = os.environ.get("NBGPU_RUN_DIR")
+    if run_dir:  # again, now that the run is known: a refused signal is noted in it
+        die_with("NBGPU_LAUNCHER_PID", signal.SIGTERM, Path(run_dir), "agent")
+    os.environ["NBGPU_AGENT_PID"] = str(os.getpid())  # inherited by every worker
     args = parse_args(argv[2:])
     _listen_on_one_address(args)
     result: dict[str, Any] = {"failures": [], "signal": None}

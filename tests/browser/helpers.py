@@ -62,6 +62,16 @@ def processes_with_env(entry: str) -> list[psutil.Process]:
     return [proc for proc in psutil.process_iter() if _has_env(proc, wanted)]
 
 
+def processes_of_run(runs: Path, name: str) -> list[psutil.Process]:
+    """Live processes of the runs called *name* under *runs*, by the run id each carries
+    from its start (an agent started early gets the run's name only after it starts)."""
+    ids = set()
+    for meta in runs.glob(f"{name}-*/run.json"):
+        with contextlib.suppress(OSError, ValueError):  # being rewritten: the next look
+            ids.add(json.loads(meta.read_text(encoding="utf-8"))["run_id"])
+    return [proc for run_id in ids for proc in processes_with_env(f"NBGPU_RUN_ID={run_id}")]
+
+
 def _has_env(proc: psutil.Process, wanted: bytes) -> bool:
     try:
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")

@@ -22,8 +22,9 @@ import pytest
 
 from tests.browser.helpers import (
     LabPage,
+    LabServer,
     describe,
-    processes_with_env,
+    processes_of_run,
     wait_until,
     write_notebook,
 )
@@ -95,8 +96,8 @@ def _assert_outputs_clean(text: str) -> None:
         )
 
 
-def _run_procs(name: str) -> list:
-    return processes_with_env(f"NBGPU_RUN_NAME={name}")
+def _run_procs(lab: LabServer, name: str) -> list:
+    return processes_of_run(lab.base / "runs", name)
 
 
 def test_flood_shows_the_end_and_no_iopub_drop(lab, lab_page, shots_dir):
@@ -131,7 +132,7 @@ def test_flood_shows_the_end_and_no_iopub_drop(lab, lab_page, shots_dir):
         log = (run_dirs[0] / f"rank{rank}.log").read_text(encoding="utf-8").splitlines()
         assert sum(line.startswith(f"rank{rank} flood ") for line in log) == FLOOD_LINES
         assert log[-1] == f"DONE-rank{rank}"
-    assert _run_procs(name) == []
+    assert _run_procs(lab, name) == []
 
     # Kept for a person to look at: the end of the flood with its markers in view.
     lab_page.page.locator(
@@ -186,7 +187,7 @@ def test_stop_click_to_stopped_badge_while_ranks_stream(lab, lab_page, shots_dir
     stop = page.locator(".jp-OutputArea-output button.widget-button", has_text="Stop")
     # Stop a run that is really up and streaming: the agent and both ranks, each with
     # a few thousand lines out, far more than a tab keeps.
-    wait_until(lambda: len(_run_procs(name)) >= 3, 60, f"the agent and both ranks of {name}")
+    wait_until(lambda: len(_run_procs(lab, name)) >= 3, 60, f"the agent and both ranks of {name}")
     run_dir = wait_until(lambda: next((lab.base / "runs").glob(f"{name}-*"), None), 30, "run dir")
     logs = [run_dir / f"rank{r}.log" for r in (0, 1)]
     wait_until(lambda: all(_lines_in_log(p) >= 5_000 for p in logs), 60, "5,000 lines per rank")
@@ -229,7 +230,7 @@ def test_stop_click_to_stopped_badge_while_ranks_stream(lab, lab_page, shots_dir
     )
     assert max(sent_at_click) < STREAM_LINES, "the ranks had finished streaming before the click"
     # The panel says stopped only once the stop finished: nothing of the run may be alive.
-    left = _run_procs(name)
+    left = _run_procs(lab, name)
     assert left == [], describe(left)
     # The live panel gave way to the run's record: no Stop button left on a finished run.
     assert stop.count() == 0

@@ -5,8 +5,10 @@ that its processes were running when the test acted, and that none survive.
 """
 
 import os
+import re
 import signal
 import stat
+import statistics
 import threading
 import time
 
@@ -16,6 +18,7 @@ import torch.distributed as dist
 
 import nbgpu.diagnose
 from nbgpu.diagnose import diagnose
+from nbgpu.launch import run as run_module
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.launcher import prepare
 from nbgpu.launch.procs import run_processes
@@ -88,6 +91,30 @@ def test_success_streams_logs_and_pulls(env):
     assert "rank 1 of 2" in run.logs["rank1"].read_text()
     assert run.first_output_at is not None
     assert leftover_processes(run) == []
+
+
+def test_a_line_after_a_quiet_spell_is_shown_at_once(env, monkeypatch):
+    # Lines go out at most once per FLUSH_S; one after a quiet spell must not wait for the
+    # next tick. A long FLUSH_S makes the difference plain: a tick-bound line waits 0.5 s
+    # on average, a prompt one about a poll (50 ms).
+    monkeypatch.setattr(run_module, "FLUSH_S", 1.0)
+    code = (
+        "import time\n"
+        "for i in range(6):\n"
+        "    time.sleep(1.3)\n"
+        "    print(f'stamp {time.time()!r}', flush=True)\n"
+    )
+    run = start(code, env, nproc=1)
+    delays = []
+
+    def write(text):
+        now = time.time()
+        delays.extend(now - float(w) for w in re.findall(r"stamp ([\d.]+)", text))
+
+    run.follow(ScreenWriter(write))
+    assert run.state == "succeeded", run.text()
+    assert len(delays) == 6
+    assert statistics.median(delays) < 0.3, delays
 
 
 def test_crash_names_first_rank_and_keeps_its_last_words(env):

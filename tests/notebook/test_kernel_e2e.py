@@ -10,26 +10,14 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
+from tests.browser.helpers import processes_of_run
+
 pytestmark = pytest.mark.slow
-
-
-def _run_processes(run_name):
-    found = []
-    for proc in psutil.process_iter(["uids"]):
-        try:
-            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"NBGPU_RUN_NAME={run_name}".encode() in environ:
-            found.append(proc)
-    return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def _execute(client, code, timeout=120, on_output=None):
@@ -88,8 +76,9 @@ def started_kernel(env, tmp_path):
     km.context.term()  # otherwise zmq's Context.__del__ warns at interpreter exit
 
 
-def test_stream_then_sigkill_kernel_leaves_nothing(kernel):
+def test_stream_then_sigkill_kernel_leaves_nothing(kernel, tmp_path):
     km, client = kernel
+    runs = tmp_path / "runs"
     out, error = _execute(client, "%load_ext nbgpu")
     assert error is None, out
     out, error = _execute(
@@ -107,7 +96,7 @@ def test_stream_then_sigkill_kernel_leaves_nothing(kernel):
     deadline = time.time() + 60
     procs = []
     while time.time() < deadline:
-        procs = _run_processes("e2e-bg")
+        procs = processes_of_run(runs, "e2e-bg")
         if len(procs) >= 3:  # the agent and both ranks are up
             break
         time.sleep(0.1)
@@ -115,6 +104,6 @@ def test_stream_then_sigkill_kernel_leaves_nothing(kernel):
     kernel_pid = km.provisioner.process.pid
     os.kill(kernel_pid, signal.SIGKILL)
     deadline = time.time() + 15
-    while time.time() < deadline and _run_processes("e2e-bg"):
+    while time.time() < deadline and processes_of_run(runs, "e2e-bg"):
         time.sleep(0.1)
-    assert _run_processes("e2e-bg") == []
+    assert processes_of_run(runs, "e2e-bg") == []

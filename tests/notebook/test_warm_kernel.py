@@ -5,15 +5,17 @@ processes. What is left at the end is looked for in every process on the machine
 (by the run's name in their environment), not through nbgpu's bookkeeping.
 """
 
+import functools
 import os
 import re
 import signal
 
 import pytest
 
+from tests.browser.helpers import processes_of_run
 from tests.launch.test_orphans import wait_until
 from tests.notebook.test_kernel_e2e import _execute as _execute_colored
-from tests.notebook.test_kernel_e2e import _run_processes, kernel  # noqa: F401
+from tests.notebook.test_kernel_e2e import kernel  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +44,8 @@ def _interrupted(km, client, code, wait_for):
     return _plain(out), error
 
 
-def test_a_warm_job_keeps_state_across_cells_and_interrupts(kernel):  # noqa: F811
+def test_a_warm_job_keeps_state_across_cells_and_interrupts(kernel, tmp_path):  # noqa: F811
+    runs = tmp_path / "runs"
     km, client = kernel
     assert _execute(client, "%load_ext nbgpu")[1] is None
     out, error = _execute(client, START.format(name="w"))
@@ -96,12 +99,14 @@ def test_a_warm_job_keeps_state_across_cells_and_interrupts(kernel):  # noqa: F8
     out, error = _execute(client, "s = %gpu_stop w\nprint(s.text())")
     assert error is None, out
     assert "stopped 'w'" in out, out
-    assert wait_until(lambda: not _run_processes("w"), 20), _run_processes("w")
+    left = functools.partial(processes_of_run, runs, "w")
+    assert wait_until(lambda: not left(), 20), left()
     out, _error = _execute(client, "%%torchrun --on w\nprint(1)")
     assert "UsageError: --on w: the job has ended (stopped)" in out
 
 
-def test_a_dead_rank_ends_the_job_and_kernel_sigkill_leaves_nothing(kernel):  # noqa: F811
+def test_a_dead_rank_ends_the_job_and_kernel_sigkill_leaves_nothing(kernel, tmp_path):  # noqa: F811
+    runs = tmp_path / "runs"
     km, client = kernel
     assert _execute(client, "%load_ext nbgpu")[1] is None
     out, error = _execute(client, START.format(name="dies"))
@@ -111,20 +116,23 @@ def test_a_dead_rank_ends_the_job_and_kernel_sigkill_leaves_nothing(kernel):  # 
     assert error is not None, out
     assert error.startswith("RunFailed"), (out, error)
     assert "rank 1 failed first (exit 7)" in error
-    assert wait_until(lambda: not _run_processes("dies"), 20)
+    assert wait_until(lambda: not processes_of_run(runs, "dies"), 20)
     # A warm job between cells, then the kernel SIGKILLed: parent-death signals end it.
     out, error = _execute(client, START.format(name="orphan"))
     assert error is None, out
-    assert len(_run_processes("orphan")) >= 3  # agent + 2 ranks
+    assert len(processes_of_run(runs, "orphan")) >= 3  # agent + 2 ranks
     os.kill(km.provisioner.process.pid, signal.SIGKILL)
-    assert wait_until(lambda: not _run_processes("orphan"), 20), _run_processes("orphan")
+    left = functools.partial(processes_of_run, runs, "orphan")
+    assert wait_until(lambda: not left(), 20), left()
 
 
-def test_a_kernel_restart_ends_a_warm_job(kernel):  # noqa: F811
+def test_a_kernel_restart_ends_a_warm_job(kernel, tmp_path):  # noqa: F811
+    runs = tmp_path / "runs"
     km, client = kernel
     assert _execute(client, "%load_ext nbgpu")[1] is None
     out, error = _execute(client, START.format(name="restarted"))
     assert error is None, out
-    assert len(_run_processes("restarted")) >= 3
+    assert len(processes_of_run(runs, "restarted")) >= 3
     km.restart_kernel(now=False)  # what the notebook's "Restart kernel" does
-    assert wait_until(lambda: not _run_processes("restarted"), 20), _run_processes("restarted")
+    left = functools.partial(processes_of_run, runs, "restarted")
+    assert wait_until(lambda: not left(), 20), left()
