@@ -506,7 +506,17 @@ def measure(n: int, stack: contextlib.ExitStack, work: Path, tag: str) -> dict[s
     for round_index in range(1 + n):  # one untimed warm-up round
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            timed = cases[name]()
+            try:
+                timed = cases[name]()
+            except RuntimeError as exc:
+                if name != CASE_D:
+                    raise
+                # accelerate's launcher has hung here (a cell past RUN_TIMEOUT_S): the
+                # anchor is dropped with its reason; nbgpu's own cases are kept.
+                print(f"\n(d) accelerate notebook_launcher dropped in round {round_index}: {exc}")
+                names.remove(name)
+                del series[name]
+                continue
             if round_index:
                 series[name].runs.append(timed)
     return series

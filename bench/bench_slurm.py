@@ -7,11 +7,15 @@ a. bare ``srun --nodes 2 --ntasks-per-node 1 python -m torch.distributed.run --n
    --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<free port>
    --rdzv-id <id> --max-restarts 0 hello.py``: the anchor, torchrun's c10d rendezvous
    at an endpoint chosen before the job starts
+t. the same as (a) with ``bench/torchrun_no_teardown.py`` as the launcher on each node:
+   torchrun ending in ``os._exit`` as nbgpu's agents do (no interpreter teardown of torch
+   in the launchers; the ranks tear down in every case): the like-for-like anchor
 b. ``nbgpu run --slurm --nodes 2 --nproc-per-node 2 hello.py`` (the CLI): the same c10d
    rendezvous, its endpoint published by the first node
 
 The script initialises gloo, does one ``all_reduce``, prints one line per rank and tears
-the group down. Reported: median wall time per case and the ratio (b)/(a).
+the group down. Reported: median wall time and time to the first rank line on the
+command's stdout per case, the ratios (b)/(a) and (b)/(t).
 
     sudo .venv/bin/python bench/bench_slurm.py [N]   # N alternating rounds (default 5)
 
@@ -26,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,14 +50,24 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> float:
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall ms, ms to the first rank line on stdout)."""
     started = time.perf_counter()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    errors: list[bytes] = []
+    reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    first, lines = None, 0
+    for line in proc.stdout:
+        if b"hello from rank" in line:  # (srun may join two tasks' lines into one)
+            lines += line.count(b"hello from rank")
+            first = first or time.perf_counter() - started
+    proc.wait(timeout=300)
     wall = time.perf_counter() - started
-    lines = done.stdout.count("hello from rank")
-    if done.returncode != 0 or lines != 4:
-        raise RuntimeError(f"{argv[:3]}: exit {done.returncode}, {lines} lines\n{done.stderr}")
-    return wall * 1000
+    reader.join(timeout=10)
+    if proc.returncode != 0 or lines != 4 or first is None:
+        raise RuntimeError(f"{argv[:3]}: exit {proc.returncode}, {lines} lines\n{errors}")
+    return wall * 1000, first * 1000
 
 
 FAILING = """\
@@ -70,6 +85,8 @@ time.sleep(60)
 
 
 # The same 2 nodes x 2 ranks run through nbgpu, timed and in the failure detection.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+NO_TEARDOWN = [sys.executable, str(BENCH / "torchrun_no_teardown.py")]
 NBGPU_RUN = [sys.executable, "-m", "nbgpu.cli", "run", "--slurm", "--nodes", "2"]
 NBGPU_RUN += ["--nproc-per-node", "2"]
 
@@ -106,56 +123,51 @@ def main(n: int = 5) -> None:
             env = {**cluster.env, "NBGPU_RUNS_DIR": str(root / "runs"), "OMP_NUM_THREADS": "1"}
             env.pop("NBGPU_SIMULATE", None)
 
-            def bare() -> float:
+            def bare(launcher: list[str]) -> tuple[float, float]:
                 return _timed(
                     [
-                        "srun",
-                        "--nodes",
-                        "2",
-                        "--ntasks-per-node",
-                        "1",
-                        sys.executable,
-                        "-m",
-                        "torch.distributed.run",
-                        "--nnodes",
-                        "2",
-                        "--nproc-per-node",
-                        "2",
-                        "--rdzv-backend",
-                        "c10d",
-                        "--rdzv-endpoint",
-                        f"127.0.0.1:{_free_port()}",
-                        "--rdzv-id",
-                        secrets.token_hex(4),
-                        "--max-restarts",
-                        "0",
+                        *("srun", "--nodes", "2", "--ntasks-per-node", "1"),
+                        *launcher,
+                        *("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d"),
+                        *("--rdzv-endpoint", f"127.0.0.1:{_free_port()}"),
+                        *("--rdzv-id", secrets.token_hex(4), "--max-restarts", "0"),
                         str(script),
                     ],
                     env,
                 )
 
-            def nbgpu() -> float:
+            def nbgpu() -> tuple[float, float]:
                 return _timed([*NBGPU_RUN, str(script)], env)
 
             detection = _failure_detection(root, env)
-            cases = {"a. bare srun + torchrun (c10d)": bare, "b. nbgpu run --slurm": nbgpu}
+            cases = {
+                "a. bare srun + torchrun (c10d)": lambda: bare(TORCHRUN),
+                "t. as (a), launchers skip teardown": lambda: bare(NO_TEARDOWN),
+                "b. nbgpu run --slurm": nbgpu,
+            }
             for case in cases.values():  # one untimed round: caches, the cluster's first job
                 case()
-            times: dict[str, list[float]] = {name: [] for name in cases}
+            times: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+            names = list(cases)
             for round_ in range(n):
-                for name in list(cases)[round_ % 2 :] + list(cases)[: round_ % 2]:
+                shift = round_ % len(names)
+                for name in names[shift:] + names[:shift]:
                     times[name].append(cases[name]())
             left = cluster.squeue()
         finally:
             cluster.stop()
-    print(f"\n== 2 nodes x 2 ranks through SLURM, {n} alternating rounds (median ms) ==")
+    print(f"\n== 2 nodes x 2 ranks through SLURM, {n} alternating rounds ==")
+    print("| case | median wall ms | min | max | first rank line ms (median) |")
+    print("|---|---:|---:|---:|---:|")
     for name, values in times.items():
-        print(
-            f"{name:36s} {statistics.median(values):8.0f}  (min {min(values):.0f}, "
-            f"max {max(values):.0f})"
-        )
-    a, b = (statistics.median(v) for v in times.values())
-    print(f"ratio (b)/(a): {b / a:.2f}")
+        walls = [w for w, _ in values]
+        first = statistics.median(f for _, f in values)
+        print(f"| {name} | {statistics.median(walls):.0f} | {min(walls):.0f} | {max(walls):.0f} "
+              f"| {first:.0f} |")  # fmt: skip
+    wall = {name[0]: statistics.median(w for w, _ in v) for name, v in times.items()}
+    first = {name[0]: statistics.median(f for _, f in v) for name, v in times.items()}
+    print(f"ratio (b)/(a): {wall['b'] / wall['a']:.2f}; (b)/(t): {wall['b'] / wall['t']:.2f}")
+    print(f"first rank line, (b) - (t): {first['b'] - first['t']:+.0f} ms")
     print(f"jobs left in squeue: {len(left)}")
     print(
         f"\nfailure detection: a rank on one node exits 1 while the others wait; nbgpu run "

@@ -14,11 +14,11 @@ import socket
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from nbgpu.rank.worker import die_with
 
-__all__ = ["main"]
+__all__ = ["main", "main_and_exit"]
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -183,11 +183,15 @@ def main(argv: list[str]) -> int:
     return code
 
 
-if __name__ == "__main__":
-    exit_code = main(sys.argv[1:])
+def main_and_exit(argv: list[str]) -> NoReturn:
+    exit_code = main(argv)
     # The agent runs no user code and its result is on disk: skip the interpreter's
     # teardown of torch (about a second on 2 cores) instead of making the user wait.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)
+
+
+if __name__ == "__main__":
+    main_and_exit(sys.argv[1:])

@@ -3,8 +3,9 @@
 ``srun`` starts ``python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S`` on each node.
 The first node (``SLURM_NODEID`` 0) writes ``rdzv.json``: its address as SLURM knows it, a free
 port, and the job and step ids the kernel cancels; the others wait for it on the shared run
-directory. Each node takes its GPUs from a plan (``NBGPU_NODE_GPUS``) and ``exec``s nbgpu's agent,
-so SLURM's signals reach torchrun. Standard library only.
+directory. Each node takes its GPUs from a plan (``NBGPU_NODE_GPUS``) and runs nbgpu's agent in
+this same process (SLURM's signals reach torchrun), torch imported by a thread meanwhile: the
+rendezvous costs no time of its own. Standard library only until then.
 """
 
 import contextlib
@@ -13,8 +14,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 __all__ = ["main"]
 
@@ -89,12 +92,18 @@ def _take_planned_gpus(name: str) -> None:
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the plan's numbers are nvidia-smi's
 
 
-def main(argv: list[str]) -> int:  # (it ends in exec, which never returns)
+def _import_torchrun() -> None:
+    import torch.distributed.run  # noqa: F401, PLC0415  (the agent's slow part, started early)
+
+
+def main(argv: list[str]) -> NoReturn:
     if len(argv) != 5:
         raise SystemExit(
             "usage: python -m nbgpu.rank.slurm_node RUN_DIR NNODES NPROC RUN_ID JOIN_S"
         )
     run_dir, nnodes, nproc, run_id, join_s = Path(argv[0]), argv[1], argv[2], argv[3], argv[4]
+    importing = threading.Thread(target=_import_torchrun, name="nbgpu-import", daemon=True)
+    importing.start()
     node = int(os.environ.get("SLURM_NODEID", "0"))
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     rdzv = _publish(run_dir, name) if node == 0 else _await(run_dir)
@@ -105,16 +114,17 @@ def main(argv: list[str]) -> int:  # (it ends in exec, which never returns)
     # The agent dies with this step's slurmstepd (our parent), as it would with a kernel.
     os.environ["NBGPU_LAUNCHER_PID"] = str(os.getppid())
     os.environ["TORCHELASTIC_ERROR_FILE"] = str(run_dir / f"agent-error-node{node}.json")
-    result = str(run_dir / f"result-node{node}.json")
-    agent = [sys.executable, "-m", "nbgpu.rank.agent", result, "--"]
+    agent = [str(run_dir / f"result-node{node}.json"), "--"]
     agent += ["--nnodes", nnodes, "--nproc-per-node", nproc, "--rdzv-backend", "c10d"]
     agent += ["--rdzv-endpoint", f"{rdzv['host']}:{rdzv['port']}", "--rdzv-id", run_id]
     agent += ["--rdzv-conf", f"join_timeout={join_s}", "--max-restarts", "0"]
     agent += ["--log-dir", str(run_dir / "torchelastic" / f"node{node}")]
     agent += ["--module", "nbgpu.rank.worker"]
-    sys.stdout.flush()
-    os.execv(sys.executable, agent)  # noqa: S606  (our own interpreter, no shell)
+    importing.join()
+    from nbgpu.rank.agent import main_and_exit  # noqa: PLC0415
+
+    main_and_exit(agent)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])

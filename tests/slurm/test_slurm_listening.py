@@ -69,9 +69,9 @@ def test_two_nodes_listen_only_on_the_rendezvous_host(env, slurm_cluster):
         except psutil.Error:
             continue
         command = " ".join(proc.info["cmdline"] or [])
-        # (an agent's command line names the ranks' module too)
+        # (a node runs its agent in the process srun started)
         kind = ranks if "-m nbgpu.rank.worker" in command else others
-        kind = agents if "-m nbgpu.rank.agent" in command else kind
+        kind = agents if "-m nbgpu.rank.slurm_node" in command else kind
         kind[proc.pid] = (sockets, proc.info["environ"], proc.info["name"])
     thread.join(timeout=120)
     assert box["run"].state == "succeeded"

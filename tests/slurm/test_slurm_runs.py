@@ -175,7 +175,7 @@ def test_a_lost_node_ends_the_job_everywhere(env, slurm_cluster):
         while time.time() < deadline:
             agents = [
                 p for p in psutil.process_iter(["cmdline", "environ"])
-                if "nbgpu.rank.agent" in " ".join(p.info["cmdline"] or [])
+                if "nbgpu.rank.slurm_node" in " ".join(p.info["cmdline"] or [])  # the agent
                 and (p.info["environ"] or {}).get("SLURM_NODEID") == "1"
                 and (p.info["environ"] or {}).get("NBGPU_RUN_NAME") == "lost"
             ]  # fmt: skip
