@@ -71,7 +71,8 @@ def test_two_nodes_listen_only_on_the_rendezvous_host(env, slurm_cluster):
         command = " ".join(proc.info["cmdline"] or [])
         # (a node runs its agent in the process srun started)
         kind = ranks if "-m nbgpu.rank.worker" in command else others
-        kind = agents if "-m nbgpu.rank.slurm_node" in command else kind
+        node_process = (proc.info["cmdline"] or [])[1:3] == ["-m", "nbgpu.rank.slurm_node"]
+        kind = agents if node_process else kind  # (srun's own command line names it too)
         kind[proc.pid] = (sockets, proc.info["environ"], proc.info["name"])
     thread.join(timeout=120)
     assert box["run"].state == "succeeded"

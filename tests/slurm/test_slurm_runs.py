@@ -175,7 +175,7 @@ def test_a_lost_node_ends_the_job_everywhere(env, slurm_cluster):
         while time.time() < deadline:
             agents = [
                 p for p in psutil.process_iter(["cmdline", "environ"])
-                if "nbgpu.rank.slurm_node" in " ".join(p.info["cmdline"] or [])  # the agent
+                if (p.info["cmdline"] or [])[1:3] == ["-m", "nbgpu.rank.slurm_node"]  # an agent
                 and (p.info["environ"] or {}).get("SLURM_NODEID") == "1"
                 and (p.info["environ"] or {}).get("NBGPU_RUN_NAME") == "lost"
             ]  # fmt: skip
