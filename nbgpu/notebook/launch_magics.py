@@ -14,7 +14,6 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch import flags
-from nbgpu.launch.spare import agent_started_early
 from nbgpu.notebook.magics import parse_or_help, user_errors, words
 
 if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
@@ -68,6 +67,8 @@ class LaunchMagics(Magics):
             )
         if args.on is not None:
             return self._run_on(args, cell, options, pushed)
+        from nbgpu.launch.spare import agent_started_early  # noqa: PLC0415  (not on %load_ext)
+
         # The agent first: it imports torch while the run is prepared (nbgpu/launch/spare.py).
         with agent_started_early(enabled=not args.slurm):
             return self._start(args, cell, options, pushed)
