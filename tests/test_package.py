@@ -228,8 +228,18 @@ STDLIB_ONLY = (
     "devices/sim/__init__.py",
     "devices/cuda_errors.py",
     "launch/streams.py",
-    "rank/slurm_node.py",
 )
+
+
+def test_a_slurm_node_loads_only_the_standard_library_until_it_becomes_the_agent():
+    # rank/slurm_node.py finds the rendezvous with the standard library, then runs the
+    # agent (and torch, imported by a thread meanwhile) in the same process: inside its
+    # functions only.
+    tree = ast.parse((PACKAGE / "rank/slurm_node.py").read_text())
+    top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+    assert top <= sys.stdlib_module_names, sorted(top - sys.stdlib_module_names)
+
 
 # What a rank runs before the user's code (cold and warm): no third-party import, and of
 # nbgpu only the recording side of profile/ and rank/ itself.
