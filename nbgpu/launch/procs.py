@@ -107,10 +107,10 @@ def start_agent(
     else:
         args = agent_args(config, run_dir, port)
         spare = take_spare()
-        if spare is not None and spare.run_id == run_id:
-            agent = spare.start(args, env, agent_log(run_dir))
-            if agent is not None:
-                return agent
+        if spare is not None and spare.run_id != run_id:
+            spare.cancel()  # it carries another run's id; taken, so no block would end it
+        elif spare is not None and (agent := spare.start(args, env, agent_log(run_dir))):
+            return agent
         argv, dies = [sys.executable, "-m", "nbgpu.rank.agent", *args], None
     with agent_log(run_dir).open("wb") as log:
         return subprocess.Popen(

@@ -104,3 +104,18 @@ def test_an_agent_that_died_early_is_not_handed_a_run(env, tmp_path):
     spare.proc.kill()
     spare.proc.wait()
     assert spare.start(["x", "--"], env, tmp_path / "agent.log") is None  # start_agent: a new one
+
+
+def test_an_agent_carrying_another_runs_id_is_stopped_not_used(env, tmp_path):
+    from nbgpu.launch.procs import start_agent, stop_processes  # noqa: PLC0415
+
+    with agent_started_early(env):
+        spare_pid = next(p.pid for p in psutil.Process().children() if "--wait" in p.cmdline())
+        config = prepare(code=CODE, nproc=1, environ=env).config
+        agent = start_agent(config, tmp_path, "another-run", 0, base_agent_env(env, "x"))
+    try:
+        assert agent.pid != spare_pid
+        assert _gone(spare_pid)
+    finally:
+        stop_processes("x", agent.pid, grace_s=1.0)
+        agent.wait(timeout=10)
