@@ -5,14 +5,14 @@ on a busy GPU 0. ``--gpus`` is checked against the inventory and the CUDA probe 
 overrides); more ranks than GPUs is refused before anything starts.
 """
 
+from __future__ import annotations
+
 import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
-from nbgpu.devices.inventory import Inventory, probe_gpus, take_inventory
-from nbgpu.devices.model import gpu_health
 from nbgpu.errors import UserInputError, user_path
 from nbgpu.faces import doctor_hint, launch_hint
 from nbgpu.launch.config import (
@@ -31,12 +31,14 @@ from nbgpu.launch.config import (
     take_nodes_plan,
 )
 from nbgpu.launch.execute import WarmJob, execute, run_cell, to_screen
-from nbgpu.launch.preflight import cuda_line, torch_build
 from nbgpu.launch.run import RUNS, Run
 from nbgpu.launch.rundirs import check_name
 from nbgpu.launch.slurm import check_request
 from nbgpu.launch.warm import CellResult
 from nbgpu.profile.phases import parse_sample_interval
+
+if TYPE_CHECKING:
+    from nbgpu.devices.inventory import Inventory
 
 __all__ = ["prepare", "torchrun"]
 
@@ -44,6 +46,8 @@ __all__ = ["prepare", "torchrun"]
 def _unhealthy_reason(
     inventory: Inventory, nvml_index: int, *, short: bool = False, face: str = "notebook"
 ) -> str | None:
+    from nbgpu.devices.model import gpu_health  # noqa: PLC0415
+
     if nvml_index in inventory.healthy_indices:
         return None
     for gpu, findings in zip(inventory.gpus, inventory.findings, strict=True):
@@ -99,6 +103,8 @@ def _named_gpus(
         # A context on each named GPU (in a subprocess) before committing ranks to it: NVML
         # can look clean while CUDA refuses the GPU (a holder in another container).
         env = {**environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, chosen))}
+        from nbgpu.devices.inventory import probe_gpus  # noqa: PLC0415
+
         report = probe_gpus({**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, inv.gpus, 30.0)
         # (An init_error: CUDA itself cannot start here; the ranks will say so in their words.)
         failed = [r for r in report.results if r.outcome != "ok" and report.init_error is None]
@@ -228,7 +234,9 @@ def prepare(
                 )
             nproc = slurm.gpus_per_node
         notes.extend(check_request(nnodes, slurm, environ))
-    else:
+    else:  # this machine's GPUs (imported here: a SLURM run starts sooner without them)
+        from nbgpu.devices.inventory import take_inventory  # noqa: PLC0415
+
         inv = inventory or take_inventory(environ, scan_device_files=False)
         if gpus is not None:
             nproc, cvd, chosen = _named_gpus(
@@ -266,6 +274,8 @@ def prepare(
         **fields,
     )
     if inv is not None:  # (SLURM's nodes are not this machine: no preflight line)
+        from nbgpu.launch.preflight import cuda_line, torch_build  # noqa: PLC0415
+
         real_gpus = bool(inv.gpus) and not inv.nvml_error and not inv.simulated
         fleet = (inv.fleet_name or "?") if inv.simulated else None
         line = cuda_line(config, torch_build(), gpus_here=real_gpus, fleet=fleet)

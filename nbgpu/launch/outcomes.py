@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from nbgpu._serial import read_json_object
-from nbgpu.diagnose import hang
 from nbgpu.launch.procs import STACKS_SIGNAL, rank_stacks, wait_for_dump
 from nbgpu.launch.rundirs import error_file, rank_log
 
 if TYPE_CHECKING:
+    from nbgpu.diagnose import hang
     from nbgpu.diagnose.report import Diagnosis
 
 __all__ = [
@@ -264,6 +264,9 @@ def flight_records(
     tmp = run_dir / f".{FR_REQUEST}.tmp"
     tmp.write_text(token, encoding="utf-8")
     tmp.replace(run_dir / FR_REQUEST)
+    # The diagnose package (~0.1 s of imports) only when a run is asked about its stall.
+    from nbgpu.diagnose import hang  # noqa: PLC0415
+
     found: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
     while len(found) < len(ranks) and time.monotonic() < deadline:
@@ -280,6 +283,8 @@ def _worker_stack(run_dir: Path, rank: int, pid: int) -> tuple[hang.Frame, ...]:
     """The stack of the DataLoader worker a rank waits on, if one is in user code. Forked
     workers carry the rank's stack handler; an exec'd child has none (the signal would kill
     it): only children with the rank's command line are asked, one at a time."""
+    from nbgpu.diagnose import hang  # noqa: PLC0415
+
     try:
         parent = psutil.Process(pid)
         same = parent.cmdline()
@@ -334,6 +339,8 @@ class StallWatch:
         return lines
 
     def _look(self) -> hang.Stall | None:
+        from nbgpu.diagnose import hang  # noqa: PLC0415
+
         ranks = list(range(self.world_size))
         records = flight_records(self.run_dir, ranks)
         clock = max((int(r.get("time_ns", 0)) for r in records.values()), default=0)

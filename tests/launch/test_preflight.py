@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch import launcher
+from nbgpu.launch import preflight
 from nbgpu.launch.config import LaunchConfig
 from nbgpu.launch.flags import add_flags, prepare_options
 from nbgpu.launch.launcher import prepare, torchrun
@@ -32,7 +32,7 @@ def _cuda_notes(notes: tuple[str, ...]) -> list[str]:
 @pytest.fixture
 def cpu_build(monkeypatch: pytest.MonkeyPatch) -> None:
     """prepare() sees a CPU build whatever torch this machine has (read for real below)."""
-    monkeypatch.setattr(launcher, "torch_build", lambda: CPU_BUILD)
+    monkeypatch.setattr(preflight, "torch_build", lambda: CPU_BUILD)
 
 
 def test_this_machines_torch_is_read_without_importing_it() -> None:
