@@ -1,6 +1,7 @@
 """Run every nbgpu benchmark and print Markdown tables (``make bench``).
 
-    .venv/bin/python bench/run_all.py [--n N] [--only load_ext|status|launch|logs|diagnose]
+    .venv/bin/python bench/run_all.py [--n N] [--only load_ext|status|launch|logs|diagnose|
+                                               warm|slurm|estimate]
 
 Benchmarks, not tests: nothing here fails on a slow number; budgets are printed as
 OK/OVER next to the figure. Anchors (bare IPython, gpustat, nvitop, the bare
@@ -17,6 +18,7 @@ import platform
 import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import bench_diagnose
 import bench_launch
@@ -37,6 +39,32 @@ PACKAGES = (
     "ipyparallel",
     "nbdistributed",
 )
+
+
+def _slurm(n: int = 5) -> None:
+    """2 nodes x 2 ranks on a loopback SLURM cluster (as root, with slurm-wlm and munge)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests/
+    from tests.slurm.cluster import missing_binaries  # noqa: PLC0415
+
+    missing = missing_binaries()
+    if missing or os.geteuid() != 0:
+        why = f"missing {', '.join(missing)}" if missing else "not root"
+        print(f"skipped: the loopback SLURM cluster needs root and slurm-wlm, munge ({why})")
+        return
+    import bench_slurm  # noqa: PLC0415
+
+    bench_slurm.main(n)
+
+
+def _estimate(n: int | None = None) -> None:
+    """Every section of bench_estimate.py (their own repeat counts; --n does not apply)."""
+    del n
+    import bench_estimate  # noqa: PLC0415  (imports torch)
+
+    for key in sorted(bench_estimate.SECTIONS):
+        bench_estimate.SECTIONS[key]()
+
+
 BENCHMARKS = {
     "load_ext": bench_load_ext.main,
     "status": bench_status.main,
@@ -44,6 +72,8 @@ BENCHMARKS = {
     "logs": bench_logs.main,  # ~2 min: 2 x 200k lines, default 5 rounds
     "diagnose": bench_diagnose.main,  # ~20 s: a 200 MB four-rank log, fresh interpreters
     "warm": bench_warm.main,  # ~2 min: warm cells vs cold, ipyparallel, nbdistributed
+    "slurm": _slurm,  # ~4 min: bare srun + torchrun (both anchors) vs nbgpu run --slurm
+    "estimate": _estimate,  # estimates against measured peaks and Lightning's finder
 }
 
 

@@ -184,15 +184,14 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 
 
 def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """Every command, each with its arguments; given *command*, only that one's arguments
-    (the others' would import the launch and plan layers for nothing: `nbgpu status` is
-    timed against nvitop, bench/RESULTS.md section 2)."""
+    """Every command, each with its arguments; given *command*, only that one (the others'
+    arguments would import the launch and plan layers for nothing, and each sub-parser costs
+    about a millisecond: `nbgpu status` is timed against nvitop, bench/RESULTS.md section 2)."""
     parser = _Parser(prog="nbgpu", description="Probe, plan, launch and diagnose multi-GPU jobs.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (help_, add_arguments) in _COMMANDS.items():
-        p = sub.add_parser(name, help=help_)
         if command in (None, name):
-            add_arguments(p)
+            add_arguments(sub.add_parser(name, help=help_))
     return parser
 
 
