@@ -16,10 +16,13 @@ __all__ = ["HeldNames", "held_names", "size_text"]
 
 
 def size_text(entry: dict[str, Any]) -> str:
-    """``4x3 float32, 48 B`` for a tensor or array, ``len 3`` for a container, else bytes."""
+    """``4x3 float32, 48 B`` for a tensor or array, ``6 params, 24 B`` for a model, ``len 3``
+    for a container, else bytes."""
     if "shape" in entry:
         shape = "x".join(map(str, entry["shape"])) or "scalar"
         return f"{shape} {entry.get('dtype', '')}, {fmt_bytes(int(entry.get('bytes', 0)))}"
+    if "params" in entry:
+        return f"{entry['params']:,} params, {fmt_bytes(int(entry.get('bytes', 0)))}"
     if "len" in entry:
         return f"len {entry['len']}"
     return fmt_bytes(int(entry["bytes"])) if "bytes" in entry else "-"

@@ -1,6 +1,6 @@
 """The names a warm job's rank holds, described without their values: each user variable's
-type and a size cheap to get (a tensor's or array's shape, dtype and bytes; a container's
-length; ``sys.getsizeof`` otherwise). Nothing is imported to describe a value. Standard
+type and a size cheap to get (a tensor's or array's shape, dtype and bytes; a torch
+module's parameters; a container's length; ``sys.getsizeof`` otherwise). Nothing is imported to describe a value. Standard
 library only.
 """
 
@@ -38,6 +38,13 @@ def describe(name: str, value: Any) -> dict[str, Any]:
                 "shape": [int(n) for n in value.shape],
                 "dtype": str(value.dtype).removeprefix("torch."),
                 "bytes": int(value.nbytes),
+            }
+        elif any(c.__module__ == "torch.nn.modules.module" for c in kind.__mro__):
+            # A model's own object is small: its parameters are what it holds.
+            params = list(value.parameters())
+            size = {
+                "params": sum(p.numel() for p in params),
+                "bytes": sum(p.nbytes for p in params),
             }
         elif isinstance(value, _SIZED):
             size = {"len": len(value)}

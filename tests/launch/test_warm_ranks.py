@@ -179,7 +179,13 @@ def test_the_names_each_rank_holds_are_listed_without_values(env):
             on="names",
             write=screen,
         )
-        torchrun("w = torch.zeros(4, 3)", on="names", ranks="0,2", write=screen)
+        torchrun(
+            "w = torch.zeros(4, 3)\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+            "        super().__init__()\n        self.fc = torch.nn.Linear(2, 2)\nnet = Net()\n",
+            on="names",
+            ranks="0,2",
+            write=screen,
+        )
         names = held_names("names")
         rows = {row["name"]: row for row in names.records()}
         assert rows["w"] == {
@@ -188,6 +194,7 @@ def test_the_names_each_rank_holds_are_listed_without_values(env):
             "size": "4x3 float32, 48 B",
             "ranks": [0, 2],
         }
+        assert rows["net"]["size"] == "6 params, 24 B"
         assert rows["batch"]["size"] == "len 3"
         assert rows["batch"]["ranks"] == [0, 1, 2]
         assert rows["secret"]["type"] == "str"
@@ -198,13 +205,15 @@ def test_the_names_each_rank_holds_are_listed_without_values(env):
         text = names.text()
         assert "Names held by 'names' after cell 3" in text
         assert [line.split()[0] for line in text.splitlines()[2:]] == [
+            "Net",
             "batch",
+            "net",
             "rank",
             "secret",
             "step",
             "w",
         ]
-        assert "all" in text.splitlines()[2]
+        assert text.splitlines()[3].split()[-1] == "all"  # batch: every rank, one row
         assert "<style" not in names.html()
         assert "<table" in names.html()
     finally:
