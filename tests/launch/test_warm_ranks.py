@@ -82,7 +82,8 @@ def test_bad_ranks_are_one_line_and_leave_the_job_as_it_was(env):
         for options, message in cases:
             nproc = options.pop("nproc", None)
             with pytest.raises(UserInputError) as error:
-                torchrun("kept = -1", nproc, environ=env, write=screen, **options)
+                # (timeout_s: a cell sent by mistake ends, and the test fails, in seconds)
+                torchrun("kept = -1", nproc, environ=env, write=screen, timeout_s=5, **options)
             assert message in str(error.value)
             assert "\n" not in str(error.value)
         assert job.cells == cells  # nothing was sent
