@@ -316,6 +316,8 @@ class Cell:
                 errors[rank] = str(answer["error"])
             if answer.get("pulled") is not None:
                 add_pulled(pulled, rank, answer["pulled"])
+                if rank == self.ranks[0] and rank != 0:  # --ranks without 0: the first's
+                    pulled.values = pulled.every_rank[-1]
         return CellResult(
             run_name=run_name,
             number=self.number,

@@ -263,7 +263,8 @@ def _run_cell(
     answer: dict[str, Any] = {"op": "done", "cell": number, "status": status, "error": error}
     answer["names"] = held_names(namespace)  # for %gpu_runs NAME and --pull <TAB>
     names = list(message.get("pull") or [])
-    if status == "ok" and names and (rank == 0 or message.get("pull_all_ranks")):
+    first = min(message.get("ranks") or [0])  # --pull takes rank 0's, or the first that ran
+    if status == "ok" and names and (rank == first or message.get("pull_all_ranks")):
         answer["pulled"] = pull_payload(names, namespace)
     return answer
 

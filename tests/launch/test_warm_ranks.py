@@ -50,7 +50,8 @@ def test_a_cell_on_chosen_ranks_leaves_the_others_as_they_were(env):
         assert "[rank1] ran" not in screen.text
         assert every_rank("some", "x", screen) == [100, 1, 102]  # rank 1 kept its own x
         # A range, a list and a single rank (the Python forms).
-        torchrun("y = rank", on="some", ranks="1-2", write=screen)
+        pulled = torchrun("y = rank", on="some", ranks="1-2", write=screen, pull=["y"])
+        assert pulled.pulled == {"y": 1}  # the first rank that ran it (rank 0 did not)
         assert every_rank("some", "y", screen) == [None, 1, 2]
         torchrun("y = -1", on="some", ranks=[0], write=screen)
         torchrun("y *= 10", on="some", ranks=2, write=screen)
