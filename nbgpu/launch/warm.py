@@ -287,16 +287,13 @@ class Cell:
         return self.sent and len(self.answers) == len(self.ranks)
 
     def over(self) -> bool:
-        """Every rank answered, the interrupted ranks had their time to, or those left wait
-        in a collective for ranks that do not run the cell."""
-        left = set(self.ranks) - set(self.answers)
-        return (
-            self.all_answered
-            or (self.sent and bool(left) and left <= set(self.waiting))
-            or (
-                self.interrupted_at is not None
-                and time.monotonic() - self.interrupted_at > INTERRUPT_WAIT_S
-            )
+        """Every rank answered, or the interrupted ranks had their time to (or the ranks
+        left wait in a collective for ranks that do not run the cell: --ranks)."""
+        if self.waiting and set(self.ranks) - set(self.answers) <= set(self.waiting):
+            return True
+        return self.all_answered or (
+            self.interrupted_at is not None
+            and time.monotonic() - self.interrupted_at > INTERRUPT_WAIT_S
         )
 
     def ranks_died(self) -> bool:

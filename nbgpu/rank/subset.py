@@ -57,6 +57,7 @@ class _Guard:
         self.chosen = sorted(chosen)
         self.wait_s = wait_s
         self.swapped: list[tuple[Any, str, Any]] = []  # (owner, name, original)
+        self.checked_calls = 0  # calls in flight whose group runs the cell: their wait is fair
         self.done = threading.Event()
         self.dist = sys.modules.get("torch.distributed")
         if self.dist is not None and self.dist.is_available() and self.dist.is_initialized():
@@ -94,7 +95,11 @@ class _Guard:
             except TypeError:
                 given = {}  # torch's own error says what is wrong with the call
             self._check(name, given)
-            return original(*args, **kwargs)
+            self.checked_calls += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.checked_calls -= 1
 
         return functools.wraps(original)(checked)
 
@@ -132,7 +137,7 @@ class _Guard:
         since: float | None = None
         while not self.done.wait(0.2):
             frame = sys._current_frames().get(main or 0)
-            where = _torch_wait(frame)
+            where = None if self.checked_calls else _torch_wait(frame)
             if where is None:
                 since = None
             elif since is None:
