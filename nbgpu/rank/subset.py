@@ -5,7 +5,7 @@ While such a cell runs, torch.distributed's Python collectives raise :class:`Idl
 (one line: which call, which ranks it needs) when their group holds a rank that does not
 run the cell; and a watchdog thread reports a main thread that sits inside torch's
 distributed code longer than the kernel's wait (a collective called from C++, such as
-DDP's, or through a name bound before the cell): the kernel then says where and returns.
+DDP's, or through a name no wrapper replaced): the kernel then says where and returns.
 Standard library only: torch is wrapped only when the user's code imported it already.
 """
 
@@ -128,8 +128,8 @@ class _Guard:
             ran = ",".join(map(str, self.chosen))
             raise IdleRanksError(
                 f"{name} needs rank{'s' * (len(missing) > 1)} {','.join(map(str, missing))} "
-                f"{whose}, which do not run "
-                f"this cell (--ranks {ran}): run it on every rank, or leave it out"
+                f"{whose}, which do not run this cell (--ranks {ran}): run it on every rank, "
+                "or leave it out"
             )
 
     def _watch(self, main: int | None, report: Callable[[str], None]) -> None:
