@@ -20,8 +20,8 @@ from nbgpu.sizes import parse_size as _parse_size
 __all__ = [
     "BACKENDS", "CELL_OPTIONS", "HANG_AFTER_S", "NODE_GPUS_ENV", "ON_HANG", "CellRequest",
     "LaunchConfig", "LaunchPlan", "NodesLaunchPlan", "Prepared", "SlurmOptions",
-    "is_nodes_plan", "parse_env_pairs", "parse_gpu_list", "parse_nproc", "parse_size",
-    "pickle_pushed", "start_only", "take_nodes_plan",
+    "is_nodes_plan", "parse_env_pairs", "parse_gpu_list", "parse_nproc", "parse_ranks",
+    "parse_size", "pickle_pushed", "ranks_text", "start_only", "take_nodes_plan",
 ]  # fmt: skip
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -197,6 +197,7 @@ class CellRequest:
     script_args: tuple[str, ...] = ()
     timeout_s: float | None = None  # past it the cell is interrupted on every rank
     quiet: bool = False
+    ranks: tuple[int, ...] | None = None  # --ranks: only these run it (None: every rank)
 
     def __post_init__(self) -> None:
         _check_cell(self.code, self.timeout_s)
@@ -210,6 +211,7 @@ CELL_OPTIONS = {
     "script_args": "-- ARGS",
     "timeout_s": "--timeout",
     "quiet": "--quiet",
+    "ranks": "--ranks",
 }
 
 
@@ -220,6 +222,38 @@ def start_only(flag: str, name: str) -> UserInputError:
         f"already running; with --on a cell accepts only "
         f"{', '.join(sorted(set(CELL_OPTIONS.values())))} (or start a new job)"
     )
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """Ranks as a person writes them: ``0-3``, ``0,2``, ``0-2,5`` (sorted, runs joined)."""
+    runs: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def parse_ranks(value: object, world_size: int) -> tuple[int, ...]:
+    """``--ranks 0`` / ``0,2`` / ``1-3`` (or a rank, or a list of them, from Python): the
+    ranks of a warm job that run a cell, sorted; one line for anything else."""
+    text = ",".join(map(str, value)) if isinstance(value, list | tuple | set) else str(value)
+    accepted = f"expected ranks of the job (0-{world_size - 1}) such as 0, 0,2 or 1-3"
+    if not text.strip():
+        raise UserInputError(f"--ranks {text!r}: no rank given; {accepted}")
+    chosen: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            raise UserInputError(f"--ranks {text!r}: {part!r} is not a rank or range; {accepted}")
+        chosen.update(range(int(low), int(high or low) + 1))
+    outside = sorted(chosen - set(range(world_size)))
+    if outside:
+        raise UserInputError(
+            f"--ranks {text}: the job has ranks 0-{world_size - 1}, not {ranks_text(outside)}"
+        )
+    return tuple(sorted(chosen))
 
 
 def parse_nproc(text: str) -> int:

@@ -20,6 +20,7 @@ from nbgpu.launch.config import (
     HANG_AFTER_S,
     CellRequest,
     Prepared,
+    parse_ranks,
     pickle_pushed,
     start_only,
 )
@@ -77,7 +78,8 @@ def execute(
     run = Run(config, environ=environ).start()
     first = None  # a warm job starts with the cell that asked for it
     if config.keep:
-        first = CellRequest(config.code or "", **{k: getattr(config, k) for k in CELL_OPTIONS})
+        fields = {k: getattr(config, k) for k in CELL_OPTIONS if hasattr(config, k)}
+        first = CellRequest(config.code or "", **fields)
     execute_cell(run, first, output, check=check, on_done=on_done, background=background)
     return run
 
@@ -138,7 +140,7 @@ def warm_run(name: str, flag: str = "--on") -> Run:
         ranks = ",".join(str(r) for r in sorted(run.warm.busy))
         raise UserInputError(
             f"{flag} {name}: rank {ranks} is still in cell {max(run.warm.busy.values())} (it "
-            f"did not answer the interrupt): wait for it, see %gpu_stacks {name}, or end the "
+            f"has not answered yet): wait for it, see %gpu_stacks {name}, or end the "
             f"job with %gpu_stop {name}"
         )
     return run
@@ -152,10 +154,12 @@ def prepare_cell(
     push: Mapping[str, Any] | None = None,
     pull: Sequence[str] = (),
     script_args: Sequence[str] = (),
+    ranks: object = None,
     **fields: Any,
 ) -> tuple[Run, CellRequest]:
     """The warm job and the checked cell for it (only ``CELL_OPTIONS`` may change; the
-    others, ``timeout_s``, ``quiet`` and ``pull_all_ranks``, are the request's as given)."""
+    others, ``timeout_s``, ``quiet`` and ``pull_all_ranks``, are the request's as given).
+    *ranks* (``"0,2"``, ``"1-3"``, ``[0, 2]``): only those ranks run it."""
     run = warm_run(name)
     if nproc is not None and nproc != run.config.nproc:
         raise UserInputError(
@@ -167,6 +171,7 @@ def prepare_cell(
         push=pickle_pushed(list(push), push) if push else {},
         pull=tuple(pull),
         script_args=tuple(script_args),
+        ranks=None if ranks is None else parse_ranks(ranks, run.config.world_size),
         **fields,
     )
 

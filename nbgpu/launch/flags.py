@@ -173,6 +173,14 @@ FLAGS: tuple[Flag, ...] = (
         per_cell=True,
     ),
     Flag(
+        ("--ranks",),
+        "with --on: run the cell on these ranks only (0, 0,2 or 1-3); the others stay idle, "
+        "their state untouched",
+        {"metavar": "0,2"},
+        faces=NOTEBOOK_ONLY,
+        per_cell=True,
+    ),
+    Flag(
         ("--idle-timeout",),
         "with --keep: end the warm job after S seconds without a cell "
         "(default: never; %gpu_runs shows it)",
@@ -302,6 +310,12 @@ def prepare_options(args: argparse.Namespace) -> dict[str, Any]:
                 f"nproc {nproc} and --nproc-per-node {per_node} disagree: give one of them"
             )
         nproc = parse_nproc(str(per_node))
+    ranks = getattr(args, "ranks", None)
+    if ranks is not None and getattr(args, "on", None) is None:
+        raise UserInputError(
+            f"--ranks {ranks}: a new job runs on every rank; --ranks picks ranks of a warm job "
+            "for one cell: add --on NAME (a warm job starts with %%torchrun N --keep --name NAME)"
+        )
     pull = _names(getattr(args, "pull", None))
     if getattr(args, "all_ranks", False) and not pull:
         raise UserInputError("--all-ranks needs --pull NAME")

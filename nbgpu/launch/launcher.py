@@ -372,7 +372,8 @@ def torchrun(
     ``keep=True`` keeps the ranks (their globals, process group, CUDA context) after
     the code ran and returns a :class:`WarmJob` (``idle_timeout_s`` ends it when
     unused); ``on="name"`` runs the code on that warm job's ranks and returns the
-    cell's :class:`CellResult` (a cell that raised is ``CellFailed`` with ``check``).
+    cell's :class:`CellResult` (a cell that raised is ``CellFailed`` with ``check``);
+    ``ranks="0,2"`` (or ``"1-3"``, ``[0, 2]``) with it runs the cell on those ranks only.
     """
     out = write or (lambda text: print(text, end="", flush=True))
     if on is not None:
@@ -380,6 +381,11 @@ def torchrun(
             raise start_only("keep=", on)
         options.pop("face", None)
         return run_cell(on, code_or_path, out, check=check, nproc=nproc, **options)
+    if options.get("ranks") is not None:
+        raise UserInputError(
+            f"ranks={options['ranks']!r}: a new job runs on every rank; ranks= picks ranks of "
+            "a warm job for one cell: add on='NAME' (a warm job starts with keep=True)"
+        )
     looks_like_path = code_or_path.endswith(".py") and "\n" not in code_or_path
     options.setdefault("face", "python")
     prepared = prepare(

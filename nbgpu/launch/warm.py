@@ -15,7 +15,7 @@ from typing import Any
 
 from nbgpu._render import Block, Line, Result, fmt_bytes, span
 from nbgpu.errors import NbgpuError
-from nbgpu.launch.config import CellRequest
+from nbgpu.launch.config import CellRequest, ranks_text
 from nbgpu.launch.outcomes import Pulled, add_pulled
 from nbgpu.launch.rundirs import rank_log
 from nbgpu.launch.streams import CellServer
@@ -42,6 +42,7 @@ class CellResult(Result):
     pulled: dict[str, Any] = field(default_factory=dict)
     pulled_all: list[dict[str, Any]] = field(default_factory=list)
     pull_problems: list[str] = field(default_factory=list)
+    idle: tuple[int, ...] = ()  # ranks left out of the cell (--ranks)
 
     @property
     def ok(self) -> bool:
@@ -56,8 +57,17 @@ class CellResult(Result):
         """Ranks still inside the cell (an interrupt did not reach them in time)."""
         return [rank for rank, status in self.statuses.items() if status == "no answer"]
 
+    @property
+    def waiting(self) -> list[int]:
+        """Ranks waiting in a collective for ranks that do not run the cell (--ranks)."""
+        return [rank for rank, status in self.statuses.items() if status == "waiting"]
+
     def summary(self) -> str:
         head = f"cell {self.number} on '{self.run_name}'"
+        idle = f"; rank {ranks_text(self.idle)} idle (--ranks)" if self.idle else ""
+        if self.ok and self.idle:
+            ran = ranks_text(list(self.statuses))
+            return f"{head}: ok on rank {ran} in {self.duration_s:.2f} s{idle}"
         if self.ok:
             return f"{head}: ok on {len(self.statuses)} ranks in {self.duration_s:.2f} s"
         by_status: dict[str, list[int]] = {}
@@ -69,7 +79,7 @@ class CellResult(Result):
             first_error = next((self.errors[r] for r in ranks if self.errors.get(r)), None)
             detail = f" ({first_error.splitlines()[0][:200]})" if first_error else ""
             parts.append(f"{which} {status}{detail}")
-        return f"{head}: " + "; ".join(parts)
+        return f"{head}: " + "; ".join(parts) + idle
 
     def content(self) -> list[Block]:
         return [Line(self.summary(), level="" if self.ok else "bad", wrap=False)]
@@ -90,6 +100,7 @@ class CellResult(Result):
             "duration_s": self.duration_s,
             "pulled": sorted(self.pulled),
             "pull_problems": list(self.pull_problems),
+            "idle": list(self.idle),
         }
 
 
@@ -104,7 +115,14 @@ class CellFailed(NbgpuError):
         # The tracebacks are already in the cell's streamed output: one line, then what next.
         name = self.result.run_name
         lines = [f"[nbgpu] {self.result.summary()}"]
-        if self.result.unanswered:
+        if self.result.waiting:
+            ranks = ",".join(map(str, self.result.waiting))
+            lines.append(
+                f"[nbgpu] rank {ranks} waits in a collective that needs the idle ranks: it "
+                f"returns when the group's timeout ends the wait, and the job is busy until "
+                f"then; %gpu_stacks {name} shows where, %gpu_stop {name} ends the job"
+            )
+        elif self.result.unanswered:
             ranks = ",".join(map(str, self.result.unanswered))
             lines.append(
                 f"[nbgpu] rank {ranks} did not answer the interrupt (probably waiting in a "
@@ -134,6 +152,7 @@ class WarmState:
         self.ended_reason: str | None = None
         self.last: CellResult | None = None  # the latest cell's result (a panel records it)
         self.log_offsets: dict[int, int] = {}  # each rank log's size when the cell began
+        self.held: dict[int, dict[str, Any]] = {}  # rank -> the names it reported last
 
     @property
     def idle_s(self) -> float | None:
@@ -165,17 +184,19 @@ class WarmState:
             return  # nothing owed, or nobody left to answer
         for rank, message in self.server.poll(0):
             if message.get("op") == "done":
-                self.answered(rank, int(message.get("cell") or 0))
+                self.answered(rank, int(message.get("cell") or 0), message.get("names"))
 
-    def begin_cell(self, run_dir: Path) -> int:
+    def begin_cell(self, run_dir: Path, ranks: list[int]) -> int:
         self.cells += 1
         self.started = set()
         self.last = None
         self.log_offsets = {rank: _size(rank_log(run_dir, rank)) for rank in range(self.nproc)}
-        self.busy = dict.fromkeys(range(self.nproc), self.cells)
+        self.busy = dict.fromkeys(ranks, self.cells)
         return self.cells
 
-    def answered(self, rank: int, cell: int) -> None:
+    def answered(self, rank: int, cell: int, names: dict[str, Any] | None = None) -> None:
+        if names is not None:
+            self.held[rank] = names
         if self.busy.get(rank) == cell:
             del self.busy[rank]
         if not self.busy:
@@ -205,6 +226,8 @@ class Cell:
         self.serial_imports = serial_imports
         self.number = 0
         self.sent = False
+        self.ranks = list(range(warm.nproc) if request.ranks is None else request.ranks)
+        self.waiting: dict[int, str] = {}  # rank -> where it waits for idle ranks (--ranks)
         self.answers: dict[int, dict[str, Any]] = {}
         self.interrupted_at: float | None = None
         self.gone_at: float | None = None  # when a rank hung up
@@ -221,7 +244,7 @@ class Cell:
             self.gone_at = time.monotonic()  # torchrun is about to end the job
 
     def _send(self) -> None:
-        self.number = self.warm.begin_cell(self.run_dir)
+        self.number = self.warm.begin_cell(self.run_dir, self.ranks)
         path = self.run_dir / f"cell{self.number}.py"  # tracebacks show the cell's lines
         path.write_text(self.request.code, encoding="utf-8")
         message = {
@@ -235,8 +258,10 @@ class Cell:
             "pull_all_ranks": self.request.pull_all_ranks,
             "script_args": list(self.request.script_args),
             "serial_imports": self.serial_imports,
+            "ranks": None if self.request.ranks is None else self.ranks,
+            "collective_wait_s": INTERRUPT_WAIT_S,
         }
-        self.warm.server.send(list(range(self.warm.nproc)), message)
+        self.warm.server.send(self.ranks, message)
         self.sent = True
 
     def _hear(self, rank: int, message: dict[str, Any]) -> None:
@@ -246,9 +271,11 @@ class Cell:
             if self.interrupted_at is not None:
                 self.warm.interrupt([rank])  # it began after the interrupt went out
         elif message.get("op") == "done":
-            self.warm.answered(rank, int(cell or 0))
+            self.warm.answered(rank, int(cell or 0), message.get("names"))
             if cell == self.number:
                 self.answers[rank] = message
+        elif message.get("op") == "waiting" and cell == self.number:
+            self.waiting[rank] = str(message.get("where"))
 
     def interrupt(self) -> None:
         if self.interrupted_at is None:
@@ -257,10 +284,13 @@ class Cell:
 
     @property
     def all_answered(self) -> bool:
-        return self.sent and len(self.answers) == self.warm.nproc
+        return self.sent and len(self.answers) == len(self.ranks)
 
     def over(self) -> bool:
-        """Every rank answered, or the interrupted ranks had their time to."""
+        """Every rank answered, or the interrupted ranks had their time to (or the ranks
+        left wait in a collective for ranks that do not run the cell: --ranks)."""
+        if self.waiting and set(self.ranks) - set(self.answers) <= set(self.waiting):
+            return True
         return self.all_answered or (
             self.interrupted_at is not None
             and time.monotonic() - self.interrupted_at > INTERRUPT_WAIT_S
@@ -274,13 +304,17 @@ class Cell:
         statuses: dict[int, str] = {}
         errors: dict[int, str] = {}
         pulled = Pulled()
-        for rank in range(self.warm.nproc):
+        for rank in self.ranks:
             answer = self.answers.get(rank, {"status": "no answer"})
+            if rank in self.waiting and rank not in self.answers:
+                answer = {"status": "waiting", "error": self.waiting[rank]}
             statuses[rank] = str(answer.get("status"))
             if answer.get("error"):
                 errors[rank] = str(answer["error"])
             if answer.get("pulled") is not None:
                 add_pulled(pulled, rank, answer["pulled"])
+                if rank == self.ranks[0] and rank != 0:  # --ranks without 0: the first's
+                    pulled.values = pulled.every_rank[-1]
         return CellResult(
             run_name=run_name,
             number=self.number,
@@ -290,6 +324,7 @@ class Cell:
             pulled=pulled.values,
             pulled_all=pulled.every_rank,
             pull_problems=pulled.problems,
+            idle=tuple(sorted(set(range(self.warm.nproc)) - set(self.ranks))),
         )
 
 

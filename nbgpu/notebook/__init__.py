@@ -17,9 +17,12 @@ def magics_classes() -> tuple[type[Any], ...]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext nbgpu``: register the magics."""
-    from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
+    from nbgpu.notebook.launch_magics import keep_empty_cell_body, torchrun_matcher  # noqa: PLC0415
 
     ipython.register_magics(*magics_classes())
+    matchers = getattr(getattr(ipython, "Completer", None), "custom_matchers", None)
+    if matchers is not None and torchrun_matcher not in matchers:
+        matchers.append(torchrun_matcher)  # --on and --pull complete from the warm jobs
     # `%%torchrun ARGS` with an empty body must reach the magic (see the transformer).
     cleanup = getattr(ipython, "input_transformers_cleanup", None)
     if cleanup is not None and keep_empty_cell_body not in cleanup:
@@ -29,7 +32,7 @@ def load_ipython_extension(ipython: Any) -> None:
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext nbgpu``: remove exactly the magics the classes declare (``cls.magics``, from
     ``magics_class``; IPython has no public unregister), so a new magic needs no second list."""
-    from nbgpu.notebook.launch_magics import keep_empty_cell_body  # noqa: PLC0415
+    from nbgpu.notebook.launch_magics import keep_empty_cell_body, torchrun_matcher  # noqa: PLC0415
 
     manager = ipython.magics_manager
     for cls in magics_classes():
@@ -39,3 +42,5 @@ def unload_ipython_extension(ipython: Any) -> None:
         manager.registry.pop(cls.__name__, None)
     cleanup = getattr(ipython, "input_transformers_cleanup", [])
     cleanup[:] = [step for step in cleanup if step is not keep_empty_cell_body]
+    matchers = getattr(getattr(ipython, "Completer", None), "custom_matchers", [])
+    matchers[:] = [matcher for matcher in matchers if matcher is not torchrun_matcher]

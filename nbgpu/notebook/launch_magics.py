@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from IPython.core.completer import SimpleCompletion, SimpleMatcherResult, context_matcher
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -19,10 +20,12 @@ from nbgpu.notebook.magics import parse_or_help, user_errors, words
 if TYPE_CHECKING:  # the launch engine loads on first use; %load_ext stays light
     from argparse import Namespace
 
+    from IPython.core.completer import CompletionContext
+
     from nbgpu.launch.run import Run
     from nbgpu.launch.warm import CellResult
 
-__all__ = ["LaunchMagics", "keep_empty_cell_body"]
+__all__ = ["LaunchMagics", "keep_empty_cell_body", "torchrun_matcher"]
 
 
 def _launch_flags(method: Any) -> Any:
@@ -116,7 +119,9 @@ class LaunchMagics(Magics):
 
         keys = ("nproc", "pull", "pull_all_ranks", "timeout_s", "quiet", "script_args")
         with user_errors():
-            run, request = prepare_cell(args.on, cell, push=pushed, **{k: options[k] for k in keys})
+            run, request = prepare_cell(
+                args.on, cell, push=pushed, ranks=args.ranks, **{k: options[k] for k in keys}
+            )
         # A cell that raised is CellFailed (the ranks stay); a dead rank is RunFailed.
         return execute_cell(
             run,
@@ -184,6 +189,7 @@ class LaunchMagics(Magics):
             return diagnose(source, inventory=take_inventory(scan_device_files=False))
 
     @magic_arguments()
+    @argument("name", nargs="?", help="a warm job: the names its ranks hold (type, size, ranks)")
     @argument("--prune", action="store_true", help="remove the oldest run directories instead")
     @argument("--keep", metavar="N", help="with --prune: keep the last N runs")
     @argument("--budget", metavar="SIZE", help="with --prune: keep at most SIZE of runs")
@@ -198,6 +204,9 @@ class LaunchMagics(Magics):
         policy: the last NBGPU_KEEP_RUNS runs (default 20) and at most NBGPU_RUNS_BUDGET
         (default 5G); --keep and --budget override them once. Runs in use and directories
         holding a KEEP file are never removed. nbgpu prunes before each new run too.
+
+        %gpu_runs NAME lists the names a warm job's ranks hold after their last cell: type,
+        size (a tensor's shape, dtype and bytes; a container's length) and which ranks.
         """
         if (args := parse_or_help(self, "gpu_runs", line)) is None:
             return None
@@ -206,6 +215,11 @@ class LaunchMagics(Magics):
 
         if not args.prune and (args.keep is not None or args.budget is not None):
             raise UsageError("%gpu_runs: --keep and --budget go with --prune")
+        if args.name is not None and not args.prune:
+            from nbgpu.launch.held import held_names  # noqa: PLC0415
+
+            with user_errors():
+                return held_names(args.name)
         if not args.prune:
             return runs_table()
         with user_errors():  # the policy checks the values (--keep 'x' is named there)
@@ -253,3 +267,27 @@ def keep_empty_cell_body(lines: list[str]) -> list[str]:
     if head == ["%%torchrun"] and not any(line.strip() for line in lines[1:]):
         return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]
     return lines
+
+
+@context_matcher(identifier="nbgpu.torchrun")
+def torchrun_matcher(context: CompletionContext) -> SimpleMatcherResult:
+    """``%%torchrun --on <TAB>``: the warm jobs; ``--on w --pull <TAB>``: the names rank 0
+    of ``w`` holds (each rank reports them after every cell)."""
+    words = context.text_until_cursor.split()
+    if context.cursor_line != 0 or not words or words[0] not in ("%%torchrun", "%torchrun"):
+        return {"completions": []}
+    # The flag before the word being typed (or before the cursor, after a space).
+    flag = (words if context.text_until_cursor[-1:].isspace() else ["", *words[:-1]])[-1]
+    # Nothing to offer before a run started: the launch engine is not even loaded then.
+    run_module = sys.modules.get("nbgpu.launch.run")
+    runs = {} if run_module is None else run_module.RUNS
+    warm = {name: run.warm for name, run in runs.items() if run.warm is not None and not run.done}
+    offered: list[str] = []
+    if flag == "--on":
+        offered = list(warm)
+    elif flag == "--pull" and "--on" in words[:-1]:
+        job = warm.get(words[words.index("--on") + 1])
+        reports = [] if job is None else [job.held[rank] for rank in sorted(job.held)]
+        offered = [entry["name"] for entry in (reports[0]["names"] if reports else [])]
+    matches = [SimpleCompletion(n, type="variable") for n in offered if n.startswith(context.token)]
+    return {"completions": matches, "suppress": bool(matches)}

@@ -26,7 +26,13 @@ RECORD_TAIL_LINES = 40
 LIVE_HEIGHT = "20em"
 # CSI sequences (colours, cursor moves) and two-byte escapes: a static record shows them raw.
 _ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
-_BADGE_COLOURS = {"running": "#2a7ae2", "ok": "#2e8b57", "failed": "#c0392b", "stopped": "#7f8c8d"}
+_BADGE_COLOURS = {
+    "running": "#2a7ae2",
+    "ok": "#2e8b57",
+    "failed": "#c0392b",
+    "stopped": "#7f8c8d",
+    "idle": "#7f8c8d",
+}
 _SMALL = '<div style="font-size:11px">'
 _RUN_KINDS = {"succeeded": "ok", "stopped": "stopped", "interrupted": "stopped"}
 
@@ -95,7 +101,7 @@ def _badges(run: Any) -> list[tuple[int, str, str]]:
     out = []
     for r in range(run.config.world_size):
         state = states.get(r)
-        if (state is None and not run.done) or state == "ok":
+        if (state is None and not run.done) or state in ("ok", "idle"):  # idle: not in the cell
             kind = text = state or "running"
         elif state is None:
             kind, text = _RUN_KINDS.get(run.state, "failed"), run.state.replace("_", " ")

@@ -218,10 +218,9 @@ class CellView:
         self.root_cause = None
         self.state = "succeeded" if result.ok else "interrupted" if result.interrupted else "failed"
         self.stop_reason = "interrupted" if self.state == "interrupted" else None
-        # Each rank's status: ok | error | interrupted | no answer.
-        self.ranks = tuple(
-            SimpleNamespace(rank=r, status=s) for r, s in sorted(result.statuses.items())
-        )
+        # Each rank's status: ok | error | interrupted | no answer | waiting | idle (--ranks).
+        statuses = {**dict.fromkeys(result.idle, "idle"), **result.statuses}
+        self.ranks = tuple(SimpleNamespace(rank=r, status=s) for r, s in sorted(statuses.items()))
 
     def _rank_state(self, r: SimpleNamespace) -> str:
         return str(r.status)
@@ -232,7 +231,8 @@ class CellView:
     def _headline(self) -> str:
         outcome = "ok" if self.result.ok else self.state
         parts = [f"run '{self.name}'", f"cell {self.result.number}", outcome]
-        parts.append(f"{self.config.nproc} ranks")
+        ran = len(self.result.statuses)
+        parts.append(f"{ran} of {self.config.nproc} ranks" if self.result.idle else f"{ran} ranks")
         if self.config.cuda_visible_devices:
             parts.append(self._run.gpu_assignment())
         parts.append(f"{self.result.duration_s:.2f} s")

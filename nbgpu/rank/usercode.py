@@ -17,6 +17,7 @@ import pickle
 import runpy
 import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -26,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu.profile.phases import Phase
 from nbgpu.profile.recorder import Recorder
+from nbgpu.rank.held import held_names
 from nbgpu.rank.job import one_at_a_time
+from nbgpu.rank.subset import on_ranks
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -184,6 +187,7 @@ def run_once(
 
 
 _in_cell = [False]  # whether SIGINT means KeyboardInterrupt right now
+_SENDING = threading.Lock()  # the channel's writers: the cell loop and a --ranks watchdog
 _INTERRUPTED = {"status": "interrupted", "error": "KeyboardInterrupt"}
 
 
@@ -214,7 +218,7 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
                 answer = {"op": "done", "cell": int(message["cell"]), **_INTERRUPTED}
             sys.stdout.flush()
             sys.stderr.flush()
-            conn.send(answer)
+            _send(conn, answer)
     except (EOFError, OSError):
         return 0  # the kernel hung up (mid-message too): it is gone, and so is the job
     finally:
@@ -227,9 +231,10 @@ def _run_cell(
     number = int(message["cell"])
     filename = str(message["filename"])
     print(message["mark"], flush=True)  # the log's cell boundary, as the kernel reads it
-    conn.send({"op": "started", "cell": number})
+    _send(conn, {"op": "started", "cell": number})
     status, error = "ok", None
     _in_cell[0] = True
+    subset = on_ranks(message, namespace, lambda note: _send(conn, note))  # None: every rank
     try:
         _enter(namespace, filename, message.get("push") or {}, message.get("script_args", []))
         run_code(
@@ -253,8 +258,17 @@ def _run_cell(
         sys.stderr.write(user_traceback(exc))
     finally:
         _in_cell[0] = False
+        if subset is not None:
+            subset.close()
     answer: dict[str, Any] = {"op": "done", "cell": number, "status": status, "error": error}
+    answer["names"] = held_names(namespace)  # for %gpu_runs NAME and --pull <TAB>
     names = list(message.get("pull") or [])
-    if status == "ok" and names and (rank == 0 or message.get("pull_all_ranks")):
+    first = min(message.get("ranks") or [0])  # --pull takes rank 0's, or the first that ran
+    if status == "ok" and names and (rank == first or message.get("pull_all_ranks")):
         answer["pulled"] = pull_payload(names, namespace)
     return answer
+
+
+def _send(conn: Connection, message: dict[str, Any]) -> None:
+    with _SENDING:
+        conn.send(message)

@@ -323,5 +323,11 @@ def test_a_warm_cell_in_a_widget_panel_leaves_that_cells_record(ip):
         assert "rank1 · GPU 2: ok" in text
         assert "%%torchrun --on warm-panel runs the next cell" in text
         assert "\x1b" not in text + page
+        # A cell on one rank: the record says which ran; the other's badge says idle.
+        with capture_output() as shown:
+            ip.run_cell_magic("torchrun", "--on warm-panel --view widgets --ranks 1", "pass\n")
+        text = shown.outputs[-1].data["text/plain"]
+        assert text.splitlines()[0].startswith("run 'warm-panel' · cell 3 · ok · 1 of 2 ranks")
+        assert "rank0 · GPU 1: idle | rank1 · GPU 2: ok" in text
     finally:
         ip.run_line_magic("gpu_stop", "warm-panel")
