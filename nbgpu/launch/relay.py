@@ -1,9 +1,10 @@
 """A warm job's cell channel across nodes: the kernel's end (:class:`NodeChannel`) and each
-node's relay (``python -m nbgpu.launch.relay RUN_DIR NODE NAME``, started by the node's
+node's relay (``python -m nbgpu.launch.relay RUN_DIR NODE NAME NPROC``, started by the node's
 ``nbgpu.rank.slurm_node`` before it becomes the agent). Standard library only.
 
 The ranks' Unix socket (``streams.CellServer``) stays inside each node: the relay holds one
-in a 0700 directory under the node's own tmp and names it to its ranks (``NBGPU_CELLS``).
+in a 0700 directory under the node's own tmp, names it to its ranks (``NBGPU_CELLS``) and
+removes it once they are all in.
 Between the relay and the kernel, one TCP connection per node carries what each side says,
 in envelopes tagged with ranks; the messages inside are forwarded as they are, so any op the
 kernel and the ranks exchange works across nodes unchanged:
@@ -245,7 +246,7 @@ def _carry_down(kernel: Connection, server: CellServer, local: Path) -> None:
             server.interrupt(ranks)
 
 
-def _carry_up(kernel: Connection, server: CellServer, local: Path) -> NoReturn:
+def _carry_up(kernel: Connection, server: CellServer, local: Path, nproc: int) -> NoReturn:
     """What the ranks say (and who joined or hung up), to the kernel."""
     joined: set[int] = set()
     told_gone: set[int] = set()
@@ -255,6 +256,8 @@ def _carry_up(kernel: Connection, server: CellServer, local: Path) -> NoReturn:
             for rank in sorted(server.ranks.keys() - joined):
                 kernel.send(("joined", rank, server.pids.get(rank)))
                 joined.add(rank)
+                if len(joined) == nproc:  # every rank of the node is in: nobody else may
+                    shutil.rmtree(local, ignore_errors=True)  # join, and nothing stays on disk
             for rank, message in said:
                 kernel.send(("said", rank, message))
             for rank in sorted(server.gone - told_gone):
@@ -265,9 +268,9 @@ def _carry_up(kernel: Connection, server: CellServer, local: Path) -> NoReturn:
 
 
 def main(argv: list[str]) -> NoReturn:
-    if len(argv) != 3:
-        raise SystemExit("usage: python -m nbgpu.launch.relay RUN_DIR NODE NAME")
-    run_dir, node, name = Path(argv[0]), int(argv[1]), argv[2]
+    if len(argv) != 4:
+        raise SystemExit("usage: python -m nbgpu.launch.relay RUN_DIR NODE NAME NPROC")
+    run_dir, node, name, nproc = Path(argv[0]), int(argv[1]), argv[2], int(argv[3])
     die_with_parent(signal.SIGTERM, os.getppid())  # the node's agent: the job on this node
     token = str(json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))["token"])
     # The ranks' socket on this node's own disk, not the shared run directory: a Unix
@@ -289,7 +292,7 @@ def main(argv: list[str]) -> NoReturn:
     threading.Thread(
         target=_carry_down, args=(kernel, server, local), name="nbgpu-relay", daemon=True
     ).start()
-    _carry_up(kernel, server, local)
+    _carry_up(kernel, server, local, nproc)
 
 
 if __name__ == "__main__":

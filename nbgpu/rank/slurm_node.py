@@ -95,14 +95,14 @@ def _take_planned_gpus(name: str) -> None:
 _RELAY: list[subprocess.Popen[bytes]] = []  # kept: its exit is reaped by the agent's Popen
 
 
-def _start_cell_relay(run_dir: Path, node: int, name: str) -> None:
+def _start_cell_relay(run_dir: Path, node: int, name: str, nproc: str) -> None:
     """A warm job: this node's relay carries its ranks' cells to and from the kernel (by
     module name: the kernel's side of the channel, ``nbgpu.launch.relay``). It dies with
     this process; the ranks find its socket in ``NBGPU_CELLS``."""
     spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
     if not spec.get("keep"):
         return
-    argv = [sys.executable, "-m", "nbgpu.launch.relay", str(run_dir), str(node), name]
+    argv = [sys.executable, "-m", "nbgpu.launch.relay", str(run_dir), str(node), name, nproc]
     relay = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     _RELAY.append(relay)
     path = ""
@@ -131,7 +131,7 @@ def main(argv: list[str]) -> NoReturn:
     rdzv = _publish(run_dir, name) if node == 0 else _await(run_dir)
     os.environ["NBGPU_NODE"] = name  # each rank writes it next to its log (node/rank labels)
     _take_planned_gpus(name)
-    _start_cell_relay(run_dir, node, name)
+    _start_cell_relay(run_dir, node, name, nproc)
     # Which nodes got as far as their agent: a rendezvous that times out names the others.
     (run_dir / f"node{node}.started").write_text(name, encoding="utf-8")
     # The agent dies with this step's slurmstepd (our parent), as it would with a kernel.
