@@ -244,3 +244,16 @@ def test_the_kernels_listener_takes_the_tokens_nodes_only_then_closes(tmp_path):
         assert not (tmp_path / RELAY_FILE).exists()
     finally:
         channel.close()
+
+
+def test_one_slurm_node_keeps_its_ranks_through_its_relay_too(env, slurm_cluster):
+    # The run directory's socket would not reach a compute node: one node goes through
+    # its relay like any number of them.
+    job = torchrun(START, 2, slurm=SlurmOptions(), keep=True, name="w1", environ=env,
+                   write=Screen())  # fmt: skip
+    assert isinstance(job.run.warm.server, NodeChannel)
+    assert job(STEP, pull=["count"]).pulled["count"] == 1
+    assert job(STEP, pull=["count"]).pulled["count"] == 2
+    stopped = job.stop()
+    assert [rank.exit_code for rank in stopped.ranks] == [0, 0]
+    assert nothing_left(stopped, slurm_cluster)
