@@ -92,7 +92,7 @@ def _take_planned_gpus(name: str) -> None:
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the plan's numbers are nvidia-smi's
 
 
-_RELAY: list[subprocess.Popen[bytes]] = []  # kept: its exit is reaped by the agent's Popen
+_RELAY: list[subprocess.Popen[bytes]] = []  # held: a running child is not collected (a warning)
 
 
 def _start_cell_relay(run_dir: Path, node: int, name: str, nproc: str) -> None:
