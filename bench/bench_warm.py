@@ -24,7 +24,13 @@ is timed from ``execute_request`` to ``status: idle``, as a user waits for it):
    (0 lost), each rank's ``DONE`` line reached the notebook. The same body as a cold
    ``%%torchrun 2`` for comparison.
 
+4. Across nodes (``--nodes``, as root): a trivial cell on a warm job of 2 nodes x 2 ranks
+   through the real two-node SLURM cluster on loopback that tests/slurm start (each node's
+   relay carries the cell over TCP to its ranks), against the same cell on a warm job of
+   4 ranks on one node (the Unix socket only), alternating, in one kernel.
+
     .venv/bin/python bench/bench_warm.py [N]       # N timed rounds of part 1 (default 20)
+    sudo .venv/bin/python bench/bench_warm.py --nodes [N]   # part 4 only (default 20)
 
 ipyparallel and nbdistributed come with ``make bench`` (the ``bench`` extra).
 """
@@ -192,6 +198,51 @@ def part_stream(work: Path, env: dict[str, str]) -> dict[str, dict[str, object]]
     return {"warm": warm, "cold": cold}
 
 
+def part_nodes(n: int) -> dict[str, list[float]]:
+    """Part 4: a warm cell on 2 nodes x 2 ranks (SLURM on loopback) vs on 4 ranks here."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (the cluster)
+    from tests.slurm.cluster import Cluster  # noqa: PLC0415
+
+    times: dict[str, list[float]] = {"nodes": [], "one": []}
+    with tempfile.TemporaryDirectory(prefix="nbgpu-bench-nodes-") as tmp:
+        work = Path(tmp)
+        cluster = Cluster(work / "cluster").start()
+        try:
+            tag = secrets.token_hex(6)
+            extra = {TAG_ENV: tag, "NBGPU_RUNS_DIR": str(work / "runs")}
+            extra["SLURM_CONF"] = str(cluster.conf)
+            env = child_env(extra)
+            with kernel(work, env, "nodes") as k:
+                _run(k, "%load_ext nbgpu")
+                _run(k, f"%%torchrun --slurm --nodes 2 --nproc-per-node 2 --keep --name wn "
+                        f"--quiet\n{TRIVIAL}")  # fmt: skip
+                _run(k, f"%%torchrun 4 --keep --name w1 --quiet\n{TRIVIAL}")
+                cases = {
+                    "nodes": lambda: _run(k, f"%%torchrun --on wn --quiet\n{TRIVIAL}"),
+                    "one": lambda: _run(k, f"%%torchrun --on w1 --quiet\n{TRIVIAL}"),
+                }
+                for case in cases.values():  # one untimed round
+                    case()
+                for round_ in range(n):
+                    for name in sorted(cases, reverse=round_ % 2 == 1):
+                        times[name].append(cases[name]())
+                _run(k, "%gpu_stop")
+            left = cluster.squeue() + leak_check(tag)
+        finally:
+            cluster.stop()
+    print(f"\n== 4. a trivial warm cell, {n} rounds (median ms, execute_request -> idle) ==")
+    for name, label in (
+        ("nodes", "2 nodes x 2 ranks (SLURM, relays)"),
+        ("one", "4 ranks, one node"),
+    ):
+        med = _median(times[name])
+        q = statistics.quantiles(times[name], n=4) if len(times[name]) > 1 else [med, med, med]
+        print(f"{label:44s} {med:8.1f}  (q1 {q[0]:.1f}, q3 {q[2]:.1f})")
+    print(f"across nodes over one node: {_median(times['nodes']) - _median(times['one']):+.1f} ms")
+    print(f"jobs queued and processes left behind: {len(left)}" + (f": {left}" if left else ""))
+    return times
+
+
 def main(n: int = 20) -> None:
     tag = secrets.token_hex(6)
     with tempfile.TemporaryDirectory(prefix="nbgpu-bench-warm-") as tmp:
@@ -239,4 +290,7 @@ def main(n: int = 20) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    if sys.argv[1:2] == ["--nodes"]:
+        part_nodes(int(sys.argv[2]) if len(sys.argv) > 2 else 20)
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)

@@ -155,10 +155,10 @@ class LaunchConfig:
                 raise UserInputError(
                     f"--rdzv-timeout {self.rdzv_timeout_s!r}: expected seconds >= 1 (e.g. 300)"
                 )
-        if self.keep and self.nnodes > 1:
+        if self.keep and self.nnodes > 1 and self.slurm is None:
             raise UserInputError(
-                "--keep with several nodes: warm jobs run on one node for now (drop --keep, "
-                "or --nodes 1)"
+                "--keep with several nodes needs --slurm: the kernel then starts every node's "
+                "ranks and carries their cells (or drop --keep)"
             )
         if self.slurm is not None:
             if self.node_rank is not None or self.rdzv_endpoint is not None:

@@ -34,6 +34,7 @@ from nbgpu.launch.procs import (
     start_agent,
     stop_processes,
 )
+from nbgpu.launch.relay import NodeChannel
 from nbgpu.launch.run_view import RunFailed, RunView
 from nbgpu.launch.rundirs import (
     FINAL_STATES,
@@ -86,9 +87,14 @@ class Run(RunView):
         channel = None
         if cfg.keep:
             token = secrets.token_hex(16)
-            server = CellServer(self.dir, token)
-            self.warm = WarmState(server, cfg.nproc, cfg.idle_timeout_s)
-            channel = (str(server.path), token)
+            server: CellServer | NodeChannel
+            if cfg.slurm is None:
+                server = CellServer(self.dir, token)
+                channel = (str(server.path), token)
+            else:  # on the nodes: each node's relay names its ranks' socket (NBGPU_CELLS)
+                server = NodeChannel(self.dir, token, cfg.nnodes)
+                channel = ("", token)
+            self.warm = WarmState(server, cfg.world_size, cfg.idle_timeout_s)
         write_bootstrap(self.dir, cfg, channel)
         if cfg.slurm is None and cfg.nnodes == 1:
             self.port = cfg.master_port or free_port(ports_in_use())

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import signal
 import socket
 import struct
 import tempfile
@@ -419,6 +420,12 @@ class CellServer:
             same.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", _MESSAGE_S, 0))
         self.ranks[rank] = conn
         self.pids[rank] = int(hello.get("pid") or 0)
+
+    def interrupt(self, ranks: list[int]) -> None:
+        """SIGINT to *ranks* (their user code gets KeyboardInterrupt; the rank stays)."""
+        for pid in filter(None, map(self.pids.get, ranks)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
 
     def send(self, ranks: list[int], message: dict[str, Any]) -> None:
         """Send one message to each of *ranks* that is connected (a failure: it is gone)."""

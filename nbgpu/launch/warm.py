@@ -5,8 +5,6 @@ ranks died or that sat idle too long.
 """
 
 import contextlib
-import os
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +15,7 @@ from nbgpu._render import Block, Line, Result, fmt_bytes, span
 from nbgpu.errors import NbgpuError
 from nbgpu.launch.config import CellRequest, ranks_text
 from nbgpu.launch.outcomes import Pulled, add_pulled
+from nbgpu.launch.relay import NodeChannel
 from nbgpu.launch.rundirs import rank_log
 from nbgpu.launch.streams import CellServer
 
@@ -140,7 +139,9 @@ class CellFailed(NbgpuError):
 class WarmState:
     """The ranks of a warm job between and during cells (``run.warm``)."""
 
-    def __init__(self, server: CellServer, nproc: int, idle_timeout_s: float | None) -> None:
+    def __init__(
+        self, server: CellServer | NodeChannel, nproc: int, idle_timeout_s: float | None
+    ) -> None:
         self.server = server
         self.nproc = nproc
         self.idle_timeout_s = idle_timeout_s
@@ -204,9 +205,7 @@ class WarmState:
 
     def interrupt(self, ranks: list[int]) -> None:
         """SIGINT to *ranks* (their user code gets KeyboardInterrupt; the rank stays)."""
-        for pid in filter(None, map(self.pids().get, ranks)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGINT)
+        self.server.interrupt(ranks)  # on their node: through its relay across nodes
 
     def ask_to_stop(self) -> bool:
         """Ask idle ranks to leave their loop and exit normally; whether they were asked."""

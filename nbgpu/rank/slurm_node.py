@@ -92,6 +92,28 @@ def _take_planned_gpus(name: str) -> None:
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the plan's numbers are nvidia-smi's
 
 
+_RELAY: list[subprocess.Popen[bytes]] = []  # held: a running child is not collected (a warning)
+
+
+def _start_cell_relay(run_dir: Path, node: int, name: str, nproc: str) -> None:
+    """A warm job: this node's relay carries its ranks' cells to and from the kernel (by
+    module name: the kernel's side of the channel, ``nbgpu.launch.relay``). It dies with
+    this process; the ranks find its socket in ``NBGPU_CELLS``."""
+    spec = json.loads((run_dir / "bootstrap.json").read_text(encoding="utf-8"))
+    if not spec.get("keep"):
+        return
+    argv = [sys.executable, "-m", "nbgpu.launch.relay", str(run_dir), str(node), name, nproc]
+    relay = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    _RELAY.append(relay)
+    path = ""
+    if relay.stdout is not None:  # (always: a pipe)
+        with relay.stdout:
+            path = relay.stdout.readline().decode().strip()  # once its socket listens
+    if not path:
+        raise SystemExit(f"nbgpu: the cell relay on node {name} did not start (agent.log)")
+    os.environ["NBGPU_CELLS"] = path  # the ranks inherit it
+
+
 def _import_torchrun() -> None:
     import torch.distributed.run  # noqa: F401, PLC0415  (the agent's slow part, started early)
 
@@ -109,6 +131,7 @@ def main(argv: list[str]) -> NoReturn:
     rdzv = _publish(run_dir, name) if node == 0 else _await(run_dir)
     os.environ["NBGPU_NODE"] = name  # each rank writes it next to its log (node/rank labels)
     _take_planned_gpus(name)
+    _start_cell_relay(run_dir, node, name, nproc)
     # Which nodes got as far as their agent: a rendezvous that times out names the others.
     (run_dir / f"node{node}.started").write_text(name, encoding="utf-8")
     # The agent dies with this step's slurmstepd (our parent), as it would with a kernel.

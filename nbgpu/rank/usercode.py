@@ -200,8 +200,10 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
     """Run cells until the kernel says stop or goes away; the rank's exit code (0)."""
     from multiprocessing.connection import Client  # noqa: PLC0415  (only warm jobs' ranks)
 
-    # Both ends prove they hold the job's token before anything is unpickled.
-    conn = Client(spec["channel"], family="AF_UNIX", authkey=spec["token"].encode())
+    # Both ends prove they hold the job's token before anything is unpickled. Across nodes
+    # the socket is the node's relay's (nbgpu.launch.relay), named in NBGPU_CELLS.
+    address = os.environ.get("NBGPU_CELLS") or spec["channel"]
+    conn = Client(address, family="AF_UNIX", authkey=spec["token"].encode())
     conn.send({"op": "hello", "rank": rank, "pid": os.getpid()})
     signal.signal(signal.SIGINT, _on_interrupt)
     try:

@@ -107,7 +107,10 @@ def test_the_launch_flag_and_rank_init_accept_the_same_backends():
         ),
         ({"node_rank": 1}, r"--node-rank and --rdzv-endpoint are for runs over several nodes"),
         ({"nnodes": 2, "slurm": SlurmOptions(), "node_rank": 0}, r"--slurm chooses node ranks"),
-        ({"nnodes": 2, "slurm": SlurmOptions(), "keep": True}, r"--keep with several nodes"),
+        (
+            {"nnodes": 2, "rdzv_endpoint": "n1:29400", "keep": True},
+            r"--keep with several nodes needs --slurm",
+        ),
     ],
 )
 def test_node_options_are_checked_before_anything_starts(keywords, message):
