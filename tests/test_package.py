@@ -105,7 +105,7 @@ print(json.dumps({{"added": added, "heavy": heavy, "cells": added_cells, "left":
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["added"] == [
-        "gpu_clean", "gpu_diagnose", "gpu_doctor", "gpu_memory", "gpu_plan", "gpu_runs", "gpu_stacks",
+        "gpu_clean", "gpu_debug", "gpu_diagnose", "gpu_doctor", "gpu_memory", "gpu_plan", "gpu_runs", "gpu_stacks",
         "gpu_status", "gpu_stop", "gpu_watch", "torchrun",
     ]  # fmt: skip
     assert result["cells"] == ["gpu_phase", "torchrun"]

@@ -181,6 +181,14 @@ FLAGS: tuple[Flag, ...] = (
         per_cell=True,
     ),
     Flag(
+        ("--pdb",),
+        "with --keep or --on: a failed cell opens pdb on the first failed rank's traceback, "
+        "here (see %gpu_debug)",
+        {"action": "store_true"},
+        faces=NOTEBOOK_ONLY,
+        per_cell=True,
+    ),
+    Flag(
         ("--idle-timeout",),
         "with --keep: end the warm job after S seconds without a cell "
         "(default: never; %gpu_runs shows it)",
@@ -367,7 +375,13 @@ def check_cell_flags(args: argparse.Namespace) -> None:
 
 
 def check_keep_flags(args: argparse.Namespace) -> None:
-    """``--keep``/``--on`` with ``--bg``: a warm job's cells run in the foreground."""
+    """``--keep``/``--on`` with ``--bg``: a warm job's cells run in the foreground;
+    ``--pdb`` debugs a warm job's rank."""
+    if getattr(args, "pdb", False) and not (args.keep or args.on):
+        raise UserInputError(
+            "--pdb debugs a failed cell of a warm job, whose ranks stay up: give it with --keep "
+            "or --on NAME"
+        )
     if args.bg and (args.keep or args.on):
         which = "--keep" if args.keep else f"--on {args.on}"
         raise UserInputError(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from nbgpu._render import span
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import CellRequest, LaunchConfig
+from nbgpu.launch.debug import Console
 from nbgpu.launch.outcomes import (
     StallWatch,
     collect_pulled,
@@ -138,6 +139,7 @@ class Run(RunView):
             if self.warm is None:
                 raise UserInputError(f"run '{self.name}' is not a warm job: it takes no cells")
             flight = Cell(self.warm, cell, self.dir, serial_imports=self.config.serial_imports)
+            flight.on_debug = self._console(writer, self.warm.server).hear
         result = None
         try:
             with contextlib.nullcontext() if self.warm is None else self.warm.lock:
@@ -208,6 +210,16 @@ class Run(RunView):
                 if flight is None or not flight.sent or flight.interrupted_at is not None:
                     raise  # a run, a cell not sent yet, or a second interrupt: stop the job
                 flight.interrupt()
+
+    def _console(self, writer: LineSink, server: CellServer) -> Console:
+        """Where a rank stopped at ``breakpoint()`` gets its pdb commands (headless: ``c``)."""
+
+        def catch_up() -> None:  # the ranks' lines so far first; an answer awaited is no stall
+            self._show(writer, self._logs.poll(every=True))
+            self._logs.last_output_at = time.time()
+
+        note = "rank {rank} stopped at breakpoint(): no input() here (nbconvert, nbval): it goes on"
+        return Console(server, writer, self.rank_label, unanswered="c", note=note, before=catch_up)
 
     def _stalled(self, writer: LineSink, began: float | None) -> bool:
         """Look for a stall (quiet since the run or cell began, or its last output); say

@@ -7,6 +7,7 @@ ranks died or that sat idle too long.
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,14 +232,21 @@ class Cell:
         self.interrupted_at: float | None = None
         self.gone_at: float | None = None  # when a rank hung up
         self.started = time.time()
+        self.on_debug: Callable[[int, dict[str, Any]], None] | None = None  # breakpoint()
 
     def step(self, wait_s: float) -> None:
         """Send the cell once every rank has connected; hear answers (waiting up to
         *wait_s*: an answer wakes the follow loop at once)."""
         if not self.sent and len(self.warm.server.ranks) == self.warm.nproc:
             self._send()
+        interrupted = None
         for rank, message in self.warm.server.poll(wait_s):
-            self._hear(rank, message)
+            try:
+                self._hear(rank, message)
+            except KeyboardInterrupt as exc:  # noqa: PERF203  (hear the rest: lose no answer)
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
         if self.warm.server.gone and self.gone_at is None:
             self.gone_at = time.monotonic()  # torchrun is about to end the job
 
@@ -275,6 +283,8 @@ class Cell:
                 self.answers[rank] = message
         elif message.get("op") == "waiting" and cell == self.number:
             self.waiting[rank] = str(message.get("where"))
+        elif self.on_debug is not None and str(message.get("op")).startswith("debug-"):
+            self.on_debug(rank, message)  # a rank stopped at breakpoint(): its pdb speaks
 
     def interrupt(self) -> None:
         if self.interrupted_at is None:

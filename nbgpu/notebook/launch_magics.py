@@ -5,7 +5,10 @@ the magics), and renders; where a run's lines go is ``widgets.py``.
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.completer import SimpleCompletion, SimpleMatcherResult, context_matcher
@@ -96,12 +99,13 @@ class LaunchMagics(Magics):
             )
             return None
         # A failed run raises RunFailed: the ranks' output (tracebacks too) is in this cell.
-        run = execute(
-            prepared,
-            foreground_output(args),
-            announce=print,
-            on_done=lambda r: self._deliver(r, options, announce=True),
-        )
+        with self._pdb_on_failure(enabled=args.pdb):
+            run = execute(
+                prepared,
+                foreground_output(args),
+                announce=print,
+                on_done=lambda r: self._deliver(r, options, announce=True),
+            )
         if prepared.config.keep:
             print(
                 f"[nbgpu] '{run.name}' is warm: %%torchrun --on {run.name} runs the next cell "
@@ -123,12 +127,68 @@ class LaunchMagics(Magics):
                 args.on, cell, push=pushed, ranks=args.ranks, **{k: options[k] for k in keys}
             )
         # A cell that raised is CellFailed (the ranks stay); a dead rank is RunFailed.
-        return execute_cell(
-            run,
-            request,
-            foreground_output(args),
-            on_done=lambda r: self._deliver(r, options, announce=True),
-        )
+        with self._pdb_on_failure(enabled=args.pdb):
+            return execute_cell(
+                run,
+                request,
+                foreground_output(args),
+                on_done=lambda r: self._deliver(r, options, announce=True),
+            )
+
+    @contextmanager
+    def _pdb_on_failure(self, *, enabled: bool) -> Iterator[None]:
+        """``--pdb``: a failed warm cell opens pdb on its lowest failed rank, then fails as
+        it would have."""
+        from nbgpu.launch.warm import CellFailed  # noqa: PLC0415
+
+        try:
+            yield
+        except CellFailed as failure:
+            if enabled:
+                try:
+                    self._debug([failure.result.run_name], None)
+                except UsageError as exc:  # said in one line; the cell's failure is the error
+                    print(f"[nbgpu] {exc}", file=sys.stderr)
+            raise
+
+    def _debug(self, target: list[str], commands: list[str] | None) -> None:
+        from nbgpu.launch.debug import choose_rank, debug_target, post_mortem  # noqa: PLC0415
+        from nbgpu.launch.execute import runs, to_screen, warm_run  # noqa: PLC0415
+
+        with user_errors():
+            name, rank = debug_target(target, runs())
+            run = warm_run(name, "%gpu_debug")
+            rank = choose_rank(run, rank)
+            screen = to_screen(functools.partial(print, end="", flush=True), color=True)(run)
+            post_mortem(run, rank, screen.sink, commands=commands)
+
+    @magic_arguments()
+    @argument(
+        "target",
+        nargs="*",
+        metavar="NAME RANK",
+        help="the warm job (default: the latest) and the rank (default: the lowest that failed)",
+    )
+    @argument(
+        "-c",
+        dest="commands",
+        action="append",
+        metavar="CMD",
+        help="a pdb command to run instead of asking (repeatable); for saved notebooks and "
+        "nbval, which cannot answer input()",
+    )
+    @line_magic
+    def gpu_debug(self, line: str = "") -> None:
+        """pdb on a rank whose warm cell failed (post-mortem): ``%gpu_debug 1``.
+
+        pdb's output comes here and its prompt asks here: p x, where, up, list...; q or c
+        ends it, and the job stays warm (the other ranks wait idle, their state kept).
+        ``%%torchrun --on NAME --pdb`` opens it when a cell fails; ``breakpoint()`` in a
+        warm cell stops its rank with the same prompt, and c lets it go on.
+        """
+        if (args := parse_or_help(self, "gpu_debug", line)) is None:
+            return
+        self._debug(args.target, args.commands)
 
     def _variable(self, flag: str, name: str) -> Any:
         """The notebook variable a flag names (``--plan p``, ``--push x``)."""

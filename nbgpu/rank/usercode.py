@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import json
 import os
 import pickle
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbgpu.profile.phases import Phase
 from nbgpu.profile.recorder import Recorder
+from nbgpu.rank.debugger import post_mortem, remember_failure, stop_at_breakpoints
 from nbgpu.rank.held import held_names
 from nbgpu.rank.job import one_at_a_time
 from nbgpu.rank.subset import on_ranks
@@ -206,11 +208,16 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
     conn = Client(address, family="AF_UNIX", authkey=spec["token"].encode())
     conn.send({"op": "hello", "rank": rank, "pid": os.getpid()})
     signal.signal(signal.SIGINT, _on_interrupt)
+    say = functools.partial(_send, conn)
+    stop_at_breakpoints(conn, say)
     try:
         while True:
             message = conn.recv()
             if message.get("op") == "stop":
                 return 0
+            if message.get("op") == "debug":  # %gpu_debug: pdb on the last failed cell
+                say(post_mortem(conn, say, _in_cell))
+                continue
             if message.get("op") != "cell":
                 continue
             try:
@@ -235,6 +242,7 @@ def _run_cell(
     print(message["mark"], flush=True)  # the log's cell boundary, as the kernel reads it
     _send(conn, {"op": "started", "cell": number})
     status, error = "ok", None
+    remember_failure(None)
     _in_cell[0] = True
     subset = on_ranks(message, namespace, lambda note: _send(conn, note))  # None: every rank
     try:
@@ -255,9 +263,11 @@ def _run_cell(
     except KeyboardInterrupt as exc:
         status, error = "interrupted", "KeyboardInterrupt"
         sys.stderr.write(user_traceback(exc))
+        remember_failure(exc)
     except BaseException as exc:  # noqa: BLE001  (a cell's failure is reported; the rank stays)
         status, error = "error", f"{type(exc).__name__}: {exc}"
         sys.stderr.write(user_traceback(exc))
+        remember_failure(exc)
     finally:
         _in_cell[0] = False
         if subset is not None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from nbgpu._children import die_with_parent
 from nbgpu.profile.phases import configure
+from nbgpu.rank.debugger import refuse_breakpoints
 from nbgpu.rank.job import destroy, set_memory_limit
 from nbgpu.rank.usercode import pull_payload, report_error, run_once, serve
 
@@ -191,6 +192,7 @@ def main() -> int:
         rec.end(start_phase)
         code = serve(spec, namespace, rec, rank=rank)
     else:
+        refuse_breakpoints()  # no channel for a prompt: one line instead of pdb on stdin
         code, namespace = run_once(spec, namespace, rec, start_phase, error_path)
     exit_phase = rec.begin("exit")
     pull = spec.get("pull") if rank == 0 or spec.get("pull_all_ranks") else None

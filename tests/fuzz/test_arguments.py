@@ -52,6 +52,7 @@ MAGICS = {
     "gpu_diagnose": ["kernel", "no-such-run"],
     "gpu_runs": ["--prune", "--keep", "--budget"],
     "gpu_stacks": ["--native", "--timeout"],
+    "gpu_debug": ["-c", "where", "w", "1"],
     "gpu_stop": ["--all"],
     "gpu_watch": ["--interval", "--history", "--view", "--stop"],
 }
