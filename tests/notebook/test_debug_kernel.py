@@ -23,17 +23,23 @@ FAILS = (
     "    step(2)\n"
 )
 NEXT = "%%torchrun --on {name}\nkept += 1\nprint('next', kept)\n"
+INTERRUPT = "the notebook's stop button instead of an answer"
 
 
-def run(client, code, answers=None, timeout=120):
+def run(client, code, answers=None, timeout=120, km=None):
     """Execute *code*; answer each input request with the next of *answers* (None: the
-    cell may not ask, ``allow_stdin`` is off as under nbconvert). Returns (output, error,
+    cell may not ask, ``allow_stdin`` is off as under nbconvert): a line, INTERRUPT, or
+    (line, S): the line, then the stop button S seconds later. Returns (output, error,
     prompts) with ANSI colours removed."""
     msg_id = client.execute(code, allow_stdin=answers is not None)
     answers = list(answers or [])
     out, prompts, error = [], [], None
     deadline = time.time() + timeout
+    press_at = None  # (from this thread: jupyter_client leaves an event loop in any other)
     while time.time() < deadline:
+        if press_at is not None and time.monotonic() >= press_at:
+            km.interrupt_kernel()
+            press_at = None
         try:
             request = client.get_stdin_msg(timeout=0.02)
         except queue.Empty:
@@ -41,7 +47,14 @@ def run(client, code, answers=None, timeout=120):
         else:
             if request["msg_type"] == "input_request":
                 prompts.append(request["content"]["prompt"])
-                client.input(answers.pop(0) if answers else "q")
+                answer = answers.pop(0) if answers else "q"
+                if answer == INTERRUPT:
+                    km.interrupt_kernel()
+                elif isinstance(answer, tuple):
+                    client.input(answer[0])
+                    press_at = time.monotonic() + answer[1]
+                else:
+                    client.input(answer)
         try:
             msg = client.get_iopub_msg(timeout=0.02)
         except queue.Empty:
@@ -112,6 +125,32 @@ def test_post_mortem_and_breakpoint_answer_the_notebooks_input_requests(kernel):
     out, error, _ = run(client, NEXT.format(name="w"))
     assert error is None, out
     assert "[rank1] next 9" in out
+
+
+def test_the_stop_button_during_a_debugger_session_keeps_the_job(kernel):  # noqa: F811
+    # At the prompt it ends the session; during a long command it cancels the command,
+    # then ends the session; at a breakpoint() it stops the cell, as in any cell.
+    km, client = kernel
+    assert run(client, "%load_ext nbgpu")[1] is None
+    out, error, _ = run(client, START.format(name="w"))
+    assert error is None, out
+    run(client, FAILS.format(name="w", flags=""))
+    out, error, prompts = run(client, "%gpu_debug", answers=[INTERRUPT], km=km)
+    assert error is None, out
+    assert len(prompts) == 1
+    began = time.monotonic()
+    sleep = ("p __import__('time').sleep(60)", 1.0)
+    out, error, prompts = run(client, "%gpu_debug", answers=[sleep], km=km)
+    assert time.monotonic() - began < 20
+    assert error is None, out
+    assert "KeyboardInterrupt" in out
+    cell = "%%torchrun --on w\nif rank == 1:\n    breakpoint()\n    kept = 0\n"
+    out, error, _ = run(client, cell, answers=[INTERRUPT], km=km)
+    assert error.startswith("CellFailed"), (out, error)
+    out, error, _ = run(client, NEXT.format(name="w"))
+    assert error is None, out
+    assert "[rank0] next 8" in out
+    assert "[rank1] next 8" in out
 
 
 def test_bad_input_is_one_line_and_the_job_runs_the_next_cell(kernel):  # noqa: F811
