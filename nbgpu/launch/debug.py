@@ -78,7 +78,7 @@ class Console:
             return None
         if self.commands is not None:
             if not self.commands:
-                return "q"  # the script is done: pdb ends without a word
+                return None  # the script is done: EOF ends pdb
             line = self.commands.popleft()
             self._show(rank, prompt + line)  # the transcript reads as if typed
             return line

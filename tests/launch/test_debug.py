@@ -3,7 +3,10 @@ answered by a scripted ``input()``. The notebook's input requests: tests/noteboo
 """
 
 import builtins
+import os
 import re
+import signal
+import threading
 
 import pytest
 
@@ -83,6 +86,7 @@ def test_post_mortem_walks_the_failed_rank_and_the_job_stays_warm(env):
     assert gone(job.run.run_id)
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_breakpoint_stops_one_rank_and_continue_finishes_the_cell(env, monkeypatch):
     job, screen = start(env, "bp")
     try:
@@ -103,6 +107,16 @@ def test_breakpoint_stops_one_rank_and_continue_finishes_the_cell(env, monkeypat
         assert "[rank1] 16" in screen.text  # after `n`
         assert "[rank1] done 17" in screen.text
         assert "[rank0] done 5" in screen.text
+        # After `c`, an interrupt is still an interrupt (pdb's own handler would open a
+        # debugger instead).
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(CellFailed) as failure:
+            torchrun(
+                "import time\nfor t in range(400):\n    time.sleep(0.05)\n", on="bp", write=screen
+            )
+        timer.join()
+        assert set(failure.value.result.statuses.values()) == {"interrupted"}
     finally:
         job.stop()
     assert gone(job.run.run_id)
