@@ -44,7 +44,8 @@ class Console:
         self.commands = None if commands is None else deque(commands)
         self.ask = ask or builtins.input  # looked up now: ipykernel replaces it per cell
         self.unanswered, self.note = unanswered, note
-        self.before = before  # catch up with the ranks' logs, so the lines keep their order
+        # Catch up with the ranks' logs (the lines keep their order; a prompt is no stall).
+        self.before = before
         self.no_input = False  # input() is not available here (nbconvert, nbval)
         self.closing = False  # interrupted: every prompt from now on gets EOF
         self.ended = False
@@ -64,6 +65,8 @@ class Console:
         self._show(rank, text)
         if op == "debug-prompt":
             self.server.send([rank], {"op": "debug-input", "line": self._answer(rank, prompt)})
+            if self.before is not None:
+                self.before()  # the time spent answering is not the job's silence
 
     def _show(self, rank: int, text: str) -> None:
         if not text.strip():

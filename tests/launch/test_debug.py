@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import threading
+import time
 
 import pytest
 
@@ -117,6 +118,31 @@ def test_breakpoint_stops_one_rank_and_continue_finishes_the_cell(env, monkeypat
             )
         timer.join()
         assert set(failure.value.result.statuses.values()) == {"interrupted"}
+    finally:
+        job.stop()
+    assert gone(job.run.run_id)
+
+
+def test_a_rank_at_its_pdb_prompt_is_not_a_stalled_job(env, monkeypatch):
+    # Rank 0 waits in a collective for rank 1, which waits for the notebook's answer.
+    setup = "import os\nimport nbgpu.rank as R\nR.init()\nrank = int(os.environ['RANK'])\n"
+    job, screen = start(env, "slow", setup, hang_after_s=2, on_hang="stop")
+    try:
+        answers = ["c", "p rank"]
+
+        def slowly(_prompt):
+            time.sleep(4)  # a person reading the code
+            return answers.pop()
+
+        monkeypatch.setattr(builtins, "input", slowly)
+        cell = (
+            "import torch\nimport torch.distributed as dist\nif rank == 1:\n    breakpoint()\n"
+            "dist.all_reduce(torch.ones(4))\n"
+        )
+        result = torchrun(cell, on="slow", write=screen)
+        assert result.ok
+        assert "[rank1] 1" in screen.text
+        assert "stalled" not in screen.text
     finally:
         job.stop()
     assert gone(job.run.run_id)
