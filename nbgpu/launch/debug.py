@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import UserInputError
+from nbgpu.launch.relay import NodeChannel
 from nbgpu.launch.streams import CellServer, LineSink
 from nbgpu.launch.warm import INTERRUPT_WAIT_S, CellResult
 
@@ -30,7 +31,7 @@ class Console:
 
     def __init__(
         self,
-        server: CellServer,
+        server: CellServer | NodeChannel,
         sink: LineSink,
         label: Callable[[int], str],
         *,

@@ -211,7 +211,7 @@ class Run(RunView):
                     raise  # a run, a cell not sent yet, or a second interrupt: stop the job
                 flight.interrupt()
 
-    def _console(self, writer: LineSink, server: CellServer) -> Console:
+    def _console(self, writer: LineSink, server: CellServer | NodeChannel) -> Console:
         """Where a rank stopped at ``breakpoint()`` gets its pdb commands (headless: ``c``)."""
 
         def catch_up() -> None:  # the ranks' lines so far first; an answer awaited is no stall

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
