@@ -33,7 +33,7 @@ class HeldNames(Result):
     """What each rank of a warm job holds (``held``: rank -> its last report)."""
 
     run_name: str
-    nproc: int
+    world_size: int  # every rank of the job, on every node ("all" in the ranks column)
     cells: int
     held: dict[int, dict[str, Any]]
 
@@ -52,7 +52,7 @@ class HeldNames(Result):
         if not rows:
             return [title, Line("the ranks hold no names yet", wrap=False)]
         table = Table(["name", "type", "size", "ranks"])
-        everyone = tuple(range(self.nproc))
+        everyone = tuple(range(self.world_size))
         for name, kind, size, ranks in rows:
             table.add(name, kind, size, "all" if ranks == everyone else ranks_text(ranks))
         notes = [
@@ -80,4 +80,4 @@ def held_names(name: str) -> HeldNames:
         what = "a cold run: its ranks are gone" if run is not None else "no warm job by that name"
         raise UserInputError(f"%gpu_runs {name}: {what} (warm jobs: {warm}; %gpu_runs lists all)")
     run.warm.catch_up()
-    return HeldNames(name, run.config.nproc, run.warm.cells, dict(run.warm.held))
+    return HeldNames(name, run.config.world_size, run.warm.cells, dict(run.warm.held))

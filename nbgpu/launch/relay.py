@@ -33,13 +33,13 @@ import tempfile
 import threading
 import time
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge, wait
+from multiprocessing.connection import Client, Connection, wait
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
 from nbgpu._children import die_with_parent
-from nbgpu.launch.streams import CellServer
+from nbgpu.launch.streams import CellServer, token_hello
 
 __all__ = ["CELLS_ENV", "RELAY_FILE", "NodeChannel", "main"]
 
@@ -133,15 +133,10 @@ class NodeChannel:
         sock.setblocking(True)  # noqa: FBT003  (socket API)
         conn = Connection(sock.detach())
         _receive_timeout(conn, _HANDSHAKE_S)
-        try:  # TCP has no peer credentials: the token is the whole proof
-            deliver_challenge(conn, self._authkey)  # it proves it holds the token...
-            answer_challenge(conn, self._authkey)  # ...and so do we
-            hello = conn.recv()
-        except (AuthenticationError, EOFError, OSError):
-            hello = None
-        node = hello.get("node") if isinstance(hello, dict) else None
+        hello = token_hello(conn, self._authkey)  # TCP has no peer credentials: the token is all
+        node = None if hello is None else hello.get("node")
         known = isinstance(node, int) and 0 <= node < self.nnodes and node not in self.nodes
-        if not isinstance(hello, dict) or hello.get("op") != "node" or not known:
+        if hello is None or hello.get("op") != "node" or not known:
             conn.close()  # not one of the job's nodes, or one already in: hung up on
             return
         _receive_timeout(conn, _MESSAGE_S)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "MAX_LOGS_PER_POLL", "CellServer", "LineSink", "LogTail", "RankLogs",
-    "ScreenWriter", "in_turn",
+    "ScreenWriter", "in_turn", "token_hello",
 ]  # fmt: skip
 
 # At most this many rank logs are read in one poll (20 polls a second). Beyond it the logs
@@ -350,6 +350,18 @@ _HANDSHAKE_S = 2
 _MESSAGE_S = 60  # how long a rank may stall in the middle of one message: then it is gone
 
 
+def token_hello(conn: Connection, authkey: bytes) -> dict[str, Any] | None:
+    """The peer's hello, once both ends proved they hold the job's token (an HMAC challenge
+    each way, before anything is unpickled); None for anything else or nothing in time."""
+    try:
+        deliver_challenge(conn, authkey)  # it proves it holds the token...
+        answer_challenge(conn, authkey)  # ...and so do we
+        hello = conn.recv()
+    except (AuthenticationError, EOFError, OSError):
+        return None
+    return hello if isinstance(hello, dict) else None
+
+
 class CellServer:
     """The kernel's end: accept the ranks, hear what they say, tell them all one thing."""
 
@@ -406,14 +418,9 @@ class CellServer:
         sock.setblocking(True)  # noqa: FBT003  (socket API)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", _HANDSHAKE_S, 0))
         conn = Connection(sock.detach())
-        try:  # the peer's hello, once both ends proved they hold the token
-            deliver_challenge(conn, self._authkey)  # it proves it has the token...
-            answer_challenge(conn, self._authkey)  # ...and so do we
-            hello = conn.recv()
-        except (AuthenticationError, EOFError, OSError):
-            hello = None
-        rank = hello.get("rank") if isinstance(hello, dict) else None
-        if not isinstance(hello, dict) or hello.get("op") != "hello" or not isinstance(rank, int):
+        hello = token_hello(conn, self._authkey)
+        rank = None if hello is None else hello.get("rank")
+        if hello is None or hello.get("op") != "hello" or not isinstance(rank, int):
             conn.close()  # not one of our ranks (or not in time): hung up on
             return
         with socket.socket(fileno=os.dup(conn.fileno())) as same:

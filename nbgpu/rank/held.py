@@ -1,7 +1,7 @@
 """The names a warm job's rank holds, described without their values: each user variable's
 type and a size cheap to get (a tensor's or array's shape, dtype and bytes; a torch
-module's parameters; a container's length; ``sys.getsizeof`` otherwise). Nothing is imported to describe a value. Standard
-library only.
+module's parameters; a container's length; ``sys.getsizeof`` otherwise). Nothing is
+imported to describe a value. Standard library only.
 """
 
 from __future__ import annotations

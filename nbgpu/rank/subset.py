@@ -1,9 +1,10 @@
 """A warm cell that runs on some ranks only (``--ranks``): a collective that needs a rank
 outside the cell would wait forever, so it is refused or reported instead.
 
-While such a cell runs, torch.distributed's Python collectives raise :class:`IdleRanksError`
-(one line: which call, which ranks it needs) when their group holds a rank that does not
-run the cell; and a watchdog thread reports a main thread that sits inside torch's
+While such a cell runs, torch.distributed's Python collectives (and a DDP model's forward,
+whose backward all-reduces from C++) raise :class:`IdleRanksError` (one line: which call,
+which ranks it needs) when their group holds a rank that does not run the cell; and a
+watchdog thread reports a main thread that sits inside torch's
 distributed code longer than the kernel's wait (a collective called from C++, such as
 DDP's, or through a name no wrapper replaced): the kernel then says where and returns.
 Standard library only: torch is wrapped only when the user's code imported it already.
@@ -74,6 +75,12 @@ class _Guard:
                 if callable(original):
                     originals[id(original)] = original
                     self._swap(module, name, self._checked(name, original))
+        # DDP's gradient all-reduce runs in autograd's C++ engine, under no frame the watchdog
+        # reads: refuse its forward instead, whose backward would need the whole group.
+        parallel = sys.modules.get("torch.nn.parallel")
+        ddp = getattr(parallel, "DistributedDataParallel", None)
+        if ddp is not None:
+            self._swap(ddp, "forward", self._checked_ddp(ddp.forward))
         # Names the user bound earlier (``from torch.distributed import all_reduce``).
         for name, value in list(namespace.items()):
             if id(value) in originals and value is originals[id(value)]:
@@ -102,6 +109,13 @@ class _Guard:
                 self.checked_calls -= 1
 
         return functools.wraps(original)(checked)
+
+    def _checked_ddp(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        def checked(model: Any, *args: Any, **kwargs: Any) -> Any:
+            self._check("DistributedDataParallel's forward", {"group": model.process_group})
+            return forward(model, *args, **kwargs)
+
+        return functools.wraps(forward)(checked)
 
     def _check(self, name: str, given: dict[str, Any]) -> None:
         dist = self.dist

@@ -173,6 +173,41 @@ def test_a_wait_no_wrapper_sees_is_reported_not_waited_for(env, monkeypatch):
     assert gone(job.run.run_id)
 
 
+def test_a_ddp_forward_on_some_ranks_fails_at_once_not_in_its_backward(env):
+    # The backward's gradient all-reduce runs in autograd's C++ engine, where no Python
+    # frame shows the wait: without the check on forward this cell would wait for the
+    # group's timeout (8 s here).
+    job, screen = start(env, "ddpfwd", nproc=2, timeout=8)
+    try:
+        torchrun(
+            "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))",
+            on="ddpfwd",
+            write=screen,
+        )
+        began = time.monotonic()
+        with pytest.raises(CellFailed) as failure:
+            torchrun(
+                "model(torch.ones(3, 2)).sum().backward()", on="ddpfwd", ranks="0", write=screen
+            )
+        assert time.monotonic() - began < 4
+        assert failure.value.result.errors[0].startswith(
+            "IdleRanksError: DistributedDataParallel's forward needs rank 1 of its group"
+        )
+        # On every rank the same step runs, and the gradients agree.
+        torchrun("model(torch.ones(3, 2)).sum().backward()", on="ddpfwd", write=screen)
+        grads = torchrun(
+            "g = model.module.weight.grad.tolist()",
+            on="ddpfwd",
+            write=screen,
+            pull=["g"],
+            pull_all_ranks=True,
+        ).pulled_all
+        assert grads[0]["g"] == grads[1]["g"]
+    finally:
+        job.stop()
+    assert gone(job.run.run_id)
+
+
 def test_the_names_each_rank_holds_are_listed_without_values(env):
     job, screen = start(env, "names")
     try:

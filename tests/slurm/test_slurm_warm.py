@@ -20,6 +20,7 @@ import pytest
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
+from nbgpu.launch.held import held_names
 from nbgpu.launch.launcher import torchrun
 from nbgpu.launch.relay import RELAY_FILE, NodeChannel
 from nbgpu.launch.run import RunFailed
@@ -71,6 +72,11 @@ def test_two_nodes_keep_state_across_cells_and_an_interrupt_reaches_both(env, sl
             assert [r["count"] for r in result.pulled_all] == [expected] * 4
             assert every_rank_printed(screen, f"count {expected} sum {expected * 4}")
         assert sorted({r["node"] for r in result.pulled_all}) == ["n1", "n2"]
+        # The names every rank of both nodes holds: one row each, held by "all" four.
+        held = held_names("w2")
+        assert {r["name"]: r["ranks"] for r in held.records()}["count"] == [0, 1, 2, 3]
+        rows = [line.split() for line in held.text().splitlines()]
+        assert any(row[:2] == ["count", "int"] and row[-1] == "all" for row in rows), held.text()
         # The stop button while a cell runs on both nodes: every rank is interrupted, and the
         # job stays warm with its state.
         ranks_up = threading.Event()
