@@ -141,10 +141,10 @@ class WarmState:
     """The ranks of a warm job between and during cells (``run.warm``)."""
 
     def __init__(
-        self, server: CellServer | NodeChannel, nproc: int, idle_timeout_s: float | None
+        self, server: CellServer | NodeChannel, world_size: int, idle_timeout_s: float | None
     ) -> None:
         self.server = server
-        self.nproc = nproc
+        self.world_size = world_size  # every rank, on every node
         self.idle_timeout_s = idle_timeout_s
         self.cells = 0  # cells sent so far; the next one is cells + 1
         self.busy: dict[int, int] = {}  # rank -> the cell it has not answered yet
@@ -192,7 +192,7 @@ class WarmState:
         self.cells += 1
         self.started = set()
         self.last = None
-        self.log_offsets = {rank: _size(rank_log(run_dir, rank)) for rank in range(self.nproc)}
+        self.log_offsets = {rank: _size(rank_log(run_dir, rank)) for rank in range(self.world_size)}
         self.busy = dict.fromkeys(ranks, self.cells)
         return self.cells
 
@@ -226,7 +226,7 @@ class Cell:
         self.serial_imports = serial_imports
         self.number = 0
         self.sent = False
-        self.ranks = list(range(warm.nproc) if request.ranks is None else request.ranks)
+        self.ranks = list(range(warm.world_size) if request.ranks is None else request.ranks)
         self.waiting: dict[int, str] = {}  # rank -> where it waits for idle ranks (--ranks)
         self.answers: dict[int, dict[str, Any]] = {}
         self.interrupted_at: float | None = None
@@ -237,7 +237,7 @@ class Cell:
     def step(self, wait_s: float) -> None:
         """Send the cell once every rank has connected; hear answers (waiting up to
         *wait_s*: an answer wakes the follow loop at once)."""
-        if not self.sent and len(self.warm.server.ranks) == self.warm.nproc:
+        if not self.sent and len(self.warm.server.ranks) == self.warm.world_size:
             self._send()
         interrupted = None
         for rank, message in self.warm.server.poll(wait_s):
@@ -333,7 +333,7 @@ class Cell:
             pulled=pulled.values,
             pulled_all=pulled.every_rank,
             pull_problems=pulled.problems,
-            idle=tuple(sorted(set(range(self.warm.nproc)) - set(self.ranks))),
+            idle=tuple(sorted(set(range(self.warm.world_size)) - set(self.ranks))),
         )
 
 
