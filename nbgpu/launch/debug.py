@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nbgpu.errors import UserInputError
-from nbgpu.launch.relay import NodeChannel
-from nbgpu.launch.streams import CellServer, LineSink
+from nbgpu.launch.relay import CellServer, NodeChannel
+from nbgpu.launch.streams import LineSink
 from nbgpu.launch.warm import INTERRUPT_WAIT_S, CellResult
 
 if TYPE_CHECKING:

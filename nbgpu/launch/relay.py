@@ -1,24 +1,25 @@
-"""A warm job's cell channel across nodes: the kernel's end (:class:`NodeChannel`) and each
-node's relay (``python -m nbgpu.launch.relay RUN_DIR NODE NAME NPROC``, started by the node's
-``nbgpu.rank.slurm_node`` before it becomes the agent). Standard library only.
+"""A warm job's cell channel. On one node: the ranks' Unix socket (:class:`CellServer`, the
+ranks' end is ``nbgpu.rank.usercode``) in a 0700 directory, the run directory's; each rank
+and the kernel prove they hold the job's token (``multiprocessing``'s HMAC challenge, each
+way) before anything is unpickled. Across nodes: the kernel's end (:class:`NodeChannel`) and
+each node's relay (``python -m nbgpu.launch.relay RUN_DIR NODE NAME NPROC``, started by the
+node's ``nbgpu.rank.slurm_node`` before it becomes the agent). Standard library only.
 
-The ranks' Unix socket (``streams.CellServer``) stays inside each node: the relay holds one
-in a 0700 directory under the node's own tmp, names it to its ranks (``NBGPU_CELLS``) and
-removes it once they are all in.
-Between the relay and the kernel, one TCP connection per node carries what each side says,
-in envelopes tagged with ranks; the messages inside are forwarded as they are, so any op the
-kernel and the ranks exchange works across nodes unchanged:
+Across nodes the ranks' socket stays inside each node: the relay holds one in a 0700
+directory under the node's own tmp, names it to its ranks (``NBGPU_CELLS``) and removes it
+once they are all in. Between the relay and the kernel, one TCP connection per node carries
+what each side says, in envelopes tagged with ranks; the messages inside are forwarded as
+they are, so any op the kernel and the ranks exchange works across nodes unchanged:
 
 - node to kernel: ``("joined", rank, pid)``, ``("said", rank, message)``, ``("gone", rank, None)``
 - kernel to node: ``("send", ranks, message)``, ``("interrupt", ranks, None)`` (SIGINT there)
 
 The kernel listens only while the nodes join: once the first node published the rendezvous
 (``rdzv.json``), on its own address on the route to that node, port 0 (``relay.json``). It
-takes one connection per node, each proving the job's token (``multiprocessing``'s HMAC
-challenge, each way, before anything is unpickled) and then naming its node; anything else is
-hung up on, and the listener closes once every node is in. A relay whose kernel connection
-closes (the job ended, or the kernel died) exits, which closes its ranks' connections: they
-leave their loop, and the node's agent, then ``srun``, end.
+takes one connection per node, each proving the job's token and then naming its node;
+anything else is hung up on, and the listener closes once every node is in. A relay whose
+kernel connection closes (the job ended, or the kernel died) exits, which closes its ranks'
+connections: they leave their loop, and the node's agent, then ``srun``, end.
 """
 
 import contextlib
@@ -33,24 +34,133 @@ import tempfile
 import threading
 import time
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, wait
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
 from nbgpu._children import die_with_parent
-from nbgpu.launch.streams import CellServer, token_hello
 
-__all__ = ["CELLS_ENV", "RELAY_FILE", "NodeChannel", "main"]
+__all__ = ["CELLS_ENV", "RELAY_FILE", "CellServer", "NodeChannel", "main", "token_hello"]
 
 #: The ranks' socket on their node, which a rank prefers over ``bootstrap.json``'s channel.
 CELLS_ENV = "NBGPU_CELLS"
 RELAY_FILE = "relay.json"  # where the kernel listens for the nodes: {"host", "port"}
-# A node must prove the token and name itself within this (ours do at once); a silent peer
-# is hung up on instead of holding up the kernel.
-_HANDSHAKE_S = 2
-_MESSAGE_S = 60  # a node stalled this long in the middle of one message is lost
 _WAIT_FOR_KERNEL_S = 120.0  # a relay waits this long for relay.json
+
+
+_MAX_SOCKET_PATH = 100  # a socket address holds 108 bytes on Linux (less elsewhere)
+# A peer (a rank, or a node's relay) must answer the challenge and introduce itself within
+# this (ours do at once); a silent one is hung up on instead of holding up the kernel.
+_HANDSHAKE_S = 2
+_MESSAGE_S = 60  # a peer stalled this long in the middle of one message is gone
+
+
+def token_hello(conn: Connection, authkey: bytes) -> dict[str, Any] | None:
+    """The peer's hello, once both ends proved they hold the job's token (an HMAC challenge
+    each way, before anything is unpickled); None for anything else or nothing in time."""
+    try:
+        deliver_challenge(conn, authkey)  # it proves it holds the token...
+        answer_challenge(conn, authkey)  # ...and so do we
+        hello = conn.recv()
+    except (AuthenticationError, EOFError, OSError):
+        return None
+    return hello if isinstance(hello, dict) else None
+
+
+class CellServer:
+    """The kernel's end: accept the ranks, hear what they say, tell them all one thing."""
+
+    def __init__(self, run_dir: Path, token: str) -> None:
+        self.path = run_dir / "cells.sock"
+        self._temp_dir: Path | None = None
+        if len(os.fsencode(self.path)) > _MAX_SOCKET_PATH:
+            self._temp_dir = Path(tempfile.mkdtemp(prefix="nbgpu-"))
+            self.path = self._temp_dir / "cells.sock"
+        self._authkey = token.encode()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o077)  # the socket file itself: this user only
+        try:
+            self._listener.bind(str(self.path))
+        finally:
+            os.umask(old_umask)
+        self._listener.listen(64)
+        self._listener.setblocking(False)  # noqa: FBT003  (socket API)
+        self.ranks: dict[int, Connection] = {}
+        self.pids: dict[int, int] = {}  # each introduced rank's, as its hello said
+        self.gone: set[int] = set()  # ranks whose connection closed
+        self.closed = False
+
+    def poll(self, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
+        """``(rank, message)`` pairs that arrived within *timeout_s* (returns on the first)."""
+        if self.closed:
+            return []
+        live = {conn: rank for rank, conn in self.ranks.items() if rank not in self.gone}
+        ready = wait([self._listener, *live], timeout=max(timeout_s, 0.0))  # EINTR: retried
+        out: list[tuple[int, dict[str, Any]]] = []
+        for item in ready:
+            if item is self._listener:
+                self._accept()
+            elif isinstance(item, Connection):  # every whole message sent so far (one at least)
+                rank = live[item]
+                try:
+                    out.append((rank, item.recv()))
+                    while item.poll():
+                        out.append((rank, item.recv()))
+                except (EOFError, OSError):
+                    self.gone.add(rank)
+        return out
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            sock.close()  # not this user's process: never read a byte from it
+            return
+        sock.setblocking(True)  # noqa: FBT003  (socket API)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", _HANDSHAKE_S, 0))
+        conn = Connection(sock.detach())
+        hello = token_hello(conn, self._authkey)
+        rank = None if hello is None else hello.get("rank")
+        if hello is None or hello.get("op") != "hello" or not isinstance(rank, int):
+            conn.close()  # not one of our ranks (or not in time): hung up on
+            return
+        with socket.socket(fileno=os.dup(conn.fileno())) as same:
+            same.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", _MESSAGE_S, 0))
+        self.ranks[rank] = conn
+        self.pids[rank] = int(hello.get("pid") or 0)
+
+    def interrupt(self, ranks: list[int]) -> None:
+        """SIGINT to *ranks* (their user code gets KeyboardInterrupt; the rank stays)."""
+        for pid in filter(None, map(self.pids.get, ranks)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
+
+    def send(self, ranks: list[int], message: dict[str, Any]) -> None:
+        """Send one message to each of *ranks* that is connected (a failure: it is gone)."""
+        for rank in ranks:
+            conn = self.ranks.get(rank)
+            if conn is not None and rank not in self.gone:
+                try:
+                    conn.send(message)  # a large push waits for the rank to take it
+                except OSError:
+                    self.gone.add(rank)
+
+    def close(self) -> None:
+        self.closed = True
+        for conn in self.ranks.values():
+            with contextlib.suppress(OSError):
+                conn.close()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
 
 
 def _address_towards(host: str) -> str:

@@ -35,7 +35,7 @@ from nbgpu.launch.procs import (
     start_agent,
     stop_processes,
 )
-from nbgpu.launch.relay import NodeChannel
+from nbgpu.launch.relay import CellServer, NodeChannel
 from nbgpu.launch.run_view import RunFailed, RunView
 from nbgpu.launch.rundirs import (
     FINAL_STATES,
@@ -47,7 +47,7 @@ from nbgpu.launch.rundirs import (
 )
 from nbgpu.launch.slurm import QueueWatch, cancel, srun_error
 from nbgpu.launch.spare import early_run_id
-from nbgpu.launch.streams import CellServer, LineSink, RankLogs, ScreenWriter
+from nbgpu.launch.streams import LineSink, RankLogs, ScreenWriter
 from nbgpu.launch.warm import CELL_MARK, WATCH_S, Cell, CellResult, WarmState
 
 if TYPE_CHECKING:

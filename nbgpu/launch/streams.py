@@ -1,33 +1,23 @@
-"""What flows between the kernel and its ranks: their output (log files followed, decoded,
-coalesced for the screen) and a warm job's cells (a private channel). Standard library only.
+"""What flows from the ranks to the kernel: their output (log files followed, decoded,
+coalesced for the screen). Standard library only.
 Each rank writes straight into its own log file, complete whatever happens on screen.
 :class:`LogTail` follows one with an incremental UTF-8 decoder (a character split across
 reads stays intact); :class:`ScreenWriter` keeps to a byte budget, as Jupyter's server
-*drops* output above ~1 MB/s. :class:`CellServer` (the ranks' end: ``nbgpu.rank.usercode``)
-listens on a Unix socket in a 0700 directory; then ``multiprocessing.connection`` proves both
-ends hold the job's token (an HMAC challenge each way, no pickle before it).
+*drops* output above ~1 MB/s. A warm job's cells go
+over their own channel (``nbgpu.launch.relay``).
 """
 
 import codecs
-import contextlib
 import itertools
 import os
-import shutil
-import signal
-import socket
-import struct
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 __all__ = [
-    "MAX_LOGS_PER_POLL", "CellServer", "LineSink", "LogTail", "RankLogs",
-    "ScreenWriter", "in_turn", "token_hello",
+    "MAX_LOGS_PER_POLL", "LineSink", "LogTail", "RankLogs", "ScreenWriter", "in_turn",
 ]  # fmt: skip
 
 # At most this many rank logs are read in one poll (20 polls a second). Beyond it the logs
@@ -341,117 +331,3 @@ class ScreenWriter:
             )
         if pieces:
             self._emit("".join(pieces))
-
-
-_MAX_SOCKET_PATH = 100  # a socket address holds 108 bytes on Linux (less elsewhere)
-# A peer that connects must answer the challenge and introduce itself within this
-# (our ranks do at once); a silent one is hung up on instead of blocking the kernel.
-_HANDSHAKE_S = 2
-_MESSAGE_S = 60  # how long a rank may stall in the middle of one message: then it is gone
-
-
-def token_hello(conn: Connection, authkey: bytes) -> dict[str, Any] | None:
-    """The peer's hello, once both ends proved they hold the job's token (an HMAC challenge
-    each way, before anything is unpickled); None for anything else or nothing in time."""
-    try:
-        deliver_challenge(conn, authkey)  # it proves it holds the token...
-        answer_challenge(conn, authkey)  # ...and so do we
-        hello = conn.recv()
-    except (AuthenticationError, EOFError, OSError):
-        return None
-    return hello if isinstance(hello, dict) else None
-
-
-class CellServer:
-    """The kernel's end: accept the ranks, hear what they say, tell them all one thing."""
-
-    def __init__(self, run_dir: Path, token: str) -> None:
-        self.path = run_dir / "cells.sock"
-        self._temp_dir: Path | None = None
-        if len(os.fsencode(self.path)) > _MAX_SOCKET_PATH:
-            self._temp_dir = Path(tempfile.mkdtemp(prefix="nbgpu-"))
-            self.path = self._temp_dir / "cells.sock"
-        self._authkey = token.encode()
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o077)  # the socket file itself: this user only
-        try:
-            self._listener.bind(str(self.path))
-        finally:
-            os.umask(old_umask)
-        self._listener.listen(64)
-        self._listener.setblocking(False)  # noqa: FBT003  (socket API)
-        self.ranks: dict[int, Connection] = {}
-        self.pids: dict[int, int] = {}  # each introduced rank's, as its hello said
-        self.gone: set[int] = set()  # ranks whose connection closed
-        self.closed = False
-
-    def poll(self, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
-        """``(rank, message)`` pairs that arrived within *timeout_s* (returns on the first)."""
-        if self.closed:
-            return []
-        live = {conn: rank for rank, conn in self.ranks.items() if rank not in self.gone}
-        ready = wait([self._listener, *live], timeout=max(timeout_s, 0.0))  # EINTR: retried
-        out: list[tuple[int, dict[str, Any]]] = []
-        for item in ready:
-            if item is self._listener:
-                self._accept()
-            elif isinstance(item, Connection):  # every whole message sent so far (one at least)
-                rank = live[item]
-                try:
-                    out.append((rank, item.recv()))
-                    while item.poll():
-                        out.append((rank, item.recv()))
-                except (EOFError, OSError):
-                    self.gone.add(rank)
-        return out
-
-    def _accept(self) -> None:
-        try:
-            sock, _ = self._listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
-        if uid != os.getuid():
-            sock.close()  # not this user's process: never read a byte from it
-            return
-        sock.setblocking(True)  # noqa: FBT003  (socket API)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", _HANDSHAKE_S, 0))
-        conn = Connection(sock.detach())
-        hello = token_hello(conn, self._authkey)
-        rank = None if hello is None else hello.get("rank")
-        if hello is None or hello.get("op") != "hello" or not isinstance(rank, int):
-            conn.close()  # not one of our ranks (or not in time): hung up on
-            return
-        with socket.socket(fileno=os.dup(conn.fileno())) as same:
-            same.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", _MESSAGE_S, 0))
-        self.ranks[rank] = conn
-        self.pids[rank] = int(hello.get("pid") or 0)
-
-    def interrupt(self, ranks: list[int]) -> None:
-        """SIGINT to *ranks* (their user code gets KeyboardInterrupt; the rank stays)."""
-        for pid in filter(None, map(self.pids.get, ranks)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGINT)
-
-    def send(self, ranks: list[int], message: dict[str, Any]) -> None:
-        """Send one message to each of *ranks* that is connected (a failure: it is gone)."""
-        for rank in ranks:
-            conn = self.ranks.get(rank)
-            if conn is not None and rank not in self.gone:
-                try:
-                    conn.send(message)  # a large push waits for the rank to take it
-                except OSError:
-                    self.gone.add(rank)
-
-    def close(self) -> None:
-        self.closed = True
-        for conn in self.ranks.values():
-            with contextlib.suppress(OSError):
-                conn.close()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with contextlib.suppress(OSError):
-            self.path.unlink()
-        if self._temp_dir is not None:
-            shutil.rmtree(self._temp_dir, ignore_errors=True)

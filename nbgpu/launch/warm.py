@@ -16,9 +16,8 @@ from nbgpu._render import Block, Line, Result, fmt_bytes, span
 from nbgpu.errors import NbgpuError
 from nbgpu.launch.config import CellRequest, ranks_text
 from nbgpu.launch.outcomes import Pulled, add_pulled
-from nbgpu.launch.relay import NodeChannel
+from nbgpu.launch.relay import CellServer, NodeChannel
 from nbgpu.launch.rundirs import rank_log
-from nbgpu.launch.streams import CellServer
 
 __all__ = ["CELL_MARK", "INTERRUPT_WAIT_S", "Cell", "CellFailed", "CellResult", "WarmState", "span"]
 
