@@ -3,8 +3,9 @@
 Every process nbgpu starts (the device probe, torchrun's agent, each rank) must die with
 its parent and import the same nbgpu, also from a checkout that is not installed. A
 short-lived child (the CUDA probe, a stack dumper) runs in its own session against one
-deadline, its whole group killed past it. Importable by every layer and by rank processes
-before anything heavy is loaded.
+deadline, its whole group killed past it. A message between a warm job's kernel and its
+ranks crosses whole, whatever SIGINT does meanwhile. Importable by every layer and by rank
+processes before anything heavy is loaded.
 """
 
 import contextlib
@@ -14,14 +15,15 @@ import signal
 import site
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 __all__ = ["Finished", "die_with_parent", "package_root", "pid_exists", "run_with_deadline",
-           "set_parent_death_signal", "wait_gone", "with_package_importable"]  # fmt: skip
+           "set_parent_death_signal", "sigint_held", "wait_gone", "with_package_importable"]  # fmt: skip
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -76,6 +78,29 @@ def pid_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """SIGINT waits while a message crosses a channel, then goes to the handler it waited
+    for. A ``multiprocessing`` connection reads a message's length, then its body: a
+    KeyboardInterrupt between the two leaves the body to be read as the next message's
+    length, and the channel speaks garbage from then on. Signals reach the main thread
+    only; elsewhere (and under a handler set outside Python) this holds nothing."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held and callable(previous):
+            previous(signal.SIGINT, sys._getframe())  # the KeyboardInterrupt, now
+        elif held and previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def package_root() -> str:

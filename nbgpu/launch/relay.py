@@ -39,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from nbgpu._children import die_with_parent
+from nbgpu._children import die_with_parent, sigint_held
 
 __all__ = ["CELLS_ENV", "RELAY_FILE", "CellServer", "NodeChannel", "main", "token_hello"]
 
@@ -68,7 +68,46 @@ def token_hello(conn: Connection, authkey: bytes) -> dict[str, Any] | None:
     return hello if isinstance(hello, dict) else None
 
 
-class CellServer:
+class _KernelEnd:
+    """What both kernel ends share: :meth:`poll`, which hands over every message it read.
+    The stop button (a KeyboardInterrupt) may come while it waits, or once it has read
+    whole messages (``sigint_held``): those are kept for the next poll, so an interrupt
+    loses no rank's answer."""
+
+    closed = False
+    _kept: list[tuple[int, dict[str, Any]]]
+
+    def _waitables(self) -> dict[Any, int]:
+        """What to wait on: each connection with its key for :meth:`_take`, the listener."""
+        raise NotImplementedError
+
+    def _take(self, key: int, conn: Connection, out: list[tuple[int, dict[str, Any]]]) -> None:
+        raise NotImplementedError
+
+    def _accept(self) -> None:
+        raise NotImplementedError
+
+    def poll(self, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
+        """``(rank, message)`` pairs that arrived within *timeout_s* (returns on the first)."""
+        if self.closed:
+            return []
+        out, self._kept = self._kept, []
+        try:
+            waitables = self._waitables()
+            ready = wait(list(waitables), timeout=0 if out else max(timeout_s, 0.0))
+            with sigint_held():
+                for item in ready:
+                    if isinstance(item, Connection):  # every whole message so far (one at least)
+                        self._take(waitables[item], item, out)
+                    else:
+                        self._accept()
+        except KeyboardInterrupt:
+            self._kept = out
+            raise
+        return out
+
+
+class CellServer(_KernelEnd):
     """The kernel's end: accept the ranks, hear what they say, tell them all one thing."""
 
     def __init__(self, run_dir: Path, token: str) -> None:
@@ -90,26 +129,19 @@ class CellServer:
         self.pids: dict[int, int] = {}  # each introduced rank's, as its hello said
         self.gone: set[int] = set()  # ranks whose connection closed
         self.closed = False
+        self._kept = []
 
-    def poll(self, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
-        """``(rank, message)`` pairs that arrived within *timeout_s* (returns on the first)."""
-        if self.closed:
-            return []
+    def _waitables(self) -> dict[Any, int]:
         live = {conn: rank for rank, conn in self.ranks.items() if rank not in self.gone}
-        ready = wait([self._listener, *live], timeout=max(timeout_s, 0.0))  # EINTR: retried
-        out: list[tuple[int, dict[str, Any]]] = []
-        for item in ready:
-            if item is self._listener:
-                self._accept()
-            elif isinstance(item, Connection):  # every whole message sent so far (one at least)
-                rank = live[item]
-                try:
-                    out.append((rank, item.recv()))
-                    while item.poll():
-                        out.append((rank, item.recv()))
-                except (EOFError, OSError):
-                    self.gone.add(rank)
-        return out
+        return {self._listener: -1, **live}
+
+    def _take(self, rank: int, conn: Connection, out: list[tuple[int, dict[str, Any]]]) -> None:
+        try:
+            out.append((rank, conn.recv()))
+            while conn.poll():
+                out.append((rank, conn.recv()))
+        except (EOFError, OSError):
+            self.gone.add(rank)
 
     def _accept(self) -> None:
         try:
@@ -146,7 +178,8 @@ class CellServer:
             conn = self.ranks.get(rank)
             if conn is not None and rank not in self.gone:
                 try:
-                    conn.send(message)  # a large push waits for the rank to take it
+                    with sigint_held():  # a large push waits for the rank to take it
+                        conn.send(message)
                 except OSError:
                     self.gone.add(rank)
 
@@ -185,7 +218,7 @@ def _no_delay(conn: Connection) -> None:
     _set_option(conn, socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-class NodeChannel:
+class NodeChannel(_KernelEnd):
     """The kernel's end across nodes, with ``CellServer``'s interface (``poll``, ``send``,
     ``interrupt``, ``ranks``, ``pids``, ``gone``, ``closed``, ``close``)."""
 
@@ -202,22 +235,13 @@ class NodeChannel:
         self.pids: dict[int, int] = {}
         self.gone: set[int] = set()
         self.closed = False
+        self._kept = []
 
-    def poll(self, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
-        """``(rank, message)`` pairs that arrived within *timeout_s* (returns on the first)."""
-        if self.closed:
-            return []
+    def _waitables(self) -> dict[Any, int]:
         if self._listener is None and self.address is None:
             self._listen()
         by_conn = {conn: node for node, conn in self.nodes.items() if not conn.closed}
-        listening = [] if self._listener is None else [self._listener]
-        out: list[tuple[int, dict[str, Any]]] = []
-        for item in wait([*listening, *by_conn], timeout=max(timeout_s, 0.0)):
-            if item is self._listener:
-                self._accept()
-            elif isinstance(item, Connection):
-                self._read(by_conn[item], item, out)
-        return out
+        return by_conn if self._listener is None else {self._listener: -1, **by_conn}
 
     def _listen(self) -> None:
         """Listen once the first node said where it is: on our address towards it."""
@@ -262,7 +286,7 @@ class NodeChannel:
         with contextlib.suppress(OSError):
             (self.run_dir / RELAY_FILE).unlink()
 
-    def _read(self, node: int, conn: Connection, out: list[tuple[int, dict[str, Any]]]) -> None:
+    def _take(self, node: int, conn: Connection, out: list[tuple[int, dict[str, Any]]]) -> None:
         """Every whole envelope the node sent so far (one at least)."""
         try:
             self._open(node, conn.recv(), out)
@@ -291,7 +315,8 @@ class NodeChannel:
             mine = [rank for rank in ranks if self.ranks.get(rank) == node]
             if mine and not conn.closed:
                 try:
-                    conn.send((kind, mine, body))  # pickled once per node, not per rank
+                    with sigint_held():
+                        conn.send((kind, mine, body))  # pickled once per node, not per rank
                 except OSError:
                     self._lose(node)
 

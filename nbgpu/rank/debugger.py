@@ -4,7 +4,8 @@ with its next prompt (``debug-prompt``), the kernel answers each prompt with one
 (``debug-input``; None is EOF). ``breakpoint()`` in a warm cell stops this rank there;
 ``%gpu_debug`` walks the last failed cell's traceback (post-mortem), which the rank keeps
 until its next cell. A cold run has no channel: ``breakpoint()`` says so and goes on.
-Standard library only; pdb itself is imported when a debugger starts.
+Standard library (and ``nbgpu._children``) only; pdb itself is imported when a debugger
+starts.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, cast
+
+from nbgpu._children import sigint_held
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -56,7 +59,11 @@ class _Channel:
         try:
             self.send({"op": "debug-prompt", "text": self.take()})
             while True:  # a late answer to a prompt an interrupt cancelled is read here too
-                message = self.conn.recv()
+                # An interrupt while waiting lands here, with nothing read (pdb asks again);
+                # one during the read waits until the message is whole.
+                self.conn.poll(None)
+                with sigint_held():
+                    message = self.conn.recv()
                 if message.get("op") == "debug-input":
                     line = message.get("line")
                     return "" if line is None else f"{line}\n"

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from nbgpu._children import sigint_held
 from nbgpu.profile.phases import Phase
 from nbgpu.profile.recorder import Recorder
 from nbgpu.rank.debugger import post_mortem, remember_failure, stop_at_breakpoints
@@ -282,5 +283,5 @@ def _run_cell(
 
 
 def _send(conn: Connection, message: dict[str, Any]) -> None:
-    with _SENDING:
+    with sigint_held(), _SENDING:  # the lock is let go before a held interrupt lands
         conn.send(message)

@@ -4,8 +4,10 @@ answered by a scripted ``input()``. The notebook's input requests: tests/noteboo
 
 import builtins
 import os
+import pickle
 import re
 import signal
+import struct
 import threading
 import time
 
@@ -204,6 +206,41 @@ def test_an_interrupt_at_the_prompt_ends_the_session_and_keeps_the_job(env):
             torchrun(FAILS, on="intr", write=screen)
         debug(job.run, 1, ask=Answers("p x", KeyboardInterrupt()))
         still_warm(job, screen)
+    finally:
+        job.stop()
+    assert gone(job.run.run_id)
+
+
+def test_an_interrupt_in_the_middle_of_an_answer_keeps_the_channel_whole(env, monkeypatch):
+    # The stop button's SIGINT may land while rank 1 reads an answer: after its length,
+    # before its body. Read then, the body would be taken for the next message's length
+    # and the channel would speak garbage (the cell, then the job, failed: a known bug
+    # until the read held the interrupt). Here the answer is sent in two parts with the
+    # SIGINT between them.
+    job, screen = start(env, "split")
+    server = job.run.warm.server
+    asked = []
+
+    def split_answer(prompt):
+        asked.append(prompt)
+        if len(asked) == 1:
+            body = pickle.dumps({"op": "debug-input", "line": "p 'first answer'"})
+            server.ranks[1]._send(struct.pack("!i", len(body)))
+            time.sleep(0.5)  # rank 1 has read the length and waits for the body
+            os.kill(server.pids[1], signal.SIGINT)
+            time.sleep(0.5)
+            server.ranks[1]._send(body)
+        return "p 'then'" if len(asked) == 1 else "c"
+
+    monkeypatch.setattr(builtins, "input", split_answer)
+    try:
+        cell = "if rank == 1:\n    breakpoint()\n    y = 1\nprint('done', rank)\n"
+        result = torchrun(cell, on="split", write=screen)
+        assert result.ok, screen.text
+        # The interrupt cancelled the whole answer it came with, as at a terminal's prompt.
+        assert "--KeyboardInterrupt--" in screen.text
+        assert "[rank1] done 1" in screen.text
+        torchrun("z = 2", on="split", write=screen)  # the channel still speaks in messages
     finally:
         job.stop()
     assert gone(job.run.run_id)

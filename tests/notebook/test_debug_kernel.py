@@ -150,12 +150,6 @@ def test_the_stop_button_during_a_debugger_session_keeps_the_job(kernel):  # noq
     assert "[rank1] next 8" in out
 
 
-@pytest.mark.xfail(
-    reason="known bug (2026-12-07): once in three CI runs the stop button at a breakpoint() "
-    "prompt killed rank 1 by SIGINT (exit -2) after pdb quit, and the job failed instead of "
-    "the cell; not yet found",
-    strict=False,
-)
 def test_the_stop_button_at_a_breakpoint_fails_the_cell_and_keeps_the_job(kernel):  # noqa: F811
     km, client = kernel
     assert run(client, "%load_ext nbgpu")[1] is None
