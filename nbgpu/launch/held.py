@@ -36,6 +36,7 @@ class HeldNames(Result):
     world_size: int  # every rank of the job, on every node ("all" in the ranks column)
     cells: int
     held: dict[int, dict[str, Any]]
+    ended: str | None = None  # the job's final state: these were the last names it held
 
     def rows(self) -> list[tuple[str, str, str, tuple[int, ...]]]:
         """(name, type, size, ranks) with ranks that agree on a name in one row."""
@@ -47,10 +48,19 @@ class HeldNames(Result):
         return sorted((*key, tuple(ranks)) for key, ranks in by_row.items())
 
     def content(self) -> list[Block]:
-        title = Title(f"Names held by '{self.run_name}' after cell {self.cells}")
+        if self.ended is None:
+            head: list[Block] = [Title(f"Names held by '{self.run_name}' after cell {self.cells}")]
+        else:
+            head = [
+                Title(f"Names '{self.run_name}' held after cell {self.cells}, its last"),
+                Line(f"the job has ended ({self.ended}): its ranks and their names are gone"),
+            ]
+        return [*head, *self._listing()]
+
+    def _listing(self) -> list[Block]:
         rows = self.rows()
         if not rows:
-            return [title, Line("the ranks hold no names yet", wrap=False)]
+            return [Line("the ranks hold no names yet", wrap=False)]
         table = Table(["name", "type", "size", "ranks"])
         everyone = tuple(range(self.world_size))
         for name, kind, size, ranks in rows:
@@ -60,7 +70,7 @@ class HeldNames(Result):
             for rank, report in sorted(self.held.items())
             if report.get("total", 0) > len(report.get("names", []))
         ]
-        return [title, table, *notes]
+        return [table, *notes]
 
     def records(self) -> list[dict[str, Any]]:
         return [
@@ -69,7 +79,12 @@ class HeldNames(Result):
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run_name, "cells": self.cells, "names": self.records()}
+        return {
+            "run": self.run_name,
+            "cells": self.cells,
+            "ended": self.ended,
+            "names": self.records(),
+        }
 
 
 def held_names(name: str) -> HeldNames:
@@ -80,4 +95,5 @@ def held_names(name: str) -> HeldNames:
         what = "a cold run: its ranks are gone" if run is not None else "no warm job by that name"
         raise UserInputError(f"%gpu_runs {name}: {what} (warm jobs: {warm}; %gpu_runs lists all)")
     run.warm.catch_up()
-    return HeldNames(name, run.config.world_size, run.warm.cells, dict(run.warm.held))
+    ended = run.state if run.done else None
+    return HeldNames(name, run.config.world_size, run.warm.cells, dict(run.warm.held), ended)

@@ -256,3 +256,10 @@ def test_the_names_each_rank_holds_are_listed_without_values(env):
     finally:
         job.stop()
     assert gone(job.run.run_id)
+    last = held_names("names")  # what it held, said to be gone
+    assert last.text().splitlines()[:2] == [
+        "Names 'names' held after cell 3, its last",
+        "the job has ended (stopped): its ranks and their names are gone",
+    ]
+    assert last.to_dict()["ended"] == "stopped"
+    assert last.records() == names.records()
