@@ -51,6 +51,7 @@ class Console:
         self.closing = False  # interrupted: every prompt from now on gets EOF
         self.ended = False
         self.error: str | None = None
+        self.asked_s = 0.0  # how long the prompts waited for a person (not run time)
 
     @staticmethod
     def hears(message: Mapping[str, Any]) -> bool:
@@ -88,6 +89,7 @@ class Console:
             return line
         if self.no_input:
             return self.unanswered
+        asked = time.monotonic()
         try:
             return self.ask(f"[{self.label(rank)}] {prompt}")
         except NotImplementedError:  # IPython's StdinNotImplementedError is one
@@ -101,6 +103,8 @@ class Console:
             self.closing = True
             self.server.send([rank], {"op": "debug-input", "line": None})  # pdb quits
             raise
+        finally:
+            self.asked_s += time.monotonic() - asked
 
 
 def failed_ranks(result: CellResult | None) -> list[int]:

@@ -134,17 +134,18 @@ class Run(RunView):
         a collective is reported, not waited for), a second interrupt ends the job. A run that
         ended is stopped, swept of orphans and collected, its last lines shown (None)."""
         self.writer = writer
-        flight = None
+        flight = console = None
         if cell is not None:
             if self.warm is None:
                 raise UserInputError(f"run '{self.name}' is not a warm job: it takes no cells")
             flight = Cell(self.warm, cell, self.dir, serial_imports=self.config.serial_imports)
-            flight.on_debug = self._console(writer, self.warm.server).hear
+            console = self._console(writer, self.warm.server)
+            flight.on_debug = console.hear
         result = None
         try:
             with contextlib.nullcontext() if self.warm is None else self.warm.lock:
                 try:
-                    self._loop(writer, flight, on_tick)
+                    self._loop(writer, flight, on_tick, console)
                 except KeyboardInterrupt:
                     # The notebook's stop button: SIGINT to torchrun (it forwards and shuts
                     # down), then SIGTERM/SIGKILL of whatever remains, on one short deadline.
@@ -168,7 +169,11 @@ class Run(RunView):
         return result
 
     def _loop(
-        self, writer: LineSink, flight: Cell | None, on_tick: Callable[[Run], None] | None
+        self,
+        writer: LineSink,
+        flight: Cell | None,
+        on_tick: Callable[[Run], None] | None,
+        console: Console | None = None,
     ) -> None:
         timeout = self.config.timeout_s if flight is None else flight.request.timeout_s
         began = self.started_at if flight is None else flight.started
@@ -198,7 +203,9 @@ class Run(RunView):
                 if flight is not None and flight.ranks_died():
                     self.stop("failed")
                     return
-                late = began is not None and timeout is not None and time.time() - began > timeout
+                # A person's time at a breakpoint()'s prompt is not the cell's run time.
+                ran = time.time() - (began or 0.0) - (console.asked_s if console else 0.0)
+                late = began is not None and timeout is not None and ran > timeout
                 if late and self.stop_reason is None:  # (stopped from elsewhere: wait for it)
                     if flight is None:
                         self.stop("timed_out", first_signal=signal.SIGTERM)

@@ -150,6 +150,27 @@ def test_a_rank_at_its_pdb_prompt_is_not_a_stalled_job(env, monkeypatch):
     assert gone(job.run.run_id)
 
 
+def test_a_cells_timeout_does_not_count_the_time_at_a_prompt(env, monkeypatch):
+    job, screen = start(env, "patient")
+    try:
+
+        def slowly(_prompt):
+            time.sleep(3)  # longer than the cell may run
+            return "c"
+
+        monkeypatch.setattr(builtins, "input", slowly)
+        cell = "if rank == 1:\n    breakpoint()\nprint('after', rank)\n"
+        result = torchrun(cell, on="patient", write=screen, timeout_s=2)
+        assert result.ok, screen.text
+        assert "[rank1] after 1" in screen.text
+        # Still its run time: the same timeout interrupts a cell that runs past it.
+        with pytest.raises(CellFailed):
+            torchrun("import time\ntime.sleep(30)\n", on="patient", write=screen, timeout_s=2)
+    finally:
+        job.stop()
+    assert gone(job.run.run_id)
+
+
 def test_without_input_a_breakpoint_goes_on_and_post_mortem_points_to_c(env, monkeypatch):
     def no_input(_prompt):
         raise NotImplementedError("raw_input was called, but this frontend does not support it")
