@@ -5,6 +5,7 @@ What is left behind is looked for in every process on the machine (both test nod
 here) by the run's id in their environment, and in SLURM's queue.
 """
 
+import builtins
 import os
 import re
 import signal
@@ -20,10 +21,12 @@ import pytest
 
 from nbgpu.errors import UserInputError
 from nbgpu.launch.config import SlurmOptions
+from nbgpu.launch.debug import post_mortem
 from nbgpu.launch.held import held_names
 from nbgpu.launch.launcher import torchrun
 from nbgpu.launch.relay import RELAY_FILE, NodeChannel
 from nbgpu.launch.run import RunFailed
+from nbgpu.launch.streams import ScreenWriter
 from nbgpu.launch.warm import CellFailed
 from tests.notebook.test_kernel_e2e import _execute, started_kernel
 from tests.slurm.test_slurm_runs import Screen, nothing_left, processes_of
@@ -51,6 +54,30 @@ def plain(screen):
 
 def every_rank_printed(screen, word, ranks=range(4)):
     return all(re.search(rf"\[n[12]/rank{rank}\] {word}", plain(screen)) for rank in ranks)
+
+
+def test_a_debugger_on_a_rank_of_the_second_node(env, slurm_cluster, monkeypatch):
+    # pdb's prompts and answers cross the relays as any other message: post-mortem on
+    # rank 3, then breakpoint() on rank 2, both on node n2.
+    job, screen = start_warm(env, "dbg2")
+    try:
+        with pytest.raises(CellFailed):
+            job("if rank == 3:\n    x = 42\n    raise ValueError('on node 2')\n")
+        out = Screen()
+        post_mortem(job.run, 3, ScreenWriter(out), commands=["p x", "p node"])
+        assert "[n2/rank3] 42" in plain(out), plain(out)
+        assert "[n2/rank3] 'n2'" in plain(out)
+        answers = ["p rank * 10", "c"]
+        monkeypatch.setattr(builtins, "input", lambda _prompt: answers.pop(0))
+        result = job("if rank == 2:\n    breakpoint()\n    y = 1\nprint('on', rank, flush=True)\n")
+        assert result.ok, plain(screen)
+        assert "[n2/rank2] 20" in plain(screen)
+        assert every_rank_printed(screen, "on")
+        assert answers == []
+    finally:
+        stopped = job.stop()
+    assert stopped.state == "stopped"
+    assert nothing_left(stopped, slurm_cluster)
 
 
 @pytest.mark.usefixtures("sigint_raises")
