@@ -8,7 +8,8 @@ tool's console entry point in this process with ``sys.argv`` set, exactly as its
 ``bin/`` script would. pynvml only loads ``libnvidia-ml.so.1`` while ``nvmlLib`` is
 None, so the real wrappers, and everything the tool builds on them, call the fake.
 
-TOOL is ``gpustat``, ``nvitop``, or ``none`` (install the fake and exit: the cost of
+TOOL is ``gpustat``, ``nvitop``, ``nbgpu`` (its driver path: the fake where the driver's
+library would be, like the others'), or ``none`` (install the fake and exit: the cost of
 this shim alone, which the benchmark reports so that it can be subtracted).
 
 ``--trace`` (untimed validation runs only) prints to stderr, at exit, one JSON line
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,7 +32,7 @@ import pynvml  # noqa: TID251  (the shim's whole job is to patch pynvml)
 from nbgpu.devices.sim.fleet import load_fleet
 from nbgpu.devices.sim.nvml import FakeNvmlLibrary
 
-USAGE = "usage: with_fleet.py [--trace] SPEC -- {gpustat|nvitop|none} [ARGS...]"
+USAGE = "usage: with_fleet.py [--trace] SPEC -- {gpustat|nvitop|nbgpu|none} [ARGS...]"
 MISSING = "missing"  # the fake does not export the symbol (pynvml: FunctionNotFound)
 
 
@@ -84,6 +86,12 @@ def _nvitop_main() -> int | None:
     return main()
 
 
+def _nbgpu_main() -> int | None:
+    from nbgpu.cli import main  # noqa: PLC0415  (imported after the fake is in place)
+
+    return main()
+
+
 def _no_tool() -> int:
     return 0
 
@@ -91,6 +99,7 @@ def _no_tool() -> int:
 TOOLS: dict[str, Callable[[], int | None]] = {
     "gpustat": _gpustat_main,
     "nvitop": _nvitop_main,
+    "nbgpu": _nbgpu_main,
     "none": _no_tool,
 }
 
@@ -106,6 +115,13 @@ def parse(argv: list[str]) -> tuple[bool, str, str, list[str]]:
 
 def main(argv: list[str]) -> int:
     trace, spec, tool, tool_args = parse(argv)
+    if tool == "nbgpu":
+        # nbgpu installs pynvml's library itself, once per environment (none: the
+        # driver's); let it choose the driver's first, then put the fake in its place.
+        from nbgpu.devices.nvml import backend_for  # noqa: PLC0415
+
+        os.environ.pop("NBGPU_SIMULATE", None)  # its driver path, not its simulator
+        backend_for({})
     install_fleet(spec, trace=trace)
     sys.argv = [tool, *tool_args]
     return int(TOOLS[tool]() or 0)
