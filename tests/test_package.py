@@ -263,6 +263,23 @@ def test_rank_side_modules_stay_light():
         assert not heavy, f"{rel} imports {sorted(heavy)}"
 
 
+def test_a_cold_rank_starts_without_the_helpers_it_may_never_call():
+    # Each rank imports its worker before the user's first line: the job helpers
+    # (nbgpu.rank.init and the rest), the warm loop's names and subsets load when used.
+    code = (
+        "import sys, nbgpu.rank.worker\n"
+        "print(sorted(m for m in sys.modules if m.startswith('nbgpu')))\n"
+        "import nbgpu.rank as nr\n"
+        "print('init' in dir(nr), nr.is_main(), nr.init.__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent
+    ).stdout.splitlines()
+    loaded = set(ast.literal_eval(out[0]))
+    assert not loaded & {"nbgpu.rank.job", "nbgpu.rank.held", "nbgpu.rank.subset"}, loaded
+    assert out[1] == "True True nbgpu.rank.job"
+
+
 def test_process_level_helpers_import_the_standard_library_only():
     for rel in STDLIB_ONLY:
         path = PACKAGE / rel

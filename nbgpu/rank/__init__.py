@@ -12,27 +12,45 @@ Every child process nbgpu starts lives in this package too (``agent``, ``worker`
 never torch at module level, never IPython, pynvml or psutil.
 """
 
-from nbgpu.rank.job import (
-    NOT_IN_JOB,
-    RUN_DIR_ENV,
-    all_reduce_sum,
-    barrier,
-    destroy,
-    device,
-    init,
-    is_main,
-    local_rank,
-    local_world_size,
-    one_at_a_time,
-    parse_size,
-    print0,
-    rank,
-    set_memory_limit,
-    world_size,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbgpu.rank.job import (
+        NOT_IN_JOB,
+        RUN_DIR_ENV,
+        all_reduce_sum,
+        barrier,
+        destroy,
+        device,
+        init,
+        is_main,
+        local_rank,
+        local_world_size,
+        one_at_a_time,
+        parse_size,
+        print0,
+        rank,
+        set_memory_limit,
+        world_size,
+    )
 
 __all__ = [
     "NOT_IN_JOB", "RUN_DIR_ENV", "all_reduce_sum", "barrier", "destroy", "device", "init",
     "is_main", "local_rank", "local_world_size", "one_at_a_time", "parse_size", "print0", "rank",
     "set_memory_limit", "world_size",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    # The helpers load on first use: every rank imports this package (its worker lives
+    # here), and a rank that never calls them reaches the user's first line without them.
+    if name in __all__:
+        from nbgpu.rank import job  # noqa: PLC0415
+
+        globals().update({helper: getattr(job, helper) for helper in __all__})  # once
+        return globals()[name]
+    raise AttributeError(f"module 'nbgpu.rank' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})  # completion offers the helpers before their load

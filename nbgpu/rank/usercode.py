@@ -30,9 +30,6 @@ from nbgpu._children import sigint_held
 from nbgpu.profile.phases import Phase
 from nbgpu.profile.recorder import Recorder
 from nbgpu.rank.debugger import post_mortem, remember_failure, stop_at_breakpoints
-from nbgpu.rank.held import held_names
-from nbgpu.rank.job import one_at_a_time
-from nbgpu.rank.subset import on_ranks
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -115,6 +112,8 @@ def run_code(
     if imports or empty_imports_phase:
         with contextlib.ExitStack() as turn:
             if serial_imports:
+                from nbgpu.rank.job import one_at_a_time  # noqa: PLC0415  (--serial-imports only)
+
                 waiting = rec.begin("wait-imports")
                 turn.enter_context(one_at_a_time("imports"))
                 rec.end(waiting)
@@ -238,6 +237,10 @@ def serve(spec: dict[str, Any], namespace: dict[str, Any], rec: Recorder, *, ran
 def _run_cell(
     message: dict[str, Any], namespace: dict[str, Any], rec: Recorder, conn: Connection, rank: int
 ) -> dict[str, Any]:
+    # Warm jobs only: a cold rank reaches the user's first line without them.
+    from nbgpu.rank.held import held_names  # noqa: PLC0415
+    from nbgpu.rank.subset import on_ranks  # noqa: PLC0415
+
     number = int(message["cell"])
     filename = str(message["filename"])
     print(message["mark"], flush=True)  # the log's cell boundary, as the kernel reads it

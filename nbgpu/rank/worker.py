@@ -23,7 +23,6 @@ from typing import Any
 from nbgpu._children import die_with_parent
 from nbgpu.profile.phases import configure
 from nbgpu.rank.debugger import refuse_breakpoints
-from nbgpu.rank.job import destroy, set_memory_limit
 from nbgpu.rank.usercode import pull_payload, report_error, run_once, serve
 
 __all__ = ["FR_REQUEST", "die_with", "dump_flight_record", "main", "serve_flight_records"]
@@ -182,6 +181,8 @@ def main() -> int:
     # torchrun's SIGTERM for its whole grace period (30 s) and every stop would wait for SIGKILL.
     # The sampler's last record is at most one sampling interval old.
     if spec.get("mem_limit_bytes"):
+        from nbgpu.rank.job import set_memory_limit  # noqa: PLC0415  (--mem-limit only)
+
         set_memory_limit(int(spec["mem_limit_bytes"]))
     error_path = os.environ.get("TORCHELASTIC_ERROR_FILE") or str(
         run_dir / f"error-rank{rank}.json"
@@ -206,7 +207,10 @@ def main() -> int:
         code = 1
     finally:
         with contextlib.suppress(Exception):
-            destroy()
+            if "torch.distributed" in sys.modules:  # else there is no process group to leave
+                from nbgpu.rank.job import destroy  # noqa: PLC0415
+
+                destroy()
         sys.stdout.flush()
         sys.stderr.flush()
         # The exit record comes before interpreter teardown (atexit, module cleanup): in no phase.
