@@ -12,6 +12,15 @@ from tests.slurm.test_slurm_runs import processes_of
 pytestmark = pytest.mark.slow
 
 
+def queue_empties(cluster, timeout=15):
+    """SLURM's queue is empty, or becomes so within *timeout*: a job that just ended is
+    COMPLETING for a moment (slurmctld's bookkeeping after srun returned), then gone."""
+    deadline = time.time() + timeout
+    while cluster.squeue() and time.time() < deadline:
+        time.sleep(0.2)
+    return not cluster.squeue()
+
+
 @pytest.fixture
 def slurm_kernel(env, tmp_path):
     for _km, client in started_kernel(env, tmp_path):
@@ -32,6 +41,7 @@ def test_the_magic_runs_two_nodes_and_names_the_failing_one(slurm_kernel, slurm_
     assert error is None, plain
     for rank in range(4):
         assert re.search(rf"\[n[12]/rank{rank}\] hello from {rank} sum 4", plain), plain
+    assert queue_empties(slurm_cluster), slurm_cluster.squeue()
     # Flags that need --slurm, or that --slurm replaces: one line each, nothing queued.
     out, _ = _execute(client, "%%torchrun --nodes 2 --nproc-per-node 2 --partition debug\nx=1")
     assert "UsageError: --partition asks SLURM for something: add --slurm" in out
@@ -41,7 +51,7 @@ def test_the_magic_runs_two_nodes_and_names_the_failing_one(slurm_kernel, slurm_
     assert "UsageError: --gpus names this machine's GPUs" in out
     out, _ = _execute(client, "%%torchrun --nodes 2 --nproc-per-node 2\nx=1")
     assert "UsageError: --nodes 2 without --slurm: give --rdzv-endpoint HOST:PORT" in out
-    assert not slurm_cluster.squeue()
+    assert not slurm_cluster.squeue()  # at once: a job they had queued would still be there
     # A rank that fails on one node: the cell's error names its node and rank.
     out, error = _execute(
         client,
@@ -52,7 +62,7 @@ def test_the_magic_runs_two_nodes_and_names_the_failing_one(slurm_kernel, slurm_
     )
     assert error is not None
     assert re.search(r"rank 2 on node n[12] failed first", error), error
-    assert not slurm_cluster.squeue()
+    assert queue_empties(slurm_cluster), slurm_cluster.squeue()
 
 
 @pytest.fixture
@@ -84,6 +94,7 @@ def test_plan_across_the_nodes_then_launch_the_plan(planning_kernel, slurm_clust
     assert error is None, plain
     assert len(re.findall(r"\[n1/rank\d\] sees 1,2", plain)) == 2, plain
     assert len(re.findall(r"\[n2/rank\d\] sees 0,1", plain)) == 2, plain
+    assert queue_empties(slurm_cluster), slurm_cluster.squeue()
     # What the plan decided cannot be changed on the way: one line.
     out, _ = _execute(client, "%%torchrun --plan p --nodes 3\nx=1")
     assert "UsageError: --nodes 3: the plan is for 2 node(s) (n1,n2)" in out
